@@ -1,0 +1,49 @@
+# Two entry points on a fresh machine: `make tour` (the main job) and `make test`.
+# Each creates .venv and installs what it needs. On a machine without an NVIDIA driver the CPU
+# build of torch is taken through constraints/cpu.txt; with a driver, pip picks the CUDA build.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+CPU_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
+
+.PHONY: install tour lab test test-fast test-gpu bench clean
+
+$(VENV)/.installed: pyproject.toml constraints/cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[dev]'
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+install: $(VENV)/.installed
+
+# The main job: execute the tour (profiling magic + dashboard on the built-in model) and write
+# build/00_tour.ipynb and build/00_tour.html with every output in place.
+tour: install
+	mkdir -p build
+	$(PY) -m jupyter nbconvert --to notebook --execute notebooks/00_tour.ipynb --output-dir build
+	$(PY) -m jupyter nbconvert --to html build/00_tour.ipynb --output-dir build
+	@echo "open build/00_tour.html (or run 'make lab' for a live Jupyter)"
+
+# Interactive: JupyterLab on the notebooks (installs jupyterlab on first use).
+lab: install
+	$(PY) -m pip install -q $(CPU_CONSTRAINT) jupyterlab
+	$(VENV)/bin/jupyter lab notebooks/00_tour.ipynb
+
+# Unit tests, magics in a real IPython shell, and every notebook executed by nbval in a kernel.
+test: install
+	$(PY) -m pytest -q -m "not gpu" tests
+	$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
+
+test-fast: install
+	$(PY) -m pytest -q -m "not gpu and not slow" tests
+
+# On a CUDA machine (the device tool): GPU-only tests.
+test-gpu: install
+	$(PY) -m pytest -q -m gpu tests
+
+bench: install
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build .pytest_cache

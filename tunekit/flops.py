@@ -1,0 +1,161 @@
+"""Counting executed FLOPs with torch's FlopCounterMode, plus what it misses. Measurement layer.
+
+torch's counter (2.13) has two gaps that matter for transformers:
+- CPU SDPA (`_scaled_dot_product_flash_attention_for_cpu` and its backward) is not in its
+  registry, so attention counts 0 FLOPs on CPU. We register formulas for it.
+- SDPA with `is_causal=True` is counted as full attention. Kernels that skip the masked half
+  do half the work, so we halve it (FlashAttention's own benchmark does the same).
+We also split out FLOPs executed to *recompute* activations during backward (activation
+checkpointing): executed - recompute = model FLOPs (MFU), executed = hardware FLOPs (HFU).
+A recomputation is an op run inside an autograd backward pass with grad mode on: the engine runs
+backward formulas with grad mode off, while checkpointing re-enables it to rebuild the graph.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+aten = torch.ops.aten
+
+
+# --- formulas for what torch does not count (shapes in, FLOPs out) ---------------------------
+
+
+def sdpa_forward_flops(q_shape, k_shape, v_shape) -> int:
+    """QK^T and PV for (B, H, Sq, D) x (B, H, Sk, D) x (B, H, Sk, Dv): 2*B*H*Sq*Sk*(D + Dv)."""
+    b, h, sq, d = q_shape
+    sk, dv = k_shape[-2], v_shape[-1]
+    return 2 * b * h * sq * sk * d + 2 * b * h * sq * sk * dv
+
+
+def sdpa_backward_flops(q_shape, k_shape, v_shape) -> int:
+    """Backward: recompute QK^T, then dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q.
+
+    Five matmuls, 2*B*H*Sq*Sk*(3*D + 2*Dv) FLOPs: 10*B*H*Sq*Sk*D when D == Dv.
+    """
+    b, h, sq, d = q_shape
+    sk, dv = k_shape[-2], v_shape[-1]
+    return 2 * b * h * sq * sk * (3 * d + 2 * dv)
+
+
+def _cpu_sdpa_fwd(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_forward_flops(query, key, value)
+
+
+def _cpu_sdpa_bwd(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flops(query, key, value)
+
+
+_CPU_SDPA = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_fwd,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_bwd,
+}
+
+
+def missing_formulas() -> dict:
+    """The formulas tunekit adds because torch's registry lacks them (empty once torch has them)."""
+    return {op: f for op, f in _CPU_SDPA.items() if op not in flop_registry}
+
+
+# --- the counter -------------------------------------------------------------------------------
+
+
+@dataclass
+class FlopCount:
+    """Executed FLOPs of one run, split so that MFU and HFU can both be computed."""
+
+    executed: int = 0          # everything that ran (HFU)
+    recompute: int = 0         # part of `executed` spent rebuilding checkpointed activations
+    causal_halved: int = 0     # FLOPs removed by the causal correction
+    by_op: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    @property
+    def model(self) -> int:
+        """FLOPs the model needs without recomputation (MFU)."""
+        return self.executed - self.recompute
+
+
+def _causal_index(packet) -> int | None:
+    try:
+        names = [a.name for a in packet.default._schema.arguments]
+    except AttributeError:
+        return None
+    return names.index("is_causal") if "is_causal" in names else None
+
+
+class TunekitFlopCounter(FlopCounterMode):
+    """FlopCounterMode with CPU SDPA registered, causal halving and recompute accounting.
+
+    >>> with TunekitFlopCounter() as fc:
+    ...     model(x).sum().backward()
+    >>> fc.result().executed
+    """
+
+    def __init__(self):
+        self._added = missing_formulas()
+        super().__init__(display=False, custom_mapping=self._added)
+        self._recompute = 0
+        self._causal_halved = 0
+        self._by_op = defaultdict(int)
+        self._causal_pos = {}
+        self._saw_sdpa_cpu = False
+
+    def __enter__(self):
+        self._recompute = self._causal_halved = 0
+        self._by_op.clear()
+        return super().__enter__()
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        if func_packet not in self.flop_registry:
+            return out
+        n = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
+        if n and _is_sdpa(func_packet):
+            if func_packet not in self._causal_pos:
+                self._causal_pos[func_packet] = _causal_index(func_packet)
+            pos = self._causal_pos[func_packet]
+            causal = kwargs.get("is_causal", args[pos] if pos is not None and pos < len(args) else False)
+            if causal:
+                self._causal_halved += n - n // 2
+                n //= 2
+            if func_packet in self._added:
+                self._saw_sdpa_cpu = True
+        if n and torch._C._current_graph_task_id() != -1 and torch.is_grad_enabled():
+            self._recompute += n
+        self._by_op[str(func_packet)] += n
+        for parent in set(self.mod_tracker.parents):
+            self.flop_counts[parent][func_packet] += n
+        return out
+
+    def result(self) -> FlopCount:
+        notes = []
+        if self._saw_sdpa_cpu:
+            notes.append("added CPU SDPA FLOPs (torch counts 0 for them)")
+        if self._causal_halved:
+            notes.append(f"causal SDPA counted at half ({self._causal_halved:.3g} FLOPs of masked work removed)")
+        if self._recompute:
+            notes.append(f"{self._recompute:.3g} FLOPs recomputed in backward (checkpointing): in HFU, not MFU")
+        return FlopCount(executed=int(self.get_total_flops()), recompute=int(self._recompute),
+                         causal_halved=int(self._causal_halved), by_op=dict(self._by_op), notes=notes)
+
+
+def _is_sdpa(packet) -> bool:
+    name = str(packet)
+    return "scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name
+
+
+def count_flops(fn, *args, **kwargs) -> FlopCount:
+    """Run `fn(*args, **kwargs)` once under the counter and return its FlopCount.
+
+    The run is slowed by the counter: never time it. Example::
+
+        fc = count_flops(lambda: model(x).sum().backward())
+        fc.executed, fc.model
+    """
+    counter = TunekitFlopCounter()
+    with counter:
+        fn(*args, **kwargs)
+    return counter.result()

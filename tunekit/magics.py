@@ -1,0 +1,193 @@
+"""IPython magics: ``%%gpuprofile`` for one cell, ``%gpuprofile on|off`` for every cell. UI layer.
+
+Parse the options, hand the cell to a Probe, display the record. Nothing here measures.
+"""
+from __future__ import annotations
+
+import ast
+import itertools
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .probe import FLOPS_MODES, Probe, fingerprint, names_read, source_key
+from .report import Summary
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+@magics_class
+class GpuProfileMagics(Magics):
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.auto_opts = None   # options of `%gpuprofile on`, None when off
+        self._probe = None      # the probe of the cell running under `on`
+        self._unnamed = itertools.count(1)
+
+    @magic_arguments()
+    @argument("mode", nargs="?", choices=["on", "off"],
+              help="line magic only: profile every following cell (on) or stop (off)")
+    @argument("-n", "--name", help="name of the record (default: In[N])")
+    @argument("-q", "--quiet", action="store_true", help="record without displaying")
+    @argument("--flops", default="auto", choices=FLOPS_MODES,
+              help="auto: count on the first run and when inputs change, reuse otherwise; "
+                   "always: count every run (no TFLOPS then: the counter slows the run); never")
+    @argument("--model-flops", type=float, default=None,
+              help="model FLOPs of the cell for MFU (default: counted FLOPs minus recomputation)")
+    @argument("--peak", type=float, default=None, help="peak TFLOPS to use instead of the spec sheet/MAMF")
+    @argument("--dtype", default=None, choices=DTYPES,
+              help="dtype whose peak is used (default: bf16 on CUDA, fp32 on CPU)")
+    @argument("--experiment", action="store_true",
+              help="run as a tunekit.experiment: variables the cell creates are freed, leaks reported")
+    @line_cell_magic
+    def gpuprofile(self, line, cell=None):
+        """Profile a cell: time, CPU/GPU memory, FLOPs, TFLOPS, MFU/HFU.
+
+        Examples::
+
+            %load_ext tunekit
+            %%gpuprofile -n step
+            loss = model(x, y)[1]; loss.backward()
+
+            %gpuprofile on --dtype bf16     # every following cell
+            %gpuprofile off
+
+        Results: ``tunekit.history()`` (DataFrame), ``tunekit.last()`` (record).
+        """
+        __tracebackhide__ = True  # noqa: F841  (keeps this frame out of user tracebacks)
+        args = parse_argstring(self.gpuprofile, line)
+        if args.model_flops is not None and args.model_flops < 0:
+            raise UsageError("--model-flops must be a non-negative FLOP count")
+        if args.peak is not None and args.peak <= 0:
+            raise UsageError("--peak must be a positive TFLOPS figure")
+        if cell is None:
+            return self._line(args)
+        if args.mode:
+            raise UsageError("%%gpuprofile takes options, not on/off (that is the line magic %gpuprofile on)")
+        return self._run_cell(args, cell)
+
+    # --- one cell ------------------------------------------------------------------------------
+
+    def _run_cell(self, args, cell):
+        __tracebackhide__ = True  # noqa: F841
+        code = self.shell.transform_cell(cell)
+        try:
+            tree = ast.parse(code)
+        except SyntaxError as e:
+            raise UsageError(f"%%gpuprofile: the cell is not valid Python: {e}") from None
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        filename = self.shell.compile.cache(code, self.shell.execution_count, raw_code=cell)
+        body = compile(ast.Module(tree.body, type_ignores=[]), filename, "exec")
+        tail = compile(ast.Expression(last.value), filename, "eval") if last is not None else None
+        ns = self.shell.user_ns
+        name = args.name or f"In[{self.shell.execution_count}]"
+        probe = self._probe_for(args, code, name)
+        exp = self._start_experiment(name, args, probe)
+        if exp is None:
+            probe.start()
+        try:
+            exec(body, ns)
+            result = eval(tail, ns) if tail is not None else None
+        except BaseException as e:  # KeyboardInterrupt too: recorded, then re-raised unchanged
+            self._finish(probe, exp, args, e)
+            raise
+        self._finish(probe, exp, args, None)
+        return result
+
+    def _probe_for(self, args, code, name):
+        fp = fingerprint(self.shell.user_ns, names_read(code)) if args.flops == "auto" else ()
+        return Probe(name, key=source_key(code, args.name or ""), fingerprint=fp, flops=args.flops,
+                     model_flops=args.model_flops, peak=args.peak, dtype=args.dtype)
+
+    def _start_experiment(self, name, args, probe):
+        if not args.experiment:
+            return None
+        from .experiment import experiment
+
+        # the experiment starts and stops the probe, so its record carries the leak check too
+        return experiment(name, namespace=self.shell.user_ns, quiet=True, probe=probe).__enter__()
+
+    def _finish(self, probe, exp, args, error):
+        if exp is not None:
+            exp.__exit__(type(error) if error else None, error, None)
+        else:
+            probe.stop(error)
+        if not args.quiet:
+            self._display(probe.record)
+
+    def _display(self, rec):
+        from IPython.display import display
+
+        display(Summary(rec))
+
+    # --- every cell ----------------------------------------------------------------------------
+
+    def _line(self, args):
+        if args.mode is None:
+            raise UsageError("use %gpuprofile on [options] | off, or %%gpuprofile as a cell magic")
+        if args.mode == "on":
+            if args.experiment:
+                raise UsageError("--experiment is for one cell (%%gpuprofile --experiment)")
+            if self.auto_opts is None:
+                self.shell.events.register("pre_run_cell", self.pre_run_cell)
+                self.shell.events.register("post_run_cell", self.post_run_cell)
+            self.auto_opts = args
+        else:
+            self.stop_auto()
+
+    def stop_auto(self):
+        if self.auto_opts is not None:
+            self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
+            self.shell.events.unregister("post_run_cell", self.post_run_cell)
+        self.auto_opts = None
+        self._probe = None
+
+    def pre_run_cell(self, info=None, *args):
+        raw = getattr(info, "raw_cell", "") or ""
+        if raw.lstrip().startswith(("%gpuprofile", "%%gpuprofile", "%unload_ext", "%reload_ext")):
+            return  # the cell magic measures itself; on/off cells are not workload
+        a = self.auto_opts
+        code = raw if not raw.lstrip().startswith("%") else ""
+        try:
+            code = self.shell.transform_cell(raw)
+        except Exception:
+            pass
+        fp = fingerprint(self.shell.user_ns, names_read(code)) if a.flops == "auto" else ()
+        self._probe = Probe(f"In[{self.shell.execution_count}]", key=source_key(code), fingerprint=fp,
+                            flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype).start()
+
+    def post_run_cell(self, result=None, *args):
+        probe, self._probe = self._probe, None
+        if probe is None:
+            return
+        error = None
+        if result is not None:
+            error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        rec = probe.stop(error)
+        if not self.auto_opts.quiet:
+            self._display(rec)
+
+
+_STATE = {"magics": None}
+
+
+def load_ipython_extension(ip):
+    """``%load_ext tunekit``: register the magics once, however often it is called."""
+    if _STATE["magics"] is not None:
+        return
+    magics = GpuProfileMagics(ip)
+    ip.register_magics(magics)
+    _STATE["magics"] = magics
+
+
+def unload_ipython_extension(ip):
+    """``%unload_ext tunekit``: remove the magics and every event hook."""
+    magics = _STATE["magics"]
+    if magics is None:
+        return
+    magics.stop_auto()
+    for kind in ("line", "cell"):
+        ip.magics_manager.magics[kind].pop("gpuprofile", None)
+    ip.magics_manager.registry.pop(type(magics).__name__, None)
+    _STATE["magics"] = None

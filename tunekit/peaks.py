@@ -1,0 +1,199 @@
+"""Peak TFLOPS for MFU: the spec sheet where the device is known, else a measured MAMF.
+
+MAMF (maximum achievable matmul FLOPS) is the best TFLOPS a short sweep of large matmuls reaches
+on this device and dtype. It is what "100%" can honestly mean on a CPU or an unlisted GPU.
+Calibrations are cached as JSON (``$TUNEKIT_CACHE`` or ``~/.cache/tunekit``) per device, dtype,
+torch version and thread count, so the sweep runs once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import specs
+from .meters import synchronize
+
+_TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16",
+                 "fp8": "float8_e4m3fn"}
+_warned: set = set()
+
+
+@dataclass(frozen=True)
+class Peak:
+    tflops: float | None
+    source: str            # human-readable: which table row or which calibration
+    kind: str | None       # "spec" | "calibrated" | "given" | None
+
+
+@dataclass
+class Calibration:
+    device: str
+    dtype: str
+    tflops: float
+    best_shape: tuple
+    sweep: list            # [(m, k, n, tflops), ...]
+    seconds: float
+    torch_version: str
+    threads: int
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TUNEKIT_CACHE", Path.home() / ".cache" / "tunekit"))
+
+
+def device_name(device=None) -> str:
+    """Marketing name of a torch device: 'NVIDIA H100 80GB HBM3' or the CPU model string."""
+    import torch
+
+    dev = torch.device(device) if device is not None else (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return _cpu_model() or platform.processor() or "cpu"
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def peak_tflops(device=None, dtype: str = "bf16") -> float | None:
+    """Spec-sheet dense peak TFLOPS for a device (name, torch device or None = current).
+
+    Unknown devices give None and one notice; `calibrate()` measures a usable peak instead.
+
+    >>> peak_tflops("NVIDIA H100 80GB HBM3", "bf16")
+    989.0
+    """
+    name = device if isinstance(device, str) and not _is_torch_device_str(device) else device_name(device)
+    value, why = specs.spec_peak(name, dtype)
+    if value is None and (name, dtype) not in _warned:
+        _warned.add((name, dtype))
+        warnings.warn(f"tunekit: {why}; use tunekit.calibrate(dtype={dtype!r}) for a measured peak",
+                      stacklevel=2)
+    return value
+
+
+def _is_torch_device_str(s: str) -> bool:
+    head = s.split(":")[0]
+    return head in ("cpu", "cuda", "mps", "xpu", "meta")
+
+
+def _cache_key(name: str, dtype: str) -> str:
+    import torch
+
+    return f"{name}|{dtype}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+
+
+def _load_cache() -> dict:
+    path = cache_dir() / "mamf.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_cache(data: dict) -> None:
+    path = cache_dir() / "mamf.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)  # atomic: a crash never leaves half a file
+
+
+def default_sizes(device_type: str) -> list[int]:
+    # Big enough to be compute-bound, small enough to finish in about a second each way.
+    return [512, 1024, 1536, 2048] if device_type == "cpu" else [2048, 4096, 6144, 8192]
+
+
+def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
+              force: bool = False) -> Calibration:
+    """Measure the maximum achievable matmul TFLOPS (MAMF) on `device` for `dtype`.
+
+    Square matmuls of each size are warmed up, then timed `repeats` times (device synchronized
+    around the clock); the best TFLOPS wins. Cached unless `force`.
+
+    >>> tunekit.calibrate("fp32").tflops   # e.g. 0.1-0.2 on 2 laptop cores
+    """
+    import torch
+
+    if dtype not in _TORCH_DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(_TORCH_DTYPES)}, got {dtype!r}")
+    dev = torch.device(device) if device is not None else (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    name = device_name(dev)
+    key = _cache_key(name, dtype)
+    cache = _load_cache()
+    if key in cache and not force and sizes is None:
+        c = cache[key]
+        return Calibration(**{**c, "best_shape": tuple(c["best_shape"])})
+
+    tdtype = getattr(torch, _TORCH_DTYPES[dtype])
+    if dtype == "fp8":
+        raise ValueError("fp8 calibration needs torch._scaled_mm on a GPU that supports it; pass --peak instead")
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32 if dev.type == "cuda" else None
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    t_start = time.perf_counter()
+    sweep = []
+    try:
+        for n in sizes or default_sizes(dev.type):
+            a = torch.randn(n, n, device=dev).to(tdtype)
+            b = torch.randn(n, n, device=dev).to(tdtype)
+            torch.mm(a, b)  # warm-up: kernel selection, page faults, caches
+            best = float("inf")
+            for _ in range(repeats):
+                synchronize(dev)
+                t0 = time.perf_counter()
+                torch.mm(a, b)
+                synchronize(dev)
+                best = min(best, time.perf_counter() - t0)
+            sweep.append((n, n, n, 2 * n**3 / best / 1e12))
+            del a, b
+    finally:
+        if prev_tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    m, k, n, top = max(sweep, key=lambda r: r[3])
+    cal = Calibration(device=name, dtype=dtype, tflops=top, best_shape=(m, k, n), sweep=sweep,
+                      seconds=time.perf_counter() - t_start, torch_version=torch.__version__,
+                      threads=torch.get_num_threads())
+    if sizes is None:
+        cache[key] = asdict(cal)
+        _save_cache(cache)
+    return cal
+
+
+def cached_calibration(device=None, dtype: str = "fp32") -> Calibration | None:
+    """The cached MAMF for this device and dtype, or None (never measures)."""
+    c = _load_cache().get(_cache_key(device_name(device), dtype))
+    return None if c is None else Calibration(**{**c, "best_shape": tuple(c["best_shape"])})
+
+
+def resolve_peak(device=None, dtype: str = "bf16", given: float | None = None,
+                 allow_calibration: bool = True) -> Peak:
+    """The peak MFU is measured against: given > spec sheet > calibrated MAMF > unknown."""
+    if given is not None:
+        return Peak(float(given), f"given: {given} TFLOPS", "given")
+    name = device_name(device)
+    value, why = specs.spec_peak(name, dtype)
+    if value is not None:
+        return Peak(value, why, "spec")
+    cal = cached_calibration(device, dtype)
+    if cal is None and allow_calibration:
+        cal = calibrate(dtype, device)
+    if cal is not None:
+        shape = "x".join(map(str, cal.best_shape))
+        return Peak(cal.tflops, f"calibrated MAMF on {cal.device}, {dtype}, best {shape} matmul "
+                                f"({cal.threads} threads)", "calibrated")
+    return Peak(None, why, None)

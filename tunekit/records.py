@@ -1,0 +1,94 @@
+"""What a profiled cell or block leaves behind, and the history of them. Pure: no torch.
+
+A figure that could not be measured on this machine is NaN (numbers) or None (labels), never 0;
+`notes` says why.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import asdict, dataclass, field, fields
+
+NaN = math.nan
+FLOPS_SOURCES = ("counted", "cached", "given", "none")
+
+
+@dataclass
+class ProfileRecord:
+    """One profiled cell or block. Times in seconds, memory in bytes, FLOPs as plain counts."""
+
+    name: str
+    wall_s: float = NaN
+    flops: float = NaN            # executed FLOPs (recomputation included): HFU
+    flops_source: str = "none"    # counted | cached | given | none
+    model_flops: float = NaN      # FLOPs the model needs (no recomputation): MFU
+    tflops: float = NaN           # executed FLOPs / wall_s; NaN when timed under the counter
+    mfu: float = NaN
+    hfu: float = NaN
+    peak_tflops: float = NaN
+    peak_source: str | None = None
+    dtype: str | None = None      # the dtype whose peak was used
+    cpu_rss_delta_bytes: float = NaN
+    cpu_peak_delta_bytes: float = NaN
+    gpu_alloc_delta_bytes: float = NaN
+    gpu_peak_delta_bytes: float = NaN
+    gpu_reserved_bytes: float = NaN
+    nvml_used_bytes: float = NaN
+    device: str | None = None
+    error: str | None = None      # "ExcType: message" when the cell raised or was interrupted
+    recompute_flops: float = NaN  # executed during backward to rebuild activations
+    started_at: float = NaN       # time.time() at the start
+    # experiment() leak check (ipyexperiments): consumed = kept at the end, reclaimed = freed
+    exp_cpu_consumed_bytes: float = NaN
+    exp_cpu_reclaimed_bytes: float = NaN
+    exp_gpu_consumed_bytes: float = NaN
+    exp_gpu_reclaimed_bytes: float = NaN
+    notes: list = field(default_factory=list)
+
+    def _repr_html_(self) -> str:
+        from .report import to_html
+
+        return to_html(self)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["notes"] = "; ".join(self.notes)
+        return d
+
+
+COLUMNS = tuple(f.name for f in fields(ProfileRecord))
+
+
+class History:
+    """Thread-safe append-only list of records with a DataFrame view."""
+
+    def __init__(self):
+        self._records: list[ProfileRecord] = []
+        self._lock = threading.Lock()
+
+    def append(self, rec: ProfileRecord) -> ProfileRecord:
+        with self._lock:
+            self._records.append(rec)
+        return rec
+
+    def last(self) -> ProfileRecord | None:
+        with self._lock:
+            return self._records[-1] if self._records else None
+
+    def records(self) -> list[ProfileRecord]:
+        with self._lock:
+            return list(self._records)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def to_frame(self):
+        """pandas.DataFrame with one row per record and the columns of `COLUMNS`."""
+        import pandas as pd  # lazy: `import tunekit` must not pay for pandas
+
+        return pd.DataFrame([r.to_dict() for r in self.records()], columns=list(COLUMNS))
+

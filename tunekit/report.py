@@ -1,0 +1,73 @@
+"""Turn a ProfileRecord into a compact text or HTML summary. Pure formatting: no measuring."""
+from __future__ import annotations
+
+import html
+
+from .units import fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, is_missing
+
+
+def _tflops(x) -> str:
+    return "n/a" if is_missing(x) else f"{x:.3g} TFLOPS"
+
+
+def rows(rec) -> list[tuple[str, str]]:
+    """(label, value) pairs shared by the text and HTML views."""
+    flops = fmt_flops(rec.flops)
+    if rec.flops_source != "none":
+        flops += f" ({rec.flops_source})"
+    if not is_missing(rec.recompute_flops) and rec.recompute_flops:
+        flops += f", of which {fmt_flops(rec.recompute_flops)} recomputed"
+    util = f"MFU {fmt_pct(rec.mfu)} · HFU {fmt_pct(rec.hfu)}"
+    if not is_missing(rec.peak_tflops):
+        util += f" of {rec.peak_tflops:.4g} TFLOPS [{rec.peak_source}]"
+    gpu = (f"alloc {fmt_bytes(rec.gpu_alloc_delta_bytes, True)} · peak {fmt_bytes(rec.gpu_peak_delta_bytes, True)}"
+           f" · reserved {fmt_bytes(rec.gpu_reserved_bytes)} · NVML used {fmt_bytes(rec.nvml_used_bytes)}")
+    out = [
+        ("time", fmt_seconds(rec.wall_s)),
+        ("FLOPs", flops),
+        ("speed", f"{_tflops(rec.tflops)} · {util}"),
+        ("CPU RAM", f"RSS {fmt_bytes(rec.cpu_rss_delta_bytes, True)} · peak {fmt_bytes(rec.cpu_peak_delta_bytes, True)}"),
+        ("GPU", gpu),
+    ]
+    if not is_missing(rec.exp_cpu_consumed_bytes):
+        leak = (f"CPU consumed {fmt_bytes(rec.exp_cpu_consumed_bytes)}, reclaimed {fmt_bytes(rec.exp_cpu_reclaimed_bytes)}")
+        if not is_missing(rec.exp_gpu_consumed_bytes):
+            leak += (f" · GPU consumed {fmt_bytes(rec.exp_gpu_consumed_bytes)}, "
+                     f"reclaimed {fmt_bytes(rec.exp_gpu_reclaimed_bytes)}")
+        out.append(("experiment", leak))
+    if rec.error:
+        out.append(("error", rec.error))
+    if rec.notes:
+        out.append(("notes", "; ".join(rec.notes)))
+    return out
+
+
+def title(rec) -> str:
+    return f"⏱ {rec.name} · {rec.device or 'unknown device'}"
+
+
+def to_text(rec) -> str:
+    return "\n".join([title(rec)] + [f"  {k:<10} {v}" for k, v in rows(rec)])
+
+
+def to_html(rec) -> str:
+    body = "".join(
+        f"<tr><th style='text-align:left;padding:1px 8px 1px 0;font-weight:600'>{html.escape(k)}</th>"
+        f"<td style='text-align:left;padding:1px 0'>{html.escape(v)}</td></tr>" for k, v in rows(rec))
+    color = "#b00020" if rec.error else "#555"
+    return (f"<div style='font-family:monospace;font-size:12px;border-left:3px solid {color};"
+            f"padding:2px 8px;margin:2px 0'><div style='color:{color};font-weight:600'>"
+            f"{html.escape(title(rec))}</div><table style='border-collapse:collapse'>{body}</table></div>")
+
+
+class Summary:
+    """What the magic displays: HTML in notebooks, text in terminals."""
+
+    def __init__(self, rec):
+        self.rec = rec
+
+    def _repr_html_(self) -> str:
+        return to_html(self.rec)
+
+    def __repr__(self) -> str:
+        return to_text(self.rec)

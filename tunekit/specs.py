@@ -1,0 +1,89 @@
+"""Dense (no sparsity) spec-sheet peak TFLOPS per accelerator, with the source of each figure.
+
+Pure data + name matching: no torch import. Figures are vendor dense peaks as collected in
+stas00/ml-engineering `compute/accelerator/README.md` (the "ml-eng" source below) and, for the
+consumer/inference cards, Lightning's `fabric/utilities/throughput.py` `_CUDA_FLOPS` table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+_MLENG = "ml-engineering compute/accelerator dense table"
+_LIGHTNING = "Lightning fabric throughput.py _CUDA_FLOPS"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    match: tuple[str, ...]  # all of these lower-case substrings must be in the device name
+    tflops: dict            # dtype -> dense peak TFLOPS
+    memory_gb: float | None
+    source: str
+
+
+# Order matters: the first spec whose substrings all match wins, so variants come first.
+SPECS: tuple[Spec, ...] = (
+    Spec("H100 NVL", ("h100", "nvl"), {"fp32": 60, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, 94, _MLENG),
+    Spec("H100 PCIe", ("h100", "pcie"), {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756, "fp8": 1513}, 80, _MLENG),
+    Spec("H100 SXM", ("h100",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 80, _MLENG),
+    Spec("H200 SXM", ("h200",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 141, _MLENG),
+    Spec("B200", ("b200",), {"fp32": 80, "tf32": 1125, "bf16": 2250, "fp16": 2250, "fp8": 4500}, 180, _MLENG),
+    Spec("A100", ("a100",), {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, 80, _MLENG),
+    Spec("L40S", ("l40s",), {"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362, "fp8": 733}, 48, _MLENG),
+    # L4's 242 is an int8 figure in the source, so it is not listed as fp8.
+    Spec("L4", ("l4",), {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121}, 24, _LIGHTNING),
+    Spec("A10G", ("a10",), {"fp32": 31.2, "tf32": 62.5, "bf16": 125, "fp16": 125}, 24, _LIGHTNING),
+    Spec("V100 PCIe", ("v100", "pcie"), {"fp32": 14, "fp16": 112}, None, _LIGHTNING),
+    Spec("V100 SXM", ("v100",), {"fp32": 15.7, "fp16": 125}, None, _LIGHTNING),
+    Spec("T4", ("t4",), {"fp32": 8.1, "fp16": 65}, 16, _LIGHTNING),
+    # Lightning lists the same figure for fp32, bf16 and fp16 on these consumer cards.
+    Spec("RTX 4090", ("4090",), {"fp32": 82.6, "tf32": 82.6, "bf16": 82.6, "fp16": 82.6}, 24, _LIGHTNING),
+    Spec("RTX 3090", ("3090",), {"fp32": 35.6, "tf32": 35.6, "bf16": 35.6, "fp16": 35.6}, 24, _LIGHTNING),
+    # Per GCD, which is what one torch device is on an MI250X (the package figure is double).
+    Spec("MI250X (one GCD)", ("mi250",), {"fp32": 47.9, "bf16": 383 / 2, "fp16": 383 / 2}, 64, _MLENG),
+    Spec("MI300X", ("mi300",), {"fp32": 163.4, "tf32": 653.7, "bf16": 1300, "fp16": 1300, "fp8": 2610}, 192, _MLENG),
+)
+
+
+def find_spec(device_name: str | None) -> Spec | None:
+    """The spec for a device name such as 'NVIDIA H100 80GB HBM3', or None if unknown.
+
+    >>> find_spec("NVIDIA H100 PCIe").name
+    'H100 PCIe'
+    """
+    if not device_name:
+        return None
+    name = device_name.lower().replace("-", " ")
+    for spec in SPECS:
+        if all(_has_token(name, m) for m in spec.match):
+            return spec
+    return None
+
+
+def _has_token(name: str, needle: str) -> bool:
+    # 'l4' must not match 'l40s', nor 't4' 'rtx 4090'-style names: require a word boundary
+    # after short model numbers.
+    i = name.find(needle)
+    while i != -1:
+        end = i + len(needle)
+        before_ok = i == 0 or not name[i - 1].isalnum()
+        after_ok = len(needle) > 3 or end == len(name) or not name[end].isdigit()
+        if before_ok and after_ok:
+            return True
+        i = name.find(needle, i + 1)
+    return False
+
+
+def spec_peak(device_name: str | None, dtype: str = "bf16") -> tuple[float | None, str]:
+    """(dense peak TFLOPS, source) from the spec table; (None, reason) when not known."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    spec = find_spec(device_name)
+    if spec is None:
+        return None, f"no spec-sheet peak for {device_name!r}"
+    value = spec.tflops.get(dtype)
+    if value is None:
+        return None, f"{spec.name} has no dense {dtype} figure in the table"
+    return float(value), f"spec sheet: {spec.name} dense {dtype} ({spec.source})"
