@@ -29,7 +29,7 @@ _EXPORTS = {
     "calibrate": ("peaks", "calibrate"),
     "resolve_peak": ("peaks", "resolve_peak"),
     "count_flops": ("flops", "count_flops"),
-    "experiment": ("experiment", "experiment"),
+    "experiment": ("experiments", "experiment"),
     "plot_history": ("plots", "plot_history"),
     "Lab": ("lab", "Lab"),
     "RunResult": ("lab", "RunResult"),
@@ -41,7 +41,7 @@ _EXPORTS = {
 }
 _SUBMODULES = {"bench", "formulas", "specs", "units", "model", "data", "lab", "widgets", "anatomy",
                "memory", "advisor", "flops", "peaks", "probe", "records", "report", "meters", "nvml",
-               "magics", "plots", "experiment"}
+               "magics", "plots", "experiments"}
 
 __all__ = sorted(_EXPORTS) + ["load_ipython_extension", "unload_ipython_extension"]
 

@@ -103,7 +103,7 @@ class GpuProfileMagics(Magics):
     def _start_experiment(self, name, args, probe):
         if not args.experiment:
             return None
-        from .experiment import experiment
+        from .experiments import experiment
 
         # the experiment starts and stops the probe, so its record carries the leak check too
         return experiment(name, namespace=self.shell.user_ns, quiet=True, probe=probe).__enter__()

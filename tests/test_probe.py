@@ -1,0 +1,116 @@
+"""tunekit.profile(): records, staleness of reused FLOP counts, failures, missing hardware."""
+import math
+
+import pytest
+import torch
+
+import tunekit
+from tunekit.records import COLUMNS
+
+MODEL = torch.nn.Linear(256, 256, bias=False)
+
+
+def _step(bs, name="step"):
+    x = torch.randn(bs, 256)
+    with tunekit.profile(name=name, inputs=(x,)) as rec:
+        MODEL(x).sum().backward()
+    return rec
+
+
+def test_count_then_reuse_then_recount_when_batch_changes():
+    # Linear 256x256, no bias; x needs no grad, so forward 2 + weight-grad 2 FLOPs per weight
+    # per row: 4*65536*8 = 2097152
+    first, second = _step(8), _step(8)
+    assert (first.flops, first.flops_source) == (2097152, "counted")
+    assert math.isnan(first.tflops)                 # never timed under the counter
+    assert (second.flops, second.flops_source) == (2097152, "cached")
+    assert second.tflops == pytest.approx(2097152 / second.wall_s / 1e12)
+    doubled = _step(16)
+    assert (doubled.flops, doubled.flops_source) == (2 * 2097152, "counted")
+    assert "recounted" in "; ".join(doubled.notes)
+
+
+def test_block_fingerprint_from_source_without_inputs():
+    bs = 4
+    recs = []
+    for bs in (4, 4, 8):
+        x = torch.randn(bs, 256)
+        with tunekit.profile(name="implicit") as rec:
+            MODEL(x).sum().backward()
+        recs.append(rec)
+    assert [r.flops_source for r in recs] == ["counted", "cached", "counted"]
+    assert recs[2].flops == 2 * recs[0].flops   # 4*65536*8 vs 4*65536*4
+
+
+def test_flops_modes_and_given_model_flops():
+    x = torch.randn(4, 256)
+    with tunekit.profile(name="never", flops="never", model_flops=1e6, peak=1.0) as rec:
+        MODEL(x).sum()
+    assert (rec.flops, rec.flops_source, rec.model_flops) == (1e6, "given", 1e6)
+    assert rec.mfu == pytest.approx(1e6 / rec.wall_s / 1e12 / 1.0)
+    assert rec.peak_source.startswith("given")
+    with pytest.raises(ValueError, match="flops must be one of"):
+        tunekit.profile(name="bad", flops="sometimes").__enter__()
+
+
+def test_failure_is_recorded_and_reraised_unchanged():
+    err = KeyError("missing")
+    with pytest.raises(KeyError) as info:
+        with tunekit.profile(name="fails"):
+            raise err
+    assert info.value is err
+    rec = tunekit.last()
+    assert rec.name == "fails" and rec.error == "KeyError: 'missing'"
+    assert not math.isnan(rec.wall_s)
+
+
+def test_interrupt_is_recorded():
+    with pytest.raises(KeyboardInterrupt):
+        with tunekit.profile(name="ctrl-c"):
+            raise KeyboardInterrupt()
+    assert tunekit.last().error.startswith("KeyboardInterrupt")
+
+
+def test_oom_is_explained_and_memory_freed():
+    with pytest.raises(RuntimeError):
+        with tunekit.profile(name="oom"):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert any("out of memory" in n and "freed" in n for n in tunekit.last().notes)
+
+
+def test_cpu_peak_sees_a_temporary_that_is_gone_by_the_end():
+    n = 64 * 2**20 // 4  # a 64 MiB float32 tensor, freed inside the block
+    with tunekit.profile(name="temp", flops="never") as rec:
+        t = torch.ones(n)
+        del t
+    assert rec.cpu_peak_delta_bytes >= 64 * 2**20 * 0.95
+    assert rec.cpu_rss_delta_bytes < 16 * 2**20
+
+
+def test_missing_hardware_is_nan_not_zero_and_history_has_the_columns():
+    _step(2)
+    df = tunekit.history()
+    assert list(df.columns) == list(COLUMNS)
+    for col in ("name", "wall_s", "flops", "flops_source", "model_flops", "tflops", "mfu", "hfu",
+                "peak_tflops", "cpu_rss_delta_bytes", "cpu_peak_delta_bytes", "gpu_alloc_delta_bytes",
+                "gpu_peak_delta_bytes", "gpu_reserved_bytes", "nvml_used_bytes", "device", "error"):
+        assert col in df.columns
+    if not torch.cuda.is_available():
+        row = df.iloc[-1]
+        for col in ("gpu_alloc_delta_bytes", "gpu_peak_delta_bytes", "gpu_reserved_bytes", "nvml_used_bytes"):
+            assert math.isnan(row[col])
+        assert row["device"].startswith("cpu")
+        assert "no CUDA device" in row["notes"]
+
+
+def test_mfu_on_cpu_uses_the_calibrated_peak(monkeypatch):
+    from tunekit import peaks
+
+    monkeypatch.setattr(peaks, "cached_calibration", lambda device=None, dtype="fp32": peaks.Calibration(
+        "test cpu", dtype, 0.5, (512, 512, 512), [], 0.0, torch.__version__, 2))
+    monkeypatch.setattr(peaks, "device_name", lambda device=None: "test cpu")
+    _step(8, "mfu")
+    rec = _step(8, "mfu")
+    assert rec.peak_tflops == 0.5 and "calibrated MAMF" in rec.peak_source
+    assert rec.hfu == pytest.approx(rec.tflops / 0.5)
+    assert rec.mfu == pytest.approx(rec.hfu)  # no checkpointing: model == executed FLOPs

@@ -1,0 +1,52 @@
+import warnings
+
+import pytest
+
+from tunekit import peaks, specs
+
+
+@pytest.mark.parametrize("name, dtype, expected", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989),
+    ("NVIDIA H100 PCIe", "bf16", 756),
+    ("NVIDIA H100 NVL", "fp16", 835.5),
+    ("NVIDIA H200", "fp8", 1979),
+    ("NVIDIA A100-SXM4-80GB", "tf32", 156),
+    ("NVIDIA A100-PCIE-40GB", "bf16", 312),
+    ("NVIDIA B200", "bf16", 2250),
+    ("NVIDIA L4", "bf16", 121),
+    ("NVIDIA L40S", "bf16", 362),
+    ("NVIDIA A10G", "fp32", 31.2),
+    ("Tesla V100-SXM2-16GB", "fp16", 125),
+    ("Tesla V100-PCIE-32GB", "fp16", 112),
+    ("Tesla T4", "fp16", 65),
+    ("NVIDIA GeForce RTX 4090", "bf16", 82.6),
+    ("NVIDIA GeForce RTX 3090", "fp32", 35.6),
+    ("AMD Instinct MI300X", "bf16", 1300),
+    ("AMD Instinct MI250X", "bf16", 191.5),  # 383 per package / 2 GCDs
+])
+def test_spec_peaks(name, dtype, expected):
+    value, source = specs.spec_peak(name, dtype)
+    assert value == pytest.approx(expected)
+    assert "dense" in source
+
+
+def test_short_names_do_not_match_longer_models():
+    assert specs.find_spec("NVIDIA L40S").name == "L40S"   # not L4
+    assert specs.find_spec("NVIDIA A100 80GB PCIe").name == "A100"  # not A10G
+    assert specs.find_spec("NVIDIA GH200 480GB") is None
+
+
+def test_missing_dtype_and_unknown_device():
+    assert specs.spec_peak("NVIDIA A100-SXM4-80GB", "fp8")[0] is None  # Ampere has no fp8
+    assert specs.spec_peak("Mystery Accelerator 9000")[0] is None
+    with pytest.raises(ValueError):
+        specs.spec_peak("NVIDIA H100", "int4")
+
+
+def test_peak_tflops_unknown_gives_none_and_one_notice():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert peaks.peak_tflops("Mystery Accelerator 9000", "bf16") is None
+        assert peaks.peak_tflops("Mystery Accelerator 9000", "bf16") is None
+    assert len([x for x in w if "no spec-sheet peak" in str(x.message)]) == 1
+    assert peaks.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
