@@ -114,3 +114,20 @@ def test_mfu_on_cpu_uses_the_calibrated_peak(monkeypatch):
     assert rec.peak_tflops == 0.5 and "calibrated MAMF" in rec.peak_source
     assert rec.hfu == pytest.approx(rec.tflops / 0.5)
     assert rec.mfu == pytest.approx(rec.hfu)  # no checkpointing: model == executed FLOPs
+
+
+def test_fingerprint_ignores_side_effect_state_but_sees_shapes_and_settings():
+    from tunekit.probe import describe
+
+    opt = torch.optim.AdamW(MODEL.parameters())
+    before = describe(opt)
+    MODEL(torch.randn(2, 256)).sum().backward()
+    opt.step()                                  # fills opt.state: not an input change
+    assert describe(opt) == before
+    assert describe([1.0, 2.0]) == describe([1.0, 2.0, 3.0])  # a growing losses list
+    assert describe([torch.zeros(2, 3)]) != describe([torch.zeros(4, 3)])
+    assert describe((8, 128)) != describe((16, 128))
+    m = torch.nn.Dropout(0.1)
+    d0 = describe(m)
+    m.p = 0.2                                   # a module setting: it can change the work
+    assert describe(m) != d0

@@ -116,10 +116,10 @@ class GpuProfileMagics(Magics):
         if not args.quiet:
             self._display(probe.record)
 
-    def _display(self, rec):
+    def _display(self, rec, compact=False):
         from IPython.display import display
 
-        display(Summary(rec))
+        display(Summary(rec, compact=compact))
 
     # --- every cell ----------------------------------------------------------------------------
 
@@ -166,7 +166,7 @@ class GpuProfileMagics(Magics):
             error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         rec = probe.stop(error)
         if not self.auto_opts.quiet:
-            self._display(rec)
+            self._display(rec, compact=True)
 
 
 _STATE = {"magics": None}

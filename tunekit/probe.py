@@ -54,10 +54,14 @@ def describe(value, depth: int = 0):
             return ("M", type(value).__name__, _module_state(value))
     if depth >= 2:
         return type(value).__name__
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, len(value)) if len(value) > 16 else tuple(describe(v, depth + 1) for v in value)
+    # Containers that grow as a side effect (a losses list, optimizer state) must not look like
+    # new inputs: tuples are described item by item, lists by their tensors only, dicts not at all.
+    if isinstance(value, tuple):
+        return ("tuple", len(value)) if len(value) > 16 else tuple(describe(v, depth + 1) for v in value)
+    if isinstance(value, list):
+        return ("list",) + tuple(describe(v, depth + 1) for v in value[:16] if _is_tensor(v))
     if isinstance(value, dict):
-        return ("dict", len(value))
+        return "dict"
     if isinstance(value, types.FunctionType):
         return ("F", id(value.__code__), _function_globals(value, depth))
     if isinstance(value, (types.ModuleType, type)):
@@ -67,6 +71,11 @@ def describe(value, depth: int = 0):
         return (type(value).__name__,) + tuple(
             (k, describe(v, depth + 1)) for k, v in sorted(d.items()) if not k.startswith("__"))[:32]
     return type(value).__name__
+
+
+def _is_tensor(v) -> bool:
+    torch = torch_if_loaded()
+    return torch is not None and isinstance(v, torch.Tensor)
 
 
 def _module_state(module) -> tuple:

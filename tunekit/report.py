@@ -60,14 +60,29 @@ def to_html(rec) -> str:
             f"{html.escape(title(rec))}</div><table style='border-collapse:collapse'>{body}</table></div>")
 
 
-class Summary:
-    """What the magic displays: HTML in notebooks, text in terminals."""
+def to_line(rec) -> str:
+    """One line for `%gpuprofile on`, where every cell gets one."""
+    parts = [f"⏱ {rec.name}", fmt_seconds(rec.wall_s),
+             f"CPU {fmt_bytes(rec.cpu_rss_delta_bytes, True)} (peak {fmt_bytes(rec.cpu_peak_delta_bytes, True)})"]
+    if not is_missing(rec.gpu_peak_delta_bytes):
+        parts.append(f"GPU {fmt_bytes(rec.gpu_alloc_delta_bytes, True)} (peak {fmt_bytes(rec.gpu_peak_delta_bytes, True)})")
+    if rec.flops_source != "none" and rec.flops:
+        parts.append(f"{fmt_flops(rec.flops)} {_tflops(rec.tflops)} MFU {fmt_pct(rec.mfu)}")
+    if rec.error:
+        parts.append(f"error: {rec.error}")
+    return " · ".join(parts)
 
-    def __init__(self, rec):
-        self.rec = rec
+
+class Summary:
+    """What the magic displays: HTML in notebooks, text in terminals; `compact` is one line."""
+
+    def __init__(self, rec, compact: bool = False):
+        self.rec, self.compact = rec, compact
 
     def _repr_html_(self) -> str:
+        if self.compact:
+            return f"<div style='font-family:monospace;font-size:11px;color:#555'>{html.escape(to_line(self.rec))}</div>"
         return to_html(self.rec)
 
     def __repr__(self) -> str:
-        return to_text(self.rec)
+        return to_line(self.rec) if self.compact else to_text(self.rec)
