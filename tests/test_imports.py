@@ -2,7 +2,8 @@
 import subprocess
 import sys
 
-PURE = ["tunekit.formulas", "tunekit.specs", "tunekit.records", "tunekit.units", "tunekit.report"]
+PURE = ["tunekit.formulas", "tunekit.specs", "tunekit.records", "tunekit.units", "tunekit.report",
+        "tunekit.anatomy", "tunekit.anatomy_gpt", "tunekit.advisor"]
 HEAVY = ["torch", "IPython", "pandas", "plotly", "ipywidgets"]
 
 

@@ -1,0 +1,155 @@
+"""Memory-anatomy formulas against the documents' numbers (pure: no tensors needed)."""
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tunekit.anatomy import (bytes_per_param, estimate_memory, full_recompute_activation_bytes,
+                             korthikanti_activation_bytes, optimizer_bytes_per_param,
+                             worked_example_147m)
+from tunekit.anatomy_gpt import gpt_activation_bytes, gpt_layer_activation_bytes, gpt_param_count
+
+GPT1 = dict(n_layer=12, n_embd=768, n_head=12, seq_len=512)
+TINY = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=128, block_size=128, mlp="gelu",
+            attention="sdpa", pos="rope", bias=False, dropout=0.0)
+
+
+def test_pure_modules_import_nothing_heavy():
+    code = ("import sys; from tunekit.anatomy import estimate_memory; import tunekit.advisor as a;"
+            "e = estimate_memory(1e6, device='cpu'); str(e); str(a.advise({'n_embd': 64, 'n_head': 4}));"
+            "print(','.join(m for m in ('torch', 'IPython', 'pandas', 'plotly') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_mixed_precision_adamw_is_18_bytes_per_param():
+    # 2 (half weights) + 4 (fp32 master) + 4 (fp32 grads) + 8 (two fp32 moments) = 18
+    per = bytes_per_param("mixed", "adamw")
+    assert per == {"weights": 2, "master_weights": 4, "gradients": 4, "optimizer_states": 8}
+    assert sum(per.values()) == 18
+    assert estimate_memory(1_000_000, precision="bf16-mixed", device="cpu").static_bytes == 18_000_000
+
+
+def test_other_precisions_per_param():
+    assert sum(bytes_per_param("fp32", "adamw").values()) == 16      # 4 + 4 + 8
+    # pure bf16 with bf16 AdamW: "only 8 bytes per parameter ... Instead of 18!" = 2 + 2 + 4
+    assert sum(bytes_per_param("bf16", "adamw").values()) == 8
+    assert sum(bytes_per_param("amp", "adamw").values()) == 16       # autocast: fp32 params/grads
+
+
+@pytest.mark.parametrize("name, expected", [("adamw", 8), ("sgd", 4), ("lion", 4), ("adafactor", 4),
+                                            ("adamw-8bit", 2), ("adamw_8bit", 2), ("adamw-bf16", 4),
+                                            ("sgd-nomomentum", 0)])
+def test_optimizer_state_bytes(name, expected):
+    assert optimizer_bytes_per_param(name, "fp32") == expected
+
+
+def test_unknown_names_raise():
+    with pytest.raises(ValueError):
+        optimizer_bytes_per_param("adamax")
+    with pytest.raises(ValueError):
+        bytes_per_param("int4")
+
+
+def test_korthikanti_gpt1_example():
+    # 512*768*12*(10 + 24 + 5*12*512/768) = 4718592 * 74 = 349175808 bytes per sample
+    assert korthikanti_activation_bytes(512, 1, 768, 12, 12) == 349175808
+    assert korthikanti_activation_bytes(512, 64, 768, 12, 12) == 64 * 349175808  # 22347251712
+
+
+def test_korthikanti_tensor_and_sequence_parallel():
+    # t=2: 4718592 * (10 + 12 + 5*12*512/(768*2)) = 4718592 * 42 = 198180864
+    assert korthikanti_activation_bytes(512, 1, 768, 12, 12, t=2) == 198180864
+    # sequence parallel splits the 10 too: 4718592 * (34/2 + 20) = 174587904
+    assert korthikanti_activation_bytes(512, 1, 768, 12, 12, t=2, sequence_parallel=True) == 174587904
+    # full recompute keeps each layer's fp16 input: 2*512*768*12 = 9437184
+    assert full_recompute_activation_bytes(512, 1, 768, 12) == 9437184
+
+
+def test_worked_example_147m_both_readings():
+    ex = worked_example_147m(64)
+    printed = ex["as printed (20 B/param)"]
+    # 147e6 * (2 + (4 + 12) + 2) = 2940e6; + 64 * 349175808 = 25287251712 -> "~25.3G"
+    assert printed.static_bytes == pytest.approx(2.94e9)
+    assert printed.total_bytes == pytest.approx(25287251712)
+    assert round(printed.total_bytes / 1e9, 1) == 25.3
+    # the fp32 copy charged once: 147e6 * 16 = 2352e6 -> 24699251712
+    assert ex["fp32 copy once (16 B/param)"].total_bytes == pytest.approx(24699251712)
+    # fp32 grads as in the 18 B/param rule: 147e6 * 18 = 2646e6 -> 24993251712
+    assert ex["fp32 grads (18 B/param)"].total_bytes == pytest.approx(24993251712)
+
+
+def test_twenty_percent_overhead_gives_30_3_gb():
+    e = estimate_memory(147e6, optimizer_bytes=12, grad_bytes=2, micro_batch=64, device="cpu",
+                        activations="korthikanti", overhead_fraction=0.2, **GPT1)
+    assert e.total_bytes == pytest.approx(25287251712 * 1.2)   # 30344702054.4 -> "~30.3G"
+
+
+def test_checkpointed_estimate_keeps_layer_inputs_plus_one_layer():
+    e = estimate_memory(147e6, micro_batch=1, checkpointing=True, device="cpu",
+                        activations="korthikanti", **GPT1)
+    assert e["activations"] == 9437184                 # 2*s*b*h*L
+    assert e["recompute"] == 349175808 / 12            # one layer rebuilt during backward
+
+
+def test_sharding_divides_the_static_lines():
+    n = 1_000_000
+    z1 = estimate_memory(n, dp=4, zero_stage=1, device="cpu")
+    # weights 2 + grads 4 whole; master 4 and AdamW 8 split four ways: 6 + 12/4 = 9 B/param
+    assert z1.static_bytes == 9 * n
+    assert estimate_memory(n, dp=4, zero_stage=2, device="cpu").static_bytes == 6 * n   # 2 + 16/4
+    assert estimate_memory(n, dp=4, zero_stage=3, device="cpu").static_bytes == 4.5 * n  # 18/4
+    assert estimate_memory(n, tp=2, pp=2, device="cpu").static_bytes == 4.5 * n         # 18/(2*2)
+
+
+def test_cuda_context_and_distributed_lines():
+    e = estimate_memory(1e6, device="cuda", dp=2)
+    assert e["cuda_context"] == 0.5 * 2**30
+    assert e["distributed"] == 1.5 * 2**30
+    assert estimate_memory(1e6, device="cpu")["cuda_context"] == 0.0
+
+
+def test_bare_param_count_has_nan_activations_not_zero():
+    e = estimate_memory(1e6, device="cpu")
+    assert math.isnan(e["activations"]) and e.notes
+    assert e.total_bytes == 18e6   # NaN lines are left out of the total
+
+
+def test_gpt_param_count_by_hand():
+    # per layer 2h + 4h^2 + 2hf = 256 + 65536 + 131072 = 196864; x2 = 393728
+    # outside: V*h + h = 32768 + 128 = 32896 -> 426624
+    assert gpt_param_count(TINY) == 426624
+    # learned positions, biases, SwiGLU f=384 (8/3*128 rounded up to 64):
+    # layer 2h + 4h^2 + 3hf + (3h + h + 2f + h) = 256 + 65536 + 147456 + 1408 = 214656; x2 = 429312
+    # outside 32768 + 128 + 128*128 = 49280 -> 478592
+    cfg = dict(TINY, pos="learned", bias=True, mlp="swiglu")
+    assert gpt_param_count(cfg) == 478592
+
+
+def test_gpt_layer_activation_fp32_sdpa_gelu():
+    # b=2, s=64: T=128 tokens, T*h = 16384
+    # norms 2*(T*h*(4+4+4) + 4T) = 2*197120 = 394240; attention 6*T*h*4 + 4*b*a*s = 395264;
+    # GELU MLP 2*T*f*4 = 524288 -> 1313792
+    assert gpt_layer_activation_bytes(2, 64, 128, 4, 512) == 1313792
+
+
+def test_gpt_activation_whole_model_and_checkpointing():
+    full = gpt_activation_bytes(TINY, 2, 64, 4)
+    # 2 layers x 1313792 + idx 8T 1024 + final norm 197120 + log-softmax 4*T*V 131072
+    # + targets 1024 + loss weight 4 = 2957828 (the measured figure in test_memory)
+    assert full["saved"] == 2957828
+    ck = gpt_activation_bytes(TINY, 2, 64, 4, checkpointing=True)
+    # block inputs 2 * 4*T*h = 131072 + the same 330244 outside the blocks
+    assert ck["saved"] == 461316 and ck["recompute"] == 1313792
+
+
+def test_estimate_from_config_uses_gpt_count_and_figure():
+    e = estimate_memory(TINY, precision="fp32", micro_batch=2, seq_len=64, device="cpu")
+    assert e.inputs["activations"] == "gpt" and e["activations"] == 2957828
+    assert e["buffers"] == 2 * 128 * 32 * 4     # rotary cos+sin: 2 x block_size x head_dim fp32
+    df = e.to_frame()
+    assert df.loc["total", "bytes"] == pytest.approx(e.total_bytes)
+    assert df.loc["activations", "GB"] == pytest.approx(2957828 / 1e9)
+    fig = e.figure()
+    assert {bar.name for bar in fig.data} >= {"weights", "gradients", "optimizer_states", "activations"}

@@ -1,0 +1,131 @@
+"""Each microbenchmark at tiny sizes: well-formed results and a figure."""
+import gc
+import math
+import warnings
+
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from tunekit import bench
+from tunekit.bench import host
+from tunekit.bench.compute import naive_softmax, softmax_traffic_bytes
+
+
+def _well_formed(df, bench_name, n_rows):
+    assert df.attrs["bench"] == bench_name and len(df) == n_rows
+    ok = df["median_s"].notna()
+    assert ((df["min_s"] <= df["median_s"]) & (df["median_s"] <= df["max_s"]))[ok].all()
+    assert isinstance(bench.plot(df), go.Figure)
+
+
+def test_forward_backward_ratio():
+    df = bench.forward_backward_ratio(width=32, depth=2, tokens=16, micro_batch=1, seq_len=16,
+                                      warmup=1, repeats=2)
+    _well_formed(df, "forward_backward", 4)
+    assert list(df["phase"]) == ["forward", "backward"] * 2
+    bwd = df[df["phase"] == "backward"]
+    assert (bwd["ratio"] > 0).all() and (df["repeats"] == 2).all()
+
+
+def test_softmax_naive_matches_fused_and_traffic_model():
+    x = torch.randn(4, 8)
+    assert torch.allclose(naive_softmax(x), torch.softmax(x, -1), atol=1e-6)
+    assert softmax_traffic_bytes(1000, 4, fused=True) == 8000     # 2 * 1000 * 4
+    assert softmax_traffic_bytes(1000, 4, fused=False) == 32000   # 8 * 1000 * 4
+    df = bench.softmax_naive_vs_fused(rows=64, cols=64, warmup=1, repeats=3)
+    _well_formed(df, "softmax", 2)
+    assert list(df["bytes_moved"]) == [8 * 64 * 64 * 4, 2 * 64 * 64 * 4]   # 131072, 32768
+
+
+def test_swiglu_dff_search_candidates():
+    df = bench.swiglu_dff_search(h=64, tokens=32, span=16, step=8, warmup=1, repeats=2)
+    # 8/3*64 = 170.67 -> baseline 170; x64 192, x128 128, x256 256; every 8 in 152..184
+    assert sorted(df["d_ff"]) == [128, 152, 160, 168, 170, 176, 184, 192, 256]
+    assert df.loc[df["is_baseline"], "d_ff"].tolist() == [170]
+    assert (df["mlp_params"] == 3 * 64 * df["d_ff"]).all()
+    assert df["tflops"].is_monotonic_decreasing         # ranked fastest first
+    _well_formed(df, "swiglu_dff", 9)
+
+
+def test_matmul_shape_sweep():
+    df = bench.matmul_shape_sweep("n", values=[16, 24, 32], m=16, k=16, warmup=1, repeats=2)
+    _well_formed(df, "matmul_sweep", 3)
+    # TFLOPS = 2*m*k*n / median / 1e12
+    assert df["tflops"].tolist() == pytest.approx(list(2 * 16 * 16 * df["n"] / df["median_s"] / 1e12))
+    with pytest.raises(ValueError):
+        bench.matmul_shape_sweep("x")
+
+
+def test_dataloader_workers():
+    df = bench.dataloader_workers(num_workers=(0, 2), n_items=8, batch_size=2, transform_s=0.002,
+                                  repeats=2)
+    _well_formed(df, "dataloader_workers", 2)
+    assert df["speedup_vs_first"].iloc[0] == 1.0
+
+
+def test_pin_memory_without_cuda_is_nan_with_a_reason():
+    if torch.cuda.is_available():
+        pytest.skip("covered by the gpu test")
+    df = bench.pin_memory_non_blocking()
+    assert len(df) == 4 and df["median_s"].isna().all()
+    assert "CUDA" in df.attrs["notes"][0]
+    assert isinstance(bench.plot(df), go.Figure)
+
+
+@pytest.mark.gpu
+def test_pin_memory_on_gpu():
+    df = bench.pin_memory_non_blocking(n_batches=4, batch_shape=(16, 256), repeats=2)
+    _well_formed(df, "pin_memory", 4)
+    assert df["median_s"].notna().all()
+
+
+def test_gc_loop_restores_gc_state():
+    was = gc.isenabled()
+    df = bench.gc_in_training_loop(steps=5, garbage_per_step=100, width=16, collect_every=2, warmup=1)
+    assert gc.isenabled() == was
+    _well_formed(df, "gc", 2)
+    assert (df["repeats"] == 5).all()
+
+
+def test_compile_on_off_eager_backend():
+    df = bench.compile_on_off(width=16, depth=1, tokens=8, backend="eager", warmup=1, repeats=2)
+    _well_formed(df, "compile", 2)
+    assert df["median_s"].notna().all() and df["compile_s"].iloc[1] > 0
+
+
+def test_compile_failure_is_a_note_not_a_crash():
+    df = bench.compile_on_off(width=16, depth=1, tokens=8, backend="no-such-backend", repeats=1)
+    assert math.isnan(df["median_s"].iloc[1]) and "skipped" in df.attrs["notes"][0]
+
+
+def test_all_reduce_gloo_two_processes():
+    sizes = (1024, 65536)
+    df = bench.all_reduce_busbw(world_size=2, sizes_bytes=sizes, backend="gloo", warmup=1,
+                                repeats=2, timeout_s=60)
+    assert not df.attrs["notes"], df.attrs["notes"]
+    _well_formed(df, "all_reduce", 2)
+    # algbw = size / time; with 2 ranks busbw = algbw * 2*(2-1)/2 = algbw
+    assert df["algbw_gb_per_s"].tolist() == pytest.approx(list(df["size_bytes"] / df["median_s"] / 1e9))
+    assert df["busbw_gb_per_s"].tolist() == pytest.approx(df["algbw_gb_per_s"].tolist())
+    with pytest.raises(ValueError):
+        bench.all_reduce_busbw(sizes_bytes=(2**40,))
+
+
+def test_numa_mask_decoding():
+    assert host.cpus_from_mask([0b101, 1]) == [0, 2, 64]
+
+
+def test_set_numa_affinity_degrades_with_one_notice():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        pytest.skip("NVML works here; the no-op path is not reachable")
+    except Exception:
+        pass
+    host._numa_notices.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert bench.set_numa_affinity(0) is None
+        assert bench.set_numa_affinity(0) is None
+    assert len([w for w in caught if "set_numa_affinity" in str(w.message)]) == 1

@@ -1,0 +1,335 @@
+"""Memory anatomy of training, estimated from sizes alone: weights, master copy, gradients,
+optimizer states, activations and what lives outside torch's allocator. Pure: no torch, no
+IPython; pandas and plotly are imported only by the methods that need them.
+
+Sources (see ../shared/seeds): the ml-engineering "Anatomy of Model's Memory Usage" section
+(18 bytes/param for mixed-precision AdamW, per-optimizer state sizes, 0.5-2 GB of CUDA context,
+~1-2 GB for torch.distributed) and the large-scale-training notes (the activation formula of
+Korthikanti et al. 2022 and the 147M-parameter GPT worked example).
+
+>>> est = estimate_memory(1_000_000, precision="mixed", optimizer="adamw", device="cpu")
+>>> est.static_bytes / 1_000_000          # 2 half + 4 master + 4 grads + 8 AdamW
+18.0
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tunekit.anatomy_gpt import config_dims, gpt_activation_bytes, gpt_param_count
+from tunekit.units import GB, GiB
+
+NaN = math.nan
+
+
+# --- precision and optimizer layouts ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter (or per activation element) that a training precision keeps."""
+
+    weights: int        # the copy the forward reads
+    master: int         # fp32 master copy kept beside half weights (0 when the weights are it)
+    grads: int
+    state: int          # bytes of one optimizer-state element (torch keeps them in the param dtype)
+    activations: int    # bytes of one saved activation element (matmul side)
+    weight_casts: int   # per matmul param: half copies autocast makes and keeps until backward
+    doc: str
+
+
+PRECISIONS = {
+    "fp32": Precision(4, 0, 4, 4, 4, 0, "fp32 everything"),
+    "tf32": Precision(4, 0, 4, 4, 4, 0, "fp32 storage, tf32 matmuls: memory as fp32"),
+    "bf16": Precision(2, 0, 2, 2, 2, 0, "pure bf16: weights, grads and optimizer states in bf16"),
+    "fp16": Precision(2, 0, 2, 2, 2, 0, "pure fp16: weights, grads and optimizer states in fp16"),
+    # Megatron/DeepSpeed-style mixed precision: persistent half weights + fp32 master + fp32 grads
+    # (the seeds: "6 bytes ... maintains a model in fp32 and one in fp16/bf16", 4-byte grads).
+    "mixed": Precision(2, 4, 4, 4, 2, 0, "half weights + fp32 master copy + fp32 grads"),
+    # torch.autocast: the fp32 params are the master; half copies of the matmul weights are made
+    # in the forward and saved for backward, so they live per step, not persistently.
+    "amp": Precision(4, 0, 4, 4, 2, 2, "torch.autocast: fp32 params/grads, half weight casts per step"),
+}
+_ALIASES = {"bf16-mixed": "mixed", "fp16-mixed": "mixed", "amp-bf16": "amp", "amp-fp16": "amp",
+            "autocast": "amp", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+# name -> (states per param, bytes per state or None for "the precision's state dtype").
+# Names follow the Lab's optimizer toggles (tunekit.toggles.OPTIMIZERS) plus a few readings.
+OPTIMIZERS = {
+    "adamw": (2, None),          # exp_avg + exp_avg_sq: 8 B/param in fp32
+    "sgd": (1, None),            # the Lab's SGD has momentum: one buffer, 4 B/param
+    "sgd-nomomentum": (0, None), # plain SGD keeps nothing
+    "lion": (1, None),           # one momentum: 4 B/param
+    "adafactor": (1, None),      # the seeds' ~4 B/param (factored moments are smaller still)
+    "adamw-8bit": (2, 1),        # bitsandbytes: 1 byte per moment -> 2 B/param
+    "adamw-bf16": (2, 2),        # AnyPrecisionAdamW with bf16 states -> 4 B/param
+}
+_OPT_ALIASES = {"adam": "adamw", "adamw_fused": "adamw", "adamw_8bit": "adamw-8bit",
+                "adam8bit": "adamw-8bit", "sgd-momentum": "sgd", "sgd_momentum": "sgd",
+                "anyprecision": "adamw-bf16"}
+
+
+def precision_layout(precision: str) -> Precision:
+    key = _ALIASES.get(str(precision).lower(), str(precision).lower())
+    if key not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; one of {sorted(PRECISIONS) + sorted(_ALIASES)}")
+    return PRECISIONS[key]
+
+
+def canonical_precision(precision: str) -> str:
+    return _ALIASES.get(str(precision).lower(), str(precision).lower())
+
+
+def optimizer_bytes_per_param(optimizer: str, precision: str = "fp32") -> float:
+    """Optimizer-state bytes per parameter: AdamW 8 (fp32), SGD-momentum/Lion/Adafactor 4,
+    8-bit AdamW 2, bf16 AdamW 4; states follow the param dtype in pure half precision."""
+    key = str(optimizer).lower()
+    key = _OPT_ALIASES.get(key, key)
+    if key not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; one of {sorted(OPTIMIZERS)}")
+    n_states, state_bytes = OPTIMIZERS[key]
+    return n_states * (state_bytes or precision_layout(precision).state)
+
+
+def bytes_per_param(precision: str = "mixed", optimizer: str = "adamw") -> dict:
+    """Static bytes per parameter by component. mixed + AdamW: 2 + 4 + 4 + 8 = 18."""
+    p = precision_layout(precision)
+    return {"weights": p.weights, "master_weights": p.master, "gradients": p.grads,
+            "optimizer_states": optimizer_bytes_per_param(optimizer, precision)}
+
+
+# --- activation formulas ------------------------------------------------------------------------
+
+
+def korthikanti_activation_bytes(s: int, b: int, h: int, n_layer: int, a: int, t: int = 1,
+                                 sequence_parallel: bool = False) -> float:
+    """Saved activations without recompute, fp16 elements and 1-byte dropout masks:
+    s*b*h*L*(10 + 24/t + 5*a*s/(h*t)) bytes (Korthikanti et al. 2022, table 2).
+
+    Per layer: attention 11sbh + 5as^2b, MLP 19sbh, two layernorms 4sbh: 34sbh + 5as^2b; tensor
+    parallelism splits all but the 10sbh that sit before/after the parallel regions, which
+    sequence parallelism splits too.
+    """
+    base = 34 / t if sequence_parallel else 10 + 24 / t
+    return s * b * h * n_layer * (base + 5 * a * s / (h * t))
+
+
+def full_recompute_activation_bytes(s: int, b: int, h: int, n_layer: int, t: int = 1,
+                                    sequence_parallel: bool = False) -> float:
+    """With full activation recomputation only each layer's fp16 input stays: 2*s*b*h*L
+    (divided by t under sequence parallelism)."""
+    return 2 * s * b * h * n_layer / (t if sequence_parallel else 1)
+
+
+# --- the estimate -------------------------------------------------------------------------------
+
+COMPONENTS = ("weights", "master_weights", "gradients", "optimizer_states", "buffers", "weight_casts",
+              "activations", "recompute", "temporary", "cuda_context", "distributed")
+STATIC = ("weights", "master_weights", "gradients", "optimizer_states")
+
+
+@dataclass
+class MemoryEstimate:
+    """Per-device bytes by component, with the formula behind each line.
+
+    `components[name]` is NaN where the inputs do not determine it (e.g. activations from a bare
+    parameter count), never 0 by default.
+    """
+
+    components: dict
+    formulas: dict
+    inputs: dict
+    notes: list = field(default_factory=list)
+
+    @property
+    def static_bytes(self) -> float:
+        """Weights + master copy + gradients + optimizer states."""
+        return sum(self.components.get(k, 0.0) for k in STATIC)
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of the known components (NaN lines are left out; see `notes`)."""
+        return sum(v for v in self.components.values() if not _nan(v))
+
+    def __getitem__(self, name):
+        return self.components[name]
+
+    def to_frame(self):
+        """pandas view: one row per component, bytes, GiB (2^30), GB (1e9), share, formula."""
+        import pandas as pd
+
+        total = self.total_bytes
+        rows = [{"component": k, "bytes": v, "GiB": v / GiB, "GB": v / GB,
+                 "share": (v / total if total and not _nan(v) else NaN),
+                 "formula": self.formulas.get(k, "")} for k, v in self.components.items()]
+        rows.append({"component": "total", "bytes": total, "GiB": total / GiB, "GB": total / GB,
+                     "share": 1.0, "formula": "sum of the known lines"})
+        return pd.DataFrame(rows).set_index("component")
+
+    def figure(self, title: str | None = None):
+        """plotly stacked bar, one segment per component (GiB = 2^30 bytes)."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        for k, v in self.components.items():
+            if not _nan(v) and v > 0:
+                fig.add_bar(name=k, x=["estimate"], y=[v / GiB], hovertext=self.formulas.get(k))
+        fig.update_layout(barmode="stack", yaxis_title="GiB (2^30 bytes)",
+                          title=title or f"estimated memory: {self.total_bytes / GiB:.2f} GiB")
+        return fig
+
+    def __str__(self):
+        lines = [f"{k:>17}: {v / GiB:9.3f} GiB  {self.formulas.get(k, '')}"
+                 for k, v in self.components.items() if _nan(v) or v]
+        lines.append(f"{'total':>17}: {self.total_bytes / GiB:9.3f} GiB "
+                     f"({self.total_bytes / GB:.2f} GB)")
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+
+def estimate_memory(model=None, *, n_params: float | None = None, precision: str = "mixed",
+                    optimizer: str = "adamw", micro_batch: int = 1, seq_len: int | None = None,
+                    checkpointing: bool = False, tp: int = 1, pp: int = 1, zero_stage: int = 0,
+                    dp: int = 1, n_layer: int | None = None, n_embd: int | None = None,
+                    n_head: int | None = None, activations: str = "auto", device: str = "cuda",
+                    cuda_context_bytes: float | None = None, overhead_fraction: float = 0.0,
+                    optimizer_bytes: float | None = None, grad_bytes: float | None = None,
+                    sequence_parallel: bool = False) -> MemoryEstimate:
+    """Estimate per-device training memory.
+
+    `model` is a parameter count, a config with tunekit GPTConfig's attribute names
+    (n_layer, n_head, n_embd, block_size, vocab_size, mlp, d_ff, ...), or an object with such a
+    `.config`. `activations`: "korthikanti" (the documents' formula), "gpt" (tensor-by-tensor
+    count for tunekit's GPT), or "auto" (gpt when the config has tunekit's fields).
+    `optimizer_bytes` / `grad_bytes` override the per-param figures (to replay a document).
+
+    >>> e = estimate_memory(147e6, n_layer=12, n_embd=768, n_head=12, seq_len=512,
+    ...                     micro_batch=64, device="cpu", grad_bytes=2)
+    >>> round(e["activations"] / 64)   # 512*768*12*(10+24+5*12*512/768)
+    349175808
+    """
+    cfg = getattr(model, "config", model) if not isinstance(model, (int, float)) else None
+    dims = config_dims(cfg) if cfg is not None else {}
+    n_layer = n_layer or dims.get("n_layer")
+    n_embd = n_embd or dims.get("n_embd")
+    n_head = n_head or dims.get("n_head")
+    seq_len = seq_len or dims.get("block_size")
+    if n_params is None:
+        if isinstance(model, (int, float)):
+            n_params = float(model)
+        elif hasattr(model, "parameters"):   # a live module: count without importing torch
+            n_params = float(sum(p.numel() for p in model.parameters()))
+        elif cfg is not None:
+            n_params = float(gpt_param_count(cfg))
+        else:
+            raise ValueError("give a parameter count, a config or a model")
+    prec = precision_layout(precision)
+    key = canonical_precision(precision)
+    per = bytes_per_param(precision, optimizer)
+    if optimizer_bytes is not None:
+        per["optimizer_states"] = optimizer_bytes
+    if grad_bytes is not None:
+        per["gradients"] = grad_bytes
+
+    comps, forms, notes = {}, {}, []
+    shard = tp * pp   # model parallelism splits every parameter-sized line
+    zero_div = {"weights": 3, "master_weights": 1, "gradients": 2, "optimizer_states": 1}
+    for k in STATIC:
+        div = shard * (dp if zero_stage >= zero_div[k] else 1)
+        comps[k] = n_params * per[k] / div
+        forms[k] = f"{_num(n_params)} params x {per[k]:g} B" + (f" / {div}" if div > 1 else "")
+    comps["buffers"] = NaN
+    if mode_is_gpt(activations, dims):
+        # rotary cos/sin tables (T, head_dim) each, in the model's dtype (half only when cast)
+        rope = dims["pos"] == "rope" and n_head and seq_len
+        elem = 2 if key in ("bf16", "fp16", "mixed") else 4
+        comps["buffers"] = 2.0 * dims["block_size"] * (n_embd // n_head) * elem if rope else 0.0
+        forms["buffers"] = "rotary cos + sin tables: 2 x block_size x head_dim"
+    # autocast's half weight copies (an upper bound here: only Linear weights are cast)
+    comps["weight_casts"] = n_params * prec.weight_casts / shard
+    forms["weight_casts"] = (f"at most {prec.weight_casts} B per param: half copies made in forward, "
+                             "freed after backward" if prec.weight_casts else "")
+
+    b, s = micro_batch, seq_len
+    mode = "gpt" if mode_is_gpt(activations, dims) else "korthikanti"
+    if mode == "gpt" and not dims.get("vocab"):
+        raise ValueError("activations='gpt' needs a GPTConfig-like config (vocab_size, mlp, ...)")
+    if None in (n_layer, n_embd, n_head, s):
+        comps["activations"] = comps["recompute"] = NaN
+        notes.append("activations need n_layer, n_embd, n_head and seq_len (or a config)")
+    elif mode == "gpt":
+        act = gpt_activation_bytes(cfg, b, s, prec.activations, checkpointing=checkpointing,
+                                   autocast=key == "amp")
+        comps["activations"] = act["saved"] / shard
+        comps["recompute"] = act["recompute"] / shard
+        comps["weight_casts"] = act["weight_casts"] / shard
+        forms["weight_casts"] = "half copies of the Linear weights, kept from forward to backward"
+        forms["activations"] = act["formula"]
+        forms["recompute"] = "one block's saved tensors, rebuilt during backward" if checkpointing else ""
+        if tp > 1 or pp > 1:
+            notes.append("gpt activation count is for one device without model parallelism; divided by tp*pp")
+    else:
+        scale = prec.activations / 2   # the formula counts 2-byte elements
+        full = korthikanti_activation_bytes(s, b, n_embd, n_layer, n_head, tp, sequence_parallel)
+        if checkpointing:
+            comps["activations"] = scale * full_recompute_activation_bytes(s, b, n_embd, n_layer, tp,
+                                                                            sequence_parallel)
+            comps["recompute"] = scale * full / n_layer
+            forms["activations"] = "2*s*b*h*L (each layer's input)"
+            forms["recompute"] = "one layer of s*b*h*(10+24/t+5as/(ht)), rebuilt in backward"
+        else:
+            comps["activations"] = scale * full
+            comps["recompute"] = 0.0
+            forms["activations"] = "s*b*h*L*(10 + 24/t + 5*a*s/(h*t))"
+        if scale != 1:
+            forms["activations"] += f" x {scale:g} ({prec.activations}-byte elements)"
+        if pp > 1:
+            notes.append("1F1B pipeline: the first stage holds pp micro-batches of L/pp layers, "
+                         "i.e. the same activation bytes as L layers")
+    known = sum(v for v in comps.values() if not _nan(v))
+    comps["temporary"] = overhead_fraction * known
+    forms["temporary"] = f"{overhead_fraction:.0%} of the above (temporary buffers, fragmentation)"
+    on_cuda = str(device).startswith("cuda")
+    if cuda_context_bytes is None:
+        # seeds: torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100
+        cuda_context_bytes = 0.5 * GiB if on_cuda else 0.0
+    comps["cuda_context"] = float(cuda_context_bytes)
+    forms["cuda_context"] = "CUDA context + kernels, outside torch's allocator (0.5-2 GB)"
+    world = tp * pp * dp
+    comps["distributed"] = 1.5 * GiB if (on_cuda and world > 1) else 0.0
+    forms["distributed"] = "torch.distributed/NCCL buffers (~1-2 GB per GPU)"
+    inputs = dict(n_params=n_params, precision=key, optimizer=optimizer, micro_batch=b, seq_len=s,
+                  checkpointing=checkpointing, tp=tp, pp=pp, zero_stage=zero_stage, dp=dp,
+                  n_layer=n_layer, n_embd=n_embd, n_head=n_head, activations=mode, device=device)
+    return MemoryEstimate({k: comps[k] for k in COMPONENTS}, forms, inputs, notes)
+
+
+def mode_is_gpt(activations: str, dims: dict) -> bool:
+    """Whether the tensor-by-tensor count for tunekit's GPT applies ("auto": its config)."""
+    if activations not in ("auto", "gpt", "korthikanti"):
+        raise ValueError(f"activations must be auto, gpt or korthikanti, got {activations!r}")
+    return activations == "gpt" or (activations == "auto" and bool(dims.get("tunekit")))
+
+
+def worked_example_147m(micro_batch: int = 64) -> dict:
+    """The large-scale-training notes' GPT example (147M params, L=12, h=768, s=512, a=12), read
+    three ways. As printed it charges 2 + (4 + 12) + 2 = 20 B/param: the "4" is the fp32 master
+    copy and the "12" is AdamW's 8 plus *another* fp32 copy, so the copy is counted twice.
+    """
+    common = dict(n_layer=12, n_embd=768, n_head=12, seq_len=512, micro_batch=micro_batch,
+                  precision="mixed", device="cpu", activations="korthikanti")
+    return {
+        "as printed (20 B/param)": estimate_memory(147e6, optimizer_bytes=12, grad_bytes=2, **common),
+        "fp32 copy once (16 B/param)": estimate_memory(147e6, grad_bytes=2, **common),
+        "fp32 grads (18 B/param)": estimate_memory(147e6, **common),
+    }
+
+
+def _nan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)
+
+
+def _num(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.4g}{unit}"
+    return f"{n:g}"

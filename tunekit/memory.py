@@ -1,0 +1,345 @@
+"""Measured memory anatomy of one training step, side by side with the estimate.
+
+    >>> rep = tunekit.measure_memory(model, (x, y))          # or measure_memory(lab)
+    >>> rep.to_frame()                                        # estimated | measured | error
+
+Parameter, gradient and optimizer-state bytes come from the tensors themselves (unique
+storages, so tied or viewed tensors count once). Saved activations come from
+`torch.autograd.graph.saved_tensors_hooks`: every tensor autograd keeps for backward passes the
+pack hook, exact on any device. Under autocast the half copies of weights that autocast makes
+and keeps for backward are told apart (their autograd history is a cast of a parameter) and
+reported as `weight_casts`. On CUDA the allocator peak, reserved bytes and NVML's device total
+are added, with `other` = what the named components do not explain.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from tunekit import nvml
+from tunekit.anatomy import COMPONENTS, MemoryEstimate, estimate_memory
+
+NaN = math.nan
+GiB = 2**30
+_VIEWISH = {"TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
+            "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0", "ReshapeAliasBackward0"}
+_CASTS = {"ToCopyBackward0", "_ToCopyBackward0"}
+
+
+@dataclass
+class MemoryReport:
+    """Measured bytes by component, the matching estimate, and device-level readings."""
+
+    measured: dict
+    estimate: MemoryEstimate | None
+    device: str
+    precision: str
+    cuda: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    def error(self, name: str) -> float:
+        """(estimated - measured) / measured for one component; NaN when either is unknown."""
+        est = self.estimate.components.get(name, NaN) if self.estimate else NaN
+        meas = self.measured.get(name, NaN)
+        if _missing(est) or _missing(meas) or meas == 0:
+            return 0.0 if (est == 0 and meas == 0) else NaN
+        return (est - meas) / meas
+
+    def to_frame(self):
+        """One row per component: estimated_bytes, measured_bytes, error (relative)."""
+        import pandas as pd
+
+        names = [k for k in COMPONENTS if k in self.measured] + \
+                [k for k in self.measured if k not in COMPONENTS]
+        rows = []
+        for k in names:
+            est = self.estimate.components.get(k, NaN) if self.estimate else NaN
+            rows.append({"component": k, "estimated_bytes": est, "measured_bytes": self.measured[k],
+                         "error": self.error(k)})
+        for k, v in self.cuda.items():
+            rows.append({"component": k, "estimated_bytes": NaN, "measured_bytes": v, "error": NaN})
+        return pd.DataFrame(rows).set_index("component")
+
+    def figure(self):
+        """plotly: estimated and measured side by side, stacked by component (GiB = 2^30)."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        for k in COMPONENTS:
+            est = self.estimate.components.get(k, NaN) if self.estimate else NaN
+            meas = self.measured.get(k, NaN)
+            ys = [0 if _missing(est) else est / GiB, 0 if _missing(meas) else meas / GiB]
+            if any(ys):
+                fig.add_bar(name=k, x=["estimated", "measured"], y=ys)
+        if "other" in self.cuda and not _missing(self.cuda["other"]):
+            fig.add_bar(name="other (unexplained)", x=["measured"], y=[self.cuda["other"] / GiB])
+        fig.update_layout(barmode="stack", yaxis_title="GiB (2^30 bytes)",
+                          title=f"memory anatomy, {self.precision} on {self.device}")
+        return fig
+
+
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def storage_key(t: torch.Tensor):
+    st = t.untyped_storage()
+    return (t.device.type, t.device.index, st.data_ptr())
+
+
+def unique_bytes(tensors, exclude=()) -> int:
+    """Bytes of the distinct storages behind `tensors` (views and tied tensors count once)."""
+    seen, total = set(exclude), 0
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor):
+            continue
+        key = storage_key(t)
+        if key[2] == 0 or key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def _is_weight_cast(t: torch.Tensor, params: set) -> bool:
+    """True when t's autograd history is (views of) a dtype cast of a parameter."""
+    node, cast = t.grad_fn, False
+    for _ in range(6):
+        if node is None:
+            return False
+        name = node.name()
+        if name == "torch::autograd::AccumulateGrad":
+            return cast and id(node.variable) in params
+        if name in _CASTS:
+            cast = True
+        elif name not in _VIEWISH:
+            return False
+        nxt = [f for f, _ in node.next_functions if f is not None]
+        if len(nxt) != 1:
+            return False
+        node = nxt[0]
+    return False
+
+
+class SavedTensorTally:
+    """Context manager: tally the storages autograd saves for backward during a forward."""
+
+    def __init__(self, params, buffers=()):
+        self.exclude = {storage_key(p) for p in params} | {storage_key(b) for b in buffers}
+        self.param_ids = {id(p) for p in params}
+        self.activations, self.casts = {}, {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t):
+        key = storage_key(t)
+        if key[2] and key not in self.exclude and key not in self.activations and key not in self.casts:
+            into = self.casts if _is_weight_cast(t, self.param_ids) else self.activations
+            into[key] = t.untyped_storage().nbytes()
+        return t
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+
+    @property
+    def activation_bytes(self) -> int:
+        return sum(self.activations.values())
+
+    @property
+    def cast_bytes(self) -> int:
+        return sum(self.casts.values())
+
+
+def optimizer_name(opt) -> str | None:
+    """The anatomy's name for a torch optimizer, or None when it has no formula."""
+    cls = type(opt).__name__.lower()
+    if cls in ("adamw", "adam"):
+        return "adamw"
+    if cls == "sgd":
+        return "sgd" if any(g.get("momentum", 0) for g in opt.param_groups) else "sgd-nomomentum"
+    if "8bit" in cls:
+        return "adamw-8bit"
+    return {"lion": "lion", "adafactor": "adafactor"}.get(cls)
+
+
+def _autocast_dtype(precision):
+    # the Lab's vocabulary: bf16/fp16 mean autocast to that dtype; fp32/tf32 mean none
+    if precision in (None, "fp32", "tf32"):
+        return None
+    if isinstance(precision, torch.dtype):
+        return precision
+    table = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    if precision not in table:
+        raise ValueError(f"precision must be fp32, tf32, bf16 or fp16, got {precision!r}")
+    return table[precision]
+
+
+def _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, checkpointing):
+    """(model, batch, optimizer, precision, checkpointing) from a Lab-like object or a module."""
+    if hasattr(target, "model") and hasattr(target, "batch"):   # duck-typed tunekit.Lab
+        model = target.model
+        t = getattr(target, "defaults", None)
+        cfg = getattr(model, "config", None)
+        micro_batch = micro_batch or getattr(t, "micro_batch", None) or 4
+        seq_len = seq_len or getattr(t, "seq_len", None) or getattr(cfg, "block_size", 64)
+        if batch is None:
+            batch = target.batch(micro_batch, seq_len)
+        if precision is None:
+            precision = getattr(t, "precision", None)
+        if checkpointing is None and t is not None:
+            checkpointing = bool(t.checkpointing)
+        if optimizer is None and t is not None:
+            # a fresh optimizer of the Lab's kind with lr=0: same state sizes, the Lab untouched
+            from tunekit.optimizers import build_optimizer
+
+            optimizer = build_optimizer(t.optimizer, model.parameters(), lr=0.0)
+        return model, batch, optimizer, precision, checkpointing
+    model = target
+    if batch is None:
+        cfg = getattr(model, "config", None)
+        if cfg is None or not hasattr(cfg, "vocab_size"):
+            raise ValueError("give a batch: measure_memory(model, (x, y))")
+        dev = next(model.parameters()).device
+        b, s = micro_batch or 4, seq_len or cfg.block_size
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        x, y = (torch.randint(0, cfg.vocab_size, (b, s), generator=gen).to(dev) for _ in range(2))
+        batch = (x, y)
+    return model, batch, optimizer, precision, checkpointing
+
+
+def _loss(model, batch):
+    out = model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+    if isinstance(out, (tuple, list)):
+        loss = out[1] if len(out) > 1 and out[1] is not None else out[0]
+    else:
+        loss = out
+    return loss if loss.dim() == 0 else loss.float().sum()
+
+
+def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkpointing=None,
+                   micro_batch: int | None = None, seq_len: int | None = None,
+                   estimate: bool = True) -> MemoryReport:
+    """Run one training step (forward, backward, optimizer step) and measure each component.
+
+    `target`: a tunekit Lab (its model, optimizer and batches are used) or an nn.Module with
+    `batch` = (inputs...) for ``model(*batch)``; a model returning ``(logits, loss)`` (tunekit's
+    GPT) trains on its loss, any other output on ``output.float().sum()``. Without an optimizer
+    an AdamW with lr=0 is used, so the weights do not change; a given optimizer really steps.
+    Gradients are set to None afterwards. `precision` uses the Lab's words: "bf16"/"fp16" run
+    the forward under torch.autocast (reported as "amp"), "fp32"/"tf32" do not; a model whose
+    weights are already half is reported as pure "bf16"/"fp16". For a Lab, its default toggles
+    (micro_batch, seq_len, precision, checkpointing, optimizer kind) are used unless given, and
+    a fresh optimizer of its kind with lr=0 is stepped, so the Lab's own state is not touched.
+    """
+    model, batch, optimizer, precision, checkpointing = _unpack_target(
+        target, batch, micro_batch, seq_len, optimizer, precision, checkpointing)
+    params = [p for p in model.parameters()]
+    dev = params[0].device if params else torch.device("cpu")
+    notes = []
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
+        notes.append("no optimizer given: AdamW(lr=0) was used so the weights do not change")
+    prev_ck = getattr(model, "checkpointing", None)
+    if checkpointing is not None and hasattr(model, "set_checkpointing"):
+        model.set_checkpointing(checkpointing)
+    ac_dtype = _autocast_dtype(precision)
+    ac = torch.autocast(dev.type, dtype=ac_dtype) if ac_dtype is not None else nullcontext()
+    float_dtypes = {p.dtype for p in params if p.is_floating_point()}
+    if ac_dtype is not None:
+        precision = "amp"
+    elif float_dtypes and float_dtypes <= {torch.bfloat16}:
+        precision = "bf16"
+    elif float_dtypes and float_dtypes <= {torch.float16}:
+        precision = "fp16"
+    else:
+        precision = "fp32"
+
+    cuda = dev.type == "cuda"
+    if cuda and not optimizer.state:
+        _step(model, batch, optimizer, ac)   # warm-up: the peak below is a steady-state one
+        notes.append("CUDA: one warm-up step ran first so optimizer states exist at the peak")
+    if cuda:
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    try:
+        tally = SavedTensorTally(params, list(model.buffers()))
+        with ac, tally:
+            loss = _loss(model, batch)
+        loss.backward()
+        del loss
+        grads = [p.grad for p in params]
+        grad_bytes = unique_bytes(grads)
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize(dev)
+        ck_used = bool(getattr(model, "checkpointing", False))
+    finally:
+        if checkpointing is not None and prev_ck is not None:
+            model.set_checkpointing(prev_ck)
+    exclude = {storage_key(p) for p in params}
+    state_tensors = [v for st in optimizer.state.values() for v in st.values()
+                     if isinstance(v, torch.Tensor)]
+    measured = {
+        "weights": float(unique_bytes(params)),
+        "master_weights": 0.0,
+        "gradients": float(grad_bytes),
+        "optimizer_states": float(unique_bytes(state_tensors, exclude)),
+        "weight_casts": float(tally.cast_bytes),
+        "activations": float(tally.activation_bytes),
+        "buffers": float(unique_bytes(model.buffers(), exclude)),
+    }
+    optimizer.zero_grad(set_to_none=True)
+    cuda_info = _cuda_readings(dev, measured) if cuda else {}
+    if not cuda:
+        notes.append("no CUDA device: allocator peak, NVML total and 'other' are not measured here")
+    est = _estimate_for(model, batch, optimizer, precision, dev, ck_used, notes) if estimate else None
+    return MemoryReport(measured, est, str(dev), precision, cuda_info, notes)
+
+
+def _step(model, batch, optimizer, ac):
+    with ac:
+        loss = _loss(model, batch)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _cuda_readings(dev, measured) -> dict:
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    peak = float(torch.cuda.max_memory_allocated(index))
+    reserved = float(torch.cuda.memory_reserved(index))
+    named = sum(measured[k] for k in ("weights", "gradients", "optimizer_states", "weight_casts",
+                                      "activations", "buffers"))
+    used, why = nvml.used_bytes(index)
+    out = {"allocator_peak": peak, "allocator_reserved": reserved,
+           # can be negative: gradients and activations do not all coexist at the peak
+           "other": peak - named,
+           "nvml_used": used if used is not None else NaN,
+           "outside_allocator": (used - reserved) if used is not None else NaN}
+    if why:
+        out["nvml_note"] = why
+    return out
+
+
+def _estimate_for(model, batch, optimizer, precision, dev, checkpointing, notes):
+    name = optimizer_name(optimizer)
+    cfg = getattr(model, "config", None)
+    kw = dict(precision=precision, optimizer=name or "adamw", device=str(dev), cuda_context_bytes=0.0)
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    if cfg is not None and hasattr(cfg, "n_layer") and x.dim() == 2:
+        est = estimate_memory(cfg, n_params=float(sum(p.numel() for p in model.parameters())),
+                              micro_batch=x.shape[0], seq_len=x.shape[1],
+                              checkpointing=checkpointing, **kw)
+    else:
+        est = estimate_memory(float(sum(p.numel() for p in model.parameters())), **kw)
+    if name is None:
+        est.components["optimizer_states"] = NaN
+        notes.append(f"no state formula for {type(optimizer).__name__}: its estimate is NaN")
+    notes.extend(est.notes)
+    return est
