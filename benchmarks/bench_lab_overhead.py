@@ -1,0 +1,79 @@
+"""How much of a Lab step is the Lab's own work, on CPU with the cpu-tiny preset (target < 3%).
+
+Two measurements side by side, in one process, on one model and optimizer:
+1. end to end: a bare loop (forward, backward, optimizer step, zero_grad on pre-made batches)
+   against ``lab.run`` with the same shapes; rounds alternate so drift hits both alike;
+2. direct: the Lab's per-step extras alone (drawing a batch, the synchronized clock reads,
+   the autocast context, the loss bookkeeping), timed without the model.
+The end-to-end ratio carries the machine's noise (a shared CPU moves a few %); the direct one
+says what the Lab itself adds.
+
+    .venv/bin/python benchmarks/bench_lab_overhead.py [--steps 20] [--rounds 5]
+"""
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from tunekit.lab import Lab
+from tunekit.meters import now_s
+
+
+def bare_steps(lab, batches) -> float:
+    """Mean seconds per step of the minimal training loop."""
+    model, opt = lab.model, lab.optimizer
+    t0 = time.perf_counter()
+    for x, y in batches:
+        _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return (time.perf_counter() - t0) / len(batches)
+
+
+def lab_extras(lab, t, n: int) -> float:
+    """Mean seconds of what lab._step and lab.run do per step besides forward/backward/step."""
+    fake_loss = torch.tensor(1.0)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a = now_s(lab.device)
+        x, y = lab.batch_fn(t.micro_batch, t.seq_len)
+        with lab._autocast(t):
+            pass
+        _total = fake_loss.detach()
+        _ = now_s(lab.device) - a
+    return (time.perf_counter() - t0) / n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        lab = Lab(preset="cpu-tiny", log_path=f"{tmp}/runs.jsonl", peak_tflops=1.0)
+        t = lab.resolve()
+        lab.run(steps=3, warmup=2)  # builds the optimizer, counts FLOPs, warms the kernels
+        bare, full = [], []
+        for _ in range(args.rounds):
+            batches = [lab.batch(t.micro_batch, t.seq_len) for _ in range(args.steps)]
+            bare.append(bare_steps(lab, batches))
+            full.append(lab.run(steps=args.steps, warmup=0).step_s)
+        extras_s = lab_extras(lab, t, 2000)
+    bare_s, lab_s = statistics.median(bare), statistics.median(full)
+    print(f"cpu-tiny, micro_batch={t.micro_batch}, seq_len={t.seq_len}, {torch.get_num_threads()} threads, "
+          f"{args.rounds} rounds x {args.steps} steps")
+    print(f"{'':28}{'median':>10}{'best':>10}")
+    print(f"{'bare loop step (ms)':28}{bare_s * 1e3:10.3f}{min(bare) * 1e3:10.3f}")
+    print(f"{'lab.run step (ms)':28}{lab_s * 1e3:10.3f}{min(full) * 1e3:10.3f}")
+    print(f"end-to-end overhead  lab/bare - 1 = {lab_s / bare_s - 1:+.2%} (median), "
+          f"{min(full) / min(bare) - 1:+.2%} (best)")
+    print(f"direct overhead      {extras_s * 1e6:.1f} us per step = {extras_s / bare_s:.2%} of a bare step")
+    verdict = "PASS" if extras_s / bare_s < 0.03 and min(full) / min(bare) - 1 < 0.03 else "CHECK"
+    print(f"target < 3%: {verdict}")
+
+
+if __name__ == "__main__":
+    main()

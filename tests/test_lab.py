@@ -1,0 +1,258 @@
+"""The Lab: toggles really change the live model, measurements, JSONL log, OOM-safe search."""
+import importlib.util
+import json
+import math
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from tunekit import runlog
+from tunekit.lab import Lab, RunResult
+from tunekit.toggles import FP16_ON_CPU, Env, Toggles, ToggleError, label, notices, problems
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 2**20
+
+
+@pytest.fixture
+def lab(tmp_path):
+    # small shapes keep each step at a few ms on 2 cores; a given peak skips MAMF calibration
+    return Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=64)
+
+
+# --- pure rules ---------------------------------------------------------------------------
+
+
+def test_toggle_rules_explain_refusals():
+    cpu = Env(device_type="cpu", block_size=128, unavailable_optimizers={"lion": "no package"})
+    assert problems(Toggles(), cpu) == []
+    assert problems(Toggles(precision="fp16"), cpu) == [FP16_ON_CPU]
+    assert "CUDA" in problems(Toggles(attention="flash"), cpu)[0]
+    assert "micro_batch" in problems(Toggles(micro_batch=0), cpu)[0]
+    assert "block_size=128" in problems(Toggles(seq_len=256), cpu)[0]
+    assert "no package" in problems(Toggles(optimizer="lion"), cpu)[0]
+    gpu = Env(device_type="cuda", flash_installed=False)
+    assert problems(Toggles(precision="fp16"), gpu) == []
+    assert "fp16/bf16" in problems(Toggles(attention="flash"), gpu)[0]
+    assert problems(Toggles(attention="flash", precision="bf16"), gpu) == []
+    assert "falls back" in notices(Toggles(attention="flash", precision="bf16"), gpu)[0]
+    assert "fp32 run" in notices(Toggles(precision="tf32"), cpu)[0]
+
+
+def test_labels_name_what_changed():
+    base = Toggles(seq_len=64, attention="sdpa")
+    assert label(base, base) == "baseline"
+    assert label(base.replace(precision="bf16", checkpointing=True, micro_batch=16), base) == "bf16 ckpt mb=16"
+    with pytest.raises(TypeError, match="unknown toggle"):
+        base.replace(batch_size=3)
+
+
+def test_pure_modules_import_no_torch():
+    code = textwrap.dedent(f"""
+        import importlib.util, sys
+        for name in ("toggles", "runlog"):
+            spec = importlib.util.spec_from_file_location(name, r"{ROOT}/tunekit/" + name + ".py")
+            mod = sys.modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        assert "torch" not in sys.modules, "pure module imported torch"
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- runs ----------------------------------------------------------------------------------
+
+
+def test_run_measures_and_caches_flops(lab):
+    r = lab.run(steps=3, warmup=1)
+    assert r.tokens_per_step == 4 * 64
+    assert r.tokens_per_s == pytest.approx(256 / r.step_s)
+    assert r.step_s_min <= r.step_s <= r.step_s_max
+    assert r.flops_source == "counted" and r.flops_per_step > 0
+    # analytic model FLOPs: (6N + 12*L*d*T/2) per token = (6*426624 + 6*2*128*64) * 256
+    assert r.model_flops_per_step == (6 * 426624 + 6 * 2 * 128 * 64) * 256
+    assert r.mfu == pytest.approx(r.model_flops_per_step / r.step_s / 1e12)  # peak given: 1 TFLOPS
+    assert r.hfu == pytest.approx(r.tflops)
+    assert r.peak_mem_bytes > 0 and "RSS" in r.peak_source
+    # AdamW: exp_avg + exp_avg_sq in fp32, plus a 4-byte fp32 step counter per parameter
+    # tensor (14: wte, 6 per block x 2, final norm) -> 8*426624 + 14*4 = 3413048
+    assert r.optimizer_bytes == 3413048
+    assert r.attention_ran == "sdpa" and r.compute_dtype == "fp32" and r.autocast_dtype is None
+    again = lab.run(steps=2, warmup=0)
+    assert again.flops_source == "cached" and again.flops_per_step == r.flops_per_step
+    ga = lab.run(steps=2, warmup=0, grad_accum=2)
+    assert ga.tokens_per_step == 512 and ga.flops_per_step == 2 * r.flops_per_step
+    assert ga.label == "ga=2"
+
+
+def test_loss_falls_on_the_corpus(lab):
+    r = lab.run(steps=25, warmup=0, lr=3e-3)
+    assert r.loss_first == pytest.approx(math.log(256), abs=0.3)  # untrained: uniform over bytes
+    assert r.loss < r.loss_first - 1.0  # 25 tiny steps: ~5.25 -> ~3.96
+
+
+def test_checkpointing_reduces_saved_activations(lab):
+    base = lab.run(steps=1, warmup=0)
+    ckpt = lab.run(steps=1, warmup=0, checkpointing=True)
+    assert lab.model.checkpointing is True
+    assert ckpt.saved_bytes < 0.4 * base.saved_bytes
+    # recomputation is executed work (HFU) but not model work (MFU)
+    assert ckpt.flops_per_step > base.flops_per_step
+    assert ckpt.model_flops_per_step == base.model_flops_per_step
+    lab.run(steps=1, warmup=0)
+    assert lab.model.checkpointing is False  # each run starts from the defaults
+
+
+def test_bf16_changes_autocast_dtype(lab):
+    seen = []
+    lab.model.blocks[0].mlp.up.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    r = lab.run(steps=1, warmup=0, precision="bf16")
+    assert r.autocast_dtype == "bfloat16" and set(seen) == {torch.bfloat16}
+    seen.clear()
+    lab.run(steps=1, warmup=0)
+    assert set(seen) == {torch.float32}
+
+
+def test_tf32_on_cpu_is_recorded_as_fp32(lab):
+    r = lab.run(steps=1, warmup=0, precision="tf32")
+    assert r.precision == "tf32" and r.compute_dtype == "fp32"
+    assert any("fp32 run" in n for n in r.notes)
+
+
+def test_fused_adamw_is_used(lab, monkeypatch):
+    calls = []
+    real = torch._fused_adamw_
+    monkeypatch.setattr(torch, "_fused_adamw_", lambda *a, **k: calls.append(1) or real(*a, **k))
+    r = lab.run(steps=2, warmup=0, optimizer="adamw_fused")
+    assert lab.optimizer.defaults["fused"] is True and len(calls) == 2
+    assert r.optimizer == "adamw_fused"
+
+
+@pytest.mark.parametrize("name,state_bytes", [("sgd", 4 * 426624), ("adafactor", None)])
+def test_other_optimizers(lab, name, state_bytes):
+    r = lab.run(steps=1, warmup=0, optimizer=name)
+    assert type(lab.optimizer).__name__ == {"sgd": "SGD", "adafactor": "Adafactor"}[name]
+    if state_bytes is not None:
+        assert r.optimizer_bytes == state_bytes  # momentum buffer: 4 B per parameter
+
+
+def test_refused_toggles_raise_with_explanation(lab):
+    for kw, text in [({"precision": "fp16"}, "GradScaler"), ({"attention": "flash"}, "CUDA"),
+                     ({"micro_batch": 0}, "micro_batch"), ({"steps": 0}, "steps")]:
+        with pytest.raises(ToggleError, match=text):
+            lab.run(**kw)
+    if importlib.util.find_spec("lion_pytorch") is None:
+        with pytest.raises(ToggleError, match="lion-pytorch"):
+            lab.run(optimizer="lion")
+    assert lab.results().empty
+
+
+def test_custom_module(tmp_path):
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    lab = Lab(net, batch_fn=lambda b, t: (torch.randn(b, 16), torch.randint(0, 4, (b,))),
+              loss_fn=lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y),
+              log_path=tmp_path / "r.jsonl", peak_tflops=1.0, micro_batch=8)
+    r = lab.run(steps=2, warmup=0)
+    # counted: forward 2*8*(16*32 + 32*4) = 10240, backward twice the weight grads + input grad
+    # of the 2nd layer only: 2*8*(16*32+32*4) + 2*8*32*4 = 12288 -> 22528
+    assert r.flops_per_step == 22528 and r.model_flops_per_step == 22528
+    assert r.seq_len == 1 and r.attention is None
+    with pytest.raises(ToggleError, match="set_attention"):
+        lab.run(attention="math")
+
+
+# --- the log -------------------------------------------------------------------------------
+
+
+def test_log_is_reloadable(lab):
+    lab.run(steps=1, warmup=0)
+    lab.run(steps=1, warmup=0, precision="bf16")
+    lines = lab.log_path.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["precision"] == "bf16"
+    again = Lab(log_path=lab.log_path, peak_tflops=1.0)
+    assert list(again.results()["label"]) == ["baseline", "bf16"]
+    assert list(Lab.load_results(lab.log_path)["run_id"]) == [0, 1]
+    assert isinstance(again.runs[0], RunResult) and again.runs[0].toggles["precision"] == "fp32"
+
+
+def test_log_survives_crash_mid_write(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    # a writer that finishes two records, then dies by SIGKILL half-way through the third line
+    code = textwrap.dedent(f"""
+        import importlib.util, os, signal
+        spec = importlib.util.spec_from_file_location("runlog", r"{ROOT}/tunekit/runlog.py")
+        runlog = importlib.util.module_from_spec(spec); spec.loader.exec_module(runlog)
+        runlog.append_record(r"{path}", {{"run_id": 0, "loss": float("nan")}})
+        runlog.append_record(r"{path}", {{"run_id": 1, "loss": 2.5}})
+        with open(r"{path}", "ab") as f:
+            f.write(b'{{"run_id": 2, "lo'); f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code])
+    assert proc.returncode == -signal.SIGKILL
+    records, skipped = runlog.read_records(path)
+    assert [r["run_id"] for r in records] == [0, 1] and skipped == 1
+    assert records[0]["loss"] is None  # NaN is written as null: valid JSON
+    runlog.append_record(path, {"run_id": 2})  # the next write starts on a fresh line
+    records, skipped = runlog.read_records(path)
+    assert [r["run_id"] for r in records] == [0, 1, 2] and skipped == 1
+
+
+# --- max batch search ------------------------------------------------------------------------
+
+
+def test_find_max_batch_on_cpu_budget_returns_to_baseline(lab):
+    lab.run(steps=1, warmup=1)  # optimizer state exists, so the baseline includes it
+    found = lab.find_max_batch_size(limit=64, memory_budget_bytes=40 * MiB)
+    fits = [t for t in found.trials if t.fits]
+    assert found.best is not None and found.best == max(t.micro_batch for t in fits)
+    assert all(t.used_bytes <= 40 * MiB for t in fits)
+    # the search ends next to a miss: best + 1 was tried (or predicted) and did not fit
+    assert any(t.micro_batch == found.best + 1 and not t.fits for t in found.trials)
+    assert [t.micro_batch for t in found.trials][:3] == [1, 2, 4]  # doubling first
+    assert found.after_bytes - found.baseline_bytes < 12 * MiB
+    assert len(found.table()) == len(found.trials)
+
+
+def test_oom_trial_frees_memory(lab):
+    lab.run(steps=1, warmup=0)
+    real_step = lab._step
+
+    def step(t, fwd, scaler):
+        if t.micro_batch > 5:
+            hog = torch.ones(64 * MiB // 4)  # 64 MiB alive in this frame when the OOM is raised
+            hog += 1
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")
+        return real_step(t, fwd, scaler)
+
+    lab._step = step
+    found = lab.find_max_batch_size(limit=64, memory_budget_bytes=1 << 40)
+    assert found.best == 5
+    assert [t.micro_batch for t in found.trials] == [1, 2, 4, 8, 6, 5]
+    assert found.trials[3].reason.startswith("OOM") and found.trials[3].used_bytes > 60 * MiB
+    assert found.after_bytes - found.baseline_bytes < 12 * MiB  # the 64 MiB went back
+
+
+def test_find_max_refuses_bad_toggles(lab):
+    with pytest.raises(ToggleError):
+        lab.find_max_batch_size(precision="fp16")
+    with pytest.raises(ToggleError):
+        lab.find_max_batch_size(start=0)
+
+
+def test_flash_flops_added_analytically():
+    from tunekit.flops import FlopCount
+    from tunekit.lab_probe import ProbeResult, add_flash_flops
+    from tunekit.model import GPTConfig
+
+    cfg = GPTConfig.preset("cpu-tiny")  # L=2, nh=4, hs=32
+    res = ProbeResult(FlopCount(executed=0), saved_bytes=0, attention_ran="flash")
+    add_flash_flops(res, cfg, batch=2, seq_len=64, checkpointing=True)
+    # forward 4*B*nh*T^2*hs = 4*2*4*64*64*32 = 4194304, halved (causal) x 2 layers = 4194304
+    # backward 10*2*4*64*64*32 = 10485760, halved x 2 layers = 10485760; recompute = forward
+    assert res.flops.executed == 4194304 + 10485760 + 4194304
+    assert res.flops.recompute == 4194304 and res.flops.model == 4194304 + 10485760

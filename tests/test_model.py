@@ -1,0 +1,125 @@
+"""The demo GPT: exact parameter counts, attention impls agree, toggles on the live model."""
+import warnings
+
+import pytest
+import torch
+
+from tunekit import model as model_mod
+from tunekit.model import GPT, PRESETS, GPTConfig
+
+
+def _tiny(**kw):
+    return GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, **kw)
+
+
+def test_cpu_tiny_param_count_exact():
+    m = GPT(GPTConfig.preset("cpu-tiny"))
+    # d=128, V=256, L=2, ffn=4*128=512, no biases, tied lm_head:
+    # wte 256*128 = 32768
+    # block: 2 norms 2*128 + qkv 128*384 + proj 128*128 + up 128*512 + down 512*128
+    #      = 256 + 49152 + 16384 + 65536 + 65536 = 196864;  x2 = 393728
+    # final norm 128  ->  32768 + 393728 + 128 = 426624 (rope: no position table)
+    assert m.num_params() == 426624
+    assert m.num_params(non_embedding=False) == 426624
+
+
+def test_gpt2_124m_shapes_param_count():
+    with torch.device("meta"):
+        m = GPT(GPTConfig.preset("gpt2-124m"))
+    # wte 50304*768 = 38633472 (50257 padded to a multiple of 64), wpe 1024*768 = 786432
+    # layer: norms 1536 + qkv 768*2304+2304 = 1771776 + proj 768*768+768 = 590592
+    #        + up 768*3072+3072 = 2362368 + down 3072*768+768 = 2360064  = 7086336; x12 = 85036032
+    # final norm 768 -> total 38633472 + 786432 + 85036032 + 768 = 124456704
+    assert m.config.padded_vocab_size == 50304
+    assert m.num_params(non_embedding=False) == 124456704
+    assert m.num_params() == 124456704 - 786432
+
+
+def test_gpt_1b_is_about_one_billion():
+    with torch.device("meta"):
+        m = GPT(GPTConfig.preset("gpt-1b"))
+    # wte 256*2048 = 524288; layer: norms 4096 + attn 4*2048^2 = 16777216
+    #   + swiglu 3*2048*8192 = 50331648 -> 67112960; x16 = 1073807360; final norm 2048
+    assert m.num_params() == 524288 + 1073807360 + 2048 == 1074333696
+
+
+def test_ffn_dim_rules():
+    assert GPTConfig(n_embd=128, n_head=4).ffn_dim == 512                  # 4*d
+    assert GPTConfig(n_embd=768, n_head=12, mlp="swiglu").ffn_dim == 2048  # 8/3*768 = 2048 exactly
+    # 8/3*4096 = 10922.67 -> next multiple of 64 = 10944 (the fast shape, not 10922)
+    assert GPTConfig(n_embd=4096, n_head=32, mlp="swiglu").ffn_dim == 10944
+    assert GPTConfig(n_embd=64, n_head=2, mlp="swiglu").ffn_dim == 192    # 170.67 -> 192
+    assert GPTConfig(n_embd=64, n_head=2, d_ff=100).ffn_dim == 100
+    assert GPTConfig(vocab_size=250, pad_vocab_multiple=64).padded_vocab_size == 256
+    assert GPTConfig(n_embd=96, n_head=4).head_dim == 24
+
+
+def test_bad_config_rejected():
+    with pytest.raises(ValueError):
+        GPTConfig(n_embd=30, n_head=4)
+    with pytest.raises(ValueError):
+        GPTConfig(attention="fast")
+    with pytest.raises(KeyError):
+        GPTConfig.preset("gpt-7b")
+
+
+@pytest.mark.parametrize("pos,mlp", [("rope", "gelu"), ("learned", "swiglu")])
+def test_math_and_sdpa_agree_and_are_causal(pos, mlp):
+    torch.manual_seed(0)
+    m = GPT(_tiny(pos=pos, mlp=mlp, pad_vocab_multiple=64, vocab_size=200)).eval()
+    x = torch.randint(0, 200, (2, 16))
+    m.set_attention("math")
+    logits_math, _ = m(x)
+    assert m.attention_ran == "math"
+    m.set_attention("sdpa")
+    logits_sdpa, _ = m(x)
+    assert m.attention_ran == "sdpa"
+    assert logits_sdpa.shape == (2, 16, 256)  # padded vocab columns
+    torch.testing.assert_close(logits_math, logits_sdpa, atol=1e-5, rtol=1e-4)
+    x2 = x.clone()
+    x2[:, 10:] = (x2[:, 10:] + 1) % 200  # change the future: the past must not see it
+    torch.testing.assert_close(m(x2)[0][:, :10], logits_sdpa[:, :10])
+
+
+def test_flash_without_package_falls_back_once(monkeypatch):
+    monkeypatch.setattr(model_mod, "_flash_notice_given", False)
+    m = GPT(_tiny())
+    m.set_attention("flash")
+    x = torch.randint(0, 256, (1, 8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m(x)
+        m(x)
+    assert m.attention_ran == "sdpa"  # CPU fp32: flash-attn cannot run, SDPA did
+    flash_notes = [w for w in caught if "flash" in str(w.message)]
+    assert len(flash_notes) <= 1  # said at most once (zero when the CPU check stops it first)
+
+
+def test_checkpointing_same_loss_and_grads():
+    torch.manual_seed(0)
+    m = GPT(_tiny())
+    x, y = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))
+    _, loss = m(x, y)
+    loss.backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m.set_checkpointing(True)
+    _, loss2 = m(x, y)
+    loss2.backward()
+    assert loss2.item() == pytest.approx(loss.item(), abs=1e-6)
+    for g, p in zip(grads, m.parameters()):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_set_attention_does_not_touch_presets():
+    m = GPT(PRESETS["cpu-tiny"])
+    m.set_attention("math")
+    assert PRESETS["cpu-tiny"].attention == "sdpa"
+    with pytest.raises(ValueError):
+        m.set_attention("xformers")
+
+
+def test_too_long_sequence_rejected():
+    m = GPT(_tiny())
+    with pytest.raises(ValueError, match="block_size"):
+        m(torch.zeros(1, 17, dtype=torch.long))

@@ -1,0 +1,69 @@
+"""The dashboard, driven from code the way a user drives it with the mouse."""
+import pytest
+
+from tunekit.lab import Lab
+from tunekit.widgets import Dashboard
+
+
+@pytest.fixture
+def dash(tmp_path):
+    lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=64)
+    d = lab.dashboard()
+    d.controls["steps"].value = 2
+    d.controls["warmup"].value = 0
+    return d
+
+
+def test_controls_cover_every_toggle(dash):
+    from tunekit.toggles import Toggles
+    assert isinstance(dash, Dashboard)
+    assert set(Toggles().asdict()) <= set(dash.controls)
+    labels = [lbl for lbl, _ in dash.controls["optimizer"].options]
+    assert "adamw_fused" in labels
+    if "lion" in dash.lab.env().unavailable_optimizers:
+        assert "lion (unavailable)" in labels  # shown, not hidden
+
+
+def test_run_button_adds_rows_and_charts(dash):
+    assert dash.table_df.empty
+    dash.run_button.click()
+    dash.controls["precision"].value = "bf16"
+    dash.controls["checkpointing"].value = True
+    dash.run_button.click()
+    assert list(dash.table_df["run"]) == ["baseline", "bf16 ckpt"]
+    assert dash.progress.value == dash.progress.max == 2
+    assert len(dash.figures["compare"].data[0].y) == 2  # tokens/s bars
+    assert len(dash.figures["memory"].data) == 4  # params, grads, optimizer, saved
+    assert "run #1" in dash.message.value and "Traceback" not in dash.message.value
+
+
+@pytest.mark.parametrize("control,value,text", [
+    ("precision", "fp16", "GradScaler"),
+    ("attention", "flash", "CUDA"),
+    ("micro_batch", 0, "micro_batch must be"),
+    ("steps", 0, "steps must be"),
+])
+def test_invalid_combinations_are_explained_not_raised(dash, control, value, text):
+    dash.controls[control].value = value
+    assert text in dash.message.value  # explained as soon as the control changes
+    dash.run_button.click()
+    assert text in dash.message.value and dash.table_df.empty
+
+
+def test_run_failure_is_a_sentence(dash, monkeypatch):
+    def boom(**kw):
+        raise RuntimeError("disk on fire")
+    monkeypatch.setattr(dash.lab, "run", boom)
+    dash.run_button.click()
+    assert "run failed: RuntimeError: disk on fire" in dash.message.value
+    assert isinstance(dash.last_error, RuntimeError)
+
+
+def test_find_max_button_reports_trials(dash):
+    dash.max_batch.value = 4
+    dash.budget_mib.value = 4096
+    dash.find_button.click()
+    found = dash.last_search
+    assert found.best == 4 and [t.micro_batch for t in found.trials] == [1, 2, 4]
+    assert dash.controls["micro_batch"].value == 4
+    assert "micro batch 2: fits" in dash.message.value

@@ -1,0 +1,387 @@
+"""The training lab: one live model, its data and optimizer, trained under toggles you flip.
+
+    >>> lab = Lab()                                   # cpu-tiny GPT on the stdlib corpus
+    >>> base = lab.run(steps=20)
+    >>> fast = lab.run(steps=20, precision="bf16", checkpointing=True)
+    >>> lab.results()                                 # one row per run (also in data/runs/*.jsonl)
+    >>> lab.compare()                                 # plotly: tokens/s and peak memory per run
+
+Timing: ``warmup`` steps run first and are not timed; each timed step is clocked with the device
+synchronized. FLOPs are counted once per configuration on a separate, untimed forward+backward
+(``flops_source`` = ``counted`` then ``cached``). MFU uses the analytic model FLOPs (6N +
+attention, causal), HFU the counted executed FLOPs (recomputation included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import formulas, runlog
+from .data import Batcher, data_dir
+from .lab_probe import ProbeResult, add_flash_flops, probe_step
+from .meters import CpuPeak, device_label, now_s
+from .model import GPT, GPTConfig
+from .optimizers import _has, build_optimizer, state_bytes, unavailable_optimizers
+from .toggles import Env, Toggles, ToggleError, compute_dtype, label, notices, problems
+
+_TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class RunResult:
+    """One ``lab.run``: the toggles used and what was measured. Unmeasurable figures are None/NaN."""
+
+    run_id: int
+    label: str
+    precision: str
+    checkpointing: bool
+    micro_batch: int
+    grad_accum: int
+    seq_len: int
+    optimizer: str
+    attention: str | None
+    compile: bool
+    lr: float
+    steps: int
+    warmup: int
+    tokens_per_step: int
+    tokens_per_s: float
+    step_s: float                     # mean over timed steps
+    step_s_min: float
+    step_s_max: float
+    flops_per_step: float | None      # executed (counted, recompute included): HFU, TFLOPS
+    model_flops_per_step: float | None  # analytic for the demo GPT: MFU
+    flops_source: str                 # counted | cached | none
+    tflops: float
+    mfu: float
+    hfu: float
+    peak_tflops: float | None
+    peak_tflops_source: str
+    peak_mem_bytes: float | None
+    peak_source: str
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    saved_bytes: int | None           # saved for backward by one micro-batch (probe step)
+    loss: float                       # last timed step
+    loss_first: float                 # first step of the run (warm-up included)
+    device: str
+    attention_ran: str | None
+    compute_dtype: str
+    autocast_dtype: str | None
+    model: str
+    n_params: int
+    time: str = ""
+    notes: list = field(default_factory=list)
+
+    @property
+    def toggles(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Toggles)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunResult":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: (math.nan if v is None and k in _FLOAT_FIELDS else v)
+              for k, v in d.items() if k in names}
+        return cls(**kw)
+
+
+_FLOAT_FIELDS = {"tokens_per_s", "step_s", "step_s_min", "step_s_max", "tflops", "mfu", "hfu",
+                 "loss", "loss_first"}
+
+
+def _default_loss(model, x, y):
+    out = model(x, y)
+    return out[1] if isinstance(out, tuple) else out
+
+
+class Lab:
+    """A live model + data + optimizer kept across runs; see the module docstring for an example.
+
+    ``model``: None (a fresh ``GPT(config or preset)``) or any ``nn.Module``. For your own module
+    give ``batch_fn(micro_batch, seq_len) -> (x, y)`` and ``loss_fn(model, x, y) -> loss``.
+    Keyword ``defaults`` (e.g. ``micro_batch=16``) set the toggles every run starts from.
+    """
+
+    def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
+                 config: GPTConfig | None = None, data="corpus", device=None, log_path=None,
+                 peak_tflops: float | None = None, seed: int = 0, **defaults):
+        torch.manual_seed(seed)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = model if model is not None else GPT(config or GPTConfig.preset(preset))
+        self.model.to(self.device).train()
+        self.config = getattr(self.model, "config", None)
+        if batch_fn is None:
+            vocab = getattr(self.config, "vocab_size", 256)
+            self.batcher = Batcher(data, device=self.device, seed=seed, vocab_size=vocab)
+            batch_fn = self.batcher.get
+        self.batch_fn, self.loss_fn = batch_fn, loss_fn or _default_loss
+        self.defaults = Toggles().replace(**defaults)
+        if self.defaults.attention is None and hasattr(self.model, "set_attention"):
+            # every run starts from the model's initial attention unless told otherwise
+            self.defaults.attention = self.config.attention
+        self.optimizer = None
+        self._opt_name = None
+        self._compiled = None
+        self._probes: dict[tuple, ProbeResult] = {}
+        self._peaks: dict[str, object] = {}
+        self._peak_given = peak_tflops
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.log_path = Path(log_path) if log_path else data_dir() / "runs" / f"lab-{stamp}-{os.getpid()}.jsonl"
+        records, self.log_skipped = runlog.read_records(self.log_path)  # resume an earlier session
+        self._runs: list[RunResult] = [RunResult.from_dict(r) for r in records]
+
+    # --- data -------------------------------------------------------------------------------
+
+    def batch(self, micro_batch: int, seq_len: int):
+        """(x, y) for one micro-batch, on the lab's device."""
+        return self.batch_fn(micro_batch, seq_len)
+
+    # --- toggles ----------------------------------------------------------------------------
+
+    def env(self) -> Env:
+        """What this machine and model allow (used to explain refused toggles)."""
+        cuda = self.device.type == "cuda"
+        return Env(device_type=self.device.type,
+                   bf16_supported=torch.cuda.is_bf16_supported() if cuda else True,
+                   flash_installed=_has("flash_attn"),
+                   unavailable_optimizers=unavailable_optimizers(self.device.type),
+                   block_size=getattr(self.config, "block_size", None),
+                   can_set_attention=hasattr(self.model, "set_attention"),
+                   can_checkpoint=hasattr(self.model, "set_checkpointing"))
+
+    def resolve(self, **changes) -> Toggles:
+        """The full toggles a run with ``changes`` would use (defaults filled in)."""
+        t = self.defaults.replace(**changes)
+        if t.seq_len is None:
+            t = t.replace(seq_len=getattr(self.config, "block_size", 1))
+        return t
+
+    def check(self, t: Toggles, steps: int = 1, warmup: int = 0) -> list[str]:
+        """Why ``t`` cannot run here (empty list: it can)."""
+        out = problems(t, self.env())
+        if not isinstance(steps, int) or steps < 1:
+            out.append(f"steps must be >= 1 (got {steps!r}): nothing would be timed.")
+        if not isinstance(warmup, int) or warmup < 0:
+            out.append(f"warmup must be >= 0 (got {warmup!r}).")
+        return out
+
+    def _apply(self, t: Toggles, notes: list) -> None:
+        if t.attention is not None and hasattr(self.model, "set_attention"):
+            self.model.set_attention(t.attention)
+        if hasattr(self.model, "set_checkpointing"):
+            self.model.set_checkpointing(t.checkpointing)
+        if self._opt_name != t.optimizer:
+            if self.optimizer is not None:
+                notes.append(f"new optimizer {t.optimizer} (was {self._opt_name}): its state starts empty")
+            self.optimizer = None  # drop the old state before allocating the new one
+            self.optimizer = build_optimizer(t.optimizer, self.model.parameters(), t.lr)
+            self._opt_name = t.optimizer
+        for group in self.optimizer.param_groups:
+            group["lr"] = t.lr
+        if t.compile and self._compiled is None:
+            self._compiled = torch.compile(self.model)
+
+    def _autocast(self, t: Toggles):
+        dtype = _TORCH_DTYPE.get(compute_dtype(t, self.device.type))
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    @contextlib.contextmanager
+    def _matmul_precision(self, t: Toggles):
+        # tf32 is a CUDA switch; on CPU nothing is touched (the run is recorded as fp32)
+        if self.device.type != "cuda":
+            yield
+            return
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high" if t.precision == "tf32" else "highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+    # --- one training step (the only code inside the clock besides the clock itself) --------
+
+    def _step(self, t: Toggles, fwd, scaler):
+        total = None
+        for _ in range(t.grad_accum):
+            x, y = self.batch_fn(t.micro_batch, t.seq_len)
+            with self._autocast(t):
+                loss = self.loss_fn(fwd, x, y)
+            if t.grad_accum > 1:
+                loss = loss / t.grad_accum
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if scaler is not None:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    # --- measurement helpers ----------------------------------------------------------------
+
+    def _probe(self, t: Toggles) -> tuple[ProbeResult, str]:
+        key = (t.micro_batch, t.seq_len, t.checkpointing, getattr(self.config, "attention", None),
+               t.precision)
+        if key in self._probes:
+            return self._probes[key], "cached"
+        x, y = self.batch(t.micro_batch, t.seq_len)
+        res = probe_step(self.model, lambda a, b: self.loss_fn(self.model, a, b), x, y,
+                         lambda: self._autocast(t))
+        if res.attention_ran == "flash" and isinstance(self.model, GPT):
+            add_flash_flops(res, self.config, t.micro_batch, t.seq_len, t.checkpointing)
+        self._probes[key] = res
+        return res, "counted"
+
+    def _peak(self, dtype: str):
+        if dtype not in self._peaks:
+            from .peaks import resolve_peak
+            self._peaks[dtype] = resolve_peak(self.device, dtype, given=self._peak_given)
+        return self._peaks[dtype]
+
+    def _cuda_index(self):
+        if self.device.type != "cuda":
+            return None
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
+
+    def _model_flops_per_token(self, seq_len: int):
+        cfg = self.config
+        if isinstance(self.model, GPT):
+            return formulas.train_flops_per_token(self.model.num_params(non_embedding=True),
+                                                  cfg.n_layer, cfg.n_embd, seq_len, causal=True)
+        return None
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def run(self, steps: int = 20, warmup: int = 2, progress=None, **changes) -> RunResult:
+        """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
+
+        Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
+        is called after each timed step. Refused combinations raise ``ToggleError`` (a ValueError)
+        whose ``problems`` explain why.
+        """
+        t = self.resolve(**changes)
+        errors = self.check(t, steps, warmup)
+        if errors:
+            raise ToggleError(errors)
+        notes = notices(t, self.env())
+        self._apply(t, notes)
+        if t.compile and warmup < 1:
+            warmup = 1
+            notes.append("warm-up raised to 1: the first compiled step compiles")
+        dtype = compute_dtype(t, self.device.type)
+        dev = self.device
+        with self._matmul_precision(t):
+            probe, flops_source = self._probe(t)
+            scaler = torch.amp.GradScaler(dev.type) if t.precision == "fp16" else None
+            fwd = self._compiled if t.compile else self.model
+            losses = [self._step(t, fwd, scaler) for _ in range(warmup)]
+            cpu_peak = CpuPeak() if dev.type == "cpu" else None
+            if cpu_peak is not None:
+                cpu_peak.start()
+            else:
+                torch.cuda.reset_peak_memory_stats(dev)
+            times = []
+            for i in range(steps):
+                t0 = now_s(dev)
+                losses.append(self._step(t, fwd, scaler))
+                times.append(now_s(dev) - t0)
+                if progress is not None:
+                    progress(i + 1, steps)
+            if cpu_peak is not None:
+                _, above = cpu_peak.stop()
+                peak_mem = cpu_peak.rss0 + above if not math.isnan(above) else None
+                peak_src = "CPU process RSS peak (VmHWM): includes Python and torch themselves"
+            else:
+                peak_mem = torch.cuda.max_memory_allocated(dev)
+                peak_src = "torch.cuda.max_memory_allocated (tensors only; no CUDA context)"
+        return self._record(t, steps, warmup, times, losses, probe, flops_source, dtype,
+                            peak_mem, peak_src, notes)
+
+    def _record(self, t, steps, warmup, times, losses, probe, flops_source, dtype, peak_mem,
+                peak_src, notes) -> RunResult:
+        step_s = sum(times) / len(times)
+        tokens = t.micro_batch * t.grad_accum * t.seq_len
+        executed = probe.flops.executed * t.grad_accum if probe.flops.executed else None
+        per_token = self._model_flops_per_token(t.seq_len)
+        if per_token is not None:
+            model_flops = per_token * tokens
+        else:
+            model_flops = probe.flops.model * t.grad_accum if probe.flops.executed else None
+            notes.append("MFU from counted FLOPs minus recompute (no analytic formula for this model)")
+        if executed is None:
+            flops_source = "none"
+        peak = self._peak(dtype)
+        params_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        grads_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
+        values = [float(v) for v in losses]  # after the clock: .item() would sync mid-run
+        result = RunResult(
+            run_id=len(self._runs), label=label(t, self.resolve()), **t.asdict(),
+            steps=steps, warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
+            step_s=step_s, step_s_min=min(times), step_s_max=max(times),
+            flops_per_step=executed, model_flops_per_step=model_flops, flops_source=flops_source,
+            tflops=formulas.tflops(executed, step_s),
+            mfu=formulas.mfu(model_flops, step_s, peak.tflops),
+            hfu=formulas.hfu(executed, step_s, peak.tflops),
+            peak_tflops=peak.tflops, peak_tflops_source=peak.source,
+            peak_mem_bytes=peak_mem, peak_source=peak_src, params_bytes=params_bytes,
+            grads_bytes=grads_bytes, optimizer_bytes=state_bytes(self.optimizer),
+            saved_bytes=probe.saved_bytes, loss=values[-1], loss_first=values[0],
+            device=device_label(self._cuda_index()),
+            attention_ran=probe.attention_ran, compute_dtype=dtype,
+            autocast_dtype=str(_TORCH_DTYPE[dtype]).replace("torch.", "") if dtype in _TORCH_DTYPE else None,
+            model=type(self.model).__name__, n_params=sum(p.numel() for p in self.model.parameters()),
+            time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + probe.notes)
+        runlog.append_record(self.log_path, dataclasses.asdict(result))  # on disk before we return
+        self._runs.append(result)
+        return result
+
+    # --- results ----------------------------------------------------------------------------
+
+    @property
+    def runs(self) -> list[RunResult]:
+        return list(self._runs)
+
+    def results(self):
+        """pandas DataFrame, one row per run (this session's and the log's earlier ones)."""
+        return results_frame(self._runs)
+
+    def compare(self, baseline: int = 0):
+        """plotly Figure: tokens/s and peak memory per run, the ``baseline`` run marked."""
+        from .lab_plots import compare_figure
+        return compare_figure(self.results(), baseline=baseline)
+
+    def find_max_batch_size(self, **kwargs):
+        """Largest micro-batch that fits for the current toggles; see ``tunekit.maxbatch``."""
+        from .maxbatch import find_max_batch_size
+        return find_max_batch_size(self, **kwargs)
+
+    def dashboard(self):
+        """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts)."""
+        from .widgets import Dashboard
+        return Dashboard(self)
+
+    @staticmethod
+    def load_results(path):
+        """DataFrame of the runs in a JSONL log written by a Lab (partial last lines skipped)."""
+        records, _ = runlog.read_records(path)
+        return results_frame([RunResult.from_dict(r) for r in records])
+
+
+def results_frame(runs: list[RunResult]):
+    import pandas as pd
+
+    cols = [f.name for f in dataclasses.fields(RunResult)]
+    rows = [{**dataclasses.asdict(r), "notes": "; ".join(r.notes)} for r in runs]
+    return pd.DataFrame(rows, columns=cols)

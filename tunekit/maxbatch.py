@@ -1,0 +1,166 @@
+"""The largest micro-batch that fits: double until it does not, then bisect. Engine layer.
+
+    >>> found = lab.find_max_batch_size(precision="bf16")      # same toggles as lab.run
+    >>> found.best, found.table()                                 # the answer and every trial
+
+A trial is one real training step (forward, backward, optimizer step) at that micro-batch, so the
+optimizer state and gradients are part of what must fit. "Does not fit" means:
+- CUDA: ``torch.cuda.OutOfMemoryError`` (or a peak above ``memory_budget_bytes`` when given);
+- CPU: the process' peak RSS rose more than ``memory_budget_bytes`` above where it stood before
+  the search (default: half of the RAM available then). A trial whose size, extrapolated from the
+  previous trials, would exceed 1.25x the budget is not run at all: a real CPU OOM kills the kernel.
+After every trial the memory is freed (gc, CUDA cache or glibc heap) so the process returns to
+its baseline; ``after_bytes`` vs ``baseline_bytes`` shows that it did.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import torch
+
+from .lab_probe import free_memory, is_oom, memory_now_bytes
+from .meters import CpuPeak
+from .toggles import ToggleError
+
+_PREDICT_MARGIN = 1.25
+
+
+@dataclass
+class Trial:
+    micro_batch: int
+    fits: bool
+    used_bytes: float | None   # peak above the baseline (None when not run)
+    reason: str                # "ok" | "OOM" | "over budget" | "predicted over budget"
+    seconds: float
+
+
+@dataclass
+class MaxBatchResult:
+    best: int | None           # None: not even the first trial fit
+    trials: list = field(default_factory=list)
+    budget_bytes: float | None = None
+    baseline_bytes: int = 0
+    after_bytes: int = 0
+    device: str = ""
+    notes: list = field(default_factory=list)
+
+    def table(self):
+        import pandas as pd
+        return pd.DataFrame([t.__dict__ for t in self.trials])
+
+    def __repr__(self):
+        tried = ", ".join(f"{t.micro_batch}{'✓' if t.fits else '✗'}" for t in self.trials)
+        return f"MaxBatchResult(best={self.best}, trials=[{tried}])"
+
+
+def default_cpu_budget_bytes(fraction: float = 0.5) -> int:
+    return int(psutil.virtual_memory().available * fraction)
+
+
+def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
+                        budget_fraction: float = 0.5, progress=None, **changes) -> MaxBatchResult:
+    """Search the largest micro-batch in ``[start, limit]`` for ``lab``'s toggles plus ``changes``.
+
+    ``progress(trial)`` is called after each trial. Example:
+    ``lab.find_max_batch_size(memory_budget_bytes=2**30)`` on CPU: at most 1 GiB above baseline.
+    """
+    t = lab.resolve(**changes)
+    errors = lab.check(t.replace(micro_batch=max(1, start)))
+    if not isinstance(start, int) or start < 1 or not isinstance(limit, int) or limit < start:
+        errors.append(f"need 1 <= start <= limit, got start={start!r}, limit={limit!r}")
+    if errors:
+        raise ToggleError(errors)
+    dev = lab.device
+    notes = []
+    lab._apply(t, notes)
+    budget = memory_budget_bytes
+    if budget is None and dev.type == "cpu":
+        budget = default_cpu_budget_bytes(budget_fraction)
+        notes.append(f"CPU budget: {budget_fraction:.0%} of available RAM")
+    free_memory(dev)
+    baseline = memory_now_bytes(dev)
+    result = MaxBatchResult(best=None, budget_bytes=budget, baseline_bytes=baseline,
+                            device=str(dev), notes=notes)
+
+    def attempt(b: int) -> bool:
+        trial = _trial(lab, t.replace(micro_batch=b), baseline, budget, result.trials)
+        result.trials.append(trial)
+        if progress is not None:
+            progress(trial)
+        return trial.fits
+
+    good, bad, b = 0, None, start
+    while True:  # doubling
+        if attempt(b):
+            good = b
+            if b >= limit:
+                break
+            b = min(2 * b, limit)
+        else:
+            bad = b
+            break
+    while bad is not None and bad - good > 1:  # bisect between the last fit and the first miss
+        mid = (good + bad) // 2
+        if attempt(mid):
+            good = mid
+        else:
+            bad = mid
+    result.best = good or None
+    free_memory(dev)
+    result.after_bytes = memory_now_bytes(dev)
+    return result
+
+
+def _predict_used(b: int, trials: list) -> float | None:
+    # used ~ fixed + b * per_sample: fit the two nearest measured trials (one: proportional)
+    ok = sorted((t.micro_batch, t.used_bytes) for t in trials
+                if t.used_bytes is not None and t.used_bytes > 0)
+    if not ok:
+        return None
+    if len(ok) == 1:
+        return ok[0][1] * b / ok[0][0]
+    (b1, u1), (b2, u2) = sorted(ok, key=lambda r: abs(r[0] - b))[:2]
+    if b1 == b2:
+        return u1 * b / b1
+    slope = (u2 - u1) / (b2 - b1)
+    return u2 + slope * (b - b2)
+
+
+def _trial(lab, t, baseline: int, budget, trials) -> Trial:
+    dev = lab.device
+    predicted = _predict_used(t.micro_batch, trials) if budget is not None else None
+    if predicted is not None and predicted > _PREDICT_MARGIN * budget:
+        return Trial(t.micro_batch, False, None, "predicted over budget", 0.0)
+    cpu_peak = CpuPeak() if dev.type == "cpu" else None
+    if cpu_peak is not None:
+        cpu_peak.start()
+    else:
+        torch.cuda.reset_peak_memory_stats(dev)
+    oom_text = None
+    t0 = time.perf_counter()
+    try:
+        with lab._matmul_precision(t):
+            fwd = lab._compiled if t.compile else lab.model
+            scaler = torch.amp.GradScaler(dev.type) if t.precision == "fp16" else None
+            lab._step(t, fwd, scaler)
+    except Exception as exc:  # decide outside the handler: its traceback pins the tensors
+        if not is_oom(exc):
+            raise
+        oom_text = str(exc).splitlines()[0][:200]
+    seconds = time.perf_counter() - t0
+    if cpu_peak is not None:
+        _, above = cpu_peak.stop()
+        used = None if math.isnan(above) else cpu_peak.rss0 + above - baseline
+    else:
+        used = torch.cuda.max_memory_allocated(dev) - baseline
+    lab.optimizer.zero_grad(set_to_none=True)  # an OOM can leave half-made gradients
+    free_memory(dev)
+    if oom_text is not None:
+        return Trial(t.micro_batch, False, used, f"OOM: {oom_text}", seconds)
+    if budget is not None and used is not None and used > budget:
+        return Trial(t.micro_batch, False, used, "over budget", seconds)
+    return Trial(t.micro_batch, True, used, "ok", seconds)

@@ -1,0 +1,317 @@
+"""The demo GPT: a small, readable decoder-only transformer that the Lab trains.
+
+Byte-level (256 ids, no tokenizer to download), RMSNorm, rotary or learned positions, a GELU or
+SwiGLU MLP, and three attention implementations that can be switched on the live model:
+
+    >>> from tunekit.model import GPT, GPTConfig
+    >>> model = GPT(GPTConfig.preset("cpu-tiny"))
+    >>> model.set_attention("math"); model.set_checkpointing(True)
+    >>> logits, loss = model(idx, targets)          # idx, targets: (B, T) int64
+
+Presets run from ``cpu-tiny`` (trains in seconds on 2 CPU cores) to ``gpt-1b`` (large GPUs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+ATTENTION_IMPLS = ("math", "sdpa", "flash")
+MLP_KINDS = ("gelu", "swiglu")
+POS_KINDS = ("rope", "learned")
+
+
+@dataclass
+class GPTConfig:
+    """Shape of the demo GPT. Example: ``GPTConfig(n_layer=2, n_head=2, n_embd=64)``.
+
+    ``d_ff=None`` means: ``4 * n_embd`` for ``gelu``; for ``swiglu`` ``8/3 * n_embd`` rounded *up*
+    to a multiple of 64 (so the MLP keeps about the parameters of a GELU MLP while its matmuls keep
+    tensor-core friendly shapes: n_embd=4096 gives 10944, not the slow 10922).
+    """
+
+    vocab_size: int = 256
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128  # longest sequence the model accepts
+    mlp: str = "gelu"
+    d_ff: int | None = None
+    pos: str = "rope"
+    attention: str = "sdpa"
+    pad_vocab_multiple: int = 1
+    bias: bool = False
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"mlp must be one of {MLP_KINDS}, got {self.mlp!r}")
+        if self.pos not in POS_KINDS:
+            raise ValueError(f"pos must be one of {POS_KINDS}, got {self.pos!r}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, got {self.attention!r}")
+        if self.pos == "rope" and self.head_dim % 2:
+            raise ValueError("rotary positions need an even head_dim")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = max(1, self.pad_vocab_multiple)
+        return -(-self.vocab_size // m) * m
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.mlp == "gelu":
+            return 4 * self.n_embd
+        return -(-(8 * self.n_embd) // (3 * 64)) * 64  # ceil(8/3 * n_embd / 64) * 64
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "GPTConfig":
+        """A named config, optionally changed: ``GPTConfig.preset("cpu-tiny", n_layer=4)``."""
+        if name not in PRESETS:
+            raise KeyError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # ~0.4M parameters: a few hundred steps a minute on 2 CPU cores.
+    "cpu-tiny": GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=128),
+    "cpu-small": GPTConfig(n_layer=4, n_head=4, n_embd=256, block_size=256),
+    # The shapes of GPT-2 small (learned positions, GELU, biases, 50257-token vocab padded to
+    # 50304) so its matmuls and parameter count match the real model; byte data uses ids 0..255.
+    "gpt2-124m": GPTConfig(vocab_size=50257, pad_vocab_multiple=64, n_layer=12, n_head=12,
+                           n_embd=768, block_size=1024, pos="learned", bias=True),
+    "gpt2-350m": GPTConfig(vocab_size=50257, pad_vocab_multiple=64, n_layer=24, n_head=16,
+                           n_embd=1024, block_size=1024, pos="learned", bias=True),
+    # Llama-3.2-1B-like body (16 x 2048, SwiGLU 8192, rotary) on the byte vocabulary: ~1.07B.
+    "gpt-1b": GPTConfig(n_layer=16, n_head=16, n_embd=2048, block_size=2048, mlp="swiglu",
+                        d_ff=8192),
+}
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in fp32 so bf16/fp16 activations do not lose the scale."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, max_len: int, base: float = 10000.0):
+    """cos and sin tables, each (max_len, head_dim), for rotary positions (rotate-half layout)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, hs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (x_i, x_{i+hs/2}) of x (B, nh, T, hs) by the position's angle."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).type_as(x)
+
+
+_flash_notice_given = False
+
+
+def _flash_attn_func():
+    """flash_attn.flash_attn_func, or None after one notice that the package is missing."""
+    global _flash_notice_given
+    try:
+        from flash_attn import flash_attn_func
+        return flash_attn_func
+    except Exception as exc:  # ImportError, or a broken CUDA build of the package
+        if not _flash_notice_given:
+            _flash_notice_given = True
+            warnings.warn(f"attention='flash' needs the flash-attn package ({exc}); "
+                          "falling back to torch SDPA (recorded as attention_ran='sdpa').",
+                          stacklevel=3)
+        return None
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.head_dim
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = cfg.dropout
+        self.impl = cfg.attention
+        self.ran: str | None = None  # what the last forward actually used
+
+    def forward(self, x, rope=None):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+                   for t in (q, k, v))  # (B, nh, T, hs)
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        p = self.dropout if self.training else 0.0
+        y = None
+        if self.impl == "flash":
+            y = self._flash(q, k, v, p)
+        if y is None and self.impl == "math":
+            y = self._math(q, k, v, p)
+            self.ran = "math"
+        elif y is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            self.ran = "sdpa"
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.proj(y)
+
+    def _math(self, q, k, v, p):
+        T = q.shape[-2]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        att = att.masked_fill(~causal, float("-inf"))
+        att = F.softmax(att.float(), dim=-1).type_as(q)  # softmax in fp32 for stability
+        att = F.dropout(att, p=p, training=p > 0)
+        return att @ v  # (B, nh, T, hs)
+
+    def _flash(self, q, k, v, p):
+        # flash-attn runs only on CUDA in fp16/bf16; anything else falls back to SDPA.
+        if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+            return None
+        fn = _flash_attn_func()
+        if fn is None:
+            return None
+        self.ran = "flash"
+        y = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+               dropout_p=p, causal=True)  # takes and returns (B, T, nh, hs)
+        return y.transpose(1, 2)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.kind, d, f = cfg.mlp, cfg.n_embd, cfg.ffn_dim
+        if self.kind == "swiglu":
+            self.gate = nn.Linear(d, f, bias=cfg.bias)
+        self.up = nn.Linear(d, f, bias=cfg.bias)
+        self.down = nn.Linear(f, d, bias=cfg.bias)
+
+    def forward(self, x):
+        if self.kind == "swiglu":
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.norm1, self.attn = RMSNorm(cfg.n_embd), CausalSelfAttention(cfg)
+        self.norm2, self.mlp = RMSNorm(cfg.n_embd), MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, rope=None):
+        x = x + self.drop(self.attn(self.norm1(x), rope))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer; ``forward(idx, targets=None) -> (logits, loss)``.
+
+    Example: ``logits, loss = GPT(GPTConfig.preset("cpu-tiny"))(x, y)`` with x, y (B, T) int64.
+    Logits have ``padded_vocab_size`` columns; those past ``vocab_size`` are padding.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        # a private copy: set_attention() edits it, and presets must stay untouched
+        self.config = cfg = dataclasses.replace(config)
+        self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.pos == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm_f = RMSNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+        if cfg.pos == "rope":
+            cos, sin = rope_tables(cfg.head_dim, cfg.block_size)
+            # not persistent: derived from the config, so state_dicts stay free of them
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.checkpointing = False
+        self.apply(self._init_weights)
+        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.proj.weight", "mlp.down.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count. ``non_embedding`` drops the position table; the token table stays
+        because it is tied to ``lm_head`` and so is a real matmul (nanoGPT's convention)."""
+        n = sum(p.numel() for p in self.parameters())  # the tied weight is counted once
+        if non_embedding and self.wpe is not None:
+            n -= self.wpe.weight.numel()
+        return n
+
+    def set_attention(self, impl: str) -> None:
+        """Switch every block to ``math``, ``sdpa`` or ``flash``; ``attention_ran`` says what ran."""
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, got {impl!r}")
+        self.config.attention = impl
+        for block in self.blocks:
+            block.attn.impl, block.attn.ran = impl, None
+
+    def set_checkpointing(self, enabled: bool) -> None:
+        """Recompute each block's activations in backward (non-reentrant torch checkpoint)."""
+        self.checkpointing = bool(enabled)
+
+    @property
+    def attention_ran(self) -> str | None:
+        """The attention implementation the last forward used (None before any forward)."""
+        return self.blocks[0].attn.ran if len(self.blocks) else None
+
+    def forward(self, idx, targets=None):
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} > block_size {self.config.block_size}")
+        x = self.wte(idx)  # (B, T, C)
+        rope = None
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))
+        else:
+            rope = (self.rope_cos[:T], self.rope_sin[:T])  # each (T, hs)
+        x = self.drop(x)
+        for block in self.blocks:
+            if self.checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, rope, use_reentrant=False)
+            else:
+                x = block(x, rope)
+        logits = self.lm_head(self.norm_f(x))  # (B, T, Vpad)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss

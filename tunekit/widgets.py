@@ -1,0 +1,193 @@
+"""ipywidgets dashboard over a Lab. UI layer: reads controls, calls the Lab, shows what it returns.
+
+    >>> dash = lab.dashboard()            # display it in a notebook cell
+    >>> dash.controls["precision"].value = "bf16"
+    >>> dash.run_button.click()           # drivable from code: this is how it is tested
+    >>> dash.table_df                     # the rows the table shows
+
+Refused combinations (fp16 on CPU, flash without CUDA, micro batch 0, ...) are explained in the
+message area; a run never shows a traceback here (``dash.last_error`` keeps the exception).
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+from IPython import get_ipython
+from IPython.display import display
+
+from .lab_plots import compare_figure, memory_breakdown_figure
+from .toggles import ATTENTIONS, OPTIMIZERS, PRECISIONS, ToggleError, notices
+
+MiB = 2**20
+_TABLE_COLS = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step ms",
+               "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak MiB",
+               "saved_mib": "saved MiB", "loss": "loss", "attention_ran": "attn ran",
+               "flops_source": "FLOPs"}
+
+
+def _box(text: str, color: str) -> str:
+    return (f'<div style="border-left:4px solid {color};padding:4px 8px;margin:4px 0">'
+            f"{text}</div>")
+
+
+class Dashboard(W.VBox):
+    """Controls for every toggle, Run and Find-max-batch buttons, progress, table and charts."""
+
+    def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64):
+        self.lab = lab
+        d, env = lab.resolve(), lab.env()
+        opt_options = [(f"{n} (unavailable)" if n in env.unavailable_optimizers else n, n)
+                       for n in OPTIMIZERS]  # shown, not hidden: picking one explains why
+        style = {"description_width": "110px"}
+        c = self.controls = {
+            "precision": W.Dropdown(options=PRECISIONS, value=d.precision, description="precision"),
+            "checkpointing": W.Checkbox(value=d.checkpointing, description="checkpointing"),
+            "micro_batch": W.IntText(value=d.micro_batch, description="micro batch"),
+            "grad_accum": W.IntText(value=d.grad_accum, description="grad accum"),
+            "seq_len": W.IntText(value=d.seq_len, description="seq len"),
+            "optimizer": W.Dropdown(options=opt_options, value=d.optimizer, description="optimizer"),
+            "attention": W.Dropdown(options=ATTENTIONS if env.can_set_attention else [None],
+                                    value=d.attention, description="attention",
+                                    disabled=not env.can_set_attention),
+            "compile": W.Checkbox(value=d.compile, description="torch.compile"),
+            "lr": W.FloatText(value=d.lr, description="lr"),
+            "steps": W.IntText(value=steps, description="timed steps"),
+            "warmup": W.IntText(value=warmup, description="warm-up steps"),
+        }
+        for w in c.values():
+            w.style = style
+            w.observe(lambda _change: self.explain(), names="value")
+        self.max_batch = W.IntText(value=max_batch, description="max batch", style=style)
+        cpu = lab.device.type == "cpu"
+        self.budget_mib = W.FloatText(value=1024.0 if cpu else 0.0, style=style,
+                                      description="CPU budget MiB" if cpu else "budget MiB (0=none)")
+        self.run_button = W.Button(description="Run", button_style="primary", icon="play")
+        self.find_button = W.Button(description="Find max batch", icon="search")
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="idle")
+        self.message = W.HTML()
+        self.table = W.HTML()
+        self.chart_out, self.breakdown_out = W.Output(), W.Output()
+        self.figures = {}
+        self.table_df = None
+        self.last_error = None
+        self.last_search = None
+        self.run_button.on_click(self._on_run)
+        self.find_button.on_click(self._on_find)
+        names = list(c)
+        grid = W.GridBox([c[n] for n in names], layout=W.Layout(
+            grid_template_columns="repeat(3, 300px)"))
+        buttons = W.HBox([self.run_button, self.progress, self.find_button, self.max_batch,
+                          self.budget_mib])
+        super().__init__([grid, buttons, self.message, self.table, self.chart_out,
+                          self.breakdown_out])
+        self.explain()
+        self.refresh()
+
+    # --- reading the controls ------------------------------------------------------------
+
+    def toggles(self) -> dict:
+        """The toggles the controls describe, as keyword arguments for ``lab.run``."""
+        skip = ("steps", "warmup")
+        return {k: w.value for k, w in self.controls.items() if k not in skip}
+
+    def explain(self) -> list[str]:
+        """Show why the current controls cannot run (red) or what will differ (grey)."""
+        try:
+            t = self.lab.resolve(**self.toggles())
+        except (TypeError, ValueError) as exc:
+            self.message.value = _box(html.escape(str(exc)), "#d62728")
+            return [str(exc)]
+        problems = self.lab.check(t, self.controls["steps"].value, self.controls["warmup"].value)
+        if problems:
+            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in problems)
+        else:
+            notes = notices(t, self.lab.env())
+            self.message.value = "".join(_box(html.escape(n), "#999") for n in notes)
+        return problems
+
+    # --- actions --------------------------------------------------------------------------
+
+    def _on_run(self, _button=None):
+        if self.explain():
+            return  # the explanation is already on screen
+        steps = self.controls["steps"].value
+        self.progress.max, self.progress.value, self.progress.description = steps, 0, "running"
+        self.run_button.disabled = True
+
+        def tick(done, total):
+            self.progress.value = done
+
+        try:
+            r = self.lab.run(steps=steps, warmup=self.controls["warmup"].value, progress=tick,
+                             **self.toggles())
+        except ToggleError as exc:
+            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in exc.problems)
+            return
+        except Exception as exc:  # shown as a sentence, kept for debugging
+            self.last_error = exc
+            self.message.value = _box(f"run failed: {html.escape(type(exc).__name__)}: "
+                                      f"{html.escape(str(exc))}", "#d62728")
+            return
+        finally:
+            self.run_button.disabled = False
+            self.progress.description = "done"
+        notes = "".join(_box(html.escape(n), "#999") for n in r.notes)
+        self.message.value = _box(f"run #{r.run_id} ({html.escape(r.label)}): "
+                                  f"{r.tokens_per_s:,.0f} tokens/s, {r.step_s * 1e3:.1f} ms/step, "
+                                  f"loss {r.loss:.3f}", "#2ca02c") + notes
+        self.refresh()
+
+    def _on_find(self, _button=None):
+        toggles = self.toggles()
+        toggles.pop("micro_batch")
+        budget = self.budget_mib.value * MiB if self.budget_mib.value > 0 else None
+        self.progress.max, self.progress.value, self.progress.description = 1, 0, "searching"
+        lines = []
+
+        def report(trial):
+            lines.append(f"micro batch {trial.micro_batch}: {'fits' if trial.fits else trial.reason}"
+                         + (f" ({trial.used_bytes / MiB:.0f} MiB above baseline)"
+                            if trial.used_bytes is not None else ""))
+            self.message.value = _box("<br>".join(html.escape(s) for s in lines), "#1f77b4")
+
+        try:
+            found = self.lab.find_max_batch_size(limit=self.max_batch.value, progress=report,
+                                                 memory_budget_bytes=budget, **toggles)
+        except ToggleError as exc:
+            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in exc.problems)
+            return
+        except Exception as exc:
+            self.last_error = exc
+            self.message.value = _box(f"search failed: {html.escape(type(exc).__name__)}: "
+                                      f"{html.escape(str(exc))}", "#d62728")
+            return
+        finally:
+            self.progress.value, self.progress.description = 1, "done"
+        self.last_search = found
+        verdict = (f"largest micro batch that fits: {found.best} (set in the control)"
+                   if found.best else "not even the smallest micro batch fits")
+        if found.best:
+            self.controls["micro_batch"].value = found.best
+        self.message.value = _box(html.escape(verdict) + "<br>" +
+                                  "<br>".join(html.escape(s) for s in lines), "#2ca02c")
+
+    # --- output ---------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Redraw the table and charts from ``lab.results()``."""
+        df = self.lab.results()
+        view = df.assign(step_ms=df["step_s"] * 1e3, peak_mem_mib=df["peak_mem_bytes"].astype(float) / MiB,
+                         saved_mib=df["saved_bytes"].astype(float) / MiB)
+        self.table_df = view[list(_TABLE_COLS)].rename(columns=_TABLE_COLS)
+        self.table.value = (self.table_df.to_html(index=False, float_format=lambda v: f"{v:.4g}",
+                                                  na_rep="n/a") if len(df) else "<i>no runs yet</i>")
+        self.figures = {"compare": compare_figure(df), "memory": memory_breakdown_figure(df)}
+        if get_ipython() is None:
+            return  # plain Python (tests): keep the figures, nothing to draw on
+        for out, fig in ((self.chart_out, self.figures["compare"]),
+                         (self.breakdown_out, self.figures["memory"])):
+            with out:
+                out.clear_output(wait=True)
+                display(fig)
