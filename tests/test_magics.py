@@ -105,3 +105,13 @@ def test_experiment_frees_new_variables_and_records_the_leak_check(ip):
     assert rec.exp_cpu_consumed_bytes > 60 * 2**20
     assert rec.exp_cpu_reclaimed_bytes > 60 * 2**20
     assert "freed variables: big" in rec.notes
+
+
+def test_state_the_cell_changes_itself_does_not_force_a_recount(ip):
+    # a lazily set attribute and a step counter: side effects of the cell, not new inputs
+    run(ip, "class Net(torch.nn.Linear):\n    def forward(self, x):\n        self.ran = 'yes'\n"
+            "        return super().forward(x)\nnet = Net(128, 128, bias=False)\nsteps = 0")
+    cell = "%%gpuprofile -q -n lazy\nnet(torch.randn(batch_size, 128)).sum().backward()\nglobals()['steps'] += 1"
+    for _ in range(3):
+        run(ip, cell)
+    assert [r.flops_source for r in tunekit.history().iloc[-3:].itertuples()] == ["counted", "cached", "cached"]

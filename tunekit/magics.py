@@ -96,7 +96,8 @@ class GpuProfileMagics(Magics):
         return result
 
     def _probe_for(self, args, code, name):
-        fp = fingerprint(self.shell.user_ns, names_read(code)) if args.flops == "auto" else ()
+        names = names_read(code)
+        fp = lambda: fingerprint(self.shell.user_ns, names)  # noqa: E731
         return Probe(name, key=source_key(code, args.name or ""), fingerprint=fp, flops=args.flops,
                      model_flops=args.model_flops, peak=args.peak, dtype=args.dtype)
 
@@ -153,7 +154,8 @@ class GpuProfileMagics(Magics):
             code = self.shell.transform_cell(raw)
         except Exception:
             pass
-        fp = fingerprint(self.shell.user_ns, names_read(code)) if a.flops == "auto" else ()
+        names = names_read(code)
+        fp = lambda: fingerprint(self.shell.user_ns, names)  # noqa: E731
         self._probe = Probe(f"In[{self.shell.execution_count}]", key=source_key(code), fingerprint=fp,
                             flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype).start()
 

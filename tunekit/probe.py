@@ -2,8 +2,11 @@
 
 `Probe` is the one place that measures; the magic, `profile()` and the lab call it. It never
 prints. FLOPs follow the `flops` mode:
-- ``auto``: count the first run of a block and whenever its *fingerprint* changes (the shapes,
-  dtypes and scalar values of what the block reads); reuse the count otherwise. A counted run is
+- ``auto``: count the first run of a block, and again whenever what it reads (shapes, dtypes,
+  scalar values, module settings: its *fingerprint*) changed between the end of its previous run
+  and the start of this one, i.e. was changed from outside (another cell); reuse the count
+  otherwise. Changes the block makes itself (a step counter, lazily set attributes) are not new
+  inputs: the fingerprint is retaken after every run. A counted run is
   slowed by the counter, so it reports no TFLOPS; the re-runs do, from an uncounted clock.
 - ``always``: count every run (no TFLOPS then). ``never``: no counting.
 """
@@ -165,7 +168,7 @@ def source_key(source: str, name: str = "") -> str:
 class Probe:
     """Measure one block. ``p.start(); ...; rec = p.stop(exc)``; see `profile()` for the context manager."""
 
-    def __init__(self, name: str, key: str | None = None, fingerprint: tuple = (), flops: str = "auto",
+    def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY):
         if flops not in FLOPS_MODES:
@@ -174,7 +177,9 @@ class Probe:
             raise ValueError(f"model_flops must be a non-negative number, got {model_flops!r}")
         if peak is not None and not peak > 0:
             raise ValueError(f"peak must be a positive TFLOPS figure, got {peak!r}")
-        self.name, self.key, self.fp = name, key or name, fingerprint
+        # `fingerprint`: a tuple, or a zero-arg callable so that it can be retaken after the run
+        self.name, self.key = name, key or name
+        self._fp_fn = fingerprint if callable(fingerprint) else (lambda: fingerprint)
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
         self.history = history
         self.counter = None
@@ -186,6 +191,7 @@ class Probe:
         rec.started_at = time.time()
         torch = torch_if_loaded()
         cached = _FLOP_CACHE.get(self.key)
+        self.fp = self._fp_fn() if self.mode == "auto" else ()
         self.count_now = torch is not None and (
             self.mode == "always" or (self.mode == "auto" and (cached is None or cached.fingerprint != self.fp)))
         if self.mode != "never" and torch is None:
@@ -247,7 +253,7 @@ class Probe:
             rec.model_flops = float(counted.model)
             rec.notes.extend(counted.notes)
             if exc is None:  # an interrupted run's count is partial: never reuse it
-                _FLOP_CACHE[self.key] = _CachedCount(self.fp, counted, rec.name)
+                _FLOP_CACHE[self.key] = _CachedCount(self._fp_fn(), counted, rec.name)
             else:
                 rec.notes.append("the block failed: FLOPs counted up to the failure")
         elif self.mode == "auto" and self.key in _FLOP_CACHE:
@@ -255,6 +261,8 @@ class Probe:
             rec.flops, rec.flops_source = float(c.count.executed), "cached"
             rec.recompute_flops, rec.model_flops = float(c.count.recompute), float(c.count.model)
             rec.notes.append(f"FLOPs reused from the counted run '{c.counted_in}' (same inputs)")
+            if exc is None:
+                c.fingerprint = self._fp_fn()  # what the next run must find unchanged
         if self.model_flops is not None:
             rec.model_flops = float(self.model_flops)
             if rec.flops_source == "none":
@@ -326,7 +334,7 @@ class profile:
             names = _with_body_names(frame.f_code.co_filename, frame.f_lineno)
             if names is None:  # no source (exec'd code): all the frame's names
                 names = frame.f_code.co_names + frame.f_code.co_varnames
-            fp = fingerprint({**frame.f_globals, **frame.f_locals}, names)
+            fp = lambda: fingerprint({**frame.f_globals, **frame.f_locals}, names)  # noqa: E731
         self.probe = Probe(name or where, key=f"profile:{name or where}", fingerprint=fp, flops=flops,
                            model_flops=model_flops, peak=peak, dtype=dtype)
 
