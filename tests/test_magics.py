@@ -107,11 +107,23 @@ def test_experiment_frees_new_variables_and_records_the_leak_check(ip):
     assert "freed variables: big" in rec.notes
 
 
-def test_state_the_cell_changes_itself_does_not_force_a_recount(ip):
-    # a lazily set attribute and a step counter: side effects of the cell, not new inputs
+def test_a_one_time_side_effect_costs_one_recount_and_a_counter_none(ip):
+    # the first forward sets an attribute (a change the count cannot rule out: recount once);
+    # `steps += 1` alone is a counter the cell keeps, not an input
     run(ip, "class Net(torch.nn.Linear):\n    def forward(self, x):\n        self.ran = 'yes'\n"
             "        return super().forward(x)\nnet = Net(128, 128, bias=False)\nsteps = 0")
-    cell = "%%gpuprofile -q -n lazy\nnet(torch.randn(batch_size, 128)).sum().backward()\nglobals()['steps'] += 1"
+    cell = "%%gpuprofile -q -n lazy\nnet(torch.randn(batch_size, 128)).sum().backward()\nsteps += 1"
+    for _ in range(4):
+        run(ip, cell)
+    recs = tunekit.history().iloc[-4:]
+    assert list(recs.flops_source) == ["counted", "counted", "cached", "cached"]
+    assert "recounted: net changed since the counted run" in recs.iloc[1].notes
+
+
+def test_a_cell_that_grows_its_own_input_is_recounted_every_time(ip):
+    run(ip, "z = torch.randn(2, 128)")
+    cell = "%%gpuprofile -q -n grow\nz = torch.cat([z, z])\nmodel(z).sum().backward()"
     for _ in range(3):
         run(ip, cell)
-    assert [r.flops_source for r in tunekit.history().iloc[-3:].itertuples()] == ["counted", "cached", "cached"]
+    # rows 4, 8, 16 after each cat: 4*128*128*rows = 262144, 524288, 1048576
+    assert list(tunekit.history().flops.iloc[-3:]) == [262144, 524288, 1048576]

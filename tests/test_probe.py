@@ -117,7 +117,7 @@ def test_mfu_on_cpu_uses_the_calibrated_peak(monkeypatch):
 
 
 def test_fingerprint_ignores_side_effect_state_but_sees_shapes_and_settings():
-    from tunekit.probe import describe
+    from tunekit.fingerprint import describe
 
     opt = torch.optim.AdamW(MODEL.parameters())
     before = describe(opt)
@@ -127,7 +127,10 @@ def test_fingerprint_ignores_side_effect_state_but_sees_shapes_and_settings():
     assert describe([1.0, 2.0]) == describe([1.0, 2.0, 3.0])  # a growing losses list
     assert describe([torch.zeros(2, 3)]) != describe([torch.zeros(4, 3)])
     assert describe((8, 128)) != describe((16, 128))
-    m = torch.nn.Dropout(0.1)
+    m = torch.nn.Linear(4, 4)
     d0 = describe(m)
-    m.p = 0.2                                   # a module setting: it can change the work
+    m.in_features = 8                           # a module setting: it can change the work
     assert describe(m) != d0
+    d1 = describe(m)
+    m.eval()
+    assert describe(m) != d1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import sys
 import types
@@ -65,8 +66,8 @@ def _backend(shell, gpu_index):
         def gpu_ram(self):
             self.gpu_clear_cache()
             h = nvml.handle(self.gpu_current_device_id)
-            if h is None:
-                return 0, 0, 0
+            if h is None:  # unknown, not zero: the record will show NaN
+                return math.nan, math.nan, math.nan
             info = nvml._init().nvmlDeviceGetMemoryInfo(h)
             return info.total, info.free, info.used
 
@@ -135,6 +136,8 @@ class experiment:
         if self.gpu_index is not None:
             rec.exp_gpu_consumed_bytes = float(data.gpu.consumed)
             rec.exp_gpu_reclaimed_bytes = float(data.gpu.reclaimed)
+            if math.isnan(rec.exp_gpu_consumed_bytes):
+                rec.notes.append(f"GPU leak check n/a: {nvml.unavailable_reason() or 'NVML unavailable'}")
         deleted = [ln for ln in self.report_text.splitlines() if ln.startswith("Deleted:")]
         if deleted:
             rec.notes.append(deleted[-1].replace("Deleted:", "freed variables:"))

@@ -9,6 +9,9 @@ We also split out FLOPs executed to *recompute* activations during backward (act
 checkpointing): executed - recompute = model FLOPs (MFU), executed = hardware FLOPs (HFU).
 A recomputation is an op run inside an autograd backward pass with grad mode on: the engine runs
 backward formulas with grad mode off, while checkpointing re-enables it to rebuild the graph.
+(A `create_graph=True` backward, as in gradient penalties, also runs with grad mode on and is
+counted as recompute too.) Ops outside aten that have no formula (flash-attn's custom ops, say)
+count 0 FLOPs in torch's counter; we name them so that nobody mistakes the total for complete.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 aten = torch.ops.aten
@@ -71,6 +75,7 @@ class FlopCount:
     recompute: int = 0         # part of `executed` spent rebuilding checkpointed activations
     causal_halved: int = 0     # FLOPs removed by the causal correction
     by_op: dict = field(default_factory=dict)
+    uncounted_ops: list = field(default_factory=list)  # ran, but no FLOP formula exists for them
     notes: list = field(default_factory=list)
 
     @property
@@ -103,14 +108,19 @@ class TunekitFlopCounter(FlopCounterMode):
         self._by_op = defaultdict(int)
         self._causal_pos = {}
         self._saw_sdpa_cpu = False
+        self._uncounted: set = set()
 
     def __enter__(self):
         self._recompute = self._causal_halved = 0
         self._by_op.clear()
+        self._uncounted.clear()
         return super().__enter__()
 
     def _count_flops(self, func_packet, out, args, kwargs):
         if func_packet not in self.flop_registry:
+            ns = getattr(func_packet, "_qualified_op_name", str(func_packet)).split("::")[0]
+            if ns not in ("aten", "prim", "prims", "profiler"):
+                self._uncounted.add(str(func_packet))  # a custom op: its work is invisible here
             return out
         n = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
         if n and _is_sdpa(func_packet):
@@ -138,13 +148,24 @@ class TunekitFlopCounter(FlopCounterMode):
             notes.append(f"causal SDPA counted at half ({self._causal_halved:.3g} FLOPs of masked work removed)")
         if self._recompute:
             notes.append(f"{self._recompute:.3g} FLOPs recomputed in backward (checkpointing): in HFU, not MFU")
+        uncounted = sorted(self._uncounted)
+        if uncounted:
+            notes.append("not counted (no FLOP formula): " + ", ".join(uncounted))
         return FlopCount(executed=int(self.get_total_flops()), recompute=int(self._recompute),
-                         causal_halved=int(self._causal_halved), by_op=dict(self._by_op), notes=notes)
+                         causal_halved=int(self._causal_halved), by_op=dict(self._by_op), notes=notes,
+                         uncounted_ops=uncounted)
 
 
 def _is_sdpa(packet) -> bool:
     name = str(packet)
     return "scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name
+
+
+def counting_active() -> bool:
+    """True while a torch FLOP counter is on the dispatch stack (a clock read now is slowed by it)."""
+    # torch >= 2.5 pushes a private `_FlopCounterMode`; older versions push FlopCounterMode itself
+    return any(isinstance(m, FlopCounterMode) or type(m).__name__ == "_FlopCounterMode"
+               for m in _get_current_dispatch_mode_stack())
 
 
 def count_flops(fn, *args, **kwargs) -> FlopCount:

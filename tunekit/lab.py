@@ -27,7 +27,8 @@ import torch
 from . import formulas, runlog
 from .data import Batcher, data_dir
 from .lab_probe import ProbeResult, add_flash_flops, probe_step
-from .meters import CpuPeak, device_label, now_s
+from .flops import counting_active
+from .meters import CpuPeak, CudaMeter, device_label, now_s
 from .model import GPT, GPTConfig
 from .optimizers import _has, build_optimizer, state_bytes, unavailable_optimizers
 from .toggles import Env, Toggles, ToggleError, compute_dtype, label, notices, problems
@@ -288,10 +289,14 @@ class Lab:
             fwd = self._compiled if t.compile else self.model
             losses = [self._step(t, fwd, scaler) for _ in range(warmup)]
             cpu_peak = CpuPeak() if dev.type == "cpu" else None
-            if cpu_peak is not None:
-                cpu_peak.start()
-            else:
-                torch.cuda.reset_peak_memory_stats(dev)
+            gpu_peak = CudaMeter() if dev.type == "cuda" else None
+            for meter in (cpu_peak, gpu_peak):
+                if meter is not None:  # nesting-safe: an enclosing %%gpuprofile keeps its peak
+                    meter.start()
+            slowed = counting_active()
+            if slowed:
+                notes.append("timed under an outer FLOP counter (a first %%gpuprofile run?): "
+                             "step times are slowed by it, so no TFLOPS/MFU; re-run for clean speeds")
             times = []
             for i in range(steps):
                 t0 = now_s(dev)
@@ -304,13 +309,14 @@ class Lab:
                 peak_mem = cpu_peak.rss0 + above if not math.isnan(above) else None
                 peak_src = "CPU process RSS peak (VmHWM): includes Python and torch themselves"
             else:
-                peak_mem = torch.cuda.max_memory_allocated(dev)
+                g = gpu_peak.stop()
+                peak_mem = g["gpu_peak_delta_bytes"] + gpu_peak.alloc0 if g else None
                 peak_src = "torch.cuda.max_memory_allocated (tensors only; no CUDA context)"
         return self._record(t, steps, warmup, times, losses, probe, flops_source, dtype,
-                            peak_mem, peak_src, notes)
+                            peak_mem, peak_src, notes, slowed)
 
     def _record(self, t, steps, warmup, times, losses, probe, flops_source, dtype, peak_mem,
-                peak_src, notes) -> RunResult:
+                peak_src, notes, slowed=False) -> RunResult:
         step_s = sum(times) / len(times)
         tokens = t.micro_batch * t.grad_accum * t.seq_len
         executed = probe.flops.executed * t.grad_accum if probe.flops.executed else None
@@ -323,6 +329,7 @@ class Lab:
         if executed is None:
             flops_source = "none"
         peak = self._peak(dtype)
+        rate_s = math.nan if slowed else step_s  # rates from a counter-slowed clock would lie
         params_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         grads_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
         values = [float(v) for v in losses]  # after the clock: .item() would sync mid-run
@@ -331,9 +338,9 @@ class Lab:
             steps=steps, warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
             step_s=step_s, step_s_min=min(times), step_s_max=max(times),
             flops_per_step=executed, model_flops_per_step=model_flops, flops_source=flops_source,
-            tflops=formulas.tflops(executed, step_s),
-            mfu=formulas.mfu(model_flops, step_s, peak.tflops),
-            hfu=formulas.hfu(executed, step_s, peak.tflops),
+            tflops=formulas.tflops(executed, rate_s),
+            mfu=formulas.mfu(model_flops, rate_s, peak.tflops),
+            hfu=formulas.hfu(executed, rate_s, peak.tflops),
             peak_tflops=peak.tflops, peak_tflops_source=peak.source,
             peak_mem_bytes=peak_mem, peak_source=peak_src, params_bytes=params_bytes,
             grads_bytes=grads_bytes, optimizer_bytes=state_bytes(self.optimizer),

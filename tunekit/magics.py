@@ -11,7 +11,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .probe import FLOPS_MODES, Probe, fingerprint, names_read, source_key
+from .fingerprint import fingerprint, names_read
+from .probe import FLOPS_MODES, Probe, source_key
 from .report import Summary
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -78,8 +79,14 @@ class GpuProfileMagics(Magics):
             raise UsageError(f"%%gpuprofile: the cell is not valid Python: {e}") from None
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         filename = self.shell.compile.cache(code, self.shell.execution_count, raw_code=cell)
-        body = compile(ast.Module(tree.body, type_ignores=[]), filename, "exec")
-        tail = compile(ast.Expression(last.value), filename, "eval") if last is not None else None
+        try:
+            body = compile(ast.Module(tree.body, type_ignores=[]), filename, "exec")
+            tail = compile(ast.Expression(last.value), filename, "eval") if last is not None else None
+        except SyntaxError as e:
+            if "await" in str(e):  # running a coroutine needs the kernel's own loop
+                raise UsageError("%%gpuprofile cannot run top-level `await`; use `%gpuprofile on`, "
+                                 "which profiles the cell as IPython runs it") from None
+            raise UsageError(f"%%gpuprofile: the cell is not valid Python: {e}") from None
         ns = self.shell.user_ns
         name = args.name or f"In[{self.shell.execution_count}]"
         probe = self._probe_for(args, code, name)
@@ -141,8 +148,13 @@ class GpuProfileMagics(Magics):
         if self.auto_opts is not None:
             self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
             self.shell.events.unregister("post_run_cell", self.post_run_cell)
+        probe, self._probe = self._probe, None
+        if probe is not None and probe.running:
+            # turned off from inside the profiled cell: close its record now (and its FLOP
+            # counter), since post_run_cell is no longer registered to do it
+            probe.record.notes.append("profiling was turned off inside this cell: measured up to there")
+            probe.stop(None)
         self.auto_opts = None
-        self._probe = None
 
     def pre_run_cell(self, info=None, *args):
         raw = getattr(info, "raw_cell", "") or ""

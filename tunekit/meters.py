@@ -60,29 +60,42 @@ class CpuPeak:
 
     Exact on Linux via VmHWM reset. Elsewhere the process-lifetime ru_maxrss only tells the
     peak when it grew during the block; otherwise the peak is unknown (NaN), not guessed.
+    Meters nest: before an inner meter resets VmHWM, the peak so far is handed to the outer ones.
     """
 
     def __init__(self):
-        self.exact = _HAS_PROC and _reset_hwm()
-        self.note = None if self.exact else "CPU peak is exact only where /proc/self/clear_refs works"
+        self.exact = _HAS_PROC
+        self.note = None
+        self.hwm_seen = 0
 
     def start(self) -> int:
         if self.exact:
+            hwm = _vm_hwm_bytes() or 0
+            for outer in _ACTIVE_CPU:
+                outer.hwm_seen = max(outer.hwm_seen, hwm)
             self.exact = _reset_hwm()
+        if not self.exact:
+            self.note = "CPU peak is exact only where /proc/self/clear_refs works"
         self._maxrss0 = None if self.exact else _maxrss_bytes()
         self.rss0 = cpu_rss_bytes()
+        _ACTIVE_CPU.append(self)
         return self.rss0
 
     def stop(self) -> tuple[int, float]:
         """(rss delta, peak above the start) in bytes."""
+        if self in _ACTIVE_CPU:
+            _ACTIVE_CPU.remove(self)
         rss1 = cpu_rss_bytes()
         if self.exact:
             hwm = _vm_hwm_bytes()
-            peak = max(hwm, rss1) - self.rss0 if hwm is not None else NaN
+            peak = max(hwm, rss1, self.hwm_seen) - self.rss0 if hwm is not None else NaN
         else:
             m = _maxrss_bytes()
             peak = m - self.rss0 if m > self._maxrss0 else NaN
         return rss1 - self.rss0, peak
+
+
+_ACTIVE_CPU: list[CpuPeak] = []
 
 
 # --- torch / CUDA --------------------------------------------------------------------------------
@@ -127,28 +140,41 @@ class CudaMeter:
     """torch allocator figures for the current device over a block.
 
     If CUDA is first initialized inside the block, the start is 0 allocated bytes, which is exact:
-    torch had allocated nothing before it existed.
+    torch had allocated nothing before it existed. Meters nest like CpuPeak: the peak so far is
+    handed to the outer meters before an inner one resets torch's peak counter.
     """
 
     def start(self) -> None:
         self.index = cuda_device_index()
         self.alloc0 = 0
+        self.max_seen = 0
         if self.index is not None:
             torch = torch_if_loaded()
             self.alloc0 = torch.cuda.memory_allocated(self.index)
+            high = torch.cuda.max_memory_allocated(self.index)
+            for outer in _ACTIVE_CUDA:
+                if outer.index == self.index:
+                    outer.max_seen = max(outer.max_seen, high)
             torch.cuda.reset_peak_memory_stats(self.index)
+        _ACTIVE_CUDA.append(self)
 
     def stop(self) -> dict:
+        if self in _ACTIVE_CUDA:
+            _ACTIVE_CUDA.remove(self)
         index = self.index if self.index is not None else cuda_device_index()
         if index is None:
             return {}
         torch = torch_if_loaded()
+        high = max(torch.cuda.max_memory_allocated(index), self.max_seen)
         return {
             "index": index,
             "gpu_alloc_delta_bytes": torch.cuda.memory_allocated(index) - self.alloc0,
-            "gpu_peak_delta_bytes": torch.cuda.max_memory_allocated(index) - self.alloc0,
+            "gpu_peak_delta_bytes": high - self.alloc0,
             "gpu_reserved_bytes": torch.cuda.memory_reserved(index),
         }
+
+
+_ACTIVE_CUDA: list[CudaMeter] = []
 
 
 def device_label(cuda_index=None) -> str:

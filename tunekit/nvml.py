@@ -1,7 +1,8 @@
 """NVML readings (nvidia-ml-py's `pynvml`): what the GPU driver sees, not only torch's allocator.
 
 NVML numbers devices physically; torch numbers the ones CUDA_VISIBLE_DEVICES lets it see. So
-torch's cuda:1 under CUDA_VISIBLE_DEVICES=2,3 is NVML index 3. Everything degrades to None plus
+torch's cuda:1 under CUDA_VISIBLE_DEVICES=2,3 is NVML index 3. We match by the device UUID when
+torch reports it, and fall back to that index mapping. Everything degrades to None plus
 a reason when NVML or a driver is missing.
 """
 from __future__ import annotations
@@ -40,11 +41,30 @@ def _init():
     return _state["init"] or None
 
 
+def _torch_uuid(torch_index: int) -> str | None:
+    # The surest link between the two numberings: the device's UUID. CUDA orders devices
+    # fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML always by PCI bus.
+    import sys
+
+    torch = sys.modules.get("torch")
+    try:
+        uuid = str(torch.cuda.get_device_properties(torch_index).uuid)
+    except Exception:  # torch absent, too old for .uuid, or no such device
+        return None
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
 def handle(torch_index: int):
     """The NVML device handle behind a torch CUDA index, or None if NVML is unavailable."""
     nv = _init()
     if nv is None:
         return None
+    uuid = _torch_uuid(torch_index)
+    if uuid is not None:
+        try:
+            return nv.nvmlDeviceGetHandleByUUID(uuid)
+        except Exception:
+            pass  # e.g. a MIG slice: fall back to CUDA_VISIBLE_DEVICES
     target = visible_to_nvml(torch_index)
     if isinstance(target, int):
         return nv.nvmlDeviceGetHandleByIndex(target)

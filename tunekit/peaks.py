@@ -7,9 +7,11 @@ torch version and thread count, so the sweep runs once.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
+import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -57,6 +59,7 @@ def device_name(device=None) -> str:
     return _cpu_model() or platform.processor() or "cpu"
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo") as f:
@@ -96,20 +99,43 @@ def _cache_key(name: str, dtype: str) -> str:
     return f"{name}|{dtype}|torch {torch.__version__}|{torch.get_num_threads()} threads"
 
 
+_CAL_FIELDS = {f for f in Calibration.__dataclass_fields__}
+_memo: dict = {}
+
+
 def _load_cache() -> dict:
+    """The calibration cache, re-read only when the file changed; a damaged file reads as empty."""
     path = cache_dir() / "mamf.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        stamp = (str(path), path.stat().st_mtime_ns)
+    except OSError:
         return {}
+    if _memo.get("stamp") != stamp:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        # keep only well-formed entries: a hand-edited or older file must not break profiling
+        _memo["data"] = {k: v for k, v in data.items() if isinstance(v, dict) and _CAL_FIELDS <= set(v)}
+        _memo["stamp"] = stamp
+    return dict(_memo["data"])
 
 
 def _save_cache(data: dict) -> None:
     path = cache_dir() / "mamf.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)  # atomic: a crash never leaves half a file
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # a private temp file per writer, then an atomic rename: concurrent writers never
+        # see half a file or each other's temp file
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".mamf-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        warnings.warn(f"tunekit: could not cache the calibration in {path.parent} ({e}); "
+                      "set TUNEKIT_CACHE to a writable folder", stacklevel=3)
 
 
 def default_sizes(device_type: str) -> list[int]:
@@ -169,6 +195,7 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
                       seconds=time.perf_counter() - t_start, torch_version=torch.__version__,
                       threads=torch.get_num_threads())
     if sizes is None:
+        cache = _load_cache()  # re-read: another process may have added entries meanwhile
         cache[key] = asdict(cal)
         _save_cache(cache)
     return cal

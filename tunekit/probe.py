@@ -1,29 +1,24 @@
 """Measure a block: time, CPU/GPU memory, FLOPs, TFLOPS, MFU/HFU. Measurement layer.
 
-`Probe` is the one place that measures; the magic, `profile()` and the lab call it. It never
-prints. FLOPs follow the `flops` mode:
-- ``auto``: count the first run of a block, and again whenever what it reads (shapes, dtypes,
-  scalar values, module settings: its *fingerprint*) changed between the end of its previous run
-  and the start of this one, i.e. was changed from outside (another cell); reuse the count
-  otherwise. Changes the block makes itself (a step counter, lazily set attributes) are not new
-  inputs: the fingerprint is retaken after every run. A counted run is
-  slowed by the counter, so it reports no TFLOPS; the re-runs do, from an uncounted clock.
+`Probe` is the one place that measures; the magic, `profile()` and `experiment()` call it. It
+never prints, and once its clock has stopped it never raises: a reading that fails becomes a note.
+FLOPs follow the `flops` mode:
+- ``auto``: count the first run of a block, and again whenever its inputs (see `fingerprint`)
+  differ from those of the counted run; otherwise reuse the count. A counted run is slowed by the
+  counter, so it reports no TFLOPS; the re-runs do, from an uncounted clock.
 - ``always``: count every run (no TFLOPS then). ``never``: no counting.
 """
 from __future__ import annotations
 
-import ast
-import functools
 import gc
 import hashlib
-import linecache
 import math
 import sys
 import time
-import types
 from dataclasses import dataclass
 
 from . import formulas, nvml
+from .fingerprint import changed_names, describe, fingerprint, with_body_names
 from .meters import CpuPeak, CudaMeter, cuda_device_index, device_label, synchronize, torch_if_loaded
 from .records import History, ProfileRecord
 
@@ -34,139 +29,33 @@ HISTORY = History()
 
 @dataclass
 class _CachedCount:
-    fingerprint: tuple
-    count: object      # flops.FlopCount
-    counted_in: str    # name of the record whose run was counted
+    fingerprint: tuple  # the inputs as they were when the count was taken
+    count: object       # flops.FlopCount
+    counted_in: str     # name of the record whose run was counted
+    last_wall_s: float = NaN
 
 
 _FLOP_CACHE: dict = {}
-
-
-# --- fingerprints: has what the block reads changed since its FLOPs were counted? -------------
-
-
-def describe(value, depth: int = 0):
-    """A cheap, hashable summary of a value: shapes for tensors, values for scalars."""
-    torch = torch_if_loaded()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if torch is not None:
-        if isinstance(value, torch.Tensor):
-            return ("T", tuple(value.shape), str(value.dtype), str(value.device), value.requires_grad)
-        if isinstance(value, torch.nn.Module):
-            return ("M", type(value).__name__, _module_state(value))
-    if depth >= 2:
-        return type(value).__name__
-    # Containers that grow as a side effect (a losses list, optimizer state) must not look like
-    # new inputs: tuples are described item by item, lists by their tensors only, dicts not at all.
-    if isinstance(value, tuple):
-        return ("tuple", len(value)) if len(value) > 16 else tuple(describe(v, depth + 1) for v in value)
-    if isinstance(value, list):
-        return ("list",) + tuple(describe(v, depth + 1) for v in value[:16] if _is_tensor(v))
-    if isinstance(value, dict):
-        return "dict"
-    if isinstance(value, types.FunctionType):
-        return ("F", id(value.__code__), _function_globals(value, depth))
-    if isinstance(value, (types.ModuleType, type)):
-        return type(value).__name__
-    d = getattr(value, "__dict__", None)
-    if isinstance(d, dict):
-        return (type(value).__name__,) + tuple(
-            (k, describe(v, depth + 1)) for k, v in sorted(d.items()) if not k.startswith("__"))[:32]
-    return type(value).__name__
-
-
-def _is_tensor(v) -> bool:
-    torch = torch_if_loaded()
-    return torch is not None and isinstance(v, torch.Tensor)
-
-
-def _module_state(module) -> tuple:
-    # Parameter count plus every submodule's scalar settings (training flag, checkpointing or
-    # attention switches...): flipping one of them can change the FLOPs that run.
-    torch = torch_if_loaded()
-    state = [sum(p.numel() for p in module.parameters())]
-    for name, sub in module.named_modules():
-        scalars = tuple((k, v) for k, v in sub.__dict__.items()
-                        if isinstance(v, (bool, int, float, str)) and not k.startswith("_"))
-        state.append((name, sub.training, scalars))
-    if torch is not None and any(True for _ in module.parameters()):
-        p = next(module.parameters())
-        state.append((str(p.dtype), str(p.device)))
-    return tuple(state)
-
-
-def _function_globals(fn, depth: int) -> tuple:
-    g = fn.__globals__
-    names = [n for n in fn.__code__.co_names if n in g]
-    cells = tuple(describe(c.cell_contents, depth + 1) for c in (fn.__closure__ or ()) if _cell_ok(c))
-    return tuple((n, describe(g[n], depth + 1)) for n in names) + cells
-
-
-def _cell_ok(cell) -> bool:
-    try:
-        cell.cell_contents
-        return True
-    except ValueError:  # empty cell
-        return False
-
-
-def fingerprint(namespace: dict, names) -> tuple:
-    """Summaries of `names` looked up in `namespace` (missing names are skipped)."""
-    return tuple((n, describe(namespace[n])) for n in sorted(set(names))
-                 if n in namespace and not isinstance(namespace[n], ProfileRecord))
-
-
-def names_read(source: str) -> set:
-    """Names a block reads but never assigns: its inputs.
-
-    Names it assigns (a loop counter, `step += 1`, its own outputs) are state the block changes
-    itself; they must not make every run look like new inputs.
-
-    >>> sorted(names_read("for i in range(n): y = f(x, i)"))
-    ['f', 'n', 'range', 'x']
-    """
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()
-    loaded, stored = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (stored if isinstance(node.ctx, (ast.Store, ast.Del)) else loaded).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            stored.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            stored.update((a.asname or a.name).split(".")[0] for a in node.names)
-    return loaded - stored
-
-
-@functools.lru_cache(maxsize=256)
-def _with_body_names(filename: str, lineno: int) -> frozenset | None:
-    # The source of the `with tunekit.profile(...)` block that starts at `lineno`.
-    lines = linecache.getlines(filename)
-    if not lines:
-        return None
-    try:
-        tree = ast.parse("".join(lines))
-    except SyntaxError:
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.With, ast.AsyncWith)) and node.lineno <= lineno <= node.body[0].lineno:
-            body = "\n".join(ast.unparse(n) for n in node.body)
-            return frozenset(names_read(body))
-    return None
 
 
 def source_key(source: str, name: str = "") -> str:
     return hashlib.sha1(f"{name}\0{source}".encode()).hexdigest()
 
 
-# --- the probe ----------------------------------------------------------------------------
+def _counting_active() -> bool:
+    torch = torch_if_loaded()
+    if torch is None or "torch.utils.flop_counter" not in sys.modules:
+        return False
+    from .flops import counting_active
+
+    return counting_active()
 
 
 class Probe:
-    """Measure one block. ``p.start(); ...; rec = p.stop(exc)``; see `profile()` for the context manager."""
+    """Measure one block. ``p.start(); ...; rec = p.stop(exc)``; see `profile()` for the context manager.
+
+    `fingerprint` is a tuple or a zero-argument callable returning one (taken at `start()`).
+    """
 
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
@@ -177,12 +66,12 @@ class Probe:
             raise ValueError(f"model_flops must be a non-negative number, got {model_flops!r}")
         if peak is not None and not peak > 0:
             raise ValueError(f"peak must be a positive TFLOPS figure, got {peak!r}")
-        # `fingerprint`: a tuple, or a zero-arg callable so that it can be retaken after the run
         self.name, self.key = name, key or name
-        self._fp_fn = fingerprint if callable(fingerprint) else (lambda: fingerprint)
+        self._fp = fingerprint
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
         self.history = history
         self.counter = None
+        self.running = False
         self.record = ProfileRecord(name=name)
 
     # the clock covers exactly start() .. stop(): readings before and after are outside it
@@ -191,15 +80,18 @@ class Probe:
         rec.started_at = time.time()
         torch = torch_if_loaded()
         cached = _FLOP_CACHE.get(self.key)
-        self.fp = self._fp_fn() if self.mode == "auto" else ()
-        self.count_now = torch is not None and (
-            self.mode == "always" or (self.mode == "auto" and (cached is None or cached.fingerprint != self.fp)))
+        self.fp = (self._fp() if callable(self._fp) else self._fp) if self.mode == "auto" else ()
+        stale = self.mode == "auto" and cached is not None and cached.fingerprint != self.fp
+        self.count_now = torch is not None and (self.mode == "always" or (self.mode == "auto" and (cached is None or stale)))
         if self.mode != "never" and torch is None:
             rec.notes.append("torch is not imported: no FLOPs to count")
-        if self.mode == "auto" and cached is not None and cached.fingerprint != self.fp:
-            rec.notes.append("inputs changed since the last count: recounted")
-        self.cpu = CpuPeak()
-        self.cuda = CudaMeter()
+        if stale:
+            what = ", ".join(changed_names(cached.fingerprint, self.fp)) or "inputs"
+            rec.notes.append(f"recounted: {what} changed since the counted run")
+        # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
+        # block, say) measures the counter too: such a run must not report TFLOPS.
+        self.under_counter = _counting_active()
+        self.cpu, self.cuda = CpuPeak(), CudaMeter()
         self.cpu.start()
         self.cuda.start()
         if self.count_now:
@@ -207,70 +99,93 @@ class Probe:
 
             self.counter = TunekitFlopCounter()
             self.counter.__enter__()
+        self.running = True
         synchronize()
         self.t0 = time.perf_counter()
         return self
 
     def stop(self, exc: BaseException | None = None) -> ProfileRecord:
-        synchronize()
-        wall = time.perf_counter() - self.t0
-        counted = None
-        if self.counter is not None:
-            self.counter.__exit__(None, None, None)
-            counted = self.counter.result()
-            self.counter = None
+        counted = sync_error = None
+        try:
+            synchronize()
+            self.record.wall_s = time.perf_counter() - self.t0
+        except Exception as e:  # an asynchronous device error from the block surfaces here
+            sync_error = e
+            exc = exc or e
+        finally:
+            self.running = False
+            counter, self.counter = self.counter, None
+            if counter is not None:  # always leave torch's dispatch stack as we found it
+                counter.__exit__(None, None, None)
+                counted = counter.result()
         rec = self.record
-        rec.wall_s = wall
+        for step in (lambda: self._read_memory(rec, exc), lambda: self._fill_flops(rec, counted, exc),
+                     lambda: self._fill_rates(rec)):
+            try:
+                step()
+            except Exception as e:  # after the clock, a failing reading is a note, never an error
+                rec.notes.append(f"tunekit: {type(e).__name__}: {e}")
+        if self.history is not None:
+            self.history.append(rec)
+        if sync_error is not None and sync_error is exc:
+            raise sync_error  # the block's own (asynchronous) error: recorded, then it reaches the user
+        return rec
+
+    def _read_memory(self, rec, exc) -> None:
         rss_delta, peak_delta = self.cpu.stop()
         rec.cpu_rss_delta_bytes, rec.cpu_peak_delta_bytes = float(rss_delta), float(peak_delta)
         if self.cpu.note:
             rec.notes.append(self.cpu.note)
         gpu = self.cuda.stop()
-        index = gpu.pop("index", None)
+        self.index = gpu.pop("index", None)
         for k, v in gpu.items():
             setattr(rec, k, float(v))
-        used, why = nvml.used_bytes(index)
+        used, why = nvml.used_bytes(self.index)
         rec.nvml_used_bytes = NaN if used is None else used
-        if index is None:
+        if self.index is None:
             rec.notes.append("GPU figures n/a: no CUDA device in use")
         elif why:
             rec.notes.append(why)
-        rec.device = device_label(index)
+        rec.device = device_label(self.index)
         if exc is not None:
             rec.error = f"{type(exc).__name__}: {exc}"
             if _is_oom(exc):
-                rec.notes.append(_explain_oom(exc, rec))
-        self._fill_flops(rec, counted, exc)
-        self._fill_rates(rec, index)
-        if self.history is not None:
-            self.history.append(rec)
-        return rec
+                rec.notes.append(_explain_oom())
 
     def _fill_flops(self, rec, counted, exc) -> None:
         if counted is not None:
-            rec.flops, rec.flops_source = float(counted.executed), "counted"
+            rec.flops_source = "counted"
+            rec.flops, rec.model_flops = _flops_of(counted)
             rec.recompute_flops = float(counted.recompute)
-            rec.model_flops = float(counted.model)
             rec.notes.extend(counted.notes)
             if exc is None:  # an interrupted run's count is partial: never reuse it
-                _FLOP_CACHE[self.key] = _CachedCount(self._fp_fn(), counted, rec.name)
+                _FLOP_CACHE[self.key] = _CachedCount(self.fp, counted, rec.name)
             else:
                 rec.notes.append("the block failed: FLOPs counted up to the failure")
         elif self.mode == "auto" and self.key in _FLOP_CACHE:
             c = _FLOP_CACHE[self.key]
-            rec.flops, rec.flops_source = float(c.count.executed), "cached"
-            rec.recompute_flops, rec.model_flops = float(c.count.recompute), float(c.count.model)
+            rec.flops_source = "cached"
+            rec.flops, rec.model_flops = _flops_of(c.count)
+            rec.recompute_flops = float(c.count.recompute)
             rec.notes.append(f"FLOPs reused from the counted run '{c.counted_in}' (same inputs)")
-            if exc is None:
-                c.fingerprint = self._fp_fn()  # what the next run must find unchanged
+            if c.count.uncounted_ops:
+                rec.notes.append("the count misses ops without a FLOP formula: " + ", ".join(c.count.uncounted_ops))
+            # a safety net for inputs the fingerprint cannot see: the time moved a lot
+            last, c.last_wall_s = c.last_wall_s, rec.wall_s
+            if last > 0 and not 0.5 < rec.wall_s / last < 2:
+                rec.notes.append(f"time changed {rec.wall_s / last:.1f}x since the last run on this count: "
+                                 "if the work changed, use --flops always")
         if self.model_flops is not None:
             rec.model_flops = float(self.model_flops)
             if rec.flops_source == "none":
                 rec.flops, rec.flops_source = float(self.model_flops), "given"
                 rec.notes.append("no count: executed FLOPs taken as the given model FLOPs")
 
-    def _fill_rates(self, rec, index) -> None:
-        if rec.flops_source == "none" or rec.error is not None:
+    def _fill_rates(self, rec) -> None:
+        if rec.flops_source == "none" or rec.error is not None or math.isnan(rec.flops):
+            return
+        if self.under_counter:
+            rec.notes.append("timed under an outer FLOP counter, which slows it: no TFLOPS/MFU")
             return
         if rec.flops == 0:  # exact whatever the counter cost: nothing ran
             rec.tflops = 0.0
@@ -282,9 +197,11 @@ class Probe:
         from .peaks import resolve_peak
 
         torch = torch_if_loaded()
-        device = torch.device("cuda", index) if index is not None else "cpu"
-        rec.dtype = self.dtype or ("bf16" if index is not None else "fp32")
-        peak = resolve_peak(device, rec.dtype, given=self.peak)
+        device = torch.device("cuda", self.index) if self.index is not None else "cpu"
+        rec.dtype = self.dtype or ("bf16" if self.index is not None else "fp32")
+        # Measure a missing peak only on CPU: on a GPU the sweep would allocate GiBs and leave
+        # them reserved, changing what the next cells see.
+        peak = resolve_peak(device, rec.dtype, given=self.peak, allow_calibration=self.index is None)
         rec.peak_source = peak.source
         if peak.tflops is None:
             rec.notes.append(f"no peak known ({peak.source}): pass --peak or run tunekit.calibrate()")
@@ -292,6 +209,13 @@ class Probe:
         rec.peak_tflops = peak.tflops
         rec.hfu = formulas.utilization(rec.flops, rec.wall_s, peak.tflops)
         rec.mfu = formulas.utilization(rec.model_flops, rec.wall_s, peak.tflops)
+
+
+def _flops_of(count) -> tuple[float, float]:
+    """(executed, model) FLOPs; unknown (NaN), not 0, when only ops without a formula ran."""
+    if count.executed == 0 and count.uncounted_ops:
+        return NaN, NaN
+    return float(count.executed), float(count.model)
 
 
 def _is_oom(exc) -> bool:
@@ -303,7 +227,7 @@ def _is_oom(exc) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-def _explain_oom(exc, rec) -> str:
+def _explain_oom() -> str:
     # Free what the failed block left behind, so the next cell starts from the baseline.
     gc.collect()
     torch = torch_if_loaded()
@@ -320,8 +244,8 @@ class profile:
     ...     loss = model(x, y)[1]; loss.backward()
     >>> rec.wall_s, rec.tflops
 
-    The FLOP count is reused while the caller's variables keep their shapes and values; pass
-    `inputs=(...)` to say explicitly what the block depends on.
+    The FLOP count is reused while the variables the block reads keep their shapes and values;
+    pass `inputs=(...)` to say explicitly what the block depends on.
     """
 
     def __init__(self, name: str | None = None, flops: str = "auto", model_flops: float | None = None,
@@ -329,13 +253,17 @@ class profile:
         frame = sys._getframe(1)
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         if inputs is not None:
-            fp = (describe(inputs),)
-        else:
-            names = _with_body_names(frame.f_code.co_filename, frame.f_lineno)
+            fp = (("inputs", describe(inputs)),)
+        elif flops == "auto":
+            names = with_body_names(frame.f_code.co_filename, frame.f_lineno)
             if names is None:  # no source (exec'd code): all the frame's names
                 names = frame.f_code.co_names + frame.f_code.co_varnames
-            fp = lambda: fingerprint({**frame.f_globals, **frame.f_locals}, names)  # noqa: E731
-        self.probe = Probe(name or where, key=f"profile:{name or where}", fingerprint=fp, flops=flops,
+            fp = fingerprint({**frame.f_globals, **frame.f_locals}, names)
+        else:
+            fp = ()
+        del frame
+        # keyed on the place and the name: two blocks sharing a name do not share a count
+        self.probe = Probe(name or where, key=f"profile:{where}:{name}", fingerprint=fp, flops=flops,
                            model_flops=model_flops, peak=peak, dtype=dtype)
 
     def __enter__(self) -> ProfileRecord:
@@ -358,5 +286,6 @@ def last() -> ProfileRecord | None:
 
 
 def clear_history() -> None:
+    """Forget every record and every cached FLOP count."""
     HISTORY.clear()
     _FLOP_CACHE.clear()

@@ -70,6 +70,10 @@ def to_line(rec) -> str:
         parts.append(f"{fmt_flops(rec.flops)} {_tflops(rec.tflops)} MFU {fmt_pct(rec.mfu)}")
     if rec.error:
         parts.append(f"error: {rec.error}")
+    elif rec.flops and is_missing(rec.tflops):
+        why = [n for n in rec.notes if "TFLOPS" in n or "counter" in n or "peak" in n]
+        if why:
+            parts.append(why[0])
     return " · ".join(parts)
 
 

@@ -41,8 +41,8 @@ SPECS: tuple[Spec, ...] = (
     # Lightning lists the same figure for fp32, bf16 and fp16 on these consumer cards.
     Spec("RTX 4090", ("4090",), {"fp32": 82.6, "tf32": 82.6, "bf16": 82.6, "fp16": 82.6}, 24, _LIGHTNING),
     Spec("RTX 3090", ("3090",), {"fp32": 35.6, "tf32": 35.6, "bf16": 35.6, "fp16": 35.6}, 24, _LIGHTNING),
-    # Per GCD, which is what one torch device is on an MI250X (the package figure is double).
-    Spec("MI250X (one GCD)", ("mi250",), {"fp32": 47.9, "bf16": 383 / 2, "fp16": 383 / 2}, 64, _MLENG),
+    # Per GCD, which is what one torch device is on an MI250X: half the package figures.
+    Spec("MI250X (one GCD)", ("mi250",), {"fp32": 47.9 / 2, "bf16": 383 / 2, "fp16": 383 / 2}, 64, _MLENG),
     Spec("MI300X", ("mi300",), {"fp32": 163.4, "tf32": 653.7, "bf16": 1300, "fp16": 1300, "fp8": 2610}, 192, _MLENG),
 )
 
