@@ -76,3 +76,9 @@ def test_allreduce_bandwidth_convention():
     assert allreduce_busbw(2e9, 8) == pytest.approx(3.5e9)   # 2e9 * 2*7/8
     assert allreduce_busbw(2e9, 2) == 2e9                    # 2*(2-1)/2 = 1
     assert allreduce_busbw(2e9, 1) == 0.0
+
+
+def test_vocab_padding_from_pad_multiple_in_a_dict():
+    # the model pads 50257 up to 50304 itself: no FIX even without padded_vocab_size
+    adv = advise(dict(vocab_size=50257, pad_vocab_multiple=64, n_embd=768, n_head=12))
+    assert adv["vocab divisible by 64"].ok is True and "50304" in adv["vocab divisible by 64"].value

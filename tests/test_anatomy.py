@@ -153,3 +153,22 @@ def test_estimate_from_config_uses_gpt_count_and_figure():
     assert df.loc["activations", "GB"] == pytest.approx(2957828 / 1e9)
     fig = e.figure()
     assert {bar.name for bar in fig.data} >= {"weights", "gradients", "optimizer_states", "activations"}
+
+
+def test_bad_parallel_sizes_raise():
+    for kw in (dict(tp=0), dict(dp=-1), dict(pp=1.5), dict(zero_stage=4)):
+        with pytest.raises(ValueError):
+            estimate_memory(1e6, device="cpu", **kw)
+
+
+def test_pipeline_does_not_divide_activations_in_either_mode():
+    # 1F1B: the first stage holds pp micro-batches of L/pp layers = L layers' activations
+    k1 = estimate_memory(147e6, micro_batch=1, device="cpu", activations="korthikanti", **GPT1)
+    k4 = estimate_memory(147e6, micro_batch=1, pp=4, device="cpu", activations="korthikanti", **GPT1)
+    assert k4["activations"] == k1["activations"] == 349175808
+    g1 = estimate_memory(TINY, precision="fp32", micro_batch=2, seq_len=64, device="cpu")
+    g4 = estimate_memory(TINY, precision="fp32", micro_batch=2, seq_len=64, pp=4, device="cpu")
+    assert g4["activations"] == g1["activations"] == 2957828
+    assert g4["weights"] == g1["weights"] / 4 and any("1F1B" in n for n in g4.notes)
+    g2 = estimate_memory(TINY, precision="fp32", micro_batch=2, seq_len=64, tp=2, device="cpu")
+    assert g2["activations"] == 2957828 / 2

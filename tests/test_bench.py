@@ -129,3 +129,37 @@ def test_set_numa_affinity_degrades_with_one_notice():
         assert bench.set_numa_affinity(0) is None
         assert bench.set_numa_affinity(0) is None
     assert len([w for w in caught if "set_numa_affinity" in str(w.message)]) == 1
+
+
+class _FailingDataset(host.SlowDataset):
+    def __getitem__(self, i):
+        if i == 5:
+            raise RuntimeError("bad item")
+        return super().__getitem__(i)
+
+
+def test_dataloader_workers_stopped_after_an_error(monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setattr(host, "SlowDataset", _FailingDataset)
+    with pytest.raises(RuntimeError) as info:
+        bench.dataloader_workers(num_workers=(2,), n_items=8, batch_size=2, transform_s=0.0,
+                                 repeats=1)
+    assert info.value is not None                  # the traceback is still alive here
+    assert multiprocessing.active_children() == []
+
+
+def test_all_reduce_failure_is_reported_and_ranks_are_reaped():
+    import psutil
+
+    if torch.cuda.is_available():
+        pytest.skip("nccl works here")
+    df = bench.all_reduce_busbw(world_size=2, sizes_bytes=(1024,), backend="nccl", repeats=1,
+                                timeout_s=20)
+    assert "all-reduce failed" in df.attrs["notes"][0] and df["median_s"].isna().all()
+    assert not [c for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_default_dtype_on_cpu_is_fp32():
+    df = bench.matmul_shape_sweep("k", values=[8], m=8, n=8, warmup=0, repeats=1)
+    assert "dtype=fp32" in df.attrs["notes"][0]

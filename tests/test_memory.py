@@ -137,3 +137,56 @@ def test_gpu_readings(tiny_cfg):
     assert rep.cuda["allocator_peak"] > rep.measured["weights"]
     assert rep.cuda["allocator_reserved"] >= rep.cuda["allocator_peak"]
     assert abs(rep.error("activations")) < 0.15
+
+
+def test_callers_grads_optimizer_and_weights_are_left_alone():
+    model, x = _mlp(), torch.randn(5, 8)
+    model(x).sum().backward()                           # grads mid-accumulation
+    grads = [p.grad.clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    before = [p.detach().clone() for p in model.parameters()]
+    rep = measure_memory(model, (x,), optimizer=opt)
+    assert rep.measured["optimizer_states"] == 848      # measured on a stand-in with lr=0
+    assert opt.state == {} and opt.param_groups[0]["lr"] == 0.1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+
+
+def test_given_lr0_optimizer_state_is_not_advanced():
+    model, x = _mlp(), torch.randn(5, 8)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+    model(x).sum().backward()
+    opt.step()
+    steps = [float(s["step"]) for s in opt.state.values()]
+    avg = [s["exp_avg"].clone() for s in opt.state.values()]
+    measure_memory(model, (x,), optimizer=opt)
+    assert [float(s["step"]) for s in opt.state.values()] == steps == [1.0] * 4
+    assert all(torch.equal(a, s["exp_avg"]) for a, s in zip(avg, opt.state.values()))
+
+
+def test_half_weights_with_autocast_word_are_pure_half():
+    model = nn.Linear(8, 8).to(torch.bfloat16)
+    rep = measure_memory(model, (torch.randn(4, 8, dtype=torch.bfloat16),), precision="bf16")
+    # 8*8 + 8 = 72 bf16 params = 144 bytes; the estimate must read pure bf16, not autocast's fp32
+    assert rep.precision == "bf16" and rep.measured["weights"] == 144
+    assert rep.error("weights") == 0.0 and rep.error("gradients") == 0.0
+
+
+def test_tally_ignores_tensors_freed_during_the_forward():
+    x = torch.randn(32, 64, requires_grad=True)
+    with SavedTensorTally([]) as tally:
+        for _ in range(3):
+            dropped = torch.relu(x * 2.0)    # relu saves its output; the branch is dropped
+            del dropped
+        y = torch.tanh(x * 3.0).sum()        # tanh keeps its output: 32*64*4 = 8192 bytes
+    assert tally.activation_bytes == 8192
+    y.backward()
+
+
+def test_rng_state_is_not_advanced():
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)), torch.randn(4, 8)
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    measure_memory(model, (x,), estimate=False)      # dropout draws inside a forked RNG
+    assert torch.equal(torch.rand(3), expected)

@@ -138,7 +138,8 @@ def advise(model, *, micro_batch: int | None = None, seq_len: int | None = None,
     rules = []
 
     if vocab is not None:
-        padded = _get(cfg, "padded_vocab_size") or vocab
+        pad = _get(cfg, "pad_vocab_multiple") or 1
+        padded = _get(cfg, "padded_vocab_size") or padded_vocab(vocab, pad)
         good = padded_vocab(vocab, multiple)
         rules.append(Rule("vocab divisible by 64", padded % multiple == 0,
                           f"vocab {vocab}, padded to {padded}",

@@ -207,6 +207,11 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
     >>> round(e["activations"] / 64)   # 512*768*12*(10+24+5*12*512/768)
     349175808
     """
+    for name, v in (("tp", tp), ("pp", pp), ("dp", dp)):
+        if int(v) != v or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
     cfg = getattr(model, "config", model) if not isinstance(model, (int, float)) else None
     dims = config_dims(cfg) if cfg is not None else {}
     n_layer = n_layer or dims.get("n_layer")
@@ -259,14 +264,17 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
     elif mode == "gpt":
         act = gpt_activation_bytes(cfg, b, s, prec.activations, checkpointing=checkpointing,
                                    autocast=key == "amp")
-        comps["activations"] = act["saved"] / shard
-        comps["recompute"] = act["recompute"] / shard
+        # tensor parallelism splits a layer's tensors (an upper-bound split: Korthikanti's 10sbh
+        # stay whole); 1F1B pipelining keeps the L-layer total on the first stage (see below)
+        comps["activations"] = act["saved"] / tp
+        comps["recompute"] = act["recompute"] / tp
         comps["weight_casts"] = act["weight_casts"] / shard
         forms["weight_casts"] = "half copies of the Linear weights, kept from forward to backward"
-        forms["activations"] = act["formula"]
+        forms["activations"] = act["formula"] + (f" / t={tp}" if tp > 1 else "")
         forms["recompute"] = "one block's saved tensors, rebuilt during backward" if checkpointing else ""
-        if tp > 1 or pp > 1:
-            notes.append("gpt activation count is for one device without model parallelism; divided by tp*pp")
+        if tp > 1:
+            notes.append("gpt activation count is for one device; divided by tp (the layer norms' and "
+                         "residuals' share is not split without sequence parallelism, so this is low)")
     else:
         scale = prec.activations / 2   # the formula counts 2-byte elements
         full = korthikanti_activation_bytes(s, b, n_embd, n_layer, n_head, tp, sequence_parallel)
@@ -282,9 +290,9 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
             forms["activations"] = "s*b*h*L*(10 + 24/t + 5*a*s/(h*t))"
         if scale != 1:
             forms["activations"] += f" x {scale:g} ({prec.activations}-byte elements)"
-        if pp > 1:
-            notes.append("1F1B pipeline: the first stage holds pp micro-batches of L/pp layers, "
-                         "i.e. the same activation bytes as L layers")
+    if pp > 1 and not _nan(comps["activations"]):
+        notes.append("1F1B pipeline: the first stage holds pp micro-batches of L/pp layers, "
+                     "i.e. the same activation bytes as L layers (not divided by pp)")
     known = sum(v for v in comps.values() if not _nan(v))
     comps["temporary"] = overhead_fraction * known
     forms["temporary"] = f"{overhead_fraction:.0%} of the above (temporary buffers, fragmentation)"

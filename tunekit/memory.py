@@ -18,6 +18,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from tunekit import nvml
 from tunekit.anatomy import COMPONENTS, MemoryEstimate, estimate_memory
@@ -125,20 +126,29 @@ def _is_weight_cast(t: torch.Tensor, params: set) -> bool:
 
 
 class SavedTensorTally:
-    """Context manager: tally the storages autograd saves for backward during a forward."""
+    """Context manager: tally the storages autograd saves for backward during a forward.
+
+    Only storages still alive when read count: a tensor saved by a branch that was dropped
+    during the forward is freed with its graph, and its address may be reused by a later one.
+    """
 
     def __init__(self, params, buffers=()):
         self.exclude = {storage_key(p) for p in params} | {storage_key(b) for b in buffers}
         self.param_ids = {id(p) for p in params}
-        self.activations, self.casts = {}, {}
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._seen = {}   # storage key -> (weak ref, bytes, is a weight cast)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
 
     def _pack(self, t):
         key = storage_key(t)
-        if key[2] and key not in self.exclude and key not in self.activations and key not in self.casts:
-            into = self.casts if _is_weight_cast(t, self.param_ids) else self.activations
-            into[key] = t.untyped_storage().nbytes()
-        return t
+        if key[2] and key not in self.exclude:
+            old = self._seen.get(key)
+            if old is None or old[0].expired():
+                st = t.untyped_storage()
+                self._seen[key] = (StorageWeakRef(st), st.nbytes(),
+                                   _is_weight_cast(t, self.param_ids))
+        # detached: returning `t` itself would make a saved output hold its own grad_fn (a
+        # reference cycle that keeps a dropped branch's tensors alive until gc runs)
+        return t.detach()
 
     def __enter__(self):
         self._hooks.__enter__()
@@ -147,13 +157,20 @@ class SavedTensorTally:
     def __exit__(self, *exc):
         return self._hooks.__exit__(*exc)
 
+    def _alive(self, casts: bool) -> int:
+        return sum(n for ref, n, c in self._seen.values() if c == casts and not ref.expired())
+
     @property
     def activation_bytes(self) -> int:
-        return sum(self.activations.values())
+        return self._alive(False)
 
     @property
     def cast_bytes(self) -> int:
-        return sum(self.casts.values())
+        return self._alive(True)
+
+
+def _unpack(t):
+    return t
 
 
 def optimizer_name(opt) -> str | None:
@@ -181,7 +198,8 @@ def _autocast_dtype(precision):
 
 
 def _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, checkpointing):
-    """(model, batch, optimizer, precision, checkpointing) from a Lab-like object or a module."""
+    """(model, batch, optimizer, precision, checkpointing, attention) from a Lab-like object
+    or a module."""
     if hasattr(target, "model") and hasattr(target, "batch"):   # duck-typed tunekit.Lab
         model = target.model
         t = getattr(target, "defaults", None)
@@ -195,11 +213,8 @@ def _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, ch
         if checkpointing is None and t is not None:
             checkpointing = bool(t.checkpointing)
         if optimizer is None and t is not None:
-            # a fresh optimizer of the Lab's kind with lr=0: same state sizes, the Lab untouched
-            from tunekit.optimizers import build_optimizer
-
-            optimizer = build_optimizer(t.optimizer, model.parameters(), lr=0.0)
-        return model, batch, optimizer, precision, checkpointing
+            optimizer = t.optimizer   # a name: a fresh one of the Lab's kind is stepped
+        return model, batch, optimizer, precision, checkpointing, getattr(t, "attention", None)
     model = target
     if batch is None:
         cfg = getattr(model, "config", None)
@@ -210,7 +225,7 @@ def _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, ch
         gen = torch.Generator(device="cpu").manual_seed(0)
         x, y = (torch.randint(0, cfg.vocab_size, (b, s), generator=gen).to(dev) for _ in range(2))
         batch = (x, y)
-    return model, batch, optimizer, precision, checkpointing
+    return model, batch, optimizer, precision, checkpointing, None
 
 
 def _loss(model, batch):
@@ -227,79 +242,124 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
                    estimate: bool = True) -> MemoryReport:
     """Run one training step (forward, backward, optimizer step) and measure each component.
 
-    `target`: a tunekit Lab (its model, optimizer and batches are used) or an nn.Module with
+    `target`: a tunekit Lab (its model, default toggles and batches) or an nn.Module with
     `batch` = (inputs...) for ``model(*batch)``; a model returning ``(logits, loss)`` (tunekit's
-    GPT) trains on its loss, any other output on ``output.float().sum()``. Without an optimizer
-    an AdamW with lr=0 is used, so the weights do not change; a given optimizer really steps.
-    Gradients are set to None afterwards. `precision` uses the Lab's words: "bf16"/"fp16" run
-    the forward under torch.autocast (reported as "amp"), "fp32"/"tf32" do not; a model whose
-    weights are already half is reported as pure "bf16"/"fp16". For a Lab, its default toggles
-    (micro_batch, seq_len, precision, checkpointing, optimizer kind) are used unless given, and
-    a fresh optimizer of its kind with lr=0 is stepped, so the Lab's own state is not touched.
+    GPT) trains on its loss, any other output on ``output.float().sum()``.
+    Nothing of the caller's changes: the step is taken by a fresh optimizer with lr=0 (AdamW
+    when none is given, else a copy of the given one's class and settings), so the weights and
+    the given optimizer's state stay as they were; gradients the parameters held before are put
+    back; checkpointing/attention and the RNG state are restored. `precision` uses the Lab's
+    words: "bf16"/"fp16" run the forward under torch.autocast (reported as "amp") unless the
+    weights already are that dtype (then pure "bf16"/"fp16"), "fp32"/"tf32" do not.
     """
-    model, batch, optimizer, precision, checkpointing = _unpack_target(
+    model, batch, optimizer, precision, checkpointing, attention = _unpack_target(
         target, batch, micro_batch, seq_len, optimizer, precision, checkpointing)
     params = [p for p in model.parameters()]
     dev = params[0].device if params else torch.device("cpu")
     notes = []
-    if optimizer is None:
-        optimizer = torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
-        notes.append("no optimizer given: AdamW(lr=0) was used so the weights do not change")
-    prev_ck = getattr(model, "checkpointing", None)
-    if checkpointing is not None and hasattr(model, "set_checkpointing"):
-        model.set_checkpointing(checkpointing)
+    given = optimizer
+    optimizer = _shadow_optimizer(optimizer, params, notes)
     ac_dtype = _autocast_dtype(precision)
-    ac = torch.autocast(dev.type, dtype=ac_dtype) if ac_dtype is not None else nullcontext()
     float_dtypes = {p.dtype for p in params if p.is_floating_point()}
-    if ac_dtype is not None:
-        precision = "amp"
-    elif float_dtypes and float_dtypes <= {torch.bfloat16}:
-        precision = "bf16"
-    elif float_dtypes and float_dtypes <= {torch.float16}:
-        precision = "fp16"
+    half = next((n for n, d in (("bf16", torch.bfloat16), ("fp16", torch.float16))
+                 if float_dtypes and float_dtypes <= {d}), None)
+    if half is not None:
+        precision = half   # pure half weights: autocast to the same dtype casts nothing
+        if ac_dtype is not None and ac_dtype != _autocast_dtype(half):
+            notes.append(f"weights are {half}; autocast to {ac_dtype} was not applied")
+        ac_dtype = None
     else:
-        precision = "fp32"
-
+        precision = "amp" if ac_dtype is not None else "fp32"
+    ac = torch.autocast(dev.type, dtype=ac_dtype) if ac_dtype is not None else nullcontext()
+    if checkpointing and not hasattr(model, "set_checkpointing"):
+        notes.append("checkpointing requested, but the model has no set_checkpointing(): not applied")
+    prev_ck = getattr(model, "checkpointing", None)
+    prev_attn = getattr(getattr(model, "config", None), "attention", None)
+    prev_grads = [p.grad for p in params]
     cuda = dev.type == "cuda"
-    if cuda and not optimizer.state:
-        _step(model, batch, optimizer, ac)   # warm-up: the peak below is a steady-state one
+    try:
+        if checkpointing is not None and hasattr(model, "set_checkpointing"):
+            model.set_checkpointing(checkpointing)
+        if attention is not None and hasattr(model, "set_attention"):
+            model.set_attention(attention)
+        for p in params:
+            p.grad = None
+        with torch.random.fork_rng(devices=[dev] if cuda else [], device_type=dev.type):
+            measured, cuda_info = _one_step(model, batch, optimizer, given, ac, params, dev, notes)
+        ck_used = bool(getattr(model, "checkpointing", False))
+    finally:
+        for p, g in zip(params, prev_grads):
+            p.grad = g
+        if checkpointing is not None and prev_ck is not None:
+            model.set_checkpointing(prev_ck)
+        if attention is not None and prev_attn is not None:
+            model.set_attention(prev_attn)
+    if not cuda:
+        notes.append("no CUDA device: allocator peak, NVML total and 'other' are not measured here")
+    est = None
+    if estimate:
+        est = _estimate_for(model, batch, optimizer or given, precision, dev, ck_used, notes)
+    return MemoryReport(measured, est, str(dev), precision, cuda_info, notes)
+
+
+def _shadow_optimizer(opt, params, notes):
+    """A fresh optimizer with lr=0 standing in for `opt`: same state sizes, and neither the
+    weights nor `opt`'s own state change (stepping even an lr=0 optimizer would advance its
+    moments and step count). `opt` may be a Lab optimizer name. None when it cannot be rebuilt."""
+    if opt is None:
+        notes.append("no optimizer given: a fresh AdamW(lr=0) was stepped; the weights do not change")
+        return torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
+    if isinstance(opt, str):
+        from tunekit.optimizers import build_optimizer
+
+        return build_optimizer(opt, params, lr=0.0)
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": g["params"], "lr": 0.0}
+              for g in opt.param_groups]
+    try:
+        shadow = type(opt)(groups, lr=0.0)
+    except Exception as e:   # a constructor that takes other arguments
+        notes.append(f"could not copy {type(opt).__name__} ({type(e).__name__}); optimizer "
+                     "states are read from it without stepping")
+        return None
+    notes.append(f"a fresh {type(opt).__name__}(lr=0) with the given settings was stepped; "
+                 "the given optimizer is untouched")
+    return shadow
+
+
+def _one_step(model, batch, optimizer, given, ac, params, dev, notes):
+    """One forward/backward/step with `optimizer` (None: no step; states read from `given`)."""
+    cuda = dev.type == "cuda"
+    if cuda and optimizer is not None:
+        _step(model, batch, optimizer, ac)   # warm-up: states exist, the peak is a steady one
         notes.append("CUDA: one warm-up step ran first so optimizer states exist at the peak")
     if cuda:
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-    try:
-        tally = SavedTensorTally(params, list(model.buffers()))
-        with ac, tally:
-            loss = _loss(model, batch)
-        loss.backward()
-        del loss
-        grads = [p.grad for p in params]
-        grad_bytes = unique_bytes(grads)
+        before = torch.cuda.memory_allocated(dev)
+    tally = SavedTensorTally(params, list(model.buffers()))
+    with ac, tally:
+        loss = _loss(model, batch)
+    # read now: backward frees what the forward saved
+    acts, casts = float(tally.activation_bytes), float(tally.cast_bytes)
+    forward_growth = torch.cuda.memory_allocated(dev) - before if cuda else NaN
+    loss.backward()
+    del loss
+    grad_bytes = unique_bytes([p.grad for p in params])
+    if optimizer is not None:
         optimizer.step()
-        if cuda:
-            torch.cuda.synchronize(dev)
-        ck_used = bool(getattr(model, "checkpointing", False))
-    finally:
-        if checkpointing is not None and prev_ck is not None:
-            model.set_checkpointing(prev_ck)
+    if cuda:
+        torch.cuda.synchronize(dev)
     exclude = {storage_key(p) for p in params}
-    state_tensors = [v for st in optimizer.state.values() for v in st.values()
-                     if isinstance(v, torch.Tensor)]
-    measured = {
-        "weights": float(unique_bytes(params)),
-        "master_weights": 0.0,
-        "gradients": float(grad_bytes),
-        "optimizer_states": float(unique_bytes(state_tensors, exclude)),
-        "weight_casts": float(tally.cast_bytes),
-        "activations": float(tally.activation_bytes),
-        "buffers": float(unique_bytes(model.buffers(), exclude)),
-    }
-    optimizer.zero_grad(set_to_none=True)
-    cuda_info = _cuda_readings(dev, measured) if cuda else {}
-    if not cuda:
-        notes.append("no CUDA device: allocator peak, NVML total and 'other' are not measured here")
-    est = _estimate_for(model, batch, optimizer, precision, dev, ck_used, notes) if estimate else None
-    return MemoryReport(measured, est, str(dev), precision, cuda_info, notes)
+    source = optimizer if optimizer is not None else given
+    state = [v for st in source.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    opt_bytes = float(unique_bytes(state, exclude)) if source.state else NaN
+    measured = {"weights": float(unique_bytes(params)), "master_weights": 0.0,
+                "gradients": float(grad_bytes), "optimizer_states": opt_bytes,
+                "weight_casts": casts, "activations": acts,
+                "buffers": float(unique_bytes(model.buffers(), exclude))}
+    for p in params:
+        p.grad = None
+    return measured, (_cuda_readings(dev, measured, forward_growth) if cuda else {})
 
 
 def _step(model, batch, optimizer, ac):
@@ -310,17 +370,19 @@ def _step(model, batch, optimizer, ac):
     optimizer.zero_grad(set_to_none=True)
 
 
-def _cuda_readings(dev, measured) -> dict:
+def _cuda_readings(dev, measured, forward_growth) -> dict:
+    """Allocator and NVML readings. `other`: what the allocator gained during the forward beyond
+    the saved activations and weight casts (outputs, loss, temporaries still held), read at the
+    end of the forward, where the named lines all coexist (gradients do not exist yet)."""
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     peak = float(torch.cuda.max_memory_allocated(index))
     reserved = float(torch.cuda.memory_reserved(index))
-    named = sum(measured[k] for k in ("weights", "gradients", "optimizer_states", "weight_casts",
-                                      "activations", "buffers"))
     used, why = nvml.used_bytes(index)
     out = {"allocator_peak": peak, "allocator_reserved": reserved,
-           # can be negative: gradients and activations do not all coexist at the peak
-           "other": peak - named,
+           "forward_growth": float(forward_growth),
+           "other": float(forward_growth) - measured["activations"] - measured["weight_casts"],
            "nvml_used": used if used is not None else NaN,
+           # CUDA context, kernels, NCCL, other libraries (and other processes on this GPU)
            "outside_allocator": (used - reserved) if used is not None else NaN}
     if why:
         out["nvml_note"] = why

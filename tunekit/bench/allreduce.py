@@ -1,16 +1,18 @@
 """All-reduce bus bandwidth with torch.distributed: gloo across CPU processes, NCCL across GPUs.
 
-Processes are spawned on this machine only, rendezvous on 127.0.0.1, sizes are bounded, the whole
-run has a deadline, and every process is joined or terminated before returning.
+Processes are spawned on this machine only and rendezvous on 127.0.0.1 through a TCPStore that
+this process hosts on a port the kernel picks (bound once, so no other program can take it in
+between); sizes are bounded, the whole run has a deadline, and every process is joined or killed
+before returning. Their output goes to temporary files, never to pipes that could fill.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 
@@ -22,12 +24,6 @@ from tunekit.bench._timing import frame, stats
 MAX_BYTES = 256 * 2**20   # a bound on the buffer size per rank
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank, world, port, sizes, warmup, repeats, backend, timeout_s) -> dict:
     """One rank: init on 127.0.0.1, time all_reduce per size, return {size: [seconds]}."""
     import torch.distributed as dist
@@ -36,8 +32,11 @@ def _worker(rank, world, port, sizes, warmup, repeats, backend, timeout_s) -> di
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=timeout_s))
+    # the parent hosts the store: the port is already bound, no bind race
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
     try:
         results = {}
         for size in sizes:
@@ -60,16 +59,21 @@ def _worker(rank, world, port, sizes, warmup, repeats, backend, timeout_s) -> di
         dist.destroy_process_group()
 
 
-def _launch(world, port, sizes, warmup, repeats, backend, timeout_s):
+def _launch(world, port, sizes, warmup, repeats, backend, timeout_s, files):
     """Start `world` fresh interpreters running this module (no dependence on the caller's
-    __main__, so it works from scripts, notebooks and pytest alike)."""
+    __main__, so it works from scripts, notebooks and pytest alike); rank r writes to files[r]."""
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo",
                MASTER_ADDR="127.0.0.1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     arg = json.dumps(dict(world=world, port=port, sizes=sizes, warmup=warmup, repeats=repeats,
                           backend=backend, timeout_s=timeout_s))
     return [subprocess.Popen([sys.executable, "-m", "tunekit.bench._rank", str(r), arg],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+                             stdout=files[r][0], stderr=files[r][1], env=env)
             for r in range(world)]
+
+
+def _read(f) -> str:
+    f.seek(0)
+    return f.read().decode(errors="replace")
 
 
 def all_reduce_busbw(world_size: int = 2, sizes_bytes=(2**12, 2**16, 2**20), backend=None,
@@ -86,26 +90,39 @@ def all_reduce_busbw(world_size: int = 2, sizes_bytes=(2**12, 2**16, 2**20), bac
         raise ValueError(f"sizes must be in 1..{MAX_BYTES} bytes")
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
-    procs = _launch(world_size, _free_port(), sizes, warmup, repeats, backend, timeout_s)
+    import torch.distributed as dist
+
+    # the rendezvous store lives here, on a kernel-chosen port of 127.0.0.1 held for the run
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
+    files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) for _ in range(world_size)]
+    procs = []
     deadline = time.monotonic() + timeout_s + 60   # + time to start interpreters and torch
     status, payload, notes = "error", "", []
     try:
-        outs = []
+        procs = _launch(world_size, store.port, sizes, warmup, repeats, backend, timeout_s, files)
         for p in procs:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            outs.append((p.returncode, out, err))
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        outs = [(p.returncode, _read(o), _read(e)) for p, (o, e) in zip(procs, files)]
         if all(rc == 0 for rc, _, _ in outs):
-            status, payload = "ok", {int(k): v for k, v in json.loads(outs[0][1])["times"].items()}
+            last = outs[0][1].strip().splitlines()[-1]
+            status, payload = "ok", {int(k): v for k, v in json.loads(last)["times"].items()}
         else:
             payload = "; ".join(f"rank {r} exit {rc}: {err.strip().splitlines()[-1] if err.strip() else ''}"
                                 for r, (rc, _, err) in enumerate(outs) if rc)
     except subprocess.TimeoutExpired:
         payload = f"no result within {timeout_s + 60:.0f} s"
+    except (ValueError, IndexError, KeyError) as e:   # rank 0 printed no result line
+        payload = f"unreadable result ({type(e).__name__}: {e})"
     finally:
         for p in procs:   # never leave a rank behind
             if p.poll() is None:
                 p.kill()
-                p.communicate()
+                p.wait()
+        for pair in files:
+            for f in pair:
+                f.close()
+        del store
     rows = []
     if status != "ok":
         notes.append(f"all-reduce failed: {payload}")

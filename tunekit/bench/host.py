@@ -37,6 +37,15 @@ def _epoch_s(loader) -> float:
     return time.perf_counter() - t0
 
 
+def _stop_workers(loader) -> None:
+    """Shut persistent workers down now, also after an error (whose traceback would otherwise
+    keep the loader, and its worker processes, alive)."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    loader._iterator = None
+
+
 def dataloader_workers(num_workers=(0, 1, 2, 3, 4), n_items: int = 32, batch_size: int = 4,
                        transform_s: float = 0.01, warmup: int = 1, repeats: int = 3):
     """Seconds per pass over a loader with a slow transform, for each `num_workers`.
@@ -52,8 +61,10 @@ def dataloader_workers(num_workers=(0, 1, 2, 3, 4), n_items: int = 32, batch_siz
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             loader = DataLoader(ds, batch_size=batch_size, num_workers=w, persistent_workers=w > 0)
-            times = [_epoch_s(loader) for _ in range(warmup + repeats)][warmup:]
-            del loader   # stops persistent workers
+            try:
+                times = [_epoch_s(loader) for _ in range(warmup + repeats)][warmup:]
+            finally:
+                _stop_workers(loader)
         if any("worker" in str(c.message) for c in caught) and w > (os.cpu_count() or 1):
             notes.append(f"num_workers={w} exceeds the {os.cpu_count()} CPUs (torch warned)")
         rows.append({"num_workers": w, **stats(times)})
@@ -192,11 +203,18 @@ def set_numa_affinity(gpu_index: int = 0, verbose: bool = False) -> list[int] | 
     import pynvml
 
     n_words = -(-(os.cpu_count() or 1) // 64)
-    cpus = cpus_from_mask(pynvml.nvmlDeviceGetCpuAffinity(handle, n_words))
+    local = cpus_from_mask(pynvml.nvmlDeviceGetCpuAffinity(handle, n_words))
+    # keep within what this process may use (cgroups, cpusets, an earlier binding)
+    cpus = sorted(set(local) & os.sched_getaffinity(0))
     if not cpus:
-        _notice("set_numa_affinity: NVML returned an empty CPU set; nothing was changed")
+        _notice(f"set_numa_affinity: none of the {len(local)} CPUs NVML lists for cuda:{gpu_index} "
+                "is allowed to this process; nothing was changed")
         return None
-    os.sched_setaffinity(0, cpus)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:
+        _notice(f"set_numa_affinity: sched_setaffinity failed ({e}); nothing was changed")
+        return None
     if verbose:
         print(f"cuda:{gpu_index} bound to {len(cpus)} CPUs: {cpus[:4]}...{cpus[-1]}")
     return cpus
