@@ -209,6 +209,9 @@ class Probe:
         rec.peak_tflops = peak.tflops
         rec.hfu = formulas.utilization(rec.flops, rec.wall_s, peak.tflops)
         rec.mfu = formulas.utilization(rec.model_flops, rec.wall_s, peak.tflops)
+        if rec.hfu > 1 and peak.kind == "calibrated":
+            rec.notes.append("faster than the calibrated peak, which was measured on a busy machine: "
+                             "recalibrate with tunekit.calibrate(force=True) when it is quiet")
 
 
 def _flops_of(count) -> tuple[float, float]:
