@@ -1,7 +1,8 @@
 """Overhead of `%gpuprofile on` per trivial cell and of FLOP accounting on a re-run, in a real kernel.
 
 Runs one Jupyter kernel and times, side by side in the same run:
-  A. N trivial cells bare, then N with `%gpuprofile on` (displayed) and N with `-q`;
+  A. N trivial cells bare, then N with `%gpuprofile on` (displayed), N with `-q`, and N under
+     ipyexperiments' cell logger for scale;
   B. a small training-step cell re-run bare vs under `%%gpuprofile` after its FLOPs were counted
      (steady state: the count is reused, the fingerprint is checked each run).
 Prints per-cell overheads and ratios. Usage: python benchmarks/bench_magic_overhead.py [N]
@@ -47,6 +48,11 @@ def main():
         print(f"   bare                 {bare:7.3f} s  ({bare / N * 1e3:6.2f} ms/cell)")
         print(f"   %gpuprofile on       {shown:7.3f} s  overhead {(shown - bare) / N * 1e3:6.2f} ms/cell")
         print(f"   %gpuprofile on -q    {quiet:7.3f} s  overhead {(quiet - bare) / N * 1e3:6.2f} ms/cell")
+        # for scale: ipyexperiments' own per-cell logger on the same cells
+        run(kc, "from ipyexperiments import IPyExperimentsCPU\nexp = IPyExperimentsCPU()")
+        ipx = time_cells(kc, trivial)
+        run(kc, "exp.finish(); del exp")
+        print(f"   ipyexperiments CellLogger {ipx:7.3f} s  overhead {(ipx - bare) / N * 1e3:6.2f} ms/cell")
 
         setup = ("torch.manual_seed(0); torch.set_num_threads(2)\n"
                  "model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))\n"

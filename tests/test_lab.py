@@ -53,15 +53,18 @@ def test_labels_name_what_changed():
 
 
 def test_pure_modules_import_no_torch():
-    code = textwrap.dedent(f"""
-        import importlib.util, sys
-        for name in ("toggles", "runlog"):
-            spec = importlib.util.spec_from_file_location(name, r"{ROOT}/tunekit/" + name + ".py")
-            mod = sys.modules[name] = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
+    code = textwrap.dedent("""
+        import sys
+        import tunekit.toggles, tunekit.runlog
         assert "torch" not in sys.modules, "pure module imported torch"
     """)
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_bool_is_not_a_batch_size():
+    # True == 1 for isinstance(int): a checkbox value must not become micro_batch=1
+    assert "micro_batch" in problems(Toggles(micro_batch=True), Env())[0]
+    assert "seq_len" in problems(Toggles(seq_len=False), Env())[0]
 
 
 # --- runs ----------------------------------------------------------------------------------
@@ -183,16 +186,15 @@ def test_log_survives_crash_mid_write(tmp_path):
     path = tmp_path / "runs.jsonl"
     # a writer that finishes two records, then dies by SIGKILL half-way through the third line
     code = textwrap.dedent(f"""
-        import importlib.util, os, signal
-        spec = importlib.util.spec_from_file_location("runlog", r"{ROOT}/tunekit/runlog.py")
-        runlog = importlib.util.module_from_spec(spec); spec.loader.exec_module(runlog)
+        import os, signal
+        from tunekit import runlog
         runlog.append_record(r"{path}", {{"run_id": 0, "loss": float("nan")}})
         runlog.append_record(r"{path}", {{"run_id": 1, "loss": 2.5}})
         with open(r"{path}", "ab") as f:
             f.write(b'{{"run_id": 2, "lo'); f.flush()
             os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", code])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT)
     assert proc.returncode == -signal.SIGKILL
     records, skipped = runlog.read_records(path)
     assert [r["run_id"] for r in records] == [0, 1] and skipped == 1
@@ -200,6 +202,46 @@ def test_log_survives_crash_mid_write(tmp_path):
     runlog.append_record(path, {"run_id": 2})  # the next write starts on a fresh line
     records, skipped = runlog.read_records(path)
     assert [r["run_id"] for r in records] == [0, 1, 2] and skipped == 1
+
+
+def test_log_from_another_version_still_loads(tmp_path, monkeypatch):
+    # a record written by an older tunekit lacks newer fields: they load as None/NaN
+    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))
+    path = tmp_path / "runs" / "lab-old.jsonl"
+    runlog.append_record(path, {"run_id": 0, "label": "baseline", "tokens_per_s": 1000.0})
+    lab = Lab(log_path=path, peak_tflops=1.0)
+    assert lab.runs[0].tokens_per_s == 1000.0 and math.isnan(lab.runs[0].mfu)
+    assert lab.runs[0].notes == [] and lab.runs[0].peak_mem_bytes is None
+    assert list(Lab.load_results()["label"]) == ["baseline"]  # newest log under data/runs
+
+
+def test_failed_run_leaves_no_gradients_or_meters(lab):
+    from tunekit import meters
+    lab.run(steps=1, warmup=0)  # FLOP count cached: the next run goes straight to its steps
+    real, calls = lab.batch_fn, []
+
+    def flaky(b, t):
+        calls.append(1)
+        if len(calls) == 2:  # the second micro-step of grad_accum=2: after one backward
+            raise RuntimeError("data loader died")
+        return real(b, t)
+
+    lab.batch_fn = flaky
+    with pytest.raises(RuntimeError, match="loader died"):
+        lab.run(steps=1, warmup=0, grad_accum=2)
+    assert all(p.grad is None for p in lab.model.parameters())  # would leak into the next run
+    assert meters._ACTIVE_CPU == []  # the peak meter was stopped, not left nested forever
+    assert lab.run(steps=1, warmup=0).steps == 1
+
+
+def test_fp16_grad_scaler_lives_with_the_optimizer(lab):
+    from tunekit.toggles import Toggles
+    fp16 = Toggles(precision="fp16")
+    assert lab.grad_scaler(Toggles()) is None
+    scaler = lab.grad_scaler(fp16)
+    assert lab.grad_scaler(fp16) is scaler  # a fresh one per run would restart at 2**16
+    lab.run(steps=1, warmup=0, optimizer="sgd")  # a new optimizer: a new scaler too
+    assert lab.grad_scaler(fp16) is not scaler
 
 
 # --- max batch search ------------------------------------------------------------------------
@@ -240,8 +282,23 @@ def test_oom_trial_frees_memory(lab):
 def test_find_max_refuses_bad_toggles(lab):
     with pytest.raises(ToggleError):
         lab.find_max_batch_size(precision="fp16")
-    with pytest.raises(ToggleError):
-        lab.find_max_batch_size(start=0)
+    for start, limit in [(0, 8), (1.5, 8), (4, 2), (1, "8")]:
+        with pytest.raises(ToggleError, match="start"):
+            lab.find_max_batch_size(start=start, limit=limit)
+
+
+def test_find_max_non_oom_error_propagates_cleanly(lab):
+    from tunekit import meters
+    lab.run(steps=1, warmup=0)
+
+    def step(t, fwd, scaler):
+        fwd(*lab.batch(t.micro_batch, t.seq_len))[1].backward()
+        raise ValueError("a bug, not an OOM")
+
+    lab._step = step
+    with pytest.raises(ValueError, match="not an OOM"):
+        lab.find_max_batch_size(limit=4)
+    assert meters._ACTIVE_CPU == [] and all(p.grad is None for p in lab.model.parameters())
 
 
 def test_flash_flops_added_analytically():
@@ -256,3 +313,35 @@ def test_flash_flops_added_analytically():
     # backward 10*2*4*64*64*32 = 10485760, halved x 2 layers = 10485760; recompute = forward
     assert res.flops.executed == 4194304 + 10485760 + 4194304
     assert res.flops.recompute == 4194304 and res.flops.model == 4194304 + 10485760
+
+
+# --- CUDA paths (skipped without a GPU; run them with the device tool) ------------------------
+
+
+@pytest.mark.gpu
+def test_cuda_run_restores_matmul_precision_and_measures(tmp_path):
+    lab = Lab(device="cuda", log_path=tmp_path / "r.jsonl", peak_tflops=100.0, seq_len=64)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        r = lab.run(steps=2, warmup=1, precision="tf32")
+        assert torch.get_float32_matmul_precision() == "medium"  # the user's flag came back
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert r.compute_dtype == "tf32" and r.peak_mem_bytes > 0 and r.mfu > 0
+    b = lab.run(steps=2, warmup=1, precision="bf16", optimizer="adamw_fused")
+    assert b.autocast_dtype == "bfloat16" and lab.optimizer.defaults["fused"] is True
+
+
+@pytest.mark.gpu
+def test_cuda_oom_search_returns_to_baseline(tmp_path):
+    lab = Lab(preset="cpu-small", device="cuda", log_path=tmp_path / "r.jsonl", peak_tflops=100.0)
+    lab.run(steps=1, warmup=0)
+    free_bytes, _ = torch.cuda.mem_get_info()
+    hog = torch.empty(max(0, free_bytes - 2 * 2**30), dtype=torch.uint8, device="cuda")  # ~2 GiB left
+    try:
+        found = lab.find_max_batch_size(limit=4096)
+    finally:
+        del hog
+    assert any(t.reason.startswith("OOM") for t in found.trials) and found.best
+    assert abs(found.after_bytes - found.baseline_bytes) < 1 * MiB  # allocator back to baseline

@@ -1,4 +1,6 @@
 """The demo GPT: exact parameter counts, attention impls agree, toggles on the live model."""
+import sys
+import types
 import warnings
 
 import pytest
@@ -82,17 +84,35 @@ def test_math_and_sdpa_agree_and_are_causal(pos, mlp):
 
 
 def test_flash_without_package_falls_back_once(monkeypatch):
-    monkeypatch.setattr(model_mod, "_flash_notice_given", False)
+    monkeypatch.setattr(model_mod, "_flash_fn", None)
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # "not installed", even where it is
     m = GPT(_tiny())
     m.set_attention("flash")
     x = torch.randint(0, 256, (1, 8))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m(x)
-        m(x)
-    assert m.attention_ran == "sdpa"  # CPU fp32: flash-attn cannot run, SDPA did
-    flash_notes = [w for w in caught if "flash" in str(w.message)]
-    assert len(flash_notes) <= 1  # said at most once (zero when the CPU check stops it first)
+        assert m.attention_ran == "sdpa"  # CPU fp32: flash-attn cannot run, SDPA did
+        assert model_mod._flash_attn_func() is None
+        assert model_mod._flash_attn_func() is None
+    assert len([w for w in caught if "flash-attn" in str(w.message)]) == 1  # said once
+    # the answer is cached: every layer asks on every forward, a failed import must not retry
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_func=print))
+    assert model_mod._flash_attn_func() is None
+
+
+def test_padded_vocab_is_out_of_loss_and_sampling():
+    torch.manual_seed(0)
+    m = GPT(_tiny(vocab_size=200, pad_vocab_multiple=64)).eval()  # 56 padding columns
+    # make the padding columns the most likely by far: neither loss nor sampling may see them
+    m.lm_head.register_forward_hook(lambda mod, inp, out: out.index_fill(-1, torch.arange(200, 256), 50.0))
+    x, y = torch.randint(0, 200, (2, 16)), torch.randint(0, 200, (2, 16))
+    logits, loss = m(x, y)
+    assert logits.shape[-1] == 256
+    expected = torch.nn.functional.cross_entropy(logits[..., :200].reshape(-1, 200), y.reshape(-1))
+    torch.testing.assert_close(loss, expected)
+    out = m.generate(x[:, :4], max_new_tokens=20, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (2, 24) and int(out.max()) < 200
 
 
 def test_checkpointing_same_loss_and_grads():
@@ -123,3 +143,21 @@ def test_too_long_sequence_rejected():
     m = GPT(_tiny())
     with pytest.raises(ValueError, match="block_size"):
         m(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_rope_scores_depend_only_on_distance_and_head_is_tied():
+    from tunekit.model import apply_rope, rope_tables
+    torch.manual_seed(0)
+    cos, sin = rope_tables(head_dim=8, max_len=32)
+    q, k = torch.randn(8), torch.randn(8)
+
+    def score(m, n):  # q at position m, k at position n
+        qm = apply_rope(q.view(1, 1, 1, 8), cos[m:m + 1], sin[m:m + 1])
+        kn = apply_rope(k.view(1, 1, 1, 8), cos[n:n + 1], sin[n:n + 1])
+        return float((qm * kn).sum())
+
+    assert score(5, 2) == pytest.approx(score(25, 22), abs=1e-4)  # same distance, same score
+    assert score(5, 2) != pytest.approx(score(5, 4), abs=1e-3)
+    assert score(0, 0) == pytest.approx(float(q @ k), abs=1e-5)  # position 0: no rotation
+    m = GPT(_tiny())
+    assert m.lm_head.weight is m.wte.weight  # tied: one tensor, counted once

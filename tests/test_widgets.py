@@ -31,7 +31,8 @@ def test_run_button_adds_rows_and_charts(dash):
     dash.controls["checkpointing"].value = True
     dash.run_button.click()
     assert list(dash.table_df["run"]) == ["baseline", "bf16 ckpt"]
-    assert dash.progress.value == dash.progress.max == 2
+    assert dash.progress.value == dash.progress.max == 2 and dash.progress.description == "done"
+    assert not dash.run_button.disabled
     assert len(dash.figures["compare"].data[0].y) == 2  # tokens/s bars
     assert len(dash.figures["memory"].data) == 4  # params, grads, optimizer, saved
     assert "run #1" in dash.message.value and "Traceback" not in dash.message.value
@@ -67,3 +68,4 @@ def test_find_max_button_reports_trials(dash):
     assert found.best == 4 and [t.micro_batch for t in found.trials] == [1, 2, 4]
     assert dash.controls["micro_batch"].value == 4
     assert "micro batch 2: fits" in dash.message.value
+    assert not dash.find_button.disabled and dash.progress.description == "done"

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,72 +31,15 @@ from .flops import counting_active
 from .meters import CpuPeak, CudaMeter, device_label, now_s
 from .model import GPT, GPTConfig
 from .optimizers import _has, build_optimizer, state_bytes, unavailable_optimizers
+from .runlog import RunResult, results_frame
 from .toggles import Env, Toggles, ToggleError, compute_dtype, label, notices, problems
+
+__all__ = ["Lab", "RunResult", "results_frame"]
 
 _TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-@dataclass
-class RunResult:
-    """One ``lab.run``: the toggles used and what was measured. Unmeasurable figures are None/NaN."""
-
-    run_id: int
-    label: str
-    precision: str
-    checkpointing: bool
-    micro_batch: int
-    grad_accum: int
-    seq_len: int
-    optimizer: str
-    attention: str | None
-    compile: bool
-    lr: float
-    steps: int
-    warmup: int
-    tokens_per_step: int
-    tokens_per_s: float
-    step_s: float                     # mean over timed steps
-    step_s_min: float
-    step_s_max: float
-    flops_per_step: float | None      # executed (counted, recompute included): HFU, TFLOPS
-    model_flops_per_step: float | None  # analytic for the demo GPT: MFU
-    flops_source: str                 # counted | cached | none
-    tflops: float
-    mfu: float
-    hfu: float
-    peak_tflops: float | None
-    peak_tflops_source: str
-    peak_mem_bytes: float | None
-    peak_source: str
-    params_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    saved_bytes: int | None           # saved for backward by one micro-batch (probe step)
-    loss: float                       # last timed step
-    loss_first: float                 # first step of the run (warm-up included)
-    device: str
-    attention_ran: str | None
-    compute_dtype: str
-    autocast_dtype: str | None
-    model: str
-    n_params: int
-    time: str = ""
-    notes: list = field(default_factory=list)
-
-    @property
-    def toggles(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Toggles)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RunResult":
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: (math.nan if v is None and k in _FLOAT_FIELDS else v)
-              for k, v in d.items() if k in names}
-        return cls(**kw)
-
-
-_FLOAT_FIELDS = {"tokens_per_s", "step_s", "step_s_min", "step_s_max", "tflops", "mfu", "hfu",
-                 "loss", "loss_first"}
+_LAB_IDS = itertools.count()
 
 
 def _default_loss(model, x, y):
@@ -131,12 +74,14 @@ class Lab:
             self.defaults.attention = self.config.attention
         self.optimizer = None
         self._opt_name = None
+        self._scaler = None  # fp16's GradScaler: kept across runs, like the optimizer state
         self._compiled = None
         self._probes: dict[tuple, ProbeResult] = {}
         self._peaks: dict[str, object] = {}
         self._peak_given = peak_tflops
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.log_path = Path(log_path) if log_path else data_dir() / "runs" / f"lab-{stamp}-{os.getpid()}.jsonl"
+        # one log per Lab: two Labs made in the same second of one process must not share it
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAB_IDS)}"
+        self.log_path = Path(log_path) if log_path else data_dir() / "runs" / f"lab-{stamp}.jsonl"
         records, self.log_skipped = runlog.read_records(self.log_path)  # resume an earlier session
         self._runs: list[RunResult] = [RunResult.from_dict(r) for r in records]
 
@@ -183,7 +128,7 @@ class Lab:
         if self._opt_name != t.optimizer:
             if self.optimizer is not None:
                 notes.append(f"new optimizer {t.optimizer} (was {self._opt_name}): its state starts empty")
-            self.optimizer = None  # drop the old state before allocating the new one
+            self.optimizer = self._scaler = None  # drop the old state before allocating anew
             self.optimizer = build_optimizer(t.optimizer, self.model.parameters(), t.lr)
             self._opt_name = t.optimizer
         for group in self.optimizer.param_groups:
@@ -196,6 +141,15 @@ class Lab:
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=dtype)
+
+    def grad_scaler(self, t: Toggles):
+        """The GradScaler for an fp16 run (None otherwise). It lives as long as the optimizer:
+        a fresh one would restart at scale 2**16 and skip the first steps of every run."""
+        if t.precision != "fp16":
+            return None
+        if self._scaler is None:
+            self._scaler = torch.amp.GradScaler(self.device.type)
+        return self._scaler
 
     @contextlib.contextmanager
     def _matmul_precision(self, t: Toggles):
@@ -269,8 +223,8 @@ class Lab:
         """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
 
         Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
-        is called after each timed step. Refused combinations raise ``ToggleError`` (a ValueError)
-        whose ``problems`` explain why.
+        is called when the clock starts (done=0) and after each timed step. Refused combinations
+        raise ``ToggleError`` (a ValueError) whose ``problems`` explain why.
         """
         t = self.resolve(**changes)
         errors = self.check(t, steps, warmup)
@@ -282,38 +236,55 @@ class Lab:
             warmup = 1
             notes.append("warm-up raised to 1: the first compiled step compiles")
         dtype = compute_dtype(t, self.device.type)
-        dev = self.device
+        # a run that failed earlier (OOM, Ctrl-C) may have left gradients: never add onto them
+        self.optimizer.zero_grad(set_to_none=True)
         with self._matmul_precision(t):
             probe, flops_source = self._probe(t)
-            scaler = torch.amp.GradScaler(dev.type) if t.precision == "fp16" else None
+            scaler = self.grad_scaler(t)
             fwd = self._compiled if t.compile else self.model
-            losses = [self._step(t, fwd, scaler) for _ in range(warmup)]
-            cpu_peak = CpuPeak() if dev.type == "cpu" else None
-            gpu_peak = CudaMeter() if dev.type == "cuda" else None
-            for meter in (cpu_peak, gpu_peak):
-                if meter is not None:  # nesting-safe: an enclosing %%gpuprofile keeps its peak
-                    meter.start()
-            slowed = counting_active()
-            if slowed:
-                notes.append("timed under an outer FLOP counter (a first %%gpuprofile run?): "
-                             "step times are slowed by it, so no TFLOPS/MFU; re-run for clean speeds")
-            times = []
+            try:
+                losses = [self._step(t, fwd, scaler) for _ in range(warmup)]
+                times, peak_mem, peak_src, slowed = self._timed(t, fwd, scaler, steps, losses,
+                                                                notes, progress)
+            except BaseException:
+                # half a step's gradients must not reach the next run, nor a scaler stopped
+                # between unscale_() and update()
+                self.optimizer.zero_grad(set_to_none=True)
+                self._scaler = None
+                raise
+        return self._record(t, steps, warmup, times, losses, probe, flops_source, dtype,
+                            peak_mem, peak_src, notes, slowed)
+
+    def _timed(self, t, fwd, scaler, steps, losses, notes, progress):
+        """The timed steps, between synchronized clock reads; the peak meters always stop."""
+        dev = self.device
+        meter = CpuPeak() if dev.type == "cpu" else CudaMeter(self._cuda_index()) if dev.type == "cuda" else None
+        if meter is not None:  # nesting-safe: an enclosing %%gpuprofile keeps its peak
+            meter.start()
+        slowed = counting_active()
+        if slowed:
+            notes.append("timed under an outer FLOP counter (a first %%gpuprofile run?): "
+                         "step times are slowed by it, so no TFLOPS/MFU; re-run for clean speeds")
+        times, peak_mem, peak_src = [], None, "not measured on " + dev.type
+        try:
+            if progress is not None:
+                progress(0, steps)  # warm-up and FLOP count are done: the clock starts
             for i in range(steps):
                 t0 = now_s(dev)
                 losses.append(self._step(t, fwd, scaler))
                 times.append(now_s(dev) - t0)
                 if progress is not None:
                     progress(i + 1, steps)
-            if cpu_peak is not None:
-                _, above = cpu_peak.stop()
-                peak_mem = cpu_peak.rss0 + above if not math.isnan(above) else None
+        finally:
+            if isinstance(meter, CpuPeak):
+                _, above = meter.stop()
+                peak_mem = meter.rss0 + above if not math.isnan(above) else None
                 peak_src = "CPU process RSS peak (VmHWM): includes Python and torch themselves"
-            else:
-                g = gpu_peak.stop()
-                peak_mem = g["gpu_peak_delta_bytes"] + gpu_peak.alloc0 if g else None
+            elif meter is not None:
+                g = meter.stop()
+                peak_mem = g["gpu_peak_delta_bytes"] + meter.alloc0 if g else None
                 peak_src = "torch.cuda.max_memory_allocated (tensors only; no CUDA context)"
-        return self._record(t, steps, warmup, times, losses, probe, flops_source, dtype,
-                            peak_mem, peak_src, notes, slowed)
+        return times, peak_mem, peak_src, slowed
 
     def _record(self, t, steps, warmup, times, losses, probe, flops_source, dtype, peak_mem,
                 peak_src, notes, slowed=False) -> RunResult:
@@ -380,15 +351,14 @@ class Lab:
         return Dashboard(self)
 
     @staticmethod
-    def load_results(path):
-        """DataFrame of the runs in a JSONL log written by a Lab (partial last lines skipped)."""
+    def load_results(path=None):
+        """DataFrame of the runs in a JSONL log written by a Lab (partial last lines skipped).
+
+        ``path=None``: the newest log under ``data/runs/`` (after a kernel restart, say)."""
+        if path is None:
+            logs = sorted((data_dir() / "runs").glob("lab-*.jsonl"), key=lambda q: q.stat().st_mtime)
+            if not logs:
+                raise FileNotFoundError(f"no lab-*.jsonl under {data_dir() / 'runs'}")
+            path = logs[-1]
         records, _ = runlog.read_records(path)
         return results_frame([RunResult.from_dict(r) for r in records])
-
-
-def results_frame(runs: list[RunResult]):
-    import pandas as pd
-
-    cols = [f.name for f in dataclasses.fields(RunResult)]
-    rows = [{**dataclasses.asdict(r), "notes": "; ".join(r.notes)} for r in runs]
-    return pd.DataFrame(rows, columns=cols)

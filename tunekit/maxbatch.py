@@ -16,14 +16,12 @@ its baseline; ``after_bytes`` vs ``baseline_bytes`` shows that it did.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import psutil
-import torch
 
 from .lab_probe import free_memory, is_oom, memory_now_bytes
-from .meters import CpuPeak
+from .meters import CpuPeak, CudaMeter, now_s
 from .toggles import ToggleError
 
 _PREDICT_MARGIN = 1.25
@@ -69,9 +67,11 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
     ``lab.find_max_batch_size(memory_budget_bytes=2**30)`` on CPU: at most 1 GiB above baseline.
     """
     t = lab.resolve(**changes)
-    errors = lab.check(t.replace(micro_batch=max(1, start)))
-    if not isinstance(start, int) or start < 1 or not isinstance(limit, int) or limit < start:
-        errors.append(f"need 1 <= start <= limit, got start={start!r}, limit={limit!r}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, limit)) \
+            or not 1 <= start <= limit:
+        raise ToggleError([f"need whole numbers 1 <= start <= limit, got start={start!r}, "
+                           f"limit={limit!r}"])
+    errors = lab.check(t.replace(micro_batch=start))
     if errors:
         raise ToggleError(errors)
     dev = lab.device
@@ -135,28 +135,30 @@ def _trial(lab, t, baseline: int, budget, trials) -> Trial:
     predicted = _predict_used(t.micro_batch, trials) if budget is not None else None
     if predicted is not None and predicted > _PREDICT_MARGIN * budget:
         return Trial(t.micro_batch, False, None, "predicted over budget", 0.0)
-    cpu_peak = CpuPeak() if dev.type == "cpu" else None
-    if cpu_peak is not None:
-        cpu_peak.start()
-    else:
-        torch.cuda.reset_peak_memory_stats(dev)
+    # the core's meters, not a bare reset of torch's peak: an enclosing %%gpuprofile keeps its own
+    meter = CpuPeak() if dev.type == "cpu" else CudaMeter(lab._cuda_index())
+    meter.start()
     oom_text = None
-    t0 = time.perf_counter()
+    t0 = now_s(dev)
     try:
         with lab._matmul_precision(t):
-            fwd = lab._compiled if t.compile else lab.model
-            scaler = torch.amp.GradScaler(dev.type) if t.precision == "fp16" else None
-            lab._step(t, fwd, scaler)
+            # the lab's (calibrated) scaler: a fresh one at 2**16 may skip the step as inf, and a
+            # skipped step allocates no optimizer state, so the trial would look smaller than it is
+            lab._step(t, lab._compiled if t.compile else lab.model, lab.grad_scaler(t))
     except Exception as exc:  # decide outside the handler: its traceback pins the tensors
+        lab._scaler = None  # it may have stopped between unscale_() and update()
         if not is_oom(exc):
+            lab.optimizer.zero_grad(set_to_none=True)
             raise
         oom_text = str(exc).splitlines()[0][:200]
-    seconds = time.perf_counter() - t0
-    if cpu_peak is not None:
-        _, above = cpu_peak.stop()
-        used = None if math.isnan(above) else cpu_peak.rss0 + above - baseline
-    else:
-        used = torch.cuda.max_memory_allocated(dev) - baseline
+    finally:
+        seconds = now_s(dev) - t0
+        if isinstance(meter, CpuPeak):
+            _, above = meter.stop()
+            used = None if math.isnan(above) else meter.rss0 + above - baseline
+        else:
+            g = meter.stop()
+            used = g["gpu_peak_delta_bytes"] + meter.alloc0 - baseline if g else None
     lab.optimizer.zero_grad(set_to_none=True)  # an OOM can leave half-made gradients
     free_memory(dev)
     if oom_text is not None:

@@ -144,8 +144,12 @@ class CudaMeter:
     handed to the outer meters before an inner one resets torch's peak counter.
     """
 
+    def __init__(self, index: int | None = None):
+        self.wanted = index  # a fixed CUDA index (a Lab on cuda:1), else the current device
+
     def start(self) -> None:
-        self.index = cuda_device_index()
+        current = cuda_device_index()
+        self.index = self.wanted if self.wanted is not None and current is not None else current
         self.alloc0 = 0
         self.max_seen = 0
         if self.index is not None:

@@ -132,22 +132,25 @@ def apply_rope(x, cos, sin):
     return (x * cos + rotated * sin).type_as(x)
 
 
-_flash_notice_given = False
+_flash_fn = None  # flash_attn.flash_attn_func once imported; False once known to be missing
 
 
 def _flash_attn_func():
-    """flash_attn.flash_attn_func, or None after one notice that the package is missing."""
-    global _flash_notice_given
-    try:
-        from flash_attn import flash_attn_func
-        return flash_attn_func
-    except Exception as exc:  # ImportError, or a broken CUDA build of the package
-        if not _flash_notice_given:
-            _flash_notice_given = True
+    """flash_attn.flash_attn_func, or None after one notice that the package is missing.
+
+    The answer is cached: every layer asks on every forward, and a failing import would search
+    sys.path each time (and break torch.compile's graph)."""
+    global _flash_fn
+    if _flash_fn is None:
+        try:
+            from flash_attn import flash_attn_func
+            _flash_fn = flash_attn_func
+        except Exception as exc:  # ImportError, or a broken CUDA build of the package
+            _flash_fn = False
             warnings.warn(f"attention='flash' needs the flash-attn package ({exc}); "
                           "falling back to torch SDPA (recorded as attention_ran='sdpa').",
                           stacklevel=3)
-        return None
+    return _flash_fn or None
 
 
 class CausalSelfAttention(nn.Module):
@@ -234,7 +237,8 @@ class GPT(nn.Module):
     """Decoder-only transformer; ``forward(idx, targets=None) -> (logits, loss)``.
 
     Example: ``logits, loss = GPT(GPTConfig.preset("cpu-tiny"))(x, y)`` with x, y (B, T) int64.
-    Logits have ``padded_vocab_size`` columns; those past ``vocab_size`` are padding.
+    Logits have ``padded_vocab_size`` columns; those past ``vocab_size`` are padding, left out
+    of the loss and of ``generate``.
     """
 
     def __init__(self, config: GPTConfig):
@@ -313,5 +317,20 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))  # (B, T, Vpad)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+            # padding columns are no tokens: leave them out of the softmax, not just unused
+            real = logits[..., : self.config.vocab_size].float()  # (B, T, V)
+            loss = F.cross_entropy(real.reshape(-1, real.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, generator=None):
+        """Sample ``max_new_tokens`` after ``idx`` (B, T); padded vocab ids are never drawn.
+
+        Example: ``bytes(m.generate(torch.tensor([list(b"def ")]), 40)[0].tolist())``.
+        """
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -self.config.block_size:])
+            logits = logits[:, -1, : self.config.vocab_size].float() / max(temperature, 1e-6)
+            nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)  # (B, 1)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx

@@ -1,7 +1,8 @@
-"""Append-only JSONL log of Lab runs that survives crashes. Pure: no torch import.
+"""The Lab's run records and their append-only JSONL log, which survives crashes. Pure: no torch.
 
     >>> append_record("data/runs/lab.jsonl", {"run_id": 0, "tokens_per_s": 1.2e4})
     >>> records, skipped = read_records("data/runs/lab.jsonl")
+    >>> runs = [RunResult.from_dict(r) for r in records]      # fields a record lacks: None/NaN
 
 Each record is one line written with a single ``write`` and then ``fsync``ed, so a finished run is
 on disk before ``lab.run`` returns. A crash mid-write can leave at most one partial last line;
@@ -11,10 +12,14 @@ to the garbage.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from .toggles import Toggles
 
 SCHEMA = 1
 
@@ -67,3 +72,84 @@ def read_records(path) -> tuple[list[dict], int]:
         else:
             skipped += 1
     return records, skipped
+
+
+# --- the record of one run -----------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    """One ``lab.run``: the toggles used and what was measured. Unmeasurable figures are None/NaN."""
+
+    run_id: int
+    label: str
+    precision: str
+    checkpointing: bool
+    micro_batch: int
+    grad_accum: int
+    seq_len: int
+    optimizer: str
+    attention: str | None
+    compile: bool
+    lr: float
+    steps: int
+    warmup: int
+    tokens_per_step: int
+    tokens_per_s: float
+    step_s: float                     # mean over timed steps
+    step_s_min: float
+    step_s_max: float
+    flops_per_step: float | None      # executed (counted, recompute included): HFU, TFLOPS
+    model_flops_per_step: float | None  # analytic for the demo GPT: MFU
+    flops_source: str                 # counted | cached | none
+    tflops: float
+    mfu: float
+    hfu: float
+    peak_tflops: float | None
+    peak_tflops_source: str
+    peak_mem_bytes: float | None
+    peak_source: str
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    saved_bytes: int | None           # saved for backward by one micro-batch (probe step)
+    loss: float                       # last timed step
+    loss_first: float                 # first step of the run (warm-up included)
+    device: str
+    attention_ran: str | None
+    compute_dtype: str
+    autocast_dtype: str | None
+    model: str
+    n_params: int
+    time: str = ""
+    notes: list = field(default_factory=list)
+
+    @property
+    def toggles(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Toggles)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunResult":
+        """From a log record; a field it lacks (an older or newer tunekit wrote it) is None/NaN."""
+        kw = {}
+        for f in dataclasses.fields(cls):
+            v = d.get(f.name)
+            if v is None and f.name in _FLOAT_FIELDS:
+                v = math.nan
+            elif v is None and f.name == "notes":
+                v = []
+            kw[f.name] = v
+        return cls(**kw)
+
+
+_FLOAT_FIELDS = {"tokens_per_s", "step_s", "step_s_min", "step_s_max", "tflops", "mfu", "hfu",
+                 "loss", "loss_first"}
+
+
+def results_frame(runs: list[RunResult]):
+    """pandas DataFrame, one row per run, notes joined into one string."""
+    import pandas as pd
+
+    cols = [f.name for f in dataclasses.fields(RunResult)]
+    rows = [{**dataclasses.asdict(r), "notes": "; ".join(r.notes)} for r in runs]
+    return pd.DataFrame(rows, columns=cols)

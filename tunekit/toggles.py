@@ -78,11 +78,11 @@ def problems(t: Toggles, env: Env) -> list[str]:
     cuda = env.device_type == "cuda"
     for name in ("micro_batch", "grad_accum"):
         v = getattr(t, name)
-        if not isinstance(v, int) or v < 1:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             out.append(f"{name} must be a whole number >= 1 (got {v!r}): "
                        f"a step needs at least one sample{' per micro-step' if name == 'grad_accum' else ''}.")
     if t.seq_len is not None:
-        if not isinstance(t.seq_len, int) or t.seq_len < 1:
+        if not isinstance(t.seq_len, int) or isinstance(t.seq_len, bool) or t.seq_len < 1:
             out.append(f"seq_len must be >= 1 (got {t.seq_len!r}).")
         elif env.block_size is not None and t.seq_len > env.block_size:
             out.append(f"seq_len={t.seq_len} is longer than the model's block_size={env.block_size} "

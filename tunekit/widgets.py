@@ -113,11 +113,12 @@ class Dashboard(W.VBox):
         if self.explain():
             return  # the explanation is already on screen
         steps = self.controls["steps"].value
-        self.progress.max, self.progress.value, self.progress.description = steps, 0, "running"
+        self.progress.max, self.progress.value = steps, 0
+        self.progress.description = "warm-up"  # and the FLOP count: untimed, before the clock
         self.run_button.disabled = True
 
         def tick(done, total):
-            self.progress.value = done
+            self.progress.value, self.progress.description = done, f"step {done}/{total}"
 
         try:
             r = self.lab.run(steps=steps, warmup=self.controls["warmup"].value, progress=tick,
@@ -144,9 +145,11 @@ class Dashboard(W.VBox):
         toggles.pop("micro_batch")
         budget = self.budget_mib.value * MiB if self.budget_mib.value > 0 else None
         self.progress.max, self.progress.value, self.progress.description = 1, 0, "searching"
+        self.find_button.disabled = True
         lines = []
 
         def report(trial):
+            self.progress.description = f"trial {len(lines) + 1}"
             lines.append(f"micro batch {trial.micro_batch}: {'fits' if trial.fits else trial.reason}"
                          + (f" ({trial.used_bytes / MiB:.0f} MiB above baseline)"
                             if trial.used_bytes is not None else ""))
@@ -165,6 +168,7 @@ class Dashboard(W.VBox):
             return
         finally:
             self.progress.value, self.progress.description = 1, "done"
+            self.find_button.disabled = False
         self.last_search = found
         verdict = (f"largest micro batch that fits: {found.best} (set in the control)"
                    if found.best else "not even the smallest micro batch fits")
