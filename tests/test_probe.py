@@ -109,6 +109,7 @@ def test_mfu_on_cpu_uses_the_calibrated_peak(monkeypatch):
     monkeypatch.setattr(peaks, "cached_calibration", lambda device=None, dtype="fp32": peaks.Calibration(
         "test cpu", dtype, 0.5, (512, 512, 512), [], 0.0, torch.__version__, 2))
     monkeypatch.setattr(peaks, "device_name", lambda device=None: "test cpu")
+    monkeypatch.setattr(peaks, "_resolved", {})  # forget peaks resolved by earlier tests
     _step(8, "mfu")
     rec = _step(8, "mfu")
     assert rec.peak_tflops == 0.5 and "calibrated MAMF" in rec.peak_source

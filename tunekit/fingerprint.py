@@ -194,7 +194,8 @@ class _FirstUse(ast.NodeVisitor):
     visit_ImportFrom = visit_Import
 
 
-def names_read(source: str) -> set:
+@functools.lru_cache(maxsize=512)
+def names_read(source: str) -> frozenset:
     """Names a block reads before (or without) assigning them: its inputs.
 
     A name it only writes (its outputs) or only bumps (`step += 1`) is not an input, so those do
@@ -206,11 +207,11 @@ def names_read(source: str) -> set:
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return set()
+        return frozenset()
     v = _FirstUse()
     v.visit(tree)
     inputs = {n for n, kind in v.first.items() if kind == "read"}
-    return inputs | (v.aug_only & v.read_elsewhere)
+    return frozenset(inputs | (v.aug_only & v.read_elsewhere))
 
 
 @functools.lru_cache(maxsize=256)
@@ -225,5 +226,5 @@ def with_body_names(filename: str, lineno: int) -> frozenset | None:
         return None
     for node in ast.walk(tree):
         if isinstance(node, (ast.With, ast.AsyncWith)) and node.lineno <= lineno <= node.body[0].lineno:
-            return frozenset(names_read("\n".join(ast.unparse(n) for n in node.body)))
+            return names_read("\n".join(ast.unparse(n) for n in node.body))
     return None

@@ -5,7 +5,6 @@ Parse the options, hand the cell to a Probe, display the record. Nothing here me
 from __future__ import annotations
 
 import ast
-import itertools
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -24,7 +23,8 @@ class GpuProfileMagics(Magics):
         super().__init__(shell)
         self.auto_opts = None   # options of `%gpuprofile on`, None when off
         self._probe = None      # the probe of the cell running under `on`
-        self._unnamed = itertools.count(1)
+        self._compiled = {}     # cell text -> compiled code (re-runs skip parse and compile)
+        self._args = {}         # option line -> parsed options
 
     @magic_arguments()
     @argument("mode", nargs="?", choices=["on", "off"],
@@ -57,7 +57,8 @@ class GpuProfileMagics(Magics):
         Results: ``tunekit.history()`` (DataFrame), ``tunekit.last()`` (record).
         """
         __tracebackhide__ = True  # noqa: F841  (keeps this frame out of user tracebacks)
-        args = parse_argstring(self.gpuprofile, line)
+        args = self._args.get(line) or parse_argstring(self.gpuprofile, line)
+        self._args[line] = args  # validated below; a bad line raises before it is reused
         if args.model_flops is not None and args.model_flops < 0:
             raise UsageError("--model-flops must be a non-negative FLOP count")
         if args.peak is not None and args.peak <= 0:
@@ -73,20 +74,7 @@ class GpuProfileMagics(Magics):
     def _run_cell(self, args, cell):
         __tracebackhide__ = True  # noqa: F841
         code = self.shell.transform_cell(cell)
-        try:
-            tree = ast.parse(code)
-        except SyntaxError as e:
-            raise UsageError(f"%%gpuprofile: the cell is not valid Python: {e}") from None
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        filename = self.shell.compile.cache(code, self.shell.execution_count, raw_code=cell)
-        try:
-            body = compile(ast.Module(tree.body, type_ignores=[]), filename, "exec")
-            tail = compile(ast.Expression(last.value), filename, "eval") if last is not None else None
-        except SyntaxError as e:
-            if "await" in str(e):  # running a coroutine needs the kernel's own loop
-                raise UsageError("%%gpuprofile cannot run top-level `await`; use `%gpuprofile on`, "
-                                 "which profiles the cell as IPython runs it") from None
-            raise UsageError(f"%%gpuprofile: the cell is not valid Python: {e}") from None
+        body, tail = self._compile(code, cell)
         ns = self.shell.user_ns
         name = args.name or f"In[{self.shell.execution_count}]"
         probe = self._probe_for(args, code, name)
@@ -101,6 +89,30 @@ class GpuProfileMagics(Magics):
             raise
         self._finish(probe, exp, args, None)
         return result
+
+    def _compile(self, code, cell):
+        """(statements, last expression or None) compiled once per distinct cell text."""
+        if code in self._compiled:
+            return self._compiled[code]
+        try:
+            tree = ast.parse(code)
+        except SyntaxError as e:
+            raise UsageError(f"%%gpuprofile: the cell is not valid Python: {e}") from None
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        # registers the source with linecache, so tracebacks show the cell's lines
+        filename = self.shell.compile.cache(code, self.shell.execution_count, raw_code=cell)
+        try:
+            body = compile(ast.Module(tree.body, type_ignores=[]), filename, "exec")
+            tail = compile(ast.Expression(last.value), filename, "eval") if last is not None else None
+        except SyntaxError as e:
+            if "await" in str(e):  # running a coroutine needs the kernel's own loop
+                raise UsageError("%%gpuprofile cannot run top-level `await`; use `%gpuprofile on`, "
+                                 "which profiles the cell as IPython runs it") from None
+            raise UsageError(f"%%gpuprofile: the cell is not valid Python: {e}") from None
+        if len(self._compiled) > 256:
+            self._compiled.clear()
+        self._compiled[code] = body, tail
+        return body, tail
 
     def _probe_for(self, args, code, name):
         names = names_read(code)
@@ -127,7 +139,9 @@ class GpuProfileMagics(Magics):
     def _display(self, rec, compact=False):
         from IPython.display import display
 
-        display(Summary(rec, compact=compact))
+        # a ready mimebundle: skips the formatter's probing of a dozen repr methods per cell
+        summary = Summary(rec, compact=compact)
+        display({"text/plain": repr(summary), "text/html": summary._repr_html_()}, raw=True)
 
     # --- every cell ----------------------------------------------------------------------------
 

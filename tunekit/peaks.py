@@ -198,6 +198,7 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         cache = _load_cache()  # re-read: another process may have added entries meanwhile
         cache[key] = asdict(cal)
         _save_cache(cache)
+        _stamp_memo.clear()
     return cal
 
 
@@ -212,6 +213,34 @@ def resolve_peak(device=None, dtype: str = "bf16", given: float | None = None,
     """The peak MFU is measured against: given > spec sheet > calibrated MAMF > unknown."""
     if given is not None:
         return Peak(float(given), f"given: {given} TFLOPS", "given")
+    key = (str(device), dtype, _load_cache_stamp())
+    if key in _resolved:  # a per-cell hot path: one lookup per device, dtype and cache state
+        return _resolved[key]
+    peak = _resolve(device, dtype, allow_calibration)
+    if peak.tflops is not None:
+        _resolved[key] = peak
+    return peak
+
+
+_resolved: dict = {}
+
+
+def _load_cache_stamp():
+    # stat() releases the GIL (see meters._Proc): look at the file at most once a second
+    now, folder = time.monotonic(), cache_dir()
+    if now - _stamp_memo.get("at", -2.0) > 1.0 or _stamp_memo.get("folder") != folder:
+        try:
+            _stamp_memo["stamp"] = (str(folder), (folder / "mamf.json").stat().st_mtime_ns)
+        except OSError:
+            _stamp_memo["stamp"] = (str(folder), None)
+        _stamp_memo.update(at=now, folder=folder)
+    return _stamp_memo["stamp"]
+
+
+_stamp_memo: dict = {}
+
+
+def _resolve(device, dtype, allow_calibration) -> Peak:
     name = device_name(device)
     value, why = specs.spec_peak(name, dtype)
     if value is not None:
