@@ -12,7 +12,7 @@ from tunekit import meters, nvml, peaks
 def test_calibrate_cpu_measures_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
     cal = peaks.calibrate("fp32", "cpu", sizes=[128, 256], repeats=2)
-    assert cal.tflops > 0 and len(cal.sweep) == 2
+    assert cal.tflops > 0 and len(cal.sweep) == 2 + 4  # two sizes, then 2*repeats more of the best
     assert cal.best_shape in [(128, 128, 128), (256, 256, 256)]
     assert not (tmp_path / "mamf.json").exists()  # custom sweeps are not cached
     monkeypatch.setattr(peaks, "default_sizes", lambda kind: [128, 192])
