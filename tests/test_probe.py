@@ -135,3 +135,11 @@ def test_fingerprint_ignores_side_effect_state_but_sees_shapes_and_settings():
     d1 = describe(m)
     m.eval()
     assert describe(m) != d1
+
+
+def test_a_block_that_only_frees_memory_has_a_zero_peak_not_a_negative_one():
+    big = torch.ones(16 * 2**20)  # 64 MiB, freed inside the block
+    with tunekit.profile(name="free", flops="never") as rec:
+        del big
+    assert rec.cpu_rss_delta_bytes < -32 * 2**20
+    assert 0 <= rec.cpu_peak_delta_bytes < 4 * 2**20

@@ -142,7 +142,7 @@ def advise(model, *, micro_batch: int | None = None, seq_len: int | None = None,
         padded = _get(cfg, "padded_vocab_size") or padded_vocab(vocab, pad)
         good = padded_vocab(vocab, multiple)
         rules.append(Rule("vocab divisible by 64", padded % multiple == 0,
-                          f"vocab {vocab}, padded to {padded}",
+                          f"vocab {vocab}" + (f", padded to {padded}" if padded != vocab else " (not padded)"),
                           "fine" if padded % multiple == 0 else
                           f"pad the vocabulary to {good} (pad_vocab_multiple={multiple})",
                           "the embedding and lm_head GEMMs have the vocab as a dimension"))

@@ -145,7 +145,9 @@ class CpuPeak:
         rss1 = cpu_rss_bytes()
         if self.exact:
             hwm = _vm_hwm_bytes()
-            peak = max(hwm, rss1, self.hwm_seen) - self.rss0 if hwm is not None else NaN
+            # the start itself is a point of the block: the peak above it is never negative (the
+            # kernel batches RSS counter updates per thread, so reads can lag by a few hundred KiB)
+            peak = max(hwm, rss1, self.hwm_seen, self.rss0) - self.rss0 if hwm is not None else NaN
         else:
             m = _maxrss_bytes()
             peak = m - self.rss0 if m > self._maxrss0 else NaN
