@@ -21,7 +21,8 @@ install: $(VENV)/.installed
 # build/00_tour.ipynb and build/00_tour.html with every output in place.
 tour: install
 	mkdir -p build
-	$(PY) -m jupyter nbconvert --to notebook --execute notebooks/00_tour.ipynb --output-dir build
+	$(PY) -m jupyter nbconvert --to notebook --execute notebooks/00_tour.ipynb --output-dir build \
+		--ExecutePreprocessor.timeout=600
 	$(PY) -m jupyter nbconvert --to html build/00_tour.ipynb --output-dir build
 	@echo "open build/00_tour.html (or run 'make lab' for a live Jupyter)"
 

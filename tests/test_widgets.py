@@ -69,3 +69,16 @@ def test_find_max_button_reports_trials(dash):
     assert dash.controls["micro_batch"].value == 4
     assert "micro batch 2: fits" in dash.message.value
     assert not dash.find_button.disabled and dash.progress.description == "done"
+
+
+def test_charts_are_set_on_the_output_widgets_without_capturing(dash):
+    # In IPython the charts go into the Output widgets' `outputs` directly: capturing with
+    # `with out:` sets msg_id, which made nbclient (nbconvert --execute) hang now and then.
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.instance()
+    dash.run_button.click()
+    for out in (dash.chart_out, dash.breakdown_out):
+        assert out.msg_id == ""
+        assert len(out.outputs) == 1
+        assert "application/vnd.plotly.v1+json" in out.outputs[0]["data"]

@@ -15,7 +15,6 @@ import html
 
 import ipywidgets as W
 from IPython import get_ipython
-from IPython.display import display
 
 from .lab_plots import compare_figure, memory_breakdown_figure
 from .toggles import ATTENTIONS, OPTIMIZERS, PRECISIONS, ToggleError, notices
@@ -192,6 +191,8 @@ class Dashboard(W.VBox):
             return  # plain Python (tests): keep the figures, nothing to draw on
         for out, fig in ((self.chart_out, self.figures["compare"]),
                          (self.breakdown_out, self.figures["memory"])):
-            with out:
-                out.clear_output(wait=True)
-                display(fig)
+            # Set the Output widget's content directly rather than capturing with `with out:`:
+            # capture routes outputs through the widget's msg_id, which headless runners
+            # (nbclient, hence nbconvert --execute) intermittently wait on forever.
+            out.outputs = ()
+            out.append_display_data(fig)
