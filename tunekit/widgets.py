@@ -20,6 +20,16 @@ from .lab_plots import compare_figure, memory_breakdown_figure
 from .toggles import ATTENTIONS, OPTIMIZERS, PRECISIONS, ToggleError, notices
 
 MiB = 2**20
+
+
+def _plotly_output(fig) -> dict:
+    """A display_data output holding the figure as plotly's own mimetype (JupyterLab, Notebook 7
+    and VS Code render it without fetching plotly.js)."""
+    import plotly.io as pio
+
+    data = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
+    data["text/plain"] = f"<plotly figure: {fig.layout.title.text or 'chart'}>"
+    return {"output_type": "display_data", "data": data, "metadata": {}}
 _TABLE_COLS = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step ms",
                "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak MiB",
                "saved_mib": "saved MiB", "loss": "loss", "attention_ran": "attn ran",
@@ -194,5 +204,4 @@ class Dashboard(W.VBox):
             # Set the Output widget's content directly rather than capturing with `with out:`:
             # capture routes outputs through the widget's msg_id, which headless runners
             # (nbclient, hence nbconvert --execute) intermittently wait on forever.
-            out.outputs = ()
-            out.append_display_data(fig)
+            out.outputs = (_plotly_output(fig),)
