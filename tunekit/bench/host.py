@@ -11,7 +11,7 @@ import warnings
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from tunekit.bench._timing import default_device, frame, stats
+from tunekit.bench._timing import default_device, frame, stats, time_repeats
 from tunekit.meters import synchronize
 
 
@@ -97,14 +97,7 @@ def pin_memory_non_blocking(device=None, n_batches: int = 16, batch_shape=(64, 1
             synchronize(dev)
             return y
 
-        for _ in range(warmup):
-            epoch()
-        times = []
-        for _ in range(repeats):
-            synchronize(dev)
-            t0 = time.perf_counter()
-            epoch()
-            times.append(time.perf_counter() - t0)
+        times = time_repeats(epoch, dev, warmup, repeats)
         rows.append({"pin_memory": pin, "non_blocking": nb, **stats(times)})
     return frame(rows, "pin_memory", dev)
 
