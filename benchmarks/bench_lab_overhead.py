@@ -18,7 +18,7 @@ import time
 import torch
 
 from tunekit.lab import Lab
-from tunekit.meters import now_s
+from tunekit.measure.device import now_s
 
 
 def bare_steps(lab, batches) -> float:
@@ -34,15 +34,19 @@ def bare_steps(lab, batches) -> float:
 
 
 def lab_extras(lab, t, n: int) -> float:
-    """Mean seconds of what lab._step and lab.run do per step besides forward/backward/step."""
+    """Mean seconds of what lab.train_step and lab.measure_steps do per step besides
+    forward/backward/step: clock reads, batch, scaler lookup, precision contexts, loss keeping."""
     fake_loss = torch.tensor(1.0)
+    losses = []
     t0 = time.perf_counter()
     for _ in range(n):
         a = now_s(lab.device)
-        x, y = lab.batch_fn(t.micro_batch, t.seq_len)
-        with lab._autocast(t):
-            pass
-        _total = fake_loss.detach()
+        lab.grad_scaler(t)
+        with lab._matmul_precision(t):
+            x, y = lab.batch_fn(t.micro_batch, t.seq_len)
+            with lab._autocast(t):
+                pass
+        losses.append(fake_loss.detach())
         _ = now_s(lab.device) - a
     return (time.perf_counter() - t0) / n
 

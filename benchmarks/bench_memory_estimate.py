@@ -11,9 +11,9 @@ import sys
 
 import torch
 
-from tunekit.anatomy import estimate_memory, worked_example_147m
+from tunekit.memory.estimate import estimate_memory, worked_example_147m
 from tunekit.memory import measure_memory
-from tunekit.model import GPT, GPTConfig
+from tunekit.models.gpt import GPT, GPTConfig
 
 GiB, GB = 2**30, 1e9
 STATIC = ("weights", "gradients", "optimizer_states")

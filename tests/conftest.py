@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_history():
-    from tunekit import probe
+    from tunekit.measure import probe
 
     probe.clear_history()
     yield

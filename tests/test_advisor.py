@@ -1,8 +1,9 @@
 """Sizing rules and the all-reduce bandwidth convention (pure)."""
 import pytest
 
-from tunekit.advisor import (advise, algbw, allreduce_busbw, padded_vocab, pow2_factor,
-                             round_to_multiple, swiglu_dff_candidates)
+from tunekit.core.advisor import advise, pow2_factor, swiglu_dff_candidates
+from tunekit.core.formulas import algbw, allreduce_busbw
+from tunekit.core.shapes import padded_vocab, round_to_multiple
 
 GPT2 = dict(vocab_size=50257, pad_vocab_multiple=64, padded_vocab_size=50304, n_layer=12,
             n_head=12, n_embd=768, block_size=1024, mlp="gelu")

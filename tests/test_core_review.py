@@ -10,7 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import tunekit
-from tunekit import peaks, probe
+from tunekit.measure import peaks, probe
 
 # Linear 128x128 no bias, x needs no grad: forward 2 + weight-grad 2 FLOPs per weight per row
 PER_ROW = 4 * 128 * 128  # 65536; 8 rows -> 524288

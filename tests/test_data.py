@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from tunekit import data
-from tunekit.data import Batcher, corpus_bytes, get_batch, synthetic_tokens
+from tunekit.models import data
+from tunekit.models.data import Batcher, corpus_bytes, get_batch, synthetic_tokens
 
 
 def test_corpus_is_deterministic_and_cached(tmp_path, monkeypatch):

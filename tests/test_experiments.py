@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.report import Summary
+from tunekit.core.summary import Summary
 
 
 def test_experiment_in_a_script_namespace_frees_new_names_and_keeps_old_ones():

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from tunekit.flops import count_flops, sdpa_backward_flops, sdpa_forward_flops
+from tunekit.measure.flops import count_flops, sdpa_backward_flops, sdpa_forward_flops
 
 
 def test_sdpa_formulas():

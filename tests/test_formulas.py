@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from tunekit import formulas as f
+from tunekit.core import formulas as f
 
 
 def test_macs_and_flops():

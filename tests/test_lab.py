@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tunekit import runlog
+from tunekit.lab import runlog
 from tunekit.lab import Lab, RunResult
-from tunekit.toggles import FP16_ON_CPU, Env, Toggles, ToggleError, label, notices, problems
+from tunekit.lab.toggles import FP16_ON_CPU, Env, Toggles, ToggleError, label, notices, problems
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -179,7 +179,7 @@ def test_log_is_reloadable(lab):
     again = Lab(log_path=lab.log_path, peak_tflops=1.0)
     assert list(again.results()["label"]) == ["baseline", "bf16"]
     assert list(Lab.load_results(lab.log_path)["run_id"]) == [0, 1]
-    assert isinstance(again.runs[0], RunResult) and again.runs[0].toggles["precision"] == "fp32"
+    assert isinstance(again.runs[0], RunResult) and again.runs[0].toggles.precision == "fp32"
 
 
 def test_log_survives_crash_mid_write(tmp_path):
@@ -187,7 +187,7 @@ def test_log_survives_crash_mid_write(tmp_path):
     # a writer that finishes two records, then dies by SIGKILL half-way through the third line
     code = textwrap.dedent(f"""
         import os, signal
-        from tunekit import runlog
+        from tunekit.lab import runlog
         runlog.append_record(r"{path}", {{"run_id": 0, "loss": float("nan")}})
         runlog.append_record(r"{path}", {{"run_id": 1, "loss": 2.5}})
         with open(r"{path}", "ab") as f:
@@ -216,7 +216,7 @@ def test_log_from_another_version_still_loads(tmp_path, monkeypatch):
 
 
 def test_failed_run_leaves_no_gradients_or_meters(lab):
-    from tunekit import meters
+    from tunekit.measure import meters
     lab.run(steps=1, warmup=0)  # FLOP count cached: the next run goes straight to its steps
     real, calls = lab.batch_fn, []
 
@@ -235,7 +235,7 @@ def test_failed_run_leaves_no_gradients_or_meters(lab):
 
 
 def test_fp16_grad_scaler_lives_with_the_optimizer(lab):
-    from tunekit.toggles import Toggles
+    from tunekit.lab.toggles import Toggles
     fp16 = Toggles(precision="fp16")
     assert lab.grad_scaler(Toggles()) is None
     scaler = lab.grad_scaler(fp16)
@@ -262,16 +262,16 @@ def test_find_max_batch_on_cpu_budget_returns_to_baseline(lab):
 
 def test_oom_trial_frees_memory(lab):
     lab.run(steps=1, warmup=0)
-    real_step = lab._step
+    real_step = lab.train_step
 
-    def step(t, fwd, scaler):
+    def step(t):
         if t.micro_batch > 5:
             hog = torch.ones(64 * MiB // 4)  # 64 MiB alive in this frame when the OOM is raised
             hog += 1
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")
-        return real_step(t, fwd, scaler)
+        return real_step(t)
 
-    lab._step = step
+    lab.train_step = step
     found = lab.find_max_batch_size(limit=64, memory_budget_bytes=1 << 40)
     assert found.best == 5
     assert [t.micro_batch for t in found.trials] == [1, 2, 4, 8, 6, 5]
@@ -288,23 +288,23 @@ def test_find_max_refuses_bad_toggles(lab):
 
 
 def test_find_max_non_oom_error_propagates_cleanly(lab):
-    from tunekit import meters
+    from tunekit.measure import meters
     lab.run(steps=1, warmup=0)
 
-    def step(t, fwd, scaler):
-        fwd(*lab.batch(t.micro_batch, t.seq_len))[1].backward()
+    def step(t):
+        lab.model(*lab.batch(t.micro_batch, t.seq_len))[1].backward()
         raise ValueError("a bug, not an OOM")
 
-    lab._step = step
+    lab.train_step = step
     with pytest.raises(ValueError, match="not an OOM"):
         lab.find_max_batch_size(limit=4)
     assert meters._ACTIVE_CPU == [] and all(p.grad is None for p in lab.model.parameters())
 
 
 def test_flash_flops_added_analytically():
-    from tunekit.flops import FlopCount
-    from tunekit.lab_probe import ProbeResult, add_flash_flops
-    from tunekit.model import GPTConfig
+    from tunekit.measure.flops import FlopCount
+    from tunekit.lab.step import ProbeResult, add_flash_flops
+    from tunekit.models.gpt import GPTConfig
 
     cfg = GPTConfig.preset("cpu-tiny")  # L=2, nh=4, hs=32
     res = ProbeResult(FlopCount(executed=0), saved_bytes=0, attention_ran="flash")

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 from tunekit.memory import SavedTensorTally, measure_memory, unique_bytes
-from tunekit.model import GPT, GPTConfig
+from tunekit.models.gpt import GPT, GPTConfig
 
 
 def _mlp():

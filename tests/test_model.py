@@ -6,8 +6,8 @@ import warnings
 import pytest
 import torch
 
-from tunekit import model as model_mod
-from tunekit.model import GPT, PRESETS, GPTConfig
+from tunekit.models import gpt as model_mod
+from tunekit.models.gpt import GPT, PRESETS, GPTConfig
 
 
 def _tiny(**kw):
@@ -146,7 +146,7 @@ def test_too_long_sequence_rejected():
 
 
 def test_rope_scores_depend_only_on_distance_and_head_is_tied():
-    from tunekit.model import apply_rope, rope_tables
+    from tunekit.models.gpt import apply_rope, rope_tables
     torch.manual_seed(0)
     cos, sin = rope_tables(head_dim=8, max_len=32)
     q, k = torch.randn(8), torch.randn(8)

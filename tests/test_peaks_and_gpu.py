@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tunekit
-from tunekit import meters, nvml, peaks
+from tunekit.measure import meters, nvml, peaks
 
 
 def test_calibrate_cpu_measures_and_caches(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.records import COLUMNS
+from tunekit.core.records import COLUMNS
 
 MODEL = torch.nn.Linear(256, 256, bias=False)
 
@@ -104,7 +104,7 @@ def test_missing_hardware_is_nan_not_zero_and_history_has_the_columns():
 
 
 def test_mfu_on_cpu_uses_the_calibrated_peak(monkeypatch):
-    from tunekit import peaks
+    from tunekit.measure import peaks
 
     monkeypatch.setattr(peaks, "cached_calibration", lambda device=None, dtype="fp32": peaks.Calibration(
         "test cpu", dtype, 0.5, (512, 512, 512), [], 0.0, torch.__version__, 2))
@@ -118,7 +118,7 @@ def test_mfu_on_cpu_uses_the_calibrated_peak(monkeypatch):
 
 
 def test_fingerprint_ignores_side_effect_state_but_sees_shapes_and_settings():
-    from tunekit.fingerprint import describe
+    from tunekit.measure.fingerprint import describe
 
     opt = torch.optim.AdamW(MODEL.parameters())
     before = describe(opt)

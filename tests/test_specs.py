@@ -2,7 +2,8 @@ import warnings
 
 import pytest
 
-from tunekit import peaks, specs
+from tunekit.core import specs
+from tunekit.measure import peaks
 
 
 @pytest.mark.parametrize("name, dtype, expected", [

@@ -2,7 +2,7 @@
 import pytest
 
 from tunekit.lab import Lab
-from tunekit.widgets import Dashboard
+from tunekit.lab.dashboard import Dashboard
 
 
 @pytest.fixture
@@ -15,7 +15,7 @@ def dash(tmp_path):
 
 
 def test_controls_cover_every_toggle(dash):
-    from tunekit.toggles import Toggles
+    from tunekit.lab.toggles import Toggles
     assert isinstance(dash, Dashboard)
     assert set(Toggles().asdict()) <= set(dash.controls)
     labels = [lbl for lbl, _ in dash.controls["optimizer"].options]

@@ -18,9 +18,9 @@ import os
 import sys
 import types
 
-from . import nvml
-from .meters import cuda_device_index, torch_if_loaded
-from .probe import Probe
+from .measure import nvml
+from .measure.device import cuda_device_index
+from .measure.probe import HISTORY, Probe
 
 
 class _ScriptShell:
@@ -141,8 +141,6 @@ class experiment:
         deleted = [ln for ln in self.report_text.splitlines() if ln.startswith("Deleted:")]
         if deleted:
             rec.notes.append(deleted[-1].replace("Deleted:", "freed variables:"))
-        from .probe import HISTORY
-
         HISTORY.append(rec)
         self.record = rec
         if not self.quiet:
@@ -151,7 +149,7 @@ class experiment:
 
 
 def _show(rec) -> None:
-    from .report import Summary
+    from .core.summary import Summary
 
     try:
         from IPython import get_ipython

@@ -10,11 +10,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .fingerprint import fingerprint, names_read
-from .probe import FLOPS_MODES, Probe, source_key
-from .report import Summary
+from .core.registry import DTYPES
+from .core.summary import Summary
+from .measure.fingerprint import fingerprint, names_read
+from .measure.probe import FLOPS_MODES, Probe, source_key
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 @magics_class
@@ -37,7 +37,7 @@ class GpuProfileMagics(Magics):
     @argument("--model-flops", type=float, default=None,
               help="model FLOPs of the cell for MFU (default: counted FLOPs minus recomputation)")
     @argument("--peak", type=float, default=None, help="peak TFLOPS to use instead of the spec sheet/MAMF")
-    @argument("--dtype", default=None, choices=DTYPES,
+    @argument("--dtype", default=None, choices=tuple(DTYPES),
               help="dtype whose peak is used (default: bf16 on CUDA, fp32 on CPU)")
     @argument("--experiment", action="store_true",
               help="run as a tunekit.experiment: variables the cell creates are freed, leaks reported")

@@ -1,7 +1,7 @@
 """Plotly figures of profiled cells. UI layer: takes records or DataFrames, never measures."""
 from __future__ import annotations
 
-from .units import MiB
+from .core.units import MiB
 
 
 def plot_history(df=None, title: str = "Profiled cells"):
@@ -12,7 +12,7 @@ def plot_history(df=None, title: str = "Profiled cells"):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from .probe import history
+    from .measure.probe import history
 
     df = history() if df is None else df
     if len(df) == 0:

@@ -7,12 +7,12 @@ min and max, after warm-up, device synchronized) that `tunekit.bench.plot(df)` d
 
 CPU-sized defaults run in seconds; pass bigger sizes on a GPU.
 """
-from tunekit.bench.allreduce import all_reduce_busbw
-from tunekit.bench.compute import (compile_on_off, forward_backward_ratio, matmul_shape_sweep,
+from .allreduce import all_reduce_busbw
+from .compute import (compile_on_off, forward_backward_ratio, matmul_shape_sweep,
                                    naive_softmax, softmax_naive_vs_fused, swiglu_dff_search)
-from tunekit.bench.host import (dataloader_workers, gc_in_training_loop, pin_memory_non_blocking,
+from .host import (dataloader_workers, gc_in_training_loop, pin_memory_non_blocking,
                                 set_numa_affinity)
-from tunekit.bench.plots import plot
+from .plots import plot
 
 __all__ = ["all_reduce_busbw", "compile_on_off", "dataloader_workers", "forward_backward_ratio",
            "gc_in_training_loop", "matmul_shape_sweep", "naive_softmax", "pin_memory_non_blocking",

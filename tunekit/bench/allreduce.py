@@ -18,8 +18,9 @@ from datetime import timedelta
 
 import torch
 
-from tunekit.advisor import algbw, allreduce_busbw
-from tunekit.bench._timing import frame, stats
+from ..core.formulas import algbw, allreduce_busbw
+from ..measure.timing import stats
+from ._frame import frame
 
 MAX_BYTES = 256 * 2**20   # a bound on the buffer size per rank
 

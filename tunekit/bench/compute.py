@@ -7,9 +7,10 @@ import time
 import torch
 import torch.nn as nn
 
-from tunekit.advisor import swiglu_dff_candidates
-from tunekit.bench._timing import NaN, default_device, dtype_of, frame, stats, time_repeats
-from tunekit.meters import synchronize
+from ..core.advisor import swiglu_dff_candidates
+from ..measure.device import default_device, synchronize, torch_dtype
+from ..measure.timing import NaN, stats, time_repeats
+from ._frame import frame
 
 
 def _default_dtype(dev) -> str:
@@ -55,7 +56,7 @@ def forward_backward_ratio(device=None, width: int = 256, depth: int = 4, tokens
     cases = [(f"linear stack {depth}x{width}", _mlp_stack(width, depth).to(dev),
               lambda m, x=torch.randn(tokens, width, device=dev): m(x).square().mean())]
     if gpt_preset:
-        from tunekit.model import GPT, GPTConfig
+        from ..models.gpt import GPT, GPTConfig
 
         gpt = GPT(GPTConfig.preset(gpt_preset)).to(dev)
         idx = torch.randint(0, gpt.config.vocab_size, (micro_batch, seq_len), device=dev)
@@ -86,7 +87,7 @@ def softmax_naive_vs_fused(rows: int = 2048, cols: int = 1024, dtype="fp32", dev
                            warmup: int = 2, repeats: int = 7):
     """Time torch.softmax (one fused kernel) against the five-kernel naive version."""
     dev = default_device(device)
-    x = torch.randn(rows, cols, device=dev, dtype=dtype_of(dtype))
+    x = torch.randn(rows, cols, device=dev, dtype=torch_dtype(dtype))
     assert torch.allclose(naive_softmax(x).float(), torch.softmax(x, -1).float(), atol=1e-2)
     out = []
     for name, fn, fused in (("naive (5 kernels)", lambda: naive_softmax(x), False),
@@ -117,7 +118,7 @@ def swiglu_dff_search(h: int = 256, tokens: int = 256, span: int = 64, step: int
     """
     dev = default_device(device)
     dtype = dtype or _default_dtype(dev)
-    dt = dtype_of(dtype)
+    dt = torch_dtype(dtype)
     c = swiglu_dff_candidates(h)
     base = int(c["8/3*h"])
     start = base - span - (base - span) % step
@@ -145,7 +146,7 @@ def matmul_shape_sweep(dim: str = "n", values=None, m: int = 512, k: int = 512, 
     bf16 on CUDA, fp32 elsewhere."""
     dev = default_device(device)
     dtype = dtype or _default_dtype(dev)
-    dt = dtype_of(dtype)
+    dt = torch_dtype(dtype)
     if dim not in ("m", "k", "n"):
         raise ValueError("dim must be 'm', 'k' or 'n'")
     values = list(values) if values is not None else list(range(448, 577, 8))

@@ -11,8 +11,9 @@ import warnings
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from tunekit.bench._timing import default_device, frame, stats, time_repeats
-from tunekit.meters import synchronize
+from ..measure.device import default_device, synchronize
+from ..measure.timing import stats, time_repeats
+from ._frame import frame
 
 
 class SlowDataset(Dataset):
@@ -176,7 +177,7 @@ def set_numa_affinity(gpu_index: int = 0, verbose: bool = False) -> list[int] | 
     (mapped through CUDA_VISIBLE_DEVICES). Call it before building DataLoaders so the workers
     inherit the binding. Without NVML, a GPU, or more than one NUMA node it does nothing but
     give one notice, and returns None; otherwise the list of CPUs now allowed."""
-    from tunekit import nvml
+    from ..measure import nvml
 
     if not hasattr(os, "sched_setaffinity"):
         _notice("set_numa_affinity: this OS has no sched_setaffinity; nothing was changed")

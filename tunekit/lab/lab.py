@@ -7,37 +7,41 @@
     >>> lab.compare()                                 # plotly: tokens/s and peak memory per run
 
 Timing: ``warmup`` steps run first and are not timed; each timed step is clocked with the device
-synchronized. FLOPs are counted once per configuration on a separate, untimed forward+backward
-(``flops_source`` = ``counted`` then ``cached``). MFU uses the analytic model FLOPs (6N +
-attention, causal), HFU the counted executed FLOPs (recomputation included).
+synchronized (tunekit.measure.timing). FLOPs are counted once per configuration on a separate,
+untimed forward+backward (``flops_source`` = ``counted`` then ``cached``). MFU uses the analytic
+model FLOPs (6N + attention, causal), HFU the counted executed FLOPs (recomputation included).
+
+The pieces other engine code builds on are public: ``apply(t)`` puts toggles on the live model,
+``train_step(t)`` takes one optimizer step, ``recover()`` cleans up after a failed step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import formulas, runlog
-from .data import Batcher, data_dir
-from .lab_probe import ProbeResult, add_flash_flops, probe_step
-from .flops import counting_active
-from .meters import CpuPeak, CudaMeter, device_label, now_s
-from .model import GPT, GPTConfig
-from .optimizers import _has, build_optimizer, state_bytes, unavailable_optimizers
+from ..core import formulas, registry
+from ..measure.device import device_label, torch_dtype
+from ..measure.flops import counting_active
+from ..measure.meters import DeviceMeter
+from ..measure.timing import time_repeats
+from ..models.data import Batcher, data_dir
+from ..models.gpt import GPT, GPTConfig
+from . import runlog
+from .optimizers import build_optimizer, state_bytes, unavailable_optimizers
 from .runlog import RunResult, results_frame
-from .toggles import Env, Toggles, ToggleError, compute_dtype, label, notices, problems
+from .step import ProbeResult, add_flash_flops, probe_step
+from .toggles import (Env, Toggles, ToggleError, autocast_dtype, compute_dtype, label, notices,
+                      problems)
 
 __all__ = ["Lab", "RunResult", "results_frame"]
-
-_TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 _LAB_IDS = itertools.count()
 
@@ -45,6 +49,17 @@ _LAB_IDS = itertools.count()
 def _default_loss(model, x, y):
     out = model(x, y)
     return out[1] if isinstance(out, tuple) else out
+
+
+@dataclass
+class Steps:
+    """What the timed steps of one run measured."""
+
+    times: list             # seconds per step, device synchronized
+    losses: list            # loss tensors (read after the clock: .item() would sync mid-run)
+    peak_mem_bytes: float | None
+    peak_source: str
+    slowed: bool            # timed under an outer FLOP counter: no rates from this clock
 
 
 class Lab:
@@ -98,7 +113,7 @@ class Lab:
         cuda = self.device.type == "cuda"
         return Env(device_type=self.device.type,
                    bf16_supported=torch.cuda.is_bf16_supported() if cuda else True,
-                   flash_installed=_has("flash_attn"),
+                   flash_installed=registry.module_available("flash_attn"),
                    unavailable_optimizers=unavailable_optimizers(self.device.type),
                    block_size=getattr(self.config, "block_size", None),
                    can_set_attention=hasattr(self.model, "set_attention"),
@@ -120,7 +135,12 @@ class Lab:
             out.append(f"warmup must be >= 0 (got {warmup!r}).")
         return out
 
-    def _apply(self, t: Toggles, notes: list) -> None:
+    # --- the live model: toggles, one step, clean-up ----------------------------------------
+
+    def apply(self, t: Toggles, notes: list | None = None) -> list:
+        """Put ``t`` on the live model and optimizer (attention, checkpointing, optimizer, lr,
+        compile); returns ``notes`` with what changed beyond the toggles themselves."""
+        notes = [] if notes is None else notes
         if t.attention is not None and hasattr(self.model, "set_attention"):
             self.model.set_attention(t.attention)
         if hasattr(self.model, "set_checkpointing"):
@@ -135,21 +155,22 @@ class Lab:
             group["lr"] = t.lr
         if t.compile and self._compiled is None:
             self._compiled = torch.compile(self.model)
-
-    def _autocast(self, t: Toggles):
-        dtype = _TORCH_DTYPE.get(compute_dtype(t, self.device.type))
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype)
+        return notes
 
     def grad_scaler(self, t: Toggles):
         """The GradScaler for an fp16 run (None otherwise). It lives as long as the optimizer:
         a fresh one would restart at scale 2**16 and skip the first steps of every run."""
-        if t.precision != "fp16":
+        if not registry.PRECISIONS[t.precision].grad_scaler:
             return None
         if self._scaler is None:
             self._scaler = torch.amp.GradScaler(self.device.type)
         return self._scaler
+
+    def _autocast(self, t: Toggles):
+        ac = autocast_dtype(t)
+        if ac is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch_dtype(ac))
 
     @contextlib.contextmanager
     def _matmul_precision(self, t: Toggles):
@@ -164,25 +185,43 @@ class Lab:
         finally:
             torch.set_float32_matmul_precision(before)
 
-    # --- one training step (the only code inside the clock besides the clock itself) --------
-
-    def _step(self, t: Toggles, fwd, scaler):
+    def train_step(self, t: Toggles):
+        """One optimizer step under ``t`` (``apply(t)`` first): ``grad_accum`` micro-batches of
+        forward and backward, then the optimizer. Returns the summed loss (a tensor)."""
+        fwd = self._compiled if t.compile else self.model
+        scaler = self.grad_scaler(t)
         total = None
-        for _ in range(t.grad_accum):
-            x, y = self.batch_fn(t.micro_batch, t.seq_len)
-            with self._autocast(t):
-                loss = self.loss_fn(fwd, x, y)
-            if t.grad_accum > 1:
-                loss = loss / t.grad_accum
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            total = loss.detach() if total is None else total + loss.detach()
-        if scaler is not None:
-            scaler.step(self.optimizer)
-            scaler.update()
-        else:
-            self.optimizer.step()
+        with self._matmul_precision(t):
+            for _ in range(t.grad_accum):
+                x, y = self.batch_fn(t.micro_batch, t.seq_len)
+                with self._autocast(t):
+                    loss = self.loss_fn(fwd, x, y)
+                if t.grad_accum > 1:
+                    loss = loss / t.grad_accum
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+                total = loss.detach() if total is None else total + loss.detach()
+            if scaler is not None:
+                scaler.step(self.optimizer)
+                scaler.update()
+            else:
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total
+
+    def recover(self) -> None:
+        """After a failed or interrupted step: drop half-made gradients (they must not reach the
+        next run) and a GradScaler that may have stopped between unscale_() and update()."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
+        self._scaler = None
+
+    @property
+    def cuda_index(self) -> int | None:
+        """The CUDA index of the lab's device (None off CUDA)."""
+        if self.device.type != "cuda":
+            return None
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
 
     # --- measurement helpers ----------------------------------------------------------------
 
@@ -192,8 +231,9 @@ class Lab:
         if key in self._probes:
             return self._probes[key], "cached"
         x, y = self.batch(t.micro_batch, t.seq_len)
-        res = probe_step(self.model, lambda a, b: self.loss_fn(self.model, a, b), x, y,
-                         lambda: self._autocast(t))
+        with self._matmul_precision(t):
+            res = probe_step(self.model, lambda a, b: self.loss_fn(self.model, a, b), x, y,
+                             lambda: self._autocast(t))
         if res.attention_ran == "flash" and isinstance(self.model, GPT):
             add_flash_flops(res, self.config, t.micro_batch, t.seq_len, t.checkpointing)
         self._probes[key] = res
@@ -201,14 +241,9 @@ class Lab:
 
     def _peak(self, dtype: str):
         if dtype not in self._peaks:
-            from .peaks import resolve_peak
+            from ..measure.peaks import resolve_peak
             self._peaks[dtype] = resolve_peak(self.device, dtype, given=self._peak_given)
         return self._peaks[dtype]
-
-    def _cuda_index(self):
-        if self.device.type != "cuda":
-            return None
-        return self.device.index if self.device.index is not None else torch.cuda.current_device()
 
     def _model_flops_per_token(self, seq_len: int):
         cfg = self.config
@@ -230,65 +265,39 @@ class Lab:
         errors = self.check(t, steps, warmup)
         if errors:
             raise ToggleError(errors)
-        notes = notices(t, self.env())
-        self._apply(t, notes)
+        notes = self.apply(t, notices(t, self.env()))
         if t.compile and warmup < 1:
             warmup = 1
             notes.append("warm-up raised to 1: the first compiled step compiles")
-        dtype = compute_dtype(t, self.device.type)
-        # a run that failed earlier (OOM, Ctrl-C) may have left gradients: never add onto them
-        self.optimizer.zero_grad(set_to_none=True)
-        with self._matmul_precision(t):
+        self.recover()  # a run that failed earlier (OOM, Ctrl-C) may have left gradients
+        try:
             probe, flops_source = self._probe(t)
-            scaler = self.grad_scaler(t)
-            fwd = self._compiled if t.compile else self.model
-            try:
-                losses = [self._step(t, fwd, scaler) for _ in range(warmup)]
-                times, peak_mem, peak_src, slowed = self._timed(t, fwd, scaler, steps, losses,
-                                                                notes, progress)
-            except BaseException:
-                # half a step's gradients must not reach the next run, nor a scaler stopped
-                # between unscale_() and update()
-                self.optimizer.zero_grad(set_to_none=True)
-                self._scaler = None
-                raise
-        return self._record(t, steps, warmup, times, losses, probe, flops_source, dtype,
-                            peak_mem, peak_src, notes, slowed)
+            warm = [self.train_step(t) for _ in range(warmup)]
+            measured = self.measure_steps(t, steps, progress)
+        except BaseException:
+            self.recover()
+            raise
+        measured.losses[:0] = warm
+        return self._record(t, warmup, measured, probe, flops_source, notes)
 
-    def _timed(self, t, fwd, scaler, steps, losses, notes, progress):
-        """The timed steps, between synchronized clock reads; the peak meters always stop."""
-        dev = self.device
-        meter = CpuPeak() if dev.type == "cpu" else CudaMeter(self._cuda_index()) if dev.type == "cuda" else None
-        if meter is not None:  # nesting-safe: an enclosing %%gpuprofile keeps its peak
-            meter.start()
-        slowed = counting_active()
-        if slowed:
-            notes.append("timed under an outer FLOP counter (a first %%gpuprofile run?): "
-                         "step times are slowed by it, so no TFLOPS/MFU; re-run for clean speeds")
-        times, peak_mem, peak_src = [], None, "not measured on " + dev.type
+    def measure_steps(self, t: Toggles, steps: int, progress=None) -> Steps:
+        """``steps`` timed training steps under ``t`` (applied already), with the peak memory of
+        the device over them. The peak meter always stops, also when a step fails."""
+        meter = DeviceMeter(self.device, self.cuda_index).start()
+        slowed = counting_active()  # an enclosing %%gpuprofile's first run is counting
+        losses, peak = [], None
+        tick = None if progress is None else (lambda i, _s: progress(i + 1, steps))
         try:
             if progress is not None:
                 progress(0, steps)  # warm-up and FLOP count are done: the clock starts
-            for i in range(steps):
-                t0 = now_s(dev)
-                losses.append(self._step(t, fwd, scaler))
-                times.append(now_s(dev) - t0)
-                if progress is not None:
-                    progress(i + 1, steps)
+            times = time_repeats(lambda: losses.append(self.train_step(t)), self.device,
+                                 warmup=0, repeats=steps, after_each=tick)
         finally:
-            if isinstance(meter, CpuPeak):
-                _, above = meter.stop()
-                peak_mem = meter.rss0 + above if not math.isnan(above) else None
-                peak_src = "CPU process RSS peak (VmHWM): includes Python and torch themselves"
-            elif meter is not None:
-                g = meter.stop()
-                peak_mem = g["gpu_peak_delta_bytes"] + meter.alloc0 if g else None
-                peak_src = "torch.cuda.max_memory_allocated (tensors only; no CUDA context)"
-        return times, peak_mem, peak_src, slowed
+            peak = meter.stop()
+        return Steps(times, losses, peak, meter.source, slowed)
 
-    def _record(self, t, steps, warmup, times, losses, probe, flops_source, dtype, peak_mem,
-                peak_src, notes, slowed=False) -> RunResult:
-        step_s = sum(times) / len(times)
+    def _record(self, t, warmup, m: Steps, probe, flops_source, notes) -> RunResult:
+        step_s = sum(m.times) / len(m.times)
         tokens = t.micro_batch * t.grad_accum * t.seq_len
         executed = probe.flops.executed * t.grad_accum if probe.flops.executed else None
         per_token = self._model_flops_per_token(t.seq_len)
@@ -299,29 +308,34 @@ class Lab:
             notes.append("MFU from counted FLOPs minus recompute (no analytic formula for this model)")
         if executed is None:
             flops_source = "none"
+        if m.slowed:
+            notes.append("timed under an outer FLOP counter (a first %%gpuprofile run?): "
+                         "step times are slowed by it, so no TFLOPS/MFU; re-run for clean speeds")
+        dtype = compute_dtype(t, self.device.type)
         peak = self._peak(dtype)
-        rate_s = math.nan if slowed else step_s  # rates from a counter-slowed clock would lie
-        params_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        grads_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
-        values = [float(v) for v in losses]  # after the clock: .item() would sync mid-run
+        rate_s = math.nan if m.slowed else step_s  # rates from a counter-slowed clock would lie
+        params = list(self.model.parameters())
+        values = [float(v) for v in m.losses]  # after the clock: .item() would sync mid-run
+        ac = autocast_dtype(t)
         result = RunResult(
-            run_id=len(self._runs), label=label(t, self.resolve()), **t.asdict(),
-            steps=steps, warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
-            step_s=step_s, step_s_min=min(times), step_s_max=max(times),
+            run_id=len(self._runs), label=label(t, self.resolve()), toggles=t,
+            steps=len(m.times), warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
+            step_s=step_s, step_s_min=min(m.times), step_s_max=max(m.times),
             flops_per_step=executed, model_flops_per_step=model_flops, flops_source=flops_source,
             tflops=formulas.tflops(executed, rate_s),
             mfu=formulas.mfu(model_flops, rate_s, peak.tflops),
             hfu=formulas.hfu(executed, rate_s, peak.tflops),
             peak_tflops=peak.tflops, peak_tflops_source=peak.source,
-            peak_mem_bytes=peak_mem, peak_source=peak_src, params_bytes=params_bytes,
-            grads_bytes=grads_bytes, optimizer_bytes=state_bytes(self.optimizer),
-            saved_bytes=probe.saved_bytes, loss=values[-1], loss_first=values[0],
-            device=device_label(self._cuda_index()),
-            attention_ran=probe.attention_ran, compute_dtype=dtype,
-            autocast_dtype=str(_TORCH_DTYPE[dtype]).replace("torch.", "") if dtype in _TORCH_DTYPE else None,
-            model=type(self.model).__name__, n_params=sum(p.numel() for p in self.model.parameters()),
+            peak_mem_bytes=m.peak_mem_bytes, peak_source=m.peak_source,
+            params_bytes=sum(p.numel() * p.element_size() for p in params),
+            grads_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+            optimizer_bytes=state_bytes(self.optimizer), saved_bytes=probe.saved_bytes,
+            weight_cast_bytes=probe.cast_bytes, loss=values[-1], loss_first=values[0],
+            device=device_label(self.cuda_index), attention_ran=probe.attention_ran,
+            compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
+            model=type(self.model).__name__, n_params=sum(p.numel() for p in params),
             time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + probe.notes)
-        runlog.append_record(self.log_path, dataclasses.asdict(result))  # on disk before we return
+        runlog.append_record(self.log_path, result.to_dict())  # on disk before we return
         self._runs.append(result)
         return result
 
@@ -337,7 +351,7 @@ class Lab:
 
     def compare(self, baseline: int = 0):
         """plotly Figure: tokens/s and peak memory per run, the ``baseline`` run marked."""
-        from .lab_plots import compare_figure
+        from .plots import compare_figure
         return compare_figure(self.results(), baseline=baseline)
 
     def find_max_batch_size(self, **kwargs):
@@ -347,7 +361,7 @@ class Lab:
 
     def dashboard(self):
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts)."""
-        from .widgets import Dashboard
+        from .dashboard import Dashboard
         return Dashboard(self)
 
     @staticmethod

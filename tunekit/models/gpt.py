@@ -3,7 +3,7 @@
 Byte-level (256 ids, no tokenizer to download), RMSNorm, rotary or learned positions, a GELU or
 SwiGLU MLP, and three attention implementations that can be switched on the live model:
 
-    >>> from tunekit.model import GPT, GPTConfig
+    >>> from tunekit.models.gpt import GPT, GPTConfig
     >>> model = GPT(GPTConfig.preset("cpu-tiny"))
     >>> model.set_attention("math"); model.set_checkpointing(True)
     >>> logits, loss = model(idx, targets)          # idx, targets: (B, T) int64
@@ -23,7 +23,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-ATTENTION_IMPLS = ("math", "sdpa", "flash")
+from ..core.registry import ATTENTIONS
+from ..core.shapes import gelu_d_ff, padded_vocab, swiglu_d_ff
+
+ATTENTION_IMPLS = tuple(ATTENTIONS)
 MLP_KINDS = ("gelu", "swiglu")
 POS_KINDS = ("rope", "learned")
 
@@ -68,16 +71,13 @@ class GPTConfig:
 
     @property
     def padded_vocab_size(self) -> int:
-        m = max(1, self.pad_vocab_multiple)
-        return -(-self.vocab_size // m) * m
+        return padded_vocab(self.vocab_size, self.pad_vocab_multiple)
 
     @property
     def ffn_dim(self) -> int:
         if self.d_ff is not None:
             return self.d_ff
-        if self.mlp == "gelu":
-            return 4 * self.n_embd
-        return -(-(8 * self.n_embd) // (3 * 64)) * 64  # ceil(8/3 * n_embd / 64) * 64
+        return gelu_d_ff(self.n_embd) if self.mlp == "gelu" else swiglu_d_ff(self.n_embd)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "GPTConfig":

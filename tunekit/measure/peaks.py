@@ -17,11 +17,11 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import specs
-from .meters import synchronize
+from ..core import specs
+from ..core.registry import DTYPES
+from .device import torch_dtype
+from .timing import time_repeats
 
-_TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16",
-                 "fp8": "float8_e4m3fn"}
 _warned: set = set()
 
 
@@ -156,8 +156,8 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     """
     import torch
 
-    if dtype not in _TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(_TORCH_DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
     dev = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     name = device_name(dev)
@@ -167,7 +167,6 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         c = cache[key]
         return Calibration(**{**c, "best_shape": tuple(c["best_shape"])})
 
-    tdtype = getattr(torch, _TORCH_DTYPES[dtype])
     if dtype == "fp8":
         raise ValueError("fp8 calibration needs torch._scaled_mm on a GPU that supports it; pass --peak instead")
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32 if dev.type == "cuda" else None
@@ -175,31 +174,23 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     t_start = time.perf_counter()
     sweep = []
+
+    def operands(n):
+        return (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
+
     try:
         for n in sizes or default_sizes(dev.type):
-            a = torch.randn(n, n, device=dev).to(tdtype)
-            b = torch.randn(n, n, device=dev).to(tdtype)
-            torch.mm(a, b)  # warm-up: kernel selection, page faults, caches
-            best = float("inf")
-            for _ in range(repeats):
-                synchronize(dev)
-                t0 = time.perf_counter()
-                torch.mm(a, b)
-                synchronize(dev)
-                best = min(best, time.perf_counter() - t0)
+            a, b = operands(n)
+            # warm-up first (kernel selection, page faults, caches); the best try is the estimate
+            best = min(time_repeats(lambda: torch.mm(a, b), dev, warmup=1, repeats=repeats))
             sweep.append((n, n, n, 2 * n**3 / best / 1e12))
             del a, b
         # Second look at the winner: a busy moment during the sweep can only make a size look
         # slower, so more tries of the best size lift the peak toward what the device can do.
         n = max(sweep, key=lambda r: r[3])[0]
-        a = torch.randn(n, n, device=dev).to(tdtype)
-        b = torch.randn(n, n, device=dev).to(tdtype)
-        for _ in range(2 * repeats):
-            synchronize(dev)
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            synchronize(dev)
-            sweep.append((n, n, n, 2 * n**3 / (time.perf_counter() - t0) / 1e12))
+        a, b = operands(n)
+        times = time_repeats(lambda: torch.mm(a, b), dev, warmup=0, repeats=2 * repeats)
+        sweep.extend((n, n, n, 2 * n**3 / t / 1e12) for t in times)
         del a, b
     finally:
         if prev_tf32 is not None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-GiB = 2**30
+from ..core.units import GiB, MiB
+
 BASE_COLOR, RUN_COLOR = "#d62728", "#1f77b4"
 
 
@@ -51,7 +52,7 @@ def memory_breakdown_figure(df) -> go.Figure:
     names = _names(df)
     for col, title in (("params_bytes", "parameters"), ("grads_bytes", "gradients"),
                        ("optimizer_bytes", "optimizer state"), ("saved_bytes", "saved activations")):
-        fig.add_trace(go.Bar(x=names, y=df[col].astype(float) / 2**20, name=title,
+        fig.add_trace(go.Bar(x=names, y=df[col].astype(float) / MiB, name=title,
                              hovertemplate="%{x}<br>%{y:.2f} MiB<extra>" + title + "</extra>"))
     fig.update_layout(barmode="stack", title="memory breakdown per run (MiB, 2^20 B)", height=340,
                       margin=dict(t=50, b=40))

@@ -18,16 +18,15 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
-from tunekit import nvml
-from tunekit.anatomy import COMPONENTS, MemoryEstimate, estimate_memory
+from ..core import registry
+from ..core.units import GiB, is_missing
+from ..measure import nvml
+from ..measure.device import torch_dtype
+from .estimate import COMPONENTS, MemoryEstimate, estimate_memory
+from .tally import SavedTensorTally, storage_key, unique_bytes
 
 NaN = math.nan
-GiB = 2**30
-_VIEWISH = {"TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
-            "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0", "ReshapeAliasBackward0"}
-_CASTS = {"ToCopyBackward0", "_ToCopyBackward0"}
 
 
 @dataclass
@@ -45,7 +44,7 @@ class MemoryReport:
         """(estimated - measured) / measured for one component; NaN when either is unknown."""
         est = self.estimate.components.get(name, NaN) if self.estimate else NaN
         meas = self.measured.get(name, NaN)
-        if _missing(est) or _missing(meas) or meas == 0:
+        if is_missing(est) or is_missing(meas) or meas == 0:
             return 0.0 if (est == 0 and meas == 0) else NaN
         return (est - meas) / meas
 
@@ -72,129 +71,31 @@ class MemoryReport:
         for k in COMPONENTS:
             est = self.estimate.components.get(k, NaN) if self.estimate else NaN
             meas = self.measured.get(k, NaN)
-            ys = [0 if _missing(est) else est / GiB, 0 if _missing(meas) else meas / GiB]
+            ys = [0 if is_missing(est) else est / GiB, 0 if is_missing(meas) else meas / GiB]
             if any(ys):
                 fig.add_bar(name=k, x=["estimated", "measured"], y=ys)
-        if "other" in self.cuda and not _missing(self.cuda["other"]):
+        if "other" in self.cuda and not is_missing(self.cuda["other"]):
             fig.add_bar(name="other (unexplained)", x=["measured"], y=[self.cuda["other"] / GiB])
         fig.update_layout(barmode="stack", yaxis_title="GiB (2^30 bytes)",
                           title=f"memory anatomy, {self.precision} on {self.device}")
         return fig
 
 
-def _missing(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
-def storage_key(t: torch.Tensor):
-    st = t.untyped_storage()
-    return (t.device.type, t.device.index, st.data_ptr())
-
-
-def unique_bytes(tensors, exclude=()) -> int:
-    """Bytes of the distinct storages behind `tensors` (views and tied tensors count once)."""
-    seen, total = set(exclude), 0
-    for t in tensors:
-        if t is None or not isinstance(t, torch.Tensor):
-            continue
-        key = storage_key(t)
-        if key[2] == 0 or key in seen:
-            continue
-        seen.add(key)
-        total += t.untyped_storage().nbytes()
-    return total
-
-
-def _is_weight_cast(t: torch.Tensor, params: set) -> bool:
-    """True when t's autograd history is (views of) a dtype cast of a parameter."""
-    node, cast = t.grad_fn, False
-    for _ in range(6):
-        if node is None:
-            return False
-        name = node.name()
-        if name == "torch::autograd::AccumulateGrad":
-            return cast and id(node.variable) in params
-        if name in _CASTS:
-            cast = True
-        elif name not in _VIEWISH:
-            return False
-        nxt = [f for f, _ in node.next_functions if f is not None]
-        if len(nxt) != 1:
-            return False
-        node = nxt[0]
-    return False
-
-
-class SavedTensorTally:
-    """Context manager: tally the storages autograd saves for backward during a forward.
-
-    Only storages still alive when read count: a tensor saved by a branch that was dropped
-    during the forward is freed with its graph, and its address may be reused by a later one.
-    """
-
-    def __init__(self, params, buffers=()):
-        self.exclude = {storage_key(p) for p in params} | {storage_key(b) for b in buffers}
-        self.param_ids = {id(p) for p in params}
-        self._seen = {}   # storage key -> (weak ref, bytes, is a weight cast)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-
-    def _pack(self, t):
-        key = storage_key(t)
-        if key[2] and key not in self.exclude:
-            old = self._seen.get(key)
-            if old is None or old[0].expired():
-                st = t.untyped_storage()
-                self._seen[key] = (StorageWeakRef(st), st.nbytes(),
-                                   _is_weight_cast(t, self.param_ids))
-        # detached: returning `t` itself would make a saved output hold its own grad_fn (a
-        # reference cycle that keeps a dropped branch's tensors alive until gc runs)
-        return t.detach()
-
-    def __enter__(self):
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._hooks.__exit__(*exc)
-
-    def _alive(self, casts: bool) -> int:
-        return sum(n for ref, n, c in self._seen.values() if c == casts and not ref.expired())
-
-    @property
-    def activation_bytes(self) -> int:
-        return self._alive(False)
-
-    @property
-    def cast_bytes(self) -> int:
-        return self._alive(True)
-
-
-def _unpack(t):
-    return t
-
-
 def optimizer_name(opt) -> str | None:
-    """The anatomy's name for a torch optimizer, or None when it has no formula."""
-    cls = type(opt).__name__.lower()
-    if cls in ("adamw", "adam"):
-        return "adamw"
-    if cls == "sgd":
-        return "sgd" if any(g.get("momentum", 0) for g in opt.param_groups) else "sgd-nomomentum"
-    if "8bit" in cls:
-        return "adamw-8bit"
-    return {"lion": "lion", "adafactor": "adafactor"}.get(cls)
+    """The registry's name for a torch optimizer instance, or None when it has no formula."""
+    momentum = any(g.get("momentum", 0) for g in getattr(opt, "param_groups", ()))
+    entry = registry.optimizer_for_class(type(opt).__name__, momentum)
+    return entry.name if entry else None
 
 
 def _autocast_dtype(precision):
     # the Lab's vocabulary: bf16/fp16 mean autocast to that dtype; fp32/tf32 mean none
-    if precision in (None, "fp32", "tf32"):
-        return None
-    if isinstance(precision, torch.dtype):
+    if precision is None or isinstance(precision, torch.dtype):
         return precision
-    table = {"bf16": torch.bfloat16, "fp16": torch.float16}
-    if precision not in table:
-        raise ValueError(f"precision must be fp32, tf32, bf16 or fp16, got {precision!r}")
-    return table[precision]
+    if precision not in registry.PRECISIONS:
+        raise ValueError(f"precision must be one of {tuple(registry.PRECISIONS)}, got {precision!r}")
+    ac = registry.PRECISIONS[precision].autocast_dtype
+    return torch_dtype(ac) if ac else None
 
 
 def _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, checkpointing):
@@ -310,7 +211,7 @@ def _shadow_optimizer(opt, params, notes):
         notes.append("no optimizer given: a fresh AdamW(lr=0) was stepped; the weights do not change")
         return torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
     if isinstance(opt, str):
-        from tunekit.optimizers import build_optimizer
+        from ..lab.optimizers import build_optimizer
 
         return build_optimizer(opt, params, lr=0.0)
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": g["params"], "lr": 0.0}

@@ -12,7 +12,8 @@ import functools
 import linecache
 import types
 
-from .meters import torch_if_loaded
+from ..core.records import ProfileRecord
+from .device import torch_if_loaded
 
 _SCALARS = (bool, int, float, str, type(None))
 MAX_ITEMS = 32
@@ -105,8 +106,6 @@ def _cell_ok(cell) -> bool:
 
 def fingerprint(namespace: dict, names) -> tuple:
     """Summaries of `names` in `namespace`; a value that cannot be summarized forces a recount."""
-    from .records import ProfileRecord
-
     out = []
     for n in sorted(set(names)):
         if n in namespace and not isinstance(namespace[n], ProfileRecord):

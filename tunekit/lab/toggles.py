@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-OPTIMIZERS = ("adamw", "adamw_fused", "sgd", "adafactor", "lion", "adamw_8bit")
-ATTENTIONS = ("math", "sdpa", "flash")
+from ..core import registry
+
+PRECISIONS = tuple(registry.PRECISIONS)
+OPTIMIZERS = registry.LAB_OPTIMIZERS
+ATTENTIONS = tuple(registry.ATTENTIONS)
 
 # Why fp16 is refused on CPU (the Lab's decision, shown verbatim in the dashboard).
 FP16_ON_CPU = (
@@ -131,9 +133,13 @@ def notices(t: Toggles, env: Env) -> list[str]:
 
 def compute_dtype(t: Toggles, device_type: str) -> str:
     """The dtype the matmuls actually use: tf32 is fp32 off CUDA."""
-    if t.precision == "tf32" and device_type != "cuda":
-        return "fp32"
-    return t.precision
+    compute = registry.PRECISIONS[t.precision].compute
+    return "fp32" if compute == "tf32" and device_type != "cuda" else compute
+
+
+def autocast_dtype(t: Toggles) -> str | None:
+    """The dtype name the forward is autocast to, or None (fp32/tf32 run without autocast)."""
+    return registry.PRECISIONS[t.precision].autocast_dtype
 
 
 def label(t: Toggles, base: Toggles) -> str:

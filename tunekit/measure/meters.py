@@ -1,8 +1,5 @@
-"""Low-level readings: clocks, CPU memory, torch's CUDA allocator. Measurement layer.
-
-Nothing here prints. torch is only touched when the user's process already imported it, and
-CUDA only when it is already initialized: measuring must never create a CUDA context (that alone
-costs hundreds of MiB outside the allocator).
+"""Memory meters: CPU RSS and its exact peak, torch's CUDA allocator, and one meter per torch
+device for the engine. Measurement layer; nothing here prints, nothing initializes CUDA.
 """
 from __future__ import annotations
 
@@ -10,7 +7,8 @@ import math
 import os
 import resource
 import sys
-import time
+
+from .device import cuda_device_index, torch_if_loaded
 
 NaN = math.nan
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -160,41 +158,6 @@ _ACTIVE_CPU: list[CpuPeak] = []
 # --- torch / CUDA --------------------------------------------------------------------------------
 
 
-def torch_if_loaded():
-    """The torch module if the process imported it, else None (we never import it ourselves)."""
-    return sys.modules.get("torch")
-
-
-def cuda_device_index():
-    """The current CUDA device index if CUDA is initialized in this process, else None."""
-    torch = torch_if_loaded()
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
-    return torch.cuda.current_device()
-
-
-def synchronize(device=None) -> None:
-    """Wait for queued device work so that a clock read covers it (no-op on CPU)."""
-    torch = torch_if_loaded()
-    if torch is None:
-        return
-    if device is None:
-        if cuda_device_index() is not None:
-            torch.cuda.synchronize()
-        return
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    elif dev.type == "mps":
-        torch.mps.synchronize()
-
-
-def now_s(device=None) -> float:
-    """perf_counter after synchronizing the device."""
-    synchronize(device)
-    return time.perf_counter()
-
-
 class CudaMeter:
     """torch allocator figures for the current device over a block.
 
@@ -240,10 +203,31 @@ class CudaMeter:
 _ACTIVE_CUDA: list[CudaMeter] = []
 
 
-def device_label(cuda_index=None) -> str:
-    """'cuda:0 (NVIDIA H100 80GB HBM3)' or 'cpu (N threads)'."""
-    torch = torch_if_loaded()
-    if cuda_index is not None and torch is not None:
-        return f"cuda:{cuda_index} ({torch.cuda.get_device_name(cuda_index)})"
-    threads = torch.get_num_threads() if torch is not None else os.cpu_count()
-    return f"cpu ({threads} threads)"
+class DeviceMeter:
+    """The peak memory of a block on one torch device, as one absolute figure.
+
+    CPU: the process RSS peak (VmHWM); CUDA: torch's allocated peak (tensors only, no context).
+    Other devices: not measured (None). Nests like the meters it wraps, so an enclosing
+    ``%%gpuprofile`` keeps its own peak. ``stop()`` returns the peak in bytes, or None.
+    """
+
+    def __init__(self, device, cuda_index: int | None = None):
+        kind = getattr(device, "type", str(device).split(":")[0])
+        self.meter = CpuPeak() if kind == "cpu" else CudaMeter(cuda_index) if kind == "cuda" else None
+        self.source = {"cpu": "CPU process RSS peak (VmHWM): includes Python and torch themselves",
+                       "cuda": "torch.cuda.max_memory_allocated (tensors only; no CUDA context)"
+                       }.get(kind, f"not measured on {kind}")
+
+    def start(self) -> "DeviceMeter":
+        if self.meter is not None:
+            self.meter.start()
+        return self
+
+    def stop(self) -> float | None:
+        if isinstance(self.meter, CpuPeak):
+            _, above = self.meter.stop()
+            return None if math.isnan(above) else self.meter.rss0 + above
+        if self.meter is not None:
+            g = self.meter.stop()
+            return g["gpu_peak_delta_bytes"] + self.meter.alloc0 if g else None
+        return None

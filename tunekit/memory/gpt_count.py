@@ -16,16 +16,8 @@ tunekit/model.py (checked tensor by tensor with saved_tensors_hooks in tests/tes
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "block_size", "mlp", "d_ff", "pos",
-           "attention", "pad_vocab_multiple", "bias", "dropout")
-
-
-def _get(cfg, name, default=None):
-    if isinstance(cfg, Mapping):
-        return cfg.get(name, default)
-    return getattr(cfg, name, default)
+from ..core.shapes import cfg_get as _get
+from ..core.shapes import gelu_d_ff, padded_vocab, swiglu_d_ff
 
 
 def config_dims(cfg) -> dict:
@@ -35,11 +27,10 @@ def config_dims(cfg) -> dict:
     mlp = _get(cfg, "mlp", "gelu")
     vocab = _get(cfg, "padded_vocab_size")
     if vocab is None and _get(cfg, "vocab_size") is not None:
-        m = max(1, _get(cfg, "pad_vocab_multiple", 1) or 1)
-        vocab = -(-_get(cfg, "vocab_size") // m) * m
+        vocab = padded_vocab(_get(cfg, "vocab_size"), _get(cfg, "pad_vocab_multiple", 1))
     d_ff = _get(cfg, "ffn_dim") or _get(cfg, "d_ff")
     if d_ff is None and h:
-        d_ff = 4 * h if mlp == "gelu" else -(-(8 * h) // (3 * 64)) * 64
+        d_ff = gelu_d_ff(h) if mlp == "gelu" else swiglu_d_ff(h)
     return {
         "n_layer": _get(cfg, "n_layer"), "n_head": _get(cfg, "n_head"), "n_embd": h,
         "block_size": _get(cfg, "block_size"), "vocab": vocab, "d_ff": d_ff, "mlp": mlp,

@@ -16,79 +16,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tunekit.anatomy_gpt import config_dims, gpt_activation_bytes, gpt_param_count
-from tunekit.units import GB, GiB
+from ..core import registry
+from ..core.registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
+from ..core.units import GB, GiB, is_missing
+from .gpt_count import config_dims, gpt_activation_bytes, gpt_param_count
 
 NaN = math.nan
 
 
-# --- precision and optimizer layouts ------------------------------------------------------------
+def precision_layout(precision: str) -> MemoryLayout:
+    """Bytes per parameter of a training precision (see tunekit.core.registry.MEMORY_LAYOUTS)."""
+    return MEMORY_LAYOUTS[memory_layout_name(precision)]
 
 
-@dataclass(frozen=True)
-class Precision:
-    """Bytes per parameter (or per activation element) that a training precision keeps."""
-
-    weights: int        # the copy the forward reads
-    master: int         # fp32 master copy kept beside half weights (0 when the weights are it)
-    grads: int
-    state: int          # bytes of one optimizer-state element (torch keeps them in the param dtype)
-    activations: int    # bytes of one saved activation element (matmul side)
-    weight_casts: int   # per matmul param: half copies autocast makes and keeps until backward
-    doc: str
-
-
-PRECISIONS = {
-    "fp32": Precision(4, 0, 4, 4, 4, 0, "fp32 everything"),
-    "tf32": Precision(4, 0, 4, 4, 4, 0, "fp32 storage, tf32 matmuls: memory as fp32"),
-    "bf16": Precision(2, 0, 2, 2, 2, 0, "pure bf16: weights, grads and optimizer states in bf16"),
-    "fp16": Precision(2, 0, 2, 2, 2, 0, "pure fp16: weights, grads and optimizer states in fp16"),
-    # Megatron/DeepSpeed-style mixed precision: persistent half weights + fp32 master + fp32 grads
-    # (the seeds: "6 bytes ... maintains a model in fp32 and one in fp16/bf16", 4-byte grads).
-    "mixed": Precision(2, 4, 4, 4, 2, 0, "half weights + fp32 master copy + fp32 grads"),
-    # torch.autocast: the fp32 params are the master; half copies of the matmul weights are made
-    # in the forward and saved for backward, so they live per step, not persistently.
-    "amp": Precision(4, 0, 4, 4, 2, 2, "torch.autocast: fp32 params/grads, half weight casts per step"),
-}
-_ALIASES = {"bf16-mixed": "mixed", "fp16-mixed": "mixed", "amp-bf16": "amp", "amp-fp16": "amp",
-            "autocast": "amp", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
-# name -> (states per param, bytes per state or None for "the precision's state dtype").
-# Names follow the Lab's optimizer toggles (tunekit.toggles.OPTIMIZERS) plus a few readings.
-OPTIMIZERS = {
-    "adamw": (2, None),          # exp_avg + exp_avg_sq: 8 B/param in fp32
-    "sgd": (1, None),            # the Lab's SGD has momentum: one buffer, 4 B/param
-    "sgd-nomomentum": (0, None), # plain SGD keeps nothing
-    "lion": (1, None),           # one momentum: 4 B/param
-    "adafactor": (1, None),      # the seeds' ~4 B/param (factored moments are smaller still)
-    "adamw-8bit": (2, 1),        # bitsandbytes: 1 byte per moment -> 2 B/param
-    "adamw-bf16": (2, 2),        # AnyPrecisionAdamW with bf16 states -> 4 B/param
-}
-_OPT_ALIASES = {"adam": "adamw", "adamw_fused": "adamw", "adamw_8bit": "adamw-8bit",
-                "adam8bit": "adamw-8bit", "sgd-momentum": "sgd", "sgd_momentum": "sgd",
-                "anyprecision": "adamw-bf16"}
-
-
-def precision_layout(precision: str) -> Precision:
-    key = _ALIASES.get(str(precision).lower(), str(precision).lower())
-    if key not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; one of {sorted(PRECISIONS) + sorted(_ALIASES)}")
-    return PRECISIONS[key]
-
-
-def canonical_precision(precision: str) -> str:
-    return _ALIASES.get(str(precision).lower(), str(precision).lower())
+canonical_precision = memory_layout_name
 
 
 def optimizer_bytes_per_param(optimizer: str, precision: str = "fp32") -> float:
     """Optimizer-state bytes per parameter: AdamW 8 (fp32), SGD-momentum/Lion/Adafactor 4,
     8-bit AdamW 2, bf16 AdamW 4; states follow the param dtype in pure half precision."""
-    key = str(optimizer).lower()
-    key = _OPT_ALIASES.get(key, key)
-    if key not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; one of {sorted(OPTIMIZERS)}")
-    n_states, state_bytes = OPTIMIZERS[key]
-    return n_states * (state_bytes or precision_layout(precision).state)
+    return registry.optimizer(optimizer).state_bytes_per_param(precision_layout(precision).state)
 
 
 def bytes_per_param(precision: str = "mixed", optimizer: str = "adamw") -> dict:
@@ -149,7 +96,7 @@ class MemoryEstimate:
     @property
     def total_bytes(self) -> float:
         """Sum of the known components (NaN lines are left out; see `notes`)."""
-        return sum(v for v in self.components.values() if not _nan(v))
+        return sum(v for v in self.components.values() if not is_missing(v))
 
     def __getitem__(self, name):
         return self.components[name]
@@ -160,7 +107,7 @@ class MemoryEstimate:
 
         total = self.total_bytes
         rows = [{"component": k, "bytes": v, "GiB": v / GiB, "GB": v / GB,
-                 "share": (v / total if total and not _nan(v) else NaN),
+                 "share": (v / total if total and not is_missing(v) else NaN),
                  "formula": self.formulas.get(k, "")} for k, v in self.components.items()]
         rows.append({"component": "total", "bytes": total, "GiB": total / GiB, "GB": total / GB,
                      "share": 1.0, "formula": "sum of the known lines"})
@@ -172,7 +119,7 @@ class MemoryEstimate:
 
         fig = go.Figure()
         for k, v in self.components.items():
-            if not _nan(v) and v > 0:
+            if not is_missing(v) and v > 0:
                 fig.add_bar(name=k, x=["estimate"], y=[v / GiB], hovertext=self.formulas.get(k))
         fig.update_layout(barmode="stack", yaxis_title="GiB (2^30 bytes)",
                           title=title or f"estimated memory: {self.total_bytes / GiB:.2f} GiB")
@@ -180,7 +127,7 @@ class MemoryEstimate:
 
     def __str__(self):
         lines = [f"{k:>17}: {v / GiB:9.3f} GiB  {self.formulas.get(k, '')}"
-                 for k, v in self.components.items() if _nan(v) or v]
+                 for k, v in self.components.items() if is_missing(v) or v]
         lines.append(f"{'total':>17}: {self.total_bytes / GiB:9.3f} GiB "
                      f"({self.total_bytes / GB:.2f} GB)")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
@@ -290,10 +237,10 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
             forms["activations"] = "s*b*h*L*(10 + 24/t + 5*a*s/(h*t))"
         if scale != 1:
             forms["activations"] += f" x {scale:g} ({prec.activations}-byte elements)"
-    if pp > 1 and not _nan(comps["activations"]):
+    if pp > 1 and not is_missing(comps["activations"]):
         notes.append("1F1B pipeline: the first stage holds pp micro-batches of L/pp layers, "
                      "i.e. the same activation bytes as L layers (not divided by pp)")
-    known = sum(v for v in comps.values() if not _nan(v))
+    known = sum(v for v in comps.values() if not is_missing(v))
     comps["temporary"] = overhead_fraction * known
     forms["temporary"] = f"{overhead_fraction:.0%} of the above (temporary buffers, fragmentation)"
     on_cuda = str(device).startswith("cuda")
@@ -330,10 +277,6 @@ def worked_example_147m(micro_batch: int = 64) -> dict:
         "fp32 copy once (16 B/param)": estimate_memory(147e6, grad_bytes=2, **common),
         "fp32 grads (18 B/param)": estimate_memory(147e6, **common),
     }
-
-
-def _nan(x) -> bool:
-    return isinstance(x, float) and math.isnan(x)
 
 
 def _num(n: float) -> str:

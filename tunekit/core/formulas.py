@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from .units import is_missing
+
 # --- counting ------------------------------------------------------------------------------
 
 
@@ -71,14 +73,14 @@ def estimate_tflops(model_size_b: float, seq_len: int, global_batch: int, step_s
 
 def tflops(flops: float, seconds: float) -> float:
     """Achieved TFLOPS; NaN when either input is missing or the time is not positive."""
-    if flops is None or seconds is None or not seconds > 0 or _nan(flops):
+    if is_missing(flops) or is_missing(seconds) or not seconds > 0:
         return math.nan
     return flops / seconds / 1e12
 
 
 def utilization(flops: float, seconds: float, peak_tflops: float | None) -> float:
     """flops / seconds / peak: MFU with model FLOPs, HFU with executed FLOPs. NaN if unknown."""
-    if peak_tflops is None or _nan(peak_tflops) or not peak_tflops > 0:
+    if is_missing(peak_tflops) or not peak_tflops > 0:
         return math.nan
     return tflops(flops, seconds) / peak_tflops
 
@@ -102,5 +104,15 @@ def global_batch_size(micro_batch: int, dp: int = 1, grad_accum: int = 1) -> int
     return micro_batch * dp * grad_accum
 
 
-def _nan(x) -> bool:
-    return isinstance(x, float) and math.isnan(x)
+# --- all-reduce bandwidth (nccl-tests convention) ---------------------------------------------
+
+
+def algbw(size_bytes: float, time_s: float) -> float:
+    """Algorithm bandwidth: bytes of the buffer / time (bytes per second)."""
+    return size_bytes / time_s if time_s > 0 else float("nan")
+
+
+def allreduce_busbw(algbw_bytes_per_s: float, n_ranks: int) -> float:
+    """Bus bandwidth of an all-reduce: algbw * 2(n-1)/n, the per-link traffic of a ring, so it
+    is comparable across rank counts (nccl-tests PERFORMANCE.md). 1 rank moves nothing: 0."""
+    return algbw_bytes_per_s * 2 * (n_ranks - 1) / n_ranks

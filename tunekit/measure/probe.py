@@ -10,17 +10,19 @@ FLOPs follow the `flops` mode:
 """
 from __future__ import annotations
 
-import gc
 import hashlib
 import math
 import sys
 import time
 from dataclasses import dataclass
 
-from . import formulas, nvml
+from ..core import formulas
+from ..core.records import History, ProfileRecord
+from . import nvml
+from .device import device_label, synchronize, torch_if_loaded
 from .fingerprint import changed_names, describe, fingerprint, with_body_names
-from .meters import CpuPeak, CudaMeter, cuda_device_index, device_label, synchronize, torch_if_loaded
-from .records import History, ProfileRecord
+from .meters import CpuPeak, CudaMeter
+from .oom import explain_and_free, is_oom
 
 NaN = math.nan
 FLOPS_MODES = ("auto", "always", "never")
@@ -149,8 +151,8 @@ class Probe:
         rec.device = device_label(self.index)
         if exc is not None:
             rec.error = f"{type(exc).__name__}: {exc}"
-            if _is_oom(exc):
-                rec.notes.append(_explain_oom())
+            if is_oom(exc):
+                rec.notes.append(explain_and_free())
 
     def _fill_flops(self, rec, counted, exc) -> None:
         if counted is not None:
@@ -219,25 +221,6 @@ def _flops_of(count) -> tuple[float, float]:
     if count.executed == 0 and count.uncounted_ops:
         return NaN, NaN
     return float(count.executed), float(count.model)
-
-
-def _is_oom(exc) -> bool:
-    torch = torch_if_loaded()
-    if isinstance(exc, MemoryError):
-        return True
-    if torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
-
-
-def _explain_oom() -> str:
-    # Free what the failed block left behind, so the next cell starts from the baseline.
-    gc.collect()
-    torch = torch_if_loaded()
-    if torch is not None and cuda_device_index() is not None:
-        torch.cuda.empty_cache()
-    return ("out of memory: memory was freed (gc + empty_cache). Try a smaller micro batch with "
-            "gradient accumulation, bf16, activation checkpointing or a lighter optimizer")
 
 
 class profile:

@@ -15,13 +15,13 @@ its baseline; ``after_bytes`` vs ``baseline_bytes`` shows that it did.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import psutil
 
-from .lab_probe import free_memory, is_oom, memory_now_bytes
-from .meters import CpuPeak, CudaMeter, now_s
+from ..measure.device import now_s
+from ..measure.meters import DeviceMeter
+from ..measure.oom import free_memory, is_oom, memory_now_bytes
 from .toggles import ToggleError
 
 _PREDICT_MARGIN = 1.25
@@ -76,7 +76,7 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
         raise ToggleError(errors)
     dev = lab.device
     notes = []
-    lab._apply(t, notes)
+    lab.apply(t, notes)
     budget = memory_budget_bytes
     if budget is None and dev.type == "cpu":
         budget = default_cpu_budget_bytes(budget_fraction)
@@ -136,30 +136,22 @@ def _trial(lab, t, baseline: int, budget, trials) -> Trial:
     if predicted is not None and predicted > _PREDICT_MARGIN * budget:
         return Trial(t.micro_batch, False, None, "predicted over budget", 0.0)
     # the core's meters, not a bare reset of torch's peak: an enclosing %%gpuprofile keeps its own
-    meter = CpuPeak() if dev.type == "cpu" else CudaMeter(lab._cuda_index())
-    meter.start()
+    meter = DeviceMeter(dev, lab.cuda_index).start()
     oom_text = None
     t0 = now_s(dev)
     try:
-        with lab._matmul_precision(t):
-            # the lab's (calibrated) scaler: a fresh one at 2**16 may skip the step as inf, and a
-            # skipped step allocates no optimizer state, so the trial would look smaller than it is
-            lab._step(t, lab._compiled if t.compile else lab.model, lab.grad_scaler(t))
+        # the lab's (calibrated) scaler: a fresh one at 2**16 may skip the step as inf, and a
+        # skipped step allocates no optimizer state, so the trial would look smaller than it is
+        lab.train_step(t)
     except Exception as exc:  # decide outside the handler: its traceback pins the tensors
-        lab._scaler = None  # it may have stopped between unscale_() and update()
+        lab.recover()  # an OOM can leave half-made gradients and a scaler mid-step
         if not is_oom(exc):
-            lab.optimizer.zero_grad(set_to_none=True)
             raise
         oom_text = str(exc).splitlines()[0][:200]
     finally:
         seconds = now_s(dev) - t0
-        if isinstance(meter, CpuPeak):
-            _, above = meter.stop()
-            used = None if math.isnan(above) else meter.rss0 + above - baseline
-        else:
-            g = meter.stop()
-            used = g["gpu_peak_delta_bytes"] + meter.alloc0 - baseline if g else None
-    lab.optimizer.zero_grad(set_to_none=True)  # an OOM can leave half-made gradients
+        peak = meter.stop()
+        used = None if peak is None else peak - baseline
     free_memory(dev)
     if oom_text is not None:
         return Trial(t.micro_batch, False, used, f"OOM: {oom_text}", seconds)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+from .registry import DTYPES
 
 _MLENG = "ml-engineering compute/accelerator dense table"
 _LIGHTNING = "Lightning fabric throughput.py _CUDA_FLOPS"
@@ -79,7 +79,7 @@ def _has_token(name: str, needle: str) -> bool:
 def spec_peak(device_name: str | None, dtype: str = "bf16") -> tuple[float | None, str]:
     """(dense peak TFLOPS, source) from the spec table; (None, reason) when not known."""
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
     spec = find_spec(device_name)
     if spec is None:
         return None, f"no spec-sheet peak for {device_name!r}"

@@ -46,7 +46,7 @@ class ProfileRecord:
     notes: list = field(default_factory=list)
 
     def _repr_html_(self) -> str:
-        from .report import to_html
+        from .summary import to_html
 
         return to_html(self)
 

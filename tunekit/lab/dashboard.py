@@ -16,10 +16,9 @@ import html
 import ipywidgets as W
 from IPython import get_ipython
 
-from .lab_plots import compare_figure, memory_breakdown_figure
+from ..core.units import MiB
+from .plots import compare_figure, memory_breakdown_figure
 from .toggles import ATTENTIONS, OPTIMIZERS, PRECISIONS, ToggleError, notices
-
-MiB = 2**20
 
 
 def _plotly_output(fig) -> dict:

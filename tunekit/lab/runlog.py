@@ -79,19 +79,15 @@ def read_records(path) -> tuple[list[dict], int]:
 
 @dataclass
 class RunResult:
-    """One ``lab.run``: the toggles used and what was measured. Unmeasurable figures are None/NaN."""
+    """One ``lab.run``: the toggles used and what was measured. Unmeasurable figures are None/NaN.
+
+    The toggles are one ``Toggles`` object (``r.toggles``); each is also readable by name
+    (``r.precision``). The log and the DataFrame hold them flattened, one column each.
+    """
 
     run_id: int
     label: str
-    precision: str
-    checkpointing: bool
-    micro_batch: int
-    grad_accum: int
-    seq_len: int
-    optimizer: str
-    attention: str | None
-    compile: bool
-    lr: float
+    toggles: Toggles
     steps: int
     warmup: int
     tokens_per_step: int
@@ -112,7 +108,7 @@ class RunResult:
     params_bytes: int
     grads_bytes: int
     optimizer_bytes: int
-    saved_bytes: int | None           # saved for backward by one micro-batch (probe step)
+    saved_bytes: int | None           # activations saved for backward by one micro-batch
     loss: float                       # last timed step
     loss_first: float                 # first step of the run (warm-up included)
     device: str
@@ -123,16 +119,29 @@ class RunResult:
     n_params: int
     time: str = ""
     notes: list = field(default_factory=list)
+    weight_cast_bytes: int | None = None  # autocast's half weight copies kept for backward
 
-    @property
-    def toggles(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Toggles)}
+    def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
+        if name in TOGGLE_FIELDS and "toggles" in self.__dict__:
+            return getattr(self.toggles, name)
+        raise AttributeError(f"'RunResult' object has no attribute {name!r}")
+
+    def to_dict(self) -> dict:
+        """Flat: the toggles as top-level keys, in the order of the DataFrame's columns."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        toggles = d.pop("toggles").asdict()
+        out = {k: d.pop(k) for k in ("run_id", "label")}
+        return {**out, **toggles, **d}
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunResult":
         """From a log record; a field it lacks (an older or newer tunekit wrote it) is None/NaN."""
-        kw = {}
+        nested = d.get("toggles") if isinstance(d.get("toggles"), dict) else {}
+        known = {k: v for k, v in {**d, **nested}.items() if k in TOGGLE_FIELDS and v is not None}
+        kw = {"toggles": Toggles().replace(**known)}
         for f in dataclasses.fields(cls):
+            if f.name == "toggles":
+                continue
             v = d.get(f.name)
             if v is None and f.name in _FLOAT_FIELDS:
                 v = math.nan
@@ -142,14 +151,15 @@ class RunResult:
         return cls(**kw)
 
 
+TOGGLE_FIELDS = tuple(f.name for f in dataclasses.fields(Toggles))
 _FLOAT_FIELDS = {"tokens_per_s", "step_s", "step_s_min", "step_s_max", "tflops", "mfu", "hfu",
                  "loss", "loss_first"}
 
 
 def results_frame(runs: list[RunResult]):
-    """pandas DataFrame, one row per run, notes joined into one string."""
+    """pandas DataFrame, one row per run, toggles flattened, notes joined into one string."""
     import pandas as pd
 
-    cols = [f.name for f in dataclasses.fields(RunResult)]
-    rows = [{**dataclasses.asdict(r), "notes": "; ".join(r.notes)} for r in runs]
-    return pd.DataFrame(rows, columns=cols)
+    rows = [{**r.to_dict(), "notes": "; ".join(r.notes)} for r in runs]
+    rest = [f.name for f in dataclasses.fields(RunResult) if f.name not in ("run_id", "label", "toggles")]
+    return pd.DataFrame(rows, columns=["run_id", "label", *TOGGLE_FIELDS, *rest])

@@ -26,7 +26,7 @@ _CORPUS_VERSION = 1  # bump when the recipe below changes, so stale caches are n
 def data_dir() -> Path:
     """Where tunekit keeps data: ``$TUNEKIT_DATA_DIR``, else the repository's ``data/``."""
     env = os.environ.get("TUNEKIT_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "data"
 
 
 def _stdlib_sources() -> list[Path]:

@@ -9,17 +9,14 @@ model sizing", after Anthony et al. 2024, "The Case for Co-Designing Model Archi
 Hardware"): vocab divisible by 64; b*s, h/a and h/t divisible by a high power of two; (b*a)/t an
 integer; t small; SwiGLU d_ff near 8/3*h on a well-shaped value. `tunekit.bench` can back a rule
 by measurement (`swiglu_dff_search`, `matmul_shape_sweep`).
-
-Also here, as pure functions, the all-reduce bandwidth convention of nccl-tests.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# A100 tensor cores are fully used when GEMM dims are multiples of 128 bytes: 64 fp16/bf16
-# elements (V100: 16 bytes = 8 elements). The documents recommend 64.
-TENSOR_CORE_MULTIPLE = 64
+from .formulas import algbw, allreduce_busbw  # noqa: F401  (tunekit 0.1 had them here)
+from .shapes import TENSOR_CORE_MULTIPLE, cfg_get as _get, padded_vocab, round_to_multiple
+
 _SRC = "ml-engineering: vector and matrix size divisibility"
 
 
@@ -27,21 +24,6 @@ def pow2_factor(n: int) -> int:
     """Largest power of two dividing n: pow2_factor(96) == 32; 0 for 0."""
     n = int(n)
     return n & -n if n else 0
-
-
-def round_to_multiple(x: float, m: int, mode: str = "nearest") -> int:
-    """x rounded to a multiple of m (nearest; ties go up), or "up"/"down"."""
-    lo = int(x // m) * m
-    if mode == "down" or lo == x:
-        return lo
-    if mode == "up":
-        return lo + m
-    return lo + m if x - lo >= (lo + m) - x else lo
-
-
-def padded_vocab(vocab_size: int, multiple: int = TENSOR_CORE_MULTIPLE) -> int:
-    """Vocab rounded up to a multiple: padded_vocab(50257) == 50304 (GPT-2's padding)."""
-    return round_to_multiple(vocab_size, multiple, "up")
 
 
 def swiglu_dff_candidates(h: int) -> dict:
@@ -52,20 +34,6 @@ def swiglu_dff_candidates(h: int) -> dict:
     for m in (64, 128, 256):
         out[f"x{m}"] = round_to_multiple(target, m)
     return out
-
-
-# --- all-reduce bandwidth (nccl-tests convention) ------------------------------------------------
-
-
-def algbw(size_bytes: float, time_s: float) -> float:
-    """Algorithm bandwidth: bytes of the buffer / time (bytes per second)."""
-    return size_bytes / time_s if time_s > 0 else float("nan")
-
-
-def allreduce_busbw(algbw_bytes_per_s: float, n_ranks: int) -> float:
-    """Bus bandwidth of an all-reduce: algbw * 2(n-1)/n, the per-link traffic of a ring, so it
-    is comparable across rank counts (nccl-tests PERFORMANCE.md). 1 rank moves nothing: 0."""
-    return algbw_bytes_per_s * 2 * (n_ranks - 1) / n_ranks
 
 
 # --- the advisor ---------------------------------------------------------------------------------
@@ -111,12 +79,6 @@ class Advice:
     def __str__(self):
         return "\n".join(f"[{r.status:>3}] {r.rule}: {r.value} -> {r.recommendation}  ({r.reason})"
                          for r in self.rules)
-
-
-def _get(cfg, name, default=None):
-    if isinstance(cfg, Mapping):
-        return cfg.get(name, default)
-    return getattr(cfg, name, default)
 
 
 def _power_rule(name, n, what, multiple, fix):

@@ -1,0 +1,75 @@
+"""Which device, and its clock: torch (only if already imported), CUDA (only if already
+initialized), synchronization before clock reads, labels and dtype names. Measurement layer.
+
+Measuring must never create a CUDA context (that alone costs hundreds of MiB outside the
+allocator), so nothing here initializes CUDA or imports torch on its own.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from ..core.registry import dtype as _dtype_entry
+
+
+def torch_if_loaded():
+    """The torch module if the process imported it, else None (we never import it ourselves)."""
+    return sys.modules.get("torch")
+
+
+def cuda_device_index():
+    """The current CUDA device index if CUDA is initialized in this process, else None."""
+    torch = torch_if_loaded()
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()
+
+
+def synchronize(device=None) -> None:
+    """Wait for queued device work so that a clock read covers it (no-op on CPU)."""
+    torch = torch_if_loaded()
+    if torch is None:
+        return
+    if device is None:
+        if cuda_device_index() is not None:
+            torch.cuda.synchronize()
+        return
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps":
+        torch.mps.synchronize()
+
+
+def now_s(device=None) -> float:
+    """perf_counter after synchronizing the device."""
+    synchronize(device)
+    return time.perf_counter()
+
+
+def device_label(cuda_index=None) -> str:
+    """'cuda:0 (NVIDIA H100 80GB HBM3)' or 'cpu (N threads)'."""
+    torch = torch_if_loaded()
+    if cuda_index is not None and torch is not None:
+        return f"cuda:{cuda_index} ({torch.cuda.get_device_name(cuda_index)})"
+    threads = torch.get_num_threads() if torch is not None else os.cpu_count()
+    return f"cpu ({threads} threads)"
+
+
+def default_device(device=None):
+    """The given device, else cuda when available, else cpu (imports torch)."""
+    import torch
+
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def torch_dtype(name):
+    """torch dtype for a tunekit dtype name or alias (``"bf16"`` -> ``torch.bfloat16``)."""
+    import torch
+
+    if isinstance(name, torch.dtype):
+        return name
+    return getattr(torch, _dtype_entry(name).torch_name)

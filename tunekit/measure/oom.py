@@ -1,0 +1,74 @@
+"""Out-of-memory: one rule to recognize it, one way to give the memory back. Measurement layer.
+
+Recognized: ``torch.cuda.OutOfMemoryError``, Python's ``MemoryError`` and torch's CPU allocator
+(``RuntimeError: ... DefaultCPUAllocator: can't allocate memory``), plus other runtime errors
+that say "out of memory".
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+
+from .device import cuda_device_index, torch_if_loaded
+from .meters import cpu_rss_bytes
+
+ADVICE = ("Try a smaller micro batch with gradient accumulation, bf16, activation checkpointing "
+          "or a lighter optimizer")
+
+
+def is_oom(exc: BaseException | None) -> bool:
+    """True for every kind of out-of-memory error tunekit knows."""
+    if exc is None:
+        return False
+    if isinstance(exc, MemoryError):
+        return True
+    torch = torch_if_loaded()
+    if torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower()
+                                              or "can't allocate memory" in text
+                                              or "not enough memory" in text)
+
+
+_libc = None
+
+
+def _malloc_trim() -> bool:
+    """Ask glibc to return freed heap pages to the OS; without it RSS stays at its high mark."""
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _libc = ctypes.CDLL(name) if name else False
+        except OSError:
+            _libc = False
+    if _libc and hasattr(_libc, "malloc_trim"):
+        return bool(_libc.malloc_trim(0))
+    return False
+
+
+def free_memory(device=None) -> None:
+    """Collect garbage and hand cached memory back: CUDA's cache when CUDA is in use (or
+    ``device`` is CUDA), and glibc's heap on CPU."""
+    gc.collect()
+    kind = getattr(device, "type", None if device is None else str(device).split(":")[0])
+    torch = torch_if_loaded()
+    if torch is not None and (kind == "cuda" or (kind is None and cuda_device_index() is not None)):
+        torch.cuda.empty_cache()
+    if kind in (None, "cpu"):
+        _malloc_trim()
+
+
+def memory_now_bytes(device) -> int:
+    """Bytes in use now: torch-allocated on CUDA, process RSS on CPU."""
+    if getattr(device, "type", str(device)) == "cuda":
+        return torch_if_loaded().cuda.memory_allocated(device)
+    return cpu_rss_bytes()
+
+
+def explain_and_free(device=None) -> str:
+    """Free what a failed block left behind and say so (the record's note)."""
+    free_memory(device)
+    return f"out of memory: memory was freed (gc + cache release). {ADVICE}"

@@ -1,0 +1,57 @@
+"""Every private torch API tunekit relies on, in one place. Measurement layer.
+
+torch offers no public way to do these few things; each is wrapped here so that a torch upgrade
+that changes one breaks exactly one function, and tests/test_torch_private.py (the canary) fails
+loudly naming it, instead of a measurement going silently wrong.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+# FlopCounterMode calls this method once per executed op with (func_packet, out, args, kwargs);
+# tunekit.measure.flops.TunekitFlopCounter overrides it to add formulas torch lacks, halve causal
+# attention and split out recomputation. torch's public hook, `custom_mapping`, can only add
+# formulas: it sees neither the grad mode nor the caller's module.
+COUNT_HOOK = "_count_flops"
+COUNT_HOOK_PARAMS = ("self", "func_packet", "out", "args", "kwargs")
+
+
+def count_hook_signature() -> tuple:
+    """The parameter names of FlopCounterMode's per-op hook in this torch."""
+    return tuple(inspect.signature(getattr(FlopCounterMode, COUNT_HOOK)).parameters)
+
+
+def dispatch_mode_stack() -> list:
+    """The torch dispatch modes now active (innermost last)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
+
+
+def is_flop_counter(mode) -> bool:
+    """True for a FlopCounterMode on the dispatch stack: torch >= 2.5 pushes a private
+    `_FlopCounterMode` helper there, older versions the FlopCounterMode itself."""
+    return isinstance(mode, FlopCounterMode) or type(mode).__name__ == "_FlopCounterMode"
+
+
+def in_autograd_backward() -> bool:
+    """True while the autograd engine runs a backward pass on this thread."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def storage_weakref(storage):
+    """A weak reference to an untyped storage (``.expired()`` once it is freed)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(storage)
+
+
+def op_argument_names(packet) -> list[str]:
+    """Argument names of an aten op overload packet's default overload (its schema), or []."""
+    try:
+        return [a.name for a in packet.default._schema.arguments]
+    except AttributeError:
+        return []

@@ -1,0 +1,1 @@
+"""Models: tunekit's demo GPT (`gpt`) and its training data (`data`)."""
