@@ -1,9 +1,10 @@
-"""Layering: the pure core imports neither torch nor IPython; `import tunekit` stays light."""
+"""`import tunekit` stays light; every public name and every module path resolves."""
+import importlib
 import subprocess
 import sys
 
-PURE = ["tunekit.formulas", "tunekit.specs", "tunekit.records", "tunekit.units", "tunekit.report",
-        "tunekit.anatomy", "tunekit.anatomy_gpt", "tunekit.advisor"]
+import tunekit
+
 HEAVY = ["torch", "IPython", "pandas", "plotly", "ipywidgets"]
 
 
@@ -13,16 +14,34 @@ def _loaded_after(stmt):
     return out.stdout.strip()
 
 
-def test_pure_core_imports_nothing_heavy():
-    assert _loaded_after("import " + ", ".join(PURE)) == ""
-
-
 def test_import_tunekit_is_lazy():
     assert _loaded_after("import tunekit") == ""
+    assert _loaded_after("import tunekit; tunekit.formulas; tunekit.advise; tunekit.Toggles") == ""
 
 
-def test_public_names_resolve():
-    import tunekit
+def test_every_export_resolves():
+    for name in tunekit.__all__:
+        assert getattr(tunekit, name) is not None, name
+    assert callable(tunekit.median_s) and isinstance(tunekit.Lab, type)
 
-    for name in ("profile", "history", "last", "peak_tflops", "calibrate", "experiment", "plot_history"):
-        assert callable(getattr(tunekit, name))
+
+def test_every_module_is_reachable_by_its_short_and_old_name():
+    for short, real in tunekit._MODULES.items():
+        module = importlib.import_module(f"tunekit.{real}")
+        assert getattr(tunekit, short) is module, short
+        assert importlib.import_module(f"tunekit.{short}") is module, short  # `import tunekit.x`
+        assert module.__spec__.name == f"tunekit.{real}"  # the alias left the real spec alone
+    for package in tunekit._PACKAGES:
+        assert getattr(tunekit, package).__name__ == f"tunekit.{package}"
+
+
+def test_old_import_paths_keep_working():
+    from tunekit.lab.toggles import Toggles
+    from tunekit.model import GPT
+    from tunekit.models.gpt import GPT as GPT2
+    from tunekit.toggles import Toggles as T2
+
+    assert GPT is GPT2 and Toggles is T2
+    code = "from tunekit.anatomy import estimate_memory; import tunekit.widgets; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ok"

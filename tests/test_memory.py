@@ -190,3 +190,18 @@ def test_rng_state_is_not_advanced():
     torch.manual_seed(1)
     measure_memory(model, (x,), estimate=False)      # dropout draws inside a forked RNG
     assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("precision,checkpointing,attention",
+                         [(p, c, a) for p in ("fp32", "bf16") for c in (False, True) for a in ("sdpa", "math")])
+def test_lab_and_measure_memory_share_one_saved_activation_tally(tmp_path, precision, checkpointing, attention):
+    from tunekit.lab import Lab
+
+    lab = Lab(preset="cpu-tiny", log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=2,
+              seq_len=32, precision=precision, checkpointing=checkpointing, attention=attention)
+    run = lab.run(steps=1, warmup=0)
+    measured = measure_memory(lab).measured
+    # the same tally on the same shapes: equal to the byte, weight casts kept apart
+    assert run.saved_bytes == measured["activations"] > 0
+    assert run.weight_cast_bytes == measured["weight_casts"]
+    assert (run.weight_cast_bytes > 0) == (precision == "bf16")

@@ -16,7 +16,7 @@ import io
 import math
 import os
 import sys
-import types
+import time
 
 from .measure import nvml
 from .measure.device import cuda_device_index
@@ -53,13 +53,18 @@ def _backend(shell, gpu_index):
 
     class Backend(base):
         def __init__(self):
-            real = mod.get_ipython
-            # ipyexperiments looks up get_ipython().kernel.shell; give it the shell we have
-            mod.get_ipython = lambda: types.SimpleNamespace(kernel=types.SimpleNamespace(shell=shell))
-            try:
-                super().__init__(cl_enable=False)  # its per-cell logger costs ~100 ms a cell
-            finally:
-                mod.get_ipython = real
+            # IPyExperiments.__init__ finds the shell with its module-level get_ipython() and
+            # reads `.kernel.shell`, which exists only in a Jupyter kernel. Rather than patch that
+            # module global (process-wide, not thread-safe), we let the base class set up its
+            # logger fields with the experiment disabled (it then touches no shell) and do its
+            # remaining five assignments with the shell we have. tests/test_experiments.py has a
+            # canary that fails if a release renames what we set here.
+            super().__init__(exp_enable=False, cl_enable=False)  # its cell logger: ~100 ms a cell
+            self.enable, self.reclaimed, self.var_names_keep = True, False, []
+            self.start_time = time.time()
+            self.namespace = mod.NamespaceMagics()
+            self.namespace.shell = shell
+            self.var_names_start = self.get_var_names()
             self.backend_init()
             self.start()
 

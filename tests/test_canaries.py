@@ -1,0 +1,95 @@
+"""Canaries: the private or undocumented third-party behaviour tunekit relies on, each checked
+where it is used. When an upgrade changes one, the failure names it here instead of a
+measurement going silently wrong."""
+import ast
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from tunekit.measure import torch_private
+from tunekit.measure.flops import TunekitFlopCounter, count_flops
+
+
+def test_flop_counter_per_op_hook_exists_with_the_signature_we_override():
+    assert hasattr(FlopCounterMode, torch_private.COUNT_HOOK)
+    assert torch_private.count_hook_signature() == torch_private.COUNT_HOOK_PARAMS
+
+
+def test_our_override_is_the_one_torch_calls():
+    calls = []
+
+    class Spy(TunekitFlopCounter):
+        def _count_flops(self, func_packet, out, args, kwargs):
+            calls.append(str(func_packet))
+            return super()._count_flops(func_packet, out, args, kwargs)
+
+    a, b = torch.randn(4, 8), torch.randn(8, 16)
+    with Spy() as spy:
+        a @ b
+    assert calls == ["aten.mm"]
+    assert spy.result().executed == 1024  # 2*4*8*16
+
+
+def test_flop_counter_shows_on_the_dispatch_stack_while_active():
+    assert not any(torch_private.is_flop_counter(m) for m in torch_private.dispatch_mode_stack())
+    with FlopCounterMode(display=False):
+        assert any(torch_private.is_flop_counter(m) for m in torch_private.dispatch_mode_stack())
+    assert not any(torch_private.is_flop_counter(m) for m in torch_private.dispatch_mode_stack())
+
+
+def test_graph_task_id_tells_backward_from_forward():
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("forward", torch_private.in_autograd_backward()))
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(("backward", torch_private.in_autograd_backward()))
+            return g * 2
+
+    Probe.apply(torch.ones(2, requires_grad=True)).sum().backward()
+    assert seen == [("forward", False), ("backward", True)]
+
+
+def test_sdpa_schema_names_is_causal():
+    packet = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    assert "is_causal" in torch_private.op_argument_names(packet)
+
+
+def test_storage_weakref_expires_with_its_storage():
+    t = torch.ones(16)
+    ref = torch_private.storage_weakref(t.untyped_storage())
+    assert not ref.expired()
+    del t
+    assert ref.expired()
+
+
+def test_ipyexperiments_init_sets_what_our_bridge_sets():
+    # tunekit.experiments builds IPyExperiments without its get_ipython() lookup by assigning
+    # these attributes itself; a release that sets anything else must be looked at.
+    ipyexperiments = pytest.importorskip("ipyexperiments.ipyexperiments")
+    src = textwrap.dedent(inspect.getsource(ipyexperiments.IPyExperiments.__init__))
+    assigned = {t.attr for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Attribute)}
+    assert assigned == {"cl_enable", "cl_kwargs", "enable", "running", "reclaimed", "start_time",
+                        "var_names_keep", "namespace", "shell", "var_names_start"}
+
+
+def test_deprecated_pynvml_shim_is_quiet_after_import_tunekit():
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "import tunekit, torch\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always'); import pynvml\n"
+            "print(len([x for x in w if 'pynvml' in str(x.message)]))")
+    out = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True,
+                         text=True, check=True)
+    assert "deprecated" not in out.stderr and out.stdout.strip() == "0"
