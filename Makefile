@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CPU_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
-.PHONY: install tour lab test test-fast test-gpu bench clean
+.PHONY: install tour lab lint test test-fast test-gpu bench clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +31,16 @@ lab: install
 	$(PY) -m pip install -q $(CPU_CONSTRAINT) jupyterlab
 	$(VENV)/bin/jupyter lab notebooks/00_tour.ipynb
 
-# Unit tests, magics in a real IPython shell, and every notebook executed by nbval in a kernel.
-test: install
-	$(PY) -m pytest -q -m "not gpu" tests
-	$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks
+lint: install
+	$(VENV)/bin/ruff check tunekit tests benchmarks notebooks
 
+# Lint, unit tests (magics in a real IPython shell, notebook pairs in sync), and every notebook
+# executed by nbval in a kernel.
+test: lint
+	$(PY) -m pytest -q -m "not gpu" tests
+	$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb
+
+# The quick loop while editing: no slow tests, no notebooks.
 test-fast: install
 	$(PY) -m pytest -q -m "not gpu and not slow" tests
 

@@ -100,7 +100,8 @@ def main():
               f"{'PASS' if med[2] < 2 else 'FAIL'} (-q)")
 
         setup = ("torch.manual_seed(0); torch.set_num_threads(2)\n"
-                 "model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))\n"
+                 "model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),"
+                 " torch.nn.Linear(2048, 512))\n"
                  "opt = torch.optim.AdamW(model.parameters())\nx = torch.randn(64, 512)")
         step = "loss = model(x).square().mean(); loss.backward(); opt.step(); opt.zero_grad()"
         run(kc, setup)
@@ -112,7 +113,8 @@ def main():
             pairs.append((t_bare, t_prof))
         b = statistics.median(p[0] for p in pairs)
         p = statistics.median(p[1] for p in pairs)
-        run(kc, "import json; print(json.dumps(tunekit.history().iloc[-1][['flops_source', 'wall_s', 'tflops']].to_dict()))")
+        run(kc, "import json; print(json.dumps(tunekit.history().iloc[-1]"
+                "[['flops_source', 'wall_s', 'tflops']].to_dict()))")
         print("B. training-step cell re-run (FLOPs cached after the first run), median of 15x5 runs")
         print(f"   bare cell            {b * 1e3:7.2f} ms")
         print(f"   %%gpuprofile cell    {p * 1e3:7.2f} ms  overhead {(p - b) / b:+.1%} of the cell's time")

@@ -11,8 +11,8 @@ import sys
 
 import torch
 
-from tunekit.memory.estimate import estimate_memory, worked_example_147m
 from tunekit.memory import measure_memory
+from tunekit.memory.estimate import estimate_memory, worked_example_147m
 from tunekit.models.gpt import GPT, GPTConfig
 
 GiB, GB = 2**30, 1e9

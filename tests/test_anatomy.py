@@ -5,9 +5,14 @@ import sys
 
 import pytest
 
-from tunekit.memory.estimate import (bytes_per_param, estimate_memory, full_recompute_activation_bytes,
-                             korthikanti_activation_bytes, optimizer_bytes_per_param,
-                             worked_example_147m)
+from tunekit.memory.estimate import (
+    bytes_per_param,
+    estimate_memory,
+    full_recompute_activation_bytes,
+    korthikanti_activation_bytes,
+    optimizer_bytes_per_param,
+    worked_example_147m,
+)
 from tunekit.memory.gpt_count import gpt_activation_bytes, gpt_layer_activation_bytes, gpt_param_count
 
 GPT1 = dict(n_layer=12, n_embd=768, n_head=12, seq_len=512)

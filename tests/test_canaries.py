@@ -12,7 +12,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tunekit.measure import torch_private
-from tunekit.measure.flops import TunekitFlopCounter, count_flops
+from tunekit.measure.flops import TunekitFlopCounter
 
 
 def test_flop_counter_per_op_hook_exists_with_the_signature_we_override():

@@ -41,7 +41,8 @@ def _mlp(ckpt=None):
     lin1 = torch.nn.Linear(32, 64, bias=False)
     lin2 = torch.nn.Linear(64, 32, bias=False)
     x = torch.randn(8, 32, requires_grad=True)
-    body = lambda t: lin2(F.gelu(lin1(t)))
+    def body(t):
+        return lin2(F.gelu(lin1(t)))
     if ckpt is None:
         return lambda: body(x).sum().backward()
     return lambda: checkpoint(body, x, use_reentrant=ckpt == "reentrant").sum().backward()

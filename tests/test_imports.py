@@ -36,10 +36,11 @@ def test_every_module_is_reachable_by_its_short_and_old_name():
 
 
 def test_old_import_paths_keep_working():
-    from tunekit.lab.toggles import Toggles
     from tunekit.model import GPT
-    from tunekit.models.gpt import GPT as GPT2
     from tunekit.toggles import Toggles as T2
+
+    from tunekit.lab.toggles import Toggles
+    from tunekit.models.gpt import GPT as GPT2
 
     assert GPT is GPT2 and Toggles is T2
     code = "from tunekit.anatomy import estimate_memory; import tunekit.widgets; print('ok')"

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tunekit.lab import runlog
-from tunekit.lab import Lab, RunResult
-from tunekit.lab.toggles import FP16_ON_CPU, Env, Toggles, ToggleError, label, notices, problems
+from tunekit.lab import Lab, RunResult, runlog
+from tunekit.lab.toggles import FP16_ON_CPU, Env, ToggleError, Toggles, label, notices, problems
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -302,8 +301,8 @@ def test_find_max_non_oom_error_propagates_cleanly(lab):
 
 
 def test_flash_flops_added_analytically():
-    from tunekit.measure.flops import FlopCount
     from tunekit.lab.step import ProbeResult, add_flash_flops
+    from tunekit.measure.flops import FlopCount
     from tunekit.models.gpt import GPTConfig
 
     cfg = GPTConfig.preset("cpu-tiny")  # L=2, nh=4, hs=32

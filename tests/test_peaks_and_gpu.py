@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.measure import meters, nvml, peaks
+from tunekit.measure import nvml, peaks
 
 
 def test_calibrate_cpu_measures_and_caches(tmp_path, monkeypatch):
@@ -45,7 +45,8 @@ def test_gpu_memory_path_with_a_mocked_cuda(monkeypatch):
         is_available=lambda: True, is_initialized=lambda: True, current_device=lambda: 0,
         memory_allocated=lambda i: state["alloc"], max_memory_allocated=lambda i: state["max"],
         memory_reserved=lambda i: state["reserved"], reset_peak_memory_stats=lambda i: state.update(max=state["alloc"]),
-        synchronize=lambda *a: state.setdefault("syncs", []).append(a), get_device_name=lambda i: "NVIDIA H100 80GB HBM3",
+        synchronize=lambda *a: state.setdefault("syncs", []).append(a),
+        get_device_name=lambda i: "NVIDIA H100 80GB HBM3",
         OutOfMemoryError=torch.cuda.OutOfMemoryError)
     monkeypatch.setattr(torch, "cuda", fake)
     monkeypatch.setattr(nvml, "used_bytes", lambda index: (7.0e9, None))

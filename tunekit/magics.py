@@ -16,7 +16,6 @@ from .measure.fingerprint import fingerprint, names_read
 from .measure.probe import FLOPS_MODES, Probe, source_key
 
 
-
 @magics_class
 class GpuProfileMagics(Magics):
     def __init__(self, shell):

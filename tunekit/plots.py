@@ -9,7 +9,6 @@ def plot_history(df=None, title: str = "Profiled cells"):
 
     >>> tunekit.plot_history().show()
     """
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     from .measure.probe import history

@@ -8,10 +8,15 @@ min and max, after warm-up, device synchronized) that `tunekit.bench.plot(df)` d
 CPU-sized defaults run in seconds; pass bigger sizes on a GPU.
 """
 from .allreduce import all_reduce_busbw
-from .compute import (compile_on_off, forward_backward_ratio, matmul_shape_sweep,
-                                   naive_softmax, softmax_naive_vs_fused, swiglu_dff_search)
-from .host import (dataloader_workers, gc_in_training_loop, pin_memory_non_blocking,
-                                set_numa_affinity)
+from .compute import (
+                                   compile_on_off,
+                                   forward_backward_ratio,
+                                   matmul_shape_sweep,
+                                   naive_softmax,
+                                   softmax_naive_vs_fused,
+                                   swiglu_dff_search,
+)
+from .host import dataloader_workers, gc_in_training_loop, pin_memory_non_blocking, set_numa_affinity
 from .plots import plot
 
 __all__ = ["all_reduce_busbw", "compile_on_off", "dataloader_workers", "forward_backward_ratio",

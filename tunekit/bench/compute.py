@@ -53,8 +53,9 @@ def forward_backward_ratio(device=None, width: int = 256, depth: int = 4, tokens
     """
     dev = default_device(device)
     rows = []
+    x = torch.randn(tokens, width, device=dev)
     cases = [(f"linear stack {depth}x{width}", _mlp_stack(width, depth).to(dev),
-              lambda m, x=torch.randn(tokens, width, device=dev): m(x).square().mean())]
+              lambda m: m(x).square().mean())]
     if gpt_preset:
         from ..models.gpt import GPT, GPTConfig
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .formulas import algbw, allreduce_busbw  # noqa: F401  (tunekit 0.1 had them here)
-from .shapes import TENSOR_CORE_MULTIPLE, cfg_get as _get, padded_vocab, round_to_multiple
+from .shapes import TENSOR_CORE_MULTIPLE, padded_vocab, round_to_multiple
+from .shapes import cfg_get as _get
 
 _SRC = "ml-engineering: vector and matrix size divisibility"
 

@@ -26,11 +26,13 @@ def rows(rec) -> list[tuple[str, str]]:
         ("time", fmt_seconds(rec.wall_s)),
         ("FLOPs", flops),
         ("speed", f"{_tflops(rec.tflops)} · {util}"),
-        ("CPU RAM", f"RSS {fmt_bytes(rec.cpu_rss_delta_bytes, True)} · peak {fmt_bytes(rec.cpu_peak_delta_bytes, True)}"),
+        ("CPU RAM", f"RSS {fmt_bytes(rec.cpu_rss_delta_bytes, True)} · "
+                    f"peak {fmt_bytes(rec.cpu_peak_delta_bytes, True)}"),
         ("GPU", gpu),
     ]
     if not is_missing(rec.exp_cpu_consumed_bytes):
-        leak = (f"CPU consumed {fmt_bytes(rec.exp_cpu_consumed_bytes)}, reclaimed {fmt_bytes(rec.exp_cpu_reclaimed_bytes)}")
+        leak = (f"CPU consumed {fmt_bytes(rec.exp_cpu_consumed_bytes)}, "
+                f"reclaimed {fmt_bytes(rec.exp_cpu_reclaimed_bytes)}")
         if not is_missing(rec.exp_gpu_consumed_bytes):
             leak += (f" · GPU consumed {fmt_bytes(rec.exp_gpu_consumed_bytes)}, "
                      f"reclaimed {fmt_bytes(rec.exp_gpu_reclaimed_bytes)}")
@@ -65,7 +67,8 @@ def to_line(rec) -> str:
     parts = [f"⏱ {rec.name}", fmt_seconds(rec.wall_s),
              f"CPU {fmt_bytes(rec.cpu_rss_delta_bytes, True)} (peak {fmt_bytes(rec.cpu_peak_delta_bytes, True)})"]
     if not is_missing(rec.gpu_peak_delta_bytes):
-        parts.append(f"GPU {fmt_bytes(rec.gpu_alloc_delta_bytes, True)} (peak {fmt_bytes(rec.gpu_peak_delta_bytes, True)})")
+        parts.append(f"GPU {fmt_bytes(rec.gpu_alloc_delta_bytes, True)} "
+                     f"(peak {fmt_bytes(rec.gpu_peak_delta_bytes, True)})")
     if rec.flops_source != "none" and rec.flops:
         parts.append(f"{fmt_flops(rec.flops)} {_tflops(rec.tflops)} MFU {fmt_pct(rec.mfu)}")
     if rec.error:
@@ -85,7 +88,8 @@ class Summary:
 
     def _repr_html_(self) -> str:
         if self.compact:
-            return f"<div style='font-family:monospace;font-size:11px;color:#555'>{html.escape(to_line(self.rec))}</div>"
+            style = "font-family:monospace;font-size:11px;color:#555"
+            return f"<div style='{style}'>{html.escape(to_line(self.rec))}</div>"
         return to_html(self.rec)
 
     def __repr__(self) -> str:

@@ -38,8 +38,7 @@ from . import runlog
 from .optimizers import build_optimizer, state_bytes, unavailable_optimizers
 from .runlog import RunResult, results_frame
 from .step import ProbeResult, add_flash_flops, probe_step
-from .toggles import (Env, Toggles, ToggleError, autocast_dtype, compute_dtype, label, notices,
-                      problems)
+from .toggles import Env, ToggleError, Toggles, autocast_dtype, compute_dtype, label, notices, problems
 
 __all__ = ["Lab", "RunResult", "results_frame"]
 

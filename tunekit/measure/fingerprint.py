@@ -98,7 +98,7 @@ def _function_globals(fn, depth: int) -> tuple:
 
 def _cell_ok(cell) -> bool:
     try:
-        cell.cell_contents
+        cell.cell_contents  # noqa: B018  (reading an empty cell raises)
         return True
     except ValueError:  # an empty closure cell
         return False

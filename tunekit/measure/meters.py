@@ -108,7 +108,8 @@ def _maxrss_bytes() -> int:
 class CpuPeak:
     """Peak RSS between `start()` and `stop()`.
 
-    Exact on Linux via VmHWM (reset through /proc/self/clear_refs when it is above RSS). Elsewhere the process-lifetime ru_maxrss only tells the
+    Exact on Linux via VmHWM (reset through /proc/self/clear_refs when it is above RSS).
+    Elsewhere the process-lifetime ru_maxrss only tells the
     peak when it grew during the block; otherwise the peak is unknown (NaN), not guessed.
     Meters nest: before an inner meter resets VmHWM, the peak so far is handed to the outer ones.
     """

@@ -175,23 +175,19 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     t_start = time.perf_counter()
     sweep = []
 
-    def operands(n):
-        return (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
+    def tries(n, warmup, repeats):
+        """(n, n, n, TFLOPS) of each timed n x n matmul; the operands live only in here."""
+        a, b = (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
+        times = time_repeats(lambda: torch.mm(a, b), dev, warmup=warmup, repeats=repeats)
+        return [(n, n, n, 2 * n**3 / t / 1e12) for t in times]
 
     try:
         for n in sizes or default_sizes(dev.type):
-            a, b = operands(n)
             # warm-up first (kernel selection, page faults, caches); the best try is the estimate
-            best = min(time_repeats(lambda: torch.mm(a, b), dev, warmup=1, repeats=repeats))
-            sweep.append((n, n, n, 2 * n**3 / best / 1e12))
-            del a, b
+            sweep.append(max(tries(n, 1, repeats), key=lambda r: r[3]))
         # Second look at the winner: a busy moment during the sweep can only make a size look
         # slower, so more tries of the best size lift the peak toward what the device can do.
-        n = max(sweep, key=lambda r: r[3])[0]
-        a, b = operands(n)
-        times = time_repeats(lambda: torch.mm(a, b), dev, warmup=0, repeats=2 * repeats)
-        sweep.extend((n, n, n, 2 * n**3 / t / 1e12) for t in times)
-        del a, b
+        sweep.extend(tries(max(sweep, key=lambda r: r[3])[0], 0, 2 * repeats))
     finally:
         if prev_tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = prev_tf32

@@ -84,7 +84,8 @@ class Probe:
         cached = _FLOP_CACHE.get(self.key)
         self.fp = (self._fp() if callable(self._fp) else self._fp) if self.mode == "auto" else ()
         stale = self.mode == "auto" and cached is not None and cached.fingerprint != self.fp
-        self.count_now = torch is not None and (self.mode == "always" or (self.mode == "auto" and (cached is None or stale)))
+        self.count_now = torch is not None and (
+            self.mode == "always" or (self.mode == "auto" and (cached is None or stale)))
         if self.mode != "never" and torch is None:
             rec.notes.append("torch is not imported: no FLOPs to count")
         if stale:
