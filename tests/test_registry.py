@@ -1,0 +1,58 @@
+"""The registry is the one declaration of optimizers, dtypes, precisions and attention kinds;
+everything that lists or sizes them reads it."""
+import pytest
+import torch
+
+from tunekit.core import registry
+from tunekit.lab import toggles
+from tunekit.lab.optimizers import build_optimizer, state_bytes, unavailable_optimizers
+from tunekit.measure.device import torch_dtype
+from tunekit.memory.estimate import optimizer_bytes_per_param
+
+
+def test_lab_lists_come_from_the_registry():
+    assert toggles.OPTIMIZERS == tuple(n for n, o in registry.OPTIMIZERS.items() if o.factory)
+    assert toggles.PRECISIONS == ("fp32", "tf32", "bf16", "fp16")
+    assert toggles.ATTENTIONS == ("math", "sdpa", "flash")
+
+
+@pytest.mark.parametrize("name", [n for n in registry.LAB_OPTIMIZERS
+                                  if n not in unavailable_optimizers("cpu")])
+def test_every_buildable_optimizer_holds_the_state_the_registry_declares(name):
+    net = torch.nn.Linear(64, 32, bias=False)  # 2048 fp32 parameters
+    opt = build_optimizer(name, net.parameters(), lr=1e-3)
+    net(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    declared = registry.optimizer(name).state_bytes_per_param(4) * 2048
+    if name == "adafactor":
+        # torch factors the second moment into a row and a column vector: (64 + 32) x 4 B, plus
+        # a step counter; the registry keeps the documents' ~4 B/param for estimates
+        assert state_bytes(opt) < declared / 10
+    else:
+        # adamw: 2 x 4 B x 2048 = 16384 (+ a 4-byte step); sgd momentum: 8192
+        assert declared <= state_bytes(opt) <= declared + 8
+    assert optimizer_bytes_per_param(name, "fp32") * 2048 == declared
+
+
+def test_aliases_resolve_to_one_entry():
+    assert registry.optimizer("adamw-8bit") is registry.OPTIMIZERS["adamw_8bit"]
+    assert registry.optimizer("Adam").name == "adamw"
+    assert registry.optimizer_for_class("SGD", momentum=0.0).name == "sgd_nomomentum"
+    assert registry.optimizer_for_class("AdamW8bit").name == "adamw_8bit"
+    assert optimizer_bytes_per_param("adamw-8bit") == 2   # 2 states x 1 byte
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        registry.optimizer("rmsprop")
+
+
+def test_dtypes_map_to_torch():
+    assert [torch_dtype(n) for n in ("fp32", "tf32", "bf16", "fp16", "bfloat16")] == [
+        torch.float32, torch.float32, torch.bfloat16, torch.float16, torch.bfloat16]
+    assert all(torch_dtype(n).itemsize == d.bytes for n, d in registry.DTYPES.items())
+    with pytest.raises(ValueError, match="unknown dtype"):
+        registry.dtype("int4")
+
+
+def test_unavailable_optimizers_say_why():
+    why = unavailable_optimizers("cpu")
+    assert "adamw_8bit" in why and ("bitsandbytes" in why["adamw_8bit"])
+    assert set(why) <= set(registry.LAB_OPTIMIZERS)
