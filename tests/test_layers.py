@@ -18,7 +18,7 @@ LAYERS = {
     **{f"core.{m}": CORE for m in ("units", "formulas", "specs", "registry", "shapes", "records",
                                     "summary", "advisor")},
     "memory.estimate": CORE, "memory.gpt_count": CORE, "lab.toggles": CORE, "lab.runlog": CORE,
-    "models.gpt": MODELS, "models.data": MODELS, "lab.optimizers": MODELS,
+    "models.gpt": MODELS, "models.data": MODELS, "models.adapters": MODELS, "lab.optimizers": MODELS,
     **{f"measure.{m}": MEASURE for m in ("device", "meters", "nvml", "torch_private", "flops",
                                           "fingerprint", "peaks", "timing", "oom", "probe")},
     "memory.tally": MEASURE, "memory.measure": MEASURE, "lab.step": MEASURE,

@@ -70,6 +70,10 @@ def estimate_tflops(model_size_b: float, seq_len: int, global_batch: int, step_s
 
 # --- rates and utilization --------------------------------------------------------------------
 
+# The two ways a record's MFU numerator is obtained (its `mfu_convention`).
+MFU_ANALYTIC = "analytic: 6 x matmul weights x tokens + causal attention at half, no recompute"
+MFU_COUNTED = "counted: executed FLOPs minus checkpoint and attention-score recompute"
+
 
 def tflops(flops: float, seconds: float) -> float:
     """Achieved TFLOPS; NaN when either input is missing or the time is not positive."""

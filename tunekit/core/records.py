@@ -37,6 +37,7 @@ class ProfileRecord:
     device: str | None = None
     error: str | None = None      # "ExcType: message" when the cell raised or was interrupted
     recompute_flops: float = NaN  # executed during backward to rebuild activations
+    mfu_convention: str | None = None  # how model_flops was obtained (tunekit.core.formulas)
     started_at: float = NaN       # time.time() at the start
     # experiment() leak check (ipyexperiments): consumed = kept at the end, reclaimed = freed
     exp_cpu_consumed_bytes: float = NaN

@@ -184,14 +184,27 @@ class Attention:
     half_only: bool             # takes fp16/bf16 tensors only
     package: str | None
     keeps_scores: bool          # saves the (s x s) score matrix for backward
+    hf_name: str | None         # transformers' attn_implementation for it
     doc: str
+    aliases: tuple = ()
 
 
 ATTENTIONS: dict[str, Attention] = {a.name: a for a in (
-    Attention("math", False, False, None, True, "QK^T, softmax and AV as separate ops"),
-    Attention("sdpa", False, False, None, False, "torch's scaled_dot_product_attention (fused kernels)"),
-    Attention("flash", True, True, "flash-attn", False, "the flash-attn package's kernels"),
+    Attention("math", False, False, None, True, "eager", "QK^T, softmax and AV as separate ops",
+              aliases=("eager",)),
+    Attention("sdpa", False, False, None, False, "sdpa", "torch's scaled_dot_product_attention (fused kernels)"),
+    Attention("flash", True, True, "flash-attn", False, "flash_attention_2", "the flash-attn package's kernels",
+              aliases=("flash_attention_2",)),
 )}
+ATTENTION_ALIASES = {a: x.name for x in ATTENTIONS.values() for a in x.aliases}
+
+
+def attention(name: str) -> Attention:
+    """The attention entry for a name or alias (``"eager"`` is transformers' name for math)."""
+    key = ATTENTION_ALIASES.get(name, name)
+    if key not in ATTENTIONS:
+        raise ValueError(f"unknown attention {name!r}; one of {tuple(ATTENTIONS)} (or {tuple(ATTENTION_ALIASES)})")
+    return ATTENTIONS[key]
 
 
 def module_available(module: str) -> bool:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 # A100 tensor cores are fully used when GEMM dims are multiples of 128 bytes: 64 fp16/bf16
 # elements (V100: 16 bytes = 8 elements). The documents recommend 64.
@@ -45,3 +46,123 @@ def cfg_get(cfg, name: str, default=None):
     if isinstance(cfg, Mapping):
         return cfg.get(name, default)
     return getattr(cfg, name, default)
+
+
+# --- the shape of a decoder, read from a config ---------------------------------------------------
+
+# How the decoder families differ beyond their config numbers: a gated (SwiGLU) MLP, the norm
+# (RMSNorm keeps a weight; LayerNorm a weight and a bias), which projections carry biases (True,
+# False, or the config field that says), and learned position tables.
+_FAMILIES = {
+    "llama": dict(gated=True, norm="rms", qkv_bias="attention_bias", o_bias="attention_bias",
+                  mlp_bias="mlp_bias", learned_pos=False),
+    "mistral": dict(gated=True, norm="rms", qkv_bias=False, o_bias=False, mlp_bias=False, learned_pos=False),
+    "qwen2": dict(gated=True, norm="rms", qkv_bias=True, o_bias=False, mlp_bias=False, learned_pos=False),
+    "gpt2": dict(gated=False, norm="layer", qkv_bias=True, o_bias=True, mlp_bias=True, learned_pos=True),
+    "gpt_neox": dict(gated=False, norm="layer", qkv_bias="attention_bias", o_bias="attention_bias",
+                     mlp_bias=True, learned_pos=False),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What FLOP and memory formulas need of a decoder-only transformer. Build it with
+    `model_shape(config)` from tunekit's GPTConfig or a transformers config (Llama, Mistral,
+    Qwen2, GPT-2, GPT-NeoX; other families are read Llama-style and say so in `notes`)."""
+
+    family: str
+    n_layer: int
+    hidden: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    d_ff: int
+    gated: bool
+    vocab: int                  # rows of the embedding and of lm_head (padding included)
+    max_positions: int | None
+    learned_pos: bool
+    tied: bool
+    norm: str                   # "rms" | "layer"
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    notes: tuple = ()
+
+    @property
+    def q_width(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_kv_head * self.head_dim
+
+    def layer_matmul_params(self) -> int:
+        """Weights of one block's matmuls: q, k, v, o and the 2 (or 3, gated) MLP matrices."""
+        h = self.hidden
+        attn = h * self.q_width + 2 * h * self.kv_width + self.q_width * h
+        return attn + (3 if self.gated else 2) * h * self.d_ff
+
+    def matmul_params(self) -> int:
+        """N of the 6N rule: every matmul weight, lm_head included (a matmul even when tied)."""
+        return self.n_layer * self.layer_matmul_params() + self.vocab * self.hidden
+
+    def train_flops_per_token(self, seq_len: int) -> float:
+        """Model FLOPs per trained token, tunekit's one MFU convention (PaLM/Megatron): 6 x the
+        matmul weights + the attention matmuls with the causal mask halving them, no
+        recomputation, whatever kernel runs."""
+        from .formulas import train_flops_per_token
+
+        return train_flops_per_token(self.matmul_params(), self.n_layer, self.q_width, seq_len,
+                                     causal=True)
+
+    def param_count(self) -> int:
+        """Parameters the model holds (a tied lm_head counted once)."""
+        h, f = self.hidden, self.d_ff
+        norm = h if self.norm == "rms" else 2 * h
+        biases = ((self.q_width + 2 * self.kv_width) * self.qkv_bias + h * self.o_bias
+                  + ((2 if self.gated else 1) * f + h) * self.mlp_bias)
+        layer = self.layer_matmul_params() + biases + 2 * norm
+        outside = self.vocab * h + norm + (self.max_positions * h if self.learned_pos else 0)
+        return self.n_layer * layer + outside + (0 if self.tied else self.vocab * h)
+
+
+def model_shape(cfg) -> ModelShape:
+    """The shape of tunekit's GPTConfig or of a transformers decoder config (or a dict of
+    either's fields). Raises ValueError naming what is missing."""
+    get = lambda *names, default=None: next(  # noqa: E731
+        (v for v in (cfg_get(cfg, n) for n in names) if v is not None), default)
+    notes = []
+    if cfg_get(cfg, "mlp") is not None and cfg_get(cfg, "attention") is not None:  # tunekit GPT
+        h = get("n_embd")
+        gated = cfg_get(cfg, "mlp") == "swiglu"
+        bias = bool(cfg_get(cfg, "bias", False))
+        fam = dict(gated=gated, norm="rms", qkv_bias=bias, o_bias=bias, mlp_bias=bias,
+                   learned_pos=cfg_get(cfg, "pos", "rope") == "learned")
+        family, tied = "tunekit", True
+        vocab = padded_vocab(get("vocab_size"), get("pad_vocab_multiple", default=1))
+        d_ff = get("d_ff") or (swiglu_d_ff(h) if gated else gelu_d_ff(h))
+    else:
+        family = str(cfg_get(cfg, "model_type", "") or "unknown")
+        fam = _FAMILIES.get(family)
+        if fam is None:
+            gated = str(get("hidden_act", "hidden_activation", default="silu")) in ("silu", "swish")
+            fam = dict(gated=gated, norm="rms", qkv_bias="attention_bias", o_bias="attention_bias",
+                       mlp_bias="mlp_bias", learned_pos=False)
+            notes.append(f"model_type {family!r} is not one tunekit knows: read as Llama-style "
+                         f"({'gated' if gated else 'plain'} MLP, RMSNorm, biases from attention_bias)")
+        fam = {k: (bool(cfg_get(cfg, v, False)) if isinstance(v, str) and k != "norm" else v)
+               for k, v in fam.items()}
+        h = get("hidden_size", "n_embd")
+        tied = bool(get("tie_word_embeddings", default=True))
+        vocab = get("vocab_size")
+        d_ff = get("intermediate_size", "n_inner") or (4 * h if h else None)
+    n_head = get("num_attention_heads", "n_head")
+    sizes = dict(n_layer=get("num_hidden_layers", "n_layer"), hidden=h, n_head=n_head, vocab=vocab)
+    missing = [k for k, v in sizes.items() if not v]
+    if missing:
+        raise ValueError(f"cannot read {missing} from {type(cfg).__name__}: give a decoder config")
+    head_dim = get("head_dim") or h // n_head
+    return ModelShape(family=family, n_kv_head=get("num_key_value_heads", default=n_head),
+                      head_dim=head_dim, d_ff=int(d_ff), tied=tied,
+                      max_positions=get("max_position_embeddings", "n_positions", "block_size"),
+                      notes=tuple(notes), **sizes, **fam)

@@ -32,6 +32,8 @@ from ..measure.device import device_label, torch_dtype
 from ..measure.flops import counting_active
 from ..measure.meters import DeviceMeter
 from ..measure.timing import time_repeats
+from ..core.formulas import MFU_ANALYTIC, MFU_COUNTED
+from ..models.adapters import adapt
 from ..models.data import Batcher, data_dir
 from ..models.gpt import GPT, GPTConfig
 from . import runlog
@@ -43,11 +45,6 @@ from .toggles import Env, ToggleError, Toggles, autocast_dtype, compute_dtype, l
 __all__ = ["Lab", "RunResult", "results_frame"]
 
 _LAB_IDS = itertools.count()
-
-
-def _default_loss(model, x, y):
-    out = model(x, y)
-    return out[1] if isinstance(out, tuple) else out
 
 
 @dataclass
@@ -64,28 +61,35 @@ class Steps:
 class Lab:
     """A live model + data + optimizer kept across runs; see the module docstring for an example.
 
-    ``model``: None (a fresh ``GPT(config or preset)``) or any ``nn.Module``. For your own module
-    give ``batch_fn(micro_batch, seq_len) -> (x, y)`` and ``loss_fn(model, x, y) -> loss``.
-    Keyword ``defaults`` (e.g. ``micro_batch=16``) set the toggles every run starts from.
+    ``model``: None (a fresh ``GPT(config or preset)``), a transformers causal LM (e.g.
+    ``AutoModelForCausalLM.from_config(cfg)``: batches, loss, checkpointing and attention work
+    as for the built-in GPT), or any ``nn.Module`` with ``batch_fn(micro_batch, seq_len) -> (x, y)``,
+    ``loss_fn(model, x, y) -> loss`` and, for checkpointing, ``blocks`` (an attribute path such
+    as ``"layers"`` or a list of modules). Keyword ``defaults`` (e.g. ``micro_batch=16``) set the
+    toggles every run starts from.
     """
 
     def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
                  config: GPTConfig | None = None, data="corpus", device=None, log_path=None,
-                 peak_tflops: float | None = None, seed: int = 0, **defaults):
+                 peak_tflops: float | None = None, seed: int = 0, blocks=None, **defaults):
         torch.manual_seed(seed)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = model if model is not None else GPT(config or GPTConfig.preset(preset))
         self.model.to(self.device).train()
         self.config = getattr(self.model, "config", None)
+        self.adapter = adapt(self.model, blocks)
+        self._own_batches = batch_fn is not None
         if batch_fn is None:
-            vocab = getattr(self.config, "vocab_size", 256)
+            vocab = self.adapter.vocab_size or 256
+            if vocab < 256 and data == "corpus":  # byte tokens would fall outside the vocabulary
+                data = "synthetic"
             self.batcher = Batcher(data, device=self.device, seed=seed, vocab_size=vocab)
             batch_fn = self.batcher.get
-        self.batch_fn, self.loss_fn = batch_fn, loss_fn or _default_loss
+        self.batch_fn, self.loss_fn = batch_fn, loss_fn or self.adapter.loss
         self.defaults = Toggles().replace(**defaults)
-        if self.defaults.attention is None and hasattr(self.model, "set_attention"):
+        if self.defaults.attention is None and self.adapter.attentions:
             # every run starts from the model's initial attention unless told otherwise
-            self.defaults.attention = self.config.attention
+            self.defaults.attention = self.adapter.attention
         self.optimizer = None
         self._opt_name = None
         self._scaler = None  # fp16's GradScaler: kept across runs, like the optimizer state
@@ -114,20 +118,27 @@ class Lab:
                    bf16_supported=torch.cuda.is_bf16_supported() if cuda else True,
                    flash_installed=registry.module_available("flash_attn"),
                    unavailable_optimizers=unavailable_optimizers(self.device.type),
-                   block_size=getattr(self.config, "block_size", None),
-                   can_set_attention=hasattr(self.model, "set_attention"),
-                   can_checkpoint=hasattr(self.model, "set_checkpointing"))
+                   block_size=self.adapter.max_seq_len,
+                   can_set_attention=bool(self.adapter.attentions),
+                   can_checkpoint=self.adapter.can_checkpoint, model=type(self.model).__name__)
 
     def resolve(self, **changes) -> Toggles:
         """The full toggles a run with ``changes`` would use (defaults filled in)."""
         t = self.defaults.replace(**changes)
         if t.seq_len is None:
-            t = t.replace(seq_len=getattr(self.config, "block_size", 1))
+            # a model of tokens: its position limit; your own batch_fn: 1 (tokens/s counts samples)
+            t = t.replace(seq_len=self.adapter.default_seq_len(self.device.type)
+                          or (1 if self._own_batches else None))
+        if isinstance(t.attention, str) and t.attention in registry.ATTENTION_ALIASES:
+            t = t.replace(attention=registry.attention(t.attention).name)  # "eager" is math
         return t
 
     def check(self, t: Toggles, steps: int = 1, warmup: int = 0) -> list[str]:
         """Why ``t`` cannot run here (empty list: it can)."""
         out = problems(t, self.env())
+        if t.seq_len is None:
+            out.append(f"seq_len is needed: {type(self.model).__name__} has no known position "
+                       "limit to take it from (lab.run(seq_len=...) or Lab(..., seq_len=...)).")
         if not isinstance(steps, int) or steps < 1:
             out.append(f"steps must be >= 1 (got {steps!r}): nothing would be timed.")
         if not isinstance(warmup, int) or warmup < 0:
@@ -140,10 +151,10 @@ class Lab:
         """Put ``t`` on the live model and optimizer (attention, checkpointing, optimizer, lr,
         compile); returns ``notes`` with what changed beyond the toggles themselves."""
         notes = [] if notes is None else notes
-        if t.attention is not None and hasattr(self.model, "set_attention"):
-            self.model.set_attention(t.attention)
-        if hasattr(self.model, "set_checkpointing"):
-            self.model.set_checkpointing(t.checkpointing)
+        if t.attention is not None and self.adapter.attentions and t.attention != self.adapter.attention:
+            self.adapter.set_attention(t.attention)
+        if self.adapter.can_checkpoint and t.checkpointing != self.adapter.checkpointing:
+            self.adapter.set_checkpointing(t.checkpointing)
         if self._opt_name != t.optimizer:
             if self.optimizer is not None:
                 notes.append(f"new optimizer {t.optimizer} (was {self._opt_name}): its state starts empty")
@@ -225,16 +236,20 @@ class Lab:
     # --- measurement helpers ----------------------------------------------------------------
 
     def _probe(self, t: Toggles) -> tuple[ProbeResult, str]:
-        key = (t.micro_batch, t.seq_len, t.checkpointing, getattr(self.config, "attention", None),
-               t.precision)
+        # the model's own state is part of the key: attention kind, checkpointing, parameter
+        # dtypes and train/eval mode, also when changed by hand between runs
+        key = (t.micro_batch, t.seq_len, t.precision, self.adapter.state())
         if key in self._probes:
             return self._probes[key], "cached"
         x, y = self.batch(t.micro_batch, t.seq_len)
         with self._matmul_precision(t):
             res = probe_step(self.model, lambda a, b: self.loss_fn(self.model, a, b), x, y,
                              lambda: self._autocast(t))
-        if res.attention_ran == "flash" and isinstance(self.model, GPT):
-            add_flash_flops(res, self.config, t.micro_batch, t.seq_len, t.checkpointing)
+        res.attention_ran = self.adapter.attention_ran
+        if res.attention_ran == "flash" and self.adapter.shape is not None:
+            add_flash_flops(res, self.adapter.shape, t.micro_batch, t.seq_len, self.adapter.checkpointing)
+        if len(self._probes) >= 64:  # bounded: one entry per configuration tried
+            self._probes.pop(next(iter(self._probes)))
         self._probes[key] = res
         return res, "counted"
 
@@ -244,12 +259,6 @@ class Lab:
             self._peaks[dtype] = resolve_peak(self.device, dtype, given=self._peak_given)
         return self._peaks[dtype]
 
-    def _model_flops_per_token(self, seq_len: int):
-        cfg = self.config
-        if isinstance(self.model, GPT):
-            return formulas.train_flops_per_token(self.model.num_params(non_embedding=True),
-                                                  cfg.n_layer, cfg.n_embd, seq_len, causal=True)
-        return None
 
     # --- the run ----------------------------------------------------------------------------
 
@@ -299,12 +308,14 @@ class Lab:
         step_s = sum(m.times) / len(m.times)
         tokens = t.micro_batch * t.grad_accum * t.seq_len
         executed = probe.flops.executed * t.grad_accum if probe.flops.executed else None
-        per_token = self._model_flops_per_token(t.seq_len)
-        if per_token is not None:
-            model_flops = per_token * tokens
+        shape = self.adapter.shape
+        if shape is not None:
+            model_flops, convention = shape.train_flops_per_token(t.seq_len) * tokens, MFU_ANALYTIC
         else:
             model_flops = probe.flops.model * t.grad_accum if probe.flops.executed else None
-            notes.append("MFU from counted FLOPs minus recompute (no analytic formula for this model)")
+            convention = MFU_COUNTED
+            notes.append("MFU from the counted FLOPs (no analytic shape for this model): executed "
+                         "minus recomputation; unfused causal attention still counts its masked half")
         if executed is None:
             flops_source = "none"
         if m.slowed:
@@ -328,7 +339,8 @@ class Lab:
             peak_mem_bytes=m.peak_mem_bytes, peak_source=m.peak_source,
             params_bytes=sum(p.numel() * p.element_size() for p in params),
             grads_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-            optimizer_bytes=state_bytes(self.optimizer), saved_bytes=probe.saved_bytes,
+            mfu_convention=convention, optimizer_bytes=state_bytes(self.optimizer),
+            saved_bytes=probe.saved_bytes,
             weight_cast_bytes=probe.cast_bytes, loss=values[-1], loss_first=values[0],
             device=device_label(self.cuda_index), attention_ran=probe.attention_ran,
             compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,

@@ -120,6 +120,7 @@ class RunResult:
     time: str = ""
     notes: list = field(default_factory=list)
     weight_cast_bytes: int | None = None  # autocast's half weight copies kept for backward
+    mfu_convention: str | None = None     # how model_flops_per_step was obtained (core.formulas)
 
     def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
         if name in TOGGLE_FIELDS and "toggles" in self.__dict__:

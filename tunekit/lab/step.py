@@ -48,18 +48,20 @@ def probe_step(model: torch.nn.Module, loss_of, x, y, autocast) -> ProbeResult:
                        saved["casts"])
 
 
-def add_flash_flops(res: ProbeResult, cfg, batch: int, seq_len: int, checkpointing: bool) -> None:
+def add_flash_flops(res: ProbeResult, shape, batch: int, seq_len: int, checkpointing: bool) -> None:
     """flash-attn's kernels are invisible to torch's FLOP counter: add their causal FLOPs.
 
-    Same accounting as tunekit.measure.flops for SDPA: forward 4*B*nh*T^2*hs, backward
-    10*B*nh*T^2*hs, halved for the causal mask; checkpointing runs the forward once more.
+    ``shape``: a ModelShape (or GPTConfig). Same accounting as tunekit.measure.flops for SDPA:
+    forward 4*B*nh*T^2*hs, backward 10*B*nh*T^2*hs of which 2 units rebuild the scores, halved
+    for the causal mask; checkpointing runs the forward once more.
     """
-    shape = (batch, cfg.n_head, seq_len, cfg.head_dim)  # (B, nh, T, hs)
-    fwd = sdpa_forward_flops(shape, shape, shape) // 2 * cfg.n_layer
-    bwd = sdpa_backward_flops(shape, shape, shape) // 2 * cfg.n_layer
+    qkv = (batch, shape.n_head, seq_len, shape.head_dim)  # (B, nh, T, hs)
+    fwd = sdpa_forward_flops(qkv, qkv, qkv) // 2 * shape.n_layer
+    bwd = sdpa_backward_flops(qkv, qkv, qkv) // 2 * shape.n_layer
     redo = fwd if checkpointing else 0
     res.flops.executed += fwd + bwd + redo
     res.flops.recompute += redo
+    res.flops.attention_recompute += bwd // 5   # d / (3d + 2d)
     # the counter listed flash-attn's custom ops as uncounted: they are accounted for now
     res.flops.uncounted_ops = [op for op in res.flops.uncounted_ops if not op.startswith("flash_attn")]
     stale = lambda n: n.startswith("not counted") and "flash_attn" in n  # noqa: E731

@@ -64,6 +64,7 @@ class Env:
     block_size: int | None = None
     can_set_attention: bool = True
     can_checkpoint: bool = True
+    model: str = "this model"
 
 
 class ToggleError(ValueError):
@@ -87,8 +88,9 @@ def problems(t: Toggles, env: Env) -> list[str]:
         if not isinstance(t.seq_len, int) or isinstance(t.seq_len, bool) or t.seq_len < 1:
             out.append(f"seq_len must be >= 1 (got {t.seq_len!r}).")
         elif env.block_size is not None and t.seq_len > env.block_size:
-            out.append(f"seq_len={t.seq_len} is longer than the model's block_size={env.block_size} "
-                       "(its position tables stop there); pick a smaller seq_len or a bigger preset.")
+            out.append(f"seq_len={t.seq_len} is longer than the model's position limit "
+                       f"({env.block_size}: block_size / max_position_embeddings); pick seq_len <= "
+                       f"{env.block_size}.")
     if t.precision not in PRECISIONS:
         out.append(f"precision must be one of {PRECISIONS}, got {t.precision!r}.")
     elif t.precision == "fp16" and not cuda:
@@ -103,15 +105,16 @@ def problems(t: Toggles, env: Env) -> list[str]:
         if t.attention not in ATTENTIONS:
             out.append(f"attention must be one of {ATTENTIONS}, got {t.attention!r}.")
         elif not env.can_set_attention:
-            out.append("this model has no set_attention(); leave attention unset for your own models.")
+            out.append(f"{env.model} has no attention switch tunekit knows (tunekit's GPT and "
+                       "transformers models have one); leave attention unset.")
         elif t.attention == "flash" and not cuda:
             out.append("flash attention (the flash-attn package) runs only on CUDA GPUs; "
                        "use 'sdpa' (torch picks its best CPU kernel) or 'math' to see the naive cost.")
         elif t.attention == "flash" and t.precision in ("fp32", "tf32"):
             out.append("flash-attn kernels take fp16/bf16 tensors only; choose precision bf16 (or fp16).")
     if t.checkpointing and not env.can_checkpoint:
-        out.append("this model has no set_checkpointing(); wrap its blocks with "
-                   "torch.utils.checkpoint yourself, or give it that method.")
+        out.append(f"tunekit does not know {env.model}'s blocks: name them to checkpoint them, "
+                   "e.g. Lab(model, blocks='layers').")
     if not isinstance(t.lr, (int, float)) or not t.lr > 0:
         out.append(f"lr must be a positive number (got {t.lr!r}).")
     return out

@@ -75,12 +75,17 @@ def describe(value, depth: int = 0):
 
 
 def _module_state(module) -> tuple:
+    from ..models.adapters import adapt  # torch is loaded: a module exists
+
     # Every submodule's switches (training flag, checkpointing, attention choice, sizes): flipping
     # one can change the work. Floats (dropout p, running scalars) do not change FLOPs.
     state = []
     for name, sub in module.named_modules():
         state.append((name, type(sub).__name__, sub.training, tuple(
             (k, v) for k, v in sub.__dict__.items() if type(v) in (bool, int, str) and k[0] != "_")))
+    # what the model's adapter sees: attention kind (transformers keeps it in a private config
+    # field), checkpointing, every parameter dtype, train/eval mode
+    state.append(("adapter", adapt(module).state()))
     for p in module.parameters():  # dtype and device of the first parameter (a .to() or .half())
         state.append(("lazy",) if isinstance(p, torch_if_loaded().nn.parameter.UninitializedParameter)
                      else (str(p.dtype), str(p.device)))

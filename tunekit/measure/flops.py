@@ -15,6 +15,7 @@ count 0 FLOPs in torch's counter; we name them so that nobody mistakes the total
 """
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -75,14 +76,17 @@ class FlopCount:
     executed: int = 0          # everything that ran (HFU)
     recompute: int = 0         # part of `executed` spent rebuilding checkpointed activations
     causal_halved: int = 0     # FLOPs removed by the causal correction
+    attention_recompute: int = 0  # fused attention's backward recomputing QK^T (not model work)
     by_op: dict = field(default_factory=dict)
     uncounted_ops: list = field(default_factory=list)  # ran, but no FLOP formula exists for them
     notes: list = field(default_factory=list)
 
     @property
     def model(self) -> int:
-        """FLOPs the model needs without recomputation (MFU)."""
-        return self.executed - self.recompute
+        """FLOPs the model needs, from the count: executed minus checkpoint recompute and minus
+        fused attention's recompute of the scores. Unfused (math) attention with a causal mask
+        still counts its masked half here: the analytic model FLOPs do not (see the Lab)."""
+        return self.executed - self.recompute - self.attention_recompute
 
 
 def _causal_index(packet) -> int | None:
@@ -103,16 +107,32 @@ class TunekitFlopCounter(FlopCounterMode):
         super().__init__(display=False, custom_mapping=self._added)
         self._recompute = 0
         self._causal_halved = 0
+        self._attention_recompute = 0
         self._by_op = defaultdict(int)
         self._causal_pos = {}
         self._saw_sdpa_cpu = False
         self._uncounted: set = set()
 
     def __enter__(self):
-        self._recompute = self._causal_halved = 0
+        self._recompute = self._causal_halved = self._attention_recompute = 0
         self._by_op.clear()
         self._uncounted.clear()
-        return super().__enter__()
+        # Compiled code runs eagerly while counted: Dynamo cannot trace under a dispatch mode, and
+        # a frame it skipped once stays skipped (every later run would time eager code). The
+        # count is then that of the eager original, which is what the compiled code computes.
+        self._stance = _eager_stance()
+        self._stance.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._stance.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._stance.__exit__(None, None, None)
 
     # torch's private per-op hook (see torch_private.COUNT_HOOK; the canary test checks it)
     def _count_flops(self, func_packet, out, args, kwargs):
@@ -132,6 +152,11 @@ class TunekitFlopCounter(FlopCounterMode):
                 n //= 2
             if func_packet in self._added:
                 self._saw_sdpa_cpu = True
+            if "backward" in str(func_packet):
+                # of the 2*(3d + 2dv) units per score, 2d rebuild QK^T (the model's work is the
+                # forward's 2*(d + dv) times two): the recompute share is d / (3d + 2dv)
+                d, dv = args[1].shape[-1], args[3].shape[-1]
+                self._attention_recompute += n * d // (3 * d + 2 * dv)
         if n and in_autograd_backward() and torch.is_grad_enabled():
             self._recompute += n
         self._by_op[str(func_packet)] += n
@@ -152,7 +177,12 @@ class TunekitFlopCounter(FlopCounterMode):
             notes.append("not counted (no FLOP formula): " + ", ".join(uncounted))
         return FlopCount(executed=int(self.get_total_flops()), recompute=int(self._recompute),
                          causal_halved=int(self._causal_halved), by_op=dict(self._by_op), notes=notes,
-                         uncounted_ops=uncounted)
+                         uncounted_ops=uncounted, attention_recompute=int(self._attention_recompute))
+
+
+def _eager_stance():
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)  # torch >= 2.6
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 def _is_sdpa(packet) -> bool:

@@ -157,7 +157,7 @@ class Probe:
 
     def _fill_flops(self, rec, counted, exc) -> None:
         if counted is not None:
-            rec.flops_source = "counted"
+            rec.flops_source, rec.mfu_convention = "counted", formulas.MFU_COUNTED
             rec.flops, rec.model_flops = _flops_of(counted)
             rec.recompute_flops = float(counted.recompute)
             rec.notes.extend(counted.notes)
@@ -167,7 +167,7 @@ class Probe:
                 rec.notes.append("the block failed: FLOPs counted up to the failure")
         elif self.mode == "auto" and self.key in _FLOP_CACHE:
             c = _FLOP_CACHE[self.key]
-            rec.flops_source = "cached"
+            rec.flops_source, rec.mfu_convention = "cached", formulas.MFU_COUNTED
             rec.flops, rec.model_flops = _flops_of(c.count)
             rec.recompute_flops = float(c.count.recompute)
             rec.notes.append(f"FLOPs reused from the counted run '{c.counted_in}' (same inputs)")
@@ -179,7 +179,7 @@ class Probe:
                 rec.notes.append(f"time changed {rec.wall_s / last:.1f}x since the last run on this count: "
                                  "if the work changed, use --flops always")
         if self.model_flops is not None:
-            rec.model_flops = float(self.model_flops)
+            rec.model_flops, rec.mfu_convention = float(self.model_flops), "given (--model-flops)"
             if rec.flops_source == "none":
                 rec.flops, rec.flops_source = float(self.model_flops), "given"
                 rec.notes.append("no count: executed FLOPs taken as the given model FLOPs")

@@ -17,7 +17,7 @@ tunekit/model.py (checked tensor by tensor with saved_tensors_hooks in tests/tes
 from __future__ import annotations
 
 from ..core.shapes import cfg_get as _get
-from ..core.shapes import gelu_d_ff, padded_vocab, swiglu_d_ff
+from ..core.shapes import gelu_d_ff, model_shape, padded_vocab, swiglu_d_ff
 
 
 def config_dims(cfg) -> dict:
@@ -41,19 +41,9 @@ def config_dims(cfg) -> dict:
 
 
 def gpt_param_count(cfg) -> int:
-    """Parameters of the demo GPT (token table tied to lm_head, so counted once).
-
-    Per layer: two RMSNorm weights (2h), qkv (3h^2) and proj (h^2), MLP 2hf (GELU) or 3hf
-    (SwiGLU), plus biases when enabled; outside: token table V*h, learned positions s*h, final norm.
-    """
-    d = config_dims(cfg)
-    h, f, L, V = d["n_embd"], d["d_ff"], d["n_layer"], d["vocab"]
-    n_mats = 3 if d["mlp"] == "swiglu" else 2
-    per_layer = 2 * h + 4 * h * h + n_mats * h * f
-    if d["bias"]:
-        per_layer += 3 * h + h + (n_mats - 1) * f + h
-    outside = V * h + h + (d["block_size"] * h if d["pos"] == "learned" else 0)
-    return L * per_layer + outside
+    """Parameters of the demo GPT (token table tied to lm_head, so counted once): see
+    tunekit.core.shapes.ModelShape.param_count."""
+    return model_shape(cfg).param_count()
 
 
 def matmul_weight_count(cfg) -> dict:

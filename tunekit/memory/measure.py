@@ -23,6 +23,7 @@ from ..core import registry
 from ..core.units import GiB, is_missing
 from ..measure import nvml
 from ..measure.device import torch_dtype
+from ..models.adapters import adapt
 from .estimate import COMPONENTS, MemoryEstimate, estimate_memory
 from .tally import SavedTensorTally, storage_key, unique_bytes
 
@@ -98,35 +99,48 @@ def _autocast_dtype(precision):
     return torch_dtype(ac) if ac else None
 
 
+@dataclass
+class _Target:
+    model: torch.nn.Module
+    adapter: object
+    batch: tuple
+    loss_of: object            # loss_of(model, batch) -> scalar loss
+    optimizer: object
+    precision: str | None
+    checkpointing: bool | None
+    attention: str | None
+
+
 def _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, checkpointing):
-    """(model, batch, optimizer, precision, checkpointing, attention) from a Lab-like object
-    or a module."""
+    """What to measure, from a Lab-like object (its model, toggles, batches and loss) or a
+    module (a transformers causal LM trains on its own loss from labels)."""
     if hasattr(target, "model") and hasattr(target, "batch"):   # duck-typed tunekit.Lab
-        model = target.model
-        t = getattr(target, "defaults", None)
-        cfg = getattr(model, "config", None)
+        model, t = target.model, getattr(target, "defaults", None)
+        adapter = getattr(target, "adapter", None) or adapt(model)
         micro_batch = micro_batch or getattr(t, "micro_batch", None) or 4
-        seq_len = seq_len or getattr(t, "seq_len", None) or getattr(cfg, "block_size", 64)
-        if batch is None:
-            batch = target.batch(micro_batch, seq_len)
+        seq_len = seq_len or getattr(t, "seq_len", None) or adapter.default_seq_len("cpu") or 64
+        loss_fn = getattr(target, "loss_fn", None)
+        loss_of = (lambda m, b: loss_fn(m, *b)) if loss_fn is not None else _loss
         if precision is None:
             precision = getattr(t, "precision", None)
         if checkpointing is None and t is not None:
             checkpointing = bool(t.checkpointing)
         if optimizer is None and t is not None:
             optimizer = t.optimizer   # a name: a fresh one of the Lab's kind is stepped
-        return model, batch, optimizer, precision, checkpointing, getattr(t, "attention", None)
-    model = target
+        batch = batch if batch is not None else target.batch(micro_batch, seq_len)
+        return _Target(model, adapter, batch, loss_of, optimizer, precision, checkpointing,
+                       getattr(t, "attention", None))
+    model, adapter = target, adapt(target)
+    loss_of = _loss if adapter.kind != "transformers" else (lambda m, b: adapter.loss(m, *b))
     if batch is None:
-        cfg = getattr(model, "config", None)
-        if cfg is None or not hasattr(cfg, "vocab_size"):
+        if not adapter.vocab_size:
             raise ValueError("give a batch: measure_memory(model, (x, y))")
         dev = next(model.parameters()).device
-        b, s = micro_batch or 4, seq_len or cfg.block_size
+        b, s = micro_batch or 4, seq_len or adapter.default_seq_len(dev.type) or 64
         gen = torch.Generator(device="cpu").manual_seed(0)
-        x, y = (torch.randint(0, cfg.vocab_size, (b, s), generator=gen).to(dev) for _ in range(2))
-        batch = (x, y)
-    return model, batch, optimizer, precision, checkpointing, None
+        tokens = torch.randint(0, adapter.vocab_size, (b, s + 1), generator=gen).to(dev)
+        batch = (tokens[:, :-1].clone(), tokens[:, 1:].clone())  # y: x shifted by one
+    return _Target(model, adapter, batch, loss_of, optimizer, precision, checkpointing, None)
 
 
 def _loss(model, batch):
@@ -153,8 +167,8 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     words: "bf16"/"fp16" run the forward under torch.autocast (reported as "amp") unless the
     weights already are that dtype (then pure "bf16"/"fp16"), "fp32"/"tf32" do not.
     """
-    model, batch, optimizer, precision, checkpointing, attention = _unpack_target(
-        target, batch, micro_batch, seq_len, optimizer, precision, checkpointing)
+    tg = _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, checkpointing)
+    model, batch, optimizer, precision, adapter = tg.model, tg.batch, tg.optimizer, tg.precision, tg.adapter
     params = [p for p in model.parameters()]
     dev = params[0].device if params else torch.device("cpu")
     notes = []
@@ -172,29 +186,31 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     else:
         precision = "amp" if ac_dtype is not None else "fp32"
     ac = torch.autocast(dev.type, dtype=ac_dtype) if ac_dtype is not None else nullcontext()
-    if checkpointing and not hasattr(model, "set_checkpointing"):
-        notes.append("checkpointing requested, but the model has no set_checkpointing(): not applied")
-    prev_ck = getattr(model, "checkpointing", None)
-    prev_attn = getattr(getattr(model, "config", None), "attention", None)
+    set_ck = tg.checkpointing is not None and adapter.can_checkpoint
+    set_attn = tg.attention is not None and bool(adapter.attentions)
+    if tg.checkpointing and not adapter.can_checkpoint:
+        notes.append("checkpointing requested, but tunekit does not know this model's blocks: not applied")
+    prev_ck, prev_attn = adapter.checkpointing, adapter.attention
     prev_grads = [p.grad for p in params]
     cuda = dev.type == "cuda"
     try:
-        if checkpointing is not None and hasattr(model, "set_checkpointing"):
-            model.set_checkpointing(checkpointing)
-        if attention is not None and hasattr(model, "set_attention"):
-            model.set_attention(attention)
+        if set_ck and tg.checkpointing != prev_ck:
+            adapter.set_checkpointing(tg.checkpointing)
+        if set_attn and tg.attention != prev_attn:
+            adapter.set_attention(tg.attention)
         for p in params:
             p.grad = None
         with torch.random.fork_rng(devices=[dev] if cuda else [], device_type=dev.type):
-            measured, cuda_info = _one_step(model, batch, optimizer, given, ac, params, dev, notes)
-        ck_used = bool(getattr(model, "checkpointing", False))
+            measured, cuda_info = _one_step(model, batch, tg.loss_of, optimizer, given, ac, params,
+                                            dev, notes)
+        ck_used = adapter.checkpointing
     finally:
         for p, g in zip(params, prev_grads):
             p.grad = g
-        if checkpointing is not None and prev_ck is not None:
-            model.set_checkpointing(prev_ck)
-        if attention is not None and prev_attn is not None:
-            model.set_attention(prev_attn)
+        if set_ck and adapter.checkpointing != prev_ck:
+            adapter.set_checkpointing(prev_ck)
+        if set_attn and adapter.attention != prev_attn:
+            adapter.set_attention(prev_attn)
     if not cuda:
         notes.append("no CUDA device: allocator peak, NVML total and 'other' are not measured here")
     est = None
@@ -227,11 +243,11 @@ def _shadow_optimizer(opt, params, notes):
     return shadow
 
 
-def _one_step(model, batch, optimizer, given, ac, params, dev, notes):
+def _one_step(model, batch, loss_of, optimizer, given, ac, params, dev, notes):
     """One forward/backward/step with `optimizer` (None: no step; states read from `given`)."""
     cuda = dev.type == "cuda"
     if cuda and optimizer is not None:
-        _step(model, batch, optimizer, ac)   # warm-up: states exist, the peak is a steady one
+        _step(model, batch, loss_of, optimizer, ac)   # warm-up: states exist, the peak is a steady one
         notes.append("CUDA: one warm-up step ran first so optimizer states exist at the peak")
     if cuda:
         torch.cuda.synchronize(dev)
@@ -239,7 +255,7 @@ def _one_step(model, batch, optimizer, given, ac, params, dev, notes):
         before = torch.cuda.memory_allocated(dev)
     tally = SavedTensorTally(params, list(model.buffers()))
     with ac, tally:
-        loss = _loss(model, batch)
+        loss = loss_of(model, batch)
     # read now: backward frees what the forward saved
     acts, casts = float(tally.activation_bytes), float(tally.cast_bytes)
     forward_growth = torch.cuda.memory_allocated(dev) - before if cuda else NaN
@@ -263,9 +279,9 @@ def _one_step(model, batch, optimizer, given, ac, params, dev, notes):
     return measured, (_cuda_readings(dev, measured, forward_growth) if cuda else {})
 
 
-def _step(model, batch, optimizer, ac):
+def _step(model, batch, loss_of, optimizer, ac):
     with ac:
-        loss = _loss(model, batch)
+        loss = loss_of(model, batch)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

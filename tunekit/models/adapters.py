@@ -1,0 +1,238 @@
+"""How tunekit drives a model: one small protocol, three implementations. Models layer.
+
+    >>> a = adapt(model)              # tunekit's GPT, a transformers causal LM, or any nn.Module
+    >>> a.shape                       # ModelShape (layers, widths, heads, ...) or None
+    >>> a.set_checkpointing(True); a.set_attention("sdpa")
+    >>> loss = a.loss(model, x, y)
+
+- `GPTAdapter`: tunekit's demo GPT (its own set_attention / set_checkpointing).
+- `HFAdapter`: transformers causal-LM models (Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, ... any
+  ``*ForCausalLM`` with a decoder config): attention through ``set_attn_implementation``
+  (math = "eager", sdpa, flash = "flash_attention_2"), checkpointing through
+  ``gradient_checkpointing_enable`` (non-reentrant), loss from ``labels``.
+- `ModuleAdapter`, for any other ``nn.Module``: checkpointing of the blocks you name
+  (``adapt(model, blocks="layers")``), no attention switch, no analytic shape: MFU then comes
+  from the counted FLOPs and the record says so.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ..core.registry import ATTENTIONS, attention
+from ..core.shapes import ModelShape, model_shape
+
+
+class ModuleAdapter:
+    """Any nn.Module: the fallback. ``blocks``: an attribute path ("layers", "model.h") or a
+    list of modules whose forward is checkpointed when checkpointing is on."""
+
+    kind = "module"
+    attentions: tuple = ()          # the Lab's attention names this model can switch to
+
+    def __init__(self, model: torch.nn.Module, blocks=None):
+        self.model = model
+        self._blocks = _resolve_blocks(model, blocks)
+        self._ckpt = False
+
+    # --- shape ----------------------------------------------------------------------------------
+    @property
+    def shape(self) -> ModelShape | None:
+        return None
+
+    @property
+    def max_seq_len(self) -> int | None:
+        return None
+
+    @property
+    def vocab_size(self) -> int | None:
+        return getattr(getattr(self.model, "config", None), "vocab_size", None)
+
+    def default_seq_len(self, device_type: str) -> int | None:
+        return None
+
+    # --- switches -------------------------------------------------------------------------------
+    @property
+    def attention(self) -> str | None:
+        return None
+
+    def set_attention(self, name: str) -> None:
+        raise ValueError(f"{type(self.model).__name__} has no attention switch tunekit knows")
+
+    @property
+    def attention_ran(self) -> str | None:
+        return getattr(self.model, "attention_ran", None)
+
+    @property
+    def can_checkpoint(self) -> bool:
+        return bool(self._blocks)
+
+    @property
+    def checkpointing(self) -> bool:
+        return self._ckpt
+
+    def set_checkpointing(self, on: bool) -> None:
+        if on and not self._blocks:
+            raise ValueError("name the blocks to checkpoint: Lab(model, blocks='layers')")
+        for block in self._blocks:
+            if on and "forward" not in block.__dict__:
+                inner = block.forward
+                block.forward = functools.wraps(inner)(
+                    lambda *a, _f=inner, **k: checkpoint(_f, *a, use_reentrant=False, **k)
+                    if torch.is_grad_enabled() else _f(*a, **k))
+            elif not on and "forward" in block.__dict__:
+                del block.forward   # back to the class's forward
+        self._ckpt = bool(on)
+
+    def blocks(self) -> list:
+        return list(self._blocks)
+
+    # --- a step ---------------------------------------------------------------------------------
+    def loss(self, fwd, x, y):
+        """The scalar loss of ``fwd`` (the model, or its compiled wrapper) on one batch."""
+        out = fwd(x, y)
+        if isinstance(out, (tuple, list)):
+            out = out[1] if len(out) > 1 and out[1] is not None else out[0]
+        return getattr(out, "loss", out)
+
+    def state(self) -> tuple:
+        """What changes the work of a step besides the batch: attention, checkpointing, the
+        parameter dtypes and train/eval mode (keys of FLOP-count caches include it)."""
+        dtypes = tuple(sorted({str(p.dtype) for p in self.model.parameters()}))
+        return (self.kind, self.attention, self.checkpointing, dtypes, self.model.training)
+
+
+class GPTAdapter(ModuleAdapter):
+    """tunekit's demo GPT."""
+
+    kind = "tunekit-gpt"
+    attentions = tuple(ATTENTIONS)
+
+    def __init__(self, model, blocks=None):
+        super().__init__(model, blocks if blocks is not None else list(model.blocks))
+
+    @property
+    def shape(self) -> ModelShape:
+        return model_shape(self.model.config)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.model.config.block_size
+
+    def default_seq_len(self, device_type: str) -> int:
+        return self.model.config.block_size
+
+    @property
+    def attention(self) -> str:
+        return self.model.config.attention
+
+    def set_attention(self, name: str) -> None:
+        self.model.set_attention(attention(name).name)
+
+    @property
+    def checkpointing(self) -> bool:
+        return bool(self.model.checkpointing)
+
+    def set_checkpointing(self, on: bool) -> None:
+        self.model.set_checkpointing(on)
+
+    def loss(self, fwd, x, y):
+        return fwd(x, y)[1]
+
+
+class HFAdapter(ModuleAdapter):
+    """A transformers causal-LM model (``model(input_ids=..., labels=...).loss``)."""
+
+    kind = "transformers"
+
+    def __init__(self, model, blocks=None):
+        names = set(getattr(model, "_no_split_modules", None) or ())
+        found = [m for m in model.modules() if type(m).__name__ in names]
+        super().__init__(model, blocks if blocks is not None else found)
+
+    @property
+    def attentions(self) -> tuple:
+        return tuple(a.name for a in ATTENTIONS.values() if a.hf_name) \
+            if hasattr(self.model, "set_attn_implementation") else ()
+
+    @property
+    def shape(self) -> ModelShape:
+        return model_shape(self.model.config)
+
+    @property
+    def max_seq_len(self) -> int | None:
+        return self.shape.max_positions
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    def default_seq_len(self, device_type: str) -> int:
+        # long enough for the attention term to show, short enough for a CPU step in seconds
+        return min(self.max_seq_len or 2048, 1024 if device_type == "cuda" else 128)
+
+    @property
+    def attention(self) -> str | None:
+        hf = getattr(self.model.config, "_attn_implementation", None)
+        return next((a.name for a in ATTENTIONS.values() if a.hf_name == hf), hf)
+
+    def set_attention(self, name: str) -> None:
+        self.model.set_attn_implementation(attention(name).hf_name)
+
+    @property
+    def attention_ran(self) -> str | None:
+        return self.attention  # transformers runs the implementation it is set to, or raises
+
+    @property
+    def can_checkpoint(self) -> bool:
+        return bool(getattr(self.model, "supports_gradient_checkpointing", False))
+
+    @property
+    def checkpointing(self) -> bool:
+        return bool(getattr(self.model, "is_gradient_checkpointing", False))
+
+    def set_checkpointing(self, on: bool) -> None:
+        if on:  # non-reentrant: it recomputes only what backward needs, like tunekit's GPT
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.model.gradient_checkpointing_disable()
+
+    def loss(self, fwd, x, y):
+        # The Lab's y is x shifted by one already: `shift_labels` hands it to the loss as is
+        # (with `labels` alone transformers would shift again and skip a token), so every one
+        # of the b*s tokens is predicted, as the throughput counts them.
+        return fwd(input_ids=x, labels=y, shift_labels=y, use_cache=False).loss
+
+
+def is_transformers_model(model) -> bool:
+    return hasattr(model, "config") and hasattr(model.config, "model_type") \
+        and hasattr(model, "gradient_checkpointing_enable")
+
+
+def adapt(model: torch.nn.Module, blocks=None) -> ModuleAdapter:
+    """The adapter for ``model`` (a compiled model is adapted through its original)."""
+    from .gpt import GPT
+
+    inner = getattr(model, "_orig_mod", model)
+    if isinstance(inner, GPT):
+        return GPTAdapter(inner, blocks)
+    if is_transformers_model(inner):
+        return HFAdapter(inner, blocks)
+    return ModuleAdapter(inner, blocks)
+
+
+def _resolve_blocks(model, blocks) -> list:
+    if blocks is None:
+        return []
+    if isinstance(blocks, str):
+        found = functools.reduce(getattr, blocks.split("."), model)
+        return list(found) if isinstance(found, (torch.nn.ModuleList, torch.nn.Sequential, list)) else [found]
+    blocks = list(blocks)
+    if not all(isinstance(b, torch.nn.Module) for b in blocks):
+        raise TypeError("blocks must be an attribute path or a list of nn.Modules")
+    return blocks
+
+
+__all__ = ["ModuleAdapter", "GPTAdapter", "HFAdapter", "adapt", "is_transformers_model"]
