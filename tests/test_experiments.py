@@ -9,14 +9,15 @@ from tunekit.core.summary import Summary
 def test_experiment_in_a_script_namespace_frees_new_names_and_keeps_old_ones():
     ns = {"before": 1}
     with tunekit.experiment("script", namespace=ns, quiet=True) as exp:
-        ns["tmp"] = torch.ones(16 * 2**20)   # 64 MiB
+        # 128 MiB, more than the free heap glibc may keep resident (<= 64 MiB): RSS moves
+        ns["tmp"] = torch.ones(32 * 2**20)
         ns["result"] = 3
         ns["before"] = 2                      # existed before: not deleted
         exp.keep("result")
     assert ns == {"before": 2, "result": 3}
     rec = exp.record
     assert rec is tunekit.last() and rec.name == "script"
-    assert rec.exp_cpu_consumed_bytes > 60 * 2**20 and rec.exp_cpu_reclaimed_bytes > 60 * 2**20
+    assert rec.exp_cpu_consumed_bytes > 120 * 2**20 and rec.exp_cpu_reclaimed_bytes > 120 * 2**20
     assert "freed variables: tmp" in rec.notes
     assert "Experiment memory" in exp.report_text   # ipyexperiments' own report, kept
 
@@ -26,7 +27,7 @@ def test_experiment_records_failures_and_reraises():
     with pytest.raises(ZeroDivisionError):
         with tunekit.experiment("fails", namespace=ns, quiet=True):
             ns["x"] = 1
-            1 / 0
+            ns["y"] = 1 / 0
     assert tunekit.last().error == "ZeroDivisionError: division by zero"
     assert ns == {}
 

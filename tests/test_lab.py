@@ -93,6 +93,7 @@ def test_run_measures_and_caches_flops(lab):
     assert ga.label == "ga=2"
 
 
+@pytest.mark.slow
 def test_loss_falls_on_the_corpus(lab):
     r = lab.run(steps=25, warmup=0, lr=3e-3)
     assert r.loss_first == pytest.approx(math.log(256), abs=0.3)  # untrained: uniform over bytes
@@ -216,6 +217,7 @@ def test_log_from_another_version_still_loads(tmp_path, monkeypatch):
     assert list(Lab.load_results()["label"]) == ["baseline"]  # newest log under data/runs
 
 
+@pytest.mark.slow
 def test_failed_run_leaves_no_gradients_or_meters(lab):
     from tunekit.measure import meters
     lab.run(steps=1, warmup=0)  # FLOP count cached: the next run goes straight to its steps
@@ -248,6 +250,7 @@ def test_fp16_grad_scaler_lives_with_the_optimizer(lab):
 # --- max batch search ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_find_max_batch_on_cpu_budget_returns_to_baseline(lab):
     lab.run(steps=1, warmup=1)  # optimizer state exists, so the baseline includes it
     found = lab.find_max_batch_size(limit=64, memory_budget_bytes=40 * MiB)
@@ -261,6 +264,7 @@ def test_find_max_batch_on_cpu_budget_returns_to_baseline(lab):
     assert len(found.table()) == len(found.trials)
 
 
+@pytest.mark.slow
 def test_oom_trial_frees_memory(lab):
     lab.run(steps=1, warmup=0)
     real_step = lab.train_step
@@ -288,6 +292,7 @@ def test_find_max_refuses_bad_toggles(lab):
             lab.find_max_batch_size(start=start, limit=limit)
 
 
+@pytest.mark.slow
 def test_find_max_non_oom_error_propagates_cleanly(lab):
     from tunekit.measure import meters
     lab.run(steps=1, warmup=0)

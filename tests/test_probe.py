@@ -79,11 +79,12 @@ def test_oom_is_explained_and_memory_freed():
 
 
 def test_cpu_peak_sees_a_temporary_that_is_gone_by_the_end():
-    n = 64 * 2**20 // 4  # a 64 MiB float32 tensor, freed inside the block
+    # a temporary freed in the block; 128 MiB, more than the free heap glibc may keep resident (<= 64 MiB): RSS moves
+    n = 128 * 2**20 // 4
     with tunekit.profile(name="temp", flops="never") as rec:
         t = torch.ones(n)
         del t
-    assert rec.cpu_peak_delta_bytes >= 64 * 2**20 * 0.95
+    assert rec.cpu_peak_delta_bytes >= 128 * 2**20 * 0.95
     assert rec.cpu_rss_delta_bytes < 16 * 2**20
 
 
@@ -138,8 +139,9 @@ def test_fingerprint_ignores_side_effect_state_but_sees_shapes_and_settings():
 
 
 def test_a_block_that_only_frees_memory_has_a_zero_peak_not_a_negative_one():
-    big = torch.ones(16 * 2**20)  # 64 MiB, freed inside the block
+    # freed in the block; 128 MiB, more than the free heap glibc may keep resident (<= 64 MiB): RSS moves
+    big = torch.ones(32 * 2**20)
     with tunekit.profile(name="free", flops="never") as rec:
         del big
-    assert rec.cpu_rss_delta_bytes < -32 * 2**20
+    assert rec.cpu_rss_delta_bytes < -64 * 2**20
     assert 0 <= rec.cpu_peak_delta_bytes < 4 * 2**20

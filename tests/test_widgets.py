@@ -24,6 +24,7 @@ def test_controls_cover_every_toggle(dash):
         assert "lion (unavailable)" in labels  # shown, not hidden
 
 
+@pytest.mark.slow
 def test_run_button_adds_rows_and_charts(dash):
     assert dash.table_df.empty
     dash.run_button.click()
@@ -60,6 +61,7 @@ def test_run_failure_is_a_sentence(dash, monkeypatch):
     assert isinstance(dash.last_error, RuntimeError)
 
 
+@pytest.mark.slow
 def test_find_max_button_reports_trials(dash):
     dash.max_batch.value = 4
     dash.budget_mib.value = 4096

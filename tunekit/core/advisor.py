@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .formulas import algbw, allreduce_busbw  # noqa: F401  (tunekit 0.1 had them here)
-from .shapes import TENSOR_CORE_MULTIPLE, padded_vocab, round_to_multiple
+from .shapes import TENSOR_CORE_MULTIPLE, model_shape, padded_vocab, round_to_multiple
 from .shapes import cfg_get as _get
 
 _SRC = "ml-engineering: vector and matrix size divisibility"
@@ -93,16 +93,14 @@ def _power_rule(name, n, what, multiple, fix):
 
 def advise(model, *, micro_batch: int | None = None, seq_len: int | None = None, tp: int = 1,
            multiple: int = TENSOR_CORE_MULTIPLE) -> Advice:
-    """Check a config (GPTConfig-like, a dict, or a model with `.config`) against the rules."""
-    cfg = getattr(model, "config", model)
-    h, a = _get(cfg, "n_embd"), _get(cfg, "n_head")
-    vocab = _get(cfg, "vocab_size")
-    seq_len = seq_len or _get(cfg, "block_size")
+    """Check a config (tunekit's GPTConfig, a transformers decoder config, a dict of either's
+    fields, or a model with `.config`) against the rules."""
+    d = _read(getattr(model, "config", model))
+    h, a, vocab, padded = d["h"], d["a"], d["vocab"], d["padded"]
+    seq_len = seq_len or d["seq_len"]
     rules = []
 
     if vocab is not None:
-        pad = _get(cfg, "pad_vocab_multiple") or 1
-        padded = _get(cfg, "padded_vocab_size") or padded_vocab(vocab, pad)
         good = padded_vocab(vocab, multiple)
         rules.append(Rule("vocab divisible by 64", padded % multiple == 0,
                           f"vocab {vocab}" + (f", padded to {padded}" if padded != vocab else " (not padded)"),
@@ -146,7 +144,7 @@ def advise(model, *, micro_batch: int | None = None, seq_len: int | None = None,
     rules.append(Rule("t as small as possible", tp == 1 or None, f"t = {tp}",
                       "fine" if tp == 1 else "use the smallest t that fits the model",
                       "tensor parallelism adds communication inside every layer"))
-    rules.append(_ffn_rule(cfg, h, multiple))
+    rules.append(_ffn_rule(d, multiple))
     rules.append(Rule("micro-batch as large as possible", None, f"micro_batch = {micro_batch}",
                       "find it with lab.find_max_batch_size(); 7 that fits beats 4",
                       "larger GEMMs run closer to peak; b itself needs no alignment",
@@ -154,12 +152,31 @@ def advise(model, *, micro_batch: int | None = None, seq_len: int | None = None,
     return Advice(rules)
 
 
-def _ffn_rule(cfg, h, multiple) -> Rule:
-    mlp = _get(cfg, "mlp", "gelu")
-    d_ff = _get(cfg, "ffn_dim") or _get(cfg, "d_ff") or (4 * h if mlp == "gelu" and h else None)
+def _read(cfg) -> dict:
+    """The sizes the rules need: from the model's shape when the config is a whole one, else
+    from the fields a partial dict has."""
+    try:
+        s = model_shape(cfg)
+    except ValueError:
+        s = None
+    if s is not None:
+        return dict(h=s.hidden, a=s.n_head, vocab=_get(cfg, "vocab_size"), padded=s.vocab,
+                    seq_len=s.max_positions, d_ff=s.d_ff, gated=s.gated)
+    h, vocab = _get(cfg, "n_embd") or _get(cfg, "hidden_size"), _get(cfg, "vocab_size")
+    gated = _get(cfg, "mlp", "gelu") == "swiglu"
+    return dict(h=h, a=_get(cfg, "n_head") or _get(cfg, "num_attention_heads"), vocab=vocab,
+                padded=_get(cfg, "padded_vocab_size") or (
+                    padded_vocab(vocab, _get(cfg, "pad_vocab_multiple") or 1) if vocab else None),
+                seq_len=_get(cfg, "block_size") or _get(cfg, "max_position_embeddings"),
+                d_ff=_get(cfg, "ffn_dim") or _get(cfg, "d_ff") or _get(cfg, "intermediate_size")
+                or (4 * h if not gated and h else None), gated=gated)
+
+
+def _ffn_rule(d, multiple) -> Rule:
+    h, d_ff = d["h"], d["d_ff"]
     if not h or not d_ff:
         return Rule("MLP width well-shaped", None, "d_ff unknown", "-", "needs n_embd and d_ff")
-    if mlp != "swiglu":
+    if not d["gated"]:
         ok = d_ff % multiple == 0
         return Rule("MLP width well-shaped", ok, f"GELU d_ff = {d_ff} ({d_ff / h:.3g}*h)",
                     "fine" if ok else f"use d_ff = {round_to_multiple(d_ff, multiple)}",

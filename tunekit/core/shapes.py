@@ -132,15 +132,16 @@ def model_shape(cfg) -> ModelShape:
     get = lambda *names, default=None: next(  # noqa: E731
         (v for v in (cfg_get(cfg, n) for n in names) if v is not None), default)
     notes = []
-    if cfg_get(cfg, "mlp") is not None and cfg_get(cfg, "attention") is not None:  # tunekit GPT
+    # tunekit's GPTConfig, or a dict of its fields (no model_type, n_embd or mlp)
+    if cfg_get(cfg, "model_type") is None and (cfg_get(cfg, "mlp") or cfg_get(cfg, "n_embd")):
         h = get("n_embd")
         gated = cfg_get(cfg, "mlp") == "swiglu"
         bias = bool(cfg_get(cfg, "bias", False))
         fam = dict(gated=gated, norm="rms", qkv_bias=bias, o_bias=bias, mlp_bias=bias,
                    learned_pos=cfg_get(cfg, "pos", "rope") == "learned")
         family, tied = "tunekit", True
-        vocab = padded_vocab(get("vocab_size"), get("pad_vocab_multiple", default=1))
-        d_ff = get("d_ff") or (swiglu_d_ff(h) if gated else gelu_d_ff(h))
+        vocab = get("vocab_size") and padded_vocab(get("vocab_size"), get("pad_vocab_multiple", default=1))
+        d_ff = get("d_ff") or (h and (swiglu_d_ff(h) if gated else gelu_d_ff(h)))
     else:
         family = str(cfg_get(cfg, "model_type", "") or "unknown")
         fam = _FAMILIES.get(family)

@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 from ..core import formulas, registry
+from ..core.formulas import MFU_ANALYTIC, MFU_COUNTED
 from ..measure.device import device_label, torch_dtype
 from ..measure.flops import counting_active
 from ..measure.meters import DeviceMeter
 from ..measure.timing import time_repeats
-from ..core.formulas import MFU_ANALYTIC, MFU_COUNTED
 from ..models.adapters import adapt
 from ..models.data import Batcher, data_dir
 from ..models.gpt import GPT, GPTConfig

@@ -14,12 +14,15 @@ Korthikanti et al. 2022 and the 147M-parameter GPT worked example).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from ..core import registry
 from ..core.registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
+from ..core.shapes import model_shape
 from ..core.units import GB, GiB, is_missing
-from .gpt_count import config_dims, gpt_activation_bytes, gpt_param_count
+from .gpt_count import config_dims, gpt_activation_bytes
+from .hf_count import GROUPS, hf_activation_bytes
 
 NaN = math.nan
 
@@ -140,13 +143,14 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
                     n_head: int | None = None, activations: str = "auto", device: str = "cuda",
                     cuda_context_bytes: float | None = None, overhead_fraction: float = 0.0,
                     optimizer_bytes: float | None = None, grad_bytes: float | None = None,
-                    sequence_parallel: bool = False) -> MemoryEstimate:
+                    sequence_parallel: bool = False, attention: str | None = None) -> MemoryEstimate:
     """Estimate per-device training memory.
 
-    `model` is a parameter count, a config with tunekit GPTConfig's attribute names
-    (n_layer, n_head, n_embd, block_size, vocab_size, mlp, d_ff, ...), or an object with such a
-    `.config`. `activations`: "korthikanti" (the documents' formula), "gpt" (tensor-by-tensor
-    count for tunekit's GPT), or "auto" (gpt when the config has tunekit's fields).
+    `model` is a parameter count, a config (tunekit's GPTConfig, or a transformers decoder
+    config: Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, ...), or a model with such a `.config`.
+    `activations`: "korthikanti" (the documents' formula), "gpt" (tensor-by-tensor count for
+    tunekit's GPT), "hf" (transformers' Llama-style and GPT-2 layers), or "auto" (the one that
+    fits the config). `attention` ("sdpa", "math"/"eager", "flash") defaults to the config's.
     `optimizer_bytes` / `grad_bytes` override the per-param figures (to replay a document).
 
     >>> e = estimate_memory(147e6, n_layer=12, n_embd=768, n_head=12, seq_len=512,
@@ -159,19 +163,29 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    _check_sizes(model, n_params=n_params, micro_batch=micro_batch, seq_len=seq_len,
+                 n_layer=n_layer, n_embd=n_embd, n_head=n_head)
     cfg = getattr(model, "config", model) if not isinstance(model, (int, float)) else None
-    dims = config_dims(cfg) if cfg is not None else {}
-    n_layer = n_layer or dims.get("n_layer")
-    n_embd = n_embd or dims.get("n_embd")
-    n_head = n_head or dims.get("n_head")
-    seq_len = seq_len or dims.get("block_size")
+    shape, shape_error = None, None
+    if cfg is not None:
+        try:
+            shape = model_shape(cfg)
+        except ValueError as e:   # a partial config: sizes may still come as arguments
+            shape_error = str(e)
+    dims = config_dims(cfg) if shape is not None and shape.family == "tunekit" else {}
+    n_layer = n_layer or (shape.n_layer if shape else None)
+    n_embd = n_embd or (shape.hidden if shape else None)
+    n_head = n_head or (shape.n_head if shape else None)
+    seq_len = seq_len or (shape.max_positions if shape else None)
+    if attention is None:
+        attention = dims.get("attention") or getattr(cfg, "_attn_implementation", None) or "sdpa"
     if n_params is None:
         if isinstance(model, (int, float)):
             n_params = float(model)
         elif hasattr(model, "parameters"):   # a live module: count without importing torch
             n_params = float(sum(p.numel() for p in model.parameters()))
-        elif cfg is not None:
-            n_params = float(gpt_param_count(cfg))
+        elif shape is not None:
+            n_params = float(shape.param_count())
         else:
             raise ValueError("give a parameter count, a config or a model")
     prec = precision_layout(precision)
@@ -190,7 +204,11 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
         comps[k] = n_params * per[k] / div
         forms[k] = f"{_num(n_params)} params x {per[k]:g} B" + (f" / {div}" if div > 1 else "")
     comps["buffers"] = NaN
-    if mode_is_gpt(activations, dims):
+    if activations not in ("auto", "gpt", "hf", "korthikanti"):
+        raise ValueError(f"activations must be auto, gpt, hf or korthikanti, got {activations!r}")
+    if activations == "gpt" and not dims:
+        raise ValueError("activations='gpt' needs a GPTConfig-like config (vocab_size, mlp, ...)")
+    if dims and activations in ("auto", "gpt"):
         # rotary cos/sin tables (T, head_dim) each, in the model's dtype (half only when cast)
         rope = dims["pos"] == "rope" and n_head and seq_len
         elem = 2 if key in ("bf16", "fp16", "mixed") else 4
@@ -202,15 +220,27 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
                              "freed after backward" if prec.weight_casts else "")
 
     b, s = micro_batch, seq_len
-    mode = "gpt" if mode_is_gpt(activations, dims) else "korthikanti"
-    if mode == "gpt" and not dims.get("vocab"):
-        raise ValueError("activations='gpt' needs a GPTConfig-like config (vocab_size, mlp, ...)")
+    mode = activations if activations != "auto" else (
+        "gpt" if dims else "hf" if shape is not None and shape.family in GROUPS else "korthikanti")
+    if mode == "hf" and (shape is None or shape.family not in GROUPS):
+        raise ValueError(f"activations='hf' covers {sorted(GROUPS)} configs")
+    if shape is not None and shape.notes:
+        notes.extend(shape.notes)
     if None in (n_layer, n_embd, n_head, s):
         comps["activations"] = comps["recompute"] = NaN
-        notes.append("activations need n_layer, n_embd, n_head and seq_len (or a config)")
-    elif mode == "gpt":
-        act = gpt_activation_bytes(cfg, b, s, prec.activations, checkpointing=checkpointing,
-                                   autocast=key == "amp")
+        notes.append("activations need n_layer, n_embd, n_head and seq_len (or a config)"
+                     + (f": {shape_error}" if shape_error else ""))
+    elif mode in ("gpt", "hf"):
+        if mode == "gpt":
+            act = gpt_activation_bytes(cfg, b, s, prec.activations, checkpointing=checkpointing,
+                                       autocast=key == "amp")
+        else:
+            act = hf_activation_bytes(shape, b, s, autocast=prec.activations == 2,
+                                      attention=attention, checkpointing=checkpointing)
+            comps["buffers"] = 0.0
+            if key in ("bf16", "fp16", "mixed"):
+                notes.append("transformers activations are counted under autocast; pure half "
+                             "weights keep about the same (the norms stay fp32 either way)")
         # tensor parallelism splits a layer's tensors (an upper-bound split: Korthikanti's 10sbh
         # stay whole); 1F1B pipelining keeps the L-layer total on the first stage (see below)
         comps["activations"] = act["saved"] / tp
@@ -220,7 +250,7 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
         forms["activations"] = act["formula"] + (f" / t={tp}" if tp > 1 else "")
         forms["recompute"] = "one block's saved tensors, rebuilt during backward" if checkpointing else ""
         if tp > 1:
-            notes.append("gpt activation count is for one device; divided by tp (the layer norms' and "
+            notes.append(f"{mode} activation count is for one device; divided by tp (the layer norms' and "
                          "residuals' share is not split without sequence parallelism, so this is low)")
     else:
         scale = prec.activations / 2   # the formula counts 2-byte elements
@@ -237,6 +267,9 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
             forms["activations"] = "s*b*h*L*(10 + 24/t + 5*a*s/(h*t))"
         if scale != 1:
             forms["activations"] += f" x {scale:g} ({prec.activations}-byte elements)"
+        if shape is not None and attention in ("sdpa", "flash"):
+            notes.append("the Korthikanti formula keeps the 5*a*s^2 attention scores, which fused "
+                         "attention (sdpa, flash) does not save: an overestimate for this model")
     if pp > 1 and not is_missing(comps["activations"]):
         notes.append("1F1B pipeline: the first stage holds pp micro-batches of L/pp layers, "
                      "i.e. the same activation bytes as L layers (not divided by pp)")
@@ -253,16 +286,23 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
     comps["distributed"] = 1.5 * GiB if (on_cuda and world > 1) else 0.0
     forms["distributed"] = "torch.distributed/NCCL buffers (~1-2 GB per GPU)"
     inputs = dict(n_params=n_params, precision=key, optimizer=optimizer, micro_batch=b, seq_len=s,
+                  attention=attention,
                   checkpointing=checkpointing, tp=tp, pp=pp, zero_stage=zero_stage, dp=dp,
                   n_layer=n_layer, n_embd=n_embd, n_head=n_head, activations=mode, device=device)
     return MemoryEstimate({k: comps[k] for k in COMPONENTS}, forms, inputs, notes)
 
 
-def mode_is_gpt(activations: str, dims: dict) -> bool:
-    """Whether the tensor-by-tensor count for tunekit's GPT applies ("auto": its config)."""
-    if activations not in ("auto", "gpt", "korthikanti"):
-        raise ValueError(f"activations must be auto, gpt or korthikanti, got {activations!r}")
-    return activations == "gpt" or (activations == "auto" and bool(dims.get("tunekit")))
+def _check_sizes(model, **sizes) -> None:
+    """Refuse impossible sizes before computing anything: counts are whole numbers >= 1."""
+    if isinstance(model, numbers.Real) and (isinstance(model, bool) or not 0 < model < math.inf):
+        raise ValueError(f"model: a parameter count must be a finite number > 0, got {model!r}")
+    for name, v in sizes.items():
+        if v is None and name != "micro_batch":
+            continue
+        real = isinstance(v, numbers.Real) and not isinstance(v, bool) and 1 <= v < math.inf
+        if not real or (name != "n_params" and not float(v).is_integer()):
+            allowed = "a finite number >= 1" if name == "n_params" else "a whole number >= 1"
+            raise ValueError(f"{name} must be {allowed}, got {v!r}")
 
 
 def worked_example_147m(micro_batch: int = 64) -> dict:

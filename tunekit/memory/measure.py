@@ -203,7 +203,7 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
         with torch.random.fork_rng(devices=[dev] if cuda else [], device_type=dev.type):
             measured, cuda_info = _one_step(model, batch, tg.loss_of, optimizer, given, ac, params,
                                             dev, notes)
-        ck_used = adapter.checkpointing
+        ck_used, attn_used = adapter.checkpointing, adapter.attention
     finally:
         for p, g in zip(params, prev_grads):
             p.grad = g
@@ -215,7 +215,8 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
         notes.append("no CUDA device: allocator peak, NVML total and 'other' are not measured here")
     est = None
     if estimate:
-        est = _estimate_for(model, batch, optimizer or given, precision, dev, ck_used, notes)
+        est = _estimate_for(model, batch, optimizer or given, precision, dev, ck_used, attn_used,
+                            adapter.shape, notes)
     return MemoryReport(measured, est, str(dev), precision, cuda_info, notes)
 
 
@@ -306,15 +307,14 @@ def _cuda_readings(dev, measured, forward_growth) -> dict:
     return out
 
 
-def _estimate_for(model, batch, optimizer, precision, dev, checkpointing, notes):
+def _estimate_for(model, batch, optimizer, precision, dev, checkpointing, attention, shape, notes):
     name = optimizer_name(optimizer)
-    cfg = getattr(model, "config", None)
     kw = dict(precision=precision, optimizer=name or "adamw", device=str(dev), cuda_context_bytes=0.0)
     x = batch[0] if isinstance(batch, (tuple, list)) else batch
-    if cfg is not None and hasattr(cfg, "n_layer") and x.dim() == 2:
-        est = estimate_memory(cfg, n_params=float(sum(p.numel() for p in model.parameters())),
+    if shape is not None and x.dim() == 2:
+        est = estimate_memory(model.config, n_params=float(sum(p.numel() for p in model.parameters())),
                               micro_batch=x.shape[0], seq_len=x.shape[1],
-                              checkpointing=checkpointing, **kw)
+                              checkpointing=checkpointing, attention=attention, **kw)
     else:
         est = estimate_memory(float(sum(p.numel() for p in model.parameters())), **kw)
     if name is None:
