@@ -11,7 +11,7 @@ CPU_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraint
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[dev]'
+	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[dev,hf]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

@@ -1,4 +1,5 @@
-"""How much of a Lab step is the Lab's own work, on CPU with the cpu-tiny preset (target < 3%).
+"""How much of a Lab step is the Lab's own work, on CPU (target < 3%): the cpu-tiny preset, or
+with ``--model llama`` a transformers Llama-style model built from a config.
 
 Two measurements side by side, in one process, on one model and optimizer:
 1. end to end: a bare loop (forward, backward, optimizer step, zero_grad on pre-made batches)
@@ -8,7 +9,7 @@ Two measurements side by side, in one process, on one model and optimizer:
 The end-to-end ratio carries the machine's noise (a shared CPU moves a few %); the direct one
 says what the Lab itself adds.
 
-    .venv/bin/python benchmarks/bench_lab_overhead.py [--steps 20] [--rounds 5]
+    .venv/bin/python benchmarks/bench_lab_overhead.py [--steps 20] [--rounds 5] [--model llama]
 """
 import argparse
 import statistics
@@ -21,12 +22,15 @@ from tunekit.lab import Lab
 from tunekit.measure.device import now_s
 
 
-def bare_steps(lab, batches) -> float:
+def bare_steps(lab, batches, hf: bool) -> float:
     """Mean seconds per step of the minimal training loop."""
     model, opt = lab.model, lab.optimizer
     t0 = time.perf_counter()
     for x, y in batches:
-        _, loss = model(x, y)
+        if hf:
+            loss = model(input_ids=x, labels=y, shift_labels=y, use_cache=False).loss
+        else:
+            _, loss = model(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -55,19 +59,30 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--model", choices=["cpu-tiny", "llama"], default="cpu-tiny")
     args = ap.parse_args()
+    hf = args.model == "llama"
+    model = None
+    if hf:
+        import transformers
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        transformers.logging.set_verbosity_error()
+        model = AutoModelForCausalLM.from_config(LlamaConfig(
+            vocab_size=256, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
     with tempfile.TemporaryDirectory() as tmp:
-        lab = Lab(preset="cpu-tiny", log_path=f"{tmp}/runs.jsonl", peak_tflops=1.0)
+        lab = Lab(model, preset="cpu-tiny", log_path=f"{tmp}/runs.jsonl", peak_tflops=1.0)
         t = lab.resolve()
         lab.run(steps=3, warmup=2)  # builds the optimizer, counts FLOPs, warms the kernels
         bare, full = [], []
         for _ in range(args.rounds):
             batches = [lab.batch(t.micro_batch, t.seq_len) for _ in range(args.steps)]
-            bare.append(bare_steps(lab, batches))
+            bare.append(bare_steps(lab, batches, hf))
             full.append(lab.run(steps=args.steps, warmup=0).step_s)
         extras_s = lab_extras(lab, t, 2000)
     bare_s, lab_s = statistics.median(bare), statistics.median(full)
-    print(f"cpu-tiny, micro_batch={t.micro_batch}, seq_len={t.seq_len}, {torch.get_num_threads()} threads, "
+    print(f"{args.model}, micro_batch={t.micro_batch}, seq_len={t.seq_len}, {torch.get_num_threads()} threads, "
           f"{args.rounds} rounds x {args.steps} steps")
     print(f"{'':28}{'median':>10}{'best':>10}")
     print(f"{'bare loop step (ms)':28}{bare_s * 1e3:10.3f}{min(bare) * 1e3:10.3f}")

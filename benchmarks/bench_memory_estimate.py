@@ -1,9 +1,12 @@
-"""Estimated vs measured memory anatomy of the built-in GPT, side by side in one run.
+"""Estimated vs measured memory anatomy, side by side in one run: the built-in GPT, then
+transformers Llama-, GPT-2- and Qwen2-style models built from configs (when transformers is
+installed).
 
-Targets (issue 4): weights + gradients + optimizer states within 10% of measured, saved
-activations (weight casts included) within 15%, across fp32/bf16 x checkpointing on/off.
-Exits 1 if a target is missed. Usage: `python benchmarks/bench_memory_estimate.py`
-(CPU: preset cpu-small; CUDA: gpt2-124m, plus allocator peak and NVML readings).
+Targets: weights + gradients + optimizer states within 10% of measured, saved activations
+(weight casts included) within 15% for the built-in GPT and 10% for the transformers models,
+across fp32/bf16 x checkpointing x sdpa/eager. Exits 1 if a target is missed.
+Usage: `python benchmarks/bench_memory_estimate.py` (CPU: preset cpu-small; CUDA: gpt2-124m,
+plus allocator peak and NVML readings).
 """
 from __future__ import annotations
 
@@ -56,12 +59,56 @@ def main() -> int:
                 if abs(ra - 1) > 0.15:
                     missed.append(f"activations {attention}/{precision}/ck={ck}: ratio {ra:.3f}")
         del model
+    missed += transformers_table(dev)
     print("\nThe documents' 147M GPT example at batch 64 (GB = 1e9 bytes, GiB = 2^30):")
     for name, est in worked_example_147m(64).items():
         print(f"  {name:>28}: static {est.static_bytes / GB:6.3f} GB, total {est.total_bytes / GB:6.2f} GB"
               f" ({est.total_bytes / GiB:5.2f} GiB)")
     print("\n" + ("all targets met" if not missed else "MISSED: " + "; ".join(missed)))
     return 1 if missed else 0
+
+
+def transformers_table(dev) -> list:
+    """The same comparison on transformers decoders (random init from configs)."""
+    try:
+        import transformers
+        from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
+    except ImportError:
+        print("\ntransformers is not installed: its table is skipped (pip install -e '.[hf]')")
+        return []
+    transformers.logging.set_verbosity_error()
+    from tunekit.lab import Lab
+
+    cfgs = {"llama": LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688,
+                                 num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                                 max_position_embeddings=512),
+            "gpt2": GPT2Config(vocab_size=2048, n_embd=256, n_layer=4, n_head=8, n_positions=512),
+            "qwen2": Qwen2Config(vocab_size=2048, hidden_size=256, intermediate_size=704,
+                                 num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                                 max_position_embeddings=512)}
+    b, s = 4, 256
+    print(f"\ntransformers {transformers.__version__}; micro_batch {b}, seq_len {s}; MiB")
+    print(f"{'model':>6} {'attention':>9} {'precision':>9} {'ckpt':>5} | {'static est':>10} {'meas':>10}"
+          f" {'ratio':>6} | {'acts est':>9} {'meas':>9} {'ratio':>6}")
+    missed = []
+    for name, cfg in cfgs.items():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg).to(dev)
+        for attention in ("sdpa", "eager"):
+            for precision in ("fp32", "bf16"):
+                for ck in (False, True):
+                    lab = Lab(model, log_path=f"/tmp/tunekit-bench-{name}.jsonl", peak_tflops=1.0,
+                              micro_batch=b, seq_len=s, precision=precision, checkpointing=ck,
+                              attention=attention)
+                    rep = measure_memory(lab)
+                    se, sm = (sum(d[k] for k in STATIC) for d in (rep.estimate.components, rep.measured))
+                    ae, am = (sum(d[k] for k in ACTS) for d in (rep.estimate.components, rep.measured))
+                    print(f"{name:>6} {attention:>9} {precision:>9} {str(ck):>5} | {se / 2**20:10.1f}"
+                          f" {sm / 2**20:10.1f} {se / sm:6.4f} | {ae / 2**20:9.1f} {am / 2**20:9.1f}"
+                          f" {ae / am:6.4f}")
+                    if abs(se / sm - 1) > 0.10 or abs(ae / am - 1) > 0.10:
+                        missed.append(f"{name} {attention}/{precision}/ck={ck}: {se / sm:.3f}, {ae / am:.3f}")
+    return missed
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ class Lab:
             self.defaults.attention = self.adapter.attention
         self.optimizer = None
         self._opt_name = None
+        self._applied: dict = {}  # what apply() last set on the model
         self._scaler = None  # fp16's GradScaler: kept across runs, like the optimizer state
         self._compiled = None
         self._probes: dict[tuple, ProbeResult] = {}
@@ -151,10 +152,18 @@ class Lab:
         """Put ``t`` on the live model and optimizer (attention, checkpointing, optimizer, lr,
         compile); returns ``notes`` with what changed beyond the toggles themselves."""
         notes = [] if notes is None else notes
-        if t.attention is not None and self.adapter.attentions and t.attention != self.adapter.attention:
-            self.adapter.set_attention(t.attention)
-        if self.adapter.can_checkpoint and t.checkpointing != self.adapter.checkpointing:
-            self.adapter.set_checkpointing(t.checkpointing)
+        a = self.adapter
+        for what, now, wanted, applied in (("attention", a.attention, t.attention, self._applied.get("attention")),
+                                           ("checkpointing", a.checkpointing, t.checkpointing,
+                                            self._applied.get("checkpointing"))):
+            if applied is not None and now != applied and now != wanted:
+                notes.append(f"{what} was {now!r} on the model (changed outside the Lab): "
+                             f"set to this run's {wanted!r}")
+        if t.attention is not None and a.attentions and t.attention != a.attention:
+            a.set_attention(t.attention)
+        if a.can_checkpoint and t.checkpointing != a.checkpointing:
+            a.set_checkpointing(t.checkpointing)
+        self._applied = {"attention": a.attention, "checkpointing": a.checkpointing}
         if self._opt_name != t.optimizer:
             if self.optimizer is not None:
                 notes.append(f"new optimizer {t.optimizer} (was {self._opt_name}): its state starts empty")
