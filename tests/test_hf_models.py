@@ -221,3 +221,20 @@ def test_profiling_a_compiled_model_leaves_it_compiled(run, ip):
     # Dynamo captured the frame after the counted run: the cached run timed compiled code
     assert counters["stats"]["calls_captured"] >= 1 and counters["stats"]["unique_graphs"] >= 1
     torch._dynamo.reset()
+
+
+def test_gpuprofile_recounts_after_the_attention_changes_by_hand(run, ip):
+    ip.user_ns["hf"] = build(llama())
+    run("xs = torch.randint(0, 256, (2, 32))")
+    cell = "%%gpuprofile -q -n hf_step\nhf(input_ids=xs, labels=xs).loss.backward()"
+    run(cell)
+    run(cell)
+    run("hf.set_attn_implementation('eager')")
+    run(cell)
+    rows = tunekit.history().iloc[-3:]
+    assert rows["flops_source"].tolist() == ["counted", "cached", "counted"]
+    sdpa, eager = rows["flops"].iloc[0], rows["flops"].iloc[2]
+    # eager computes the masked half of QK^T and AV in forward and backward: per layer
+    # (12 - 7) * b*nh*s^2*hd = 5 * 2*4*32*32*16, x 2 layers (shifted labels: same matmuls)
+    assert eager - sdpa == 2 * 5 * 2 * 4 * 32 * 32 * 16
+    assert any("recounted" in n and "hf" in n for n in tunekit.last().notes)
