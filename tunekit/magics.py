@@ -5,6 +5,7 @@ Parse the options, hand the cell to a Probe, display the record. Nothing here me
 from __future__ import annotations
 
 import ast
+import math
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -57,11 +58,15 @@ class GpuProfileMagics(Magics):
         """
         __tracebackhide__ = True  # noqa: F841  (keeps this frame out of user tracebacks)
         args = self._args.get(line) or parse_argstring(self.gpuprofile, line)
+        if len(self._args) > 256:  # bounded, like the compiled cells
+            self._args.clear()
         self._args[line] = args  # validated below; a bad line raises before it is reused
-        if args.model_flops is not None and args.model_flops < 0:
-            raise UsageError("--model-flops must be a non-negative FLOP count")
-        if args.peak is not None and args.peak <= 0:
-            raise UsageError("--peak must be a positive TFLOPS figure")
+        if args.model_flops is not None and not 0 <= args.model_flops < math.inf:
+            self._args.pop(line, None)
+            raise UsageError(f"--model-flops must be a finite FLOP count >= 0, got {args.model_flops!r}")
+        if args.peak is not None and not 0 < args.peak < math.inf:
+            self._args.pop(line, None)
+            raise UsageError(f"--peak must be a finite TFLOPS figure > 0, got {args.peak!r}")
         if cell is None:
             return self._line(args)
         if args.mode:
@@ -108,7 +113,7 @@ class GpuProfileMagics(Magics):
                 raise UsageError("%%gpuprofile cannot run top-level `await`; use `%gpuprofile on`, "
                                  "which profiles the cell as IPython runs it") from None
             raise UsageError(f"%%gpuprofile: the cell is not valid Python: {e}") from None
-        if len(self._compiled) > 256:
+        if len(self._compiled) > 256:  # bounded: re-runs of recent cells skip parsing
             self._compiled.clear()
         self._compiled[code] = body, tail
         return body, tail
@@ -174,6 +179,10 @@ class GpuProfileMagics(Magics):
         if raw.lstrip().startswith(("%gpuprofile", "%%gpuprofile", "%unload_ext", "%reload_ext")):
             return  # the cell magic measures itself; on/off cells are not workload
         a = self.auto_opts
+        left, self._probe = self._probe, None
+        if left is not None and left.running:  # the last cell's post_run_cell never came
+            left.record.notes.append("closed at the next cell (the cell was interrupted)")
+            left.stop(None)
         code = raw if not raw.lstrip().startswith("%") else ""
         try:
             code = self.shell.transform_cell(raw)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from .formulas import algbw, allreduce_busbw  # noqa: F401  (tunekit 0.1 had them here)
 from .shapes import TENSOR_CORE_MULTIPLE, model_shape, padded_vocab, round_to_multiple
 from .shapes import cfg_get as _get
+from .validate import whole
 
 _SRC = "ml-engineering: vector and matrix size divisibility"
 
@@ -95,6 +96,9 @@ def advise(model, *, micro_batch: int | None = None, seq_len: int | None = None,
            multiple: int = TENSOR_CORE_MULTIPLE) -> Advice:
     """Check a config (tunekit's GPTConfig, a transformers decoder config, a dict of either's
     fields, or a model with `.config`) against the rules."""
+    micro_batch = None if micro_batch is None else whole("micro_batch", micro_batch)
+    seq_len = None if seq_len is None else whole("seq_len", seq_len)
+    tp, multiple = whole("tp", tp), whole("multiple", multiple)
     d = _read(getattr(model, "config", model))
     h, a, vocab, padded = d["h"], d["a"], d["vocab"], d["padded"]
     seq_len = seq_len or d["seq_len"]

@@ -17,7 +17,6 @@ The pieces other engine code builds on are public: ``apply(t)`` puts toggles on 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import os
@@ -29,20 +28,24 @@ import torch
 
 from ..core import formulas, registry
 from ..core.formulas import MFU_ANALYTIC, MFU_COUNTED
-from ..measure.device import device_label, torch_dtype
+from ..core.validate import is_whole
+from ..measure.device import device_label
 from ..measure.flops import counting_active
+from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
+from ..measure.oom import ADVICE, free_memory, is_oom
 from ..measure.timing import time_repeats
 from ..models.adapters import adapt
 from ..models.data import Batcher, data_dir
 from ..models.gpt import GPT, GPTConfig
-from . import runlog
+from .guard import NonFiniteRunError, Snapshot, _check, _NonFinite, weights_finite
 from .optimizers import build_optimizer, state_bytes, unavailable_optimizers
-from .runlog import RunResult, results_frame
+from .precision import autocast, matmul_precision
+from .runlog import RunLog, RunResult, results_frame
 from .step import ProbeResult, add_flash_flops, probe_step
-from .toggles import Env, ToggleError, Toggles, autocast_dtype, compute_dtype, label, notices, problems
+from .toggles import Env, ToggleError, Toggles, autocast_dtype, compute_dtype, label, normalized, notices, problems
 
-__all__ = ["Lab", "RunResult", "results_frame"]
+__all__ = ["Lab", "RunResult", "results_frame", "NonFiniteRunError"]
 
 _LAB_IDS = itertools.count()
 
@@ -100,9 +103,8 @@ class Lab:
         self._peak_given = peak_tflops
         # one log per Lab: two Labs made in the same second of one process must not share it
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAB_IDS)}"
-        self.log_path = Path(log_path) if log_path else data_dir() / "runs" / f"lab-{stamp}.jsonl"
-        records, self.log_skipped = runlog.read_records(self.log_path)  # resume an earlier session
-        self._runs: list[RunResult] = [RunResult.from_dict(r) for r in records]
+        self.log = RunLog(log_path if log_path else data_dir() / "runs" / f"lab-{stamp}.jsonl")
+        self.log_path, self.log_skipped = self.log.path, self.log.skipped
 
     # --- data -------------------------------------------------------------------------------
 
@@ -137,13 +139,13 @@ class Lab:
     def check(self, t: Toggles, steps: int = 1, warmup: int = 0) -> list[str]:
         """Why ``t`` cannot run here (empty list: it can)."""
         out = problems(t, self.env())
+        if not is_whole(steps) or steps < 1:
+            out.append(f"steps must be a whole number >= 1 (got {steps!r}): nothing would be timed.")
+        if not is_whole(warmup) or warmup < 0:
+            out.append(f"warmup must be a whole number >= 0 (got {warmup!r}).")
         if t.seq_len is None:
             out.append(f"seq_len is needed: {type(self.model).__name__} has no known position "
                        "limit to take it from (lab.run(seq_len=...) or Lab(..., seq_len=...)).")
-        if not isinstance(steps, int) or steps < 1:
-            out.append(f"steps must be >= 1 (got {steps!r}): nothing would be timed.")
-        if not isinstance(warmup, int) or warmup < 0:
-            out.append(f"warmup must be >= 0 (got {warmup!r}).")
         return out
 
     # --- the live model: toggles, one step, clean-up ----------------------------------------
@@ -186,23 +188,10 @@ class Lab:
         return self._scaler
 
     def _autocast(self, t: Toggles):
-        ac = autocast_dtype(t)
-        if ac is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch_dtype(ac))
+        return autocast(t, self.device)
 
-    @contextlib.contextmanager
     def _matmul_precision(self, t: Toggles):
-        # tf32 is a CUDA switch; on CPU nothing is touched (the run is recorded as fp32)
-        if self.device.type != "cuda":
-            yield
-            return
-        before = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("high" if t.precision == "tf32" else "highest")
-        try:
-            yield
-        finally:
-            torch.set_float32_matmul_precision(before)
+        return matmul_precision(t, self.device)
 
     def train_step(self, t: Toggles):
         """One optimizer step under ``t`` (``apply(t)`` first): ``grad_accum`` micro-batches of
@@ -271,49 +260,85 @@ class Lab:
 
     # --- the run ----------------------------------------------------------------------------
 
-    def run(self, steps: int = 20, warmup: int = 2, progress=None, **changes) -> RunResult:
+    def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
+            **changes) -> RunResult:
         """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
 
         Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
         is called when the clock starts (done=0) and after each timed step. Refused combinations
-        raise ``ToggleError`` (a ValueError) whose ``problems`` explain why.
+        raise ``ToggleError`` (a ValueError) whose ``problems`` explain why, before any work.
+        A step whose loss (or, at the end, a weight) is NaN/inf stops the run: it is recorded as
+        failed and, with ``guard`` (the default), weights, optimizer and scaler are put back as
+        they were before the run; then ``NonFiniteRunError`` is raised. An out-of-memory error
+        leaves no gradients behind, frees the memory and says what to try.
         """
         t = self.resolve(**changes)
         errors = self.check(t, steps, warmup)
+        if not isinstance(guard, bool):
+            errors.append(f"guard must be True or False (got {guard!r}).")
         if errors:
             raise ToggleError(errors)
+        t, steps, warmup = normalized(t), int(steps), int(warmup)
+        self.log.check_writable()  # fail before training: a finished run is never lost
         notes = self.apply(t, notices(t, self.env()))
         if t.compile and warmup < 1:
             warmup = 1
             notes.append("warm-up raised to 1: the first compiled step compiles")
         self.recover()  # a run that failed earlier (OOM, Ctrl-C) may have left gradients
+        snap = Snapshot.take(self) if guard else None
         try:
             probe, flops_source = self._probe(t)
-            warm = [self.train_step(t) for _ in range(warmup)]
+            warm = []
+            for i in range(warmup):
+                warm.append(self.train_step(t))
+                _check(warm[-1], f"the loss of warm-up step {i + 1}")
             measured = self.measure_steps(t, steps, progress)
-        except BaseException:
-            self.recover()
+            if not weights_finite(self.model):
+                raise _NonFinite("a weight after the last step")
+        except _NonFinite as e:
+            if snap is not None:
+                snap.restore()
+            undone = ("weights, optimizer and scaler are back as before the run" if snap is not None
+                      else "the weights were NOT restored (guard=False)")
+            result = self._failed(t, warmup, f"{e} is not finite: the run stopped there; {undone}",
+                                  notes, snap)
+            raise NonFiniteRunError(result.error, result) from None
+        except BaseException as e:
+            with deferred_interrupt():
+                self.recover()
+            if is_oom(e):
+                free_memory(self.device)
+                e.add_note(f"tunekit: lab.run ran out of memory at micro_batch={t.micro_batch}, "
+                           f"seq_len={t.seq_len}; its gradients were dropped and memory freed. {ADVICE}; "
+                           "lab.find_max_batch_size() finds the largest micro-batch that fits.")
             raise
         measured.losses[:0] = warm
-        return self._record(t, warmup, measured, probe, flops_source, notes)
+        return self._record(t, warmup, measured, probe, flops_source, notes, snap)
 
     def measure_steps(self, t: Toggles, steps: int, progress=None) -> Steps:
         """``steps`` timed training steps under ``t`` (applied already), with the peak memory of
-        the device over them. The peak meter always stops, also when a step fails."""
+        the device over them. The peak meter always stops, also when a step fails; a step whose
+        loss is not finite stops the steps (``_NonFinite``)."""
         meter = DeviceMeter(self.device, self.cuda_index).start()
         slowed = counting_active()  # an enclosing %%gpuprofile's first run is counting
         losses, peak = [], None
-        tick = None if progress is None else (lambda i, _s: progress(i + 1, steps))
+
+        def tick(i, _s):  # after the step's clock: the finiteness check syncs, the clock did too
+            _check(losses[-1], f"the loss of step {i + 1}")
+            if progress is not None:
+                progress(i + 1, steps)
+
         try:
             if progress is not None:
                 progress(0, steps)  # warm-up and FLOP count are done: the clock starts
             times = time_repeats(lambda: losses.append(self.train_step(t)), self.device,
                                  warmup=0, repeats=steps, after_each=tick)
         finally:
-            peak = meter.stop()
+            with deferred_interrupt():
+                peak = meter.stop()
         return Steps(times, losses, peak, meter.source, slowed)
 
-    def _record(self, t, warmup, m: Steps, probe, flops_source, notes) -> RunResult:
+    def _record(self, t, warmup, m: Steps, probe, flops_source, notes, snap=None) -> RunResult:
         step_s = sum(m.times) / len(m.times)
         tokens = t.micro_batch * t.grad_accum * t.seq_len
         executed = probe.flops.executed * t.grad_accum if probe.flops.executed else None
@@ -337,7 +362,7 @@ class Lab:
         values = [float(v) for v in m.losses]  # after the clock: .item() would sync mid-run
         ac = autocast_dtype(t)
         result = RunResult(
-            run_id=len(self._runs), label=label(t, self.resolve()), toggles=t,
+            run_id=None, label=label(t, self.resolve()), toggles=t,
             steps=len(m.times), warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
             step_s=step_s, step_s_min=min(m.times), step_s_max=max(m.times),
             flops_per_step=executed, model_flops_per_step=model_flops, flops_source=flops_source,
@@ -354,20 +379,29 @@ class Lab:
             device=device_label(self.cuda_index), attention_ran=probe.attention_ran,
             compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
             model=type(self.model).__name__, n_params=sum(p.numel() for p in params),
-            time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + probe.notes)
-        runlog.append_record(self.log_path, result.to_dict())  # on disk before we return
-        self._runs.append(result)
-        return result
+            time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + probe.notes,
+            guard_s=snap.seconds if snap is not None else None)
+        return self.log.add(result)
+
+    def _failed(self, t, warmup, reason: str, notes, snap) -> RunResult:
+        return self.log.add(RunResult.failed(
+            t, label(t, self.resolve()), reason, notes, warmup=warmup, model=type(self.model).__name__,
+            device=device_label(self.cuda_index), guard_s=snap.seconds if snap is not None else None))
+
+    def save_results(self, path) -> Path:
+        """Append every run of this Lab to the JSONL log ``path`` (e.g. when the Lab's own log
+        could not be written). Returns the path."""
+        return self.log.save_to(path)
 
     # --- results ----------------------------------------------------------------------------
 
     @property
     def runs(self) -> list[RunResult]:
-        return list(self._runs)
+        return list(self.log.runs)
 
     def results(self):
         """pandas DataFrame, one row per run (this session's and the log's earlier ones)."""
-        return results_frame(self._runs)
+        return results_frame(self.log.runs)
 
     def compare(self, baseline: int = 0):
         """plotly Figure: tokens/s and peak memory per run, the ``baseline`` run marked."""
@@ -389,10 +423,4 @@ class Lab:
         """DataFrame of the runs in a JSONL log written by a Lab (partial last lines skipped).
 
         ``path=None``: the newest log under ``data/runs/`` (after a kernel restart, say)."""
-        if path is None:
-            logs = sorted((data_dir() / "runs").glob("lab-*.jsonl"), key=lambda q: q.stat().st_mtime)
-            if not logs:
-                raise FileNotFoundError(f"no lab-*.jsonl under {data_dir() / 'runs'}")
-            path = logs[-1]
-        records, _ = runlog.read_records(path)
-        return results_frame([RunResult.from_dict(r) for r in records])
+        return results_frame(RunLog.newest(data_dir() / "runs") if path is None else RunLog(path).runs)

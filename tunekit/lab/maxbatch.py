@@ -15,14 +15,18 @@ its baseline; ``after_bytes`` vs ``baseline_bytes`` shows that it did.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import psutil
 
+from ..core.validate import is_whole
 from ..measure.device import now_s
+from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
 from ..measure.oom import free_memory, is_oom, memory_now_bytes
-from .toggles import ToggleError
+from .toggles import ToggleError, normalized
 
 _PREDICT_MARGIN = 1.25
 
@@ -67,13 +71,20 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
     ``lab.find_max_batch_size(memory_budget_bytes=2**30)`` on CPU: at most 1 GiB above baseline.
     """
     t = lab.resolve(**changes)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, limit)) \
-            or not 1 <= start <= limit:
-        raise ToggleError([f"need whole numbers 1 <= start <= limit, got start={start!r}, "
-                           f"limit={limit!r}"])
-    errors = lab.check(t.replace(micro_batch=start))
+    errors = []
+    if not (is_whole(start) and is_whole(limit)) or not 1 <= start <= limit:
+        errors.append(f"need whole numbers 1 <= start <= limit, got start={start!r}, limit={limit!r}")
+    if memory_budget_bytes is not None and (isinstance(memory_budget_bytes, bool) or not isinstance(
+            memory_budget_bytes, numbers.Real) or not 0 < memory_budget_bytes < math.inf):
+        errors.append(f"memory_budget_bytes must be a finite number > 0 (or None), got {memory_budget_bytes!r}")
+    if isinstance(budget_fraction, bool) or not isinstance(budget_fraction, numbers.Real) \
+            or not 0 < budget_fraction <= 1:
+        errors.append(f"budget_fraction must be a number in (0, 1] (a share of the available RAM), "
+                      f"got {budget_fraction!r}")
+    errors += lab.check(t.replace(micro_batch=start if is_whole(start) else 1))
     if errors:
         raise ToggleError(errors)
+    start, limit, t = int(start), int(limit), normalized(t)
     dev = lab.device
     notes = []
     lab.apply(t, notes)
@@ -93,6 +104,18 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
             progress(trial)
         return trial.fits
 
+    try:
+        _search(attempt, start, limit, result)
+    finally:  # also after Ctrl-C or an error: no gradients left, memory back to the baseline
+        with deferred_interrupt():
+            lab.recover()
+            free_memory(dev)
+            result.after_bytes = memory_now_bytes(dev)
+    return result
+
+
+def _search(attempt, start: int, limit: int, result) -> None:
+    """Double from ``start`` until a trial does not fit, then bisect; sets ``result.best``."""
     good, bad, b = 0, None, start
     while True:  # doubling
         if attempt(b):
@@ -110,9 +133,6 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
         else:
             bad = mid
     result.best = good or None
-    free_memory(dev)
-    result.after_bytes = memory_now_bytes(dev)
-    return result
 
 
 def _predict_used(b: int, trials: list) -> float | None:

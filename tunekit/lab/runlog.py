@@ -16,6 +16,8 @@ import dataclasses
 import json
 import math
 import os
+import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,29 +39,69 @@ def _clean(v):
     return str(v)  # torch.device, dtypes, paths: their text is what a reader wants
 
 
-def append_record(path, record: dict) -> None:
-    """Append one record as a line and force it to disk."""
+def check_writable(path) -> None:
+    """Fail now, before any training, if the log cannot be appended to (a missing folder is
+    created). Raises OSError saying where and why."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise OSError(e.errno, f"the run log {path} cannot be written ({e.strerror or e}); "
+                      "give the Lab a writable log_path=") from e
+
+
+def append_record(path, record) -> dict:
+    """Append one record as a line and force it to disk; returns what was written.
+
+    ``record`` is a dict, or a function ``next_run_id -> dict``: it is called under an exclusive
+    lock on the log with one more than the largest run_id already in it, so processes sharing a
+    log never write the same id."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(_clean({"schema": SCHEMA, **record}), sort_keys=False) + "\n").encode()
     with open(path, "ab+") as f:
-        f.seek(0, os.SEEK_END)
-        if f.tell() > 0:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":  # an earlier crash left half a line: end it first
+        _lock(f)
+        try:
+            text = b""
+            if os.path.isfile(path):  # a device (/dev/full, a pipe) has no lines to read
+                f.seek(0)
+                text = f.read()
+            if callable(record):
+                record = record(1 + max((r.get("run_id", -1) for r in _parse(text)[0]
+                                         if isinstance(r.get("run_id"), int)), default=-1))
+            line = (json.dumps(_clean({"schema": SCHEMA, **record}), sort_keys=False) + "\n").encode()
+            if text and not text.endswith(b"\n"):  # an earlier crash left half a line: end it
                 line = b"\n" + line
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+            if text:
+                f.seek(0, os.SEEK_END)
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            _lock(f, release=True)
+    return record
+
+
+def _lock(f, release: bool = False) -> None:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no cross-process lock, ids stay unique per process
+        return
+    fcntl.flock(f.fileno(), fcntl.LOCK_UN if release else fcntl.LOCK_EX)
 
 
 def read_records(path) -> tuple[list[dict], int]:
     """(records in order, number of unreadable lines skipped). A missing file is ([], 0)."""
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():  # missing, or a device such as /dev/full that reads forever
         return [], 0
+    return _parse(path.read_bytes())
+
+
+def _parse(text: bytes) -> tuple[list[dict], int]:
     records, skipped = [], 0
-    for raw in path.read_bytes().split(b"\n"):
+    for raw in text.split(b"\n"):
         if not raw.strip():
             continue
         try:
@@ -121,6 +163,9 @@ class RunResult:
     notes: list = field(default_factory=list)
     weight_cast_bytes: int | None = None  # autocast's half weight copies kept for backward
     mfu_convention: str | None = None     # how model_flops_per_step was obtained (core.formulas)
+    status: str = "ok"                    # "ok" | "failed" (then `error` says why; figures NaN)
+    error: str | None = None
+    guard_s: float | None = None          # seconds the snapshot of weights/optimizer took
 
     def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
         if name in TOGGLE_FIELDS and "toggles" in self.__dict__:
@@ -133,6 +178,13 @@ class RunResult:
         toggles = d.pop("toggles").asdict()
         out = {k: d.pop(k) for k in ("run_id", "label")}
         return {**out, **toggles, **d}
+
+    @classmethod
+    def failed(cls, t: Toggles, label: str, reason: str, notes: list, **fields) -> "RunResult":
+        """A run that did not finish: its toggles and why; every figure NaN/None."""
+        return cls.from_dict({"label": label, **t.asdict(), "status": "failed", "error": reason,
+                              "notes": list(notes), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                              **fields})
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunResult":
@@ -148,6 +200,8 @@ class RunResult:
                 v = math.nan
             elif v is None and f.name == "notes":
                 v = []
+            elif v is None and f.name == "status":
+                v = "ok"
             kw[f.name] = v
         return cls(**kw)
 
@@ -164,3 +218,52 @@ def results_frame(runs: list[RunResult]):
     rows = [{**r.to_dict(), "notes": "; ".join(r.notes)} for r in runs]
     rest = [f.name for f in dataclasses.fields(RunResult) if f.name not in ("run_id", "label", "toggles")]
     return pd.DataFrame(rows, columns=["run_id", "label", *TOGGLE_FIELDS, *rest])
+
+
+class RunLog:
+    """The runs of one Lab: in memory, and appended to a JSONL file as each one finishes.
+
+    A write that fails (read-only folder, full disk) keeps the run in memory and says so in its
+    notes and in a warning; run ids stay unique when several processes share one file.
+    """
+
+    def __init__(self, path):
+        self.path = Path(path)
+        records, self.skipped = read_records(self.path)  # resume an earlier session
+        self.runs: list[RunResult] = [RunResult.from_dict(r) for r in records]
+
+    def check_writable(self) -> None:
+        check_writable(self.path)
+
+    def add(self, result: RunResult) -> RunResult:
+        mine = 1 + max((r.run_id for r in self.runs if isinstance(r.run_id, int)), default=-1)
+
+        def numbered(next_in_log):
+            result.run_id = max(mine, next_in_log)
+            return result.to_dict()
+
+        try:
+            append_record(self.path, numbered)
+        except OSError as e:
+            result.run_id = mine if result.run_id is None else result.run_id
+            msg = (f"run #{result.run_id} was NOT saved to {self.path} ({e}); it is in "
+                   "lab.results(): lab.save_results('another.jsonl') writes every run")
+            result.notes.append(msg)
+            warnings.warn(f"tunekit: {msg}", stacklevel=4)
+        self.runs.append(result)
+        return result
+
+    @staticmethod
+    def newest(folder) -> list:
+        """The runs of the newest lab-*.jsonl under ``folder`` (after a kernel restart, say)."""
+        logs = sorted(Path(folder).glob("lab-*.jsonl"), key=lambda q: q.stat().st_mtime)
+        if not logs:
+            raise FileNotFoundError(f"no lab-*.jsonl under {folder}")
+        return RunLog(logs[-1]).runs
+
+    def save_to(self, path) -> Path:
+        path = Path(path)
+        for r in self.runs:
+            append_record(path, r.to_dict())
+        return path
+

@@ -10,9 +10,12 @@ way and the rules can be tested without tensors.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 
 from ..core import registry
+from ..core.validate import is_whole
 
 PRECISIONS = tuple(registry.PRECISIONS)
 OPTIMIZERS = registry.LAB_OPTIMIZERS
@@ -81,12 +84,15 @@ def problems(t: Toggles, env: Env) -> list[str]:
     cuda = env.device_type == "cuda"
     for name in ("micro_batch", "grad_accum"):
         v = getattr(t, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        if not is_whole(v) or v < 1:
             out.append(f"{name} must be a whole number >= 1 (got {v!r}): "
                        f"a step needs at least one sample{' per micro-step' if name == 'grad_accum' else ''}.")
+    for name in ("checkpointing", "compile"):
+        if not isinstance(getattr(t, name), bool):
+            out.append(f"{name} must be True or False (got {getattr(t, name)!r}).")
     if t.seq_len is not None:
-        if not isinstance(t.seq_len, int) or isinstance(t.seq_len, bool) or t.seq_len < 1:
-            out.append(f"seq_len must be >= 1 (got {t.seq_len!r}).")
+        if not is_whole(t.seq_len) or t.seq_len < 1:
+            out.append(f"seq_len must be a whole number >= 1 (got {t.seq_len!r}).")
         elif env.block_size is not None and t.seq_len > env.block_size:
             out.append(f"seq_len={t.seq_len} is longer than the model's position limit "
                        f"({env.block_size}: block_size / max_position_embeddings); pick seq_len <= "
@@ -115,9 +121,17 @@ def problems(t: Toggles, env: Env) -> list[str]:
     if t.checkpointing and not env.can_checkpoint:
         out.append(f"tunekit does not know {env.model}'s blocks: name them to checkpoint them, "
                    "e.g. Lab(model, blocks='layers').")
-    if not isinstance(t.lr, (int, float)) or not t.lr > 0:
-        out.append(f"lr must be a positive number (got {t.lr!r}).")
+    if isinstance(t.lr, bool) or not isinstance(t.lr, numbers.Real) or not 0 < t.lr < math.inf:
+        out.append(f"lr must be a finite number > 0 (got {t.lr!r}): an infinite or NaN learning "
+                   "rate turns every weight into NaN.")
     return out
+
+
+def normalized(t: Toggles) -> Toggles:
+    """The same toggles in plain Python types (a numpy int64 micro-batch becomes an int), as
+    the model and the log want them; call after `problems` found none."""
+    return t.replace(micro_batch=int(t.micro_batch), grad_accum=int(t.grad_accum),
+                     seq_len=None if t.seq_len is None else int(t.seq_len), lr=float(t.lr))
 
 
 def notices(t: Toggles, env: Env) -> list[str]:

@@ -16,12 +16,14 @@ count 0 FLOPs in torch's counter; we name them so that nobody mistakes the total
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from .interrupts import deferred_interrupt
 from .torch_private import dispatch_mode_stack, in_autograd_backward, is_flop_counter, op_argument_names
 
 aten = torch.ops.aten
@@ -122,17 +124,27 @@ class TunekitFlopCounter(FlopCounterMode):
         # count is then that of the eager original, which is what the compiled code computes.
         self._stance = _eager_stance()
         self._stance.__enter__()
+        # Our module hooks make torch warn when a compiled module runs under the counter: that
+        # warning is about us, not the user's code. Only this one filter, removed on exit.
+        warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING, category=UserWarning)
+        self._filter = warnings.filters[0]
         try:
             return super().__enter__()
         except BaseException:
-            self._stance.__exit__(None, None, None)
+            self._leave()
             raise
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            self._stance.__exit__(None, None, None)
+            self._leave()
+
+    def _leave(self):
+        self._stance.__exit__(None, None, None)
+        if self._filter in warnings.filters:
+            warnings.filters.remove(self._filter)
+            getattr(warnings, "_filters_mutated", lambda: None)()  # refresh "once" registries
 
     # torch's private per-op hook (see torch_private.COUNT_HOOK; the canary test checks it)
     def _count_flops(self, func_packet, out, args, kwargs):
@@ -180,6 +192,9 @@ class TunekitFlopCounter(FlopCounterMode):
                          uncounted_ops=uncounted, attention_recompute=int(self._attention_recompute))
 
 
+_COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+
+
 def _eager_stance():
     set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)  # torch >= 2.6
     return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
@@ -198,12 +213,18 @@ def counting_active() -> bool:
 def count_flops(fn, *args, **kwargs) -> FlopCount:
     """Run `fn(*args, **kwargs)` once under the counter and return its FlopCount.
 
-    The run is slowed by the counter: never time it. Example::
+    The run is slowed by the counter: never time it. Ctrl-C cannot leave the counter installed.
+    Example::
 
         fc = count_flops(lambda: model(x).sum().backward())
         fc.executed, fc.model
     """
     counter = TunekitFlopCounter()
-    with counter:
+    with deferred_interrupt():
+        counter.__enter__()
+    try:
         fn(*args, **kwargs)
+    finally:
+        with deferred_interrupt():
+            counter.__exit__(None, None, None)
     return counter.result()

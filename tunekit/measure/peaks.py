@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..core import specs
 from ..core.registry import DTYPES
+from ..core.validate import choice, flag, whole
 from .device import torch_dtype
 from .timing import time_repeats
 
@@ -156,8 +157,13 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     """
     import torch
 
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+    choice("dtype", dtype, DTYPES)
+    repeats = whole("repeats", repeats)
+    flag("force", force)
+    if sizes is not None:
+        sizes = [whole("sizes[i]", n, 1, 65536) for n in sizes]
+        if not sizes:
+            raise ValueError("sizes must name at least one matrix size, got []")
     dev = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     name = device_name(dev)

@@ -14,13 +14,17 @@ import hashlib
 import math
 import sys
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..core import formulas
 from ..core.records import History, ProfileRecord
+from ..core.registry import DTYPES
+from ..core.validate import choice, real
 from . import nvml
 from .device import device_label, synchronize, torch_if_loaded
 from .fingerprint import changed_names, describe, fingerprint, with_body_names
+from .interrupts import deferred_interrupt
 from .meters import CpuPeak, CudaMeter
 from .oom import explain_and_free, is_oom
 
@@ -37,7 +41,9 @@ class _CachedCount:
     last_wall_s: float = NaN
 
 
-_FLOP_CACHE: dict = {}
+# one entry per distinct block (cell source + name), least recently used dropped past the bound
+_FLOP_CACHE: OrderedDict = OrderedDict()
+FLOP_CACHE_SIZE = 256
 
 
 def source_key(source: str, name: str = "") -> str:
@@ -62,12 +68,15 @@ class Probe:
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY):
-        if flops not in FLOPS_MODES:
-            raise ValueError(f"flops must be one of {FLOPS_MODES}, got {flops!r}")
-        if model_flops is not None and not model_flops >= 0:
-            raise ValueError(f"model_flops must be a non-negative number, got {model_flops!r}")
-        if peak is not None and not peak > 0:
-            raise ValueError(f"peak must be a positive TFLOPS figure, got {peak!r}")
+        if not isinstance(name, str):
+            raise ValueError(f"name must be a string, got {name!r}")
+        choice("flops", flops, FLOPS_MODES)
+        if model_flops is not None:
+            model_flops = real("model_flops", model_flops, low=0.0, low_open=False)
+        if peak is not None:
+            peak = real("peak", peak)
+        if dtype is not None:
+            choice("dtype", dtype, DTYPES)
         self.name, self.key = name, key or name
         self._fp = fingerprint
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
@@ -94,20 +103,32 @@ class Probe:
         # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
         # block, say) measures the counter too: such a run must not report TFLOPS.
         self.under_counter = _counting_active()
-        self.cpu, self.cuda = CpuPeak(), CudaMeter()
-        self.cpu.start()
-        self.cuda.start()
-        if self.count_now:
-            from .flops import TunekitFlopCounter  # imports torch, which is loaded already
+        try:
+            with deferred_interrupt():  # meters and counter go on together, or not at all
+                self.cpu, self.cuda = CpuPeak(), CudaMeter()
+                self.cpu.start()
+                self.cuda.start()
+                if self.count_now:
+                    from .flops import TunekitFlopCounter  # imports torch, loaded already
 
-            self.counter = TunekitFlopCounter()
-            self.counter.__enter__()
-        self.running = True
+                    self.counter = TunekitFlopCounter()
+                    self.counter.__enter__()
+                self.running = True
+        except KeyboardInterrupt as e:  # Ctrl-C during the set-up: record it, remove it all
+            if self.running:
+                self.stop(e)
+            raise
         synchronize()
         self.t0 = time.perf_counter()
         return self
 
     def stop(self, exc: BaseException | None = None) -> ProfileRecord:
+        """Read the clock, remove the counter and meters, fill and keep the record. Ctrl-C
+        during these lines waits until they are done (then it is raised)."""
+        with deferred_interrupt():
+            return self._stop(exc)
+
+    def _stop(self, exc):
         counted = sync_error = None
         try:
             synchronize()
@@ -163,10 +184,14 @@ class Probe:
             rec.notes.extend(counted.notes)
             if exc is None:  # an interrupted run's count is partial: never reuse it
                 _FLOP_CACHE[self.key] = _CachedCount(self.fp, counted, rec.name)
+                _FLOP_CACHE.move_to_end(self.key)
+                while len(_FLOP_CACHE) > FLOP_CACHE_SIZE:
+                    _FLOP_CACHE.popitem(last=False)
             else:
                 rec.notes.append("the block failed: FLOPs counted up to the failure")
         elif self.mode == "auto" and self.key in _FLOP_CACHE:
             c = _FLOP_CACHE[self.key]
+            _FLOP_CACHE.move_to_end(self.key)
             rec.flops_source, rec.mfu_convention = "cached", formulas.MFU_COUNTED
             rec.flops, rec.model_flops = _flops_of(c.count)
             rec.recompute_flops = float(c.count.recompute)
