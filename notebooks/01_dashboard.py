@@ -1,0 +1,110 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · The training lab and its dashboard
+#
+# `tunekit.Lab` keeps one model, its data and its optimizer alive, and trains it under *toggles*:
+# precision, activation checkpointing, micro batch, gradient accumulation, sequence length,
+# optimizer, attention implementation, `torch.compile`. Every `lab.run(...)` applies the toggles to
+# the live model, runs a few untimed warm-up steps, then times each step with the device
+# synchronized. FLOPs are counted once per configuration on a separate, untimed step, so the counter
+# never slows a timed one.
+#
+# The model here is the `cpu-tiny` preset of tunekit's byte-level GPT (about 0.43 M parameters),
+# trained on Python's own standard-library sources: nothing is downloaded.
+
+# %%
+import tunekit
+
+lab = tunekit.Lab(preset="cpu-tiny", micro_batch=8, seq_len=128)
+print(lab.config)
+print(f"{lab.model.num_params():,} parameters, device: {lab.device}, log: {lab.log_path}")
+
+# %% [markdown]
+# ## Three runs: a baseline, bf16, and activation checkpointing
+#
+# Only the toggles you pass change; every other toggle comes back to the lab's defaults, so each run
+# is comparable with the baseline. The loss keeps falling across runs because it is the same model.
+
+# %%
+base = lab.run(steps=8)
+bf16 = lab.run(steps=8, precision="bf16")
+ckpt = lab.run(steps=8, checkpointing=True)
+
+cols = ["run_id", "label", "tokens_per_s", "step_s", "tflops", "mfu", "hfu",
+        "peak_mem_bytes", "saved_bytes", "loss", "flops_source"]
+lab.results()[cols]
+
+# %% [markdown]
+# What to read in that table:
+#
+# - **`saved_bytes`** is what autograd keeps for the backward pass of one micro batch. Checkpointing
+#   drops the per-block activations and keeps only each block's input, so it shrinks a lot; the
+#   price is a second forward through each block during backward.
+# - That price shows in **HFU vs MFU**: HFU counts the FLOPs the hardware executed (recomputation
+#   included), MFU only those the model needs (6N per token plus attention). With checkpointing HFU
+#   rises above MFU while tokens/s falls.
+# - On CPU the peak is the process's resident memory (Python and torch included), so differences
+#   between runs are small next to the total; on a GPU it is torch's allocator peak. MFU here is
+#   measured against the *calibrated* matmul peak of this CPU, since a CPU has no spec-sheet figure.
+
+# %%
+print(f"checkpointing kept {ckpt.saved_bytes / base.saved_bytes:.0%} of the baseline's saved activations")
+print(f"executed / model FLOPs: baseline {base.flops_per_step / base.model_flops_per_step:.2f}, "
+      f"checkpointing {ckpt.flops_per_step / ckpt.model_flops_per_step:.2f}")
+print(f"bf16 vs fp32 throughput on this machine: {bf16.tokens_per_s / base.tokens_per_s:.2f}x")
+print("peak used for MFU:", base.peak_tflops_source)
+
+# %%
+lab.compare()  # tokens/s and peak memory per run; the baseline (run 0) is red
+
+# %% [markdown]
+# ## The dashboard
+#
+# Every toggle has a control; **Run** trains with them and appends a row, **Find max batch**
+# searches the largest micro batch that fits (on CPU, within the memory budget you set).
+# Combinations that cannot run — fp16 on a CPU, flash attention without CUDA, a micro batch of 0 —
+# are explained above the table instead of raising.
+
+# %%
+dash = lab.dashboard()
+dash
+
+# %% [markdown]
+# The dashboard can be driven from code too, which is how it is tested: set a control, click.
+
+# %%
+dash.controls["steps"].value = 8
+dash.controls["precision"].value = "fp16"   # refused on CPU: read the explanation
+msg = dash.message.value
+print(msg.split("⚠", 1)[1][:160] + " ..." if "⚠" in msg else "fp16 is accepted on this device")
+dash.controls["precision"].value = "bf16"
+dash.controls["optimizer"].value = "adamw_fused"
+dash.run_button.click()
+dash.table_df.tail(3)
+
+# %% [markdown]
+# ## How large a micro batch fits?
+#
+# The search doubles the micro batch until a step no longer fits, then bisects between the last fit
+# and the first miss. Each trial is one real training step; after each one memory is handed back so
+# the process returns to its baseline. On a GPU a miss is a CUDA out-of-memory error; on CPU it is a
+# peak above the budget given here (64 MiB above where the process stood).
+
+# %%
+found = lab.find_max_batch_size(memory_budget_bytes=64 * 2**20, limit=64)
+print(found)
+print(f"baseline {found.baseline_bytes / 2**20:.0f} MiB -> after the search {found.after_bytes / 2**20:.0f} MiB")
+found.table()
