@@ -29,7 +29,7 @@ tour: install
 # Interactive: JupyterLab on the notebooks (installs jupyterlab on first use).
 lab: install
 	$(PY) -m pip install -q $(CPU_CONSTRAINT) jupyterlab
-	$(VENV)/bin/jupyter lab notebooks/00_tour.ipynb
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/00_tour.ipynb
 
 lint: install
 	$(VENV)/bin/ruff check tunekit tests benchmarks notebooks

@@ -26,7 +26,6 @@
 # ratios of medians, never a single timing.
 
 # %%
-import math, statistics, time
 import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
 import plotly.graph_objects as go
@@ -196,10 +195,10 @@ print(f'Same run, same machine: the reported MFU ranges from {min(mfu.values()):
       f'({spread:.2f}x) depending only on bookkeeping.')
 print(f'The peak matters even more: an H100 is {h100_bf16:.0f} TFLOPS in bf16 but {h100_fp32:.0f} in fp32, '
       f'so the fp32 parts of a mixed-precision run, scored against the bf16 peak, look {h100_bf16/h100_fp32:.0f}x less efficient than they are.')
-fetch = t_iter / t_step - 1
-print(f'On this {device} the fetch changed the median step by {fetch:+.0%}: ' + (
+fetch_cost = t_iter / t_step - 1
+print(f'On this {device} the fetch changed the median step by {fetch_cost:+.0%}: ' + (
       'within the noise of two separate timings, so here the clock choice barely matters; with a slow '
-      'pipeline (chapter 09) it is the largest of these effects.' if abs(fetch) < 0.05 else
+      'pipeline (chapter 09) it is the largest of these effects.' if abs(fetch_cost) < 0.05 else
       'the whole-iteration clock sees the data pipeline, the compute clock does not.'))
 assert spread > 1
 

@@ -22,7 +22,6 @@
 # fragmentation. We estimate each line, then measure it on a live model.
 
 # %%
-import math, statistics, time
 import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
 import plotly.graph_objects as go

@@ -21,10 +21,8 @@
 # parameter group instead of a loop of small ops — faster, same memory.
 
 # %%
-import math, statistics, time
 import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
-import plotly.graph_objects as go
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
@@ -52,7 +50,8 @@ pd.DataFrame({'B/param': bpp, 'GB for a 7B model': {k: v * n7b / 1e9 for k, v in
 lab = tunekit.Lab(preset='gpt2-124m' if GPU else 'cpu-small')
 mb, seq = (8, 512) if GPU else (4, 128)
 missing = lab.env().unavailable_optimizers   # name -> why it cannot run here
-for k, why in missing.items(): print(f'skipped {k}: {why}')
+for k, why in missing.items():
+    print(f'skipped {k}: {why}')
 opts = [o for o in ['adamw', 'adamw_fused', 'sgd', 'adafactor', 'lion', 'adamw_8bit'] if o not in missing]
 lab.run(steps=1, warmup=1, micro_batch=mb, seq_len=seq)
 res = {o: [] for o in opts}

@@ -23,7 +23,7 @@
 # 10944 was +46% on an H100.
 
 # %%
-import math, statistics, time
+import math
 import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
 import plotly.graph_objects as go

@@ -22,10 +22,9 @@
 # FlashAttention-2 alone doubled throughput (8,000 → 16,000 tokens/s).
 
 # %%
-import math, statistics, time
+import math
 import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
-import plotly.graph_objects as go
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")

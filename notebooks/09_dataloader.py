@@ -23,8 +23,7 @@
 # documents' A100 test.
 
 # %%
-import math, statistics, time
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
+import tunekit  # noqa: F401  (before torch: it keeps the deprecated pynvml shim quiet)
 import torch
 import plotly.graph_objects as go
 GPU = torch.cuda.is_available()

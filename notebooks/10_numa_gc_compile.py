@@ -22,15 +22,14 @@
 # kernels, but pays a compile time up front and does not help every model.
 
 # %%
-import math, statistics, time
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
+import math
+import tunekit  # noqa: F401  (before torch: it keeps the deprecated pynvml shim quiet)
 import torch
 import plotly.graph_objects as go
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
 import os
-import pandas as pd
 import glob
 from tunekit import bench
 
@@ -53,7 +52,8 @@ nodes = len(glob.glob('/sys/devices/system/node/node[0-9]*'))   # Linux sysfs; 0
 before = sorted(os.sched_getaffinity(0))
 bound = bench.set_numa_affinity(0)
 print(f'this machine: {nodes} NUMA node(s), process allowed on {len(before)} CPUs')
-print('bound to', f'{len(bound)} CPUs local to cuda:0' if bound else 'nothing: one node or no NVML GPU, so there is nothing to gain here')
+print('bound to', f'{len(bound)} CPUs local to cuda:0' if bound else
+      f'nothing ({bench.host.NUMA_NOTE["last"]}): there is nothing to gain here')
 fig = go.Figure(go.Bar(x=['GPU0-3 (node 0)', 'GPU4-7 (node 1)', 'this process'],
                        y=[len(node0), len(node0), len(bound or before)]))
 fig.update_layout(title='CPU cores per binding (documents server vs here)', yaxis_title='logical CPUs')

@@ -100,14 +100,8 @@ x, y = lab.batch(4 if not GPU else 16, 128 if not GPU else 512)
 model, opt = lab.model, torch.optim.AdamW(lab.model.parameters(), lr=1e-3)
 def step():
     _, loss = model(x, y); loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-def block(n):
-    out = []
-    for _ in range(n):
-        if GPU: torch.cuda.synchronize()
-        t0 = time.perf_counter(); step()
-        if GPU: torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return out
+def block(n):   # n step times in seconds, each clocked with the device synchronized
+    return tunekit.time_repeats(step, warmup=0, repeats=n)
 block(3)   # warm-up
 a = block(20); time.sleep(0.5); b = block(20)
 times = a + b

@@ -25,7 +25,7 @@
 # micro-batches.
 
 # %%
-import math, statistics, time
+import math
 import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
 import plotly.graph_objects as go
@@ -33,7 +33,7 @@ GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
 import pandas as pd
-from tunekit import bench, advisor, formulas as F
+from tunekit import bench, advisor
 GB = 1e9
 
 # %% [markdown]

@@ -25,10 +25,8 @@
 # rungs to behave differently on a CPU — that is the lesson.
 
 # %%
-import math, statistics, time
 import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
-import plotly.graph_objects as go
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")

@@ -124,7 +124,7 @@ def test_numa_mask_decoding():
     assert host.cpus_from_mask([0b101, 1]) == [0, 2, 64]
 
 
-def test_set_numa_affinity_degrades_with_one_notice():
+def test_set_numa_affinity_degrades_with_a_note_not_a_warning():
     try:
         import pynvml
         pynvml.nvmlInit()
@@ -136,7 +136,9 @@ def test_set_numa_affinity_degrades_with_one_notice():
         warnings.simplefilter("always")
         assert bench.set_numa_affinity(0) is None
         assert bench.set_numa_affinity(0) is None
-    assert len([w for w in caught if "set_numa_affinity" in str(w.message)]) == 1
+    # no NVML GPU is an expected condition on a CPU machine: a neutral note, never a warning
+    assert [w for w in caught if "set_numa_affinity" in str(w.message)] == []
+    assert host.NUMA_NOTE["last"].startswith("set_numa_affinity: no NVML GPU")
 
 
 class _FailingDataset(host.SlowDataset):

@@ -156,6 +156,14 @@ def gc_in_training_loop(steps: int = 30, garbage_per_step: int = 2000, width: in
 _numa_notices: set = set()
 
 
+NUMA_NOTE = {"last": None}  # why the last set_numa_affinity() bound nothing (a neutral note)
+
+
+def _expected(msg: str) -> None:
+    """A machine without the hardware (no GPU, no NVML, one NUMA node): a note, not a warning."""
+    NUMA_NOTE["last"] = msg
+
+
 def _notice(msg: str) -> None:
     if msg not in _numa_notices:   # one notice per distinct reason, not one per call
         _numa_notices.add(msg)
@@ -180,7 +188,7 @@ def set_numa_affinity(gpu_index: int = 0, verbose: bool = False) -> list[int] | 
     from ..measure import nvml
 
     if not hasattr(os, "sched_setaffinity"):
-        _notice("set_numa_affinity: this OS has no sched_setaffinity; nothing was changed")
+        _expected("set_numa_affinity: this OS has no sched_setaffinity; nothing was changed")
         return None
     try:
         handle = nvml.handle(gpu_index)
@@ -189,10 +197,10 @@ def set_numa_affinity(gpu_index: int = 0, verbose: bool = False) -> list[int] | 
     else:
         why = nvml.unavailable_reason()
     if handle is None:
-        _notice(f"set_numa_affinity: no NVML GPU ({why or 'no device'}); nothing was changed")
+        _expected(f"set_numa_affinity: no NVML GPU ({why or 'no device'}); nothing was changed")
         return None
     if numa_node_count() <= 1:
-        _notice("set_numa_affinity: one NUMA node (or none reported): nothing to bind")
+        _expected("set_numa_affinity: one NUMA node (or none reported): nothing to bind")
         return None
     import pynvml
 

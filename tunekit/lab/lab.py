@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 
 from ..core import formulas, registry
-from ..core.formulas import MFU_ANALYTIC, MFU_COUNTED
 from ..core.validate import is_whole
 from ..measure.device import device_label
 from ..measure.flops import counting_active
@@ -342,14 +341,9 @@ class Lab:
         step_s = sum(m.times) / len(m.times)
         tokens = t.micro_batch * t.grad_accum * t.seq_len
         executed = probe.flops.executed * t.grad_accum if probe.flops.executed else None
-        shape = self.adapter.shape
-        if shape is not None:
-            model_flops, convention = shape.train_flops_per_token(t.seq_len) * tokens, MFU_ANALYTIC
-        else:
-            model_flops = probe.flops.model * t.grad_accum if probe.flops.executed else None
-            convention = MFU_COUNTED
-            notes.append("MFU from the counted FLOPs (no analytic shape for this model): executed "
-                         "minus recomputation; unfused causal attention still counts its masked half")
+        counted = probe.flops.model * t.grad_accum if probe.flops.executed else None
+        model_flops, convention, why = self.adapter.model_flops(t.seq_len, tokens, counted)
+        notes.extend(why)
         if executed is None:
             flops_source = "none"
         if m.slowed:

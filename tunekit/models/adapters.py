@@ -21,6 +21,7 @@ import functools
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..core.formulas import MFU_ANALYTIC, MFU_COUNTED, train_flops_per_token
 from ..core.registry import ATTENTIONS, attention
 from ..core.shapes import ModelShape, model_shape
 
@@ -89,6 +90,12 @@ class ModuleAdapter:
     def blocks(self) -> list:
         return list(self._blocks)
 
+    def matmul_weights(self) -> int:
+        """N of the 6N rule, counted on the live model: the weights of every Linear (and GPT-2's
+        Conv1D) module, each module once, so a tied lm_head counts as the matmul it is."""
+        return sum(m.weight.numel() for m in self.model.modules()
+                   if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
+
     # --- a step ---------------------------------------------------------------------------------
     def loss(self, fwd, x, y):
         """The scalar loss of ``fwd`` (the model, or its compiled wrapper) on one batch."""
@@ -96,6 +103,22 @@ class ModuleAdapter:
         if isinstance(out, (tuple, list)):
             out = out[1] if len(out) > 1 and out[1] is not None else out[0]
         return getattr(out, "loss", out)
+
+    def model_flops(self, seq_len: int, tokens: int, counted: float | None) -> tuple:
+        """(model FLOPs of ``tokens`` tokens, convention, notes) in tunekit's one MFU convention:
+        analytic when the shape is known (N counted on the live model, layers and widths from
+        its config), else the counted FLOPs minus recomputation (``counted``)."""
+        shape = self.shape
+        if shape is None:
+            return counted, MFU_COUNTED, ["MFU from the counted FLOPs (no analytic shape for this "
+                                          "model): executed minus recomputation; unfused causal "
+                                          "attention still counts its masked half"]
+        n = self.matmul_weights()
+        per_token = train_flops_per_token(n, shape.n_layer, shape.q_width, seq_len)
+        notes = [] if n == shape.matmul_params() else [
+            f"MFU uses the {n:,} matmul weights counted on the model; its config reads as "
+            f"{shape.matmul_params():,} ({shape.family})"]
+        return per_token * tokens, MFU_ANALYTIC, notes
 
     def state(self) -> tuple:
         """What changes the work of a step besides the batch: attention, checkpointing, the
