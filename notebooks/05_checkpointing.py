@@ -50,12 +50,7 @@ table = pd.DataFrame({'checkpointing': ['off', 'on'], 'best step_s': [t_base, t_
                       'saved activations MiB': [base.saved_bytes / 2**20, ckpt.saved_bytes / 2**20],
                       'executed GFLOP/step': [base.flops_per_step / 1e9, ckpt.flops_per_step / 1e9],
                       'HFU/MFU': [base.hfu / base.mfu, ckpt.hfu / ckpt.mfu]})
-def noise_check(groups):   # groups: repeated RunResults of one setting each
-    worst = max(max(r.step_s_min for r in rs) / min(r.step_s_min for r in rs) for rs in groups)
-    print(f'repeat agreement: the two runs of one setting differ by up to {worst - 1:.0%}', '-> the machine was busy; '
-          'rerun this cell before trusting small differences' if worst > 1.2 else '-> stable enough to compare')
-    return worst
-noise_check(res.values())
+print(tunekit.repeat_agreement(res.values())[1])
 assert ckpt.saved_bytes < base.saved_bytes and ckpt.flops_per_step > base.flops_per_step
 table.round(4)
 

@@ -353,3 +353,15 @@ def test_cuda_oom_search_returns_to_baseline(tmp_path):
         del hog
     assert any(t.reason.startswith("OOM") for t in found.trials) and found.best
     assert abs(found.after_bytes - found.baseline_bytes) < 1 * MiB  # allocator back to baseline
+
+
+def test_repeat_agreement_compares_the_best_steps_of_repeats():
+    from types import SimpleNamespace as R
+
+    from tunekit.lab.runlog import repeat_agreement
+
+    quiet = [[R(step_s_min=0.100), R(step_s_min=0.110)], [R(step_s_min=0.050), R(step_s_min=0.050)]]
+    worst, verdict = repeat_agreement(quiet)
+    assert worst == 0.110 / 0.100 and "up to 10%" in verdict and "stable" in verdict  # 1.1 <= 1.2
+    worst, verdict = repeat_agreement([[R(step_s_min=0.1), R(step_s_min=0.13)]])
+    assert round(worst, 6) == 1.3 and "busy" in verdict

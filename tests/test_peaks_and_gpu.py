@@ -79,3 +79,35 @@ def test_real_gpu_calibration_is_close_to_spec():
     if spec is not None:
         assert 0.3 * spec < cal.tflops <= spec * 1.05
     assert not math.isnan(cal.tflops)
+
+
+def _cached(monkeypatch, tmp_path, **changes):
+    """A cache holding one calibration of this CPU at 32x32x32, changed by `changes`."""
+    import json
+    import time as _time
+
+    monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(peaks, "default_sizes", lambda kind: [32])
+    peaks._resolved.clear()
+    peaks._rechecked.clear()
+    cal = peaks.calibrate("fp32", sizes=[32])
+    entry = {**cal.__dict__, "busy": 0.0, "taken_at": _time.time(), **changes}
+    (tmp_path / "mamf.json").write_text(json.dumps({peaks._cache_key(cal.device, "fp32"): entry}))
+    return entry
+
+
+@pytest.mark.parametrize("changes,why", [({"taken_at": 0.0}, "older than 30 days"),
+                                          ({"busy": 1.5}, "it was taken under load (1.5 other tasks per CPU)"),
+                                          ({"tflops": 1e-9}, "a re-check reached")])
+def test_an_untrustworthy_calibration_is_measured_again(monkeypatch, tmp_path, changes, why):
+    _cached(monkeypatch, tmp_path, **changes)
+    peak = peaks.resolve_peak("cpu", "fp32")
+    assert f"re-measured: {why}" in peak.source
+    fresh = peaks.cached_calibration("cpu", "fp32")     # the cache now holds the new measurement
+    assert fresh.taken_at > 1e9 and fresh.tflops > 1e-6
+
+
+def test_a_trustworthy_calibration_is_used_as_it_is(monkeypatch, tmp_path):
+    entry = _cached(monkeypatch, tmp_path, tflops=1e9)     # no re-check can beat 1e9 TFLOPS
+    peak = peaks.resolve_peak("cpu", "fp32")
+    assert peak.tflops == entry["tflops"] and "re-measured" not in peak.source

@@ -36,6 +36,7 @@ _EXPORTS = {
     "Lab": ("lab.lab", "Lab"),
     "RunResult": ("lab.runlog", "RunResult"),
     "Toggles": ("lab.toggles", "Toggles"),
+    "repeat_agreement": ("lab.runlog", "repeat_agreement"),
     "GPT": ("models.gpt", "GPT"),
     "GPTConfig": ("models.gpt", "GPTConfig"),
     "estimate_memory": ("memory.estimate", "estimate_memory"),

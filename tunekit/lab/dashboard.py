@@ -29,10 +29,17 @@ def _plotly_output(fig) -> dict:
     data = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
     data["text/plain"] = f"<plotly figure: {fig.layout.title.text or 'chart'}>"
     return {"output_type": "display_data", "data": data, "metadata": {}}
-_TABLE_COLS = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step ms",
-               "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak MiB",
-               "saved_mib": "saved MiB", "loss": "loss", "attention_ran": "attn ran",
-               "flops_source": "FLOPs"}
+_TABLE_COLS = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step (ms)",
+               "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak (MiB)",
+               "saved_mib": "saved (MiB)", "loss": "loss", "attention_ran": "attn ran",
+               "flops_source": "FLOPs", "status": "status"}
+# readable everywhere: thousands separators, utilization as a percentage, units in the headers
+_FORMATS = {"tokens/s": "{:,.0f}", "step (ms)": "{:,.1f}", "TFLOPS": "{:.3g}", "MFU": "{:.1%}",
+            "HFU": "{:.1%}", "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}", "loss": "{:.3f}"}
+
+
+def _cell(fmt: str):
+    return lambda v: "n/a" if v is None or v != v else fmt.format(v)
 
 
 def _box(text: str, color: str) -> str:
@@ -72,7 +79,8 @@ class Dashboard(W.VBox):
         self.budget_mib = W.FloatText(value=1024.0 if cpu else 0.0, style=style,
                                       description="CPU budget MiB" if cpu else "budget MiB (0=none)")
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
-        self.find_button = W.Button(description="Find max batch", icon="search")
+        self.find_button = W.Button(description="Find max batch", icon="search",
+                                    layout=W.Layout(width="auto"))  # the whole label, not "Find ..."
         self.progress = W.IntProgress(value=0, min=0, max=1, description="idle")
         self.message = W.HTML()
         self.table = W.HTML()
@@ -193,8 +201,9 @@ class Dashboard(W.VBox):
         view = df.assign(step_ms=df["step_s"] * 1e3, peak_mem_mib=df["peak_mem_bytes"].astype(float) / MiB,
                          saved_mib=df["saved_bytes"].astype(float) / MiB)
         self.table_df = view[list(_TABLE_COLS)].rename(columns=_TABLE_COLS)
-        self.table.value = (self.table_df.to_html(index=False, float_format=lambda v: f"{v:.4g}",
-                                                  na_rep="n/a") if len(df) else "<i>no runs yet</i>")
+        formatters = {c: _cell(f) for c, f in _FORMATS.items()}
+        self.table.value = (self.table_df.to_html(index=False, formatters=formatters, na_rep="n/a")
+                            if len(df) else "<i>no runs yet</i>")
         self.figures = {"compare": compare_figure(df), "memory": memory_breakdown_figure(df)}
         if get_ipython() is None:
             return  # plain Python (tests): keep the figures, nothing to draw on

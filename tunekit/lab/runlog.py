@@ -267,3 +267,18 @@ class RunLog:
             append_record(path, r.to_dict())
         return path
 
+
+
+def repeat_agreement(groups) -> tuple[float, str]:
+    """How far repeated runs of one setting disagree: (worst best-step ratio, a sentence).
+
+    ``groups``: for each setting, the RunResults of its repeats. Contention only ever adds time,
+    so each run's fastest step is compared; a ratio above 1.2 says the machine was busy.
+
+    >>> worst, verdict = repeat_agreement([[r1, r2], [r3, r4]])
+    """
+    worst = max(max(r.step_s_min for r in rs) / min(r.step_s_min for r in rs) for rs in groups)
+    verdict = (f"repeat agreement: runs of one setting differ by up to {worst - 1:.0%} -> "
+               + ("the machine was busy; rerun before trusting small differences" if worst > 1.2
+                  else "stable enough to compare"))
+    return worst, verdict

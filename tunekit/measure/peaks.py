@@ -43,6 +43,8 @@ class Calibration:
     seconds: float
     torch_version: str
     threads: int
+    busy: float            # other runnable tasks per CPU when it started (1-min load average)
+    taken_at: float        # time.time(); entries written before these two fields are re-measured
 
 
 def cache_dir() -> Path:
@@ -178,7 +180,7 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32 if dev.type == "cuda" else None
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-    t_start = time.perf_counter()
+    t_start, busy = time.perf_counter(), _busy()
     sweep = []
 
     def tries(n, warmup, repeats):
@@ -200,7 +202,7 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     m, k, n, top = max(sweep, key=lambda r: r[3])
     cal = Calibration(device=name, dtype=dtype, tflops=top, best_shape=(m, k, n), sweep=sweep,
                       seconds=time.perf_counter() - t_start, torch_version=torch.__version__,
-                      threads=torch.get_num_threads())
+                      threads=torch.get_num_threads(), busy=busy, taken_at=time.time())
     if sizes is None:
         cache = _load_cache()  # re-read: another process may have added entries meanwhile
         cache[key] = asdict(cal)
@@ -252,11 +254,57 @@ def _resolve(device, dtype, allow_calibration) -> Peak:
     value, why = specs.spec_peak(name, dtype)
     if value is not None:
         return Peak(value, why, "spec")
-    cal = cached_calibration(device, dtype)
+    cal, redone = cached_calibration(device, dtype), ""
+    if cal is not None and allow_calibration:
+        distrust = _distrust(cal) or _recheck(cal, device)
+        if distrust:
+            cal, redone = calibrate(dtype, device, force=True), f"; re-measured: {distrust}"
     if cal is None and allow_calibration:
         cal = calibrate(dtype, device)
     if cal is not None:
         shape = "x".join(map(str, cal.best_shape))
         return Peak(cal.tflops, f"calibrated MAMF on {cal.device}, {dtype}, best {shape} matmul "
-                                f"({cal.threads} threads)", "calibrated")
+                                f"({cal.threads} threads){redone}", "calibrated")
     return Peak(None, why, None)
+
+
+STALE_DAYS = 30      # a calibration older than this is re-measured (drivers, BIOS, thermals change)
+BUSY_LIMIT = 0.5     # other runnable tasks per CPU above which a calibration counts as taken under load
+
+
+def _busy() -> float:
+    """Runnable tasks per CPU besides this process, from the 1-minute load average (0 if unknown)."""
+    try:
+        return max(0.0, (os.getloadavg()[0] - 1) / (os.cpu_count() or 1))
+    except (OSError, AttributeError):
+        return 0.0
+
+
+def _distrust(cal: Calibration) -> str | None:
+    """Why a cached calibration should not be used as it is, or None."""
+    if time.time() - cal.taken_at > STALE_DAYS * 86400:
+        return f"older than {STALE_DAYS} days"
+    if cal.busy > BUSY_LIMIT:
+        return f"it was taken under load ({cal.busy:.1f} other tasks per CPU)"
+    return None
+
+
+_rechecked: dict = {}
+
+
+def _recheck(cal: Calibration, device) -> str | None:
+    """Once per process: one timed matmul at the calibrated best shape. Load only slows a try,
+    so a try faster than the cached peak proves the peak too low (it was measured while busy)."""
+    import torch
+
+    key = (cal.device, cal.dtype)
+    if key not in _rechecked:
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        m, k, n = cal.best_shape
+        a = torch.randn(m, k, device=dev).to(torch_dtype(cal.dtype))
+        b = torch.randn(k, n, device=dev).to(torch_dtype(cal.dtype))
+        best = min(time_repeats(lambda: torch.mm(a, b), dev, warmup=1, repeats=2))
+        now = 2 * m * k * n / best / 1e12
+        _rechecked[key] = (f"a re-check reached {now:.3g} TFLOPS, above the cached {cal.tflops:.3g}"
+                           if now > 1.05 * cal.tflops else None)
+    return _rechecked[key]
