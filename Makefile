@@ -18,13 +18,13 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 install: $(VENV)/.installed
 
 # The main job: execute the tour (profiling magic + dashboard on the built-in model) and write
-# build/00_tour.ipynb and build/00_tour.html with every output in place.
+# build/00_tour.ipynb and build/tour.html, a report that opens offline with every chart embedded.
 tour: install
 	mkdir -p build
 	$(PY) -m jupyter nbconvert --to notebook --execute notebooks/00_tour.ipynb --output-dir build \
 		--ExecutePreprocessor.timeout=600
-	$(PY) -m jupyter nbconvert --to html build/00_tour.ipynb --output-dir build
-	@echo "open build/00_tour.html (or run 'make lab' for a live Jupyter)"
+	$(PY) -m tunekit.report_html build/00_tour.ipynb build/tour.html
+	@echo "open build/tour.html: summary, every chart and the dashboard, offline (or 'make lab')"
 
 # Interactive: JupyterLab on the notebooks (installs jupyterlab on first use).
 lab: install

@@ -116,3 +116,14 @@ assert ckpt.saved_bytes < base.saved_bytes
 
 # %%
 lab.dashboard()
+
+# %% [markdown]
+# ## 3. Everything on one page
+#
+# The summary of this session: where it ran, the peak MFU is measured against, every profiled cell
+# and every run. `make tour` turns this notebook into a report that opens offline, with this summary
+# on top.
+
+# %%
+tunekit.show_summary(lab)
+

@@ -105,10 +105,14 @@ def test_missing_hardware_is_nan_not_zero_and_history_has_the_columns():
 
 
 def test_mfu_on_cpu_uses_the_calibrated_peak(monkeypatch):
+    import time
+
     from tunekit.measure import peaks
 
+    # a fresh calibration taken on a quiet machine, which no re-check can beat (0.5 TFLOPS on CPU)
     monkeypatch.setattr(peaks, "cached_calibration", lambda device=None, dtype="fp32": peaks.Calibration(
-        "test cpu", dtype, 0.5, (512, 512, 512), [], 0.0, torch.__version__, 2))
+        "test cpu", dtype, 0.5, (512, 512, 512), [], 0.0, torch.__version__, 2, busy=0.0,
+        layout="nn", taken_at=time.time()))
     monkeypatch.setattr(peaks, "device_name", lambda device=None: "test cpu")
     monkeypatch.setattr(peaks, "_resolved", {})  # forget peaks resolved by earlier tests
     _step(8, "mfu")

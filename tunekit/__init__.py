@@ -33,6 +33,7 @@ _EXPORTS = {
     "median_s": ("measure.timing", "median_s"),
     "experiment": ("experiments", "experiment"),
     "plot_history": ("plots", "plot_history"),
+    "show_summary": ("report_html", "show_summary"),
     "Lab": ("lab.lab", "Lab"),
     "RunResult": ("lab.runlog", "RunResult"),
     "Toggles": ("lab.toggles", "Toggles"),
@@ -61,7 +62,8 @@ _MODULES = {
     "optimizers": "lab.optimizers", "lab_probe": "lab.step", "lab_plots": "lab.plots",
     "widgets": "lab.dashboard", "dashboard": "lab.dashboard",
 }
-_PACKAGES = {"core", "measure", "models", "memory", "lab", "bench", "magics", "experiments", "plots"}
+_PACKAGES = {"core", "measure", "models", "memory", "lab", "bench", "magics", "experiments", "plots",
+             "report_html"}
 
 __all__ = sorted(_EXPORTS) + ["load_ipython_extension", "unload_ipython_extension"]
 

@@ -94,3 +94,37 @@ class Summary:
 
     def __repr__(self) -> str:
         return to_line(self.rec) if self.compact else to_text(self.rec)
+
+
+# --- tables: one way to print numbers, in the dashboard and the report ----------------------------
+
+# column header -> format: thousands separators, utilization as a percentage, units in headers
+FORMATS = {"tokens/s": "{:,.0f}", "step (ms)": "{:,.1f}", "time (s)": "{:.3g}", "TFLOPS": "{:.3g}",
+           "MFU": "{:.1%}", "HFU": "{:.1%}", "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}",
+           "CPU peak (MiB)": "{:,.1f}", "GPU peak (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
+           "loss": "{:.3f}"}
+
+
+def formatted(value, fmt: str) -> str:
+    """``fmt.format(value)``, or 'n/a' for a missing figure (None or NaN)."""
+    return "n/a" if is_missing(value) or value != value else fmt.format(value)
+
+
+def table_html(df) -> str:
+    """A DataFrame as an HTML table with tunekit's number formats (by column header)."""
+    formatters = {c: (lambda f: lambda v: formatted(v, f))(FORMATS[c]) for c in df.columns if c in FORMATS}
+    return df.to_html(index=False, formatters=formatters, na_rep="n/a", border=0, classes="tk")
+
+
+_HISTORY = {"name": "cell", "wall_s": "time (s)", "gflop": "GFLOP", "flops_source": "FLOPs",
+            "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "cpu_peak_mib": "CPU peak (MiB)",
+            "gpu_peak_mib": "GPU peak (MiB)", "error": "error"}
+
+
+def history_view(df):
+    """tunekit.history() with the columns a person reads first and units in the headers."""
+    view = df.assign(gflop=df["flops"].astype(float) / 1e9,
+                     cpu_peak_mib=df["cpu_peak_delta_bytes"].astype(float) / 2**20,
+                     gpu_peak_mib=df["gpu_peak_delta_bytes"].astype(float) / 2**20)
+    return view[list(_HISTORY)].rename(columns=_HISTORY)
+

@@ -16,8 +16,10 @@ import html
 import ipywidgets as W
 from IPython import get_ipython
 
+from ..core.summary import table_html
 from ..core.units import MiB
 from .plots import compare_figure, memory_breakdown_figure
+from .runlog import runs_view
 from .toggles import ATTENTIONS, OPTIMIZERS, PRECISIONS, ToggleError, notices
 
 
@@ -29,18 +31,6 @@ def _plotly_output(fig) -> dict:
     data = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
     data["text/plain"] = f"<plotly figure: {fig.layout.title.text or 'chart'}>"
     return {"output_type": "display_data", "data": data, "metadata": {}}
-_TABLE_COLS = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step (ms)",
-               "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak (MiB)",
-               "saved_mib": "saved (MiB)", "loss": "loss", "attention_ran": "attn ran",
-               "flops_source": "FLOPs", "status": "status"}
-# readable everywhere: thousands separators, utilization as a percentage, units in the headers
-_FORMATS = {"tokens/s": "{:,.0f}", "step (ms)": "{:,.1f}", "TFLOPS": "{:.3g}", "MFU": "{:.1%}",
-            "HFU": "{:.1%}", "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}", "loss": "{:.3f}"}
-
-
-def _cell(fmt: str):
-    return lambda v: "n/a" if v is None or v != v else fmt.format(v)
-
 
 def _box(text: str, color: str) -> str:
     return (f'<div style="border-left:4px solid {color};padding:4px 8px;margin:4px 0">'
@@ -193,17 +183,27 @@ class Dashboard(W.VBox):
         self.message.value = _box(html.escape(verdict) + "<br>" +
                                   "<br>".join(html.escape(s) for s in lines), "#2ca02c")
 
+    # --- a static copy, for reports that cannot run widgets ---------------------------------
+
+    def snapshot_html(self) -> str:
+        """The table and charts as they are now, as HTML (the charts need plotly.js loaded)."""
+        charts = "".join(f.to_html(full_html=False, include_plotlyjs=False)
+                         for f in self.figures.values())
+        return f"<div class='tk-dashboard'><h4>Lab dashboard (snapshot)</h4>{self.table.value}{charts}</div>"
+
+    def _repr_mimebundle_(self, **kwargs):
+        # Jupyter draws the live widget; an HTML report shows the snapshot instead
+        data = super()._repr_mimebundle_(**kwargs) or {}
+        data["text/html"] = self.snapshot_html()
+        return data
+
     # --- output ---------------------------------------------------------------------------
 
     def refresh(self) -> None:
         """Redraw the table and charts from ``lab.results()``."""
         df = self.lab.results()
-        view = df.assign(step_ms=df["step_s"] * 1e3, peak_mem_mib=df["peak_mem_bytes"].astype(float) / MiB,
-                         saved_mib=df["saved_bytes"].astype(float) / MiB)
-        self.table_df = view[list(_TABLE_COLS)].rename(columns=_TABLE_COLS)
-        formatters = {c: _cell(f) for c, f in _FORMATS.items()}
-        self.table.value = (self.table_df.to_html(index=False, formatters=formatters, na_rep="n/a")
-                            if len(df) else "<i>no runs yet</i>")
+        self.table_df = runs_view(df)
+        self.table.value = table_html(self.table_df) if len(df) else "<i>no runs yet</i>"
         self.figures = {"compare": compare_figure(df), "memory": memory_breakdown_figure(df)}
         if get_ipython() is None:
             return  # plain Python (tests): keep the figures, nothing to draw on

@@ -282,3 +282,18 @@ def repeat_agreement(groups) -> tuple[float, str]:
                + ("the machine was busy; rerun before trusting small differences" if worst > 1.2
                   else "stable enough to compare"))
     return worst, verdict
+
+
+_VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step (ms)",
+         "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak (MiB)",
+         "saved_mib": "saved (MiB)", "loss": "loss", "attention_ran": "attn ran",
+         "flops_source": "FLOPs", "status": "status"}
+
+
+def runs_view(df):
+    """The columns a person reads first, with units in the headers (dashboard and report)."""
+    view = df.assign(step_ms=df["step_s"].astype(float) * 1e3,
+                     peak_mem_mib=df["peak_mem_bytes"].astype(float) / 2**20,
+                     saved_mib=df["saved_bytes"].astype(float) / 2**20)
+    return view[list(_VIEW)].rename(columns=_VIEW)
+

@@ -44,6 +44,7 @@ class Calibration:
     torch_version: str
     threads: int
     busy: float            # other runnable tasks per CPU when it started (1-min load average)
+    layout: str            # "nn" (A @ B) or "nt" (A @ B.T, how nn.Linear keeps its weight): the faster
     taken_at: float        # time.time(); entries written before these two fields are re-measured
 
 
@@ -141,6 +142,9 @@ def _save_cache(data: dict) -> None:
                       "set TUNEKIT_CACHE to a writable folder", stacklevel=3)
 
 
+CALIBRATION_BUDGET_S = 4.0   # a sweep stops growing the matmul beyond this (slow dtypes on CPU)
+
+
 def default_sizes(device_type: str) -> list[int]:
     # Big enough to be compute-bound, small enough to finish in about a second each way.
     return [512, 1024, 1536, 2048] if device_type == "cpu" else [2048, 4096, 6144, 8192]
@@ -183,26 +187,40 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     t_start, busy = time.perf_counter(), _busy()
     sweep = []
 
-    def tries(n, warmup, repeats):
+    def tries(n, warmup, repeats, layout):
         """(n, n, n, TFLOPS) of each timed n x n matmul; the operands live only in here."""
         a, b = (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
+        b = b.t() if layout == "nt" else b
         times = time_repeats(lambda: torch.mm(a, b), dev, warmup=warmup, repeats=repeats)
         return [(n, n, n, 2 * n**3 / t / 1e12) for t in times]
 
+    first = (sizes or default_sizes(dev.type))[0]
+    # Kernels differ by memory layout: bf16 on a CPU without AMX ran A @ B at 1.3 GFLOPS and
+    # A @ B.T (nn.Linear's layout) at 17 here. The maximum achievable is the faster layout's.
+    layout = max(("nn", "nt"), key=lambda lay: max(r[3] for r in tries(first, 1, 1, lay)))
     try:
         for n in sizes or default_sizes(dev.type):
+            if sweep and sizes is None:
+                # a slow dtype (bf16 on a CPU without AMX runs ~100x below fp32): stop growing
+                # the matmul when the next size would blow the time budget
+                m, _, _, best = max(sweep, key=lambda r: r[3])
+                cost = (repeats + 1) * 2 * n**3 / (best * 1e12)
+                if time.perf_counter() - t_start + cost > CALIBRATION_BUDGET_S:
+                    break
             # warm-up first (kernel selection, page faults, caches); the best try is the estimate
-            sweep.append(max(tries(n, 1, repeats), key=lambda r: r[3]))
+            sweep.append(max(tries(n, 1, repeats, layout), key=lambda r: r[3]))
         # Second look at the winner: a busy moment during the sweep can only make a size look
         # slower, so more tries of the best size lift the peak toward what the device can do.
-        sweep.extend(tries(max(sweep, key=lambda r: r[3])[0], 0, 2 * repeats))
+        n, _, _, best = max(sweep, key=lambda r: r[3])
+        left = CALIBRATION_BUDGET_S - (time.perf_counter() - t_start)
+        sweep.extend(tries(n, 0, max(1, min(2 * repeats, int(left / (2 * n**3 / (best * 1e12))))), layout))
     finally:
         if prev_tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     m, k, n, top = max(sweep, key=lambda r: r[3])
     cal = Calibration(device=name, dtype=dtype, tflops=top, best_shape=(m, k, n), sweep=sweep,
                       seconds=time.perf_counter() - t_start, torch_version=torch.__version__,
-                      threads=torch.get_num_threads(), busy=busy, taken_at=time.time())
+                      threads=torch.get_num_threads(), busy=busy, taken_at=time.time(), layout=layout)
     if sizes is None:
         cache = _load_cache()  # re-read: another process may have added entries meanwhile
         cache[key] = asdict(cal)
@@ -263,8 +281,9 @@ def _resolve(device, dtype, allow_calibration) -> Peak:
         cal = calibrate(dtype, device)
     if cal is not None:
         shape = "x".join(map(str, cal.best_shape))
+        lay = ", B transposed as nn.Linear keeps it" if cal.layout == "nt" else ""
         return Peak(cal.tflops, f"calibrated MAMF on {cal.device}, {dtype}, best {shape} matmul "
-                                f"({cal.threads} threads){redone}", "calibrated")
+                                f"({cal.threads} threads{lay}){redone}", "calibrated")
     return Peak(None, why, None)
 
 
@@ -303,6 +322,7 @@ def _recheck(cal: Calibration, device) -> str | None:
         m, k, n = cal.best_shape
         a = torch.randn(m, k, device=dev).to(torch_dtype(cal.dtype))
         b = torch.randn(k, n, device=dev).to(torch_dtype(cal.dtype))
+        b = b.t().contiguous().t() if cal.layout == "nt" else b
         best = min(time_repeats(lambda: torch.mm(a, b), dev, warmup=1, repeats=2))
         now = 2 * m * k * n / best / 1e12
         _rechecked[key] = (f"a re-check reached {now:.3g} TFLOPS, above the cached {cal.tflops:.3g}"
