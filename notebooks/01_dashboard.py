@@ -115,7 +115,7 @@ found.table()
 # Everything above works on a model you bring. Here: a Llama-style decoder from Hugging Face
 # transformers, built from a config (random weights, nothing downloaded). The Lab makes its batches
 # within the model's vocabulary, takes the loss from `labels`, picks a sequence length within
-# `max_position_embeddings`, and switches checkpointing (`gradient_checkpointing_enable`) and
+# `max_position_embeddings`, and switches checkpointing (`activation_checkpointing_enable`) and
 # attention (`"math"` is transformers' `"eager"`) on the live model.
 
 # %%

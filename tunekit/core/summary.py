@@ -123,7 +123,7 @@ _HISTORY = {"name": "cell", "wall_s": "time (s)", "gflop": "GFLOP", "flops_sourc
 
 def history_view(df):
     """tunekit.history() with the columns a person reads first and units in the headers."""
-    view = df.assign(gflop=df["flops"].astype(float) / 1e9,
+    view = df.assign(error=df["error"].fillna(""), gflop=df["flops"].astype(float) / 1e9,
                      cpu_peak_mib=df["cpu_peak_delta_bytes"].astype(float) / 2**20,
                      gpu_peak_mib=df["gpu_peak_delta_bytes"].astype(float) / 2**20)
     return view[list(_HISTORY)].rename(columns=_HISTORY)

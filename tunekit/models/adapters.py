@@ -9,7 +9,8 @@
 - `HFAdapter`: transformers causal-LM models (Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, ... any
   ``*ForCausalLM`` with a decoder config): attention through ``set_attn_implementation``
   (math = "eager", sdpa, flash = "flash_attention_2"), checkpointing through
-  ``gradient_checkpointing_enable`` (non-reentrant), loss from ``labels``.
+  ``activation_checkpointing_enable`` (``gradient_checkpointing_enable`` in older releases;
+  non-reentrant), loss from ``labels``.
 - `ModuleAdapter`, for any other ``nn.Module``: checkpointing of the blocks you name
   (``adapt(model, blocks="layers")``), no attention switch, no analytic shape: MFU then comes
   from the counted FLOPs and the record says so.
@@ -212,13 +213,25 @@ class HFAdapter(ModuleAdapter):
     def can_checkpoint(self) -> bool:
         return bool(getattr(self.model, "supports_gradient_checkpointing", False))
 
+    # transformers >= 5.2x names it "activation checkpointing" and deprecates "gradient_..."
+    @property
+    def _new_names(self) -> bool:
+        return hasattr(self.model, "activation_checkpointing_enable")
+
     @property
     def checkpointing(self) -> bool:
-        return bool(getattr(self.model, "is_gradient_checkpointing", False))
+        name = "is_activation_checkpointing" if self._new_names else "is_gradient_checkpointing"
+        return bool(getattr(self.model, name, False))
 
     def set_checkpointing(self, on: bool) -> None:
-        if on:  # non-reentrant: it recomputes only what backward needs, like tunekit's GPT
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}  # recompute only what backward needs, like tunekit's GPT
+        if self._new_names:
+            if on:
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                self.model.activation_checkpointing_disable()
+        elif on:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         else:
             self.model.gradient_checkpointing_disable()
 
@@ -230,8 +243,8 @@ class HFAdapter(ModuleAdapter):
 
 
 def is_transformers_model(model) -> bool:
-    return hasattr(model, "config") and hasattr(model.config, "model_type") \
-        and hasattr(model, "gradient_checkpointing_enable")
+    return hasattr(model, "config") and hasattr(model.config, "model_type") and (
+        hasattr(model, "gradient_checkpointing_enable") or hasattr(model, "activation_checkpointing_enable"))
 
 
 def adapt(model: torch.nn.Module, blocks=None) -> ModuleAdapter:
