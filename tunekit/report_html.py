@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from .core.units import MiB
+
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 SUMMARY_ROLE = "tunekit-summary"
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     args = ap.parse_args(argv)
     path = build(args.notebook, args.out)
-    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, opens offline)")
+    print(f"wrote {path} ({path.stat().st_size / MiB:.1f} MiB, opens offline)")
     return 0
 
 

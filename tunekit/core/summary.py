@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import html
 
-from .units import fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, is_missing
+from .units import MiB, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, is_missing
 
 
 def _tflops(x) -> str:
@@ -124,7 +124,7 @@ _HISTORY = {"name": "cell", "wall_s": "time (s)", "gflop": "GFLOP", "flops_sourc
 def history_view(df):
     """tunekit.history() with the columns a person reads first and units in the headers."""
     view = df.assign(error=df["error"].fillna(""), gflop=df["flops"].astype(float) / 1e9,
-                     cpu_peak_mib=df["cpu_peak_delta_bytes"].astype(float) / 2**20,
-                     gpu_peak_mib=df["gpu_peak_delta_bytes"].astype(float) / 2**20)
+                     cpu_peak_mib=df["cpu_peak_delta_bytes"].astype(float) / MiB,
+                     gpu_peak_mib=df["gpu_peak_delta_bytes"].astype(float) / MiB)
     return view[list(_HISTORY)].rename(columns=_HISTORY)
 

@@ -21,6 +21,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.units import MiB
 from .toggles import Toggles
 
 SCHEMA = 1
@@ -293,7 +294,7 @@ _VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "
 def runs_view(df):
     """The columns a person reads first, with units in the headers (dashboard and report)."""
     view = df.assign(step_ms=df["step_s"].astype(float) * 1e3,
-                     peak_mem_mib=df["peak_mem_bytes"].astype(float) / 2**20,
-                     saved_mib=df["saved_bytes"].astype(float) / 2**20)
+                     peak_mem_mib=df["peak_mem_bytes"].astype(float) / MiB,
+                     saved_mib=df["saved_bytes"].astype(float) / MiB)
     return view[list(_VIEW)].rename(columns=_VIEW)
 
