@@ -93,3 +93,12 @@ def test_deprecated_pynvml_shim_is_quiet_after_import_tunekit():
     out = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True,
                          text=True, check=True)
     assert "deprecated" not in out.stderr and out.stdout.strip() == "0"
+
+
+def test_dynamo_counts_the_graphs_it_compiles():
+    net = torch.nn.Linear(8, 8)
+    torch._dynamo.reset()
+    before = torch_private.compiled_graphs() or 0
+    torch.compile(net, backend="eager")(torch.randn(2, 8))
+    assert torch_private.compiled_graphs() == before + 1
+    torch._dynamo.reset()

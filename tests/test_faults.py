@@ -308,3 +308,48 @@ def test_flop_count_cache_is_bounded():
         with tunekit.profile(name=f"block {i}", inputs=(x,)):
             x @ x
     assert len(probe._FLOP_CACHE) == probe.FLOP_CACHE_SIZE
+
+
+# --- found by a new-user review ----------------------------------------------------------------
+
+
+class _Vec(torch.nn.Module):   # a model of vectors: no sequence dimension
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(16, 32)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(2))
+
+    def forward(self, x):
+        x = self.inp(x)
+        for layer in self.layers:
+            x = layer(x).relu()
+        return x
+
+
+def _vec_lab(tmp_path, **kw):
+    return Lab(_Vec(), batch_fn=lambda b, s: (torch.randn(b, 16), torch.randn(b, 32)),
+               loss_fn=lambda m, x, y: (m(x) - y).square().mean(), log_path=tmp_path / "r.jsonl",
+               peak_tflops=1.0, **kw)
+
+
+def test_a_batch_without_a_sequence_counts_samples_whatever_seq_len_says(tmp_path):
+    r = _vec_lab(tmp_path).run(steps=1, warmup=0, micro_batch=2, seq_len=4096)
+    assert r.tokens_per_step == 2 and any("tokens/s counts samples" in n for n in r.notes)
+
+
+def test_bad_blocks_and_a_missing_loss_are_refused_at_construction(tmp_path):
+    with pytest.raises(ValueError, match=r"blocks='layerz' is not an attribute path of _Vec .*'layers'"):
+        _vec_lab(tmp_path, blocks="layerz")
+    with pytest.raises(ValueError, match="cannot take \\(x, y\\): give loss_fn="):
+        Lab(_Vec(), batch_fn=lambda b, s: (torch.randn(b, 16), None), log_path=tmp_path / "r.jsonl")
+
+
+def test_timing_helper_and_log_loading_refuse_nonsense(tmp_path):
+    with pytest.raises(ValueError, match="repeats must be a whole number >= 1"):
+        tunekit.median_s(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="warmup must be a whole number >= 0"):
+        tunekit.time_repeats(lambda: None, warmup=-1)
+    with pytest.raises(FileNotFoundError, match="no run log"):
+        Lab.load_results(tmp_path / "nope.jsonl")
+    with pytest.raises(ValueError, match="advise needs a model config"):
+        tunekit.advise(None)

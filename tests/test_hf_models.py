@@ -218,8 +218,13 @@ def test_profiling_a_compiled_model_leaves_it_compiled(run, ip):
     # weight grads + the input grad of the 2nd Linear only: 2*65536 - 2*8*32*64 = 98304
     assert (first["flops_source"], first["flops"]) == ("counted", 65536 + 98304)
     assert second["flops_source"] == "cached"
-    # Dynamo captured the frame after the counted run: the cached run timed compiled code
+    # Dynamo captured the frame after the counted run: the cached run timed compiled code, and
+    # since it compiled there, it says its time includes compiling and gives no TFLOPS
     assert counters["stats"]["calls_captured"] >= 1 and counters["stats"]["unique_graphs"] >= 1
+    assert math.isnan(second["tflops"]) and "includes compiling" in second["notes"]
+    assert run("%%gpuprofile -q -n compiled\ncnet(xin).sum().backward()").error_in_exec is None
+    third = tunekit.history().iloc[-1]
+    assert third["flops_source"] == "cached" and third["tflops"] > 0   # compiled, timed cleanly
     torch._dynamo.reset()
 
 
@@ -238,3 +243,16 @@ def test_gpuprofile_recounts_after_the_attention_changes_by_hand(run, ip):
     # (12 - 7) * b*nh*s^2*hd = 5 * 2*4*32*32*16, x 2 layers (shifted labels: same matmuls)
     assert eager - sdpa == 2 * 5 * 2 * 4 * 32 * 32 * 16
     assert any("recounted" in n and "hf" in n for n in tunekit.last().notes)
+
+
+def test_gemma_is_counted_as_the_gated_decoder_it_is():
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("gemma", vocab_size=128, hidden_size=64, intermediate_size=128,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=16, max_position_embeddings=64, pad_token_id=0)
+    model = build(cfg)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    # per layer q 64*64 + k,v 2*64*32 (2 kv heads of 16) + o 64*64 + gated MLP 3*64*128 = 36864,
+    # x 2 layers + lm_head 128*64 = 81920 (a plain 2-matrix MLP would read 65536)
+    assert model_shape(cfg).matmul_params() == linear == 2 * 36864 + 128 * 64 == 81920

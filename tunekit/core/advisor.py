@@ -159,6 +159,9 @@ def advise(model, *, micro_batch: int | None = None, seq_len: int | None = None,
 def _read(cfg) -> dict:
     """The sizes the rules need: from the model's shape when the config is a whole one, else
     from the fields a partial dict has."""
+    if cfg is None or isinstance(cfg, (str, bytes, int, float, list, tuple)):
+        raise ValueError("advise needs a model config (tunekit's GPTConfig, a transformers config or a "
+                         f"dict of their fields) or a model with .config, got {cfg!r}")
     try:
         s = model_shape(cfg)
     except ValueError:
@@ -168,12 +171,13 @@ def _read(cfg) -> dict:
                     seq_len=s.max_positions, d_ff=s.d_ff, gated=s.gated)
     h, vocab = _get(cfg, "n_embd") or _get(cfg, "hidden_size"), _get(cfg, "vocab_size")
     gated = _get(cfg, "mlp", "gelu") == "swiglu"
+    d_ff = _get(cfg, "ffn_dim") or _get(cfg, "d_ff") or _get(cfg, "intermediate_size")
     return dict(h=h, a=_get(cfg, "n_head") or _get(cfg, "num_attention_heads"), vocab=vocab,
                 padded=_get(cfg, "padded_vocab_size") or (
                     padded_vocab(vocab, _get(cfg, "pad_vocab_multiple") or 1) if vocab else None),
                 seq_len=_get(cfg, "block_size") or _get(cfg, "max_position_embeddings"),
-                d_ff=_get(cfg, "ffn_dim") or _get(cfg, "d_ff") or _get(cfg, "intermediate_size")
-                or (4 * h if not gated and h else None), gated=gated)
+                d_ff=d_ff or (4 * h if not gated and h else None), gated=gated,
+                assumed=not d_ff)
 
 
 def _ffn_rule(d, multiple) -> Rule:
@@ -182,7 +186,8 @@ def _ffn_rule(d, multiple) -> Rule:
         return Rule("MLP width well-shaped", None, "d_ff unknown", "-", "needs n_embd and d_ff")
     if not d["gated"]:
         ok = d_ff % multiple == 0
-        return Rule("MLP width well-shaped", ok, f"GELU d_ff = {d_ff} ({d_ff / h:.3g}*h)",
+        assumed = " (assumed: no d_ff given)" if d.get("assumed") else ""
+        return Rule("MLP width well-shaped", ok, f"GELU d_ff = {d_ff} ({d_ff / h:.3g}*h){assumed}",
                     "fine" if ok else f"use d_ff = {round_to_multiple(d_ff, multiple)}",
                     "d_ff is a GEMM dimension of both MLP matmuls")
     c = swiglu_dff_candidates(h)

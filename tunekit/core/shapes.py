@@ -62,6 +62,9 @@ _FAMILIES = {
     "gpt_neox": dict(gated=False, norm="layer", qkv_bias="attention_bias", o_bias="attention_bias",
                      mlp_bias=True, learned_pos=False),
 }
+# gated-MLP decoders laid out like Llama as far as the 6N count goes (their norms may differ)
+for _name in ("gemma", "gemma2", "gemma3_text", "qwen3", "phi3", "olmo", "olmo2", "granite", "stablelm"):
+    _FAMILIES.setdefault(_name, dict(_FAMILIES["llama"], qkv_bias=False, o_bias=False, mlp_bias=False))
 
 
 @dataclass(frozen=True)
@@ -145,12 +148,13 @@ def model_shape(cfg) -> ModelShape:
     else:
         family = str(cfg_get(cfg, "model_type", "") or "unknown")
         fam = _FAMILIES.get(family)
-        if fam is None:
-            gated = str(get("hidden_act", "hidden_activation", default="silu")) in ("silu", "swish")
-            fam = dict(gated=gated, norm="rms", qkv_bias="attention_bias", o_bias="attention_bias",
+        if fam is None:   # most recent decoders are Llama-like: a gated MLP, RMSNorm
+            fam = dict(gated=True, norm="rms", qkv_bias="attention_bias", o_bias="attention_bias",
                        mlp_bias="mlp_bias", learned_pos=False)
             notes.append(f"model_type {family!r} is not one tunekit knows: read as Llama-style "
-                         f"({'gated' if gated else 'plain'} MLP, RMSNorm, biases from attention_bias)")
+                         "(gated MLP, RMSNorm, biases from attention_bias); counts may be off")
+        elif family not in ("llama", "mistral", "qwen2", "gpt2", "gpt_neox"):
+            notes.append(f"{family}: read as Llama-style for counting (its norms may differ)")
         fam = {k: (bool(cfg_get(cfg, v, False)) if isinstance(v, str) and k != "norm" else v)
                for k, v in fam.items()}
         h = get("hidden_size", "n_embd")

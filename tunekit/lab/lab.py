@@ -87,6 +87,8 @@ class Lab:
                 data = "synthetic"
             self.batcher = Batcher(data, device=self.device, seed=seed, vocab_size=vocab)
             batch_fn = self.batcher.get
+        if loss_fn is None and self.adapter.kind == "module":
+            self.adapter.check_default_loss()
         self.batch_fn, self.loss_fn = batch_fn, loss_fn or self.adapter.loss
         self.defaults = Toggles().replace(**defaults)
         if self.defaults.attention is None and self.adapter.attentions:
@@ -243,6 +245,9 @@ class Lab:
             res = probe_step(self.model, lambda a, b: self.loss_fn(self.model, a, b), x, y,
                              lambda: self._autocast(t))
         res.attention_ran = self.adapter.attention_ran
+        # tokens per sample: the batch's sequence length when it has one, else 1 (samples/s)
+        shape = tuple(getattr(x, "shape", ()))
+        res.per_sample = t.seq_len if len(shape) >= 2 and shape[1] == t.seq_len else 1
         if res.attention_ran == "flash" and self.adapter.shape is not None:
             add_flash_flops(res, self.adapter.shape, t.micro_batch, t.seq_len, self.adapter.checkpointing)
         if len(self._probes) >= 64:  # bounded: one entry per configuration tried
@@ -339,7 +344,10 @@ class Lab:
 
     def _record(self, t, warmup, m: Steps, probe, flops_source, notes, snap=None) -> RunResult:
         step_s = sum(m.times) / len(m.times)
-        tokens = t.micro_batch * t.grad_accum * t.seq_len
+        tokens = t.micro_batch * t.grad_accum * probe.per_sample
+        if probe.per_sample != t.seq_len:
+            notes.append(f"the batch has no sequence dimension of seq_len={t.seq_len}: "
+                         "tokens/s counts samples")
         executed = probe.flops.executed * t.grad_accum if probe.flops.executed else None
         counted = probe.flops.model * t.grad_accum if probe.flops.executed else None
         model_flops, convention, why = self.adapter.model_flops(t.seq_len, tokens, counted)
@@ -417,4 +425,4 @@ class Lab:
         """DataFrame of the runs in a JSONL log written by a Lab (partial last lines skipped).
 
         ``path=None``: the newest log under ``data/runs/`` (after a kernel restart, say)."""
-        return results_frame(RunLog.newest(data_dir() / "runs") if path is None else RunLog(path).runs)
+        return results_frame(RunLog.newest(data_dir() / "runs") if path is None else RunLog.load(path))

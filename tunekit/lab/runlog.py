@@ -255,6 +255,16 @@ class RunLog:
         return result
 
     @staticmethod
+    def load(path) -> list:
+        """The runs of an existing log; a missing file is an error, skipped lines a warning."""
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no run log at {path}")
+        log = RunLog(path)
+        if log.skipped:
+            warnings.warn(f"tunekit: {log.skipped} unreadable line(s) in {path} were skipped", stacklevel=3)
+        return log.runs
+
+    @staticmethod
     def newest(folder) -> list:
         """The runs of the newest lab-*.jsonl under ``folder`` (after a kernel restart, say)."""
         logs = sorted(Path(folder).glob("lab-*.jsonl"), key=lambda q: q.stat().st_mtime)

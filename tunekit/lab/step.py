@@ -22,6 +22,7 @@ class ProbeResult:
     attention_ran: str | None
     notes: list = field(default_factory=list)
     cast_bytes: int = 0               # autocast's half copies of weights kept for backward
+    per_sample: int = 1               # tokens per sample of the probed batch (its seq_len, or 1)
 
 
 def probe_step(model: torch.nn.Module, loss_of, x, y, autocast) -> ProbeResult:

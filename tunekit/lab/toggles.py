@@ -122,8 +122,8 @@ def problems(t: Toggles, env: Env) -> list[str]:
         out.append(f"tunekit does not know {env.model}'s blocks: name them to checkpoint them, "
                    "e.g. Lab(model, blocks='layers').")
     if isinstance(t.lr, bool) or not isinstance(t.lr, numbers.Real) or not 0 < t.lr < math.inf:
-        out.append(f"lr must be a finite number > 0 (got {t.lr!r}): an infinite or NaN learning "
-                   "rate turns every weight into NaN.")
+        out.append(f"lr must be a finite number > 0 (got {t.lr!r}): 0 trains nothing, and an "
+                   "infinite or NaN learning rate turns every weight into NaN.")
     return out
 
 

@@ -167,7 +167,7 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     repeats = whole("repeats", repeats)
     flag("force", force)
     if sizes is not None:
-        sizes = [whole("sizes[i]", n, 1, 65536) for n in sizes]
+        sizes = [whole(f"sizes[{i}]", n, 1, 65536) for i, n in enumerate(sizes)]
         if not sizes:
             raise ValueError("sizes must name at least one matrix size, got []")
     dev = torch.device(device) if device is not None else (

@@ -50,6 +50,14 @@ def source_key(source: str, name: str = "") -> str:
     return hashlib.sha1(f"{name}\0{source}".encode()).hexdigest()
 
 
+def _compiled_graphs():
+    if torch_if_loaded() is None:
+        return None
+    from .torch_private import compiled_graphs
+
+    return compiled_graphs()
+
+
 def _counting_active() -> bool:
     torch = torch_if_loaded()
     if torch is None or "torch.utils.flop_counter" not in sys.modules:
@@ -103,6 +111,7 @@ class Probe:
         # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
         # block, say) measures the counter too: such a run must not report TFLOPS.
         self.under_counter = _counting_active()
+        self.graphs0 = _compiled_graphs()
         try:
             with deferred_interrupt():  # meters and counter go on together, or not at all
                 self.cpu, self.cuda = CpuPeak(), CudaMeter()
@@ -214,6 +223,11 @@ class Probe:
             return
         if self.under_counter:
             rec.notes.append("timed under an outer FLOP counter, which slows it: no TFLOPS/MFU")
+            return
+        graphs = _compiled_graphs()
+        if graphs is not None and graphs != self.graphs0:
+            rec.notes.append(f"torch.compile compiled {graphs - (self.graphs0 or 0)} graph(s) during "
+                             "this run, so its time includes compiling: no TFLOPS/MFU; re-run")
             return
         if rec.flops == 0:  # exact whatever the counter cost: nothing ran
             rec.tflops = 0.0

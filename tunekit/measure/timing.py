@@ -11,6 +11,7 @@ import math
 import statistics
 import time
 
+from ..core.validate import whole
 from .device import synchronize
 
 NaN = math.nan
@@ -22,6 +23,7 @@ def time_repeats(fn, device=None, warmup: int = 1, repeats: int = 5, after_each=
     The device is synchronized before each clock read (``device=None``: CUDA if this process
     initialized it). ``after_each(i, seconds)`` runs after call i, outside its clock.
     """
+    warmup, repeats = whole("warmup", warmup, 0), whole("repeats", repeats)
     for _ in range(warmup):
         fn()
     out = []

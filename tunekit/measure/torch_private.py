@@ -55,3 +55,13 @@ def op_argument_names(packet) -> list[str]:
         return [a.name for a in packet.default._schema.arguments]
     except AttributeError:
         return []
+
+
+def compiled_graphs() -> int | None:
+    """Graphs Dynamo has compiled in this process so far; None while Dynamo was never used.
+    (Dynamo's own counters: the public API has no such count.)"""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    return None if utils is None else int(utils.counters["stats"]["unique_graphs"])
+

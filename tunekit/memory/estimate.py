@@ -131,8 +131,10 @@ class MemoryEstimate:
     def __str__(self):
         lines = [f"{k:>17}: {v / GiB:9.3f} GiB  {self.formulas.get(k, '')}"
                  for k, v in self.components.items() if is_missing(v) or v]
+        unknown = [k for k, v in self.components.items() if is_missing(v)]
         lines.append(f"{'total':>17}: {self.total_bytes / GiB:9.3f} GiB "
-                     f"({self.total_bytes / GB:.2f} GB)")
+                     f"({self.total_bytes / GB:.2f} GB)"
+                     + (f", a lower bound: {', '.join(unknown)} unknown" if unknown else ""))
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 

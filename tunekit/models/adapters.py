@@ -98,6 +98,19 @@ class ModuleAdapter:
                    if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
 
     # --- a step ---------------------------------------------------------------------------------
+    def check_default_loss(self) -> None:
+        """Refuse, before any work, a model whose forward cannot take the default (x, y)."""
+        import inspect
+
+        try:
+            inspect.signature(self.model.forward).bind(None, None)
+        except TypeError:
+            sig = inspect.signature(self.model.forward)
+            raise ValueError(f"{type(self.model).__name__}.forward{sig} cannot take (x, y): give "
+                             "loss_fn=lambda model, x, y: ... (and batch_fn)") from None
+        except ValueError:   # no signature to read (a builtin): let the first step tell
+            pass
+
     def loss(self, fwd, x, y):
         """The scalar loss of ``fwd`` (the model, or its compiled wrapper) on one batch."""
         out = fwd(x, y)
@@ -263,7 +276,12 @@ def _resolve_blocks(model, blocks) -> list:
     if blocks is None:
         return []
     if isinstance(blocks, str):
-        found = functools.reduce(getattr, blocks.split("."), model)
+        try:
+            found = functools.reduce(getattr, blocks.split("."), model)
+        except AttributeError:
+            children = [n for n, _ in model.named_children()]
+            raise ValueError(f"blocks={blocks!r} is not an attribute path of "
+                             f"{type(model).__name__} (its children: {children})") from None
         return list(found) if isinstance(found, (torch.nn.ModuleList, torch.nn.Sequential, list)) else [found]
     blocks = list(blocks)
     if not all(isinstance(b, torch.nn.Module) for b in blocks):
