@@ -60,3 +60,25 @@ def test_the_tour_report_has_every_chart_the_dashboard_and_the_summary(tmp_path)
     streams = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
                if o.get("name") == "stderr" or o.output_type == "error"]
     assert streams == []   # no warning or error box in the tour
+
+
+def test_results_and_history_display_as_readable_tables_and_stay_plain_dataframes():
+    import pickle
+
+    import pandas as pd
+
+    import tunekit
+
+    lab = tunekit.Lab()
+    lab.run(steps=1, warmup=0, micro_batch=2)
+    df = lab.results()
+    r = lab.runs[-1]
+    page = df._repr_html_()
+    assert f"{r.tokens_per_s:,.0f}" in page and f"{r.mfu:.1%}" in page  # separators, MFU in %
+    assert "tokens/s" in page and "peak (MiB)" in page and "1 row;" in page
+    assert type(df[["loss"]]) is pd.DataFrame and type(df.copy()) is pd.DataFrame
+    assert type(pickle.loads(pickle.dumps(df))) is pd.DataFrame
+    assert df["tokens_per_s"].iloc[0] == r.tokens_per_s  # the data are the raw numbers
+    with tunekit.profile(name="readable"):
+        sum(range(10))
+    assert "time (s)" in tunekit.history()._repr_html_()

@@ -1,6 +1,7 @@
 """Turn a ProfileRecord into a compact text or HTML summary. Pure formatting: no measuring."""
 from __future__ import annotations
 
+import functools
 import html
 
 from .units import MiB, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, is_missing
@@ -128,3 +129,40 @@ def history_view(df):
                      gpu_peak_mib=df["gpu_peak_delta_bytes"].astype(float) / MiB)
     return view[list(_HISTORY)].rename(columns=_HISTORY)
 
+
+
+@functools.cache
+def _readable_class():
+    import pandas as pd
+
+    class ReadableFrame(pd.DataFrame):
+        """A pandas DataFrame like any other (every column, raw numbers, units in the names);
+        a notebook shows it as tunekit's readable table: the columns read first, thousands
+        separators, MFU/HFU in %, units in the headers. Anything derived from it is a plain
+        DataFrame."""
+
+        _metadata = ["_tk_view"]
+
+        @property
+        def _constructor(self):
+            return pd.DataFrame
+
+        def _repr_html_(self) -> str:
+            view = self._tk_view(pd.DataFrame(self))
+            hidden = len(self.columns)
+            n = f"{len(self)} row" + ("" if len(self) == 1 else "s")
+            return (table_html(view) + f"<p style='color:#666;font-size:90%'>{n}; the table shows "
+                    f"{len(view.columns)} of the {hidden} columns, formatted: the DataFrame holds every "
+                    "column with raw numbers (<code>.columns</code> lists them).</p>")
+
+        def __reduce_ex__(self, protocol):  # pickles as a plain DataFrame
+            return pd.DataFrame, (pd.DataFrame(self),)
+
+    return ReadableFrame
+
+
+def readable(df, view):
+    """``df`` displayed in notebooks through ``view`` (e.g. ``history_view``), data unchanged."""
+    out = _readable_class()(df)
+    out._tk_view = view
+    return out

@@ -403,7 +403,10 @@ class Lab:
 
     def results(self):
         """pandas DataFrame, one row per run (this session's and the log's earlier ones)."""
-        return results_frame(self.log.runs)
+        from ..core.summary import readable
+        from .runlog import runs_view
+
+        return readable(results_frame(self.log.runs), runs_view)
 
     def compare(self, baseline: int = 0):
         """plotly Figure: tokens/s and peak memory per run, the ``baseline`` run marked."""

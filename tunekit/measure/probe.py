@@ -303,7 +303,9 @@ class profile:
 
 def history():
     """pandas.DataFrame of every profiled cell or block, oldest first."""
-    return HISTORY.to_frame()
+    from ..core.summary import history_view, readable
+
+    return readable(HISTORY.to_frame(), history_view)
 
 
 def last() -> ProfileRecord | None:
