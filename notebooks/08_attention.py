@@ -75,9 +75,10 @@ df.round(2)
 
 # %%
 fig = make_subplots(rows=1, cols=2, subplot_titles=['activations saved for backward (MiB)', 'forward+backward (ms, median)'])
+colors = dict(zip(impls, ['#d62728', '#1f77b4', '#2ca02c']))   # one colour per kernel in both panels
 for impl, g in df.groupby('impl', sort=False):
-    fig.add_scatter(x=g.seq, y=g.saved_MiB, name=impl, legendgroup=impl, row=1, col=1)
-    fig.add_scatter(x=g.seq, y=g.fwd_bwd_ms, name=impl, legendgroup=impl, showlegend=False, row=1, col=2)
+    fig.add_scatter(x=g.seq, y=g.saved_MiB, name=impl, legendgroup=impl, line_color=colors[impl], row=1, col=1)
+    fig.add_scatter(x=g.seq, y=g.fwd_bwd_ms, name=impl, legendgroup=impl, line_color=colors[impl], showlegend=False, row=1, col=2)
 fig.update_xaxes(type='log', title_text='sequence length (log)'); fig.update_yaxes(type='log')   # log-log: slope = growth exponent
 fig.update_layout(title=f'attention implementations, B={B}, {cfg.n_layer} layers, {cfg.n_head} heads on {device}')
 fig

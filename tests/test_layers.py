@@ -26,7 +26,7 @@ LAYERS = {
     "bench._frame": ENGINE, "bench._rank": ENGINE,
     "bench.allreduce": ENGINE, "bench.compute": ENGINE, "bench.host": ENGINE,
     "lab.plots": UI, "lab.dashboard": UI, "bench.plots": UI, "magics": UI, "experiments": UI,
-    "plots": UI, "report_html": UI,
+    "plots": UI, "report_html": UI, "figure_svg": UI,
 }
 # Convenience entry points where a lower layer reaches up lazily, inside one method:
 # lab.compare() and lab.dashboard() open the Lab's UI.

@@ -82,3 +82,4 @@ def test_results_and_history_display_as_readable_tables_and_stay_plain_dataframe
     with tunekit.profile(name="readable"):
         sum(range(10))
     assert "time (s)" in tunekit.history()._repr_html_()
+

@@ -31,6 +31,7 @@ _EXPORTS = {
     "count_flops": ("measure.flops", "count_flops"),
     "time_repeats": ("measure.timing", "time_repeats"),
     "median_s": ("measure.timing", "median_s"),
+    "verdict": ("measure.timing", "verdict"),
     "experiment": ("experiments", "experiment"),
     "plot_history": ("plots", "plot_history"),
     "show_summary": ("report_html", "show_summary"),
@@ -108,6 +109,11 @@ def _quiet_deprecated_pynvml_shim() -> None:
 
 
 _quiet_deprecated_pynvml_shim()
+
+if "ipykernel" in sys.modules:  # in a Jupyter kernel: every plotly figure also stored as SVG
+    from .figure_svg import install as _install_figure_fallback
+
+    _install_figure_fallback()
 
 
 def __getattr__(name):

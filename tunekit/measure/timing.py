@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from dataclasses import dataclass
 
 from ..core.validate import whole
 from .device import synchronize
@@ -53,3 +54,39 @@ def stats(times, prefix: str = "") -> dict:
                 f"{prefix}repeats": 0}
     return {f"{prefix}median_s": statistics.median(times), f"{prefix}min_s": min(times),
             f"{prefix}max_s": max(times), f"{prefix}repeats": len(times)}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a change helped, hurt, or stayed within the noise of the measurements."""
+
+    speedup: float   # best old time / best new time (> 1: the change is faster)
+    band: float      # relative noise band the speed-up had to clear
+    word: str        # "helped" | "hurt" | "within noise"
+
+    def __str__(self) -> str:
+        return f"{self.word} ({self.speedup:.2f}x, noise band ±{self.band:.0%})"
+
+
+def verdict(before, after, floor: float = 0.05) -> Verdict:
+    """Compare repeated timings of two settings (seconds, or seconds per token; >= 2 each).
+
+    Contention only ever adds time, so each setting is represented by its best repeat and its
+    noise by the gap between its two best repeats; the band is the larger gap, at least ``floor``.
+    The change helped if it is faster by more than the band, hurt if slower by more.
+
+    >>> tunekit.verdict([1.00, 1.02, 1.30], [0.50, 0.51])   # helped (2.00x, noise band ±5%)
+    """
+    a, b = sorted(_times("before", before)), sorted(_times("after", after))
+    band = max(floor, a[1] / a[0] - 1, b[1] / b[0] - 1)
+    speedup = a[0] / b[0]
+    word = "helped" if speedup > 1 + band else "hurt" if speedup < 1 / (1 + band) else "within noise"
+    return Verdict(speedup, band, word)
+
+
+def _times(name: str, values) -> list[float]:
+    values = [float(v) for v in values]
+    if len(values) < 2 or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"{name} must hold at least 2 positive finite times (got {values!r}): "
+                         "the noise band comes from the gap between the two best repeats.")
+    return values
