@@ -32,7 +32,7 @@ lab: install
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/00_tour.ipynb
 
 lint: install
-	$(VENV)/bin/ruff check tunekit tests benchmarks notebooks
+	$(VENV)/bin/ruff check tunekit tests benchmarks notebooks tools
 
 # Lint, unit tests (magics in a real IPython shell, notebook pairs in sync), and every notebook
 # executed by nbval in a kernel.

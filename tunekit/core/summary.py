@@ -114,7 +114,12 @@ def formatted(value, fmt: str) -> str:
 def table_html(df) -> str:
     """A DataFrame as an HTML table with tunekit's number formats (by column header)."""
     formatters = {c: (lambda f: lambda v: formatted(v, f))(FORMATS[c]) for c in df.columns if c in FORMATS}
-    return df.to_html(index=False, formatters=formatters, na_rep="n/a", border=0, classes="tk")
+    return TABLE_CSS + df.to_html(index=False, formatters=formatters, na_rep="n/a", border=0, classes="tk")
+
+
+# numbers line up under their headers in JupyterLab, VS Code and the report alike
+TABLE_CSS = ("<style>table.tk{border-collapse:collapse}table.tk th,table.tk td{text-align:right;"
+             "padding:2px 10px;white-space:nowrap}</style>")
 
 
 _HISTORY = {"name": "cell", "wall_s": "time (s)", "gflop": "GFLOP", "flops_source": "FLOPs",

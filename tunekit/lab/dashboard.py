@@ -70,7 +70,7 @@ class Dashboard(W.VBox):
                                       description="CPU budget MiB" if cpu else "budget MiB (0=none)")
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
         self.find_button = W.Button(description="Find max batch", icon="search",
-                                    layout=W.Layout(width="auto"))  # the whole label, not "Find ..."
+                                    layout=W.Layout(min_width="150px"))  # the whole label, not "Find ..."
         self.progress = W.IntProgress(value=0, min=0, max=1, description="idle")
         self.message = W.HTML()
         self.table = W.HTML()
@@ -84,8 +84,10 @@ class Dashboard(W.VBox):
         names = list(c)
         grid = W.GridBox([c[n] for n in names], layout=W.Layout(
             grid_template_columns="repeat(3, 300px)"))
+        for w in (self.max_batch, self.budget_mib):
+            w.layout = W.Layout(width="250px")
         buttons = W.HBox([self.run_button, self.progress, self.find_button, self.max_batch,
-                          self.budget_mib])
+                          self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
         super().__init__([grid, buttons, self.message, self.table, self.chart_out,
                           self.breakdown_out])
         self.explain()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from ..core.units import fmt_flops
 from .interrupts import deferred_interrupt
 from .torch_private import dispatch_mode_stack, in_autograd_backward, is_flop_counter, op_argument_names
 
@@ -181,9 +182,9 @@ class TunekitFlopCounter(FlopCounterMode):
         if self._saw_sdpa_cpu:
             notes.append("added CPU SDPA FLOPs (torch counts 0 for them)")
         if self._causal_halved:
-            notes.append(f"causal SDPA counted at half ({self._causal_halved:.3g} FLOPs of masked work removed)")
+            notes.append(f"causal SDPA counted at half ({fmt_flops(self._causal_halved)} of masked work removed)")
         if self._recompute:
-            notes.append(f"{self._recompute:.3g} FLOPs recomputed in backward (checkpointing): in HFU, not MFU")
+            notes.append(f"{fmt_flops(self._recompute)} recomputed in backward (checkpointing): in HFU, not MFU")
         uncounted = sorted(self._uncounted)
         if uncounted:
             notes.append("not counted (no FLOP formula): " + ", ".join(uncounted))
