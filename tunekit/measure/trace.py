@@ -14,7 +14,9 @@ autograd node it runs (matched by sequence number and name).
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
 import time
 from collections import defaultdict
@@ -75,6 +77,21 @@ class _ModuleRanges:
             self.stack.pop().__exit__(None, None, None)
 
 
+@contextlib.contextmanager
+def _quiet_kineto():
+    # Kineto writes "USDT: ... profiler_start/stop" lines to the process' stderr on every trace
+    # (a notebook shows them as errors). Its log level is read once, when the first profiler
+    # starts; level 6 is above all of its levels. A level the user set is kept.
+    if "KINETO_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["KINETO_LOG_LEVEL"] = "6"
+    try:
+        yield
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
+
+
 class Tracer:
     """torch.profiler over one block: ``trace`` (time by category) and/or ``memory`` (timeline).
 
@@ -104,7 +121,8 @@ class Tracer:
         self.prof = profile(activities=acts, profile_memory=self.memory, record_shapes=self.memory,
                             with_stack=self.memory)
         try:
-            self.prof.__enter__()
+            with _quiet_kineto():
+                self.prof.__enter__()
         except BaseException:
             self._cleanup()
             raise
