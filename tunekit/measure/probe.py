@@ -137,11 +137,11 @@ class Probe:
                     self.counter.__enter__()
                 self.running = True
                 self._start_tracer(rec)
+                self.energy = EnergyMeter(self.cuda.index).start()
         except KeyboardInterrupt as e:  # Ctrl-C during the set-up: record it, remove it all
             if self.running:
                 self.stop(e)
             raise
-        self.energy = EnergyMeter(self.cuda.index).start()
         synchronize()
         self.t0 = time.perf_counter()
         return self
@@ -155,7 +155,10 @@ class Probe:
             return
         from .trace import Tracer
 
-        self.tracer = Tracer(self.name, self.trace, self.memory, self.cuda.index).start()
+        try:
+            self.tracer = Tracer(self.name, self.trace, self.memory, self.cuda.index).start()
+        except Exception as e:  # e.g. another torch.profiler already runs: measure without a trace
+            rec.notes.append(f"not traced: torch.profiler could not start ({type(e).__name__}: {e})")
 
     def stop(self, exc: BaseException | None = None) -> ProfileRecord:
         """Read the clock, remove the counter and meters, fill and keep the record. Ctrl-C
