@@ -352,3 +352,20 @@ def test_gpu_trace_of_a_training_step_has_idle_and_adds_up(tmp_path):
     assert abs(b.total_s() - b.wall_s) <= 0.10 * b.wall_s
     assert r.gpu_alloc_retries == 0 and r.gpu_ooms == 0
     assert r.memory.snapshot_path and pathlib.Path(r.memory.snapshot_path).stat().st_size > 0
+
+
+def test_gpu_records_carry_allocator_retries_and_ooms_over_the_block(monkeypatch):
+    # torch.cuda mocked (no GPU here): the counters are cumulative, the record keeps the delta
+    from tunekit.measure import meters
+
+    stats = iter([{"num_alloc_retries": 3, "num_ooms": 1}, {"num_alloc_retries": 5, "num_ooms": 1}])
+    monkeypatch.setattr(meters, "cuda_device_index", lambda: 0)
+    monkeypatch.setattr(meters, "torch_if_loaded", lambda: torch)
+    for name, value in (("memory_allocated", 0), ("max_memory_allocated", 0), ("memory_reserved", 0)):
+        monkeypatch.setattr(torch.cuda, name, lambda index=None, v=value: v)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda index=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda index=None: next(stats))
+    m = meters.CudaMeter()
+    m.start()
+    got = m.stop()
+    assert (got["gpu_alloc_retries"], got["gpu_ooms"]) == (2, 0)  # 5 - 3 retries, 1 - 1 OOMs

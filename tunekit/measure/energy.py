@@ -21,6 +21,7 @@ from . import nvml
 NaN = math.nan
 POWERCAP = Path("/sys/class/powercap")
 _PACKAGE = re.compile(r"^intel-rapl:\d+$")
+_RAPL: dict = {}  # powercap root -> (readable package folders, why none)
 
 
 @dataclass
@@ -87,9 +88,12 @@ class EnergyMeter:
                     self.notes.append(f"GPU energy n/a: {nvml.unavailable_reason()}")
             except Exception as e:  # NVMLError_NotSupported before Volta, driver errors
                 self.notes.append(f"GPU energy n/a: NVML has no energy counter here ({e})")
-        self.packages = rapl_packages(self.root)
-        if not self.packages:
-            self.notes.append(f"CPU energy n/a: {rapl_reason(self.root)}")
+        if self.root not in _RAPL:  # which packages are readable does not change: look once
+            found = rapl_packages(self.root)
+            _RAPL[self.root] = found, None if found else f"CPU energy n/a: {rapl_reason(self.root)}"
+        self.packages, why = _RAPL[self.root]
+        if why:
+            self.notes.append(why)
         self.uj0 = [int((d / "energy_uj").read_text()) for d in self.packages]
         return self
 
