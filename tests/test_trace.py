@@ -14,6 +14,13 @@ from tunekit.core.breakdown import categorize
 from tunekit.measure import energy
 from tunekit.measure.trace import Tracer, breakdown_from_events
 
+
+@pytest.fixture(autouse=True)
+def _traces_in_tmp(tmp_path, monkeypatch):
+    # Chrome traces and snapshots go under data_dir()/traces: keep the repository's data/ clean
+    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))
+
+
 # --- the rules: exact categories for op names ------------------------------------------------------
 
 CASES = [
@@ -156,6 +163,7 @@ def test_trace_arguments_are_checked_before_any_work():
         Tracer("x", memory=1)
 
 
+@pytest.mark.slow
 def test_lab_run_traces_one_extra_step_and_logs_it(lab):
     r = lab.run(steps=1, warmup=0, trace=True, memory=True)
     assert r.steps == 1 and r.trace.wall_s > 0 and r.memory.bytes["parameters"][0] > 0
@@ -369,3 +377,22 @@ def test_gpu_records_carry_allocator_retries_and_ooms_over_the_block(monkeypatch
     m.start()
     got = m.stop()
     assert (got["gpu_alloc_retries"], got["gpu_ooms"]) == (2, 0)  # 5 - 3 retries, 1 - 1 OOMs
+
+
+# --- the figures (UI: records in, plotly out) -------------------------------------------------------
+
+
+def test_breakdown_and_timeline_figures_draw_what_the_records_hold():
+    b = bd.Breakdown("cpu", wall_s=0.010, seconds={bd.MATMUL: 0.006, bd.OPTIMIZER: 0.003, bd.OTHER: 0.0},
+                     untraced_s=0.001, overhead=0.05)
+    fig = tunekit.plot_breakdown(b)
+    # one bar per category with time, then the gap between ops: 6 + 3 + 1 = 10 ms
+    assert [(t.name, t.x[0]) for t in fig.data] == [(bd.MATMUL, 6.0), (bd.OPTIMIZER, 3.0),
+                                                    ("between ops (Python)", 1.0)]
+    assert "+5%" in fig.layout.title.text
+    tl = bd.MemoryTimeline("cpu", [0.0, 0.5, 1.0], {c: [0, 2**20, 0] for c in bd.MEMORY_CATEGORIES})
+    fig = tunekit.plot_memory_timeline(tl)
+    assert [t.name for t in fig.data] == list(bd.MEMORY_CATEGORIES) and list(fig.data[0].y) == [0, 1, 0]
+    assert tl.peak() == (0.5, 5.0 * 2**20, {c: 2**20 for c in bd.MEMORY_CATEGORIES})  # 5 categories x 1 MiB
+    with pytest.raises(ValueError, match="--trace"):
+        tunekit.plot_breakdown(tunekit.ProfileRecord(name="untraced"))
