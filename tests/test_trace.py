@@ -396,3 +396,18 @@ def test_breakdown_and_timeline_figures_draw_what_the_records_hold():
     assert tl.peak() == (0.5, 5.0 * 2**20, {c: 2**20 for c in bd.MEMORY_CATEGORIES})  # 5 categories x 1 MiB
     with pytest.raises(ValueError, match="--trace"):
         tunekit.plot_breakdown(tunekit.ProfileRecord(name="untraced"))
+
+
+def test_no_module_hooks_once_torch_compile_is_in_use(monkeypatch, tmp_path):
+    # Dynamo guards on global module hooks: adding them would recompile a compiled model mid-trace
+    from torch.nn.modules import module
+
+    from tunekit.measure import torch_private
+
+    monkeypatch.setattr(torch_private, "compiled_graphs", lambda: 1)
+    hooks = len(module._global_forward_pre_hooks)
+    tr = Tracer("compiled", folder=tmp_path).start()
+    assert len(module._global_forward_pre_hooks) == hooks
+    torch.nn.Linear(4, 4)(torch.randn(2, 4))
+    b, _ = tr.stop(1e-3)
+    assert "torch.compile in use" in " ".join(b.notes)

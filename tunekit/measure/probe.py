@@ -151,7 +151,7 @@ class Probe:
             return
         if self.count_now or self.under_counter:
             rec.notes.append("not traced: this run counts FLOPs, and the counter would be traced as "
-                             "the work; run it again to trace it")
+                             "the work; run it again to trace it (or count none: --flops never)")
             return
         from .trace import Tracer
 

@@ -52,7 +52,7 @@ class _ModuleRanges:
     """A ``nn.Module: <class>`` profiler range around every module's forward while installed."""
 
     def __init__(self):
-        self.stack = []
+        self.stack, self.handles = [], []
 
     def install(self):
         from torch.nn.modules import module as m
@@ -117,7 +117,18 @@ class Tracer:
 
             cuda_memory_history(True)
             self.history = True
-        self.ranges = _ModuleRanges().install()
+        from .torch_private import compiled_graphs
+
+        # Dynamo guards on the global module hooks: installing them would recompile a compiled
+        # model inside the traced run (and again after). Without them, generic ops lose the
+        # module they ran in (a hand-written norm's ops count as elementwise).
+        self.notes = []
+        self.ranges = _ModuleRanges()
+        if compiled_graphs() is None:
+            self.ranges.install()
+        else:
+            self.notes.append("torch.compile in use: no module scopes (their hooks would recompile), so "
+                              "pointwise ops inside norm/attention modules count as elementwise")
         self.prof = profile(activities=acts, profile_memory=self.memory, record_shapes=self.memory,
                             with_stack=self.memory)
         try:
@@ -145,20 +156,25 @@ class Tracer:
             if self.history:
                 snapshot = self._snapshot()
             self._cleanup()
-        folder = self.folder or trace_folder()
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = f"{_slug(self.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{id(self) % 10000:04d}"
         bd = tl = None
         if self.trace:
             bd = breakdown_from_events(self.prof.events(), wall_s, "cuda" if self.index is not None else "cpu")
-            bd.path = str(folder / f"{stem}.json")
-            self.prof.export_chrome_trace(bd.path)
+            bd.notes.extend(self.notes)
+            folder = self.folder or trace_folder()
+            path = folder / f"{_slug(self.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{id(self) % 10000:04d}.json"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                self.prof.export_chrome_trace(str(path))
+                bd.path = str(path)
+            except OSError as e:  # a read-only or full disk costs the file, not the breakdown
+                bd.notes.append(f"Chrome trace not written to {path}: {e}")
             if self.memory:
                 bd.notes.append("traced with the memory profiler on (shapes, stacks, allocations): "
                                 "slower than a plain trace")
         if self.memory:
             tl = timeline_from_profile(self.prof, f"cuda:{self.index}" if self.index is not None else "cpu")
             tl.snapshot_path = snapshot
+            tl.notes.extend(n for n in self.notes if "snapshot" in n)
             if self.index is None:
                 tl.notes.append("no allocator snapshot on CPU (torch.cuda.memory snapshots are CUDA only)")
         return bd, tl
@@ -167,8 +183,12 @@ class Tracer:
         from .torch_private import cuda_memory_snapshot
 
         folder = self.folder or trace_folder()
-        folder.mkdir(parents=True, exist_ok=True)
-        return cuda_memory_snapshot(folder / f"{_slug(self.name)}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return cuda_memory_snapshot(folder / f"{_slug(self.name)}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+        except OSError as e:
+            self.notes.append(f"no memory snapshot: {e}")
+            return None
 
 
 # --- reading the events --------------------------------------------------------------------------
