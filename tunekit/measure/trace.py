@@ -124,7 +124,7 @@ class Tracer:
         # module they ran in (a hand-written norm's ops count as elementwise).
         self.notes = []
         self.ranges = _ModuleRanges()
-        if compiled_graphs() is None:
+        if not compiled_graphs():  # None (Dynamo never loaded) or 0 (nothing compiled yet)
             self.ranges.install()
         else:
             self.notes.append("torch.compile in use: no module scopes (their hooks would recompile), so "
