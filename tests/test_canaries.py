@@ -124,3 +124,11 @@ def test_cuda_memory_history_and_snapshot_functions_exist_with_the_arguments_we_
     params = inspect.signature(torch.cuda.memory._record_memory_history).parameters
     assert {"enabled", "max_entries"} <= set(params)
     assert "filename" in inspect.signature(torch.cuda.memory._dump_snapshot).parameters
+
+
+def test_c10_log_level_can_be_read_and_set():
+    # torch_private.cpp_min_log_level mutes the memory profiler's C++ stderr line during a trace
+    before = torch_private.cpp_min_log_level()
+    assert before in (0, 1, 2, 3)  # 1 (WARNING) unless TORCH_CPP_LOG_LEVEL says otherwise
+    assert torch_private.cpp_min_log_level(2) == before and torch_private.cpp_min_log_level(before) == 2
+    assert torch_private.cpp_min_log_level() == before

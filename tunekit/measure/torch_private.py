@@ -94,3 +94,28 @@ def cuda_memory_snapshot(path) -> str:
     """Write the recorded CUDA allocator history to ``path`` (a pickle https://pytorch.org/memory_viz reads)."""
     torch.cuda.memory._dump_snapshot(str(path))
     return str(path)
+
+
+def cpp_min_log_level(level: int | None = None) -> int | None:
+    """c10's ``FLAGS_caffe2_log_level``, the threshold of its own C++ logging (0 INFO, 1 WARNING,
+    2 ERROR, 3 FATAL), set to ``level`` when given; returns the level before, or None where
+    libc10 does not export it.
+
+    Needed because the memory profiler's CPU allocator hook writes "Memory block of unknown size
+    was allocated before the profiling started" straight to stderr (C++ LOG(WARNING), no Python
+    warning to filter) whenever a tensor made before the trace is freed during it, which every
+    training step does; a notebook shows it as an error."""
+    import ctypes
+    import os
+    import sys
+
+    name = {"darwin": "libc10.dylib", "win32": "c10.dll"}.get(sys.platform, "libc10.so")
+    try:
+        flag = ctypes.c_int.in_dll(ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", name)),
+                                   "FLAGS_caffe2_log_level")
+    except (OSError, ValueError):
+        return None
+    before = flag.value
+    if level is not None:
+        flag.value = level
+    return before

@@ -131,6 +131,11 @@ class Tracer:
                               "pointwise ops inside norm/attention modules count as elementwise")
         self.prof = profile(activities=acts, profile_memory=self.memory, record_shapes=self.memory,
                             with_stack=self.memory)
+        self.log_level = None
+        if self.memory:  # see torch_private.cpp_min_log_level: mute its stderr line while tracing
+            from .torch_private import cpp_min_log_level
+
+            self.log_level = cpp_min_log_level(2)
         try:
             with _quiet_kineto():
                 self.prof.__enter__()
@@ -141,6 +146,11 @@ class Tracer:
 
     def _cleanup(self):
         self.ranges.remove()
+        if self.log_level is not None:
+            from .torch_private import cpp_min_log_level
+
+            cpp_min_log_level(self.log_level)
+            self.log_level = None
         if self.history:
             from .torch_private import cuda_memory_history
 
