@@ -116,11 +116,15 @@ if GPU:
     print(f"idle: {shares['idle']:.0%} of the wall time had no kernel running (launch overhead, "
           "host work): a bigger batch or torch.compile shrinks it.")
 else:
-    print("On this CPU the matmuls " + ("dominate, as on a GPU at a healthy batch size."
-          if top == "matmul/linear" else f"do not dominate: {top} does. At this small width "
-          "(n_embd=128) a matmul is cheap, while the hand-written RMSNorm, the rotary embedding and "
-          "GELU run many small pointwise ops, each paying a fixed dispatch cost (on a GPU: a "
-          "kernel launch) and reading all of its input from memory."))
+    small_ops = ("At this small width (n_embd=128) a matmul is cheap, while the hand-written RMSNorm, "
+                 "the rotary embedding and GELU run many small pointwise ops, each paying a fixed "
+                 "dispatch cost (on a GPU: a kernel launch) and reading all of its input from memory.")
+    if top == "matmul/linear":
+        print("On this CPU the matmuls are the largest single category" + (
+              ", but the pointwise and normalization ops together take as much or more. " + small_ops
+              if pw >= mm else ", ahead of all pointwise work together, as on a GPU at a healthy batch size."))
+    else:
+        print(f"On this CPU the matmuls are not the largest category: {top} is. " + small_ops)
 print(f"The optimizer ({opt:.0%}) is AdamW touching every parameter several times per step: "
       "memory-bound work that a fused or foreach optimizer batches.")
 
