@@ -102,3 +102,33 @@ def test_dynamo_counts_the_graphs_it_compiles():
     torch.compile(net, backend="eager")(torch.randn(2, 8))
     assert torch_private.compiled_graphs() == before + 1
     torch._dynamo.reset()
+
+
+def test_memory_profiler_timeline_gives_bytes_per_torch_category():
+    # torch.profiler's memory profiler (prof._memory_profile, MemoryProfileTimeline._coalesce_timeline,
+    # _CATEGORY_TO_INDEX): tunekit's memory timeline maps these categories by name
+    from tunekit.core.breakdown import TORCH_MEMORY_CATEGORY
+
+    w = torch.nn.Parameter(torch.randn(64, 64))
+    opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    with torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        (torch.randn(8, 64) @ w).relu().sum().backward()
+        opt.step()
+    times, by = torch_private.memory_timeline(prof, "cpu")
+    assert set(by) == set(TORCH_MEMORY_CATEGORY)  # 7 named categories and None (unknown)
+    assert all(len(v) == len(times) for v in by.values()) and times == sorted(times)
+    assert max(by["PARAMETER"]) == 64 * 64 * 4 and max(by["GRADIENT"]) == 64 * 64 * 4  # 16384 bytes each
+
+
+def test_cuda_memory_history_and_snapshot_functions_exist_with_the_arguments_we_pass():
+    params = inspect.signature(torch.cuda.memory._record_memory_history).parameters
+    assert {"enabled", "max_entries"} <= set(params)
+    assert "filename" in inspect.signature(torch.cuda.memory._dump_snapshot).parameters
+
+
+def test_c10_log_level_can_be_read_and_set():
+    # torch_private.cpp_min_log_level mutes the memory profiler's C++ stderr line during a trace
+    before = torch_private.cpp_min_log_level()
+    assert before in (0, 1, 2, 3)  # 1 (WARNING) unless TORCH_CPP_LOG_LEVEL says otherwise
+    assert torch_private.cpp_min_log_level(2) == before and torch_private.cpp_min_log_level(before) == 2
+    assert torch_private.cpp_min_log_level() == before

@@ -16,17 +16,18 @@ NAMES = ["pure core", "models", "measurement", "engine", "UI"]
 # module (dotted, under tunekit.) -> layer; package __init__ files are facades (re-exports)
 LAYERS = {
     **{f"core.{m}": CORE for m in ("units", "formulas", "specs", "registry", "shapes", "records",
-                                    "summary", "advisor", "validate")},
+                                    "summary", "advisor", "validate", "breakdown")},
     "memory.estimate": CORE, "memory.gpt_count": CORE, "memory.hf_count": CORE, "lab.toggles": CORE, "lab.runlog": CORE,
     "models.gpt": MODELS, "models.data": MODELS, "models.adapters": MODELS, "lab.optimizers": MODELS,
     **{f"measure.{m}": MEASURE for m in ("device", "meters", "nvml", "torch_private", "flops",
-                                          "fingerprint", "peaks", "timing", "oom", "probe", "interrupts")},
+                                          "fingerprint", "peaks", "timing", "oom", "probe", "interrupts",
+                                          "energy", "trace")},
     "memory.tally": MEASURE, "memory.measure": MEASURE, "lab.step": MEASURE,
     "lab.lab": ENGINE, "lab.maxbatch": ENGINE, "lab.guard": ENGINE, "lab.precision": ENGINE,
     "bench._frame": ENGINE, "bench._rank": ENGINE,
     "bench.allreduce": ENGINE, "bench.compute": ENGINE, "bench.host": ENGINE,
     "lab.plots": UI, "lab.dashboard": UI, "bench.plots": UI, "magics": UI, "experiments": UI,
-    "plots": UI, "report_html": UI, "figure_svg": UI,
+    "plots": UI, "report_html": UI, "figure_svg": UI, "trace_plots": UI,
 }
 # Convenience entry points where a lower layer reaches up lazily, inside one method:
 # lab.compare() and lab.dashboard() open the Lab's UI.

@@ -34,6 +34,8 @@ _EXPORTS = {
     "verdict": ("measure.timing", "verdict"),
     "experiment": ("experiments", "experiment"),
     "plot_history": ("plots", "plot_history"),
+    "plot_breakdown": ("trace_plots", "plot_breakdown"),
+    "plot_memory_timeline": ("trace_plots", "plot_memory_timeline"),
     "show_summary": ("report_html", "show_summary"),
     "Lab": ("lab.lab", "Lab"),
     "RunResult": ("lab.runlog", "RunResult"),
@@ -55,7 +57,8 @@ _MODULES = {
     "device": "measure.device", "meters": "measure.meters", "nvml": "measure.nvml",
     "flops": "measure.flops", "fingerprint": "measure.fingerprint", "peaks": "measure.peaks",
     "probe": "measure.probe", "timing": "measure.timing", "oom": "measure.oom",
-    "torch_private": "measure.torch_private",
+    "torch_private": "measure.torch_private", "energy": "measure.energy", "trace": "measure.trace",
+    "breakdown": "core.breakdown",
     "model": "models.gpt", "gpt": "models.gpt", "data": "models.data",
     "anatomy": "memory.estimate", "estimate": "memory.estimate",
     "anatomy_gpt": "memory.gpt_count", "gpt_count": "memory.gpt_count", "tally": "memory.tally",
@@ -64,7 +67,7 @@ _MODULES = {
     "widgets": "lab.dashboard", "dashboard": "lab.dashboard",
 }
 _PACKAGES = {"core", "measure", "models", "memory", "lab", "bench", "magics", "experiments", "plots",
-             "report_html"}
+             "report_html", "trace_plots"}
 
 __all__ = sorted(_EXPORTS) + ["load_ipython_extension", "unload_ipython_extension"]
 

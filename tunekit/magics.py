@@ -41,6 +41,12 @@ class GpuProfileMagics(Magics):
               help="dtype whose peak is used (default: bf16 on CUDA, fp32 on CPU)")
     @argument("--experiment", action="store_true",
               help="run as a tunekit.experiment: variables the cell creates are freed, leaks reported")
+    @argument("--trace", action="store_true",
+              help="trace the run with torch.profiler: time by op category, top ops, a Chrome trace "
+                   "(not on the run that counts FLOPs: that one says so, the next traces)")
+    @argument("--memory", action="store_true",
+              help="memory timeline by category (parameters, gradients, optimizer state, activations) "
+                   "from torch.profiler's memory profiler; on CUDA also a memory_viz snapshot")
     @line_cell_magic
     def gpuprofile(self, line, cell=None):
         """Profile a cell: time, CPU/GPU memory, FLOPs, TFLOPS, MFU/HFU.
@@ -53,6 +59,8 @@ class GpuProfileMagics(Magics):
 
             %gpuprofile on --dtype bf16     # every following cell
             %gpuprofile off
+
+            %%gpuprofile --trace --memory  # why: time by op category, memory timeline
 
         Results: ``tunekit.history()`` (DataFrame), ``tunekit.last()`` (record).
         """
@@ -122,7 +130,8 @@ class GpuProfileMagics(Magics):
         names = names_read(code)
         fp = lambda: fingerprint(self.shell.user_ns, names)  # noqa: E731
         return Probe(name, key=source_key(code, args.name or ""), fingerprint=fp, flops=args.flops,
-                     model_flops=args.model_flops, peak=args.peak, dtype=args.dtype)
+                     model_flops=args.model_flops, peak=args.peak, dtype=args.dtype,
+                     trace=args.trace, memory=args.memory)
 
     def _start_experiment(self, name, args, probe):
         if not args.experiment:
@@ -146,6 +155,10 @@ class GpuProfileMagics(Magics):
         # a ready mimebundle: skips the formatter's probing of a dozen repr methods per cell
         summary = Summary(rec, compact=compact)
         display({"text/plain": repr(summary), "text/html": summary._repr_html_()}, raw=True)
+        if rec.trace is not None or rec.memory is not None:
+            from .trace_plots import show_trace
+
+            show_trace(rec)
 
     # --- every cell ----------------------------------------------------------------------------
 
@@ -153,8 +166,8 @@ class GpuProfileMagics(Magics):
         if args.mode is None:
             raise UsageError("use %gpuprofile on [options] | off, or %%gpuprofile as a cell magic")
         if args.mode == "on":
-            if args.experiment:
-                raise UsageError("--experiment is for one cell (%%gpuprofile --experiment)")
+            if args.experiment or args.trace or args.memory:
+                raise UsageError("--experiment, --trace and --memory are for one cell (%%gpuprofile --trace)")
             if self.auto_opts is None:
                 self.shell.events.register("pre_run_cell", self.pre_run_cell)
                 self.shell.events.register("post_run_cell", self.post_run_cell)

@@ -9,6 +9,8 @@ import math
 import threading
 from dataclasses import asdict, dataclass, field, fields
 
+from .breakdown import short
+
 NaN = math.nan
 FLOPS_SOURCES = ("counted", "cached", "given", "none")
 
@@ -44,6 +46,13 @@ class ProfileRecord:
     exp_cpu_reclaimed_bytes: float = NaN
     exp_gpu_consumed_bytes: float = NaN
     exp_gpu_reclaimed_bytes: float = NaN
+    gpu_alloc_retries: float = NaN  # torch.cuda.memory_stats() num_alloc_retries over the block
+    gpu_ooms: float = NaN           # ... and num_ooms
+    energy_j: float = NaN           # NVML GPU and/or RAPL CPU-package energy (tunekit.measure.energy)
+    energy_source: str | None = None
+    mean_w: float = NaN
+    trace: object = None            # core.breakdown.Breakdown of a traced run (--trace)
+    memory: object = None           # core.breakdown.MemoryTimeline (--memory)
     notes: list = field(default_factory=list)
 
     def _repr_html_(self) -> str:
@@ -54,6 +63,7 @@ class ProfileRecord:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["notes"] = "; ".join(self.notes)
+        d["trace"], d["memory"] = short(self.trace), short(self.memory)  # one line each in history()
         return d
 
 

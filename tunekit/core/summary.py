@@ -38,6 +38,14 @@ def rows(rec) -> list[tuple[str, str]]:
             leak += (f" · GPU consumed {fmt_bytes(rec.exp_gpu_consumed_bytes)}, "
                      f"reclaimed {fmt_bytes(rec.exp_gpu_reclaimed_bytes)}")
         out.append(("experiment", leak))
+    if getattr(rec, "trace", None) is not None:
+        t = rec.trace
+        over = "unknown" if is_missing(t.overhead) else f"{t.overhead:+.0%}"
+        out.append(("trace", f"{t.short()} · profiler overhead {over}"))
+    if getattr(rec, "memory", None) is not None:
+        out.append(("memory", rec.memory.short()))
+    if not is_missing(getattr(rec, "energy_j", None)):
+        out.append(("energy", f"{rec.energy_j:.3g} J · {rec.mean_w:.3g} W mean ({rec.energy_source})"))
     if rec.error:
         out.append(("error", rec.error))
     if rec.notes:

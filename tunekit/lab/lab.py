@@ -23,12 +23,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 import torch
 
 from ..core import formulas, registry
 from ..core.validate import is_whole
 from ..measure.device import device_label
+from ..measure.energy import Energy, EnergyMeter
 from ..measure.flops import counting_active
 from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
@@ -58,6 +60,10 @@ class Steps:
     peak_mem_bytes: float | None
     peak_source: str
     slowed: bool            # timed under an outer FLOP counter: no rates from this clock
+    energy: Energy | None = None      # over the timed steps
+    alloc: dict | None = None         # CUDA allocator retries / OOMs over the timed steps
+    trace: object = None              # Breakdown of one extra traced step (run(trace=True))
+    memory: object = None             # MemoryTimeline of it (run(memory=True))
 
 
 class Lab:
@@ -265,7 +271,7 @@ class Lab:
     # --- the run ----------------------------------------------------------------------------
 
     def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
-            **changes) -> RunResult:
+            trace: bool = False, memory: bool = False, **changes) -> RunResult:
         """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
 
         Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
@@ -274,12 +280,16 @@ class Lab:
         A step whose loss (or, at the end, a weight) is NaN/inf stops the run: it is recorded as
         failed and, with ``guard`` (the default), weights, optimizer and scaler are put back as
         they were before the run; then ``NonFiniteRunError`` is raised. An out-of-memory error
-        leaves no gradients behind, frees the memory and says what to try.
+        leaves no gradients behind, frees the memory and says what to try. ``trace``/``memory``:
+        one extra step after the timed ones runs under torch.profiler (``result.trace``, a
+        Breakdown with the profiler's overhead against the timed steps; ``result.memory``, a
+        MemoryTimeline); it does not count in tokens/s.
         """
         t = self.resolve(**changes)
         errors = self.check(t, steps, warmup)
-        if not isinstance(guard, bool):
-            errors.append(f"guard must be True or False (got {guard!r}).")
+        for what, flag in (("guard", guard), ("trace", trace), ("memory", memory)):
+            if not isinstance(flag, bool):
+                errors.append(f"{what} must be True or False (got {flag!r}).")
         if errors:
             raise ToggleError(errors)
         t, steps, warmup = normalized(t), int(steps), int(warmup)
@@ -297,6 +307,8 @@ class Lab:
                 warm.append(self.train_step(t))
                 _check(warm[-1], f"the loss of warm-up step {i + 1}")
             measured = self.measure_steps(t, steps, progress)
+            if trace or memory:
+                measured.trace, measured.memory = self.traced_step(t, median(measured.times), trace, memory)
             if not weights_finite(self.model):
                 raise _NonFinite("a weight after the last step")
         except _NonFinite as e:
@@ -326,6 +338,7 @@ class Lab:
         meter = DeviceMeter(self.device, self.cuda_index).start()
         slowed = counting_active()  # an enclosing %%gpuprofile's first run is counting
         losses, peak = [], None
+        energy = EnergyMeter(self.cuda_index).start()
 
         def tick(i, _s):  # after the step's clock: the finiteness check syncs, the clock did too
             _check(losses[-1], f"the loss of step {i + 1}")
@@ -335,12 +348,34 @@ class Lab:
         try:
             if progress is not None:
                 progress(0, steps)  # warm-up and FLOP count are done: the clock starts
+            t0 = time.perf_counter()
             times = time_repeats(lambda: losses.append(self.train_step(t)), self.device,
                                  warmup=0, repeats=steps, after_each=tick)
+            used = energy.stop(time.perf_counter() - t0)
         finally:
             with deferred_interrupt():
                 peak = meter.stop()
-        return Steps(times, losses, peak, meter.source, slowed)
+        return Steps(times, losses, peak, meter.source, slowed, used, meter.last)
+
+    def traced_step(self, t: Toggles, step_s: float, trace: bool = True, memory: bool = False):
+        """One more training step under torch.profiler: (Breakdown or None, MemoryTimeline or
+        None); ``step_s``, the untraced step time, gives the profiler's overhead."""
+        from ..measure.trace import Tracer
+
+        tracer = Tracer(f"lab-{label(t, self.resolve())}", trace, memory, self.cuda_index).start()
+        losses = []
+        try:
+            wall = time_repeats(lambda: losses.append(self.train_step(t)), self.device, warmup=0, repeats=1)[0]
+        except BaseException:
+            with deferred_interrupt():
+                tracer.stop(math.nan)
+            raise
+        breakdown, timeline = tracer.stop(wall)
+        _check(losses[0], "the loss of the traced step")
+        if breakdown is not None:
+            breakdown.untimed_wall_s, breakdown.overhead = step_s, wall / step_s - 1
+            breakdown.notes.append("one extra step after the timed ones; overhead against their median")
+        return breakdown, timeline
 
     def _record(self, t, warmup, m: Steps, probe, flops_source, notes, snap=None) -> RunResult:
         step_s = sum(m.times) / len(m.times)
@@ -382,7 +417,14 @@ class Lab:
             compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
             model=type(self.model).__name__, n_params=sum(p.numel() for p in params),
             time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + probe.notes,
-            guard_s=snap.seconds if snap is not None else None)
+            guard_s=snap.seconds if snap is not None else None, trace=m.trace, memory=m.memory)
+        if m.energy is not None:
+            e = m.energy
+            result.energy_j, result.energy_source, result.mean_w = e.joules, e.source, e.mean_w
+            result.j_per_token = e.joules / (tokens * len(m.times))
+            result.notes.extend([e.note] if e.note else [])
+        result.gpu_alloc_retries, result.gpu_ooms = (m.alloc or {}).get("gpu_alloc_retries"), \
+            (m.alloc or {}).get("gpu_ooms")
         return self.log.add(result)
 
     def _failed(self, t, warmup, reason: str, notes, snap) -> RunResult:

@@ -11,12 +11,16 @@ optimizer state and gradients are part of what must fit. "Does not fit" means:
   previous trials, would exceed 1.25x the budget is not run at all: a real CPU OOM kills the kernel.
 After every trial the memory is freed (gc, CUDA cache or glibc heap) so the process returns to
 its baseline; ``after_bytes`` vs ``baseline_bytes`` shows that it did.
+On CUDA the allocator's history is recorded during the search (``snapshot_on_oom``), and a trial
+that runs out of memory leaves a snapshot (``trial.snapshot``, under ``data_dir()/traces/``) to
+open in https://pytorch.org/memory_viz: what was alive, and allocated where, when it failed.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -26,6 +30,8 @@ from ..measure.device import now_s
 from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
 from ..measure.oom import free_memory, is_oom, memory_now_bytes
+from ..measure.torch_private import cuda_memory_history, cuda_memory_snapshot
+from ..measure.trace import trace_folder
 from .toggles import ToggleError, normalized
 
 _PREDICT_MARGIN = 1.25
@@ -38,6 +44,7 @@ class Trial:
     used_bytes: float | None   # peak above the baseline (None when not run)
     reason: str                # "ok" | "OOM" | "over budget" | "predicted over budget"
     seconds: float
+    snapshot: str | None = None  # CUDA OOM: the allocator snapshot file (memory_viz)
 
 
 @dataclass
@@ -64,7 +71,8 @@ def default_cpu_budget_bytes(fraction: float = 0.5) -> int:
 
 
 def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
-                        budget_fraction: float = 0.5, progress=None, **changes) -> MaxBatchResult:
+                        budget_fraction: float = 0.5, progress=None, snapshot_on_oom: bool = True,
+                        **changes) -> MaxBatchResult:
     """Search the largest micro-batch in ``[start, limit]`` for ``lab``'s toggles plus ``changes``.
 
     ``progress(trial)`` is called after each trial. Example:
@@ -81,6 +89,8 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
             or not 0 < budget_fraction <= 1:
         errors.append(f"budget_fraction must be a number in (0, 1] (a share of the available RAM), "
                       f"got {budget_fraction!r}")
+    if not isinstance(snapshot_on_oom, bool):
+        errors.append(f"snapshot_on_oom must be True or False, got {snapshot_on_oom!r}")
     errors += lab.check(t.replace(micro_batch=start if is_whole(start) else 1))
     if errors:
         raise ToggleError(errors)
@@ -97,17 +107,25 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
     result = MaxBatchResult(best=None, budget_bytes=budget, baseline_bytes=baseline,
                             device=str(dev), notes=notes)
 
+    history = snapshot_on_oom and dev.type == "cuda"
+    if snapshot_on_oom and not history:
+        notes.append(f"no allocator snapshot on {dev.type}: torch.cuda.memory snapshots are CUDA only")
+
     def attempt(b: int) -> bool:
-        trial = _trial(lab, t.replace(micro_batch=b), baseline, budget, result.trials)
+        trial = _trial(lab, t.replace(micro_batch=b), baseline, budget, result.trials, history)
         result.trials.append(trial)
         if progress is not None:
             progress(trial)
         return trial.fits
 
+    if history:
+        cuda_memory_history(True)
     try:
         _search(attempt, start, limit, result)
     finally:  # also after Ctrl-C or an error: no gradients left, memory back to the baseline
         with deferred_interrupt():
+            if history:
+                cuda_memory_history(False)
             lab.recover()
             free_memory(dev)
             result.after_bytes = memory_now_bytes(dev)
@@ -150,14 +168,14 @@ def _predict_used(b: int, trials: list) -> float | None:
     return u2 + slope * (b - b2)
 
 
-def _trial(lab, t, baseline: int, budget, trials) -> Trial:
+def _trial(lab, t, baseline: int, budget, trials, history: bool = False) -> Trial:
     dev = lab.device
     predicted = _predict_used(t.micro_batch, trials) if budget is not None else None
     if predicted is not None and predicted > _PREDICT_MARGIN * budget:
         return Trial(t.micro_batch, False, None, "predicted over budget", 0.0)
     # the core's meters, not a bare reset of torch's peak: an enclosing %%gpuprofile keeps its own
     meter = DeviceMeter(dev, lab.cuda_index).start()
-    oom_text = None
+    oom_text = snapshot = None
     t0 = now_s(dev)
     try:
         # the lab's (calibrated) scaler: a fresh one at 2**16 may skip the step as inf, and a
@@ -168,13 +186,24 @@ def _trial(lab, t, baseline: int, budget, trials) -> Trial:
         if not is_oom(exc):
             raise
         oom_text = str(exc).splitlines()[0][:200]
+        snapshot = _snapshot(t.micro_batch) if history else None
     finally:
         seconds = now_s(dev) - t0
         peak = meter.stop()
         used = None if peak is None else peak - baseline
     free_memory(dev)
     if oom_text is not None:
-        return Trial(t.micro_batch, False, used, f"OOM: {oom_text}", seconds)
+        return Trial(t.micro_batch, False, used, f"OOM: {oom_text}", seconds, snapshot)
     if budget is not None and used is not None and used > budget:
         return Trial(t.micro_batch, False, used, "over budget", seconds)
     return Trial(t.micro_batch, True, used, "ok", seconds)
+
+
+def _snapshot(micro_batch: int) -> str | None:
+    """Dump the allocator history of the trial that ran out of memory (None if that fails too)."""
+    folder = trace_folder()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return cuda_memory_snapshot(folder / f"oom-mb{micro_batch}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+    except Exception:  # a full disk must not turn an OOM trial into a failed search
+        return None

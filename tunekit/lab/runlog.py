@@ -21,6 +21,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.breakdown import short
 from ..core.units import MiB
 from .toggles import Toggles
 
@@ -33,6 +34,8 @@ def _clean(v):
         return None
     if isinstance(v, dict):
         return {str(k): _clean(x) for k, x in v.items()}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):  # a trace breakdown, a timeline
+        return _clean(dataclasses.asdict(v))
     if isinstance(v, (list, tuple)):
         return [_clean(x) for x in v]
     if isinstance(v, (str, int, float, bool)) or v is None:
@@ -167,6 +170,14 @@ class RunResult:
     status: str = "ok"                    # "ok" | "failed" (then `error` says why; figures NaN)
     error: str | None = None
     guard_s: float | None = None          # seconds the snapshot of weights/optimizer took
+    energy_j: float = math.nan            # over the timed steps (NVML/RAPL; NaN: no counter)
+    energy_source: str | None = None
+    mean_w: float = math.nan
+    j_per_token: float = math.nan
+    gpu_alloc_retries: int | None = None  # torch.cuda.memory_stats() over the timed steps
+    gpu_ooms: int | None = None
+    trace: object = None                  # core.breakdown.Breakdown (run(trace=True)); a dict when read back
+    memory: object = None                 # core.breakdown.MemoryTimeline (run(memory=True))
 
     def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
         if name in TOGGLE_FIELDS and "toggles" in self.__dict__:
@@ -209,14 +220,15 @@ class RunResult:
 
 TOGGLE_FIELDS = tuple(f.name for f in dataclasses.fields(Toggles))
 _FLOAT_FIELDS = {"tokens_per_s", "step_s", "step_s_min", "step_s_max", "tflops", "mfu", "hfu",
-                 "loss", "loss_first"}
+                 "loss", "loss_first", "energy_j", "mean_w", "j_per_token"}
 
 
 def results_frame(runs: list[RunResult]):
     """pandas DataFrame, one row per run, toggles flattened, notes joined into one string."""
     import pandas as pd
 
-    rows = [{**r.to_dict(), "notes": "; ".join(r.notes)} for r in runs]
+    rows = [{**r.to_dict(), "notes": "; ".join(r.notes), "trace": short(r.trace), "memory": short(r.memory)}
+            for r in runs]
     rest = [f.name for f in dataclasses.fields(RunResult) if f.name not in ("run_id", "label", "toggles")]
     return pd.DataFrame(rows, columns=["run_id", "label", *TOGGLE_FIELDS, *rest])
 

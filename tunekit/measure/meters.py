@@ -175,6 +175,7 @@ class CudaMeter:
         self.index = self.wanted if self.wanted is not None and current is not None else current
         self.alloc0 = 0
         self.max_seen = 0
+        self.stats0 = {"gpu_alloc_retries": 0, "gpu_ooms": 0}  # CUDA first used in the block: 0 is exact
         if self.index is not None:
             torch = torch_if_loaded()
             self.alloc0 = torch.cuda.memory_allocated(self.index)
@@ -183,6 +184,7 @@ class CudaMeter:
                 if outer.index == self.index:
                     outer.max_seen = max(outer.max_seen, high)
             torch.cuda.reset_peak_memory_stats(self.index)
+            self.stats0 = _retries_ooms(torch, self.index)
         _ACTIVE_CUDA.append(self)
 
     def stop(self) -> dict:
@@ -198,7 +200,14 @@ class CudaMeter:
             "gpu_alloc_delta_bytes": torch.cuda.memory_allocated(index) - self.alloc0,
             "gpu_peak_delta_bytes": high - self.alloc0,
             "gpu_reserved_bytes": torch.cuda.memory_reserved(index),
+            # the allocator's cudaMalloc retries (it freed its cache to fit) and OOMs in the block
+            **{k: v - self.stats0[k] for k, v in _retries_ooms(torch, index).items()},
         }
+
+
+def _retries_ooms(torch, index) -> dict:
+    s = torch.cuda.memory_stats(index)
+    return {"gpu_alloc_retries": s.get("num_alloc_retries", 0), "gpu_ooms": s.get("num_ooms", 0)}
 
 
 _ACTIVE_CUDA: list[CudaMeter] = []
@@ -218,6 +227,7 @@ class DeviceMeter:
         self.source = {"cpu": "CPU process RSS peak (VmHWM): includes Python and torch themselves",
                        "cuda": "torch.cuda.max_memory_allocated (tensors only; no CUDA context)"
                        }.get(kind, f"not measured on {kind}")
+        self.last = None  # CUDA: what the meter read at stop (allocator retries, OOMs, ...)
 
     def start(self) -> "DeviceMeter":
         if self.meter is not None:
@@ -229,6 +239,6 @@ class DeviceMeter:
             _, above = self.meter.stop()
             return None if math.isnan(above) else self.meter.rss0 + above
         if self.meter is not None:
-            g = self.meter.stop()
+            g = self.last = self.meter.stop()
             return g["gpu_peak_delta_bytes"] + self.meter.alloc0 if g else None
         return None

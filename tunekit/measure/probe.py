@@ -7,6 +7,11 @@ FLOPs follow the `flops` mode:
   differ from those of the counted run; otherwise reuse the count. A counted run is slowed by the
   counter, so it reports no TFLOPS; the re-runs do, from an uncounted clock.
 - ``always``: count every run (no TFLOPS then). ``never``: no counting.
+With ``trace``/``memory`` a run is also traced by torch.profiler (`measure.trace`), but never a
+counted one (the counter's dispatch would be traced as the work): a run that counts says so and
+the next run traces. A traced run reports no TFLOPS either (the profiler slows it); its record
+says by how much, against the last untraced run of the same block. Energy (`measure.energy`) is
+read on every run where a counter is readable.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from ..core.registry import DTYPES
 from ..core.validate import choice, real
 from . import nvml
 from .device import device_label, synchronize, torch_if_loaded
+from .energy import EnergyMeter
 from .fingerprint import changed_names, describe, fingerprint, with_body_names
 from .interrupts import deferred_interrupt
 from .meters import CpuPeak, CudaMeter
@@ -44,6 +50,9 @@ class _CachedCount:
 # one entry per distinct block (cell source + name), least recently used dropped past the bound
 _FLOP_CACHE: OrderedDict = OrderedDict()
 FLOP_CACHE_SIZE = 256
+# the wall time of each block's last clean run (untraced, uncounted, no error): the profiler's
+# overhead is a traced run's time against it
+_LAST_WALL: OrderedDict = OrderedDict()
 
 
 def source_key(source: str, name: str = "") -> str:
@@ -75,7 +84,7 @@ class Probe:
 
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
-                 history: History | None = HISTORY):
+                 history: History | None = HISTORY, trace: bool = False, memory: bool = False):
         if not isinstance(name, str):
             raise ValueError(f"name must be a string, got {name!r}")
         choice("flops", flops, FLOPS_MODES)
@@ -85,7 +94,11 @@ class Probe:
             peak = real("peak", peak)
         if dtype is not None:
             choice("dtype", dtype, DTYPES)
+        for what, flag in (("trace", trace), ("memory", memory)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{what} must be True or False, got {flag!r}")
         self.name, self.key = name, key or name
+        self.trace, self.memory, self.tracer, self.energy = trace, memory, None, None
         self._fp = fingerprint
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
         self.history = history
@@ -123,6 +136,8 @@ class Probe:
                     self.counter = TunekitFlopCounter()
                     self.counter.__enter__()
                 self.running = True
+                self._start_tracer(rec)
+                self.energy = EnergyMeter(self.cuda.index).start()
         except KeyboardInterrupt as e:  # Ctrl-C during the set-up: record it, remove it all
             if self.running:
                 self.stop(e)
@@ -130,6 +145,20 @@ class Probe:
         synchronize()
         self.t0 = time.perf_counter()
         return self
+
+    def _start_tracer(self, rec) -> None:
+        if not (self.trace or self.memory):
+            return
+        if self.count_now or self.under_counter:
+            rec.notes.append("not traced: this run counts FLOPs, and the counter would be traced as "
+                             "the work; run it again to trace it (or count none: --flops never)")
+            return
+        from .trace import Tracer
+
+        try:
+            self.tracer = Tracer(self.name, self.trace, self.memory, self.cuda.index).start()
+        except Exception as e:  # e.g. another torch.profiler already runs: measure without a trace
+            rec.notes.append(f"not traced: torch.profiler could not start ({type(e).__name__}: {e})")
 
     def stop(self, exc: BaseException | None = None) -> ProfileRecord:
         """Read the clock, remove the counter and meters, fill and keep the record. Ctrl-C
@@ -147,13 +176,15 @@ class Probe:
             exc = exc or e
         finally:
             self.running = False
+            tracer, self.tracer = self.tracer, None
             counter, self.counter = self.counter, None
             if counter is not None:  # always leave torch's dispatch stack as we found it
                 counter.__exit__(None, None, None)
                 counted = counter.result()
         rec = self.record
-        for step in (lambda: self._read_memory(rec, exc), lambda: self._fill_flops(rec, counted, exc),
-                     lambda: self._fill_rates(rec)):
+        for step in (lambda: self._read_energy(rec), lambda: self._read_trace(rec, tracer, exc),
+                     lambda: self._read_memory(rec, exc), lambda: self._fill_flops(rec, counted, exc),
+                     lambda: self._fill_rates(rec, traced=tracer is not None)):
             try:
                 step()
             except Exception as e:  # after the clock, a failing reading is a note, never an error
@@ -163,6 +194,36 @@ class Probe:
         if sync_error is not None and sync_error is exc:
             raise sync_error  # the block's own (asynchronous) error: recorded, then it reaches the user
         return rec
+
+    def _read_energy(self, rec) -> None:
+        if self.energy is None:  # interrupted before the clock started
+            return
+        e = self.energy.stop(rec.wall_s)
+        rec.energy_j, rec.energy_source, rec.mean_w = e.joules, e.source, e.mean_w
+        if e.note:
+            rec.notes.append(e.note)
+
+    def _read_trace(self, rec, tracer, exc) -> None:
+        if tracer is None:  # a clean run: what the next traced run's overhead is measured against
+            if exc is None and not self.count_now and not self.under_counter and rec.wall_s == rec.wall_s:
+                _LAST_WALL[self.key] = rec.wall_s
+                _LAST_WALL.move_to_end(self.key)
+                while len(_LAST_WALL) > FLOP_CACHE_SIZE:
+                    _LAST_WALL.popitem(last=False)
+            return
+        rec.trace, rec.memory = tracer.stop(rec.wall_s)  # stops the profiler whatever happens
+        if exc is not None:
+            rec.notes.append("the block failed: the trace covers it up to the failure")
+        last = _LAST_WALL.get(self.key)
+        for part in (rec.trace, rec.memory):
+            if part is not None and last is not None:
+                part.notes.append(f"profiler overhead measured against the last untraced run ({last:.4g} s)")
+        if rec.trace is not None:
+            if last is None:
+                rec.trace.notes.append("profiler overhead unknown: no untraced run of this block to "
+                                       "compare with (run it once without --trace)")
+            else:
+                rec.trace.untimed_wall_s, rec.trace.overhead = last, rec.wall_s / last - 1
 
     def _read_memory(self, rec, exc) -> None:
         rss_delta, peak_delta = self.cpu.stop()
@@ -218,8 +279,11 @@ class Probe:
                 rec.flops, rec.flops_source = float(self.model_flops), "given"
                 rec.notes.append("no count: executed FLOPs taken as the given model FLOPs")
 
-    def _fill_rates(self, rec) -> None:
+    def _fill_rates(self, rec, traced: bool = False) -> None:
         if rec.flops_source == "none" or rec.error is not None or math.isnan(rec.flops):
+            return
+        if traced:
+            rec.notes.append("timed under torch.profiler, which slows it: no TFLOPS/MFU from this run")
             return
         if self.under_counter:
             rec.notes.append("timed under an outer FLOP counter, which slows it: no TFLOPS/MFU")
@@ -271,11 +335,15 @@ class profile:
     >>> rec.wall_s, rec.tflops
 
     The FLOP count is reused while the variables the block reads keep their shapes and values;
-    pass `inputs=(...)` to say explicitly what the block depends on.
+    pass `inputs=(...)` to say explicitly what the block depends on. ``trace=True`` adds the time
+    by op category (``rec.trace``, a Breakdown) and a Chrome trace; ``memory=True`` the memory
+    timeline (``rec.memory``); neither on the run that counts FLOPs (use ``flops="never"``, or
+    run the block twice).
     """
 
     def __init__(self, name: str | None = None, flops: str = "auto", model_flops: float | None = None,
-                 peak: float | None = None, dtype: str | None = None, inputs=None):
+                 peak: float | None = None, dtype: str | None = None, inputs=None, trace: bool = False,
+                 memory: bool = False):
         frame = sys._getframe(1)
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         if inputs is not None:
@@ -290,7 +358,7 @@ class profile:
         del frame
         # keyed on the place and the name: two blocks sharing a name do not share a count
         self.probe = Probe(name or where, key=f"profile:{where}:{name}", fingerprint=fp, flops=flops,
-                           model_flops=model_flops, peak=peak, dtype=dtype)
+                           model_flops=model_flops, peak=peak, dtype=dtype, trace=trace, memory=memory)
 
     def __enter__(self) -> ProfileRecord:
         self.probe.start()
@@ -317,3 +385,4 @@ def clear_history() -> None:
     """Forget every record and every cached FLOP count."""
     HISTORY.clear()
     _FLOP_CACHE.clear()
+    _LAST_WALL.clear()

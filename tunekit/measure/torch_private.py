@@ -65,3 +65,57 @@ def compiled_graphs() -> int | None:
     utils = sys.modules.get("torch._dynamo.utils")
     return None if utils is None else int(utils.counters["stats"]["unique_graphs"])
 
+
+
+# --- torch.profiler's memory profiler and the CUDA allocator's history (private in torch 2.x) ----
+
+
+def memory_timeline(prof, device: str) -> tuple[list, dict]:
+    """(times in us, {torch category name or None: bytes alive at each time}) for ``device``
+    from a finished ``torch.profiler.profile(profile_memory=True, record_shapes=True,
+    with_stack=True)``. torch's own plots use the same private pair: ``prof._memory_profile()``
+    and ``MemoryProfileTimeline._coalesce_timeline`` (one column per ``_CATEGORY_TO_INDEX`` entry,
+    after a leading unused one)."""
+    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
+
+    timeline = MemoryProfileTimeline(prof._memory_profile())
+    times, sizes = timeline._coalesce_timeline(device)
+    names = {i + 1: (c.name if c is not None else None) for c, i in _CATEGORY_TO_INDEX.items()}
+    by_category = {name: [row[i] for row in sizes] for i, name in names.items()}
+    return list(times), by_category
+
+
+def cuda_memory_history(enabled: bool, max_entries: int = 100_000) -> None:
+    """Start (or stop) recording every CUDA allocation with its stack, for a memory_viz snapshot."""
+    torch.cuda.memory._record_memory_history(enabled="all" if enabled else None, max_entries=max_entries)
+
+
+def cuda_memory_snapshot(path) -> str:
+    """Write the recorded CUDA allocator history to ``path`` (a pickle https://pytorch.org/memory_viz reads)."""
+    torch.cuda.memory._dump_snapshot(str(path))
+    return str(path)
+
+
+def cpp_min_log_level(level: int | None = None) -> int | None:
+    """c10's ``FLAGS_caffe2_log_level``, the threshold of its own C++ logging (0 INFO, 1 WARNING,
+    2 ERROR, 3 FATAL), set to ``level`` when given; returns the level before, or None where
+    libc10 does not export it.
+
+    Needed because the memory profiler's CPU allocator hook writes "Memory block of unknown size
+    was allocated before the profiling started" straight to stderr (C++ LOG(WARNING), no Python
+    warning to filter) whenever a tensor made before the trace is freed during it, which every
+    training step does; a notebook shows it as an error."""
+    import ctypes
+    import os
+    import sys
+
+    name = {"darwin": "libc10.dylib", "win32": "c10.dll"}.get(sys.platform, "libc10.so")
+    try:
+        flag = ctypes.c_int.in_dll(ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", name)),
+                                   "FLAGS_caffe2_log_level")
+    except (OSError, ValueError):
+        return None
+    before = flag.value
+    if level is not None:
+        flag.value = level
+    return before

@@ -1,0 +1,416 @@
+"""Trace breakdown, memory timeline and energy (issue 13, items 1-3)."""
+import json
+import math
+import pathlib
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+import tunekit
+from tunekit.core import breakdown as bd
+from tunekit.core.breakdown import categorize
+from tunekit.measure import energy
+from tunekit.measure.trace import Tracer, breakdown_from_events
+
+
+@pytest.fixture(autouse=True)
+def _traces_in_tmp(tmp_path, monkeypatch):
+    # Chrome traces and snapshots go under data_dir()/traces: keep the repository's data/ clean
+    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))
+
+
+# --- the rules: exact categories for op names ------------------------------------------------------
+
+CASES = [
+    (["aten::mm", "aten::matmul", "aten::linear"], bd.MATMUL),
+    (["aten::as_strided", "aten::transpose", "aten::linear"], bd.MATMUL),      # inside linear
+    (["aten::addmm"], bd.MATMUL),
+    (["aten::mm", "MmBackward0", "autograd::engine::evaluate_function: MmBackward0"], bd.MATMUL),
+    (["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"], bd.MATMUL),                  # a CUDA kernel name
+    (["aten::mm", "nn.Module: Linear", "nn.Module: CausalSelfAttention"], bd.MATMUL),  # q/k/v projection
+    (["aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention"], bd.ATTENTION),
+    (["aten::empty", "aten::_scaled_dot_product_efficient_attention"], bd.ATTENTION),
+    (["aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+      "ScaledDotProductFlashAttentionForCpuBackward0"], bd.ATTENTION),
+    (["aten::mul", "nn.Module: CausalSelfAttention"], bd.ATTENTION),          # rotary / scaling
+    (["aten::native_layer_norm", "aten::layer_norm"], bd.NORM),
+    (["aten::native_layer_norm_backward", "NativeLayerNormBackward0"], bd.NORM),
+    (["aten::pow", "nn.Module: RMSNorm", "nn.Module: Block"], bd.NORM),        # hand-written RMSNorm
+    (["aten::mul", "MulBackward0", "autograd::engine::evaluate_function: MulBackward0",
+      "aten::mul", "nn.Module: RMSNorm"], bd.NORM),                            # its backward, via the forward chain
+    (["aten::gelu"], bd.ELEMENTWISE),
+    (["aten::gelu_backward", "GeluBackward0"], bd.ELEMENTWISE),
+    (["aten::silu", "nn.Module: LlamaMLP"], bd.ELEMENTWISE),
+    (["aten::add", "nn.Module: Block"], bd.ELEMENTWISE),
+    (["aten::_log_softmax", "aten::log_softmax", "aten::cross_entropy_loss"], bd.ELEMENTWISE),
+    (["aten::mul_", "Optimizer.step#AdamW.step"], bd.OPTIMIZER),
+    (["aten::mm", "Optimizer.step#Muon.step"], bd.OPTIMIZER),                  # a matmul of the optimizer
+    (["aten::_foreach_lerp_", "Optimizer.step#AdamW.step"], bd.OPTIMIZER),
+    (["aten::zero_", "Optimizer.zero_grad#AdamW.zero_grad"], bd.OPTIMIZER),
+    (["c10d::allreduce_"], bd.COMM),
+    (["record_param_comms", "c10d::allreduce_"], bd.COMM),
+    (["ncclDevKernel_AllReduce_Sum_f32_RING_LL"], bd.COMM),
+    (["aten::copy_", "nccl:all_reduce"], bd.COMM),
+    (["Memcpy HtoD (Pageable -> Device)", "aten::copy_", "aten::_to_copy", "aten::to"], bd.MEMCPY),
+    (["Memcpy DtoH (Device -> Pinned)", "aten::copy_"], bd.MEMCPY),
+    (["aten::index", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"], bd.DATA),
+    (["aten::embedding"], bd.OTHER),
+    (["aten::view"], bd.OTHER),
+    (["nn.Module: GPT"], bd.OTHER),
+    ([], bd.OTHER),
+]
+
+
+@pytest.mark.parametrize("chain,expected", CASES, ids=[" < ".join(c[:2]) or "empty" for c, _ in CASES])
+def test_each_op_gets_exactly_one_category_from_the_rules(chain, expected):
+    assert categorize(chain) == expected
+
+
+def test_every_rule_names_a_known_category_and_pass():
+    assert {p for p, _, _ in bd.RULES} == {"scope", "op", "module", "pointwise"}
+    assert {c for _, c, _ in bd.RULES} <= set(bd.CATEGORIES)
+
+
+# --- a real trace of a cpu-tiny training step ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    lab = tunekit.Lab(micro_batch=2, seq_len=32, log_path=tmp_path_factory.mktemp("runs") / "log.jsonl")
+    t = lab.resolve()
+    lab.apply(t)
+    lab.train_step(t)  # the optimizer state exists: the traced step is a steady one
+    return lab
+
+
+def _traced_step(lab, tmp_path, memory=False):
+    t = lab.resolve()
+    tr = Tracer("step", trace=True, memory=memory, folder=tmp_path).start()
+    wall = tunekit.time_repeats(lambda: lab.train_step(t), warmup=0, repeats=1)[0]
+    return tr.stop(wall)
+
+
+def test_breakdown_of_a_training_step_adds_up_to_the_wall_time(lab, tmp_path):
+    b, tl = _traced_step(lab, tmp_path)
+    assert tl is None and b.device == "cpu" and bd.IDLE not in b.seconds
+    assert abs(b.total_s() - b.wall_s) <= 0.10 * b.wall_s, (b.total_s(), b.wall_s)
+    assert math.isclose(b.untraced_s, b.wall_s - b.total_s())
+    for cat in (bd.MATMUL, bd.ATTENTION, bd.NORM, bd.ELEMENTWISE, bd.OPTIMIZER):
+        assert b.seconds[cat] > 0, cat
+    assert b.seconds[bd.COMM] == b.seconds[bd.MEMCPY] == b.seconds[bd.DATA] == 0  # none on one CPU
+    # the top ops: largest first, aten::mm among them as a matmul; 27 mm calls: forward 9 linears
+    # (2 blocks x 4 + lm head), backward 2 per linear (input and weight grads) = 9 + 18
+    selfs = [r["self_s"] for r in b.top_ops]
+    assert selfs == sorted(selfs, reverse=True)
+    mm = [r for r in b.top_ops if r["op"] == "aten::mm"]
+    assert mm and mm[0]["category"] == bd.MATMUL and sum(r["calls"] for r in mm) == 27
+    trace = json.loads(pathlib.Path(b.path).read_text())
+    assert pathlib.Path(b.path).parent == tmp_path and any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
+
+
+def test_the_profiler_is_off_and_the_module_ranges_removed_after_stop(lab, tmp_path):
+    from torch.nn.modules import module
+
+    hooks = len(module._global_forward_pre_hooks), len(module._global_forward_hooks)
+    _traced_step(lab, tmp_path)
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert (len(module._global_forward_pre_hooks), len(module._global_forward_hooks)) == hooks
+
+
+def test_memory_timeline_shows_parameters_gradients_optimizer_state_and_activations(lab, tmp_path):
+    _, tl = _traced_step(lab, tmp_path, memory=True)
+    params = list(lab.model.parameters())
+    p_bytes = sum(p.numel() * p.element_size() for p in params)
+    peak = {c: max(v) for c, v in tl.bytes.items()}
+    assert set(peak) == set(bd.MEMORY_CATEGORIES)
+    assert peak["parameters"] == p_bytes                  # fp32 weights, alive throughout
+    assert peak["gradients"] == p_bytes                   # one fp32 gradient per weight
+    # AdamW: exp_avg and exp_avg_sq per weight (2 x params) plus a 4-byte fp32 `step` per tensor
+    assert peak["optimizer state"] == 2 * p_bytes + 4 * len(params)
+    assert peak["activations"] > 0
+    assert len(tl.times_s) == len(tl.bytes["parameters"]) and tl.times_s[0] == 0
+    assert "no allocator snapshot on CPU" in " ".join(tl.notes)
+
+
+def test_profile_traces_a_timed_run_never_the_counted_one(lab):
+    t = lab.resolve()
+    for _ in range(3):
+        with tunekit.profile(name="step", trace=True):
+            lab.train_step(t)
+    first, *_, last = tunekit.history().to_dict("records")
+    assert first["flops_source"] == "counted" and pd.isna(first["trace"]) and "not traced" in first["notes"]
+    assert last["flops_source"] == "cached" and last["trace"].startswith(tuple(bd.CATEGORIES))
+    assert math.isnan(last["tflops"]) and "timed under torch.profiler" in last["notes"]
+    assert tunekit.last().trace.path.endswith(".json")
+
+
+def test_overhead_is_measured_against_the_last_untraced_run(lab):
+    t = lab.resolve()
+    for traced in (False, True):  # one block (one line), run untraced then traced
+        with tunekit.profile(name="s", flops="never", trace=traced) as rec:
+            lab.train_step(t)
+    clean = tunekit.history()["wall_s"].iloc[0]
+    assert rec.trace.untimed_wall_s == clean
+    assert math.isclose(rec.trace.overhead, rec.wall_s / clean - 1)
+
+
+def test_trace_arguments_are_checked_before_any_work():
+    with pytest.raises(ValueError, match="trace must be True or False"):
+        tunekit.profile(trace="yes")
+    with pytest.raises(ValueError, match="trace and memory"):
+        Tracer("x", memory=1)
+
+
+@pytest.mark.slow
+def test_lab_run_traces_one_extra_step_and_logs_it(lab):
+    r = lab.run(steps=1, warmup=0, trace=True, memory=True)
+    assert r.steps == 1 and r.trace.wall_s > 0 and r.memory.bytes["parameters"][0] > 0
+    assert math.isclose(r.trace.overhead, r.trace.wall_s / r.trace.untimed_wall_s - 1)
+    assert math.isnan(r.energy_j) and math.isnan(r.j_per_token) and r.energy_source is None
+    row = lab.results().iloc[-1]
+    assert row["trace"] == r.trace.short() and row["memory"] == r.memory.short()
+    back = tunekit.runlog.RunLog.load(lab.log.path)[-1]  # the JSONL log keeps them as dicts
+    assert back.trace["seconds"] == pytest.approx(r.trace.seconds) and bd.short(back.trace) == r.trace.short()
+    with pytest.raises(tunekit.lab.toggles.ToggleError, match="trace must be True or False"):
+        lab.run(steps=1, trace="yes")
+
+
+def test_max_batch_search_says_no_snapshot_on_cpu_and_saves_one_on_a_cuda_oom(lab, monkeypatch, tmp_path):
+    from tunekit.lab import maxbatch
+
+    found = lab.find_max_batch_size(limit=2, seq_len=16)
+    assert "no allocator snapshot on cpu" in " ".join(found.notes)
+    # the CUDA path with torch's snapshot dump mocked: a trial that runs out of memory leaves a file
+    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(maxbatch, "cuda_memory_snapshot", lambda p: pathlib.Path(p).write_text("x") and str(p))
+
+    def oom(t):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(lab, "train_step", oom)
+    trial = maxbatch._trial(lab, lab.resolve(micro_batch=4), 0, None, [], history=True)
+    assert not trial.fits and trial.reason.startswith("OOM")
+    assert pathlib.Path(trial.snapshot).parent == tmp_path / "traces" and "oom-mb4" in trial.snapshot
+
+
+# --- the GPU path, with fake profiler events (unverified on a real GPU here) ------------------------
+
+
+def _ev(name, parent=None, kernels=(), seq=-1, device="CPU", start=0.0, end=0.0, self_us=0.0):
+    return SimpleNamespace(name=name, cpu_parent=parent, kernels=list(kernels), sequence_nr=seq,
+                           device_type=SimpleNamespace(name=device), time_range=SimpleNamespace(start=start, end=end),
+                           self_cpu_time_total=self_us, is_python_function=False)
+
+
+def test_gpu_breakdown_is_kernel_time_by_category_plus_idle():
+    k = lambda name, us: SimpleNamespace(name=name, duration=us)  # noqa: E731
+    linear = _ev("aten::linear")
+    mm = _ev("aten::mm", linear, [k("sm90_xmma_gemm", 600.0)])
+    copy = _ev("aten::copy_", None, [k("Memcpy HtoD (Pageable -> Device)", 100.0)])
+    opt = _ev("Optimizer.step#AdamW.step")
+    foreach = _ev("aten::_foreach_mul_", opt, [k("multi_tensor_apply_kernel", 200.0)])
+    gpu = [_ev("sm90_xmma_gemm", device="CUDA", start=100, end=700),
+           _ev("Memcpy HtoD", device="CUDA", start=0, end=100),
+           _ev("multi_tensor_apply_kernel", device="CUDA", start=800, end=1000)]
+    b = breakdown_from_events([linear, mm, copy, opt, foreach, *gpu], wall_s=1.2e-3, device="cuda")
+    # kernels: 600 us matmul, 100 us memcpy, 200 us optimizer; busy = union 0-700 + 800-1000 = 900 us
+    # idle = 1200 - 900 = 300 us
+    assert b.seconds[bd.MATMUL] == pytest.approx(600e-6) and b.seconds[bd.MEMCPY] == pytest.approx(100e-6)
+    assert b.seconds[bd.OPTIMIZER] == pytest.approx(200e-6) and b.seconds[bd.IDLE] == pytest.approx(300e-6)
+    assert b.total_s() == pytest.approx(b.wall_s) and math.isnan(b.untraced_s)
+    assert b.top_ops[0] == {"op": "aten::mm", "category": bd.MATMUL, "self_s": pytest.approx(600e-6), "calls": 1}
+
+
+def test_gpu_tracer_records_kernels_and_a_memory_snapshot_with_torch_mocked(monkeypatch, tmp_path):
+    from tunekit.measure import torch_private, trace
+
+    calls = []
+    monkeypatch.setattr(torch_private, "cuda_memory_history", lambda on, **kw: calls.append(on))
+    monkeypatch.setattr(torch_private, "cuda_memory_snapshot", lambda p: calls.append(str(p)) or str(p))
+    seen = {}
+    real = torch.profiler.profile
+
+    def fake_profile(activities, **kw):
+        seen["activities"] = activities
+        return real(activities=[torch.profiler.ProfilerActivity.CPU], **kw)
+
+    monkeypatch.setattr(torch.profiler, "profile", fake_profile)
+    monkeypatch.setattr(trace, "timeline_from_profile", lambda prof, dev: bd.MemoryTimeline(dev, [0.0], {}))
+    tr = Tracer("gpu step", trace=False, memory=True, cuda_index=0, folder=tmp_path).start()
+    torch.ones(4).sum()
+    _, tl = tr.stop(1e-3)
+    assert torch.profiler.ProfilerActivity.CUDA in seen["activities"]
+    assert calls[0] is True and calls[-1] is False and calls[1].endswith(".pickle")
+    assert tl.device == "cuda:0" and tl.snapshot_path == calls[1]
+
+
+# --- energy --------------------------------------------------------------------------------------
+
+
+def _powercap(root, packages):
+    for name, (uj, max_uj) in packages.items():
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "energy_uj").write_text(f"{uj}\n")
+        (d / "max_energy_range_uj").write_text(f"{max_uj}\n")
+
+
+def test_rapl_energy_sums_packages_skips_subdomains_and_handles_wrap_around(tmp_path):
+    _powercap(tmp_path, {"intel-rapl:0": (999_000_000, 1_000_000_000), "intel-rapl:1": (5_000_000, 1_000_000_000),
+                         "intel-rapl:0:0": (0, 1_000_000_000)})
+    m = energy.EnergyMeter(powercap=tmp_path).start()
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("2000000\n")    # wrapped: 1e9 - 999e6 + 2e6 = 3e6 uJ
+    (tmp_path / "intel-rapl:1" / "energy_uj").write_text("6000000\n")    # 1e6 uJ
+    (tmp_path / "intel-rapl:0:0" / "energy_uj").write_text("900000000\n")  # part of package 0: not added
+    e = m.stop(wall_s=2.0)
+    assert (e.joules, e.source, e.mean_w) == (4.0, "rapl", 2.0)  # (3e6 + 1e6) uJ = 4 J over 2 s = 2 W
+
+
+def test_nvml_energy_counter_mocked_adds_to_rapl(tmp_path, monkeypatch):
+    _powercap(tmp_path, {"intel-rapl:0": (0, 10**9)})
+    readings = iter([1_000, 6_000])  # mJ since the driver loaded
+    monkeypatch.setattr(energy, "_nvml_mj", lambda index: next(readings))
+    m = energy.EnergyMeter(cuda_index=0, powercap=tmp_path).start()
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("500000")
+    e = m.stop(wall_s=0.5)
+    assert (e.joules, e.source, e.mean_w) == (5.5, "nvml+rapl", 11.0)  # 5 J GPU + 0.5 J CPU over 0.5 s
+
+
+def test_no_readable_counter_is_nan_with_a_note_never_zero(tmp_path, monkeypatch):
+    def unsupported(index):
+        raise RuntimeError("NVMLError_NotSupported")
+
+    monkeypatch.setattr(energy, "_nvml_mj", unsupported)
+    e = energy.EnergyMeter(cuda_index=0, powercap=tmp_path / "missing").start().stop(1.0)
+    assert math.isnan(e.joules) and math.isnan(e.mean_w) and e.source is None
+    assert "NVML has no energy counter" in e.note and "no RAPL" in e.note
+
+
+def test_rapl_on_this_machine_is_reported_as_it_is():
+    readable = energy.rapl_packages()
+    e = energy.EnergyMeter().start().stop(1.0)
+    assert (e.source == "rapl") == bool(readable)
+    if not readable:
+        assert math.isnan(e.joules) and energy.rapl_reason() in e.note
+
+
+# --- the magic ---------------------------------------------------------------------------------------
+
+STEP = "%%gpuprofile -q -n traced --trace\nx = torch.randn(batch_size, 128)\nmodel(x).sum().backward()"
+
+
+def test_magic_trace_and_memory_in_a_real_shell(run):
+    run(STEP)
+    assert tunekit.last().trace is None and "not traced" in " ".join(tunekit.last().notes)
+    run(STEP.replace("--trace", "--trace --memory"))
+    rec = tunekit.last()
+    assert rec.flops_source == "cached" and rec.trace.seconds[bd.MATMUL] > 0
+    assert rec.memory.bytes["parameters"][0] == 128 * 128 * 4  # the Linear's fp32 weight: 65536 bytes
+    assert pathlib.Path(rec.trace.path).is_file()
+    row = tunekit.history().iloc[-1]
+    assert row["trace"] == rec.trace.short() and row["memory"] == rec.memory.short()
+
+
+def test_magic_shows_the_breakdown_chart_and_top_ops(run, capsys):
+    run("%%gpuprofile -n shown --trace --flops never\nmodel(torch.randn(8, 128)).sum().backward()")
+    out = capsys.readouterr().out
+    assert "Chrome trace:" in out and "aten::mm" in out
+
+
+def test_a_failing_cell_with_trace_is_recorded_and_the_profiler_stopped(run):
+    r = run("%%gpuprofile -q -n boom --trace --flops never\nmodel(torch.randn(8, 128)).sum()\nraise ValueError('boom')")
+    assert isinstance(r.error_in_exec, ValueError)
+    rec = tunekit.last()
+    assert rec.name == "boom" and rec.error == "ValueError: boom" and rec.trace.seconds[bd.MATMUL] > 0
+    assert "the trace covers it up to the failure" in " ".join(rec.notes)
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
+def test_trace_is_for_one_cell_not_for_every_cell(run):
+    r = run("%gpuprofile on --trace")
+    assert r.error_in_exec is not None and "for one cell" in str(r.error_in_exec)
+
+
+def test_a_trace_writes_nothing_to_stderr(tmp_path):
+    # kineto prints "USDT: ... profiler_start" on stderr unless its log level is raised (a notebook
+    # cell shows that as an error): the Tracer raises it, and keeps a level the user set
+    import os
+    import subprocess
+    import sys
+
+    # and the memory profiler's C++ "Memory block of unknown size was allocated before the
+    # profiling started" line, written when a tensor made before the trace is freed in it
+    code = ("import tunekit, torch, time\nfrom tunekit.measure.trace import Tracer\n"
+            "x = torch.randn(100_000)\n"
+            f"tr = Tracer('x', memory=True, folder=__import__('pathlib').Path({str(tmp_path)!r})).start()\n"
+            "del x\ntorch.ones(8).sum()\ntr.stop(1e-3)\nimport os; print(os.environ.get('KINETO_LOG_LEVEL'))")
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stderr == "" and out.stdout.strip() == "None"
+
+
+# --- on a real GPU (run with the device tool; skipped without CUDA) ----------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_trace_of_a_training_step_has_idle_and_adds_up(tmp_path):
+    lab = tunekit.Lab(micro_batch=4, seq_len=64, log_path=tmp_path / "log.jsonl")
+    r = lab.run(steps=3, warmup=1, trace=True, memory=True)
+    b = r.trace
+    assert b.device == "cuda" and b.seconds[bd.IDLE] >= 0 and b.seconds[bd.MATMUL] > 0
+    assert abs(b.total_s() - b.wall_s) <= 0.10 * b.wall_s
+    assert r.gpu_alloc_retries == 0 and r.gpu_ooms == 0
+    assert r.memory.snapshot_path and pathlib.Path(r.memory.snapshot_path).stat().st_size > 0
+
+
+def test_gpu_records_carry_allocator_retries_and_ooms_over_the_block(monkeypatch):
+    # torch.cuda mocked (no GPU here): the counters are cumulative, the record keeps the delta
+    from tunekit.measure import meters
+
+    stats = iter([{"num_alloc_retries": 3, "num_ooms": 1}, {"num_alloc_retries": 5, "num_ooms": 1}])
+    monkeypatch.setattr(meters, "cuda_device_index", lambda: 0)
+    monkeypatch.setattr(meters, "torch_if_loaded", lambda: torch)
+    for name, value in (("memory_allocated", 0), ("max_memory_allocated", 0), ("memory_reserved", 0)):
+        monkeypatch.setattr(torch.cuda, name, lambda index=None, v=value: v)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda index=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda index=None: next(stats))
+    m = meters.CudaMeter()
+    m.start()
+    got = m.stop()
+    assert (got["gpu_alloc_retries"], got["gpu_ooms"]) == (2, 0)  # 5 - 3 retries, 1 - 1 OOMs
+
+
+# --- the figures (UI: records in, plotly out) -------------------------------------------------------
+
+
+def test_breakdown_and_timeline_figures_draw_what_the_records_hold():
+    b = bd.Breakdown("cpu", wall_s=0.010, seconds={bd.MATMUL: 0.006, bd.OPTIMIZER: 0.003, bd.OTHER: 0.0},
+                     untraced_s=0.001, overhead=0.05)
+    fig = tunekit.plot_breakdown(b)
+    # one bar per category with time, then the gap between ops: 6 + 3 + 1 = 10 ms
+    assert [(t.name, t.x[0]) for t in fig.data] == [(bd.MATMUL, 6.0), (bd.OPTIMIZER, 3.0),
+                                                    ("between ops (Python)", 1.0)]
+    assert "+5%" in fig.layout.title.text
+    tl = bd.MemoryTimeline("cpu", [0.0, 0.5, 1.0], {c: [0, 2**20, 0] for c in bd.MEMORY_CATEGORIES})
+    fig = tunekit.plot_memory_timeline(tl)
+    assert [t.name for t in fig.data] == list(bd.MEMORY_CATEGORIES) and list(fig.data[0].y) == [0, 1, 0]
+    assert tl.peak() == (0.5, 5.0 * 2**20, {c: 2**20 for c in bd.MEMORY_CATEGORIES})  # 5 categories x 1 MiB
+    with pytest.raises(ValueError, match="--trace"):
+        tunekit.plot_breakdown(tunekit.ProfileRecord(name="untraced"))
+
+
+def test_no_module_hooks_once_torch_compile_is_in_use(monkeypatch, tmp_path):
+    # Dynamo guards on global module hooks: adding them would recompile a compiled model mid-trace
+    from torch.nn.modules import module
+
+    from tunekit.measure import torch_private
+
+    monkeypatch.setattr(torch_private, "compiled_graphs", lambda: 1)
+    hooks = len(module._global_forward_pre_hooks)
+    tr = Tracer("compiled", folder=tmp_path).start()
+    assert len(module._global_forward_pre_hooks) == hooks
+    torch.nn.Linear(4, 4)(torch.randn(2, 4))
+    b, _ = tr.stop(1e-3)
+    assert "torch.compile in use" in " ".join(b.notes)

@@ -1,0 +1,198 @@
+"""Where the time and the memory of a step went: the op-category rules and the records. Pure: no torch.
+
+    >>> categorize(["aten::mm", "aten::matmul", "aten::linear"])
+    'matmul/linear'
+    >>> categorize(["aten::mul", "nn.Module: RMSNorm"])      # a pointwise op inside a norm module
+    'normalization'
+    >>> categorize(["aten::mul_", "Optimizer.step#AdamW.step"])
+    'optimizer'
+
+`categorize` takes an op's chain of names, innermost first: the op, its parent ops, the module
+scopes around it and, for an op of the backward pass, the chain of the forward op it belongs to.
+It decides in four passes over `RULES`, the one table of category rules:
+1. ``scope`` rules, outermost name first: everything inside ``Optimizer.step`` is optimizer time,
+   inside a DataLoader's ``__next__`` data loading, inside a c10d collective communication;
+2. ``op`` rules, innermost first: a kernel that says what it is (``aten::mm``, SDPA, layer_norm,
+   gelu, a host<->device memcpy) wins, also inside a module of another kind (the q/k/v
+   projections of an attention module are matmuls);
+3. ``module`` rules, innermost first: a generic op inside a module that says what it is (the
+   ``pow``/``mean``/``rsqrt`` of a hand-written RMSNorm are normalization);
+4. ``pointwise`` rules: what is left of the elementwise and reduction ops; then ``other``.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+
+NaN = math.nan
+
+MATMUL, ATTENTION, NORM, ELEMENTWISE = "matmul/linear", "attention", "normalization", "activation/elementwise"
+OPTIMIZER, COMM, MEMCPY, DATA, OTHER, IDLE = ("optimizer", "communication", "memory copy", "data loading",
+                                              "other", "idle")
+# the order of charts and tables; "idle" only on a GPU (wall time with no kernel running)
+CATEGORIES = (MATMUL, ATTENTION, NORM, ELEMENTWISE, OPTIMIZER, COMM, MEMCPY, DATA, OTHER, IDLE)
+
+_POINTWISE = ("add|sub|rsub|mul|div|pow|sqrt|rsqrt|exp|exp2|log|log1p|neg|abs|sign|reciprocal|where|"
+              "clamp|clamp_min|clamp_max|maximum|minimum|lerp|addcmul|addcdiv|fill|zero|copy|_to_copy|"
+              "sum|mean|amax|amin|max|min|norm|var|std|cumsum|eq|ne|lt|le|gt|ge|logical_not|masked_fill|"
+              "cat|stack|tril|triu|dropout|native_dropout|native_dropout_backward|bernoulli|threshold_backward|"
+              "sigmoid_backward|tanh_backward|_foreach_[a-z_]+")
+
+# (pass, category, regex on one name); the first rule of a pass that matches decides
+RULES: tuple = (
+    ("scope", OPTIMIZER, r"^Optimizer\.(step|zero_grad)"),
+    ("scope", DATA, r"DataLoader|^tunekit: data"),
+    ("scope", COMM, r"^(c10d|nccl|gloo)[:_]|^record_param_comms$"),
+    ("op", COMM, r"(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast_|send|recv)"
+                 r"(_coalesced|_base|_into_tensor|_tensor)?_?$|^nccl|^ncclDevKernel|^ncclKernel"),
+    ("op", MEMCPY, r"Memcpy (HtoD|DtoH)|^cudaMemcpy|^aten::_pin_memory$|^aten::pin_memory$"),
+    ("op", ATTENTION, r"scaled_dot_product|_efficient_attention|_flash_attention|_cudnn_attention|"
+                      r"flash_attn|^fmha|ScaledDotProduct|FlashAttn|EfficientAttention"),
+    ("op", MATMUL, r"^aten::(mm|bmm|addmm|baddbmm|addbmm|matmul|linear|addmv|mv|dot|einsum|_scaled_mm|"
+                   r"_addmm_activation|_int_mm|conv\w*|convolution\w*|_convolution\w*)$|"
+                   r"^(Mm|Bmm|Addmm|Baddbmm|Mv|Dot|Convolution|Conv\w*|ScaledMm)Backward\d*$|"
+                   r"gemm|cutlass|cublas|sm\d+_xmma"),
+    ("op", NORM, r"^aten::(native_)?(layer_norm|rms_norm|group_norm|batch_norm|instance_norm|_fused_rms_norm)"
+                 r"(_backward)?$|^aten::native_batch_norm\w*$|^aten::_batch_norm\w*$|"
+                 r"^(NativeLayerNorm|LayerNorm|RmsNorm|FusedRmsNorm|NativeGroupNorm|NativeBatchNorm|"
+                 r"CudnnBatchNorm)Backward\d*$|layer_norm_kernel|rms_norm_kernel"),
+    ("op", ELEMENTWISE, r"^aten::(gelu|silu|relu|relu_|leaky_relu|tanh|sigmoid|softplus|mish|elu|hardswish|"
+                        r"_softmax|softmax|_log_softmax|log_softmax|glu)(_backward)?(_data)?$|"
+                        r"^(Gelu|Silu|Relu|Tanh|Sigmoid|Softmax|LogSoftmax|Glu)Backward\d*$"),
+    ("module", ATTENTION, r"^nn\.Module: \w*(Attention|Attn|SDPA)\w*"),
+    ("module", NORM, r"^nn\.Module: \w*Norm\w*"),
+    ("module", MATMUL, r"^nn\.Module: (Linear|Conv\dd|\w*Linear)$"),
+    ("module", ELEMENTWISE, r"^nn\.Module: (GELU|ReLU|SiLU|Tanh|Sigmoid|Softmax|NewGELUActivation|"
+                            r"\w*Activation)$"),
+    ("pointwise", ELEMENTWISE, rf"^aten::({_POINTWISE})_?$|^aten::_foreach_\w+$|"
+                               r"^(Add|Sub|Mul|Div|Pow|Sqrt|Rsqrt|Exp|Neg|Mean|Sum|Cat|Where|Clamp)Backward\d*$|"
+                               r"elementwise_kernel|reduce_kernel"),
+)
+_COMPILED = tuple((p, c, re.compile(r)) for p, c, r in RULES)
+
+
+def _first(names, kind):
+    for name in names:
+        for p, cat, rx in _COMPILED:
+            if p == kind and rx.search(name):
+                return cat
+    return None
+
+
+def categorize(chain) -> str:
+    """The category of one op from its chain of names, innermost first (see the module doc)."""
+    chain = list(chain)
+    return (_first(reversed(chain), "scope") or _first(chain, "op") or _first(chain, "module")
+            or _first(chain, "pointwise") or OTHER)
+
+
+# --- the records ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Breakdown:
+    """The time of one traced run by category, and its top ops. Seconds; see `categorize`.
+
+    CPU: each op's self CPU time (no nested op counted twice); the wall time the profiler saw no
+    op in (Python between ops) is ``untraced_s``. GPU: kernel time, and ``idle`` = wall minus the
+    time some kernel ran. ``overhead`` = traced / untraced time - 1, measured (NaN when no
+    untraced run to compare with)."""
+
+    device: str                       # "cpu" | "cuda"
+    wall_s: float                     # the traced run
+    seconds: dict                     # category -> seconds (the categories of CATEGORIES only)
+    top_ops: list = field(default_factory=list)   # dicts: op, category, self_s, calls
+    untraced_s: float = NaN           # CPU: wall minus every op's self time
+    overhead: float = NaN             # traced wall / untraced wall - 1
+    untimed_wall_s: float = NaN       # the untraced run it was compared with
+    path: str | None = None           # Chrome trace (Perfetto / TensorBoard)
+    notes: list = field(default_factory=list)
+
+    def total_s(self) -> float:
+        return sum(self.seconds.values())
+
+    def shares(self) -> dict:
+        """category -> share of the wall time, largest first."""
+        return {c: s / self.wall_s for c, s in sorted(self.seconds.items(), key=lambda kv: -kv[1])}
+
+    def dominant(self) -> str:
+        """The category with the most time (idle included)."""
+        return max(self.seconds, key=self.seconds.get)
+
+    def short(self, n: int = 3) -> str:
+        """'matmul/linear 41% · optimizer 22% · activation/elementwise 18%'."""
+        return " · ".join(f"{c} {s:.0%}" for c, s in list(self.shares().items())[:n] if s > 0)
+
+    def frame(self):
+        """pandas DataFrame: category, seconds, share of the wall (largest first)."""
+        import pandas as pd
+
+        rows = [(c, self.seconds[c], s) for c, s in self.shares().items()]
+        return pd.DataFrame(rows, columns=["category", "seconds", "share"])
+
+    def table(self, n: int = 10):
+        """pandas DataFrame of the top ``n`` ops by self time."""
+        import pandas as pd
+
+        return pd.DataFrame(self.top_ops[:n], columns=["op", "category", "self_s", "calls"])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# torch.profiler's memory categories -> ours (what the timeline shows)
+PARAMS, GRADS, OPT_STATE, ACTS, TEMPS = "parameters", "gradients", "optimizer state", "activations", "temporaries/other"
+MEMORY_CATEGORIES = (PARAMS, GRADS, OPT_STATE, ACTS, TEMPS)
+TORCH_MEMORY_CATEGORY = {"PARAMETER": PARAMS, "GRADIENT": GRADS, "OPTIMIZER_STATE": OPT_STATE,
+                         "ACTIVATION": ACTS, "TEMPORARY": TEMPS, "INPUT": TEMPS, "AUTOGRAD_DETAIL": TEMPS,
+                         None: TEMPS}
+
+
+@dataclass
+class MemoryTimeline:
+    """Bytes alive by category through one traced run (torch.profiler's memory profiler).
+
+    ``times_s`` from the start of the run; ``bytes`` maps each of MEMORY_CATEGORIES to a list
+    as long as ``times_s``. ``snapshot_path``: a torch.cuda.memory snapshot (memory_viz), CUDA only."""
+
+    device: str
+    times_s: list
+    bytes: dict
+    snapshot_path: str | None = None
+    notes: list = field(default_factory=list)
+
+    def totals(self) -> list:
+        return [sum(v[i] for v in self.bytes.values()) for i in range(len(self.times_s))]
+
+    def peak(self) -> tuple[float, float, dict]:
+        """(time of the peak in s, bytes at the peak, bytes by category at the peak)."""
+        tot = self.totals()
+        if not tot:
+            return NaN, NaN, {}
+        i = max(range(len(tot)), key=tot.__getitem__)
+        return self.times_s[i], float(tot[i]), {c: v[i] for c, v in self.bytes.items()}
+
+    def short(self) -> str:
+        t, total, by = self.peak()
+        if not by:
+            return "no allocations seen"
+        top = max(by, key=by.get)
+        end = self.times_s[-1] or 1.0
+        return f"peak {total / 2**20:.1f} MiB at {t / end:.0%} of the step ({top} {by[top] / total:.0%})"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def short(value) -> str | None:
+    """One line for a table cell: a Breakdown/MemoryTimeline, or the dict a run log kept of one."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        cls = Breakdown if "seconds" in value else MemoryTimeline
+        try:
+            value = cls(**value)
+        except TypeError:
+            return str(value)
+    return value.short()
