@@ -176,6 +176,7 @@ def test_compile_is_tried_last_only_with_enough_budget_left(lab):
     (dict(budget_s=0), "budget_s"), (dict(budget_s=-1), "budget_s"),
     (dict(budget_s=math.nan), "budget_s"), (dict(budget_s=True), "budget_s"),
     (dict(objective="loss"), "objective"), (dict(space={"lr": [1e-3]}), "space"),
+    (dict(space={"precision": ["fp64"]}), "space"), (dict(space={"micro_batch": [0]}), "space"),
     (dict(keep="best"), "keep"), (dict(repeats=0), "repeats"), (dict(max_micro_batch=0), "max_micro_batch"),
 ])
 def test_bad_input_refused_before_any_work(lab, kwargs, words):

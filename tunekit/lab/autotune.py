@@ -57,6 +57,8 @@ OBJECTIVES = ("tokens_per_s",)
 STAGES = ("precision", "attention", "optimizer", "micro_batch", "compile")
 SPACE_KEYS = ("precision", "attention", "optimizer", "checkpointing", "micro_batch", "compile")
 KEEP = ("winner", "start")
+_KNOWN = {"precision": tuple(registry.PRECISIONS), "attention": tuple(registry.ATTENTIONS),
+          "optimizer": registry.LAB_OPTIMIZERS, "checkpointing": (False, True), "compile": (False, True)}
 
 
 # --- how a trial is run: the Lab by default, a fake in tests ---------------------------------
@@ -265,6 +267,10 @@ def _check_args(lab, start, budget_s, objective, keep_global_batch, max_micro_ba
                     out.append(f"space: {k!r} is not searched; one of {SPACE_KEYS}.")
                 elif not isinstance(v, (list, tuple)) or not v:
                     out.append(f"space[{k!r}] must be a non-empty list of values (got {v!r}).")
+                elif any(x not in _KNOWN[k] for x in v) if k in _KNOWN else \
+                        not all(is_whole(x) and x >= 1 for x in v):
+                    known = _KNOWN.get(k, "whole numbers >= 1")
+                    out.append(f"space[{k!r}] may hold only {known} (got {v!r}).")
     if keep not in KEEP:
         out.append(f"keep must be one of {KEEP} (got {keep!r}).")
     out += [f"the starting toggles cannot run: {p}" for p in lab.check(start, steps if is_whole(steps) else 1)]
