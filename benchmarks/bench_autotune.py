@@ -12,14 +12,16 @@ noise (and then autotune says so).
 2. autotune, ``--repeats`` times, each on a fresh Lab with a budget of a quarter of the grid's
    time. Its winner is looked up in the grid's table, so both are judged by the same measurement.
 
-    .venv/bin/python benchmarks/bench_autotune.py            # ~15-25 min on 2 shared cores
-    .venv/bin/python benchmarks/bench_autotune.py --quick    # CI-sized: a few minutes
+    .venv/bin/python benchmarks/bench_autotune.py [--threads 1]   # ~15 min on 2 shared cores
+    .venv/bin/python benchmarks/bench_autotune.py --quick         # smaller: micro-batch <= 8, 2 runs
 """
 import argparse
 import os
 import tempfile
 import time
 from collections import Counter
+
+import torch
 
 from tunekit.core import registry
 from tunekit.lab import Lab
@@ -58,21 +60,27 @@ def key(t):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="CI-sized: short sequences, micro-batch <= 8")
+    ap.add_argument("--quick", action="store_true", help="smaller: micro-batch <= 8, 2 autotune runs")
     ap.add_argument("--repeats", type=int, default=None, help="autotune runs (default 5; quick: 2)")
     ap.add_argument("--grid-repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--max-micro-batch", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's). On an oversubscribed machine 1 "
+                         "avoids threads waiting on a descheduled sibling (100x slower runs were seen)")
     args = ap.parse_args()
-    seq = args.seq_len or (32 if args.quick else 64)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    seq = args.seq_len or 32
     limit = args.max_micro_batch or (8 if args.quick else 16)
     repeats = args.repeats or (2 if args.quick else 5)
     logs = tempfile.mkdtemp(prefix="bench-autotune-")
     make = lambda i: Lab(preset="cpu-tiny", seq_len=seq, log_path=f"{logs}/lab{i}.jsonl")  # noqa: E731
 
     print(f"bench_autotune: cpu-tiny GPT, seq_len={seq}, micro-batch <= {limit}, {args.steps} timed "
-          f"steps + 1 warm-up per trial; compile excluded from both sides")
+          f"steps + 1 warm-up per trial, {torch.get_num_threads()} torch thread(s); compile excluded "
+          "from both sides")
     print(f"NOTE: this machine is shared with other engineers' jobs; at start: {load()}. "
           "Timings on it are noisy (contention only adds time; scores use each run's fastest step).")
 
@@ -80,9 +88,11 @@ def main():
     space = grid_space(lab, limit)
     t0 = time.perf_counter()
     grid = {}
-    for t in space:
+    for i, t in enumerate(space):
         runs = [lab.run(steps=args.steps, warmup=1, **t.asdict()) for _ in range(args.grid_repeats)]
         grid[key(t)] = Candidate("grid", t, runs)
+        if (i + 1) % 16 == 0:
+            print(f"  grid: {i + 1}/{len(space)} configurations, {time.perf_counter() - t0:.0f} s", flush=True)
     grid_s = time.perf_counter() - t0
     ranked = sorted(grid.values(), key=lambda c: c.score, reverse=True)
     best = ranked[0]
@@ -107,8 +117,10 @@ def main():
         trials = int(found.evidence["repeats"].sum())
         noise = f"top two within noise (±{found.band:.0%}): {label(found.runner_up, start)}" \
             if found.within_noise else "clear winner"
+        if found.close_calls:
+            noise += "; close calls: " + "; ".join(found.close_calls)
         winners.append(key(w) if w else None)
-        rows.append((ratio, found.elapsed_s / grid_s, found.within_noise))
+        rows.append((ratio, found.elapsed_s / grid_s, found.within_noise or bool(found.close_calls)))
         print(f"  {i + 1:>2} {label(w, start) if w else '-':32s} {g.score if g else float('nan'):>14,.0f} "
               f"{ratio:>11.3f}x {found.elapsed_s:>7.1f}s {found.elapsed_s / grid_s:>8.1%} {trials:>6}  "
               f"{found.status}, {noise}")

@@ -21,12 +21,13 @@ the winner of the one before (the incumbent):
 5. torch.compile last, on the winner (its first compile costs tens of seconds).
 
 Within a stage the candidates race (successive halving): each round measures every survivor once
-more (one ``lab.run`` of ``steps`` timed steps) and keeps the better half, and a candidate slower
-than the leader beyond the noise band drops out at once, so weak candidates get few steps. A
-repeat's score is ``tokens_per_step / step_s_min``: contention on a shared machine only ever adds
-time, so the fastest step is the steadiest figure (the same reading as ``tunekit.repeat_agreement``).
-A challenger replaces the incumbent only if its median score beats the incumbent's beyond the
-noise band: ``max(noise, worst disagreement between repeats of either)``.
+more (one ``lab.run`` of ``steps`` timed steps); from the second round on (one trial may have met
+a burst of load) the better half goes on and a candidate slower than the leader beyond the noise
+band drops out, so weak candidates get two trials and the close ones ``repeats``. A repeat's
+score is ``tokens_per_step / step_s_min`` and a candidate's the best of its repeats: contention
+on a shared machine only ever adds time (the reading of ``tunekit.repeat_agreement``). A
+challenger replaces the incumbent only if it beats it beyond the noise band: ``max(noise, how far
+the two fastest repeats of either disagree)``. The evidence also gives each candidate's median.
 
 The budget is checked before every trial: a trial that would start after ``budget_s`` (or, from
 what the trials so far cost, end after it) is not run; the result then says the search stopped
@@ -106,14 +107,26 @@ class Candidate:
 
     @property
     def score(self) -> float:
-        s = stats([1 / v for v in self.scores()])  # seconds per token: timing's own summary
+        """The best repeat's tokens/s: what decides. Contention only ever adds time, and on shared
+        cores a whole run can be slowed many times over, so the fastest repeat is the estimate a
+        busy neighbour cannot drag down (the median can be, with two repeats)."""
+        return max(self.scores(), default=math.nan)
+
+    @property
+    def median(self) -> float:
+        """The median of the repeats' tokens/s (``measure.timing.stats`` on seconds per token)."""
+        s = stats([1 / v for v in self.scores()])
         return 1 / s["median_s"] if s["repeats"] else math.nan
 
     @property
     def spread(self) -> float:
         """(max - min) / median of the repeats' tokens/s; NaN with fewer than two repeats."""
         v = self.scores()
-        return (max(v) - min(v)) / self.score if len(v) >= 2 else math.nan
+        return (max(v) - min(v)) / self.median if len(v) >= 2 else math.nan
+
+    def best_runs(self, n: int = 2) -> list:
+        """The ``n`` fastest repeats (what the noise band compares)."""
+        return sorted(self.runs, key=lambda r: r.step_s_min / r.tokens_per_step)[:n]
 
 
 @dataclass
@@ -135,6 +148,7 @@ class AutotuneResult:
     state: str
     start: Toggles
     notes: list = field(default_factory=list)
+    close_calls: list = field(default_factory=list)  # stages whose finalists were within noise
 
     @property
     def partial(self) -> bool:
@@ -154,6 +168,9 @@ class AutotuneResult:
             if self.within_noise and self.runner_up is not None:
                 text += (f". The top two are within noise (band ±{self.band:.0%}): "
                          f"{label(self.runner_up, self.start)} is as fast on this machine")
+            if self.close_calls:
+                text += (". Close calls (within noise, so either choice is as fast here): "
+                         + "; ".join(self.close_calls))
         if self.status == "budget":
             text += f". STOPPED EARLY: the budget of {self.budget_s:g} s was spent; the result is partial"
         elif self.status == "interrupted":
@@ -173,7 +190,7 @@ class AutotuneResult:
                          "checkpointing": t.checkpointing, "micro_batch": t.micro_batch,
                          "grad_accum": t.grad_accum, "compile": t.compile, "repeats": len(c.runs),
                          "steps": sum(r.steps for r in c.runs), "tokens_per_s": c.score,
-                         "spread": c.spread,
+                         "tokens_per_s_median": c.median, "spread": c.spread,
                          "peak_mem_bytes": max((r.peak_mem_bytes for r in c.runs
                                                 if r.peak_mem_bytes is not None), default=math.nan),
                          "fits": c.fits, "status": c.status, "why": c.why, "seconds": c.seconds,
@@ -214,6 +231,11 @@ def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, ke
     start = lab.resolve()
     errors = _check_args(lab, start, budget_s, objective, keep_global_batch, max_micro_batch, steps,
                          warmup, repeats, noise, space, keep, compile_s)
+    if memory_budget_bytes is not None and (isinstance(memory_budget_bytes, bool) or not isinstance(
+            memory_budget_bytes, numbers.Real) or not 0 < memory_budget_bytes < math.inf):
+        errors.append(f"memory_budget_bytes must be a finite number > 0 or None (got {memory_budget_bytes!r}).")
+    if progress is not None and not callable(progress):
+        errors.append(f"progress must be a function (elapsed_s, budget_s, text) or None (got {progress!r}).")
     if errors:
         raise ToggleError(errors)
     start = normalized(start)
@@ -293,6 +315,7 @@ class _Search:
         self.by_key: dict[tuple, Candidate] = {}
         self.order: list[Candidate] = []
         self.notes: list[str] = []
+        self.close_calls: list[str] = []  # stage decisions whose finalists were within noise
         self.done: list[str] = []
         self.stage = ""
         self.t0 = trials.clock()
@@ -362,12 +385,14 @@ class _Search:
     # --- comparing --------------------------------------------------------------------------
 
     def band_of(self, a: Candidate, b: Candidate) -> float:
-        worst, _ = repeat_agreement([a.runs, b.runs])
+        """How far apart two scores must be to count: ``noise`` or, when larger, how far the two
+        fastest repeats of either candidate disagree (``repeat_agreement``)."""
+        worst, _ = repeat_agreement([a.best_runs(), b.best_runs()])
         return max(self.noise, worst - 1)
 
-    def beats(self, a: Candidate, b: Candidate, wide: float = 1) -> bool:
-        """``a`` is faster than ``b`` beyond the noise band (``wide`` times it)."""
-        return a.score > b.score * (1 + wide * self.band_of(a, b))
+    def beats(self, a: Candidate, b: Candidate) -> bool:
+        """``a`` is faster than ``b`` beyond the noise band."""
+        return a.score > b.score * (1 + self.band_of(a, b))
 
     def race(self, cands: list[Candidate]) -> None:
         """Successive halving among ``cands`` (the incumbent first); sets the new incumbent."""
@@ -384,15 +409,15 @@ class _Search:
             if not alive:
                 break
             alive.sort(key=lambda c: c.score, reverse=True)
+            if rnd < min(2, self.repeats):
+                continue  # one repeat may have met a burst of load: nobody is judged on it alone
             leader = alive[0]
             for c in alive[1:]:
-                # one repeat has no spread yet: drop early only beyond twice the band
-                wide = 2 if min(len(c.runs), len(leader.runs)) < 2 else 1
-                if self.beats(leader, c, wide):
+                if self.beats(leader, c):
                     c.status = "dropped"
                     c.why = (f"round {rnd}: {c.score / leader.score:.2f}x the tokens/s of "
                              f"{label(leader.toggles, self.start)}, beyond the noise band "
-                             f"±{wide * self.band_of(leader, c):.0%}")
+                             f"±{self.band_of(leader, c):.0%}")
             alive = [c for c in alive if c.status == "racing"]
             if len(alive) > 2:  # halving: the better half goes on (the incumbent stays while in noise)
                 half = math.ceil(len(alive) / 2)
@@ -417,6 +442,8 @@ class _Search:
             if c is not best and c.status == "racing":
                 c.status, c.why = "kept", (f"finalist: {c.score / best.score:.2f}x the stage winner, "
                                            "not apart beyond noise")
+        self.close_calls += [f"{self.stage}: {label(c.toggles, self.start)} at {c.score / best.score:.2f}x "
+                             f"{label(best.toggles, self.start)}" for c in alive if c.status == "kept"]
         best.status = "winner"
         best.why = (f"won the {self.stage} stage" if best is not inc
                     else f"the incumbent: nothing beat it beyond noise in the {self.stage} stage")
@@ -591,6 +618,6 @@ def _finish(lab, search: _Search, snap: Snapshot, status: str, keep: str) -> Aut
         toggles=win.toggles if win else None, run=run, candidates=list(search.order),
         within_noise=search.within_noise, runner_up=search.runner_up, band=search.band,
         elapsed_s=search.elapsed(), budget_s=search.budget_s, status=status, state=state,
-        start=search.start, notes=search.notes)
+        start=search.start, notes=search.notes, close_calls=search.close_calls)
     lab.last_autotune = result
     return result
