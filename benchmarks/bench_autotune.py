@@ -15,12 +15,13 @@ noise (and then autotune says so).
     .venv/bin/python benchmarks/bench_autotune.py [--threads 1]   # ~15 min on 2 shared cores
     .venv/bin/python benchmarks/bench_autotune.py --quick         # smaller: micro-batch <= 8, 2 runs
 """
-import argparse
+import argparse  # noqa: I001  (tunekit before torch: it quiets the deprecated pynvml shim's warning)
 import os
 import tempfile
 import time
 from collections import Counter
 
+import tunekit  # noqa: F401
 import torch
 
 from tunekit.core import registry

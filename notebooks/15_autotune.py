@@ -26,7 +26,8 @@
 # Each candidate is a real `lab.run`. Candidates race: every round measures the survivors once
 # more and keeps the faster half, and one slower than the leader beyond the **noise band** drops
 # out at once, so hopeless candidates cost one trial. A challenger replaces the incumbent only if
-# it is faster beyond noise, and when the top two are not apart the result says so.
+# it is faster beyond noise, and when the top two (or the finalists of a stage) are not apart the
+# result says so.
 
 # %%
 import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
@@ -55,15 +56,18 @@ print(found.verdict)
 # %% [markdown]
 # ## 2. The evidence
 #
-# Every candidate the search considered: measured ones with the median of their repeats'
-# tokens/s (each repeat scored at its fastest step: on shared cores contention only adds time)
-# and the spread between repeats; pruned ones with the rule that pruned them.
+# Every candidate the search considered. Measured ones: the best repeat's tokens/s (each repeat
+# scored at its fastest step: on shared cores contention only ever adds time, so the fastest
+# figure is the one a busy neighbour cannot drag down), the median of the repeats and the spread
+# between them. Pruned ones: the rule that pruned them.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 ev = found.evidence
-cols = ["stage", "label", "tokens_per_s", "spread", "repeats", "steps", "fits", "status", "why"]
-ev[cols].style.format({"tokens_per_s": "{:,.0f}", "spread": "{:.1%}"}, na_rep="n/a").hide(axis="index")
+cols = ["stage", "label", "tokens_per_s", "tokens_per_s_median", "spread", "repeats", "steps", "fits",
+        "status", "why"]
+ev[cols].style.format({"tokens_per_s": "{:,.0f}", "tokens_per_s_median": "{:,.0f}", "spread": "{:.1%}"},
+                      na_rep="n/a").hide(axis="index")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -91,25 +95,27 @@ print("checkpointing:", "tried where it let a bigger micro-batch fit" if memory_
 # NBVAL_IGNORE_OUTPUT
 start = measured[measured.label == "baseline"]
 win = measured[measured.status == "winner"].iloc[0]
-dropped_after_one = measured[(measured.status == "dropped") & (measured.repeats == 1)]
-print(f"The search measured {len(measured)} of {len(ev)} candidates; {len(dropped_after_one)} of them "
-      f"were dropped after a single trial, {len(ev) - len(measured)} never ran (pruned by a rule "
-      "or ruled out by the max-batch search).")
+dropped_early = measured[(measured.status == "dropped") & (measured.repeats < measured.repeats.max())]
+print(f"The search measured {len(measured)} of {len(ev)} candidates in {measured.repeats.sum()} trials; "
+      f"{len(dropped_early)} dropped out before the full {measured.repeats.max()} repeats, "
+      f"{len(ev) - len(measured)} never ran (pruned by a rule or ruled out by the max-batch search).")
 if len(start):
     print(f"winner {win.label!r}: {win.tokens_per_s:,.0f} tokens/s = "
           f"{win.tokens_per_s / start.tokens_per_s.iloc[0]:.2f}x the starting configuration.")
 print("The top two are within noise: both are as fast here; rerun and either may win." if found.within_noise
       else f"The winner is ahead of every other candidate beyond the noise band (±{found.band:.0%}).")
+for call in found.close_calls:
+    print("close call (within noise, either choice is as fast here):", call)
 if found.partial:
     print("The budget ran out first: the result is what the search had measured by then.")
 
 # %% [markdown]
 # **Conclusion.** The search tried what the rules allow and let the measurements decide the rest:
 # what could not run here, or could not help (tf32 on a CPU is fp32; checkpointing when the largest
-# micro-batch searched already fits), cost nothing, and a candidate far behind the leader cost one
-# trial. The verdict above names the winner and says whether the runner-up is within noise, so it
-# holds on every run: when two configurations are that close, either is the right answer on this
-# machine. `lab.defaults` now holds the winner, so the next `lab.run()` trains with it; the weights
+# micro-batch searched already fits), cost nothing, and a candidate far behind the leader cost two
+# trials. The verdict above names the winner and says whether the runner-up (or a stage's
+# finalist) is within noise, so it holds on every run: when two configurations are that close,
+# either is the right answer on this machine. `lab.defaults` now holds the winner, so the next `lab.run()` trains with it; the weights
 # are as they were before the search (it measured, it did not train).
 #
 # **Exercise.** Rerun with `keep_global_batch=True`: every candidate then trains the same global
