@@ -38,15 +38,16 @@ print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_
 # %% [markdown]
 # ## 1. A search with a budget
 #
-# The demo GPT, a 25-second budget on CPU (compile is left out here: its first compile alone
+# The demo GPT, a 30-second budget on CPU (compile is left out here: its first compile alone
 # takes tens of seconds on a CPU; chapter 10 measures it). The progress callback is what the
 # dashboard's Autotune button draws as its progress bar.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-lab = tunekit.Lab(preset="gpt2-124m" if GPU else "cpu-tiny", seq_len=512 if GPU else 64)
+lab = tunekit.Lab(preset="gpt2-124m" if GPU else "cpu-tiny", seq_len=512 if GPU else 32,
+                  micro_batch=8 if GPU else 4)
 trials = []
-found = lab.autotune(budget_s=120 if GPU else 25, max_micro_batch=64 if GPU else 16,
+found = lab.autotune(budget_s=120 if GPU else 30, max_micro_batch=64 if GPU else 16,
                      space={"compile": [False]}, steps=3, warmup=1,
                      progress=lambda elapsed, budget, what: trials.append((round(elapsed, 1), what)))
 print(f"{len(trials)} trials in {found.elapsed_s:.1f} s of a {found.budget_s:g} s budget "

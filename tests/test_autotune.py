@@ -33,18 +33,21 @@ class FakeTrials:
 
     def __init__(self, speed=speed, fit=lambda t: 64, cost_s=1.0, interrupt_at=None):
         self.speed, self.fit, self.cost_s, self.interrupt_at = speed, fit, cost_s, interrupt_at
-        self.now, self.measured, self.searched = 0.0, [], []
+        self.now, self.measured, self.searched, self.steps = 0.0, [], [], []
 
     def clock(self):
         return self.now
 
-    def measure(self, t):
+    def measure(self, t, steps):
         if self.interrupt_at is not None and len(self.measured) == self.interrupt_at:
             raise KeyboardInterrupt
         self.now += self.cost_s
         self.measured.append(t)
+        self.steps.append(steps)
         tokens = t.micro_batch * t.grad_accum * SEQ
-        return SimpleNamespace(tokens_per_step=tokens, step_s_min=tokens / self.speed(t), steps=3,
+        # three timed steps filling the trial's cost_s (no warm-up): the cost the search predicts
+        return SimpleNamespace(tokens_per_step=tokens, step_s_min=tokens / self.speed(t), steps=3, warmup=0,
+                               step_s=self.cost_s / 3,
                                peak_mem_bytes=1000.0 * t.micro_batch, run_id=len(self.measured) - 1)
 
     def max_batch(self, t, limit):
@@ -116,6 +119,17 @@ def test_weak_candidates_get_fewer_repeats(lab):
     assert ev.loc["mb=64 adamw_fused", "status"] == "dropped"
 
 
+def test_trials_take_more_steps_once_the_step_time_is_known(lab):
+    from tunekit.lab.autotune import timed_steps
+
+    assert timed_steps(0.01, 3, 0.25) == 25 and timed_steps(0.5, 3, 0.25) == 3  # ceil(0.25/0.01)
+    assert timed_steps(0.001, 3, 0.25) == 30 and timed_steps(float("nan"), 3, 0.25) == 3  # 10x cap
+    fake = FakeTrials(cost_s=0.03)  # fake steps of 0.01 s: 25 steps fill 0.25 s
+    autotune(lab, budget_s=1000, trials=fake, space={"compile": [False]})
+    assert fake.steps[0] == 3 and fake.steps[1] == 3  # fp32 and bf16: nothing known yet
+    assert fake.steps[2] == 25  # the start's second trial
+
+
 def test_checkpointing_not_tried_when_memory_is_not_the_limit(lab):
     fake = FakeTrials(fit=lambda t: 64)  # the largest searched micro-batch (8 x 8) fits without it
     found = autotune(lab, budget_s=1000, trials=fake, space={"compile": [False]})
@@ -182,7 +196,8 @@ def test_compile_is_tried_last_only_with_enough_budget_left(lab):
     (dict(objective="loss"), "objective"), (dict(space={"lr": [1e-3]}), "space"),
     (dict(space={"precision": ["fp64"]}), "space"), (dict(space={"micro_batch": [0]}), "space"),
     (dict(keep="best"), "keep"), (dict(memory_budget_bytes=-5), "memory_budget_bytes"),
-    (dict(progress="bar"), "progress"), (dict(repeats=0), "repeats"), (dict(max_micro_batch=0), "max_micro_batch"),
+    (dict(progress="bar"), "progress"), (dict(trial_s=-1), "trial_s"), (dict(repeats=0), "repeats"),
+    (dict(max_micro_batch=0), "max_micro_batch"),
 ])
 def test_bad_input_refused_before_any_work(lab, kwargs, words):
     fake = FakeTrials()

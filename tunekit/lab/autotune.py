@@ -70,12 +70,12 @@ class LabTrials:
     ``lab.results()``), ``max_batch`` the Lab's max-batch search. Tests pass an object with the
     same three methods to inject measurements."""
 
-    def __init__(self, lab, steps: int, warmup: int, memory_budget_bytes=None):
-        self.lab, self.steps, self.warmup = lab, steps, warmup
+    def __init__(self, lab, warmup: int, memory_budget_bytes=None):
+        self.lab, self.warmup = lab, warmup
         self.memory_budget_bytes = memory_budget_bytes
 
-    def measure(self, t: Toggles):
-        return self.lab.run(steps=self.steps, warmup=self.warmup, **t.asdict())
+    def measure(self, t: Toggles, steps: int):
+        return self.lab.run(steps=steps, warmup=self.warmup, **t.asdict())
 
     def max_batch(self, t: Toggles, limit: int) -> int | None:
         found = self.lab.find_max_batch_size(start=1, limit=limit, memory_budget_bytes=self.memory_budget_bytes,
@@ -217,13 +217,15 @@ class _Stop(Exception):
 def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
              max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
              memory_budget_bytes=None, space: dict | None = None, keep: str = "winner",
-             compile_s: float = 60.0, progress=None, trials=None) -> AutotuneResult:
+             compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None) -> AutotuneResult:
     """Search the fastest legal configuration from ``lab``'s current toggles; see the module doc.
 
     ``budget_s``: seconds for the whole search. ``max_micro_batch``: the largest micro-batch tried
     (default: the global batch with ``keep_global_batch``, else 8x the starting micro-batch).
-    ``steps``/``warmup``: per trial (one ``lab.run``); ``repeats``: measurements the finalists of a
-    stage get; ``noise``: the smallest relative difference taken as real. ``space``: restrict a
+    ``steps``/``warmup``: per trial (one ``lab.run``), ``steps`` at least: once a step time is
+    known, a trial runs enough steps to fill ``trial_s`` (up to 10x ``steps``) so that a fast
+    configuration gets many chances of an undisturbed step; ``repeats``: measurements the
+    finalists of a stage get; ``noise``: the smallest relative difference taken as real. ``space``: restrict a
     toggle's values, e.g. ``{"precision": ["fp32", "bf16"], "compile": [False]}``. ``compile_s``:
     budget left that the compile stage needs to start. ``progress(elapsed_s, budget_s, text)``
     is called before each trial. ``trials``: an object like ``LabTrials`` (tests inject one).
@@ -234,14 +236,17 @@ def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, ke
     if memory_budget_bytes is not None and (isinstance(memory_budget_bytes, bool) or not isinstance(
             memory_budget_bytes, numbers.Real) or not 0 < memory_budget_bytes < math.inf):
         errors.append(f"memory_budget_bytes must be a finite number > 0 or None (got {memory_budget_bytes!r}).")
+    if isinstance(trial_s, bool) or not isinstance(trial_s, numbers.Real) or not 0 <= trial_s < math.inf:
+        errors.append(f"trial_s must be a finite number >= 0 (got {trial_s!r}).")
     if progress is not None and not callable(progress):
         errors.append(f"progress must be a function (elapsed_s, budget_s, text) or None (got {progress!r}).")
     if errors:
         raise ToggleError(errors)
     start = normalized(start)
-    trials = trials or LabTrials(lab, int(steps), int(warmup), memory_budget_bytes)
+    trials = trials or LabTrials(lab, int(warmup), memory_budget_bytes)
     search = _Search(lab, trials, start, float(budget_s), keep_global_batch, max_micro_batch,
                      int(repeats), float(noise), dict(space or {}), float(compile_s), progress)
+    search.steps, search.trial_s = int(steps), float(trial_s)
     snap = Snapshot.take(lab)
     status = "complete"
     try:
@@ -257,6 +262,14 @@ def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, ke
         if status != "interrupted":
             result = _finish(lab, search, snap, status, keep)
     return result
+
+
+def timed_steps(step_s: float, steps: int, trial_s: float) -> int:
+    """Timed steps filling ``trial_s`` at ``step_s`` per step, within [steps, 10 x steps]
+    (``steps`` when ``step_s`` is unknown: 0 or NaN)."""
+    if not step_s > 0:
+        return steps
+    return max(steps, min(10 * steps, math.ceil(trial_s / step_s)))
 
 
 def _check_args(lab, start, budget_s, objective, keep_global_batch, max_micro_batch, steps, warmup,
@@ -345,13 +358,23 @@ class _Search:
 
     # --- one trial ------------------------------------------------------------------------
 
-    def _predicted_s(self, c: Candidate) -> float:
-        """What ``c``'s trial will cost, from the trials of its precision so far (0: no idea)."""
+    def _predicted_s(self, c: Candidate, per_step: bool = False) -> float:
+        """What ``c``'s trial will cost in training steps (warm-up and timed), scaled from the
+        fastest run so far of its precision by the samples per step; 0 with nothing to go by.
+        A first run's FLOP count and peak calibration are one-off costs and left out."""
         size = c.toggles.micro_batch * c.toggles.grad_accum
-        seen = [(o.seconds / len(o.runs)) * size / (o.toggles.micro_batch * o.toggles.grad_accum)
-                for o in self.order if o.runs and o.toggles.precision == c.toggles.precision
-                and o.toggles.compile == c.toggles.compile]
+        seen = [(1 if per_step else r.steps + r.warmup) * r.step_s * size
+                / (o.toggles.micro_batch * o.toggles.grad_accum)
+                for o in self.order if o.toggles.precision == c.toggles.precision
+                and o.toggles.compile == c.toggles.compile for r in o.runs]
         return min(seen, default=0.0)
+
+    def steps_for(self, c: Candidate) -> int:
+        """Timed steps for ``c``'s next trial: enough to fill ``trial_s`` at the step time seen
+        so far for its precision (more steps, more chances of an undisturbed one), between
+        ``steps`` and 10x ``steps``; ``steps`` when nothing was seen yet."""
+        per_step = self._predicted_s(c, per_step=True)
+        return timed_steps(per_step, self.steps, self.trial_s)
 
     def measure(self, c: Candidate) -> bool:
         """One more repeat of ``c``; False when it failed (then it is out of the race)."""
@@ -363,7 +386,7 @@ class _Search:
                           f"{self.stage}: {label(c.toggles, self.start)} (repeat {len(c.runs) + 1})")
         t0 = self.trials.clock()
         try:
-            run = self.trials.measure(c.toggles)
+            run = self.trials.measure(c.toggles, self.steps_for(c))
         except ToggleError as e:
             c.status, c.why = "pruned", "; ".join(e.problems)
             return False
