@@ -6,13 +6,14 @@ noise (and then autotune says so).
 
 1. The grid: every legal, distinct configuration of the space autotune searches (precision,
    attention, optimizer kernel, checkpointing, micro-batch), each measured ``--grid-repeats``
-   times with the same ``lab.run(steps, warmup)`` autotune uses, scored the same way (median of
-   the repeats' best-step tokens/s). torch.compile is left out of both sides: on this CPU its
-   first compile of the demo GPT alone takes ~35 s, per configuration on the grid's side.
+   times with the trials autotune uses (``lab.run``: ``steps`` timed steps, then enough to fill
+   ``trial_s``), scored the same way (the best repeat's best-step tokens/s). torch.compile is
+   left out of both sides: on this CPU its first compile of the demo GPT alone takes ~35 s, per
+   configuration on the grid's side.
 2. autotune, ``--repeats`` times, each on a fresh Lab with a budget of a quarter of the grid's
    time. Its winner is looked up in the grid's table, so both are judged by the same measurement.
 
-    .venv/bin/python benchmarks/bench_autotune.py [--threads 1]   # ~15 min on 2 shared cores
+    .venv/bin/python benchmarks/bench_autotune.py [--threads 1]   # ~10-15 min on 2 shared cores
     .venv/bin/python benchmarks/bench_autotune.py --quick         # smaller: micro-batch <= 8, 2 runs
 """
 import argparse  # noqa: I001  (tunekit before torch: it quiets the deprecated pynvml shim's warning)
@@ -26,7 +27,7 @@ import torch
 
 from tunekit.core import registry
 from tunekit.lab import Lab
-from tunekit.lab.autotune import Candidate
+from tunekit.lab.autotune import Candidate, timed_steps
 from tunekit.lab.toggles import label
 
 
@@ -63,7 +64,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller: micro-batch <= 8, 2 autotune runs")
     ap.add_argument("--repeats", type=int, default=None, help="autotune runs (default 5; quick: 2)")
-    ap.add_argument("--grid-repeats", type=int, default=2)
+    ap.add_argument("--grid-repeats", type=int, default=3)
+    ap.add_argument("--trial-s", type=float, default=0.25, help="autotune's trial_s, also for the grid")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--max-micro-batch", type=int, default=None)
@@ -90,7 +92,10 @@ def main():
     t0 = time.perf_counter()
     grid = {}
     for i, t in enumerate(space):
-        runs = [lab.run(steps=args.steps, warmup=1, **t.asdict()) for _ in range(args.grid_repeats)]
+        # the same trials as autotune's: the first of `steps`, then enough to fill trial_s
+        runs = [lab.run(steps=args.steps, warmup=1, **t.asdict())]
+        n = timed_steps(runs[0].step_s, args.steps, args.trial_s)
+        runs += [lab.run(steps=n, warmup=1, **t.asdict()) for _ in range(args.grid_repeats - 1)]
         grid[key(t)] = Candidate("grid", t, runs)
         if (i + 1) % 16 == 0:
             print(f"  grid: {i + 1}/{len(space)} configurations, {time.perf_counter() - t0:.0f} s", flush=True)
@@ -111,7 +116,7 @@ def main():
     for i in range(repeats):
         tl = make(i)
         found = tl.autotune(budget_s=budget, space={"compile": [False]}, max_micro_batch=limit,
-                            steps=args.steps, warmup=1)
+                            steps=args.steps, warmup=1, trial_s=args.trial_s)
         w = found.toggles
         g = grid.get(key(w)) if w is not None else None
         ratio = g.score / best.score if g else float("nan")
