@@ -244,9 +244,8 @@ def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, ke
         raise ToggleError(errors)
     start = normalized(start)
     trials = trials or LabTrials(lab, int(warmup), memory_budget_bytes)
-    search = _Search(lab, trials, start, float(budget_s), keep_global_batch, max_micro_batch,
-                     int(repeats), float(noise), dict(space or {}), float(compile_s), progress)
-    search.steps, search.trial_s = int(steps), float(trial_s)
+    search = _Search(lab, trials, start, float(budget_s), keep_global_batch, max_micro_batch, int(steps),
+                     float(trial_s), int(repeats), float(noise), dict(space or {}), float(compile_s), progress)
     snap = Snapshot.take(lab)
     status = "complete"
     try:
@@ -313,8 +312,8 @@ def _check_args(lab, start, budget_s, objective, keep_global_batch, max_micro_ba
 
 
 class _Search:
-    def __init__(self, lab, trials, start, budget_s, keep_global_batch, max_micro_batch, repeats,
-                 noise, space, compile_s, progress):
+    def __init__(self, lab, trials, start, budget_s, keep_global_batch, max_micro_batch, steps, trial_s,
+                 repeats, noise, space, compile_s, progress):
         self.lab, self.trials, self.start, self.budget_s = lab, trials, start, budget_s
         self.keep_global = keep_global_batch
         self.global_batch = start.micro_batch * start.grad_accum
@@ -322,6 +321,7 @@ class _Search:
         self.limit = int(max_micro_batch) if max_micro_batch is not None else default_limit
         if keep_global_batch:
             self.limit = min(self.limit, self.global_batch)
+        self.steps, self.trial_s = steps, trial_s
         self.repeats, self.noise, self.space = repeats, noise, space
         self.compile_s, self.progress = compile_s, progress
         self.env = lab.env()
