@@ -90,15 +90,16 @@ def main():
     lab = make("grid")
     space = grid_space(lab, limit)
     t0 = time.perf_counter()
-    grid = {}
-    for i, t in enumerate(space):
-        # the same trials as autotune's: the first of `steps`, then enough to fill trial_s
-        runs = [lab.run(steps=args.steps, warmup=1, **t.asdict())]
-        n = timed_steps(runs[0].step_s, args.steps, args.trial_s)
-        runs += [lab.run(steps=n, warmup=1, **t.asdict()) for _ in range(args.grid_repeats - 1)]
-        grid[key(t)] = Candidate("grid", t, runs)
-        if (i + 1) % 16 == 0:
-            print(f"  grid: {i + 1}/{len(space)} configurations, {time.perf_counter() - t0:.0f} s", flush=True)
+    grid = {key(t): Candidate("grid", t) for t in space}
+    # repeats in rounds over all configurations, as autotune's races do: a burst of load that
+    # lasts tens of seconds then slows one repeat of many configurations, not every repeat of one
+    for rnd in range(args.grid_repeats):
+        for c in grid.values():
+            # the same trials as autotune's: the first of `steps`, then enough to fill trial_s
+            n = timed_steps(c.runs[0].step_s, args.steps, args.trial_s) if c.runs else args.steps
+            c.runs.append(lab.run(steps=n, warmup=1, **c.toggles.asdict()))
+        print(f"  grid: round {rnd + 1}/{args.grid_repeats} over {len(space)} configurations, "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
     grid_s = time.perf_counter() - t0
     ranked = sorted(grid.values(), key=lambda c: c.score, reverse=True)
     best = ranked[0]
