@@ -38,7 +38,7 @@ print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_
 # %% [markdown]
 # ## 1. A search with a budget
 #
-# The demo GPT, a 30-second budget on CPU (compile is left out here: its first compile alone
+# The demo GPT, a 20-second budget on CPU (compile is left out here: its first compile alone
 # takes tens of seconds on a CPU; chapter 10 measures it). The progress callback is what the
 # dashboard's Autotune button draws as its progress bar.
 
@@ -47,7 +47,7 @@ print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_
 lab = tunekit.Lab(preset="gpt2-124m" if GPU else "cpu-tiny", seq_len=512 if GPU else 32,
                   micro_batch=8 if GPU else 4)
 trials = []
-found = lab.autotune(budget_s=120 if GPU else 30, max_micro_batch=64 if GPU else 16,
+found = lab.autotune(budget_s=120 if GPU else 20, max_micro_batch=64 if GPU else 16,
                      space={"compile": [False]}, steps=3, warmup=1,
                      progress=lambda elapsed, budget, what: trials.append((round(elapsed, 1), what)))
 print(f"{len(trials)} trials in {found.elapsed_s:.1f} s of a {found.budget_s:g} s budget "
@@ -103,8 +103,10 @@ print(f"The search measured {len(measured)} of {len(ev)} candidates in {measured
 if len(start):
     print(f"winner {win.label!r}: {win.tokens_per_s:,.0f} tokens/s = "
           f"{win.tokens_per_s / start.tokens_per_s.iloc[0]:.2f}x the starting configuration.")
+ahead = (measured.tokens_per_s <= win.tokens_per_s).all()
 print("The top two are within noise: both are as fast here; rerun and either may win." if found.within_noise
-      else f"The winner is ahead of every other candidate beyond the noise band (±{found.band:.0%}).")
+      else f"The winner is ahead of every other candidate beyond the noise band (±{found.band:.0%})." if ahead
+      else "A candidate measured faster than the winner was not confirmed against it (see the verdict).")
 for call in found.close_calls:
     print("close call (within noise, either choice is as fast here):", call)
 if found.partial:

@@ -171,6 +171,9 @@ class AutotuneResult:
             if self.close_calls:
                 text += (". Close calls (within noise, so either choice is as fast here): "
                          + "; ".join(self.close_calls))
+        faster = [n for n in self.notes if "measured faster than the winner" in n]
+        if faster:
+            text += ". Not confirmed: " + faster[0]
         if self.status == "budget":
             text += f". STOPPED EARLY: the budget of {self.budget_s:g} s was spent; the result is partial"
         elif self.status == "interrupted":
@@ -601,6 +604,10 @@ class _Search:
             self.band = self.band_of(win, second)
             self.within_noise = not self.beats(win, second) and not self.beats(second, win)
             self.runner_up = second.toggles if self.within_noise else None
+            if self.beats(second, win):
+                self.notes.append(f"{label(second.toggles, self.start)} measured faster than the winner "
+                                  f"({second.score / win.score:.2f}x) but did not win its race: the search "
+                                  "stopped first, or it was measured under other toggles' load")
 
 
 def _finish(lab, search: _Search, snap: Snapshot, status: str, keep: str) -> AutotuneResult:
