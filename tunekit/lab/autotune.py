@@ -549,6 +549,8 @@ class _Search:
         inc = self.incumbent.toggles
         if inc.checkpointing:  # the incumbent's own setting is the one "without" here
             self.notes.append("the starting toggles checkpoint: the micro-batch search keeps it on")
+        if self.elapsed() >= self.budget_s:
+            raise _Stop  # the max-batch search trains real steps too
         fit = self.trials.max_batch(inc, self.limit) or 0
         self.notes.append(f"largest micro-batch that fits with {label(inc, self.start)}: {fit} "
                           f"(searched up to {self.limit})")
@@ -572,6 +574,8 @@ class _Search:
         if problems:
             self._prune(probe, "; ".join(problems))
             return []
+        if self.elapsed() >= self.budget_s:
+            raise _Stop
         fit_ckpt = self.trials.max_batch(inc.replace(checkpointing=True), self.limit) or 0
         self.notes.append(f"largest micro-batch that fits with checkpointing: {fit_ckpt}")
         bigger = self.sizes(fit + 1, min(fit_ckpt, self.limit))
