@@ -21,7 +21,8 @@
 # as helps, found by the max-batch search), and checkpointing *only* where it buys a micro-batch
 # that does not fit without it: "gradient checkpointing slows things down for the given batch
 # size, but since it frees up a lot of memory, enabling a much larger BS, it actually improves the
-# overall speed". torch.compile comes last, on the winner.
+# overall speed". A final race puts the winner against the two best others once more, and
+# torch.compile comes last, on the winner.
 #
 # Each candidate is a real `lab.run`. Candidates race: every round measures the survivors once
 # more and keeps the faster half, and one slower than the leader beyond the **noise band** drops

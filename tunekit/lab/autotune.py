@@ -18,7 +18,9 @@ the winner of the one before (the incumbent):
    only at micro-batches that do not fit without it, and not at all when memory is not the limit.
    With ``keep_global_batch=True`` the micro-batches divide the global batch and ``grad_accum``
    makes up the rest, so every candidate trains the same global batch;
-5. torch.compile last, on the winner (its first compile costs tens of seconds).
+5. a final race: the winner against the two best other candidates of all stages, to two more
+   repeats each (a stage decided while a burst of load slowed one side is decided again);
+6. torch.compile last, on the winner (its first compile costs tens of seconds).
 
 Within a stage the candidates race (successive halving): each round measures every survivor once
 more (one ``lab.run`` of ``steps`` timed steps); from the second round on (one trial may have met
@@ -55,7 +57,7 @@ from .runlog import repeat_agreement
 from .toggles import TF32_ON_CPU, ToggleError, Toggles, label, normalized
 
 OBJECTIVES = ("tokens_per_s",)
-STAGES = ("precision", "attention", "optimizer", "micro_batch", "compile")
+STAGES = ("precision", "attention", "optimizer", "micro_batch", "final", "compile")
 SPACE_KEYS = ("precision", "attention", "optimizer", "checkpointing", "micro_batch", "compile")
 KEEP = ("winner", "start")
 _KNOWN = {"precision": tuple(registry.PRECISIONS), "attention": tuple(registry.ATTENTIONS),
@@ -586,6 +588,27 @@ class _Search:
             self._prune(probe, f"micro-batch {probe.toggles.micro_batch} fits without checkpointing: "
                         "recomputation would only cost time there")
         return [self.with_batch(b, checkpointing=True) for b in bigger]
+
+    def stage_final(self) -> None:
+        """The winner against the two best other candidates of all stages, to ``repeats + 2``
+        repeats each: a stage decided while a burst of load slowed one side is decided again.
+        Running out of budget here ends this race, not the search."""
+        others = sorted((c for c in self.order if c.runs and c is not self.incumbent and c.status != "failed"),
+                        key=lambda c: c.score, reverse=True)[:2]
+        if not others:
+            return
+        for c in others:
+            c.status = "racing"
+        repeats, self.repeats = self.repeats, self.repeats + 2
+        try:
+            self.race([self.incumbent, *others])
+        except _Stop:
+            self.notes.append("the final race was cut short by the budget")
+            for c in others:
+                if c.status == "racing":
+                    c.status, c.why = "kept", "still racing in the final when the budget ran out"
+        finally:
+            self.repeats = repeats
 
     def stage_compile(self) -> None:
         if True not in self._allowed("compile", [True]) or self.incumbent.toggles.compile:
