@@ -176,7 +176,8 @@ def test_a_tiny_budget_stops_early_with_a_partial_result_that_says_so(lab):
     # repeat would cost 1 s (as its first did) and end at 3 s > 2.5 s: not started
     assert len(fake.measured) == 2 and found.status == "budget" and found.partial
     assert found.elapsed_s == 2.0 and "STOPPED EARLY" in found.verdict
-    assert any("stages not finished: precision, attention, optimizer, micro_batch, final, compile" in n for n in found.notes)
+    undone = "stages not finished: precision, attention, optimizer, micro_batch, final, compile"
+    assert undone in found.notes
     assert found.toggles.precision == "fp32"  # what it had: the start, measured
 
 
@@ -224,8 +225,9 @@ def test_real_search_leaves_weights_as_before_and_applies_the_winner(tmp_path):
     before = [p.detach().clone() for p in lab.model.parameters()]
     state_before = {k: v.clone() for k, v in lab.optimizer.state[next(lab.model.parameters())].items()}
     n_runs = len(lab.results())
-    space = {"precision": ["fp32"], "attention": ["sdpa"], "optimizer": ["adamw"], "compile": [False]}
-    found = lab.autotune(budget_s=60, space=space, max_micro_batch=4, steps=1, warmup=0, repeats=1)
+    space = {"precision": ["fp32"], "attention": ["sdpa"], "optimizer": ["adamw"], "compile": [False],
+             "micro_batch": [2, 4]}
+    found = lab.autotune(budget_s=60, space=space, max_micro_batch=4, steps=1, warmup=0, repeats=1, trial_s=0)
     assert found.status == "complete" and found.state.startswith("winner applied")
     assert all(torch.equal(a, b) for a, b in zip(before, lab.model.parameters()))
     state_after = lab.optimizer.state[next(lab.model.parameters())]
