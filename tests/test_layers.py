@@ -26,12 +26,14 @@ LAYERS = {
     "lab.lab": ENGINE, "lab.maxbatch": ENGINE, "lab.guard": ENGINE, "lab.precision": ENGINE,
     "bench._frame": ENGINE, "bench._rank": ENGINE,
     "bench.allreduce": ENGINE, "bench.compute": ENGINE, "bench.host": ENGINE,
+    "lab.autotune": ENGINE, "lab.autotune_view": UI,
     "lab.plots": UI, "lab.dashboard": UI, "bench.plots": UI, "magics": UI, "experiments": UI,
     "plots": UI, "report_html": UI, "figure_svg": UI, "trace_plots": UI,
 }
 # Convenience entry points where a lower layer reaches up lazily, inside one method:
 # lab.compare() and lab.dashboard() open the Lab's UI.
-ALLOWED_UP = {("lab.lab", "lab.plots"), ("lab.lab", "lab.dashboard")}
+ALLOWED_UP = {("lab.lab", "lab.plots"), ("lab.lab", "lab.dashboard"),
+              ("lab.autotune", "lab.autotune_view")}  # AutotuneResult.figure draws itself
 # third-party packages a layer must not import at all (even inside a function)
 FORBIDDEN = {CORE: {"torch", "IPython", "ipywidgets"}, MODELS: {"IPython", "ipywidgets"},
              MEASURE: {"IPython", "ipywidgets"}, ENGINE: {"IPython", "ipywidgets"}}

@@ -41,6 +41,7 @@ _EXPORTS = {
     "RunResult": ("lab.runlog", "RunResult"),
     "Toggles": ("lab.toggles", "Toggles"),
     "repeat_agreement": ("lab.runlog", "repeat_agreement"),
+    "AutotuneResult": ("lab.autotune", "AutotuneResult"),
     "GPT": ("models.gpt", "GPT"),
     "GPTConfig": ("models.gpt", "GPTConfig"),
     "estimate_memory": ("memory.estimate", "estimate_memory"),

@@ -5,12 +5,14 @@ plots and dashboard.
     >>> lab = Lab(); lab.run(steps=20, precision="bf16"); lab.dashboard()
 
 Modules: `lab` (the Lab), `toggles` (the rules; pure), `runlog` (RunResult and the JSONL log;
-pure), `step` (the untimed FLOP/activation probe), `optimizers`, `maxbatch`, `plots`, `dashboard`.
+pure), `step` (the untimed FLOP/activation probe), `optimizers`, `maxbatch`, `autotune`, `plots`,
+`autotune_view`, `dashboard`.
 """
 import importlib
 
 _EXPORTS = {"Lab": "lab", "RunResult": "runlog", "results_frame": "runlog", "Toggles": "toggles",
-            "ToggleError": "toggles", "find_max_batch_size": "maxbatch", "Dashboard": "dashboard"}
+            "ToggleError": "toggles", "find_max_batch_size": "maxbatch", "Dashboard": "dashboard",
+            "AutotuneResult": "autotune"}
 
 
 def __getattr__(name):  # lazy: `tunekit.lab.toggles` is pure and must not pull in torch

@@ -18,6 +18,7 @@ from IPython import get_ipython
 
 from ..core.summary import table_html
 from ..core.units import MiB
+from .autotune_view import evidence_view
 from .plots import compare_figure, memory_breakdown_figure
 from .runlog import runs_view
 from .toggles import ATTENTIONS, OPTIMIZERS, PRECISIONS, ToggleError, notices
@@ -71,6 +72,11 @@ class Dashboard(W.VBox):
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
         self.find_button = W.Button(description="Find max batch", icon="search",
                                     layout=W.Layout(min_width="150px"))  # the whole label, not "Find ..."
+        self.autotune_button = W.Button(description="Autotune", icon="magic", layout=W.Layout(min_width="120px"))
+        self.autotune_budget = W.FloatText(value=60.0, description="budget (s)", style=style)
+        self.autotune_kwargs: dict = {}  # more lab.autotune arguments (space=..., keep_global_batch=...)
+        self.autotune_out, self.autotune_chart = W.HTML(), W.Output()
+        self.last_autotune = None
         self.progress = W.IntProgress(value=0, min=0, max=1, description="idle")
         self.message = W.HTML()
         self.table = W.HTML()
@@ -81,6 +87,7 @@ class Dashboard(W.VBox):
         self.last_search = None
         self.run_button.on_click(self._on_run)
         self.find_button.on_click(self._on_find)
+        self.autotune_button.on_click(self._on_autotune)
         names = list(c)
         grid = W.GridBox([c[n] for n in names], layout=W.Layout(
             grid_template_columns="repeat(3, 300px)"))
@@ -88,8 +95,9 @@ class Dashboard(W.VBox):
             w.layout = W.Layout(width="250px")
         buttons = W.HBox([self.run_button, self.progress, self.find_button, self.max_batch,
                           self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
-        super().__init__([grid, buttons, self.message, self.table, self.chart_out,
-                          self.breakdown_out])
+        tune = W.HBox([self.autotune_button, self.autotune_budget])
+        super().__init__([grid, buttons, tune, self.message, self.autotune_out, self.autotune_chart, self.table,
+                          self.chart_out, self.breakdown_out])
         self.explain()
         self.refresh()
 
@@ -185,6 +193,41 @@ class Dashboard(W.VBox):
         self.message.value = _box(html.escape(verdict) + "<br>" +
                                   "<br>".join(html.escape(s) for s in lines), "#2ca02c")
 
+    def _on_autotune(self, _button=None):
+        budget = self.autotune_budget.value
+        self.progress.max, self.progress.value = max(1, round(budget)), 0
+        self.progress.description = "autotune"
+        self.autotune_button.disabled = True
+
+        def tick(elapsed_s, budget_s, text):
+            self.progress.value = min(self.progress.max, round(elapsed_s))
+            self.progress.description = f"{elapsed_s:.0f}/{budget_s:.0f} s"
+            self.message.value = _box("autotune: " + html.escape(text), "#1f77b4")
+
+        try:
+            found = self.lab.autotune(budget_s=budget, progress=tick, **self.autotune_kwargs)
+        except ToggleError as exc:
+            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in exc.problems)
+            return
+        except Exception as exc:
+            self.last_error = exc
+            self.message.value = _box(f"autotune failed: {html.escape(type(exc).__name__)}: "
+                                      f"{html.escape(str(exc))}", "#d62728")
+            return
+        finally:
+            self.progress.value, self.progress.description = self.progress.max, "done"
+            self.autotune_button.disabled = False
+        self.last_autotune = found
+        if found.toggles is not None and found.state.startswith("winner"):
+            for k, v in found.toggles.asdict().items():  # the controls show what is now applied
+                if k in self.controls:
+                    self.controls[k].value = v
+        self.message.value = _box(html.escape(found.verdict), "#d62728" if found.partial else "#2ca02c")
+        self.autotune_out.value = ("<b>autotune evidence</b>" + table_html(evidence_view(found.evidence)))
+        self.refresh()
+        if get_ipython() is not None:
+            self.autotune_chart.outputs = (_plotly_output(found.figure),)
+
     # --- a static copy, for reports that cannot run widgets ---------------------------------
 
     def snapshot_html(self) -> str:
@@ -207,6 +250,8 @@ class Dashboard(W.VBox):
         self.table_df = runs_view(df)
         self.table.value = table_html(self.table_df) if len(df) else "<i>no runs yet</i>"
         self.figures = {"compare": compare_figure(df), "memory": memory_breakdown_figure(df)}
+        if self.last_autotune is not None:
+            self.figures["autotune"] = self.last_autotune.figure
         if get_ipython() is None:
             return  # plain Python (tests): keep the figures, nothing to draw on
         for out, fig in ((self.chart_out, self.figures["compare"]),

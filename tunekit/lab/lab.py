@@ -108,6 +108,7 @@ class Lab:
         self._probes: dict[tuple, ProbeResult] = {}
         self._peaks: dict[str, object] = {}
         self._peak_given = peak_tflops
+        self.last_autotune = None  # the latest lab.autotune result (kept also after Ctrl-C)
         # one log per Lab: two Labs made in the same second of one process must not share it
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAB_IDS)}"
         self.log = RunLog(log_path if log_path else data_dir() / "runs" / f"lab-{stamp}.jsonl")
@@ -459,6 +460,14 @@ class Lab:
         """Largest micro-batch that fits for the current toggles; see ``tunekit.maxbatch``."""
         from .maxbatch import find_max_batch_size
         return find_max_batch_size(self, **kwargs)
+
+    def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", **kwargs):
+        """The fastest configuration that fits, searched within ``budget_s`` seconds; returns an
+        ``AutotuneResult`` (winner, evidence table, figure). See ``tunekit.lab.autotune``.
+
+        Example: ``found = lab.autotune(budget_s=120, keep_global_batch=True)``."""
+        from .autotune import autotune
+        return autotune(self, budget_s, objective, **kwargs)
 
     def dashboard(self):
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts)."""
