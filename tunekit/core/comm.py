@@ -11,7 +11,8 @@ buffer. The bytes each rank sends are a fixed fraction of that ((n-1)/n per pass
 What each sharding issues per optimizer step (U = fully_shard units holding parameters,
 G = grad_accum micro-steps; gradient sync only on the last one):
 - ``ddp``: gradients all-reduced once (in buckets, so the count is not fixed), buffers
-  broadcast at every forward (DDP's ``broadcast_buffers=True``).
+  broadcast at every forward (DDP's ``broadcast_buffers=True``). DDP's second iteration also
+  broadcasts its rebuilt bucket order once (a few bytes): warm up 2 steps to leave it out.
 - ``fsdp`` (FULL_SHARD): each unit all-gathered in forward and again in backward, its
   gradients reduce-scattered: 2*U*G all-gathers, U reduce-scatters.
 - ``fsdp_grad_op`` (SHARD_GRAD_OP): parameters stay gathered from forward to backward: U*G
@@ -83,9 +84,13 @@ def expected_comm(parallel: str, units, world: int, nodes: int = 1, param_bytes:
     within = "intra" if parallel == "hsdp" else across
     gathered = [unit_gathered_numel(u, shard) for u in units]
     passes = 1 if parallel == "fsdp_grad_op" else 2
+    if shard == 1:  # nothing to gather or scatter: a shard is the whole parameter
+        passes, gathered_rs = 0, 0
+    else:
+        gathered_rs = sum(gathered)
     _add(out, "all_gather", within, passes * len(units) * grad_accum,
          passes * grad_accum * sum(gathered) * param_bytes)
-    _add(out, "reduce_scatter", within, len(units), sum(gathered) * grad_bytes)
+    _add(out, "reduce_scatter", within, len(units) if shard > 1 else 0, gathered_rs * grad_bytes)
     if parallel == "hsdp" and nodes > 1:
         _add(out, "all_reduce", "inter", len(units), sum(g // shard for g in gathered) * grad_bytes)
     return out

@@ -372,7 +372,7 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
     launched = spec.get("launched_at")
     ac = autocast_dtype(t)
     fields = dict(
-        run_id=None, label=f"{spec['parallel']} x{world} " + label(t, Toggles()), toggles=t,
+        run_id=None, label=f"{spec['parallel']} {trainer.nodes}x{trainer.nproc} " + label(t, Toggles()), toggles=t,
         steps=steps, warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
         step_s=step_s, step_s_min=min(per_step), step_s_max=max(per_step),
         flops_per_step=executed, model_flops_per_step=model_flops,
