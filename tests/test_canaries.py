@@ -102,3 +102,28 @@ def test_dynamo_counts_the_graphs_it_compiles():
     torch.compile(net, backend="eager")(torch.randn(2, 8))
     assert torch_private.compiled_graphs() == before + 1
     torch._dynamo.reset()
+
+
+def test_dispatch_mode_sees_c10d_collectives_and_their_process_group():
+    """measure/comm.py counts collectives through a dispatch mode and unboxes the group."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        seen = []
+
+        class Spy(torch_private.dispatch_mode_class()):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func.namespace == "c10d":
+                    group = next(a for a in args if isinstance(a, torch.ScriptObject)
+                                 and "ProcessGroup" in str(a._type()))
+                    seen.append((func.__name__.split(".")[0],
+                                 dist.get_process_group_ranks(torch_private.unbox_process_group(group))))
+                return func(*args, **(kwargs or {}))
+
+        with Spy():
+            dist.all_reduce(torch.ones(3))
+        assert seen == [("allreduce_", [0])]
+    finally:
+        dist.destroy_process_group()

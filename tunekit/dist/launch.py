@@ -122,6 +122,10 @@ def _run_local(spec: dict, world: int, work: Path) -> None:
         start_method="spawn", shutdown_timeout=5,
         logs_specs=DefaultLogsSpecs(log_dir=str(work / "logs"), redirects=Std.ALL))
     saved = {s: signal.getsignal(getattr(signal, s)) for s in _SIGNALS if hasattr(signal, s)}
+    old_path = os.environ.get("PYTHONPATH")
+    # the workers import what this process can (a factory next to the notebook, say); the
+    # agent hands them this process's environment, so the path goes there for the launch
+    os.environ["PYTHONPATH"] = _python_path()
     try:
         elastic_launch(config, sys.executable)("-m", "tunekit.dist.worker", str(path))
     except ChildFailedError as e:
@@ -133,9 +137,17 @@ def _run_local(spec: dict, world: int, work: Path) -> None:
             raise KeyboardInterrupt from None  # Ctrl-C: the agent has stopped every worker
         raise
     finally:
+        if old_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_path
         if threading.current_thread() is threading.main_thread():
             for s, handler in saved.items():  # the agent installed its own; give back ours
                 signal.signal(getattr(signal, s), handler)
+
+
+def _python_path() -> str:
+    return os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
 
 
 def _failure(failures: dict) -> DistRunError:
@@ -179,7 +191,8 @@ def _run_netns(spec: dict, nproc: int, nodes: int, link: dict, work: Path) -> No
     with netns.EmulatedNodes(nodes, bandwidth=link.get("bandwidth"), latency=link.get("latency")) as em:
         spec = {**spec, "gloo_ifname": em.ifname}
         path = _write_spec(spec, work)
-        run_torchrun(em.addresses, [em.exec_prefix(i) for i in range(nodes)], nproc, path, work)
+        run_torchrun(em.addresses, [em.exec_prefix(i) for i in range(nodes)], nproc, path, work,
+                     port=getattr(em, "port", 29517))
 
 
 def run_torchrun(addresses: list, prefixes: list, nproc: int, spec_path: Path, work: Path,
@@ -190,7 +203,7 @@ def run_torchrun(addresses: list, prefixes: list, nproc: int, spec_path: Path, w
     the failing rank's traceback."""
     nodes = len(addresses)
     procs, logs = [], []
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env = dict(os.environ, PYTHONPATH=_python_path())
     try:
         for i in range(nodes):
             err = work / f"node{i}"

@@ -353,12 +353,13 @@ class Lab:
         if self._blocks_arg is not None and not isinstance(self._blocks_arg, str):
             errors.append("blocks given as modules cannot travel to worker processes: name them by "
                           "attribute path, e.g. Lab(model, blocks='layers')")
-        if errors:
-            raise ToggleError(errors)
+        spec_model = None
         try:
             spec_model = factory_spec(self.factory) if self.factory else model_spec(self.model)
         except ValueError as e:
-            raise ToggleError([str(e)]) from None
+            errors.insert(0, str(e))
+        if errors:
+            raise ToggleError(errors)
         t = normalized(t)
         self.log.check_writable()
         peak = self._peak(compute_dtype(t, self.device.type))
