@@ -17,8 +17,8 @@ Rank 0 gathers every rank's figures and returns one RunResult (written as JSON t
 ``spec["out_dir"]/result.json`` when given); other ranks return None. The spec is a dict:
 ``model`` (see tunekit.dist.spec), ``parallel``, ``toggles`` (Toggles fields), ``steps``,
 ``warmup``, ``seed``, ``data``; optional ``nproc`` (ranks per node; default LOCAL_WORLD_SIZE),
-``nodes``, ``weights`` (a state_dict file to start from), ``comm`` (count collectives, default
-True), ``peak_tflops``/``peak_source``, ``launched_at`` (time.time() at launch),
+``nodes``, ``weights`` (a state_dict file to start from), ``comm`` (count the collectives of one
+untimed step, default True), ``peak_tflops``/``peak_source``, ``launched_at`` (time.time() at launch),
 ``progress_file``, ``gloo_ifname``, ``timeout_s``.
 """
 from __future__ import annotations
@@ -278,24 +278,41 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
     progress = _progress(spec, rank)
     dist.barrier()
     first_step_at = time.time()
-    warm = [trainer.step() for _ in range(warmup)]
     counter = CommCounter(node_of=lambda r: r // nproc) if spec.get("comm", True) else None
-    tables = []
+    tables, counted = [], []
+
+    def counted_step(i):
+        # The counter sees every op of the step through a Python dispatch mode, which slows
+        # the step (benchmarks/bench_dist.py) and may change how communication overlaps: the
+        # collectives are counted on the last untimed warm-up step (every step of a run issues
+        # the same ones), and the timed steps run without it.
+        with counter:
+            loss = trainer.step()
+        tables.append(counter.table())
+        counted.append(i)
+        counter.reset()
+        return loss
+
+    warm = [counted_step(i + 1) if counter is not None and i == warmup - 1 else trainer.step()
+            for i in range(warmup)]
+    losses = []
+
+    def step(i):
+        if counter is not None and not tables:  # no warm-up: the first timed step, slowed
+            losses.append(counted_step(warmup + i + 1))
+        else:
+            losses.append(trainer.step())
 
     def after(i, _s):
-        if counter is not None:
-            tables.append(counter.table())
-            counter.reset()
         progress(i + 1, steps)
 
     cuda_index = device.index if device.type == "cuda" else None
     meter = DeviceMeter(device, cuda_index).start()
-    losses = []
     progress(0, steps)
+    index = iter(range(steps))
     try:
-        with counter if counter is not None else contextlib.nullcontext():
-            times = time_repeats(lambda: losses.append(trainer.step()), device, warmup=0,
-                                 repeats=steps, after_each=after)
+        times = time_repeats(lambda: step(next(index)), device, warmup=0, repeats=steps,
+                             after_each=after)
     finally:
         peak = meter.stop()
     if trainer.grads_bytes is None:
@@ -303,7 +320,7 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
     # the loss of the global batch: the mean of the ranks' slice means (outside the counter)
     curve = torch.stack([v.float() for v in warm + losses]).to(device)
     dist.all_reduce(curve)
-    mine = {"times": times, "peak": peak, "comm": tables, "other": counter.other if counter else {},
+    mine = {"times": times, "peak": peak, "comm": tables, "counted": counted, "other": counter.other if counter else {},
             **trainer.local_bytes()}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
@@ -317,32 +334,26 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
     return result
 
 
-def _mean_table(tables: list) -> tuple[dict, bool]:
-    keys = sorted({k for tb in tables for k in tb})
-    mean = {k: {"count": sum(tb.get(k, {}).get("count", 0) for tb in tables) / len(tables),
-                "bytes": sum(tb.get(k, {}).get("bytes", 0) for tb in tables) / len(tables)}
-            for k in keys}
-    for v in mean.values():  # whole numbers when every step issued the same
-        for f in ("count", "bytes"):
-            if float(v[f]).is_integer():
-                v[f] = int(v[f])
-    return mean, all(tb == tables[0] for tb in tables)
-
-
-def _comm_record(trainer, gathered, notes) -> dict | None:
+def _comm_record(trainer, gathered, notes, warmup) -> dict | None:
     tables = gathered[0]["comm"]
     if not tables:
         notes.append("communication not counted (comm=False)")
         return None
-    mean, steady = _mean_table(tables)
-    if not steady:
-        notes.append("the collectives differed between steps: comm holds the mean per step")
+    mean = tables[0]
+    step = gathered[0]["counted"][0]
+    if step > warmup:
+        notes.append("collectives counted on the first timed step (no warm-up): its time includes "
+                     "the counter's cost")
+    if trainer.parallel == "ddp" and step == 2:
+        notes.append("comm counted DDP's second iteration, which also broadcasts its rebuilt bucket "
+                     "order once (a few bytes); warm up 3 steps to count a steady one")
     agree = all(g["comm"] == tables for g in gathered)
     return {"per_step": mean, "by_kind": total_by(mean, "kind"), "by_scope": total_by(mean, "scope"),
             "expected": trainer.expected_comm(), "other_ops": gathered[0]["other"],
-            "ranks_agree": agree, "rank": 0,
+            "ranks_agree": agree, "rank": 0, "step_counted": step,
             "convention": "bytes: all_gather its gathered output, reduce_scatter its input, "
-                          "all_reduce and broadcast their buffer; per optimizer step, on rank 0"}
+                          "all_reduce and broadcast their buffer; one optimizer step (step_counted, "
+                          "1-based, warm-up included), on rank 0"}
 
 
 def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_source, device) -> RunResult:
@@ -392,7 +403,7 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
         model=type(trainer.model).__name__, n_params=trainer.n_params,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + (probe.notes if probe else []),
         mfu_convention=convention, world_size=world, parallel=spec["parallel"], nodes=trainer.nodes,
-        peak_mem_bytes_per_rank=peaks, comm=_comm_record(trainer, gathered, notes), comm_wait_s=None,
+        peak_mem_bytes_per_rank=peaks, comm=_comm_record(trainer, gathered, notes, warmup), comm_wait_s=None,
         launch_s=None if launched is None else first_step_at - launched,
         losses=losses)
     if not all(math.isfinite(v) for v in losses):

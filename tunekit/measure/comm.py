@@ -37,6 +37,17 @@ def _nbytes(arg) -> int:
     return 0
 
 
+_SEEN: dict = {}  # op overload -> False (not a collective) or (name, kind or None, sized arg)
+
+
+def _classify(func):
+    if func.namespace != "c10d":
+        return False
+    name = func.__name__.split(".")[0]
+    kind, pos = _OPS.get(name, (None, None))
+    return name, kind, pos
+
+
 class CommCounter(dispatch_mode_class()):
     """A dispatch mode that tallies c10d collectives; ``table()`` reads the tally,
     ``reset()`` clears it (between steps). ``node_of(rank)`` says which node a global rank is
@@ -61,19 +72,24 @@ class CommCounter(dispatch_mode_class()):
         return self._scopes[key]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d":
-            name = func.__name__.split(".")[0]
-            known = _OPS.get(name)
-            if known is None:
-                self.other[name] = self.other.get(name, 0) + 1
-            else:
-                kind, pos = known
-                group = next(a for a in args if isinstance(a, torch.ScriptObject)
-                             and "ProcessGroup" in str(a._type()))
-                entry = self.counts.setdefault(f"{kind}/{self._scope(group)}", [0, 0])
-                entry[0] += 1
-                entry[1] += _nbytes(args[pos])
-        return func(*args, **(kwargs or {}))
+        # the hot path: every op of the step passes here; one dict lookup for all but c10d ops
+        known = _SEEN.get(func)
+        if known is None:
+            known = _SEEN[func] = _classify(func)
+        if known is not False:
+            self._count(known, args)
+        return func(*args, **kwargs) if kwargs else func(*args)
+
+    def _count(self, known, args) -> None:
+        name, kind, pos = known
+        if kind is None:
+            self.other[name] = self.other.get(name, 0) + 1
+            return
+        group = next(a for a in args if isinstance(a, torch.ScriptObject)
+                     and "ProcessGroup" in str(a._type()))
+        entry = self.counts.setdefault(f"{kind}/{self._scope(group)}", [0, 0])
+        entry[0] += 1
+        entry[1] += _nbytes(args[pos])
 
     def table(self) -> dict:
         """``{"kind/scope": {"count": n, "bytes": b}}`` since the last reset."""
