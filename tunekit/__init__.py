@@ -63,7 +63,7 @@ _MODULES = {
     "widgets": "lab.dashboard", "dashboard": "lab.dashboard",
 }
 _PACKAGES = {"core", "measure", "models", "memory", "lab", "bench", "magics", "experiments", "plots",
-             "report_html"}
+             "report_html", "dist"}
 
 __all__ = sorted(_EXPORTS) + ["load_ipython_extension", "unload_ipython_extension"]
 
