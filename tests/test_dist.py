@@ -31,6 +31,7 @@ LAYOUTS = {"ddp": (2, 1), "fsdp": (2, 1), "fsdp_grad_op": (2, 1), "hsdp": (2, 2)
 def spec(parallel, factory="dist_factories:tiny_gpt", **extra):
     return {"model": factory_spec(factory), "parallel": parallel, "steps": STEPS, "warmup": WARMUP,
             "seed": 0, "toggles": {"micro_batch": MB, "seq_len": T}, "peak_tflops": 1.0, **extra}
+# Per step, FSDP2's gathered units: 2 x 49,280 + 16,448 = 115,008 elements (see EXPECTED)
 
 
 def leftover_children():
@@ -50,20 +51,23 @@ def run(parallel):
     return _RUNS[parallel]
 
 
-def single_process_losses(world, steps):
-    """The same model, seed and global batch (MB x world samples) in this process."""
+def single_process_losses(world, steps, grad_accum=1):
+    """The same model, seed and global batch (MB x world samples per micro-step) in this process."""
     torch.manual_seed(0)
     model = build_model(factory_spec("dist_factories:tiny_gpt"), seed=0)
     batcher = Batcher("synthetic", seed=0, vocab_size=255)  # vocab < 256: synthetic, as the Lab
     opt = build_optimizer("adamw", model.parameters(), 1e-3)
     out = []
     for _ in range(steps):
-        x, y = batcher.get(MB * world, T)
-        loss = model(x, y)[1]
-        loss.backward()
+        total = 0.0
+        for _ in range(grad_accum):
+            x, y = batcher.get(MB * world, T)
+            loss = model(x, y)[1] / grad_accum
+            loss.backward()
+            total += loss.item()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        out.append(loss.item())
+        out.append(total)
     return out
 
 
@@ -99,7 +103,7 @@ def test_per_rank_params_grads_optimizer_within_10pct_of_the_estimate(parallel):
 # padded to (256, 64) = 16,384 + norm_f 64 = 16,448. Gathered: 2*49,280 + 16,448 = 115,008.
 EXPECTED = {
     # all-reduce of 114,944 trained elements (255*64 + 2*49,280 + 64) x 4 B; rope buffers
-    # 2 x (32, 16) fp32 = 4,096 B broadcast at the forward
+    # 2 x (32, 16) fp32 = 4,096 B broadcast at the first forward after a gradient sync
     "ddp": {"all_reduce/intra": (None, 459_776), "broadcast/intra": (1, 4_096)},
     # forward + backward all-gather of 3 units: 2 x 115,008 x 4; reduce-scatter 115,008 x 4
     "fsdp": {"all_gather/intra": (6, 920_064), "reduce_scatter/intra": (3, 460_032)},
@@ -120,6 +124,33 @@ def test_measured_bytes_per_step_equal_the_formulas(parallel):
         measured["all_reduce/intra"] = (None, measured["all_reduce/intra"][1])
     assert measured == EXPECTED[parallel]
     assert r.comm["ranks_agree"] and r.comm["other_ops"] == {} and r.comm["step_counted"] == WARMUP
+
+
+@pytest.mark.parametrize("parallel", ["fsdp", pytest.param("ddp", marks=pytest.mark.slow)])
+def test_grad_accum_syncs_gradients_once_per_step(parallel):
+    r = launch(spec(parallel, toggles={"micro_batch": MB, "seq_len": T, "grad_accum": 2}), nproc=2)
+    assert r.losses == pytest.approx(single_process_losses(2, WARMUP + STEPS, grad_accum=2), abs=1e-5)
+    per_step = {k: (v["count"], v["bytes"]) for k, v in r.comm["per_step"].items()}
+    if parallel == "fsdp":  # gathered at both micro-steps (2 x 6), reduce-scattered once (3)
+        assert per_step == {"all_gather/intra": (12, 1_840_128), "reduce_scatter/intra": (3, 460_032)}
+    else:  # one gradient all-reduce; the buffers broadcast once, not at the no_sync micro-step
+        assert per_step["all_reduce/intra"][1] == 459_776 and per_step["broadcast/intra"] == (1, 4_096)
+    assert r.comm["per_step"] == {k: v for k, v in r.comm["expected"].items() if v["count"] is not None} \
+        or parallel == "ddp"
+
+
+def test_estimate_memory_takes_a_sharding_or_zero_stage_not_both():
+    # 1e6 params x 16 B (fp32 + AdamW) = 16e6 B; FSDP over 4 ranks: 4e6; HSDP 2 nodes x 2: 8e6
+    kw = dict(precision="fp32", optimizer="adamw", device="cpu", n_layer=1, n_embd=8, n_head=1, seq_len=4)
+    assert estimate_memory(1e6, parallel="ddp", world_size=4, **kw).static_bytes == 16e6
+    assert estimate_memory(1e6, parallel="fsdp", world_size=4, **kw).static_bytes == 4e6
+    assert estimate_memory(1e6, parallel="hsdp", world_size=4, nodes=2, **kw).static_bytes == 8e6
+    with pytest.raises(ValueError, match="not both"):
+        estimate_memory(1e6, parallel="fsdp", world_size=4, zero_stage=3, **kw)
+    with pytest.raises(ValueError, match="needs nodes >= 2"):
+        estimate_memory(1e6, parallel="hsdp", world_size=4, **kw)
+    with pytest.raises(ValueError, match="whole multiple"):
+        estimate_memory(1e6, parallel="fsdp", world_size=3, nodes=2, **kw)
 
 
 def test_hsdp_sends_nothing_but_the_shard_all_reduce_across_nodes():

@@ -11,7 +11,8 @@ buffer. The bytes each rank sends are a fixed fraction of that ((n-1)/n per pass
 What each sharding issues per optimizer step (U = fully_shard units holding parameters,
 G = grad_accum micro-steps; gradient sync only on the last one):
 - ``ddp``: gradients all-reduced once (in buckets, so the count is not fixed), buffers
-  broadcast at every forward (DDP's ``broadcast_buffers=True``). DDP's second iteration also
+  broadcast once (DDP's ``broadcast_buffers=True``: at the first forward after a gradient sync,
+  so not again at the ``no_sync`` micro-steps). DDP's second iteration also
   broadcasts its rebuilt bucket order once (a few bytes): warm up 2 steps to leave it out.
 - ``fsdp`` (FULL_SHARD): each unit all-gathered in forward and again in backward, its
   gradients reduce-scattered: 2*U*G all-gathers, U reduce-scatters.
@@ -78,7 +79,7 @@ def expected_comm(parallel: str, units, world: int, nodes: int = 1, param_bytes:
         grads = sum(numel(s) for u in units for s in u) * grad_bytes
         out[f"all_reduce/{across}"] = {"count": None, "bytes": grads}
         if buffer_bytes:
-            _add(out, "broadcast", across, grad_accum, grad_accum * buffer_bytes)
+            _add(out, "broadcast", across, 1, buffer_bytes)
         return out
     shard = world // nodes if parallel == "hsdp" else world
     within = "intra" if parallel == "hsdp" else across
