@@ -375,3 +375,17 @@ def test_fsdp_on_a_transformers_model_in_bf16_with_checkpointing():
     assert r.comm["per_step"] == r.comm["expected"]
     assert r.comm["per_step"]["all_gather/intra"]["bytes"] == r.comm["per_step"]["reduce_scatter/intra"]["bytes"]
     assert all(math.isfinite(v) for v in r.losses) and r.autocast_dtype == "bfloat16"
+
+
+@pytest.mark.slow
+def test_real_emulated_nodes_carry_only_the_shard_all_reduce_for_hsdp():
+    """Through tunekit.dist.netns (network namespaces joined by a 50 Mbit/s link); skipped where
+    it cannot run (no root or no iproute2), with its reason."""
+    netns = pytest.importorskip("tunekit.dist.netns")
+    why = netns.check()
+    if why is not None:
+        pytest.skip(why)
+    r = launch(spec("hsdp"), nproc=1, nodes=2, link={"bandwidth": "50mbit", "latency": "1ms"})
+    assert r.losses == pytest.approx(single_process_losses(2, WARMUP + STEPS), abs=1e-5)
+    assert r.comm["per_step"] == {"all_reduce/inter": {"count": 3, "bytes": 459_776}}
+    assert leftover_children() == []
