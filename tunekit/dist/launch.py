@@ -129,7 +129,7 @@ def _run_local(spec: dict, world: int, work: Path) -> None:
     try:
         elastic_launch(config, sys.executable)("-m", "tunekit.dist.worker", str(path))
     except ChildFailedError as e:
-        raise _failure(e.failures) from None
+        raise _failure(e.failures, work / "logs") from None
     except Exception as e:
         from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -150,11 +150,16 @@ def _python_path() -> str:
     return os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
 
 
-def _failure(failures: dict) -> DistRunError:
-    """The first rank to fail (by time), with its traceback from the error file @record wrote."""
+def _failure(failures: dict, logs: Path) -> DistRunError:
+    """The first rank to fail (by time), with its traceback from the error file @record wrote
+    (or, for a rank killed by a signal, the end of its stderr)."""
     msgs = {}
     for rank, f in failures.items():
         msgs[rank] = _traceback(f)
+        if not f.error_file_data:
+            tails = [p.read_text(errors="replace")[-3000:] for p in logs.rglob(f"{f.local_rank}/stderr.log")]
+            if tails and tails[-1].strip():
+                msgs[rank] += "\nthe end of its stderr:\n" + tails[-1]
     first = min(failures, key=lambda r: failures[r].timestamp)
     # ranks killed because another failed carry no traceback: prefer one that has
     with_tb = [r for r in failures if failures[r].error_file_data]
