@@ -145,6 +145,7 @@ def main():
                         "toggles": {"micro_batch": args.micro_batch}, "peak_tflops": 1.0}, nproc=2)
             print(f"   {parallel:5s} #{i + 1}: launch_s {r.launch_s:5.2f} s to the first step; whole "
                   f"call {time.perf_counter() - t0:5.2f} s (step {r.step_s * 1e3:.0f} ms)")
+            print("      " + next(n for n in r.notes if n.startswith("launch to first step")))
     print(f"2a. accounting on vs off over whole runs ({args.runs} pairs of launches, {args.steps} timed "
           f"steps each); {load()}")
     for parallel in ("ddp", "fsdp"):

@@ -28,7 +28,6 @@ import time
 import uuid
 from pathlib import Path
 
-from ..core.comm import layout_problems
 from ..lab.runlog import RunResult
 from .spec import check_model_spec
 from .worker import check_spec
@@ -46,9 +45,9 @@ class DistRunError(RuntimeError):
 
 
 def _check(spec, nproc, nodes, link) -> None:
-    errors = layout_problems(spec.get("parallel") if isinstance(spec, dict) else None, nproc, nodes)
-    errors += [e for e in check_spec({**spec, "nproc": nproc, "nodes": nodes}) if e not in errors] \
-        if isinstance(spec, dict) else ["spec must be a dict"]
+    if not isinstance(spec, dict):
+        raise ValueError(f"a spec is a dict (see tunekit.dist.worker), got {type(spec).__name__}")
+    errors = check_spec({**spec, "nproc": nproc, "nodes": nodes})
     if link is not None and (not isinstance(link, dict) or set(link) - {"bandwidth", "latency"}):
         errors.append(f"link is a dict with bandwidth and/or latency, e.g. {{'bandwidth': '50mbit', "
                       f"'latency': '1ms'}}; got {link!r}")

@@ -253,8 +253,10 @@ def join(spec: dict) -> RunResult | None:
     if cuda:
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=spec.get("timeout_s", 300))
+    spec = {**spec, "_joined_at": time.time()}
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout,
                             device_id=device if cuda else None)
+    spec["_group_at"] = time.time()
     try:
         return _run(spec, rank, world, nproc, device)
     finally:
@@ -378,10 +380,19 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
     peak = resolve_peak(device, dtype, given=spec.get("peak_tflops"))
     peak_tflops = peak.tflops
     source = spec.get("peak_source") or peak.source
-    per_device = None if peak_tflops is None else peak_tflops * world  # MFU per device
+    all_peak = None if peak_tflops is None else peak_tflops * world  # MFU and HFU per device
     peaks = [g["peak"] for g in gathered]
     launched = spec.get("launched_at")
     ac = autocast_dtype(t)
+    comm = _comm_record(trainer, gathered, notes, warmup)
+    notes.append("params/grads/optimizer bytes: the largest rank's local shards")
+    if launched is None:
+        notes.append("launch_s unknown: the job was started outside tunekit.dist.launch")
+    else:
+        joined, group = spec.get("_joined_at", launched), spec.get("_group_at", launched)
+        notes.append(f"launch to first step {first_step_at - launched:.1f} s: {joined - launched:.1f} s "
+                     f"to start the ranks (interpreters, torch import), {group - joined:.1f} s rendezvous "
+                     f"and process group, {first_step_at - group:.1f} s model, FLOP count and sharding")
     fields = dict(
         run_id=None, label=f"{spec['parallel']} {trainer.nodes}x{trainer.nproc} " + label(t, Toggles()), toggles=t,
         steps=steps, warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
@@ -389,7 +400,7 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
         flops_per_step=executed, model_flops_per_step=model_flops,
         flops_source="counted" if executed else "none",
         tflops=formulas.tflops(executed, step_s),
-        mfu=formulas.mfu(model_flops, step_s, per_device), hfu=formulas.hfu(executed, step_s, per_device),
+        mfu=formulas.mfu(model_flops, step_s, all_peak), hfu=formulas.hfu(executed, step_s, all_peak),
         peak_tflops=peak_tflops, peak_tflops_source=source,
         peak_mem_bytes=None if None in peaks else max(peaks), peak_source=peak_source,
         params_bytes=max(g["params_bytes"] for g in gathered),
@@ -403,14 +414,11 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
         model=type(trainer.model).__name__, n_params=trainer.n_params,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + (probe.notes if probe else []),
         mfu_convention=convention, world_size=world, parallel=spec["parallel"], nodes=trainer.nodes,
-        peak_mem_bytes_per_rank=peaks, comm=_comm_record(trainer, gathered, notes, warmup), comm_wait_s=None,
+        peak_mem_bytes_per_rank=peaks, comm=comm, comm_wait_s=None,
         launch_s=None if launched is None else first_step_at - launched,
         losses=losses)
     if not all(math.isfinite(v) for v in losses):
         fields.update(status="failed", error="a loss was not finite")
-    notes.append("params/grads/optimizer bytes: the largest rank's local shards")
-    if launched is None:
-        notes.append("launch_s unknown: the job was started outside tunekit.dist.launch")
     return RunResult(**fields)
 
 
