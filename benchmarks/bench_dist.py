@@ -148,7 +148,7 @@ def main():
             print("      " + next(n for n in r.notes if n.startswith("launch to first step")))
     print(f"2a. accounting on vs off over whole runs ({args.runs} pairs of launches, {args.steps} timed "
           f"steps each); {load()}")
-    for parallel in ("ddp", "fsdp"):
+    for parallel in ("ddp", "fsdp") if args.runs else ():
         times, fastest = {True: [], False: []}, {True: [], False: []}
         for i in range(args.runs):
             for comm in ((True, False) if i % 2 == 0 else (False, True)):
@@ -162,7 +162,7 @@ def main():
         print(f"   {parallel:5s}: step {off * 1e3:6.1f} ms off, {on * 1e3:6.1f} ms on -> ratio {on / off:.3f} "
               f"(fastest steps: {quick:.3f})")
     print(f"2b. the counted step itself, {args.pairs} pairs of steps per sharding; {load()}")
-    for parallel in ("ddp", "fsdp"):
+    for parallel in ("ddp", "fsdp") if args.pairs else ():
         o = accounting(parallel, args.pairs, args.micro_batch)
         direct = o["ops"] * o["per_op_s"] / o["off"]
         print(f"   {parallel:5s}: step {o['off'] * 1e3:6.1f} ms off, {o['on'] * 1e3:6.1f} ms on -> ratio "
