@@ -195,13 +195,18 @@ def test_a_failing_rank_comes_back_with_its_traceback_and_nothing_is_left():
     (dict(parallel="fsdp", nproc=0), "nproc must be a whole number >= 1"),
     (dict(parallel="fsdp", nproc=1.5), "nproc must be a whole number >= 1"),
     (dict(parallel="ddp", nodes=True), "nodes must be a whole number >= 1"),
+    (dict(parallel="ddp", toggles={"micro_batch": 0}), "micro_batch must be a whole number >= 1"),
+    (dict(parallel="ddp", toggles={"precision": "fp16"}), "fp16 training is refused on CPU"),
+    (dict(parallel="fsdp", toggles={"compile": True}), "compile is not applied"),
+    (dict(parallel="fsdp", link={"speed": "1gbit"}), "link is a dict with bandwidth"),
 ])
 def test_bad_layouts_are_refused_before_anything_starts(bad, msg, monkeypatch):
     started = []
     monkeypatch.setattr(launch_mod, "_run_local", lambda *a: started.append(a))
     kw = {"nproc": 2, "nodes": 1, **bad}
+    extra = {"toggles": kw.pop("toggles")} if "toggles" in kw else {}
     with pytest.raises(ValueError, match=msg):
-        launch(spec(kw.pop("parallel")), **kw)
+        launch(spec(kw.pop("parallel"), **extra), **kw)
     assert started == []
 
 

@@ -37,11 +37,11 @@ import torch.distributed as dist
 
 from ..core import formulas, registry
 from ..core.comm import expected_comm, layout_problems, total_by
-from ..lab.optimizers import build_optimizer
+from ..lab.optimizers import build_optimizer, unavailable_optimizers
 from ..lab.precision import autocast, matmul_precision
 from ..lab.runlog import RunResult
 from ..lab.step import probe_step
-from ..lab.toggles import Toggles, autocast_dtype, compute_dtype, label, normalized
+from ..lab.toggles import Env, Toggles, autocast_dtype, compute_dtype, label, normalized, problems
 from ..measure.comm import CommCounter
 from ..measure.device import device_label
 from ..measure.meters import DeviceMeter
@@ -225,6 +225,10 @@ def check_spec(spec: dict) -> list[str]:
         t = Toggles().replace(**spec.get("toggles", {}))
     except TypeError as e:
         return out + [str(e)]
+    dev = "cuda" if torch.cuda.is_available() and spec.get("device", "auto") != "cpu" else "cpu"
+    out += problems(t, Env(device_type=dev, unavailable_optimizers=unavailable_optimizers(dev)))
+    if t.compile:
+        out.append("compile is not applied by distributed runs (the ranks run eagerly): leave it off")
     if t.precision == "fp16" and spec.get("parallel") != "ddp":
         out.append("fp16 with FSDP needs a sharded gradient scaler tunekit does not drive: use bf16 "
                    "(FSDP2's MixedPrecisionPolicy) or parallel='ddp'")

@@ -63,7 +63,9 @@ class Steps:
 class Lab:
     """A live model + data + optimizer kept across runs; see the module docstring for an example.
 
-    ``model``: None (a fresh ``GPT(config or preset)``), a transformers causal LM (e.g.
+    ``model``: None (a fresh ``GPT(config or preset)``), ``"package.module:function"`` (a
+    factory called with no arguments; distributed runs rebuild the model with it), a
+    transformers causal LM (e.g.
     ``AutoModelForCausalLM.from_config(cfg)``: batches, loss, checkpointing and attention work
     as for the built-in GPT), or any ``nn.Module`` with ``batch_fn(micro_batch, seq_len) -> (x, y)``,
     ``loss_fn(model, x, y) -> loss`` and, for checkpointing, ``blocks`` (an attribute path such
