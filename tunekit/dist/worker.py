@@ -179,7 +179,7 @@ class Trainer:
                         loss = loss / t.grad_accum
                     loss.backward()
                 total = loss.detach() if total is None else total + loss.detach()
-            if self.grads_bytes is None:  # once (an untimed warm-up step): the local gradients
+            if self.grads_bytes is None:  # once, at the first step: the local gradients
                 self.grads_bytes = _nbytes(p.grad for p in self.model.parameters())
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -321,8 +321,6 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
                              after_each=after)
     finally:
         peak = meter.stop()
-    if trainer.grads_bytes is None:
-        trainer.grads_bytes = _nbytes(p.grad for p in trainer.model.parameters())
     # the loss of the global batch: the mean of the ranks' slice means (outside the counter)
     curve = torch.stack([v.float() for v in warm + losses]).to(device)
     dist.all_reduce(curve)
