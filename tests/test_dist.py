@@ -335,6 +335,7 @@ def test_gpu_path_picks_nccl_and_the_local_device(monkeypatch):
     monkeypatch.setattr(worker.dist, "init_process_group",
                         lambda backend, **kw: calls.update(backend=backend, **kw))
     monkeypatch.setattr(worker.dist, "destroy_process_group", lambda: calls.setdefault("destroyed", True))
+    monkeypatch.setattr(worker.dist, "barrier", lambda: calls.setdefault("barrier", True))
     monkeypatch.setattr(worker, "_run", lambda spec, rank, world, nproc, device: (rank, world, nproc, device))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     assert worker.join(spec("ddp")) == (1, 2, 2, torch.device("cuda", 1))
@@ -394,3 +395,19 @@ def test_real_emulated_nodes_carry_only_the_shard_all_reduce_for_hsdp():
     assert r.losses == pytest.approx(single_process_losses(2, WARMUP + STEPS), abs=1e-5)
     assert r.comm["per_step"] == {"all_reduce/inter": {"count": 3, "bytes": 459_776}}
     assert leftover_children() == []
+
+
+def test_a_rank_dying_in_teardown_after_the_result_is_a_note_not_a_failure(tmp_path):
+    """gloo has aborted a rank at its exit ("terminate called without an active exception")
+    after rank 0 had gathered every rank's figures: the run is kept, the death noted."""
+    from types import SimpleNamespace
+
+    (tmp_path / "result.json").write_text(json.dumps({"notes": ["ok"]}))
+    log = tmp_path / "logs" / "run" / "attempt_0" / "1"
+    log.mkdir(parents=True)
+    (log / "stderr.log").write_text("terminate called without an active exception\n")
+    dead = SimpleNamespace(local_rank=1, exitcode=-6, error_file_data={"message": "<NONE>"}, timestamp=1)
+    err = launch_mod._failure({1: dead}, tmp_path / "logs")
+    assert err.rank == 1 and "exit code -6" in err.traceback and "terminate called" in err.traceback
+    launch_mod._note_result(tmp_path, "rank 1 died after the run")
+    assert json.loads((tmp_path / "result.json").read_text())["notes"] == ["ok", "rank 1 died after the run"]

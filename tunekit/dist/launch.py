@@ -128,7 +128,13 @@ def _run_local(spec: dict, world: int, work: Path) -> None:
     try:
         elastic_launch(config, sys.executable)("-m", "tunekit.dist.worker", str(path))
     except ChildFailedError as e:
-        raise _failure(e.failures, work / "logs") from None
+        err = _failure(e.failures, work / "logs")
+        if (work / "result.json").is_file() and not any(_python_traceback(f) for f in e.failures.values()):
+            # every rank reached the end (rank 0 gathered their figures and wrote the result):
+            # a rank that died at its exit (gloo has aborted in teardown) loses nothing
+            _note_result(work, f"rank {err.rank} died after the run, in its teardown: {err.traceback}")
+            return
+        raise err from None
     except Exception as e:
         from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -145,37 +151,42 @@ def _run_local(spec: dict, world: int, work: Path) -> None:
                 signal.signal(getattr(signal, s), handler)
 
 
+def _note_result(work: Path, note: str) -> None:
+    out = work / "result.json"
+    data = json.loads(out.read_text())
+    data["notes"] = [*data.get("notes", []), note]
+    out.write_text(json.dumps(data))
+
+
 def _python_path() -> str:
     return os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
 
 
 def _failure(failures: dict, logs: Path) -> DistRunError:
-    """The first rank to fail (by time), with its traceback from the error file @record wrote
-    (or, for a rank killed by a signal, the end of its stderr)."""
-    msgs = {}
+    """The first rank to fail (by time) with a Python traceback (from the error file @record
+    wrote); a rank killed by a signal has none: the end of its stderr says what it printed."""
+    msgs, with_tb = {}, []
     for rank, f in failures.items():
-        msgs[rank] = _traceback(f)
-        if not f.error_file_data:
-            tails = [p.read_text(errors="replace")[-3000:] for p in logs.rglob(f"{f.local_rank}/stderr.log")]
-            if tails and tails[-1].strip():
-                msgs[rank] += "\nthe end of its stderr:\n" + tails[-1]
-    first = min(failures, key=lambda r: failures[r].timestamp)
-    # ranks killed because another failed carry no traceback: prefer one that has
-    with_tb = [r for r in failures if failures[r].error_file_data]
-    if with_tb:
-        first = min(with_tb, key=lambda r: failures[r].timestamp)
+        tb = _python_traceback(f)
+        if tb:
+            msgs[rank] = tb
+            with_tb.append(rank)
+            continue
+        msgs[rank] = f"exit code {f.exitcode} (no Python traceback: killed by a signal?)"
+        tails = [p.read_text(errors="replace")[-3000:] for p in logs.rglob(f"{f.local_rank}/stderr.log")]
+        if tails and tails[-1].strip():
+            msgs[rank] += "; the end of its stderr:\n" + tails[-1]
+    # ranks stopped because another failed carry no traceback: prefer one that has
+    first = min(with_tb or failures, key=lambda r: failures[r].timestamp)
     return DistRunError(first, msgs[first], msgs)
 
 
-def _traceback(f) -> str:
-    data = f.error_file_data or {}
-    msg = data.get("message", {}) if isinstance(data, dict) else {}
+def _python_traceback(f) -> str | None:
+    data = f.error_file_data if isinstance(f.error_file_data, dict) else {}
+    msg = data.get("message")
     if isinstance(msg, dict):
-        tb = msg.get("extraInfo", {}).get("py_callstack")
-        if tb:
-            return tb
-        return str(msg.get("message") or f.message)
-    return str(msg or f"exit code {f.exitcode} (no Python traceback: killed by a signal?)")
+        return msg.get("extraInfo", {}).get("py_callstack") or msg.get("message")
+    return None
 
 
 # --- one torchrun per emulated node ---------------------------------------------------------
@@ -231,7 +242,11 @@ def run_torchrun(addresses: list, prefixes: list, nproc: int, spec_path: Path, w
             time.sleep(0.1)
         if any(p.returncode not in (0, None) for p in procs) or any(p.poll() is None for p in procs):
             _stop(procs)
-            raise _netns_failure(work, nodes, nproc, procs)
+            err = _netns_failure(work, nodes, nproc, procs)
+            if err.rank is None and (work / "result.json").is_file():  # died in teardown only
+                _note_result(work, f"a node ended badly after the run, in its teardown: {err.traceback}")
+                return
+            raise err
     finally:
         _stop(procs)
         for log in logs:

@@ -262,7 +262,9 @@ def join(spec: dict) -> RunResult | None:
                             device_id=device if cuda else None)
     spec["_group_at"] = time.time()
     try:
-        return _run(spec, rank, world, nproc, device)
+        result = _run(spec, rank, world, nproc, device)
+        dist.barrier()  # every rank tears down together (gloo has aborted in a lone teardown)
+        return result
     finally:
         dist.destroy_process_group()
 
