@@ -132,3 +132,28 @@ def test_c10_log_level_can_be_read_and_set():
     assert before in (0, 1, 2, 3)  # 1 (WARNING) unless TORCH_CPP_LOG_LEVEL says otherwise
     assert torch_private.cpp_min_log_level(2) == before and torch_private.cpp_min_log_level(before) == 2
     assert torch_private.cpp_min_log_level() == before
+
+
+def test_dispatch_mode_sees_c10d_collectives_and_their_process_group():
+    """measure/comm.py counts collectives through a dispatch mode and unboxes the group."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        seen = []
+
+        class Spy(torch_private.dispatch_mode_class()):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func.namespace == "c10d":
+                    group = next(a for a in args if isinstance(a, torch.ScriptObject)
+                                 and "ProcessGroup" in str(a._type()))
+                    seen.append((func.__name__.split(".")[0],
+                                 dist.get_process_group_ranks(torch_private.unbox_process_group(group))))
+                return func(*args, **(kwargs or {}))
+
+        with Spy():
+            dist.all_reduce(torch.ones(3))
+        assert seen == [("allreduce_", [0])]
+    finally:
+        dist.destroy_process_group()

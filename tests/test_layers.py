@@ -17,6 +17,8 @@ NAMES = ["pure core", "models", "measurement", "engine", "UI"]
 LAYERS = {
     **{f"core.{m}": CORE for m in ("units", "formulas", "specs", "registry", "shapes", "records",
                                     "summary", "advisor", "validate", "breakdown")},
+    "core.comm": CORE, "dist.spec": MODELS, "measure.comm": MEASURE,
+    "dist.worker": ENGINE, "dist.launch": ENGINE,
     "memory.estimate": CORE, "memory.gpt_count": CORE, "memory.hf_count": CORE, "lab.toggles": CORE, "lab.runlog": CORE,
     "models.gpt": MODELS, "models.data": MODELS, "models.adapters": MODELS, "lab.optimizers": MODELS,
     **{f"measure.{m}": MEASURE for m in ("device", "meters", "nvml", "torch_private", "flops",

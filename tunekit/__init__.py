@@ -68,7 +68,7 @@ _MODULES = {
     "widgets": "lab.dashboard", "dashboard": "lab.dashboard",
 }
 _PACKAGES = {"core", "measure", "models", "memory", "lab", "bench", "magics", "experiments", "plots",
-             "report_html", "trace_plots"}
+             "report_html", "trace_plots", "dist"}
 
 __all__ = sorted(_EXPORTS) + ["load_ipython_extension", "unload_ipython_extension"]
 

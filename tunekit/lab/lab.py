@@ -69,7 +69,9 @@ class Steps:
 class Lab:
     """A live model + data + optimizer kept across runs; see the module docstring for an example.
 
-    ``model``: None (a fresh ``GPT(config or preset)``), a transformers causal LM (e.g.
+    ``model``: None (a fresh ``GPT(config or preset)``), ``"package.module:function"`` (a
+    factory called with no arguments; distributed runs rebuild the model with it), a
+    transformers causal LM (e.g.
     ``AutoModelForCausalLM.from_config(cfg)``: batches, loss, checkpointing and attention work
     as for the built-in GPT), or any ``nn.Module`` with ``batch_fn(micro_batch, seq_len) -> (x, y)``,
     ``loss_fn(model, x, y) -> loss`` and, for checkpointing, ``blocks`` (an attribute path such
@@ -80,7 +82,12 @@ class Lab:
     def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
                  config: GPTConfig | None = None, data="corpus", device=None, log_path=None,
                  peak_tflops: float | None = None, seed: int = 0, blocks=None, **defaults):
+        self.factory = model if isinstance(model, str) else None  # "package.module:function"
+        if self.factory is not None:
+            from ..dist.spec import build_model, factory_spec
+            model = build_model(factory_spec(self.factory), seed)
         torch.manual_seed(seed)
+        self.seed, self._blocks_arg, self._data = seed, blocks, data
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = model if model is not None else GPT(config or GPTConfig.preset(preset))
         self.model.to(self.device).train()
@@ -272,7 +279,8 @@ class Lab:
     # --- the run ----------------------------------------------------------------------------
 
     def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
-            trace: bool = False, memory: bool = False, **changes) -> RunResult:
+            trace: bool = False, memory: bool = False, parallel: str | None = None, nproc: int = 1,
+            nodes: int = 1, link=None, **changes) -> RunResult:
         """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
 
         Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
@@ -285,7 +293,20 @@ class Lab:
         one extra step after the timed ones runs under torch.profiler (``result.trace``, a
         Breakdown with the profiler's overhead against the timed steps; ``result.memory``, a
         MemoryTimeline); it does not count in tokens/s.
+
+
+        ``parallel="ddp" | "fsdp" | "fsdp_grad_op" | "hsdp"`` runs ``nodes`` x ``nproc`` worker
+        processes instead (tunekit.dist: torch.distributed's elastic agent, gloo on CPU, NCCL on
+        CUDA), each building this model from its config (or the Lab's factory string) with the
+        Lab's current weights, and training on its slice of the global batch (``micro_batch``
+        per rank); ``link={"bandwidth": "50mbit", "latency": "1ms"}`` puts each node in its own
+        network namespace. The Lab's own model is not changed by such a run.
         """
+        if parallel is not None or nproc != 1 or nodes != 1 or link is not None:
+            if trace or memory:
+                raise ToggleError(["trace/memory trace one process's step: not available with parallel=... "
+                                   "(trace a single-process run of the same toggles instead)."])
+            return self._run_distributed(steps, warmup, progress, parallel, nproc, nodes, link, changes)
         t = self.resolve(**changes)
         errors = self.check(t, steps, warmup)
         for what, flag in (("guard", guard), ("trace", trace), ("memory", memory)):
@@ -331,6 +352,51 @@ class Lab:
             raise
         measured.losses[:0] = warm
         return self._record(t, warmup, measured, probe, flops_source, notes, snap)
+
+    def _run_distributed(self, steps, warmup, progress, parallel, nproc, nodes, link, changes):
+        from ..core.comm import layout_problems
+        from ..dist.launch import launch
+        from ..dist.spec import factory_spec, model_spec
+
+        t = self.resolve(**changes)
+        errors = layout_problems(parallel, nproc, nodes) + self.check(t, steps, warmup)
+        if self._own_batches:
+            errors.append("a distributed run draws its batches in the workers: a Lab with its own "
+                          "batch_fn cannot run one (use the built-in data, or train with torchrun)")
+        if self.loss_fn != self.adapter.loss:
+            errors.append("a loss_fn cannot travel to worker processes: a distributed run uses the "
+                          "model's own loss")
+        if not isinstance(self._data, str):
+            errors.append("a distributed run draws 'corpus' or 'synthetic' data in the workers; "
+                          "data given as bytes or a tensor cannot travel to them")
+        if self._blocks_arg is not None and not isinstance(self._blocks_arg, str):
+            errors.append("blocks given as modules cannot travel to worker processes: name them by "
+                          "attribute path, e.g. Lab(model, blocks='layers')")
+        spec_model = None
+        try:
+            spec_model = factory_spec(self.factory) if self.factory else model_spec(self.model)
+        except ValueError as e:
+            errors.insert(0, str(e))
+        if errors:
+            raise ToggleError(errors)
+        t = normalized(t)
+        self.log.check_writable()
+        peak = self._peak(compute_dtype(t, self.device.type))
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="tunekit-weights-") as tmp:
+            weights = Path(tmp) / "weights.pt"
+            torch.save(getattr(self.model, "_orig_mod", self.model).state_dict(), weights)
+            spec = {"model": spec_model, "parallel": parallel, "toggles": t.asdict(),
+                    "steps": int(steps), "warmup": int(warmup), "seed": self.seed,
+                    "data": self._data,
+                    "weights": str(weights), "peak_tflops": peak.tflops, "peak_source": peak.source,
+                    "device": self.device.type, **({"blocks": self._blocks_arg} if self._blocks_arg else {})}
+            result = launch(spec, nproc, nodes=nodes, link=link, progress=progress)
+        result.label = f"{parallel} {nodes}x{nproc} {label(t, self.resolve())}"
+        result.notes.append("the workers started from the Lab's weights; the Lab's model is "
+                            "unchanged by a distributed run")
+        return self.log.add(result)
 
     def measure_steps(self, t: Toggles, steps: int, progress=None) -> Steps:
         """``steps`` timed training steps under ``t`` (applied already), with the peak memory of

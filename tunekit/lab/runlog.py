@@ -178,6 +178,15 @@ class RunResult:
     gpu_ooms: int | None = None
     trace: object = None                  # core.breakdown.Breakdown (run(trace=True)); a dict when read back
     memory: object = None                 # core.breakdown.MemoryTimeline (run(memory=True))
+    # distributed runs (tunekit.dist); None for a single-process run
+    world_size: int | None = None
+    parallel: str | None = None           # ddp | fsdp | fsdp_grad_op | hsdp
+    nodes: int | None = None
+    peak_mem_bytes_per_rank: list | None = None  # peak_mem_bytes is their max
+    comm: dict | None = None              # collectives per step: count and bytes by kind/scope
+    comm_wait_s: float | None = None      # None where not measurable (see notes)
+    launch_s: float | None = None         # launch to the first training step
+    losses: list | None = None            # loss of every step, warm-up included
 
     def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
         if name in TOGGLE_FIELDS and "toggles" in self.__dict__:

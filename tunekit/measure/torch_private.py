@@ -119,3 +119,16 @@ def cpp_min_log_level(level: int | None = None) -> int | None:
     if level is not None:
         flag.value = level
     return before
+
+
+def dispatch_mode_class():
+    """torch's base class for a mode that sees every op on the dispatcher (c10d collectives
+    included). Public in spirit (CommDebugMode builds on it), private by module name."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+def unbox_process_group(obj):
+    """The ProcessGroup behind the script object a c10d op receives as its group argument."""
+    return torch._C._distributed_c10d.ProcessGroup.unbox(obj)

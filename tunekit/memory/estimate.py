@@ -145,7 +145,8 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
                     n_head: int | None = None, activations: str = "auto", device: str = "cuda",
                     cuda_context_bytes: float | None = None, overhead_fraction: float = 0.0,
                     optimizer_bytes: float | None = None, grad_bytes: float | None = None,
-                    sequence_parallel: bool = False, attention: str | None = None) -> MemoryEstimate:
+                    sequence_parallel: bool = False, attention: str | None = None,
+                    parallel: str | None = None, world_size: int = 1, nodes: int = 1) -> MemoryEstimate:
     """Estimate per-device training memory.
 
     `model` is a parameter count, a config (tunekit's GPTConfig, or a transformers decoder
@@ -154,12 +155,19 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
     tunekit's GPT), "hf" (transformers' Llama-style and GPT-2 layers), or "auto" (the one that
     fits the config). `attention` ("sdpa", "math"/"eager", "flash") defaults to the config's.
     `optimizer_bytes` / `grad_bytes` override the per-param figures (to replay a document).
+    `parallel` ("ddp", "fsdp", "fsdp_grad_op", "hsdp") with `world_size` ranks on `nodes` nodes
+    sets `zero_stage`/`dp` for that sharding (tunekit.dist): DDP replicates (stage 0 over the
+    world), FSDP shards parameters, gradients and optimizer state over the world (stage 3), HSDP
+    over the ranks of one node.
 
     >>> e = estimate_memory(147e6, n_layer=12, n_embd=768, n_head=12, seq_len=512,
     ...                     micro_batch=64, device="cpu", grad_bytes=2)
     >>> round(e["activations"] / 64)   # 512*768*12*(10+24+5*12*512/768)
     349175808
     """
+    dist_notes = []
+    if parallel is not None:
+        zero_stage, dp, dist_notes = _sharding(parallel, world_size, nodes, zero_stage, dp)
     for name, v in (("tp", tp), ("pp", pp), ("dp", dp)):
         if int(v) != v or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -198,7 +206,7 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
     if grad_bytes is not None:
         per["gradients"] = grad_bytes
 
-    comps, forms, notes = {}, {}, []
+    comps, forms, notes = {}, {}, list(dist_notes)
     shard = tp * pp   # model parallelism splits every parameter-sized line
     zero_div = {"weights": 3, "master_weights": 1, "gradients": 2, "optimizer_states": 1}
     for k in STATIC:
@@ -292,6 +300,29 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
                   checkpointing=checkpointing, tp=tp, pp=pp, zero_stage=zero_stage, dp=dp,
                   n_layer=n_layer, n_embd=n_embd, n_head=n_head, activations=mode, device=device)
     return MemoryEstimate({k: comps[k] for k in COMPONENTS}, forms, inputs, notes)
+
+
+def _sharding(parallel, world_size, nodes, zero_stage, dp) -> tuple:
+    """(zero_stage, dp, notes) of a tunekit.dist sharding; refuses a clash with explicit ones."""
+    from ..core.comm import layout_problems
+
+    errors = layout_problems(parallel, 1, nodes)
+    if not errors and (isinstance(world_size, bool) or int(world_size) != world_size or world_size < 1
+                       or world_size % nodes):
+        errors.append(f"world_size must be a whole multiple of nodes={nodes}, got {world_size!r}")
+    if not errors and (zero_stage, dp) != (0, 1):
+        errors.append("give either parallel= (with world_size, nodes) or zero_stage/dp, not both")
+    if errors:
+        raise ValueError("; ".join(errors))
+    if parallel == "ddp":
+        return 0, int(world_size), []
+    shard = int(world_size) // nodes if parallel == "hsdp" else int(world_size)
+    notes = [f"{parallel}: parameters, gradients and optimizer state sharded over {shard} rank(s)"
+             + (f" (one node; each of the {nodes} nodes holds a replica)" if parallel == "hsdp" else "")]
+    if parallel == "fsdp_grad_op":
+        notes.append("SHARD_GRAD_OP keeps every unit's gathered parameters from its forward to its "
+                     "backward: the peak adds up to the full weights, beyond the static lines")
+    return 3, shard, notes
 
 
 def _check_sizes(model, **sizes) -> None:
