@@ -1,0 +1,1 @@
+"""Distributed runs on torch.distributed: the worker, the launcher and emulated nodes (netns)."""
