@@ -27,7 +27,7 @@ LAYERS = {
     "bench.allreduce": ENGINE, "bench.compute": ENGINE, "bench.host": ENGINE,
     "dist.netns": ENGINE,
     "lab.plots": UI, "lab.dashboard": UI, "bench.plots": UI, "magics": UI, "experiments": UI,
-    "plots": UI, "report_html": UI,
+    "plots": UI, "report_html": UI, "cli": UI, "__main__": UI,
 }
 # Convenience entry points where a lower layer reaches up lazily, inside one method:
 # lab.compare() and lab.dashboard() open the Lab's UI.

@@ -164,8 +164,10 @@ def free_subnet(taken=None) -> ipaddress.IPv4Network:
 class EmulatedNodes:
     """``nodes`` network namespaces joined by a ``bandwidth`` / ``latency`` link; see the module."""
 
-    def __init__(self, nodes: int, bandwidth: str = "50mbit", latency: str = "1ms"):
+    def __init__(self, nodes: int, bandwidth: str | None = "50mbit", latency: str | None = "1ms"):
         self.nodes = whole("nodes", nodes, minimum=2, maximum=250)
+        bandwidth = "50mbit" if bandwidth is None else bandwidth   # None: the default
+        latency = "1ms" if latency is None else latency
         self.bandwidth, self.latency = str(bandwidth), str(latency)
         self.rate_bits = parse_bandwidth(bandwidth)
         self.delay_s = parse_latency(latency)
