@@ -37,6 +37,7 @@ def test_help_lists_every_toggle_with_its_default(args):
                           ("--link-latency", None), ("--log", "tunekit-runs.jsonl"),
                           ("--report", "tunekit-report.html")):
         assert f"(default: {default})" in _help_of(out.stdout, flag).replace("- ", "-")
+    assert "--log-path" in _help_of(out.stdout, "--log")   # the name torchrun's parser lets through
     assert "{fp32,tf32,bf16,fp16}" in out.stdout and "{none,ddp,fsdp,fsdp_grad_op,hsdp}" in out.stdout
 
 

@@ -3,7 +3,7 @@
     tunekit run --precision bf16 --micro-batch 16 --steps 20          # one process, here
     tunekit run --parallel fsdp --nproc 2                              # 2 ranks on this machine
     tunekit run --parallel hsdp --nproc 2 --nodes 2 --link-bandwidth 50mbit   # emulated nodes
-    torchrun --nnodes 2 --nproc-per-node 4 ... -m tunekit run --parallel hsdp  # joins the job
+    torchrun --nnodes 2 --nproc-per-node 4 ... -m tunekit run --parallel hsdp --log-path runs.jsonl
 
 Every run is appended to a JSONL log (``--log``) and the log's runs are drawn in a self-contained
 HTML report (``--report``). The options of ``tunekit run`` are made from the fields of
@@ -92,7 +92,9 @@ def run_parser() -> argparse.ArgumentParser:
     d.add_argument("--link-latency", default=None,
                    help="one-way latency of that link, e.g. 1ms; None: 1ms when a link is emulated")
     o = p.add_argument_group("output")
-    o.add_argument("--log", default=LOG, help="JSONL run log, appended to")
+    # --log-path too: torchrun's own parser stops at --log (a prefix of its --log-dir and --logs-specs)
+    o.add_argument("--log", "--log-path", dest="log", default=LOG,
+                   help="JSONL run log, appended to (under torchrun write --log-path)")
     o.add_argument("--report", default=REPORT, help="HTML report of every run in the log (self-contained)")
     return p
 
