@@ -75,8 +75,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     why = check()
-    if why:
-        sys.exit(f"skipped: {why}")
+    if why:   # not a failure of `make bench`: this machine cannot emulate nodes
+        print(f"skipped: {why}")
+        return
     sizes = [int(mb * 2**20) for mb in args.mb]
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
           "(a busy machine slows the loopback figures most)")
