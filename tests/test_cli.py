@@ -169,7 +169,7 @@ class FakeLab:
     def run(self, **kw):
         FakeLab.calls.append(("run", kw))
         if kw.get("lr") == 0.5:
-            raise RuntimeError("rank 1 failed:\nTraceback ...")
+            raise RuntimeError("rank 1 failed:\nTraceback (most recent call last):\n  File ...\nValueError: bad")
         return self.log.add(_result())
 
 
@@ -205,4 +205,18 @@ def test_a_failed_run_exits_1_with_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
     code = cli.main(["run", "--lr", "0.5", "--log", str(tmp_path / "l.jsonl"), "--report", str(tmp_path / "r.html")])
     err = capsys.readouterr().err.strip()
-    assert code == 1 and err == "tunekit run: failed: RuntimeError: rank 1 failed:"
+    assert code == 1 and err == "tunekit run: failed: RuntimeError: rank 1 failed: ... ValueError: bad"
+
+
+@pytest.mark.parametrize("parallel", ["none", "ddp"])
+def test_a_factory_model_is_built_here_or_sent_as_its_name(parallel, tmp_path, monkeypatch):
+    for k in TORCHRUN:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
+    FakeLab.calls = []
+    argv = ["run", "--model", "collections:OrderedDict", "--parallel", parallel,
+            "--log", str(tmp_path / "l.jsonl"), "--report", str(tmp_path / "r.html")]
+    assert cli.main(argv) == 0
+    model = FakeLab.calls[0][1]
+    # one process: the factory's model itself; ranks: the name, so that each builds its own
+    assert model == "collections:OrderedDict" if parallel == "ddp" else type(model).__name__ == "OrderedDict"

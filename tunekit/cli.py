@@ -205,9 +205,11 @@ def check(args, env=None) -> tuple:
         raise Refused(" ".join(problems))
     from .lab.runlog import check_writable
 
-    for path in (args.log, args.report):
+    env = os.environ if env is None else env
+    if not under_torchrun(env) or env.get("RANK") == "0":   # under torchrun only global rank 0 writes
         try:
-            check_writable(path) if path == args.log else Path(path).parent.mkdir(parents=True, exist_ok=True)
+            check_writable(args.log)
+            Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise Refused(str(e)) from None
     return source, nproc, nodes, link
@@ -310,13 +312,14 @@ def main(argv=None) -> int:
         else:
             from .lab.lab import Lab
 
-            lab = Lab(build_model(source), preset=source[1] if source[0] == "preset" else "cpu-tiny",
-                      log_path=args.log)
+            distributed = args.parallel != "none"
+            # a factory goes to a distributed Lab as its "package.module:function" string, so that
+            # every rank imports and calls it; in one process the model is built here
+            model = source[1] if source[0] == "factory" and distributed else build_model(source)
+            lab = Lab(model, preset=source[1] if source[0] == "preset" else "cpu-tiny", log_path=args.log)
             kw = dict(steps=args.steps, warmup=args.warmup, progress=_progress, **changed_toggles(args))
-            if args.parallel != "none":
+            if distributed:
                 kw.update(parallel=args.parallel, nproc=nproc, nodes=nodes, link=link)
-                if source[0] == "factory":
-                    kw["model"] = source[1]   # every rank imports and calls the factory itself
             result = lab.run(**kw)
     except ToggleError as e:
         return _refuse(str(e))
@@ -325,8 +328,10 @@ def main(argv=None) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - any failure of the run: one line, exit 1
         r = getattr(e, "result", None)
-        print(f"tunekit run: failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-              file=sys.stderr)
+        lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()] or [""]
+        # one line: the message's first, and its last when a traceback follows (the rank's error)
+        why = lines[0] + (f" ... {lines[-1]}" if len(lines) > 1 else "")
+        print(f"tunekit run: failed: {type(e).__name__}: {why}", file=sys.stderr)
         if r is not None:
             print("\n".join(summary_lines(r)))
         return 1
