@@ -220,3 +220,15 @@ def test_a_factory_model_is_built_here_or_sent_as_its_name(parallel, tmp_path, m
     model = FakeLab.calls[0][1]
     # one process: the factory's model itself; ranks: the name, so that each builds its own
     assert model == "collections:OrderedDict" if parallel == "ddp" else type(model).__name__ == "OrderedDict"
+
+
+def test_runs_report_is_built_from_run_results_alone(tmp_path):
+    from tunekit.report_html import runs_report
+
+    ok = _result(run_id=0, peak_tflops=0.5, notes=["a <note>"])
+    bad = RunResult.failed(Toggles(micro_batch=64), "mb=64", "out of <memory>", [], run_id=1)
+    page = runs_report([ok, bad], tmp_path / "sub" / "r.html", title="two runs").read_text()
+    assert page.count("Plotly.newPlot(") == 2 and "<h1>two runs</h1>" in page
+    assert "#1 mb=64 (failed)" in page and "out of &lt;memory&gt;" in page and "a &lt;note&gt;" in page
+    assert "0.5 TFLOPS: given" in page and "micro_batch=64" in page
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=['\"]?https?:", page)
