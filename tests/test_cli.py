@@ -108,6 +108,12 @@ def test_bad_options_one_line_exit_2_before_any_work(argv, match, capsys, monkey
     assert match in _refused(argv, capsys, monkeypatch)
 
 
+def test_a_link_this_machine_cannot_emulate_refused(capsys, monkeypatch):
+    monkeypatch.setattr("tunekit.dist.netns.check", lambda: "emulated nodes need root")
+    err = _refused(["--parallel", "fsdp", "--nodes", "2", "--link-bandwidth", "50mbit"], capsys, monkeypatch)
+    assert err.endswith("--link-* cannot emulate nodes here: emulated nodes need root")
+
+
 def test_transformers_config_without_model_type_refused(tmp_path, capsys, monkeypatch):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"hidden_size": 64}))
@@ -177,6 +183,7 @@ def test_parallel_options_reach_lab_run(tmp_path, monkeypatch, capsys):
     for k in TORCHRUN:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
+    monkeypatch.setattr("tunekit.dist.netns.check", lambda: None)   # as if root: the Lab is fake anyway
     FakeLab.calls = []
     code = cli.main(["run", "--parallel", "fsdp", "--nproc", "2", "--nodes", "2", "--link-bandwidth", "50mbit",
                      "--precision", "bf16", "--checkpointing", "--log", str(tmp_path / "l.jsonl"),

@@ -181,6 +181,12 @@ def layout(args, env=None) -> tuple[int, int, dict | None]:
         raise Refused("--parallel hsdp shards within a node and replicates across nodes: it needs --nodes >= 2")
     if link is not None and nodes < 2:
         raise Refused("--link-* join nodes: they need --nodes >= 2")
+    if link is not None:
+        from .dist import netns
+
+        why = netns.check()
+        if why:
+            raise Refused(f"--link-* cannot emulate nodes here: {why}")
     return nproc, nodes, link
 
 
