@@ -212,3 +212,47 @@ def test_a_killed_run_leaves_a_relay_that_stops_and_namespaces_the_next_run_swee
         time.sleep(0.1)
     assert _relays(names) == []
     assert set(names) <= set(netns.sweep()) and not set(names) & _namespaces()
+
+
+SINK = r"""
+import socket, threading, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 5002)); s.listen(); print("listening", flush=True)
+total, first, last, lock = [0], [], [], threading.Lock()
+def drain(c):
+    while True:
+        b = c.recv(1 << 20)
+        now = time.perf_counter()
+        if not b:
+            return
+        with lock:
+            first.append(now) if not first else None
+            total[0] += len(b); last[:] = [now]
+threads = [threading.Thread(target=drain, args=(s.accept()[0],)) for _ in range(2)]
+[t.start() for t in threads]; [t.join() for t in threads]
+print(total[0], last[0] - first[0])
+"""
+SEND = r"""
+import socket, sys
+c = socket.create_connection((sys.argv[1], 5002)); c.sendall(b"z" * int(sys.argv[2])); c.close()
+"""
+
+
+@needs_netns
+@pytest.mark.slow
+def test_a_node_receives_at_most_its_link_rate_from_several_senders():
+    size = 3 * 2**20 // 2
+    with EmulatedNodes(3, bandwidth="40mbit", latency="1ms") as nodes:
+        qdisc = subprocess.run(nodes.exec_prefix(0) + ["tc", "qdisc", "show", "dev", nodes.ifname],
+                               capture_output=True, text=True).stdout
+        assert "tbf" in qdisc and "rate 40Mbit" in qdisc   # each node's own link, shaped by the kernel
+        sink = _in_node(nodes, 2, SINK)
+        assert sink.stdout.readline().strip() == "listening"
+        senders = [_in_node(nodes, i, SEND, nodes.addresses[2], size) for i in (0, 1)]
+        for s in senders:
+            s.communicate(timeout=60)
+        received, seconds = sink.communicate(timeout=60)[0].split()
+    # two senders at 40 Mbit/s each, one receiver whose link also carries 40 Mbit/s:
+    # 3 MiB in at 40e6 bit/s = 3 * 2**20 * 8 / 40e6 = 0.629 s, not half of it
+    assert int(received) == 2 * size
+    assert 0.75 * 40e6 < int(received) * 8 / float(seconds) < 1.25 * 40e6
