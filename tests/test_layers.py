@@ -28,9 +28,10 @@ LAYERS = {
     "lab.lab": ENGINE, "lab.maxbatch": ENGINE, "lab.guard": ENGINE, "lab.precision": ENGINE,
     "bench._frame": ENGINE, "bench._rank": ENGINE,
     "bench.allreduce": ENGINE, "bench.compute": ENGINE, "bench.host": ENGINE,
-    "lab.autotune": ENGINE, "lab.autotune_view": UI,
+    "lab.autotune": ENGINE, "dist.netns": ENGINE, "lab.autotune_view": UI,
     "lab.plots": UI, "lab.dashboard": UI, "bench.plots": UI, "magics": UI, "experiments": UI,
-    "plots": UI, "report_html": UI, "figure_svg": UI, "trace_plots": UI,
+    "plots": UI, "report_html": UI, "figure_svg": UI, "trace_plots": UI, "cli": UI,
+    "__main__": UI,
 }
 # Convenience entry points where a lower layer reaches up lazily, inside one method:
 # lab.compare() and lab.dashboard() open the Lab's UI.

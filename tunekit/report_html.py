@@ -149,6 +149,53 @@ def build(notebook, out) -> Path:
     return out
 
 
+def runs_report(runs, out, title: str = "tunekit runs") -> Path:
+    """Write a self-contained page of RunResults (no notebook needed): where they ran, the peaks
+    MFU used, the runs table, tokens/s and memory per run drawn by plotly.js inlined once, and
+    each run's toggles and notes. ``tunekit run`` redraws it from its log after every run."""
+    import dataclasses
+
+    from plotly.offline import get_plotlyjs
+
+    from .core.summary import table_html
+    from .lab.plots import compare_figure, memory_breakdown_figure
+    from .lab.runlog import results_frame, runs_view
+
+    df = results_frame(list(runs))
+    devices = sorted({d for d in df["device"] if isinstance(d, str)})
+    peaks = {s: float(v) for v, s in zip(df["peak_tflops"], df["peak_tflops_source"])
+             if isinstance(s, str) and v is not None and v == v}
+    listed = "".join(f"<li>{v:.4g} TFLOPS: {html.escape(s)}</li>" for s, v in peaks.items())
+    parts = [f"<div class='summary'><p><b>device</b> {html.escape(', '.join(devices) or 'n/a')}</p>"
+             f"<p><b>peaks MFU is measured against</b></p><ul>{listed or '<li>none</li>'}</ul>"
+             f"<p><b>runs</b> {len(df)}</p></div>"]
+    if len(df):
+        view = runs_view(df)
+        extra = [c for c in ("parallel", "world_size", "nodes") if c in df]  # distributed runs
+        for c in extra:
+            view[c] = df[c]
+        parts += ["<h2>Runs</h2>", table_html(view)]
+        for n, fig in enumerate((compare_figure(df, baseline=int(df["run_id"].iloc[0])),
+                                 memory_breakdown_figure(df)), start=1):
+            parts.append(_figure(json.loads(fig.to_json()), n))
+        parts.append("<h2>Each run</h2>")
+        toggle_names = [f.name for f in dataclasses.fields(runs[0].toggles)] if runs else []
+        for r in runs:
+            toggles = ", ".join(f"{k}={getattr(r.toggles, k)}" for k in toggle_names)
+            notes = "".join(f"<li>{html.escape(str(x))}</li>" for x in r.notes)
+            error = f"<pre class='err'>{html.escape(r.error)}</pre>" if r.error else ""
+            parts.append(f"<h3>#{r.run_id} {html.escape(str(r.label))} ({html.escape(str(r.status))})</h3>"
+                         f"<p class='note'>{html.escape(str(r.time))} · {html.escape(toggles)} · "
+                         f"{r.steps} steps</p>{error}<ul class='note'>{notes}</ul>")
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>"
+            f"<h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Self-contained HTML report of an executed notebook.")
     ap.add_argument("notebook")

@@ -7,7 +7,8 @@
 
 Modules: `spec` (what a worker rebuilds the model from), `worker` (one rank:
 ``python -m tunekit.dist.worker SPEC.json`` under torchrun, or ``join(spec)``), `launch` (starts
-the ranks under the elastic agent, or one torchrun per emulated node).
+the ranks under the elastic agent, or one torchrun per emulated node), `netns` (emulated
+nodes: a network namespace per node joined by a shaped link).
 """
 import importlib
 
