@@ -44,7 +44,9 @@ def test_gpu_memory_path_with_a_mocked_cuda(monkeypatch):
     fake = types.SimpleNamespace(
         is_available=lambda: True, is_initialized=lambda: True, current_device=lambda: 0,
         memory_allocated=lambda i: state["alloc"], max_memory_allocated=lambda i: state["max"],
-        memory_reserved=lambda i: state["reserved"], reset_peak_memory_stats=lambda i: state.update(max=state["alloc"]),
+        memory_reserved=lambda i: state["reserved"],
+        memory_stats=lambda i: {"num_alloc_retries": 0, "num_ooms": 0},
+        reset_peak_memory_stats=lambda i: state.update(max=state["alloc"]),
         synchronize=lambda *a: state.setdefault("syncs", []).append(a),
         get_device_name=lambda i: "NVIDIA H100 80GB HBM3",
         OutOfMemoryError=torch.cuda.OutOfMemoryError)
