@@ -21,12 +21,12 @@ import sys
 import typing
 from pathlib import Path
 
+from .core import comm
 from .core.summary import FORMATS, formatted
 from .core.units import fmt_bytes, fmt_pct, fmt_seconds
 from .lab import toggles as tg
 
-# same as tunekit.core.comm.PARALLEL (the distributed engine) plus "none" (one process)
-PARALLEL = ("none", "ddp", "fsdp", "fsdp_grad_op", "hsdp")
+PARALLEL = ("none", *comm.PARALLEL)  # the distributed engine's kinds, plus "none" (one process)
 CHOICES = {"precision": tg.PRECISIONS, "optimizer": tg.OPTIMIZERS, "attention": tg.ATTENTIONS}
 HELP = {"precision": "training precision", "checkpointing": "recompute each block in backward",
         "micro_batch": "samples per micro-step (per rank)", "grad_accum": "micro-steps per optimizer step",

@@ -122,7 +122,6 @@ def _markdown(text: str) -> str:
 def build(notebook, out) -> Path:
     """Write the report of an executed notebook; returns its path."""
     import nbformat
-    from plotly.offline import get_plotlyjs
 
     nb = nbformat.read(str(notebook), as_version=4)
     counter, summary, body = [0], "", []
@@ -139,10 +138,17 @@ def build(notebook, out) -> Path:
                 summary = rendered
             else:
                 body.append(rendered)
-    title = html.escape(Path(notebook).stem)
+    return _write_page(Path(notebook).stem, summary + "".join(body), out)
+
+
+def _write_page(title: str, body: str, out) -> Path:
+    """One self-contained page: tunekit's CSS and plotly.js inlined once, no external URL."""
+    from plotly.offline import get_plotlyjs
+
+    title = html.escape(title)
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
             f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>"
-            f"<h1>{title}</h1>{summary}{''.join(body)}</body></html>")
+            f"<h1>{title}</h1>{body}</body></html>")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")
@@ -154,8 +160,6 @@ def runs_report(runs, out, title: str = "tunekit runs") -> Path:
     MFU used, the runs table, tokens/s and memory per run drawn by plotly.js inlined once, and
     each run's toggles and notes. ``tunekit run`` redraws it from its log after every run."""
     import dataclasses
-
-    from plotly.offline import get_plotlyjs
 
     from .core.summary import table_html
     from .lab.plots import compare_figure, memory_breakdown_figure
@@ -187,13 +191,7 @@ def runs_report(runs, out, title: str = "tunekit runs") -> Path:
             parts.append(f"<h3>#{r.run_id} {html.escape(str(r.label))} ({html.escape(str(r.status))})</h3>"
                          f"<p class='note'>{html.escape(str(r.time))} · {html.escape(toggles)} · "
                          f"{r.steps} steps</p>{error}<ul class='note'>{notes}</ul>")
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>"
-            f"<h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
-    return out
+    return _write_page(title, "".join(parts), out)
 
 
 def main(argv=None) -> int:

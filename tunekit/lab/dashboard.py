@@ -125,6 +125,19 @@ class Dashboard(W.VBox):
 
     # --- actions --------------------------------------------------------------------------
 
+    def _attempt(self, what: str, action):
+        """``action()``, or None with its failure shown as a sentence (a refused toggle as the
+        Lab's reasons; anything else kept in ``last_error`` for debugging)."""
+        try:
+            return action()
+        except ToggleError as exc:
+            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in exc.problems)
+        except Exception as exc:
+            self.last_error = exc
+            self.message.value = _box(f"{what} failed: {html.escape(type(exc).__name__)}: "
+                                      f"{html.escape(str(exc))}", "#d62728")
+        return None
+
     def _on_run(self, _button=None):
         if self.explain():
             return  # the explanation is already on screen
@@ -137,19 +150,13 @@ class Dashboard(W.VBox):
             self.progress.value, self.progress.description = done, f"step {done}/{total}"
 
         try:
-            r = self.lab.run(steps=steps, warmup=self.controls["warmup"].value, progress=tick,
-                             **self.toggles())
-        except ToggleError as exc:
-            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in exc.problems)
-            return
-        except Exception as exc:  # shown as a sentence, kept for debugging
-            self.last_error = exc
-            self.message.value = _box(f"run failed: {html.escape(type(exc).__name__)}: "
-                                      f"{html.escape(str(exc))}", "#d62728")
-            return
+            r = self._attempt("run", lambda: self.lab.run(steps=steps, warmup=self.controls["warmup"].value,
+                                                          progress=tick, **self.toggles()))
         finally:
             self.run_button.disabled = False
             self.progress.description = "done"
+        if r is None:
+            return
         notes = "".join(_box(html.escape(n), "#999") for n in r.notes)
         self.message.value = _box(f"run #{r.run_id} ({html.escape(r.label)}): "
                                   f"{r.tokens_per_s:,.0f} tokens/s, {r.step_s * 1e3:.1f} ms/step, "
@@ -172,19 +179,13 @@ class Dashboard(W.VBox):
             self.message.value = _box("<br>".join(html.escape(s) for s in lines), "#1f77b4")
 
         try:
-            found = self.lab.find_max_batch_size(limit=self.max_batch.value, progress=report,
-                                                 memory_budget_bytes=budget, **toggles)
-        except ToggleError as exc:
-            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in exc.problems)
-            return
-        except Exception as exc:
-            self.last_error = exc
-            self.message.value = _box(f"search failed: {html.escape(type(exc).__name__)}: "
-                                      f"{html.escape(str(exc))}", "#d62728")
-            return
+            found = self._attempt("search", lambda: self.lab.find_max_batch_size(
+                limit=self.max_batch.value, progress=report, memory_budget_bytes=budget, **toggles))
         finally:
             self.progress.value, self.progress.description = 1, "done"
             self.find_button.disabled = False
+        if found is None:
+            return
         self.last_search = found
         verdict = (f"largest micro batch that fits: {found.best} (set in the control)"
                    if found.best else "not even the smallest micro batch fits")
@@ -205,18 +206,13 @@ class Dashboard(W.VBox):
             self.message.value = _box("autotune: " + html.escape(text), "#1f77b4")
 
         try:
-            found = self.lab.autotune(budget_s=budget, progress=tick, **self.autotune_kwargs)
-        except ToggleError as exc:
-            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in exc.problems)
-            return
-        except Exception as exc:
-            self.last_error = exc
-            self.message.value = _box(f"autotune failed: {html.escape(type(exc).__name__)}: "
-                                      f"{html.escape(str(exc))}", "#d62728")
-            return
+            found = self._attempt("autotune", lambda: self.lab.autotune(budget_s=budget, progress=tick,
+                                                                        **self.autotune_kwargs))
         finally:
             self.progress.value, self.progress.description = self.progress.max, "done"
             self.autotune_button.disabled = False
+        if found is None:
+            return
         self.last_autotune = found
         if found.toggles is not None and found.state.startswith("winner"):
             for k, v in found.toggles.asdict().items():  # the controls show what is now applied
