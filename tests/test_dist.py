@@ -241,7 +241,7 @@ def test_the_lab_runs_and_logs_a_distributed_run(tmp_path):
     # the Lab's weights are the factory's at seed 0: the same curve as the launch above
     assert r.losses == pytest.approx(single_process_losses(2, WARMUP + STEPS), abs=1e-5)
     assert seen[-1] == (STEPS, STEPS)
-    assert r.label.startswith("fsdp 1x2")
+    assert r.label.startswith("fsdp 1x2") and r.model == "GPT"  # not fully_shard's FSDPGPT
     # MFU per device: model FLOPs / step time / (2 ranks x 1 TFLOPS)
     assert r.mfu == pytest.approx(r.model_flops_per_step / r.step_s / 2e12)
     logged = [json.loads(line) for line in open(tmp_path / "runs.jsonl")]

@@ -81,6 +81,7 @@ class Trainer:
         if spec.get("weights"):
             model.load_state_dict(torch.load(spec["weights"], map_location="cpu", weights_only=True))
         self.model = model.to(device).train()
+        self.model_name = type(model).__name__  # before fully_shard renames the class (FSDPGPT)
         self.adapter = adapt(self.model, spec.get("blocks"))
         t = self.t
         if t.seq_len is None:
@@ -415,7 +416,7 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
         loss=losses[-1], loss_first=losses[0], device=device_label(device.index if device.type == "cuda" else None),
         attention_ran=probe.attention_ran if probe else trainer.adapter.attention_ran,
         compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
-        model=type(trainer.model).__name__, n_params=trainer.n_params,
+        model=trainer.model_name, n_params=trainer.n_params,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + (probe.notes if probe else []),
         mfu_convention=convention, world_size=world, parallel=spec["parallel"], nodes=trainer.nodes,
         peak_mem_bytes_per_rank=peaks, comm=comm, comm_wait_s=None,
