@@ -91,7 +91,8 @@ assert need == {2: 19, 4: 57, 8: 133}   # (p-1)/(m+p-1) <= 0.05  <=>  m >= 19(p-
 # %% [markdown]
 # ## 3. All-reduce bandwidth, measured
 #
-# `bench.all_reduce_busbw` launches real ranks (NCCL on GPUs, gloo processes on CPU) and reports the
+# `bench.all_reduce_busbw` launches real ranks (NCCL on GPUs, gloo processes on CPU) with the launcher
+# that `lab.run(parallel=...)` uses in section 5 (torch.distributed's elastic agent) and reports the
 # nccl-tests figures: algbw = bytes / time and busbw = algbw · 2(n−1)/n, the traffic per link of a
 # ring, comparable across rank counts.
 
