@@ -216,7 +216,7 @@ traffic = {k: sum(meas.loc[k, f'{c} MB'] for c in ('all_gather', 'reduce_scatter
 print(f"memory per rank: DDP {ddp['measured MiB/rank']:.2f} MiB -> sharded over 2 ranks "
       f"{full['measured MiB/rank']:.2f} MiB ({full['measured MiB/rank'] / ddp['measured MiB/rank']:.0%} of DDP); "
       f"estimate_memory is within {max(abs(meas['measured MiB/rank'] / meas['estimate MiB/rank'] - 1)):.1%} of every one.")
-print(f"bytes per step equal the formulas exactly: DDP {traffic['ddp']:.2f} MB (one all-reduce of the gradients), "
+print(f"bytes per step equal the formulas exactly: DDP {traffic['ddp']:.2f} MB (the gradients' all-reduce + the buffers' broadcast), "
       f"SHARD_GRAD_OP {traffic['fsdp_grad_op']:.2f} MB (one all-gather + one reduce-scatter), "
       f"FULL_SHARD {traffic['fsdp']:.2f} MB (the extra backward all-gather: {traffic['fsdp'] / traffic['ddp']:.1f}x DDP's volume).")
 print(f"the peak RSS of a rank ({meas['peak RSS MiB (max rank)'].min():.0f}-{meas['peak RSS MiB (max rank)'].max():.0f} MiB) is mostly "
