@@ -91,7 +91,8 @@ assert need == {2: 19, 4: 57, 8: 133}   # (p-1)/(m+p-1) <= 0.05  <=>  m >= 19(p-
 # %% [markdown]
 # ## 3. All-reduce bandwidth, measured
 #
-# `bench.all_reduce_busbw` launches real ranks (NCCL on GPUs, gloo processes on CPU) and reports the
+# `bench.all_reduce_busbw` launches real ranks (NCCL on GPUs, gloo processes on CPU) with the launcher
+# that `lab.run(parallel=...)` uses in section 5 (torch.distributed's elastic agent) and reports the
 # nccl-tests figures: algbw = bytes / time and busbw = algbw · 2(n−1)/n, the traffic per link of a
 # ring, comparable across rank counts.
 
@@ -144,6 +145,88 @@ print(f'FULL_SHARD pushes {full / 1e9:.2f} GB per step across the nodes ({t_full
       f'({t_hybrid:.1f} s): {full / hybrid:.1f}x less, and only once per step, late in backward, where it overlaps compute.')
 print('The case study: 1,500 tok/s FULL_SHARD on 2 nodes -> 8,000 on one node with checkpointing -> 16,000 with '
       'FlashAttention-2 -> 24,000 with HYBRID_SHARD on 2 nodes: the slow link stopped being on the critical path.')
+
+# %% [markdown]
+# ## 5. DDP vs SHARD_GRAD_OP vs FULL_SHARD, measured on two CPU ranks
+#
+# The tables above are models. `lab.run(parallel=..., nproc=2)` starts two real ranks (gloo
+# processes under torch.distributed's elastic agent, the launcher torchrun uses) on the built-in
+# tiny GPT and measures on each rank what it holds — its local parameters, gradients and AdamW
+# state — and every collective of one optimizer step, by kind. Next to them: `estimate_memory`'s
+# prediction for that sharding, and the bytes that `tunekit.core.comm.expected_comm` derives from
+# the parameter shapes alone (FULL_SHARD: each unit all-gathered in forward and again in backward,
+# its gradients reduce-scattered; SHARD_GRAD_OP: no second all-gather; DDP: one all-reduce of
+# every gradient, plus a broadcast of the buffers).
+
+# %%
+from tunekit.core.comm import expected_comm, total_by
+from tunekit.models.adapters import adapt
+lab = tunekit.Lab()                 # the built-in tiny GPT (2 layers, n_embd 128), fp32 + AdamW
+kinds = ['ddp', 'fsdp_grad_op', 'fsdp']
+# warmup=3: the collectives are counted on the last warm-up step, past DDP's second one (which also
+# broadcasts its rebuilt bucket order once, a few bytes)
+dist = {p: lab.run(parallel=p, nproc=2, steps=2, warmup=3, precision='fp32', optimizer='adamw') for p in kinds}
+
+
+def unit_shapes(model, parallel):
+    """fully_shard units: each block, then what the root holds itself (a tied weight once); DDP: one."""
+    seen, units = set(), []
+    groups = [list(b.parameters()) for b in adapt(model).blocks()] if parallel != 'ddp' else []
+    for params in groups + [list(model.parameters())]:
+        units.append([tuple(q.shape) for q in params if id(q) not in seen and not seen.add(id(q))])
+    return units
+
+
+buffers = sum(b.numel() * b.element_size() for b in lab.model.buffers())
+rows = []
+for p, r in dist.items():
+    est = tunekit.estimate_memory(lab.config, precision='fp32', optimizer='adamw', device='cpu',
+                                  parallel=p, world_size=2)
+    formula = total_by(expected_comm(p, unit_shapes(lab.model, p), world=2,
+                                     buffer_bytes=buffers if p == 'ddp' else 0), 'kind')
+    measured = r.comm['by_kind']
+    row = {'parallel': p, 'measured MiB/rank': (r.params_bytes + r.grads_bytes + r.optimizer_bytes) / 2**20,
+           'estimate MiB/rank': est.static_bytes / 2**20, 'peak RSS MiB (max rank)': max(r.peak_mem_bytes_per_rank) / 2**20}
+    for k in ('all_gather', 'reduce_scatter', 'all_reduce', 'broadcast'):
+        row[f'{k} MB'] = measured.get(k, {}).get('bytes', 0) / 1e6
+        row[f'{k} MB (formula)'] = formula.get(k, {}).get('bytes', 0) / 1e6
+    row.update({'tokens/s': r.tokens_per_s, 'launch to first step s': r.launch_s})
+    rows.append(row)
+    assert {k: v['bytes'] for k, v in measured.items()} == {k: v['bytes'] for k, v in formula.items()}, p
+    assert abs(row['measured MiB/rank'] / row['estimate MiB/rank'] - 1) < 0.10, p
+meas = pd.DataFrame(rows).set_index('parallel')
+display(meas.round(3).T)
+
+# %%
+from plotly.subplots import make_subplots
+fig = make_subplots(rows=1, cols=2, subplot_titles=['params + grads + AdamW state per rank (MiB)',
+                                                    'bytes per optimizer step by collective (MB)'])
+fig.add_bar(x=kinds, y=meas['measured MiB/rank'], name='measured on the ranks', row=1, col=1)
+fig.add_bar(x=kinds, y=meas['estimate MiB/rank'], name='estimate_memory', row=1, col=1)
+for k in ('all_gather', 'reduce_scatter', 'all_reduce', 'broadcast'):
+    fig.add_bar(x=kinds, y=meas[f'{k} MB'], name=f'{k} (measured)', row=1, col=2)
+    fig.add_scatter(x=kinds, y=meas[f'{k} MB (formula)'], mode='markers', marker_symbol='x', marker_size=10,
+                    name=f'{k} (formula)', row=1, col=2)
+fig.update_layout(title='two gloo ranks, tiny GPT, fp32 + AdamW: measured vs predicted', barmode='group', height=450)
+fig
+
+# %%
+ddp, op, full = (meas.loc[k] for k in kinds)
+traffic = {k: sum(meas.loc[k, f'{c} MB'] for c in ('all_gather', 'reduce_scatter', 'all_reduce', 'broadcast')) for k in kinds}
+print(f"memory per rank: DDP {ddp['measured MiB/rank']:.2f} MiB -> sharded over 2 ranks "
+      f"{full['measured MiB/rank']:.2f} MiB ({full['measured MiB/rank'] / ddp['measured MiB/rank']:.0%} of DDP); "
+      f"estimate_memory is within {max(abs(meas['measured MiB/rank'] / meas['estimate MiB/rank'] - 1)):.1%} of every one.")
+print(f"bytes per step equal the formulas exactly: DDP {traffic['ddp']:.2f} MB (the gradients' all-reduce + the buffers' broadcast), "
+      f"SHARD_GRAD_OP {traffic['fsdp_grad_op']:.2f} MB (one all-gather + one reduce-scatter), "
+      f"FULL_SHARD {traffic['fsdp']:.2f} MB (the extra backward all-gather: {traffic['fsdp'] / traffic['ddp']:.1f}x DDP's volume).")
+print(f"the peak RSS of a rank ({meas['peak RSS MiB (max rank)'].min():.0f}-{meas['peak RSS MiB (max rank)'].max():.0f} MiB) is mostly "
+      'the interpreter and torch itself: at this size the sharded bytes are a rounding error of it, at 7B they are the 126 GB of section 1.')
+print('launch to first step (start the interpreters, rendezvous, build and shard the model): '
+      + ', '.join(f'{k} {meas.loc[k, "launch to first step s"]:.1f} s' for k in kinds)
+      + ' -- a fixed cost per job, paid again at every restart.')
+assert full['measured MiB/rank'] < ddp['measured MiB/rank'] and traffic['fsdp'] > traffic['fsdp_grad_op']
+# tokens/s on 2 shared cores is not a verdict on DDP vs FSDP: both ranks share the same two cores and the
+# collectives run over loopback; chapter 13 measures the sharding rungs over an emulated slow link.
 
 # %% [markdown]
 # ## Conclusion and exercise

@@ -21,8 +21,9 @@
 # (no number given); activation checkpointing freed enough memory to move training to one node
 # (8,000), FlashAttention-2 doubled that (16,000), and HYBRID_SHARD over 2 nodes reached 24,000.
 # Here we climb the single-device part of that ladder on a small GPT with an awkward vocabulary
-# (GPT-2's 50,257 on a GPU, 4,001 on a CPU) and read tokens/s and memory at every rung. Expect some
-# rungs to behave differently on a CPU — that is the lesson.
+# (GPT-2's 50,257 on a GPU, 4,001 on a CPU) and read tokens/s and memory at every rung, then
+# measure the communication rungs on two emulated nodes. Expect some rungs to behave differently on
+# a CPU — that is the lesson.
 
 # %%
 import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
@@ -52,7 +53,7 @@ base_cfg = dict(vocab_size=vocab, n_layer=(8 if GPU else 2), n_head=(8 if GPU el
                 block_size=(1024 if GPU else 128), attention='math')
 labs = {pad: tunekit.Lab(config=tunekit.GPTConfig(**base_cfg, pad_vocab_multiple=pad), log_path=f'{logdir}/pad{pad}.jsonl')
         for pad in (1, 64)}
-mb, seq = (8, 1024) if GPU else (4, 128)
+mb, seq = (8, 1024) if GPU else (4, 64)   # CPU: 256 tokens a step, so three passes fit in the chapter's minute
 fast_attn = 'flash' if GPU else 'sdpa'    # flash-attn on GPU (falls back to SDPA if not installed), torch SDPA on CPU
 if GPU:
     big_mb = labs[64].find_max_batch_size(limit=256, precision='bf16', checkpointing=True, attention=fast_attn, seq_len=seq).best
@@ -67,7 +68,8 @@ ladder = [
     (f'6 + micro-batch {big_mb}', 64, dict(precision='bf16', micro_batch=big_mb, checkpointing=True, attention=fast_attn)),
 ]
 runs = {name: [] for name, _, _ in ladder}
-for _ in range(3):
+passes = 3
+for _ in range(passes):
     for name, pad, kw in ladder:
         kw = {'attention': 'math', 'checkpointing': False, **kw}
         runs[name].append(labs[pad].run(steps=2, warmup=1, seq_len=seq, **kw))
@@ -88,7 +90,7 @@ doc = pd.DataFrame({'step': ['FULL_SHARD, 2 nodes', '+ checkpointing, 1 node', '
 assert doc.tokens_per_s.iloc[-1] / doc.tokens_per_s.iloc[0] == 16
 fig = make_subplots(rows=1, cols=2, subplot_titles=[f'this run ({device}): tokens/s per rung', 'documents (Llama-2 7B, 4 or 8 A100s): tokens/s'],
                     specs=[[{'secondary_y': True}, {}]], horizontal_spacing=0.2)   # room for the axis titles between panels
-fig.add_bar(x=df.rung, y=df.tokens_per_s, name='tokens/s (best of 3)', row=1, col=1)
+fig.add_bar(x=df.rung, y=df.tokens_per_s, name=f'tokens/s (best of {passes})', row=1, col=1)
 fig.add_scatter(x=df.rung, y=df.saved_MiB, name='activations saved per micro-batch (MiB)', mode='lines+markers', row=1, col=1, secondary_y=True)
 fig.add_bar(x=doc.step, y=doc.tokens_per_s, name='documents', row=1, col=2)
 fig.update_yaxes(title_text='tokens/s (one device)', row=1, col=1, secondary_y=False)
@@ -103,7 +105,8 @@ for i in range(1, len(df)):
     print(f'{df.rung[i]:<22} {verdicts[i]} vs the previous rung; {df.vs_fp32[i]:5.2f}x fp32; activations {df.saved_MiB[i]:7.1f} MiB')
 top = df.loc[df.tokens_per_s.idxmax()]
 print(f'\nbest rung here: {top.rung} at {top.vs_fp32:.2f}x the fp32 start; the documents climbed 16x, mostly from communication '
-      '(one node, then HYBRID_SHARD), which a single device cannot show, and from FlashAttention-2 (rung 5 here).')
+      '(one node, then HYBRID_SHARD: no single device can show those; they are measured on two emulated nodes below) '
+      'and from FlashAttention-2 (rung 5 here).')
 bf16 = verdicts[1]
 print('bf16: ' + {'helped': f'{bf16}: matrix units that run bf16 natively turn halved bytes into speed.',
                   'within noise': f'{bf16}: ' + ('this model is too small to keep the tensor cores busy.' if GPU else
@@ -126,6 +129,78 @@ print(f'{df.rung[5]}: {big} -> ' + {'helped': 'the freed memory turned into spee
                                                      'where a bigger batch fills idle units, this is the rung where checkpointing pays back.',
                                      'hurt': 'the bigger batch was slower per token here: a cache effect of this machine.'}[big.word])
 assert df.saved_MiB.iloc[3] < df.saved_MiB.iloc[2]
+
+# %% [markdown]
+# ## The communication rungs, measured on emulated nodes
+#
+# The documents' biggest steps were about where the bytes flow. Here they are measured, scaled
+# down: two emulated nodes on this machine, each in its own network namespace, joined by a link
+# shaped to 50 Mbit/s and 1 ms (`lab.run(..., link=...)`; Linux `ip netns` + `tc`, which needs
+# root). What is scaled down, and why:
+#
+# * **ranks: 2 in all instead of 8** (there are 2 CPU cores): 1 per node on the 2-node rungs, and
+#   the one-node rung holds both ranks, so it differs from the first rung only by the link (the
+#   documents' one node had half the GPUs and needed checkpointing to fit; memory is no constraint here).
+# * **the model: tunekit's built-in tiny GPT (2 layers, n_embd 128, vocabulary 256), not Llama-2
+#   7B**, so a step computes for tens of milliseconds, not seconds.
+# * **the link: 50 Mbit/s instead of 50 Gbit/s**, so that moving this small model's gradients and
+#   weights still takes as long as computing with them, as 14 GB did on the real link.
+#
+# Heights cannot carry over (a CPU rank is not an A100, nor this GPT a 7B model); what can is the
+# ordering that the bytes crossing the slow link decide. Three rungs, fp32 (bf16 only adds casts on
+# this CPU, rung 2): FULL_SHARD across both nodes (every all-gather and reduce-scatter crosses the
+# link) -> both ranks on one node (nothing crosses) -> HYBRID_SHARD across both nodes (only the
+# gradient all-reduce crosses; with 1 rank per node a node's shard is its whole model). Each run times 2 steps: they are the 2 repeats `tunekit.verdict` compares.
+
+# %%
+from tunekit.dist import netns
+why_not = netns.check()        # None when this machine can build emulated nodes
+link = {'bandwidth': '50mbit', 'latency': '1ms'}
+comm_rungs = [('FULL_SHARD, 2 nodes', dict(parallel='fsdp', nproc=1, nodes=2, link=link)),
+              ('one node', dict(parallel='fsdp', nproc=2, nodes=1)),
+              ('HYBRID_SHARD, 2 nodes', dict(parallel='hsdp', nproc=1, nodes=2, link=link))]
+if why_not:
+    print(f'the communication rungs are skipped here, not modelled: {why_not}')
+    comm = None
+else:
+    comm_lab = tunekit.Lab()   # the built-in tiny GPT: its 1.7 MB of fp32 weights take 0.27 s per pass at 50 Mbit/s
+    comm = {name: comm_lab.run(steps=2, warmup=1, micro_batch=4, precision='fp32', **kw)
+            for name, kw in comm_rungs}
+    times = {k: [r.step_s_min / r.tokens_per_step, r.step_s_max / r.tokens_per_step] for k, r in comm.items()}
+    names = list(comm)
+    cv = [None] + [tunekit.verdict(times[a], times[b]) for a, b in zip(names, names[1:])]
+    cv.append(tunekit.verdict(times[names[0]], times[names[2]]))
+    cdf = pd.DataFrame([dict(rung=k, ranks=r.world_size, nodes=r.nodes, tokens_per_s=1 / min(times[k]),
+                             MB_across_nodes=r.comm['by_scope'].get('inter', {}).get('bytes', 0) / 1e6,
+                             launch_s=r.launch_s, verdict=v.word if v else 'start')
+                        for (k, r), v in zip(comm.items(), cv)])
+    cdf['documents_tokens_per_s'] = [1500, 8000, 24000]
+    cdf['vs_first'] = cdf.tokens_per_s / cdf.tokens_per_s.iloc[0]
+    cdf['documents_vs_first'] = cdf.documents_tokens_per_s / 1500
+    display(cdf.round(2))
+
+# %%
+if comm is not None:
+    fig = make_subplots(rows=1, cols=2, subplot_titles=['tokens/s relative to FULL_SHARD across 2 nodes',
+                                                        'MB per step crossing the link (measured)'])
+    fig.add_bar(x=cdf.rung, y=cdf.vs_first, name='this run (CPU ranks, 50 Mbit/s)', row=1, col=1)
+    fig.add_bar(x=cdf.rung, y=cdf.documents_vs_first, name='documents (A100s, 50 Gbit/s)', row=1, col=1)
+    fig.add_bar(x=cdf.rung, y=cdf.MB_across_nodes, name='MB across nodes', row=1, col=2)
+    fig.update_layout(title='the communication rungs: compare the ratios, not the heights', barmode='group', height=450)
+    display(fig)
+    fs, one, hy = cdf.iloc[0], cdf.iloc[1], cdf.iloc[2]
+    print(f'one node vs FULL_SHARD across the link: {cv[1]}; documents 8,000 / 1,500 = 5.3x (with checkpointing to fit, on half the GPUs).')
+    print(f'HYBRID_SHARD vs FULL_SHARD, same link: {cv[3]}: {hy.MB_across_nodes:.2f} MB cross it per step instead of '
+          f'{fs.MB_across_nodes:.2f} ({fs.MB_across_nodes / hy.MB_across_nodes:.0f}x fewer bytes: one all-reduce of each shard '
+          'instead of two all-gathers and a reduce-scatter).')
+    print(f'HYBRID_SHARD vs one node: {cv[2]}. ' + (
+        'The second node paid for its link here.' if cv[2].word == 'helped' else
+        'In the documents the second node doubled the GPUs, enough compute to hide a 7B shard all-reduce; here both rungs '
+        'have the same 2 ranks, and this GPT computes a step in tens of milliseconds, so the all-reduce over 50 Mbit/s '
+        'is pure cost. What carries over is the ordering of the two 2-node rungs and the size of '
+        'the step off the slow link; whether HYBRID_SHARD beats one node depends on compute per byte crossing it.'))
+    assert cv[1].word == 'helped' and cv[3].word == 'helped'
+    assert fs.MB_across_nodes > 2 * hy.MB_across_nodes and one.MB_across_nodes == 0
 
 # %% [markdown]
 # ## Conclusion and exercise

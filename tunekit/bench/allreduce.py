@@ -1,20 +1,26 @@
 """All-reduce bus bandwidth with torch.distributed: gloo across CPU processes, NCCL across GPUs.
 
-Processes are spawned on this machine only and rendezvous on 127.0.0.1 through a TCPStore that
-this process hosts on a port the kernel picks (bound once, so no other program can take it in
-between); sizes are bounded, the whole run has a deadline, and every process is joined or killed
-before returning. Their output goes to temporary files, never to pipes that could fill.
+The ranks are started the way a distributed Lab run starts them (tunekit.dist.launch): by
+torch.distributed's elastic agent, the launcher torchrun runs, each rank a fresh interpreter
+(``python -m tunekit.bench._rank``) that rendezvouses on 127.0.0.1 through the agent's c10d store
+on a port the kernel picks. Sizes are bounded; rendezvous and every collective have the deadline
+``timeout_s``; the agent stops every rank when one fails; the ranks' output goes to log files in a
+temporary folder, never to pipes that could fill, and the agent's signal handlers are put back.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import subprocess
+import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 
@@ -23,20 +29,23 @@ from ..measure.timing import stats
 from ._frame import frame
 
 MAX_BYTES = 256 * 2**20   # a bound on the buffer size per rank
+_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
-def _worker(rank, world, port, sizes, warmup, repeats, backend, timeout_s) -> dict:
-    """One rank: init on 127.0.0.1, time all_reduce per size, return {size: [seconds]}."""
+class _RankFailed(RuntimeError):
+    """A rank exited with an error; the message names each failed rank."""
+
+
+def _worker(rank, world, sizes, warmup, repeats, backend, timeout_s) -> dict:
+    """One rank under the agent (MASTER_ADDR/PORT in its environment): time all_reduce per size,
+    return {size: [seconds]}."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    # the parent hosts the store: the port is already bound, no bind race
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
-                          timeout=timedelta(seconds=timeout_s))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     try:
         results = {}
@@ -60,21 +69,50 @@ def _worker(rank, world, port, sizes, warmup, repeats, backend, timeout_s) -> di
         dist.destroy_process_group()
 
 
-def _launch(world, port, sizes, warmup, repeats, backend, timeout_s, files):
-    """Start `world` fresh interpreters running this module (no dependence on the caller's
-    __main__, so it works from scripts, notebooks and pytest alike); rank r writes to files[r]."""
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo",
-               MASTER_ADDR="127.0.0.1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    arg = json.dumps(dict(world=world, port=port, sizes=sizes, warmup=warmup, repeats=repeats,
-                          backend=backend, timeout_s=timeout_s))
-    return [subprocess.Popen([sys.executable, "-m", "tunekit.bench._rank", str(r), arg],
-                             stdout=files[r][0], stderr=files[r][1], env=env)
-            for r in range(world)]
+def _launch(world: int, cfg: dict, work: Path) -> None:
+    """Run ``world`` ranks of ``python -m tunekit.bench._rank CFG`` under the elastic agent and
+    wait for them; a failed rank raises _RankFailed with its exit code and last stderr line."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"allreduce-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"join_timeout": cfg["timeout_s"]},
+        max_restarts=0, monitor_interval=0.1, start_method="spawn", shutdown_timeout=5,
+        logs_specs=DefaultLogsSpecs(log_dir=str(work / "logs"), redirects=Std.ALL))
+    saved = {s: signal.getsignal(getattr(signal, s)) for s in _SIGNALS if hasattr(signal, s)}
+    # the agent hands the ranks this process's environment: set what they need for the launch
+    extra = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+             "PYTHONPATH": os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)}
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        elastic_launch(config, sys.executable)("-m", "tunekit.bench._rank", json.dumps(cfg))
+    except ChildFailedError as e:
+        raise _RankFailed("; ".join(f"rank {r} exit {f.exitcode}: {_last_line(work, f.local_rank)}"
+                                     for r, f in sorted(e.failures.items()))) from None
+    except Exception as e:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        if isinstance(e, SignalException) and e.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None  # Ctrl-C: the agent has stopped every rank
+        raise
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if threading.current_thread() is threading.main_thread():
+            for s, handler in saved.items():  # the agent installed its own; give back ours
+                signal.signal(getattr(signal, s), handler)
 
 
-def _read(f) -> str:
-    f.seek(0)
-    return f.read().decode(errors="replace")
+def _last_line(work: Path, local_rank: int) -> str:
+    logs = sorted((work / "logs").rglob(f"{local_rank}/stderr.log"))
+    lines = logs[-1].read_text(errors="replace").strip().splitlines() if logs else []
+    return lines[-1] if lines else "(no stderr)"
 
 
 def all_reduce_busbw(world_size: int = 2, sizes_bytes=(2**12, 2**16, 2**20), backend=None,
@@ -91,39 +129,20 @@ def all_reduce_busbw(world_size: int = 2, sizes_bytes=(2**12, 2**16, 2**20), bac
         raise ValueError(f"sizes must be in 1..{MAX_BYTES} bytes")
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
-    import torch.distributed as dist
-
-    # the rendezvous store lives here, on a kernel-chosen port of 127.0.0.1 held for the run
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout_s))
-    files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) for _ in range(world_size)]
-    procs = []
-    deadline = time.monotonic() + timeout_s + 60   # + time to start interpreters and torch
+    work = Path(tempfile.mkdtemp(prefix="tunekit-allreduce-"))
+    cfg = dict(sizes=sizes, warmup=warmup, repeats=repeats, backend=backend, timeout_s=timeout_s,
+               out=str(work / "times.json"))
     status, payload, notes = "error", "", []
     try:
-        procs = _launch(world_size, store.port, sizes, warmup, repeats, backend, timeout_s, files)
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        outs = [(p.returncode, _read(o), _read(e)) for p, (o, e) in zip(procs, files)]
-        if all(rc == 0 for rc, _, _ in outs):
-            last = outs[0][1].strip().splitlines()[-1]
-            status, payload = "ok", {int(k): v for k, v in json.loads(last)["times"].items()}
-        else:
-            payload = "; ".join(f"rank {r} exit {rc}: {err.strip().splitlines()[-1] if err.strip() else ''}"
-                                for r, (rc, _, err) in enumerate(outs) if rc)
-    except subprocess.TimeoutExpired:
-        payload = f"no result within {timeout_s + 60:.0f} s"
-    except (ValueError, IndexError, KeyError) as e:   # rank 0 printed no result line
+        _launch(world_size, cfg, work)
+        payload = {int(k): v for k, v in json.loads((work / "times.json").read_text())["times"].items()}
+        status = "ok"
+    except _RankFailed as e:   # a rank failed: the agent has stopped the others
+        payload = str(e)
+    except (OSError, ValueError, KeyError) as e:   # rank 0 wrote no readable result
         payload = f"unreadable result ({type(e).__name__}: {e})"
     finally:
-        for p in procs:   # never leave a rank behind
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for pair in files:
-            for f in pair:
-                f.close()
-        del store
+        shutil.rmtree(work, ignore_errors=True)
     rows = []
     if status != "ok":
         notes.append(f"all-reduce failed: {payload}")
