@@ -411,3 +411,24 @@ def test_a_rank_dying_in_teardown_after_the_result_is_a_note_not_a_failure(tmp_p
     assert err.rank == 1 and "exit code -6" in err.traceback and "terminate called" in err.traceback
     launch_mod._note_result(tmp_path, "rank 1 died after the run")
     assert json.loads((tmp_path / "result.json").read_text())["notes"] == ["ok", "rank 1 died after the run"]
+
+
+def test_the_agents_log_lines_stay_off_the_callers_stderr(tmp_path):
+    # in a kernel (no logging handlers set up) the elastic agent's records ("failed (exitcode: 1)")
+    # reach stderr through logging's last resort, and a notebook shows them as an error box even
+    # where the run is kept; the error (or the run's notes) already says what happened
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {HERE!r})
+        from tunekit.dist.launch import DistRunError, launch
+        from tunekit.dist.spec import factory_spec
+        spec = {{"model": factory_spec("dist_factories:fails_on_rank_1"), "parallel": "ddp", "steps": 1,
+                 "warmup": 0, "toggles": {{"micro_batch": 2, "seq_len": 32}}, "peak_tflops": 1.0}}
+        try:
+            launch(spec, nproc=2)
+        except DistRunError as e:
+            print("rank", e.rank)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "rank 1" and done.stderr == ""

@@ -16,7 +16,9 @@ for), and the signal handlers the agent installs are put back as they were.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -126,7 +128,8 @@ def _run_local(spec: dict, world: int, work: Path) -> None:
     # agent hands them this process's environment, so the path goes there for the launch
     os.environ["PYTHONPATH"] = _python_path()
     try:
-        elastic_launch(config, sys.executable)("-m", "tunekit.dist.worker", str(path))
+        with _agent_log(work / "agent.log"):
+            elastic_launch(config, sys.executable)("-m", "tunekit.dist.worker", str(path))
     except ChildFailedError as e:
         err = _failure(e.failures, work / "logs")
         if (work / "result.json").is_file() and not any(_python_traceback(f) for f in e.failures.values()):
@@ -149,6 +152,26 @@ def _run_local(spec: dict, world: int, work: Path) -> None:
         if threading.current_thread() is threading.main_thread():
             for s, handler in saved.items():  # the agent installed its own; give back ours
                 signal.signal(getattr(signal, s), handler)
+
+
+@contextlib.contextmanager
+def _agent_log(path: Path):
+    """The elastic agent logs its own steps and a rank's death to stderr, which a notebook shows
+    as an error even when the run is kept (a rank that died in its teardown, after the result
+    was written). While it runs its records go to a file in the run's folder instead; what
+    matters comes back as the run's notes or as the raised DistRunError."""
+    handler = logging.FileHandler(path)
+    saved = []
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers[:], logger.propagate))
+        logger.handlers, logger.propagate = [handler], False
+    try:
+        yield
+    finally:
+        for logger, handlers, propagate in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+        handler.close()
 
 
 def _note_result(work: Path, note: str) -> None:
