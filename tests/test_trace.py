@@ -99,11 +99,13 @@ def test_breakdown_of_a_training_step_adds_up_to_the_wall_time(lab, tmp_path):
     # traced steps the best-covered one is judged
     size = dict(micro_batch=8, seq_len=128)
     lab.train_step(lab.resolve(**size))  # untraced: this size's first step allocates
-    traced = [_traced_step(lab, tmp_path, **size) for _ in range(3)]
-    b, tl = min(traced, key=lambda bt: abs(bt[0].total_s() - bt[0].wall_s) / bt[0].wall_s)
+    traced = [_traced_step(lab, tmp_path, **size)[0] for _ in range(3)]
+    big = min(traced, key=lambda b: abs(b.total_s() - b.wall_s) / b.wall_s)
+    assert abs(big.total_s() - big.wall_s) <= 0.10 * big.wall_s, (big.total_s(), big.wall_s)
+    assert math.isclose(big.untraced_s, big.wall_s - big.total_s())
+    # the categories and top ops, on the fixture's small step
+    b, tl = _traced_step(lab, tmp_path)
     assert tl is None and b.device == "cpu" and bd.IDLE not in b.seconds
-    assert abs(b.total_s() - b.wall_s) <= 0.10 * b.wall_s, (b.total_s(), b.wall_s)
-    assert math.isclose(b.untraced_s, b.wall_s - b.total_s())
     for cat in (bd.MATMUL, bd.ATTENTION, bd.NORM, bd.ELEMENTWISE, bd.OPTIMIZER):
         assert b.seconds[cat] > 0, cat
     assert b.seconds[bd.COMM] == b.seconds[bd.MEMCPY] == b.seconds[bd.DATA] == 0  # none on one CPU
