@@ -106,7 +106,10 @@ def test_breakdown_of_a_training_step_adds_up_to_the_wall_time(lab, tmp_path):
     # the categories and top ops, on the fixture's small step
     b, tl = _traced_step(lab, tmp_path)
     assert tl is None and b.device == "cpu" and bd.IDLE not in b.seconds
-    for cat in (bd.MATMUL, bd.ATTENTION, bd.NORM, bd.ELEMENTWISE, bd.OPTIMIZER):
+    # after torch.compile ran anywhere in this process (earlier tests) the tracer installs no module
+    # scopes and says so; the GPT's hand-written LayerNorm ops then count as elementwise
+    scoped = not any("torch.compile in use" in n for n in b.notes)
+    for cat in (bd.MATMUL, bd.ATTENTION, bd.ELEMENTWISE, bd.OPTIMIZER) + ((bd.NORM,) if scoped else ()):
         assert b.seconds[cat] > 0, cat
     assert b.seconds[bd.COMM] == b.seconds[bd.MEMCPY] == b.seconds[bd.DATA] == 0  # none on one CPU
     # the top ops: largest first, aten::mm among them as a matmul; 27 mm calls: forward 9 linears
