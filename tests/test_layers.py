@@ -16,14 +16,14 @@ NAMES = ["pure core", "models", "measurement", "engine", "UI"]
 # module (dotted, under tunekit.) -> layer; package __init__ files are facades (re-exports)
 LAYERS = {
     **{f"core.{m}": CORE for m in ("units", "formulas", "specs", "registry", "shapes", "records",
-                                    "summary", "advisor", "validate", "breakdown")},
+                                    "summary", "advisor", "validate", "breakdown", "conditions")},
     "core.comm": CORE, "dist.spec": MODELS, "measure.comm": MEASURE,
     "dist.worker": ENGINE, "dist.launch": ENGINE,
     "memory.estimate": CORE, "memory.gpt_count": CORE, "memory.hf_count": CORE, "lab.toggles": CORE, "lab.runlog": CORE,
     "models.gpt": MODELS, "models.data": MODELS, "models.adapters": MODELS, "lab.optimizers": MODELS,
     **{f"measure.{m}": MEASURE for m in ("device", "meters", "nvml", "torch_private", "flops",
                                           "fingerprint", "peaks", "timing", "oom", "probe", "interrupts",
-                                          "energy", "trace")},
+                                          "energy", "trace", "conditions")},
     "memory.tally": MEASURE, "memory.measure": MEASURE, "lab.step": MEASURE,
     "lab.lab": ENGINE, "lab.maxbatch": ENGINE, "lab.guard": ENGINE, "lab.precision": ENGINE,
     "bench._frame": ENGINE, "bench._rank": ENGINE,

@@ -53,6 +53,7 @@ class ProfileRecord:
     mean_w: float = NaN
     trace: object = None            # core.breakdown.Breakdown of a traced run (--trace)
     memory: object = None           # core.breakdown.MemoryTimeline (--memory)
+    conditions: object = None       # core.conditions.Conditions: what else used the machine meanwhile
     notes: list = field(default_factory=list)
 
     def _repr_html_(self) -> str:
@@ -64,10 +65,13 @@ class ProfileRecord:
         d = asdict(self)
         d["notes"] = "; ".join(self.notes)
         d["trace"], d["memory"] = short(self.trace), short(self.memory)  # one line each in history()
+        cond = self.conditions
+        d["conditions"] = None if cond is None else cond.verdict        # quiet | busy | unknown
+        d["conditions_reason"] = None if cond is None else cond.reason
         return d
 
 
-COLUMNS = tuple(f.name for f in fields(ProfileRecord))
+COLUMNS = tuple(f.name for f in fields(ProfileRecord)) + ("conditions_reason",)
 
 
 class History:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import html
 
+from .conditions import BUSY, QUIET
 from .units import MiB, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, is_missing
 
 
@@ -46,6 +47,9 @@ def rows(rec) -> list[tuple[str, str]]:
         out.append(("memory", rec.memory.short()))
     if not is_missing(getattr(rec, "energy_j", None)):
         out.append(("energy", f"{rec.energy_j:.3g} J · {rec.mean_w:.3g} W mean ({rec.energy_source})"))
+    cond = getattr(rec, "conditions", None)
+    if cond is not None:
+        out.append(("machine", f"{cond.verdict.upper() if cond.verdict == BUSY else cond.verdict}: {cond.reason}"))
     if rec.error:
         out.append(("error", rec.error))
     if rec.notes:
@@ -53,8 +57,16 @@ def rows(rec) -> list[tuple[str, str]]:
     return out
 
 
+def busy_badge(rec) -> str:
+    """' · ⚠ busy machine' when the record was measured while other work ran, else ''."""
+    cond = getattr(rec, "conditions", None)
+    if cond is None or cond.verdict == QUIET:
+        return ""
+    return f" · ⚠ {cond.verdict} machine" if cond.verdict == BUSY else " · conditions unknown"
+
+
 def title(rec) -> str:
-    return f"⏱ {rec.name} · {rec.device or 'unknown device'}"
+    return f"⏱ {rec.name} · {rec.device or 'unknown device'}{busy_badge(rec)}"
 
 
 def to_text(rec) -> str:
@@ -66,14 +78,26 @@ def to_html(rec) -> str:
         f"<tr><th style='text-align:left;padding:1px 8px 1px 0;font-weight:600'>{html.escape(k)}</th>"
         f"<td style='text-align:left;padding:1px 0'>{html.escape(v)}</td></tr>" for k, v in rows(rec))
     color = "#b00020" if rec.error else "#555"
+    head = html.escape(f"⏱ {rec.name} · {rec.device or 'unknown device'}")
     return (f"<div style='font-family:monospace;font-size:12px;border-left:3px solid {color};"
             f"padding:2px 8px;margin:2px 0'><div style='color:{color};font-weight:600'>"
-            f"{html.escape(title(rec))}</div><table style='border-collapse:collapse'>{body}</table></div>")
+            f"{head}{badge_html(getattr(rec, 'conditions', None))}</div>"
+            f"<table style='border-collapse:collapse'>{body}</table></div>")
+
+
+def badge_html(cond) -> str:
+    """A visible orange 'busy machine' pill (its reason on hover); nothing for a quiet record."""
+    if cond is None or cond.verdict == QUIET:
+        return ""
+    word = "busy machine" if cond.verdict == BUSY else "conditions unknown"
+    bg = "#e65100" if cond.verdict == BUSY else "#757575"
+    return (f" <span class='tk-busy' title='{html.escape(cond.reason, quote=True)}' style='background:{bg};"
+            f"color:#fff;border-radius:8px;padding:0 6px;font-size:11px;font-weight:600'>⚠ {word}</span>")
 
 
 def to_line(rec) -> str:
     """One line for `%gpuprofile on`, where every cell gets one."""
-    parts = [f"⏱ {rec.name}", fmt_seconds(rec.wall_s),
+    parts = [f"⏱ {rec.name}{busy_badge(rec)}", fmt_seconds(rec.wall_s),
              f"CPU {fmt_bytes(rec.cpu_rss_delta_bytes, True)} (peak {fmt_bytes(rec.cpu_peak_delta_bytes, True)})"]
     if not is_missing(rec.gpu_peak_delta_bytes):
         parts.append(f"GPU {fmt_bytes(rec.gpu_alloc_delta_bytes, True)} "
@@ -114,6 +138,13 @@ FORMATS = {"tokens/s": "{:,.0f}", "step (ms)": "{:,.1f}", "time (s)": "{:.3g}", 
            "loss": "{:.3f}"}
 
 
+def machine_word(verdict) -> str:
+    """The 'machine' column of a table: '⚠ busy' stands out, quiet stays plain."""
+    if verdict is None or verdict != verdict:
+        return "n/a"
+    return f"⚠ {verdict}" if verdict == BUSY else str(verdict)
+
+
 def formatted(value, fmt: str) -> str:
     """``fmt.format(value)``, or 'n/a' for a missing figure (None or NaN)."""
     return "n/a" if is_missing(value) or value != value else fmt.format(value)
@@ -132,12 +163,13 @@ TABLE_CSS = ("<style>table.tk{border-collapse:collapse}table.tk th,table.tk td{t
 
 _HISTORY = {"name": "cell", "wall_s": "time (s)", "gflop": "GFLOP", "flops_source": "FLOPs",
             "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "cpu_peak_mib": "CPU peak (MiB)",
-            "gpu_peak_mib": "GPU peak (MiB)", "error": "error"}
+            "gpu_peak_mib": "GPU peak (MiB)", "conditions": "machine", "error": "error"}
 
 
 def history_view(df):
     """tunekit.history() with the columns a person reads first and units in the headers."""
     view = df.assign(error=df["error"].fillna(""), gflop=df["flops"].astype(float) / 1e9,
+                     conditions=df["conditions"].map(machine_word),
                      cpu_peak_mib=df["cpu_peak_delta_bytes"].astype(float) / MiB,
                      gpu_peak_mib=df["gpu_peak_delta_bytes"].astype(float) / MiB)
     return view[list(_HISTORY)].rename(columns=_HISTORY)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.breakdown import short
+from ..core.conditions import Conditions
 from ..core.units import MiB
 from .toggles import Toggles
 
@@ -187,6 +188,7 @@ class RunResult:
     comm_wait_s: float | None = None      # None where not measurable (see notes)
     launch_s: float | None = None         # launch to the first training step
     losses: list | None = None            # loss of every step, warm-up included
+    conditions: object = None             # core.conditions.Conditions over the timed steps (all ranks)
 
     def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
         if name in TOGGLE_FIELDS and "toggles" in self.__dict__:
@@ -223,6 +225,8 @@ class RunResult:
                 v = []
             elif v is None and f.name == "status":
                 v = "ok"
+            elif f.name == "conditions":
+                v = Conditions.from_dict(v)
             kw[f.name] = v
         return cls(**kw)
 
@@ -236,9 +240,12 @@ def results_frame(runs: list[RunResult]):
     """pandas DataFrame, one row per run, toggles flattened, notes joined into one string."""
     import pandas as pd
 
-    rows = [{**r.to_dict(), "notes": "; ".join(r.notes), "trace": short(r.trace), "memory": short(r.memory)}
+    rows = [{**r.to_dict(), "notes": "; ".join(r.notes), "trace": short(r.trace), "memory": short(r.memory),
+             "conditions": None if r.conditions is None else r.conditions.verdict,
+             "conditions_reason": None if r.conditions is None else r.conditions.reason}
             for r in runs]
     rest = [f.name for f in dataclasses.fields(RunResult) if f.name not in ("run_id", "label", "toggles")]
+    rest.append("conditions_reason")
     return pd.DataFrame(rows, columns=["run_id", "label", *TOGGLE_FIELDS, *rest])
 
 

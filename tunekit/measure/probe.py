@@ -27,6 +27,7 @@ from ..core.records import History, ProfileRecord
 from ..core.registry import DTYPES
 from ..core.validate import choice, real
 from . import nvml
+from .conditions import ConditionsMeter
 from .device import device_label, synchronize, torch_if_loaded
 from .energy import EnergyMeter
 from .fingerprint import changed_names, describe, fingerprint, with_body_names
@@ -45,6 +46,7 @@ class _CachedCount:
     count: object       # flops.FlopCount
     counted_in: str     # name of the record whose run was counted
     last_wall_s: float = NaN
+    last_busy: bool = False  # the last run on this count was taken on a busy machine
 
 
 # one entry per distinct block (cell source + name), least recently used dropped past the bound
@@ -103,6 +105,7 @@ class Probe:
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
         self.history = history
         self.counter = None
+        self.conditions = None
         self.running = False
         self.record = ProfileRecord(name=name)
 
@@ -143,6 +146,7 @@ class Probe:
                 self.stop(e)
             raise
         synchronize()
+        self.conditions = ConditionsMeter(self.cuda.index).start()  # reads counters: no state to undo
         self.t0 = time.perf_counter()
         return self
 
@@ -182,7 +186,8 @@ class Probe:
                 counter.__exit__(None, None, None)
                 counted = counter.result()
         rec = self.record
-        for step in (lambda: self._read_energy(rec), lambda: self._read_trace(rec, tracer, exc),
+        for step in (lambda: self._read_conditions(rec), lambda: self._read_energy(rec),
+                     lambda: self._read_trace(rec, tracer, exc),
                      lambda: self._read_memory(rec, exc), lambda: self._fill_flops(rec, counted, exc),
                      lambda: self._fill_rates(rec, traced=tracer is not None)):
             try:
@@ -194,6 +199,10 @@ class Probe:
         if sync_error is not None and sync_error is exc:
             raise sync_error  # the block's own (asynchronous) error: recorded, then it reaches the user
         return rec
+
+    def _read_conditions(self, rec) -> None:
+        if self.conditions is not None:  # None: interrupted before the clock started
+            rec.conditions = self.conditions.stop(rec.wall_s)
 
     def _read_energy(self, rec) -> None:
         if self.energy is None:  # interrupted before the clock started
@@ -269,10 +278,18 @@ class Probe:
             if c.count.uncounted_ops:
                 rec.notes.append("the count misses ops without a FLOP formula: " + ", ".join(c.count.uncounted_ops))
             # a safety net for inputs the fingerprint cannot see: the time moved a lot
+            busy_now = rec.conditions is not None and rec.conditions.busy
             last, c.last_wall_s = c.last_wall_s, rec.wall_s
+            busy_before, c.last_busy = c.last_busy, busy_now
             if last > 0 and not 0.5 < rec.wall_s / last < 2:
-                rec.notes.append(f"time changed {rec.wall_s / last:.1f}x since the last run on this count: "
-                                 "if the work changed, use --flops always")
+                ratio = rec.wall_s / last
+                if busy_now or busy_before:  # the load, not the work, can explain it: no recount advice
+                    which = "this run" if busy_now else "the last run"
+                    rec.notes.append(f"time changed {ratio:.1f}x since the last run on this count, and "
+                                     f"{which} was taken on a busy machine: re-run when it is quiet")
+                else:
+                    rec.notes.append(f"time changed {ratio:.1f}x since the last run on this count: "
+                                     "if the work changed, use --flops always")
         if self.model_flops is not None:
             rec.model_flops, rec.mfu_convention = float(self.model_flops), "given (--model-flops)"
             if rec.flops_source == "none":

@@ -1,0 +1,193 @@
+"""Under what conditions a figure was measured: did anything else use the machine? Pure.
+
+The documents' first rule of throughput work is a stable environment: change one thing and keep
+everything else still. A timing taken while other work ran measures that work too, so every
+record carries a `Conditions`: the raw readings and one verdict, ``quiet`` or ``busy`` (or
+``unknown`` where nothing could be read), with the reason in words. Busy figures are shown as
+such and never judged (`tunekit.verdict`, autotune).
+
+What decides (each reading is a fraction of the measured wall time, so short and long blocks
+are judged alike):
+- CPU wait: the time during which some runnable task waited for a CPU (Linux PSI
+  ``/proc/pressure/cpu``, microsecond resolution; without PSI, this thread's run-queue wait from
+  ``/proc/self/schedstat``). A quiet machine shows ~0; two busy processes beside a 2-thread
+  torch step show ~100%.
+- other processes' CPU use (``/proc/stat`` busy time minus this process's CPU time), trusted
+  only when the block is long enough for /proc/stat's clock-tick resolution;
+- steal (``/proc/stat``): time the hypervisor gave this VM's CPUs to someone else;
+- on a GPU: other processes with a context on the device, and clock slowdowns that are not the
+  workload's own (thermal, hardware slowdown, power brake).
+The 1-minute load average is kept for the reader but never decides: it lags by about a minute,
+so it would call the first quiet minute after a busy one busy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+NaN = math.nan
+QUIET, BUSY, UNKNOWN = "quiet", "busy", "unknown"
+VERDICTS = (QUIET, BUSY, UNKNOWN)
+
+CPU_WAIT_BUSY = 0.20      # a task waited for a CPU during >= 20% of the block ...
+CPU_WAIT_MIN_S = 0.002    # ... and >= 2 ms in all (one scheduler tick in a 5 ms cell is not a busy machine)
+OTHERS_BUSY_CPUS = 0.5    # other processes used >= half a CPU on average (beyond /proc/stat's resolution)
+STEAL_BUSY = 0.05         # the hypervisor took >= 5% of this VM's CPU time
+# GPU clock slowdowns that come from outside the workload (NVML clocks-event reasons)
+GPU_THROTTLE_BUSY = ("thermal", "hw slowdown", "hw thermal", "power brake")
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What else used the machine while a block ran, and the verdict in words.
+
+    >>> str(rec.conditions)
+    'busy: tasks waited for a CPU 97% of the time; other processes used 1.0 of 2 CPUs'
+    """
+
+    verdict: str                     # quiet | busy | unknown
+    reason: str                      # the verdict's reason, in words
+    wall_s: float = NaN
+    cpus: int | None = None          # CPUs this machine has
+    threads: int | None = None       # threads the measured work could use (torch's intra-op pool)
+    cpu_wait: float = NaN            # fraction of wall time some task waited for a CPU
+    wait_source: str | None = None   # "psi" | "schedstat" (this thread only) | None
+    others_cpus: float = NaN         # CPUs' worth of time other processes used, on average
+    cpu_share: float = NaN           # CPU time this process got / (wall x threads)
+    steal: float = NaN               # fraction of the CPUs' time taken by the hypervisor
+    load_avg: float = NaN            # 1-minute load average at the end (lags: never decides)
+    gpu_other_processes: int | None = None
+    gpu_throttle: str | None = None  # NVML clocks-event reasons seen, comma-separated
+
+    @property
+    def busy(self) -> bool:
+        return self.verdict == BUSY
+
+    def __str__(self) -> str:
+        return f"{self.verdict}: {self.reason}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d) -> "Conditions | None":
+        """Back from a log line; None for anything that is not a conditions dict."""
+        if isinstance(d, Conditions) or d is None:
+            return d
+        if not isinstance(d, dict) or d.get("verdict") not in VERDICTS:
+            return None
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
+          cpu_wait_s: float | None = None, wait_source: str | None = None,
+          busy_cpu_s: float | None = None, own_cpu_s: float | None = None,
+          steal_s: float | None = None, tick_s: float = 0.01, load_avg: float | None = None,
+          gpu_other_processes: int | None = None, gpu_throttle=()) -> Conditions:
+    """The verdict from raw readings over a block of ``wall_s`` seconds.
+
+    ``cpu_wait_s``: time some task waited for a CPU; ``busy_cpu_s``: non-idle CPU time of the
+    whole machine (all CPUs); ``own_cpu_s``: CPU time of the measured process(es);
+    ``steal_s``: hypervisor steal summed over the CPUs; ``tick_s``: /proc/stat's resolution.
+
+    >>> judge(1.0, 2, 2, cpu_wait_s=0.97, wait_source="psi", busy_cpu_s=2.0, own_cpu_s=1.0).verdict
+    'busy'
+    """
+    kw = dict(wall_s=wall_s, cpus=cpus, threads=threads, wait_source=wait_source,
+              load_avg=NaN if load_avg is None else float(load_avg),
+              gpu_other_processes=gpu_other_processes,
+              gpu_throttle=", ".join(gpu_throttle) or None)
+    if _nan(wall_s) or wall_s <= 0:
+        return Conditions(UNKNOWN, "no time was measured", **kw)
+    wait = NaN if cpu_wait_s is None else min(1.0, max(0.0, cpu_wait_s / wall_s))
+    share = NaN if own_cpu_s is None or not threads else own_cpu_s / (wall_s * threads)
+    others = steal = NaN
+    resolved = cpus is not None and wall_s >= 10 * tick_s * cpus  # /proc/stat error <= 0.1 CPU
+    if busy_cpu_s is not None and own_cpu_s is not None:
+        others = max(0.0, (busy_cpu_s - own_cpu_s) / wall_s)
+    if steal_s is not None and cpus:
+        steal = max(0.0, steal_s / (wall_s * cpus))
+    kw.update(cpu_wait=wait, cpu_share=share, others_cpus=others, steal=steal)
+
+    busy = []
+    who = "some task" if wait_source == "psi" else "this thread"
+    if not _nan(wait) and wait >= CPU_WAIT_BUSY and cpu_wait_s >= CPU_WAIT_MIN_S:
+        busy.append(f"{'tasks' if wait_source == 'psi' else 'this thread'} waited for a CPU "
+                    f"{wait:.0%} of the time")
+    if resolved and not _nan(others) and others >= OTHERS_BUSY_CPUS:
+        busy.append(f"other processes used {others:.1f} of {cpus} CPUs")
+    if resolved and not _nan(steal) and steal >= STEAL_BUSY:
+        busy.append(f"the hypervisor took {steal:.0%} of the CPU time (steal)")
+    if gpu_other_processes:
+        busy.append(f"{gpu_other_processes} other process{'es' if gpu_other_processes > 1 else ''} "
+                    "on the GPU")
+    slow = [r for r in gpu_throttle if r in GPU_THROTTLE_BUSY]
+    if slow:
+        busy.append(f"GPU clocks slowed ({', '.join(slow)})")
+    if busy:
+        if not _nan(share) and share < 0.9:
+            busy.append(f"this process got {share:.0%} of its {threads} thread"
+                        f"{'s' if threads != 1 else ''}' time")
+        return Conditions(BUSY, "; ".join(busy), **kw)
+    if _nan(wait) and not resolved and gpu_other_processes is None:
+        return Conditions(UNKNOWN, "no CPU-wait counter here (Linux PSI or schedstat) and the block "
+                                   "was too short for /proc/stat", **kw)
+    said = []
+    if not _nan(wait):
+        said.append(f"{who} waited for a CPU {wait:.0%} of the time")
+    if resolved and not _nan(others):
+        said.append(f"other processes used {others:.2f} CPUs")
+    return Conditions(QUIET, "; ".join(said) or "nothing else used the machine", **kw)
+
+
+def combine(parts, labels=None) -> Conditions | None:
+    """One verdict over several measured windows (the repeats of a setting, the ranks of a run):
+    busy if any was busy, unknown if none could be judged, quiet otherwise. The readings are the
+    worst seen."""
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    labels = labels or [None] * len(parts)
+    busy = [(lab, p) for lab, p in zip(labels, parts) if p.busy]
+    if busy:
+        verdict = BUSY
+        reason = "; ".join(f"{lab}: {p.reason}" if lab else p.reason for lab, p in busy[:2])
+        if len(busy) > 2:
+            reason += f" (and {len(busy) - 2} more)"
+        if len(parts) > 1:
+            reason = f"{len(busy)} of {len(parts)} busy: {reason}"
+    elif all(p.verdict == UNKNOWN for p in parts):
+        verdict, reason = UNKNOWN, parts[0].reason
+    else:
+        verdict, reason = QUIET, next(p.reason for p in parts if p.verdict == QUIET)
+
+    def worst(name):
+        vals = [getattr(p, name) for p in parts if not _nan(getattr(p, name))]
+        return max(vals) if vals else None
+
+    share = [p.cpu_share for p in parts if not _nan(p.cpu_share)]
+    throttles = sorted({t for p in parts if p.gpu_throttle for t in p.gpu_throttle.split(", ")})
+    return Conditions(
+        verdict, reason, wall_s=sum(p.wall_s for p in parts if not _nan(p.wall_s)),
+        cpus=parts[0].cpus, threads=parts[0].threads, wait_source=parts[0].wait_source,
+        cpu_wait=_or_nan(worst("cpu_wait")), others_cpus=_or_nan(worst("others_cpus")),
+        cpu_share=min(share) if share else NaN, steal=_or_nan(worst("steal")),
+        load_avg=_or_nan(worst("load_avg")), gpu_other_processes=worst("gpu_other_processes"),
+        gpu_throttle=", ".join(throttles) or None)
+
+
+def _or_nan(x):
+    return NaN if x is None else x
+
+
+def badge(cond) -> str:
+    """'' for quiet, else a short word a table or a summary line can carry."""
+    if cond is None:
+        return ""
+    verdict = cond.verdict if isinstance(cond, Conditions) else str(cond)
+    return "" if verdict == QUIET else f"[{verdict}]"

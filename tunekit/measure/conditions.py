@@ -1,0 +1,190 @@
+"""Read what else used the machine while a block ran. Measurement layer; the verdict is
+`core.conditions.judge`.
+
+    m = ConditionsMeter().start(); ...; cond = m.stop(wall_s)   # -> core.conditions.Conditions
+
+Start and stop read a handful of kernel counters (PSI ``/proc/pressure/cpu``, the first line of
+``/proc/stat``, this thread's ``schedstat`` where PSI is missing, the process's CPU clock) with
+libc's pread on files kept open, *without releasing the GIL* (like `meters._Proc`): ~20 µs a
+block on the 2-core CI machine (benchmarks/bench_conditions.py). On a GPU, `stop()` also asks
+NVML for other processes on the device and for clock slowdowns. Nothing here prints or raises:
+an unreadable counter is simply absent from the verdict.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from ..core.conditions import Conditions, judge
+from .device import torch_if_loaded
+
+_TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+_PATHS = {"psi": "/proc/pressure/cpu", "stat": "/proc/stat", "sched": "/proc/thread-self/schedstat"}
+
+
+class _Counters:
+    """The kernel files, opened once per process, read by pread with the GIL held."""
+
+    def __init__(self):
+        self.pid, self.fds, self.libc = None, {}, None
+        try:
+            import ctypes
+
+            libc = ctypes.PyDLL(None)
+            libc.pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
+            libc.pread.restype = ctypes.c_ssize_t
+            self.libc, self.buf = libc, ctypes.create_string_buffer(512)
+        except (OSError, AttributeError):
+            pass
+
+    def _open(self):
+        if self.pid != os.getpid():  # a forked child must not read its parent's descriptors
+            self.fds = {}
+            for name, path in _PATHS.items():
+                try:
+                    self.fds[name] = os.open(path, os.O_RDONLY)
+                except OSError:
+                    pass
+            self.pid = os.getpid()
+        return self.fds
+
+    def read(self, name: str) -> bytes | None:
+        fd = self._open().get(name)
+        if fd is None:
+            return None
+        try:
+            if self.libc is None:
+                return os.pread(fd, 512, 0)
+            n = self.libc.pread(fd, self.buf, 512, 0)  # /proc/stat's first line is within 512 bytes
+            return self.buf.raw[:n] if n > 0 else None
+        except OSError:
+            return None
+
+    def sample(self, with_sched: bool) -> dict:
+        """The counters now: CPU wait (s), machine busy and steal time (s), own CPU time (s)."""
+        out = {"own_cpu_s": time.process_time()}
+        psi = self.read("psi")
+        if psi:  # "some avg10=0.00 avg60=0.00 avg300=0.00 total=123456" (µs)
+            out["wait_s"], out["wait_source"] = int(psi[psi.index(b"total=") + 6:psi.index(b"\n")]) / 1e6, "psi"
+        elif with_sched:
+            sched = self.read("sched")  # "run_ns wait_ns slices" of this thread
+            if sched:
+                out["wait_s"], out["wait_source"] = int(sched.split()[1]) / 1e9, "schedstat"
+        stat = self.read("stat")
+        if stat and stat.startswith(b"cpu "):
+            v = [int(x) for x in stat[4:stat.index(b"\n")].split()]
+            # user nice system idle iowait irq softirq steal ...: busy = all but idle, iowait, steal
+            out["busy_s"] = (v[0] + v[1] + v[2] + v[5] + v[6]) * _TICK_S
+            out["steal_s"] = v[7] * _TICK_S if len(v) > 7 else None
+        return out
+
+
+_COUNTERS = _Counters()
+
+
+def threads_in_use() -> int:
+    """The threads the measured work can use: torch's intra-op pool, else 1."""
+    torch = torch_if_loaded()
+    return torch.get_num_threads() if torch is not None else 1
+
+
+def delta(s0: dict, s1: dict) -> dict:
+    """Raw readings over a window (what `judge` takes, less wall/cpus/threads); ranks send these."""
+    out = {"own_cpu_s": s1["own_cpu_s"] - s0["own_cpu_s"]}
+    if "wait_s" in s0 and "wait_s" in s1:
+        out["cpu_wait_s"], out["wait_source"] = s1["wait_s"] - s0["wait_s"], s1["wait_source"]
+    if "busy_s" in s0 and "busy_s" in s1:
+        out["busy_cpu_s"] = s1["busy_s"] - s0["busy_s"]
+        if s0.get("steal_s") is not None and s1.get("steal_s") is not None:
+            out["steal_s"] = s1["steal_s"] - s0["steal_s"]
+    return out
+
+
+class ConditionsMeter:
+    """Readings at `start()` and `stop()`; `stop()` returns the `Conditions` of the window.
+
+    ``cuda_index``: the torch CUDA device in use (NVML is asked about it at stop), or None.
+    """
+
+    def __init__(self, cuda_index: int | None = None):
+        self.cuda_index = cuda_index
+        self.s0 = self.raw = None
+
+    def start(self) -> "ConditionsMeter":
+        self.s0 = _COUNTERS.sample(with_sched=True)
+        self.t0 = time.perf_counter()
+        return self
+
+    def stop(self, wall_s: float | None = None, threads: int | None = None) -> Conditions | None:
+        """The window's conditions (``wall_s``: the measured block's time, else start..stop)."""
+        if self.s0 is None:
+            return None
+        s1 = _COUNTERS.sample(with_sched=True)
+        if wall_s is None or wall_s != wall_s:
+            wall_s = time.perf_counter() - self.t0
+        self.raw = delta(self.s0, s1)
+        gpu = gpu_readings(self.cuda_index)
+        return judge(wall_s, os.cpu_count(), threads or threads_in_use(), tick_s=_TICK_S,
+                     load_avg=_load1(), **self.raw, **gpu)
+
+
+def judge_raw(wall_s: float, raw: dict, own_cpu_s: float | None = None, threads: int | None = None,
+              gpu: dict | None = None) -> Conditions:
+    """`judge` on a rank's raw readings, with ``own_cpu_s`` replaced (all ranks' CPU time: the
+    ranks of one run are not 'other processes' to each other)."""
+    raw = dict(raw)
+    if own_cpu_s is not None:
+        raw["own_cpu_s"] = own_cpu_s
+    return judge(wall_s, os.cpu_count(), threads or threads_in_use(), tick_s=_TICK_S,
+                 load_avg=_load1(), **raw, **(gpu or {}))
+
+
+def _load1() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+# NVML clocks-event reason bits (nvml.h: nvmlClocksEventReason*), in words
+_REASONS = {0x1: "idle", 0x2: "application clocks", 0x4: "sw power cap", 0x8: "hw slowdown",
+            0x20: "sw thermal", 0x40: "hw thermal", 0x80: "power brake", 0x100: "display clocks"}
+
+
+def throttle_words(mask: int) -> tuple:
+    """NVML's clocks-event bitmask in words: ``throttle_words(0x48) == ('hw slowdown', 'hw thermal')``.
+    'sw thermal' is reported as 'thermal'."""
+    out = []
+    for bit, word in _REASONS.items():
+        if mask & bit:
+            out.append("thermal" if word == "sw thermal" else word)
+    return tuple(out)
+
+
+def gpu_readings(cuda_index: int | None) -> dict:
+    """Other processes on the GPU and its clock slowdowns, from NVML (empty where unreadable)."""
+    if cuda_index is None:
+        return {}
+    from . import nvml
+
+    try:
+        h = nvml.handle(cuda_index)
+        nv = nvml._init()
+        if h is None or nv is None:
+            return {}
+        me = os.getpid()
+        procs = set()
+        for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            try:
+                procs |= {p.pid for p in getattr(nv, getter)(h)}
+            except Exception:
+                pass
+        getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        return {"gpu_other_processes": len(procs - {me}), "gpu_throttle": throttle_words(int(getter(h)))}
+    except Exception:  # NVML present but a query failed: judge the CPU side alone
+        return {}
+
+
+__all__ = ["ConditionsMeter", "Conditions", "delta", "judge_raw", "gpu_readings", "throttle_words",
+           "threads_in_use"]
