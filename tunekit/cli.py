@@ -263,7 +263,9 @@ def build_model(source):
 
 def summary_lines(r) -> list[str]:
     """A RunResult as a few readable lines (the formats of the dashboard and the report)."""
-    head = f"run #{r.run_id} {r.label} · {r.model} · {r.device}"
+    cond = getattr(r, "conditions", None)
+    busy = cond is not None and cond.busy
+    head = f"run #{r.run_id} {r.label} · {r.model} · {r.device}" + (" · ⚠ BUSY MACHINE" if busy else "")
     if r.status != "ok":
         return [head, f"  FAILED: {r.error}"]
     rows = [("speed", f"{formatted(r.tokens_per_s, FORMATS['tokens/s'])} tokens/s · step {fmt_seconds(r.step_s)} "
@@ -274,6 +276,9 @@ def summary_lines(r) -> list[str]:
             ("memory", f"peak {fmt_bytes(r.peak_mem_bytes)} ({r.peak_source}) · params {fmt_bytes(r.params_bytes)}"
                        f" · grads {fmt_bytes(r.grads_bytes)} · optimizer {fmt_bytes(r.optimizer_bytes)}"),
             ("loss", f"{formatted(r.loss_first, FORMATS['loss'])} -> {formatted(r.loss, FORMATS['loss'])}")]
+    if cond is not None:
+        rows.append(("machine", f"{cond}" + (": these figures measure the other work too, not the "
+                                             "configuration; re-run when it is quiet" if busy else "")))
     world = getattr(r, "world_size", None)   # distributed runs only
     if world:
         rows.append(("layout", f"{r.parallel} · {world} ranks over {r.nodes} node(s)"))

@@ -56,6 +56,7 @@ class SessionSummary:
         listed = "".join(f"<li>{v:.4g} TFLOPS: {html.escape(src)}</li>" for src, v in peaks.items())
         parts.append(f"<p><b>device</b> {html.escape(devices[-1] if devices else 'n/a')}</p>"
                      f"<p><b>peaks MFU is measured against</b></p><ul>{listed or '<li>none</li>'}</ul>")
+        parts.append(busy_banner([*h.get("conditions", [])] + ([*runs["conditions"]] if runs is not None else [])))
         if len(h):
             parts += ["<h3>Profiled cells</h3>", table_html(history_view(h))]
         if runs is not None and len(runs):
@@ -66,6 +67,18 @@ class SessionSummary:
 
     def _repr_html_(self) -> str:
         return f"<div class='summary'>{self.html}</div>"
+
+
+def busy_banner(verdicts) -> str:
+    """A visible line when any measurement was taken on a busy machine; '' when none was."""
+    verdicts = [v for v in verdicts if isinstance(v, str)]
+    busy = sum(v == "busy" for v in verdicts)
+    if not busy:
+        return ""
+    return (f"<p class='tk-busy' style='background:#fff3e0;border-left:4px solid #e65100;padding:4px 8px'>"
+            f"<b style='color:#e65100'>⚠ busy machine</b>: {busy} of {len(verdicts)} measurements were "
+            "taken while other work used the machine (column <i>machine</i>); their times measure that "
+            "work too and are not comparisons of the settings. Re-run them when the machine is quiet.</p>")
 
 
 def show_summary(lab=None) -> None:
@@ -172,7 +185,7 @@ def runs_report(runs, out, title: str = "tunekit runs") -> Path:
     listed = "".join(f"<li>{v:.4g} TFLOPS: {html.escape(s)}</li>" for s, v in peaks.items())
     parts = [f"<div class='summary'><p><b>device</b> {html.escape(', '.join(devices) or 'n/a')}</p>"
              f"<p><b>peaks MFU is measured against</b></p><ul>{listed or '<li>none</li>'}</ul>"
-             f"<p><b>runs</b> {len(df)}</p></div>"]
+             f"<p><b>runs</b> {len(df)}</p>{busy_banner(df['conditions'])}</div>"]
     if len(df):
         view = runs_view(df)
         extra = [c for c in ("parallel", "world_size", "nodes") if c in df]  # distributed runs

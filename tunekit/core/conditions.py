@@ -87,12 +87,15 @@ class Conditions:
 def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
           cpu_wait_s: float | None = None, wait_source: str | None = None,
           busy_cpu_s: float | None = None, own_cpu_s: float | None = None,
-          steal_s: float | None = None, tick_s: float = 0.01, load_avg: float | None = None,
+          group_cpu_s: float | None = None, steal_s: float | None = None, tick_s: float = 0.01,
+          load_avg: float | None = None,
           gpu_other_processes: int | None = None, gpu_throttle=()) -> Conditions:
     """The verdict from raw readings over a block of ``wall_s`` seconds.
 
     ``cpu_wait_s``: time some task waited for a CPU; ``busy_cpu_s``: non-idle CPU time of the
-    whole machine (all CPUs); ``own_cpu_s``: CPU time of the measured process(es);
+    whole machine (all CPUs); ``own_cpu_s``: CPU time of the measured process; ``group_cpu_s``:
+    of all the processes that are the measured work (the ranks of a run on this machine: they are
+    not 'other processes' to each other), default ``own_cpu_s``;
     ``steal_s``: hypervisor steal summed over the CPUs; ``tick_s``: /proc/stat's resolution.
 
     >>> judge(1.0, 2, 2, cpu_wait_s=0.97, wait_source="psi", busy_cpu_s=2.0, own_cpu_s=1.0).verdict
@@ -108,15 +111,19 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
     share = NaN if own_cpu_s is None or not threads else own_cpu_s / (wall_s * threads)
     others = steal = NaN
     resolved = cpus is not None and wall_s >= 10 * tick_s * cpus  # /proc/stat error <= 0.1 CPU
-    if busy_cpu_s is not None and own_cpu_s is not None:
-        others = max(0.0, (busy_cpu_s - own_cpu_s) / wall_s)
+    group = own_cpu_s if group_cpu_s is None else group_cpu_s
+    if busy_cpu_s is not None and group is not None:
+        others = max(0.0, (busy_cpu_s - group) / wall_s)
     if steal_s is not None and cpus:
         steal = max(0.0, steal_s / (wall_s * cpus))
     kw.update(cpu_wait=wait, cpu_share=share, others_cpus=others, steal=steal)
 
     busy = []
-    who = "some task" if wait_source == "psi" else "this thread"
-    if not _nan(wait) and wait >= CPU_WAIT_BUSY and cpu_wait_s >= CPU_WAIT_MIN_S:
+    who = "tasks" if wait_source == "psi" else "this thread"
+    # With a long enough window /proc/stat says who used the CPUs: a wait while other processes
+    # stayed near idle is this work's own threads queueing (more threads than CPUs), not a busy machine.
+    own_wait = resolved and not _nan(others) and others < OTHERS_BUSY_CPUS / 2
+    if not _nan(wait) and wait >= CPU_WAIT_BUSY and cpu_wait_s >= CPU_WAIT_MIN_S and not own_wait:
         busy.append(f"{'tasks' if wait_source == 'psi' else 'this thread'} waited for a CPU "
                     f"{wait:.0%} of the time")
     if resolved and not _nan(others) and others >= OTHERS_BUSY_CPUS:
@@ -140,6 +147,8 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
     said = []
     if not _nan(wait):
         said.append(f"{who} waited for a CPU {wait:.0%} of the time")
+        if own_wait and wait >= CPU_WAIT_BUSY:
+            said[-1] += " (this work's own threads: more threads than free CPUs)"
     if resolved and not _nan(others):
         said.append(f"other processes used {others:.2f} CPUs")
     return Conditions(QUIET, "; ".join(said) or "nothing else used the machine", **kw)

@@ -142,7 +142,7 @@ def machine_word(verdict) -> str:
     """The 'machine' column of a table: '⚠ busy' stands out, quiet stays plain."""
     if verdict is None or verdict != verdict:
         return "n/a"
-    return f"⚠ {verdict}" if verdict == BUSY else str(verdict)
+    return BUSY_CELL if verdict == BUSY else str(verdict)
 
 
 def formatted(value, fmt: str) -> str:
@@ -151,9 +151,17 @@ def formatted(value, fmt: str) -> str:
 
 
 def table_html(df) -> str:
-    """A DataFrame as an HTML table with tunekit's number formats (by column header)."""
+    """A DataFrame as an HTML table with tunekit's number formats (by column header); a busy
+    measurement's 'machine' cell is a visible orange badge."""
     formatters = {c: (lambda f: lambda v: formatted(v, f))(FORMATS[c]) for c in df.columns if c in FORMATS}
-    return TABLE_CSS + df.to_html(index=False, formatters=formatters, na_rep="n/a", border=0, classes="tk")
+    out = df.to_html(index=False, formatters=formatters, na_rep="n/a", border=0, classes="tk")
+    return TABLE_CSS + out.replace(f"<td>{BUSY_CELL}</td>", f"<td>{_BUSY_PILL}</td>")
+
+
+BUSY_CELL = f"⚠ {BUSY}"
+_BUSY_PILL = ("<span class='tk-busy' title='measured while other work used the machine: not a measurement "
+              "of the change' style='background:#e65100;color:#fff;border-radius:8px;padding:0 6px;"
+              f"font-weight:600'>{BUSY_CELL}</span>")
 
 
 # numbers line up under their headers in JupyterLab, VS Code and the report alike

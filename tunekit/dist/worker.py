@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from ..core import formulas, registry
 from ..core.comm import expected_comm, layout_problems, total_by
+from ..core.conditions import combine
 from ..lab.optimizers import build_optimizer, unavailable_optimizers
 from ..lab.precision import autocast, matmul_precision
 from ..lab.runlog import RunResult
@@ -45,6 +46,7 @@ from ..lab.toggles import Env, Toggles, autocast_dtype, compute_dtype, label, no
 from ..measure.comm import CommCounter
 from ..measure.device import device_label
 from ..measure.meters import DeviceMeter
+from ..measure.conditions import ConditionsMeter, judge_rank, rank_reading
 from ..measure.timing import time_repeats
 from ..models.adapters import adapt
 from ..models.data import Batcher
@@ -319,16 +321,21 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
     meter = DeviceMeter(device, cuda_index).start()
     progress(0, steps)
     index = iter(range(steps))
+    pids = [None] * world
+    dist.all_gather_object(pids, os.getpid())  # a run's own ranks are not 'other processes' on a GPU
+    conditions = ConditionsMeter(cuda_index).start()
     try:
+        t0 = time.perf_counter()
         times = time_repeats(lambda: step(next(index)), device, warmup=0, repeats=steps,
                              after_each=after)
+        reading = rank_reading(conditions, time.perf_counter() - t0, exclude_pids=pids)
     finally:
         peak = meter.stop()
     # the loss of the global batch: the mean of the ranks' slice means (outside the counter)
     curve = torch.stack([v.float() for v in warm + losses]).to(device)
     dist.all_reduce(curve)
     mine = {"times": times, "peak": peak, "comm": tables, "counted": counted, "other": counter.other if counter else {},
-            **trainer.local_bytes()}
+            "conditions": reading, **trainer.local_bytes()}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank != 0:
@@ -422,9 +429,20 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
         peak_mem_bytes_per_rank=peaks, comm=comm, comm_wait_s=None,
         launch_s=None if launched is None else first_step_at - launched,
         losses=losses)
+    fields["conditions"] = ranks_conditions([g["conditions"] for g in gathered])
     if not all(math.isfinite(v) for v in losses):
         fields.update(status="failed", error="a loss was not finite")
     return RunResult(**fields)
+
+
+def ranks_conditions(readings: list):
+    """One verdict over the ranks: each judged with the CPU time of all the run's ranks on its
+    machine taken out of 'other processes' (the ranks' windows are the same timed steps)."""
+    group = {}
+    for r in readings:
+        group[r["host"]] = group.get(r["host"], 0.0) + r["raw"]["own_cpu_s"]
+    return combine([judge_rank(r, group[r["host"]]) for r in readings],
+                   [f"rank {i}" for i in range(len(readings))])
 
 
 def main(argv=None) -> int:

@@ -158,9 +158,14 @@ class Dashboard(W.VBox):
         if r is None:
             return
         notes = "".join(_box(html.escape(n), "#999") for n in r.notes)
-        self.message.value = _box(f"run #{r.run_id} ({html.escape(r.label)}): "
-                                  f"{r.tokens_per_s:,.0f} tokens/s, {r.step_s * 1e3:.1f} ms/step, "
-                                  f"loss {r.loss:.3f}", "#2ca02c") + notes
+        busy = r.conditions is not None and r.conditions.busy
+        head = _box(f"run #{r.run_id} ({html.escape(r.label)}): "
+                    f"{r.tokens_per_s:,.0f} tokens/s, {r.step_s * 1e3:.1f} ms/step, "
+                    f"loss {r.loss:.3f}", "#e65100" if busy else "#2ca02c")
+        if busy:  # in the colour and the words of the row's badge: these figures are not the change's
+            head += _box("⚠ busy machine: " + html.escape(r.conditions.reason) + ". These figures measure "
+                         "the other work too; re-run when the machine is quiet before comparing.", "#e65100")
+        self.message.value = head + notes
         self.refresh()
 
     def _on_find(self, _button=None):

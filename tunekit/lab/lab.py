@@ -29,6 +29,7 @@ import torch
 
 from ..core import formulas, registry
 from ..core.validate import is_whole
+from ..measure.conditions import ConditionsMeter
 from ..measure.device import device_label
 from ..measure.energy import Energy, EnergyMeter
 from ..measure.flops import counting_active
@@ -64,6 +65,7 @@ class Steps:
     alloc: dict | None = None         # CUDA allocator retries / OOMs over the timed steps
     trace: object = None              # Breakdown of one extra traced step (run(trace=True))
     memory: object = None             # MemoryTimeline of it (run(memory=True))
+    conditions: object = None         # core.conditions.Conditions over the timed steps
 
 
 class Lab:
@@ -406,6 +408,7 @@ class Lab:
         slowed = counting_active()  # an enclosing %%gpuprofile's first run is counting
         losses, peak = [], None
         energy = EnergyMeter(self.cuda_index).start()
+        conditions = ConditionsMeter(self.cuda_index)
 
         def tick(i, _s):  # after the step's clock: the finiteness check syncs, the clock did too
             _check(losses[-1], f"the loss of step {i + 1}")
@@ -415,14 +418,17 @@ class Lab:
         try:
             if progress is not None:
                 progress(0, steps)  # warm-up and FLOP count are done: the clock starts
+            conditions.start()
             t0 = time.perf_counter()
             times = time_repeats(lambda: losses.append(self.train_step(t)), self.device,
                                  warmup=0, repeats=steps, after_each=tick)
-            used = energy.stop(time.perf_counter() - t0)
+            wall = time.perf_counter() - t0
+            cond = conditions.stop(wall)
+            used = energy.stop(wall)
         finally:
             with deferred_interrupt():
                 peak = meter.stop()
-        return Steps(times, losses, peak, meter.source, slowed, used, meter.last)
+        return Steps(times, losses, peak, meter.source, slowed, used, meter.last, conditions=cond)
 
     def traced_step(self, t: Toggles, step_s: float, trace: bool = True, memory: bool = False):
         """One more training step under torch.profiler: (Breakdown or None, MemoryTimeline or
@@ -484,7 +490,8 @@ class Lab:
             compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
             model=type(self.model).__name__, n_params=sum(p.numel() for p in params),
             time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + probe.notes,
-            guard_s=snap.seconds if snap is not None else None, trace=m.trace, memory=m.memory)
+            guard_s=snap.seconds if snap is not None else None, trace=m.trace, memory=m.memory,
+            conditions=m.conditions)
         if m.energy is not None:
             e = m.energy
             result.energy_j, result.energy_source, result.mean_w = e.joules, e.source, e.mean_w

@@ -198,6 +198,8 @@ class RunResult:
     def to_dict(self) -> dict:
         """Flat: the toggles as top-level keys, in the order of the DataFrame's columns."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if isinstance(d["conditions"], Conditions):
+            d["conditions"] = d["conditions"].to_dict()
         toggles = d.pop("toggles").asdict()
         out = {k: d.pop(k) for k in ("run_id", "label")}
         return {**out, **toggles, **d}
@@ -326,12 +328,14 @@ def repeat_agreement(groups) -> tuple[float, str]:
 _VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step (ms)",
          "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak (MiB)",
          "saved_mib": "saved (MiB)", "loss": "loss", "attention_ran": "attn ran",
-         "flops_source": "FLOPs", "status": "status"}
+         "flops_source": "FLOPs", "conditions": "machine", "status": "status"}
 
 
 def runs_view(df):
     """The columns a person reads first, with units in the headers (dashboard and report)."""
-    view = df.assign(step_ms=df["step_s"].astype(float) * 1e3,
+    from ..core.summary import machine_word
+
+    view = df.assign(step_ms=df["step_s"].astype(float) * 1e3, conditions=df["conditions"].map(machine_word),
                      peak_mem_mib=df["peak_mem_bytes"].astype(float) / MiB,
                      saved_mib=df["saved_bytes"].astype(float) / MiB)
     return view[list(_VIEW)].rename(columns=_VIEW)

@@ -128,15 +128,22 @@ class ConditionsMeter:
                      load_avg=_load1(), **self.raw, **gpu)
 
 
-def judge_raw(wall_s: float, raw: dict, own_cpu_s: float | None = None, threads: int | None = None,
-              gpu: dict | None = None) -> Conditions:
-    """`judge` on a rank's raw readings, with ``own_cpu_s`` replaced (all ranks' CPU time: the
-    ranks of one run are not 'other processes' to each other)."""
-    raw = dict(raw)
-    if own_cpu_s is not None:
-        raw["own_cpu_s"] = own_cpu_s
-    return judge(wall_s, os.cpu_count(), threads or threads_in_use(), tick_s=_TICK_S,
-                 load_avg=_load1(), **raw, **(gpu or {}))
+def judge_rank(reading: dict, group_cpu_s: float) -> Conditions:
+    """A rank's `Conditions` from its `rank_reading`, where ``group_cpu_s`` is the CPU time of
+    all the run's ranks on its machine: the ranks of one run are not 'other processes' to each
+    other."""
+    return judge(reading["wall_s"], reading["cpus"], reading["threads"], tick_s=_TICK_S,
+                 load_avg=reading["load_avg"], group_cpu_s=group_cpu_s, **reading["raw"], **reading["gpu"])
+
+
+def rank_reading(meter: "ConditionsMeter", wall_s: float, exclude_pids=()) -> dict:
+    """What a rank sends rank 0 (plain data, picklable): its raw readings over the timed steps."""
+    import socket
+
+    meter.stop(wall_s)
+    return {"wall_s": wall_s, "raw": meter.raw, "host": socket.gethostname(), "cpus": os.cpu_count(),
+            "threads": threads_in_use(), "load_avg": _load1(),
+            "gpu": gpu_readings(meter.cuda_index, exclude_pids)}
 
 
 def _load1() -> float | None:
@@ -161,8 +168,9 @@ def throttle_words(mask: int) -> tuple:
     return tuple(out)
 
 
-def gpu_readings(cuda_index: int | None) -> dict:
-    """Other processes on the GPU and its clock slowdowns, from NVML (empty where unreadable)."""
+def gpu_readings(cuda_index: int | None, exclude_pids=()) -> dict:
+    """Other processes on the GPU (not this one, nor ``exclude_pids``: a run's own ranks) and its
+    clock slowdowns, from NVML (empty where unreadable)."""
     if cuda_index is None:
         return {}
     from . import nvml
@@ -172,7 +180,7 @@ def gpu_readings(cuda_index: int | None) -> dict:
         nv = nvml._init()
         if h is None or nv is None:
             return {}
-        me = os.getpid()
+        me = {os.getpid(), *exclude_pids}
         procs = set()
         for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
             try:
@@ -181,10 +189,10 @@ def gpu_readings(cuda_index: int | None) -> dict:
                 pass
         getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             nv.nvmlDeviceGetCurrentClocksThrottleReasons
-        return {"gpu_other_processes": len(procs - {me}), "gpu_throttle": throttle_words(int(getter(h)))}
+        return {"gpu_other_processes": len(procs - me), "gpu_throttle": throttle_words(int(getter(h)))}
     except Exception:  # NVML present but a query failed: judge the CPU side alone
         return {}
 
 
-__all__ = ["ConditionsMeter", "Conditions", "delta", "judge_raw", "gpu_readings", "throttle_words",
-           "threads_in_use"]
+__all__ = ["ConditionsMeter", "Conditions", "delta", "judge_rank", "rank_reading", "gpu_readings",
+           "throttle_words", "threads_in_use"]
