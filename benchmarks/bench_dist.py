@@ -172,4 +172,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from tunekit.measure.conditions import watch
+
+    with watch() as machine:  # what else used the machine meanwhile: a busy run is no measurement
+        main()
+    print(f"machine while this ran: {machine.conditions}")

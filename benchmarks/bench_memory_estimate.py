@@ -112,4 +112,9 @@ def transformers_table(dev) -> list:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tunekit.measure.conditions import watch
+
+    with watch() as machine:  # what else used the machine meanwhile: a busy run is no measurement
+        rc = main()
+    print(f"machine while this ran: {machine.conditions}")
+    sys.exit(rc)

@@ -104,7 +104,7 @@ def test_meter_turns_counter_deltas_into_a_verdict(monkeypatch):
         {"own_cpu_s": 10.0, "wait_s": 100.0, "wait_source": "psi", "busy_s": 500.0, "steal_s": 1.0},
         {"own_cpu_s": 11.0, "wait_s": 100.9, "wait_source": "psi", "busy_s": 502.0, "steal_s": 1.0},
     ])
-    monkeypatch.setattr(mc.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(mc, "_CPUS", 2)
     m = mc.ConditionsMeter().start()
     c = m.stop(1.0, threads=2)
     assert m.raw == {"own_cpu_s": 1.0, "cpu_wait_s": pytest.approx(0.9), "wait_source": "psi",
