@@ -106,17 +106,22 @@ formula_step = 2 * batch * seq * per_token_formula
 print(f'counted : {rec.flops:.3e} FLOPs ({rec.flops_source}) for 2 steps')
 print(f'formula : {formula_step:.3e} FLOPs = 2 steps x {batch*seq} tokens x (6N + causal attention)')
 print(f'ratio counted/formula = {rec.flops/formula_step:.3f}')
+print(f'model FLOPs for MFU: {rec.model_flops:.3e}, {rec.mfu_convention}')
 print(f'{rec.tflops:.3f} TFLOPS, MFU {rec.mfu:.1%} of {rec.peak_tflops:.3g} TFLOPS ({rec.peak_source})')
 if rec.mfu > 1:
     print('MFU above 100% means the peak is too low: it was calibrated while other work shared the cores. '
           'Run tunekit.calibrate(force=True) on a quiet machine and re-run the profile.')
 assert rec.flops_source == 'cached' and rec.flops > 0 and rec.wall_s > 0
 assert 0.95 < rec.flops / formula_step < 1.10
+assert rec.mfu_convention.startswith('analytic')   # the cell ran `net`, whose shape tunekit knows
 
 # %% [markdown]
 # The count and the formula agree to a few percent. The count is slightly higher because torch
 # charges the attention backward as 10 FLOP units against the forward's 4 (it recomputes the
-# scores), where `12·L·h·s` assumes exactly 2× the forward. Now watch the attention term grow with
+# scores), where `12·L·h·s` assumes exactly 2× the forward. The count gives HFU; MFU's model FLOPs
+# come from the formula: the cell ran `net`, a model whose shape tunekit knows, so they are
+# 6 × matmul weights + causal attention per token, for the tokens `net`'s forward saw, as the Lab
+# computes them (`rec.mfu_convention` says which way they were obtained). Now watch the attention term grow with
 # the sequence length: counting needs no timing, so this sweep is exact even on noisy cores.
 
 # %%

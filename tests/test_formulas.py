@@ -30,6 +30,13 @@ def test_train_flops_per_token():
     assert f.train_flops_per_token(85e6, 12, 768, 1024, recompute=True) == 680e6 + 75497472
 
 
+def test_forward_flops_per_token_is_a_third_of_training():
+    # 2N = 170e6; forward attention 4*12*768*1024 = 37748736, causal half = 18874368
+    assert f.forward_flops_per_token(85e6, 12, 768, 1024) == 170e6 + 18874368
+    assert f.forward_flops_per_token(85e6, 12, 768, 1024, causal=False) == 170e6 + 37748736
+    assert 3 * f.forward_flops_per_token(85e6, 12, 768, 1024) == f.train_flops_per_token(85e6, 12, 768, 1024)
+
+
 def test_inference_flops_per_layer():
     # 24*B*s*h^2 + 4*B*s^2*h with B=2, s=512, h=768: 24*2*512*589824 + 4*2*262144*768
     assert f.inference_flops_per_layer(2, 512, 768) == 14495514624 + 1610612736

@@ -114,3 +114,28 @@ def test_a_cell_that_grows_its_own_input_is_recounted_every_time(run):
         run(cell)
     # rows 4, 8, 16 after each cat: 4*128*128*rows = 262144, 524288, 1048576
     assert list(tunekit.history().flops.iloc[-3:]) == [262144, 524288, 1048576]
+
+
+def test_a_llama_cell_gets_model_flops_from_its_shape_when_counted_reused_and_under_on(run):
+    pytest.importorskip("transformers")
+    from tunekit.core.formulas import MFU_ANALYTIC
+
+    run("from transformers import AutoModelForCausalLM, LlamaConfig\n"
+        "llm = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=256, hidden_size=64, "
+        "intermediate_size=172, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, "
+        "max_position_embeddings=128, attn_implementation='eager'))\n"
+        "xl = torch.randint(0, 256, (2, 64))\n"
+        "def train_step():\n    llm(input_ids=xl, labels=xl).loss.backward()")
+    # N = 107008 matmul weights, L = 2, width 64 (tests/test_model_flops.py): per trained token
+    # 6*107008 + 12*2*64*64/2 = 691200; x 2*64 tokens = 88473600, as the Lab counts it
+    for _ in range(2):
+        run("%%gpuprofile -q -n llama\nllm(input_ids=xl, labels=xl).loss.backward()")
+    run("%%gpuprofile -q -n via_function\ntrain_step()")  # the model is a global of the function
+    run("%gpuprofile on -q")
+    run("train_step()")
+    run("%gpuprofile off")
+    df = tunekit.history().iloc[-4:]
+    assert list(df.flops_source) == ["counted", "cached", "counted", "counted"]
+    assert list(df.model_flops) == [88473600] * 4
+    assert list(df.mfu_convention) == [MFU_ANALYTIC] * 4
+    assert "MFU from the shape of `llm` (LlamaForCausalLM), as the Lab" in df.iloc[2].notes

@@ -13,7 +13,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .core.registry import DTYPES
 from .core.summary import Summary
-from .measure.fingerprint import fingerprint, names_read
+from .measure.fingerprint import fingerprint, modules_seen, names_read
 from .measure.probe import FLOPS_MODES, Probe, source_key
 
 
@@ -129,9 +129,10 @@ class GpuProfileMagics(Magics):
     def _probe_for(self, args, code, name):
         names = names_read(code)
         fp = lambda: fingerprint(self.shell.user_ns, names)  # noqa: E731
+        models = lambda: modules_seen(self.shell.user_ns, names)  # noqa: E731
         return Probe(name, key=source_key(code, args.name or ""), fingerprint=fp, flops=args.flops,
                      model_flops=args.model_flops, peak=args.peak, dtype=args.dtype,
-                     trace=args.trace, memory=args.memory)
+                     trace=args.trace, memory=args.memory, models=models)
 
     def _start_experiment(self, name, args, probe):
         if not args.experiment:
@@ -203,8 +204,10 @@ class GpuProfileMagics(Magics):
             pass
         names = names_read(code)
         fp = lambda: fingerprint(self.shell.user_ns, names)  # noqa: E731
+        models = lambda: modules_seen(self.shell.user_ns, names)  # noqa: E731
         self._probe = Probe(f"In[{self.shell.execution_count}]", key=source_key(code), fingerprint=fp,
-                            flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype).start()
+                            flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype,
+                            models=models).start()
 
     def post_run_cell(self, result=None, *args):
         probe, self._probe = self._probe, None

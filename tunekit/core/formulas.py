@@ -52,6 +52,13 @@ def train_flops_per_token(n_params: float, n_layer: int, d_model: int, seq_len: 
     return weights + (attn * 4 / 3 if recompute else attn)
 
 
+def forward_flops_per_token(n_params: float, n_layer: int, d_model: int, seq_len: int,
+                            causal: bool = True) -> float:
+    """Model FLOPs per token of a forward pass alone (inference, evaluation): 2N + the forward's
+    third of the attention term (4*L*h*s, halved when causal). A third of `train_flops_per_token`."""
+    return 2 * n_params + attention_flops_per_token(n_layer, d_model, seq_len, causal) / 3
+
+
 def inference_flops_per_layer(batch: int, seq_len: int, d_model: int) -> int:
     """Forward FLOPs of one transformer layer: 24*B*s*h^2 + 4*B*s^2*h (4h MLP, no causal discount)."""
     return 24 * batch * seq_len * d_model**2 + 4 * batch * seq_len**2 * d_model

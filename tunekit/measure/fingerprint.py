@@ -121,6 +121,53 @@ def fingerprint(namespace: dict, names) -> tuple:
     return tuple(out)
 
 
+def modules_seen(namespace: dict, names) -> list[tuple[str, object]]:
+    """(name, module) for every torch module among `names` in `namespace`, looked for where
+    `describe` looks (containers, objects' attributes, the globals and closures of functions,
+    bound methods), not inside modules. What a block reads that can run a model."""
+    torch = torch_if_loaded()
+    if torch is None:
+        return []
+    found = {}
+
+    def walk(value, label, depth):
+        if isinstance(value, torch.nn.Module):
+            found.setdefault(id(value), (label, value))
+        elif depth >= MAX_DEPTH or isinstance(value, (*_SCALARS, torch.Tensor, types.ModuleType, type)):
+            return
+        elif isinstance(value, types.FunctionType):
+            g = value.__globals__
+            for n in value.__code__.co_names:
+                if n in g:
+                    walk(g[n], n, depth + 1)
+            for n, c in zip(value.__code__.co_freevars, value.__closure__ or ()):
+                if _cell_ok(c):
+                    walk(c.cell_contents, n, depth + 1)
+        elif isinstance(value, types.MethodType):
+            walk(value.__self__, label, depth + 1)
+        elif isinstance(value, functools.partial):
+            for v in (value.func, *value.args, *value.keywords.values()):
+                walk(v, label, depth + 1)
+        elif isinstance(value, (tuple, list)):
+            for v in value[:MAX_ITEMS]:
+                walk(v, label, depth + 1)
+        elif isinstance(value, dict):
+            for v in list(value.values())[:MAX_ITEMS]:
+                walk(v, label, depth + 1)
+        elif isinstance(getattr(value, "__dict__", None), dict):
+            for k, v in list(value.__dict__.items())[:MAX_ITEMS]:
+                if not k.startswith("__"):
+                    walk(v, f"{label}.{k}", depth + 1)
+
+    for n in sorted(set(names)):
+        if n in namespace:
+            try:
+                walk(namespace[n], n, 0)
+            except Exception:  # an object that cannot be walked hides no model we could use
+                pass
+    return list(found.values())
+
+
 def changed_names(old: tuple, new: tuple) -> list[str]:
     """Top-level names whose summaries differ (for a note that says what changed)."""
     before = dict(old)

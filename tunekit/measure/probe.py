@@ -30,7 +30,7 @@ from . import nvml
 from .conditions import ConditionsMeter
 from .device import device_label, synchronize, torch_if_loaded
 from .energy import EnergyMeter
-from .fingerprint import changed_names, describe, fingerprint, with_body_names
+from .fingerprint import changed_names, describe, fingerprint, modules_seen, with_body_names
 from .interrupts import deferred_interrupt
 from .meters import CpuPeak, CudaMeter
 from .oom import explain_and_free, is_oom
@@ -47,6 +47,7 @@ class _CachedCount:
     counted_in: str     # name of the record whose run was counted
     last_wall_s: float = NaN
     last_busy: bool = False  # the last run on this count was taken on a busy machine
+    shaped: tuple = (None, [])  # (model FLOPs from the model's shape or None, notes): ModelTap
 
 
 # one entry per distinct block (cell source + name), least recently used dropped past the bound
@@ -82,13 +83,18 @@ class Probe:
     """Measure one block. ``p.start(); ...; rec = p.stop(exc)``; see `profile()` for the context manager.
 
     `fingerprint` is a tuple or a zero-argument callable returning one (taken at `start()`).
+    `models`: None, or a zero-argument callable returning the (name, module) pairs the block reads
+    (`fingerprint.modules_seen`); a counted run watches their forward calls, and a model whose
+    shape tunekit knows gives the model FLOPs as the Lab computes them (`measure.model_flops`).
     """
 
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
-                 history: History | None = HISTORY, trace: bool = False, memory: bool = False):
+                 history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None):
         if not isinstance(name, str):
             raise ValueError(f"name must be a string, got {name!r}")
+        if models is not None and not callable(models):
+            raise ValueError(f"models must be None or a callable returning (name, module) pairs, got {models!r}")
         choice("flops", flops, FLOPS_MODES)
         if model_flops is not None:
             model_flops = real("model_flops", model_flops, low=0.0, low_open=False)
@@ -101,7 +107,7 @@ class Probe:
                 raise ValueError(f"{what} must be True or False, got {flag!r}")
         self.name, self.key = name, key or name
         self.trace, self.memory, self.tracer, self.energy = trace, memory, None, None
-        self._fp = fingerprint
+        self._fp, self._models, self.tap = fingerprint, models, None
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
         self.history = history
         self.counter = None
@@ -138,6 +144,7 @@ class Probe:
 
                     self.counter = TunekitFlopCounter()
                     self.counter.__enter__()
+                    self.tap = self._start_tap(rec)
                 self.running = True
                 self._start_tracer(rec)
                 self.energy = EnergyMeter(self.cuda.index).start()
@@ -149,6 +156,17 @@ class Probe:
         self.conditions = ConditionsMeter(self.cuda.index).start()  # reads counters: no state to undo
         self.t0 = time.perf_counter()
         return self
+
+    def _start_tap(self, rec):
+        if self._models is None or self.model_flops is not None:  # --model-flops: nothing to derive
+            return None
+        from .model_flops import ModelTap
+
+        try:
+            return ModelTap(self._models()).start()
+        except Exception as e:  # the count goes on without it: its convention, and why
+            rec.notes.append(f"MFU from the count: the models read could not be watched ({type(e).__name__}: {e})")
+            return None
 
     def _start_tracer(self, rec) -> None:
         if not (self.trace or self.memory):
@@ -182,13 +200,16 @@ class Probe:
             self.running = False
             tracer, self.tracer = self.tracer, None
             counter, self.counter = self.counter, None
+            tap, self.tap = self.tap, None
             if counter is not None:  # always leave torch's dispatch stack as we found it
                 counter.__exit__(None, None, None)
                 counted = counter.result()
+            if tap is not None:  # and the models' hooks
+                tap.stop()
         rec = self.record
         for step in (lambda: self._read_conditions(rec), lambda: self._read_energy(rec),
                      lambda: self._read_trace(rec, tracer, exc),
-                     lambda: self._read_memory(rec, exc), lambda: self._fill_flops(rec, counted, exc),
+                     lambda: self._read_memory(rec, exc), lambda: self._fill_flops(rec, counted, exc, tap),
                      lambda: self._fill_rates(rec, traced=tracer is not None)):
             try:
                 step()
@@ -255,14 +276,17 @@ class Probe:
             if is_oom(exc):
                 rec.notes.append(explain_and_free())
 
-    def _fill_flops(self, rec, counted, exc) -> None:
+    def _fill_flops(self, rec, counted, exc, tap=None) -> None:
         if counted is not None:
             rec.flops_source, rec.mfu_convention = "counted", formulas.MFU_COUNTED
             rec.flops, rec.model_flops = _flops_of(counted)
             rec.recompute_flops = float(counted.recompute)
             rec.notes.extend(counted.notes)
+            # a failed run's calls are partial: its model FLOPs stay the count's
+            shaped = tap.result() if tap is not None and exc is None else (None, [])
+            _use_shape(rec, shaped)
             if exc is None:  # an interrupted run's count is partial: never reuse it
-                _FLOP_CACHE[self.key] = _CachedCount(self.fp, counted, rec.name)
+                _FLOP_CACHE[self.key] = _CachedCount(self.fp, counted, rec.name, shaped=shaped)
                 _FLOP_CACHE.move_to_end(self.key)
                 while len(_FLOP_CACHE) > FLOP_CACHE_SIZE:
                     _FLOP_CACHE.popitem(last=False)
@@ -275,6 +299,7 @@ class Probe:
             rec.flops, rec.model_flops = _flops_of(c.count)
             rec.recompute_flops = float(c.count.recompute)
             rec.notes.append(f"FLOPs reused from the counted run '{c.counted_in}' (same inputs)")
+            _use_shape(rec, c.shaped)
             if c.count.uncounted_ops:
                 rec.notes.append("the count misses ops without a FLOP formula: " + ", ".join(c.count.uncounted_ops))
             # a safety net for inputs the fingerprint cannot see: the time moved a lot
@@ -337,6 +362,14 @@ class Probe:
                              "recalibrate with tunekit.calibrate(force=True) when it is quiet")
 
 
+def _use_shape(rec, shaped) -> None:
+    """Model FLOPs from the model's shape (`ModelTap.result()`) when it gave them, else the count's."""
+    flops, notes = shaped
+    if flops is not None:
+        rec.model_flops, rec.mfu_convention = float(flops), formulas.MFU_ANALYTIC
+    rec.notes.extend(notes)
+
+
 def _flops_of(count) -> tuple[float, float]:
     """(executed, model) FLOPs; unknown (NaN), not 0, when only ops without a formula ran."""
     if count.executed == 0 and count.uncounted_ops:
@@ -363,19 +396,22 @@ class profile:
                  memory: bool = False):
         frame = sys._getframe(1)
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        fp, models = (), None
         if inputs is not None:
             fp = (("inputs", describe(inputs)),)
-        elif flops == "auto":
+            models = lambda: modules_seen({"inputs": inputs}, ["inputs"])  # noqa: E731
+        elif flops != "never":
             names = with_body_names(frame.f_code.co_filename, frame.f_lineno)
             if names is None:  # no source (exec'd code): all the frame's names
                 names = frame.f_code.co_names + frame.f_code.co_varnames
-            fp = fingerprint({**frame.f_globals, **frame.f_locals}, names)
-        else:
-            fp = ()
+            ns = {**frame.f_globals, **frame.f_locals}
+            fp = fingerprint(ns, names) if flops == "auto" else ()
+            models = lambda: modules_seen(ns, names)  # noqa: E731
         del frame
         # keyed on the place and the name: two blocks sharing a name do not share a count
         self.probe = Probe(name or where, key=f"profile:{where}:{name}", fingerprint=fp, flops=flops,
-                           model_flops=model_flops, peak=peak, dtype=dtype, trace=trace, memory=memory)
+                           model_flops=model_flops, peak=peak, dtype=dtype, trace=trace, memory=memory,
+                           models=models)
 
     def __enter__(self) -> ProfileRecord:
         self.probe.start()

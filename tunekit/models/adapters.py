@@ -22,7 +22,7 @@ import functools
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..core.formulas import MFU_ANALYTIC, MFU_COUNTED, train_flops_per_token
+from ..core.formulas import MFU_ANALYTIC, MFU_COUNTED, forward_flops_per_token, train_flops_per_token
 from ..core.registry import ATTENTIONS, attention
 from ..core.shapes import ModelShape, model_shape
 
@@ -118,21 +118,28 @@ class ModuleAdapter:
             out = out[1] if len(out) > 1 and out[1] is not None else out[0]
         return getattr(out, "loss", out)
 
-    def model_flops(self, seq_len: int, tokens: int, counted: float | None) -> tuple:
+    def model_flops(self, seq_len: int, tokens: int, counted: float | None, backward: bool = True) -> tuple:
         """(model FLOPs of ``tokens`` tokens, convention, notes) in tunekit's one MFU convention:
         analytic when the shape is known (N counted on the live model, layers and widths from
-        its config), else the counted FLOPs minus recomputation (``counted``)."""
+        its config), else the counted FLOPs minus recomputation (``counted``). ``backward=False``:
+        tokens that only went forward (2N per token and the forward's attention, not 6N)."""
         shape = self.shape
         if shape is None:
             return counted, MFU_COUNTED, ["MFU from the counted FLOPs (no analytic shape for this "
                                           "model): executed minus recomputation; unfused causal "
                                           "attention still counts its masked half"]
         n = self.matmul_weights()
-        per_token = train_flops_per_token(n, shape.n_layer, shape.q_width, seq_len)
+        per_token = (train_flops_per_token if backward else forward_flops_per_token)(
+            n, shape.n_layer, shape.q_width, seq_len)
         notes = [] if n == shape.matmul_params() else [
             f"MFU uses the {n:,} matmul weights counted on the model; its config reads as "
             f"{shape.matmul_params():,} ({shape.family})"]
         return per_token * tokens, MFU_ANALYTIC, notes
+
+    def forward_tokens(self, args: tuple, kwargs: dict) -> tuple[int, int]:
+        """(batch, sequence length) of one call of the model's forward, from its inputs; raises
+        ValueError saying why when they do not tell (the analytic count then cannot be used)."""
+        raise ValueError(f"{type(self.model).__name__} has no shape tunekit knows")
 
     def state(self) -> tuple:
         """What changes the work of a step besides the batch: attention, checkpointing, the
@@ -177,6 +184,9 @@ class GPTAdapter(ModuleAdapter):
 
     def loss(self, fwd, x, y):
         return fwd(x, y)[1]
+
+    def forward_tokens(self, args, kwargs):
+        return _batch_and_length(args[0] if args else kwargs.get("idx"), "idx")
 
 
 class HFAdapter(ModuleAdapter):
@@ -253,6 +263,31 @@ class HFAdapter(ModuleAdapter):
         # (with `labels` alone transformers would shift again and skip a token), so every one
         # of the b*s tokens is predicted, as the throughput counts them.
         return fwd(input_ids=x, labels=y, shift_labels=y, use_cache=False).loss
+
+    def forward_tokens(self, args, kwargs):
+        import inspect
+
+        try:
+            call = inspect.signature(self.model.forward).bind_partial(*args, **kwargs).arguments
+        except (TypeError, ValueError):
+            raise ValueError("the call's arguments do not match the model's forward") from None
+        call = {**call, **call.get("kwargs", {})}
+        x = call.get("input_ids")
+        b, s = _batch_and_length(x if x is not None else call.get("inputs_embeds"), "input_ids or inputs_embeds")
+        past = call.get("past_key_values")
+        # decoding: each new token also attends to the cached positions, which s does not say
+        if past is not None and (past.get_seq_length() if hasattr(past, "get_seq_length") else len(past)):
+            raise ValueError("the model was called with a filled KV cache (decoding)")
+        keep = call.get("logits_to_keep", 0)
+        if not (isinstance(keep, int) and (keep == 0 or keep >= s)):  # lm_head skips positions
+            raise ValueError("the model was called with logits_to_keep: lm_head ran on part of the tokens")
+        return b, s
+
+
+def _batch_and_length(x, what: str) -> tuple[int, int]:
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise ValueError(f"no (batch, sequence) {what} tensor in the call")
+    return int(x.shape[0]), int(x.shape[1])
 
 
 def is_transformers_model(model) -> bool:

@@ -1,0 +1,201 @@
+"""A profiled block's model FLOPs come from the shape of the model it ran, as the Lab computes
+them (one MFU convention whatever attention kernel ran), and fall back to the count, saying why,
+when the shape cannot give them. Transformers models are built from configs (nothing downloaded)."""
+import pytest
+import torch
+
+import tunekit
+from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED
+from tunekit.measure.fingerprint import modules_seen
+from tunekit.measure.probe import Probe
+from tunekit.models.adapters import adapt
+from tunekit.models.gpt import GPT, GPTConfig
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+# The Llama below (test_hf_models.llama()): N = 107008 matmul weights (2 layers of 45312 + lm_head
+# 256*64), L = 2, q width 64. Per token, trained: 6*107008 + 12*2*64*S/2 = 642048 + 768*S;
+# forward only: 2*107008 + 4*2*64*S/2 = 214016 + 256*S.
+N, TRAIN_PER_TOKEN, FORWARD_PER_TOKEN = 107008, {32: 666624, 64: 691200}, {32: 222208, 64: 230400}
+
+
+def llama(attention="sdpa", seed=0):
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).train()
+    model.set_attn_implementation(attention)
+    return model
+
+
+def tokens(b, s):
+    return torch.randint(0, 256, (b, s), generator=torch.Generator().manual_seed(s))
+
+
+@pytest.mark.parametrize("s", [32, 64])
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_llama_training_cell_gets_the_labs_model_flops_whatever_the_attention(attention, s):
+    model, x = llama(attention), tokens(2, s)
+    assert adapt(model).matmul_weights() == N
+    with tunekit.profile(name="step", flops="always") as rec:
+        model(input_ids=x, labels=x).loss.backward()
+    # 2*32 tokens * 666624 = 42663936; 2*64 * 691200 = 88473600
+    expected = {32: 42663936, 64: 88473600}[s]
+    assert expected == 2 * s * TRAIN_PER_TOKEN[s]
+    assert rec.model_flops == expected == adapt(model).model_flops(s, 2 * s, None)[0]  # the Lab's
+    assert rec.mfu_convention == MFU_ANALYTIC
+    assert not model._forward_pre_hooks and not model._forward_hooks  # removed with the counter
+    assert f"MFU from the shape of `model` (LlamaForCausalLM), as the Lab: 1 forward call(s), " \
+           f"{2 * s} tokens at S={s} forward+backward" in rec.notes
+    # executed FLOPs (HFU) are still the count's, unchanged
+    model.zero_grad(set_to_none=True)
+    fc = tunekit.count_flops(lambda: model(input_ids=x, labels=x).loss.backward())
+    assert rec.flops == fc.executed
+    if attention == "eager":  # what this fixes: the count keeps eager attention's masked half
+        assert fc.model > rec.model_flops
+
+
+def test_built_in_gpt_training_cell_gets_the_labs_model_flops():
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=64, attention="math"))
+    x = tokens(2, 64)
+    with tunekit.profile(name="gpt", flops="always") as rec:
+        model(x, x)[1].backward()
+    # N per layer: qkv 64*192 + proj 64*64 + MLP 2*64*256 = 49152; x2 + lm_head 256*64 = 114688
+    # per token 6*114688 + 12*2*64*64/2 = 688128 + 49152 = 737280; x 128 tokens = 94371840
+    assert adapt(model).matmul_weights() == 114688
+    assert rec.model_flops == 94371840 == adapt(model).model_flops(64, 128, None)[0]
+    assert rec.mfu_convention == MFU_ANALYTIC
+
+
+def test_inference_counts_2n_per_token_and_mixed_calls_add_up():
+    model, x = llama(), tokens(2, 64)
+    with tunekit.profile(name="infer", flops="always") as rec:
+        with torch.no_grad():
+            model(input_ids=x)
+    # forward only: 128 tokens * 230400 = 29491200
+    assert rec.model_flops == 29491200 == adapt(model).model_flops(64, 128, None, backward=False)[0]
+    assert rec.mfu_convention == MFU_ANALYTIC and "128 tokens at S=64 forward only" in rec.notes[-2]
+    # a training step, then an evaluation with grad on but no backward through it:
+    # 88473600 + 1*32 * 222208 = 88473600 + 7110656 = 95584256
+    y = tokens(1, 32)
+    with tunekit.profile(name="mixed", flops="always") as rec:
+        model(input_ids=x, labels=x).loss.backward()
+        model(input_ids=y).logits.sum().item()
+    assert rec.model_flops == 95584256
+    assert "2 forward call(s), 32 tokens at S=32 forward only, 128 tokens at S=64 forward+backward" in rec.notes[-2]
+
+
+def test_a_cached_run_keeps_the_shape_model_flops():
+    model, x = llama("eager"), tokens(2, 32)
+    recs = []
+    for _ in range(2):
+        with tunekit.profile(name="loop") as rec:
+            model(input_ids=x, labels=x).loss.backward()
+        recs.append(rec)
+    assert [r.flops_source for r in recs] == ["counted", "cached"]
+    assert [r.model_flops for r in recs] == [42663936, 42663936]  # 64 tokens * 666624
+    assert [r.mfu_convention for r in recs] == [MFU_ANALYTIC, MFU_ANALYTIC]
+
+
+def test_a_compiled_model_and_explicit_inputs_are_seen():
+    model, x = llama(), tokens(2, 32)
+    compiled = torch.compile(model)  # counted runs run it eagerly: nothing is compiled here
+    with tunekit.profile(name="compiled", flops="always", inputs=(compiled, x)) as rec:
+        compiled(input_ids=x, labels=x).loss.backward()
+    assert rec.model_flops == 42663936 and rec.mfu_convention == MFU_ANALYTIC
+    assert "`inputs` (LlamaForCausalLM)" in rec.notes[-2]
+
+
+# --- fallbacks: the count's convention, and the reason ------------------------------------------
+
+
+def counted_model(fn):
+    return tunekit.count_flops(fn).model
+
+
+def test_two_models_fall_back_to_the_count():
+    student, teacher, x = llama(seed=0), llama(seed=1), tokens(2, 32)
+
+    def step():
+        with torch.no_grad():
+            target = teacher(input_ids=x).logits
+        (student(input_ids=x).logits - target).pow(2).mean().backward()
+
+    with tunekit.profile(name="distill", flops="always") as rec:
+        step()
+    assert rec.mfu_convention == MFU_COUNTED and rec.model_flops == counted_model(step)
+    assert "MFU from the count: several models ran (`student` (LlamaForCausalLM), `teacher` " \
+           "(LlamaForCausalLM)), so no one model's shape gives the block's model FLOPs" in rec.notes
+
+
+def test_decoding_with_a_kv_cache_falls_back_to_the_count():
+    model, x = llama(), tokens(1, 16)
+    with torch.no_grad():
+        cache = model(input_ids=x, use_cache=True).past_key_values
+    nxt = x[:, -1:]
+
+    def decode():
+        with torch.no_grad():
+            model(input_ids=nxt, past_key_values=cache, use_cache=False)
+
+    with tunekit.profile(name="decode", flops="always", inputs=(model, nxt)) as rec:
+        decode()
+    assert rec.mfu_convention == MFU_COUNTED
+    assert "MFU from the count: the tokens of a call of `inputs` are unknown (the model was called " \
+           "with a filled KV cache (decoding))" in rec.notes
+    with tunekit.profile(name="generate", flops="always", inputs=(model, x)) as rec:
+        model.generate(x, max_new_tokens=2, do_sample=False)
+    assert rec.mfu_convention == MFU_COUNTED and "are unknown (the model was called with logits_to_keep" \
+        in next(n for n in rec.notes if n.startswith("MFU from the count"))
+
+
+def test_a_model_of_unknown_shape_or_one_that_did_not_run_falls_back_with_a_note():
+    net, x = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()), torch.randn(4, 64)
+    with tunekit.profile(name="net", flops="always") as rec:
+        net(x).sum().backward()
+    assert rec.mfu_convention == MFU_COUNTED
+    assert "MFU from the count: `net` (Sequential) has no shape tunekit knows" in rec.notes
+    model, h = llama(), torch.randn(2, 64)
+    with tunekit.profile(name="head", flops="always") as rec:
+        model.lm_head(h).sum().backward()  # a submodule: the model's own forward never ran
+    assert rec.mfu_convention == MFU_COUNTED
+    assert "MFU from the count: `model` (LlamaForCausalLM) ran no forward here" in rec.notes
+
+
+def test_a_failed_block_keeps_the_count_and_leaves_no_hooks():
+    model, x = llama(), tokens(2, 32)
+    with pytest.raises(RuntimeError):
+        with tunekit.profile(name="fails", flops="always") as rec:
+            model(input_ids=x)
+            raise RuntimeError("boom")
+    assert rec.mfu_convention == MFU_COUNTED and rec.error == "RuntimeError: boom"
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_given_model_flops_win_and_the_shape_is_not_consulted():
+    model, x = llama(), tokens(2, 32)
+    with tunekit.profile(name="given", flops="always", model_flops=1e9) as rec:
+        model(input_ids=x, labels=x).loss.backward()
+    assert (rec.model_flops, rec.mfu_convention) == (1e9, "given (--model-flops)")
+    assert not any(n.startswith("MFU from") for n in rec.notes)
+
+
+def test_models_option_is_checked_and_modules_are_found_where_the_fingerprint_looks():
+    with pytest.raises(ValueError, match="models must be None or a callable"):
+        Probe("x", models=[("m", torch.nn.Linear(2, 2))])
+    model, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+    def step():
+        return model
+
+    class Holder:
+        def __init__(self):
+            self.net = other
+
+    ns = {"step": step, "model": model, "h": Holder(), "pair": (1, other), "n": 3}
+    seen = modules_seen(ns, ["step", "h", "pair", "n"])
+    assert [(label, m is model, m is other) for label, m in seen] == [
+        ("h.net", False, True), ("model", True, False)]  # names walked in sorted order: h, n, pair, step
