@@ -32,6 +32,8 @@ _EXPORTS = {
     "time_repeats": ("measure.timing", "time_repeats"),
     "median_s": ("measure.timing", "median_s"),
     "verdict": ("measure.timing", "verdict"),
+    "Verdict": ("measure.timing", "Verdict"),
+    "conclude": ("core.conditions", "conclude"),
     "experiment": ("experiments", "experiment"),
     "plot_history": ("plots", "plot_history"),
     "plot_breakdown": ("trace_plots", "plot_breakdown"),

@@ -190,6 +190,28 @@ def combine(parts, labels=None) -> Conditions | None:
         gpu_throttle=", ".join(throttles) or None)
 
 
+def conclude(text: str, records) -> str:
+    """A conclusion drawn from measurements, with the machine's condition beside it; when any of
+    them was measured busy, that the conclusion is uncertain instead of the conclusion.
+
+    ``records``: records with a ``.conditions`` (ProfileRecord, RunResult), Conditions, or one record.
+
+    >>> conclude("matmuls take most of the step", traces)
+    'matmuls take most of the step (machine quiet)'
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"conclude() needs the conclusion as text (got {type(text).__name__}).")
+    if hasattr(records, "conditions") or isinstance(records, Conditions):
+        records = [records]
+    conds = [r if isinstance(r, Conditions) or r is None else getattr(r, "conditions", False) for r in records]
+    if any(c is False or not (c is None or isinstance(c, Conditions)) for c in conds):
+        raise ValueError("conclude() takes records with a .conditions (ProfileRecord, RunResult) or Conditions.")
+    cond = combine(conds)
+    if cond is not None and cond.busy:
+        return f"uncertain: the machine was busy ({cond.reason}); re-run when it is quiet"
+    return f"{text} (machine {UNKNOWN if cond is None else cond.verdict})"
+
+
 def _or_nan(x):
     return NaN if x is None else x
 
