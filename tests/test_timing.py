@@ -1,7 +1,7 @@
 """The timing helpers' verdict: helped / hurt / within noise from repeated measurements."""
 import pytest
 
-from tunekit import conclude, verdict
+from tunekit import conclude, time_records, verdict
 from tunekit.core.conditions import Conditions
 from tunekit.core.records import ProfileRecord
 from tunekit.lab.runlog import RunResult
@@ -54,7 +54,7 @@ def test_a_busy_side_is_shown_but_never_judged():
     assert v.word == "machine busy" and v.busy and (v.speedup, v.band) == (2.0, 0.05)
     assert v.after_conditions.busy and v.before_conditions.verdict == "quiet" and v.conditions.busy
     text = str(v)
-    assert text.startswith("machine busy: 2.00x, noise band ±5% measured, not judged (after: 2 of 2 busy: ")
+    assert text.startswith("machine busy: 2.00x, noise band ±5% measured, uncertain: not judged (after: 2 of 2 busy: ")
     assert "re-run when the machine is quiet, or take more repeats" in text
     assert v.conclusion(helped="bigger batches pay") == text  # no meaning drawn from busy runs
     # one busy repeat of two leaves one quiet: still too few to judge
@@ -116,3 +116,24 @@ def test_conclude_puts_the_machine_beside_a_conclusion_or_says_uncertain():
         conclude("x", [1.0])
     with pytest.raises(ValueError, match="as text"):
         conclude(None, [block(1.0)])
+
+
+def test_time_records_gives_one_record_per_repeat_with_its_conditions(monkeypatch):
+    from tunekit.measure import conditions as mc
+    from tunekit.measure.probe import HISTORY
+
+    said = iter([QUIET, BUSY, QUIET])  # what the meter says after each repeat
+    monkeypatch.setattr(mc.ConditionsMeter, "stop", lambda self, wall_s=None, threads=None: next(said))
+    calls, before = [], len(HISTORY.records())
+    recs = time_records(lambda: calls.append(1), repeats=3, warmup=2, name="noop")
+    assert len(calls) == 5  # 2 warm-up calls + 3 timed
+    assert [r.name for r in recs] == ["noop 1", "noop 2", "noop 3"]
+    assert [r.conditions.verdict for r in recs] == ["quiet", "busy", "quiet"]
+    assert all(r.wall_s > 0 for r in recs) and recs[0].device.startswith("cpu")
+    assert len(HISTORY.records()) == before  # not profiled cells: history() is left alone
+    v = verdict(recs, recs)  # the busy repeat is set aside: 2 quiet repeats remain on each side
+    assert v.set_aside == (1, 1) and v.word == "within noise" and v.speedup == 1.0
+    with pytest.raises(ValueError, match="repeats"):
+        time_records(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="fn must be a function"):
+        time_records(3)

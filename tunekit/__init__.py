@@ -31,6 +31,7 @@ _EXPORTS = {
     "count_flops": ("measure.flops", "count_flops"),
     "time_repeats": ("measure.timing", "time_repeats"),
     "median_s": ("measure.timing", "median_s"),
+    "time_records": ("measure.timing", "time_records"),
     "verdict": ("measure.timing", "verdict"),
     "Verdict": ("measure.timing", "Verdict"),
     "conclude": ("core.conditions", "conclude"),

@@ -203,7 +203,9 @@ class AutotuneResult:
         """The machine over every trial (`core.conditions.combine`): busy if any trial was."""
         return combine([r.conditions for c in self.candidates for r in c.runs if getattr(r, "conditions", None)])
 
-    def _machine(self) -> str:
+    @property
+    def machine(self) -> str:
+        """The machine over every trial, in one sentence (printed beside the conclusions)."""
         runs = [r for c in self.candidates for r in c.runs]
         busy = [r.conditions for r in runs if _busy(r)]
         cond = self.conditions
@@ -251,7 +253,7 @@ class AutotuneResult:
         if self.busy:
             text += (". Never measured on a quiet machine, so not judged: " + ", ".join(self.busy))
         if win is not None:
-            text += ". " + self._machine()
+            text += ". " + self.machine
         if self.status == "budget":
             text += f". STOPPED EARLY: the budget of {self.budget_s:g} s was spent; the result is partial"
         elif self.status == "interrupted":

@@ -4,6 +4,7 @@ Benchmarks, calibration, the Lab and the notebooks all time through `time_repeat
 clock read in tunekit follows the same rule: synchronize the device, then read the clock.
 
     >>> tunekit.median_s(lambda: a @ b, repeats=5, warmup=1)     # seconds, median of 5
+    >>> tunekit.verdict(tunekit.time_records(old, repeats=3), tunekit.time_records(new, repeats=3))
 """
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import time
 from dataclasses import dataclass
 
 from ..core.conditions import Conditions, combine
+from ..core.records import ProfileRecord
 from ..core.validate import whole
-from .device import synchronize
+from .conditions import ConditionsMeter
+from .device import cuda_device_index, device_label, synchronize
 
 NaN = math.nan
 
@@ -38,6 +41,32 @@ def time_repeats(fn, device=None, warmup: int = 1, repeats: int = 5, after_each=
         if after_each is not None:
             after_each(i, out[-1])
     return out
+
+
+def time_records(fn, repeats: int = 5, warmup: int = 1, device=None, name: str = "repeat") -> list:
+    """`time_repeats` with the machine's conditions: one ``ProfileRecord`` per repeat (``wall_s``,
+    ``conditions``, ``device``), what `verdict` needs to set busy repeats aside. Lighter than
+    ``tunekit.profile`` (no memory or FLOPs) and not added to ``history()``.
+
+    Example: ``tunekit.verdict(tunekit.time_records(old, 3), tunekit.time_records(new, 3))``.
+    """
+    warmup, repeats = whole("warmup", warmup, 0), whole("repeats", repeats)
+    if not callable(fn):
+        raise ValueError(f"fn must be a function to time (got {type(fn).__name__}).")
+    for _ in range(warmup):  # outside the first repeat's conditions window
+        fn()
+    cuda = cuda_device_index()
+    meter, conds = ConditionsMeter(cuda), []
+
+    def after_each(_i, seconds):  # each repeat's window: from the previous one's end to its own
+        conds.append(meter.stop(seconds))
+        meter.start()
+
+    meter.start()
+    times = time_repeats(fn, device, 0, repeats, after_each)
+    where = device_label(cuda)
+    return [ProfileRecord(f"{name} {i + 1}", wall_s=t, device=where, conditions=c)
+            for i, (t, c) in enumerate(zip(times, conds))]
 
 
 def median_s(fn, repeats: int = 5, warmup: int = 1, device=None) -> float:
@@ -93,7 +122,7 @@ class Verdict:
         if self.busy:
             why = "; ".join(f"{side}: {c.reason}" for side, c in (("before", self.before_conditions),
                                                                  ("after", self.after_conditions)) if c and c.busy)
-            return (f"machine busy: {measured} measured, not judged ({why}); re-run when the "
+            return (f"machine busy: {measured} measured, uncertain: not judged ({why}); re-run when the "
                     "machine is quiet, or take more repeats: busy ones are set aside, each side needs 2 quiet")
         if cond is None:  # plain seconds: nothing is known about the machine
             return f"{self.word} ({measured})"
