@@ -53,9 +53,11 @@ def test_a_busy_side_is_shown_but_never_judged():
     v = verdict([run(1.0), run(1.02)], [run(0.5, cond=BUSY), run(0.51, cond=BUSY)])
     assert v.word == "machine busy" and v.busy and (v.speedup, v.band) == (2.0, 0.05)
     assert v.after_conditions.busy and v.before_conditions.verdict == "quiet" and v.conditions.busy
+    assert (v.repeats, v.set_aside) == ((2, 2), (0, 2))
     text = str(v)
-    assert text.startswith("machine busy: 2.00x, noise band ±5% measured, uncertain: not judged (after: 2 of 2 busy: ")
-    assert "re-run when the machine is quiet, or take more repeats" in text
+    assert text == ("machine busy: 2.00x, noise band ±5% measured, uncertain: 0 of 2 repeats before and 2 of 2 "
+                    "after ran on a busy machine (tasks waited for a CPU 97% of the time). Re-run when "
+                    "the machine is quiet, or take more repeats: busy ones are set aside, each side needs 2 quiet ones")
     assert v.conclusion(helped="bigger batches pay") == text  # no meaning drawn from busy runs
     # one busy repeat of two leaves one quiet: still too few to judge
     assert verdict([block(1.0, BUSY), block(1.01)], [block(0.5), block(0.51)]).word == "machine busy"
@@ -64,7 +66,7 @@ def test_a_busy_side_is_shown_but_never_judged():
 def test_busy_repeats_are_set_aside_and_quiet_ones_judged():
     # the busy repeat (1.6 s) is left out; quiet 1.0 and 1.01 vs 0.5 and 0.51: 2.00x, band 5%
     v = verdict([block(1.0), block(1.6, BUSY), block(1.01)], [block(0.5), block(0.51)])
-    assert (v.speedup, v.word, v.set_aside) == (2.0, "helped", (1, 0))
+    assert (v.speedup, v.word, v.repeats, v.set_aside) == (2.0, "helped", (3, 2), (1, 0))
     assert str(v) == "helped (2.00x, noise band ±5%; machine quiet, 1 busy repeat set aside)"
     # had it been kept, its side would still be best 1.0 / 1.01: the same figures, now from quiet repeats only
     unknown = Conditions("unknown", "no counters")
@@ -74,7 +76,7 @@ def test_busy_repeats_are_set_aside_and_quiet_ones_judged():
 
 def test_plain_seconds_have_no_conditions_and_read_as_before():
     v = verdict([1.0, 1.01], [1.2, 1.21])
-    assert v.before_conditions is None and v.conditions is None and v.set_aside == (0, 0)
+    assert v.before_conditions is None and v.conditions is None and v.set_aside == (0, 0) and v.busy_reason == ""
     assert str(v) == "hurt (0.83x, noise band ±5%)"  # 1.0 / 1.2
 
 
@@ -110,8 +112,11 @@ def test_conclude_puts_the_machine_beside_a_conclusion_or_says_uncertain():
     assert conclude("matmuls dominate", [block(1.0), block(1.1)]) == "matmuls dominate (machine quiet)"
     assert conclude("matmuls dominate", block(1.0, cond=None)) == "matmuls dominate (machine unknown)"
     said = conclude("matmuls dominate", [block(1.0), run(1.0, cond=BUSY)])
-    assert said == ("uncertain: the machine was busy (1 of 2 busy: tasks waited for a CPU 97% of the time); "
-                    "re-run when it is quiet")
+    assert said == ("uncertain: 1 of 2 measurements ran on a busy machine (tasks waited for a CPU 97% "
+                    "of the time); re-run when it is quiet")
+    two = Conditions("busy", "tasks waited for a CPU 97% of the time; other processes used 1.5 of 2 CPUs")
+    assert conclude("x", [two]).startswith("uncertain: 1 of 1 measurements ran on a busy machine (tasks waited "
+                                           "for a CPU 97% of the time); ")  # the first clause only
     with pytest.raises(ValueError, match="records with a .conditions"):
         conclude("x", [1.0])
     with pytest.raises(ValueError, match="as text"):

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..core import registry
-from ..core.conditions import combine
+from ..core.conditions import combine, first_reason
 from ..core.validate import is_whole
 from ..measure.interrupts import deferred_interrupt
 from ..measure.oom import is_oom
@@ -213,7 +213,7 @@ class AutotuneResult:
             return "Machine: not checked"
         if not busy:
             return f"Machine: {cond.verdict} in all {len(runs)} trials"
-        return (f"Machine: busy in {len(busy)} of {len(runs)} trials (first: {busy[0].reason}); each was "
+        return (f"Machine: busy in {len(busy)} of {len(runs)} trials ({first_reason(busy[0].reason)}); each was "
                 f"measured again (up to {BUSY_RETRIES} times) and only quiet trials were judged")
 
     @property

@@ -13,7 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ..core.conditions import Conditions, combine
+from ..core.conditions import Conditions, combine, first_reason
 from ..core.records import ProfileRecord
 from ..core.validate import whole
 from .conditions import ConditionsMeter
@@ -97,7 +97,8 @@ class Verdict:
 
     ``before_conditions``/``after_conditions``: under what conditions each side's judged repeats
     were measured (`core.conditions.combine`; all its repeats when the word is "machine busy"),
-    None for plain seconds; ``set_aside``: busy repeats left out of each side.
+    None for plain seconds; ``repeats``: the repeats of each side; ``set_aside``: its busy ones,
+    left out; ``busy_reason``: why the first of them was judged busy.
     """
 
     speedup: float   # best old time / best new time (> 1: the change is faster)
@@ -105,7 +106,9 @@ class Verdict:
     word: str        # "helped" | "hurt" | "within noise" | "machine busy"
     before_conditions: Conditions | None = None
     after_conditions: Conditions | None = None
+    repeats: tuple = (0, 0)
     set_aside: tuple = (0, 0)
+    busy_reason: str = ""
 
     @property
     def busy(self) -> bool:
@@ -120,10 +123,10 @@ class Verdict:
         measured = f"{self.speedup:.2f}x, noise band ±{self.band:.0%}"
         cond = self.conditions
         if self.busy:
-            why = "; ".join(f"{side}: {c.reason}" for side, c in (("before", self.before_conditions),
-                                                                 ("after", self.after_conditions)) if c and c.busy)
-            return (f"machine busy: {measured} measured, uncertain: not judged ({why}); re-run when the "
-                    "machine is quiet, or take more repeats: busy ones are set aside, each side needs 2 quiet")
+            (nb, na), (bb, ba) = self.repeats, self.set_aside
+            return (f"machine busy: {measured} measured, uncertain: {bb} of {nb} repeats before and {ba} of "
+                    f"{na} after ran on a busy machine ({first_reason(self.busy_reason)}). Re-run when the machine is "
+                    "quiet, or take more repeats: busy ones are set aside, each side needs 2 quiet ones")
         if cond is None:  # plain seconds: nothing is known about the machine
             return f"{self.word} ({measured})"
         aside = sum(self.set_aside)
@@ -166,13 +169,15 @@ def verdict(before, after, floor: float = 0.05) -> Verdict:
         raise ValueError(f"before holds {kind_a} and after {kind_b}: compare like with like.")
     quiet_a = [i for i, c in enumerate(ca) if not (c is not None and c.busy)]
     quiet_b = [i for i, c in enumerate(cb) if not (c is not None and c.busy)]
+    counts = dict(repeats=(len(a), len(b)), set_aside=(len(a) - len(quiet_a), len(b) - len(quiet_b)),
+                  busy_reason=next((c.reason for c in ca + cb if c is not None and c.busy), ""))
     if len(quiet_a) < 2 or len(quiet_b) < 2:  # shown as measured, never judged
         speedup, band = _compare(a, b, floor)
-        return Verdict(speedup, band, BUSY_WORD, combine(ca), combine(cb))
+        return Verdict(speedup, band, BUSY_WORD, combine(ca), combine(cb), **counts)
     speedup, band = _compare([a[i] for i in quiet_a], [b[i] for i in quiet_b], floor)
     word = "helped" if speedup > 1 + band else "hurt" if speedup < 1 / (1 + band) else "within noise"
     return Verdict(speedup, band, word, combine([ca[i] for i in quiet_a]), combine([cb[i] for i in quiet_b]),
-                   (len(a) - len(quiet_a), len(b) - len(quiet_b)))
+                   **counts)
 
 
 def _compare(before: list, after: list, floor: float) -> tuple[float, float]:
