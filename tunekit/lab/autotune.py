@@ -465,6 +465,7 @@ class _Search:
         return timed_steps(per_step, self.steps, self.trial_s)
 
     def fits_budget(self, c: Candidate) -> bool:
+        """A trial of ``c`` would end within the budget (from what its trials are predicted to cost)."""
         left = self.budget_s - self.elapsed()
         return left > 0 and self._predicted_s(c) <= left
 

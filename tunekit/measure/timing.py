@@ -87,7 +87,6 @@ def stats(times, prefix: str = "") -> dict:
 
 
 BUSY_WORD = "machine busy"
-WORDS = ("helped", "hurt", "within noise", BUSY_WORD)
 
 
 @dataclass(frozen=True)
