@@ -114,6 +114,21 @@ print(f'saved activations: {base.saved_bytes/2**20:.1f} MiB -> {ckpt.saved_bytes
 print(f'HFU/MFU with checkpointing: {ckpt.hfu/ckpt.mfu:.2f}')
 assert ckpt.saved_bytes < base.saved_bytes
 
+# %% [markdown]
+# Is checkpointing slower? One run of each is one sample, and other work on the machine can slow any
+# run. `tunekit.verdict` compares repeated runs against their noise and prints the machine's
+# condition beside its conclusion: runs measured while the machine was busy are set aside, and with
+# too few quiet ones it says the result is uncertain instead of drawing it.
+
+# %%
+again = [lab.run(steps=4, warmup=1), lab.run(steps=4, warmup=1, checkpointing=True)]
+speed = tunekit.verdict([base, again[0]], [ckpt, again[1]])   # each run is one repeat
+print('checkpointing, speed: ' + speed.conclusion(
+    hurt='recomputing activations in backward costs time; it pays only through the bigger batch the '
+         'freed memory allows (chapter 05).',
+    within_noise='the recomputation is too small a share of this step to show above the noise.',
+    helped='faster here, which recomputation alone cannot explain: rerun to see whether it repeats.'))
+
 # %%
 lab.dashboard()
 

@@ -47,7 +47,8 @@ assert 8 * 32 * 4096**2 * 4 == 17_179_869_184   # 16 GiB: one layer at T=4096 wo
 #
 # The same small GPT runs with `attention='math'` and `'sdpa'` (and `'flash'` where flash-attn and a
 # GPU exist). For each length: activation bytes saved for backward (`tunekit.measure_memory`) and
-# the median forward+backward time.
+# the median forward+backward time, from 3 repeats that each carry the machine's condition
+# (`tunekit.time_records`), so that a repeat slowed by other work can be told apart.
 
 # %%
 seqs = [256, 512, 1024, 2048] if GPU else [128, 256, 512, 1024]
@@ -67,12 +68,12 @@ for T in seqs:
             with amp:
                 loss = net(x, x)[1]
             loss.backward(); net.zero_grad(set_to_none=True)
-        times = tunekit.time_repeats(fb, repeats=3)
+        repeats = tunekit.time_records(fb, repeats=3, name=f'{impl} T={T}')
         rows.append(dict(seq=T, impl=impl, ran=net.attention_ran, saved_MiB=saved / 2**20,
-                         fwd_bwd_ms=sorted(times)[1] * 1e3, times=times))
+                         fwd_bwd_ms=sorted(r.wall_s for r in repeats)[1] * 1e3, repeats=repeats))
 df = pd.DataFrame(rows)
 assert (df.saved_MiB > 0).all() and (df.fwd_bwd_ms > 0).all()
-df.drop(columns='times').round(2)
+df.drop(columns='repeats').round(2)
 
 # %%
 fig = make_subplots(rows=1, cols=2, subplot_titles=['activations saved for backward (MiB)', 'forward+backward (ms, median)'])
@@ -93,8 +94,8 @@ T = seqs[-1]
 last = df[df.seq == T].set_index('impl')
 mem_x = last.loc['math', 'saved_MiB'] / last.loc['sdpa', 'saved_MiB']
 print(f"memory grows like T^{growth('math', 'saved_MiB'):.2f} with math and T^{growth('sdpa', 'saved_MiB'):.2f} with sdpa")
-speed = tunekit.verdict(last.loc['math', 'times'], last.loc['sdpa', 'times'])   # sdpa against math, from 3 repeats each
-print(f'at T={T}: math keeps {mem_x:.1f}x the activations of sdpa; switching math -> sdpa {speed}')
+speed = tunekit.verdict(last.loc['math', 'repeats'], last.loc['sdpa', 'repeats'])   # sdpa against math, 3 repeats each
+print(f'at T={T}: math keeps {mem_x:.1f}x the activations of sdpa; switching math -> sdpa, speed: {speed}')
 print('the model reports it ran:', last.loc['sdpa', 'ran'], '| on CPU torch uses its own flash-style kernel; flash-attn itself needs a GPU')
 assert last.loc['math', 'saved_MiB'] > last.loc['sdpa', 'saved_MiB']
 assert growth('math', 'saved_MiB') > growth('sdpa', 'saved_MiB')

@@ -89,44 +89,48 @@ b.frame().round(4)
 # %% [markdown]
 # One trace is one sample, and on shared cores a burst of load can land on any op. Trace the step
 # three more times. Contention only ever adds time, so each category's fastest time over the
-# traces is the best estimate of its own cost; then check how often single traces agree.
+# traces is the best estimate of its own cost; then check how often single traces agree. Each
+# traced record carries the machine's condition: `tunekit.conclude` prints it beside the
+# conclusion, or says the conclusion is uncertain when other work was using the machine meanwhile.
 
 # %%
-traces = [b]
+records = [rec]
 for _ in range(3):
     with tunekit.profile(name="again", flops="never", trace=True) as r:
         train_step()
-    traces.append(r.trace)
+    records.append(r)
+traces = [r.trace for r in records]
 per_trace = pd.DataFrame([t.seconds for t in traces])
 fastest = per_trace.min()
 shares = (fastest / fastest.sum()).sort_values(ascending=False)
 top = shares.index[0]
 held = sum(t.dominant() == top for t in traces)
-print(f"largest category by its fastest time: {top} ({shares[top]:.0%} of the step); "
-      f"largest in {held} of {len(traces)} single traces -> "
-      + ("the verdict holds run after run." if held >= len(traces) - 1 else
-         "single traces disagree: the machine was busy, trust the fastest times."))
+print("largest category by its fastest time: " + tunekit.conclude(
+    f"{top} ({shares[top]:.0%} of the step); largest in {held} of {len(traces)} single traces -> "
+    + ("the verdict holds run after run." if held >= len(traces) - 1 else "single traces disagree: trust the fastest times."),
+    records))
 shares.round(3)
 
 # %%
 mm, pw = shares["matmul/linear"], shares["activation/elementwise"] + shares["normalization"]
 opt = shares["optimizer"]
-print(f"matmuls take {mm:.0%} of the step, pointwise and normalization ops {pw:.0%}, the optimizer {opt:.0%}.")
+said = f"matmuls take {mm:.0%} of the step, pointwise and normalization ops {pw:.0%}, the optimizer {opt:.0%}. "
 if GPU:
-    print(f"idle: {shares['idle']:.0%} of the wall time had no kernel running (launch overhead, "
-          "host work): a bigger batch or torch.compile shrinks it.")
+    said += (f"Idle: {shares['idle']:.0%} of the wall time had no kernel running (launch overhead, "
+             "host work): a bigger batch or torch.compile shrinks it. ")
 else:
     small_ops = ("At this small width (n_embd=128) a matmul is cheap, while the hand-written RMSNorm, "
                  "the rotary embedding and GELU run many small pointwise ops, each paying a fixed "
-                 "dispatch cost (on a GPU: a kernel launch) and reading all of its input from memory.")
+                 "dispatch cost (on a GPU: a kernel launch) and reading all of its input from memory. ")
     if top == "matmul/linear":
-        print("On this CPU the matmuls are the largest single category" + (
-              ", but the pointwise and normalization ops together take as much or more. " + small_ops
-              if pw >= mm else ", ahead of all pointwise work together, as on a GPU at a healthy batch size."))
+        said += "On this CPU the matmuls are the largest single category" + (
+                ", but the pointwise and normalization ops together take as much or more. " + small_ops
+                if pw >= mm else ", ahead of all pointwise work together, as on a GPU at a healthy batch size. ")
     else:
-        print(f"On this CPU the matmuls are not the largest category: {top} is. " + small_ops)
-print(f"The optimizer ({opt:.0%}) is AdamW touching every parameter several times per step: "
-      "memory-bound work that a fused or foreach optimizer batches.")
+        said += f"On this CPU the matmuls are not the largest category: {top} is. " + small_ops
+said += (f"The optimizer ({opt:.0%}) is AdamW touching every parameter several times per step: "
+         "memory-bound work that a fused or foreach optimizer batches.")
+print("where the step's time goes: " + tunekit.conclude(said, records))
 
 # %% [markdown]
 # The top ops name the kernels behind the categories; `aten::mm` covers the forward matmuls *and*

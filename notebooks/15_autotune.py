@@ -28,7 +28,10 @@
 # more and keeps the faster half, and one slower than the leader beyond the **noise band** drops
 # out at once, so hopeless candidates cost one trial. A challenger replaces the incumbent only if
 # it is faster beyond noise, and when the top two (or the finalists of a stage) are not apart the
-# result says so.
+# result says so. Every trial carries the machine's condition: one measured while other work used
+# the machine is measured again and never decides anything. When the band cannot separate the top
+# candidates, they get the rest of the budget; if they stay inseparable, the result is
+# **inconclusive**, in words and in the chart, rather than a winner picked by chance.
 
 # %%
 import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
@@ -61,12 +64,13 @@ print(found.verdict)
 # Every candidate the search considered. Measured ones: the best repeat's tokens/s (each repeat
 # scored at its fastest step: on shared cores contention only ever adds time, so the fastest
 # figure is the one a busy neighbour cannot drag down), the median of the repeats and the spread
-# between them. Pruned ones: the rule that pruned them.
+# between them, and how many of its trials ran on a busy machine (kept here, never judged). Pruned
+# ones: the rule that pruned them.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 ev = found.evidence
-cols = ["stage", "label", "tokens_per_s", "tokens_per_s_median", "spread", "repeats", "steps", "fits",
+cols = ["stage", "label", "tokens_per_s", "tokens_per_s_median", "spread", "repeats", "busy_trials", "steps", "fits",
         "status", "why"]
 ev[cols].style.format({"tokens_per_s": "{:,.0f}", "tokens_per_s_median": "{:,.0f}", "spread": "{:.1%}"},
                       na_rep="n/a").hide(axis="index")
@@ -102,12 +106,15 @@ print(f"The search measured {len(measured)} of {len(ev)} candidates in {measured
       f"{len(dropped_early)} dropped out before the full {measured.repeats.max()} repeats, "
       f"{len(ev) - len(measured)} never ran (pruned by a rule or ruled out by the max-batch search).")
 if len(start):
-    print(f"winner {win.label!r}: {win.tokens_per_s:,.0f} tokens/s = "
-          f"{win.tokens_per_s / start.tokens_per_s.iloc[0]:.2f}x the starting configuration.")
+    print(f"{'kept, not proven fastest' if found.inconclusive else 'winner'} {win.label!r}: {win.tokens_per_s:,.0f} "
+          f"tokens/s = {win.tokens_per_s / start.tokens_per_s.iloc[0]:.2f}x the starting configuration.")
 ahead = (measured.tokens_per_s <= win.tokens_per_s).all()
-print("The top two are within noise: both are as fast here; rerun and either may win." if found.within_noise
+print("Inconclusive: the noise band cannot tell the winner from " + ", ".join(ev[ev.status == "tied"].label)
+      + "; it is kept because nothing beat it, not because it was shown fastest." if found.inconclusive
+      else "The top two are within noise: both are as fast here; rerun and either may win." if found.within_noise
       else f"The winner is ahead of every other candidate beyond the noise band (±{found.band:.0%})." if ahead
       else "A candidate measured faster than the winner was not confirmed against it (see the verdict).")
+print(found.machine)
 for call in found.close_calls:
     print("close call (within noise, either choice is as fast here):", call)
 if found.partial:
@@ -118,8 +125,10 @@ if found.partial:
 # what could not run here, or could not help (tf32 on a CPU is fp32; checkpointing when the largest
 # micro-batch searched already fits), cost nothing, and a candidate far behind the leader cost two
 # trials. The verdict above names the winner and says whether the runner-up (or a stage's
-# finalist) is within noise, so it holds on every run: when two configurations are that close,
-# either is the right answer on this machine. `lab.defaults` now holds the winner, so the next `lab.run()` trains with it; the weights
+# finalist) is within noise, or that the top candidates could not be told apart (inconclusive,
+# with the machine's condition beside it), so it holds on every run: when two configurations are
+# that close, either is the right answer on this machine, and when the noise is wider than their
+# difference, no answer is claimed. `lab.defaults` now holds the winner, so the next `lab.run()` trains with it; the weights
 # are as they were before the search (it measured, it did not train).
 #
 # **Exercise.** Rerun with `keep_global_batch=True`: every candidate then trains the same global

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tunekit.core.conditions import Conditions
 from tunekit.lab import Lab
 from tunekit.lab.autotune import autotune
 from tunekit.lab.toggles import Env, ToggleError
@@ -28,11 +29,17 @@ def speed(t, batch=BATCH, ckpt=0.9):
             * batch[t.micro_batch] * (ckpt if t.checkpointing else 1.0) * (1.5 if t.compile else 1.0))
 
 
-class FakeTrials:
-    """Measurements from ``speed``; each trial takes ``cost_s`` on a fake clock."""
+QUIET = Conditions("quiet", "nothing else used the machine")
+BUSY = Conditions("busy", "tasks waited for a CPU 97% of the time")
 
-    def __init__(self, speed=speed, fit=lambda t: 64, cost_s=1.0, interrupt_at=None):
+
+class FakeTrials:
+    """Measurements from ``speed``; each trial takes ``cost_s`` on a fake clock. ``busy(t, n)``:
+    trial n (of all) of ``t`` runs on a busy machine, measured at half speed."""
+
+    def __init__(self, speed=speed, fit=lambda t: 64, cost_s=1.0, interrupt_at=None, busy=lambda t, n: False):
         self.speed, self.fit, self.cost_s, self.interrupt_at = speed, fit, cost_s, interrupt_at
+        self.busy = busy
         self.now, self.measured, self.searched, self.steps = 0.0, [], [], []
 
     def clock(self):
@@ -41,13 +48,14 @@ class FakeTrials:
     def measure(self, t, steps):
         if self.interrupt_at is not None and len(self.measured) == self.interrupt_at:
             raise KeyboardInterrupt
+        busy = self.busy(t, len(self.measured))
         self.now += self.cost_s
         self.measured.append(t)
         self.steps.append(steps)
         tokens = t.micro_batch * t.grad_accum * SEQ
         # three timed steps filling the trial's cost_s (no warm-up): the cost the search predicts
-        return SimpleNamespace(tokens_per_step=tokens, step_s_min=tokens / self.speed(t), steps=3, warmup=0,
-                               step_s=self.cost_s / 3,
+        return SimpleNamespace(tokens_per_step=tokens, step_s_min=tokens / self.speed(t) * (2 if busy else 1),
+                               steps=3, warmup=0, step_s=self.cost_s / 3, conditions=BUSY if busy else QUIET,
                                peak_mem_bytes=1000.0 * t.micro_batch, run_id=len(self.measured) - 1)
 
     def max_batch(self, t, limit):
@@ -129,6 +137,109 @@ def test_a_real_gain_hidden_by_noisy_first_repeats_is_settled_by_more_repeats(la
     assert found.toggles.optimizer == "adamw_fused"
     fused = rows(found, stage="optimizer", label="adamw_fused").iloc[0]
     assert fused["status"] == "winner" and fused["repeats"] > 3
+
+
+# only the micro-batch stage searches: 8 (the start), 16 and 32
+ONLY_BATCH = {"compile": [False], "precision": ["fp32"], "attention": ["sdpa"], "optimizer": ["adamw"],
+              "micro_batch": [8, 16, 32]}
+TRUE = {8: 1000, 16: 1130, 32: 1160}  # the issue's case: challengers 1.13x and 1.16x the incumbent
+
+
+def noisy_after_first(clean_from=math.inf):
+    """tokens/s: each candidate's first repeat and those from repeat ``clean_from`` on at its true
+    speed, the others slowed 25% by noise the conditions meter did not see."""
+    seen = {}
+
+    def tokens_per_s(t):
+        i = seen[t.micro_batch] = seen.get(t.micro_batch, -1) + 1
+        return TRUE[t.micro_batch] / (1 if i == 0 or i >= clean_from else 1.25)
+    return tokens_per_s
+
+
+def test_top_candidates_the_band_cannot_separate_are_inconclusive(lab):
+    # each candidate's two fastest repeats disagree by 25% (1000 vs 800): the band ±25% is wider than the
+    # challengers' 16% and 13% leads, so nothing beats the incumbent, and more repeats do not help
+    fake = FakeTrials(noisy_after_first())
+    found = autotune(lab, budget_s=1000, trials=fake, repeats=3, space=ONLY_BATCH)
+    assert found.toggles.micro_batch == 8 and found.status == "complete"  # the incumbent is kept ...
+    assert found.inconclusive and [t.micro_batch for t in found.tied] == [32, 16]  # ... but not proven best
+    assert found.band == pytest.approx(0.25)  # 1000 / 800 - 1
+    ev = found.evidence.set_index("micro_batch")
+    # stage race 3 repeats each; settling 8 vs 32 to 3 x 3 = 9; final race (repeats 5) brings 16 to 5 and
+    # settles 8 vs 32 to 3 x 5 = 15; the tiebreak adds TIEBREAK_ROUNDS x repeats = 2 x 3 = 6 to all three
+    assert (ev.loc[8, "repeats"], ev.loc[16, "repeats"], ev.loc[32, "repeats"]) == (21, 11, 21)
+    assert list(ev.loc[[16, 32], "status"]) == ["tied", "tied"]
+    assert "the noise band ±25% cannot tell them apart" in ev.loc[32, "why"]
+    v = found.verdict
+    assert v.startswith("INCONCLUSIVE: the measurements cannot tell baseline (1,000 tokens/s) from "
+                        "mb=32 (1.16x); mb=16 (1.13x) (noise band ±25%)")
+    assert "not because it was shown fastest" in v and "as fast on this machine" not in v
+    assert "Machine: quiet in all 53 trials" in v  # 21 + 11 + 21
+    assert found.close_calls == []  # a 13-16% gap is no close call: it was not resolved
+    # the chart: no lone green winner below taller bars; all three tied, one colour, marked
+    bar = found.figure.data[0]
+    assert list(bar.marker.color) == ["#ff7f0e"] * 3
+    assert [a.text for a in found.figure.layout.annotations] == ["tied (kept)", "tied", "tied"]
+    assert found.figure.layout.title.text.startswith("autotune: INCONCLUSIVE: 3 candidates tied")
+
+
+def test_the_tiebreak_decides_when_more_repeats_separate_the_top(lab):
+    # the noise stops at each candidate's 16th repeat (index 15): the tiebreak's first round gives 8 and
+    # 32 a clean second repeat, band back to the 3% floor: 1160 > 1000 x 1.03, so 32 wins
+    found = autotune(lab, budget_s=1000, trials=FakeTrials(noisy_after_first(clean_from=15)), repeats=3,
+                     space=ONLY_BATCH)
+    assert found.toggles.micro_batch == 32 and not found.inconclusive and found.tied == []
+    ev = found.evidence.set_index("micro_batch")
+    assert ev.loc[8, "status"] == "dropped" and ev.loc[8, "why"].startswith("tiebreak: beaten beyond noise")
+    assert (ev.loc[8, "repeats"], ev.loc[16, "repeats"], ev.loc[32, "repeats"]) == (16, 6, 16)  # one round
+    # 16 stays within the 3% noise floor of 32 (1160 / 1130 = 1.027): a tie, not a doubt
+    assert found.within_noise and found.runner_up.micro_batch == 16
+    assert list(found.figure.data[0].marker.color).count("#2ca02c") == 1
+
+
+def test_the_tiebreak_ends_with_the_budget_and_the_result_stays_complete(lab):
+    # 35 trials before the tiebreak (15 + 5 + 15, as above), 1 s each; one round (3 trials) ends at 38 s, and
+    # the next trial (micro-batch 8, predicted from the cheapest per-sample cost seen: 1 s x 8 / 32 = 0.25 s)
+    # would end at 38.25 s > 38.2 s
+    fake = FakeTrials(noisy_after_first())
+    found = autotune(lab, budget_s=38.2, trials=fake, repeats=3, space=ONLY_BATCH)
+    assert len(fake.measured) == 38 and found.status == "complete" and found.inconclusive
+    assert "the tiebreak between the top candidates ran until the budget was spent" in found.notes
+
+
+def test_busy_trials_are_measured_again_and_never_judged(lab):
+    # the first three trials run on a busy machine (at half speed): the start's first repeat is
+    # measured three times (two retries), then the search goes on as on a quiet machine
+    fake = FakeTrials(busy=lambda t, n: n < 3)
+    found = autotune(lab, budget_s=1000, trials=fake, space={"compile": [False]})
+    t = found.toggles
+    assert (t.optimizer, t.micro_batch) == ("adamw_fused", 32) and not found.inconclusive and found.busy == []
+    base = rows(found, label="baseline").iloc[0]
+    assert base["busy_trials"] == 3 and fake.measured[:3] == [found.start] * 3
+    assert base["tokens_per_s"] == pytest.approx(1000)  # its quiet repeats; the busy ones measured 500
+    assert f"Machine: busy in 3 of {len(fake.measured)} trials" in found.verdict
+
+
+def test_a_candidate_never_measured_quiet_is_not_judged_and_says_so(lab):
+    # every trial of the fused optimizer is busy (measured at half speed: 550 tokens/s, below the
+    # 1000 of the loop it would beat by 10% on a quiet machine): it is never dropped, and the tiebreak
+    # cannot measure it quiet either
+    fake = FakeTrials(busy=lambda t, n: t.optimizer == "adamw_fused")
+    found = autotune(lab, budget_s=1000, trials=fake, space={"compile": [False]}, repeats=3)
+    assert found.toggles.optimizer == "adamw" and found.busy == ["adamw_fused"]
+    assert found.inconclusive and [t.optimizer for t in found.tied] == ["adamw_fused"]
+    fused = rows(found, label="adamw_fused").iloc[0]
+    # 3 repeats in its stage + 2 x 3 in the tiebreak = 9 repeats, each measured 1 + BUSY_RETRIES = 3 times
+    assert fused["repeats"] == fused["busy_trials"] == 27 and fused["status"] == "tied"
+    assert "measured on a busy machine in every trial, so not judged" in fused["why"]
+    assert "Never measured on a quiet machine, so not judged: adamw_fused" in found.verdict
+    assert "(noise band ±3%, measured busy)" in found.verdict
+    assert found.figure.data[0].marker.pattern.shape[list(found.evidence.label[found.evidence.repeats > 0])
+                                                     .index("adamw_fused")] == "/"
+    dash = lab.dashboard()
+    dash.autotune_kwargs = {"trials": FakeTrials(busy=fake.busy), "space": {"compile": [False]}}
+    dash.autotune_button.click()
+    assert "#e65100" in dash.message.value and "INCONCLUSIVE" in dash.message.value  # orange, not green
 
 
 def test_weak_candidates_get_fewer_repeats(lab):

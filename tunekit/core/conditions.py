@@ -190,6 +190,35 @@ def combine(parts, labels=None) -> Conditions | None:
         gpu_throttle=", ".join(throttles) or None)
 
 
+def first_reason(reason: str) -> str:
+    """The first (main) clause of a verdict's reason, for a one-line summary."""
+    return reason.split("; ")[0]
+
+
+def conclude(text: str, records) -> str:
+    """A conclusion drawn from measurements, with the machine's condition beside it; when any of
+    them was measured busy, that the conclusion is uncertain instead of the conclusion.
+
+    ``records``: records with a ``.conditions`` (ProfileRecord, RunResult), Conditions, or one record.
+
+    >>> conclude("matmuls take most of the step", traces)
+    'matmuls take most of the step (machine quiet)'
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"conclude() needs the conclusion as text (got {type(text).__name__}).")
+    if hasattr(records, "conditions") or isinstance(records, Conditions):
+        records = [records]
+    conds = [r if isinstance(r, Conditions) or r is None else getattr(r, "conditions", False) for r in records]
+    if any(c is False or not (c is None or isinstance(c, Conditions)) for c in conds):
+        raise ValueError("conclude() takes records with a .conditions (ProfileRecord, RunResult) or Conditions.")
+    busy = [c for c in conds if c is not None and c.busy]
+    if busy:
+        return (f"uncertain: {len(busy)} of {len(conds)} measurements ran on a busy machine ("
+                f"{first_reason(busy[0].reason)}); re-run when it is quiet")
+    cond = combine(conds)
+    return f"{text} (machine {UNKNOWN if cond is None else cond.verdict})"
+
+
 def _or_nan(x):
     return NaN if x is None else x
 

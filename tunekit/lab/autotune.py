@@ -20,7 +20,11 @@ the winner of the one before (the incumbent):
    makes up the rest, so every candidate trains the same global batch;
 5. a final race: the winner against the two best other candidates of all stages, to two more
    repeats each (a stage decided while a burst of load slowed one side is decided again);
-6. torch.compile last, on the winner (its first compile costs tens of seconds).
+6. torch.compile last, on the winner (its first compile costs tens of seconds);
+7. a tiebreak: top candidates the noise band cannot separate from the winner (the band is wider
+   than the gap between them, or one was only measured busy) get the rest of the budget in
+   alternating repeats. If they stay inseparable the result is ``inconclusive``: it says so, and
+   its chart draws them tied, since the winner is then only the incumbent kept.
 
 Within a stage the candidates race (successive halving): each round measures every survivor once
 more (one ``lab.run`` of ``steps`` timed steps); from the second round on (one trial may have met
@@ -30,6 +34,11 @@ score is ``tokens_per_step / step_s_min`` and a candidate's the best of its repe
 on a shared machine only ever adds time (the reading of ``tunekit.repeat_agreement``). A
 challenger replaces the incumbent only if it beats it beyond the noise band: ``max(noise, how far
 the two fastest repeats of either disagree)``. The evidence also gives each candidate's median.
+
+Every trial carries the machine's conditions (``RunResult.conditions``). A trial measured busy is
+measured again (up to ``BUSY_RETRIES`` times, while the budget allows) and stays in the evidence,
+but figures from busy trials decide nothing: a candidate measured busy in every trial is never
+dropped, never wins against another, and the result lists it in ``busy``.
 
 The budget is checked before every trial: a trial that would start after ``budget_s`` (or, from
 what the trials so far cost, end after it) is not run; the result then says the search stopped
@@ -48,6 +57,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..core import registry
+from ..core.conditions import combine, first_reason
 from ..core.validate import is_whole
 from ..measure.interrupts import deferred_interrupt
 from ..measure.oom import is_oom
@@ -57,6 +67,8 @@ from .runlog import repeat_agreement
 from .toggles import TF32_ON_CPU, ToggleError, Toggles, label, normalized
 
 OBJECTIVES = ("tokens_per_s",)
+BUSY_RETRIES = 2       # a trial measured busy is measured again up to twice
+TIEBREAK_ROUNDS = 2    # x repeats: the most extra repeats inseparable top candidates get
 STAGES = ("precision", "attention", "optimizer", "micro_batch", "final", "compile")
 SPACE_KEYS = ("precision", "attention", "optimizer", "checkpointing", "micro_batch", "compile")
 KEEP = ("winner", "start")
@@ -97,15 +109,30 @@ class Candidate:
 
     stage: str
     toggles: Toggles
-    runs: list = field(default_factory=list)   # RunResults of its repeats
-    status: str = "waiting"    # waiting | racing | winner | kept | dropped | pruned | failed | not run
+    runs: list = field(default_factory=list)   # RunResults of its trials, busy ones included
+    status: str = "waiting"    # waiting | racing | winner | kept | tied | dropped | pruned | failed | not run
     why: str = ""
     fits: bool | None = None
     seconds: float = 0.0       # wall time its trials took
+    repeats: int = 0           # repeats measured (a busy trial measured again counts once)
+
+    def judged(self) -> list:
+        """The runs its figures come from: those not measured busy; all of them when every one
+        was busy (then ``busy`` is True and no decision rests on them)."""
+        return [r for r in self.runs if not _busy(r)] or list(self.runs)
+
+    @property
+    def busy(self) -> bool:
+        """Every trial was measured on a busy machine: shown, never judged."""
+        return bool(self.runs) and all(_busy(r) for r in self.runs)
+
+    @property
+    def busy_trials(self) -> int:
+        return sum(_busy(r) for r in self.runs)
 
     def scores(self) -> list[float]:
-        """tokens/s of each repeat at its fastest step."""
-        return [r.tokens_per_step / r.step_s_min for r in self.runs]
+        """tokens/s of each judged repeat at its fastest step."""
+        return [r.tokens_per_step / r.step_s_min for r in self.judged()]
 
     @property
     def score(self) -> float:
@@ -127,8 +154,13 @@ class Candidate:
         return (max(v) - min(v)) / self.median if len(v) >= 2 else math.nan
 
     def best_runs(self, n: int = 2) -> list:
-        """The ``n`` fastest repeats (what the noise band compares)."""
-        return sorted(self.runs, key=lambda r: r.step_s_min / r.tokens_per_step)[:n]
+        """The ``n`` fastest judged repeats (what the noise band compares)."""
+        return sorted(self.judged(), key=lambda r: r.step_s_min / r.tokens_per_step)[:n]
+
+
+def _busy(run) -> bool:
+    cond = getattr(run, "conditions", None)
+    return cond is not None and cond.busy
 
 
 @dataclass
@@ -136,7 +168,10 @@ class AutotuneResult:
     """What ``lab.autotune`` found. ``toggles``/``run``: the winner and its median repeat (None
     when nothing could be measured); ``evidence``: every candidate (a DataFrame);
     ``within_noise``: the top two are not apart beyond the noise band (``runner_up`` is the other);
-    ``status``: complete | budget | interrupted; ``state``: what the live model was left with."""
+    ``inconclusive``: the band could not separate the winner from ``tied`` even after the
+    tiebreak (the winner is the incumbent kept, not a proven best); ``busy``: candidates measured
+    on a busy machine in every trial (never judged); ``status``: complete | budget | interrupted;
+    ``state``: what the live model was left with."""
 
     toggles: Toggles | None
     run: object
@@ -151,22 +186,61 @@ class AutotuneResult:
     start: Toggles
     notes: list = field(default_factory=list)
     close_calls: list = field(default_factory=list)  # stages whose finalists were within noise
+    tied: list = field(default_factory=list)   # Toggles the noise band cannot separate from the winner
+    busy: list = field(default_factory=list)   # labels of candidates measured busy in every trial
 
     @property
     def partial(self) -> bool:
         return self.status != "complete"
 
     @property
+    def inconclusive(self) -> bool:
+        """The top candidates could not be told apart: the winner is only the incumbent kept."""
+        return bool(self.tied)
+
+    @property
+    def conditions(self):
+        """The machine over every trial (`core.conditions.combine`): busy if any trial was."""
+        return combine([r.conditions for c in self.candidates for r in c.runs if getattr(r, "conditions", None)])
+
+    @property
+    def machine(self) -> str:
+        """The machine over every trial, in one sentence (printed beside the conclusions)."""
+        runs = [r for c in self.candidates for r in c.runs]
+        busy = [r.conditions for r in runs if _busy(r)]
+        cond = self.conditions
+        if cond is None:
+            return "Machine: not checked"
+        if not busy:
+            return f"Machine: {cond.verdict} in all {len(runs)} trials"
+        return (f"Machine: busy in {len(busy)} of {len(runs)} trials ({first_reason(busy[0].reason)}); each was "
+                f"measured again (up to {BUSY_RETRIES} times) and only quiet trials were judged")
+
+    @property
     def verdict(self) -> str:
         """One paragraph: the winner, its speed-up over the start, and how sure that is."""
         base = next((c for c in self.candidates if c.toggles == self.start and c.runs), None)
         win = next((c for c in self.candidates if c.status == "winner"), None)
+
+        def name(t):
+            return label(t, self.start)
+
         if win is None:
             text = "nothing was measured"
+        elif self.inconclusive:
+            tied = [next(c for c in self.candidates if c.toggles == t) for t in self.tied]  # best first
+            text = (f"INCONCLUSIVE: the measurements cannot tell {name(win.toggles)} ({win.score:,.0f} tokens/s) "
+                    "from " + "; ".join(f"{name(c.toggles)} ({c.score / win.score:.2f}x)" for c in tied)
+                    + f" (noise band ±{self.band:.0%}" + (", measured busy" if win.busy or any(c.busy for c in tied)
+                                                         else "") + f"). {name(win.toggles)} is kept because "
+                    "nothing beat it beyond noise, not because it was shown fastest: re-run when the "
+                    "machine is quiet, or give the search more budget")
         else:
             gain = f", {win.score / base.score:.2f}x the start's tokens/s" if base and base is not win else \
                 ("; the starting configuration stays: nothing beat it beyond noise" if base is win else "")
-            text = f"winner: {label(win.toggles, self.start)} at {win.score:,.0f} tokens/s{gain}"
+            if base and base is not win and (base.busy or win.busy):
+                gain = "; its gain over the start is not judged: measured on a busy machine"
+            text = f"winner: {name(win.toggles)} at {win.score:,.0f} tokens/s{gain}"
             if self.within_noise and self.runner_up is not None:
                 text += (f". The top two are within noise (band ±{self.band:.0%}): "
                          f"{label(self.runner_up, self.start)} is as fast on this machine")
@@ -176,6 +250,10 @@ class AutotuneResult:
         faster = [n for n in self.notes if "measured faster than the winner" in n]
         if faster:
             text += ". Not confirmed: " + faster[0]
+        if self.busy:
+            text += (". Never measured on a quiet machine, so not judged: " + ", ".join(self.busy))
+        if win is not None:
+            text += ". " + self.machine
         if self.status == "budget":
             text += f". STOPPED EARLY: the budget of {self.budget_s:g} s was spent; the result is partial"
         elif self.status == "interrupted":
@@ -199,6 +277,7 @@ class AutotuneResult:
                          "peak_mem_bytes": max((r.peak_mem_bytes for r in c.runs
                                                 if r.peak_mem_bytes is not None), default=math.nan),
                          "fits": c.fits, "status": c.status, "why": c.why, "seconds": c.seconds,
+                         "busy_trials": c.busy_trials,
                          "run_ids": [r.run_id for r in c.runs]})
         return pd.DataFrame(rows)
 
@@ -210,6 +289,9 @@ class AutotuneResult:
 
     def __repr__(self):
         return f"AutotuneResult({self.verdict})"
+
+
+_BUSY_WHY = "measured on a busy machine in every trial, so not judged"
 
 
 class _Stop(Exception):
@@ -340,6 +422,7 @@ class _Search:
         self.incumbent = self._candidate("start", start)
         self.incumbent.why = "the starting configuration"
         self.within_noise, self.runner_up, self.band = False, None, noise
+        self.tied: list[Candidate] = []  # top candidates the band cannot separate from the winner
 
     # --- bookkeeping -----------------------------------------------------------------------
 
@@ -381,14 +464,31 @@ class _Search:
         per_step = self._predicted_s(c, per_step=True)
         return timed_steps(per_step, self.steps, self.trial_s)
 
-    def measure(self, c: Candidate) -> bool:
-        """One more repeat of ``c``; False when it failed (then it is out of the race)."""
+    def fits_budget(self, c: Candidate) -> bool:
+        """A trial of ``c`` would end within the budget (from what its trials are predicted to cost)."""
         left = self.budget_s - self.elapsed()
-        if left <= 0 or self._predicted_s(c) > left:
+        return left > 0 and self._predicted_s(c) <= left
+
+    def measure(self, c: Candidate) -> bool:
+        """One more repeat of ``c``; False when it failed (then it is out of the race). A trial
+        measured on a busy machine is measured again, up to ``BUSY_RETRIES`` times while the
+        budget allows: its figures are kept (in the evidence) but never judged."""
+        if not self.fits_budget(c):
             raise _Stop
+        for attempt in range(1 + BUSY_RETRIES):
+            if not self.trial(c, attempt):
+                return False
+            if not _busy(c.runs[-1]) or attempt == BUSY_RETRIES or not self.fits_budget(c):
+                break
+        c.repeats += 1
+        return True
+
+    def trial(self, c: Candidate, attempt: int) -> bool:
+        """One ``lab.run`` of ``c``, added to its runs; False when it failed."""
         if self.progress is not None:
+            again = ", measured again: the machine was busy" if attempt else ""
             self.progress(self.elapsed(), self.budget_s,
-                          f"{self.stage}: {label(c.toggles, self.start)} (repeat {len(c.runs) + 1})")
+                          f"{self.stage}: {label(c.toggles, self.start)} (repeat {c.repeats + 1}{again})")
         t0 = self.trials.clock()
         try:
             run = self.trials.measure(c.toggles, self.steps_for(c))
@@ -419,8 +519,17 @@ class _Search:
         return max(self.noise, worst - 1)
 
     def beats(self, a: Candidate, b: Candidate) -> bool:
-        """``a`` is faster than ``b`` beyond the noise band."""
-        return a.score > b.score * (1 + self.band_of(a, b))
+        """``a`` is faster than ``b`` beyond the noise band, both measured on a quiet machine
+        (figures from busy trials decide nothing)."""
+        return not (a.busy or b.busy) and a.score > b.score * (1 + self.band_of(a, b))
+
+    def holds(self, win: Candidate, c: Candidate) -> bool:
+        """The measurements back ``win`` against ``c``: it beats ``c`` beyond the band, or the two
+        are within ``noise`` of each other (a difference too small to count), both measured quiet.
+        Otherwise ``c`` may be faster: the band is wider than the gap, or a side was only busy."""
+        if self.beats(win, c):
+            return True
+        return not (win.busy or c.busy) and max(win.score, c.score) <= min(win.score, c.score) * (1 + self.noise)
 
     def race(self, cands: list[Candidate]) -> None:
         """Successive halving among ``cands`` (the incumbent first); sets the new incumbent."""
@@ -432,7 +541,7 @@ class _Search:
         while alive:
             rnd += 1
             for c in list(alive):
-                if len(c.runs) < rnd and not self.measure(c):
+                if c.repeats < rnd and not self.measure(c):
                     alive.remove(c)
             if not alive:
                 break
@@ -450,10 +559,10 @@ class _Search:
             if len(alive) > 2:  # halving: the better half goes on (the incumbent stays while in noise)
                 half = math.ceil(len(alive) / 2)
                 for c in alive[half:]:
-                    if c is not inc:
+                    if c is not inc and not c.busy:  # a busy figure is no rank to drop on
                         c.status, c.why = "dropped", f"round {rnd}: not in the faster half"
                 alive = [c for c in alive if c.status == "racing"]
-            if len(alive) == 1 or all(len(c.runs) >= self.repeats for c in alive):
+            if len(alive) == 1 or all(c.repeats >= self.repeats for c in alive):
                 break
         if not alive:
             return  # every candidate failed: the incumbent stays
@@ -462,8 +571,9 @@ class _Search:
         best = max(alive, key=lambda c: c.score)
         if inc in alive and best is not inc and not self.beats(best, inc):
             best.status, best.why = "kept", (f"{best.score / inc.score:.2f}x the incumbent's tokens/s: "
-                                            f"within the noise band ±{self.band_of(best, inc):.0%}, "
-                                            "so the incumbent stays")
+                                            + (_BUSY_WHY if best.busy or inc.busy else
+                                               f"within the noise band ±{self.band_of(best, inc):.0%}")
+                                            + ", so the incumbent stays")
             best = inc
         if best is not inc and inc in alive:
             inc.status, inc.why = "dropped", (f"beaten beyond noise by {label(best.toggles, self.start)} "
@@ -471,9 +581,11 @@ class _Search:
         for c in alive:
             if c is not best and c.status == "racing":
                 c.status, c.why = "kept", (f"finalist: {c.score / best.score:.2f}x the stage winner, "
-                                           "not apart beyond noise")
+                                           + (_BUSY_WHY if c.busy or best.busy else "not apart beyond noise"))
+        # a close call is a tie within ``noise``; a wider gap the band could not resolve is left to the tiebreak
         self.close_calls += [f"{self.stage}: {label(c.toggles, self.start)} at {c.score / best.score:.2f}x "
-                             f"{label(best.toggles, self.start)}" for c in alive if c.status == "kept"]
+                             f"{label(best.toggles, self.start)}" for c in alive
+                             if c.status == "kept" and self.holds(best, c) and self.holds(c, best)]
         best.status = "winner"
         best.why = (f"won the {self.stage} stage" if best is not inc
                     else f"the incumbent: nothing beat it beyond noise in the {self.stage} stage")
@@ -483,9 +595,10 @@ class _Search:
         """A challenger ahead of the incumbent but inside the noise band gets more repeats, both
         of them alternately (up to 3x ``repeats``, while the budget lasts): the band comes from
         their two fastest repeats, which more repeats bring down toward the true speed, so a real
-        10% gain is not lost to a noisy pair of trials. A tie that stays a tie keeps the incumbent."""
+        10% gain is not lost to a noisy pair of trials (and a trial measured busy gets another
+        chance of a quiet one). A tie that stays a tie keeps the incumbent."""
         while (inc in alive and best is not inc and best.score > inc.score and not self.beats(best, inc)
-               and len(best.runs) < 3 * self.repeats):
+               and best.repeats < 3 * self.repeats):
             try:
                 for c in (inc, best):
                     if not self.measure(c):
@@ -504,7 +617,43 @@ class _Search:
         if not self.incumbent.runs:  # every stage was pruned to the incumbent alone
             self.stage = "start"
             self.race([self.incumbent])
+        self.tiebreak()
         self._top_two()
+
+    def unseparated(self) -> list[Candidate]:
+        """The two best measured candidates the winner does not hold against (`holds`)."""
+        win = self.incumbent
+        out = [c for c in self.order if c is not win and c.runs and c.status != "failed" and not self.holds(win, c)]
+        return sorted(out, key=lambda c: c.score, reverse=True)[:2] if win.runs else []
+
+    def tiebreak(self) -> None:
+        """Top candidates the noise band cannot separate from the winner get the rest of the
+        budget: alternating repeats of the winner and them (at most ``TIEBREAK_ROUNDS x repeats``
+        rounds); one that then beats the winner beyond the band wins, one the winner beats drops.
+        Those still inseparable make the result inconclusive (`_top_two`)."""
+        self.stage = "tiebreak"
+        for _ in range(TIEBREAK_ROUNDS * self.repeats):
+            top = self.unseparated()
+            if not top:
+                return
+            try:
+                for c in (self.incumbent, *top):
+                    if not self.measure(c):
+                        return
+            except _Stop:
+                self.notes.append("the tiebreak between the top candidates ran until the budget was spent")
+                return
+            win = self.incumbent
+            best = max(top, key=lambda c: c.score)
+            if self.beats(best, win):
+                win.status, win.why = "dropped", (
+                    f"tiebreak: beaten beyond noise by {label(best.toggles, self.start)} "
+                    f"({best.score / win.score:.2f}x, band ±{self.band_of(best, win):.0%})")
+                best.status, best.why, self.incumbent = "winner", "won the tiebreak against the previous winner", best
+            for c in top:
+                if c is not self.incumbent and self.beats(self.incumbent, c):
+                    c.status, c.why = "dropped", (f"tiebreak: {c.score / self.incumbent.score:.2f}x the winner's "
+                                                  f"tokens/s, beyond the band ±{self.band_of(self.incumbent, c):.0%}")
 
     def _try(self, changes: list[dict], rule=None) -> None:
         """Race the incumbent against ``incumbent.replace(**c)`` for each change that is legal."""
@@ -643,6 +792,12 @@ class _Search:
                           key=lambda c: c.score, reverse=True)
         win = self.incumbent
         others = [c for c in measured if c is not win]
+        self.tied = self.unseparated()
+        for c in self.tied:
+            c.status = "tied"
+            c.why = (f"{c.score / win.score:.2f}x the winner's tokens/s: "
+                     + (_BUSY_WHY if c.busy or win.busy else
+                        f"the noise band ±{self.band_of(win, c):.0%} cannot tell them apart"))
         if win.runs and others:
             second = others[0]
             self.band = self.band_of(win, second)
@@ -687,11 +842,12 @@ def _finish(lab, search: _Search, snap: Snapshot, status: str, keep: str) -> Aut
     run = None
     if win is not None:
         target = win.score
-        run = min(win.runs, key=lambda r: abs(r.tokens_per_step / r.step_s_min - target))
+        run = min(win.judged(), key=lambda r: abs(r.tokens_per_step / r.step_s_min - target))
     result = AutotuneResult(
         toggles=win.toggles if win else None, run=run, candidates=list(search.order),
         within_noise=search.within_noise, runner_up=search.runner_up, band=search.band,
         elapsed_s=search.elapsed(), budget_s=search.budget_s, status=status, state=state,
-        start=search.start, notes=search.notes, close_calls=search.close_calls)
+        start=search.start, notes=search.notes, close_calls=search.close_calls,
+        tied=[c.toggles for c in search.tied], busy=[label(c.toggles, search.start) for c in search.order if c.busy])
     lab.last_autotune = result
     return result

@@ -223,7 +223,9 @@ class Dashboard(W.VBox):
             for k, v in found.toggles.asdict().items():  # the controls show what is now applied
                 if k in self.controls:
                     self.controls[k].value = v
-        self.message.value = _box(html.escape(found.verdict), "#d62728" if found.partial else "#2ca02c")
+        # red: stopped early; orange: inconclusive or never measured quiet (no winner proven); green
+        color = "#d62728" if found.partial else "#e65100" if found.inconclusive or found.busy else "#2ca02c"
+        self.message.value = _box(html.escape(found.verdict), color)
         self.autotune_out.value = ("<b>autotune evidence</b>" + table_html(evidence_view(found.evidence)))
         self.refresh()
         if get_ipython() is not None:
