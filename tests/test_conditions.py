@@ -220,3 +220,8 @@ def test_a_busy_lab_run_says_so_in_results_cli_and_report(busy, tmp_path):
     # read back from the log, the conditions are a Conditions again, readings and all
     again = tunekit.Lab.load_results(tmp_path / "runs.jsonl")
     assert again.iloc[-1]["conditions"] == "busy"
+
+
+def test_combine_says_a_repeated_reason_once():
+    b = judge(1.0, 2, 1, cpu_wait_s=0.5, wait_source="psi")
+    assert combine([b, b, b]).reason == "3 of 3 busy: tasks waited for a CPU 50% of the time"

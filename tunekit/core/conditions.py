@@ -165,9 +165,10 @@ def combine(parts, labels=None) -> Conditions | None:
     busy = [(lab, p) for lab, p in zip(labels, parts) if p.busy]
     if busy:
         verdict = BUSY
-        reason = "; ".join(f"{lab}: {p.reason}" if lab else p.reason for lab, p in busy[:2])
-        if len(busy) > 2:
-            reason += f" (and {len(busy) - 2} more)"
+        said = list(dict.fromkeys(f"{lab}: {p.reason}" if lab else p.reason for lab, p in busy))
+        reason = "; ".join(said[:2])  # the same reason from several repeats is said once
+        if len(said) > 2:
+            reason += f" (and {len(said) - 2} more)"
         if len(parts) > 1:
             reason = f"{len(busy)} of {len(parts)} busy: {reason}"
     elif all(p.verdict == UNKNOWN for p in parts):
