@@ -99,10 +99,10 @@ def device(name: str, v, counts: dict | None = None) -> str:
     if counts is not None:
         n = counts.get(kind, 0)
         if n == 0:
-            raise ValueError(f"{name}={text!r}: this machine has no {kind.upper()} device "
-                             f"(torch sees none); use device='cpu', or run where one is")
+            raise ValueError(f"{name}={v!r}: this machine has no {kind.upper()} device (torch sees none); "
+                             "use 'cpu' here, or run where one is")
         if index and int(index) >= n:
-            raise ValueError(f"{name}={text!r}: this machine has {n} {kind.upper()} device(s), "
+            raise ValueError(f"{name}={v!r}: this machine has {n} {kind.upper()} device(s), "
                              f"indices 0 to {n - 1}")
     return text
 

@@ -12,8 +12,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ..core.validate import whole
-from .device import synchronize
+from ..core.validate import real, whole
+from .device import existing_device, synchronize
 
 NaN = math.nan
 
@@ -25,6 +25,8 @@ def time_repeats(fn, device=None, warmup: int = 1, repeats: int = 5, after_each=
     initialized it). ``after_each(i, seconds)`` runs after call i, outside its clock.
     """
     warmup, repeats = whole("warmup", warmup, 0), whole("repeats", repeats)
+    if device is not None:
+        device = existing_device(device)  # a device this machine lacks: a clear error, not torch's assertion
     for _ in range(warmup):
         fn()
     out = []
@@ -77,6 +79,7 @@ def verdict(before, after, floor: float = 0.05) -> Verdict:
 
     >>> tunekit.verdict([1.00, 1.02, 1.30], [0.50, 0.51])   # helped (2.00x, noise band ±5%)
     """
+    floor = real("floor", floor, low_open=False)
     a, b = sorted(_times("before", before)), sorted(_times("after", after))
     band = max(floor, a[1] / a[0] - 1, b[1] / b[0] - 1)
     speedup = a[0] / b[0]
@@ -85,8 +88,11 @@ def verdict(before, after, floor: float = 0.05) -> Verdict:
 
 
 def _times(name: str, values) -> list[float]:
-    values = [float(v) for v in values]
-    if len(values) < 2 or not all(math.isfinite(v) and v > 0 for v in values):
+    try:
+        values = [float(v) for v in values]
+    except (TypeError, ValueError):
+        values = values if isinstance(values, (list, tuple)) else [values]   # said below
+    if len(values) < 2 or not all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in values):
         raise ValueError(f"{name} must hold at least 2 positive finite times (got {values!r}): "
                          "the noise band comes from the gap between the two best repeats.")
     return values
