@@ -79,6 +79,11 @@ class Lab:
     ``loss_fn(model, x, y) -> loss`` and, for checkpointing, ``blocks`` (an attribute path such
     as ``"layers"`` or a list of modules). Keyword ``defaults`` (e.g. ``micro_batch=16``) set the
     toggles every run starts from.
+
+    Every argument is checked here, before any training: a model class instead of an instance, a
+    device this machine lacks, defaults no run could use, and, by one forward of two samples under
+    no_grad (``batch_fn`` is called once for it; weights, buffers and RNG states are left as they
+    were), a batch the loss cannot take or a loss that is not one number.
     """
 
     def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
