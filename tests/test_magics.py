@@ -139,3 +139,70 @@ def test_a_llama_cell_gets_model_flops_from_its_shape_when_counted_reused_and_un
     assert list(df.model_flops) == [88473600] * 4
     assert list(df.mfu_convention) == [MFU_ANALYTIC] * 4
     assert "MFU from the shape of `llm` (LlamaForCausalLM), as the Lab" in df.iloc[2].notes
+
+
+# --- the magic is invisible: errors, line numbers, `;`, `_` and Out as in a plain cell ----------
+
+
+def _error(r):
+    return r.error_before_exec or r.error_in_exec
+
+
+@pytest.mark.parametrize("body", ["x = (", "def f(:\n    pass", "a = 1\nb = )", "if True:\n        x = 1\n    y = 2",
+                                  "return 5", "a = 1\nbreak", "f(**)", "x = 1 +"])
+def test_a_syntax_error_is_the_one_a_plain_cell_raises_and_is_recorded(run, body):
+    plain = _error(run(body))
+    r = run("%%gpuprofile -q -n broken\n" + body)
+    magic = _error(r)
+    assert type(magic) is type(plain) and isinstance(magic, SyntaxError)
+    assert (magic.msg, magic.text, magic.offset) == (plain.msg, plain.text, plain.offset)
+    assert magic.lineno == plain.lineno + 1        # the cell's line: line 1 is %%gpuprofile
+    rec = tunekit.last()
+    assert rec.name == "broken" and rec.error.startswith(f"{type(plain).__name__}: {plain.msg} (")
+
+
+@pytest.mark.parametrize("body", ["1/0", "a = 1\nundefined_name", "raise KeyError('k')", "import no_such_module_tk",
+                                  "def f():\n    return 1 / 0\nf()", "[1 / 0 for _ in range(2)]",
+                                  "class C:\n    x = {}['missing']"])
+def test_a_runtime_error_has_the_plain_type_message_and_cell_line(ip, run, body):
+    import traceback
+
+    plain = run(body)
+    r = run("%%gpuprofile -q\n" + body)
+    p, m = plain.error_in_exec, r.error_in_exec
+    assert (type(m), str(m)) == (type(p), str(p))
+    where = traceback.extract_tb(m.__traceback__)[-1]
+    assert where.lineno == traceback.extract_tb(p.__traceback__)[-1].lineno + 1
+    assert ip.compile.format_code_name(where.filename) == ("Cell", f"In[{r.execution_count}]")
+    assert tunekit.last().error == f"{type(p).__name__}: {p}"
+
+
+def test_a_rerun_of_the_same_cell_names_its_own_cell_in_the_traceback(ip, run):
+    import traceback
+
+    for _ in range(2):   # the second run reuses the compiled cell
+        r = run("%%gpuprofile -q\ndef g():\n    return 1 / 0\ng()")
+        where = traceback.extract_tb(r.error_in_exec.__traceback__)[-1]
+        assert ip.compile.format_code_name(where.filename) == ("Cell", f"In[{r.execution_count}]")
+        assert (where.lineno, where.line) == (3, "return 1 / 0")
+
+
+@pytest.mark.parametrize("body", ["6 * 7;", "6 * 7", "6 * 7; # done", "'a;'", "y = 6 * 7;", "6 * 7;;", "print(1);"])
+@pytest.mark.parametrize("options", ["-q", ""])
+def test_result_underscore_and_out_are_those_of_a_plain_cell(ip, run, body, options):
+    seen = []
+    for src in (body, f"%%gpuprofile {options}\n{body}"):
+        run("'before'")   # `_` is 'before' until a cell shows a result
+        r = run(src)
+        out = ip.user_ns["Out"]
+        seen.append((r.result, out.get(r.execution_count, "absent"), ip.user_ns["_"]))
+    assert seen[1] == seen[0]
+
+
+def test_records_carry_the_number_the_notebook_shows(run):
+    r = run("%%gpuprofile -q\nx = 1")
+    assert tunekit.last().name == f"In[{r.execution_count}]"
+    run("%gpuprofile on -q")
+    r = run("y = 2")
+    run("%gpuprofile off")
+    assert tunekit.last().name == f"In[{r.execution_count}]"

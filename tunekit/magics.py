@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ast
 import math
+import types
 
+from IPython.core.displayhook import DisplayHook
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -79,17 +81,30 @@ class GpuProfileMagics(Magics):
             return self._line(args)
         if args.mode:
             raise UsageError("%%gpuprofile takes options, not on/off (that is the line magic %gpuprofile on)")
-        return self._run_cell(args, cell)
+        return self._run_cell(args, cell, line)
 
     # --- one cell ------------------------------------------------------------------------------
 
-    def _run_cell(self, args, cell):
+    def _run_cell(self, args, cell, line=""):
         __tracebackhide__ = True  # noqa: F841
-        code = self.shell.transform_cell(cell)
-        body, tail = self._compile(code, cell)
-        ns = self.shell.user_ns
-        name = args.name or f"In[{self.shell.execution_count}]"
+        number = self._cell_number()
+        name = args.name or f"In[{number}]"
+        code, error = cell, None
+        try:
+            code = self.shell.transform_cell(cell)
+        except SyntaxError as e:  # IPython's tokenizer (an IndentationError): count the magic's line
+            error, e.lineno = e, e.lineno + 1 if isinstance(e.lineno, int) else e.lineno
         probe = self._probe_for(args, code, name)
+        if error is None:
+            try:
+                body, tail = self._compile(code, cell, number, f"%%gpuprofile {line}".rstrip())
+            except SyntaxError as e:
+                error = e
+        if error is not None:  # raised as plain IPython raises it; the failing cell is recorded too
+            probe.start()
+            self._finish(probe, None, args, error)
+            raise error.with_traceback(None)  # the traceback starts here, not in IPython's parser
+        ns = self.shell.user_ns
         exp = self._start_experiment(name, args, probe)
         if exp is None:
             probe.start()
@@ -100,30 +115,40 @@ class GpuProfileMagics(Magics):
             self._finish(probe, exp, args, e)
             raise
         self._finish(probe, exp, args, None)
-        return result
+        # IPython's displayhook sees only this magic's call, so it cannot tell that the cell ends
+        # in `;`: hide the result here, as a plain cell would (no Out[N], `_` unchanged)
+        return None if tail is not None and DisplayHook.semicolon_at_end_of_expression(code) else result
 
-    def _compile(self, code, cell):
-        """(statements, last expression or None) compiled once per distinct cell text."""
-        if code in self._compiled:
-            return self._compiled[code]
-        try:
-            tree = ast.parse(code)
-        except SyntaxError as e:
-            raise UsageError(f"%%gpuprofile: the cell is not valid Python: {e}") from None
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    def _cell_number(self) -> int:
+        """N of the running cell's In[N] (IPython 9 already counts the next cell while one runs)."""
+        running = getattr(self.shell.displayhook, "exec_result", None)
+        return getattr(running, "execution_count", None) or self.shell.execution_count
+
+    def _compile(self, code, cell, number, header):
+        """(statements, last expression or None) of the cell, parsed and compiled as IPython does
+        (its flags, __future__ imports, AST transformers), so a SyntaxError is the one a plain cell
+        raises. Line numbers are the cell's: line 1 is the ``%%gpuprofile`` line. Compiled once
+        per distinct cell text; each run gets its own ``In[N]`` in tracebacks."""
+        compiler = self.shell.compile
         # registers the source with linecache, so tracebacks show the cell's lines
-        filename = self.shell.compile.cache(code, self.shell.execution_count, raw_code=cell)
-        try:
-            body = compile(ast.Module(tree.body, type_ignores=[]), filename, "exec")
-            tail = compile(ast.Expression(last.value), filename, "eval") if last is not None else None
-        except SyntaxError as e:
-            if "await" in str(e):  # running a coroutine needs the kernel's own loop
-                raise UsageError("%%gpuprofile cannot run top-level `await`; use `%gpuprofile on`, "
-                                 "which profiles the cell as IPython runs it") from None
-            raise UsageError(f"%%gpuprofile: the cell is not valid Python: {e}") from None
-        if len(self._compiled) > 256:  # bounded: re-runs of recent cells skip parsing
-            self._compiled.clear()
-        self._compiled[code] = body, tail
+        filename = compiler.cache(f"{header}\n{code}", number, raw_code=f"{header}\n{cell}")
+        if code not in self._compiled:
+            tree = self.shell.transform_ast(compiler.ast_parse("\n" + code, filename=filename))
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            try:
+                body = compiler(ast.Module(tree.body, type_ignores=[]), filename, "exec")
+                tail = compiler(ast.Expression(last.value), filename, "eval") if last is not None else None
+            except SyntaxError as e:
+                if "await" in str(e):  # running a coroutine needs the kernel's own loop
+                    raise UsageError("%%gpuprofile cannot run top-level `await`; use `%gpuprofile on`, "
+                                     "which profiles the cell as IPython runs it") from None
+                raise
+            if len(self._compiled) > 256:  # bounded: re-runs of recent cells skip parsing
+                self._compiled.clear()
+            self._compiled[code] = body, tail
+        body, tail = self._compiled[code]
+        if body.co_filename != filename:   # a re-run: its own In[N]
+            body, tail = _renamed(body, filename), tail and _renamed(tail, filename)
         return body, tail
 
     def _probe_for(self, args, code, name):
@@ -216,9 +241,18 @@ class GpuProfileMagics(Magics):
         error = None
         if result is not None:
             error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+            if getattr(result, "execution_count", None):  # IPython 9 counted on before pre_run_cell
+                probe.record.name = f"In[{result.execution_count}]"
         rec = probe.stop(error)
         if not self.auto_opts.quiet:
             self._display(rec, compact=True)
+
+
+def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` with every code object in it (functions, classes, comprehensions) as if compiled
+    from ``filename``."""
+    consts = tuple(_renamed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 _STATE = {"magics": None}

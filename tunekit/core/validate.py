@@ -55,3 +55,57 @@ def choice(name: str, v, allowed) -> str:
     if v not in tuple(allowed):
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {v!r}")
     return v
+
+
+def fraction(name: str, v) -> float:
+    """A finite number in [0, 1]."""
+    return real(name, v, 0.0, 1.0, low_open=False)
+
+
+def function(name: str, v, takes: str):
+    """A callable; ``takes`` says what it is called with and returns (for the message)."""
+    if not callable(v) or isinstance(v, type):
+        raise TypeError(f"{name} must be a function {takes}, got {_what(v)}")
+    return v
+
+
+def instance(name: str, v, cls, hint: str):
+    """An instance of ``cls``. Given the class itself (``Lab(MLP)``), the message says to call it."""
+    if isinstance(v, type) and issubclass(v, cls):
+        raise TypeError(f"{name} is the class {v.__name__}, not a model: pass an instance, "
+                        f"e.g. {v.__name__}(...) instead of {v.__name__}")
+    if not isinstance(v, cls):
+        raise TypeError(f"{name} must be {hint}, got {_what(v)}")
+    return v
+
+
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def device(name: str, v, counts: dict | None = None) -> str:
+    """A device as ``"type"`` or ``"type:index"`` (a string, a torch.device or a CUDA index).
+
+    ``counts``: how many devices of each type this machine has (``{"cpu": 1, "cuda": 0}``);
+    None checks the form only (a device to plan for, not to run on).
+
+    >>> device("device", "cuda:1", {"cpu": 1, "cuda": 2})
+    'cuda:1'
+    """
+    text = f"cuda:{int(v)}" if is_whole(v) else str(v) if type(v).__name__ == "device" else v
+    kind, _, index = text.partition(":") if isinstance(text, str) else (None, "", "")
+    if kind not in DEVICE_TYPES or index and not (index.isdigit() and str(int(index)) == index):
+        raise ValueError(f"{name} must be one of {DEVICE_TYPES}, optionally with an index "
+                         f"('cuda:1'), or a torch.device, got {v!r}")
+    if counts is not None:
+        n = counts.get(kind, 0)
+        if n == 0:
+            raise ValueError(f"{name}={v!r}: this machine has no {kind.upper()} device (torch sees none); "
+                             "use 'cpu' here, or run where one is")
+        if index and int(index) >= n:
+            raise ValueError(f"{name}={v!r}: this machine has {n} {kind.upper()} device(s), "
+                             f"indices 0 to {n - 1}")
+    return text
+
+
+def _what(v) -> str:
+    return f"{type(v).__name__} {v!r}"[:120]

@@ -28,16 +28,16 @@ from statistics import median
 import torch
 
 from ..core import formulas, registry
-from ..core.validate import is_whole
+from ..core.validate import function, instance, is_whole, real, whole
 from ..measure.conditions import ConditionsMeter
-from ..measure.device import device_label
+from ..measure.device import device_label, existing_device
 from ..measure.energy import Energy, EnergyMeter
 from ..measure.flops import counting_active
 from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
 from ..measure.oom import ADVICE, free_memory, is_oom
 from ..measure.timing import time_repeats
-from ..models.adapters import adapt
+from ..models.adapters import adapt, dry_step
 from ..models.data import Batcher, data_dir
 from ..models.gpt import GPT, GPTConfig
 from .guard import NonFiniteRunError, Snapshot, _check, _NonFinite, weights_finite
@@ -79,18 +79,34 @@ class Lab:
     ``loss_fn(model, x, y) -> loss`` and, for checkpointing, ``blocks`` (an attribute path such
     as ``"layers"`` or a list of modules). Keyword ``defaults`` (e.g. ``micro_batch=16``) set the
     toggles every run starts from.
+
+    Every argument is checked here, before any training: a model class instead of an instance, a
+    device this machine lacks, defaults no run could use, and, by one forward of two samples under
+    no_grad (``batch_fn`` is called once for it; weights, buffers and RNG states are left as they
+    were), a batch the loss cannot take or a loss that is not one number.
     """
 
     def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
                  config: GPTConfig | None = None, data="corpus", device=None, log_path=None,
                  peak_tflops: float | None = None, seed: int = 0, blocks=None, **defaults):
+        # every argument is checked before anything is built, moved or trained
+        if model is not None and not isinstance(model, str):
+            instance("model", model, torch.nn.Module,
+                     "None, an nn.Module instance or a factory 'package.module:function'")
+        for name, fn, takes in (("batch_fn", batch_fn, "(micro_batch, seq_len) -> (x, y)"),
+                                ("loss_fn", loss_fn, "(model, x, y) -> loss")):
+            if fn is not None:
+                function(name, fn, takes)
+        seed = whole("seed", seed, 0)
+        peak_tflops = real("peak_tflops", peak_tflops) if peak_tflops is not None else None
+        self.device = existing_device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
         self.factory = model if isinstance(model, str) else None  # "package.module:function"
         if self.factory is not None:
             from ..dist.spec import build_model, factory_spec
             model = build_model(factory_spec(self.factory), seed)
         torch.manual_seed(seed)
         self.seed, self._blocks_arg, self._data = seed, blocks, data
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = model if model is not None else GPT(config or GPTConfig.preset(preset))
         self.model.to(self.device).train()
         self.config = getattr(self.model, "config", None)
@@ -109,6 +125,7 @@ class Lab:
         if self.defaults.attention is None and self.adapter.attentions:
             # every run starts from the model's initial attention unless told otherwise
             self.defaults.attention = self.adapter.attention
+        self._check_inputs(loss_fn is None)
         self.optimizer = None
         self._opt_name = None
         self._applied: dict = {}  # what apply() last set on the model
@@ -122,6 +139,22 @@ class Lab:
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAB_IDS)}"
         self.log = RunLog(log_path if log_path else data_dir() / "runs" / f"lab-{stamp}.jsonl")
         self.log_path, self.log_skipped = self.log.path, self.log.skipped
+
+    def _check_inputs(self, own_loss: bool) -> None:
+        """Refuse, before any training, defaults no run could use, and a batch_fn/loss_fn pair
+        that does not make one loss: one tiny forward (dry_step), nothing of the model changed."""
+        t = self.resolve()
+        errors = problems(t, self.env())
+        if errors:
+            raise ToggleError([f"Lab(...) defaults: {e}" for e in errors])
+        # two samples (BatchNorm in training mode needs more than one); a short sequence of
+        # tokens, or the length the user's own batch_fn was set up for
+        seq = t.seq_len if self._own_batches else min(t.seq_len or 16, 16)
+        gens = [self.batcher.generator] if not self._own_batches else []
+        with self._matmul_precision(t):
+            dry_step(self.model, self.batch_fn, self.loss_fn, min(2, t.micro_batch), seq,
+                     loss_name="the model's own loss" if own_loss else "loss_fn",
+                     context=lambda: self._autocast(t), generators=gens)
 
     # --- data -------------------------------------------------------------------------------
 

@@ -13,9 +13,11 @@ to the garbage.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
+import stat
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -49,6 +51,8 @@ def check_writable(path) -> None:
     created). Raises OSError saying where and why."""
     path = Path(path)
     try:
+        if _special(path) in ("a FIFO", "a socket"):  # opening a FIFO waits for a reader: never block on it
+            raise OSError(errno.EINVAL, f"it is {_special(path)}, not a file")
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "ab"):
             pass
@@ -96,12 +100,32 @@ def _lock(f, release: bool = False) -> None:
     fcntl.flock(f.fileno(), fcntl.LOCK_UN if release else fcntl.LOCK_EX)
 
 
+def _special(path: Path) -> str | None:
+    """"a directory", "a FIFO" or "a socket": no lines to read (a FIFO blocks its reader), else None."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    return next((what for what, test in (("a directory", stat.S_ISDIR), ("a FIFO", stat.S_ISFIFO),
+                                         ("a socket", stat.S_ISSOCK)) if test(mode)), None)
+
+
 def read_records(path) -> tuple[list[dict], int]:
-    """(records in order, number of unreadable lines skipped). A missing file is ([], 0)."""
+    """(records in order, number of lines skipped: cut short, not JSON, or not a run record).
+    A missing file, or a device such as /dev/full, is ([], 0); a directory, FIFO or unreadable
+    file is ([], 0) with one warning."""
     path = Path(path)
+    if _special(path):
+        warnings.warn(f"tunekit: {path} is {_special(path)}, not a run log: no runs read from it", stacklevel=2)
+        return [], 0
     if not path.is_file():  # missing, or a device such as /dev/full that reads forever
         return [], 0
-    return _parse(path.read_bytes())
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        warnings.warn(f"tunekit: the run log {path} cannot be read ({e}): no runs read from it", stacklevel=2)
+        return [], 0
+    return _parse(text)
 
 
 def _parse(text: bytes) -> tuple[list[dict], int]:
@@ -111,14 +135,51 @@ def _parse(text: bytes) -> tuple[list[dict], int]:
             continue
         try:
             rec = json.loads(raw)
-        except ValueError:
+        except ValueError:  # cut short by a crash, not JSON, not UTF-8
             skipped += 1
             continue
-        if isinstance(rec, dict):
+        if _is_record(rec):
             records.append(rec)
         else:
             skipped += 1
     return records, skipped
+
+
+_KINDS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,), "dict": (dict,)}
+
+
+def _fits(v, annotation: str) -> bool:
+    """Whether a value read back from JSON has a field's declared type; None always does (a
+    figure that was not measured, or a field an older tunekit did not write)."""
+    if v is None:
+        return True
+    kinds = [k.strip() for k in annotation.split("|")]
+    if isinstance(v, bool):  # JSON's true is no number
+        return "bool" in kinds
+    return any(isinstance(v, _KINDS.get(k, ())) for k in kinds)
+
+
+def _all_fit(d: dict, types: dict) -> bool:
+    return all(_fits(d.get(name), kind) for name, kind in types.items())
+
+
+def _is_record(rec) -> bool:
+    """Whether a parsed line is a run record readers can use: written by append_record (it has a
+    schema number) with every known field of its declared type, so that no table, figure or later
+    run fails on it. Fields it lacks read as None/NaN; fields it has beyond these are ignored."""
+    if not isinstance(rec, dict) or type(rec.get("schema")) is not int:
+        return False
+    nested, cond = rec.get("toggles"), rec.get("conditions")
+    if not (_all_fit(rec, _RECORD_TYPES) and _fits(nested, "dict") and _all_fit(nested or {}, _TOGGLE_TYPES)
+            and _fits(cond, "dict") and _all_fit(cond or {}, _CONDITION_TYPES)
+            and all(isinstance(n, str) for n in rec.get("notes") or [])
+            and all(_fits(v, "float") for k in ("losses", "peak_mem_bytes_per_rank") for v in rec.get(k) or [])):
+        return False
+    try:
+        short(rec.get("trace")), short(rec.get("memory"))  # what lab.results() shows of them
+    except Exception:
+        return False
+    return True
 
 
 # --- the record of one run -----------------------------------------------------------------
@@ -234,6 +295,10 @@ class RunResult:
 
 
 TOGGLE_FIELDS = tuple(f.name for f in dataclasses.fields(Toggles))
+_TOGGLE_TYPES = {f.name: f.type for f in dataclasses.fields(Toggles)}
+_RECORD_TYPES = {**{f.name: f.type for f in dataclasses.fields(RunResult) if f.type not in ("object", "Toggles")},
+                 **_TOGGLE_TYPES}   # the log keeps the toggles flattened
+_CONDITION_TYPES = {f.name: f.type for f in dataclasses.fields(Conditions)}
 _FLOAT_FIELDS = {"tokens_per_s", "step_s", "step_s_min", "step_s_max", "tflops", "mfu", "hfu",
                  "loss", "loss_first", "energy_j", "mean_w", "j_per_token"}
 
@@ -262,6 +327,9 @@ class RunLog:
         self.path = Path(path)
         records, self.skipped = read_records(self.path)  # resume an earlier session
         self.runs: list[RunResult] = [RunResult.from_dict(r) for r in records]
+        if self.skipped:
+            warnings.warn(f"tunekit: {self.skipped} line(s) of {self.path} are not run records (cut short by a "
+                          "crash, not JSON, or a field of the wrong type): skipped", stacklevel=3)
 
     def check_writable(self) -> None:
         check_writable(self.path)
@@ -288,22 +356,21 @@ class RunLog:
     def load(path) -> list:
         """The runs of an existing log; a missing file is an error, skipped lines a warning."""
         if not Path(path).is_file():
-            raise FileNotFoundError(f"no run log at {path}")
-        log = RunLog(path)
-        if log.skipped:
-            warnings.warn(f"tunekit: {log.skipped} unreadable line(s) in {path} were skipped", stacklevel=3)
-        return log.runs
+            kind = _special(Path(path))
+            raise FileNotFoundError(f"no run log at {path}" + (f" (it is {kind})" if kind else ""))
+        return RunLog(path).runs
 
     @staticmethod
     def newest(folder) -> list:
         """The runs of the newest lab-*.jsonl under ``folder`` (after a kernel restart, say)."""
-        logs = sorted(Path(folder).glob("lab-*.jsonl"), key=lambda q: q.stat().st_mtime)
+        logs = sorted((q for q in Path(folder).glob("lab-*.jsonl") if q.is_file()), key=lambda q: q.stat().st_mtime)
         if not logs:
             raise FileNotFoundError(f"no lab-*.jsonl under {folder}")
         return RunLog(logs[-1]).runs
 
     def save_to(self, path) -> Path:
         path = Path(path)
+        check_writable(path)
         for r in self.runs:
             append_record(path, r.to_dict())
         return path
@@ -318,6 +385,10 @@ def repeat_agreement(groups) -> tuple[float, str]:
 
     >>> worst, verdict = repeat_agreement([[r1, r2], [r3, r4]])
     """
+    groups = [list(rs) for rs in groups]
+    if not groups or not all(groups):
+        raise ValueError("repeat_agreement needs, for each setting, a list of its RunResults (at least one "
+                         f"setting, each with a run), got {groups!r}"[:300])
     worst = max(max(r.step_s_min for r in rs) / min(r.step_s_min for r in rs) for rs in groups)
     verdict = (f"repeat agreement: runs of one setting differ by up to {worst - 1:.0%} -> "
                + ("the machine was busy; rerun before trusting small differences" if worst > 1.2

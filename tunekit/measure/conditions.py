@@ -16,7 +16,8 @@ import os
 import time
 
 from ..core.conditions import Conditions, judge
-from .device import torch_if_loaded
+from ..core.validate import flag, whole
+from .device import existing_device, torch_if_loaded
 
 _TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 _CPUS = os.cpu_count()  # once: os.cpu_count() costs ~10 µs a call here, a fifth of the budget
@@ -150,7 +151,9 @@ class watch:
     """
 
     def __init__(self, cuda_index: int | None = None, children: bool = True):
-        self.meter, self.conditions = ConditionsMeter(cuda_index, children), None
+        if cuda_index is not None:  # a GPU this machine lacks: a clear error now, not a silent gap later
+            existing_device(whole("cuda_index", cuda_index, 0), "cuda_index")
+        self.meter, self.conditions = ConditionsMeter(cuda_index, flag("children", children)), None
 
     def __enter__(self) -> "watch":
         self.meter.start()

@@ -11,6 +11,7 @@ import sys
 import time
 
 from ..core.registry import dtype as _dtype_entry
+from ..core.validate import device as _device_arg
 
 
 def torch_if_loaded():
@@ -64,6 +65,17 @@ def default_device(device=None):
     if device is not None:
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def existing_device(device, name: str = "device"):
+    """``device`` as a torch.device if this machine has it, else ValueError saying what it has
+    (imports torch; counting CUDA devices does not create a context)."""
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    counts = {"cpu": 1, "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+              "mps": 1 if mps is not None and mps.is_available() else 0}
+    return torch.device(_device_arg(name, device, counts))
 
 
 def torch_dtype(name):

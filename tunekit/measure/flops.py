@@ -24,6 +24,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from ..core.units import fmt_flops
+from ..core.validate import function
 from .interrupts import deferred_interrupt
 from .torch_private import dispatch_mode_stack, in_autograd_backward, is_flop_counter, op_argument_names
 
@@ -220,6 +221,7 @@ def count_flops(fn, *args, **kwargs) -> FlopCount:
         fc = count_flops(lambda: model(x).sum().backward())
         fc.executed, fc.model
     """
+    function("fn", fn, "to run once under the counter, e.g. lambda: model(x).sum().backward()")
     counter = TunekitFlopCounter()
     with deferred_interrupt():
         counter.__enter__()

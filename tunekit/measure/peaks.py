@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import platform
+import stat
 import tempfile
 import time
 import warnings
@@ -19,8 +20,8 @@ from pathlib import Path
 
 from ..core import specs
 from ..core.registry import DTYPES
-from ..core.validate import choice, flag, whole
-from .device import torch_dtype
+from ..core.validate import choice, flag, real, whole
+from .device import existing_device, torch_dtype
 from .timing import time_repeats
 
 _warned: set = set()
@@ -56,7 +57,7 @@ def device_name(device=None) -> str:
     """Marketing name of a torch device: 'NVIDIA H100 80GB HBM3' or the CPU model string."""
     import torch
 
-    dev = torch.device(device) if device is not None else (
+    dev = existing_device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
@@ -83,7 +84,11 @@ def peak_tflops(device=None, dtype: str = "bf16") -> float | None:
     >>> peak_tflops("NVIDIA H100 80GB HBM3", "bf16")
     989.0
     """
-    name = device if isinstance(device, str) and not _is_torch_device_str(device) else device_name(device)
+    try:
+        name = device if isinstance(device, str) and not _is_torch_device_str(device) else device_name(device)
+    except ValueError as e:
+        raise ValueError(f"{e}; to read a device's spec sheet from anywhere, give its name: "
+                         "peak_tflops('NVIDIA H100 80GB HBM3')") from None
     value, why = specs.spec_peak(name, dtype)
     if value is None and (name, dtype) not in _warned:
         _warned.add((name, dtype))
@@ -100,7 +105,11 @@ def _is_torch_device_str(s: str) -> bool:
 def _cache_key(name: str, dtype: str) -> str:
     import torch
 
-    return f"{name}|{dtype}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+    return _key(name, dtype, torch.__version__, torch.get_num_threads())
+
+
+def _key(name: str, dtype: str, torch_version: str, threads: int) -> str:
+    return f"{name}|{dtype}|torch {torch_version}|{threads} threads"
 
 
 _CAL_FIELDS = {f for f in Calibration.__dataclass_fields__}
@@ -108,23 +117,55 @@ _memo: dict = {}
 
 
 def _load_cache() -> dict:
-    """The calibration cache, re-read only when the file changed; a damaged file reads as empty."""
+    """The calibration cache, re-read only when the file changed. A file that is not a JSON
+    object (binary junk, a directory, a FIFO: never opened) or an entry that is not a calibration
+    tunekit wrote is ignored, with one warning: it is re-measured, never used."""
     path = cache_dir() / "mamf.json"
     try:
-        stamp = (str(path), path.stat().st_mtime_ns)
+        st = path.stat()
     except OSError:
         return {}
+    stamp = (str(path), st.st_mtime_ns, st.st_size)
     if _memo.get("stamp") != stamp:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
+        data, why = {}, None
+        if not stat.S_ISREG(st.st_mode):  # reading a FIFO would wait for a writer forever
+            why = "it is not a regular file"
+        else:
+            try:
+                data = json.loads(path.read_bytes())
+            except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+                why = f"it cannot be read as JSON ({type(e).__name__})"
         if not isinstance(data, dict):
-            data = {}
-        # keep only well-formed entries: a hand-edited or older file must not break profiling
-        _memo["data"] = {k: v for k, v in data.items() if isinstance(v, dict) and _CAL_FIELDS <= set(v)}
+            data, why = {}, "it is not a JSON object"
+        _memo["data"] = {k: v for k, v in data.items() if _is_calibration(k, v)}
+        if why is None and len(_memo["data"]) < len(data):
+            why = f"{len(data) - len(_memo['data'])} of its {len(data)} entries are not calibrations"
+        if why:
+            warnings.warn(f"tunekit: ignored the calibration cache {path} where {why}; those calibrations "
+                          "are measured again", stacklevel=3)
         _memo["stamp"] = stamp
     return dict(_memo["data"])
+
+
+def _is_calibration(key, v) -> bool:
+    """An entry as calibrate() writes it: exactly Calibration's fields, each of its type and
+    range, under the key of its own device, dtype, torch version and threads."""
+    if not isinstance(v, dict) or set(v) != _CAL_FIELDS:
+        return False
+
+    def num(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf")
+
+    def count(x):
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+    texts = all(isinstance(v[k], str) for k in ("device", "dtype", "torch_version", "layout"))
+    return (texts and v["dtype"] in DTYPES and v["layout"] in ("nn", "nt") and count(v["threads"])
+            and num(v["tflops"]) and v["tflops"] > 0 and num(v["seconds"]) and num(v["busy"])
+            and num(v["taken_at"]) and isinstance(v["best_shape"], list) and len(v["best_shape"]) == 3
+            and all(count(n) for n in v["best_shape"]) and isinstance(v["sweep"], list)
+            and all(isinstance(r, list) and len(r) == 4 and all(num(x) for x in r) for r in v["sweep"])
+            and key == _key(v["device"], v["dtype"], v["torch_version"], v["threads"]))
 
 
 def _save_cache(data: dict) -> None:
@@ -134,9 +175,13 @@ def _save_cache(data: dict) -> None:
         # a private temp file per writer, then an atomic rename: concurrent writers never
         # see half a file or each other's temp file
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".mamf-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1)
+            os.replace(tmp, path)
+        except OSError:
+            os.unlink(tmp)  # e.g. mamf.json is a directory: leave no temp file behind
+            raise
     except OSError as e:
         warnings.warn(f"tunekit: could not cache the calibration in {path.parent} ({e}); "
                       "set TUNEKIT_CACHE to a writable folder", stacklevel=3)
@@ -170,7 +215,7 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         sizes = [whole(f"sizes[{i}]", n, 1, 65536) for i, n in enumerate(sizes)]
         if not sizes:
             raise ValueError("sizes must name at least one matrix size, got []")
-    dev = torch.device(device) if device is not None else (
+    dev = existing_device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     name = device_name(dev)
     key = _cache_key(name, dtype)
@@ -238,8 +283,9 @@ def cached_calibration(device=None, dtype: str = "fp32") -> Calibration | None:
 def resolve_peak(device=None, dtype: str = "bf16", given: float | None = None,
                  allow_calibration: bool = True) -> Peak:
     """The peak MFU is measured against: given > spec sheet > calibrated MAMF > unknown."""
+    flag("allow_calibration", allow_calibration)
     if given is not None:
-        return Peak(float(given), f"given: {given} TFLOPS", "given")
+        return Peak(real("given", given), f"given: {given} TFLOPS", "given")
     key = (str(device), dtype, _load_cache_stamp())
     if key in _resolved:  # a per-cell hot path: one lookup per device, dtype and cache state
         return _resolved[key]

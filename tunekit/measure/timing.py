@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from ..core.conditions import Conditions, combine, first_reason
 from ..core.records import ProfileRecord
-from ..core.validate import whole
+from ..core.validate import real, whole
 from .conditions import ConditionsMeter
-from .device import cuda_device_index, device_label, synchronize
+from .device import cuda_device_index, device_label, existing_device, synchronize
 
 NaN = math.nan
 
@@ -29,6 +29,8 @@ def time_repeats(fn, device=None, warmup: int = 1, repeats: int = 5, after_each=
     initialized it). ``after_each(i, seconds)`` runs after call i, outside its clock.
     """
     warmup, repeats = whole("warmup", warmup, 0), whole("repeats", repeats)
+    if device is not None:
+        device = existing_device(device)  # a device this machine lacks: a clear error, not torch's assertion
     for _ in range(warmup):
         fn()
     out = []
@@ -160,8 +162,7 @@ def verdict(before, after, floor: float = 0.05) -> Verdict:
     >>> tunekit.verdict([1.00, 1.02, 1.30], [0.50, 0.51])   # helped (2.00x, noise band ±5%)
     >>> tunekit.verdict(runs_before, runs_after)             # helped (1.31x, ...; machine quiet)
     """
-    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 <= floor < 1:
-        raise ValueError(f"floor must be a number in [0, 1): a relative difference (got {floor!r}).")
+    floor = real("floor", floor, 0.0, 1.0, low_open=False, high_open=True)  # a relative difference
     kind_a, a, ca = _repeats("before", before)
     kind_b, b, cb = _repeats("after", after)
     if kind_a != kind_b:
@@ -194,7 +195,11 @@ def _repeats(name: str, values) -> tuple[str, list[float], list]:
     if any(records) and not all(records):
         raise ValueError(f"{name} mixes records and numbers: pass one or the other.")
     if not all(records):
-        times = [float(v) for v in values]
+        try:
+            times = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must hold at least 2 positive finite times (got {values!r}): "
+                             "the noise band comes from the gap between the two best repeats.") from None
         conds, kind, what = [None] * len(times), "seconds", "times"
     elif all(hasattr(v, "step_s_min") and hasattr(v, "tokens_per_step") for v in values):
         times = [v.step_s_min / v.tokens_per_step if v.tokens_per_step else math.nan for v in values]

@@ -17,10 +17,11 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from ..core import registry
+from ..core import registry, validate
 from ..core.registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
 from ..core.shapes import model_shape
 from ..core.units import GB, GiB, is_missing
+from ..core.validate import flag, fraction, real, whole
 from .gpt_count import config_dims, gpt_activation_bytes
 from .hf_count import GROUPS, hf_activation_bytes
 
@@ -166,13 +167,26 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
     349175808
     """
     dist_notes = []
+    for name, v in (("world_size", world_size), ("nodes", nodes)):
+        whole(name, v)
+    if parallel is None and (world_size, nodes) != (1, 1):
+        raise ValueError(f"world_size={world_size!r} and nodes={nodes!r} describe a sharded run: give "
+                         "parallel='ddp', 'fsdp', 'fsdp_grad_op' or 'hsdp' with them (or zero_stage= and dp=)")
     if parallel is not None:
         zero_stage, dp, dist_notes = _sharding(parallel, world_size, nodes, zero_stage, dp)
     for name, v in (("tp", tp), ("pp", pp), ("dp", dp)):
-        if int(v) != v or v < 1:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or int(v) != v or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if zero_stage not in (0, 1, 2, 3):
+    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    flag("checkpointing", checkpointing)
+    flag("sequence_parallel", sequence_parallel)
+    validate.device("device", device)   # the device planned for: it need not be on this machine
+    overhead_fraction = fraction("overhead_fraction", overhead_fraction)
+    for name, v in (("cuda_context_bytes", cuda_context_bytes), ("optimizer_bytes", optimizer_bytes),
+                    ("grad_bytes", grad_bytes)):
+        if v is not None:
+            real(name, v, low_open=False)
     _check_sizes(model, n_params=n_params, micro_batch=micro_batch, seq_len=seq_len,
                  n_layer=n_layer, n_embd=n_embd, n_head=n_head)
     cfg = getattr(model, "config", model) if not isinstance(model, (int, float)) else None

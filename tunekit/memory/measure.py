@@ -21,6 +21,7 @@ import torch
 
 from ..core import registry
 from ..core.units import GiB, is_missing
+from ..core.validate import flag, whole
 from ..measure import nvml
 from ..measure.device import torch_dtype
 from ..models.adapters import adapt
@@ -167,6 +168,12 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     words: "bf16"/"fp16" run the forward under torch.autocast (reported as "amp") unless the
     weights already are that dtype (then pure "bf16"/"fp16"), "fp32"/"tf32" do not.
     """
+    for name, v in (("micro_batch", micro_batch), ("seq_len", seq_len)):
+        if v is not None:
+            whole(name, v)
+    for name, v in (("checkpointing", checkpointing), ("estimate", estimate)):
+        if v is not None:
+            flag(name, v)
     tg = _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, checkpointing)
     model, batch, optimizer, precision, adapter = tg.model, tg.batch, tg.optimizer, tg.precision, tg.adapter
     params = [p for p in model.parameters()]

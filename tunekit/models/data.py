@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import sys
 import sysconfig
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -45,8 +47,12 @@ def corpus_bytes() -> bytes:
     Example: ``len(corpus_bytes())`` is about 4.7e6 on CPython 3.11.
     """
     path = corpus_path()
-    if path.exists():
-        return path.read_bytes()
+    notes = []
+    if os.path.lexists(path):
+        blob = _cached(path)
+        if blob.startswith(b"# ---- ") and blob.endswith(b"\n\n"):  # as the recipe below writes it
+            return blob
+        notes.append("was not a corpus tunekit wrote: built again from the standard library")
     parts = []
     for src in _stdlib_sources():
         text = src.read_bytes()
@@ -54,13 +60,30 @@ def corpus_bytes() -> bytes:
     blob = b"".join(parts)
     if not blob:
         raise RuntimeError(f"no standard-library sources found under {sysconfig.get_paths()['stdlib']}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # write-then-rename, so a concurrent reader never sees half a file
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "wb") as f:
-        f.write(blob)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # write-then-rename, so a concurrent reader never sees half a file
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)
+        except OSError:
+            os.unlink(tmp)
+            raise
+    except OSError as e:  # a read-only folder, or a directory where the file goes: train on it anyway
+        notes.append(f"cannot be written ({e.strerror or e}): the corpus is built again next time")
+    if notes:
+        warnings.warn(f"tunekit: the corpus cache {path} " + "; it ".join(notes), stacklevel=2)
     return blob
+
+
+def _cached(path: Path) -> bytes:
+    """The cached file's bytes; b"" for anything but a readable regular file (a FIFO would block)."""
+    try:
+        return path.read_bytes() if stat.S_ISREG(path.stat().st_mode) else b""
+    except OSError:
+        return b""
 
 
 def corpus_digest() -> str:

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..core.registry import ATTENTIONS
 from ..core.shapes import gelu_d_ff, padded_vocab, swiglu_d_ff
+from ..core.validate import flag, real, whole
 
 ATTENTION_IMPLS = tuple(ATTENTIONS)
 MLP_KINDS = ("gelu", "swiglu")
@@ -54,6 +55,12 @@ class GPTConfig:
     dropout: float = 0.0
 
     def __post_init__(self):
+        for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size", "pad_vocab_multiple"):
+            whole(name, getattr(self, name))
+        if self.d_ff is not None:
+            whole("d_ff", self.d_ff)
+        flag("bias", self.bias)
+        real("dropout", self.dropout, 0.0, 1.0, low_open=False, high_open=True)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.mlp not in MLP_KINDS:
