@@ -30,7 +30,7 @@ LAYERS = {
     "bench.allreduce": ENGINE, "bench.compute": ENGINE, "bench.host": ENGINE,
     "lab.autotune": ENGINE, "dist.netns": ENGINE, "lab.autotune_view": UI,
     "lab.plots": UI, "lab.dashboard": UI, "bench.plots": UI, "magics": UI, "experiments": UI,
-    "plots": UI, "report_html": UI, "figure_svg": UI, "trace_plots": UI, "cli": UI,
+    "plots": UI, "report_html": UI, "figure_svg": UI, "renderer": UI, "trace_plots": UI, "cli": UI,
     "__main__": UI,
 }
 # Convenience entry points where a lower layer reaches up lazily, inside one method:
