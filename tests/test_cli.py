@@ -3,6 +3,7 @@ writes the log and the report, bad options refused before any work (exit 2), a f
 exit 1, and the argument plumbing of the distributed paths (the engine itself faked here)."""
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -227,6 +228,52 @@ def test_a_factory_model_is_built_here_or_sent_as_its_name(parallel, tmp_path, m
     model = FakeLab.calls[0][1]
     # one process: the factory's model itself; ranks: the name, so that each builds its own
     assert model == "collections:OrderedDict" if parallel == "ddp" else type(model).__name__ == "OrderedDict"
+
+
+def test_version_names_tunekit_torch_and_python():
+    from importlib.metadata import version
+    from platform import python_version
+
+    import tunekit
+
+    out = subprocess.run([sys.executable, "-m", "tunekit", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"tunekit {tunekit.__version__} (torch {version('torch')}, Python {python_version()})\n"
+
+
+def _outside_sys_path(tmp_path, monkeypatch):
+    # what the `tunekit` console script sees: its own bin/ folder first, not the current directory
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    for k in TORCHRUN:
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_a_factory_in_the_current_directory_is_found(tmp_path, monkeypatch):
+    (tmp_path / "tk_cwd_models.py").write_text("import collections\ndef build():\n    return collections.Counter()\n")
+    _outside_sys_path(tmp_path, monkeypatch)
+    monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
+    FakeLab.calls = []
+    assert cli.main(["run", "--model", "tk_cwd_models:build", "--log", "l.jsonl", "--report", "r.html"]) == 0
+    assert type(FakeLab.calls[0][1]).__name__ == "Counter" and sys.path[0] == str(tmp_path)
+
+
+@pytest.mark.parametrize("source,model,match", [
+    (None, "tk_no_such_module:build", "no module 'tk_no_such_module' on sys.path ({path}); run from the "
+                                      "folder that holds it or add that folder to PYTHONPATH"),
+    ("import tk_missing_dependency\n", "tk_needs_dep:build",
+     "importing 'tk_needs_dep' failed (ModuleNotFoundError: No module named 'tk_missing_dependency')"),
+    ("x = 1\n", "tk_no_fn:build", "module 'tk_no_fn' has no 'build'"),
+    ("build = 3\n", "tk_not_callable:build", "'build' in 'tk_not_callable' is not callable"),
+])
+def test_a_factory_that_cannot_be_imported_is_refused_naming_sys_path(source, model, match, tmp_path,
+                                                                       capsys, monkeypatch):
+    if source is not None:
+        (tmp_path / f"{model.split(':')[0]}.py").write_text(source)
+    _outside_sys_path(tmp_path, monkeypatch)
+    err = _refused(["--model", model], capsys, monkeypatch)
+    assert err == f"tunekit run: error: --model {model}: " + match.format(path=os.pathsep.join(sys.path))
+    assert sys.path[0] == str(tmp_path)  # the current directory was searched
 
 
 def test_runs_report_is_built_from_run_results_alone(tmp_path):

@@ -9,8 +9,8 @@ from tunekit.models.data import Batcher, corpus_bytes, get_batch, synthetic_toke
 def test_corpus_is_deterministic_and_cached(tmp_path, monkeypatch):
     cached = corpus_bytes()
     assert corpus_bytes() == cached
-    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))
-    rebuilt = corpus_bytes()  # built from scratch in an empty data dir
+    monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
+    rebuilt = corpus_bytes()  # built from scratch in an empty cache (it can always be rebuilt)
     assert rebuilt == cached
     assert data.corpus_path().exists() and str(data.corpus_path()).startswith(str(tmp_path))
     assert rebuilt.startswith(b"# ---- ") and b"\ndef " in rebuilt

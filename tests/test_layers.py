@@ -16,7 +16,7 @@ NAMES = ["pure core", "models", "measurement", "engine", "UI"]
 # module (dotted, under tunekit.) -> layer; package __init__ files are facades (re-exports)
 LAYERS = {
     **{f"core.{m}": CORE for m in ("units", "formulas", "specs", "registry", "shapes", "records",
-                                    "summary", "advisor", "validate", "breakdown", "conditions")},
+                                    "summary", "advisor", "validate", "breakdown", "conditions", "paths")},
     "core.comm": CORE, "dist.spec": MODELS, "measure.comm": MEASURE,
     "dist.worker": ENGINE, "dist.launch": ENGINE,
     "memory.estimate": CORE, "memory.gpt_count": CORE, "memory.hf_count": CORE, "lab.toggles": CORE, "lab.runlog": CORE,
@@ -30,7 +30,7 @@ LAYERS = {
     "bench.allreduce": ENGINE, "bench.compute": ENGINE, "bench.host": ENGINE,
     "lab.autotune": ENGINE, "dist.netns": ENGINE, "lab.autotune_view": UI,
     "lab.plots": UI, "lab.dashboard": UI, "bench.plots": UI, "magics": UI, "experiments": UI,
-    "plots": UI, "report_html": UI, "figure_svg": UI, "trace_plots": UI, "cli": UI,
+    "plots": UI, "report_html": UI, "figure_svg": UI, "renderer": UI, "trace_plots": UI, "cli": UI,
     "__main__": UI,
 }
 # Convenience entry points where a lower layer reaches up lazily, inside one method:

@@ -17,7 +17,7 @@ from tunekit.measure.trace import Tracer, breakdown_from_events
 
 @pytest.fixture(autouse=True)
 def _traces_in_tmp(tmp_path, monkeypatch):
-    # Chrome traces and snapshots go under data_dir()/traces: keep the repository's data/ clean
+    # Chrome traces and snapshots go under core.paths.traces_dir(): each test its own
     monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))
 
 
@@ -196,7 +196,8 @@ def test_max_batch_search_says_no_snapshot_on_cpu_and_saves_one_on_a_cuda_oom(la
     assert "no allocator snapshot on cpu" in " ".join(found.notes)
     # the CUDA path with torch's snapshot dump mocked: a trial that runs out of memory leaves a file
     monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))
-    monkeypatch.setattr(maxbatch, "cuda_memory_snapshot", lambda p: pathlib.Path(p).write_text("x") and str(p))
+    monkeypatch.setattr(tunekit.measure.torch_private, "cuda_memory_snapshot",
+                        lambda p: pathlib.Path(p).write_text("x") and str(p))
 
     def oom(t):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

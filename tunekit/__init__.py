@@ -119,10 +119,48 @@ def _quiet_deprecated_pynvml_shim() -> None:
 
 _quiet_deprecated_pynvml_shim()
 
-if "ipykernel" in sys.modules:  # in a Jupyter kernel: every plotly figure also stored as SVG
-    from .figure_svg import install as _install_figure_fallback
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then()`` right after module ``name`` is first imported, then steps aside. Here:
+    tunekit picks plotly's renderer when plotly.io loads (``renderer.choose``: never a browser
+    outside a kernel), so ``import tunekit`` itself loads no plotly."""
 
-    _install_figure_fallback()
+    def __init__(self, name, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # the real finders find the real spec
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or isinstance(spec.loader, type) or not hasattr(spec.loader, "exec_module"):
+            return spec  # no loader object of its own to wrap (a built-in, frozen or missing module)
+        loader = spec.loader
+
+        def exec_module(module):
+            del loader.exec_module  # this loader object serves this one module: back to its own method
+            loader.exec_module(module)
+            self.then()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _choose_renderer():
+    try:
+        from .renderer import choose
+
+        choose()
+    except Exception as e:  # noqa: BLE001 - plotly must import whatever befalls tunekit's choice
+        import warnings
+
+        warnings.warn(f"tunekit: plotly's renderer left as plotly chose it ({type(e).__name__}: {e})",
+                      stacklevel=2)
+
+
+if "plotly.io" in sys.modules:
+    _choose_renderer()
+elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AfterImport("plotly.io", _choose_renderer))
 
 
 def __getattr__(name):

@@ -99,12 +99,26 @@ def run_parser() -> argparse.ArgumentParser:
     return p
 
 
+def version_line() -> str:
+    """``tunekit 0.1.0 (torch 2.x, Python 3.11.7)``: what a bug report needs, without importing torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"tunekit {__version__} (torch {torch_version}, Python {sys.version.split()[0]})"
+
+
 def parser() -> argparse.ArgumentParser:
     run = run_parser()
     p = _Parser(prog="tunekit", formatter_class=_Formatter,
                 description="tunekit from a shell. Commands: run (train and measure; "
                             "`tunekit run --help`). The options of run, with their defaults:",
                 epilog=run.format_help())
+    p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", metavar="{run}", parser_class=_Parser)
     sub.add_parser("run", parents=[run], add_help=False, formatter_class=_Formatter,
                    description=run.description, help="train and measure one configuration")
@@ -139,9 +153,32 @@ def model_source(text: str) -> tuple[str, object]:
             raise Refused(f"--model {text}: a transformers config JSON has a 'model_type' key")
         return "transformers", config
     if text.count(":") == 1 and all(text.split(":")):
+        check_factory(text)
         return "factory", text
     raise Refused(f"--model {text!r} is not a preset ({', '.join(PRESETS)}), a config .json file, "
                   "or 'package.module:function'")
+
+
+def check_factory(text: str) -> None:
+    """Import ``module:function`` now, from the current directory too (as ``python -m`` would: the
+    ``tunekit`` script's own folder is what Python puts first); refused with the path searched."""
+    import importlib
+
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the ranks of a distributed run inherit sys.path
+    module, name = text.split(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        missing = getattr(e, "name", None)
+        if isinstance(e, ModuleNotFoundError) and missing and (module + ".").startswith(missing + "."):
+            raise Refused(f"--model {text}: no module {missing!r} on sys.path ({os.pathsep.join(sys.path)}); "
+                          "run from the folder that holds it or add that folder to PYTHONPATH") from None
+        raise Refused(f"--model {text}: importing {module!r} failed ({type(e).__name__}: {e})") from None
+    except AttributeError:
+        raise Refused(f"--model {text}: module {module!r} has no {name!r}") from None
+    if not callable(fn):
+        raise Refused(f"--model {text}: {name!r} in {module!r} is not callable")
 
 
 def layout(args, env=None) -> tuple[int, int, dict | None]:

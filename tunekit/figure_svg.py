@@ -287,13 +287,10 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
     return "\n".join(out)
 
 
-def install(make_default: bool = True) -> None:
+def install() -> None:
     """Register plotly renderer ``"tunekit"``: plotly's own mimetype (JupyterLab, VS Code: the
-    interactive chart) plus this SVG (GitHub, nbviewer: a static drawing). In a Jupyter kernel
-    ``import tunekit`` calls this; a renderer you chose (``PLOTLY_RENDERER`` or
-    ``plotly.io.renderers.default = ...`` after the import) wins."""
-    import os
-
+    interactive chart) plus this SVG (GitHub, nbviewer: a static drawing). ``renderer.choose``
+    makes it the default in a Jupyter kernel."""
     import plotly.io as pio
     from plotly.io.base_renderers import MimetypeRenderer
 
@@ -306,5 +303,3 @@ def install(make_default: bool = True) -> None:
             return bundle
 
     pio.renderers["tunekit"] = Renderer()
-    if make_default and not os.environ.get("PLOTLY_RENDERER"):
-        pio.renderers.default = "tunekit"

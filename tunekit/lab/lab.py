@@ -3,7 +3,7 @@
     >>> lab = Lab()                                   # cpu-tiny GPT on the stdlib corpus
     >>> base = lab.run(steps=20)
     >>> fast = lab.run(steps=20, precision="bf16", checkpointing=True)
-    >>> lab.results()                                 # one row per run (also in data/runs/*.jsonl)
+    >>> lab.results()                                 # one row per run (also in runs_dir()/lab-<day>.jsonl)
     >>> lab.compare()                                 # plotly: tokens/s and peak memory per run
 
 Timing: ``warmup`` steps run first and are not timed; each timed step is clocked with the device
@@ -28,6 +28,7 @@ from statistics import median
 import torch
 
 from ..core import formulas, registry
+from ..core.paths import runs_dir
 from ..core.validate import function, instance, is_whole, real, whole
 from ..measure.conditions import ConditionsMeter
 from ..measure.device import device_label, existing_device
@@ -38,7 +39,7 @@ from ..measure.meters import DeviceMeter
 from ..measure.oom import ADVICE, free_memory, is_oom
 from ..measure.timing import time_repeats
 from ..models.adapters import adapt, dry_step
-from ..models.data import Batcher, data_dir
+from ..models.data import Batcher
 from ..models.gpt import GPT, GPTConfig
 from .guard import NonFiniteRunError, Snapshot, _check, _NonFinite, weights_finite
 from .optimizers import build_optimizer, state_bytes, unavailable_optimizers
@@ -78,7 +79,8 @@ class Lab:
     as for the built-in GPT), or any ``nn.Module`` with ``batch_fn(micro_batch, seq_len) -> (x, y)``,
     ``loss_fn(model, x, y) -> loss`` and, for checkpointing, ``blocks`` (an attribute path such
     as ``"layers"`` or a list of modules). Keyword ``defaults`` (e.g. ``micro_batch=16``) set the
-    toggles every run starts from.
+    toggles every run starts from. Runs are appended to ``log_path`` (its earlier runs resumed),
+    else to the day's log ``core.paths.runs_dir()/lab-YYYY-MM-DD.jsonl`` that Labs share.
 
     Every argument is checked here, before any training: a model class instead of an instance, a
     device this machine lacks, defaults no run could use, and, by one forward of two samples under
@@ -135,9 +137,11 @@ class Lab:
         self._peaks: dict[str, object] = {}
         self._peak_given = peak_tflops
         self.last_autotune = None  # the latest lab.autotune result (kept also after Ctrl-C)
-        # one log per Lab: two Labs made in the same second of one process must not share it
-        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAB_IDS)}"
-        self.log = RunLog(log_path if log_path else data_dir() / "runs" / f"lab-{stamp}.jsonl")
+        # one log a day, shared: each Lab is a session in it (two Labs made in the same second of one
+        # process are two sessions), numbering its own runs from 0
+        session = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAB_IDS)}"
+        self.log = (RunLog(log_path) if log_path else
+                    RunLog(runs_dir() / f"lab-{time.strftime('%Y-%m-%d')}.jsonl", session=session))
         self.log_path, self.log_skipped = self.log.path, self.log.skipped
 
     def _check_inputs(self, own_loss: bool) -> None:
@@ -584,5 +588,7 @@ class Lab:
     def load_results(path=None):
         """DataFrame of the runs in a JSONL log written by a Lab (partial last lines skipped).
 
-        ``path=None``: the newest log under ``data/runs/`` (after a kernel restart, say)."""
-        return results_frame(RunLog.newest(data_dir() / "runs") if path is None else RunLog.load(path))
+        ``path=None``: the newest day's log under ``core.paths.runs_dir()`` (after a kernel restart,
+        say), every Lab of that day; its ``session`` column tells the Labs apart:
+        ``df[df.session == df.session.iloc[-1]]`` is the latest Lab's runs."""
+        return results_frame(RunLog.newest(runs_dir()) if path is None else RunLog.load(path))

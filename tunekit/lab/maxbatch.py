@@ -12,7 +12,7 @@ optimizer state and gradients are part of what must fit. "Does not fit" means:
 After every trial the memory is freed (gc, CUDA cache or glibc heap) so the process returns to
 its baseline; ``after_bytes`` vs ``baseline_bytes`` shows that it did.
 On CUDA the allocator's history is recorded during the search (``snapshot_on_oom``), and a trial
-that runs out of memory leaves a snapshot (``trial.snapshot``, under ``data_dir()/traces/``) to
+that runs out of memory leaves a snapshot (``trial.snapshot``, under ``core.paths.traces_dir()``) to
 open in https://pytorch.org/memory_viz: what was alive, and allocated where, when it failed.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -30,8 +29,8 @@ from ..measure.device import now_s
 from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
 from ..measure.oom import free_memory, is_oom, memory_now_bytes
-from ..measure.torch_private import cuda_memory_history, cuda_memory_snapshot
-from ..measure.trace import trace_folder
+from ..measure.torch_private import cuda_memory_history
+from ..measure.trace import prune_snapshots, save_snapshot
 from .toggles import ToggleError, normalized
 
 _PREDICT_MARGIN = 1.25
@@ -129,6 +128,8 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
             lab.recover()
             free_memory(dev)
             result.after_bytes = memory_now_bytes(dev)
+    if any(trial.snapshot for trial in result.trials):
+        notes.extend(filter(None, [prune_snapshots()]))
     return result
 
 
@@ -201,9 +202,7 @@ def _trial(lab, t, baseline: int, budget, trials, history: bool = False) -> Tria
 
 def _snapshot(micro_batch: int) -> str | None:
     """Dump the allocator history of the trial that ran out of memory (None if that fails too)."""
-    folder = trace_folder()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        return cuda_memory_snapshot(folder / f"oom-mb{micro_batch}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+        return save_snapshot(f"oom-mb{micro_batch}")[0]
     except Exception:  # a full disk must not turn an OOM trial into a failed search
         return None

@@ -1,7 +1,7 @@
 """The Lab's run records and their append-only JSONL log, which survives crashes. Pure: no torch.
 
-    >>> append_record("data/runs/lab.jsonl", {"run_id": 0, "tokens_per_s": 1.2e4})
-    >>> records, skipped = read_records("data/runs/lab.jsonl")
+    >>> append_record("runs/lab.jsonl", {"run_id": 0, "tokens_per_s": 1.2e4})
+    >>> records, skipped = read_records("runs/lab.jsonl")
     >>> runs = [RunResult.from_dict(r) for r in records]      # fields a record lacks: None/NaN
 
 Each record is one line written with a single ``write`` and then ``fsync``ed, so a finished run is
@@ -61,12 +61,13 @@ def check_writable(path) -> None:
                       "give the Lab a writable log_path=") from e
 
 
-def append_record(path, record) -> dict:
+def append_record(path, record, session: str | None = None) -> dict:
     """Append one record as a line and force it to disk; returns what was written.
 
     ``record`` is a dict, or a function ``next_run_id -> dict``: it is called under an exclusive
-    lock on the log with one more than the largest run_id already in it, so processes sharing a
-    log never write the same id."""
+    lock on the log with one more than the largest run_id already in it (among the records of
+    ``session`` when given: each Lab numbers its own runs in a shared log), so processes sharing
+    a log never write the same id."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab+") as f:
@@ -78,7 +79,8 @@ def append_record(path, record) -> dict:
                 text = f.read()
             if callable(record):
                 record = record(1 + max((r.get("run_id", -1) for r in _parse(text)[0]
-                                         if isinstance(r.get("run_id"), int)), default=-1))
+                                         if isinstance(r.get("run_id"), int)
+                                         and (session is None or r.get("session") == session)), default=-1))
             line = (json.dumps(_clean({"schema": SCHEMA, **record}), sort_keys=False) + "\n").encode()
             if text and not text.endswith(b"\n"):  # an earlier crash left half a line: end it
                 line = b"\n" + line
@@ -250,6 +252,7 @@ class RunResult:
     launch_s: float | None = None         # launch to the first training step
     losses: list | None = None            # loss of every step, warm-up included
     conditions: object = None             # core.conditions.Conditions over the timed steps (all ranks)
+    session: str | None = None            # the Lab that ran it, where Labs share a day's log
 
     def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
         if name in TOGGLE_FIELDS and "toggles" in self.__dict__:
@@ -319,13 +322,16 @@ def results_frame(runs: list[RunResult]):
 class RunLog:
     """The runs of one Lab: in memory, and appended to a JSONL file as each one finishes.
 
-    A write that fails (read-only folder, full disk) keeps the run in memory and says so in its
-    notes and in a warning; run ids stay unique when several processes share one file.
+    Without ``session`` the file's runs are resumed (a log you named is yours); with one, the
+    file is shared (the day's log) and this log's runs are those it adds, numbered from 0 and
+    tagged with the session. A write that fails (read-only folder, full disk) keeps the run in
+    memory and says so in its notes and in a warning; run ids stay unique when several processes
+    share one file.
     """
 
-    def __init__(self, path):
-        self.path = Path(path)
-        records, self.skipped = read_records(self.path)  # resume an earlier session
+    def __init__(self, path, session: str | None = None):
+        self.path, self.session = Path(path), session
+        records, self.skipped = read_records(self.path) if session is None else ([], 0)
         self.runs: list[RunResult] = [RunResult.from_dict(r) for r in records]
         if self.skipped:
             warnings.warn(f"tunekit: {self.skipped} line(s) of {self.path} are not run records (cut short by a "
@@ -338,11 +344,11 @@ class RunLog:
         mine = 1 + max((r.run_id for r in self.runs if isinstance(r.run_id, int)), default=-1)
 
         def numbered(next_in_log):
-            result.run_id = max(mine, next_in_log)
+            result.run_id, result.session = max(mine, next_in_log), self.session or result.session
             return result.to_dict()
 
         try:
-            append_record(self.path, numbered)
+            append_record(self.path, numbered, self.session)
         except OSError as e:
             result.run_id = mine if result.run_id is None else result.run_id
             msg = (f"run #{result.run_id} was NOT saved to {self.path} ({e}); it is in "
@@ -362,10 +368,11 @@ class RunLog:
 
     @staticmethod
     def newest(folder) -> list:
-        """The runs of the newest lab-*.jsonl under ``folder`` (after a kernel restart, say)."""
-        logs = sorted((q for q in Path(folder).glob("lab-*.jsonl") if q.is_file()), key=lambda q: q.stat().st_mtime)
+        """The runs of the newest lab-*.jsonl under ``folder``: today's log, after a kernel restart say."""
+        logs = sorted((q for q in Path(folder).glob("lab-*.jsonl") if q.is_file()),
+                      key=lambda q: (q.stat().st_mtime, q.name))
         if not logs:
-            raise FileNotFoundError(f"no lab-*.jsonl under {folder}")
+            raise FileNotFoundError(f"no lab-*.jsonl under {folder}: no Lab has saved a run there yet")
         return RunLog(logs[-1]).runs
 
     def save_to(self, path) -> Path:

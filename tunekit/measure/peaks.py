@@ -18,7 +18,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..core import specs
+from ..core import paths, specs
 from ..core.registry import DTYPES
 from ..core.validate import choice, flag, real, whole
 from .device import existing_device, torch_dtype
@@ -50,7 +50,7 @@ class Calibration:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TUNEKIT_CACHE", Path.home() / ".cache" / "tunekit"))
+    return paths.cache_dir()
 
 
 def device_name(device=None) -> str:

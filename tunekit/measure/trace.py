@@ -32,7 +32,7 @@ from ..core.breakdown import (
     MemoryTimeline,
     categorize,
 )
-from ..models.data import data_dir
+from ..core.paths import KEEP_SNAPSHOTS, KEEP_TRACES, prune, pruned_note, traces_dir
 
 NaN = math.nan
 TOP_OPS = 15
@@ -40,8 +40,22 @@ MAX_TIMELINE_POINTS = 400  # enough for a chart; the JSONL log keeps the record 
 _BACKWARD = re.compile(r"^(autograd::engine::evaluate_function: )?(\w+?)Backward\d*$")
 
 
-def trace_folder():
-    return data_dir() / "traces"
+def save_snapshot(name: str, folder=None) -> tuple[str | None, str | None]:
+    """Dump the recorded CUDA allocator history under ``folder`` (else ``traces_dir()``):
+    (path, None), or (None, why not)."""
+    from .torch_private import cuda_memory_snapshot
+
+    folder = folder or traces_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return cuda_memory_snapshot(folder / f"{_slug(name)}-{time.strftime('%Y%m%d-%H%M%S')}.pickle"), None
+    except OSError as e:
+        return None, f"no memory snapshot: {e}"
+
+
+def prune_snapshots() -> str | None:
+    """Keep the newest ``KEEP_SNAPSHOTS`` snapshots in ``traces_dir()``; the note of what went."""
+    return pruned_note(prune(traces_dir(), "*.pickle", KEEP_SNAPSHOTS), "memory snapshots", KEEP_SNAPSHOTS)
 
 
 def _slug(name: str) -> str:
@@ -97,7 +111,8 @@ class Tracer:
 
     ``cuda_index``: also trace that GPU's kernels (and, with ``memory``, dump a
     torch.cuda.memory snapshot for https://pytorch.org/memory_viz). Files go under
-    ``data_dir()/traces/``."""
+    ``folder``, else ``core.paths.traces_dir()``, where only the newest few are kept (the notes
+    say what was removed)."""
 
     def __init__(self, name: str, trace: bool = True, memory: bool = False, cuda_index: int | None = None,
                  folder=None):
@@ -170,7 +185,7 @@ class Tracer:
         if self.trace:
             bd = breakdown_from_events(self.prof.events(), wall_s, "cuda" if self.index is not None else "cpu")
             bd.notes.extend(self.notes)
-            folder = self.folder or trace_folder()
+            folder = self.folder or traces_dir()
             path = folder / f"{_slug(self.name)}-{time.strftime('%Y%m%d-%H%M%S')}-{id(self) % 10000:04d}.json"
             try:
                 folder.mkdir(parents=True, exist_ok=True)
@@ -178,6 +193,9 @@ class Tracer:
                 bd.path = str(path)
             except OSError as e:  # a read-only or full disk costs the file, not the breakdown
                 bd.notes.append(f"Chrome trace not written to {path}: {e}")
+            if bd.path and not self.folder:
+                note = pruned_note(prune(folder, "*.json", KEEP_TRACES), "Chrome traces", KEEP_TRACES)
+                bd.notes.extend([note] if note else [])
             if self.memory:
                 bd.notes.append("traced with the memory profiler on (shapes, stacks, allocations): "
                                 "slower than a plain trace")
@@ -190,15 +208,10 @@ class Tracer:
         return bd, tl
 
     def _snapshot(self):
-        from .torch_private import cuda_memory_snapshot
-
-        folder = self.folder or trace_folder()
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            return cuda_memory_snapshot(folder / f"{_slug(self.name)}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
-        except OSError as e:
-            self.notes.append(f"no memory snapshot: {e}")
-            return None
+        path, why_not = save_snapshot(self.name, self.folder)
+        note = why_not or (None if self.folder else prune_snapshots())  # a folder you gave stays as it is
+        self.notes.extend([note] if note else [])
+        return path
 
 
 # --- reading the events --------------------------------------------------------------------------

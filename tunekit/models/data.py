@@ -5,8 +5,8 @@
     >>> x, y = batcher.get(batch_size=8, seq_len=128)   # (8, 128) int64 each; y is x shifted by 1
 
 The corpus is built once from the running interpreter's ``Lib/*.py`` (sorted, so the same
-interpreter always gives the same bytes) and cached under ``data/cache/``. ``"synthetic"`` gives
-uniform random tokens: right for throughput work, useless for learning (loss stays ~ln(vocab)).
+interpreter always gives the same bytes) and cached in ``core.paths.cache_dir()``. ``"synthetic"``
+gives uniform random tokens: right for throughput work, useless for learning (loss stays ~ln(vocab)).
 """
 
 from __future__ import annotations
@@ -22,13 +22,9 @@ from pathlib import Path
 
 import torch
 
+from ..core.paths import cache_dir
+
 _CORPUS_VERSION = 1  # bump when the recipe below changes, so stale caches are not reused
-
-
-def data_dir() -> Path:
-    """Where tunekit keeps data: ``$TUNEKIT_DATA_DIR``, else the repository's ``data/``."""
-    env = os.environ.get("TUNEKIT_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "data"
 
 
 def _stdlib_sources() -> list[Path]:
@@ -38,7 +34,7 @@ def _stdlib_sources() -> list[Path]:
 
 def corpus_path() -> Path:
     ver = f"py{sys.version_info.major}{sys.version_info.minor}"
-    return data_dir() / "cache" / f"stdlib-corpus-{ver}-v{_CORPUS_VERSION}.bin"
+    return cache_dir() / f"stdlib-corpus-{ver}-v{_CORPUS_VERSION}.bin"
 
 
 def corpus_bytes() -> bytes:

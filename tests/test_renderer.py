@@ -1,0 +1,110 @@
+"""Never block without a frontend (issue 19): outside a Jupyter kernel plotly's own default
+("browser") serves the page on a local socket and waits for a browser to fetch it, forever where
+none will. tunekit's figures are returned; shown, they are written to an HTML file whose path is
+printed. BROWSER=true below is a browser that starts and never fetches: plotly's choice hangs."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tunekit import renderer
+from tunekit.core import paths
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _default_renderer(code, plotly_renderer=None):
+    env = {k: v for k, v in os.environ.items() if k != "PLOTLY_RENDERER"}
+    env.update({"PYTHONPATH": str(ROOT)}, **({"PLOTLY_RENDERER": plotly_renderer} if plotly_renderer else {}))
+    out = subprocess.run([sys.executable, "-c", code + "; print(pio.renderers.default)"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_outside_a_kernel_the_default_writes_a_file_whichever_is_imported_first():
+    assert _default_renderer("import tunekit, plotly.io as pio") == "tunekit_file"
+    assert _default_renderer("import plotly.io as pio, tunekit") == "tunekit_file"
+    # a Jupyter kernel keeps the interactive mimetype (+ SVG); a renderer the user names wins
+    assert _default_renderer("import ipykernel, tunekit, plotly.io as pio") == "tunekit"
+    assert _default_renderer("import tunekit, plotly.io as pio", plotly_renderer="json") == "json"
+
+
+def test_a_shown_chart_is_a_file_beside_one_plotly_js_and_the_oldest_go(monkeypatch, tmp_path):
+    import plotly.graph_objects as go
+
+    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    for i in range(paths.KEEP_FIGURES):
+        (folder / f"old-{i:02d}.html").write_text("")
+        os.utime(folder / f"old-{i:02d}.html", (1e9 + i, 1e9 + i))
+    fig = go.Figure(go.Bar(y=[1, 2]), layout_title_text="Tokens/s <b>per run</b>")
+    line = renderer.save_chart(fig.to_dict())
+    path = Path(re.match(r"chart: (\S+)", line).group(1))
+    assert path.parent == folder and re.fullmatch(r"tokens-s-per-run-\d{8}-\d{6}-\d+-\d+\.html", path.name)
+    assert line == (f"chart: {path}\n(removed 1 older charts from {folder} (tunekit keeps the newest 50): "
+                    "old-00.html)")
+    assert 'src="plotly.min.js"' in path.read_text() and (folder / "plotly.min.js").stat().st_size > 1e6
+    assert len(list(folder.glob("*.html"))) == paths.KEEP_FIGURES
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path / "file"))  # its figures/ cannot be made
+    assert renderer.save_chart(fig.to_dict()).startswith("chart not saved ([Errno 20] Not a directory")
+
+
+def _run(argv, code, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNEKIT_DATA_DIR": str(tmp_path), "BROWSER": "true"}
+    env.pop("PLOTLY_RENDERER", None)
+    try:
+        out = subprocess.run([*argv, textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                             cwd=tmp_path, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"blocked: {e.stdout!r}") from None
+    assert out.returncode == 0 and "Traceback" not in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    charts = re.findall(r"chart: (\S+\.html)", out.stdout)
+    assert all(Path(c).parent == tmp_path / "figures" and Path(c).is_file() for c in charts)
+    return out.stdout, [Path(c).name for c in charts]
+
+
+# the same work in both: a traced cell/block with its memory timeline, the history, a Lab's
+# comparison and an autotune with a small budget
+LAB = ("lab = tunekit.Lab(peak_tflops=1.0, micro_batch=2, seq_len=32); lab.run(steps=1, warmup=0)\n"
+       "found = lab.autotune(budget_s=4, space={'compile': [False]}, repeats=1)\n")
+CHARTS = ("where-the-cpu-time-went", "memory-through-the-step", "profiled-cells", "runs-vs-baseline-0",
+          "autotune-tokens-s-per-candidate")  # the start of each figure's title
+
+
+@pytest.mark.slow
+def test_terminal_ipython_prints_chart_paths_and_never_waits(tmp_path):
+    # `ipython -c` runs a TerminalInteractiveShell, where plotly would pick "browser"
+    code = ("%load_ext tunekit\n"
+            "get_ipython().run_cell('%%gpuprofile --trace --memory --flops never --peak 1 -n step\\n"
+            "x = torch.randn(64, 64, requires_grad=True)\\n(x @ x).sum().backward()')\n"
+            "display(tunekit.plot_history())\n" + LAB + "display(lab.compare())\nfound.figure\n")
+    out, charts = _run([sys.executable, "-m", "IPython", "--no-banner", "--colors=nocolor", "-c"],
+                       "import torch, tunekit\n" + code, tmp_path)
+    assert len(charts) == len(CHARTS) and all(map(str.startswith, charts, CHARTS)), out
+    assert f"Chrome trace: {tmp_path / 'traces'}" in out
+
+
+@pytest.mark.slow
+def test_plain_python_returns_figures_and_show_writes_them(tmp_path):
+    code = """\
+        import io, contextlib, torch, tunekit
+        with tunekit.profile(name="step", flops="never", peak=1.0, trace=True, memory=True) as rec:
+            x = torch.randn(64, 64, requires_grad=True); (x @ x).sum().backward()
+        """ + LAB.replace("\n", "\n        ") + """
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):  # building a figure shows nothing
+            figs = [tunekit.plot_breakdown(rec.trace), tunekit.plot_memory_timeline(rec.memory),
+                    tunekit.plot_history(), lab.compare(), found.figure]
+        assert said.getvalue() == "", said.getvalue()
+        for fig in figs:
+            fig.show()
+        """
+    out, charts = _run([sys.executable, "-c"], code, tmp_path)
+    assert len(charts) == len(CHARTS) and all(map(str.startswith, charts, CHARTS)), out
