@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..measure.flops import FlopCount, count_flops, sdpa_backward_flops, sdpa_forward_flops
+from ..measure.flops import FlopCount, TunekitFlopCounter, sdpa_backward_flops, sdpa_forward_flops
+from ..measure.interrupts import deferred_interrupt
 from ..memory.tally import SavedTensorTally
 
 
@@ -32,21 +33,24 @@ def probe_step(model: torch.nn.Module, loss_of, x, y, autocast) -> ProbeResult:
     Example: ``probe_step(lab.model, lambda x, y: lab.model(x, y)[1], x, y, nullcontext)``.
     """
     tally = SavedTensorTally(list(model.parameters()), list(model.buffers()))
-    saved = {}
-
-    def step():
-        with tally, autocast():
-            loss = loss_of(x, y)
-        # read before backward, which frees what the forward saved
-        saved.update(acts=tally.activation_bytes, casts=tally.cast_bytes)
-        loss.backward()
-
-    try:
-        fc = count_flops(step)
-    finally:
-        model.zero_grad(set_to_none=True)
-    return ProbeResult(fc, saved["acts"], getattr(model, "attention_ran", None), list(fc.notes),
-                       saved["casts"])
+    counter = TunekitFlopCounter()
+    # The counter and the tally's hooks go on and off whole; only the model's forward and
+    # backward run in the gate (a Ctrl-C there is raised at once, and waits in the clean-up).
+    with deferred_interrupt() as shield:
+        counter.__enter__()
+        try:
+            with tally, autocast():
+                with shield.gate():
+                    loss = loss_of(x, y)
+            # read before backward, which frees what the forward saved
+            acts, casts = tally.activation_bytes, tally.cast_bytes
+            with shield.gate():
+                loss.backward()
+        finally:
+            counter.__exit__(None, None, None)
+            model.zero_grad(set_to_none=True)
+    fc = counter.result()
+    return ProbeResult(fc, acts, getattr(model, "attention_ran", None), list(fc.notes), casts)
 
 
 def add_flash_flops(res: ProbeResult, shape, batch: int, seq_len: int, checkpointing: bool) -> None:

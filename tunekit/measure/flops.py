@@ -223,11 +223,11 @@ def count_flops(fn, *args, **kwargs) -> FlopCount:
     """
     function("fn", fn, "to run once under the counter, e.g. lambda: model(x).sum().backward()")
     counter = TunekitFlopCounter()
-    with deferred_interrupt():
+    with deferred_interrupt() as shield:  # the counter goes on and off whole; only fn runs in the gate
         counter.__enter__()
-    try:
-        fn(*args, **kwargs)
-    finally:
-        with deferred_interrupt():
+        try:
+            with shield.gate():
+                fn(*args, **kwargs)
+        finally:
             counter.__exit__(None, None, None)
     return counter.result()

@@ -1,35 +1,189 @@
 """Ctrl-C that cannot tear measurement state. Measurement layer.
 
-Installing or removing a FLOP counter (a torch dispatch mode plus module hooks) or a memory meter
-takes a few lines; a KeyboardInterrupt between two of them would leave the process measuring
-forever (every later op slowed, every later timing wrong). Inside ``deferred_interrupt()`` a
-SIGINT is only remembered; it is raised as KeyboardInterrupt when the block has finished, so the
-state is either fully set up or fully removed. Outside the main thread (no signals there) it
-does nothing.
+Installing or removing a FLOP counter (a torch dispatch mode plus module hooks), a memory meter,
+a profiler or an IPython hook takes several lines; a KeyboardInterrupt between two of them
+would leave the process measuring forever (every later op slowed, every later timing wrong) or
+lose the record. So a whole entry/exit path runs inside ``deferred_interrupt()``: a SIGINT
+there is only remembered, and raised once the path is consistent again. Only the user's code
+runs interruptible, inside the shield's ``gate()``, which must sit in a ``try`` whose handler
+cleans up::
+
+    with deferred_interrupt() as shield:
+        install()
+        try:
+            with shield.gate():          # a Ctrl-C that came during install() is raised here
+                user_code()
+        finally:
+            uninstall()                  # a second Ctrl-C waits until this is done
+
+Shields nest: an inner one hands a remembered Ctrl-C to an outer one whose gate is shut, and
+raises it where the outer gate is open (inside the user's code of the outer path).
+
+While a gate is open, a signal that lands in a frame of tunekit shuts the gate as it raises, so
+the clean-up that the KeyboardInterrupt is travelling to cannot be cut short by a second Ctrl-C;
+one that lands in the user's code leaves it open (code that catches KeyboardInterrupt and goes
+on stays interruptible). Two kinds of tunekit functions are told apart by their code objects:
+``closes_gate`` functions run their gate shut from their first instruction (a ``__exit__`` or an
+IPython hook that ends a gate opened before it was called), ``opens_gate`` ones leave it open
+when they raise (a hook whose KeyboardInterrupt IPython swallows before running the cell).
+
+Outside the main thread (no signals there), and while SIGINT has a handler other than Python's
+default (a debugger's, the user's own, SIG_IGN), a shield does nothing.
 """
 from __future__ import annotations
 
-import contextlib
+import os
 import signal
+import sys
 import threading
 
+_TUNEKIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_CLOSERS: set = set()
+_OPENERS: set = set()
 
-@contextlib.contextmanager
-def deferred_interrupt():
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received = []
-    try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    except (ValueError, TypeError, OSError):  # no signal support here
-        yield
-        return
-    try:
-        yield
-    except BaseException:
-        signal.signal(signal.SIGINT, previous)
-        raise   # the block's own error wins; a Ctrl-C that came meanwhile is dropped with it
-    signal.signal(signal.SIGINT, previous)
-    if received:
+
+def closes_gate(fn):
+    """Mark ``fn`` as ending a gate: a SIGINT that lands in it waits (``fn`` shuts the gate first)."""
+    _CLOSERS.add(fn.__code__)
+    return fn
+
+
+def opens_gate(fn):
+    """Mark ``fn`` as opening a gate that stays open after it returns: its KeyboardInterrupt
+    leaves the gate open."""
+    _OPENERS.add(fn.__code__)
+    return fn
+
+
+def _code(tracer):
+    return getattr(getattr(tracer, "__func__", tracer), "__code__", None)
+
+
+def _landing(frame):
+    """The frame a signal interrupted. A trace function (a debugger's, coverage's, the tests'
+    injector) runs in a frame of its own: the frame it was tracing is the one that counts."""
+    if frame is not None and frame.f_back is not None and frame.f_code in (
+            _code(sys.gettrace()), _code(frame.f_back.f_trace)):
+        return frame.f_back
+    return frame
+
+
+def _shield_of(handler):
+    """The shield whose handler ``handler`` is, or None."""
+    shield = getattr(handler, "__self__", None)
+    return shield if isinstance(shield, deferred_interrupt) else None
+
+
+def innermost():
+    """The innermost active shield (its handler is SIGINT's), or None."""
+    return _shield_of(signal.getsignal(signal.SIGINT))
+
+
+class deferred_interrupt:
+    """Context manager: SIGINT is remembered inside, raised at the end (or at the next
+    ``gate()``); see the module docstring. ``pending``: a Ctrl-C is waiting.
+
+    Each active shield is SIGINT's handler in turn, and ``previous`` is the one it replaced (the
+    enclosing shield's, or Python's default): installing or removing one is a single switch, so
+    no Ctrl-C can find the chain half-changed."""
+
+    def __init__(self):
+        self.pending = self.open = self.active = False
+        self.previous = None
+
+    @property
+    def outer(self):
+        return _shield_of(self.previous)
+
+    def __enter__(self) -> "deferred_interrupt":
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        now = signal.getsignal(signal.SIGINT)
+        if now is not signal.default_int_handler and _shield_of(now) is None:
+            return self  # someone else's handler (a debugger's, the user's, SIG_IGN): leave SIGINT alone
+        self.active = True
+        self.previous = signal.signal(signal.SIGINT, self._handle)  # a SIGINT before the switch is `now`'s
+        return self
+
+    @closes_gate  # called with the gate open (an IPython hook's shield): shut it before a Ctrl-C can cut in
+    def __exit__(self, etype, exc, tb) -> bool:
+        if not self.active:
+            return False
+        self.active = self.open = False
+        outer = self.outer
+        if signal.getsignal(signal.SIGINT) == self._handle:
+            signal.signal(signal.SIGINT, self.previous)  # a SIGINT before the switch lands in self.pending
+        else:  # ended out of order (an IPython hook's shield), or the user's code replaced the handler
+            self._splice()
+        if self.pending:
+            self.pending = False
+            if outer is not None and outer.active and not outer.open:
+                outer.pending = True   # the outer path raises it when it is consistent
+            elif etype is None:
+                raise KeyboardInterrupt
+        return False  # an exception of the block wins over a Ctrl-C that came meanwhile
+
+    def _splice(self):
+        inner = innermost()
+        while inner is not None and inner.previous != self._handle:
+            inner = inner.outer
+        if inner is not None:
+            inner.previous = self.previous
+            inner.pending = inner.pending or self.pending
+            self.pending = False
+
+    def _handle(self, signum, frame):
+        if not self.open:
+            self.pending = True
+            return
+        frame = _landing(frame)
+        code = frame.f_code if frame is not None else None
+        if code in _CLOSERS:
+            self.pending = True
+            return
+        if code not in _OPENERS and code is not None and code.co_filename.startswith(_TUNEKIT):
+            self.open = False
         raise KeyboardInterrupt
+
+    def gate(self) -> "_Gate":
+        """Context manager: SIGINT raises at once inside (and a remembered one on entry)."""
+        return _Gate(self)
+
+
+class _Gate:
+    __slots__ = ("shield",)
+
+    def __init__(self, shield):
+        self.shield = shield
+
+    def __enter__(self):
+        s = self.shield
+        s.open = True
+        if _take_pending(s):  # a Ctrl-C from the set-up: raised before the user's code starts
+            s.open = False
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        self.shield.open = False
+
+
+def _take_pending(shield) -> bool:
+    """Whether a Ctrl-C waits in ``shield`` or in the shut shields around it (the enclosing
+    paths' set-up), taking it: it is about to be raised."""
+    found = False
+    while shield is not None and shield.active:
+        found, shield.pending = found or shield.pending, False
+        shield = shield.outer
+        if shield is not None and shield.open:  # beyond: the user's code of an outer path
+            break
+    return found
+
+
+def interrupt_pending() -> bool:
+    """True while a Ctrl-C waits in an active shield (the block it came in was interrupted)."""
+    s = innermost()
+    while s is not None:
+        if s.pending:
+            return True
+        s = s.outer
+    return False

@@ -31,7 +31,7 @@ from .conditions import ConditionsMeter
 from .device import device_label, synchronize, torch_if_loaded
 from .energy import EnergyMeter
 from .fingerprint import changed_names, describe, fingerprint, modules_seen, with_body_names
-from .interrupts import deferred_interrupt
+from .interrupts import closes_gate, deferred_interrupt, interrupt_pending
 from .meters import CpuPeak, CudaMeter
 from .oom import explain_and_free, is_oom
 
@@ -80,7 +80,9 @@ def _counting_active() -> bool:
 
 
 class Probe:
-    """Measure one block. ``p.start(); ...; rec = p.stop(exc)``; see `profile()` for the context manager.
+    """Measure one block. ``p.start(); ...; rec = p.stop(exc)``; see `profile()` for the context manager,
+    which also keeps a Ctrl-C from landing between start() returning and stop() (by hand, those
+    lines are the caller's, as after ``open()``).
 
     `fingerprint` is a tuple or a zero-argument callable returning one (taken at `start()`).
     `models`: None, or a zero-argument callable returning the (name, module) pairs the block reads
@@ -117,6 +119,19 @@ class Probe:
 
     # the clock covers exactly start() .. stop(): readings before and after are outside it
     def start(self) -> "Probe":
+        """Start the meters, the counter and the clock. A Ctrl-C meanwhile waits until they are
+        all on; if start() itself raises it (no enclosing tunekit path takes it), the probe is
+        stopped first, the run recorded as interrupted: the caller never gets it to stop."""
+        try:
+            with deferred_interrupt():
+                self._start()
+            return self
+        except KeyboardInterrupt as e:
+            if self.running:
+                self.stop(e)
+            raise
+
+    def _start(self) -> None:
         rec = self.record
         rec.started_at = time.time()
         torch = torch_if_loaded()
@@ -134,28 +149,21 @@ class Probe:
         # block, say) measures the counter too: such a run must not report TFLOPS.
         self.under_counter = _counting_active()
         self.graphs0 = _compiled_graphs()
-        try:
-            with deferred_interrupt():  # meters and counter go on together, or not at all
-                self.cpu, self.cuda = CpuPeak(), CudaMeter()
-                self.cpu.start()
-                self.cuda.start()
-                if self.count_now:
-                    from .flops import TunekitFlopCounter  # imports torch, loaded already
+        self.cpu, self.cuda = CpuPeak(), CudaMeter()
+        self.cpu.start()
+        self.cuda.start()
+        if self.count_now:
+            from .flops import TunekitFlopCounter  # imports torch, loaded already
 
-                    self.counter = TunekitFlopCounter()
-                    self.counter.__enter__()
-                    self.tap = self._start_tap(rec)
-                self.running = True
-                self._start_tracer(rec)
-                self.energy = EnergyMeter(self.cuda.index).start()
-        except KeyboardInterrupt as e:  # Ctrl-C during the set-up: record it, remove it all
-            if self.running:
-                self.stop(e)
-            raise
+            self.counter = TunekitFlopCounter()
+            self.counter.__enter__()
+            self.tap = self._start_tap(rec)
+        self.running = True
+        self._start_tracer(rec)
+        self.energy = EnergyMeter(self.cuda.index).start()
         synchronize()
         self.conditions = ConditionsMeter(self.cuda.index).start()  # reads counters: no state to undo
         self.t0 = time.perf_counter()
-        return self
 
     def _start_tap(self, rec):
         if self._models is None or self.model_flops is not None:  # --model-flops: nothing to derive
@@ -217,6 +225,9 @@ class Probe:
                 rec.notes.append(f"tunekit: {type(e).__name__}: {e}")
         if self.history is not None:
             self.history.append(rec)
+        if exc is None and interrupt_pending():  # after the append: a Ctrl-C from then on is raised, not recorded
+            rec.error = "KeyboardInterrupt"
+            rec.notes.append("Ctrl-C came as the block ended: its figures are complete")
         if sync_error is not None and sync_error is exc:
             raise sync_error  # the block's own (asynchronous) error: recorded, then it reaches the user
         return rec
@@ -272,7 +283,7 @@ class Probe:
             rec.notes.append(why)
         rec.device = device_label(self.index)
         if exc is not None:
-            rec.error = f"{type(exc).__name__}: {exc}"
+            rec.error = type(exc).__name__ + (f": {exc}" if str(exc) else "")
             if is_oom(exc):
                 rec.notes.append(explain_and_free())
 
@@ -413,12 +424,30 @@ class profile:
                            model_flops=model_flops, peak=peak, dtype=dtype, trace=trace, memory=memory,
                            models=models)
 
+    # The shield spans the block: Ctrl-C waits while the probe starts and stops, and its gate is
+    # open for the block itself. A `with` statement cannot run __exit__ for an exception raised
+    # inside __enter__, hence the try; and __exit__ shuts the gate before a Ctrl-C can cut in.
     def __enter__(self) -> ProfileRecord:
-        self.probe.start()
-        return self.probe.record
+        self.shield = shield = deferred_interrupt().__enter__()
+        try:
+            self.probe.start()
+            shield.gate().__enter__()  # a Ctrl-C from the start is raised here
+            return self.probe.record
+        except BaseException as e:
+            try:
+                if self.probe.running:
+                    self.probe.stop(e)
+            finally:
+                shield.__exit__(type(e), e, None)
+            raise
 
+    @closes_gate
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self.probe.stop(exc)
+        self.shield.open = False
+        try:
+            self.probe.stop(exc)
+        finally:
+            self.shield.__exit__(exc_type, exc, tb)  # raises a Ctrl-C that came meanwhile
         return False  # the exception, if any, reaches the caller unchanged
 
 
