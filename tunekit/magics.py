@@ -13,10 +13,15 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from .core.records import ProfileRecord
 from .core.registry import DTYPES
 from .core.summary import Summary
 from .measure.fingerprint import fingerprint, modules_seen, names_read
-from .measure.probe import FLOPS_MODES, Probe, source_key
+from .measure.interrupts import closes_gate, deferred_interrupt, opens_gate
+from .measure.probe import FLOPS_MODES, HISTORY, Probe, source_key
+
+# cells `%gpuprofile on` does not profile: the cell magic measures itself, on/off cells are not workload
+_NOT_PROFILED = ("%gpuprofile", "%%gpuprofile", "%unload_ext", "%reload_ext")
 
 
 @magics_class
@@ -25,6 +30,10 @@ class GpuProfileMagics(Magics):
         super().__init__(shell)
         self.auto_opts = None   # options of `%gpuprofile on`, None when off
         self._probe = None      # the probe of the cell running under `on`
+        self._shield = None     # the running cell's Ctrl-C shield, pre_run_cell to post_run_cell
+        self._cells = {}        # id -> ExecutionInfo of the cells whose pre_run_cell got its shield on
+        self._began = False     # the running cell's %%gpuprofile reached its shield
+        self._fresh = False     # `on` came inside the running cell (its pre_run_cell did not see it)
         self._compiled = {}     # cell text -> compiled code (re-runs skip parse and compile)
         self._args = {}         # option line -> parsed options
 
@@ -67,6 +76,15 @@ class GpuProfileMagics(Magics):
         Results: ``tunekit.history()`` (DataFrame), ``tunekit.last()`` (record).
         """
         __tracebackhide__ = True  # noqa: F841  (keeps this frame out of user tracebacks)
+        # Ctrl-C waits until the probe is on, or off and the cell recorded; the cell itself runs
+        # in the shield's gate. (A Ctrl-C before this line: post_run_cell records the cell.)
+        with deferred_interrupt() as shield:
+            if cell is not None:
+                self._began = True
+            return self._magic(line, cell, shield)
+
+    def _magic(self, line, cell, shield):
+        __tracebackhide__ = True  # noqa: F841
         args = self._args.get(line) or parse_argstring(self.gpuprofile, line)
         if len(self._args) > 256:  # bounded, like the compiled cells
             self._args.clear()
@@ -81,11 +99,11 @@ class GpuProfileMagics(Magics):
             return self._line(args)
         if args.mode:
             raise UsageError("%%gpuprofile takes options, not on/off (that is the line magic %gpuprofile on)")
-        return self._run_cell(args, cell, line)
+        return self._run_cell(args, cell, shield, line)
 
     # --- one cell ------------------------------------------------------------------------------
 
-    def _run_cell(self, args, cell, line=""):
+    def _run_cell(self, args, cell, shield, line=""):
         __tracebackhide__ = True  # noqa: F841
         number = self._cell_number()
         name = args.name or f"In[{number}]"
@@ -109,8 +127,9 @@ class GpuProfileMagics(Magics):
         if exp is None:
             probe.start()
         try:
-            exec(body, ns)
-            result = eval(tail, ns) if tail is not None else None
+            with shield.gate():  # the cell's own code: the one part a Ctrl-C stops at once
+                exec(body, ns)
+                result = eval(tail, ns) if tail is not None else None
         except BaseException as e:  # KeyboardInterrupt too: recorded, then re-raised unchanged
             self._finish(probe, exp, args, e)
             raise
@@ -187,6 +206,10 @@ class GpuProfileMagics(Magics):
             show_trace(rec)
 
     # --- every cell ----------------------------------------------------------------------------
+    # pre_run_cell and post_run_cell run for every cell while the extension is loaded: between
+    # them the cell runs inside a Ctrl-C shield whose gate is open, so that a Ctrl-C landing in
+    # tunekit's own lines (the magic's first line, post_run_cell's first line) cannot tear a
+    # probe or lose a record. IPython swallows a callback's KeyboardInterrupt (it prints it).
 
     def _line(self, args):
         if args.mode is None:
@@ -194,34 +217,42 @@ class GpuProfileMagics(Magics):
         if args.mode == "on":
             if args.experiment or args.trace or args.memory:
                 raise UsageError("--experiment, --trace and --memory are for one cell (%%gpuprofile --trace)")
-            if self.auto_opts is None:
-                self.shell.events.register("pre_run_cell", self.pre_run_cell)
-                self.shell.events.register("post_run_cell", self.post_run_cell)
-            self.auto_opts = args
+            self.auto_opts, self._fresh = args, True
         else:
             self.stop_auto()
 
     def stop_auto(self):
-        if self.auto_opts is not None:
-            self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
-            self.shell.events.unregister("post_run_cell", self.post_run_cell)
-        probe, self._probe = self._probe, None
-        if probe is not None and probe.running:
-            # turned off from inside the profiled cell: close its record now (and its FLOP
-            # counter), since post_run_cell is no longer registered to do it
-            probe.record.notes.append("profiling was turned off inside this cell: measured up to there")
-            probe.stop(None)
-        self.auto_opts = None
+        with deferred_interrupt():
+            probe, self._probe = self._probe, None
+            if probe is not None and probe.running:
+                # turned off from inside the profiled cell: close its record now (and its FLOP
+                # counter), since post_run_cell no longer closes it
+                probe.record.notes.append("profiling was turned off inside this cell: measured up to there")
+                probe.stop(None)
+            self.auto_opts = None
 
+    @opens_gate  # a KeyboardInterrupt here leaves the gate open: IPython runs the cell anyway
     def pre_run_cell(self, info=None, *args):
+        shield = deferred_interrupt().__enter__()
+        if len(self._cells) > 64:  # cells whose post_run_cell never came
+            self._cells.clear()
+        self._cells[id(info)] = info
+        left, self._shield = self._shield, shield
+        if left is not None or self._probe is not None:  # the last cell's post_run_cell never came
+            self._close_left(left)
+        self._began = False
         raw = getattr(info, "raw_cell", "") or ""
-        if raw.lstrip().startswith(("%gpuprofile", "%%gpuprofile", "%unload_ext", "%reload_ext")):
-            return  # the cell magic measures itself; on/off cells are not workload
+        try:
+            if self.auto_opts is not None and not raw.lstrip().startswith(_NOT_PROFILED):
+                self._probe = self._start_probe(raw)
+        finally:
+            shield.open = True  # the cell runs interruptible, also when its probe could not start
+        if shield.pending:  # a Ctrl-C from the lines above: IPython shows it, then runs the cell
+            shield.pending = False
+            raise KeyboardInterrupt
+
+    def _start_probe(self, raw):
         a = self.auto_opts
-        left, self._probe = self._probe, None
-        if left is not None and left.running:  # the last cell's post_run_cell never came
-            left.record.notes.append("closed at the next cell (the cell was interrupted)")
-            left.stop(None)
         code = raw if not raw.lstrip().startswith("%") else ""
         try:
             code = self.shell.transform_cell(raw)
@@ -230,22 +261,72 @@ class GpuProfileMagics(Magics):
         names = names_read(code)
         fp = lambda: fingerprint(self.shell.user_ns, names)  # noqa: E731
         models = lambda: modules_seen(self.shell.user_ns, names)  # noqa: E731
-        self._probe = Probe(f"In[{self.shell.execution_count}]", key=source_key(code), fingerprint=fp,
-                            flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype,
-                            models=models).start()
+        return Probe(f"In[{self.shell.execution_count}]", key=source_key(code), fingerprint=fp,
+                     flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype,
+                     models=models).start()
 
-    def post_run_cell(self, result=None, *args):
+    def _close_left(self, shield):
         probe, self._probe = self._probe, None
-        if probe is None:
-            return
+        if probe is not None and probe.running:
+            probe.record.notes.append("closed at the next cell (the cell was interrupted)")
+            probe.stop(None)
+        if shield is not None:
+            shield.open = shield.pending = False  # that cell is over, and so is its Ctrl-C
+            shield.__exit__(None, None, None)
+
+    @closes_gate  # the cell's gate is still open when IPython calls it: Ctrl-C waits from here on
+    def post_run_cell(self, result=None, *args):
+        shield = self._shield if self._shield is not None else deferred_interrupt().__enter__()
+        shield.open = False
         error = None
-        if result is not None:
-            error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-            if getattr(result, "execution_count", None):  # IPython 9 counted on before pre_run_cell
-                probe.record.name = f"In[{result.execution_count}]"
-        rec = probe.stop(error)
-        if not self.auto_opts.quiet:
-            self._display(rec, compact=True)
+        try:
+            self._record_cell(result)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            self._shield = None
+            shield.__exit__(error and type(error), error, None)  # a Ctrl-C from meanwhile is raised (IPython shows it)
+
+    def _record_cell(self, result):
+        probe, self._probe = self._probe, None
+        began, self._began = self._began, False
+        fresh, self._fresh = self._fresh, False
+        seen = self._cells.pop(id(getattr(result, "info", None)), None) is not None
+        raw = (getattr(getattr(result, "info", None), "raw_cell", None) or "").lstrip()
+        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        number = getattr(result, "execution_count", None)
+        if probe is not None:
+            if number:  # IPython 9 counted on before pre_run_cell
+                probe.record.name = f"In[{number}]"
+            if probe.running:
+                rec = probe.stop(error)
+                if self.auto_opts is not None and not self.auto_opts.quiet:
+                    self._display(rec, compact=True)
+        elif raw.startswith("%%gpuprofile") and not began and isinstance(error, KeyboardInterrupt):
+            self._unmeasured(self._cell_name(raw, number), "interrupted before %%gpuprofile started")
+        elif self.auto_opts is not None and not fresh and not seen and raw \
+                and not raw.startswith(_NOT_PROFILED):
+            self._unmeasured(f"In[{number}]", "a Ctrl-C stopped tunekit before the cell; IPython ran it "
+                                              "anyway, unmeasured")
+
+    def _cell_name(self, raw, number):
+        try:
+            name = parse_argstring(self.gpuprofile, raw.splitlines()[0][len("%%gpuprofile"):]).name
+        except Exception:  # a bad option line: the cell has no name of its own
+            name = None
+        return name or f"In[{number}]"
+
+    @staticmethod
+    def _unmeasured(name, why):
+        HISTORY.append(ProfileRecord(name=name, error="KeyboardInterrupt", notes=[f"{why}: nothing measured"]))
+
+    def end_cell(self):
+        """End the running cell's shield now (unload: its post_run_cell will not come)."""
+        shield, self._shield = self._shield, None
+        if shield is not None:
+            shield.open = False
+            shield.__exit__(None, None, None)
 
 
 def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
@@ -262,9 +343,12 @@ def load_ipython_extension(ip):
     """``%load_ext tunekit``: register the magics once, however often it is called."""
     if _STATE["magics"] is not None:
         return
-    magics = GpuProfileMagics(ip)
-    ip.register_magics(magics)
-    _STATE["magics"] = magics
+    with deferred_interrupt():  # registered whole, or not at all
+        magics = GpuProfileMagics(ip)
+        ip.register_magics(magics)
+        ip.events.register("pre_run_cell", magics.pre_run_cell)
+        ip.events.register("post_run_cell", magics.post_run_cell)
+        _STATE["magics"] = magics
 
 
 def unload_ipython_extension(ip):
@@ -272,8 +356,12 @@ def unload_ipython_extension(ip):
     magics = _STATE["magics"]
     if magics is None:
         return
-    magics.stop_auto()
-    for kind in ("line", "cell"):
-        ip.magics_manager.magics[kind].pop("gpuprofile", None)
-    ip.magics_manager.registry.pop(type(magics).__name__, None)
-    _STATE["magics"] = None
+    with deferred_interrupt():  # removed whole
+        magics.stop_auto()
+        ip.events.unregister("pre_run_cell", magics.pre_run_cell)
+        ip.events.unregister("post_run_cell", magics.post_run_cell)
+        for kind in ("line", "cell"):
+            ip.magics_manager.magics[kind].pop("gpuprofile", None)
+        ip.magics_manager.registry.pop(type(magics).__name__, None)
+        _STATE["magics"] = None
+        magics.end_cell()
