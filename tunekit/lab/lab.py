@@ -36,7 +36,7 @@ from ..measure.energy import Energy, EnergyMeter
 from ..measure.flops import counting_active
 from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
-from ..measure.oom import ADVICE, free_memory, is_oom
+from ..measure.oom import ADVICE, drop_frames, free_memory, is_oom
 from ..measure.timing import time_repeats
 from ..models.adapters import adapt, dry_step
 from ..models.data import Batcher
@@ -340,12 +340,28 @@ class Lab:
         Lab's current weights, and training on its slice of the global batch (``micro_batch``
         per rank); ``link={"bandwidth": "50mbit", "latency": "1ms"}`` puts each node in its own
         network namespace. The Lab's own model is not changed by such a run.
+
+        Ctrl-C stops a run in its steps (the FLOP probe's, the warm-up, the timed and the traced
+        ones); while it sets up, records or cleans up it waits, a second Ctrl-C too. An
+        interrupted run is not a run: it is not recorded, it is undone (with ``guard``), and its
+        tensors are freed even while Jupyter keeps the KeyboardInterrupt (its traceback then ends
+        here, with a note saying where it stopped).
         """
         if parallel is not None or nproc != 1 or nodes != 1 or link is not None:
             if trace or memory:
                 raise ToggleError(["trace/memory trace one process's step: not available with parallel=... "
                                    "(trace a single-process run of the same toggles instead)."])
             return self._run_distributed(steps, warmup, progress, parallel, nproc, nodes, link, changes)
+        # Ctrl-C waits while the run sets up, records or is undone: only its steps run in the gate
+        with deferred_interrupt() as shield:
+            try:
+                return self._run(shield, steps, warmup, progress, guard, trace, memory, changes)
+            except KeyboardInterrupt as e:  # undone in _run; what its traceback held goes now
+                drop_frames(e)
+                free_memory(self.device)
+                raise
+
+    def _run(self, shield, steps, warmup, progress, guard, trace, memory, changes) -> RunResult:
         t = self.resolve(**changes)
         errors = self.check(t, steps, warmup)
         for what, flag in (("guard", guard), ("trace", trace), ("memory", memory)):
@@ -364,9 +380,10 @@ class Lab:
         try:
             probe, flops_source = self._probe(t)
             warm = []
-            for i in range(warmup):
-                warm.append(self.train_step(t))
-                _check(warm[-1], f"the loss of warm-up step {i + 1}")
+            with shield.gate():
+                for i in range(warmup):
+                    warm.append(self.train_step(t))
+                    _check(warm[-1], f"the loss of warm-up step {i + 1}")
             measured = self.measure_steps(t, steps, progress)
             if trace or memory:
                 measured.trace, measured.memory = self.traced_step(t, median(measured.times), trace, memory)
@@ -381,8 +398,7 @@ class Lab:
                                   notes, snap)
             raise NonFiniteRunError(result.error, result) from None
         except BaseException as e:
-            with deferred_interrupt():
-                self.recover()
+            self._undo(e, snap)
             if is_oom(e):
                 free_memory(self.device)
                 e.add_note(f"tunekit: lab.run ran out of memory at micro_batch={t.micro_batch}, "
@@ -391,6 +407,14 @@ class Lab:
             raise
         measured.losses[:0] = warm
         return self._record(t, warmup, measured, probe, flops_source, notes, snap)
+
+    def _undo(self, e: BaseException, snap) -> None:
+        """After a run that failed: no gradients left. One interrupted (Ctrl-C) is not a run: it
+        is not recorded, and it is undone (with ``guard``); run() then frees its tensors, also
+        those its traceback held (cut below run(), with a note saying where it stopped)."""
+        self.recover()
+        if isinstance(e, KeyboardInterrupt) and snap is not None:
+            snap.restore()
 
     def _run_distributed(self, steps, warmup, progress, parallel, nproc, nodes, link, changes):
         from ..core.comm import layout_problems
@@ -441,29 +465,30 @@ class Lab:
         """``steps`` timed training steps under ``t`` (applied already), with the peak memory of
         the device over them. The peak meter always stops, also when a step fails; a step whose
         loss is not finite stops the steps (``_NonFinite``)."""
-        meter = DeviceMeter(self.device, self.cuda_index).start()
-        slowed = counting_active()  # an enclosing %%gpuprofile's first run is counting
-        losses, peak = [], None
-        energy = EnergyMeter(self.cuda_index).start()
-        conditions = ConditionsMeter(self.cuda_index)
+        with deferred_interrupt() as shield:  # the meter goes on and off whole; the steps run in the gate
+            meter = DeviceMeter(self.device, self.cuda_index).start()
+            slowed = counting_active()  # an enclosing %%gpuprofile's first run is counting
+            losses, peak = [], None
+            energy = EnergyMeter(self.cuda_index).start()
+            conditions = ConditionsMeter(self.cuda_index)
 
-        def tick(i, _s):  # after the step's clock: the finiteness check syncs, the clock did too
-            _check(losses[-1], f"the loss of step {i + 1}")
-            if progress is not None:
-                progress(i + 1, steps)
+            def tick(i, _s):  # after the step's clock: the finiteness check syncs, the clock did too
+                _check(losses[-1], f"the loss of step {i + 1}")
+                if progress is not None:
+                    progress(i + 1, steps)
 
-        try:
-            if progress is not None:
-                progress(0, steps)  # warm-up and FLOP count are done: the clock starts
-            conditions.start()
-            t0 = time.perf_counter()
-            times = time_repeats(lambda: losses.append(self.train_step(t)), self.device,
-                                 warmup=0, repeats=steps, after_each=tick)
-            wall = time.perf_counter() - t0
-            cond = conditions.stop(wall)
-            used = energy.stop(wall)
-        finally:
-            with deferred_interrupt():
+            try:
+                with shield.gate():
+                    if progress is not None:
+                        progress(0, steps)  # warm-up and FLOP count are done: the clock starts
+                    conditions.start()
+                    t0 = time.perf_counter()
+                    times = time_repeats(lambda: losses.append(self.train_step(t)), self.device,
+                                         warmup=0, repeats=steps, after_each=tick)
+                    wall = time.perf_counter() - t0
+                cond = conditions.stop(wall)
+                used = energy.stop(wall)
+            finally:
                 peak = meter.stop()
         return Steps(times, losses, peak, meter.source, slowed, used, meter.last, conditions=cond)
 
@@ -472,15 +497,17 @@ class Lab:
         None); ``step_s``, the untraced step time, gives the profiler's overhead."""
         from ..measure.trace import Tracer
 
-        tracer = Tracer(f"lab-{label(t, self.resolve())}", trace, memory, self.cuda_index).start()
-        losses = []
-        try:
-            wall = time_repeats(lambda: losses.append(self.train_step(t)), self.device, warmup=0, repeats=1)[0]
-        except BaseException:
-            with deferred_interrupt():
+        with deferred_interrupt() as shield:  # the profiler goes on and off whole; the step runs in the gate
+            tracer = Tracer(f"lab-{label(t, self.resolve())}", trace, memory, self.cuda_index).start()
+            losses = []
+            try:
+                with shield.gate():
+                    wall = time_repeats(lambda: losses.append(self.train_step(t)), self.device, warmup=0,
+                                        repeats=1)[0]
+            except BaseException:
                 tracer.stop(math.nan)
-            raise
-        breakdown, timeline = tracer.stop(wall)
+                raise
+            breakdown, timeline = tracer.stop(wall)
         _check(losses[0], "the loss of the traced step")
         if breakdown is not None:
             breakdown.untimed_wall_s, breakdown.overhead = step_s, wall / step_s - 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import psutil
@@ -28,7 +29,7 @@ from ..core.validate import is_whole
 from ..measure.device import now_s
 from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
-from ..measure.oom import free_memory, is_oom, memory_now_bytes
+from ..measure.oom import drop_frames, free_memory, is_oom, memory_now_bytes
 from ..measure.torch_private import cuda_memory_history
 from ..measure.trace import prune_snapshots, save_snapshot
 from .toggles import ToggleError, normalized
@@ -76,7 +77,16 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
 
     ``progress(trial)`` is called after each trial. Example:
     ``lab.find_max_batch_size(memory_budget_bytes=2**30)`` on CPU: at most 1 GiB above baseline.
+    Ctrl-C stops it: no gradients are left and its memory is freed, also what its traceback holds.
     """
+    # Ctrl-C waits while the search sets up and cleans up: only the trials' steps run in the gate
+    with deferred_interrupt() as shield:
+        return _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
+                     changes)
+
+
+def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
+          changes) -> MaxBatchResult:
     t = lab.resolve(**changes)
     errors = []
     if not (is_whole(start) and is_whole(limit)) or not 1 <= start <= limit:
@@ -111,23 +121,26 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
         notes.append(f"no allocator snapshot on {dev.type}: torch.cuda.memory snapshots are CUDA only")
 
     def attempt(b: int) -> bool:
-        trial = _trial(lab, t.replace(micro_batch=b), baseline, budget, result.trials, history)
+        trial = _trial(lab, t.replace(micro_batch=b), baseline, budget, result.trials, history, shield=shield)
         result.trials.append(trial)
         if progress is not None:
-            progress(trial)
+            with shield.gate():
+                progress(trial)
         return trial.fits
 
     if history:
         cuda_memory_history(True)
     try:
         _search(attempt, start, limit, result)
+    except KeyboardInterrupt as e:  # the trial's tensors its traceback holds go too (kept as a note)
+        drop_frames(e)
+        raise
     finally:  # also after Ctrl-C or an error: no gradients left, memory back to the baseline
-        with deferred_interrupt():
-            if history:
-                cuda_memory_history(False)
-            lab.recover()
-            free_memory(dev)
-            result.after_bytes = memory_now_bytes(dev)
+        if history:
+            cuda_memory_history(False)
+        lab.recover()
+        free_memory(dev)
+        result.after_bytes = memory_now_bytes(dev)
     if any(trial.snapshot for trial in result.trials):
         notes.extend(filter(None, [prune_snapshots()]))
     return result
@@ -169,7 +182,7 @@ def _predict_used(b: int, trials: list) -> float | None:
     return u2 + slope * (b - b2)
 
 
-def _trial(lab, t, baseline: int, budget, trials, history: bool = False) -> Trial:
+def _trial(lab, t, baseline: int, budget, trials, history: bool = False, *, shield=None) -> Trial:
     dev = lab.device
     predicted = _predict_used(t.micro_batch, trials) if budget is not None else None
     if predicted is not None and predicted > _PREDICT_MARGIN * budget:
@@ -181,7 +194,8 @@ def _trial(lab, t, baseline: int, budget, trials, history: bool = False) -> Tria
     try:
         # the lab's (calibrated) scaler: a fresh one at 2**16 may skip the step as inf, and a
         # skipped step allocates no optimizer state, so the trial would look smaller than it is
-        lab.train_step(t)
+        with shield.gate() if shield is not None else nullcontext():
+            lab.train_step(t)
     except Exception as exc:  # decide outside the handler: its traceback pins the tensors
         lab.recover()  # an OOM can leave half-made gradients and a scaler mid-step
         if not is_oom(exc):

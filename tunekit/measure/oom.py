@@ -9,6 +9,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
+import traceback
 
 from .device import cuda_device_index, torch_if_loaded
 from .meters import cpu_rss_bytes
@@ -66,6 +68,24 @@ def memory_now_bytes(device) -> int:
     if getattr(device, "type", str(device)) == "cuda":
         return torch_if_loaded().cuda.memory_allocated(device)
     return cpu_rss_bytes()
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Cut ``exc``'s traceback below the frame handling it, so that the frames it came through
+    can go: a traceback that is kept (IPython's ``sys.last_traceback``, ``pytest.raises``) would
+    keep the failed step's tensors alive. Clearing those frames' variables is not enough: a frame
+    keeps its function, and torch's module calls hold their arguments in closures. Where it
+    came from stays, as a note."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_next is not None:
+            inner = traceback.extract_tb(tb.tb_next)[-3:]
+            exc.add_note("tunekit: stopped in " + " < ".join(
+                f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(inner)))
+            tb.tb_next = None
+        exc = exc.__context__
 
 
 def explain_and_free(device=None) -> str:
