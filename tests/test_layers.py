@@ -23,7 +23,7 @@ LAYERS = {
     "models.gpt": MODELS, "models.data": MODELS, "models.adapters": MODELS, "lab.optimizers": MODELS,
     **{f"measure.{m}": MEASURE for m in ("device", "meters", "nvml", "torch_private", "flops",
                                           "fingerprint", "peaks", "timing", "oom", "probe", "interrupts",
-                                          "energy", "trace", "conditions")},
+                                          "energy", "trace", "conditions", "memavail")},
     "memory.tally": MEASURE, "memory.measure": MEASURE, "lab.step": MEASURE,
     "lab.lab": ENGINE, "lab.maxbatch": ENGINE, "lab.guard": ENGINE, "lab.precision": ENGINE,
     "bench._frame": ENGINE, "bench._rank": ENGINE,
