@@ -25,7 +25,7 @@ LAYERS = {
                                           "fingerprint", "peaks", "timing", "oom", "probe", "interrupts",
                                           "energy", "trace", "conditions", "memavail")},
     "memory.tally": MEASURE, "memory.measure": MEASURE, "lab.step": MEASURE,
-    "lab.lab": ENGINE, "lab.maxbatch": ENGINE, "lab.guard": ENGINE, "lab.precision": ENGINE,
+    "lab.lab": ENGINE, "lab.maxbatch": ENGINE, "lab.guard": ENGINE, "lab.precision": ENGINE, "lab.fit": ENGINE,
     "bench._frame": ENGINE, "bench._rank": ENGINE,
     "bench.allreduce": ENGINE, "bench.compute": ENGINE, "bench.host": ENGINE,
     "lab.autotune": ENGINE, "dist.netns": ENGINE, "lab.autotune_view": UI,
