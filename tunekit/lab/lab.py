@@ -36,11 +36,12 @@ from ..measure.energy import Energy, EnergyMeter
 from ..measure.flops import counting_active
 from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
-from ..measure.oom import ADVICE, free_memory, is_oom
+from ..measure.oom import ADVICE, drop_frames, free_memory, is_oom
 from ..measure.timing import time_repeats
 from ..models.adapters import adapt, dry_step
 from ..models.data import Batcher
 from ..models.gpt import GPT, GPTConfig
+from . import fit
 from .guard import NonFiniteRunError, Snapshot, _check, _NonFinite, weights_finite
 from .optimizers import build_optimizer, state_bytes, unavailable_optimizers
 from .precision import autocast, matmul_precision
@@ -327,8 +328,11 @@ class Lab:
         raise ``ToggleError`` (a ValueError) whose ``problems`` explain why, before any work.
         A step whose loss (or, at the end, a weight) is NaN/inf stops the run: it is recorded as
         failed and, with ``guard`` (the default), weights, optimizer and scaler are put back as
-        they were before the run; then ``NonFiniteRunError`` is raised. An out-of-memory error
-        leaves no gradients behind, frees the memory and says what to try. ``trace``/``memory``:
+        they were before the run; then ``NonFiniteRunError`` is raised. A step whose estimated
+        peak memory exceeds the memory available is refused before anything is allocated
+        (``WontFitError``, a ToggleError: the estimate, the limit, what to try; tunekit.lab.fit).
+        An out-of-memory error that still happens leaves no gradients behind, frees the memory,
+        puts weights and optimizer back (with ``guard``) and says what to try. ``trace``/``memory``:
         one extra step after the timed ones runs under torch.profiler (``result.trace``, a
         Breakdown with the profiler's overhead against the timed steps; ``result.memory``, a
         MemoryTimeline); it does not count in tokens/s.
@@ -360,6 +364,8 @@ class Lab:
             warmup = 1
             notes.append("warm-up raised to 1: the first compiled step compiles")
         self.recover()  # a run that failed earlier (OOM, Ctrl-C) may have left gradients
+        # before the FLOP probe and the steps allocate: a CPU out-of-memory kills the process
+        fit.check(self, t, guard)
         snap = Snapshot.take(self) if guard else None
         try:
             probe, flops_source = self._probe(t)
@@ -384,10 +390,15 @@ class Lab:
             with deferred_interrupt():
                 self.recover()
             if is_oom(e):
+                drop_frames(e)  # a kept traceback (Jupyter keeps the last) would pin the step's tensors
                 free_memory(self.device)
+                undone = ""
+                if snap is not None:
+                    snap.restore()  # an optimizer step cut short may have updated some weights
+                    undone = " weights, optimizer and scaler are back as before the run;"
                 e.add_note(f"tunekit: lab.run ran out of memory at micro_batch={t.micro_batch}, "
-                           f"seq_len={t.seq_len}; its gradients were dropped and memory freed. {ADVICE}; "
-                           "lab.find_max_batch_size() finds the largest micro-batch that fits.")
+                           f"seq_len={t.seq_len}; its gradients were dropped and memory freed;{undone} "
+                           f"{ADVICE}; lab.find_max_batch_size() finds the largest micro-batch that fits.")
             raise
         measured.losses[:0] = warm
         return self._record(t, warmup, measured, probe, flops_source, notes, snap)
@@ -419,6 +430,7 @@ class Lab:
         if errors:
             raise ToggleError(errors)
         t = normalized(t)
+        fit.check_distributed(self, t, parallel, nproc, nodes)  # before any rank starts
         self.log.check_writable()
         peak = self._peak(compute_dtype(t, self.device.type))
         import tempfile
