@@ -41,8 +41,7 @@ def rows(rec) -> list[tuple[str, str]]:
         out.append(("experiment", leak))
     if getattr(rec, "trace", None) is not None:
         t = rec.trace
-        over = "unknown" if is_missing(t.overhead) else f"{t.overhead:+.0%}"
-        out.append(("trace", f"{t.short()} · profiler overhead {over}"))
+        out.append(("trace", f"{t.short()} · profiler overhead {t.overhead_text()}"))
     if getattr(rec, "memory", None) is not None:
         out.append(("memory", rec.memory.short()))
     if not is_missing(getattr(rec, "energy_j", None)):

@@ -440,7 +440,7 @@ class Lab:
         breakdown, timeline = tracer.stop(wall)
         _check(losses[0], "the loss of the traced step")
         if breakdown is not None:
-            breakdown.untimed_wall_s, breakdown.overhead = step_s, wall / step_s - 1
+            breakdown.compare_with(step_s)
             breakdown.notes.append("one extra step after the timed ones; overhead against their median")
         return breakdown, timeline
 

@@ -232,7 +232,7 @@ class Probe:
                 rec.trace.notes.append("profiler overhead unknown: no untraced run of this block to "
                                        "compare with (run it once without --trace)")
             else:
-                rec.trace.untimed_wall_s, rec.trace.overhead = last, rec.wall_s / last - 1
+                rec.trace.compare_with(last)
 
     def _read_memory(self, rec, exc) -> None:
         rss_delta, peak_delta = self.cpu.stop()
