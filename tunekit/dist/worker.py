@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ..core import formulas, registry
+from ..core.bounds import above_peak
 from ..core.comm import expected_comm, layout_problems, total_by
 from ..lab.optimizers import build_optimizer, unavailable_optimizers
 from ..lab.precision import autocast, matmul_precision
@@ -424,6 +425,7 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
         losses=losses)
     if not all(math.isfinite(v) for v in losses):
         fields.update(status="failed", error="a loss was not finite")
+    fields["above_peak"] = above_peak(fields["mfu"], fields["hfu"], peak_tflops, source)  # the Lab re-checks
     return RunResult(**fields)
 
 
