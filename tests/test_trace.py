@@ -376,6 +376,23 @@ def test_a_trace_writes_nothing_to_stderr(tmp_path):
     assert out.stderr == "" and out.stdout.strip() == "None"
 
 
+def test_nothing_is_imported_while_the_tracer_starts(tmp_path):
+    # an import while the memory profiler records Python frames garbles torch's event names
+    # (UnicodeDecodeError reading them, the trace lost); record_function's first call in a process
+    # imports torch code, so the tracer's marker runs once before the profiler starts
+    import subprocess
+    import sys
+
+    code = ("import sys, pathlib, torch, tunekit\nfrom tunekit.measure.trace import Tracer\n"
+            "enter, seen = torch.profiler.profile.__enter__, []\n"
+            "def spy(self):\n    out = enter(self)\n    seen.append(set(sys.modules))\n    return out\n"
+            "torch.profiler.profile.__enter__ = spy\n"
+            f"tr = Tracer('x', memory=True, folder=pathlib.Path({str(tmp_path)!r})).start()\n"
+            "late = sorted(set(sys.modules) - seen[0])\ntr.stop(1e-3)\nprint(late)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 # --- on a real GPU (run with the device tool; skipped without CUDA) ----------------------------------
 
 

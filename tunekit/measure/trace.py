@@ -144,11 +144,14 @@ class Tracer:
             from .torch_private import cpp_min_log_level
 
             self.log_level = cpp_min_log_level(2)
+        # record_function's first call in a process imports torch code; an import while the
+        # memory profiler records Python frames garbles torch's event names (UnicodeDecodeError
+        # when they are read): mark once before the trace starts, then the marker inside it
+        _mark()
         try:
             with _quiet_kineto():
                 self.prof.__enter__()
-            with torch.autograd.profiler.record_function(MARK):
-                pass
+            _mark()
         except BaseException:
             self._cleanup()
             raise
@@ -318,6 +321,11 @@ def breakdown_from_events(events, wall_s: float, device: str = "cpu", top: int =
                   key=lambda r: -r["self_s"])
     return Breakdown(device=device, wall_s=wall_s, seconds=seconds, top_ops=rows[:top], untraced_s=untraced,
                      notes=notes)
+
+
+def _mark() -> None:
+    with torch.autograd.profiler.record_function(MARK):
+        pass
 
 
 def _block_thread(events):
