@@ -81,7 +81,7 @@ rec = tunekit.last()
 b = rec.trace
 print(f"traced step: {b.wall_s * 1e3:.1f} ms; the categories add up to {b.total_s() / b.wall_s:.0%} of it"
       + (f", the rest is Python between ops ({b.untraced_s * 1e3:.1f} ms)" if not GPU else " (idle included)"))
-print(f"profiler overhead against the untraced run: {b.overhead:+.0%} (one run against one: on shared "
+print(f"profiler overhead against the untraced run: {b.overhead_text()} (one run against one: on shared "
       "cores mostly noise; the Lab below compares with the median of its timed steps)")
 assert abs(b.total_s() - b.wall_s) <= 0.10 * b.wall_s   # every op counted once, by its self time
 b.frame().round(4)
@@ -193,7 +193,7 @@ print(f"At the peak, {largest} hold {at_peak[largest] / peak:.0%} of the memory"
 
 # %%
 run = lab.run(steps=2, warmup=0, trace=True)
-print(f"lab.run trace: {run.trace.short()}; profiler overhead {run.trace.overhead:+.0%}")
+print(f"lab.run trace: {run.trace.short()}; profiler overhead {run.trace.overhead_text()}")
 
 # %% [markdown]
 # ## 4. Energy

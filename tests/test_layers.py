@@ -16,7 +16,7 @@ NAMES = ["pure core", "models", "measurement", "engine", "UI"]
 # module (dotted, under tunekit.) -> layer; package __init__ files are facades (re-exports)
 LAYERS = {
     **{f"core.{m}": CORE for m in ("units", "formulas", "specs", "registry", "shapes", "records",
-                                    "summary", "advisor", "validate", "breakdown", "conditions", "paths")},
+                                    "summary", "advisor", "validate", "breakdown", "conditions", "paths", "bounds")},
     "core.comm": CORE, "dist.spec": MODELS, "measure.comm": MEASURE,
     "dist.worker": ENGINE, "dist.launch": ENGINE,
     "memory.estimate": CORE, "memory.gpt_count": CORE, "memory.hf_count": CORE, "lab.toggles": CORE, "lab.runlog": CORE,
