@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -126,9 +127,13 @@ def test_non_finite_run_is_stopped_recorded_and_undone(lab):
     assert [r["status"] for r in tunekit.lab.runlog.read_records(lab.log_path)[0]] == ["ok", "failed", "ok"]
 
 
-def test_snapshot_cost_is_recorded(lab):
+def test_snapshot_cost_is_recorded(lab, monkeypatch):
+    from tunekit.lab import guard
+
+    clock = iter([100.0, 100.25])   # the snapshot's two clock reads, injected: 0.25 s
+    monkeypatch.setattr(guard, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     r = lab.run(steps=1, warmup=0)
-    assert 0 < r.guard_s < 1.0
+    assert r.guard_s == 0.25
     assert lab.run(steps=1, warmup=0, guard=False).guard_s is None
 
 
