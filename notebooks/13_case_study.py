@@ -201,7 +201,8 @@ if comm is not None:
         'have the same 2 ranks, and this GPT computes a step in tens of milliseconds, so the all-reduce over 50 Mbit/s '
         'is pure cost. What carries over is the ordering of the two 2-node rungs and the size of '
         'the step off the slow link; whether HYBRID_SHARD beats one node depends on compute per byte crossing it.'))
-    assert cv[1].word == 'helped' and cv[3].word == 'helped'
+    # what is asserted is what the bytes decide, exactly; the verdicts above are measurements, shown
+    # whatever they say (a busy machine can leave any of them within noise)
     assert fs.MB_across_nodes > 2 * hy.MB_across_nodes and one.MB_across_nodes == 0
 
 # %% [markdown]

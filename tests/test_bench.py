@@ -121,11 +121,13 @@ def test_compile_on_off_eager_backend():
     df = bench.compile_on_off(width=16, depth=1, tokens=8, backend="eager", warmup=1, repeats=2)
     _well_formed(df, "compile", 2)
     assert df["median_s"].notna().all() and df["compile_s"].iloc[1] > 0
+    assert df["times"].map(len).tolist() == [2, 2]   # every repeat kept, for tunekit.verdict
 
 
 def test_compile_failure_is_a_note_not_a_crash():
     df = bench.compile_on_off(width=16, depth=1, tokens=8, backend="no-such-backend", repeats=1)
     assert math.isnan(df["median_s"].iloc[1]) and "skipped" in df.attrs["notes"][0]
+    assert df["times"].map(len).tolist() == [1, 0]   # the one eager repeat; nothing compiled
 
 
 @pytest.mark.slow  # spawns two ranks that import torch and rendezvous over gloo: 4.5-11 s
