@@ -238,6 +238,30 @@ def test_interrupts_at_many_timings_leave_no_counter_hooks_or_meters():
     assert clean == "True", state
 
 
+def test_ctrl_c_between_the_set_up_and_the_clock_leaves_nothing_installed(monkeypatch):
+    # the window the many-timings test above hit under load (tools/busy.py): after the deferred
+    # set-up, before the clock starts. A Ctrl-C landing there is injected, not timed
+    from torch.nn.modules import module as M
+
+    class Interrupted:   # the conditions meter starts last, just before the clock
+        def __init__(self, *args):
+            pass
+
+        def start(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(probe, "ConditionsMeter", Interrupted)
+    hooks = len(M._global_forward_hooks), len(M._global_forward_pre_hooks)
+    x = torch.randn(4, 4)
+    with pytest.raises(KeyboardInterrupt):
+        with tunekit.profile(name="cut", flops="always"):
+            x @ x
+    assert dispatch_mode_stack() == [] and meters._ACTIVE_CPU == [] and meters._ACTIVE_CUDA == []
+    assert (len(M._global_forward_hooks), len(M._global_forward_pre_hooks)) == hooks
+    rec = tunekit.last()   # recorded, with no time: the clock never started
+    assert rec.name == "cut" and rec.error.startswith("KeyboardInterrupt") and math.isnan(rec.wall_s)
+
+
 def test_interrupted_lab_run_and_search_leave_no_gradients(lab):
     lab.run(steps=1, warmup=0)
     real = lab.train_step
