@@ -262,6 +262,31 @@ def test_ctrl_c_between_the_set_up_and_the_clock_leaves_nothing_installed(monkey
     assert rec.name == "cut" and rec.error.startswith("KeyboardInterrupt") and math.isnan(rec.wall_s)
 
 
+def test_ctrl_c_while_count_flops_installs_its_counter_removes_it(monkeypatch):
+    # a SIGINT during the set-up is deferred to its end and raised there: the counter is in place
+    # by then and must still come off
+    import signal
+
+    from torch.nn.modules import module as M
+
+    from tunekit.measure import flops
+
+    real = flops.TunekitFlopCounter.__enter__
+
+    def enter_then_ctrl_c(self):
+        out = real(self)
+        signal.raise_signal(signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(flops.TunekitFlopCounter, "__enter__", enter_then_ctrl_c)
+    hooks = len(M._global_forward_hooks), len(M._global_forward_pre_hooks)
+    ran = []
+    with pytest.raises(KeyboardInterrupt):
+        tunekit.count_flops(lambda: ran.append(1))
+    assert ran == [] and dispatch_mode_stack() == []   # the function never ran, the counter is gone
+    assert (len(M._global_forward_hooks), len(M._global_forward_pre_hooks)) == hooks
+
+
 def test_interrupted_lab_run_and_search_leave_no_gradients(lab):
     lab.run(steps=1, warmup=0)
     real = lab.train_step

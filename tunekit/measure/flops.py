@@ -220,12 +220,14 @@ def count_flops(fn, *args, **kwargs) -> FlopCount:
         fc = count_flops(lambda: model(x).sum().backward())
         fc.executed, fc.model
     """
-    counter = TunekitFlopCounter()
-    with deferred_interrupt():
-        counter.__enter__()
-    try:
+    counter, entered = TunekitFlopCounter(), False
+    try:   # entered inside the try: a Ctrl-C raised as the deferred block ends still removes it
+        with deferred_interrupt():
+            counter.__enter__()
+            entered = True
         fn(*args, **kwargs)
     finally:
-        with deferred_interrupt():
-            counter.__exit__(None, None, None)
+        if entered:
+            with deferred_interrupt():
+                counter.__exit__(None, None, None)
     return counter.result()
