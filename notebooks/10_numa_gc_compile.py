@@ -106,7 +106,8 @@ else:
     v = tunekit.verdict(eager.times, comp.times)   # eager -> compiled, 7 repeats each
     print(f'eager -> compiled: {v}; first call took {comp.compile_s:.2f} s')
     print(f'break-even after {comp.compile_s / saved:,.0f} steps' if v.word == 'helped' else
-          'no speed-up to amortize beyond the noise: this tiny MLP is two matmuls that eager already runs well; '
+          ('compiled is slower here, nothing to amortize' if v.word == 'hurt' else 'no speed-up beyond the noise to amortize')
+          + ': this tiny MLP is two matmuls that eager already runs well; '
           'compile pays off when many small elementwise ops can be fused (norms, activations, attention glue).')
 
 # %% [markdown]
