@@ -222,12 +222,14 @@ def count_flops(fn, *args, **kwargs) -> FlopCount:
         fc.executed, fc.model
     """
     function("fn", fn, "to run once under the counter, e.g. lambda: model(x).sum().backward()")
-    counter = TunekitFlopCounter()
-    with deferred_interrupt():
-        counter.__enter__()
-    try:
+    counter, entered = TunekitFlopCounter(), False
+    try:   # entered inside the try: a Ctrl-C raised as the deferred block ends still removes it
+        with deferred_interrupt():
+            counter.__enter__()
+            entered = True
         fn(*args, **kwargs)
     finally:
-        with deferred_interrupt():
-            counter.__exit__(None, None, None)
+        if entered:
+            with deferred_interrupt():
+                counter.__exit__(None, None, None)
     return counter.result()

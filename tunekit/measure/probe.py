@@ -111,7 +111,7 @@ class Probe:
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
         self.history = history
         self.counter = None
-        self.conditions = None
+        self.conditions = self.t0 = None
         self.running = False
         self.record = ProfileRecord(name=name)
 
@@ -148,13 +148,16 @@ class Probe:
                 self.running = True
                 self._start_tracer(rec)
                 self.energy = EnergyMeter(self.cuda.index).start()
-        except KeyboardInterrupt as e:  # Ctrl-C during the set-up: record it, remove it all
+            # still inside the try: a Ctrl-C landing after the deferred block (or a device error
+            # from earlier work) is raised here, and would otherwise leave start() with the counter
+            # and meters installed, since a `with` whose __enter__ raised never calls __exit__
+            synchronize()
+            self.conditions = ConditionsMeter(self.cuda.index).start()  # reads counters: no state to undo
+            self.t0 = time.perf_counter()
+        except BaseException as e:  # Ctrl-C or an error during the set-up: record it, remove it all
             if self.running:
                 self.stop(e)
             raise
-        synchronize()
-        self.conditions = ConditionsMeter(self.cuda.index).start()  # reads counters: no state to undo
-        self.t0 = time.perf_counter()
         return self
 
     def _start_tap(self, rec):
@@ -192,7 +195,8 @@ class Probe:
         counted = sync_error = None
         try:
             synchronize()
-            self.record.wall_s = time.perf_counter() - self.t0
+            if self.t0 is not None:  # None: interrupted before the clock started (no time: NaN)
+                self.record.wall_s = time.perf_counter() - self.t0
         except Exception as e:  # an asynchronous device error from the block surfaces here
             sync_error = e
             exc = exc or e
