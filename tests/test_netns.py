@@ -16,7 +16,7 @@ import pytest
 
 from tunekit.dist import netns
 from tunekit.dist.netns import EmulatedNodes, parse_bandwidth, parse_latency
-from tunekit.measure.conditions import ConditionsMeter, judge_raw
+from tunekit.measure.conditions import ConditionsMeter
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -50,24 +50,16 @@ def _quiet(cond) -> bool:
     return cond is not None and cond.verdict == "quiet"
 
 
-def _children_cpu_s() -> float:
-    t = os.times()   # the CPU time of children already waited for
-    return t.children_user + t.children_system
-
-
 class _Window:
     """The conditions over a block whose work runs in processes this test starts and waits for:
     their CPU time is the test's own, not "other processes" (the relay's few % still are)."""
 
     def __enter__(self):
-        self.kids0, self.meter = _children_cpu_s(), ConditionsMeter().start()
+        self.meter = ConditionsMeter(children=True).start()
         return self
 
     def __exit__(self, *exc):
-        wall = time.perf_counter() - self.meter.t0
-        self.meter.stop(wall)
-        own = self.meter.raw["own_cpu_s"] + _children_cpu_s() - self.kids0
-        self.cond = judge_raw(wall, self.meter.raw, own_cpu_s=own, threads=1)
+        self.cond = self.meter.stop(threads=1)
 
 
 # --- inputs: pure, no root --------------------------------------------------------------------
