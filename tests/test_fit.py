@@ -90,8 +90,10 @@ def test_run_that_cannot_fit_is_refused_before_allocating(tmp_path, limit, make,
                   "test limit", f"Estimated ({method})", "grad_accum=", "checkpointing=True",
                   "precision='bf16'", "find_max_batch_size", "Nothing was allocated"):
         assert words in text, (words, text)
-    # nothing large: the measured line's passes stay within a quarter of the limit
-    assert peak < LIMIT / 4 + 8 * MiB, fmt_bytes(peak)
+    # nothing large: the measured line's passes aim at a quarter of the limit (64 MiB); the RSS peak
+    # also carries the allocator's retention from earlier tests (74 MiB seen in a full run), while the
+    # refused step would have needed GiBs: half the limit tells the two apart
+    assert peak < LIMIT / 2, fmt_bytes(peak)
     assert all(torch.equal(a, b) for a, b in zip(weights, lab.model.parameters()))
     assert all(p.grad is None for p in lab.model.parameters())
     assert len(lab.runs) == 1 and lab.run(steps=1, warmup=0, micro_batch=4).steps == 1
