@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CPU_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
-.PHONY: install tour lab lint test test-fast test-gpu bench clean
+.PHONY: install tour lab lint test test-under-load test-fast test-gpu bench clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ lint: install
 test: lint
 	$(PY) -m pytest -q -m "not gpu" tests
 	$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb
+
+# `make test` beside two processes that keep both cores busy (tools/busy.py): tests must not
+# depend on a quiet machine. busy.py stops its spinners when `make test` ends, whatever the
+# result (its exit status is passed on), after 2 hours at most, and if it is killed itself.
+test-under-load: install
+	$(PY) tools/busy.py --cores 2 --seconds 7200 -- $(MAKE) --no-print-directory test
 
 # The quick loop while editing: no slow tests, no notebooks.
 test-fast: install

@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 
+from tunekit.core.conditions import Conditions
 from tunekit.core.formulas import algbw, allreduce_busbw
 from tunekit.dist.netns import EmulatedNodes, check
 
@@ -25,11 +26,13 @@ RANK = r"""
 import json, sys, time
 from datetime import timedelta
 import torch, torch.distributed as dist
+from tunekit.measure.conditions import ConditionsMeter
 rank, world, addr, sizes, repeats = json.loads(sys.argv[1])
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method=f"tcp://{addr}:29511", rank=rank, world_size=world,
                         timeout=timedelta(seconds=120))
 out = {}
+meter = ConditionsMeter().start()         # what else used the machine while this rank timed
 for size in sizes:
     t = torch.ones(size // 4)
     times = []
@@ -39,15 +42,17 @@ for size in sizes:
         dist.all_reduce(t)
         times.append(time.perf_counter() - t0)
     out[size] = times[1:]
+cond = meter.stop(threads=1)
 dist.barrier()
 dist.destroy_process_group()
 if rank == 0:
-    print(json.dumps(out))
+    print(json.dumps({"times": out, "conditions": cond.to_dict()}))
 """
 
 
-def allreduce_times(nodes: EmulatedNodes, placement, sizes, repeats=3, timeout_s=300) -> dict:
-    """{size_bytes: [seconds]} of rank 0; rank r runs on node ``placement[r]``."""
+def allreduce_times(nodes: EmulatedNodes, placement, sizes, repeats=3, timeout_s=300) -> tuple[dict, Conditions]:
+    """({size_bytes: [seconds]} of rank 0, the conditions over rank 0's timed loop); rank r runs
+    on node ``placement[r]``."""
     env = dict(os.environ, GLOO_SOCKET_IFNAME=nodes.ifname)   # the ranks need torch only
     addr = nodes.addresses[placement[0]]
     procs = [subprocess.Popen(nodes.exec_prefix(node) + [sys.executable, "-c", RANK, json.dumps(
@@ -64,7 +69,8 @@ def allreduce_times(nodes: EmulatedNodes, placement, sizes, repeats=3, timeout_s
            for r, (p, (_, err)) in enumerate(zip(procs, outs)) if p.returncode]
     if bad:
         raise RuntimeError("all_reduce failed: " + "; ".join(bad))
-    return {int(k): v for k, v in json.loads(outs[0][0].strip().splitlines()[-1]).items()}
+    got = json.loads(outs[0][0].strip().splitlines()[-1])
+    return {int(k): v for k, v in got["times"].items()}, Conditions.from_dict(got["conditions"])
 
 
 def main():
@@ -86,7 +92,8 @@ def main():
         rows = {"across the link (1 rank per node)": allreduce_times(nodes, [0, 1], sizes, args.repeats),
                 "within node 0 (loopback)": allreduce_times(nodes, [0, 0], sizes, args.repeats)}
     print(f"gloo all_reduce, 2 ranks, fp32; link {args.bandwidth} one way latency {args.latency}")
-    for where, times in rows.items():
+    for where, (times, cond) in rows.items():
+        print(f"  {where}: machine {cond}")
         for s in sizes:
             med = statistics.median(times[s])
             bus = allreduce_busbw(algbw(s, med), 2)
@@ -94,7 +101,7 @@ def main():
                   f"  ({[round(t * 1e3, 1) for t in times[s]]} ms)")
     big, small = max(sizes), min(sizes)
     if big > small:
-        across = rows["across the link (1 rank per node)"]
+        across = rows["across the link (1 rank per node)"][0]
         slope = (big - small) * 8 / (statistics.median(across[big]) - statistics.median(across[small]))
         print(f"  marginal rate across the link: {slope / 1e6:.1f} Mbit/s (set: {rate / 1e6:.1f})")
 

@@ -23,7 +23,7 @@
 
 # %%
 import math
-import tunekit  # noqa: F401  (before torch: it keeps the deprecated pynvml shim quiet)
+import tunekit  # before torch: it keeps the deprecated pynvml shim quiet
 import torch
 import plotly.graph_objects as go
 GPU = torch.cuda.is_available()
@@ -103,9 +103,11 @@ if math.isnan(comp.median_s):
     print('compile did not run here:', c.attrs.get('notes'))
 else:
     saved = eager.median_s - comp.median_s
-    print(f'compiled step {comp.speedup:.2f}x the eager speed; first call took {comp.compile_s:.2f} s')
-    print(f'break-even after {comp.compile_s / saved:,.0f} steps' if saved > 0 else
-          'no speed-up to amortize: this tiny MLP is two matmuls that eager already runs well; '
+    v = tunekit.verdict(eager.times, comp.times)   # eager -> compiled, 7 repeats each
+    print(f'eager -> compiled: {v}; first call took {comp.compile_s:.2f} s')
+    print(f'break-even after {comp.compile_s / saved:,.0f} steps' if v.word == 'helped' else
+          ('compiled is slower here, nothing to amortize' if v.word == 'hurt' else 'no speed-up beyond the noise to amortize')
+          + ': this tiny MLP is two matmuls that eager already runs well; '
           'compile pays off when many small elementwise ops can be fused (norms, activations, attention glue).')
 
 # %% [markdown]

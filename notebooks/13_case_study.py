@@ -211,8 +211,8 @@ if comm is not None:
         'is pure cost. What carries over is the ordering of the two 2-node rungs and the size of '
         'the step off the slow link; whether HYBRID_SHARD beats one node depends on compute per byte crossing it.'),
         [r_one, r_hy]))
-    assert cv[1].word == 'helped' or one_node.startswith('uncertain')   # a busy machine draws no conclusion
-    assert cv[3].word == 'helped' or hybrid.startswith('uncertain')
+    # what is asserted is what the bytes decide, exactly; the verdicts above are measurements, shown
+    # whatever they say (a busy machine makes them uncertain, noise can leave them within noise)
     assert fs.MB_across_nodes > 2 * hy.MB_across_nodes and one.MB_across_nodes == 0
 
 # %% [markdown]

@@ -80,10 +80,17 @@ loss = train_step()
 rec = tunekit.last()
 b = rec.trace
 print(f"traced step: {b.wall_s * 1e3:.1f} ms; the categories add up to {b.total_s() / b.wall_s:.0%} of it"
-      + (f", the rest is Python between ops ({b.untraced_s * 1e3:.1f} ms)" if not GPU else " (idle included)"))
-print(f"profiler overhead against the untraced run: {b.overhead:+.0%} (one run against one: on shared "
+      + (f", the rest is Python between ops ({b.untraced_s * 1e3:.1f} ms)" if not GPU else " (idle included)")
+      + (f"; measured on a busy machine ({rec.conditions.reason})" if rec.conditions is not None and rec.conditions.busy else ""))
+print(f"profiler overhead against the untraced run: {b.overhead_text()} (one run against one: on shared "
       "cores mostly noise; the Lab below compares with the median of its timed steps)")
-assert abs(b.total_s() - b.wall_s) <= 0.10 * b.wall_s   # every op counted once, by its self time
+# every op counted once, by its self time. On CPU the ops ran inside the timed step, so their times
+# add up to at most its wall time; how much of it they cover is a measurement (a busy machine
+# leaves more time between ops), not asserted. On a GPU, kernel time plus idle covers the step.
+assert (0 < b.total_s() <= b.wall_s) if not GPU else b.total_s() >= b.wall_s * (1 - 1e-9)
+if not GPU:   # each linear layer runs one matmul forward and two backward (input and weight gradients)
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in lab.model.modules())
+    assert sum(r["calls"] for r in b.top_ops if r["op"] == "aten::mm") == 3 * n_linear
 b.frame().round(4)
 
 # %% [markdown]
@@ -193,7 +200,7 @@ print(f"At the peak, {largest} hold {at_peak[largest] / peak:.0%} of the memory"
 
 # %%
 run = lab.run(steps=2, warmup=0, trace=True)
-print(f"lab.run trace: {run.trace.short()}; profiler overhead {run.trace.overhead:+.0%}")
+print(f"lab.run trace: {run.trace.short()}; profiler overhead {run.trace.overhead_text()}")
 
 # %% [markdown]
 # ## 4. Energy

@@ -24,9 +24,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_history():
-    from tunekit.measure import probe
+    from tunekit.measure import peaks, probe
 
     probe.clear_history()
+    peaks._resolved.clear()   # a peak resolved under a test's mocked CUDA must not answer the next test
     yield
 
 
@@ -54,3 +55,59 @@ def run(ip):
         return ip.run_cell(src, store_history=True)
 
     return run_cell
+
+
+# --- calibrations whose conditions the test decides -----------------------------------------------
+
+
+@pytest.fixture
+def calibrations(monkeypatch, tmp_path):
+    """An empty calibration cache in tmp_path, default sweeps of one 32x32 size, no peak resolved,
+    re-measured or re-checked yet in this process, and the sweeps' conditions injected: each sweep
+    takes the next verdict of ``.verdicts`` (quiet when empty); ``.sweeps`` counts them. A real
+    meter would call a sweep on a loaded CI machine busy."""
+    from types import SimpleNamespace
+
+    from tunekit.core.conditions import Conditions
+    from tunekit.measure import peaks
+
+    monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(peaks, "default_sizes", lambda kind: [32])
+    for memo in ("_resolved", "_rechecked"):
+        monkeypatch.setattr(peaks, memo, {})
+    monkeypatch.setattr(peaks, "_remeasured", set())
+    state = SimpleNamespace(verdicts=[], sweeps=0)
+
+    class Meter:
+        def __init__(self, cuda_index=None):
+            pass
+
+        def start(self):
+            return self
+
+        def stop(self, wall_s=None, threads=None):
+            state.sweeps += 1
+            verdict = state.verdicts.pop(0) if state.verdicts else "quiet"
+            return Conditions(verdict, f"injected {verdict}", wall_s=wall_s)
+
+    def cache(**changes):
+        """Write a cache holding one entry: this CPU, fp32, as a quiet 32x32x32 sweep wrote it
+        now at 0.5 TFLOPS, with ``changes`` (a field changed to ``...`` is left out, as in an older
+        cache file); returns the entry."""
+        import dataclasses
+        import json
+        import time
+
+        import torch
+
+        cal = peaks.Calibration(peaks.device_name("cpu"), "fp32", 0.5, (32, 32, 32), [(32, 32, 32, 0.5)], 0.01,
+                                torch.__version__, torch.get_num_threads(), layout="nn", taken_at=time.time(),
+                                conditions=Conditions("quiet", "injected quiet"))
+        entry = {**dataclasses.asdict(cal), **changes}
+        key = peaks._cache_key(cal.device, "fp32")
+        (tmp_path / "mamf.json").write_text(json.dumps({key: {k: v for k, v in entry.items() if v is not ...}}))
+        return entry
+
+    monkeypatch.setattr(peaks, "ConditionsMeter", Meter)
+    state.cache = cache
+    return state

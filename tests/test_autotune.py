@@ -12,7 +12,7 @@ import torch
 
 from tunekit.core.conditions import Conditions
 from tunekit.lab import Lab
-from tunekit.lab.autotune import autotune
+from tunekit.lab.autotune import LabTrials, autotune
 from tunekit.lab.toggles import Env, ToggleError
 
 SEQ = 128
@@ -362,7 +362,12 @@ def test_real_search_leaves_weights_as_before_and_applies_the_winner(tmp_path):
     n_runs = len(lab.results())
     space = {"precision": ["fp32"], "attention": ["sdpa"], "optimizer": ["adamw"], "compile": [False],
              "micro_batch": [2, 4]}
-    found = lab.autotune(budget_s=60, space=space, max_micro_batch=4, steps=1, warmup=0, repeats=1, trial_s=0)
+    # real trials on a clock that never moves: the search ends when the space is exhausted, never
+    # on the budget, however slow a busy machine makes the trials
+    trials = LabTrials(lab, warmup=0)
+    trials.clock = lambda: 0.0
+    found = lab.autotune(budget_s=60, space=space, max_micro_batch=4, steps=1, warmup=0, repeats=1, trial_s=0,
+                         trials=trials)
     assert found.status == "complete" and found.state.startswith("winner applied")
     assert all(torch.equal(a, b) for a, b in zip(before, lab.model.parameters()))
     state_after = lab.optimizer.state[next(lab.model.parameters())]

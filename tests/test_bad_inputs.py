@@ -359,9 +359,10 @@ def test_the_newest_log_skips_what_is_no_file(tmp_path):
 
 @pytest.fixture
 def data_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path / "cache"))   # the corpus is a cache
     path = data.corpus_path()
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
 

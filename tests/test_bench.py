@@ -1,6 +1,8 @@
 """Each microbenchmark at tiny sizes: well-formed results and a figure."""
+import collections
 import gc
 import math
+import os
 import warnings
 
 import plotly.graph_objects as go
@@ -57,17 +59,37 @@ def test_matmul_shape_sweep():
         bench.matmul_shape_sweep("x")
 
 
-def test_dataloader_workers():
+class _RecordingDataset(host.SlowDataset):
+    """SlowDataset that appends "<pid> <item>" to ``log`` for every item it loads (workers are
+    forked: they inherit the class attribute)."""
+
+    log = None
+
+    def __getitem__(self, i):
+        with open(self.log, "a") as f:   # one short O_APPEND write per line: lines never interleave
+            f.write(f"{os.getpid()} {i}\n")
+        return super().__getitem__(i)
+
+
+def test_dataloader_workers(monkeypatch, tmp_path):
+    monkeypatch.setattr(_RecordingDataset, "log", str(tmp_path / "loads.txt"))
+    monkeypatch.setattr(host, "SlowDataset", _RecordingDataset)
     df = bench.dataloader_workers(num_workers=(0, 2), n_items=8, batch_size=2, transform_s=0.02,
                                   repeats=3)
     _well_formed(df, "dataloader_workers", 2)
-    assert list(df["num_workers"]) == [0, 2]
+    assert list(df["num_workers"]) == [0, 2] and df["times"].map(len).tolist() == [3, 3]
+    assert df["median_s"].tolist() == [sorted(t)[1] for t in df["times"]]   # median of 3 passes
     assert df["speedup_vs_first"].tolist() == list(df["median_s"].iloc[0] / df["median_s"])
-    # 0 workers: 8 items x 20 ms sleep, one after another = 0.16 s a pass at least.
-    # 2 workers: 4 batches of 2 items, 2 batches (80 ms) per worker in parallel = 0.08 s a pass,
-    # ideal speedup 0.16 / 0.08 = 2 (measured ~1.85 on 2 busy cores: sleeps overlap regardless).
-    assert df["median_s"].iloc[0] >= 8 * 0.02
-    assert df["speedup_vs_first"].iloc[1] > 1.3
+    # who loaded what, counted: 1 warm-up + 3 timed passes x 8 items = 32 loads per setting; with
+    # 0 workers all in this process, with 2 in two persistent worker processes taking alternate
+    # batches (4 batches of 2 a pass: 2 batches = 4 items each) -> 16 loads each
+    pids = [int(line.split()[0]) for line in (tmp_path / "loads.txt").read_text().splitlines()]
+    assert len(pids) == 64 and pids[:32] == [os.getpid()] * 32
+    workers = collections.Counter(pids[32:])
+    assert os.getpid() not in workers and sorted(workers.values()) == [16, 16]
+    # a pass cannot beat its sleeps, however busy the machine (load only adds time): 0 workers
+    # sleep 8 x 20 ms = 0.16 s one after another; with 2 the busiest worker sleeps 4 x 20 ms = 0.08 s
+    assert min(df["times"].iloc[0]) >= 8 * 0.02 and min(df["times"].iloc[1]) >= 4 * 0.02
 
 
 def test_pin_memory_without_cuda_is_nan_with_a_reason():
@@ -99,11 +121,13 @@ def test_compile_on_off_eager_backend():
     df = bench.compile_on_off(width=16, depth=1, tokens=8, backend="eager", warmup=1, repeats=2)
     _well_formed(df, "compile", 2)
     assert df["median_s"].notna().all() and df["compile_s"].iloc[1] > 0
+    assert df["times"].map(len).tolist() == [2, 2]   # every repeat kept, for tunekit.verdict
 
 
 def test_compile_failure_is_a_note_not_a_crash():
     df = bench.compile_on_off(width=16, depth=1, tokens=8, backend="no-such-backend", repeats=1)
     assert math.isnan(df["median_s"].iloc[1]) and "skipped" in df.attrs["notes"][0]
+    assert df["times"].map(len).tolist() == [1, 0]   # the one eager repeat; nothing compiled
 
 
 @pytest.mark.slow  # spawns two ranks that import torch and rendezvous over gloo: 4.5-11 s

@@ -225,3 +225,8 @@ def test_a_busy_lab_run_says_so_in_results_cli_and_report(busy, tmp_path):
 def test_combine_says_a_repeated_reason_once():
     b = judge(1.0, 2, 1, cpu_wait_s=0.5, wait_source="psi")
     assert combine([b, b, b]).reason == "3 of 3 busy: tasks waited for a CPU 50% of the time"
+
+
+def test_one_thread_reads_as_english():
+    c = judge(1.0, 2, 1, cpu_wait_s=0.9, wait_source="psi", busy_cpu_s=2.0, own_cpu_s=0.5)
+    assert c.reason.endswith("this process got 50% of its 1 thread's time")

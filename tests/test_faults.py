@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -126,9 +127,13 @@ def test_non_finite_run_is_stopped_recorded_and_undone(lab):
     assert [r["status"] for r in tunekit.lab.runlog.read_records(lab.log_path)[0]] == ["ok", "failed", "ok"]
 
 
-def test_snapshot_cost_is_recorded(lab):
+def test_snapshot_cost_is_recorded(lab, monkeypatch):
+    from tunekit.lab import guard
+
+    clock = iter([100.0, 100.25])   # the snapshot's two clock reads, injected: 0.25 s
+    monkeypatch.setattr(guard, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     r = lab.run(steps=1, warmup=0)
-    assert 0 < r.guard_s < 1.0
+    assert r.guard_s == 0.25
     assert lab.run(steps=1, warmup=0, guard=False).guard_s is None
 
 
@@ -231,6 +236,55 @@ def test_interrupts_at_many_timings_leave_no_counter_hooks_or_meters():
     hit, clean, state = out.stdout.split(maxsplit=2)
     assert int(hit) >= 100, out.stdout + out.stderr   # nearly every timing interrupted something
     assert clean == "True", state
+
+
+def test_ctrl_c_between_the_set_up_and_the_clock_leaves_nothing_installed(monkeypatch):
+    # the window the many-timings test above hit under load (tools/busy.py): after the deferred
+    # set-up, before the clock starts. A Ctrl-C landing there is injected, not timed
+    from torch.nn.modules import module as M
+
+    class Interrupted:   # the conditions meter starts last, just before the clock
+        def __init__(self, *args):
+            pass
+
+        def start(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(probe, "ConditionsMeter", Interrupted)
+    hooks = len(M._global_forward_hooks), len(M._global_forward_pre_hooks)
+    x = torch.randn(4, 4)
+    with pytest.raises(KeyboardInterrupt):
+        with tunekit.profile(name="cut", flops="always"):
+            x @ x
+    assert dispatch_mode_stack() == [] and meters._ACTIVE_CPU == [] and meters._ACTIVE_CUDA == []
+    assert (len(M._global_forward_hooks), len(M._global_forward_pre_hooks)) == hooks
+    rec = tunekit.last()   # recorded, with no time: the clock never started
+    assert rec.name == "cut" and rec.error.startswith("KeyboardInterrupt") and math.isnan(rec.wall_s)
+
+
+def test_ctrl_c_while_count_flops_installs_its_counter_removes_it(monkeypatch):
+    # a SIGINT during the set-up is deferred to its end and raised there: the counter is in place
+    # by then and must still come off
+    import signal
+
+    from torch.nn.modules import module as M
+
+    from tunekit.measure import flops
+
+    real = flops.TunekitFlopCounter.__enter__
+
+    def enter_then_ctrl_c(self):
+        out = real(self)
+        signal.raise_signal(signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(flops.TunekitFlopCounter, "__enter__", enter_then_ctrl_c)
+    hooks = len(M._global_forward_hooks), len(M._global_forward_pre_hooks)
+    ran = []
+    with pytest.raises(KeyboardInterrupt):
+        tunekit.count_flops(lambda: ran.append(1))
+    assert ran == [] and dispatch_mode_stack() == []   # the function never ran, the counter is gone
+    assert (len(M._global_forward_hooks), len(M._global_forward_pre_hooks)) == hooks
 
 
 def test_interrupted_lab_run_and_search_leave_no_gradients(lab):

@@ -9,18 +9,21 @@ import tunekit
 from tunekit.measure import nvml, peaks
 
 
-def test_calibrate_cpu_measures_and_caches(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
+def test_calibrate_cpu_measures_and_caches(monkeypatch, tmp_path, calibrations):
+    # the sweeps' conditions are injected (quiet): on a loaded machine a real meter calls them busy
+    # and the next use measures again (test_a_busy_calibration_is_measured_again_once_per_process)
     cal = peaks.calibrate("fp32", "cpu", sizes=[128, 256], repeats=2)
     assert cal.tflops > 0 and len(cal.sweep) == 2 + 4  # two sizes, then 2*repeats more of the best
     assert cal.best_shape in [(128, 128, 128), (256, 256, 256)]
     assert not (tmp_path / "mamf.json").exists()  # custom sweeps are not cached
     monkeypatch.setattr(peaks, "default_sizes", lambda kind: [128, 192])
     cal = peaks.calibrate("fp32", "cpu", repeats=2)
+    assert cal.conditions.verdict == "quiet" and calibrations.sweeps == 2
     assert (tmp_path / "mamf.json").exists()
-    assert peaks.cached_calibration("cpu", "fp32").tflops == cal.tflops
+    back = peaks.cached_calibration("cpu", "fp32")
+    assert (back.tflops, back.best_shape, back.conditions.reason) == (cal.tflops, cal.best_shape, "injected quiet")
     peak = peaks.resolve_peak("cpu", "fp32")
-    assert (peak.kind, peak.tflops) == ("calibrated", cal.tflops)
+    assert (peak.kind, peak.tflops) == ("calibrated", cal.tflops) and calibrations.sweeps == 2
 
 
 def test_peak_precedence_given_then_spec(monkeypatch):
@@ -83,33 +86,58 @@ def test_real_gpu_calibration_is_close_to_spec():
     assert not math.isnan(cal.tflops)
 
 
-def _cached(monkeypatch, tmp_path, **changes):
-    """A cache holding one calibration of this CPU at 32x32x32, changed by `changes`."""
-    import json
-    import time as _time
-
-    monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
-    monkeypatch.setattr(peaks, "default_sizes", lambda kind: [32])
-    peaks._resolved.clear()
-    peaks._rechecked.clear()
-    cal = peaks.calibrate("fp32", sizes=[32])
-    entry = {**cal.__dict__, "busy": 0.0, "taken_at": _time.time(), **changes}
-    (tmp_path / "mamf.json").write_text(json.dumps({peaks._cache_key(cal.device, "fp32"): entry}))
-    return entry
-
-
-@pytest.mark.parametrize("changes,why", [({"taken_at": 0.0}, "older than 30 days"),
-                                          ({"busy": 1.5}, "it was taken under load (1.5 other tasks per CPU)"),
-                                          ({"tflops": 1e-9}, "a re-check reached")])
-def test_an_untrustworthy_calibration_is_measured_again(monkeypatch, tmp_path, changes, why):
-    _cached(monkeypatch, tmp_path, **changes)
+@pytest.mark.parametrize("changes,why", [
+    ({"taken_at": 0.0}, "older than 30 days"),
+    ({"conditions": {"verdict": "busy", "reason": "tasks waited for a CPU 97% of the time"}},
+     "it was taken on a busy machine (tasks waited for a CPU 97% of the time)"),
+    # a cache written before conditions were measured: its load-average reading decides
+    ({"conditions": None, "busy": 1.5}, "it was taken under load (1.5 other tasks per CPU)")])
+def test_an_untrustworthy_calibration_is_measured_again(calibrations, changes, why):
+    calibrations.cache(**changes)
     peak = peaks.resolve_peak("cpu", "fp32")
-    assert f"re-measured: {why}" in peak.source
+    assert f"re-measured: {why}" in peak.source and calibrations.sweeps == 1
     fresh = peaks.cached_calibration("cpu", "fp32")     # the cache now holds the new measurement
-    assert fresh.taken_at > 1e9 and fresh.tflops > 1e-6
+    assert fresh.taken_at > 1e9 and fresh.tflops != 0.5 and fresh.conditions.verdict == "quiet"
 
 
-def test_a_trustworthy_calibration_is_used_as_it_is(monkeypatch, tmp_path):
-    entry = _cached(monkeypatch, tmp_path, tflops=1e9)     # no re-check can beat 1e9 TFLOPS
+def test_a_trustworthy_calibration_is_used_as_it_is(calibrations):
+    calibrations.cache(tflops=1e9)
     peak = peaks.resolve_peak("cpu", "fp32")
-    assert peak.tflops == entry["tflops"] and "re-measured" not in peak.source
+    assert peak.tflops == 1e9 and "re-measured" not in peak.source and calibrations.sweeps == 0
+
+
+def test_an_older_cache_file_without_conditions_still_loads(calibrations):
+    calibrations.cache(busy=0.2, conditions=..., raised=...)  # ...: the field is left out of the entry
+    cal = peaks.cached_calibration("cpu", "fp32")
+    assert (cal.tflops, cal.busy, cal.conditions, cal.verdict) == (0.5, 0.2, None, "unknown")
+    assert peaks.resolve_peak("cpu", "fp32").tflops == 0.5 and calibrations.sweeps == 0  # 0.2 < BUSY_LIMIT
+
+
+def test_a_busy_calibration_is_measured_again_once_per_process(calibrations):
+    calibrations.verdicts += ["busy", "busy"]  # the first sweep and the re-measure: the machine stays busy
+    assert peaks.calibrate("fp32", "cpu").conditions.busy
+    assert peaks.resolve_peak("cpu", "fp32").source.endswith("so possibly too low") and calibrations.sweeps == 1
+    peaks._remeasured.clear()   # a later process finds the busy calibration in the cache
+    peaks._resolved.clear()
+    peak = peaks.resolve_peak("cpu", "fp32")
+    assert "re-measured: it was taken on a busy machine (injected busy)" in peak.source
+    assert peak.source.endswith("taken on a busy machine, so possibly too low") and calibrations.sweeps == 2
+    peaks._resolved.clear()
+    assert peaks.resolve_peak("cpu", "fp32").tflops == peak.tflops and calibrations.sweeps == 2  # no third
+
+
+def test_a_busy_sweep_never_replaces_a_faster_calibration(calibrations):
+    calibrations.cache(tflops=1e9)
+    calibrations.verdicts.append("busy")
+    cal = peaks.calibrate("fp32", "cpu", force=True)
+    assert cal.conditions.busy and cal.tflops < 1e9      # measured and returned ...
+    assert peaks.cached_calibration("cpu", "fp32").tflops == 1e9  # ... but the cache keeps the faster one
+
+
+def test_of_two_busy_sweeps_the_faster_is_the_peak(calibrations):
+    # load only ever slows a sweep: re-measured on a machine still busy, the faster one stays
+    calibrations.cache(tflops=1e9, conditions={"verdict": "busy", "reason": "injected busy"})
+    calibrations.verdicts.append("busy")
+    peak = peaks.resolve_peak("cpu", "fp32")
+    assert calibrations.sweeps == 1 and peak.tflops == 1e9
+    assert "re-measured: it was taken on a busy machine (injected busy)" in peak.source

@@ -22,6 +22,7 @@ import typing
 from pathlib import Path
 
 from .core import comm
+from .core.bounds import WORDS, mark
 from .core.summary import FORMATS, formatted
 from .core.units import fmt_bytes, fmt_pct, fmt_seconds
 from .lab import toggles as tg
@@ -307,9 +308,11 @@ def summary_lines(r) -> list[str]:
         return [head, f"  FAILED: {r.error}"]
     rows = [("speed", f"{formatted(r.tokens_per_s, FORMATS['tokens/s'])} tokens/s · step {fmt_seconds(r.step_s)} "
                       f"(min {fmt_seconds(r.step_s_min)}, max {fmt_seconds(r.step_s_max)}) over {r.steps} steps"),
-            ("compute", f"{formatted(r.tflops, FORMATS['TFLOPS'])} TFLOPS · MFU {fmt_pct(r.mfu)} · "
-                        f"HFU {fmt_pct(r.hfu)} of {formatted(r.peak_tflops, '{:.4g}')} TFLOPS "
-                        f"[{r.peak_tflops_source}]"),
+            ("compute", f"{mark(formatted(r.tflops, FORMATS['TFLOPS']) + ' TFLOPS', r.hfu, r.above_peak)} · "
+                        f"{mark('MFU ' + fmt_pct(r.mfu), r.mfu, r.above_peak)} · "
+                        f"{mark('HFU ' + fmt_pct(r.hfu), r.hfu, r.above_peak)} of "
+                        f"{formatted(r.peak_tflops, '{:.4g}')} TFLOPS [{r.peak_tflops_source}]"
+                        + (f" · {WORDS}: {r.above_peak}" if r.above_peak else "")),
             ("memory", f"peak {fmt_bytes(r.peak_mem_bytes)} ({r.peak_source}) · params {fmt_bytes(r.params_bytes)}"
                        f" · grads {fmt_bytes(r.grads_bytes)} · optimizer {fmt_bytes(r.optimizer_bytes)}"),
             ("loss", f"{formatted(r.loss_first, FORMATS['loss'])} -> {formatted(r.loss, FORMATS['loss'])}")]

@@ -1,6 +1,7 @@
 """Plotly figures of profiled cells. UI layer: takes records or DataFrames, never measures."""
 from __future__ import annotations
 
+from .core.bounds import WORDS
 from .core.units import MiB
 
 
@@ -26,7 +27,8 @@ def plot_history(df=None, title: str = "Profiled cells"):
     fig.add_bar(x=labels, y=df["cpu_peak_delta_bytes"] / MiB, name="CPU RSS peak", row=2, col=1)
     if df["gpu_peak_delta_bytes"].notna().any():
         fig.add_bar(x=labels, y=df["gpu_peak_delta_bytes"] / MiB, name="GPU allocated peak", row=2, col=1)
-    fig.add_scatter(x=labels, y=df["tflops"], mode="markers+lines", name="TFLOPS",
-                    hovertext=[f"MFU {m:.1%}" if m == m else "MFU n/a" for m in df["mfu"]], row=3, col=1)
+    hover = [(f"MFU {m:.1%}" if m == m else "MFU n/a") + (f" {WORDS}: {b}" if isinstance(b, str) and b else "")
+             for m, b in zip(df["mfu"], df.get("above_peak", [None] * len(df)))]
+    fig.add_scatter(x=labels, y=df["tflops"], mode="markers+lines", name="TFLOPS", hovertext=hover, row=3, col=1)
     fig.update_layout(title=title, height=600, barmode="group", legend=dict(orientation="h", y=-0.08))
     return fig

@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from .core.breakdown import CATEGORIES, MEMORY_CATEGORIES, Breakdown, MemoryTimeline
+from .core.breakdown import CATEGORIES, MEMORY_CATEGORIES, UNTRACED, Breakdown, MemoryTimeline
 from .core.units import MiB
 
 _COLORS = dict(zip(CATEGORIES, ("#1f77b4", "#9467bd", "#2ca02c", "#ff7f0e", "#d62728", "#8c564b",
@@ -28,14 +28,15 @@ def plot_breakdown(breakdown, title: str | None = None):
     if b is None:
         raise ValueError("no trace in this record: profile it with --trace / trace=True")
     fig = go.Figure()
-    for cat, share in b.shares().items():
-        if b.seconds[cat] > 0:
-            fig.add_bar(y=["step"], x=[b.seconds[cat] * 1e3], name=cat, orientation="h",
-                        marker_color=_COLORS.get(cat), hovertemplate=f"{cat}: %{{x:.2f}} ms ({share:.0%})")
-    if b.untraced_s == b.untraced_s and b.untraced_s > 0:
-        fig.add_bar(y=["step"], x=[b.untraced_s * 1e3], name="between ops (Python)", orientation="h",
-                    marker_color="#eeeeee", hovertemplate="no op running: %{x:.2f} ms")
-    over = f", profiler overhead {b.overhead:+.0%}" if b.overhead == b.overhead else ""
+    parts = b.parts()
+    for cat, share in b.shares().items():  # the categories and, on CPU, the time between ops: 100%
+        if parts[cat] > 0:
+            fig.add_bar(y=["step"], x=[parts[cat] * 1e3], name=cat, orientation="h",
+                        marker_color=_COLORS.get(cat, "#eeeeee"),
+                        hovertemplate=f"{cat}{': no op running' if cat == UNTRACED else ''}: "
+                                      f"%{{x:.2f}} ms ({share:.0%})")
+    over = b.overhead_text()
+    over = "" if over == "unknown" else f", profiler overhead {over}"
     fig.update_layout(barmode="stack", height=220, xaxis_title="ms of the traced run",
                       title=title or f"Where the {b.device} time went ({b.wall_s * 1e3:.1f} ms traced{over})",
                       legend=dict(orientation="h", y=-0.5), margin=dict(l=50, r=20, t=50, b=20))

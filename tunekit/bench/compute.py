@@ -171,7 +171,8 @@ def compile_on_off(device=None, width: int = 128, depth: int = 2, tokens: int = 
     """Forward+backward of a small Linear+GELU stack, eager vs torch.compile(backend=...).
 
     compile_s is the first compiled call (tracing + codegen; on CPU inductor needs a C++
-    compiler). If compiling fails, the compiled row is NaN and `attrs["notes"]` says why.
+    compiler); ``times`` holds every timed repeat (what `tunekit.verdict` compares). If
+    compiling fails, the compiled row is NaN and `attrs["notes"]` says why.
     """
     dev = default_device(device)
     model = _mlp_stack(width, depth).to(dev)
@@ -183,8 +184,9 @@ def compile_on_off(device=None, width: int = 128, depth: int = 2, tokens: int = 
         loss.backward()
         m.zero_grad(set_to_none=True)
 
-    eager = stats(time_repeats(lambda: step(model), dev, warmup, repeats))
-    rows.append({"variant": "eager", **eager, "compile_s": 0.0, "speedup": 1.0})
+    eager_times = time_repeats(lambda: step(model), dev, warmup, repeats)
+    eager = stats(eager_times)
+    rows.append({"variant": "eager", **eager, "compile_s": 0.0, "speedup": 1.0, "times": eager_times})
     torch._dynamo.reset()
     try:
         compiled = torch.compile(model, backend=backend)
@@ -193,13 +195,14 @@ def compile_on_off(device=None, width: int = 128, depth: int = 2, tokens: int = 
         step(compiled)
         synchronize(dev)
         compile_s = time.perf_counter() - t0
-        st = stats(time_repeats(lambda: step(compiled), dev, warmup, repeats))
+        times = time_repeats(lambda: step(compiled), dev, warmup, repeats)
+        st = stats(times)
         rows.append({"variant": f"compiled ({backend})", **st, "compile_s": compile_s,
-                     "speedup": eager["median_s"] / st["median_s"]})
+                     "speedup": eager["median_s"] / st["median_s"], "times": times})
     except Exception as e:   # no C++ compiler, unsupported platform, ...
         notes.append(f"torch.compile skipped: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
         rows.append({"variant": f"compiled ({backend})", **stats([]), "compile_s": NaN,
-                     "speedup": NaN})
+                     "speedup": NaN, "times": []})
     finally:
         torch._dynamo.reset()
     return frame(rows, "compile", dev, notes)

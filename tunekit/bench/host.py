@@ -49,7 +49,8 @@ def _stop_workers(loader) -> None:
 
 def dataloader_workers(num_workers=(0, 1, 2, 3, 4), n_items: int = 32, batch_size: int = 4,
                        transform_s: float = 0.01, warmup: int = 1, repeats: int = 3):
-    """Seconds per pass over a loader with a slow transform, for each `num_workers`.
+    """Seconds per pass over a loader with a slow transform, for each `num_workers` (median, min,
+    max, and ``times``: every timed pass, what `tunekit.verdict` compares).
 
     Workers persist across passes and the warm-up pass starts them, so the timed passes show
     the steady state of a long training run. The documents' run (5.39, 3.90, 1.33, 0.84, 0.88 s
@@ -68,7 +69,7 @@ def dataloader_workers(num_workers=(0, 1, 2, 3, 4), n_items: int = 32, batch_siz
                 _stop_workers(loader)
         if any("worker" in str(c.message) for c in caught) and w > (os.cpu_count() or 1):
             notes.append(f"num_workers={w} exceeds the {os.cpu_count()} CPUs (torch warned)")
-        rows.append({"num_workers": w, **stats(times)})
+        rows.append({"num_workers": w, **stats(times), "times": times})  # every pass: for tunekit.verdict
     base = rows[0]["median_s"]
     for r in rows:
         r["speedup_vs_first"] = base / r["median_s"]

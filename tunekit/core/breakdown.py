@@ -32,6 +32,7 @@ OPTIMIZER, COMM, MEMCPY, DATA, OTHER, IDLE = ("optimizer", "communication", "mem
                                               "other", "idle")
 # the order of charts and tables; "idle" only on a GPU (wall time with no kernel running)
 CATEGORIES = (MATMUL, ATTENTION, NORM, ELEMENTWISE, OPTIMIZER, COMM, MEMCPY, DATA, OTHER, IDLE)
+UNTRACED = "between ops (Python)"  # CPU: the wall time no op ran in; with the categories it makes 100%
 
 _POINTWISE = ("add|sub|rsub|mul|div|pow|sqrt|rsqrt|exp|exp2|log|log1p|neg|abs|sign|reciprocal|where|"
               "clamp|clamp_min|clamp_max|maximum|minimum|lerp|addcmul|addcdiv|fill|zero|copy|_to_copy|"
@@ -94,10 +95,12 @@ def categorize(chain) -> str:
 class Breakdown:
     """The time of one traced run by category, and its top ops. Seconds; see `categorize`.
 
-    CPU: each op's self CPU time (no nested op counted twice); the wall time the profiler saw no
-    op in (Python between ops) is ``untraced_s``. GPU: kernel time, and ``idle`` = wall minus the
-    time some kernel ran. ``overhead`` = traced / untraced time - 1, measured (NaN when no
-    untraced run to compare with)."""
+    CPU: each op's self CPU time on the thread that ran the block (no nested op counted twice);
+    the wall time the profiler saw no op in (Python between ops) is ``untraced_s``. GPU: kernel
+    time, and ``idle`` = wall minus the time some kernel ran. Either way the parts add up to the
+    wall time, so `shares` add up to 100%. ``overhead`` = traced / untraced time - 1, measured:
+    NaN when no untraced run to compare with, or when the traced run was the faster (noise; a
+    profiler never makes a run faster)."""
 
     device: str                       # "cpu" | "cuda"
     wall_s: float                     # the traced run
@@ -112,24 +115,56 @@ class Breakdown:
     def total_s(self) -> float:
         return sum(self.seconds.values())
 
+    def parts(self) -> dict:
+        """What the wall time splits into, in seconds: the categories and, on CPU, `UNTRACED`."""
+        out = dict(self.seconds)
+        if self.untraced_s is not None and self.untraced_s == self.untraced_s:
+            out[UNTRACED] = max(0.0, self.untraced_s)
+        return out
+
     def shares(self) -> dict:
-        """category -> share of the wall time, largest first."""
-        return {c: s / self.wall_s for c, s in sorted(self.seconds.items(), key=lambda kv: -kv[1])}
+        """part -> share of the wall time, largest first; they add up to 100% ({} without a wall time)."""
+        if not (self.wall_s == self.wall_s and self.wall_s > 0):
+            return {}
+        return {c: s / self.wall_s for c, s in sorted(self.parts().items(), key=lambda kv: -kv[1])}
 
     def dominant(self) -> str:
         """The category with the most time (idle included)."""
         return max(self.seconds, key=self.seconds.get)
 
     def short(self, n: int = 3) -> str:
-        """'matmul/linear 41% · optimizer 22% · activation/elementwise 18%'."""
-        return " · ".join(f"{c} {s:.0%}" for c, s in list(self.shares().items())[:n] if s > 0)
+        """'matmul/linear 41% · optimizer 22% · activation/elementwise 18% · rest 19%': the ``n``
+        largest parts and the rest, in whole percents that add up to exactly 100."""
+        pct = whole_percents(self.shares())
+        if not pct:
+            return ""
+        top = [(c, p) for c, p in list(pct.items())[:n] if p > 0]
+        rest = 100 - sum(p for _, p in top)
+        return " · ".join([f"{c} {p}%" for c, p in top] + ([f"rest {rest}%"] if rest > 0 else []))
 
     def frame(self):
-        """pandas DataFrame: category, seconds, share of the wall (largest first)."""
+        """pandas DataFrame: part, seconds, share of the wall (largest first; shares add up to 1)."""
         import pandas as pd
 
-        rows = [(c, self.seconds[c], s) for c, s in self.shares().items()]
+        parts = self.parts()
+        rows = [(c, parts[c], s) for c, s in self.shares().items()]
         return pd.DataFrame(rows, columns=["category", "seconds", "share"])
+
+    def overhead_text(self) -> str:
+        """The profiler's overhead in words: '+12%', 'lost in noise (...)' or 'unknown'; never negative."""
+        if self.overhead == self.overhead:
+            return f"+{self.overhead:.0%}"
+        if self.untimed_wall_s == self.untimed_wall_s and self.wall_s < self.untimed_wall_s:
+            return "lost in noise (the traced run was the faster)"
+        return "unknown"
+
+    def compare_with(self, untimed_wall_s: float) -> None:
+        """The profiler's overhead against an untraced run of ``untimed_wall_s`` seconds."""
+        self.untimed_wall_s = untimed_wall_s
+        self.overhead = profiler_overhead(self.wall_s, untimed_wall_s)
+        if self.overhead != self.overhead and self.wall_s < untimed_wall_s:
+            self.notes.append(f"the traced run was {1 - self.wall_s / untimed_wall_s:.1%} faster than the "
+                              "untraced one: run-to-run noise hides the profiler's overhead")
 
     def table(self, n: int = 10):
         """pandas DataFrame of the top ``n`` ops by self time."""
@@ -139,6 +174,27 @@ class Breakdown:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def profiler_overhead(traced_s: float, untraced_s: float) -> float:
+    """traced / untraced - 1; NaN when either is unknown or the traced run was the faster (a
+    profiler only adds work: a faster traced run is noise, never a negative overhead)."""
+    if not (traced_s == traced_s and untraced_s == untraced_s and untraced_s > 0) or traced_s < untraced_s:
+        return NaN
+    return traced_s / untraced_s - 1
+
+
+def whole_percents(shares: dict) -> dict:
+    """Fractions that add up to 1 as whole percents that add up to exactly 100 (largest
+    remainder), in the same order: printed shares never add up to 99% or 101%."""
+    total = sum(shares.values())
+    if not total > 0:
+        return dict.fromkeys(shares, 0)
+    raw = {k: 100 * v / total for k, v in shares.items()}
+    out = {k: int(v) for k, v in raw.items()}
+    for k in sorted(raw, key=lambda k: out[k] - raw[k])[:100 - sum(out.values())]:
+        out[k] += 1
+    return out
 
 
 # torch.profiler's memory categories -> ours (what the timeline shows)

@@ -138,8 +138,8 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
         busy.append(f"GPU clocks slowed ({', '.join(slow)})")
     if busy:
         if not _nan(share) and share < 0.9:
-            busy.append(f"this process got {share:.0%} of its {threads} thread"
-                        f"{'s' if threads != 1 else ''}' time")
+            busy.append(f"this process got {share:.0%} of its "
+                        + (f"{threads} threads' time" if threads != 1 else "1 thread's time"))
         return Conditions(BUSY, "; ".join(busy), **kw)
     if _nan(wait) and not resolved and gpu_other_processes is None:
         return Conditions(UNKNOWN, "no CPU-wait counter here (Linux PSI or schedstat) and the block "

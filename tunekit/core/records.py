@@ -29,6 +29,7 @@ class ProfileRecord:
     hfu: float = NaN
     peak_tflops: float = NaN
     peak_source: str | None = None
+    above_peak: str | None = None  # why MFU/HFU are past 100% (core.bounds); None when they are not
     dtype: str | None = None      # the dtype whose peak was used
     cpu_rss_delta_bytes: float = NaN
     cpu_peak_delta_bytes: float = NaN

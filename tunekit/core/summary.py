@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import html
 
+from .bounds import FLAG, WORDS, mark, over
 from .conditions import BUSY, QUIET
 from .units import MiB, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, is_missing
 
@@ -19,7 +20,8 @@ def rows(rec) -> list[tuple[str, str]]:
         flops += f" ({rec.flops_source})"
     if not is_missing(rec.recompute_flops) and rec.recompute_flops:
         flops += f", of which {fmt_flops(rec.recompute_flops)} recomputed"
-    util = f"MFU {fmt_pct(rec.mfu)} · HFU {fmt_pct(rec.hfu)}"
+    bound = getattr(rec, "above_peak", None)
+    util = f"{mark('MFU ' + fmt_pct(rec.mfu), rec.mfu, bound)} · {mark('HFU ' + fmt_pct(rec.hfu), rec.hfu, bound)}"
     if not is_missing(rec.peak_tflops):
         util += f" of {rec.peak_tflops:.4g} TFLOPS [{rec.peak_source}]"
     gpu = (f"alloc {fmt_bytes(rec.gpu_alloc_delta_bytes, True)} · peak {fmt_bytes(rec.gpu_peak_delta_bytes, True)}"
@@ -27,7 +29,7 @@ def rows(rec) -> list[tuple[str, str]]:
     out = [
         ("time", fmt_seconds(rec.wall_s)),
         ("FLOPs", flops),
-        ("speed", f"{_tflops(rec.tflops)} · {util}"),
+        ("speed", f"{mark(_tflops(rec.tflops), rec.hfu, bound)} · {util}"),
         ("CPU RAM", f"RSS {fmt_bytes(rec.cpu_rss_delta_bytes, True)} · "
                     f"peak {fmt_bytes(rec.cpu_peak_delta_bytes, True)}"),
         ("GPU", gpu),
@@ -39,10 +41,11 @@ def rows(rec) -> list[tuple[str, str]]:
             leak += (f" · GPU consumed {fmt_bytes(rec.exp_gpu_consumed_bytes)}, "
                      f"reclaimed {fmt_bytes(rec.exp_gpu_reclaimed_bytes)}")
         out.append(("experiment", leak))
+    if bound:
+        out.append(("bound", f"{WORDS}: {bound}"))
     if getattr(rec, "trace", None) is not None:
         t = rec.trace
-        over = "unknown" if is_missing(t.overhead) else f"{t.overhead:+.0%}"
-        out.append(("trace", f"{t.short()} · profiler overhead {over}"))
+        out.append(("trace", f"{t.short()} · profiler overhead {t.overhead_text()}"))
     if getattr(rec, "memory", None) is not None:
         out.append(("memory", rec.memory.short()))
     if not is_missing(getattr(rec, "energy_j", None)):
@@ -65,8 +68,13 @@ def busy_badge(rec) -> str:
     return f" · ⚠ {cond.verdict} machine" if cond.verdict == BUSY else " · conditions unknown"
 
 
+def bound_badge(rec) -> str:
+    """' · ⚠ above the peak' when a figure of the record is past its bound, else ''."""
+    return f" · {WORDS}" if getattr(rec, "above_peak", None) else ""
+
+
 def title(rec) -> str:
-    return f"⏱ {rec.name} · {rec.device or 'unknown device'}{busy_badge(rec)}"
+    return f"⏱ {rec.name} · {rec.device or 'unknown device'}{busy_badge(rec)}{bound_badge(rec)}"
 
 
 def to_text(rec) -> str:
@@ -81,7 +89,7 @@ def to_html(rec) -> str:
     head = html.escape(f"⏱ {rec.name} · {rec.device or 'unknown device'}")
     return (f"<div style='font-family:monospace;font-size:12px;border-left:3px solid {color};"
             f"padding:2px 8px;margin:2px 0'><div style='color:{color};font-weight:600'>"
-            f"{head}{badge_html(getattr(rec, 'conditions', None))}</div>"
+            f"{head}{badge_html(getattr(rec, 'conditions', None))}{bound_html(rec)}</div>"
             f"<table style='border-collapse:collapse'>{body}</table></div>")
 
 
@@ -95,6 +103,15 @@ def badge_html(cond) -> str:
             f"color:#fff;border-radius:8px;padding:0 6px;font-size:11px;font-weight:600'>⚠ {word}</span>")
 
 
+def bound_html(rec) -> str:
+    """A red '⚠ above the peak' pill (why on hover) for a record with a figure past its bound."""
+    why = getattr(rec, "above_peak", None)
+    if not why:
+        return ""
+    return (f" <span class='tk-bound' title='{html.escape(why, quote=True)}' style='background:#b00020;"
+            f"color:#fff;border-radius:8px;padding:0 6px;font-size:11px;font-weight:600'>{WORDS}</span>")
+
+
 def to_line(rec) -> str:
     """One line for `%gpuprofile on`, where every cell gets one."""
     parts = [f"⏱ {rec.name}{busy_badge(rec)}", fmt_seconds(rec.wall_s),
@@ -103,7 +120,11 @@ def to_line(rec) -> str:
         parts.append(f"GPU {fmt_bytes(rec.gpu_alloc_delta_bytes, True)} "
                      f"(peak {fmt_bytes(rec.gpu_peak_delta_bytes, True)})")
     if rec.flops_source != "none" and rec.flops:
-        parts.append(f"{fmt_flops(rec.flops)} {_tflops(rec.tflops)} MFU {fmt_pct(rec.mfu)}")
+        bound = getattr(rec, "above_peak", None)
+        parts.append(f"{fmt_flops(rec.flops)} {mark(_tflops(rec.tflops), rec.hfu, bound)} "
+                     f"{mark('MFU ' + fmt_pct(rec.mfu), rec.mfu, bound)}")
+        if bound:
+            parts.append(f"{WORDS} ({bound})")
     if rec.error:
         parts.append(f"error: {rec.error}")
     elif rec.flops and is_missing(rec.tflops):
@@ -146,7 +167,10 @@ def machine_word(verdict) -> str:
 
 
 def formatted(value, fmt: str) -> str:
-    """``fmt.format(value)``, or 'n/a' for a missing figure (None or NaN)."""
+    """``fmt.format(value)``, or 'n/a' for a missing figure (None or NaN); text (a figure
+    `mark_rates` flagged) as it is."""
+    if isinstance(value, str):
+        return value
     return "n/a" if is_missing(value) or value != value else fmt.format(value)
 
 
@@ -180,7 +204,25 @@ def history_view(df):
                      conditions=df["conditions"].map(machine_word),
                      cpu_peak_mib=df["cpu_peak_delta_bytes"].astype(float) / MiB,
                      gpu_peak_mib=df["gpu_peak_delta_bytes"].astype(float) / MiB)
+    view = mark_rates(view, df["above_peak"])
     return view[list(_HISTORY)].rename(columns=_HISTORY)
+
+
+_RATES = (("mfu", "mfu", "MFU"), ("hfu", "hfu", "HFU"), ("tflops", "hfu", "TFLOPS"))  # column, judged by, format
+
+
+def mark_rates(view, flags):
+    """``view`` with the MFU/HFU/TFLOPS cells past their bound as text marked ⚠ ('150.0% ⚠'),
+    in the rows whose record is flagged (``flags``: each row's ``above_peak``). Tables show the
+    flag where the figure is; the DataFrame behind them keeps the raw numbers."""
+    flagged = [isinstance(f, str) and f != "" for f in flags]
+    if not any(flagged):
+        return view
+    cols = {}
+    for col, judged, head in _RATES:
+        cols[col] = [f"{formatted(v, FORMATS[head])} {FLAG}" if f and over(j) else v
+                     for v, j, f in zip(view[col], view[judged], flagged)]
+    return view.assign(**cols)
 
 
 

@@ -285,6 +285,16 @@ def _open_tun(namespace: str) -> int:
         os.close(home)
 
 
+def deliver_at(now: float, free_at: dict, dst, nbytes: int, rate_bits: float, delay_s: float) -> float:
+    """When the relay hands on a packet of ``nbytes`` that reached it at ``now``, bound for
+    ``dst``: ``delay_s`` later, and not before the port towards ``dst`` has sent what is queued
+    ahead of it at ``rate_bits`` (``free_at[dst]`` moves on by this packet's time on the wire).
+    Pure: the clock is the caller's."""
+    at = max(now + delay_s, free_at[dst])
+    free_at[dst] = at + 8 * nbytes / rate_bits
+    return at
+
+
 def relay(spec: str, rate_bits: float, delay_s: float) -> None:
     """Move IPv4 packets between the nodes' tk0 devices, each ``delay_s`` late, and at most
     ``rate_bits`` per second into each node. Returns when stdin closes."""
@@ -314,9 +324,7 @@ def relay(spec: str, rate_bits: float, delay_s: float) -> None:
                 dst = by_addr.get(pkt[16:20]) if len(pkt) >= 20 and pkt[0] >> 4 == 4 else None
                 if dst is None:
                     continue   # IPv6 chatter, broadcast: no other node wants it
-                at = max(now + delay_s, free_at[dst])
-                free_at[dst] = at + 8 * len(pkt) / rate_bits
-                heapq.heappush(due, (at, next(seq), dst, pkt))
+                heapq.heappush(due, (deliver_at(now, free_at, dst, len(pkt), rate_bits, delay_s), next(seq), dst, pkt))
         now = time.monotonic()
         while due and due[0][0] <= now:
             _, _, fd, pkt = heapq.heappop(due)

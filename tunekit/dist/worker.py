@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ..core import formulas, registry
+from ..core.bounds import above_peak
 from ..core.comm import expected_comm, layout_problems, total_by
 from ..core.conditions import combine
 from ..lab.optimizers import build_optimizer, unavailable_optimizers
@@ -432,6 +433,7 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
     fields["conditions"] = ranks_conditions([g["conditions"] for g in gathered])
     if not all(math.isfinite(v) for v in losses):
         fields.update(status="failed", error="a loss was not finite")
+    fields["above_peak"] = above_peak(fields["mfu"], fields["hfu"], peak_tflops, source)  # the Lab re-checks
     return RunResult(**fields)
 
 

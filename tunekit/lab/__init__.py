@@ -6,13 +6,13 @@ plots and dashboard.
 
 Modules: `lab` (the Lab), `toggles` (the rules; pure), `runlog` (RunResult and the JSONL log;
 pure), `step` (the untimed FLOP/activation probe), `optimizers`, `maxbatch`, `autotune`, `plots`,
-`autotune_view`, `dashboard`.
+`autotune_view`, `dashboard`, `fit` (refuses a step that cannot fit in the memory available).
 """
 import importlib
 
 _EXPORTS = {"Lab": "lab", "RunResult": "runlog", "results_frame": "runlog", "Toggles": "toggles",
             "ToggleError": "toggles", "find_max_batch_size": "maxbatch", "Dashboard": "dashboard",
-            "AutotuneResult": "autotune"}
+            "AutotuneResult": "autotune", "WontFitError": "fit"}
 
 
 def __getattr__(name):  # lazy: `tunekit.lab.toggles` is pure and must not pull in torch

@@ -27,7 +27,7 @@ from statistics import median
 
 import torch
 
-from ..core import formulas, registry
+from ..core import registry
 from ..core.paths import runs_dir
 from ..core.validate import function, instance, is_whole, real, whole
 from ..measure.conditions import ConditionsMeter
@@ -37,10 +37,12 @@ from ..measure.flops import counting_active
 from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
 from ..measure.oom import ADVICE, drop_frames, free_memory, is_oom
+from ..measure.peaks import rates
 from ..measure.timing import time_repeats
 from ..models.adapters import adapt, dry_step
 from ..models.data import Batcher
 from ..models.gpt import GPT, GPTConfig
+from . import fit
 from .guard import NonFiniteRunError, Snapshot, _check, _NonFinite, weights_finite
 from .optimizers import build_optimizer, state_bytes, unavailable_optimizers
 from .precision import autocast, matmul_precision
@@ -327,8 +329,11 @@ class Lab:
         raise ``ToggleError`` (a ValueError) whose ``problems`` explain why, before any work.
         A step whose loss (or, at the end, a weight) is NaN/inf stops the run: it is recorded as
         failed and, with ``guard`` (the default), weights, optimizer and scaler are put back as
-        they were before the run; then ``NonFiniteRunError`` is raised. An out-of-memory error
-        leaves no gradients behind, frees the memory and says what to try. ``trace``/``memory``:
+        they were before the run; then ``NonFiniteRunError`` is raised. A step whose estimated
+        peak memory exceeds the memory available is refused before anything is allocated
+        (``WontFitError``, a ToggleError: the estimate, the limit, what to try; tunekit.lab.fit).
+        An out-of-memory error that still happens leaves no gradients behind, frees the memory,
+        puts weights and optimizer back (with ``guard``) and says what to try. ``trace``/``memory``:
         one extra step after the timed ones runs under torch.profiler (``result.trace``, a
         Breakdown with the profiler's overhead against the timed steps; ``result.memory``, a
         MemoryTimeline); it does not count in tokens/s.
@@ -376,6 +381,8 @@ class Lab:
             warmup = 1
             notes.append("warm-up raised to 1: the first compiled step compiles")
         self.recover()  # a run that failed earlier (OOM, Ctrl-C) may have left gradients
+        # before the FLOP probe and the steps allocate: a CPU out-of-memory kills the process
+        fit.check(self, t, guard)
         snap = Snapshot.take(self) if guard else None
         try:
             probe, flops_source = self._probe(t)
@@ -400,10 +407,15 @@ class Lab:
         except BaseException as e:
             self._undo(e, snap)
             if is_oom(e):
+                drop_frames(e)  # a kept traceback (Jupyter keeps the last) would pin the step's tensors
                 free_memory(self.device)
+                undone = ""
+                if snap is not None:
+                    snap.restore()  # an optimizer step cut short may have updated some weights
+                    undone = " weights, optimizer and scaler are back as before the run;"
                 e.add_note(f"tunekit: lab.run ran out of memory at micro_batch={t.micro_batch}, "
-                           f"seq_len={t.seq_len}; its gradients were dropped and memory freed. {ADVICE}; "
-                           "lab.find_max_batch_size() finds the largest micro-batch that fits.")
+                           f"seq_len={t.seq_len}; its gradients were dropped and memory freed;{undone} "
+                           f"{ADVICE}; lab.find_max_batch_size() finds the largest micro-batch that fits.")
             raise
         measured.losses[:0] = warm
         return self._record(t, warmup, measured, probe, flops_source, notes, snap)
@@ -443,8 +455,10 @@ class Lab:
         if errors:
             raise ToggleError(errors)
         t = normalized(t)
+        fit.check_distributed(self, t, parallel, nproc, nodes)  # before any rank starts
         self.log.check_writable()
-        peak = self._peak(compute_dtype(t, self.device.type))
+        dtype = compute_dtype(t, self.device.type)
+        peak = self._peak(dtype)
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="tunekit-weights-") as tmp:
@@ -457,6 +471,13 @@ class Lab:
                     "device": self.device.type, **({"blocks": self._blocks_arg} if self._blocks_arg else {})}
             result = launch(spec, nproc, nodes=nodes, link=link, progress=progress)
         result.label = f"{parallel} {nodes}x{nproc} {label(t, self.resolve())}"
+        # the workers know the peak only as a number: here its kind is known, and a calibrated
+        # one can be re-checked now that they are done
+        r = rates(result.flops_per_step, result.model_flops_per_step, result.step_s, peak, self.device, dtype,
+                  devices=result.world_size or 1)
+        self._peaks[dtype] = r.peak
+        result.mfu, result.hfu, result.above_peak = r.mfu, r.hfu, r.above_peak
+        result.peak_tflops, result.peak_tflops_source = r.peak.tflops, r.peak.source
         result.notes.append("the workers started from the Lab's weights; the Lab's model is "
                             "unchanged by a distributed run")
         return self.log.add(result)
@@ -510,7 +531,7 @@ class Lab:
             breakdown, timeline = tracer.stop(wall)
         _check(losses[0], "the loss of the traced step")
         if breakdown is not None:
-            breakdown.untimed_wall_s, breakdown.overhead = step_s, wall / step_s - 1
+            breakdown.compare_with(step_s)
             breakdown.notes.append("one extra step after the timed ones; overhead against their median")
         return breakdown, timeline
 
@@ -530,8 +551,9 @@ class Lab:
             notes.append("timed under an outer FLOP counter (a first %%gpuprofile run?): "
                          "step times are slowed by it, so no TFLOPS/MFU; re-run for clean speeds")
         dtype = compute_dtype(t, self.device.type)
-        peak = self._peak(dtype)
         rate_s = math.nan if m.slowed else step_s  # rates from a counter-slowed clock would lie
+        r = rates(executed, model_flops, rate_s, self._peak(dtype), self.device, dtype)
+        self._peaks[dtype] = r.peak  # a re-check may have raised a calibrated peak
         params = list(self.model.parameters())
         values = [float(v) for v in m.losses]  # after the clock: .item() would sync mid-run
         ac = autocast_dtype(t)
@@ -540,10 +562,8 @@ class Lab:
             steps=len(m.times), warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
             step_s=step_s, step_s_min=min(m.times), step_s_max=max(m.times),
             flops_per_step=executed, model_flops_per_step=model_flops, flops_source=flops_source,
-            tflops=formulas.tflops(executed, rate_s),
-            mfu=formulas.mfu(model_flops, rate_s, peak.tflops),
-            hfu=formulas.hfu(executed, rate_s, peak.tflops),
-            peak_tflops=peak.tflops, peak_tflops_source=peak.source,
+            tflops=r.tflops, mfu=r.mfu, hfu=r.hfu, above_peak=r.above_peak,
+            peak_tflops=r.peak.tflops, peak_tflops_source=r.peak.source,
             peak_mem_bytes=m.peak_mem_bytes, peak_source=m.peak_source,
             params_bytes=sum(p.numel() * p.element_size() for p in params),
             grads_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),

@@ -9,6 +9,9 @@ optimizer state and gradients are part of what must fit. "Does not fit" means:
 - CPU: the process' peak RSS rose more than ``memory_budget_bytes`` above where it stood before
   the search (default: half of the RAM available then). A trial whose size, extrapolated from the
   previous trials, would exceed 1.25x the budget is not run at all: a real CPU OOM kills the kernel.
+Nor is a trial predicted to need more than the memory available when the search starts
+(tunekit.measure.memavail: RAM within the process' cgroup, or the GPU's free memory), whatever
+the budget; a first trial above micro-batch 4 is predicted by tunekit.lab.fit.
 After every trial the memory is freed (gc, CUDA cache or glibc heap) so the process returns to
 its baseline; ``after_bytes`` vs ``baseline_bytes`` shows that it did.
 On CUDA the allocator's history is recorded during the search (``snapshot_on_oom``), and a trial
@@ -23,15 +26,15 @@ import numbers
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-import psutil
-
 from ..core.validate import is_whole
+from ..measure import memavail
 from ..measure.device import now_s
 from ..measure.interrupts import deferred_interrupt
 from ..measure.meters import DeviceMeter
 from ..measure.oom import drop_frames, free_memory, is_oom, memory_now_bytes
 from ..measure.torch_private import cuda_memory_history
 from ..measure.trace import prune_snapshots, save_snapshot
+from . import fit
 from .toggles import ToggleError, normalized
 
 _PREDICT_MARGIN = 1.25
@@ -42,7 +45,7 @@ class Trial:
     micro_batch: int
     fits: bool
     used_bytes: float | None   # peak above the baseline (None when not run)
-    reason: str                # "ok" | "OOM" | "over budget" | "predicted over budget"
+    reason: str                # "ok" | "OOM" | "over budget" | "over available" | "predicted over ..."
     seconds: float
     snapshot: str | None = None  # CUDA OOM: the allocator snapshot file (memory_viz)
 
@@ -52,6 +55,7 @@ class MaxBatchResult:
     best: int | None           # None: not even the first trial fit
     trials: list = field(default_factory=list)
     budget_bytes: float | None = None
+    available_bytes: int | None = None   # memory available at the start (None: unknown here)
     baseline_bytes: int = 0
     after_bytes: int = 0
     device: str = ""
@@ -67,7 +71,7 @@ class MaxBatchResult:
 
 
 def default_cpu_budget_bytes(fraction: float = 0.5) -> int:
-    return int(psutil.virtual_memory().available * fraction)
+    return int(memavail.cpu_available().bytes * fraction)
 
 
 def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
@@ -113,7 +117,12 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
         notes.append(f"CPU budget: {budget_fraction:.0%} of available RAM")
     free_memory(dev)
     baseline = memory_now_bytes(dev)
+    avail = memavail.available(dev, lab.cuda_index)
+    if avail is not None and budget is not None and budget > avail.bytes:
+        notes.append(f"the budget is above the memory available ({avail.bytes} B, {avail.source}): "
+                     "no trial predicted beyond that is run")
     result = MaxBatchResult(best=None, budget_bytes=budget, baseline_bytes=baseline,
+                            available_bytes=None if avail is None else avail.bytes,
                             device=str(dev), notes=notes)
 
     history = snapshot_on_oom and dev.type == "cuda"
@@ -121,7 +130,8 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
         notes.append(f"no allocator snapshot on {dev.type}: torch.cuda.memory snapshots are CUDA only")
 
     def attempt(b: int) -> bool:
-        trial = _trial(lab, t.replace(micro_batch=b), baseline, budget, result.trials, history, shield=shield)
+        trial = _trial(lab, t.replace(micro_batch=b), baseline, budget, result.trials, history,
+                       result.available_bytes, shield=shield)
         result.trials.append(trial)
         if progress is not None:
             with shield.gate():
@@ -182,10 +192,16 @@ def _predict_used(b: int, trials: list) -> float | None:
     return u2 + slope * (b - b2)
 
 
-def _trial(lab, t, baseline: int, budget, trials, history: bool = False, *, shield=None) -> Trial:
+def _trial(lab, t, baseline: int, budget, trials, history: bool = False, available=None, *,
+           shield=None) -> Trial:
     dev = lab.device
-    predicted = _predict_used(t.micro_batch, trials) if budget is not None else None
-    if predicted is not None and predicted > _PREDICT_MARGIN * budget:
+    predicted = _predict_used(t.micro_batch, trials)
+    if predicted is None and t.micro_batch > 4:   # a first trial far up: estimated, not guessed
+        predicted = fit.estimate(lab, t).need_bytes
+    # no margin here: past the available memory a CPU trial is not refused, the kernel kills
+    if predicted is not None and available is not None and predicted > available:
+        return Trial(t.micro_batch, False, None, "predicted over available", 0.0)
+    if predicted is not None and budget is not None and predicted > _PREDICT_MARGIN * budget:
         return Trial(t.micro_batch, False, None, "predicted over budget", 0.0)
     # the core's meters, not a bare reset of torch's peak: an enclosing %%gpuprofile keeps its own
     meter = DeviceMeter(dev, lab.cuda_index).start()
@@ -209,6 +225,8 @@ def _trial(lab, t, baseline: int, budget, trials, history: bool = False, *, shie
     free_memory(dev)
     if oom_text is not None:
         return Trial(t.micro_batch, False, used, f"OOM: {oom_text}", seconds, snapshot)
+    if available is not None and used is not None and used > available:
+        return Trial(t.micro_batch, False, used, "over available", seconds)  # survived, by luck
     if budget is not None and used is not None and used > budget:
         return Trial(t.micro_batch, False, used, "over budget", seconds)
     return Trial(t.micro_batch, True, used, "ok", seconds)

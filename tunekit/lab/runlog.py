@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..core.breakdown import short
 from ..core.conditions import Conditions
+from ..core.summary import mark_rates
 from ..core.units import MiB
 from .toggles import Toggles
 
@@ -253,6 +254,7 @@ class RunResult:
     losses: list | None = None            # loss of every step, warm-up included
     conditions: object = None             # core.conditions.Conditions over the timed steps (all ranks)
     session: str | None = None            # the Lab that ran it, where Labs share a day's log
+    above_peak: str | None = None         # why MFU/HFU are past 100% (core.bounds); None when they are not
 
     def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
         if name in TOGGLE_FIELDS and "toggles" in self.__dict__:
@@ -416,5 +418,6 @@ def runs_view(df):
     view = df.assign(step_ms=df["step_s"].astype(float) * 1e3, conditions=df["conditions"].map(machine_word),
                      peak_mem_mib=df["peak_mem_bytes"].astype(float) / MiB,
                      saved_mib=df["saved_bytes"].astype(float) / MiB)
+    view = mark_rates(view, df["above_peak"])
     return view[list(_VIEW)].rename(columns=_VIEW)
 

@@ -3,17 +3,22 @@
 ``probe_step``: one forward+backward under the FLOP counter that also tallies the bytes autograd
 saves for backward (what activation checkpointing shrinks), with the same tally as
 ``measure_memory``. Run once per configuration and never timed: the counter slows the step.
+``step_peak``: the peak memory of one forward+backward at a small micro-batch, from the exact
+meters, for the estimate that refuses a step too big to fit (tunekit.lab.fit).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from ..measure.flops import FlopCount, TunekitFlopCounter, sdpa_backward_flops, sdpa_forward_flops
 from ..measure.interrupts import deferred_interrupt
-from ..memory.tally import SavedTensorTally
+from ..measure.meters import DeviceMeter
+from ..measure.oom import free_memory, memory_now_bytes
+from ..memory.tally import SavedTensorTally, unique_bytes
 
 
 @dataclass
@@ -51,6 +56,35 @@ def probe_step(model: torch.nn.Module, loss_of, x, y, autocast) -> ProbeResult:
             model.zero_grad(set_to_none=True)
     fc = counter.result()
     return ProbeResult(fc, acts, getattr(model, "attention_ran", None), list(fc.notes), casts)
+
+
+def step_peak(model, loss_of, batch_of, autocast, device, cuda_index=None) -> tuple[float, int]:
+    """(peak, floor): bytes one forward+backward takes above what was in use before it, the batch
+    ``batch_of()`` makes included; gradients are cleared after.
+
+    ``peak`` is read by the device's exact meter (CPU: VmHWM, once glibc has handed its free pages
+    back, else reused pages would not show; CUDA: the allocator's peak); NaN where not measured.
+    ``floor`` is what the step provably holds at the end of its forward: the larger of the batch
+    and the tensors autograd saved for backward (tallied storage by storage), a lower bound that
+    page-size noise in the meter cannot shrink.
+    """
+    free_memory(device, collect=False)
+    before = memory_now_bytes(device)
+    tally = SavedTensorTally(list(model.parameters()), list(model.buffers()))
+    meter = DeviceMeter(device, cuda_index).start()
+    floor = 0
+    try:
+        x, y = batch_of()
+        with tally, autocast():
+            loss = loss_of(x, y)
+        floor = max(tally.activation_bytes + tally.cast_bytes, unique_bytes([x, y]))
+        del x, y
+        loss.backward()
+        del loss
+    finally:
+        peak = meter.stop()
+        model.zero_grad(set_to_none=True)
+    return (math.nan if peak is None else peak - before), floor
 
 
 def add_flash_flops(res: ProbeResult, shape, batch: int, seq_len: int, checkpointing: bool) -> None:

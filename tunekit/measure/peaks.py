@@ -4,23 +4,33 @@ MAMF (maximum achievable matmul FLOPS) is the best TFLOPS a short sweep of large
 on this device and dtype. It is what "100%" can honestly mean on a CPU or an unlisted GPU.
 Calibrations are cached as JSON (``$TUNEKIT_CACHE`` or ``~/.cache/tunekit``) per device, dtype,
 torch version and thread count, so the sweep runs once.
+
+A calibration is never trusted when it was taken on a busy machine (the sweep runs inside a
+`ConditionsMeter`): a process that finds one cached measures again, once, and the faster of the
+two stays (a busy sweep never replaces a faster one). A figure above its peak means the
+peak is too low: `rates` re-checks a calibrated peak once per process with one matmul at its best
+shape, and a faster try replaces the cached peak (load only ever slows a try).
 """
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import platform
 import stat
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
-from ..core import paths, specs
+from ..core import bounds, formulas, paths, specs
+from ..core.conditions import Conditions
 from ..core.registry import DTYPES
+from ..core.units import is_missing
 from ..core.validate import choice, flag, real, whole
+from .conditions import ConditionsMeter
 from .device import existing_device, torch_dtype
 from .timing import time_repeats
 
@@ -44,9 +54,15 @@ class Calibration:
     seconds: float
     torch_version: str
     threads: int
-    busy: float            # other runnable tasks per CPU when it started (1-min load average)
     layout: str            # "nn" (A @ B) or "nt" (A @ B.T, how nn.Linear keeps its weight): the faster
-    taken_at: float        # time.time(); entries written before these two fields are re-measured
+    taken_at: float        # time.time(); entries written before this field and `layout` are re-measured
+    busy: float = math.nan  # caches before `conditions`: other runnable tasks per CPU (1-min load average)
+    conditions: Conditions | None = None  # what else used the machine during the sweep (None: older cache)
+    raised: str | None = None  # a re-check's faster matmul replaced the swept peak: from what, when
+
+    @property
+    def verdict(self) -> str:
+        return self.conditions.verdict if self.conditions is not None else "unknown"
 
 
 def cache_dir() -> Path:
@@ -57,8 +73,7 @@ def device_name(device=None) -> str:
     """Marketing name of a torch device: 'NVIDIA H100 80GB HBM3' or the CPU model string."""
     import torch
 
-    dev = existing_device(device) if device is not None else (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    dev = _device(device)
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
     return _cpu_model() or platform.processor() or "cpu"
@@ -112,8 +127,20 @@ def _key(name: str, dtype: str, torch_version: str, threads: int) -> str:
     return f"{name}|{dtype}|torch {torch_version}|{threads} threads"
 
 
-_CAL_FIELDS = {f for f in Calibration.__dataclass_fields__}
+# the fields an entry must have; later ones have defaults, so older cache files still load
+_CAL_FIELDS = {f.name for f in fields(Calibration) if f.default is MISSING and f.default_factory is MISSING}
+_ALL_FIELDS = {f.name for f in fields(Calibration)}  # later fields have defaults: older caches still load
 _memo: dict = {}
+
+
+def _from_entry(c: dict) -> Calibration:
+    """A cache entry back as a Calibration; fields a newer tunekit added are ignored."""
+    known = {f.name for f in fields(Calibration)}
+    c = {k: v for k, v in c.items() if k in known}
+    c["best_shape"] = tuple(c["best_shape"])
+    if "conditions" in c:
+        c["conditions"] = Conditions.from_dict(c["conditions"])
+    return Calibration(**c)
 
 
 def _load_cache() -> dict:
@@ -150,7 +177,15 @@ def _load_cache() -> dict:
 def _is_calibration(key, v) -> bool:
     """An entry as calibrate() writes it: exactly Calibration's fields, each of its type and
     range, under the key of its own device, dtype, torch version and threads."""
-    if not isinstance(v, dict) or set(v) != _CAL_FIELDS:
+    if not isinstance(v, dict) or not _CAL_FIELDS <= set(v) <= _ALL_FIELDS:
+        return False
+    busy = v.get("busy")   # NaN or absent now; a load per CPU (>= 0) in caches written before `conditions`
+    if not (busy is None or (isinstance(busy, float) and math.isnan(busy))
+            or (isinstance(busy, (int, float)) and not isinstance(busy, bool) and 0 <= busy < float("inf"))):
+        return False
+    if v.get("conditions") is not None and Conditions.from_dict(v["conditions"]) is None:
+        return False
+    if not (v.get("raised") is None or isinstance(v["raised"], str)):
         return False
 
     def num(x):
@@ -161,7 +196,7 @@ def _is_calibration(key, v) -> bool:
 
     texts = all(isinstance(v[k], str) for k in ("device", "dtype", "torch_version", "layout"))
     return (texts and v["dtype"] in DTYPES and v["layout"] in ("nn", "nt") and count(v["threads"])
-            and num(v["tflops"]) and v["tflops"] > 0 and num(v["seconds"]) and num(v["busy"])
+            and num(v["tflops"]) and v["tflops"] > 0 and num(v["seconds"])
             and num(v["taken_at"]) and isinstance(v["best_shape"], list) and len(v["best_shape"]) == 3
             and all(count(n) for n in v["best_shape"]) and isinstance(v["sweep"], list)
             and all(isinstance(r, list) and len(r) == 4 and all(num(x) for x in r) for r in v["sweep"])
@@ -184,7 +219,7 @@ def _save_cache(data: dict) -> None:
             raise
     except OSError as e:
         warnings.warn(f"tunekit: could not cache the calibration in {path.parent} ({e}); "
-                      "set TUNEKIT_CACHE to a writable folder", stacklevel=3)
+                      "set TUNEKIT_CACHE to a writable folder", stacklevel=4)
 
 
 CALIBRATION_BUDGET_S = 4.0   # a sweep stops growing the matmul beyond this (slow dtypes on CPU)
@@ -201,8 +236,10 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
 
     Square matmuls of each size are warmed up, then timed `repeats` times (device synchronized
     around the clock), and the best size `2 * repeats` times more; the best TFLOPS wins. Noise
-    only ever slows a try, so the best try is the estimate. Cached unless `force`; recalibrate
-    (`force=True`) if it ran while the machine was busy.
+    only ever slows a try, so the best try is the estimate. ``cal.conditions`` says what else used
+    the machine meanwhile; a busy sweep is not trusted (the next process to use it measures
+    again, once) and never replaces a faster cached one. Read from the cache unless `force`;
+    written to it unless `sizes` are custom.
 
     >>> tunekit.calibrate("fp32").tflops   # e.g. 0.1-0.2 on 2 laptop cores
     """
@@ -215,21 +252,20 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         sizes = [whole(f"sizes[{i}]", n, 1, 65536) for i, n in enumerate(sizes)]
         if not sizes:
             raise ValueError("sizes must name at least one matrix size, got []")
-    dev = existing_device(device) if device is not None else (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    dev = _device(device)
     name = device_name(dev)
     key = _cache_key(name, dtype)
     cache = _load_cache()
     if key in cache and not force and sizes is None:
-        c = cache[key]
-        return Calibration(**{**c, "best_shape": tuple(c["best_shape"])})
+        return _from_entry(cache[key])
 
     if dtype == "fp8":
         raise ValueError("fp8 calibration needs torch._scaled_mm on a GPU that supports it; pass --peak instead")
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32 if dev.type == "cuda" else None
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-    t_start, busy = time.perf_counter(), _busy()
+    meter = ConditionsMeter(dev.index if dev.type == "cuda" else None).start()
+    t_start = time.perf_counter()
     sweep = []
 
     def tries(n, warmup, repeats, layout):
@@ -263,21 +299,32 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         if prev_tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     m, k, n, top = max(sweep, key=lambda r: r[3])
+    seconds = time.perf_counter() - t_start
     cal = Calibration(device=name, dtype=dtype, tflops=top, best_shape=(m, k, n), sweep=sweep,
-                      seconds=time.perf_counter() - t_start, torch_version=torch.__version__,
-                      threads=torch.get_num_threads(), busy=busy, taken_at=time.time(), layout=layout)
+                      seconds=seconds, torch_version=torch.__version__, threads=torch.get_num_threads(),
+                      taken_at=time.time(), layout=layout, conditions=meter.stop(seconds))
     if sizes is None:
-        cache = _load_cache()  # re-read: another process may have added entries meanwhile
-        cache[key] = asdict(cal)
-        _save_cache(cache)
-        _stamp_memo.clear()
+        _store(key, cal)
+        _remeasured.add(key)  # this process's one measurement: a busy one is not re-done at once
     return cal
+
+
+def _store(key: str, cal: Calibration) -> None:
+    """Cache ``cal``, unless it was taken on a busy machine and the cache holds a faster, fresh
+    peak: load only ever slows a sweep, so a busy one never replaces a faster one."""
+    cache = _load_cache()  # re-read: another process may have added entries meanwhile
+    old = _from_entry(cache[key]) if key in cache else None
+    if old is not None and cal.verdict == "busy" and old.tflops > cal.tflops and not _stale(old):
+        return
+    cache[key] = asdict(cal)
+    _save_cache(cache)
+    _stamp_memo.clear()
 
 
 def cached_calibration(device=None, dtype: str = "fp32") -> Calibration | None:
     """The cached MAMF for this device and dtype, or None (never measures)."""
     c = _load_cache().get(_cache_key(device_name(device), dtype))
-    return None if c is None else Calibration(**{**c, "best_shape": tuple(c["best_shape"])})
+    return None if c is None else _from_entry(c)
 
 
 def resolve_peak(device=None, dtype: str = "bf16", given: float | None = None,
@@ -318,59 +365,123 @@ def _resolve(device, dtype, allow_calibration) -> Peak:
     value, why = specs.spec_peak(name, dtype)
     if value is not None:
         return Peak(value, why, "spec")
-    cal, redone = cached_calibration(device, dtype), ""
-    if cal is not None and allow_calibration:
-        distrust = _distrust(cal) or _recheck(cal, device)
-        if distrust:
-            cal, redone = calibrate(dtype, device, force=True), f"; re-measured: {distrust}"
+    cal, redone, key = cached_calibration(device, dtype), "", _cache_key(name, dtype)
+    if cal is not None and allow_calibration and key not in _remeasured:
+        distrust = _distrust(cal)
+        if distrust:  # once per process: a machine that stays busy must not cost a sweep per cell
+            _remeasured.add(key)
+            fresh = calibrate(dtype, device, force=True)
+            # the cache keeps the faster of two busy sweeps (see _store); unwritable, the fresh one
+            cal, redone = cached_calibration(device, dtype) or fresh, f"; re-measured: {distrust}"
     if cal is None and allow_calibration:
         cal = calibrate(dtype, device)
     if cal is not None:
-        shape = "x".join(map(str, cal.best_shape))
-        lay = ", B transposed as nn.Linear keeps it" if cal.layout == "nt" else ""
-        return Peak(cal.tflops, f"calibrated MAMF on {cal.device}, {dtype}, best {shape} matmul "
-                                f"({cal.threads} threads{lay}){redone}", "calibrated")
+        return _calibrated_peak(cal, redone)
     return Peak(None, why, None)
 
 
+def _calibrated_peak(cal: Calibration, redone: str = "") -> Peak:
+    shape = "x".join(map(str, cal.best_shape))
+    lay = ", B transposed as nn.Linear keeps it" if cal.layout == "nt" else ""
+    busy = "; taken on a busy machine, so possibly too low" if cal.verdict == "busy" else ""
+    raised = f"; {cal.raised}" if cal.raised else ""
+    return Peak(cal.tflops, f"calibrated MAMF on {cal.device}, {cal.dtype}, best {shape} matmul "
+                            f"({cal.threads} threads{lay}){redone}{raised}{busy}", "calibrated")
+
+
 STALE_DAYS = 30      # a calibration older than this is re-measured (drivers, BIOS, thermals change)
-BUSY_LIMIT = 0.5     # other runnable tasks per CPU above which a calibration counts as taken under load
+BUSY_LIMIT = 0.5     # caches before `conditions`: other runnable tasks per CPU that mean "taken under load"
+_remeasured: set = set()  # cache keys measured in this process (a busy one is re-measured once per process)
 
 
-def _busy() -> float:
-    """Runnable tasks per CPU besides this process, from the 1-minute load average (0 if unknown)."""
-    try:
-        return max(0.0, (os.getloadavg()[0] - 1) / (os.cpu_count() or 1))
-    except (OSError, AttributeError):
-        return 0.0
+def _stale(cal: Calibration) -> bool:
+    return time.time() - cal.taken_at > STALE_DAYS * 86400
 
 
 def _distrust(cal: Calibration) -> str | None:
     """Why a cached calibration should not be used as it is, or None."""
-    if time.time() - cal.taken_at > STALE_DAYS * 86400:
+    if _stale(cal):
         return f"older than {STALE_DAYS} days"
-    if cal.busy > BUSY_LIMIT:
+    if cal.conditions is not None:
+        return f"it was taken on a busy machine ({cal.conditions.reason})" if cal.conditions.busy else None
+    if not is_missing(cal.busy) and cal.busy > BUSY_LIMIT:  # an older cache's load-average reading
         return f"it was taken under load ({cal.busy:.1f} other tasks per CPU)"
     return None
 
 
-_rechecked: dict = {}
+_rechecked: dict = {}  # cache key -> what this process's one re-check found
 
 
-def _recheck(cal: Calibration, device) -> str | None:
-    """Once per process: one timed matmul at the calibrated best shape. Load only slows a try,
-    so a try faster than the cached peak proves the peak too low (it was measured while busy)."""
+def recheck_peak(device=None, dtype: str = "fp32") -> tuple[Peak | None, str]:
+    """Re-check the cached calibration once per process per device and dtype: one timed matmul at
+    its best shape. Load only slows a try, so a try faster than the cached peak proves the peak
+    too low: it replaces the cached one. Returns (the calibrated peak now, what was found)."""
     import torch
 
-    key = (cal.device, cal.dtype)
-    if key not in _rechecked:
-        dev = torch.device(device) if device is not None else torch.device("cpu")
-        m, k, n = cal.best_shape
-        a = torch.randn(m, k, device=dev).to(torch_dtype(cal.dtype))
-        b = torch.randn(k, n, device=dev).to(torch_dtype(cal.dtype))
-        b = b.t().contiguous().t() if cal.layout == "nt" else b
-        best = min(time_repeats(lambda: torch.mm(a, b), dev, warmup=1, repeats=2))
-        now = 2 * m * k * n / best / 1e12
-        _rechecked[key] = (f"a re-check reached {now:.3g} TFLOPS, above the cached {cal.tflops:.3g}"
-                           if now > 1.05 * cal.tflops else None)
-    return _rechecked[key]
+    name = device_name(device)
+    key, cal = _cache_key(name, dtype), cached_calibration(device, dtype)
+    if cal is None:
+        return None, "no cached calibration to re-check"
+    if key in _rechecked:
+        return _calibrated_peak(cal), f"re-checked once in this process already ({_rechecked[key]})"
+    dev = _device(device)
+    m, k, n = cal.best_shape
+    a = torch.randn(m, k, device=dev).to(torch_dtype(cal.dtype))
+    b = torch.randn(k, n, device=dev).to(torch_dtype(cal.dtype))
+    b = b.t().contiguous().t() if cal.layout == "nt" else b
+    best = min(time_repeats(lambda: torch.mm(a, b), dev, warmup=1, repeats=2))
+    now, shape = 2 * m * k * n / best / 1e12, f"{m}x{k}x{n}"
+    if now > cal.tflops:
+        found = f"a re-check at {shape} reached {now:.3g} TFLOPS, above the calibrated {cal.tflops:.3g}"
+        cal = replace(cal, tflops=now, sweep=cal.sweep + [(m, k, n, now)],
+                      raised=f"raised from {cal.tflops:.3g} by a re-check on {time.strftime('%Y-%m-%d %H:%M')}")
+        _store(key, cal)
+    else:
+        found = f"a re-check at {shape} reached {now:.3g} TFLOPS, no faster than the calibration"
+    _rechecked[key] = found
+    return _calibrated_peak(cal), found
+
+
+def _device(device):
+    import torch
+
+    if device is not None:
+        return existing_device(device)  # a device this machine lacks: a clear error, not torch's assertion
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """TFLOPS, MFU and HFU of one timed run, the peak they are measured against, and why they
+    are past it (`core.bounds.above_peak`; None when they are not)."""
+
+    tflops: float
+    mfu: float
+    hfu: float
+    peak: Peak
+    above_peak: str | None
+
+
+def rates(executed, model, seconds, peak: Peak, device=None, dtype: str = "fp32", devices: int = 1,
+          recheck: bool = True) -> Rates:
+    """TFLOPS, MFU and HFU of ``executed``/``model`` FLOPs in ``seconds`` on ``devices`` devices
+    of ``peak`` TFLOPS each: the one place MFU/HFU are computed. Executed FLOPs above a calibrated
+    peak re-check it (`recheck_peak`, once per process; ``recheck=False`` where a matmul must not
+    run now) and are taken against the peak after that; what is still above is flagged."""
+    def against(p):
+        total = None if p is None or p.tflops is None else p.tflops * devices
+        return formulas.utilization(model, seconds, total), formulas.utilization(executed, seconds, total)
+
+    mfu, hfu = against(peak)
+    found = None
+    peak_too_low = bounds.over(hfu) or (is_missing(hfu) and bounds.over(mfu))
+    if peak_too_low and peak.kind == "calibrated":
+        if recheck:
+            new, found = recheck_peak(device, dtype)
+            if new is not None and new.tflops > peak.tflops:
+                peak = new
+                mfu, hfu = against(peak)
+        else:
+            found = "not re-checked here (a matmul now would allocate device memory mid-notebook)"
+    return Rates(formulas.tflops(executed, seconds), mfu, hfu, peak,
+                 bounds.above_peak(mfu, hfu, peak.tflops, peak.source, peak.kind, found))

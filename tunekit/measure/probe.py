@@ -113,7 +113,7 @@ class Probe:
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
         self.history = history
         self.counter = None
-        self.conditions = None
+        self.conditions = self.t0 = None
         self.running = False
         self.record = ProfileRecord(name=name)
 
@@ -200,7 +200,8 @@ class Probe:
         counted = sync_error = None
         try:
             synchronize()
-            self.record.wall_s = time.perf_counter() - self.t0
+            if self.t0 is not None:  # None: interrupted before the clock started (no time: NaN)
+                self.record.wall_s = time.perf_counter() - self.t0
         except Exception as e:  # an asynchronous device error from the block surfaces here
             sync_error = e
             exc = exc or e
@@ -264,7 +265,7 @@ class Probe:
                 rec.trace.notes.append("profiler overhead unknown: no untraced run of this block to "
                                        "compare with (run it once without --trace)")
             else:
-                rec.trace.untimed_wall_s, rec.trace.overhead = last, rec.wall_s / last - 1
+                rec.trace.compare_with(last)
 
     def _read_memory(self, rec, exc) -> None:
         rss_delta, peak_delta = self.cpu.stop()
@@ -353,24 +354,21 @@ class Probe:
             rec.notes.append("FLOPs counted in this run, which the counter slows: re-run for TFLOPS/MFU")
             return
         rec.tflops = formulas.tflops(rec.flops, rec.wall_s)
-        from .peaks import resolve_peak
+        from .peaks import rates, resolve_peak
 
         torch = torch_if_loaded()
         device = torch.device("cuda", self.index) if self.index is not None else "cpu"
         rec.dtype = self.dtype or ("bf16" if self.index is not None else "fp32")
-        # Measure a missing peak only on CPU: on a GPU the sweep would allocate GiBs and leave
-        # them reserved, changing what the next cells see.
+        # Measure a missing peak (or re-check one) only on CPU: on a GPU the matmuls would
+        # allocate GiBs and leave them reserved, changing what the next cells see.
         peak = resolve_peak(device, rec.dtype, given=self.peak, allow_calibration=self.index is None)
         rec.peak_source = peak.source
         if peak.tflops is None:
             rec.notes.append(f"no peak known ({peak.source}): pass --peak or run tunekit.calibrate()")
             return
-        rec.peak_tflops = peak.tflops
-        rec.hfu = formulas.utilization(rec.flops, rec.wall_s, peak.tflops)
-        rec.mfu = formulas.utilization(rec.model_flops, rec.wall_s, peak.tflops)
-        if rec.hfu > 1 and peak.kind == "calibrated":
-            rec.notes.append("faster than the calibrated peak, which was measured on a busy machine: "
-                             "recalibrate with tunekit.calibrate(force=True) when it is quiet")
+        r = rates(rec.flops, rec.model_flops, rec.wall_s, peak, device, rec.dtype, recheck=self.index is None)
+        rec.peak_tflops, rec.peak_source = r.peak.tflops, r.peak.source
+        rec.hfu, rec.mfu, rec.above_peak = r.hfu, r.mfu, r.above_peak
 
 
 def _use_shape(rec, shaped) -> None:

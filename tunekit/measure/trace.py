@@ -11,6 +11,13 @@ its category from its chain of names. While tracing, every module's forward is w
 ``nn.Module: <class>`` profiler range (a global module hook, removed at stop), so a generic op
 knows which module ran it; an op of the backward pass inherits the chain of the forward op whose
 autograd node it runs (matched by sequence number and name).
+
+On CPU only the ops of the thread that started the trace count (a marker range at the start names
+it): another thread's ops ran beside the block, not in its time. Python-function events
+(``with_stack``, on under ``memory``) are not ops: the interpreter's time, which the breakdown
+keeps as ``untraced_s`` (counted as ops, they once made a cell's shares add up to 200%, IPython's
+history thread writing its SQLite cache during the cell among them). So the parts add up to the
+wall time.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ from ..core.paths import KEEP_SNAPSHOTS, KEEP_TRACES, prune, pruned_note, traces
 
 NaN = math.nan
 TOP_OPS = 15
+MARK = "tunekit: trace start"  # a zero-length range on the tracing thread: names the block's thread
 MAX_TIMELINE_POINTS = 400  # enough for a chart; the JSONL log keeps the record small
 _BACKWARD = re.compile(r"^(autograd::engine::evaluate_function: )?(\w+?)Backward\d*$")
 
@@ -151,9 +159,14 @@ class Tracer:
             from .torch_private import cpp_min_log_level
 
             self.log_level = cpp_min_log_level(2)
+        # record_function's first call in a process imports torch code; an import while the
+        # memory profiler records Python frames garbles torch's event names (UnicodeDecodeError
+        # when they are read): mark once before the trace starts, then the marker inside it
+        _mark()
         try:
             with _quiet_kineto():
                 self.prof.__enter__()
+            _mark()
         except BaseException:
             self._cleanup()
             raise
@@ -269,7 +282,7 @@ def breakdown_from_events(events, wall_s: float, device: str = "cpu", top: int =
     seconds = {c: 0.0 for c in seconds}
     ops = defaultdict(lambda: [0.0, 0])
     notes = []
-    cpu = [e for e in events if not _is_device(e) and not e.name.startswith("[")]
+    cpu = [e for e in events if not _is_device(e) and not e.name.startswith("[") and e.name != MARK]
     if device == "cuda":
         kernel_s = 0.0
         for e in cpu:
@@ -285,23 +298,56 @@ def breakdown_from_events(events, wall_s: float, device: str = "cpu", top: int =
             busy = kernel_s
             notes.append("no kernel timestamps: busy time taken as the sum of kernel times")
         if kernel_s > busy * 1.02:
+            # several streams ran kernels at once: share the time some kernel ran among the
+            # categories in proportion, so that they add up to it (and, with idle, to the wall)
             notes.append(f"kernels overlapped (several streams): their times add to {kernel_s / busy:.2f}x "
-                         "the time a kernel ran, so the categories add to more than the busy time")
+                         "the time some kernel ran; each category is scaled to its share of that time")
+            for c in seconds:
+                seconds[c] *= busy / kernel_s
         seconds[IDLE] = max(0.0, wall_s - busy)
         untraced = NaN
     else:
+        mine = _block_thread(events)
+        beside = defaultdict(float)
         for e in cpu:
+            if getattr(e, "is_python_function", False):
+                continue  # the interpreter's time: what untraced_s keeps
             s = e.self_cpu_time_total / 1e6
+            if mine is not None and e.thread != mine:
+                beside[e.name] += s
+                continue
             cat = categorize(chain(e))
             seconds[cat] += s
-            if not getattr(e, "is_python_function", False):
-                ops[(e.name, cat)][0] += s
-                ops[(e.name, cat)][1] += 1
+            ops[(e.name, cat)][0] += s
+            ops[(e.name, cat)][1] += 1
+        if beside:
+            most = max(beside, key=beside.get)
+            notes.append(f"{sum(beside.values()) * 1e3:.3g} ms of ops on other threads ran beside the block "
+                         f"(most: {most}): not part of its time, not in the shares")
         untraced = wall_s - sum(seconds.values())
+    total = sum(seconds.values())
+    if wall_s == wall_s and total > wall_s > 0:  # the profiler's window is a hair wider than our clock
+        notes.append(f"the ops' times add to {total / wall_s:.3f}x the measured wall time: scaled to it")
+        seconds = {c: s * wall_s / total for c, s in seconds.items()}
+        untraced = 0.0 if untraced == untraced else untraced
     rows = sorted(({"op": n, "category": c, "self_s": s, "calls": k} for (n, c), (s, k) in ops.items()),
                   key=lambda r: -r["self_s"])
     return Breakdown(device=device, wall_s=wall_s, seconds=seconds, top_ops=rows[:top], untraced_s=untraced,
                      notes=notes)
+
+
+def _mark() -> None:
+    with torch.autograd.profiler.record_function(MARK):
+        pass
+
+
+def _block_thread(events):
+    """The profiler's id of the thread that ran the block (the one the start marker is on), or
+    None without a marker (then every thread counts)."""
+    for e in events:
+        if e.name == MARK:
+            return e.thread
+    return None
 
 
 def _union_s(intervals) -> float | None:
