@@ -220,7 +220,7 @@ def test_real_cpu_allocator_error_leaves_the_lab_usable(tmp_path):
             lab.run(steps=1, warmup=0, micro_batch=4096)
         except RuntimeError as e:
             kept = e
-        print("DefaultCPUAllocator" in str(kept), "ran out of memory" in kept.__notes__[0],
+        print("DefaultCPUAllocator" in str(kept), any("ran out of memory" in n for n in kept.__notes__),
               all(torch.equal(a, b) for a, b in zip(before, lab.model.parameters())),
               lab.run(steps=1, warmup=0, micro_batch=4).steps)
     """) % str(tmp_path / "r.jsonl")
