@@ -222,11 +222,3 @@ def conclude(text: str, records) -> str:
 
 def _or_nan(x):
     return NaN if x is None else x
-
-
-def badge(cond) -> str:
-    """'' for quiet, else a short word a table or a summary line can carry."""
-    if cond is None:
-        return ""
-    verdict = cond.verdict if isinstance(cond, Conditions) else str(cond)
-    return "" if verdict == QUIET else f"[{verdict}]"
