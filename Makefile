@@ -12,6 +12,9 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[dev,hf]'
+	# tunekit.experiment's ipyexperiments without the deprecated `pynvml` package it requires
+	# (its shim makes `import torch` warn); nvidia-ml-py, a tunekit dependency, provides pynvml
+	$(PY) -m pip install -q --no-deps 'ipyexperiments>=0.1.29'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
@@ -23,7 +26,7 @@ tour: install
 	mkdir -p build
 	$(PY) -m jupyter nbconvert --to notebook --execute notebooks/00_tour.ipynb --output-dir build \
 		--ExecutePreprocessor.timeout=600
-	$(PY) -m tunekit.report_html build/00_tour.ipynb build/tour.html
+	$(PY) -m tunekit.ui.report_html build/00_tour.ipynb build/tour.html
 	@echo "open build/tour.html: summary, every chart and the dashboard, offline (or 'make lab')"
 
 # Interactive: JupyterLab on the notebooks (installs jupyterlab on first use).

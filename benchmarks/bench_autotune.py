@@ -26,9 +26,9 @@ import tunekit  # noqa: F401
 import torch
 
 from tunekit.core import registry
-from tunekit.lab import Lab
-from tunekit.lab.autotune import Candidate, timed_steps
-from tunekit.lab.toggles import label
+from tunekit.engine.lab import Lab
+from tunekit.engine.autotune import Candidate, timed_steps
+from tunekit.core.toggles import label
 
 
 def load() -> str:

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from tunekit.lab import Lab
+from tunekit.engine.lab import Lab
 from tunekit.measure.device import now_s
 
 

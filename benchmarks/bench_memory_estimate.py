@@ -14,8 +14,8 @@ import sys
 
 import torch
 
-from tunekit.memory import measure_memory
-from tunekit.memory.estimate import estimate_memory, worked_example_147m
+from tunekit.core.memory.estimate import estimate_memory, worked_example_147m
+from tunekit.measure.memory import measure_memory
 from tunekit.models.gpt import GPT, GPTConfig
 
 GiB, GB = 2**30, 1e9
@@ -77,7 +77,7 @@ def transformers_table(dev) -> list:
         print("\ntransformers is not installed: its table is skipped (pip install -e '.[hf]')")
         return []
     transformers.logging.set_verbosity_error()
-    from tunekit.lab import Lab
+    from tunekit.engine.lab import Lab
 
     cfgs = {"llama": LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688,
                                  num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,

@@ -33,7 +33,7 @@ GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
 import statistics
-from tunekit import formulas as F
+from tunekit.core import formulas as F
 
 # %% [markdown]
 # ## 1. MACs vs FLOPs

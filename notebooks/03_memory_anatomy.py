@@ -28,7 +28,7 @@ import plotly.graph_objects as go
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-from tunekit import anatomy
+from tunekit.core.memory import estimate as anatomy
 import pandas as pd
 GiB = 2**30
 

@@ -28,7 +28,7 @@ import torch
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-from tunekit import formulas as F
+from tunekit.core import formulas as F
 import pandas as pd
 
 # %% [markdown]

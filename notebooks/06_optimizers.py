@@ -27,7 +27,7 @@ GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
 import pandas as pd
-from tunekit import anatomy
+from tunekit.core.memory import estimate as anatomy
 
 # %% [markdown]
 # ## 1. Bytes per parameter (analytic)

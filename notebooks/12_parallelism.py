@@ -33,7 +33,8 @@ GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
 import pandas as pd
-from tunekit import bench, advisor
+from tunekit import bench
+from tunekit.core import advisor
 GB = 1e9
 
 # %% [markdown]

@@ -88,7 +88,7 @@ found.figure
 pruned = ev[ev.status == "pruned"].set_index("label")["why"]
 measured = ev[ev.repeats > 0]
 assert (pruned != "").all() and len(measured) >= 1 and found.toggles is not None
-assert not ((ev.attention == "flash") & (ev.repeats > 0)).any() or tunekit.registry.module_available("flash_attn")
+assert not ((ev.attention == "flash") & (ev.repeats > 0)).any() or tunekit.core.registry.module_available("flash_attn")
 if not GPU:
     assert "fp16 training is refused on CPU" in pruned["fp16"] and "same run as fp32" in pruned["tf32"]
 ckpt = ev[ev.checkpointing]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tunekit.memory.estimate import (
+from tunekit.core.memory.estimate import (
     bytes_per_param,
     estimate_memory,
     full_recompute_activation_bytes,
@@ -13,7 +13,7 @@ from tunekit.memory.estimate import (
     optimizer_bytes_per_param,
     worked_example_147m,
 )
-from tunekit.memory.gpt_count import gpt_activation_bytes, gpt_layer_activation_bytes, gpt_param_count
+from tunekit.core.memory.gpt_count import gpt_activation_bytes, gpt_layer_activation_bytes, gpt_param_count
 
 GPT1 = dict(n_layer=12, n_embd=768, n_head=12, seq_len=512)
 TINY = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=128, block_size=128, mlp="gelu",
@@ -21,7 +21,7 @@ TINY = dict(vocab_size=256, n_layer=2, n_head=4, n_embd=128, block_size=128, mlp
 
 
 def test_pure_modules_import_nothing_heavy():
-    code = ("import sys; from tunekit.memory.estimate import estimate_memory; import tunekit.advisor as a;"
+    code = ("import sys; from tunekit.core.memory.estimate import estimate_memory; import tunekit.core.advisor as a;"
             "e = estimate_memory(1e6, device='cpu'); str(e); str(a.advise({'n_embd': 64, 'n_head': 4}));"
             "print(','.join(m for m in ('torch', 'IPython', 'pandas', 'plotly') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

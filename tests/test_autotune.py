@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tunekit.core.conditions import Conditions
-from tunekit.lab import Lab
-from tunekit.lab.autotune import LabTrials, autotune
-from tunekit.lab.toggles import Env, ToggleError
+from tunekit.core.toggles import Env, ToggleError
+from tunekit.engine.autotune import LabTrials, autotune
+from tunekit.engine.lab import Lab
 
 SEQ = 128
 # tokens/s = 1000 x one factor per toggle; the fastest legal CPU configuration is
@@ -257,7 +257,7 @@ def test_weak_candidates_get_fewer_repeats(lab):
 
 
 def test_trials_take_more_steps_once_the_step_time_is_known(lab):
-    from tunekit.lab.autotune import timed_steps
+    from tunekit.engine.autotune import timed_steps
 
     assert timed_steps(0.01, 3, 0.25) == 25 and timed_steps(0.5, 3, 0.25) == 3  # ceil(0.25/0.01)
     assert timed_steps(0.001, 3, 0.25) == 30 and timed_steps(float("nan"), 3, 0.25) == 3  # 10x cap

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.lab import Lab, ToggleError, runlog
+from tunekit.core import runlog
+from tunekit.core.toggles import ToggleError
+from tunekit.engine.lab import Lab
 from tunekit.measure import peaks
 from tunekit.models import data
 

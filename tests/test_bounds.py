@@ -110,8 +110,8 @@ def test_a_profiled_block_above_a_calibrated_peak_is_flagged_where_it_is_read(ca
 
 def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibrations, matmul_in, tmp_path):
     # the user's case: a peak calibrated low (here 1e-9 TFLOPS), a Lab run on a quiet machine
-    from tunekit.cli import summary_lines
-    from tunekit.lab.runlog import runs_view
+    from tunekit.core.runlog import runs_view
+    from tunekit.ui.cli import summary_lines
 
     calibrations.cache(tflops=1e-9)
     matmul_in.s = 1.0
@@ -123,15 +123,15 @@ def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibration
     assert view["MFU"].iloc[-1].endswith("% ⚠") and view["HFU"].iloc[-1].endswith("% ⚠")
     assert "% ⚠</td>" in table_html(view)
     assert any(f"⚠ above the peak: {r.above_peak}" in line for line in summary_lines(r))
-    back = tunekit.runlog.RunLog.load(lab.log.path)[-1]      # the log keeps the flag
+    back = tunekit.core.runlog.RunLog.load(lab.log.path)[-1]      # the log keeps the flag
     assert back.above_peak == r.above_peak
 
 
 @pytest.mark.parametrize("matmul_s", [1e-6, 1.0])   # the re-check beats the peak / does not
 def test_a_distributed_run_is_rechecked_and_flagged_by_the_lab(calibrations, matmul_in, tmp_path, monkeypatch,
                                                               matmul_s):
-    from tunekit.dist import launch
-    from tunekit.lab.runlog import RunResult
+    from tunekit.core.runlog import RunResult
+    from tunekit.engine.dist import launch
 
     calibrations.cache(tflops=0.05)
     matmul_in.s = matmul_s

@@ -74,7 +74,7 @@ def test_storage_weakref_expires_with_its_storage():
 
 
 def test_ipyexperiments_init_sets_what_our_bridge_sets():
-    # tunekit.experiments builds IPyExperiments without its get_ipython() lookup by assigning
+    # tunekit.ui.experiments builds IPyExperiments without its get_ipython() lookup by assigning
     # these attributes itself; a release that sets anything else must be looked at.
     ipyexperiments = pytest.importorskip("ipyexperiments.ipyexperiments")
     src = textwrap.dedent(inspect.getsource(ipyexperiments.IPyExperiments.__init__))

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tunekit.figure_svg import PLOTLY, install, to_svg
+from tunekit.ui.figure_svg import PLOTLY, install, to_svg
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -64,9 +64,9 @@ def test_the_renderer_stores_plotly_json_and_svg_and_a_kernel_uses_it():
         assert set(bundle) >= {PLOTLY, "image/svg+xml"}
     finally:
         pio.renderers.default = before
-    code = ("import ipykernel, plotly.io as pio, tunekit; print(pio.renderers.default)")
+    code = ("import ipykernel, plotly.io as pio, tunekit; tunekit.use_renderer(); print(pio.renderers.default)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "tunekit"   # importing tunekit in a kernel process picks it
+    assert out.strip() == "tunekit"   # in a kernel process (what %load_ext tunekit calls)
     env_code = "import os; os.environ['PLOTLY_RENDERER']='json'; " + code
     out = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "json"      # a renderer the user chose wins

@@ -21,7 +21,7 @@ import torch
 from torch.nn.modules import module as M
 
 import tunekit
-from tunekit.lab import Lab
+from tunekit.engine.lab import Lab
 from tunekit.measure import interrupts, meters, probe
 from tunekit.measure.flops import counting_active
 from tunekit.measure.torch_private import dispatch_mode_stack
@@ -231,7 +231,7 @@ def _cell_case(ip, src):
     """The cell ``src`` run in ``ip``. IPython swallows a KeyboardInterrupt raised in its
     callbacks (pre_run_cell, post_run_cell) and runs the cell anyway; one that lands while the
     cell's own code runs must stop it."""
-    magics = tunekit.magics._STATE["magics"]
+    magics = tunekit.ui.magics._STATE["magics"]
     ip.user_ns["touch"] = touch
 
     def callbacks():

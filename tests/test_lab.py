@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tunekit.lab import Lab, RunResult, runlog
-from tunekit.lab.toggles import FP16_ON_CPU, Env, ToggleError, Toggles, label, notices, problems
+from tunekit.core import runlog
+from tunekit.core.runlog import RunResult
+from tunekit.core.toggles import FP16_ON_CPU, Env, ToggleError, Toggles, label, notices, problems
+from tunekit.engine.lab import Lab
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -54,7 +56,7 @@ def test_labels_name_what_changed():
 def test_pure_modules_import_no_torch():
     code = textwrap.dedent("""
         import sys
-        import tunekit.toggles, tunekit.runlog
+        import tunekit.core.toggles, tunekit.core.runlog
         assert "torch" not in sys.modules, "pure module imported torch"
     """)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -189,7 +191,7 @@ def test_log_survives_crash_mid_write(tmp_path):
     # a writer that finishes two records, then dies by SIGKILL half-way through the third line
     code = textwrap.dedent(f"""
         import os, signal
-        from tunekit.lab import runlog
+        from tunekit.core import runlog
         runlog.append_record(r"{path}", {{"run_id": 0, "loss": float("nan")}})
         runlog.append_record(r"{path}", {{"run_id": 1, "loss": 2.5}})
         with open(r"{path}", "ab") as f:
@@ -238,7 +240,7 @@ def test_failed_run_leaves_no_gradients_or_meters(lab):
 
 
 def test_fp16_grad_scaler_lives_with_the_optimizer(lab):
-    from tunekit.lab.toggles import Toggles
+    from tunekit.core.toggles import Toggles
     fp16 = Toggles(precision="fp16")
     assert lab.grad_scaler(Toggles()) is None
     scaler = lab.grad_scaler(fp16)
@@ -312,8 +314,8 @@ def test_find_max_non_oom_error_propagates_cleanly(lab):
 
 
 def test_flash_flops_added_analytically():
-    from tunekit.lab.step import ProbeResult, add_flash_flops
     from tunekit.measure.flops import FlopCount
+    from tunekit.measure.step import ProbeResult, add_flash_flops
     from tunekit.models.gpt import GPTConfig
 
     cfg = GPTConfig.preset("cpu-tiny")  # L=2, nh=4, hs=32
@@ -362,7 +364,7 @@ def test_cuda_oom_search_returns_to_baseline(tmp_path):
 def test_repeat_agreement_compares_the_best_steps_of_repeats():
     from types import SimpleNamespace as R
 
-    from tunekit.lab.runlog import repeat_agreement
+    from tunekit.core.runlog import repeat_agreement
 
     quiet = [[R(step_s_min=0.100), R(step_s_min=0.110)], [R(step_s_min=0.050), R(step_s_min=0.050)]]
     worst, verdict = repeat_agreement(quiet)

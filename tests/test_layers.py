@@ -1,61 +1,50 @@
-"""The architecture, enforced: imports flow downward only (docs/ARCHITECTURE.md).
+"""The architecture, enforced (docs/ARCHITECTURE.md): one layer per top-level folder of tunekit/,
+imports flow downward only, no cycles between packages, no module over 400 lines.
 
-Every module of the package is assigned a layer here; a new module fails this test until it is.
+A module's layer is its folder: core/ < models/ < measure/ < engine/ < ui/. Sub-folders
+(core/memory/, engine/dist/, engine/bench/) belong to their folder's layer.
 """
 import ast
 import pathlib
 import subprocess
 import sys
+from collections import defaultdict
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "tunekit"
-CORE, MODELS, MEASURE, ENGINE, UI = range(5)
-NAMES = ["pure core", "models", "measurement", "engine", "UI"]
-
-# module (dotted, under tunekit.) -> layer; package __init__ files are facades (re-exports)
-LAYERS = {
-    **{f"core.{m}": CORE for m in ("units", "formulas", "specs", "registry", "shapes", "records",
-                                    "summary", "advisor", "validate", "breakdown", "conditions", "paths", "bounds")},
-    "core.comm": CORE, "dist.spec": MODELS, "measure.comm": MEASURE,
-    "dist.worker": ENGINE, "dist.launch": ENGINE,
-    "memory.estimate": CORE, "memory.gpt_count": CORE, "memory.hf_count": CORE, "lab.toggles": CORE, "lab.runlog": CORE,
-    "models.gpt": MODELS, "models.data": MODELS, "models.adapters": MODELS, "lab.optimizers": MODELS,
-    **{f"measure.{m}": MEASURE for m in ("device", "meters", "nvml", "torch_private", "flops",
-                                          "fingerprint", "peaks", "timing", "oom", "probe", "interrupts",
-                                          "energy", "trace", "conditions", "model_flops", "memavail")},
-    "memory.tally": MEASURE, "memory.measure": MEASURE, "lab.step": MEASURE,
-    "lab.lab": ENGINE, "lab.maxbatch": ENGINE, "lab.guard": ENGINE, "lab.precision": ENGINE, "lab.fit": ENGINE,
-    "bench._frame": ENGINE, "bench._rank": ENGINE,
-    "bench.allreduce": ENGINE, "bench.compute": ENGINE, "bench.host": ENGINE,
-    "lab.autotune": ENGINE, "dist.netns": ENGINE, "lab.autotune_view": UI,
-    "lab.plots": UI, "lab.dashboard": UI, "bench.plots": UI, "magics": UI, "experiments": UI,
-    "plots": UI, "report_html": UI, "figure_svg": UI, "renderer": UI, "trace_plots": UI, "cli": UI,
-    "__main__": UI,
-}
-# Convenience entry points where a lower layer reaches up lazily, inside one method:
-# lab.compare() and lab.dashboard() open the Lab's UI.
-ALLOWED_UP = {("lab.lab", "lab.plots"), ("lab.lab", "lab.dashboard"),
-              ("lab.autotune", "lab.autotune_view")}  # AutotuneResult.figure draws itself
+LAYERS = ("core", "models", "measure", "engine", "ui")
+NAMES = {"core": "pure core", "models": "models", "measure": "measurement", "engine": "engine", "ui": "UI"}
+# The only upward edges: an engine object's own view, imported inside the one method that shows
+# it (lab.compare(), lab.dashboard(), AutotuneResult.figure()). Nothing else reaches up.
+VIEWS = {("engine.lab", "ui.lab_plots"), ("engine.lab", "ui.dashboard"),
+         ("engine.autotune", "ui.autotune_view")}
 # third-party packages a layer must not import at all (even inside a function)
-FORBIDDEN = {CORE: {"torch", "IPython", "ipywidgets"}, MODELS: {"IPython", "ipywidgets"},
-             MEASURE: {"IPython", "ipywidgets"}, ENGINE: {"IPython", "ipywidgets"}}
+FORBIDDEN = {"core": {"torch", "IPython", "ipywidgets"}, "models": {"IPython", "ipywidgets"},
+             "measure": {"IPython", "ipywidgets"}, "engine": {"IPython", "ipywidgets"}}
 # ... and only inside functions (a figure or table method), never at module level
 LAZY_ONLY = {"pandas", "plotly"}
+MAX_LINES = 400
 
 
 def _modules():
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).with_suffix("")
-        if rel.name == "__init__":
-            continue
-        yield ".".join(rel.parts), path
+        yield ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts), path
+
+
+def layer(module: str) -> str | None:
+    """The layer of a module under tunekit. (its top folder); None for the top-level façade."""
+    head = module.split(".")[0]
+    if head == "__main__":
+        return "ui"
+    return head if head in LAYERS else None
 
 
 def _imports(name, path):
-    """(target, top-level?) for every import in the module; targets relative to tunekit."""
+    """(target under tunekit. or a third-party name, at module level?) for every import."""
     tree = ast.parse(path.read_text())
-    package = name.split(".")[:-1]
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     top = {id(n) for n in tree.body}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -67,41 +56,99 @@ def _imports(name, path):
                 mod = ".".join(base + ([node.module] if node.module else []))
                 for a in node.names:  # `from . import runlog` names a module
                     full = f"{mod}.{a.name}" if mod else a.name
-                    yield "tunekit." + (full if full in LAYERS else mod), id(node) in top
+                    is_mod = (ROOT / (full.replace(".", "/") + ".py")).exists() or \
+                        (ROOT / full.replace(".", "/") / "__init__.py").exists()
+                    yield "tunekit." + (full if is_mod else mod), id(node) in top
             else:
                 yield node.module, id(node) in top
 
 
-def test_every_module_has_a_layer():
-    missing = [m for m, _ in _modules() if m not in LAYERS]
-    assert missing == [], f"assign a layer to {missing} in tests/test_layers.py"
-    assert set(LAYERS) <= {m for m, _ in _modules()}, "LAYERS names a module that does not exist"
+MODULES = [(m, p) for m, p in _modules() if m]  # the package's own __init__ is the public façade
 
 
-@pytest.mark.parametrize("name,path", list(_modules()), ids=[m for m, _ in _modules()])
+def test_every_module_is_in_a_layer_folder():
+    stray = [m for m, _ in MODULES if layer(m) is None]
+    assert stray == [], f"modules outside the layer folders {LAYERS}: {stray}"
+
+
+@pytest.mark.parametrize("name,path", MODULES, ids=[m for m, _ in MODULES])
 def test_imports_flow_downward(name, path):
-    layer = LAYERS[name]
+    mine = layer(name)
     for target, top_level in _imports(name, path):
         if not target:
             continue
         head = target.split(".")[0]
         if head == "tunekit":
             inner = target[len("tunekit."):]
-            if inner not in LAYERS or (name, inner) in ALLOWED_UP:
-                continue  # a package facade, or an allowed entry point
-            assert LAYERS[inner] <= layer, (f"{name} ({NAMES[layer]}) imports {inner} "
-                                            f"({NAMES[LAYERS[inner]]}): imports must flow downward")
+            theirs = layer(inner)
+            assert theirs is not None or inner == "", f"{name} imports the façade tunekit.{inner}"
+            if theirs is None or (name, inner) in VIEWS:
+                continue
+            assert LAYERS.index(theirs) <= LAYERS.index(mine), (
+                f"{name} ({NAMES[mine]}) imports {inner} ({NAMES[theirs]}): imports must flow downward")
         else:
-            assert head not in FORBIDDEN.get(layer, ()), f"{name} ({NAMES[layer]}) imports {head}"
-            if layer < UI:
+            assert head not in FORBIDDEN.get(mine, ()), f"{name} ({NAMES[mine]}) imports {head}"
+            if mine != "ui":
                 assert not (head in LAZY_ONLY and top_level), \
                     f"{name} imports {head} at module level: only inside the function that draws"
 
 
+def test_views_are_imported_inside_their_method_only():
+    for name, path in MODULES:
+        for target, top_level in _imports(name, path):
+            if target and (name, target.removeprefix("tunekit.")) in VIEWS:
+                assert not top_level, f"{name} imports its view {target} at module level"
+
+
+def test_no_cycles_between_packages():
+    """Packages (folders, sub-folders included) form no import cycle, lazy imports included; only
+    the VIEWS edges are left out (each a method that shows its own object)."""
+    def package(module):
+        return module.rpartition(".")[0] or module
+
+    edges = defaultdict(set)
+    for name, path in MODULES:
+        for target, _ in _imports(name, path):
+            if target and target.startswith("tunekit.") and (name, target[8:]) not in VIEWS:
+                a, b = package(name), package(target[8:])
+                if a != b and layer(target[8:]):
+                    edges[a].add(b)
+    seen, stack = set(), []
+
+    def visit(node):
+        if node in stack:
+            pytest.fail("package cycle: " + " -> ".join(stack[stack.index(node):] + [node]))
+        if node in seen:
+            return
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            visit(nxt)
+        stack.pop()
+        seen.add(node)
+
+    for node in sorted(edges):
+        visit(node)
+
+
+@pytest.mark.parametrize("name,path", MODULES, ids=[m for m, _ in MODULES])
+def test_modules_stay_small(name, path):
+    n = len(path.read_text().splitlines())
+    assert n <= MAX_LINES, f"{name} has {n} lines (at most {MAX_LINES}): split it by what it does"
+
+
 def test_pure_modules_load_nothing_heavy():
-    pure = [f"tunekit.{m}" for m, layer in LAYERS.items() if layer == CORE]
+    pure = [f"tunekit.{m}" for m, _ in MODULES if layer(m) == "core"]
     code = (f"import sys; import {', '.join(pure)}; "
             "print(','.join(m for m in ('torch', 'IPython', 'pandas', 'plotly', 'ipywidgets') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_import_tunekit_changes_nothing():
+    """No import hooks, no module aliases, no renderer: ``import tunekit`` only defines names."""
+    code = ("import sys; before = list(sys.meta_path); import tunekit; "
+            "assert sys.meta_path == before, sys.meta_path; "
+            "print(sorted(m for m in sys.modules if m.startswith('tunekit')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['tunekit']"

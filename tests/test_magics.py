@@ -76,6 +76,20 @@ def test_load_twice_registers_once_and_unload_removes_everything(ip, run):
     ip.run_line_magic("load_ext", "tunekit")  # the fixture unloads again
 
 
+def test_load_ext_sets_the_renderer_and_unload_ext_puts_plotlys_back(ip):
+    import plotly.io as pio
+
+    ip.run_line_magic("unload_ext", "tunekit")
+    before = pio.renderers.default
+    ip.run_line_magic("load_ext", "tunekit")
+    from tunekit.ui.renderer import in_kernel
+
+    assert pio.renderers.default == ("tunekit" if in_kernel() else "tunekit_file")
+    ip.run_line_magic("unload_ext", "tunekit")
+    assert pio.renderers.default == before
+    ip.run_line_magic("load_ext", "tunekit")
+
+
 def test_model_flops_and_peak_options_give_mfu(run):
     run("%%gpuprofile -q -n mfu --flops never --model-flops 2e9 --peak 10\nx = 1")
     rec = tunekit.last()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tunekit.core import paths
-from tunekit.lab.runlog import RunLog, RunResult, read_records
-from tunekit.lab.toggles import Toggles
+from tunekit.core.runlog import RunLog, RunResult, read_records
+from tunekit.core.toggles import Toggles
 
 HOME = "/home/ada"
 

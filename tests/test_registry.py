@@ -3,11 +3,10 @@ everything that lists or sizes them reads it."""
 import pytest
 import torch
 
-from tunekit.core import registry
-from tunekit.lab import toggles
-from tunekit.lab.optimizers import build_optimizer, state_bytes, unavailable_optimizers
+from tunekit.core import registry, toggles
+from tunekit.core.memory.estimate import optimizer_bytes_per_param
 from tunekit.measure.device import torch_dtype
-from tunekit.memory.estimate import optimizer_bytes_per_param
+from tunekit.models.optimizers import build_optimizer, state_bytes, unavailable_optimizers
 
 
 def test_lab_lists_come_from_the_registry():

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tunekit import renderer
 from tunekit.core import paths
+from tunekit.ui import renderer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,12 +26,35 @@ def _default_renderer(code, plotly_renderer=None):
     return out.stdout.strip()
 
 
-def test_outside_a_kernel_the_default_writes_a_file_whichever_is_imported_first():
-    assert _default_renderer("import tunekit, plotly.io as pio") == "tunekit_file"
-    assert _default_renderer("import plotly.io as pio, tunekit") == "tunekit_file"
-    # a Jupyter kernel keeps the interactive mimetype (+ SVG); a renderer the user names wins
-    assert _default_renderer("import ipykernel, tunekit, plotly.io as pio") == "tunekit"
-    assert _default_renderer("import tunekit, plotly.io as pio", plotly_renderer="json") == "json"
+def test_import_changes_no_renderer_a_tunekit_chart_never_opens_a_browser():
+    # import tunekit leaves plotly alone; BROWSER=true makes plotly's own default "browser"
+    browser = "import os; os.environ['BROWSER'] = 'true'; "
+    plotly_own = _default_renderer(browser + "import plotly.io as pio")
+    assert _default_renderer(browser + "import tunekit, plotly.io as pio") == plotly_own
+    # a tunekit chart made outside a kernel replaces a browser default by the file renderer
+    chart = (browser + "import pandas as pd, plotly.io as pio; from tunekit.ui.bench_plots import _line; "
+             "_line(pd.DataFrame({'a': [1], 'b': [2]}), 'a', 'b', 'title', 'y')")
+    assert _default_renderer(chart) == ("tunekit_file" if "browser" in plotly_own else plotly_own)
+    # the explicit call, by frontend; a renderer the user names wins
+    assert _default_renderer("import tunekit, plotly.io as pio; tunekit.use_renderer()") == "tunekit_file"
+    assert _default_renderer("import ipykernel, tunekit, plotly.io as pio; tunekit.use_renderer()") == "tunekit"
+    assert _default_renderer("import tunekit, plotly.io as pio; tunekit.use_renderer()",
+                             plotly_renderer="json") == "json"
+
+
+def test_use_renderer_and_restore_put_plotlys_default_back():
+    import plotly.io as pio
+
+    before = pio.renderers.default
+    try:
+        mine = "tunekit" if renderer.in_kernel() else "tunekit_file"  # pytest loads ipykernel (nbval)
+        assert renderer.use_renderer() == mine and pio.renderers.default == mine
+        renderer.restore_renderer()
+        assert pio.renderers.default == before
+        renderer.restore_renderer()  # a second restore changes nothing
+        assert pio.renderers.default == before
+    finally:
+        pio.renderers.default = before
 
 
 def test_a_shown_chart_is_a_file_beside_one_plotly_js_and_the_oldest_go(monkeypatch, tmp_path):

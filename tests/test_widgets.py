@@ -1,8 +1,8 @@
 """The dashboard, driven from code the way a user drives it with the mouse."""
 import pytest
 
-from tunekit.lab import Lab
-from tunekit.lab.dashboard import Dashboard
+from tunekit.engine.lab import Lab
+from tunekit.ui.dashboard import Dashboard
 
 
 @pytest.fixture
@@ -15,7 +15,7 @@ def dash(tmp_path):
 
 
 def test_controls_cover_every_toggle(dash):
-    from tunekit.lab.toggles import Toggles
+    from tunekit.core.toggles import Toggles
     assert isinstance(dash, Dashboard)
     assert set(Toggles().asdict()) <= set(dash.controls)
     labels = [lbl for lbl, _ in dash.controls["optimizer"].options]

@@ -1,6 +1,6 @@
-"""``python -m tunekit``: the tunekit command (tunekit.cli)."""
+"""``python -m tunekit``: the tunekit command (tunekit.ui.cli)."""
 import sys
 
-from tunekit.cli import main
+from .ui.cli import main
 
 sys.exit(main())

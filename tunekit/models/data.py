@@ -1,6 +1,6 @@
 """Training text with no download: the Python standard library's own source files, as bytes.
 
-    >>> from tunekit.data import Batcher
+    >>> from tunekit.models.data import Batcher
     >>> batcher = Batcher("corpus", device="cpu", seed=0)
     >>> x, y = batcher.get(batch_size=8, seq_len=128)   # (8, 128) int64 each; y is x shifted by 1
 

@@ -1,0 +1,117 @@
+"""Parameter and saved-activation counts for tunekit's demo GPT, tensor by tensor. Pure.
+
+The config is duck-typed on GPTConfig's attribute names (or a dict with them), so nothing here
+imports tunekit.models.gpt or torch. Counts follow what torch autograd actually saves for the model in
+tunekit/model.py (checked tensor by tensor with saved_tensors_hooks in tests/test_memory.py):
+
+* RMSNorm computes in fp32: it keeps an fp32 view of its input, the fp32 rsqrt (one per token),
+  the normalized tensor before the weight (fp32 when the residual stream is fp32, else the cast
+  back), and its output in the matmul dtype (the next Linear keeps that).
+* SDPA (CPU flash, CUDA flash/efficient) keeps q, k after rotary, the fused qkv output (v is a
+  view of it), the output and an fp32 logsumexp per (batch, head, token): no s^2 term.
+* Math attention keeps q, k, a contiguous copy of v, the causal mask (bool s*s), the fp32
+  softmax and its cast back, and the re-laid-out output: 5*a*s^2-like terms appear here.
+* MLP: GELU keeps its input and output; SwiGLU keeps gate, silu(gate), up and their product.
+* Loss: fp32 log-softmax over the padded vocabulary, int64 targets and indices.
+"""
+from __future__ import annotations
+
+from ..shapes import cfg_get as _get
+from ..shapes import gelu_d_ff, model_shape, padded_vocab, swiglu_d_ff
+
+
+def config_dims(cfg) -> dict:
+    """The sizes the formulas need from a GPTConfig-like object; `tunekit` says whether it has
+    the demo GPT's architecture fields (mlp and attention)."""
+    h = _get(cfg, "n_embd") or _get(cfg, "hidden_size")
+    mlp = _get(cfg, "mlp", "gelu")
+    vocab = _get(cfg, "padded_vocab_size")
+    if vocab is None and _get(cfg, "vocab_size") is not None:
+        vocab = padded_vocab(_get(cfg, "vocab_size"), _get(cfg, "pad_vocab_multiple", 1))
+    d_ff = _get(cfg, "ffn_dim") or _get(cfg, "d_ff")
+    if d_ff is None and h:
+        d_ff = gelu_d_ff(h) if mlp == "gelu" else swiglu_d_ff(h)
+    return {
+        "n_layer": _get(cfg, "n_layer"), "n_head": _get(cfg, "n_head"), "n_embd": h,
+        "block_size": _get(cfg, "block_size"), "vocab": vocab, "d_ff": d_ff, "mlp": mlp,
+        "attention": _get(cfg, "attention", "sdpa"), "pos": _get(cfg, "pos", "rope"),
+        "bias": bool(_get(cfg, "bias", False)), "dropout": float(_get(cfg, "dropout", 0.0) or 0.0),
+        "tunekit": _get(cfg, "mlp") is not None and _get(cfg, "attention") is not None,
+    }
+
+
+def gpt_param_count(cfg) -> int:
+    """Parameters of the demo GPT (token table tied to lm_head, so counted once): see
+    tunekit.core.shapes.ModelShape.param_count."""
+    return model_shape(cfg).param_count()
+
+
+def matmul_weight_count(cfg) -> dict:
+    """Weights that go through a Linear (autocast casts and saves these): per layer and lm_head."""
+    d = config_dims(cfg)
+    h, f = d["n_embd"], d["d_ff"]
+    n_mats = 3 if d["mlp"] == "swiglu" else 2
+    return {"per_layer": 4 * h * h + n_mats * h * f, "lm_head": d["vocab"] * h}
+
+
+def _norm_bytes(T, h, resid, elem):
+    # fp32 view of the input, rsqrt per token, pre-weight product, output in matmul dtype
+    pre_weight = 4 if resid == 4 else 2
+    return T * h * (4 + pre_weight + elem) + 4 * T
+
+
+def gpt_layer_activation_bytes(b: int, s: int, h: int, a: int, d_ff: int, mlp: str = "gelu",
+                               attention: str = "sdpa", elem: int = 4, resid: int = 4,
+                               dropout: float = 0.0, autocast: bool = False) -> int:
+    """Bytes one block saves for backward. elem: bytes of matmul-side activations (4 fp32, 2
+    bf16/fp16 or autocast); resid: bytes of the residual stream (2 only in pure half precision).
+
+    >>> gpt_layer_activation_bytes(2, 64, 128, 4, 512)   # fp32 sdpa gelu, see tests
+    1313792
+    """
+    T = b * s
+    norms = 2 * _norm_bytes(T, h, resid, elem)
+    if attention == "math":
+        scores = b * a * s * s
+        attn = 4 * T * h * elem + s * s + 4 * scores + (elem * scores if elem != 4 else 0)
+    else:  # sdpa / flash: qkv output, q and k after rotary, output, logsumexp
+        attn = 6 * T * h * elem + 4 * b * a * s
+    mlp_bytes = (4 if mlp == "swiglu" else 2) * T * d_ff * elem
+    if autocast and mlp == "swiglu":
+        # autocast caches casts of weights only: gate and up each cast the fp32 norm output
+        mlp_bytes += T * h * elem
+    masks = 0
+    if dropout > 0:   # bool masks: two residual dropouts (+ attention probabilities for math)
+        masks = 2 * T * h + (b * a * s * s if attention == "math" else 0)
+    return norms + attn + mlp_bytes + masks
+
+
+def gpt_activation_bytes(cfg, b: int, s: int, elem: int, checkpointing: bool = False,
+                         autocast: bool = False) -> dict:
+    """Saved activation bytes of the whole demo GPT for one micro-batch.
+
+    Returns saved (held from forward to backward), recompute (one block rebuilt during backward
+    under checkpointing), weight_casts (autocast's half copies of Linear weights kept for
+    backward) and a one-line formula.
+    """
+    d = config_dims(cfg)
+    h, a, L, V, f = d["n_embd"], d["n_head"], d["n_layer"], d["vocab"], d["d_ff"]
+    T = b * s
+    resid = 4 if (elem == 4 or autocast) else 2
+    layer = gpt_layer_activation_bytes(b, s, h, a, f, d["mlp"], d["attention"], elem, resid,
+                                       d["dropout"], autocast)
+    # idx (+ position ids) for the embeddings; final norm; fp32 log-softmax, targets, weight
+    outside = 8 * T + (8 * s if d["pos"] == "learned" else 0) + _norm_bytes(T, h, resid, elem)
+    outside += 4 * T * V + 8 * T + 4 + (T * h if d["dropout"] > 0 else 0)
+    mats = matmul_weight_count(cfg)
+    cast = 2 if autocast else 0
+    if checkpointing:
+        saved = L * resid * T * h + outside   # each block's input only
+        recompute = layer + cast * mats["per_layer"]
+        casts = cast * mats["lm_head"]
+        formula = f"L*{resid}*T*h block inputs + head/loss; one block rebuilt in backward"
+    else:
+        saved, recompute = L * layer + outside, 0
+        casts = cast * (L * mats["per_layer"] + mats["lm_head"])
+        formula = f"L x block({d['attention']}, {d['mlp']}, {elem}-byte) + head/loss, tunekit GPT"
+    return {"saved": saved, "recompute": recompute, "weight_casts": casts, "formula": formula}

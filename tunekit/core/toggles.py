@@ -1,0 +1,178 @@
+"""The Lab's toggles and the rules for which combinations make sense. Pure: no torch import.
+
+    >>> t = Toggles(precision="bf16", micro_batch=16)
+    >>> problems(t, Env(device_type="cpu"))     # [] -> fine; otherwise sentences saying why not
+
+The rules live here, apart from the Lab and the dashboard, so both explain a refusal the same
+way and the rules can be tested without tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass, field
+
+from . import registry
+from .validate import is_whole
+
+PRECISIONS = tuple(registry.PRECISIONS)
+OPTIMIZERS = registry.LAB_OPTIMIZERS
+ATTENTIONS = tuple(registry.ATTENTIONS)
+
+# Why fp16 is refused on CPU (the Lab's decision, shown verbatim in the dashboard).
+FP16_ON_CPU = (
+    "fp16 training is refused on CPU. fp16 has a 5-bit exponent, so small gradients underflow to "
+    "zero unless the loss is scaled (a GradScaler), and CPUs mostly lack fast fp16 matrix units: "
+    "torch would run it slower than fp32 and less safely than bf16. Use bf16 on CPU: it keeps "
+    "fp32's exponent range (no scaler needed) and runs fast on CPUs with AVX512-BF16 or AMX.")
+TF32_ON_CPU = ("tf32 is a CUDA tensor-core mode (Ampere and newer); on CPU matmuls stay fp32, "
+               "so this run is an fp32 run and is recorded as such.")
+
+
+@dataclass
+class Toggles:
+    """Everything ``lab.run`` can change between runs. ``None`` means "the model's current"."""
+
+    precision: str = "fp32"
+    checkpointing: bool = False
+    micro_batch: int = 8
+    grad_accum: int = 1
+    seq_len: int | None = None      # None: the model's block_size
+    optimizer: str = "adamw"
+    attention: str | None = None    # None: leave the model's attention as it is
+    compile: bool = False
+    lr: float = 1e-3
+
+    def replace(self, **changes) -> "Toggles":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"unknown toggle(s) {sorted(unknown)}; "
+                            f"valid: {[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **changes)
+
+    def asdict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Env:
+    """What the machine and the model allow; the Lab fills it in, tests build it by hand."""
+
+    device_type: str = "cpu"
+    bf16_supported: bool = True
+    flash_installed: bool = False
+    unavailable_optimizers: dict = field(default_factory=dict)  # name -> why
+    block_size: int | None = None
+    can_set_attention: bool = True
+    can_checkpoint: bool = True
+    model: str = "this model"
+
+
+class ToggleError(ValueError):
+    """Raised by ``lab.run`` for a combination that cannot run; ``.problems`` lists why."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def problems(t: Toggles, env: Env) -> list[str]:
+    """Sentences explaining why ``t`` cannot run in ``env``; empty when it can."""
+    out = []
+    cuda = env.device_type == "cuda"
+    for name in ("micro_batch", "grad_accum"):
+        v = getattr(t, name)
+        if not is_whole(v) or v < 1:
+            out.append(f"{name} must be a whole number >= 1 (got {v!r}): "
+                       f"a step needs at least one sample{' per micro-step' if name == 'grad_accum' else ''}.")
+    for name in ("checkpointing", "compile"):
+        if not isinstance(getattr(t, name), bool):
+            out.append(f"{name} must be True or False (got {getattr(t, name)!r}).")
+    if t.seq_len is not None:
+        if not is_whole(t.seq_len) or t.seq_len < 1:
+            out.append(f"seq_len must be a whole number >= 1 (got {t.seq_len!r}).")
+        elif env.block_size is not None and t.seq_len > env.block_size:
+            out.append(f"seq_len={t.seq_len} is longer than the model's position limit "
+                       f"({env.block_size}: block_size / max_position_embeddings); pick seq_len <= "
+                       f"{env.block_size}.")
+    if t.precision not in PRECISIONS:
+        out.append(f"precision must be one of {PRECISIONS}, got {t.precision!r}.")
+    elif t.precision == "fp16" and not cuda:
+        out.append(FP16_ON_CPU)
+    elif t.precision == "bf16" and cuda and not env.bf16_supported:
+        out.append("this GPU has no bf16 support (pre-Ampere): use fp16 (with its GradScaler) or fp32.")
+    if t.optimizer not in OPTIMIZERS:
+        out.append(f"optimizer must be one of {OPTIMIZERS}, got {t.optimizer!r}.")
+    elif t.optimizer in env.unavailable_optimizers:
+        out.append(f"optimizer {t.optimizer!r} is unavailable here: {env.unavailable_optimizers[t.optimizer]}")
+    if t.attention is not None:
+        if t.attention not in ATTENTIONS:
+            out.append(f"attention must be one of {ATTENTIONS}, got {t.attention!r}.")
+        elif not env.can_set_attention:
+            out.append(f"{env.model} has no attention switch tunekit knows (tunekit's GPT and "
+                       "transformers models have one); leave attention unset.")
+        elif t.attention == "flash" and not cuda:
+            out.append("flash attention (the flash-attn package) runs only on CUDA GPUs; "
+                       "use 'sdpa' (torch picks its best CPU kernel) or 'math' to see the naive cost.")
+        elif t.attention == "flash" and t.precision in ("fp32", "tf32"):
+            out.append("flash-attn kernels take fp16/bf16 tensors only; choose precision bf16 (or fp16).")
+    if t.checkpointing and not env.can_checkpoint:
+        out.append(f"tunekit does not know {env.model}'s blocks: name them to checkpoint them, "
+                   "e.g. Lab(model, blocks='layers').")
+    if isinstance(t.lr, bool) or not isinstance(t.lr, numbers.Real) or not 0 < t.lr < math.inf:
+        out.append(f"lr must be a finite number > 0 (got {t.lr!r}): 0 trains nothing, and an "
+                   "infinite or NaN learning rate turns every weight into NaN.")
+    return out
+
+
+def normalized(t: Toggles) -> Toggles:
+    """The same toggles in plain Python types (a numpy int64 micro-batch becomes an int), as
+    the model and the log want them; call after `problems` found none."""
+    return t.replace(micro_batch=int(t.micro_batch), grad_accum=int(t.grad_accum),
+                     seq_len=None if t.seq_len is None else int(t.seq_len), lr=float(t.lr))
+
+
+def notices(t: Toggles, env: Env) -> list[str]:
+    """What will run differently from what was asked (not errors): recorded in the run's notes."""
+    out = []
+    if t.precision == "tf32" and env.device_type != "cuda":
+        out.append(TF32_ON_CPU)
+    if t.attention == "flash" and env.device_type == "cuda" and not env.flash_installed:
+        out.append("flash-attn is not installed: attention falls back to torch SDPA "
+                   "(attention_ran says what ran).")
+    if t.compile and env.device_type == "cpu":
+        out.append("torch.compile on CPU compiles C++ at the first step (tens of seconds); "
+                   "the warm-up absorbs it.")
+    return out
+
+
+def compute_dtype(t: Toggles, device_type: str) -> str:
+    """The dtype the matmuls actually use: tf32 is fp32 off CUDA."""
+    compute = registry.PRECISIONS[t.precision].compute
+    return "fp32" if compute == "tf32" and device_type != "cuda" else compute
+
+
+def autocast_dtype(t: Toggles) -> str | None:
+    """The dtype name the forward is autocast to, or None (fp32/tf32 run without autocast)."""
+    return registry.PRECISIONS[t.precision].autocast_dtype
+
+
+def label(t: Toggles, base: Toggles) -> str:
+    """Short name of what differs from ``base``: e.g. ``"bf16 ckpt mb=16"``, or ``"baseline"``."""
+    parts = []
+    for f in dataclasses.fields(t):
+        v, b = getattr(t, f.name), getattr(base, f.name)
+        if v == b:
+            continue
+        if f.name == "precision":
+            parts.append(v)
+        elif f.name in ("checkpointing", "compile"):
+            parts.append(("ckpt" if f.name == "checkpointing" else "compile") + ("" if v else " off"))
+        elif f.name in ("optimizer", "attention"):
+            parts.append(str(v))
+        else:
+            short = {"micro_batch": "mb", "grad_accum": "ga", "seq_len": "T"}.get(f.name, f.name)
+            parts.append(f"{short}={v}")
+    return " ".join(parts) or "baseline"

@@ -1,0 +1,331 @@
+"""Measured memory anatomy of one training step, side by side with the estimate.
+
+    >>> rep = tunekit.measure_memory(model, (x, y))          # or measure_memory(lab)
+    >>> rep.to_frame()                                        # estimated | measured | error
+
+Parameter, gradient and optimizer-state bytes come from the tensors themselves (unique
+storages, so tied or viewed tensors count once). Saved activations come from
+`torch.autograd.graph.saved_tensors_hooks`: every tensor autograd keeps for backward passes the
+pack hook, exact on any device. Under autocast the half copies of weights that autocast makes
+and keeps for backward are told apart (their autograd history is a cast of a parameter) and
+reported as `weight_casts`. On CUDA the allocator peak, reserved bytes and NVML's device total
+are added, with `other` = what the named components do not explain.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core import registry
+from ..core.memory.estimate import COMPONENTS, MemoryEstimate, estimate_memory
+from ..core.units import GiB, is_missing
+from ..core.validate import flag, whole
+from ..models.adapters import adapt
+from . import nvml
+from .device import torch_dtype
+from .tally import SavedTensorTally, storage_key, unique_bytes
+
+NaN = math.nan
+
+
+@dataclass
+class MemoryReport:
+    """Measured bytes by component, the matching estimate, and device-level readings."""
+
+    measured: dict
+    estimate: MemoryEstimate | None
+    device: str
+    precision: str
+    cuda: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    def error(self, name: str) -> float:
+        """(estimated - measured) / measured for one component; NaN when either is unknown."""
+        est = self.estimate.components.get(name, NaN) if self.estimate else NaN
+        meas = self.measured.get(name, NaN)
+        if is_missing(est) or is_missing(meas) or meas == 0:
+            return 0.0 if (est == 0 and meas == 0) else NaN
+        return (est - meas) / meas
+
+    def to_frame(self):
+        """One row per component: estimated_bytes, measured_bytes, error (relative)."""
+        import pandas as pd
+
+        names = [k for k in COMPONENTS if k in self.measured] + \
+                [k for k in self.measured if k not in COMPONENTS]
+        rows = []
+        for k in names:
+            est = self.estimate.components.get(k, NaN) if self.estimate else NaN
+            rows.append({"component": k, "estimated_bytes": est, "measured_bytes": self.measured[k],
+                         "error": self.error(k)})
+        for k, v in self.cuda.items():
+            rows.append({"component": k, "estimated_bytes": NaN, "measured_bytes": v, "error": NaN})
+        return pd.DataFrame(rows).set_index("component")
+
+    def figure(self):
+        """plotly: estimated and measured side by side, stacked by component (GiB = 2^30)."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        for k in COMPONENTS:
+            est = self.estimate.components.get(k, NaN) if self.estimate else NaN
+            meas = self.measured.get(k, NaN)
+            ys = [0 if is_missing(est) else est / GiB, 0 if is_missing(meas) else meas / GiB]
+            if any(ys):
+                fig.add_bar(name=k, x=["estimated", "measured"], y=ys)
+        if "other" in self.cuda and not is_missing(self.cuda["other"]):
+            fig.add_bar(name="other (unexplained)", x=["measured"], y=[self.cuda["other"] / GiB])
+        fig.update_layout(barmode="stack", yaxis_title="GiB (2^30 bytes)",
+                          title=f"memory anatomy, {self.precision} on {self.device}")
+        return fig
+
+
+def optimizer_name(opt) -> str | None:
+    """The registry's name for a torch optimizer instance, or None when it has no formula."""
+    momentum = any(g.get("momentum", 0) for g in getattr(opt, "param_groups", ()))
+    entry = registry.optimizer_for_class(type(opt).__name__, momentum)
+    return entry.name if entry else None
+
+
+def _autocast_dtype(precision):
+    # the Lab's vocabulary: bf16/fp16 mean autocast to that dtype; fp32/tf32 mean none
+    if precision is None or isinstance(precision, torch.dtype):
+        return precision
+    if precision not in registry.PRECISIONS:
+        raise ValueError(f"precision must be one of {tuple(registry.PRECISIONS)}, got {precision!r}")
+    ac = registry.PRECISIONS[precision].autocast_dtype
+    return torch_dtype(ac) if ac else None
+
+
+@dataclass
+class _Target:
+    model: torch.nn.Module
+    adapter: object
+    batch: tuple
+    loss_of: object            # loss_of(model, batch) -> scalar loss
+    optimizer: object
+    precision: str | None
+    checkpointing: bool | None
+    attention: str | None
+
+
+def _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, checkpointing):
+    """What to measure, from a Lab-like object (its model, toggles, batches and loss) or a
+    module (a transformers causal LM trains on its own loss from labels)."""
+    if hasattr(target, "model") and hasattr(target, "batch"):   # duck-typed tunekit.Lab
+        model, t = target.model, getattr(target, "defaults", None)
+        adapter = getattr(target, "adapter", None) or adapt(model)
+        micro_batch = micro_batch or getattr(t, "micro_batch", None) or 4
+        seq_len = seq_len or getattr(t, "seq_len", None) or adapter.default_seq_len("cpu") or 64
+        loss_fn = getattr(target, "loss_fn", None)
+        loss_of = (lambda m, b: loss_fn(m, *b)) if loss_fn is not None else _loss
+        if precision is None:
+            precision = getattr(t, "precision", None)
+        if checkpointing is None and t is not None:
+            checkpointing = bool(t.checkpointing)
+        if optimizer is None and t is not None:
+            optimizer = t.optimizer   # a name: a fresh one of the Lab's kind is stepped
+        batch = batch if batch is not None else target.batch(micro_batch, seq_len)
+        return _Target(model, adapter, batch, loss_of, optimizer, precision, checkpointing,
+                       getattr(t, "attention", None))
+    model, adapter = target, adapt(target)
+    loss_of = _loss if adapter.kind != "transformers" else (lambda m, b: adapter.loss(m, *b))
+    if batch is None:
+        if not adapter.vocab_size:
+            raise ValueError("give a batch: measure_memory(model, (x, y))")
+        dev = next(model.parameters()).device
+        b, s = micro_batch or 4, seq_len or adapter.default_seq_len(dev.type) or 64
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        tokens = torch.randint(0, adapter.vocab_size, (b, s + 1), generator=gen).to(dev)
+        batch = (tokens[:, :-1].clone(), tokens[:, 1:].clone())  # y: x shifted by one
+    return _Target(model, adapter, batch, loss_of, optimizer, precision, checkpointing, None)
+
+
+def _loss(model, batch):
+    out = model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+    if isinstance(out, (tuple, list)):
+        loss = out[1] if len(out) > 1 and out[1] is not None else out[0]
+    else:
+        loss = out
+    return loss if loss.dim() == 0 else loss.float().sum()
+
+
+def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkpointing=None,
+                   micro_batch: int | None = None, seq_len: int | None = None,
+                   estimate: bool = True) -> MemoryReport:
+    """Run one training step (forward, backward, optimizer step) and measure each component.
+
+    `target`: a tunekit Lab (its model, default toggles and batches) or an nn.Module with
+    `batch` = (inputs...) for ``model(*batch)``; a model returning ``(logits, loss)`` (tunekit's
+    GPT) trains on its loss, any other output on ``output.float().sum()``.
+    Nothing of the caller's changes: the step is taken by a fresh optimizer with lr=0 (AdamW
+    when none is given, else a copy of the given one's class and settings), so the weights and
+    the given optimizer's state stay as they were; gradients the parameters held before are put
+    back; checkpointing/attention and the RNG state are restored. `precision` uses the Lab's
+    words: "bf16"/"fp16" run the forward under torch.autocast (reported as "amp") unless the
+    weights already are that dtype (then pure "bf16"/"fp16"), "fp32"/"tf32" do not.
+    """
+    for name, v in (("micro_batch", micro_batch), ("seq_len", seq_len)):
+        if v is not None:
+            whole(name, v)
+    for name, v in (("checkpointing", checkpointing), ("estimate", estimate)):
+        if v is not None:
+            flag(name, v)
+    tg = _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, checkpointing)
+    model, batch, optimizer, precision, adapter = tg.model, tg.batch, tg.optimizer, tg.precision, tg.adapter
+    params = [p for p in model.parameters()]
+    dev = params[0].device if params else torch.device("cpu")
+    notes = []
+    given = optimizer
+    optimizer = _shadow_optimizer(optimizer, params, notes)
+    ac_dtype = _autocast_dtype(precision)
+    float_dtypes = {p.dtype for p in params if p.is_floating_point()}
+    half = next((n for n, d in (("bf16", torch.bfloat16), ("fp16", torch.float16))
+                 if float_dtypes and float_dtypes <= {d}), None)
+    if half is not None:
+        precision = half   # pure half weights: autocast to the same dtype casts nothing
+        if ac_dtype is not None and ac_dtype != _autocast_dtype(half):
+            notes.append(f"weights are {half}; autocast to {ac_dtype} was not applied")
+        ac_dtype = None
+    else:
+        precision = "amp" if ac_dtype is not None else "fp32"
+    ac = torch.autocast(dev.type, dtype=ac_dtype) if ac_dtype is not None else nullcontext()
+    set_ck = tg.checkpointing is not None and adapter.can_checkpoint
+    set_attn = tg.attention is not None and bool(adapter.attentions)
+    if tg.checkpointing and not adapter.can_checkpoint:
+        notes.append("checkpointing requested, but tunekit does not know this model's blocks: not applied")
+    prev_ck, prev_attn = adapter.checkpointing, adapter.attention
+    prev_grads = [p.grad for p in params]
+    cuda = dev.type == "cuda"
+    try:
+        if set_ck and tg.checkpointing != prev_ck:
+            adapter.set_checkpointing(tg.checkpointing)
+        if set_attn and tg.attention != prev_attn:
+            adapter.set_attention(tg.attention)
+        for p in params:
+            p.grad = None
+        with torch.random.fork_rng(devices=[dev] if cuda else [], device_type=dev.type):
+            measured, cuda_info = _one_step(model, batch, tg.loss_of, optimizer, given, ac, params,
+                                            dev, notes)
+        ck_used, attn_used = adapter.checkpointing, adapter.attention
+    finally:
+        for p, g in zip(params, prev_grads):
+            p.grad = g
+        if set_ck and adapter.checkpointing != prev_ck:
+            adapter.set_checkpointing(prev_ck)
+        if set_attn and adapter.attention != prev_attn:
+            adapter.set_attention(prev_attn)
+    if not cuda:
+        notes.append("no CUDA device: allocator peak, NVML total and 'other' are not measured here")
+    est = None
+    if estimate:
+        est = _estimate_for(model, batch, optimizer or given, precision, dev, ck_used, attn_used,
+                            adapter.shape, notes)
+    return MemoryReport(measured, est, str(dev), precision, cuda_info, notes)
+
+
+def _shadow_optimizer(opt, params, notes):
+    """A fresh optimizer with lr=0 standing in for `opt`: same state sizes, and neither the
+    weights nor `opt`'s own state change (stepping even an lr=0 optimizer would advance its
+    moments and step count). `opt` may be a Lab optimizer name. None when it cannot be rebuilt."""
+    if opt is None:
+        notes.append("no optimizer given: a fresh AdamW(lr=0) was stepped; the weights do not change")
+        return torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
+    if isinstance(opt, str):
+        from ..models.optimizers import build_optimizer
+
+        return build_optimizer(opt, params, lr=0.0)
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": g["params"], "lr": 0.0}
+              for g in opt.param_groups]
+    try:
+        shadow = type(opt)(groups, lr=0.0)
+    except Exception as e:   # a constructor that takes other arguments
+        notes.append(f"could not copy {type(opt).__name__} ({type(e).__name__}); optimizer "
+                     "states are read from it without stepping")
+        return None
+    notes.append(f"a fresh {type(opt).__name__}(lr=0) with the given settings was stepped; "
+                 "the given optimizer is untouched")
+    return shadow
+
+
+def _one_step(model, batch, loss_of, optimizer, given, ac, params, dev, notes):
+    """One forward/backward/step with `optimizer` (None: no step; states read from `given`)."""
+    cuda = dev.type == "cuda"
+    if cuda and optimizer is not None:
+        _step(model, batch, loss_of, optimizer, ac)   # warm-up: states exist, the peak is a steady one
+        notes.append("CUDA: one warm-up step ran first so optimizer states exist at the peak")
+    if cuda:
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+    tally = SavedTensorTally(params, list(model.buffers()))
+    with ac, tally:
+        loss = loss_of(model, batch)
+    # read now: backward frees what the forward saved
+    acts, casts = float(tally.activation_bytes), float(tally.cast_bytes)
+    forward_growth = torch.cuda.memory_allocated(dev) - before if cuda else NaN
+    loss.backward()
+    del loss
+    grad_bytes = unique_bytes([p.grad for p in params])
+    if optimizer is not None:
+        optimizer.step()
+    if cuda:
+        torch.cuda.synchronize(dev)
+    exclude = {storage_key(p) for p in params}
+    source = optimizer if optimizer is not None else given
+    state = [v for st in source.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    opt_bytes = float(unique_bytes(state, exclude)) if source.state else NaN
+    measured = {"weights": float(unique_bytes(params)), "master_weights": 0.0,
+                "gradients": float(grad_bytes), "optimizer_states": opt_bytes,
+                "weight_casts": casts, "activations": acts,
+                "buffers": float(unique_bytes(model.buffers(), exclude))}
+    for p in params:
+        p.grad = None
+    return measured, (_cuda_readings(dev, measured, forward_growth) if cuda else {})
+
+
+def _step(model, batch, loss_of, optimizer, ac):
+    with ac:
+        loss = loss_of(model, batch)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _cuda_readings(dev, measured, forward_growth) -> dict:
+    """Allocator and NVML readings. `other`: what the allocator gained during the forward beyond
+    the saved activations and weight casts (outputs, loss, temporaries still held), read at the
+    end of the forward, where the named lines all coexist (gradients do not exist yet)."""
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    peak = float(torch.cuda.max_memory_allocated(index))
+    reserved = float(torch.cuda.memory_reserved(index))
+    used, why = nvml.used_bytes(index)
+    out = {"allocator_peak": peak, "allocator_reserved": reserved,
+           "forward_growth": float(forward_growth),
+           "other": float(forward_growth) - measured["activations"] - measured["weight_casts"],
+           "nvml_used": used if used is not None else NaN,
+           # CUDA context, kernels, NCCL, other libraries (and other processes on this GPU)
+           "outside_allocator": (used - reserved) if used is not None else NaN}
+    if why:
+        out["nvml_note"] = why
+    return out
+
+
+def _estimate_for(model, batch, optimizer, precision, dev, checkpointing, attention, shape, notes):
+    name = optimizer_name(optimizer)
+    kw = dict(precision=precision, optimizer=name or "adamw", device=str(dev), cuda_context_bytes=0.0)
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    if shape is not None and x.dim() == 2:
+        est = estimate_memory(model.config, n_params=float(sum(p.numel() for p in model.parameters())),
+                              micro_batch=x.shape[0], seq_len=x.shape[1],
+                              checkpointing=checkpointing, attention=attention, **kw)
+    else:
+        est = estimate_memory(float(sum(p.numel() for p in model.parameters())), **kw)
+    if name is None:
+        est.components["optimizer_states"] = NaN
+        notes.append(f"no state formula for {type(optimizer).__name__}: its estimate is NaN")
+    notes.extend(est.notes)
+    return est

@@ -1,0 +1,83 @@
+"""What every rank needs to build the same model: a plain JSON-able spec. Models layer.
+
+    >>> spec = model_spec(GPT(GPTConfig.preset("cpu-tiny")))   # {"kind": "gpt", "config": {...}}
+    >>> model = build_model(spec, seed=0)                     # the same weights on every rank
+
+Three kinds: ``gpt`` (tunekit's GPT from its GPTConfig fields), ``transformers`` (a config's
+``to_dict()`` and ``model_type``: ``AutoModelForCausalLM.from_config``) and ``factory``
+(``"package.module:function"``, called with ``kwargs``, returning an nn.Module). A live module
+of any other kind cannot be rebuilt in another process: ``model_spec`` says to pass a factory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import torch
+
+from .adapters import is_transformers_model
+from .gpt import GPT, GPTConfig
+
+KINDS = ("gpt", "transformers", "factory")
+
+
+def model_spec(model) -> dict:
+    """The spec that rebuilds ``model``'s architecture (not its weights) in a worker."""
+    inner = getattr(model, "_orig_mod", model)
+    if isinstance(inner, GPT):
+        return {"kind": "gpt", "config": dataclasses.asdict(inner.config)}
+    if is_transformers_model(inner):
+        cfg = inner.config.to_dict()
+        return {"kind": "transformers", "model_type": inner.config.model_type, "config": cfg}
+    raise ValueError(f"worker processes cannot rebuild a {type(inner).__name__} instance: "
+                     "give the Lab an importable factory instead, Lab(model='package.module:function'), "
+                     "or pass lab.run(..., model='package.module:function') so every rank builds its own copy")
+
+
+def factory_spec(factory: str, **kwargs) -> dict:
+    """The spec of an importable ``"package.module:function"`` (checked here, before launch)."""
+    check_factory(factory)
+    return {"kind": "factory", "factory": factory, "kwargs": kwargs}
+
+
+def check_factory(factory) -> None:
+    if not isinstance(factory, str) or factory.count(":") != 1:
+        raise ValueError(f"a model factory is 'package.module:function', got {factory!r}")
+    module, name = factory.split(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"model factory {factory!r} cannot be imported here ({e}); every rank "
+                         "imports it, so it must be on the path of this interpreter") from None
+    if not callable(fn):
+        raise ValueError(f"model factory {factory!r} is not callable")
+
+
+def check_model_spec(spec) -> None:
+    """Refuse a spec a worker could not build (before anything starts)."""
+    if not isinstance(spec, dict) or spec.get("kind") not in KINDS:
+        raise ValueError(f"a model spec is a dict with kind one of {KINDS}, got {spec!r}")
+    if spec["kind"] == "factory":
+        check_factory(spec.get("factory"))
+    elif not isinstance(spec.get("config"), dict):
+        raise ValueError(f"a {spec['kind']} model spec needs its config as a dict")
+
+
+def build_model(spec: dict, seed: int = 0) -> torch.nn.Module:
+    """The model of ``spec``, initialized from ``seed`` (the same weights on every rank)."""
+    check_model_spec(spec)
+    torch.manual_seed(seed)
+    if spec["kind"] == "gpt":
+        return GPT(GPTConfig(**spec["config"]))
+    if spec["kind"] == "transformers":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = {k: v for k, v in spec["config"].items() if k != "model_type"}
+        config = AutoConfig.for_model(spec.get("model_type") or spec["config"]["model_type"], **cfg)
+        return AutoModelForCausalLM.from_config(config)
+    module, name = spec["factory"].split(":")
+    model = getattr(importlib.import_module(module), name)(**spec.get("kwargs", {}))
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model factory {spec['factory']} returned {type(model).__name__}, "
+                        "not an nn.Module")
+    return model

@@ -1,0 +1,265 @@
+"""ipywidgets dashboard over a Lab. UI layer: reads controls, calls the Lab, shows what it returns.
+
+    >>> dash = lab.dashboard()            # display it in a notebook cell
+    >>> dash.controls["precision"].value = "bf16"
+    >>> dash.run_button.click()           # drivable from code: this is how it is tested
+    >>> dash.table_df                     # the rows the table shows
+
+Refused combinations (fp16 on CPU, flash without CUDA, micro batch 0, ...) are explained in the
+message area; a run never shows a traceback here (``dash.last_error`` keeps the exception).
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+from IPython import get_ipython
+
+from ..core.runlog import runs_view
+from ..core.summary import table_html
+from ..core.toggles import ATTENTIONS, OPTIMIZERS, PRECISIONS, ToggleError, notices
+from ..core.units import MiB
+from .autotune_view import evidence_view
+from .lab_plots import compare_figure, memory_breakdown_figure
+
+
+def _plotly_output(fig) -> dict:
+    """A display_data output holding the figure as plotly's own mimetype (JupyterLab, Notebook 7
+    and VS Code render it without fetching plotly.js)."""
+    import plotly.io as pio
+
+    data = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
+    data["text/plain"] = f"<plotly figure: {fig.layout.title.text or 'chart'}>"
+    return {"output_type": "display_data", "data": data, "metadata": {}}
+
+def _box(text: str, color: str) -> str:
+    return (f'<div style="border-left:4px solid {color};padding:4px 8px;margin:4px 0">'
+            f"{text}</div>")
+
+
+class Dashboard(W.VBox):
+    """Controls for every toggle, Run and Find-max-batch buttons, progress, table and charts."""
+
+    def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64):
+        self.lab = lab
+        d, env = lab.resolve(), lab.env()
+        opt_options = [(f"{n} (unavailable)" if n in env.unavailable_optimizers else n, n)
+                       for n in OPTIMIZERS]  # shown, not hidden: picking one explains why
+        style = {"description_width": "110px"}
+        c = self.controls = {
+            "precision": W.Dropdown(options=PRECISIONS, value=d.precision, description="precision"),
+            "checkpointing": W.Checkbox(value=d.checkpointing, description="checkpointing"),
+            "micro_batch": W.IntText(value=d.micro_batch, description="micro batch"),
+            "grad_accum": W.IntText(value=d.grad_accum, description="grad accum"),
+            "seq_len": W.IntText(value=d.seq_len, description="seq len"),
+            "optimizer": W.Dropdown(options=opt_options, value=d.optimizer, description="optimizer"),
+            "attention": W.Dropdown(options=ATTENTIONS if env.can_set_attention else [None],
+                                    value=d.attention, description="attention",
+                                    disabled=not env.can_set_attention),
+            "compile": W.Checkbox(value=d.compile, description="torch.compile"),
+            "lr": W.FloatText(value=d.lr, description="lr"),
+            "steps": W.IntText(value=steps, description="timed steps"),
+            "warmup": W.IntText(value=warmup, description="warm-up steps"),
+        }
+        for w in c.values():
+            w.style = style
+            w.observe(lambda _change: self.explain(), names="value")
+        self.max_batch = W.IntText(value=max_batch, description="max batch", style=style)
+        cpu = lab.device.type == "cpu"
+        self.budget_mib = W.FloatText(value=1024.0 if cpu else 0.0, style=style,
+                                      description="CPU budget MiB" if cpu else "budget MiB (0=none)")
+        self.run_button = W.Button(description="Run", button_style="primary", icon="play")
+        self.find_button = W.Button(description="Find max batch", icon="search",
+                                    layout=W.Layout(min_width="150px"))  # the whole label, not "Find ..."
+        self.autotune_button = W.Button(description="Autotune", icon="magic", layout=W.Layout(min_width="120px"))
+        self.autotune_budget = W.FloatText(value=60.0, description="budget (s)", style=style)
+        self.autotune_kwargs: dict = {}  # more lab.autotune arguments (space=..., keep_global_batch=...)
+        self.autotune_out, self.autotune_chart = W.HTML(), W.Output()
+        self.last_autotune = None
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="idle")
+        self.message = W.HTML()
+        self.table = W.HTML()
+        self.chart_out, self.breakdown_out = W.Output(), W.Output()
+        self.figures = {}
+        self.table_df = None
+        self.last_error = None
+        self.last_search = None
+        self.run_button.on_click(self._on_run)
+        self.find_button.on_click(self._on_find)
+        self.autotune_button.on_click(self._on_autotune)
+        names = list(c)
+        grid = W.GridBox([c[n] for n in names], layout=W.Layout(
+            grid_template_columns="repeat(3, 300px)"))
+        for w in (self.max_batch, self.budget_mib):
+            w.layout = W.Layout(width="250px")
+        buttons = W.HBox([self.run_button, self.progress, self.find_button, self.max_batch,
+                          self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
+        tune = W.HBox([self.autotune_button, self.autotune_budget])
+        super().__init__([grid, buttons, tune, self.message, self.autotune_out, self.autotune_chart, self.table,
+                          self.chart_out, self.breakdown_out])
+        self.explain()
+        self.refresh()
+
+    # --- reading the controls ------------------------------------------------------------
+
+    def toggles(self) -> dict:
+        """The toggles the controls describe, as keyword arguments for ``lab.run``."""
+        skip = ("steps", "warmup")
+        return {k: w.value for k, w in self.controls.items() if k not in skip}
+
+    def explain(self) -> list[str]:
+        """Show why the current controls cannot run (red) or what will differ (grey)."""
+        try:
+            t = self.lab.resolve(**self.toggles())
+        except (TypeError, ValueError) as exc:
+            self.message.value = _box(html.escape(str(exc)), "#d62728")
+            return [str(exc)]
+        problems = self.lab.check(t, self.controls["steps"].value, self.controls["warmup"].value)
+        if problems:
+            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in problems)
+        else:
+            notes = notices(t, self.lab.env())
+            self.message.value = "".join(_box(html.escape(n), "#999") for n in notes)
+        return problems
+
+    # --- actions --------------------------------------------------------------------------
+
+    def _attempt(self, what: str, action):
+        """``action()``, or None with its failure shown as a sentence (a refused toggle as the
+        Lab's reasons; anything else kept in ``last_error`` for debugging)."""
+        try:
+            return action()
+        except ToggleError as exc:
+            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in exc.problems)
+        except Exception as exc:
+            self.last_error = exc
+            self.message.value = _box(f"{what} failed: {html.escape(type(exc).__name__)}: "
+                                      f"{html.escape(str(exc))}", "#d62728")
+        return None
+
+    def _on_run(self, _button=None):
+        if self.explain():
+            return  # the explanation is already on screen
+        steps = self.controls["steps"].value
+        self.progress.max, self.progress.value = steps, 0
+        self.progress.description = "warm-up"  # and the FLOP count: untimed, before the clock
+        self.run_button.disabled = True
+
+        def tick(done, total):
+            self.progress.value, self.progress.description = done, f"step {done}/{total}"
+
+        try:
+            r = self._attempt("run", lambda: self.lab.run(steps=steps, warmup=self.controls["warmup"].value,
+                                                          progress=tick, **self.toggles()))
+        finally:
+            self.run_button.disabled = False
+            self.progress.description = "done"
+        if r is None:
+            return
+        notes = "".join(_box(html.escape(n), "#999") for n in r.notes)
+        busy = r.conditions is not None and r.conditions.busy
+        head = _box(f"run #{r.run_id} ({html.escape(r.label)}): "
+                    f"{r.tokens_per_s:,.0f} tokens/s, {r.step_s * 1e3:.1f} ms/step, "
+                    f"loss {r.loss:.3f}", "#e65100" if busy else "#2ca02c")
+        if busy:  # in the colour and the words of the row's badge: these figures are not the change's
+            head += _box("⚠ busy machine: " + html.escape(r.conditions.reason) + ". These figures measure "
+                         "the other work too; re-run when the machine is quiet before comparing.", "#e65100")
+        self.message.value = head + notes
+        self.refresh()
+
+    def _on_find(self, _button=None):
+        toggles = self.toggles()
+        toggles.pop("micro_batch")
+        budget = self.budget_mib.value * MiB if self.budget_mib.value > 0 else None
+        self.progress.max, self.progress.value, self.progress.description = 1, 0, "searching"
+        self.find_button.disabled = True
+        lines = []
+
+        def report(trial):
+            self.progress.description = f"trial {len(lines) + 1}"
+            lines.append(f"micro batch {trial.micro_batch}: {'fits' if trial.fits else trial.reason}"
+                         + (f" ({trial.used_bytes / MiB:.0f} MiB above baseline)"
+                            if trial.used_bytes is not None else ""))
+            self.message.value = _box("<br>".join(html.escape(s) for s in lines), "#1f77b4")
+
+        try:
+            found = self._attempt("search", lambda: self.lab.find_max_batch_size(
+                limit=self.max_batch.value, progress=report, memory_budget_bytes=budget, **toggles))
+        finally:
+            self.progress.value, self.progress.description = 1, "done"
+            self.find_button.disabled = False
+        if found is None:
+            return
+        self.last_search = found
+        verdict = (f"largest micro batch that fits: {found.best} (set in the control)"
+                   if found.best else "not even the smallest micro batch fits")
+        if found.best:
+            self.controls["micro_batch"].value = found.best
+        self.message.value = _box(html.escape(verdict) + "<br>" +
+                                  "<br>".join(html.escape(s) for s in lines), "#2ca02c")
+
+    def _on_autotune(self, _button=None):
+        budget = self.autotune_budget.value
+        self.progress.max, self.progress.value = max(1, round(budget)), 0
+        self.progress.description = "autotune"
+        self.autotune_button.disabled = True
+
+        def tick(elapsed_s, budget_s, text):
+            self.progress.value = min(self.progress.max, round(elapsed_s))
+            self.progress.description = f"{elapsed_s:.0f}/{budget_s:.0f} s"
+            self.message.value = _box("autotune: " + html.escape(text), "#1f77b4")
+
+        try:
+            found = self._attempt("autotune", lambda: self.lab.autotune(budget_s=budget, progress=tick,
+                                                                        **self.autotune_kwargs))
+        finally:
+            self.progress.value, self.progress.description = self.progress.max, "done"
+            self.autotune_button.disabled = False
+        if found is None:
+            return
+        self.last_autotune = found
+        if found.toggles is not None and found.state.startswith("winner"):
+            for k, v in found.toggles.asdict().items():  # the controls show what is now applied
+                if k in self.controls:
+                    self.controls[k].value = v
+        # red: stopped early; orange: inconclusive or never measured quiet (no winner proven); green
+        color = "#d62728" if found.partial else "#e65100" if found.inconclusive or found.busy else "#2ca02c"
+        self.message.value = _box(html.escape(found.verdict), color)
+        self.autotune_out.value = ("<b>autotune evidence</b>" + table_html(evidence_view(found.evidence)))
+        self.refresh()
+        if get_ipython() is not None:
+            self.autotune_chart.outputs = (_plotly_output(found.figure),)
+
+    # --- a static copy, for reports that cannot run widgets ---------------------------------
+
+    def snapshot_html(self) -> str:
+        """The table and charts as they are now, as HTML (the charts need plotly.js loaded)."""
+        charts = "".join(f.to_html(full_html=False, include_plotlyjs=False)
+                         for f in self.figures.values())
+        return f"<div class='tk-dashboard'><h4>Lab dashboard (snapshot)</h4>{self.table.value}{charts}</div>"
+
+    def _repr_mimebundle_(self, **kwargs):
+        # Jupyter draws the live widget; an HTML report shows the snapshot instead
+        data = super()._repr_mimebundle_(**kwargs) or {}
+        data["text/html"] = self.snapshot_html()
+        return data
+
+    # --- output ---------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Redraw the table and charts from ``lab.results()``."""
+        df = self.lab.results()
+        self.table_df = runs_view(df)
+        self.table.value = table_html(self.table_df) if len(df) else "<i>no runs yet</i>"
+        self.figures = {"compare": compare_figure(df), "memory": memory_breakdown_figure(df)}
+        if self.last_autotune is not None:
+            self.figures["autotune"] = self.last_autotune.figure
+        if get_ipython() is None:
+            return  # plain Python (tests): keep the figures, nothing to draw on
+        for out, fig in ((self.chart_out, self.figures["compare"]),
+                         (self.breakdown_out, self.figures["memory"])):
+            # Set the Output widget's content directly rather than capturing with `with out:`:
+            # capture routes outputs through the widget's msg_id, which headless runners
+            # (nbclient, hence nbconvert --execute) intermittently wait on forever.
+            out.outputs = (_plotly_output(fig),)
