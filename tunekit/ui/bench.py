@@ -17,9 +17,15 @@ from ..engine.bench.compute import (
     softmax_naive_vs_fused,
     swiglu_dff_search,
 )
-from ..engine.bench.host import dataloader_workers, gc_in_training_loop, pin_memory_non_blocking, set_numa_affinity
+from ..engine.bench.host import (
+    NUMA_NOTE,
+    dataloader_workers,
+    gc_in_training_loop,
+    pin_memory_non_blocking,
+    set_numa_affinity,
+)
 from .bench_plots import plot
 
-__all__ = ["all_reduce_busbw", "compile_on_off", "dataloader_workers", "forward_backward_ratio",
+__all__ = ["NUMA_NOTE", "all_reduce_busbw", "compile_on_off", "dataloader_workers", "forward_backward_ratio",
            "gc_in_training_loop", "matmul_shape_sweep", "naive_softmax", "pin_memory_non_blocking",
            "plot", "set_numa_affinity", "softmax_naive_vs_fused", "swiglu_dff_search"]
