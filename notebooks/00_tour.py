@@ -20,9 +20,9 @@
 # report GPU memory, NVML and spec-sheet MFU.
 
 # %%
-# %load_ext tunekit
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
+import tunekit
+# %load_ext tunekit
 
 lab = tunekit.Lab()          # the built-in byte-level GPT, preset 'cpu-tiny'
 model = lab.model

@@ -27,6 +27,7 @@
 
 # %%
 import tunekit
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 
 lab = tunekit.Lab(preset="cpu-tiny", micro_batch=8, seq_len=128)
 print(lab.config)

@@ -26,14 +26,15 @@
 # ratios of medians, never a single timing.
 
 # %%
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
+import statistics
 import torch
 import plotly.graph_objects as go
+import tunekit
+from tunekit.core import formulas as F
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-import statistics
-from tunekit.core import formulas as F
 
 # %% [markdown]
 # ## 1. MACs vs FLOPs

@@ -22,14 +22,15 @@
 # fragmentation. We estimate each line, then measure it on a live model.
 
 # %%
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
 import plotly.graph_objects as go
+import pandas as pd
+import tunekit
+from tunekit.core.memory import estimate as anatomy
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-from tunekit.core.memory import estimate as anatomy
-import pandas as pd
 GiB = 2**30
 
 # %% [markdown]

@@ -23,13 +23,14 @@
 
 # %%
 import math
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
+import pandas as pd
+import tunekit
+from tunekit.core import formulas as F
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-from tunekit.core import formulas as F
-import pandas as pd
 
 # %% [markdown]
 # ## 1. The arithmetic, with the documents' examples

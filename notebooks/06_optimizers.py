@@ -21,13 +21,14 @@
 # parameter group instead of a loop of small ops — faster, same memory.
 
 # %%
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
+import pandas as pd
+import tunekit
+from tunekit.core.memory import estimate as anatomy
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-import pandas as pd
-from tunekit.core.memory import estimate as anatomy
 
 # %% [markdown]
 # ## 1. Bytes per parameter (analytic)

@@ -24,15 +24,16 @@
 
 # %%
 import math
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
 import plotly.graph_objects as go
+import pandas as pd
+import tunekit
+from tunekit import bench
+from tunekit.core import advisor
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-import pandas as pd
-from tunekit import bench
-from tunekit.core import advisor
 
 
 # %% [markdown]

@@ -23,15 +23,16 @@
 # documents' A100 test.
 
 # %%
-import tunekit  # before torch: it keeps the deprecated pynvml shim quiet
 import math
 import torch
 import plotly.graph_objects as go
+import pandas as pd
+import tunekit
+from tunekit import bench
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-import pandas as pd
-from tunekit import bench
 
 # %% [markdown]
 # ## 1. Workers

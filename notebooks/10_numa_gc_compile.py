@@ -23,15 +23,16 @@
 
 # %%
 import math
-import tunekit  # before torch: it keeps the deprecated pynvml shim quiet
+import os
+import glob
 import torch
 import plotly.graph_objects as go
+import tunekit
+from tunekit import bench
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-import os
-import glob
-from tunekit import bench
 
 
 # %% [markdown]
@@ -53,7 +54,7 @@ before = sorted(os.sched_getaffinity(0))
 bound = bench.set_numa_affinity(0)
 print(f'this machine: {nodes} NUMA node(s), process allowed on {len(before)} CPUs')
 print('bound to', f'{len(bound)} CPUs local to cuda:0' if bound else
-      f'nothing ({bench.host.NUMA_NOTE["last"]}): there is nothing to gain here')
+      f'nothing ({bench.NUMA_NOTE["last"]}): there is nothing to gain here')
 fig = go.Figure(go.Bar(x=['GPU0-3 (node 0)', 'GPU4-7 (node 1)', 'this process'],
                        y=[len(node0), len(node0), len(bound or before)]))
 fig.update_layout(title='CPU cores per binding (documents server vs here)', yaxis_title='logical CPUs')

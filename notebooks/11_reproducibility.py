@@ -24,14 +24,15 @@
 
 # %%
 import math, statistics, time
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
+import os, platform, subprocess, sys, tempfile
 import torch
 import plotly.graph_objects as go
+import pandas as pd
+import tunekit
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-import os, platform, subprocess, sys, tempfile
-import pandas as pd
 logdir = tempfile.mkdtemp()   # each Lab below gets its own run log
 
 

@@ -26,15 +26,16 @@
 
 # %%
 import math
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
 import plotly.graph_objects as go
+import pandas as pd
+import tunekit
+from tunekit import bench
+from tunekit.core import formulas as F
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-import pandas as pd
-from tunekit import bench
-from tunekit.core import advisor
 GB = 1e9
 
 # %% [markdown]
@@ -98,8 +99,8 @@ assert need == {2: 19, 4: 57, 8: 133}   # (p-1)/(m+p-1) <= 0.05  <=>  m >= 19(p-
 # ring, comparable across rank counts.
 
 # %%
-assert advisor.allreduce_busbw(100, 8) == 175          # 100 * 2*7/8
-assert advisor.allreduce_busbw(100, 2) == 100
+assert F.allreduce_busbw(100, 8) == 175          # 100 * 2*7/8
+assert F.allreduce_busbw(100, 2) == 100
 sizes = (2**12, 2**16, 2**20, 2**22) if not GPU else (2**20, 2**24, 2**27)
 ar = bench.all_reduce_busbw(world_size=2, sizes_bytes=sizes)
 print('backend:', ar.attrs.get('backend'), '| notes:', ar.attrs.get('notes'))
@@ -133,7 +134,7 @@ else:
 # %%
 S, n_all, per_node, link_GBps = 14e9, 8, 4, 50 / 8   # bytes; ranks; GPUs per node; 50 Gbit/s = 6.25 GB/s
 full = 3 * (n_all - 1) / n_all * S                       # 2 all-gathers + 1 reduce-scatter over the 8-rank ring
-hybrid = per_node * advisor.allreduce_busbw(S / per_node, 2)   # 4 shard all-reduces between the 2 nodes
+hybrid = per_node * F.allreduce_busbw(S / per_node, 2)   # 4 shard all-reduces between the 2 nodes
 t_full, t_hybrid = full / 1e9 / link_GBps, hybrid / 1e9 / link_GBps
 fig = go.Figure(go.Bar(x=['FULL_SHARD (8 ranks)', 'HYBRID_SHARD (4 x 2)'], y=[t_full, t_hybrid],
                        text=[f'{full / 1e9:.1f} GB', f'{hybrid / 1e9:.1f} GB']))

@@ -26,14 +26,15 @@
 # a CPU — that is the lesson.
 
 # %%
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
+import tempfile
 import torch
+import pandas as pd
+from plotly.subplots import make_subplots
+import tunekit
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-import tempfile
-import pandas as pd
-from plotly.subplots import make_subplots
 logdir = tempfile.mkdtemp()
 
 # %% [markdown]

@@ -28,12 +28,12 @@
 # its self time. `--memory` adds a timeline of what is alive, by category.
 
 # %%
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
+import pandas as pd
+import tunekit
+from tunekit.core.units import MiB
 GPU = torch.cuda.is_available()
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
-import pandas as pd
-from tunekit.core.units import MiB
 
 # %load_ext tunekit
 

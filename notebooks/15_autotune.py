@@ -34,8 +34,9 @@
 # **inconclusive**, in words and in the chart, rather than a winner picked by chance.
 
 # %%
-import tunekit   # before torch: it silences the pynvml deprecation warning torch triggers
 import torch
+import tunekit
+tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 GPU = torch.cuda.is_available()
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
 

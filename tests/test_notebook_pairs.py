@@ -63,12 +63,16 @@ def test_ipynb_is_stripped(ipynb):
 
 
 @pytest.mark.parametrize("ipynb", IPYNBS, ids=[p.stem for p in IPYNBS])
-def test_tunekit_imported_before_torch(ipynb):
-    """Importing tunekit first silences the pynvml deprecation warning that importing torch prints."""
+def test_first_cell_imports_tunekit_and_sets_its_renderer(ipynb):
+    """Imports in the usual order (torch and the other libraries, then tunekit: `import tunekit`
+    changes nothing, so its place does not matter), and tunekit's plotly renderer set in the first
+    cell (`%load_ext tunekit` or `tunekit.use_renderer()`), so every figure is also an SVG."""
     nb = nbformat.read(ipynb, as_version=4)
     first = next((c.source for c in nb.cells if c.cell_type == "code"), "")
-    tunekit_at = re.search(r"^(%load_ext tunekit|import tunekit\b)", first, re.M)
+    tunekit_at = re.search(r"^import tunekit\b", first, re.M)
     torch_at = re.search(r"^(import torch\b|from torch\b|import [\w, ]*\btorch\b)", first, re.M)
     assert tunekit_at, f"{ipynb.name}: the first code cell does not import tunekit"
-    assert torch_at is None or tunekit_at.start() < torch_at.start(), (
-        f"{ipynb.name}: the first code cell imports torch before tunekit; put `import tunekit` first")
+    assert torch_at is None or torch_at.start() < tunekit_at.start(), (
+        f"{ipynb.name}: the first code cell imports tunekit before torch; third-party modules come first")
+    assert re.search(r"^(%load_ext tunekit|tunekit\.use_renderer\(\))", first, re.M), (
+        f"{ipynb.name}: the first code cell sets no renderer; add `tunekit.use_renderer()` (or %load_ext tunekit)")
