@@ -1,6 +1,8 @@
 """Nothing is written next to the code (issue 19): run from a folder outside the repository with a
 fresh HOME, tunekit puts its run log, traces, charts and caches in the user folders, and the
-package folder (a checkout's, or a wheel's in a read-only site-packages) is left as it was."""
+package folder (a checkout's, or a wheel's in a read-only site-packages) is left as it was; and
+`import torch; import tunekit` from the wheel prints nothing (issue 20)."""
+import importlib.util
 import os
 import shutil
 import stat
@@ -92,6 +94,13 @@ def test_a_wheel_in_a_read_only_site_packages(tmp_path):
         before = _tree(site)
         out = _run_outside([sys.executable, "-c", SCRIPT], tmp_path, site)
         assert f"from {site / 'tunekit' / '__init__.py'}" in out.stdout
+        # importing says nothing: -W default shows the DeprecationWarnings Python hides outside
+        # __main__. The dependencies are this test venv's, a core install: no [experiments] extra
+        # (ipyexperiments requires the deprecated `pynvml` package, whose shim makes torch warn).
+        quiet = _run_outside([sys.executable, "-W", "default", "-c", "import torch; import tunekit"], tmp_path, site)
+        shim = importlib.util.find_spec("_pynvml_redirector") is not None
+        assert (quiet.stdout, quiet.stderr) == ("", ""), quiet.stderr + (
+            "\n(the deprecated `pynvml` package is installed in this venv: pip uninstall pynvml)" if shim else "")
         version = _run_outside([str(site / "bin" / "tunekit"), "--version"], tmp_path, site)
         assert version.stdout.startswith(f"tunekit {tunekit.__version__} (torch ")
         # the console script's sys.path starts at its bin/ folder: the current directory is searched too
