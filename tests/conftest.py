@@ -31,6 +31,26 @@ def _fresh_history():
     yield
 
 
+def _active_flop_counters():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return [m for m in _get_current_dispatch_mode_stack() if type(m).__name__ == "_FlopCounterMode"]
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_flop_counter():
+    """A FlopCounterMode left active would slow and distort every later test: exit any after each test."""
+    yield
+    for mode in reversed(_active_flop_counters()):
+        mode.counter.__exit__(None, None, None)
+
+
+@pytest.fixture
+def flop_counters():
+    """`flop_counters()`: the FLOP counters active now (a test asserts there are none left)."""
+    return _active_flop_counters
+
+
 # --- a real IPython shell with the extension loaded (magics tests) -------------------------------
 
 

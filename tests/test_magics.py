@@ -1,6 +1,7 @@
 """The magics in a real IPython InteractiveShell."""
 
 import pytest
+from IPython.core.error import UsageError
 
 import tunekit
 
@@ -42,8 +43,6 @@ def test_error_is_recorded_and_reaches_the_user(run):
 
 
 def test_bad_arguments_are_usage_errors(run):
-    from IPython.core.error import UsageError
-
     for bad in ("--flops sometimes", "--dtype int3", "--peak -1", "--model-flops -5", "on"):
         r = run(f"%%gpuprofile {bad}\n1")
         assert isinstance(r.error_in_exec, UsageError), bad
@@ -220,3 +219,93 @@ def test_records_carry_the_number_the_notebook_shows(run):
     r = run("y = 2")
     run("%gpuprofile off")
     assert tunekit.last().name == f"In[{r.execution_count}]"
+
+
+# --- regressions from the review of the measurement core: each reproduced a real bug ----------------
+
+# Linear 128x128 no bias, x needs no grad: forward 2 + weight-grad 2 FLOPs per weight per row
+PER_ROW = 4 * 128 * 128  # 65536; 8 rows -> 524288
+
+
+def _flops_of(run, src):
+    run(src)
+    rec = tunekit.last()
+    return rec.flops, rec.flops_source
+
+
+@pytest.mark.parametrize("last_line", ["%gpuprofile off", "%unload_ext tunekit"])
+def test_turning_off_from_inside_a_cell_leaves_no_counter_active(ip, run, flop_counters, last_line):
+    run("%gpuprofile on -q")
+    run(f"y = model(torch.randn(2, 128))\n{last_line}")
+    assert flop_counters() == []
+    if last_line.startswith("%unload"):
+        ip.run_line_magic("load_ext", "tunekit")  # the fixture unloads
+
+
+def test_block_that_changes_its_own_input_recounts(run):
+    run("bs = 4\ndef grow():\n    global bs\n    bs *= 2\n"
+        "def step():\n    model(torch.randn(bs, 128)).sum().backward()")
+    cell = "%%gpuprofile -q -n selfmod\ngrow()\nstep()"
+    got = [_flops_of(run, cell)[0] for _ in range(3)]
+    assert got == [8 * PER_ROW, 16 * PER_ROW, 32 * PER_ROW]   # bs 4 -> 8 -> 16 -> 32
+
+
+def test_del_at_the_end_of_a_cell_does_not_hide_its_input(run):
+    cell = "%%gpuprofile -q -n del\nmodel(x).sum().backward()\ndel x"
+    run("x = torch.randn(8, 128)")
+    assert _flops_of(run, cell) == (8 * PER_ROW, "counted")
+    run("x = torch.randn(16, 128)")
+    assert _flops_of(run, cell) == (16 * PER_ROW, "counted")  # 2 * 524288
+
+
+def test_config_dict_change_recounts(run):
+    cell = "%%gpuprofile -q -n cfg\nmodel(torch.randn(cfg['bs'], 128)).sum().backward()"
+    run("cfg = {'bs': 8}")
+    assert _flops_of(run, cell) == (8 * PER_ROW, "counted")
+    run("cfg = {'bs': 16}")
+    assert _flops_of(run, cell) == (16 * PER_ROW, "counted")
+
+
+def test_numpy_input_shape_change_recounts(run):
+    cell = "%%gpuprofile -q -n np\nmodel(torch.from_numpy(arr)).sum().backward()"
+    run("arr = np.zeros((8, 128), np.float32)")
+    assert _flops_of(run, cell) == (8 * PER_ROW, "counted")
+    run("arr = np.zeros((16, 128), np.float32)")
+    assert _flops_of(run, cell) == (16 * PER_ROW, "counted")
+
+
+def test_redefined_function_recounts(run):
+    cell = "%%gpuprofile -q -n f\nf()"
+    seen = []
+    for bs in (8, 16, 8, 16, 8, 16):
+        # two definitions per round: the second can take the freed address of an older code object
+        run(f"def f():\n    model(torch.randn({24 - bs}, 128)).sum().backward()")
+        run(f"def f():\n    model(torch.randn({bs}, 128)).sum().backward()")
+        seen.append(_flops_of(run, cell)[0])
+    assert seen == [bs * PER_ROW for bs in (8, 16, 8, 16, 8, 16)]
+
+
+def test_cell_reading_a_lazy_module_still_runs(ip, run):
+    run("lazy = torch.nn.LazyLinear(8)")
+    r = run("%%gpuprofile -q -n lazy\ny = lazy(torch.randn(2, 4))")
+    assert r.error_in_exec is None and ip.user_ns["y"].shape == (2, 8)
+
+
+def test_top_level_await_in_the_cell_magic_is_a_clear_usage_error(run):
+    # IPython hands the magic the cell body as text; compiling it outside the kernel's event loop
+    # fails on `await`, and the magic turns that into a UsageError before any measurement starts
+    run("import asyncio")
+    n0 = len(tunekit.history())
+    r = run("%%gpuprofile -q -n aw\nawait asyncio.sleep(0)\n1")
+    assert type(r.error_in_exec) is UsageError
+    msg = str(r.error_in_exec)
+    assert "cannot run top-level `await`" in msg and "use `%gpuprofile on`" in msg
+    assert r.result is None
+    assert len(tunekit.history()) == n0         # nothing ran, so nothing was recorded
+
+
+def test_compact_display_says_why_tflops_is_missing(run, capsys):
+    run("%gpuprofile on")
+    run("y = model(torch.randn(4, 128))")
+    out = capsys.readouterr().out
+    assert "n/a" in out and "re-run" in out

@@ -1,5 +1,7 @@
 """Calibrated peaks on CPU, and the GPU code paths: mocked here, real under the `gpu` marker."""
+import json
 import math
+import threading
 import types
 
 import pytest
@@ -141,3 +143,46 @@ def test_of_two_busy_sweeps_the_faster_is_the_peak(calibrations):
     peak = peaks.resolve_peak("cpu", "fp32")
     assert calibrations.sweeps == 1 and peak.tflops == 1e9
     assert "re-measured: it was taken on a busy machine (injected busy)" in peak.source
+
+
+# --- the calibration cache never fails a measurement (review regressions) -----------------------
+
+
+def test_unwritable_calibration_cache_does_not_fail_the_block(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("TUNEKIT_CACHE", str(blocker / "sub"))   # mkdir under a file: NotADirectoryError
+    monkeypatch.setattr(peaks, "default_sizes", lambda kind: [32])
+    model, x = torch.nn.Linear(128, 128, bias=False), torch.randn(8, 128)
+    for _ in range(2):  # the second (cached) run resolves the peak
+        with tunekit.profile(name="peak", inputs=(x,)) as rec:
+            model(x)
+    assert tunekit.last() is rec and rec.flops_source == "cached"
+
+
+@pytest.mark.parametrize("content", ["null", "[]", "bad-entry"])
+def test_corrupt_calibration_cache_is_ignored(monkeypatch, tmp_path, content):
+    monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
+    if content == "bad-entry":
+        content = json.dumps({peaks._cache_key(peaks.device_name("cpu"), "fp32"): {"tflops": 1.0}})
+    (tmp_path / "mamf.json").write_text(content)
+    assert peaks.cached_calibration("cpu", "fp32") is None
+
+
+def test_concurrent_cache_writers_do_not_fail(monkeypatch, tmp_path):
+    monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
+    errors = []
+
+    def writer(i):
+        for k in range(300):
+            try:
+                peaks._save_cache({f"{i}-{k}": {"pad": "x" * 20000}})
+            except OSError as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -6,6 +6,7 @@ import torch
 
 import tunekit
 from tunekit.core.records import COLUMNS
+from tunekit.measure import probe
 
 MODEL = torch.nn.Linear(256, 256, bias=False)
 
@@ -149,3 +150,88 @@ def test_a_block_that_only_frees_memory_has_a_zero_peak_not_a_negative_one():
         del big
     assert rec.cpu_rss_delta_bytes < -64 * 2**20
     assert 0 <= rec.cpu_peak_delta_bytes < 4 * 2**20
+
+
+# --- regressions from the review of the measurement core: each reproduced a real bug ----------------
+
+
+def test_stop_exits_the_counter_even_if_synchronize_raises(monkeypatch, flop_counters):
+    p = probe.Probe("sync", flops="always", history=None).start()
+    assert flop_counters()
+
+    def boom(*a):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(probe, "synchronize", boom)
+    with pytest.raises(RuntimeError):
+        p.stop()
+    assert flop_counters() == []
+
+
+def test_two_blocks_with_the_same_name_do_not_share_a_count():
+    x = torch.randn(8, 256)
+    with tunekit.profile(name="blk", inputs=(x,)) as fwd:
+        MODEL(x)
+    with tunekit.profile(name="blk", inputs=(x,)) as fwd_bwd:
+        MODEL(x).sum().backward()
+    assert fwd.flops == 2 * 256 * 256 * 8            # forward only: 1048576
+    assert fwd_bwd.flops == 4 * 256 * 256 * 8        # forward + weight grad: 2097152
+
+
+def test_profile_in_a_loop_that_grows_its_input_recounts():
+    x, flops = torch.randn(4, 256), []
+    for _ in range(3):
+        with tunekit.profile(name="grow") as rec:
+            x = torch.cat([x, x])
+            MODEL(x)
+        flops.append(rec.flops)
+    assert flops == [2 * 256 * 256 * r for r in (8, 16, 32)]
+
+
+def test_nested_profile_keeps_the_outer_cpu_peak():
+    with tunekit.profile(name="outer", flops="never") as outer:
+        # freed before the inner block; 128 MiB, more than the free heap glibc may keep resident (<= 64 MiB): RSS moves
+        t = torch.ones(128 * 2**20 // 4)
+        del t
+        with tunekit.profile(name="inner", flops="never"):
+            pass
+    assert outer.cpu_peak_delta_bytes >= 128 * 2**20 * 0.95
+
+
+def _inner_block(x):
+    with tunekit.profile(name="inner", inputs=(x,)) as rec:
+        MODEL(x)
+    return rec
+
+
+def test_no_tflops_from_a_block_run_under_an_outer_counter():
+    x = torch.randn(64, 256)
+    _inner_block(x)                                # counted: cache filled
+    with tunekit.profile(name="outer", flops="always"):
+        inner = _inner_block(x)                    # cached count, but the outer counter is slowing it
+    assert inner.flops_source == "cached"
+    assert math.isnan(inner.tflops)
+    assert any("outer FLOP counter" in n for n in inner.notes)
+    assert not math.isnan(_inner_block(x).tflops)  # on its own again: clean TFLOPS
+
+
+def test_ops_without_a_flop_formula_are_reported():
+    @torch.library.custom_op("tunekit_review::mm", mutates_args=())
+    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+    a = torch.randn(64, 64)
+    recs = []
+    for _ in range(2):
+        with tunekit.profile(name="custom", inputs=(a,)) as rec:
+            mm(a, a)
+        recs.append(rec)
+    counted, cached = recs
+    # only an op without a formula ran: executed FLOPs are unknown (NaN), not 0, so every rate is
+    # unknown too, on the counted run and on the run that reuses its count
+    assert [r.flops_source for r in recs] == ["counted", "cached"]
+    for r in recs:
+        assert math.isnan(r.flops) and math.isnan(r.model_flops)
+        assert math.isnan(r.tflops) and math.isnan(r.mfu) and math.isnan(r.hfu)
+    assert "not counted (no FLOP formula): tunekit_review.mm" in counted.notes
+    assert "the count misses ops without a FLOP formula: tunekit_review.mm" in cached.notes

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .formulas import algbw, allreduce_busbw  # noqa: F401  (tunekit 0.1 had them here)
 from .shapes import TENSOR_CORE_MULTIPLE, model_shape, padded_vocab, round_to_multiple
 from .shapes import cfg_get as _get
 from .validate import whole

@@ -30,7 +30,6 @@ import math
 
 PARALLEL = ("ddp", "fsdp", "fsdp_grad_op", "hsdp")
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
-SCOPES = ("intra", "inter")
 
 
 def numel(shape) -> int:

@@ -10,7 +10,6 @@ KiB = 2**10
 MiB = 2**20
 GiB = 2**30
 GB = 10**9
-TERA = 10**12
 
 
 def is_missing(x) -> bool:

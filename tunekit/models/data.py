@@ -11,7 +11,6 @@ gives uniform random tokens: right for throughput work, useless for learning (lo
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 import sys
@@ -80,11 +79,6 @@ def _cached(path: Path) -> bytes:
         return path.read_bytes() if stat.S_ISREG(path.stat().st_mode) else b""
     except OSError:
         return b""
-
-
-def corpus_digest() -> str:
-    """Short sha256 of the corpus, to record which text a run trained on."""
-    return hashlib.sha256(corpus_bytes()).hexdigest()[:12]
 
 
 def synthetic_tokens(n_tokens: int, vocab_size: int = 256, seed: int = 0) -> torch.Tensor:

@@ -259,7 +259,7 @@ def check(args, env=None) -> tuple:
     return source, nproc, nodes, link
 
 
-# --- the spec a torchrun rank joins with (the format of tunekit.models.spec / dist.worker) --------
+# --- the spec a torchrun rank joins with (the format of models.spec / engine.dist.worker) ---
 
 
 def model_spec(source) -> dict:

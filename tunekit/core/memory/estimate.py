@@ -2,7 +2,7 @@
 optimizer states, activations and what lives outside torch's allocator. Pure: no torch, no
 IPython; pandas and plotly are imported only by the methods that need them.
 
-Sources (see ../shared/seeds): the ml-engineering "Anatomy of Model's Memory Usage" section
+Sources: the ml-engineering "Anatomy of Model's Memory Usage" section
 (18 bytes/param for mixed-precision AdamW, per-optimizer state sizes, 0.5-2 GB of CUDA context,
 ~1-2 GB for torch.distributed) and the large-scale-training notes (the activation formula of
 Korthikanti et al. 2022 and the 147M-parameter GPT worked example).
