@@ -1,5 +1,5 @@
 """The Lab's optimizers, built from their registry entries; optional packages are reported,
-never required. Engine layer.
+never required. Models layer.
 
     >>> unavailable_optimizers("cpu")      # {'lion': 'needs the lion-pytorch package ...', ...}
     >>> opt = build_optimizer("adamw_fused", model.parameters(), lr=1e-3)
