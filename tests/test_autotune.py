@@ -344,6 +344,40 @@ def test_bad_input_refused_before_any_work(lab, kwargs, words):
     assert fake.measured == [] and fake.searched == [] and len(lab.results()) == 0
 
 
+def test_the_signature_is_the_options_dataclass():
+    import dataclasses
+    import inspect
+
+    from tunekit.engine.autotune import AutotuneOptions
+
+    params = list(inspect.signature(autotune).parameters.values())[1:]  # after the lab
+    assert [(p.name, p.default) for p in params] == \
+        [(f.name, f.default) for f in dataclasses.fields(AutotuneOptions)]
+    options, problems = AutotuneOptions().checked()
+    assert problems == [] and options == AutotuneOptions()  # the defaults pass their own checks
+
+
+def test_every_bad_option_is_named_at_once(lab):
+    with pytest.raises(ToggleError) as e:
+        lab.autotune(budget_s=0, repeats=0, noise=1.0, memory_budget_bytes=True, trials=FakeTrials())
+    assert [p.split(" must")[0] for p in e.value.problems] == ["budget_s", "repeats", "noise", "memory_budget_bytes"]
+    assert e.value.problems[3] == "memory_budget_bytes must be a finite number of bytes > 0, or None, got True"
+
+
+def test_the_stages_are_the_declared_ones(lab, monkeypatch):
+    # a stage the search has no rule for tries each declared value of its toggles from the incumbent
+    from tunekit.core import toggles as tg
+    monkeypatch.setattr(tg, "SEARCH", (("kernels", ("attention", "optimizer")),))
+    fake = FakeTrials()
+    found = autotune(lab, budget_s=1000, trials=fake, space={"optimizer": ["adamw", "adamw_fused"]})
+    assert set(found.evidence["stage"]) == {"start", "kernels"} and found.toggles.optimizer == "adamw_fused"
+    assert {(m.attention, m.optimizer) for m in fake.measured} == \
+        {("sdpa", "adamw"), ("math", "adamw"), ("sdpa", "adamw_fused")}  # one toggle at a time
+    assert "only on CUDA" in rows(found, label="flash")["why"].iloc[0]  # the Lab's check, no rule of its own
+    with pytest.raises(ToggleError, match="'precision' is not searched"):
+        autotune(lab, budget_s=10, trials=FakeTrials(), space={"precision": ["fp32"]})
+
+
 def test_ctrl_c_raises_and_keeps_what_was_measured(lab):
     fake = FakeTrials(interrupt_at=2)
     with pytest.raises(KeyboardInterrupt):

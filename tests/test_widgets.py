@@ -24,6 +24,30 @@ def test_controls_cover_every_toggle(dash):
         assert "lion (unavailable)" in labels  # shown, not hidden
 
 
+def test_a_new_declared_toggle_gets_a_control_and_an_option(dash, monkeypatch):
+    import dataclasses
+
+    import ipywidgets as W
+
+    from tunekit.core import toggles as tg
+    from tunekit.ui import cli
+
+    @dataclasses.dataclass
+    class More(tg.Toggles):  # a copy of the declaration with two more toggles
+        loss_kernel: str = tg.toggle("eager", "cross-entropy kernel", ("eager", "fused"))
+        dropout: float = 0.0
+
+    monkeypatch.setattr(tg, "Toggles", More)
+    controls = Dashboard(dash.lab).controls
+    w = controls["loss_kernel"]
+    assert (w.description, w.tooltip, w.value) == ("loss kernel", "cross-entropy kernel", "eager")
+    assert [v for _, v in w.options] == ["eager", "fused"] and isinstance(w, W.Dropdown)
+    assert isinstance(controls["dropout"], W.FloatText) and controls["dropout"].tooltip == "the Lab's dropout toggle"
+    help_text = " ".join(cli.run_parser().format_help().split())
+    assert "--loss-kernel {eager,fused} cross-entropy kernel (default: eager)" in help_text
+    assert cli.run_parser().parse_args(["--loss-kernel", "fused"]).loss_kernel == "fused"
+
+
 @pytest.mark.slow
 def test_run_button_adds_rows_and_charts(dash):
     assert dash.table_df.empty

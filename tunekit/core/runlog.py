@@ -398,7 +398,8 @@ def repeat_agreement(groups) -> tuple[float, str]:
     if not groups or not all(groups):
         raise ValueError("repeat_agreement needs, for each setting, a list of its RunResults (at least one "
                          f"setting, each with a run), got {groups!r}"[:300])
-    worst = max(max(r.step_s_min for r in rs) / min(r.step_s_min for r in rs) for rs in groups)
+    from .noise import disagreement
+    worst = disagreement([[r.step_s_min for r in rs] for rs in groups])
     verdict = (f"repeat agreement: runs of one setting differ by up to {worst - 1:.0%} -> "
                + ("the machine was busy; rerun before trusting small differences" if worst > 1.2
                   else "stable enough to compare"))

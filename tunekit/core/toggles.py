@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import typing
 from dataclasses import dataclass, field
 
 from . import registry
@@ -31,19 +32,30 @@ TF32_ON_CPU = ("tf32 is a CUDA tensor-core mode (Ampere and newer); on CPU matmu
                "so this run is an fp32 run and is recorded as such.")
 
 
+def toggle(default, help: str, choices: tuple | None = None, label: str | None = None):
+    """A field of `Toggles` with what the UIs show of it: ``help`` (the CLI option's, the
+    dashboard control's tooltip), ``choices`` (a dropdown, the CLI's choices, the values autotune
+    tries), ``label`` (the dashboard's; default: the name with spaces)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "label": label})
+
+
 @dataclass
 class Toggles:
-    """Everything ``lab.run`` can change between runs. ``None`` means "the model's current"."""
+    """Everything ``lab.run`` can change between runs. ``None`` means "the model's current".
 
-    precision: str = "fp32"
-    checkpointing: bool = False
-    micro_batch: int = 8
-    grad_accum: int = 1
-    seq_len: int | None = None      # None: the model's block_size
-    optimizer: str = "adamw"
-    attention: str | None = None    # None: leave the model's attention as it is
-    compile: bool = False
-    lr: float = 1e-3
+    The declaration the dashboard controls, the ``tunekit run`` options and autotune's stages
+    are built from (`declared`, `SEARCH`): a new toggle is a field here (its rule in `problems`,
+    a row in `SEARCH` when autotune should try it) and its effect in the engine's step."""
+
+    precision: str = toggle("fp32", "training precision", PRECISIONS)
+    checkpointing: bool = toggle(False, "recompute each block in backward")
+    micro_batch: int = toggle(8, "samples per micro-step (per rank)")
+    grad_accum: int = toggle(1, "micro-steps per optimizer step")
+    seq_len: int | None = toggle(None, "tokens per sample; None: the model's position limit")
+    optimizer: str = toggle("adamw", "optimizer", OPTIMIZERS)
+    attention: str | None = toggle(None, "attention kernel; None: the model's own", ATTENTIONS)
+    compile: bool = toggle(False, "torch.compile the model", label="torch.compile")
+    lr: float = toggle(1e-3, "learning rate")
 
     def replace(self, **changes) -> "Toggles":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -54,6 +66,56 @@ class Toggles:
 
     def asdict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Declared:
+    """One toggle as the UIs and autotune read it: its field in `Toggles` and the field's metadata."""
+
+    name: str
+    kind: type            # bool | int | float | str: the CLI option's type
+    default: object
+    help: str
+    label: str
+    choices: tuple | None  # None: any value of ``kind``
+
+    @property
+    def control(self) -> str:
+        """The dashboard's widget: dropdown | checkbox | int | float | text."""
+        if self.choices is not None:
+            return "dropdown"
+        return {bool: "checkbox", int: "int", float: "float"}.get(self.kind, "text")
+
+    @property
+    def values(self) -> tuple | None:
+        """What autotune may try: the choices, both settings of a flag; None: not a list."""
+        return (False, True) if self.kind is bool else self.choices
+
+
+def declared(cls: type | None = None) -> tuple[Declared, ...]:
+    """Every toggle of ``cls`` (default `Toggles`, or a dataclass extending it) in field order;
+    a field declared without `toggle` gets a generic help and no choices."""
+    cls = cls or Toggles
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kind = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
+        meta = f.metadata
+        out.append(Declared(f.name, kind, f.default, meta.get("help") or f"the Lab's {f.name} toggle",
+                            meta.get("label") or f.name.replace("_", " "), meta.get("choices")))
+    return tuple(out)
+
+
+# How lab.autotune searches the toggles: its stages in order, each with the toggles it changes
+# ("final" re-races the best candidates so far). A stage the engine has no rule for tries each of
+# its toggles' `Declared.values` from the incumbent. Toggles in no stage are never searched:
+# grad_accum follows micro_batch (keep_global_batch), seq_len and lr change what is trained.
+SEARCH = (("precision", ("precision",)),       # first: it changes what fits
+          ("attention", ("attention",)),
+          ("optimizer", ("optimizer",)),       # the same algorithm in its other implementations
+          ("micro_batch", ("checkpointing", "micro_batch")),  # checkpointing pays only through the batch
+          ("final", ()),
+          ("compile", ("compile",)))           # last: a first compile costs tens of seconds
 
 
 @dataclass

@@ -51,6 +51,20 @@ def real(name: str, v, low: float = 0.0, high: float = math.inf, low_open: bool 
     return float(v)
 
 
+def memory_budget(name: str, v):
+    """None (no budget) or a finite number of bytes > 0, e.g. ``memory_budget_bytes``."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:
+        raise ValueError(f"{name} must be a finite number of bytes > 0, or None, got {v!r}")
+    return int(v) if is_whole(v) else float(v)
+
+
+def optional(check):
+    """``check`` that also lets None through: ``optional(whole)("max_micro_batch", None)``."""
+    return lambda name, v, *args: None if v is None else check(name, v, *args)
+
+
 def choice(name: str, v, allowed) -> str:
     if v not in tuple(allowed):
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {v!r}")

@@ -628,6 +628,10 @@ class Lab:
         from .maxbatch import find_max_batch_size
         return find_max_batch_size(self, **kwargs)
 
+    def reset_optimizer(self) -> None:
+        """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one."""
+        self.optimizer, self._opt_name = None, None
+
     def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", **kwargs):
         """The fastest configuration that fits, searched within ``budget_s`` seconds; returns an
         ``AutotuneResult`` (winner, evidence table, figure). See ``tunekit.engine.autotune``.

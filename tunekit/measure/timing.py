@@ -13,6 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from ..core import noise
 from ..core.conditions import Conditions, combine, first_reason
 from ..core.records import ProfileRecord
 from ..core.validate import real, whole
@@ -175,14 +176,13 @@ def verdict(before, after, floor: float = 0.05) -> Verdict:
         speedup, band = _compare(a, b, floor)
         return Verdict(speedup, band, BUSY_WORD, combine(ca), combine(cb), **counts)
     speedup, band = _compare([a[i] for i in quiet_a], [b[i] for i in quiet_b], floor)
-    word = "helped" if speedup > 1 + band else "hurt" if speedup < 1 / (1 + band) else "within noise"
-    return Verdict(speedup, band, word, combine([ca[i] for i in quiet_a]), combine([cb[i] for i in quiet_b]),
-                   **counts)
+    return Verdict(speedup, band, noise.word(speedup, band), combine([ca[i] for i in quiet_a]),
+                   combine([cb[i] for i in quiet_b]), **counts)
 
 
 def _compare(before: list, after: list, floor: float) -> tuple[float, float]:
-    a, b = sorted(before), sorted(after)
-    return a[0] / b[0], max(floor, a[1] / a[0] - 1, b[1] / b[0] - 1)
+    """(speed-up of the best repeats, noise band of both sides)."""
+    return min(before) / min(after), noise.band([before, after], floor)
 
 
 def _repeats(name: str, values) -> tuple[str, list[float], list]:

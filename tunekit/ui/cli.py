@@ -6,8 +6,8 @@
     torchrun --nnodes 2 --nproc-per-node 4 ... -m tunekit run --parallel hsdp --log-path runs.jsonl
 
 Every run is appended to a JSONL log (``--log``) and the log's runs are drawn in a self-contained
-HTML report (``--report``). The options of ``tunekit run`` are made from the fields of
-``tunekit.core.toggles.Toggles`` and the registry's choices, so a new toggle appears by itself.
+HTML report (``--report``). The options of ``tunekit run`` are made from the declaration of
+``tunekit.core.toggles.Toggles`` (type, default, help, choices), so a new toggle appears by itself.
 Bad options end with one line on stderr and exit code 2 before any work; a run that fails exits 1.
 Parse, call, display: the Lab and the distributed engine measure, this module only prints.
 """
@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import sys
-import typing
 from pathlib import Path
 
 from ..core import comm
@@ -28,12 +27,6 @@ from ..core.summary import FORMATS, formatted
 from ..core.units import fmt_bytes, fmt_pct, fmt_seconds
 
 PARALLEL = ("none", *comm.PARALLEL)  # the distributed engine's kinds, plus "none" (one process)
-CHOICES = {"precision": tg.PRECISIONS, "optimizer": tg.OPTIMIZERS, "attention": tg.ATTENTIONS}
-HELP = {"precision": "training precision", "checkpointing": "recompute each block in backward",
-        "micro_batch": "samples per micro-step (per rank)", "grad_accum": "micro-steps per optimizer step",
-        "seq_len": "tokens per sample; None: the model's position limit",
-        "optimizer": "optimizer", "attention": "attention kernel; None: the model's own",
-        "compile": "torch.compile the model", "lr": "learning rate"}
 STEPS, WARMUP = 20, 2            # as lab.run
 LOG, REPORT = "tunekit-runs.jsonl", "tunekit-report.html"
 TORCHRUN_ENV = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE")
@@ -53,20 +46,17 @@ def _flag(name: str) -> str:
 
 
 def _toggle_options(p: argparse.ArgumentParser) -> None:
-    """One option per Toggles field, typed from its annotation, defaulting to its default."""
-    hints = typing.get_type_hints(tg.Toggles)
+    """One option per declared toggle (`core.toggles.declared`): its type, default, help and choices."""
     group = p.add_argument_group("toggles (tunekit.core.toggles.Toggles)")
-    for f in dataclasses.fields(tg.Toggles):
-        kind = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
-        kw = {"default": f.default, "help": HELP.get(f.name, f"the Lab's {f.name} toggle")}
-        if kind is bool:
+    for t in tg.declared(tg.Toggles):
+        kw = {"default": t.default, "help": t.help}
+        if t.kind is bool:
             kw["action"] = argparse.BooleanOptionalAction
         else:
-            kw["type"] = kind
-            kw["metavar"] = f.name.upper()
-        if f.name in CHOICES:
-            kw["choices"], kw["metavar"] = CHOICES[f.name], "{" + ",".join(CHOICES[f.name]) + "}"
-        group.add_argument(_flag(f.name), dest=f.name, **kw)
+            kw["type"], kw["metavar"] = t.kind, t.name.upper()
+        if t.choices is not None:
+            kw["choices"], kw["metavar"] = t.choices, "{" + ",".join(t.choices) + "}"
+        group.add_argument(_flag(t.name), dest=t.name, **kw)
 
 
 def run_parser() -> argparse.ArgumentParser:

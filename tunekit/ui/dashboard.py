@@ -16,9 +16,10 @@ import html
 import ipywidgets as W
 from IPython import get_ipython
 
+from ..core import toggles as tg
 from ..core.runlog import runs_view
 from ..core.summary import table_html
-from ..core.toggles import ATTENTIONS, OPTIMIZERS, PRECISIONS, ToggleError, notices
+from ..core.toggles import Declared, Env, ToggleError, notices
 from ..core.units import MiB
 from .autotune_view import evidence_view
 from .lab_plots import compare_figure, memory_breakdown_figure
@@ -38,30 +39,31 @@ def _box(text: str, color: str) -> str:
             f"{text}</div>")
 
 
+def toggle_control(t: Declared, value, env: Env) -> W.ValueWidget:
+    """The widget of one declared toggle (`core.toggles.declared`), its help as the tooltip. An
+    optimizer unavailable here is listed, not hidden (picking it explains why); a model without
+    an attention switch gets the attention dropdown disabled."""
+    kw = {"value": value, "description": t.label, "tooltip": t.help}
+    if t.control == "dropdown":
+        options = [(f"{n} (unavailable)" if t.name == "optimizer" and n in env.unavailable_optimizers
+                    else str(n), n) for n in t.choices]
+        if t.name == "attention" and not env.can_set_attention:
+            options, kw["disabled"] = [None], True
+        return W.Dropdown(options=options, **kw)
+    return {"checkbox": W.Checkbox, "int": W.IntText, "float": W.FloatText}.get(t.control, W.Text)(**kw)
+
+
 class Dashboard(W.VBox):
     """Controls for every toggle, Run and Find-max-batch buttons, progress, table and charts."""
 
     def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64):
         self.lab = lab
         d, env = lab.resolve(), lab.env()
-        opt_options = [(f"{n} (unavailable)" if n in env.unavailable_optimizers else n, n)
-                       for n in OPTIMIZERS]  # shown, not hidden: picking one explains why
         style = {"description_width": "110px"}
-        c = self.controls = {
-            "precision": W.Dropdown(options=PRECISIONS, value=d.precision, description="precision"),
-            "checkpointing": W.Checkbox(value=d.checkpointing, description="checkpointing"),
-            "micro_batch": W.IntText(value=d.micro_batch, description="micro batch"),
-            "grad_accum": W.IntText(value=d.grad_accum, description="grad accum"),
-            "seq_len": W.IntText(value=d.seq_len, description="seq len"),
-            "optimizer": W.Dropdown(options=opt_options, value=d.optimizer, description="optimizer"),
-            "attention": W.Dropdown(options=ATTENTIONS if env.can_set_attention else [None],
-                                    value=d.attention, description="attention",
-                                    disabled=not env.can_set_attention),
-            "compile": W.Checkbox(value=d.compile, description="torch.compile"),
-            "lr": W.FloatText(value=d.lr, description="lr"),
-            "steps": W.IntText(value=steps, description="timed steps"),
-            "warmup": W.IntText(value=warmup, description="warm-up steps"),
-        }
+        c = self.controls = {t.name: toggle_control(t, getattr(d, t.name, t.default), env)
+                             for t in tg.declared(tg.Toggles)}
+        c["steps"] = W.IntText(value=steps, description="timed steps")
+        c["warmup"] = W.IntText(value=warmup, description="warm-up steps")
         for w in c.values():
             w.style = style
             w.observe(lambda _change: self.explain(), names="value")
