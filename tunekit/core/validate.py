@@ -51,6 +51,34 @@ def real(name: str, v, low: float = 0.0, high: float = math.inf, low_open: bool 
     return float(v)
 
 
+def count(name: str, v, what: str = "a whole number >= 1"):
+    """A finite number >= 1 without a fractional part (``64`` and ``64.0``; never a bool): how many
+    of something. ``what`` is the wording of the message."""
+    ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v >= 1
+    if not ok or not float(v).is_integer():
+        raise ValueError(f"{name} must be {what}, got {v!r}")
+    return int(v)
+
+
+def one_of(name: str, v, allowed: tuple):
+    """One of a few plain values, said in words: ``zero_stage must be 0, 1, 2 or 3, got True``
+    (a bool is never taken for 0 or 1)."""
+    if isinstance(v, bool) or v not in allowed:
+        words = ", ".join(map(str, allowed[:-1])) + f" or {allowed[-1]}"
+        raise ValueError(f"{name} must be {words}, got {v!r}")
+    return v
+
+
+def memory_budget_bytes(name: str, v):
+    """A memory budget: None (no budget) or a finite number of bytes > 0, as an int (rounded up,
+    so a budget stays above 0)."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0 (or None), got {v!r}")
+    return math.ceil(v)
+
+
 def choice(name: str, v, allowed) -> str:
     if v not in tuple(allowed):
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {v!r}")
