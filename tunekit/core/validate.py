@@ -39,15 +39,16 @@ def flag(name: str, v) -> bool:
 
 
 def real(name: str, v, low: float = 0.0, high: float = math.inf, low_open: bool = True,
-         high_open: bool = False) -> float:
-    """A finite number in the given interval (open at ``low`` by default)."""
+         high_open: bool = False, what: str | None = None) -> float:
+    """A finite number in the given interval (open at ``low`` by default). ``what``: the
+    allowed values in words for the message (default: the interval)."""
     ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
     if ok:
         ok = (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
     if not ok:
         lo = f"{'>' if low_open else '>='} {low:g}"
         hi = "" if high == math.inf else f" and {'<' if high_open else '<='} {high:g}"
-        raise ValueError(f"{name} must be a finite number {lo}{hi}, got {v!r}")
+        raise ValueError(f"{name} must be {what or f'a finite number {lo}{hi}'}, got {v!r}")
     return float(v)
 
 
@@ -77,6 +78,23 @@ def memory_budget_bytes(name: str, v):
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:
         raise ValueError(f"{name} must be a finite number > 0 (or None), got {v!r}")
     return math.ceil(v)
+
+
+def text(name: str, v) -> str:
+    """A string."""
+    if not isinstance(v, str):
+        raise ValueError(f"{name} must be a string, got {v!r}")
+    return v
+
+
+def collect(errors: list, check, name: str, v, *args, **kwargs):
+    """``check(name, v, ...)``, its message appended to ``errors`` instead of raised (to refuse
+    every bad argument at once); returns the checked value, or None when it failed."""
+    try:
+        return check(name, v, *args, **kwargs)
+    except ValueError as e:
+        errors.append(str(e))
+        return None
 
 
 def choice(name: str, v, allowed) -> str:

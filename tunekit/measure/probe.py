@@ -22,10 +22,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..core import formulas
+from ..core import formulas, validate
 from ..core.records import History, ProfileRecord
 from ..core.registry import DTYPES
-from ..core.validate import choice, real
 from . import nvml
 from .conditions import ConditionsMeter
 from .device import device_label, synchronize, torch_if_loaded
@@ -93,20 +92,18 @@ class Probe:
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None):
-        if not isinstance(name, str):
-            raise ValueError(f"name must be a string, got {name!r}")
-        if models is not None and not callable(models):
-            raise ValueError(f"models must be None or a callable returning (name, module) pairs, got {models!r}")
-        choice("flops", flops, FLOPS_MODES)
+        validate.text("name", name)
+        if models is not None:
+            validate.function("models", models, "returning the (name, module) pairs the block reads")
+        validate.choice("flops", flops, FLOPS_MODES)
         if model_flops is not None:
-            model_flops = real("model_flops", model_flops, low=0.0, low_open=False)
+            model_flops = validate.real("model_flops", model_flops, low=0.0, low_open=False)
         if peak is not None:
-            peak = real("peak", peak)
+            peak = validate.real("peak", peak)
         if dtype is not None:
-            choice("dtype", dtype, DTYPES)
-        for what, flag in (("trace", trace), ("memory", memory)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{what} must be True or False, got {flag!r}")
+            validate.choice("dtype", dtype, DTYPES)
+        validate.flag("trace", trace)
+        validate.flag("memory", memory)
         self.name, self.key = name, key or name
         self.trace, self.memory, self.tracer, self.energy = trace, memory, None, None
         self._fp, self._models, self.tap = fingerprint, models, None
