@@ -31,7 +31,7 @@ from ..core.registry import DTYPES
 from ..core.units import is_missing
 from ..core.validate import choice, flag, real, whole
 from .conditions import ConditionsMeter
-from .device import existing_device, torch_dtype
+from .device import default_device, existing_device, torch_dtype
 from .timing import time_repeats
 
 _warned: set = set()
@@ -443,11 +443,14 @@ def recheck_peak(device=None, dtype: str = "fp32") -> tuple[Peak | None, str]:
 
 
 def _device(device):
+    """``device`` if this machine has it (else a clear error, not torch's assertion); None: the
+    default device, CUDA with its current index."""
     import torch
 
     if device is not None:
-        return existing_device(device)  # a device this machine lacks: a clear error, not torch's assertion
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return existing_device(device)
+    dev = default_device()
+    return torch.device("cuda", torch.cuda.current_device()) if dev.type == "cuda" else dev
 
 
 @dataclass(frozen=True)

@@ -231,10 +231,10 @@ def check(args, env=None) -> tuple:
             raise Refused(f"--{name} must be >= {low}, got {getattr(args, name)}")
     source = model_source(args.model)
     nproc, nodes, link = layout(args, env)
-    import torch
+    from ..measure.device import default_device
 
     t = tg.Toggles().replace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(tg.Toggles)})
-    problems = tg.problems(t, tg.Env(device_type="cuda" if torch.cuda.is_available() else "cpu"))
+    problems = tg.problems(t, tg.Env(device_type=default_device().type))
     if problems:
         raise Refused(" ".join(problems))
     from ..core.runlog import check_writable
