@@ -20,7 +20,8 @@ import time
 
 from ..measure import nvml
 from ..measure.device import cuda_device_index
-from ..measure.probe import HISTORY, Probe
+from ..measure.history import HISTORY
+from ..measure.probe import Probe
 
 
 class _ScriptShell:
