@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import tunekit
-from tunekit.measure import peaks, probe
+from tunekit.measure import mamf_cache, peaks, probe
 
 # Linear 128x128 no bias, x needs no grad: forward 2 + weight-grad 2 FLOPs per weight per row
 PER_ROW = 4 * 128 * 128  # 65536; 8 rows -> 524288
@@ -191,7 +191,7 @@ def test_concurrent_cache_writers_do_not_fail(monkeypatch, tmp_path):
     def writer(i):
         for k in range(300):
             try:
-                peaks._save_cache({f"{i}-{k}": {"pad": "x" * 20000}})
+                mamf_cache.save({f"{i}-{k}": {"pad": "x" * 20000}})
             except OSError as e:
                 errors.append(e)
 
