@@ -115,6 +115,13 @@ def function(name: str, v, takes: str):
     return v
 
 
+def optional_callable(name: str, v, returning: str):
+    """None or something callable (a class too); ``returning`` says what it returns."""
+    if v is not None and not callable(v):
+        raise ValueError(f"{name} must be None or a callable returning {returning}, got {v!r}")
+    return v
+
+
 def instance(name: str, v, cls, hint: str):
     """An instance of ``cls``. Given the class itself (``Lab(MLP)``), the message says to call it."""
     if isinstance(v, type) and issubclass(v, cls):

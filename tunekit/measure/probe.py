@@ -68,8 +68,7 @@ class Probe:
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None):
         validate.text("name", name)
-        if models is not None:
-            validate.function("models", models, "returning the (name, module) pairs the block reads")
+        validate.optional_callable("models", models, "(name, module) pairs")
         validate.choice("flops", flops, FLOPS_MODES)
         if model_flops is not None:
             model_flops = validate.real("model_flops", model_flops, low=0.0, low_open=False)
