@@ -24,9 +24,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_history():
-    from tunekit.measure import peaks, probe
+    from tunekit.measure import history, peaks
 
-    probe.clear_history()
+    history.clear_history()
     peaks._resolved.clear()   # a peak resolved under a test's mocked CUDA must not answer the next test
     yield
 

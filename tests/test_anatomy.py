@@ -177,3 +177,28 @@ def test_pipeline_does_not_divide_activations_in_either_mode():
     assert g4["weights"] == g1["weights"] / 4 and any("1F1B" in n for n in g4.notes)
     g2 = estimate_memory(TINY, precision="fp32", micro_batch=2, seq_len=64, tp=2, device="cpu")
     assert g2["activations"] == 2957828 / 2
+
+
+def test_estimate_memory_takes_exactly_the_options_fields():
+    """The documented keyword signature and MemoryOptions stay one list: same names, same order,
+    same defaults (the options dataclass is where each is checked)."""
+    import dataclasses
+    import inspect
+
+    from tunekit.core.memory.options import MemoryOptions
+
+    params = list(inspect.signature(estimate_memory).parameters.values())
+    assert params[0].name == "model" and params[0].default is None
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:])
+    assert [(p.name, p.default) for p in params[1:]] == [
+        (f.name, f.default) for f in dataclasses.fields(MemoryOptions)]
+
+
+def test_options_are_checked_when_made():
+    from tunekit.core.memory.options import MemoryOptions
+
+    with pytest.raises(ValueError, match="zero_stage must be 0, 1, 2 or 3, got 4"):
+        MemoryOptions(zero_stage=4)
+    with pytest.raises(ValueError, match="activations must be auto, gpt, hf or korthikanti, got 'x'"):
+        MemoryOptions(activations="x")
+    assert MemoryOptions(parallel="hsdp", world_size=8, nodes=2).sharded[:2] == (3, 4)

@@ -18,7 +18,7 @@ import tunekit
 from tunekit.core import runlog
 from tunekit.core.toggles import ToggleError
 from tunekit.engine.lab import Lab
-from tunekit.measure import peaks
+from tunekit.measure import mamf_cache, peaks
 from tunekit.models import data
 
 
@@ -238,7 +238,7 @@ BAD_FILES = {
 def test_a_junk_calibration_file_is_ignored_then_replaced(cache, content):
     cache.write_bytes(content)
     with pytest.warns(UserWarning) as record:
-        assert peaks._load_cache() == {}
+        assert mamf_cache.load() == {}
     msg = _one_warning(record, f"ignored the calibration cache {cache} where it ")
     assert msg.endswith("; those calibrations are measured again")
     with warnings.catch_warnings():
@@ -271,7 +271,7 @@ def _within(seconds, fn):
 def test_a_calibration_cache_that_is_no_file_is_never_opened(cache, kind):
     os.mkdir(cache) if kind == "directory" else os.mkfifo(cache)
     with pytest.warns(UserWarning) as record:
-        assert _within(10, peaks._load_cache) == {}
+        assert _within(10, mamf_cache.load) == {}
     _one_warning(record, f"ignored the calibration cache {cache} where it is not a regular file")
     assert _within(10, lambda: peaks.resolve_peak("cpu", "fp32", allow_calibration=False)).tflops is None
 

@@ -143,7 +143,7 @@ def test_gpu_readings_from_a_mocked_nvml(monkeypatch):
         nvmlDeviceGetComputeRunningProcesses=lambda h: [types.SimpleNamespace(pid=p) for p in (me, 111, 222)],
         nvmlDeviceGetGraphicsRunningProcesses=lambda h: [],
         nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x40)
-    monkeypatch.setattr(nvml, "_init", lambda: fake)
+    monkeypatch.setattr(nvml, "library", lambda: fake)
     monkeypatch.setattr(nvml, "handle", lambda i: object())
     # 111 is a sibling rank of the same run: not 'another process'
     assert mc.gpu_readings(0, exclude_pids=[111]) == {"gpu_other_processes": 1, "gpu_throttle": ("hw thermal",)}

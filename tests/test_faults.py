@@ -15,7 +15,7 @@ import tunekit
 from tunekit.core.toggles import ToggleError
 from tunekit.engine.guard import NonFiniteRunError
 from tunekit.engine.lab import Lab
-from tunekit.measure import meters, probe
+from tunekit.measure import history, meters, probe
 from tunekit.measure.oom import is_oom
 from tunekit.measure.torch_private import dispatch_mode_stack
 
@@ -359,10 +359,10 @@ def test_oom_in_a_lab_run_is_explained_and_cleaned_up(lab):
 
 def test_flop_count_cache_is_bounded():
     x = torch.randn(4, 4)
-    for i in range(probe.FLOP_CACHE_SIZE + 40):
+    for i in range(history.FLOP_CACHE_SIZE + 40):
         with tunekit.profile(name=f"block {i}", inputs=(x,)):
             x @ x
-    assert len(probe._FLOP_CACHE) == probe.FLOP_CACHE_SIZE
+    assert len(history.FLOP_COUNTS) == history.FLOP_CACHE_SIZE
 
 
 # --- found by a new-user review ----------------------------------------------------------------

@@ -46,7 +46,7 @@ def test_mfu_hfu_from_the_documents():
     # H100 bf16 dense peak 989 TFLOPS; 400 TFLOPS achieved -> 40.4% (the document prints "0.40%")
     assert f.utilization(400e12, 1.0, 989) == pytest.approx(0.40445, abs=1e-5)
     # Megatron-LM 22B on A100: MFU 41.5% of 312 = 129.48 TFLOPS of model FLOPs
-    assert f.mfu(129.48e12, 1.0, 312) == pytest.approx(0.415)
+    assert f.utilization(129.48e12, 1.0, 312) == pytest.approx(0.415)
     assert math.isnan(f.utilization(1e12, 1.0, None))
     assert math.isnan(f.tflops(1e12, 0))
 

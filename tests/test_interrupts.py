@@ -22,7 +22,7 @@ from torch.nn.modules import module as M
 
 import tunekit
 from tunekit.engine.lab import Lab
-from tunekit.measure import interrupts, meters, probe
+from tunekit.measure import history, interrupts, meters, probe
 from tunekit.measure.flops import counting_active
 from tunekit.measure.torch_private import dispatch_mode_stack
 
@@ -62,7 +62,7 @@ class Injector:
                 self._note(k)
             elif k in (self.first, self.second):
                 where = f"{os.path.relpath(frame.f_code.co_filename, TUNEKIT)}:{frame.f_lineno}"
-                self.fired.append((k, where, shielded(), len(probe.HISTORY)))
+                self.fired.append((k, where, shielded(), len(history.HISTORY)))
                 if k == self.first and self.second is not None:
                     sys.setprofile(self.rearm)  # a signal that raises here ends tracing: re-arm it
                 signal.raise_signal(signal.SIGINT)  # Python runs the SIGINT handler right here
@@ -241,10 +241,10 @@ def _cell_case(ip, src):
     registered = callbacks()
 
     def case(inj):
-        probe.clear_history()  # the count runs every time, and the cell's records are all there is
+        history.clear_history()  # the count runs every time, and the cell's records are all there is
         with inj:
             result = ip.run_cell(src)  # not stored in IPython's history: that formats every traceback
-        problems = _one_record(result.error_in_exec, inj, probe.HISTORY.records())
+        problems = _one_record(result.error_in_exec, inj, history.HISTORY.records())
         start, end = (inj.touched + [math.inf, math.inf])[:2]  # the cell's code ran from start to end
         inside = [k for k, *_ in inj.fired if start < k < end]
         if inside and not isinstance(result.error_in_exec, KeyboardInterrupt):
@@ -286,7 +286,7 @@ def test_ctrl_c_anywhere_in_tunekit_profile(n, options, tmp_path, monkeypatch):
     net, x = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()), torch.randn(8, 64)
 
     def case(inj):
-        probe.clear_history()
+        history.clear_history()
         caught = None
         with inj:
             try:
@@ -295,7 +295,7 @@ def test_ctrl_c_anywhere_in_tunekit_profile(n, options, tmp_path, monkeypatch):
                     net(x).sum().backward()
             except KeyboardInterrupt as e:
                 caught = e
-        problems = _one_record(caught, inj, probe.HISTORY.records())
+        problems = _one_record(caught, inj, history.HISTORY.records())
         if inj.fired and caught is None:
             problems.append("the Ctrl-C never reached the caller")
         return problems + ["the block ran after the Ctrl-C"] * bool(inj.late)
@@ -314,7 +314,7 @@ def test_one_ctrl_c_anywhere_in_probe_start_by_hand(n):
     net, x = torch.nn.Linear(64, 64), torch.randn(8, 64)
 
     def case(inj):
-        probe.clear_history()
+        history.clear_history()
         p, caught = probe.Probe("by hand", flops="always", models=lambda: [("net", net)]), None
         with inj:
             try:
@@ -324,7 +324,7 @@ def test_one_ctrl_c_anywhere_in_probe_start_by_hand(n):
         if caught is None:  # started: the block and the stop, with no Ctrl-C
             net(x).sum().backward()
             p.stop()
-        problems = _one_record(caught, inj, probe.HISTORY.records())
+        problems = _one_record(caught, inj, history.HISTORY.records())
         return problems + ["a probe left running"] * p.running
 
     case.models = [net]

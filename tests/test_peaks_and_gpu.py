@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.measure import nvml, peaks
+from tunekit.measure import mamf_cache, nvml, peaks
 
 
 def test_calibrate_cpu_measures_and_caches(monkeypatch, tmp_path, calibrations):
@@ -176,7 +176,7 @@ def test_concurrent_cache_writers_do_not_fail(monkeypatch, tmp_path):
     def writer(i):
         for k in range(300):
             try:
-                peaks._save_cache({f"{i}-{k}": {"pad": "x" * 20000}})
+                mamf_cache.save({f"{i}-{k}": {"pad": "x" * 20000}})
             except OSError as e:
                 errors.append(e)
 

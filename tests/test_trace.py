@@ -165,14 +165,14 @@ def test_profile_traces_a_timed_run_never_the_counted_one(lab):
 
 @pytest.mark.parametrize("untraced_s", [1e-9, 1e9])  # the traced run is certainly slower / faster
 def test_overhead_is_measured_against_the_last_untraced_run(lab, untraced_s):
-    from tunekit.measure import probe
+    from tunekit.measure import history
 
     t = lab.resolve()
     for traced in (False, True):  # one block (one line), run untraced then traced
         with tunekit.profile(name="s", flops="never", trace=traced) as rec:
             lab.train_step(t)
-        (key,) = probe._LAST_WALL  # the untraced run's time, replaced by one the test controls
-        probe._LAST_WALL[key] = untraced_s
+        (key,) = history.LAST_WALLS  # the untraced run's time, replaced by one the test controls
+        history.LAST_WALLS[key] = untraced_s
     assert rec.trace.untimed_wall_s == untraced_s
     if untraced_s < rec.wall_s:
         assert rec.trace.overhead == rec.wall_s / untraced_s - 1 and rec.trace.overhead_text().startswith("+")

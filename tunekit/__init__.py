@@ -17,10 +17,10 @@ __version__ = "0.2.0"
 
 # public name -> (module, attribute); resolved on first access (PEP 562)
 _EXPORTS = {
-    "profile": ("measure.probe", "profile"),
-    "history": ("measure.probe", "history"),
-    "last": ("measure.probe", "last"),
-    "clear_history": ("measure.probe", "clear_history"),
+    "profile": ("measure.profile", "profile"),
+    "history": ("measure.history", "history"),
+    "last": ("measure.history", "last"),
+    "clear_history": ("measure.history", "clear_history"),
     "ProfileRecord": ("core.records", "ProfileRecord"),
     "peak_tflops": ("measure.peaks", "peak_tflops"),
     "calibrate": ("measure.peaks", "calibrate"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .shapes import TENSOR_CORE_MULTIPLE, model_shape, padded_vocab, round_to_multiple
+from .shapes import TENSOR_CORE_MULTIPLE, model_shape, padded_vocab, read_config, round_to_multiple
 from .shapes import cfg_get as _get
 from .validate import whole
 
@@ -157,7 +157,7 @@ def advise(model, *, micro_batch: int | None = None, seq_len: int | None = None,
 
 def _read(cfg) -> dict:
     """The sizes the rules need: from the model's shape when the config is a whole one, else
-    from the fields a partial dict has."""
+    from what a partial config states (`read_config`)."""
     if cfg is None or isinstance(cfg, (str, bytes, int, float, list, tuple)):
         raise ValueError("advise needs a model config (tunekit's GPTConfig, a transformers config or a "
                          f"dict of their fields) or a model with .config, got {cfg!r}")
@@ -168,15 +168,10 @@ def _read(cfg) -> dict:
     if s is not None:
         return dict(h=s.hidden, a=s.n_head, vocab=_get(cfg, "vocab_size"), padded=s.vocab,
                     seq_len=s.max_positions, d_ff=s.d_ff, gated=s.gated)
-    h, vocab = _get(cfg, "n_embd") or _get(cfg, "hidden_size"), _get(cfg, "vocab_size")
-    gated = _get(cfg, "mlp", "gelu") == "swiglu"
-    d_ff = _get(cfg, "ffn_dim") or _get(cfg, "d_ff") or _get(cfg, "intermediate_size")
-    return dict(h=h, a=_get(cfg, "n_head") or _get(cfg, "num_attention_heads"), vocab=vocab,
-                padded=_get(cfg, "padded_vocab_size") or (
-                    padded_vocab(vocab, _get(cfg, "pad_vocab_multiple") or 1) if vocab else None),
-                seq_len=_get(cfg, "block_size") or _get(cfg, "max_position_embeddings"),
-                d_ff=d_ff or (4 * h if not gated and h else None), gated=gated,
-                assumed=not d_ff)
+    r = read_config(cfg)
+    h, d_ff, gated = r["hidden"], r["d_ff"], r["mlp"] == "swiglu"
+    return dict(h=h, a=r["n_head"], vocab=r["vocab_size"], padded=r["vocab"], seq_len=r["max_positions"],
+                d_ff=d_ff or (4 * h if not gated and h else None), gated=gated, assumed=not d_ff)
 
 
 def _ffn_rule(d, multiple) -> Rule:

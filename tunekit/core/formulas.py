@@ -96,10 +96,6 @@ def utilization(flops: float, seconds: float, peak_tflops: float | None) -> floa
     return tflops(flops, seconds) / peak_tflops
 
 
-mfu = utilization
-hfu = utilization
-
-
 # --- batch arithmetic ------------------------------------------------------------------------
 
 

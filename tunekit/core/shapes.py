@@ -129,24 +129,56 @@ class ModelShape:
         return self.n_layer * layer + outside + (0 if self.tied else self.vocab * h)
 
 
+# The names a size goes by in tunekit's GPTConfig and in transformers' configs, first found wins.
+_NAMES = {
+    "n_layer": ("num_hidden_layers", "n_layer"),
+    "hidden": ("hidden_size", "n_embd"),
+    "n_head": ("num_attention_heads", "n_head"),
+    "n_kv_head": ("num_key_value_heads",),
+    "head_dim": ("head_dim",),
+    "d_ff": ("ffn_dim", "d_ff", "intermediate_size", "n_inner"),
+    "vocab_size": ("vocab_size",),
+    "max_positions": ("max_position_embeddings", "n_positions", "block_size"),
+}
+
+
+def read_config(cfg) -> dict:
+    """The sizes a config states, each under any of its names (None where it states none), plus
+    ``vocab`` (the embedding's rows: padded_vocab_size, or vocab_size padded to
+    pad_vocab_multiple), ``mlp`` and ``family`` ("tunekit" for GPTConfig-like fields, else the
+    model_type). The one place configs are read: `model_shape` builds on it, and a partial
+    config (the advisor's dict of a few fields) is read here as far as it goes.
+
+    >>> read_config({"n_embd": 64, "n_head": 4})["hidden"]
+    64
+    """
+    def get(*names):
+        return next((v for v in (cfg_get(cfg, n) for n in names) if v is not None), None)
+
+    sizes = {k: get(*names) for k, names in _NAMES.items()}
+    vocab = sizes["vocab_size"]
+    sizes["vocab"] = cfg_get(cfg, "padded_vocab_size") or (
+        vocab and padded_vocab(vocab, cfg_get(cfg, "pad_vocab_multiple") or 1))
+    sizes["mlp"] = cfg_get(cfg, "mlp")
+    # tunekit's GPTConfig, or a dict of its fields (no model_type; n_embd or mlp)
+    tunekit = cfg_get(cfg, "model_type") is None and bool(sizes["mlp"] or cfg_get(cfg, "n_embd"))
+    sizes["family"] = "tunekit" if tunekit else str(cfg_get(cfg, "model_type", "") or "unknown")
+    return sizes
+
+
 def model_shape(cfg) -> ModelShape:
     """The shape of tunekit's GPTConfig or of a transformers decoder config (or a dict of
     either's fields). Raises ValueError naming what is missing."""
-    get = lambda *names, default=None: next(  # noqa: E731
-        (v for v in (cfg_get(cfg, n) for n in names) if v is not None), default)
-    notes = []
-    # tunekit's GPTConfig, or a dict of its fields (no model_type, n_embd or mlp)
-    if cfg_get(cfg, "model_type") is None and (cfg_get(cfg, "mlp") or cfg_get(cfg, "n_embd")):
-        h = get("n_embd")
-        gated = cfg_get(cfg, "mlp") == "swiglu"
+    r = read_config(cfg)
+    family, h, notes = r["family"], r["hidden"], []
+    if family == "tunekit":
+        gated = r["mlp"] == "swiglu"
         bias = bool(cfg_get(cfg, "bias", False))
         fam = dict(gated=gated, norm="rms", qkv_bias=bias, o_bias=bias, mlp_bias=bias,
                    learned_pos=cfg_get(cfg, "pos", "rope") == "learned")
-        family, tied = "tunekit", True
-        vocab = get("vocab_size") and padded_vocab(get("vocab_size"), get("pad_vocab_multiple", default=1))
-        d_ff = get("d_ff") or (h and (swiglu_d_ff(h) if gated else gelu_d_ff(h)))
+        tied = True
+        d_ff = r["d_ff"] or (h and (swiglu_d_ff(h) if gated else gelu_d_ff(h)))
     else:
-        family = str(cfg_get(cfg, "model_type", "") or "unknown")
         fam = _FAMILIES.get(family)
         if fam is None:   # most recent decoders are Llama-like: a gated MLP, RMSNorm
             fam = dict(gated=True, norm="rms", qkv_bias="attention_bias", o_bias="attention_bias",
@@ -157,17 +189,14 @@ def model_shape(cfg) -> ModelShape:
             notes.append(f"{family}: read as Llama-style for counting (its norms may differ)")
         fam = {k: (bool(cfg_get(cfg, v, False)) if isinstance(v, str) and k != "norm" else v)
                for k, v in fam.items()}
-        h = get("hidden_size", "n_embd")
-        tied = bool(get("tie_word_embeddings", default=True))
-        vocab = get("vocab_size")
-        d_ff = get("intermediate_size", "n_inner") or (4 * h if h else None)
-    n_head = get("num_attention_heads", "n_head")
-    sizes = dict(n_layer=get("num_hidden_layers", "n_layer"), hidden=h, n_head=n_head, vocab=vocab)
+        tie = cfg_get(cfg, "tie_word_embeddings")
+        tied = True if tie is None else bool(tie)
+        d_ff = r["d_ff"] or (4 * h if h else None)
+    n_head = r["n_head"]
+    sizes = dict(n_layer=r["n_layer"], hidden=h, n_head=n_head, vocab=r["vocab"])
     missing = [k for k, v in sizes.items() if not v]
     if missing:
         raise ValueError(f"cannot read {missing} from {type(cfg).__name__}: give a decoder config")
-    head_dim = get("head_dim") or h // n_head
-    return ModelShape(family=family, n_kv_head=get("num_key_value_heads", default=n_head),
-                      head_dim=head_dim, d_ff=int(d_ff), tied=tied,
-                      max_positions=get("max_position_embeddings", "n_positions", "block_size"),
-                      notes=tuple(notes), **sizes, **fam)
+    return ModelShape(family=family, n_kv_head=n_head if r["n_kv_head"] is None else r["n_kv_head"],
+                      head_dim=r["head_dim"] or h // n_head, d_ff=int(d_ff), tied=tied,
+                      max_positions=r["max_positions"], notes=tuple(notes), **sizes, **fam)

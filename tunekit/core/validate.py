@@ -39,25 +39,62 @@ def flag(name: str, v) -> bool:
 
 
 def real(name: str, v, low: float = 0.0, high: float = math.inf, low_open: bool = True,
-         high_open: bool = False) -> float:
-    """A finite number in the given interval (open at ``low`` by default)."""
+         high_open: bool = False, what: str | None = None) -> float:
+    """A finite number in the given interval (open at ``low`` by default). ``what``: the
+    allowed values in words for the message (default: the interval)."""
     ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
     if ok:
         ok = (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
     if not ok:
         lo = f"{'>' if low_open else '>='} {low:g}"
         hi = "" if high == math.inf else f" and {'<' if high_open else '<='} {high:g}"
-        raise ValueError(f"{name} must be a finite number {lo}{hi}, got {v!r}")
+        raise ValueError(f"{name} must be {what or f'a finite number {lo}{hi}'}, got {v!r}")
     return float(v)
 
 
-def memory_budget(name: str, v):
-    """None (no budget) or a finite number of bytes > 0, e.g. ``memory_budget_bytes``."""
+def count(name: str, v, what: str = "a whole number >= 1"):
+    """A finite number >= 1 without a fractional part (``64`` and ``64.0``; never a bool): how many
+    of something. ``what`` is the wording of the message."""
+    ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v >= 1
+    if not ok or not float(v).is_integer():
+        raise ValueError(f"{name} must be {what}, got {v!r}")
+    return int(v)
+
+
+def one_of(name: str, v, allowed: tuple):
+    """One of a few plain values, said in words: ``zero_stage must be 0, 1, 2 or 3, got True``
+    (a bool is never taken for 0 or 1)."""
+    if isinstance(v, bool) or v not in allowed:
+        words = ", ".join(map(str, allowed[:-1])) + f" or {allowed[-1]}"
+        raise ValueError(f"{name} must be {words}, got {v!r}")
+    return v
+
+
+def memory_budget_bytes(name: str, v):
+    """A memory budget: None (no budget) or a finite number of bytes > 0, as an int (rounded up,
+    so a budget stays above 0)."""
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:
-        raise ValueError(f"{name} must be a finite number of bytes > 0, or None, got {v!r}")
-    return int(v) if is_whole(v) else float(v)
+        raise ValueError(f"{name} must be a finite number > 0 (or None), got {v!r}")
+    return math.ceil(v)
+
+
+def text(name: str, v) -> str:
+    """A string."""
+    if not isinstance(v, str):
+        raise ValueError(f"{name} must be a string, got {v!r}")
+    return v
+
+
+def collect(errors: list, check, name: str, v, *args, **kwargs):
+    """``check(name, v, ...)``, its message appended to ``errors`` instead of raised (to refuse
+    every bad argument at once); returns the checked value, or None when it failed."""
+    try:
+        return check(name, v, *args, **kwargs)
+    except ValueError as e:
+        errors.append(str(e))
+        return None
 
 
 def optional(check):
@@ -80,6 +117,13 @@ def function(name: str, v, takes: str):
     """A callable; ``takes`` says what it is called with and returns (for the message)."""
     if not callable(v) or isinstance(v, type):
         raise TypeError(f"{name} must be a function {takes}, got {_what(v)}")
+    return v
+
+
+def optional_callable(name: str, v, returning: str):
+    """None or something callable (a class too); ``returning`` says what it returns."""
+    if v is not None and not callable(v):
+        raise ValueError(f"{name} must be None or a callable returning {returning}, got {v!r}")
     return v
 
 

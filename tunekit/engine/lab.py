@@ -43,7 +43,7 @@ from ..core.toggles import (
 )
 from ..core.validate import function, instance, is_whole, real, whole
 from ..measure.conditions import ConditionsMeter
-from ..measure.device import device_label, existing_device
+from ..measure.device import default_device, device_label, existing_device
 from ..measure.energy import Energy, EnergyMeter
 from ..measure.flops import counting_active
 from ..measure.interrupts import deferred_interrupt
@@ -52,8 +52,9 @@ from ..measure.oom import ADVICE, drop_frames, free_memory, is_oom
 from ..measure.peaks import rates
 from ..measure.step import ProbeResult, add_flash_flops, probe_step
 from ..measure.timing import time_repeats
-from ..models.adapters import adapt, dry_step
+from ..models.adapters import adapt
 from ..models.data import Batcher
+from ..models.dry_step import dry_step
 from ..models.gpt import GPT, GPTConfig
 from ..models.optimizers import build_optimizer, state_bytes, unavailable_optimizers
 from . import fit
@@ -113,8 +114,7 @@ class Lab:
                 function(name, fn, takes)
         seed = whole("seed", seed, 0)
         peak_tflops = real("peak_tflops", peak_tflops) if peak_tflops is not None else None
-        self.device = existing_device(device) if device is not None else torch.device(
-            "cuda" if torch.cuda.is_available() else "cpu")
+        self.device = existing_device(device) if device is not None else default_device()
         self.factory = model if isinstance(model, str) else None  # "package.module:function"
         if self.factory is not None:
             from ..models.spec import build_model, factory_spec

@@ -21,11 +21,10 @@ open in https://pytorch.org/memory_viz: what was alive, and allocated where, whe
 
 from __future__ import annotations
 
-import math
-import numbers
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from ..core import validate
 from ..core.toggles import ToggleError, normalized
 from ..core.validate import is_whole
 from ..measure import memavail
@@ -95,15 +94,10 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
     errors = []
     if not (is_whole(start) and is_whole(limit)) or not 1 <= start <= limit:
         errors.append(f"need whole numbers 1 <= start <= limit, got start={start!r}, limit={limit!r}")
-    if memory_budget_bytes is not None and (isinstance(memory_budget_bytes, bool) or not isinstance(
-            memory_budget_bytes, numbers.Real) or not 0 < memory_budget_bytes < math.inf):
-        errors.append(f"memory_budget_bytes must be a finite number > 0 (or None), got {memory_budget_bytes!r}")
-    if isinstance(budget_fraction, bool) or not isinstance(budget_fraction, numbers.Real) \
-            or not 0 < budget_fraction <= 1:
-        errors.append(f"budget_fraction must be a number in (0, 1] (a share of the available RAM), "
-                      f"got {budget_fraction!r}")
-    if not isinstance(snapshot_on_oom, bool):
-        errors.append(f"snapshot_on_oom must be True or False, got {snapshot_on_oom!r}")
+    budget = validate.collect(errors, validate.memory_budget_bytes, "memory_budget_bytes", memory_budget_bytes)
+    validate.collect(errors, validate.real, "budget_fraction", budget_fraction, 0, 1,
+                     what="a number in (0, 1] (a share of the available RAM)")
+    validate.collect(errors, validate.flag, "snapshot_on_oom", snapshot_on_oom)
     errors += lab.check(t.replace(micro_batch=start if is_whole(start) else 1))
     if errors:
         raise ToggleError(errors)
@@ -111,7 +105,6 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
     dev = lab.device
     notes = []
     lab.apply(t, notes)
-    budget = memory_budget_bytes
     if budget is None and dev.type == "cpu":
         budget = default_cpu_budget_bytes(budget_fraction)
         notes.append(f"CPU budget: {budget_fraction:.0%} of available RAM")

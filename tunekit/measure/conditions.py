@@ -213,7 +213,7 @@ def gpu_readings(cuda_index: int | None, exclude_pids=()) -> dict:
 
     try:
         h = nvml.handle(cuda_index)
-        nv = nvml._init()
+        nv = nvml.library()
         if h is None or nv is None:
             return {}
         me = {os.getpid(), *exclude_pids}

@@ -23,7 +23,7 @@ from ..core import registry
 from ..core.memory.estimate import COMPONENTS, MemoryEstimate, estimate_memory
 from ..core.units import GiB, is_missing
 from ..core.validate import flag, whole
-from ..models.adapters import adapt
+from ..models.adapters import adapt, loss_of
 from . import nvml
 from .device import torch_dtype
 from .tally import SavedTensorTally, storage_key, unique_bytes
@@ -146,10 +146,7 @@ def _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, ch
 
 def _loss(model, batch):
     out = model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
-    if isinstance(out, (tuple, list)):
-        loss = out[1] if len(out) > 1 and out[1] is not None else out[0]
-    else:
-        loss = out
+    loss = loss_of(out)
     return loss if loss.dim() == 0 else loss.float().sum()
 
 

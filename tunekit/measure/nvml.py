@@ -28,7 +28,9 @@ def visible_to_nvml(torch_index: int, visible: str | None = None) -> int | str:
     return int(entry) if entry.isdigit() else entry
 
 
-def _init():
+def library():
+    """The initialized ``pynvml`` module, or None where NVML is unavailable
+    (`unavailable_reason` says why). Initialized once per process."""
     if _state["init"] is None:
         try:
             import pynvml
@@ -56,7 +58,7 @@ def _torch_uuid(torch_index: int) -> str | None:
 
 def handle(torch_index: int):
     """The NVML device handle behind a torch CUDA index, or None if NVML is unavailable."""
-    nv = _init()
+    nv = library()
     if nv is None:
         return None
     uuid = _torch_uuid(torch_index)
@@ -81,10 +83,10 @@ def used_bytes(torch_index: int | None) -> tuple[float | None, str | None]:
         return None, f"NVML lookup failed ({e})"
     if h is None:
         return None, _state["error"]
-    return float(_init().nvmlDeviceGetMemoryInfo(h).used), None
+    return float(library().nvmlDeviceGetMemoryInfo(h).used), None
 
 
 def unavailable_reason() -> str | None:
     """Why NVML cannot be used here, or None if it can."""
-    _init()
+    library()
     return _state["error"]

@@ -14,24 +14,20 @@ shape, and a faster try replaces the cached peak (load only ever slows a try).
 from __future__ import annotations
 
 import functools
-import json
-import math
-import os
 import platform
-import stat
-import tempfile
 import time
 import warnings
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..core import bounds, formulas, paths, specs
-from ..core.conditions import Conditions
 from ..core.registry import DTYPES
 from ..core.units import is_missing
 from ..core.validate import choice, flag, real, whole
+from . import mamf_cache
 from .conditions import ConditionsMeter
-from .device import existing_device, torch_dtype
+from .device import default_device, existing_device, torch_dtype
+from .mamf_cache import Calibration
 from .timing import time_repeats
 
 _warned: set = set()
@@ -42,27 +38,6 @@ class Peak:
     tflops: float | None
     source: str            # human-readable: which table row or which calibration
     kind: str | None       # "spec" | "calibrated" | "given" | None
-
-
-@dataclass
-class Calibration:
-    device: str
-    dtype: str
-    tflops: float
-    best_shape: tuple
-    sweep: list            # [(m, k, n, tflops), ...]
-    seconds: float
-    torch_version: str
-    threads: int
-    layout: str            # "nn" (A @ B) or "nt" (A @ B.T, how nn.Linear keeps its weight): the faster
-    taken_at: float        # time.time(); entries written before this field and `layout` are re-measured
-    busy: float = math.nan  # caches before `conditions`: other runnable tasks per CPU (1-min load average)
-    conditions: Conditions | None = None  # what else used the machine during the sweep (None: older cache)
-    raised: str | None = None  # a re-check's faster matmul replaced the swept peak: from what, when
-
-    @property
-    def verdict(self) -> str:
-        return self.conditions.verdict if self.conditions is not None else "unknown"
 
 
 def cache_dir() -> Path:
@@ -120,106 +95,7 @@ def _is_torch_device_str(s: str) -> bool:
 def _cache_key(name: str, dtype: str) -> str:
     import torch
 
-    return _key(name, dtype, torch.__version__, torch.get_num_threads())
-
-
-def _key(name: str, dtype: str, torch_version: str, threads: int) -> str:
-    return f"{name}|{dtype}|torch {torch_version}|{threads} threads"
-
-
-# the fields an entry must have; later ones have defaults, so older cache files still load
-_CAL_FIELDS = {f.name for f in fields(Calibration) if f.default is MISSING and f.default_factory is MISSING}
-_ALL_FIELDS = {f.name for f in fields(Calibration)}  # later fields have defaults: older caches still load
-_memo: dict = {}
-
-
-def _from_entry(c: dict) -> Calibration:
-    """A cache entry back as a Calibration; fields a newer tunekit added are ignored."""
-    known = {f.name for f in fields(Calibration)}
-    c = {k: v for k, v in c.items() if k in known}
-    c["best_shape"] = tuple(c["best_shape"])
-    if "conditions" in c:
-        c["conditions"] = Conditions.from_dict(c["conditions"])
-    return Calibration(**c)
-
-
-def _load_cache() -> dict:
-    """The calibration cache, re-read only when the file changed. A file that is not a JSON
-    object (binary junk, a directory, a FIFO: never opened) or an entry that is not a calibration
-    tunekit wrote is ignored, with one warning: it is re-measured, never used."""
-    path = cache_dir() / "mamf.json"
-    try:
-        st = path.stat()
-    except OSError:
-        return {}
-    stamp = (str(path), st.st_mtime_ns, st.st_size)
-    if _memo.get("stamp") != stamp:
-        data, why = {}, None
-        if not stat.S_ISREG(st.st_mode):  # reading a FIFO would wait for a writer forever
-            why = "it is not a regular file"
-        else:
-            try:
-                data = json.loads(path.read_bytes())
-            except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
-                why = f"it cannot be read as JSON ({type(e).__name__})"
-        if not isinstance(data, dict):
-            data, why = {}, "it is not a JSON object"
-        _memo["data"] = {k: v for k, v in data.items() if _is_calibration(k, v)}
-        if why is None and len(_memo["data"]) < len(data):
-            why = f"{len(data) - len(_memo['data'])} of its {len(data)} entries are not calibrations"
-        if why:
-            warnings.warn(f"tunekit: ignored the calibration cache {path} where {why}; those calibrations "
-                          "are measured again", stacklevel=3)
-        _memo["stamp"] = stamp
-    return dict(_memo["data"])
-
-
-def _is_calibration(key, v) -> bool:
-    """An entry as calibrate() writes it: exactly Calibration's fields, each of its type and
-    range, under the key of its own device, dtype, torch version and threads."""
-    if not isinstance(v, dict) or not _CAL_FIELDS <= set(v) <= _ALL_FIELDS:
-        return False
-    busy = v.get("busy")   # NaN or absent now; a load per CPU (>= 0) in caches written before `conditions`
-    if not (busy is None or (isinstance(busy, float) and math.isnan(busy))
-            or (isinstance(busy, (int, float)) and not isinstance(busy, bool) and 0 <= busy < float("inf"))):
-        return False
-    if v.get("conditions") is not None and Conditions.from_dict(v["conditions"]) is None:
-        return False
-    if not (v.get("raised") is None or isinstance(v["raised"], str)):
-        return False
-
-    def num(x):
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf")
-
-    def count(x):
-        return isinstance(x, int) and not isinstance(x, bool) and x >= 1
-
-    texts = all(isinstance(v[k], str) for k in ("device", "dtype", "torch_version", "layout"))
-    return (texts and v["dtype"] in DTYPES and v["layout"] in ("nn", "nt") and count(v["threads"])
-            and num(v["tflops"]) and v["tflops"] > 0 and num(v["seconds"])
-            and num(v["taken_at"]) and isinstance(v["best_shape"], list) and len(v["best_shape"]) == 3
-            and all(count(n) for n in v["best_shape"]) and isinstance(v["sweep"], list)
-            and all(isinstance(r, list) and len(r) == 4 and all(num(x) for x in r) for r in v["sweep"])
-            and key == _key(v["device"], v["dtype"], v["torch_version"], v["threads"]))
-
-
-def _save_cache(data: dict) -> None:
-    path = cache_dir() / "mamf.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # a private temp file per writer, then an atomic rename: concurrent writers never
-        # see half a file or each other's temp file
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".mamf-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-            os.replace(tmp, path)
-        except OSError:
-            os.unlink(tmp)  # e.g. mamf.json is a directory: leave no temp file behind
-            raise
-    except OSError as e:
-        warnings.warn(f"tunekit: could not cache the calibration in {path.parent} ({e}); "
-                      "set TUNEKIT_CACHE to a writable folder", stacklevel=4)
+    return mamf_cache.entry_key(name, dtype, torch.__version__, torch.get_num_threads())
 
 
 CALIBRATION_BUDGET_S = 4.0   # a sweep stops growing the matmul beyond this (slow dtypes on CPU)
@@ -255,9 +131,9 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     dev = _device(device)
     name = device_name(dev)
     key = _cache_key(name, dtype)
-    cache = _load_cache()
+    cache = mamf_cache.load()
     if key in cache and not force and sizes is None:
-        return _from_entry(cache[key])
+        return mamf_cache.from_entry(cache[key])
 
     if dtype == "fp8":
         raise ValueError("fp8 calibration needs torch._scaled_mm on a GPU that supports it; pass --peak instead")
@@ -312,19 +188,19 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
 def _store(key: str, cal: Calibration) -> None:
     """Cache ``cal``, unless it was taken on a busy machine and the cache holds a faster, fresh
     peak: load only ever slows a sweep, so a busy one never replaces a faster one."""
-    cache = _load_cache()  # re-read: another process may have added entries meanwhile
-    old = _from_entry(cache[key]) if key in cache else None
+    cache = mamf_cache.load()  # re-read: another process may have added entries meanwhile
+    old = mamf_cache.from_entry(cache[key]) if key in cache else None
     if old is not None and cal.verdict == "busy" and old.tflops > cal.tflops and not _stale(old):
         return
     cache[key] = asdict(cal)
-    _save_cache(cache)
+    mamf_cache.save(cache)
     _stamp_memo.clear()
 
 
 def cached_calibration(device=None, dtype: str = "fp32") -> Calibration | None:
     """The cached MAMF for this device and dtype, or None (never measures)."""
-    c = _load_cache().get(_cache_key(device_name(device), dtype))
-    return None if c is None else _from_entry(c)
+    c = mamf_cache.load().get(_cache_key(device_name(device), dtype))
+    return None if c is None else mamf_cache.from_entry(c)
 
 
 def resolve_peak(device=None, dtype: str = "bf16", given: float | None = None,
@@ -443,11 +319,14 @@ def recheck_peak(device=None, dtype: str = "fp32") -> tuple[Peak | None, str]:
 
 
 def _device(device):
+    """``device`` if this machine has it (else a clear error, not torch's assertion); None: the
+    default device, CUDA with its current index."""
     import torch
 
     if device is not None:
-        return existing_device(device)  # a device this machine lacks: a clear error, not torch's assertion
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return existing_device(device)
+    dev = default_device()
+    return torch.device("cuda", torch.cuda.current_device()) if dev.type == "cuda" else dev
 
 
 @dataclass(frozen=True)

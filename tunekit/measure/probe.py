@@ -15,51 +15,25 @@ read on every run where a counter is readable.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import sys
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
 
-from ..core import formulas
+from ..core import formulas, validate
 from ..core.records import History, ProfileRecord
 from ..core.registry import DTYPES
-from ..core.validate import choice, real
 from . import nvml
 from .conditions import ConditionsMeter
 from .device import device_label, synchronize, torch_if_loaded
 from .energy import EnergyMeter
-from .fingerprint import changed_names, describe, fingerprint, modules_seen, with_body_names
-from .interrupts import closes_gate, deferred_interrupt, interrupt_pending
+from .fingerprint import changed_names
+from .history import FLOP_COUNTS, HISTORY, LAST_WALLS, CachedCount, remember
+from .interrupts import deferred_interrupt, interrupt_pending
 from .meters import CpuPeak, CudaMeter
 from .oom import explain_and_free, is_oom
 
 NaN = math.nan
 FLOPS_MODES = ("auto", "always", "never")
-HISTORY = History()
-
-
-@dataclass
-class _CachedCount:
-    fingerprint: tuple  # the inputs as they were when the count was taken
-    count: object       # flops.FlopCount
-    counted_in: str     # name of the record whose run was counted
-    last_wall_s: float = NaN
-    last_busy: bool = False  # the last run on this count was taken on a busy machine
-    shaped: tuple = (None, [])  # (model FLOPs from the model's shape or None, notes): ModelTap
-
-
-# one entry per distinct block (cell source + name), least recently used dropped past the bound
-_FLOP_CACHE: OrderedDict = OrderedDict()
-FLOP_CACHE_SIZE = 256
-# the wall time of each block's last clean run (untraced, uncounted, no error): the profiler's
-# overhead is a traced run's time against it
-_LAST_WALL: OrderedDict = OrderedDict()
-
-
-def source_key(source: str, name: str = "") -> str:
-    return hashlib.sha1(f"{name}\0{source}".encode()).hexdigest()
 
 
 def _compiled_graphs():
@@ -93,20 +67,17 @@ class Probe:
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None):
-        if not isinstance(name, str):
-            raise ValueError(f"name must be a string, got {name!r}")
-        if models is not None and not callable(models):
-            raise ValueError(f"models must be None or a callable returning (name, module) pairs, got {models!r}")
-        choice("flops", flops, FLOPS_MODES)
+        validate.text("name", name)
+        validate.optional_callable("models", models, "(name, module) pairs")
+        validate.choice("flops", flops, FLOPS_MODES)
         if model_flops is not None:
-            model_flops = real("model_flops", model_flops, low=0.0, low_open=False)
+            model_flops = validate.real("model_flops", model_flops, low=0.0, low_open=False)
         if peak is not None:
-            peak = real("peak", peak)
+            peak = validate.real("peak", peak)
         if dtype is not None:
-            choice("dtype", dtype, DTYPES)
-        for what, flag in (("trace", trace), ("memory", memory)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{what} must be True or False, got {flag!r}")
+            validate.choice("dtype", dtype, DTYPES)
+        validate.flag("trace", trace)
+        validate.flag("memory", memory)
         self.name, self.key = name, key or name
         self.trace, self.memory, self.tracer, self.energy = trace, memory, None, None
         self._fp, self._models, self.tap = fingerprint, models, None
@@ -135,7 +106,7 @@ class Probe:
         rec = self.record
         rec.started_at = time.time()
         torch = torch_if_loaded()
-        cached = _FLOP_CACHE.get(self.key)
+        cached = FLOP_COUNTS.get(self.key)
         self.fp = (self._fp() if callable(self._fp) else self._fp) if self.mode == "auto" else ()
         stale = self.mode == "auto" and cached is not None and cached.fingerprint != self.fp
         self.count_now = torch is not None and (
@@ -248,15 +219,12 @@ class Probe:
     def _read_trace(self, rec, tracer, exc) -> None:
         if tracer is None:  # a clean run: what the next traced run's overhead is measured against
             if exc is None and not self.count_now and not self.under_counter and rec.wall_s == rec.wall_s:
-                _LAST_WALL[self.key] = rec.wall_s
-                _LAST_WALL.move_to_end(self.key)
-                while len(_LAST_WALL) > FLOP_CACHE_SIZE:
-                    _LAST_WALL.popitem(last=False)
+                remember(LAST_WALLS, self.key, rec.wall_s)
             return
         rec.trace, rec.memory = tracer.stop(rec.wall_s)  # stops the profiler whatever happens
         if exc is not None:
             rec.notes.append("the block failed: the trace covers it up to the failure")
-        last = _LAST_WALL.get(self.key)
+        last = LAST_WALLS.get(self.key)
         for part in (rec.trace, rec.memory):
             if part is not None and last is not None:
                 part.notes.append(f"profiler overhead measured against the last untraced run ({last:.4g} s)")
@@ -298,15 +266,12 @@ class Probe:
             shaped = tap.result() if tap is not None and exc is None else (None, [])
             _use_shape(rec, shaped)
             if exc is None:  # an interrupted run's count is partial: never reuse it
-                _FLOP_CACHE[self.key] = _CachedCount(self.fp, counted, rec.name, shaped=shaped)
-                _FLOP_CACHE.move_to_end(self.key)
-                while len(_FLOP_CACHE) > FLOP_CACHE_SIZE:
-                    _FLOP_CACHE.popitem(last=False)
+                remember(FLOP_COUNTS, self.key, CachedCount(self.fp, counted, rec.name, shaped=shaped))
             else:
                 rec.notes.append("the block failed: FLOPs counted up to the failure")
-        elif self.mode == "auto" and self.key in _FLOP_CACHE:
-            c = _FLOP_CACHE[self.key]
-            _FLOP_CACHE.move_to_end(self.key)
+        elif self.mode == "auto" and self.key in FLOP_COUNTS:
+            c = FLOP_COUNTS[self.key]
+            FLOP_COUNTS.move_to_end(self.key)
             rec.flops_source, rec.mfu_convention = "cached", formulas.MFU_COUNTED
             rec.flops, rec.model_flops = _flops_of(c.count)
             rec.recompute_flops = float(c.count.recompute)
@@ -384,85 +349,3 @@ def _flops_of(count) -> tuple[float, float]:
     if count.executed == 0 and count.uncounted_ops:
         return NaN, NaN
     return float(count.executed), float(count.model)
-
-
-class profile:
-    """Measure a block outside IPython; the record is filled on exit and added to `history()`.
-
-    >>> with tunekit.profile(name="step") as rec:
-    ...     loss = model(x, y)[1]; loss.backward()
-    >>> rec.wall_s, rec.tflops
-
-    The FLOP count is reused while the variables the block reads keep their shapes and values;
-    pass `inputs=(...)` to say explicitly what the block depends on. ``trace=True`` adds the time
-    by op category (``rec.trace``, a Breakdown) and a Chrome trace; ``memory=True`` the memory
-    timeline (``rec.memory``); neither on the run that counts FLOPs (use ``flops="never"``, or
-    run the block twice).
-    """
-
-    def __init__(self, name: str | None = None, flops: str = "auto", model_flops: float | None = None,
-                 peak: float | None = None, dtype: str | None = None, inputs=None, trace: bool = False,
-                 memory: bool = False):
-        frame = sys._getframe(1)
-        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        fp, models = (), None
-        if inputs is not None:
-            fp = (("inputs", describe(inputs)),)
-            models = lambda: modules_seen({"inputs": inputs}, ["inputs"])  # noqa: E731
-        elif flops != "never":
-            names = with_body_names(frame.f_code.co_filename, frame.f_lineno)
-            if names is None:  # no source (exec'd code): all the frame's names
-                names = frame.f_code.co_names + frame.f_code.co_varnames
-            ns = {**frame.f_globals, **frame.f_locals}
-            fp = fingerprint(ns, names) if flops == "auto" else ()
-            models = lambda: modules_seen(ns, names)  # noqa: E731
-        del frame
-        # keyed on the place and the name: two blocks sharing a name do not share a count
-        self.probe = Probe(name or where, key=f"profile:{where}:{name}", fingerprint=fp, flops=flops,
-                           model_flops=model_flops, peak=peak, dtype=dtype, trace=trace, memory=memory,
-                           models=models)
-
-    # The shield spans the block: Ctrl-C waits while the probe starts and stops, and its gate is
-    # open for the block itself. A `with` statement cannot run __exit__ for an exception raised
-    # inside __enter__, hence the try; and __exit__ shuts the gate before a Ctrl-C can cut in.
-    def __enter__(self) -> ProfileRecord:
-        self.shield = shield = deferred_interrupt().__enter__()
-        try:
-            self.probe.start()
-            shield.gate().__enter__()  # a Ctrl-C from the start is raised here
-            return self.probe.record
-        except BaseException as e:
-            try:
-                if self.probe.running:
-                    self.probe.stop(e)
-            finally:
-                shield.__exit__(type(e), e, None)
-            raise
-
-    @closes_gate
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        self.shield.open = False
-        try:
-            self.probe.stop(exc)
-        finally:
-            self.shield.__exit__(exc_type, exc, tb)  # raises a Ctrl-C that came meanwhile
-        return False  # the exception, if any, reaches the caller unchanged
-
-
-def history():
-    """pandas.DataFrame of every profiled cell or block, oldest first."""
-    from ..core.summary import history_view, readable
-
-    return readable(HISTORY.to_frame(), history_view)
-
-
-def last() -> ProfileRecord | None:
-    """The latest record (a dataclass), or None."""
-    return HISTORY.last()
-
-
-def clear_history() -> None:
-    """Forget every record and every cached FLOP count."""
-    HISTORY.clear()
-    _FLOP_CACHE.clear()
-    _LAST_WALL.clear()

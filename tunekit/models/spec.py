@@ -7,11 +7,14 @@ Three kinds: ``gpt`` (tunekit's GPT from its GPTConfig fields), ``transformers``
 ``to_dict()`` and ``model_type``: ``AutoModelForCausalLM.from_config``) and ``factory``
 (``"package.module:function"``, called with ``kwargs``, returning an nn.Module). A live module
 of any other kind cannot be rebuilt in another process: ``model_spec`` says to pass a factory.
+The command line names its model as a source (`source_spec`): the same specs.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 
 import torch
 
@@ -40,17 +43,48 @@ def factory_spec(factory: str, **kwargs) -> dict:
     return {"kind": "factory", "factory": factory, "kwargs": kwargs}
 
 
-def check_factory(factory) -> None:
-    if not isinstance(factory, str) or factory.count(":") != 1:
-        raise ValueError(f"a model factory is 'package.module:function', got {factory!r}")
+def source_spec(kind: str, value) -> dict:
+    """The spec of a model named on the command line (tunekit.ui.cli): ``("preset", name)``,
+    ``("transformers", config dict)`` or ``("factory", "package.module:function")``."""
+    if kind == "preset":
+        return {"kind": "gpt", "config": dataclasses.asdict(GPTConfig.preset(value))}
+    if kind == "transformers":
+        return {"kind": "transformers", "model_type": value["model_type"], "config": value}
+    return factory_spec(value)
+
+
+def factory_problem(factory: str) -> str | None:
+    """Why ``"package.module:function"`` cannot be imported and called from here, or None."""
     module, name = factory.split(":")
     try:
         fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"model factory {factory!r} cannot be imported here ({e}); every rank "
-                         "imports it, so it must be on the path of this interpreter") from None
+    except ImportError as e:
+        missing = getattr(e, "name", None)
+        if isinstance(e, ModuleNotFoundError) and missing and (module + ".").startswith(missing + "."):
+            return (f"no module {missing!r} on sys.path ({os.pathsep.join(sys.path)}); run from the folder "
+                    "that holds it or add that folder to PYTHONPATH")
+        return f"importing {module!r} failed ({type(e).__name__}: {e})"
+    except AttributeError:
+        return f"module {module!r} has no {name!r}"
     if not callable(fn):
-        raise ValueError(f"model factory {factory!r} is not callable")
+        return f"{name!r} in {module!r} is not callable"
+    return None
+
+
+def check_factory(factory) -> None:
+    if not isinstance(factory, str) or factory.count(":") != 1:
+        raise ValueError(f"a model factory is 'package.module:function', got {factory!r}")
+    why = factory_problem(factory)
+    if why is not None:
+        raise ValueError(f"model factory {factory!r}: {why} (every rank imports it, so it must import "
+                         "in this interpreter)")
+
+
+def call_factory(factory: str, **kwargs):
+    """What ``"package.module:function"`` returns, called with ``kwargs`` (not checked: see
+    `build_model`)."""
+    module, name = factory.split(":")
+    return getattr(importlib.import_module(module), name)(**kwargs)
 
 
 def check_model_spec(spec) -> None:
@@ -75,8 +109,7 @@ def build_model(spec: dict, seed: int = 0) -> torch.nn.Module:
         cfg = {k: v for k, v in spec["config"].items() if k != "model_type"}
         config = AutoConfig.for_model(spec.get("model_type") or spec["config"]["model_type"], **cfg)
         return AutoModelForCausalLM.from_config(config)
-    module, name = spec["factory"].split(":")
-    model = getattr(importlib.import_module(module), name)(**spec.get("kwargs", {}))
+    model = call_factory(spec["factory"], **spec.get("kwargs", {}))
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model factory {spec['factory']} returned {type(model).__name__}, "
                         "not an nn.Module")

@@ -153,23 +153,13 @@ def model_source(text: str) -> tuple[str, object]:
 def check_factory(text: str) -> None:
     """Import ``module:function`` now, from the current directory too (as ``python -m`` would: the
     ``tunekit`` script's own folder is what Python puts first); refused with the path searched."""
-    import importlib
+    from ..models.spec import factory_problem
 
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # the ranks of a distributed run inherit sys.path
-    module, name = text.split(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except ImportError as e:
-        missing = getattr(e, "name", None)
-        if isinstance(e, ModuleNotFoundError) and missing and (module + ".").startswith(missing + "."):
-            raise Refused(f"--model {text}: no module {missing!r} on sys.path ({os.pathsep.join(sys.path)}); "
-                          "run from the folder that holds it or add that folder to PYTHONPATH") from None
-        raise Refused(f"--model {text}: importing {module!r} failed ({type(e).__name__}: {e})") from None
-    except AttributeError:
-        raise Refused(f"--model {text}: module {module!r} has no {name!r}") from None
-    if not callable(fn):
-        raise Refused(f"--model {text}: {name!r} in {module!r} is not callable")
+    why = factory_problem(text)
+    if why is not None:
+        raise Refused(f"--model {text}: {why}")
 
 
 def layout(args, env=None) -> tuple[int, int, dict | None]:
@@ -231,10 +221,10 @@ def check(args, env=None) -> tuple:
             raise Refused(f"--{name} must be >= {low}, got {getattr(args, name)}")
     source = model_source(args.model)
     nproc, nodes, link = layout(args, env)
-    import torch
+    from ..measure.device import default_device
 
     t = tg.Toggles().replace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(tg.Toggles)})
-    problems = tg.problems(t, tg.Env(device_type="cuda" if torch.cuda.is_available() else "cpu"))
+    problems = tg.problems(t, tg.Env(device_type=default_device().type))
     if problems:
         raise Refused(" ".join(problems))
     from ..core.runlog import check_writable
@@ -249,41 +239,30 @@ def check(args, env=None) -> tuple:
     return source, nproc, nodes, link
 
 
-# --- the spec a torchrun rank joins with (the format of models.spec / engine.dist.worker) ---
-
-
-def model_spec(source) -> dict:
-    kind, value = source
-    if kind == "preset":
-        from ..models.gpt import GPTConfig
-
-        return {"kind": "gpt", "config": dataclasses.asdict(GPTConfig.preset(value))}
-    if kind == "transformers":
-        return {"kind": "transformers", "model_type": value["model_type"], "config": value}
-    return {"kind": "factory", "factory": value, "kwargs": {}}
+# --- the spec a torchrun rank joins with (tunekit.models.spec, as dist.worker reads it) --------
 
 
 def build_spec(args, source, nproc: int, nodes: int) -> dict:
     """What every rank of a torchrun job builds and trains: the same dict the Lab sends its workers."""
-    return {"model": model_spec(source), "parallel": args.parallel, "toggles": changed_toggles(args),
+    from ..models.spec import source_spec
+
+    return {"model": source_spec(*source), "parallel": args.parallel, "toggles": changed_toggles(args),
             "steps": args.steps, "warmup": args.warmup, "seed": 0, "data": "corpus",
             "nproc": nproc, "nodes": nodes}
 
 
-def build_model(source):
-    """The model for an in-process Lab (None: the Lab builds the preset itself)."""
+def lab_model(source, distributed: bool):
+    """The model an in-process Lab is given: None for a preset (the Lab builds it), a factory's
+    name for a distributed run (every rank imports and calls it), else the model built here (a
+    factory's result unchecked: the Lab refuses what is no model)."""
+    from ..models.spec import build_model, call_factory, source_spec
+
     kind, value = source
     if kind == "preset":
         return None
-    if kind == "transformers":
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        cfg = {k: v for k, v in value.items() if k != "model_type"}
-        return AutoModelForCausalLM.from_config(AutoConfig.for_model(value["model_type"], **cfg))
-    import importlib
-
-    module, name = value.split(":")
-    return getattr(importlib.import_module(module), name)()
+    if kind == "factory":
+        return value if distributed else call_factory(value)
+    return build_model(source_spec(kind, value))
 
 
 # --- display ------------------------------------------------------------------------------------
@@ -354,9 +333,7 @@ def main(argv=None) -> int:
             from ..engine.lab import Lab
 
             distributed = args.parallel != "none"
-            # a factory goes to a distributed Lab as its "package.module:function" string, so that
-            # every rank imports and calls it; in one process the model is built here
-            model = source[1] if source[0] == "factory" and distributed else build_model(source)
+            model = lab_model(source, distributed)
             lab = Lab(model, preset=source[1] if source[0] == "preset" else "cpu-tiny", log_path=args.log)
             kw = dict(steps=args.steps, warmup=args.warmup, progress=_progress, **changed_toggles(args))
             if distributed:

@@ -20,7 +20,8 @@ import time
 
 from ..measure import nvml
 from ..measure.device import cuda_device_index
-from ..measure.probe import HISTORY, Probe
+from ..measure.history import HISTORY
+from ..measure.probe import Probe
 
 
 class _ScriptShell:
@@ -73,7 +74,7 @@ def _backend(shell, gpu_index):
             h = nvml.handle(self.gpu_current_device_id)
             if h is None:  # unknown, not zero: the record will show NaN
                 return math.nan, math.nan, math.nan
-            info = nvml._init().nvmlDeviceGetMemoryInfo(h)
+            info = nvml.library().nvmlDeviceGetMemoryInfo(h)
             return info.total, info.free, info.used
 
     return Backend

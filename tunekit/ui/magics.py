@@ -17,8 +17,9 @@ from ..core.records import ProfileRecord
 from ..core.registry import DTYPES
 from ..core.summary import Summary
 from ..measure.fingerprint import fingerprint, modules_seen, names_read
+from ..measure.history import HISTORY, source_key
 from ..measure.interrupts import closes_gate, deferred_interrupt, opens_gate
-from ..measure.probe import FLOPS_MODES, HISTORY, Probe, source_key
+from ..measure.probe import FLOPS_MODES, Probe
 
 # cells `%gpuprofile on` does not profile: the cell magic measures itself, on/off cells are not workload
 _NOT_PROFILED = ("%gpuprofile", "%%gpuprofile", "%unload_ext", "%reload_ext")

@@ -13,7 +13,7 @@ def plot_history(df=None, title: str = "Profiled cells"):
     """
     from plotly.subplots import make_subplots
 
-    from ..measure.probe import history
+    from ..measure.history import history
 
     df = history() if df is None else df
     if len(df) == 0:

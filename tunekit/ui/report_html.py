@@ -40,7 +40,7 @@ class SessionSummary:
 
     def __init__(self, lab=None):
         from ..core.summary import history_view, table_html
-        from ..measure.probe import history
+        from ..measure.history import history
 
         h = history()
         parts = ["<h2>Summary</h2>"]

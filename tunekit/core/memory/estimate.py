@@ -21,9 +21,9 @@ from .. import registry, validate
 from ..registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
 from ..shapes import model_shape
 from ..units import GB, GiB, is_missing
-from ..validate import flag, fraction, real, whole
 from .gpt_count import config_dims, gpt_activation_bytes
 from .hf_count import GROUPS, hf_activation_bytes
+from .options import MemoryOptions
 
 NaN = math.nan
 
@@ -152,43 +152,78 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
 
     `model` is a parameter count, a config (tunekit's GPTConfig, or a transformers decoder
     config: Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, ...), or a model with such a `.config`.
-    `activations`: "korthikanti" (the documents' formula), "gpt" (tensor-by-tensor count for
-    tunekit's GPT), "hf" (transformers' Llama-style and GPT-2 layers), or "auto" (the one that
-    fits the config). `attention` ("sdpa", "math"/"eager", "flash") defaults to the config's.
-    `optimizer_bytes` / `grad_bytes` override the per-param figures (to replay a document).
-    `parallel` ("ddp", "fsdp", "fsdp_grad_op", "hsdp") with `world_size` ranks on `nodes` nodes
-    sets `zero_stage`/`dp` for that sharding (tunekit.engine.dist): DDP replicates (stage 0 over the
-    world), FSDP shards parameters, gradients and optimizer state over the world (stage 3), HSDP
-    over the ranks of one node.
+    The keyword parameters are the fields of `MemoryOptions` (tests/test_anatomy.py keeps the
+    two equal). `activations`: "korthikanti" (the documents' formula), "gpt" (tensor-by-tensor
+    count for tunekit's GPT), "hf" (transformers' Llama-style and GPT-2 layers), or "auto" (the
+    one that fits the config). `attention` ("sdpa", "math"/"eager", "flash") defaults to the
+    config's. `optimizer_bytes` / `grad_bytes` override the per-param figures (to replay a
+    document). `parallel` ("ddp", "fsdp", "fsdp_grad_op", "hsdp") with `world_size` ranks on
+    `nodes` nodes sets `zero_stage`/`dp` for that sharding (see `MemoryOptions.sharded`).
 
     >>> e = estimate_memory(147e6, n_layer=12, n_embd=768, n_head=12, seq_len=512,
     ...                     micro_batch=64, device="cpu", grad_bytes=2)
     >>> round(e["activations"] / 64)   # 512*768*12*(10+24+5*12*512/768)
     349175808
     """
-    dist_notes = []
-    for name, v in (("world_size", world_size), ("nodes", nodes)):
-        whole(name, v)
-    if parallel is None and (world_size, nodes) != (1, 1):
-        raise ValueError(f"world_size={world_size!r} and nodes={nodes!r} describe a sharded run: give "
-                         "parallel='ddp', 'fsdp', 'fsdp_grad_op' or 'hsdp' with them (or zero_stage= and dp=)")
-    if parallel is not None:
-        zero_stage, dp, dist_notes = _sharding(parallel, world_size, nodes, zero_stage, dp)
-    for name, v in (("tp", tp), ("pp", pp), ("dp", dp)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-    flag("checkpointing", checkpointing)
-    flag("sequence_parallel", sequence_parallel)
-    validate.device("device", device)   # the device planned for: it need not be on this machine
-    overhead_fraction = fraction("overhead_fraction", overhead_fraction)
-    for name, v in (("cuda_context_bytes", cuda_context_bytes), ("optimizer_bytes", optimizer_bytes),
-                    ("grad_bytes", grad_bytes)):
-        if v is not None:
-            real(name, v, low_open=False)
-    _check_sizes(model, n_params=n_params, micro_batch=micro_batch, seq_len=seq_len,
-                 n_layer=n_layer, n_embd=n_embd, n_head=n_head)
+    options = MemoryOptions(**{k: v for k, v in locals().items() if k != "model"})  # the parameters above
+    return estimate_with(model, options)
+
+
+def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
+    """`estimate_memory` with its options made: the static lines, the activations, then what
+    lives beside them (temporaries, CUDA context, distributed buffers)."""
+    zero_stage, dp, notes = o.sharded
+    m = _model_sizes(model, o)
+    prec, key = precision_layout(o.precision), canonical_precision(o.precision)
+    comps, forms = _static_lines(m.n_params, _bytes_per_param(o), o.tp * o.pp, dp, zero_stage)
+    mode = _activation_mode(o.activations, m)
+    notes.extend(m.shape.notes if m.shape is not None else ())
+    if m.dims and mode == "gpt":
+        comps["buffers"], forms["buffers"] = _rope_buffers(m, key)
+    # autocast's half weight copies (an upper bound here: only Linear weights are cast)
+    comps["weight_casts"] = m.n_params * prec.weight_casts / (o.tp * o.pp)
+    forms["weight_casts"] = (f"at most {prec.weight_casts} B per param: half copies made in forward, "
+                             "freed after backward" if prec.weight_casts else "")
+    if None in (m.n_layer, m.n_embd, m.n_head, m.seq_len):
+        comps["activations"] = comps["recompute"] = NaN
+        notes.append("activations need n_layer, n_embd, n_head and seq_len (or a config)"
+                     + (f": {m.shape_error}" if m.shape_error else ""))
+    elif mode in ("gpt", "hf"):
+        _counted_activations(comps, forms, notes, m, o, mode)
+    else:
+        _formula_activations(comps, forms, notes, m, o)
+    if o.pp > 1 and not is_missing(comps["activations"]):
+        notes.append("1F1B pipeline: the first stage holds pp micro-batches of L/pp layers, "
+                     "i.e. the same activation bytes as L layers (not divided by pp)")
+    _beside_lines(comps, forms, o, world=o.tp * o.pp * dp)
+    inputs = dict(n_params=m.n_params, precision=key, optimizer=o.optimizer, micro_batch=o.micro_batch,
+                  seq_len=m.seq_len, attention=m.attention, checkpointing=o.checkpointing, tp=o.tp, pp=o.pp,
+                  zero_stage=zero_stage, dp=dp, n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
+                  activations=mode, device=o.device)
+    return MemoryEstimate({k: comps[k] for k in COMPONENTS}, forms, inputs, notes)
+
+
+@dataclass
+class _Sizes:
+    """What the estimate knows of the model: its config and shape (None for a bare count, or a
+    partial config: then `shape_error` says why), the demo GPT's fields (`dims`, else empty)
+    and the sizes, each given or read from the config."""
+
+    cfg: object
+    shape: object
+    shape_error: str | None
+    dims: dict
+    n_params: float
+    n_layer: int | None
+    n_embd: int | None
+    n_head: int | None
+    seq_len: int | None
+    attention: str
+
+
+def _model_sizes(model, o: MemoryOptions) -> _Sizes:
+    if isinstance(model, numbers.Real):
+        validate.real("model: a parameter count", model)
     cfg = getattr(model, "config", model) if not isinstance(model, (int, float)) else None
     shape, shape_error = None, None
     if cfg is not None:
@@ -197,12 +232,7 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
         except ValueError as e:   # a partial config: sizes may still come as arguments
             shape_error = str(e)
     dims = config_dims(cfg) if shape is not None and shape.family == "tunekit" else {}
-    n_layer = n_layer or (shape.n_layer if shape else None)
-    n_embd = n_embd or (shape.hidden if shape else None)
-    n_head = n_head or (shape.n_head if shape else None)
-    seq_len = seq_len or (shape.max_positions if shape else None)
-    if attention is None:
-        attention = dims.get("attention") or getattr(cfg, "_attn_implementation", None) or "sdpa"
+    n_params = o.n_params
     if n_params is None:
         if isinstance(model, (int, float)):
             n_params = float(model)
@@ -212,144 +242,122 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
             n_params = float(shape.param_count())
         else:
             raise ValueError("give a parameter count, a config or a model")
-    prec = precision_layout(precision)
-    key = canonical_precision(precision)
-    per = bytes_per_param(precision, optimizer)
-    if optimizer_bytes is not None:
-        per["optimizer_states"] = optimizer_bytes
-    if grad_bytes is not None:
-        per["gradients"] = grad_bytes
+    attention = o.attention
+    if attention is None:
+        attention = dims.get("attention") or getattr(cfg, "_attn_implementation", None) or "sdpa"
+    return _Sizes(cfg, shape, shape_error, dims, n_params,
+                  n_layer=o.n_layer or (shape.n_layer if shape else None),
+                  n_embd=o.n_embd or (shape.hidden if shape else None),
+                  n_head=o.n_head or (shape.n_head if shape else None),
+                  seq_len=o.seq_len or (shape.max_positions if shape else None), attention=attention)
 
-    comps, forms, notes = {}, {}, list(dist_notes)
-    shard = tp * pp   # model parallelism splits every parameter-sized line
+
+def _bytes_per_param(o: MemoryOptions) -> dict:
+    per = bytes_per_param(o.precision, o.optimizer)
+    if o.optimizer_bytes is not None:
+        per["optimizer_states"] = o.optimizer_bytes
+    if o.grad_bytes is not None:
+        per["gradients"] = o.grad_bytes
+    return per
+
+
+def _static_lines(n_params: float, per: dict, shard: int, dp: int, zero_stage: int) -> tuple:
+    """(components, formulas) of weights, master copy, gradients and optimizer states: model
+    parallelism (``shard`` = tp*pp) splits each, ZeRO stage s splits those it covers over dp."""
     zero_div = {"weights": 3, "master_weights": 1, "gradients": 2, "optimizer_states": 1}
+    comps, forms = {}, {}
     for k in STATIC:
         div = shard * (dp if zero_stage >= zero_div[k] else 1)
         comps[k] = n_params * per[k] / div
         forms[k] = f"{_num(n_params)} params x {per[k]:g} B" + (f" / {div}" if div > 1 else "")
     comps["buffers"] = NaN
-    if activations not in ("auto", "gpt", "hf", "korthikanti"):
-        raise ValueError(f"activations must be auto, gpt, hf or korthikanti, got {activations!r}")
-    if activations == "gpt" and not dims:
-        raise ValueError("activations='gpt' needs a GPTConfig-like config (vocab_size, mlp, ...)")
-    if dims and activations in ("auto", "gpt"):
-        # rotary cos/sin tables (T, head_dim) each, in the model's dtype (half only when cast)
-        rope = dims["pos"] == "rope" and n_head and seq_len
-        elem = 2 if key in ("bf16", "fp16", "mixed") else 4
-        comps["buffers"] = 2.0 * dims["block_size"] * (n_embd // n_head) * elem if rope else 0.0
-        forms["buffers"] = "rotary cos + sin tables: 2 x block_size x head_dim"
-    # autocast's half weight copies (an upper bound here: only Linear weights are cast)
-    comps["weight_casts"] = n_params * prec.weight_casts / shard
-    forms["weight_casts"] = (f"at most {prec.weight_casts} B per param: half copies made in forward, "
-                             "freed after backward" if prec.weight_casts else "")
+    return comps, forms
 
-    b, s = micro_batch, seq_len
-    mode = activations if activations != "auto" else (
-        "gpt" if dims else "hf" if shape is not None and shape.family in GROUPS else "korthikanti")
-    if mode == "hf" and (shape is None or shape.family not in GROUPS):
+
+def _activation_mode(activations: str, m: _Sizes) -> str:
+    """The activation count that fits the model: its own count where one exists, else Korthikanti."""
+    fits_hf = m.shape is not None and m.shape.family in GROUPS
+    if activations == "gpt" and not m.dims:
+        raise ValueError("activations='gpt' needs a GPTConfig-like config (vocab_size, mlp, ...)")
+    if activations == "hf" and not fits_hf:
         raise ValueError(f"activations='hf' covers {sorted(GROUPS)} configs")
-    if shape is not None and shape.notes:
-        notes.extend(shape.notes)
-    if None in (n_layer, n_embd, n_head, s):
-        comps["activations"] = comps["recompute"] = NaN
-        notes.append("activations need n_layer, n_embd, n_head and seq_len (or a config)"
-                     + (f": {shape_error}" if shape_error else ""))
-    elif mode in ("gpt", "hf"):
-        if mode == "gpt":
-            act = gpt_activation_bytes(cfg, b, s, prec.activations, checkpointing=checkpointing,
-                                       autocast=key == "amp")
-        else:
-            act = hf_activation_bytes(shape, b, s, autocast=prec.activations == 2,
-                                      attention=attention, checkpointing=checkpointing)
-            comps["buffers"] = 0.0
-            if key in ("bf16", "fp16", "mixed"):
-                notes.append("transformers activations are counted under autocast; pure half "
-                             "weights keep about the same (the norms stay fp32 either way)")
-        # tensor parallelism splits a layer's tensors (an upper-bound split: Korthikanti's 10sbh
-        # stay whole); 1F1B pipelining keeps the L-layer total on the first stage (see below)
-        comps["activations"] = act["saved"] / tp
-        comps["recompute"] = act["recompute"] / tp
-        comps["weight_casts"] = act["weight_casts"] / shard
-        forms["weight_casts"] = "half copies of the Linear weights, kept from forward to backward"
-        forms["activations"] = act["formula"] + (f" / t={tp}" if tp > 1 else "")
-        forms["recompute"] = "one block's saved tensors, rebuilt during backward" if checkpointing else ""
-        if tp > 1:
-            notes.append(f"{mode} activation count is for one device; divided by tp (the layer norms' and "
-                         "residuals' share is not split without sequence parallelism, so this is low)")
+    if activations != "auto":
+        return activations
+    return "gpt" if m.dims else "hf" if fits_hf else "korthikanti"
+
+
+def _rope_buffers(m: _Sizes, key: str) -> tuple:
+    """(bytes, formula) of the demo GPT's rotary cos/sin tables: (T, head_dim) each, in the
+    model's dtype (half only when the model is cast)."""
+    rope = m.dims["pos"] == "rope" and m.n_head and m.seq_len
+    elem = 2 if key in ("bf16", "fp16", "mixed") else 4
+    return (2.0 * m.dims["block_size"] * (m.n_embd // m.n_head) * elem if rope else 0.0,
+            "rotary cos + sin tables: 2 x block_size x head_dim")
+
+
+def _counted_activations(comps, forms, notes, m: _Sizes, o: MemoryOptions, mode: str) -> None:
+    """Activations counted tensor by tensor: the demo GPT's (gpt) or transformers' layers (hf)."""
+    prec, key = precision_layout(o.precision), canonical_precision(o.precision)
+    if mode == "gpt":
+        act = gpt_activation_bytes(m.cfg, o.micro_batch, m.seq_len, prec.activations,
+                                   checkpointing=o.checkpointing, autocast=key == "amp")
     else:
-        scale = prec.activations / 2   # the formula counts 2-byte elements
-        full = korthikanti_activation_bytes(s, b, n_embd, n_layer, n_head, tp, sequence_parallel)
-        if checkpointing:
-            comps["activations"] = scale * full_recompute_activation_bytes(s, b, n_embd, n_layer, tp,
-                                                                            sequence_parallel)
-            comps["recompute"] = scale * full / n_layer
-            forms["activations"] = "2*s*b*h*L (each layer's input)"
-            forms["recompute"] = "one layer of s*b*h*(10+24/t+5as/(ht)), rebuilt in backward"
-        else:
-            comps["activations"] = scale * full
-            comps["recompute"] = 0.0
-            forms["activations"] = "s*b*h*L*(10 + 24/t + 5*a*s/(h*t))"
-        if scale != 1:
-            forms["activations"] += f" x {scale:g} ({prec.activations}-byte elements)"
-        if shape is not None and attention in ("sdpa", "flash"):
-            notes.append("the Korthikanti formula keeps the 5*a*s^2 attention scores, which fused "
-                         "attention (sdpa, flash) does not save: an overestimate for this model")
-    if pp > 1 and not is_missing(comps["activations"]):
-        notes.append("1F1B pipeline: the first stage holds pp micro-batches of L/pp layers, "
-                     "i.e. the same activation bytes as L layers (not divided by pp)")
+        act = hf_activation_bytes(m.shape, o.micro_batch, m.seq_len, autocast=prec.activations == 2,
+                                  attention=m.attention, checkpointing=o.checkpointing)
+        comps["buffers"] = 0.0
+        if key in ("bf16", "fp16", "mixed"):
+            notes.append("transformers activations are counted under autocast; pure half "
+                         "weights keep about the same (the norms stay fp32 either way)")
+    # tensor parallelism splits a layer's tensors (an upper-bound split: Korthikanti's 10sbh
+    # stay whole); 1F1B pipelining keeps the L-layer total on the first stage
+    tp = o.tp
+    comps["activations"] = act["saved"] / tp
+    comps["recompute"] = act["recompute"] / tp
+    comps["weight_casts"] = act["weight_casts"] / (tp * o.pp)
+    forms["weight_casts"] = "half copies of the Linear weights, kept from forward to backward"
+    forms["activations"] = act["formula"] + (f" / t={tp}" if tp > 1 else "")
+    forms["recompute"] = "one block's saved tensors, rebuilt during backward" if o.checkpointing else ""
+    if tp > 1:
+        notes.append(f"{mode} activation count is for one device; divided by tp (the layer norms' and "
+                     "residuals' share is not split without sequence parallelism, so this is low)")
+
+
+def _formula_activations(comps, forms, notes, m: _Sizes, o: MemoryOptions) -> None:
+    """Activations by Korthikanti et al.'s formula (2-byte elements, scaled to the precision's)."""
+    prec = precision_layout(o.precision)
+    s, b, h, L, a, tp = m.seq_len, o.micro_batch, m.n_embd, m.n_layer, m.n_head, o.tp
+    scale = prec.activations / 2   # the formula counts 2-byte elements
+    full = korthikanti_activation_bytes(s, b, h, L, a, tp, o.sequence_parallel)
+    if o.checkpointing:
+        comps["activations"] = scale * full_recompute_activation_bytes(s, b, h, L, tp, o.sequence_parallel)
+        comps["recompute"] = scale * full / L
+        forms["activations"] = "2*s*b*h*L (each layer's input)"
+        forms["recompute"] = "one layer of s*b*h*(10+24/t+5as/(ht)), rebuilt in backward"
+    else:
+        comps["activations"] = scale * full
+        comps["recompute"] = 0.0
+        forms["activations"] = "s*b*h*L*(10 + 24/t + 5*a*s/(h*t))"
+    if scale != 1:
+        forms["activations"] += f" x {scale:g} ({prec.activations}-byte elements)"
+    if m.shape is not None and m.attention in ("sdpa", "flash"):
+        notes.append("the Korthikanti formula keeps the 5*a*s^2 attention scores, which fused "
+                     "attention (sdpa, flash) does not save: an overestimate for this model")
+
+
+def _beside_lines(comps, forms, o: MemoryOptions, world: int) -> None:
+    """Temporaries (a share of the known lines), the CUDA context and distributed buffers."""
     known = sum(v for v in comps.values() if not is_missing(v))
-    comps["temporary"] = overhead_fraction * known
-    forms["temporary"] = f"{overhead_fraction:.0%} of the above (temporary buffers, fragmentation)"
-    on_cuda = str(device).startswith("cuda")
-    if cuda_context_bytes is None:
+    comps["temporary"] = o.overhead_fraction * known
+    forms["temporary"] = f"{o.overhead_fraction:.0%} of the above (temporary buffers, fragmentation)"
+    on_cuda = str(o.device).startswith("cuda")
+    context = o.cuda_context_bytes
+    if context is None:
         # seeds: torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100
-        cuda_context_bytes = 0.5 * GiB if on_cuda else 0.0
-    comps["cuda_context"] = float(cuda_context_bytes)
+        context = 0.5 * GiB if on_cuda else 0.0
+    comps["cuda_context"] = float(context)
     forms["cuda_context"] = "CUDA context + kernels, outside torch's allocator (0.5-2 GB)"
-    world = tp * pp * dp
     comps["distributed"] = 1.5 * GiB if (on_cuda and world > 1) else 0.0
     forms["distributed"] = "torch.distributed/NCCL buffers (~1-2 GB per GPU)"
-    inputs = dict(n_params=n_params, precision=key, optimizer=optimizer, micro_batch=b, seq_len=s,
-                  attention=attention,
-                  checkpointing=checkpointing, tp=tp, pp=pp, zero_stage=zero_stage, dp=dp,
-                  n_layer=n_layer, n_embd=n_embd, n_head=n_head, activations=mode, device=device)
-    return MemoryEstimate({k: comps[k] for k in COMPONENTS}, forms, inputs, notes)
-
-
-def _sharding(parallel, world_size, nodes, zero_stage, dp) -> tuple:
-    """(zero_stage, dp, notes) of a tunekit.engine.dist sharding; refuses a clash with explicit ones."""
-    from ..comm import layout_problems
-
-    errors = layout_problems(parallel, 1, nodes)
-    if not errors and (isinstance(world_size, bool) or int(world_size) != world_size or world_size < 1
-                       or world_size % nodes):
-        errors.append(f"world_size must be a whole multiple of nodes={nodes}, got {world_size!r}")
-    if not errors and (zero_stage, dp) != (0, 1):
-        errors.append("give either parallel= (with world_size, nodes) or zero_stage/dp, not both")
-    if errors:
-        raise ValueError("; ".join(errors))
-    if parallel == "ddp":
-        return 0, int(world_size), []
-    shard = int(world_size) // nodes if parallel == "hsdp" else int(world_size)
-    notes = [f"{parallel}: parameters, gradients and optimizer state sharded over {shard} rank(s)"
-             + (f" (one node; each of the {nodes} nodes holds a replica)" if parallel == "hsdp" else "")]
-    if parallel == "fsdp_grad_op":
-        notes.append("SHARD_GRAD_OP keeps every unit's gathered parameters from its forward to its "
-                     "backward: the peak adds up to the full weights, beyond the static lines")
-    return 3, shard, notes
-
-
-def _check_sizes(model, **sizes) -> None:
-    """Refuse impossible sizes before computing anything: counts are whole numbers >= 1."""
-    if isinstance(model, numbers.Real) and (isinstance(model, bool) or not 0 < model < math.inf):
-        raise ValueError(f"model: a parameter count must be a finite number > 0, got {model!r}")
-    for name, v in sizes.items():
-        if v is None and name != "micro_batch":
-            continue
-        real = isinstance(v, numbers.Real) and not isinstance(v, bool) and 1 <= v < math.inf
-        if not real or (name != "n_params" and not float(v).is_integer()):
-            allowed = "a finite number >= 1" if name == "n_params" else "a whole number >= 1"
-            raise ValueError(f"{name} must be {allowed}, got {v!r}")
 
 
 def worked_example_147m(micro_batch: int = 64) -> dict:

@@ -17,26 +17,18 @@ tunekit/models/gpt.py (checked tensor by tensor with saved_tensors_hooks in test
 from __future__ import annotations
 
 from ..shapes import cfg_get as _get
-from ..shapes import gelu_d_ff, model_shape, padded_vocab, swiglu_d_ff
+from ..shapes import model_shape
 
 
 def config_dims(cfg) -> dict:
-    """The sizes the formulas need from a GPTConfig-like object; `tunekit` says whether it has
-    the demo GPT's architecture fields (mlp and attention)."""
-    h = _get(cfg, "n_embd") or _get(cfg, "hidden_size")
-    mlp = _get(cfg, "mlp", "gelu")
-    vocab = _get(cfg, "padded_vocab_size")
-    if vocab is None and _get(cfg, "vocab_size") is not None:
-        vocab = padded_vocab(_get(cfg, "vocab_size"), _get(cfg, "pad_vocab_multiple", 1))
-    d_ff = _get(cfg, "ffn_dim") or _get(cfg, "d_ff")
-    if d_ff is None and h:
-        d_ff = gelu_d_ff(h) if mlp == "gelu" else swiglu_d_ff(h)
+    """The sizes the formulas need from a GPTConfig-like object: its `model_shape`, and the demo
+    GPT's architecture fields (mlp, attention, positions, bias, dropout)."""
+    s = model_shape(cfg)
     return {
-        "n_layer": _get(cfg, "n_layer"), "n_head": _get(cfg, "n_head"), "n_embd": h,
-        "block_size": _get(cfg, "block_size"), "vocab": vocab, "d_ff": d_ff, "mlp": mlp,
+        "n_layer": s.n_layer, "n_head": s.n_head, "n_embd": s.hidden, "block_size": s.max_positions,
+        "vocab": s.vocab, "d_ff": s.d_ff, "mlp": _get(cfg, "mlp", "gelu"),
         "attention": _get(cfg, "attention", "sdpa"), "pos": _get(cfg, "pos", "rope"),
         "bias": bool(_get(cfg, "bias", False)), "dropout": float(_get(cfg, "dropout", 0.0) or 0.0),
-        "tunekit": _get(cfg, "mlp") is not None and _get(cfg, "attention") is not None,
     }
 
 

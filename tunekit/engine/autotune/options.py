@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from ...core import toggles as tg
-from ...core.validate import choice, flag, function, is_whole, memory_budget, optional, real, whole
+from ...core.validate import choice, flag, function, is_whole, memory_budget_bytes, optional, real, whole
 
 OBJECTIVES = ("tokens_per_s",)
 KEEP = ("winner", "start")
@@ -60,7 +60,7 @@ class AutotuneOptions:
     warmup: int = option(1, whole, 0)
     repeats: int = option(3, whole)
     noise: float = option(0.03, real, 0.0, 1.0, False, True)   # a relative difference in [0, 1)
-    memory_budget_bytes: float | None = option(None, memory_budget)
+    memory_budget_bytes: float | None = option(None, memory_budget_bytes)
     space: dict | None = option(None, check_space)
     keep: str = option("winner", choice, KEEP)
     compile_s: float = option(60.0, real)

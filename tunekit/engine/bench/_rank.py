@@ -5,11 +5,11 @@ import os
 import sys
 from pathlib import Path
 
-from .allreduce import _worker
+from .allreduce import time_all_reduce
 
 if __name__ == "__main__":
     rank, world, cfg = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), json.loads(sys.argv[1])
-    times = _worker(rank, world, cfg["sizes"], cfg["warmup"], cfg["repeats"], cfg["backend"],
-                    cfg["timeout_s"])
+    times = time_all_reduce(rank, world, cfg["sizes"], cfg["warmup"], cfg["repeats"], cfg["backend"],
+                           cfg["timeout_s"])
     if rank == 0:
         Path(cfg["out"]).write_text(json.dumps({"times": times}))

@@ -3,22 +3,17 @@
 The ranks are started the way a distributed Lab run starts them (tunekit.engine.dist.launch): by
 torch.distributed's elastic agent, the launcher torchrun runs, each rank a fresh interpreter
 (``python -m tunekit.engine.bench._rank``) that rendezvouses on 127.0.0.1 through the agent's c10d store
-on a port the kernel picks. Sizes are bounded; rendezvous and every collective have the deadline
-``timeout_s``; the agent stops every rank when one fails; the ranks' output goes to log files in a
-temporary folder, never to pipes that could fill, and the agent's signal handlers are put back.
+on a port the kernel picks (tunekit.engine.dist.elastic.run_ranks). Sizes are bounded; rendezvous
+and every collective have the deadline ``timeout_s``; the agent stops every rank when one fails;
+the ranks' output goes to log files in a temporary folder.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import signal
-import sys
 import tempfile
-import threading
 import time
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,19 +21,19 @@ import torch
 
 from ...core.formulas import algbw, allreduce_busbw
 from ...measure.timing import stats
+from ..dist.elastic import run_ranks
 from ._frame import frame
 
 MAX_BYTES = 256 * 2**20   # a bound on the buffer size per rank
-_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 class _RankFailed(RuntimeError):
     """A rank exited with an error; the message names each failed rank."""
 
 
-def _worker(rank, world, sizes, warmup, repeats, backend, timeout_s) -> dict:
-    """One rank under the agent (MASTER_ADDR/PORT in its environment): time all_reduce per size,
-    return {size: [seconds]}."""
+def time_all_reduce(rank, world, sizes, warmup, repeats, backend, timeout_s) -> dict:
+    """Run as one rank under the agent (MASTER_ADDR/PORT in its environment): time all_reduce
+    per buffer size, return {size: [seconds]}."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -72,41 +67,14 @@ def _worker(rank, world, sizes, warmup, repeats, backend, timeout_s) -> dict:
 def _launch(world: int, cfg: dict, work: Path) -> None:
     """Run ``world`` ranks of ``python -m tunekit.engine.bench._rank CFG`` under the elastic agent and
     wait for them; a failed rank raises _RankFailed with its exit code and last stderr line."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"allreduce-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"join_timeout": cfg["timeout_s"]},
-        max_restarts=0, monitor_interval=0.1, start_method="spawn", shutdown_timeout=5,
-        logs_specs=DefaultLogsSpecs(log_dir=str(work / "logs"), redirects=Std.ALL))
-    saved = {s: signal.getsignal(getattr(signal, s)) for s in _SIGNALS if hasattr(signal, s)}
-    # the agent hands the ranks this process's environment: set what they need for the launch
-    extra = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
-             "PYTHONPATH": os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)}
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
     try:
-        elastic_launch(config, sys.executable)("-m", "tunekit.engine.bench._rank", json.dumps(cfg))
+        run_ranks(world, "tunekit.engine.bench._rank", [json.dumps(cfg)], work, "allreduce",
+                  env={"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}, join_timeout=cfg["timeout_s"])
     except ChildFailedError as e:
         raise _RankFailed("; ".join(f"rank {r} exit {f.exitcode}: {_last_line(work, f.local_rank)}"
                                      for r, f in sorted(e.failures.items()))) from None
-    except Exception as e:
-        from torch.distributed.elastic.multiprocessing.api import SignalException
-
-        if isinstance(e, SignalException) and e.sigval == signal.SIGINT:
-            raise KeyboardInterrupt from None  # Ctrl-C: the agent has stopped every rank
-        raise
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if threading.current_thread() is threading.main_thread():
-            for s, handler in saved.items():  # the agent installed its own; give back ours
-                signal.signal(getattr(signal, s), handler)
 
 
 def _last_line(work: Path, local_rank: int) -> str:

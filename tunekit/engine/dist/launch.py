@@ -16,9 +16,7 @@ for), and the signal handlers the agent installs are put back as they were.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import shutil
 import signal
@@ -27,14 +25,12 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from ...core.runlog import RunResult
 from ...models.spec import check_model_spec
+from .elastic import python_path, run_ranks
 from .worker import check_spec
-
-_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 class DistRunError(RuntimeError):
@@ -112,24 +108,12 @@ def _write_spec(spec: dict, work: Path) -> Path:
 
 
 def _run_local(spec: dict, world: int, work: Path) -> None:
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     path = _write_spec(spec, work)
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"tunekit-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1,
-        start_method="spawn", shutdown_timeout=5,
-        logs_specs=DefaultLogsSpecs(log_dir=str(work / "logs"), redirects=Std.ALL))
-    saved = {s: signal.getsignal(getattr(signal, s)) for s in _SIGNALS if hasattr(signal, s)}
-    old_path = os.environ.get("PYTHONPATH")
-    # the workers import what this process can (a factory next to the notebook, say); the
-    # agent hands them this process's environment, so the path goes there for the launch
-    os.environ["PYTHONPATH"] = _python_path()
     try:
-        with _agent_log(work / "agent.log"):
-            elastic_launch(config, sys.executable)("-m", "tunekit.engine.dist.worker", str(path))
+        run_ranks(world, "tunekit.engine.dist.worker", [str(path)], work, "tunekit",
+                  agent_log=work / "agent.log")
     except ChildFailedError as e:
         err = _failure(e.failures, work / "logs")
         if (work / "result.json").is_file() and not any(_python_traceback(f) for f in e.failures.values()):
@@ -138,40 +122,6 @@ def _run_local(spec: dict, world: int, work: Path) -> None:
             _note_result(work, f"rank {err.rank} died after the run, in its teardown: {err.traceback}")
             return
         raise err from None
-    except Exception as e:
-        from torch.distributed.elastic.multiprocessing.api import SignalException
-
-        if isinstance(e, SignalException) and e.sigval == signal.SIGINT:
-            raise KeyboardInterrupt from None  # Ctrl-C: the agent has stopped every worker
-        raise
-    finally:
-        if old_path is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old_path
-        if threading.current_thread() is threading.main_thread():
-            for s, handler in saved.items():  # the agent installed its own; give back ours
-                signal.signal(getattr(signal, s), handler)
-
-
-@contextlib.contextmanager
-def _agent_log(path: Path):
-    """The elastic agent logs its own steps and a rank's death to stderr, which a notebook shows
-    as an error even when the run is kept (a rank that died in its teardown, after the result
-    was written). While it runs its records go to a file in the run's folder instead; what
-    matters comes back as the run's notes or as the raised DistRunError."""
-    handler = logging.FileHandler(path)
-    saved = []
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logger = logging.getLogger(name)
-        saved.append((logger, logger.handlers[:], logger.propagate))
-        logger.handlers, logger.propagate = [handler], False
-    try:
-        yield
-    finally:
-        for logger, handlers, propagate in saved:
-            logger.handlers, logger.propagate = handlers, propagate
-        handler.close()
 
 
 def _note_result(work: Path, note: str) -> None:
@@ -179,10 +129,6 @@ def _note_result(work: Path, note: str) -> None:
     data = json.loads(out.read_text())
     data["notes"] = [*data.get("notes", []), note]
     out.write_text(json.dumps(data))
-
-
-def _python_path() -> str:
-    return os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
 
 
 def _failure(failures: dict, logs: Path) -> DistRunError:
@@ -241,7 +187,7 @@ def run_torchrun(addresses: list, prefixes: list, nproc: int, spec_path: Path, w
     the failing rank's traceback."""
     nodes = len(addresses)
     procs, logs = [], []
-    env = dict(os.environ, PYTHONPATH=_python_path())
+    env = dict(os.environ, PYTHONPATH=python_path())
     try:
         for i in range(nodes):
             err = work / f"node{i}"

@@ -413,7 +413,7 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
         flops_per_step=executed, model_flops_per_step=model_flops,
         flops_source="counted" if executed else "none",
         tflops=formulas.tflops(executed, step_s),
-        mfu=formulas.mfu(model_flops, step_s, all_peak), hfu=formulas.hfu(executed, step_s, all_peak),
+        mfu=formulas.utilization(model_flops, step_s, all_peak), hfu=formulas.utilization(executed, step_s, all_peak),
         peak_tflops=peak_tflops, peak_tflops_source=source,
         peak_mem_bytes=None if None in peaks else max(peaks), peak_source=peak_source,
         params_bytes=max(g["params_bytes"] for g in gathered),

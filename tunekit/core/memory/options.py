@@ -1,0 +1,102 @@
+"""The options of `estimate_memory`: one dataclass whose fields are its keyword parameters, with
+their defaults and checks. Pure.
+
+    >>> MemoryOptions(micro_batch=8, tp=2).sharded     # (zero_stage, dp, notes)
+    (0, 1, [])
+    >>> MemoryOptions(tp=True)          # ValueError: tp must be a positive integer, got True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import validate
+
+ACTIVATION_MODES = ("auto", "gpt", "hf", "korthikanti")
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """How the estimated run trains: precision, optimizer, batch, parallelism, and sizes given
+    by hand (each None is read from the model's config). Checked when made (ValueError)."""
+
+    n_params: float | None = None          # parameter count (default: counted or read from the config)
+    precision: str = "mixed"
+    optimizer: str = "adamw"
+    micro_batch: int = 1
+    seq_len: int | None = None
+    checkpointing: bool = False
+    tp: int = 1                             # tensor-parallel ranks
+    pp: int = 1                             # pipeline stages
+    zero_stage: int = 0                     # 0-3: what data parallelism shards
+    dp: int = 1                             # data-parallel ranks
+    n_layer: int | None = None
+    n_embd: int | None = None
+    n_head: int | None = None
+    activations: str = "auto"               # "auto", "gpt", "hf" or "korthikanti"
+    device: str = "cuda"                    # the device planned for (it need not be on this machine)
+    cuda_context_bytes: float | None = None  # default: 0.5 GiB on CUDA, 0 elsewhere
+    overhead_fraction: float = 0.0          # temporary buffers and fragmentation, a share of the rest
+    optimizer_bytes: float | None = None    # per-param optimizer state, overriding the optimizer's
+    grad_bytes: float | None = None         # per-param gradient bytes, overriding the precision's
+    sequence_parallel: bool = False
+    attention: str | None = None            # "sdpa", "math"/"eager", "flash" (default: the config's)
+    parallel: str | None = None             # "ddp", "fsdp", "fsdp_grad_op", "hsdp": sets zero_stage, dp
+    world_size: int = 1
+    nodes: int = 1
+
+    def __post_init__(self):
+        for name in ("world_size", "nodes"):
+            validate.whole(name, getattr(self, name))
+        if self.parallel is None and (self.world_size, self.nodes) != (1, 1):
+            raise ValueError(f"world_size={self.world_size!r} and nodes={self.nodes!r} describe a sharded run: "
+                             "give parallel='ddp', 'fsdp', 'fsdp_grad_op' or 'hsdp' with them (or zero_stage= "
+                             "and dp=)")
+        zero_stage, dp, _ = self.sharded
+        for name, v in (("tp", self.tp), ("pp", self.pp), ("dp", dp)):
+            validate.count(name, v, "a positive integer")
+        validate.one_of("zero_stage", zero_stage, (0, 1, 2, 3))
+        validate.flag("checkpointing", self.checkpointing)
+        validate.flag("sequence_parallel", self.sequence_parallel)
+        validate.device("device", self.device)
+        validate.fraction("overhead_fraction", self.overhead_fraction)
+        for name in ("cuda_context_bytes", "optimizer_bytes", "grad_bytes"):
+            if getattr(self, name) is not None:
+                validate.real(name, getattr(self, name), low_open=False)
+        if self.n_params is not None:
+            validate.real("n_params", self.n_params, low=1, low_open=False)
+        validate.count("micro_batch", self.micro_batch)
+        for name in ("seq_len", "n_layer", "n_embd", "n_head"):
+            if getattr(self, name) is not None:
+                validate.count(name, getattr(self, name))
+        validate.one_of("activations", self.activations, ACTIVATION_MODES)
+
+    @property
+    def sharded(self) -> tuple:
+        """(zero_stage, dp, notes): as given, or as `parallel` sets them for `world_size` ranks on
+        `nodes` nodes (tunekit.engine.dist): DDP replicates (stage 0 over the world), FSDP shards
+        parameters, gradients and optimizer state over the world (stage 3), HSDP over one node."""
+        if self.parallel is None:
+            return self.zero_stage, self.dp, []
+        return _sharding(self.parallel, self.world_size, self.nodes, self.zero_stage, self.dp)
+
+
+def _sharding(parallel, world_size, nodes, zero_stage, dp) -> tuple:
+    """(zero_stage, dp, notes) of a tunekit.engine.dist sharding; refuses a clash with explicit ones."""
+    from ..comm import layout_problems
+
+    errors = layout_problems(parallel, 1, nodes)
+    if not errors and world_size % nodes:
+        errors.append(f"world_size must be a whole multiple of nodes={nodes}, got {world_size!r}")
+    if not errors and (zero_stage, dp) != (0, 1):
+        errors.append("give either parallel= (with world_size, nodes) or zero_stage/dp, not both")
+    if errors:
+        raise ValueError("; ".join(errors))
+    if parallel == "ddp":
+        return 0, int(world_size), []
+    shard = int(world_size) // nodes if parallel == "hsdp" else int(world_size)
+    notes = [f"{parallel}: parameters, gradients and optimizer state sharded over {shard} rank(s)"
+             + (f" (one node; each of the {nodes} nodes holds a replica)" if parallel == "hsdp" else "")]
+    if parallel == "fsdp_grad_op":
+        notes.append("SHARD_GRAD_OP keeps every unit's gathered parameters from its forward to its "
+                     "backward: the peak adds up to the full weights, beyond the static lines")
+    return 3, shard, notes

@@ -1,0 +1,70 @@
+"""What measuring keeps across runs: every record (`HISTORY`, `history()`), and per block (a
+cell's source, or a `profile` block's place) its FLOP count and the wall time of its last clean
+run. Measurement layer.
+
+    >>> tunekit.history()          # every profiled cell or block, oldest first
+    >>> tunekit.clear_history()    # and forget the counts
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..core.records import History, ProfileRecord
+
+HISTORY = History()
+FLOP_CACHE_SIZE = 256   # blocks remembered; the least recently used are dropped past it
+
+
+@dataclass
+class CachedCount:
+    """A block's FLOP count, reused while its inputs keep their fingerprint."""
+
+    fingerprint: tuple  # the inputs as they were when the count was taken
+    count: object       # flops.FlopCount
+    counted_in: str     # name of the record whose run was counted
+    last_wall_s: float = math.nan
+    last_busy: bool = False  # the last run on this count was taken on a busy machine
+    shaped: tuple = (None, [])  # (model FLOPs from the model's shape or None, notes): ModelTap
+
+
+# block key -> CachedCount
+FLOP_COUNTS: OrderedDict = OrderedDict()
+# block key -> the wall time of its last clean run (untraced, uncounted, no error): the
+# profiler's overhead is a traced run's time against it
+LAST_WALLS: OrderedDict = OrderedDict()
+
+
+def remember(cache: OrderedDict, key: str, value) -> None:
+    """``cache[key] = value`` as the most recently used entry, dropping the least recently used
+    past FLOP_CACHE_SIZE."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > FLOP_CACHE_SIZE:
+        cache.popitem(last=False)
+
+
+def source_key(source: str, name: str = "") -> str:
+    """The key of a block: its name and source."""
+    return hashlib.sha1(f"{name}\0{source}".encode()).hexdigest()
+
+
+def history():
+    """pandas.DataFrame of every profiled cell or block, oldest first."""
+    from ..core.summary import history_view, readable
+
+    return readable(HISTORY.to_frame(), history_view)
+
+
+def last() -> ProfileRecord | None:
+    """The latest record (a dataclass), or None."""
+    return HISTORY.last()
+
+
+def clear_history() -> None:
+    """Forget every record and every cached FLOP count."""
+    HISTORY.clear()
+    FLOP_COUNTS.clear()
+    LAST_WALLS.clear()
