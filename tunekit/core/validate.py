@@ -76,7 +76,7 @@ def memory_budget_bytes(name: str, v):
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:
-        raise ValueError(f"{name} must be a finite number > 0 (or None), got {v!r}")
+        raise ValueError(f"{name} must be a finite number of bytes > 0, or None, got {v!r}")
     return math.ceil(v)
 
 
