@@ -161,7 +161,7 @@ def test_under_torchrun_it_joins_the_job_and_only_rank_0_writes(rank, tmp_path, 
     assert spec["toggles"] == {"micro_batch": 2}
     assert spec["model"]["kind"] == "gpt" and spec["model"]["config"]["n_layer"] == 4   # cpu-small
     if rank == "0":
-        assert len(read_records(log)[0]) == 1 and report.is_file() and "hsdp · 4 ranks over 2 node(s)" in out
+        assert len(read_records(log)[0]) == 1 and report.is_file() and "hsdp · 4 ranks · 2 nodes" in out
     else:
         assert out == "" and not report.exists() and read_records(log)[0] == []
 

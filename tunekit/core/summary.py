@@ -156,7 +156,7 @@ class Summary:
 FORMATS = {"tokens/s": "{:,.0f}", "step (ms)": "{:,.1f}", "time (s)": "{:.3g}", "TFLOPS": "{:.3g}",
            "MFU": "{:.1%}", "HFU": "{:.1%}", "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}",
            "CPU peak (MiB)": "{:,.1f}", "GPU peak (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
-           "loss": "{:.3f}"}
+           "loss": "{:.3f}", "comm/step (MiB)": "{:,.2f}"}
 
 
 def machine_word(verdict) -> str:
@@ -178,6 +178,8 @@ def table_html(df) -> str:
     """A DataFrame as an HTML table with tunekit's number formats (by column header); a busy
     measurement's 'machine' cell is a visible orange badge."""
     formatters = {c: (lambda f: lambda v: formatted(v, f))(FORMATS[c]) for c in df.columns if c in FORMATS}
+    text = [c for c in df.columns if df[c].dtype == object]  # pandas prints None there as 'None'
+    df = df.assign(**{c: df[c].where(df[c].notna(), "n/a") for c in text}) if text else df
     out = df.to_html(index=False, formatters=formatters, na_rep="n/a", border=0, classes="tk")
     return TABLE_CSS + out.replace(f"<td>{BUSY_CELL}</td>", f"<td>{_BUSY_PILL}</td>")
 
