@@ -48,7 +48,7 @@ def train_step():
     opt.zero_grad(set_to_none=True)
     return loss.item()
 
-train_step()  # warm-up: the first step allocates optimizer state and picks kernels
+print(f'warm-up step, loss {train_step():.3f}')  # the first step allocates optimizer state and picks kernels
 
 # %%
 # %%gpuprofile -n train_step

@@ -78,7 +78,7 @@ def test_the_baseline_is_the_run_with_default_toggles_not_the_first_and_labels_s
     bad = RunResult.failed(Toggles(micro_batch=64), "mb=64", "out of memory", [], run_id=5)
     i, why = pick([bad, runs[0], runs[2]])
     assert i == 1 and "the first run that finished: no run has every toggle at its default" in why
-    assert difference(_run(9), runs[1]) == "same as baseline"
+    assert difference(_run(9), runs[1]) == "= baseline"
 
 
 def test_toggles_come_back_from_a_dataframe_row_and_distributed_runs_show_layout_and_bytes():
@@ -130,7 +130,7 @@ def test_compare_figure_names_runs_by_difference_and_draws_memory_components():
     assert [t.name for t in memory] == ["parameters", "gradients", "optimizer state",
                                         "saved activations (one micro-batch)"]
     assert list(memory[-1].y) == [15.0, 22.0, 3.0]  # the saving shows; RSS is the text above
-    assert list(memory[-1].text) == ["peak 500.0 MiB RSS"] * 3
+    assert list(memory[-1].text) == ["RSS 500.0 MiB"] * 3
     assert list(fig.layout.yaxis2.range) == [0.0, 32.5]   # 26 MiB on top + 25%
     assert compare_figure(pd.DataFrame(results_frame(runs)), baseline=2).layout.meta["baseline"] == 2
 
@@ -151,3 +151,17 @@ def test_plot_history_marks_slowed_cells_and_keeps_one_point_above_zero():
     assert list(wall.text) == ["slowed: FLOP counting", "", "slowed: FLOP counting"]
     assert list(fig.layout.yaxis3.range) == [0.0, 0.006633]  # the one TFLOPS point is not on zero
     assert "slowed by the measuring" in fig.layout.annotations[0].text
+
+
+def test_the_history_table_says_which_times_were_slowed():
+    from tunekit.core.summary import history_view
+
+    df = pd.DataFrame({"name": ["a", "a"], "wall_s": [2.9, 0.32], "flops": [8.56e9, 8.56e9],
+                       "flops_source": ["counted", "cached"], "tflops": [math.nan, 0.0268], "mfu": [math.nan, 0.13],
+                       "hfu": [math.nan, 0.13], "cpu_peak_delta_bytes": [2**20, 0.0],
+                       "gpu_peak_delta_bytes": [math.nan] * 2, "conditions": ["quiet", "busy"],
+                       "error": [None, None], "above_peak": [None, None], "trace": [None, None],
+                       "memory": [None, None]})
+    view = history_view(df)
+    assert view["time (s)"].tolist() == ["2.9 (slowed: FLOP counting)", 0.32]
+    assert view["GFLOP"].tolist() == [8.56, 8.56] and view["machine"].tolist() == ["quiet", "⚠ busy"]

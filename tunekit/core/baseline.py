@@ -76,7 +76,7 @@ def pick(runs, baseline: int | None = None) -> tuple[int, str]:
 
 def difference(run, base) -> str:
     """What ``run`` changes relative to ``base``: 'bf16 ckpt', 'fp32 mb=16', 'ddp · 2 ranks ...',
-    'baseline' for the baseline itself, 'same as baseline' for a repeat of it."""
+    'baseline' for the baseline itself, '= baseline' for a repeat of it."""
     if run is base:
         return "baseline"
     parts = []
@@ -87,7 +87,7 @@ def difference(run, base) -> str:
     toggles = label(toggles_of(run), toggles_of(base))
     if toggles != "baseline":
         parts.append(toggles)
-    return " ".join(parts) or "same as baseline"
+    return " ".join(parts) or "= baseline"
 
 
 def comm_lines(comm) -> list[str]:

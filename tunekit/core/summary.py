@@ -207,7 +207,24 @@ def history_view(df):
                      cpu_peak_mib=df["cpu_peak_delta_bytes"].astype(float) / MiB,
                      gpu_peak_mib=df["gpu_peak_delta_bytes"].astype(float) / MiB)
     view = mark_rates(view, df["above_peak"])
+    slowed = [slowed_by(r) for r in df.to_dict("records")]  # the counter/trace ran in the timed cell
+    view = view.assign(wall_s=[f"{formatted(t, FORMATS['time (s)'])} (slowed: {s})" if s else t
+                               for t, s in zip(view["wall_s"], slowed)])
     return view[list(_HISTORY)].rename(columns=_HISTORY)
+
+
+def slowed_by(row) -> str | None:
+    """What slowed a profiled cell's wall time, or None: the FLOP counter runs in the cell it
+    counts ('counted'), a torch.profiler trace or a memory history records every op."""
+    get = row.get if hasattr(row, "get") else (lambda k, d=None: getattr(row, k, d))
+    why = [what for key, what, on in (("flops_source", "FLOP counting", lambda v: v == "counted"),
+                                      ("trace", "profiler trace", _present),
+                                      ("memory", "memory history", _present)) if on(get(key, None))]
+    return " and ".join(why) or None
+
+
+def _present(v) -> bool:
+    return v is not None and not (isinstance(v, float) and v != v) and v != ""
 
 
 _RATES = (("mfu", "mfu", "MFU"), ("hfu", "hfu", "HFU"), ("tflops", "hfu", "TFLOPS"))  # column, judged by, format

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import math
 
+from ..core.summary import slowed_by
+
+__all__ = ["BASE_COLOR", "COMPONENTS", "CPU_COLOR", "ERROR_COLOR", "GPU_COLOR", "RUN_COLOR", "SLOWED_COLOR",
+           "SLOWED_PATTERN", "log_ticks", "nice_ticks", "slowed_by", "tick_label", "value_range"]
+
 # one meaning, one colour, in every panel of every tunekit chart
 BASE_COLOR = "#d62728"      # the baseline run every other run is compared with
 RUN_COLOR = "#1f77b4"       # a measured run or cell
@@ -95,21 +100,3 @@ def nice_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
             break
     first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
     return [_round(k * step) for k in range(first, last + 1)]
-
-
-def slowed_by(row) -> str | None:
-    """What slowed a profiled cell's wall time, or None: the FLOP counter runs in the cell it
-    counts ('counted'), a torch.profiler trace or a memory history records every op."""
-    get = row.get if hasattr(row, "get") else (lambda k, d=None: getattr(row, k, d))
-    why = []
-    if get("flops_source", None) == "counted":
-        why.append("FLOP counting")
-    if _present(get("trace", None)):
-        why.append("profiler trace")
-    if _present(get("memory", None)):
-        why.append("memory history")
-    return " and ".join(why) or None
-
-
-def _present(v) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v)) and v != ""

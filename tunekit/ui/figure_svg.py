@@ -219,8 +219,9 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
             for f, lab in ax.tick_marks():
                 x = ax.tick_pos(f)
                 out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0:.1f}" y2="{y1:.1f}" stroke="white"/>')
-                out.append(_text(x, y1 + 14, str(lab)[:24], 10, "end" if rotate else "middle",
-                                 rotate=-30 if rotate else None))
+                if spec.get("showticklabels") is not False:  # shared x: only the bottom panel labels
+                    out.append(_text(x, y1 + 14, str(lab)[:24], 10, "end" if rotate else "middle",
+                                     rotate=-30 if rotate else None))
             if _title(spec.get("title")):
                 out.append(_text((ax.px0 + ax.px1) / 2, y1 + (52 if rotate else 34), _title(spec.get("title")), 11))
     for name, ax in axes.items():

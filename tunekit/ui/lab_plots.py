@@ -36,7 +36,7 @@ def run_names(df, baseline: int | None = None) -> tuple[list[str], int, str]:
 
 def _peak_word(source) -> str:
     src = str(source or "")
-    return "RSS" if "RSS" in src or "VmHWM" in src else "allocated" if "alloc" in src else "peak"
+    return "RSS" if "RSS" in src or "VmHWM" in src else "allocated" if "alloc" in src else "device"
 
 
 def _memory(fig, df, names, row=None, col=None, legend=True) -> None:
@@ -45,7 +45,7 @@ def _memory(fig, df, names, row=None, col=None, legend=True) -> None:
     tops = [sum(float(r[c] or 0) for c, _, _ in COMPONENTS if r[c] == r[c] and r[c] is not None) / MiB for r in rows]
     for col_name, title, color in COMPONENTS:
         last = col_name == COMPONENTS[-1][0]
-        peaks = [f"peak {fmt_bytes(r['peak_mem_bytes'])} {_peak_word(r['peak_source'])}" for r in rows]
+        peaks = [f"{_peak_word(r['peak_source'])} {fmt_bytes(r['peak_mem_bytes'])}" for r in rows]
         fig.add_trace(go.Bar(x=names, y=df[col_name].astype(float) / MiB, name=title, marker_color=color,
                              legendgroup=title, showlegend=legend,
                              text=peaks if last else None, textposition="outside" if last else None,
@@ -64,7 +64,7 @@ def compare_figure(df, baseline: int | None = 0) -> go.Figure:
     never_a_browser()
     fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55],
                         subplot_titles=("throughput (tokens/s)",
-                                        "measured memory (MiB): what the toggles change"))
+                                        "memory the toggles change (MiB); above: measured peak"))
     if len(df) == 0:
         fig.update_layout(title="no runs yet", height=360)
         return fig
@@ -80,7 +80,7 @@ def compare_figure(df, baseline: int | None = 0) -> go.Figure:
     fig.update_yaxes(range=value_range(df["tokens_per_s"], pad=0.2), row=1, col=1)
     _memory(fig, df, names, row=1, col=2)
     fig.update_layout(title=f"each run against baseline #{ids[i]} (red), named by what it changes",
-                      barmode="stack", height=420, margin=dict(t=80, b=40),
+                      barmode="stack", height=420, margin=dict(t=80, b=40), uniformtext=dict(minsize=9, mode="show"),
                       legend=dict(orientation="h", y=-0.2))
     fig.layout.meta = {"baseline": ids[i], "why": why}
     return fig
@@ -98,6 +98,7 @@ def memory_breakdown_figure(df, baseline: int | None = 0) -> go.Figure:
     ids = [int(i) for i in df["run_id"]]
     names, _, _ = run_names(df, baseline if baseline in ids else None)
     _memory(fig, df, names)
-    fig.update_layout(barmode="stack", title="memory breakdown per run (MiB, 2^20 B)", height=360,
+    fig.update_layout(barmode="stack", title="memory breakdown per run (MiB, 2^20 B); above each bar: the "
+                      "measured peak", height=360,
                       margin=dict(t=50, b=40))
     return fig

@@ -32,7 +32,7 @@ def plot_history(df=None, title: str = "Profiled cells"):
                                                            if any(slowed) else ""),
                                         "memory peak above start (MiB)", "achieved TFLOPS"))
     errors = df["error"].notna().tolist()
-    fig.add_bar(x=labels, y=df["wall_s"], name="wall time",
+    fig.add_bar(x=labels, y=df["wall_s"], name="wall time", showlegend=False,  # its panel's title says it
                 marker_color=[ERROR_COLOR if e else SLOWED_COLOR if s else RUN_COLOR for e, s in zip(errors, slowed)],
                 marker_pattern={**SLOWED_PATTERN, "shape": ["/" if s else "" for s in slowed]},
                 text=[f"slowed: {s}" if s else "" for s in slowed], textposition="inside",

@@ -25,6 +25,7 @@ SUMMARY_ROLE = "tunekit-summary"
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;color:#222}
 pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:12px}
+pre:not(.src){white-space:pre-wrap}
 pre.src{border-left:3px solid #1f77b4}
 pre.err{border-left:3px solid #d62728;background:#fff0f0}
 table.tk,table.dataframe{border-collapse:collapse;font-size:12px;margin:6px 0}
