@@ -70,7 +70,7 @@ def test_the_baseline_is_the_run_with_default_toggles_not_the_first_and_labels_s
     assert [difference(r, runs[i]) for r in runs] == ["bf16", "baseline", "ckpt", "mb=16"]
     # against the bf16 run, the fp32 runs say so
     i, why = pick(runs, baseline=0)
-    assert i == 0 and why == "run #0, the baseline asked for"
+    assert i == 0 and why == "run #0 (bf16), the baseline asked for"
     assert [difference(r, runs[0]) for r in runs] == ["baseline", "fp32", "fp32 ckpt", "fp32 mb=16"]
     with pytest.raises(ValueError, match="no run #7 to compare with: the runs are #0, #1, #2, #3"):
         pick(runs, baseline=7)
@@ -110,7 +110,7 @@ def test_the_runs_table_has_no_raw_none_and_compares_with_the_baseline(tmp_path)
     assert "<b>baseline</b>: run #1, the newest run with every toggle at its default" in page
     assert ">None<" not in page and "#2 ckpt (ok)" in page
     page = runs_report(runs, tmp_path / "r.html", baseline=0).read_text()
-    assert "#2 fp32 ckpt (ok)" in page and "run #0, the baseline asked for" in page
+    assert "#2 fp32 ckpt (ok)" in page and "run #0 (bf16), the baseline asked for" in page
 
 
 def test_compare_figure_names_runs_by_difference_and_draws_memory_components():

@@ -57,20 +57,25 @@ def pick(runs, baseline: int | None = None) -> tuple[int, str]:
     if not runs:
         raise ValueError("no runs to compare")
     ids = [_get(r, "run_id") for r in runs]
+
+    def name(i):  # the baseline's own label says how it differs from the defaults
+        lbl = _get(runs[i], "label")
+        return f"run #{ids[i]}" + (f" ({lbl})" if lbl and lbl != "baseline" else "")
+
     if baseline is not None:
         if baseline not in ids:
             raise ValueError(f"no run #{baseline} to compare with: the runs are "
                              f"{', '.join(f'#{i}' for i in ids)}")
         i = ids.index(baseline)
-        return i, f"run #{baseline}, the baseline asked for"
+        return i, f"{name(i)}, the baseline asked for"
     ok = [i for i, r in enumerate(runs) if (_get(r, "status") or "ok") == "ok"]
     default = [i for i in ok if not _get(runs[i], "world_size")
                and (toggles_of(runs[i]) == Toggles() or _get(runs[i], "label") == "baseline")]
     if default:
-        return default[-1], (f"run #{ids[default[-1]]}, the newest run with every toggle at its default "
+        return default[-1], (f"{name(default[-1])}, the newest run with every toggle at its default "
                              "(choose another with --baseline N)")
     i = ok[0] if ok else 0
-    return i, (f"run #{ids[i]}, the first run that finished: no run has every toggle at its default "
+    return i, (f"{name(i)}, the first run that finished: no run has every toggle at its default "
                "(choose another with --baseline N)")
 
 

@@ -205,8 +205,10 @@ def runs_report(runs, out, title: str = "tunekit runs", baseline: int | None = N
             comm = "".join(f"<li>communication per step, {html.escape(x)}</li>" for x in comm_lines(r.comm))
             error = f"<pre class='err'>{html.escape(r.error)}</pre>" if r.error else ""
             parts.append(f"<h3>#{r.run_id} {html.escape(difference(r, base))} ({html.escape(str(r.status))})</h3>"
-                         f"<p class='note'>{html.escape(str(r.time))} · {html.escape(toggles)} · "
-                         f"{r.steps} steps</p>{error}<ul class='note'>{comm}{notes}</ul>")
+                         f"<p class='note'>{html.escape(str(r.time))} · {html.escape(toggles)}"
+                         f"{'' if r.steps is None else ' · '}"
+                         f"{'' if r.steps is None else f'{r.steps} steps'}</p>{error}"
+                         f"<ul class='note'>{comm}{notes}</ul>")
     return _write_page(title, "".join(parts), out)
 
 
