@@ -48,7 +48,7 @@ def train_step():
     opt.zero_grad(set_to_none=True)
     return loss.item()
 
-train_step()  # warm-up: the first step allocates optimizer state and picks kernels
+print(f'warm-up step, loss {train_step():.3f}')  # the first step allocates optimizer state and picks kernels
 
 # %%
 # %%gpuprofile -n train_step
@@ -76,7 +76,7 @@ for _ in range(3):
 # %%
 h = tunekit.history()
 assert h.flops.iloc[-1] == 2 * h.flops.iloc[-2]   # the recount saw the bigger batch
-h[['name', 'wall_s', 'flops', 'flops_source', 'tflops', 'mfu', 'cpu_peak_delta_bytes', 'device']]
+h   # the readable view; h is a DataFrame with every column (h.columns) and raw numbers
 
 # %%
 tunekit.plot_history()
@@ -100,7 +100,7 @@ print('this machine:', h.peak_source.dropna().iloc[-1])
 base = lab.run(steps=4, warmup=1)
 ckpt = lab.run(steps=4, warmup=1, checkpointing=True)
 bf16 = lab.run(steps=4, warmup=1, precision='bf16')
-lab.results()[['label', 'tokens_per_s', 'tflops', 'mfu', 'hfu', 'peak_mem_bytes', 'loss']]
+lab.results()
 
 # %%
 lab.compare()

@@ -70,3 +70,22 @@ def test_the_renderer_stores_plotly_json_and_svg_and_a_kernel_uses_it():
     env_code = "import os; os.environ['PLOTLY_RENDERER']='json'; " + code
     out = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "json"      # a renderer the user chose wins
+
+
+def test_the_figures_own_range_ticks_bar_colours_text_and_hatching_are_drawn():
+    fig = go.Figure()
+    fig.add_bar(x=["slow", "clean"], y=[2.9, 0.32], marker_color=["#c7c7c7", "#1f77b4"],
+                marker_pattern={"shape": ["/", ""]}, text=["slowed", "1.00x"], textposition="outside", name="t")
+    fig.add_scatter(x=[1, 2, 4, 8, 16], y=[1, 2, 3, 4, 5], xaxis="x2", yaxis="y2", name="k")
+    fig.update_layout(yaxis=dict(range=[0, 4], domain=[0.55, 1]), yaxis2=dict(domain=[0, 0.45], anchor="x2"),
+                      xaxis2=dict(type="log", tickvals=[1, 2, 4, 8, 16], ticktext=["1", "2", "4", "8", "16"],
+                                  anchor="y2"))
+    root, texts = _parse(to_svg(fig.to_dict()))
+    fills = [r.get("fill") for r in root.iter(NS + "rect")]
+    assert "#c7c7c7" in fills and "#1f77b4" in fills and fills.count("url(#hatch)") == 1
+    assert "slowed" in texts and "1.00x" in texts
+    ticks = [(t.text, t.get("text-anchor")) for t in root.iter(NS + "text")]
+    x2 = [t for t, anchor in ticks[2:7]]
+    y = [t for t, anchor in ticks if anchor == "end"][:5]
+    assert x2 == ["1", "2", "4", "8", "16"]             # the figure's tickvals, no minor 0.9 or 2..9
+    assert y == ["0", "1", "2", "3", "4"]               # its range [0, 4], not the data's

@@ -97,7 +97,7 @@ def _run(argv, code, tmp_path):
 # comparison and an autotune with a small budget
 LAB = ("lab = tunekit.Lab(peak_tflops=1.0, micro_batch=2, seq_len=32); lab.run(steps=1, warmup=0)\n"
        "found = lab.autotune(budget_s=4, space={'compile': [False]}, repeats=1)\n")
-CHARTS = ("where-the-cpu-time-went", "memory-through-the-step", "profiled-cells", "runs-vs-baseline-0",
+CHARTS = ("where-the-cpu-time-went", "memory-through-the-step", "profiled-cells", "each-run-against-baseline-0",
           "autotune-")  # the start of each figure's title (autotune's says whether it could decide)
 
 

@@ -156,7 +156,7 @@ class Summary:
 FORMATS = {"tokens/s": "{:,.0f}", "step (ms)": "{:,.1f}", "time (s)": "{:.3g}", "TFLOPS": "{:.3g}",
            "MFU": "{:.1%}", "HFU": "{:.1%}", "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}",
            "CPU peak (MiB)": "{:,.1f}", "GPU peak (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
-           "loss": "{:.3f}"}
+           "loss": "{:.3f}", "comm/step (MiB)": "{:,.2f}"}
 
 
 def machine_word(verdict) -> str:
@@ -178,6 +178,8 @@ def table_html(df) -> str:
     """A DataFrame as an HTML table with tunekit's number formats (by column header); a busy
     measurement's 'machine' cell is a visible orange badge."""
     formatters = {c: (lambda f: lambda v: formatted(v, f))(FORMATS[c]) for c in df.columns if c in FORMATS}
+    text = [c for c in df.columns if df[c].dtype == object]  # pandas prints None there as 'None'
+    df = df.assign(**{c: df[c].where(df[c].notna(), "n/a") for c in text}) if text else df
     out = df.to_html(index=False, formatters=formatters, na_rep="n/a", border=0, classes="tk")
     return TABLE_CSS + out.replace(f"<td>{BUSY_CELL}</td>", f"<td>{_BUSY_PILL}</td>")
 
@@ -205,7 +207,24 @@ def history_view(df):
                      cpu_peak_mib=df["cpu_peak_delta_bytes"].astype(float) / MiB,
                      gpu_peak_mib=df["gpu_peak_delta_bytes"].astype(float) / MiB)
     view = mark_rates(view, df["above_peak"])
+    slowed = [slowed_by(r) for r in df.to_dict("records")]  # the counter/trace ran in the timed cell
+    view = view.assign(wall_s=[f"{formatted(t, FORMATS['time (s)'])} (slowed: {s})" if s else t
+                               for t, s in zip(view["wall_s"], slowed)])
     return view[list(_HISTORY)].rename(columns=_HISTORY)
+
+
+def slowed_by(row) -> str | None:
+    """What slowed a profiled cell's wall time, or None: the FLOP counter runs in the cell it
+    counts ('counted'), a torch.profiler trace or a memory history records every op."""
+    get = row.get if hasattr(row, "get") else (lambda k, d=None: getattr(row, k, d))
+    why = [what for key, what, on in (("flops_source", "FLOP counting", lambda v: v == "counted"),
+                                      ("trace", "profiler trace", _present),
+                                      ("memory", "memory history", _present)) if on(get(key, None))]
+    return " and ".join(why) or None
+
+
+def _present(v) -> bool:
+    return v is not None and not (isinstance(v, float) and v != v) and v != ""
 
 
 _RATES = (("mfu", "mfu", "MFU"), ("hfu", "hfu", "HFU"), ("tflops", "hfu", "TFLOPS"))  # column, judged by, format

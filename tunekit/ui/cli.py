@@ -22,9 +22,7 @@ from pathlib import Path
 
 from ..core import comm
 from ..core import toggles as tg
-from ..core.bounds import WORDS, mark
-from ..core.summary import FORMATS, formatted
-from ..core.units import fmt_bytes, fmt_pct, fmt_seconds
+from .run_text import summary_lines  # noqa: F401 - tunekit.ui.cli.summary_lines, as before
 
 PARALLEL = ("none", *comm.PARALLEL)  # the distributed engine's kinds, plus "none" (one process)
 STEPS, WARMUP = 20, 2            # as lab.run
@@ -87,6 +85,8 @@ def run_parser() -> argparse.ArgumentParser:
     o.add_argument("--log", "--log-path", dest="log", default=LOG,
                    help="JSONL run log, appended to (under torchrun write --log-path)")
     o.add_argument("--report", default=REPORT, help="HTML report of every run in the log (self-contained)")
+    o.add_argument("--baseline", type=int, default=None, metavar="N", help="run id the report compares every "
+                   "run with; None: the newest run with every toggle at its default")
     return p
 
 
@@ -268,33 +268,6 @@ def lab_model(source, distributed: bool):
 # --- display ------------------------------------------------------------------------------------
 
 
-def summary_lines(r) -> list[str]:
-    """A RunResult as a few readable lines (the formats of the dashboard and the report)."""
-    cond = getattr(r, "conditions", None)
-    busy = cond is not None and cond.busy
-    head = f"run #{r.run_id} {r.label} · {r.model} · {r.device}" + (" · ⚠ BUSY MACHINE" if busy else "")
-    if r.status != "ok":
-        return [head, f"  FAILED: {r.error}"]
-    rows = [("speed", f"{formatted(r.tokens_per_s, FORMATS['tokens/s'])} tokens/s · step {fmt_seconds(r.step_s)} "
-                      f"(min {fmt_seconds(r.step_s_min)}, max {fmt_seconds(r.step_s_max)}) over {r.steps} steps"),
-            ("compute", f"{mark(formatted(r.tflops, FORMATS['TFLOPS']) + ' TFLOPS', r.hfu, r.above_peak)} · "
-                        f"{mark('MFU ' + fmt_pct(r.mfu), r.mfu, r.above_peak)} · "
-                        f"{mark('HFU ' + fmt_pct(r.hfu), r.hfu, r.above_peak)} of "
-                        f"{formatted(r.peak_tflops, '{:.4g}')} TFLOPS [{r.peak_tflops_source}]"
-                        + (f" · {WORDS}: {r.above_peak}" if r.above_peak else "")),
-            ("memory", f"peak {fmt_bytes(r.peak_mem_bytes)} ({r.peak_source}) · params {fmt_bytes(r.params_bytes)}"
-                       f" · grads {fmt_bytes(r.grads_bytes)} · optimizer {fmt_bytes(r.optimizer_bytes)}"),
-            ("loss", f"{formatted(r.loss_first, FORMATS['loss'])} -> {formatted(r.loss, FORMATS['loss'])}")]
-    if cond is not None:
-        rows.append(("machine", f"{cond}" + (": these figures measure the other work too, not the "
-                                             "configuration; re-run when it is quiet" if busy else "")))
-    world = getattr(r, "world_size", None)   # distributed runs only
-    if world:
-        rows.append(("layout", f"{r.parallel} · {world} ranks over {r.nodes} node(s)"))
-    rows += [("note", n) for n in r.notes]
-    return [head] + [f"  {k:<8} {v}" for k, v in rows]
-
-
 def _progress(done: int, total: int) -> None:
     if sys.stderr.isatty():
         sys.stderr.write(f"\rstep {done}/{total}" + ("\n" if done == total else ""))
@@ -356,7 +329,12 @@ def main(argv=None) -> int:
     print("\n".join(summary_lines(result)))
     from .report_html import runs_report
 
-    report = runs_report(RunLog.load(args.log), args.report, title=f"tunekit runs: {Path(args.log).name}")
+    runs, title = RunLog.load(args.log), f"tunekit runs: {Path(args.log).name}"
+    try:
+        report = runs_report(runs, args.report, title=title, baseline=args.baseline)
+    except ValueError as e:  # --baseline names no run of the log: said, and the default used
+        print(f"tunekit run: --baseline: {e}; the report compares with the default baseline", file=sys.stderr)
+        report = runs_report(runs, args.report, title=title)
     print(f"log: {args.log} (run #{result.run_id}) · report: {report}")
     return 1 if result.status != "ok" else 0
 

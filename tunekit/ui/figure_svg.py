@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from .axes import tick_label
+
 COLORWAY = ["#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692", "#B6E880"]
 PLOTLY = "application/vnd.plotly.v1+json"
 
@@ -52,10 +54,11 @@ def _ticks(lo: float, hi: float, log: bool) -> list[float]:
 
 
 def _label(v: float) -> str:
-    a = abs(v)
-    if a >= 1e6 or (0 < a < 1e-3):
-        return f"{v:.0e}"
-    return f"{v:,.0f}" if a >= 100 or v == int(v) else f"{v:.3g}"
+    return tick_label(_round(v))
+
+
+def _round(v: float) -> float:  # 0.30000000000000004 -> 0.3: a tick is a round number
+    return float(f"{v:.12g}")
 
 
 def _text(x, y, s, size=11, anchor="middle", color="#2a3f5f", rotate=None, weight="normal") -> str:
@@ -95,6 +98,10 @@ class _Axis:
         if self.categories:
             self.lo, self.hi = -0.5, len(self.categories) - 0.5
             return
+        given = self.spec.get("range")  # the figure's own range (plotly: log10 units on a log axis)
+        if given and len(given) == 2 and all(isinstance(v, (int, float)) for v in given) and given[1] > given[0]:
+            self.lo, self.hi = float(given[0]), float(given[1])
+            return
         vals = [math.log10(v) for v in self.values if v > 0] if self.log else self.values
         lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
         pad = (hi - lo) * 0.05 or (abs(hi) * 0.1 or 1.0)
@@ -112,6 +119,12 @@ class _Axis:
     def tick_marks(self):
         if self.categories:
             return [(i, c) for i, c in enumerate(self.categories)]
+        vals, texts = _values(self.spec.get("tickvals")), _values(self.spec.get("ticktext"))
+        if vals:  # the figure's own ticks: exactly those, with their texts
+            texts = texts if len(texts) == len(vals) else [_label(_num(v)) for v in vals]
+            marks = [(math.log10(_num(v)) if self.log and _num(v) > 0 else _num(v), str(t))
+                     for v, t in zip(vals, texts)]
+            return [(f, t) for f, t in marks if self.lo <= f <= self.hi]
         raw = _ticks(self.lo, self.hi, self.log)
         return [(math.log10(t) if self.log else t, _label(t)) for t in raw
                 if self.lo <= (math.log10(t) if self.log else t) <= self.hi]
@@ -151,7 +164,7 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
 
     barmode = layout.get("barmode", "group")
     stacks: dict = {}
-    prepared = []
+    prepared, bar_colors = [], {}
     for i, t in enumerate(traces):
         kind = t.get("type", "scatter")
         if kind not in ("bar", "scatter"):
@@ -178,6 +191,9 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
         val_ax.add(vals, is_bar_base=kind == "bar" or bool(group))
         color = ((t.get("marker") or {}).get("color") if kind == "bar" else (t.get("line") or {}).get("color")) \
             or (t.get("marker") or {}).get("color") or colorway[i % len(colorway)]
+        if kind == "bar" and isinstance(color, (list, tuple)) and all(isinstance(c, str) for c in color):
+            bar_colors[id(t)] = list(color)  # one colour per bar (a baseline, a slowed cell)
+            color = color[0] if color else colorway[i % len(colorway)]
         if not isinstance(color, str):
             color = colorway[i % len(colorway)]
         prepared.append((t, kind, horiz, cat_ax, val_ax, cats, vals, lows, color, bool(group)))
@@ -186,6 +202,9 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="Arial, sans-serif">',
+           '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+           'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#555" stroke-width="1.5"/>'
+           '</pattern></defs>',
            f'<rect width="{width}" height="{height}" fill="white"/>']
     # plot areas, grids, ticks, axis titles
     for name, ax in axes.items():
@@ -200,8 +219,9 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
             for f, lab in ax.tick_marks():
                 x = ax.tick_pos(f)
                 out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0:.1f}" y2="{y1:.1f}" stroke="white"/>')
-                out.append(_text(x, y1 + 14, str(lab)[:24], 10, "end" if rotate else "middle",
-                                 rotate=-30 if rotate else None))
+                if spec.get("showticklabels") is not False:  # shared x: only the bottom panel labels
+                    out.append(_text(x, y1 + 14, str(lab)[:24], 10, "end" if rotate else "middle",
+                                     rotate=-30 if rotate else None))
             if _title(spec.get("title")):
                 out.append(_text((ax.px0 + ax.px1) / 2, y1 + (52 if rotate else 34), _title(spec.get("title")), 11))
     for name, ax in axes.items():
@@ -234,16 +254,24 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
                 abs(cat_ax.pos(cats[1]) - cat_ax.pos(cats[0]))
             slot = slot or 20
             w = 0.8 * slot / n
-            for c, v, lo in zip(cats, vals, lows):
+            colors = bar_colors.get(id(t)) or [color] * len(cats)
+            shapes = _values(((t.get("marker") or {}).get("pattern") or {}).get("shape"))
+            shapes = shapes if isinstance(shapes, list) else [shapes] * len(cats)
+            texts = t.get("text") if isinstance(t.get("text"), list) else [t.get("text")] * len(cats)
+            for j, (c, v, lo) in enumerate(zip(cats, vals, lows)):
                 if math.isnan(_num(v)):
                     continue
                 mid = cat_ax.pos(c) - 0.4 * slot + (k + 0.5) * w
                 a = val_ax.pos(lo if not val_ax.log else max(_num(v) * 1e-9, 10 ** val_ax.lo))
                 b = val_ax.pos(v)
-                if horiz:
-                    out.append(_rect(min(a, b), mid - w / 2, abs(b - a), w, color))
-                else:
-                    out.append(_rect(mid - w / 2, min(a, b), w, abs(b - a), color))
+                box = (min(a, b), mid - w / 2, abs(b - a), w) if horiz else (mid - w / 2, min(a, b), w, abs(b - a))
+                out.append(_rect(*box, colors[j % len(colors)]))
+                if j < len(shapes) and shapes[j]:  # hatched: measured under a slowing instrument
+                    out.append(_rect(*box, "url(#hatch)"))
+                text = texts[j] if j < len(texts) else None
+                if text and not horiz:
+                    inside = t.get("textposition") == "inside"
+                    out.append(_text(mid, (min(a, b) + 14) if inside else (min(a, b) - 4), text, 10))
         else:
             pts = [(cat_ax.pos(c), val_ax.pos(v)) for c, v in zip(cats, vals)]
             pts = [(x, y) for x, y in pts if not (math.isnan(x) or math.isnan(y))]

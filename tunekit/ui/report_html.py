@@ -25,6 +25,7 @@ SUMMARY_ROLE = "tunekit-summary"
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;color:#222}
 pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:12px}
+pre:not(.src){white-space:pre-wrap}
 pre.src{border-left:3px solid #1f77b4}
 pre.err{border-left:3px solid #d62728;background:#fff0f0}
 table.tk,table.dataframe{border-collapse:collapse;font-size:12px;margin:6px 0}
@@ -148,7 +149,9 @@ def build(notebook, out) -> Path:
         for output in cell.get("outputs", []):
             rendered = _output(output, counter)
             if output.get("metadata", {}).get("tunekit", {}).get("role") == SUMMARY_ROLE:
-                summary = rendered
+                summary = f"<div id='summary'>{rendered}</div>"  # on top; its cell points there
+                body.append("<p class='note'>The summary this cell displays is at the "
+                            "<a href='#summary'>top of this report</a>.</p>")
             else:
                 body.append(rendered)
     return _write_page(Path(notebook).stem, summary + "".join(body), out)
@@ -168,17 +171,19 @@ def _write_page(title: str, body: str, out) -> Path:
     return out
 
 
-def runs_report(runs, out, title: str = "tunekit runs") -> Path:
+def runs_report(runs, out, title: str = "tunekit runs", baseline: int | None = None) -> Path:
     """Write a self-contained page of RunResults (no notebook needed): where they ran, the peaks
-    MFU used, the runs table, tokens/s and memory per run drawn by plotly.js inlined once, and
-    each run's toggles and notes. ``tunekit run`` redraws it from its log after every run."""
-    import dataclasses
-
-    from ..core.runlog import results_frame, runs_view
+    MFU used, which run the others are compared with and why, the runs table (each run named by
+    what it changes relative to that baseline), tokens/s and memory per run drawn by plotly.js
+    inlined once, and each run's toggles, communication and notes. ``baseline``: a run id; None:
+    the newest run with default toggles. ``tunekit run`` redraws it from its log after every run."""
+    from ..core.baseline import comm_lines, difference, pick
+    from ..core.runlog import results_frame
     from ..core.summary import table_html
-    from .lab_plots import compare_figure, memory_breakdown_figure
+    from .lab_plots import compare_figure
 
-    df = results_frame(list(runs))
+    runs = list(runs)
+    df = results_frame(runs)
     devices = sorted({d for d in df["device"] if isinstance(d, str)})
     peaks = {s: float(v) for v, s in zip(df["peak_tflops"], df["peak_tflops_source"])
              if isinstance(s, str) and v is not None and v == v}
@@ -187,24 +192,42 @@ def runs_report(runs, out, title: str = "tunekit runs") -> Path:
              f"<p><b>peaks MFU is measured against</b></p><ul>{listed or '<li>none</li>'}</ul>"
              f"<p><b>runs</b> {len(df)}</p>{busy_banner(df['conditions'])}</div>"]
     if len(df):
-        view = runs_view(df)
-        extra = [c for c in ("parallel", "world_size", "nodes") if c in df]  # distributed runs
-        for c in extra:
-            view[c] = df[c]
-        parts += ["<h2>Runs</h2>", table_html(view)]
-        for n, fig in enumerate((compare_figure(df, baseline=int(df["run_id"].iloc[0])),
-                                 memory_breakdown_figure(df)), start=1):
-            parts.append(_figure(json.loads(fig.to_json()), n))
+        i, why = pick(runs, baseline)
+        base = runs[i]
+        parts.append(f"<p class='baseline'><b>baseline</b>: {html.escape(why)}. Each run is named by what it "
+                     "changes relative to it; ratios are to its tokens/s.</p>")
+        parts += ["<h2>Runs</h2>", table_html(runs_table(runs, i))]
+        parts.append(_figure(json.loads(compare_figure(df, baseline=base.run_id).to_json()), 1))
         parts.append("<h2>Each run</h2>")
-        toggle_names = [f.name for f in dataclasses.fields(runs[0].toggles)] if runs else []
         for r in runs:
-            toggles = ", ".join(f"{k}={getattr(r.toggles, k)}" for k in toggle_names)
+            toggles = ", ".join(f"{k}={v}" for k, v in r.toggles.asdict().items())
             notes = "".join(f"<li>{html.escape(str(x))}</li>" for x in r.notes)
+            comm = "".join(f"<li>communication per step, {html.escape(x)}</li>" for x in comm_lines(r.comm))
             error = f"<pre class='err'>{html.escape(r.error)}</pre>" if r.error else ""
-            parts.append(f"<h3>#{r.run_id} {html.escape(str(r.label))} ({html.escape(str(r.status))})</h3>"
-                         f"<p class='note'>{html.escape(str(r.time))} · {html.escape(toggles)} · "
-                         f"{r.steps} steps</p>{error}<ul class='note'>{notes}</ul>")
+            parts.append(f"<h3>#{r.run_id} {html.escape(difference(r, base))} ({html.escape(str(r.status))})</h3>"
+                         f"<p class='note'>{html.escape(str(r.time))} · {html.escape(toggles)}"
+                         f"{'' if r.steps is None else ' · '}"
+                         f"{'' if r.steps is None else f'{r.steps} steps'}</p>{error}"
+                         f"<ul class='note'>{comm}{notes}</ul>")
     return _write_page(title, "".join(parts), out)
+
+
+def runs_table(runs, base: int):
+    """runs_view of the runs, each named by what it changes relative to ``runs[base]``, with
+    'vs baseline' (tokens/s ratio); distributed runs add their layout and bytes per step."""
+    from ..core.baseline import comm_total, difference, layout
+    from ..core.runlog import results_frame, runs_view
+
+    df = results_frame(runs)
+    view = runs_view(df)
+    ref = runs[base].tokens_per_s
+    view["run"] = [difference(r, runs[base]) for r in runs]
+    view.insert(3, "vs baseline", [f"{r.tokens_per_s / ref:.2f}x" if ref == ref and ref and
+                                   r.tokens_per_s == r.tokens_per_s else "n/a" for r in runs])
+    if any(r.world_size for r in runs):
+        view["layout"] = [layout(r) for r in runs]
+        view["comm/step (MiB)"] = [comm_total(r.comm) / MiB for r in runs]
+    return view
 
 
 def main(argv=None) -> int:
