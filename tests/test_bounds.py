@@ -110,7 +110,7 @@ def test_a_profiled_block_above_a_calibrated_peak_is_flagged_where_it_is_read(ca
 
 def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibrations, matmul_in, tmp_path):
     # the user's case: a peak calibrated low (here 1e-9 TFLOPS), a Lab run on a quiet machine
-    from tunekit.core.runlog import runs_view
+    from tunekit.core.results import runs_view
     from tunekit.ui.cli import summary_lines
 
     calibrations.cache(tflops=1e-9)
@@ -130,7 +130,7 @@ def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibration
 @pytest.mark.parametrize("matmul_s", [1e-6, 1.0])   # the re-check beats the peak / does not
 def test_a_distributed_run_is_rechecked_and_flagged_by_the_lab(calibrations, matmul_in, tmp_path, monkeypatch,
                                                               matmul_s):
-    from tunekit.core.runlog import RunResult
+    from tunekit.core.results import RunResult
     from tunekit.engine.dist import launch
 
     calibrations.cache(tflops=0.05)
@@ -155,7 +155,7 @@ def test_a_distributed_run_is_rechecked_and_flagged_by_the_lab(calibrations, mat
 def _record(**changes):
     rec = ProfileRecord(name="step", wall_s=0.01, flops=1.28e9, flops_source="cached", model_flops=1.275e9,
                         tflops=0.128, mfu=1.5, hfu=1.5058823529411764, peak_tflops=0.085,
-                        peak_source="calibrated MAMF", device="cpu", above_peak=CALIBRATED)
+                        peak_tflops_source="calibrated MAMF", device="cpu", above_peak=CALIBRATED)
     for k, v in changes.items():
         setattr(rec, k, v)
     return rec

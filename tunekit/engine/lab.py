@@ -29,7 +29,8 @@ import torch
 
 from ..core import registry
 from ..core.paths import runs_dir
-from ..core.runlog import RunLog, RunResult, results_frame
+from ..core.results import RunResult, results_frame
+from ..core.runlog import RunLog
 from ..core.toggles import (
     Env,
     ToggleError,
@@ -72,7 +73,7 @@ class Steps:
     times: list             # seconds per step, device synchronized
     losses: list            # loss tensors (read after the clock: .item() would sync mid-run)
     peak_mem_bytes: float | None
-    peak_source: str
+    peak_mem_source: str
     slowed: bool            # timed under an outer FLOP counter: no rates from this clock
     energy: Energy | None = None      # over the timed steps
     alloc: dict | None = None         # CUDA allocator retries / OOMs over the timed steps
@@ -574,7 +575,7 @@ class Lab:
             flops_per_step=executed, model_flops_per_step=model_flops, flops_source=flops_source,
             tflops=r.tflops, mfu=r.mfu, hfu=r.hfu, above_peak=r.above_peak,
             peak_tflops=r.peak.tflops, peak_tflops_source=r.peak.source,
-            peak_mem_bytes=m.peak_mem_bytes, peak_source=m.peak_source,
+            peak_mem_bytes=m.peak_mem_bytes, peak_mem_source=m.peak_mem_source,
             params_bytes=sum(p.numel() * p.element_size() for p in params),
             grads_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
             mfu_convention=convention, optimizer_bytes=state_bytes(self.optimizer),
@@ -613,7 +614,7 @@ class Lab:
 
     def results(self):
         """pandas DataFrame, one row per run (this session's and the log's earlier ones)."""
-        from ..core.runlog import runs_view
+        from ..core.results import runs_view
         from ..core.summary import readable
 
         return readable(results_frame(self.log.runs), runs_view)

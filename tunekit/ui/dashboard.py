@@ -16,7 +16,7 @@ import html
 import ipywidgets as W
 from IPython import get_ipython
 
-from ..core.runlog import runs_view
+from ..core.results import runs_view
 from ..core.summary import table_html
 from ..core.toggles import ATTENTIONS, OPTIMIZERS, PRECISIONS, ToggleError, notices
 from ..core.units import MiB

@@ -38,7 +38,7 @@ def compare_figure(df, baseline: int = 0) -> go.Figure:
     mem = df["peak_mem_bytes"].astype(float) / GiB
     fig.add_trace(go.Bar(x=names, y=mem, marker_color=colors, name="peak memory",
                          hovertemplate="%{x}<br>%{y:.3f} GiB<extra></extra>"), row=1, col=2)
-    src = str(df["peak_source"].iloc[-1]).split(":")[0]
+    src = str(df["peak_mem_source"].iloc[-1]).split(":")[0]
     fig.update_layout(title=f"runs vs baseline #{baseline} (red); memory: {src}",
                       showlegend=False, height=380, margin=dict(t=70, b=40))
     return fig

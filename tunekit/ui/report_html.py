@@ -47,7 +47,7 @@ class SessionSummary:
         runs = lab.results() if lab is not None else None
         devices = [d for d in (list(h["device"]) + (list(runs["device"]) if runs is not None else [])) if d]
         peaks = {}   # every peak an MFU here was measured against, with its source
-        for df, value, source in ((h, "peak_tflops", "peak_source"),
+        for df, value, source in ((h, "peak_tflops", "peak_tflops_source"),
                                   (runs, "peak_tflops", "peak_tflops_source")):
             if df is not None and len(df):
                 for v, src in zip(df[value], df[source]):
@@ -60,7 +60,7 @@ class SessionSummary:
         if len(h):
             parts += ["<h3>Profiled cells</h3>", table_html(history_view(h))]
         if runs is not None and len(runs):
-            from ..core.runlog import runs_view
+            from ..core.results import runs_view
 
             parts += ["<h3>Lab runs</h3>", table_html(runs_view(runs))]
         self.html = "\n".join(parts)
@@ -174,7 +174,7 @@ def runs_report(runs, out, title: str = "tunekit runs") -> Path:
     each run's toggles and notes. ``tunekit run`` redraws it from its log after every run."""
     import dataclasses
 
-    from ..core.runlog import results_frame, runs_view
+    from ..core.results import results_frame, runs_view
     from ..core.summary import table_html
     from .lab_plots import compare_figure, memory_breakdown_figure
 

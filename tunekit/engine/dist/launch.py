@@ -30,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ...core.runlog import RunResult
+from ...core.results import RunResult
 from ...models.spec import check_model_spec
 from .worker import check_spec
 

@@ -41,7 +41,7 @@ from ...core.comm import expected_comm, layout_problems, total_by
 from ...core.conditions import combine
 from ...models.optimizers import build_optimizer, unavailable_optimizers
 from ..precision import autocast, matmul_precision
-from ...core.runlog import RunResult
+from ...core.results import RunResult
 from ...measure.step import probe_step
 from ...core.toggles import Env, Toggles, autocast_dtype, compute_dtype, label, normalized, problems
 from ...measure.comm import CommCounter
@@ -415,7 +415,7 @@ def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_sour
         tflops=formulas.tflops(executed, step_s),
         mfu=formulas.mfu(model_flops, step_s, all_peak), hfu=formulas.hfu(executed, step_s, all_peak),
         peak_tflops=peak_tflops, peak_tflops_source=source,
-        peak_mem_bytes=None if None in peaks else max(peaks), peak_source=peak_source,
+        peak_mem_bytes=None if None in peaks else max(peaks), peak_mem_source=peak_source,
         params_bytes=max(g["params_bytes"] for g in gathered),
         grads_bytes=max(g["grads_bytes"] for g in gathered),
         optimizer_bytes=max(g["optimizer_bytes"] for g in gathered),
