@@ -117,7 +117,7 @@ def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibration
     matmul_in.s = 1.0
     lab = tunekit.Lab(log_path=tmp_path / "runs.jsonl", micro_batch=2, seq_len=32)
     r = lab.run(steps=1, warmup=0)
-    assert r.mfu > 1 and r.peak_tflops == 6.5536e-08 and lab._peaks["fp32"].tflops == 6.5536e-08
+    assert r.mfu > 1 and r.peak_tflops == 6.5536e-08 and lab.peaks["fp32"].tflops == 6.5536e-08
     assert r.above_peak.startswith("MFU ") and "a re-check at 32x32x32 reached 6.55e-08 TFLOPS" in r.above_peak
     view = runs_view(lab.results())
     assert view["MFU"].iloc[-1].endswith("% ⚠") and view["HFU"].iloc[-1].endswith("% ⚠")

@@ -829,7 +829,7 @@ def _finish(lab, search: _Search, snap: Snapshot, status: str, keep: str) -> Aut
         snap.optimizer = None  # another optimizer's state cannot be loaded into this one
     # a fresh optimizer (the trials' steps filled the state of the one they used), then the
     # state from before the search when it is the same optimizer
-    lab.optimizer, lab._opt_name = None, None
+    lab.optimizer = None  # the next apply builds a fresh one
     lab.apply(final)
     snap.restore()
     if keep == "winner" and win is not None:
