@@ -34,7 +34,6 @@ from ..core.runlog import RunLog
 from ..core.toggles import Env, ToggleError, Toggles, problems
 from ..core.validate import function, instance, is_whole, real, whole
 from ..measure.device import existing_device
-from ..measure.memory import StepTarget
 from ..models.adapters import adapt, dry_step
 from ..models.gpt import GPT, GPTConfig
 from ..models.optimizers import unavailable_optimizers
@@ -217,10 +216,11 @@ class Lab:
             return None
         return self.device.index if self.device.index is not None else torch.cuda.current_device()
 
-    def memory_target(self, micro_batch: int | None = None, seq_len: int | None = None,
-                      batch=None) -> StepTarget:
-        """What ``measure_memory(lab)`` measures: the live model and loss under the default
-        toggles, on ``batch`` or one of the Lab's batches."""
+    def memory_target(self, micro_batch: int | None = None, seq_len: int | None = None, batch=None):
+        """What ``measure_memory(lab)`` measures (a measure.memory.StepTarget): the live model and
+        loss under the default toggles, on ``batch`` or one of the Lab's batches."""
+        from ..measure.memory import StepTarget
+
         t = self.defaults
         micro_batch = micro_batch or t.micro_batch or 4
         seq_len = seq_len or t.seq_len or self.adapter.default_seq_len("cpu") or 64

@@ -51,6 +51,7 @@ from ...models.spec import build_model
 from ..train.step import TrainStep, local_bytes, token_batcher
 from .aggregate import aggregate
 
+
 class Rank:
     """One rank's training step (engine.train.TrainStep) on its slice of the global batch, its
     model wrapped for ``spec["parallel"]``.
@@ -150,15 +151,18 @@ class Rank:
         return contextlib.nullcontext()
 
     def step(self):
+        """One optimizer step of this rank under the run's toggles: its loss (a tensor)."""
         return self.trainer.step(self.t)
 
     def expected_comm(self) -> dict:
+        """What tunekit.core.comm predicts one step sends (the sharded kinds gather half weights)."""
         half = autocast_dtype(self.t) if self.parallel != "ddp" else None
         param_bytes = registry.dtype(half).bytes if half else 4
         return expected_comm(self.parallel, self.units, self.world, self.nodes, param_bytes, 4,
                              self.buffer_bytes, self.t.grad_accum)
 
     def local_bytes(self) -> dict:
+        """Bytes of parameters, gradients and optimizer state this rank holds (its shards)."""
         opt = self.trainer.optimizer
         return {"params_bytes": local_bytes(self.model.parameters()), "grads_bytes": self.trainer.grads_bytes,
                 "optimizer_bytes": local_bytes(v for s in opt.state.values() for v in s.values()
