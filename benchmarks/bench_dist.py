@@ -37,7 +37,7 @@ def rank_main(spec_path: str) -> None:
     """One rank of part 2 (run under the elastic agent)."""
     import torch.distributed as dist
 
-    from tunekit.engine.dist.worker import Trainer
+    from tunekit.engine.dist.worker import Rank
     from tunekit.measure.comm import CommCounter
     from tunekit.measure.timing import time_repeats
 
@@ -45,7 +45,7 @@ def rank_main(spec_path: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    trainer = Trainer(spec, rank, world, world, torch.device("cpu"))
+    trainer = Rank(spec, rank, world, world, torch.device("cpu"))
     counter = CommCounter()
     for _ in range(3):
         trainer.step()

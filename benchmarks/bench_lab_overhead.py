@@ -19,6 +19,7 @@ import time
 import torch
 
 from tunekit.engine.lab import Lab
+from tunekit.engine.train.precision import autocast, matmul_precision
 from tunekit.measure.device import now_s
 
 
@@ -46,9 +47,9 @@ def lab_extras(lab, t, n: int) -> float:
     for _ in range(n):
         a = now_s(lab.device)
         lab.grad_scaler(t)
-        with lab._matmul_precision(t):
+        with matmul_precision(t, lab.device):
             x, y = lab.batch_fn(t.micro_batch, t.seq_len)
-            with lab._autocast(t):
+            with autocast(t, lab.device):
                 pass
         losses.append(fake_loss.detach())
         _ = now_s(lab.device) - a

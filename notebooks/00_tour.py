@@ -87,7 +87,7 @@ tunekit.plot_history()
 
 # %%
 print('H100 SXM bf16 peak:', tunekit.peak_tflops('NVIDIA H100 80GB HBM3', 'bf16'), 'TFLOPS')
-print('this machine:', h.peak_source.dropna().iloc[-1])
+print('this machine:', h.peak_tflops_source.dropna().iloc[-1])
 
 # %% [markdown]
 # ## 2. Flip optimizations on the live model

@@ -109,7 +109,7 @@ print(f'counted : {rec.flops:.3e} FLOPs ({rec.flops_source}) for 2 steps')
 print(f'formula : {formula_step:.3e} FLOPs = 2 steps x {batch*seq} tokens x (6N + causal attention)')
 print(f'ratio counted/formula = {rec.flops/formula_step:.3f}')
 print(f'model FLOPs for MFU: {rec.model_flops:.3e}, {rec.mfu_convention}')
-print(f'{rec.tflops:.3f} TFLOPS, MFU {rec.mfu:.1%} of {rec.peak_tflops:.3g} TFLOPS ({rec.peak_source})')
+print(f'{rec.tflops:.3f} TFLOPS, MFU {rec.mfu:.1%} of {rec.peak_tflops:.3g} TFLOPS ({rec.peak_tflops_source})')
 if rec.above_peak:   # MFU above 100%: the peak is too low (tunekit re-checked it once, and says why)
     print('⚠', rec.above_peak)
 assert rec.flops_source == 'cached' and rec.flops > 0 and rec.wall_s > 0

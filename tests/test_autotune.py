@@ -417,7 +417,7 @@ def test_keep_start_restores_the_starting_toggles(lab):
     fake = FakeTrials()
     found = autotune(lab, budget_s=1000, trials=fake, keep="start", space={"compile": [False]})
     assert found.toggles.micro_batch == 32 and found.state.startswith("start restored")
-    assert lab.resolve() == start and lab.adapter.attention == "sdpa" and lab._opt_name == "adamw"
+    assert lab.resolve() == start and lab.adapter.attention == "sdpa" and lab.optimizer_name == "adamw"
 
 
 def test_dashboard_button_runs_autotune_and_shows_the_evidence(lab):

@@ -110,14 +110,14 @@ def test_a_profiled_block_above_a_calibrated_peak_is_flagged_where_it_is_read(ca
 
 def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibrations, matmul_in, tmp_path):
     # the user's case: a peak calibrated low (here 1e-9 TFLOPS), a Lab run on a quiet machine
-    from tunekit.core.runlog import runs_view
+    from tunekit.core.results import runs_view
     from tunekit.ui.cli import summary_lines
 
     calibrations.cache(tflops=1e-9)
     matmul_in.s = 1.0
     lab = tunekit.Lab(log_path=tmp_path / "runs.jsonl", micro_batch=2, seq_len=32)
     r = lab.run(steps=1, warmup=0)
-    assert r.mfu > 1 and r.peak_tflops == 6.5536e-08 and lab._peaks["fp32"].tflops == 6.5536e-08
+    assert r.mfu > 1 and r.peak_tflops == 6.5536e-08 and lab.peaks["fp32"].tflops == 6.5536e-08
     assert r.above_peak.startswith("MFU ") and "a re-check at 32x32x32 reached 6.55e-08 TFLOPS" in r.above_peak
     view = runs_view(lab.results())
     assert view["MFU"].iloc[-1].endswith("% ⚠") and view["HFU"].iloc[-1].endswith("% ⚠")
@@ -130,7 +130,7 @@ def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibration
 @pytest.mark.parametrize("matmul_s", [1e-6, 1.0])   # the re-check beats the peak / does not
 def test_a_distributed_run_is_rechecked_and_flagged_by_the_lab(calibrations, matmul_in, tmp_path, monkeypatch,
                                                               matmul_s):
-    from tunekit.core.runlog import RunResult
+    from tunekit.core.results import RunResult
     from tunekit.engine.dist import launch
 
     calibrations.cache(tflops=0.05)
@@ -155,7 +155,7 @@ def test_a_distributed_run_is_rechecked_and_flagged_by_the_lab(calibrations, mat
 def _record(**changes):
     rec = ProfileRecord(name="step", wall_s=0.01, flops=1.28e9, flops_source="cached", model_flops=1.275e9,
                         tflops=0.128, mfu=1.5, hfu=1.5058823529411764, peak_tflops=0.085,
-                        peak_source="calibrated MAMF", device="cpu", above_peak=CALIBRATED)
+                        peak_tflops_source="calibrated MAMF", device="cpu", above_peak=CALIBRATED)
     for k, v in changes.items():
         setattr(rec, k, v)
     return rec

@@ -121,7 +121,7 @@ def test_compare_figure_names_runs_by_difference_and_draws_memory_components():
             _run(2, "ckpt", tps=800.0, checkpointing=True)]
     for r, saved in zip(runs, (15, 22, 3)):
         r.params_bytes, r.grads_bytes, r.optimizer_bytes, r.saved_bytes = 2**20, 2**20, 2 * 2**20, saved * 2**20
-        r.peak_mem_bytes, r.peak_source = 500 * 2**20, "CPU process RSS peak (VmHWM)"
+        r.peak_mem_bytes, r.peak_mem_source = 500 * 2**20, "CPU process RSS peak (VmHWM)"
     fig = compare_figure(results_frame(runs), baseline=None)
     speed, *memory = fig.data
     assert list(speed.x) == ["#0 bf16", "#1 baseline", "#2 ckpt"]

@@ -11,7 +11,8 @@ import types
 
 import pytest
 
-from tunekit.core.runlog import RunResult, read_records
+from tunekit.core.results import RunResult
+from tunekit.core.runlog import read_records
 from tunekit.core.toggles import Toggles
 from tunekit.ui import cli
 
@@ -131,7 +132,7 @@ def _result(**kw) -> RunResult:
     return RunResult.from_dict({"label": "fake", "steps": 2, "warmup": 0, "tokens_per_step": 32,
                                 "tokens_per_s": 1000.0, "step_s": 0.032, "model": "GPT", "device": "cpu",
                                 "notes": [], "params_bytes": 1, "grads_bytes": 1, "optimizer_bytes": 2,
-                                "peak_tflops_source": "given", "peak_source": "rss", **kw})
+                                "peak_tflops_source": "given", "peak_mem_source": "rss", **kw})
 
 
 @pytest.mark.parametrize("rank", ["0", "1"])

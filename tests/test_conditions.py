@@ -151,7 +151,7 @@ def test_gpu_readings_from_a_mocked_nvml(monkeypatch):
 
 
 def test_ranks_conditions_groups_by_host():
-    from tunekit.engine.dist.worker import ranks_conditions
+    from tunekit.engine.dist.aggregate import ranks_conditions
 
     def reading(own, host="a"):
         return {"wall_s": 1.0, "host": host, "cpus": 2, "threads": 1, "load_avg": 0.5, "gpu": {},

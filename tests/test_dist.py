@@ -357,7 +357,7 @@ def test_gpu_path_picks_nccl_and_the_local_device(monkeypatch):
 
 
 def test_run_results_from_before_distributed_fields_still_load():
-    from tunekit.core.runlog import RunResult
+    from tunekit.core.results import RunResult
 
     r = RunResult.from_dict({"run_id": 0, "label": "old", "tokens_per_s": 1.0})
     assert (r.world_size, r.parallel, r.comm, r.launch_s) == (None, None, None, None)

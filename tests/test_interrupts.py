@@ -396,7 +396,7 @@ def _weights(lab):
 @depth(8, 600)
 def test_ctrl_c_anywhere_in_lab_run_and_its_flop_probe(lab, n):
     def case(inj):
-        lab._probes.clear()  # the FLOP probe step is part of the path every time
+        lab.trainer._probes.clear()  # the FLOP probe step is part of the path every time
         before, runs, caught = _weights(lab), len(lab.runs), None
         lab.model.on_forward = touch
         with inj:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tunekit.core import runlog
-from tunekit.core.runlog import RunResult
+from tunekit.core.results import RunResult
 from tunekit.core.toggles import FP16_ON_CPU, Env, ToggleError, Toggles, label, notices, problems
 from tunekit.engine.lab import Lab
 
@@ -83,7 +83,7 @@ def test_run_measures_and_caches_flops(lab):
     assert r.model_flops_per_step == (6 * 425984 + 6 * 2 * 128 * 64) * 256 == 679477248
     assert r.mfu == pytest.approx(r.model_flops_per_step / r.step_s / 1e12)  # peak given: 1 TFLOPS
     assert r.hfu == pytest.approx(r.tflops)
-    assert r.peak_mem_bytes > 0 and "RSS" in r.peak_source
+    assert r.peak_mem_bytes > 0 and "RSS" in r.peak_mem_source
     # AdamW: exp_avg + exp_avg_sq in fp32, plus a 4-byte fp32 step counter per parameter
     # tensor (14: wte, 6 per block x 2, final norm) -> 8*426624 + 14*4 = 3413048
     assert r.optimizer_bytes == 3413048
@@ -217,6 +217,16 @@ def test_log_from_another_version_still_loads(tmp_path, monkeypatch):
     assert lab.runs[0].tokens_per_s == 1000.0 and math.isnan(lab.runs[0].mfu)
     assert lab.runs[0].notes == [] and lab.runs[0].peak_mem_bytes is None
     assert list(Lab.load_results()["label"]) == ["baseline"]  # newest log under data/runs
+
+
+def test_log_written_before_the_rename_reads_its_memory_peak_source(tmp_path):
+    # RunResult.peak_source was renamed peak_mem_source (the TFLOPS peak's is peak_tflops_source)
+    path = tmp_path / "old.jsonl"
+    runlog.append_record(path, {"run_id": 0, "label": "baseline", "peak_source": "RSS (VmHWM)"})
+    runlog.append_record(path, {"run_id": 1, "label": "bad", "peak_source": 3})  # the old key is checked too
+    with pytest.warns(UserWarning, match="1 line"):
+        (r,) = runlog.RunLog(path).runs
+    assert r.peak_mem_source == "RSS (VmHWM)" and "peak_source" not in r.to_dict()
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tunekit.core import paths
-from tunekit.core.runlog import RunLog, RunResult, read_records
+from tunekit.core.results import RunResult
+from tunekit.core.runlog import RunLog, read_records
 from tunekit.core.toggles import Toggles
 
 HOME = "/home/ada"

@@ -49,7 +49,7 @@ def test_flops_modes_and_given_model_flops():
         MODEL(x).sum()
     assert (rec.flops, rec.flops_source, rec.model_flops) == (1e6, "given", 1e6)
     assert rec.mfu == pytest.approx(1e6 / rec.wall_s / 1e12 / 1.0)
-    assert rec.peak_source.startswith("given")
+    assert rec.peak_tflops_source.startswith("given")
     with pytest.raises(ValueError, match="flops must be one of"):
         tunekit.profile(name="bad", flops="sometimes").__enter__()
 
@@ -118,7 +118,7 @@ def test_mfu_on_cpu_uses_the_calibrated_peak(monkeypatch):
     monkeypatch.setattr(peaks, "_resolved", {})  # forget peaks resolved by earlier tests
     _step(8, "mfu")
     rec = _step(8, "mfu")
-    assert rec.peak_tflops == 0.5 and "calibrated MAMF" in rec.peak_source
+    assert rec.peak_tflops == 0.5 and "calibrated MAMF" in rec.peak_tflops_source
     assert rec.hfu == pytest.approx(rec.tflops / 0.5)
     assert rec.mfu == pytest.approx(rec.hfu)  # no checkpointing: model == executed FLOPs
 

@@ -4,7 +4,7 @@ import pytest
 from tunekit import conclude, time_records, verdict
 from tunekit.core.conditions import Conditions
 from tunekit.core.records import ProfileRecord
-from tunekit.core.runlog import RunResult
+from tunekit.core.results import RunResult
 
 
 def test_verdict_compares_best_repeats_against_the_noise_band():

@@ -28,7 +28,7 @@ class ProfileRecord:
     mfu: float = NaN
     hfu: float = NaN
     peak_tflops: float = NaN
-    peak_source: str | None = None
+    peak_tflops_source: str | None = None  # which spec row, calibration or given figure peak_tflops is
     above_peak: str | None = None  # why MFU/HFU are past 100% (core.bounds); None when they are not
     dtype: str | None = None      # the dtype whose peak was used
     cpu_rss_delta_bytes: float = NaN

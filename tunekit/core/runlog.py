@@ -1,8 +1,8 @@
-"""The Lab's run records and their append-only JSONL log, which survives crashes. Pure: no torch.
+"""The append-only JSONL log of the Lab's runs, which survives crashes. Pure: no torch.
 
     >>> append_record("runs/lab.jsonl", {"run_id": 0, "tokens_per_s": 1.2e4})
     >>> records, skipped = read_records("runs/lab.jsonl")
-    >>> runs = [RunResult.from_dict(r) for r in records]      # fields a record lacks: None/NaN
+    >>> runs = [RunResult.from_dict(r) for r in records]      # core.results; fields a record lacks: None/NaN
 
 Each record is one line written with a single ``write`` and then ``fsync``ed, so a finished run is
 on disk before ``lab.run`` returns. A crash mid-write can leave at most one partial last line;
@@ -18,16 +18,12 @@ import json
 import math
 import os
 import stat
-import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .breakdown import short
 from .conditions import Conditions
-from .summary import mark_rates
-from .toggles import Toggles
-from .units import MiB
+from .results import RECORD_TYPES, TOGGLE_TYPES, RunResult
 
 SCHEMA = 1
 
@@ -173,8 +169,8 @@ def _is_record(rec) -> bool:
     if not isinstance(rec, dict) or type(rec.get("schema")) is not int:
         return False
     nested, cond = rec.get("toggles"), rec.get("conditions")
-    if not (_all_fit(rec, _RECORD_TYPES) and _fits(nested, "dict") and _all_fit(nested or {}, _TOGGLE_TYPES)
-            and _fits(cond, "dict") and _all_fit(cond or {}, _CONDITION_TYPES)
+    if not (_all_fit(rec, RECORD_TYPES) and _fits(nested, "dict") and _all_fit(nested or {}, TOGGLE_TYPES)
+            and _fits(cond, "dict") and _all_fit(cond or {}, CONDITION_TYPES)
             and all(isinstance(n, str) for n in rec.get("notes") or [])
             and all(_fits(v, "float") for k in ("losses", "peak_mem_bytes_per_rank") for v in rec.get(k) or [])):
         return False
@@ -185,140 +181,7 @@ def _is_record(rec) -> bool:
     return True
 
 
-# --- the record of one run -----------------------------------------------------------------
-
-
-@dataclass
-class RunResult:
-    """One ``lab.run``: the toggles used and what was measured. Unmeasurable figures are None/NaN.
-
-    The toggles are one ``Toggles`` object (``r.toggles``); each is also readable by name
-    (``r.precision``). The log and the DataFrame hold them flattened, one column each.
-    """
-
-    run_id: int
-    label: str
-    toggles: Toggles
-    steps: int
-    warmup: int
-    tokens_per_step: int
-    tokens_per_s: float
-    step_s: float                     # mean over timed steps
-    step_s_min: float
-    step_s_max: float
-    flops_per_step: float | None      # executed (counted, recompute included): HFU, TFLOPS
-    model_flops_per_step: float | None  # analytic for the demo GPT: MFU
-    flops_source: str                 # counted | cached | none
-    tflops: float
-    mfu: float
-    hfu: float
-    peak_tflops: float | None
-    peak_tflops_source: str
-    peak_mem_bytes: float | None
-    peak_source: str
-    params_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    saved_bytes: int | None           # activations saved for backward by one micro-batch
-    loss: float                       # last timed step
-    loss_first: float                 # first step of the run (warm-up included)
-    device: str
-    attention_ran: str | None
-    compute_dtype: str
-    autocast_dtype: str | None
-    model: str
-    n_params: int
-    time: str = ""
-    notes: list = field(default_factory=list)
-    weight_cast_bytes: int | None = None  # autocast's half weight copies kept for backward
-    mfu_convention: str | None = None     # how model_flops_per_step was obtained (core.formulas)
-    status: str = "ok"                    # "ok" | "failed" (then `error` says why; figures NaN)
-    error: str | None = None
-    guard_s: float | None = None          # seconds the snapshot of weights/optimizer took
-    energy_j: float = math.nan            # over the timed steps (NVML/RAPL; NaN: no counter)
-    energy_source: str | None = None
-    mean_w: float = math.nan
-    j_per_token: float = math.nan
-    gpu_alloc_retries: int | None = None  # torch.cuda.memory_stats() over the timed steps
-    gpu_ooms: int | None = None
-    trace: object = None                  # core.breakdown.Breakdown (run(trace=True)); a dict when read back
-    memory: object = None                 # core.breakdown.MemoryTimeline (run(memory=True))
-    # distributed runs (tunekit.engine.dist); None for a single-process run
-    world_size: int | None = None
-    parallel: str | None = None           # ddp | fsdp | fsdp_grad_op | hsdp
-    nodes: int | None = None
-    peak_mem_bytes_per_rank: list | None = None  # peak_mem_bytes is their max
-    comm: dict | None = None              # collectives per step: count and bytes by kind/scope
-    comm_wait_s: float | None = None      # None where not measurable (see notes)
-    launch_s: float | None = None         # launch to the first training step
-    losses: list | None = None            # loss of every step, warm-up included
-    conditions: object = None             # core.conditions.Conditions over the timed steps (all ranks)
-    session: str | None = None            # the Lab that ran it, where Labs share a day's log
-    above_peak: str | None = None         # why MFU/HFU are past 100% (core.bounds); None when they are not
-
-    def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
-        if name in TOGGLE_FIELDS and "toggles" in self.__dict__:
-            return getattr(self.toggles, name)
-        raise AttributeError(f"'RunResult' object has no attribute {name!r}")
-
-    def to_dict(self) -> dict:
-        """Flat: the toggles as top-level keys, in the order of the DataFrame's columns."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if isinstance(d["conditions"], Conditions):
-            d["conditions"] = d["conditions"].to_dict()
-        toggles = d.pop("toggles").asdict()
-        out = {k: d.pop(k) for k in ("run_id", "label")}
-        return {**out, **toggles, **d}
-
-    @classmethod
-    def failed(cls, t: Toggles, label: str, reason: str, notes: list, **fields) -> "RunResult":
-        """A run that did not finish: its toggles and why; every figure NaN/None."""
-        return cls.from_dict({"label": label, **t.asdict(), "status": "failed", "error": reason,
-                              "notes": list(notes), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                              **fields})
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RunResult":
-        """From a log record; a field it lacks (an older or newer tunekit wrote it) is None/NaN."""
-        nested = d.get("toggles") if isinstance(d.get("toggles"), dict) else {}
-        known = {k: v for k, v in {**d, **nested}.items() if k in TOGGLE_FIELDS and v is not None}
-        kw = {"toggles": Toggles().replace(**known)}
-        for f in dataclasses.fields(cls):
-            if f.name == "toggles":
-                continue
-            v = d.get(f.name)
-            if v is None and f.name in _FLOAT_FIELDS:
-                v = math.nan
-            elif v is None and f.name == "notes":
-                v = []
-            elif v is None and f.name == "status":
-                v = "ok"
-            elif f.name == "conditions":
-                v = Conditions.from_dict(v)
-            kw[f.name] = v
-        return cls(**kw)
-
-
-TOGGLE_FIELDS = tuple(f.name for f in dataclasses.fields(Toggles))
-_TOGGLE_TYPES = {f.name: f.type for f in dataclasses.fields(Toggles)}
-_RECORD_TYPES = {**{f.name: f.type for f in dataclasses.fields(RunResult) if f.type not in ("object", "Toggles")},
-                 **_TOGGLE_TYPES}   # the log keeps the toggles flattened
-_CONDITION_TYPES = {f.name: f.type for f in dataclasses.fields(Conditions)}
-_FLOAT_FIELDS = {"tokens_per_s", "step_s", "step_s_min", "step_s_max", "tflops", "mfu", "hfu",
-                 "loss", "loss_first", "energy_j", "mean_w", "j_per_token"}
-
-
-def results_frame(runs: list[RunResult]):
-    """pandas DataFrame, one row per run, toggles flattened, notes joined into one string."""
-    import pandas as pd
-
-    rows = [{**r.to_dict(), "notes": "; ".join(r.notes), "trace": short(r.trace), "memory": short(r.memory),
-             "conditions": None if r.conditions is None else r.conditions.verdict,
-             "conditions_reason": None if r.conditions is None else r.conditions.reason}
-            for r in runs]
-    rest = [f.name for f in dataclasses.fields(RunResult) if f.name not in ("run_id", "label", "toggles")]
-    rest.append("conditions_reason")
-    return pd.DataFrame(rows, columns=["run_id", "label", *TOGGLE_FIELDS, *rest])
+CONDITION_TYPES = {f.name: f.type for f in dataclasses.fields(Conditions)}
 
 
 class RunLog:
@@ -404,21 +267,3 @@ def repeat_agreement(groups) -> tuple[float, str]:
                + ("the machine was busy; rerun before trusting small differences" if worst > 1.2
                   else "stable enough to compare"))
     return worst, verdict
-
-
-_VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step (ms)",
-         "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak (MiB)",
-         "saved_mib": "saved (MiB)", "loss": "loss", "attention_ran": "attn ran",
-         "flops_source": "FLOPs", "conditions": "machine", "status": "status"}
-
-
-def runs_view(df):
-    """The columns a person reads first, with units in the headers (dashboard and report)."""
-    from .summary import machine_word
-
-    view = df.assign(step_ms=df["step_s"].astype(float) * 1e3, conditions=df["conditions"].map(machine_word),
-                     peak_mem_mib=df["peak_mem_bytes"].astype(float) / MiB,
-                     saved_mib=df["saved_bytes"].astype(float) / MiB)
-    view = mark_rates(view, df["above_peak"])
-    return view[list(_VIEW)].rename(columns=_VIEW)
-

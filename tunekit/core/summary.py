@@ -23,7 +23,7 @@ def rows(rec) -> list[tuple[str, str]]:
     bound = getattr(rec, "above_peak", None)
     util = f"{mark('MFU ' + fmt_pct(rec.mfu), rec.mfu, bound)} · {mark('HFU ' + fmt_pct(rec.hfu), rec.hfu, bound)}"
     if not is_missing(rec.peak_tflops):
-        util += f" of {rec.peak_tflops:.4g} TFLOPS [{rec.peak_source}]"
+        util += f" of {rec.peak_tflops:.4g} TFLOPS [{rec.peak_tflops_source}]"
     gpu = (f"alloc {fmt_bytes(rec.gpu_alloc_delta_bytes, True)} · peak {fmt_bytes(rec.gpu_peak_delta_bytes, True)}"
            f" · reserved {fmt_bytes(rec.gpu_reserved_bytes)} · NVML used {fmt_bytes(rec.nvml_used_bytes)}")
     out = [

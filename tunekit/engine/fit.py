@@ -39,7 +39,7 @@ from ..core.units import fmt_bytes
 from ..measure import memavail
 from ..measure.oom import free_memory, is_oom
 from ..measure.step import step_peak
-from .precision import autocast, matmul_precision
+from .train.precision import autocast, matmul_precision
 
 _FIRST = 2          # smallest measured micro-batch: BatchNorm refuses a batch of one in training
 _RESOLUTION = 16 * 2**20  # grow the measured batches until their peaks differ by this much

@@ -32,13 +32,16 @@ def _copy(obj, device):
 
 
 class Snapshot:
+    """What a run of ``lab`` can change, copied: its weights, optimizer state and the fp16
+    GradScaler's state (kept by ``lab.trainer``, engine.train.TrainStep)."""
+
     def __init__(self, lab):
         t0 = time.perf_counter()
         self.lab = lab
         host = torch.device("cpu")
         self.params = [p.detach().to(host, copy=True) for p in lab.model.parameters()]
         self.optimizer = _copy(lab.optimizer.state_dict(), host) if lab.optimizer is not None else None
-        self.scaler = lab._scaler.state_dict() if lab._scaler is not None else None
+        self.scaler = lab.trainer.scaler_state()
         self.bytes = sum(p.numel() * p.element_size() for p in self.params) + sum(
             v.numel() * v.element_size() for st in (self.optimizer or {}).get("state", {}).values()
             for v in st.values() if isinstance(v, torch.Tensor))
@@ -56,9 +59,7 @@ class Snapshot:
         lab.recover()   # gradients and a scaler left mid-step
         if self.optimizer is not None and lab.optimizer is not None:
             lab.optimizer.load_state_dict(self.optimizer)
-        if self.scaler is not None:
-            lab._scaler = lab.grad_scaler(lab.resolve(precision="fp16"))
-            lab._scaler.load_state_dict(self.scaler)
+        lab.trainer.load_scaler_state(self.scaler)
 
 
 def finite(loss) -> bool:

@@ -101,36 +101,26 @@ def _autocast_dtype(precision):
 
 
 @dataclass
-class _Target:
+class StepTarget:
+    """What ``measure_memory`` steps: a model, its adapter, one batch, ``loss_of(model, batch)``
+    and the toggles to measure under (optimizer: an instance or a registry name; precision in the
+    Lab's words; None: left as they are). A Lab makes one (``lab.memory_target()``)."""
+
     model: torch.nn.Module
     adapter: object
     batch: tuple
     loss_of: object            # loss_of(model, batch) -> scalar loss
-    optimizer: object
-    precision: str | None
-    checkpointing: bool | None
-    attention: str | None
+    optimizer: object = None
+    precision: str | None = None
+    checkpointing: bool | None = None
+    attention: str | None = None
 
 
-def _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, checkpointing):
-    """What to measure, from a Lab-like object (its model, toggles, batches and loss) or a
-    module (a transformers causal LM trains on its own loss from labels)."""
-    if hasattr(target, "model") and hasattr(target, "batch"):   # duck-typed tunekit.Lab
-        model, t = target.model, getattr(target, "defaults", None)
-        adapter = getattr(target, "adapter", None) or adapt(model)
-        micro_batch = micro_batch or getattr(t, "micro_batch", None) or 4
-        seq_len = seq_len or getattr(t, "seq_len", None) or adapter.default_seq_len("cpu") or 64
-        loss_fn = getattr(target, "loss_fn", None)
-        loss_of = (lambda m, b: loss_fn(m, *b)) if loss_fn is not None else _loss
-        if precision is None:
-            precision = getattr(t, "precision", None)
-        if checkpointing is None and t is not None:
-            checkpointing = bool(t.checkpointing)
-        if optimizer is None and t is not None:
-            optimizer = t.optimizer   # a name: a fresh one of the Lab's kind is stepped
-        batch = batch if batch is not None else target.batch(micro_batch, seq_len)
-        return _Target(model, adapter, batch, loss_of, optimizer, precision, checkpointing,
-                       getattr(t, "attention", None))
+def _unpack_target(target, batch, micro_batch, seq_len) -> StepTarget:
+    """What to measure: a Lab's (its ``memory_target``) or a module's (a transformers causal LM
+    trains on its own loss from labels; any other model on ``_loss``)."""
+    if hasattr(target, "memory_target"):   # a tunekit Lab
+        return target.memory_target(micro_batch, seq_len, batch)
     model, adapter = target, adapt(target)
     loss_of = _loss if adapter.kind != "transformers" else (lambda m, b: adapter.loss(m, *b))
     if batch is None:
@@ -141,7 +131,7 @@ def _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, ch
         gen = torch.Generator(device="cpu").manual_seed(0)
         tokens = torch.randint(0, adapter.vocab_size, (b, s + 1), generator=gen).to(dev)
         batch = (tokens[:, :-1].clone(), tokens[:, 1:].clone())  # y: x shifted by one
-    return _Target(model, adapter, batch, loss_of, optimizer, precision, checkpointing, None)
+    return StepTarget(model, adapter, batch, loss_of)
 
 
 def _loss(model, batch):
@@ -171,8 +161,11 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     for name, v in (("checkpointing", checkpointing), ("estimate", estimate)):
         if v is not None:
             flag(name, v)
-    tg = _unpack_target(target, batch, micro_batch, seq_len, optimizer, precision, checkpointing)
-    model, batch, optimizer, precision, adapter = tg.model, tg.batch, tg.optimizer, tg.precision, tg.adapter
+    tg = _unpack_target(target, batch, micro_batch, seq_len)
+    model, batch, adapter = tg.model, tg.batch, tg.adapter
+    optimizer = optimizer if optimizer is not None else tg.optimizer  # given: over the Lab's toggles
+    precision = precision if precision is not None else tg.precision
+    checkpointing = checkpointing if checkpointing is not None else tg.checkpointing
     params = [p for p in model.parameters()]
     dev = params[0].device if params else torch.device("cpu")
     notes = []
@@ -190,16 +183,16 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     else:
         precision = "amp" if ac_dtype is not None else "fp32"
     ac = torch.autocast(dev.type, dtype=ac_dtype) if ac_dtype is not None else nullcontext()
-    set_ck = tg.checkpointing is not None and adapter.can_checkpoint
+    set_ck = checkpointing is not None and adapter.can_checkpoint
     set_attn = tg.attention is not None and bool(adapter.attentions)
-    if tg.checkpointing and not adapter.can_checkpoint:
+    if checkpointing and not adapter.can_checkpoint:
         notes.append("checkpointing requested, but tunekit does not know this model's blocks: not applied")
     prev_ck, prev_attn = adapter.checkpointing, adapter.attention
     prev_grads = [p.grad for p in params]
     cuda = dev.type == "cuda"
     try:
-        if set_ck and tg.checkpointing != prev_ck:
-            adapter.set_checkpointing(tg.checkpointing)
+        if set_ck and checkpointing != prev_ck:
+            adapter.set_checkpointing(checkpointing)
         if set_attn and tg.attention != prev_attn:
             adapter.set_attention(tg.attention)
         for p in params:

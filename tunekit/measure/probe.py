@@ -327,12 +327,12 @@ class Probe:
         # Measure a missing peak (or re-check one) only on CPU: on a GPU the matmuls would
         # allocate GiBs and leave them reserved, changing what the next cells see.
         peak = resolve_peak(device, rec.dtype, given=self.peak, allow_calibration=self.index is None)
-        rec.peak_source = peak.source
+        rec.peak_tflops_source = peak.source
         if peak.tflops is None:
             rec.notes.append(f"no peak known ({peak.source}): pass --peak or run tunekit.calibrate()")
             return
         r = rates(rec.flops, rec.model_flops, rec.wall_s, peak, device, rec.dtype, recheck=self.index is None)
-        rec.peak_tflops, rec.peak_source = r.peak.tflops, r.peak.source
+        rec.peak_tflops, rec.peak_tflops_source = r.peak.tflops, r.peak.source
         rec.hfu, rec.mfu, rec.above_peak = r.hfu, r.mfu, r.above_peak
 
 

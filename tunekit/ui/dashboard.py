@@ -17,7 +17,7 @@ import ipywidgets as W
 from IPython import get_ipython
 
 from ..core import toggles as tg
-from ..core.runlog import runs_view
+from ..core.results import runs_view
 from ..core.summary import table_html
 from ..core.toggles import Declared, Env, ToggleError, notices
 from ..core.units import MiB

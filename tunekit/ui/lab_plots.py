@@ -45,7 +45,7 @@ def _memory(fig, df, names, row=None, col=None, legend=True) -> None:
     tops = [sum(float(r[c] or 0) for c, _, _ in COMPONENTS if r[c] == r[c] and r[c] is not None) / MiB for r in rows]
     for col_name, title, color in COMPONENTS:
         last = col_name == COMPONENTS[-1][0]
-        peaks = [f"{_peak_word(r['peak_source'])} {fmt_bytes(r['peak_mem_bytes'])}" for r in rows]
+        peaks = [f"{_peak_word(r['peak_mem_source'])} {fmt_bytes(r['peak_mem_bytes'])}" for r in rows]
         fig.add_trace(go.Bar(x=names, y=df[col_name].astype(float) / MiB, name=title, marker_color=color,
                              legendgroup=title, showlegend=legend,
                              text=peaks if last else None, textposition="outside" if last else None,

@@ -48,7 +48,7 @@ class SessionSummary:
         runs = lab.results() if lab is not None else None
         devices = [d for d in (list(h["device"]) + (list(runs["device"]) if runs is not None else [])) if d]
         peaks = {}   # every peak an MFU here was measured against, with its source
-        for df, value, source in ((h, "peak_tflops", "peak_source"),
+        for df, value, source in ((h, "peak_tflops", "peak_tflops_source"),
                                   (runs, "peak_tflops", "peak_tflops_source")):
             if df is not None and len(df):
                 for v, src in zip(df[value], df[source]):
@@ -61,7 +61,7 @@ class SessionSummary:
         if len(h):
             parts += ["<h3>Profiled cells</h3>", table_html(history_view(h))]
         if runs is not None and len(runs):
-            from ..core.runlog import runs_view
+            from ..core.results import runs_view
 
             parts += ["<h3>Lab runs</h3>", table_html(runs_view(runs))]
         self.html = "\n".join(parts)
@@ -178,7 +178,7 @@ def runs_report(runs, out, title: str = "tunekit runs", baseline: int | None = N
     inlined once, and each run's toggles, communication and notes. ``baseline``: a run id; None:
     the newest run with default toggles. ``tunekit run`` redraws it from its log after every run."""
     from ..core.baseline import comm_lines, difference, pick
-    from ..core.runlog import results_frame
+    from ..core.results import results_frame
     from ..core.summary import table_html
     from .lab_plots import compare_figure
 

@@ -21,7 +21,7 @@ def summary_lines(r) -> list[str]:
                         f"{mark('HFU ' + fmt_pct(r.hfu), r.hfu, r.above_peak)} of "
                         f"{formatted(r.peak_tflops, '{:.4g}')} TFLOPS [{r.peak_tflops_source}]"
                         + (f" · {WORDS}: {r.above_peak}" if r.above_peak else "")),
-            ("memory", f"peak {fmt_bytes(r.peak_mem_bytes)} ({r.peak_source}) · params {fmt_bytes(r.params_bytes)}"
+            ("memory", f"peak {fmt_bytes(r.peak_mem_bytes)} ({r.peak_mem_source}) · params {fmt_bytes(r.params_bytes)}"
                        f" · grads {fmt_bytes(r.grads_bytes)} · optimizer {fmt_bytes(r.optimizer_bytes)}"),
             ("loss", f"{formatted(r.loss_first, FORMATS['loss'])} -> {formatted(r.loss, FORMATS['loss'])}")]
     if cond is not None:

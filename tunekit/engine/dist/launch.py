@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from ...core.runlog import RunResult
+from ...core.results import RunResult
 from ...models.spec import check_model_spec
 from .elastic import python_path, run_ranks
 from .worker import check_spec

@@ -13,19 +13,20 @@ attention, micro_batch and grad_accum (gradient sync only on the last micro-step
     hsdp          2-D mesh (nodes, nproc) = ("replicate", "shard"): shard within a node,
                   replicate across nodes
 
-Rank 0 gathers every rank's figures and returns one RunResult (written as JSON to
+Rank 0 gathers every rank's figures and returns one RunResult (``aggregate``; written as JSON to
 ``spec["out_dir"]/result.json`` when given); other ranks return None. The spec is a dict:
 ``model`` (see tunekit.models.spec), ``parallel``, ``toggles`` (Toggles fields), ``steps``,
 ``warmup``, ``seed``, ``data``; optional ``nproc`` (ranks per node; default LOCAL_WORLD_SIZE),
 ``nodes``, ``weights`` (a state_dict file to start from), ``comm`` (count the collectives of one
-untimed step, default True), ``peak_tflops``/``peak_source``, ``launched_at`` (time.time() at launch),
-``progress_file``, ``gloo_ifname``, ``timeout_s``.
+untimed step, default True), ``peak_tflops``/``peak_tflops_source``/``peak_kind`` (the peak MFU is
+measured against; default this machine's), ``launched_at`` (time.time() at launch),
+``progress_file``, ``gloo_ifname``, ``timeout_s``. The step itself is ``engine.train.TrainStep``,
+the one the Lab takes, and the record ``engine.train.record.run_result``, the one the Lab builds.
 """
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -35,42 +36,24 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ...core import formulas, registry
-from ...core.bounds import above_peak
-from ...core.comm import expected_comm, layout_problems, total_by
-from ...core.conditions import combine
-from ...models.optimizers import build_optimizer, unavailable_optimizers
-from ..precision import autocast, matmul_precision
-from ...core.runlog import RunResult
-from ...measure.step import probe_step
-from ...core.toggles import Env, Toggles, autocast_dtype, compute_dtype, label, normalized, problems
+from ...core import registry
+from ...core.comm import expected_comm, layout_problems
+from ...core.results import RunResult
+from ...core.toggles import Env, Toggles, autocast_dtype, normalized, problems
 from ...measure.comm import CommCounter
-from ...measure.device import device_label
+from ...measure.conditions import ConditionsMeter, rank_reading
 from ...measure.meters import DeviceMeter
-from ...measure.conditions import ConditionsMeter, judge_rank, rank_reading
 from ...measure.timing import time_repeats
 from ...models.adapters import adapt
-from ...models.data import Batcher
+from ...models.optimizers import unavailable_optimizers
 from ...models.spec import build_model
-
-NO_WAIT = ("not measured: the collectives run asynchronously on the backend's own threads and "
-           "torch exposes no per-collective wait time without a profiler trace")
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
+from ..train.step import TrainStep, local_bytes, token_batcher
+from .aggregate import aggregate
 
 
-def _nbytes(tensors) -> int:
-    return sum(_local(t).numel() * _local(t).element_size() for t in tensors if t is not None)
-
-
-def _opt_bytes(opt) -> int:
-    return _nbytes(v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-
-
-class Trainer:
-    """The model, data and optimizer of one rank, wrapped for ``spec["parallel"]``.
+class Rank:
+    """One rank's training step (engine.train.TrainStep) on its slice of the global batch, its
+    model wrapped for ``spec["parallel"]``.
 
     ``step()`` takes one optimizer step and returns this rank's loss (a tensor);
     ``expected_comm()`` what tunekit.core.comm predicts for one step."""
@@ -79,38 +62,31 @@ class Trainer:
         self.spec, self.rank, self.world, self.nproc, self.device = spec, rank, world, nproc, device
         self.nodes = world // nproc
         self.parallel = spec["parallel"]
-        self.t = normalized(Toggles().replace(**spec.get("toggles", {})))
+        self.t = t = normalized(Toggles().replace(**spec.get("toggles", {})))
         model = build_model(spec["model"], spec.get("seed", 0))
         if spec.get("weights"):
             model.load_state_dict(torch.load(spec["weights"], map_location="cpu", weights_only=True))
         self.model = model.to(device).train()
         self.model_name = type(model).__name__  # before fully_shard renames the class (FSDPGPT)
         self.adapter = adapt(self.model, spec.get("blocks"))
-        t = self.t
         if t.seq_len is None:
             self.t = t = t.replace(seq_len=self.adapter.default_seq_len(device.type))
-        if t.attention is not None and self.adapter.attentions and t.attention != self.adapter.attention:
-            self.adapter.set_attention(t.attention)
-        if self.adapter.can_checkpoint and t.checkpointing != self.adapter.checkpointing:
-            self.adapter.set_checkpointing(t.checkpointing)
+        self.batcher = token_batcher(self.adapter, spec.get("data", "corpus"), device, spec.get("seed", 0))
+        # the sharded kinds cast through their MixedPrecisionPolicy, DDP under autocast
+        self.trainer = TrainStep(self.model, self.adapter, device, self._batch, self.adapter.loss,
+                                 cast=self.parallel == "ddp")
+        self.trainer.apply_model(t)
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.units = self._unit_shapes()
         self.buffer_bytes = sum(b.numel() * b.element_size() for b in self.model.buffers())
-        vocab = self.adapter.vocab_size or 256
-        data = spec.get("data", "corpus")
-        self.batcher = Batcher("synthetic" if vocab < 256 and data == "corpus" else data,
-                               device=device, seed=spec.get("seed", 0), vocab_size=vocab)
         self.probe = None
         if rank == 0 and spec.get("count_flops", True):  # one untimed count, before sharding
             # its own batches: the training batcher must draw the same on every rank
-            x, y = Batcher(self.batcher.source, device=device, seed=spec.get("seed", 0) + 1,
-                           vocab_size=vocab).get(t.micro_batch, t.seq_len)
-            with matmul_precision(t, device):
-                self.probe = probe_step(self.model, lambda a, b: self.adapter.loss(self.model, a, b),
-                                        x, y, lambda: autocast(t, device))
-        self.fwd = self._wrap()
-        self.optimizer = build_optimizer(t.optimizer, self.model.parameters(), t.lr)
-        self.grads_bytes = None
+            batch = token_batcher(self.adapter, self.batcher.source, device, spec.get("seed", 0) + 1)
+            self.probe, _ = self.trainer.probe(t, batch.get(t.micro_batch, t.seq_len))
+        self.trainer.forward = self._wrap()
+        self.trainer.sync = self._sync
+        self.trainer.apply_optimizer(t)  # on the sharded parameters
 
     # --- sharding ---------------------------------------------------------------------------
 
@@ -160,45 +136,36 @@ class Trainer:
 
     # --- one step ---------------------------------------------------------------------------
 
-    def _slice(self, x, y):
-        mb = self.t.micro_batch
-        return x[self.rank * mb:(self.rank + 1) * mb], y[self.rank * mb:(self.rank + 1) * mb]
+    def _batch(self, micro_batch: int, seq_len: int):
+        """This rank's slice of the global batch (every rank draws the same one)."""
+        x, y = self.batcher.get(micro_batch * self.world, seq_len)
+        mine = slice(self.rank * micro_batch, (self.rank + 1) * micro_batch)
+        return x[mine], y[mine]
 
     def _sync(self, last: bool):
+        """The gradients are reduced on the last micro-step only."""
         if self.parallel == "ddp":
-            return contextlib.nullcontext() if last else self.fwd.no_sync()
+            return contextlib.nullcontext() if last else self.trainer.forward.no_sync()
         self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
     def step(self):
-        t, total = self.t, None
-        ddp_autocast = self.parallel == "ddp"  # the sharded kinds cast through their policy
-        with matmul_precision(t, self.device):
-            for i in range(t.grad_accum):
-                x, y = self._slice(*self.batcher.get(t.micro_batch * self.world, t.seq_len))
-                with self._sync(i == t.grad_accum - 1):
-                    with autocast(t, self.device) if ddp_autocast else contextlib.nullcontext():
-                        loss = self.adapter.loss(self.fwd, x, y)
-                    if t.grad_accum > 1:
-                        loss = loss / t.grad_accum
-                    loss.backward()
-                total = loss.detach() if total is None else total + loss.detach()
-            if self.grads_bytes is None:  # once, at the first step: the local gradients
-                self.grads_bytes = _nbytes(p.grad for p in self.model.parameters())
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return total
+        """One optimizer step of this rank under the run's toggles: its loss (a tensor)."""
+        return self.trainer.step(self.t)
 
     def expected_comm(self) -> dict:
+        """What tunekit.core.comm predicts one step sends (the sharded kinds gather half weights)."""
         half = autocast_dtype(self.t) if self.parallel != "ddp" else None
         param_bytes = registry.dtype(half).bytes if half else 4
         return expected_comm(self.parallel, self.units, self.world, self.nodes, param_bytes, 4,
                              self.buffer_bytes, self.t.grad_accum)
 
     def local_bytes(self) -> dict:
-        params = list(self.model.parameters())
-        return {"params_bytes": _nbytes(params), "grads_bytes": self.grads_bytes,
-                "optimizer_bytes": _opt_bytes(self.optimizer)}
+        """Bytes of parameters, gradients and optimizer state this rank holds (its shards)."""
+        opt = self.trainer.optimizer
+        return {"params_bytes": local_bytes(self.model.parameters()), "grads_bytes": self.trainer.grads_bytes,
+                "optimizer_bytes": local_bytes(v for s in opt.state.values() for v in s.values()
+                                               if isinstance(v, torch.Tensor))}
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -285,7 +252,7 @@ def _progress(spec, rank):
 
 
 def _run(spec, rank, world, nproc, device) -> RunResult | None:
-    trainer = Trainer(spec, rank, world, nproc, device)
+    trainer = Rank(spec, rank, world, nproc, device)
     steps, warmup = spec.get("steps", 10), spec.get("warmup", 1)
     progress = _progress(spec, rank)
     dist.barrier()
@@ -341,110 +308,12 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
     dist.all_gather_object(gathered, mine)
     if rank != 0:
         return None
-    result = _aggregate(spec, trainer, gathered, (curve / world).tolist(), warmup, first_step_at,
-                        meter.source, device)
+    result = aggregate(spec, trainer, gathered, (curve / world).tolist(), warmup, first_step_at,
+                       meter.source, device)
     if spec.get("out_dir"):
         out = Path(spec["out_dir"]) / "result.json"
         out.write_text(json.dumps(result.to_dict()))
     return result
-
-
-def _comm_record(trainer, gathered, notes, warmup) -> dict | None:
-    tables = gathered[0]["comm"]
-    if not tables:
-        notes.append("communication not counted (comm=False)")
-        return None
-    mean = tables[0]
-    step = gathered[0]["counted"][0]
-    if step > warmup:
-        notes.append("collectives counted on the first timed step (no warm-up): its time includes "
-                     "the counter's cost")
-    if trainer.parallel == "ddp" and step == 2:
-        notes.append("comm counted DDP's second iteration, which also broadcasts its rebuilt bucket "
-                     "order once (a few bytes); warm up 3 steps to count a steady one")
-    agree = all(g["comm"] == tables for g in gathered)
-    return {"per_step": mean, "by_kind": total_by(mean, "kind"), "by_scope": total_by(mean, "scope"),
-            "expected": trainer.expected_comm(), "other_ops": gathered[0]["other"],
-            "ranks_agree": agree, "rank": 0, "step_counted": step,
-            "convention": "bytes: all_gather its gathered output, reduce_scatter its input, "
-                          "all_reduce and broadcast their buffer; one optimizer step (step_counted, "
-                          "1-based, warm-up included), on rank 0"}
-
-
-def _aggregate(spec, trainer, gathered, losses, warmup, first_step_at, peak_source, device) -> RunResult:
-    from ...measure.peaks import resolve_peak
-
-    t, world = trainer.t, trainer.world
-    steps = len(gathered[0]["times"])
-    # a step ends when its slowest rank ends: the max over ranks of each step's time
-    per_step = [max(g["times"][i] for g in gathered) for i in range(steps)]
-    step_s = sum(per_step) / steps
-    notes = [f"{spec['parallel']} over {trainer.nodes} node(s) x {trainer.nproc} rank(s); "
-             f"global batch {t.micro_batch * world} x grad_accum {t.grad_accum}",
-             f"comm_wait_s {NO_WAIT}"]
-    probe = trainer.probe
-    per_sample = t.seq_len
-    tokens = t.micro_batch * t.grad_accum * per_sample * world
-    executed = probe.flops.executed * t.grad_accum * world if probe and probe.flops.executed else None
-    counted = probe.flops.model * t.grad_accum * world if executed else None
-    model_flops, convention, why = trainer.adapter.model_flops(t.seq_len, tokens, counted)
-    notes.extend(why)
-    dtype = compute_dtype(t, device.type)
-    peak = resolve_peak(device, dtype, given=spec.get("peak_tflops"))
-    peak_tflops = peak.tflops
-    source = spec.get("peak_source") or peak.source
-    all_peak = None if peak_tflops is None else peak_tflops * world  # MFU and HFU per device
-    peaks = [g["peak"] for g in gathered]
-    launched = spec.get("launched_at")
-    ac = autocast_dtype(t)
-    comm = _comm_record(trainer, gathered, notes, warmup)
-    notes.append("params/grads/optimizer bytes: the largest rank's local shards")
-    if launched is None:
-        notes.append("launch_s unknown: the job was started outside tunekit.engine.dist.launch")
-    else:
-        joined, group = spec.get("_joined_at", launched), spec.get("_group_at", launched)
-        notes.append(f"launch to first step {first_step_at - launched:.1f} s: {joined - launched:.1f} s "
-                     f"to start the ranks (interpreters, torch import), {group - joined:.1f} s rendezvous "
-                     f"and process group, {first_step_at - group:.1f} s model, FLOP count and sharding")
-    fields = dict(
-        run_id=None, label=f"{spec['parallel']} {trainer.nodes}x{trainer.nproc} " + label(t, Toggles()), toggles=t,
-        steps=steps, warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
-        step_s=step_s, step_s_min=min(per_step), step_s_max=max(per_step),
-        flops_per_step=executed, model_flops_per_step=model_flops,
-        flops_source="counted" if executed else "none",
-        tflops=formulas.tflops(executed, step_s),
-        mfu=formulas.utilization(model_flops, step_s, all_peak), hfu=formulas.utilization(executed, step_s, all_peak),
-        peak_tflops=peak_tflops, peak_tflops_source=source,
-        peak_mem_bytes=None if None in peaks else max(peaks), peak_source=peak_source,
-        params_bytes=max(g["params_bytes"] for g in gathered),
-        grads_bytes=max(g["grads_bytes"] for g in gathered),
-        optimizer_bytes=max(g["optimizer_bytes"] for g in gathered),
-        saved_bytes=probe.saved_bytes if probe else None,
-        weight_cast_bytes=probe.cast_bytes if probe else None,
-        loss=losses[-1], loss_first=losses[0], device=device_label(device.index if device.type == "cuda" else None),
-        attention_ran=probe.attention_ran if probe else trainer.adapter.attention_ran,
-        compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
-        model=trainer.model_name, n_params=trainer.n_params,
-        time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + (probe.notes if probe else []),
-        mfu_convention=convention, world_size=world, parallel=spec["parallel"], nodes=trainer.nodes,
-        peak_mem_bytes_per_rank=peaks, comm=comm, comm_wait_s=None,
-        launch_s=None if launched is None else first_step_at - launched,
-        losses=losses)
-    fields["conditions"] = ranks_conditions([g["conditions"] for g in gathered])
-    if not all(math.isfinite(v) for v in losses):
-        fields.update(status="failed", error="a loss was not finite")
-    fields["above_peak"] = above_peak(fields["mfu"], fields["hfu"], peak_tflops, source)  # the Lab re-checks
-    return RunResult(**fields)
-
-
-def ranks_conditions(readings: list):
-    """One verdict over the ranks: each judged with the CPU time of all the run's ranks on its
-    machine taken out of 'other processes' (the ranks' windows are the same timed steps)."""
-    group = {}
-    for r in readings:
-        group[r["host"]] = group.get(r["host"], 0.0) + r["raw"]["own_cpu_s"]
-    return combine([judge_rank(r, group[r["host"]]) for r in readings],
-                   [f"rank {i}" for i in range(len(readings))])
 
 
 def main(argv=None) -> int:

@@ -9,8 +9,8 @@ import contextlib
 
 import torch
 
-from ..core.toggles import Toggles, autocast_dtype
-from ..measure.device import torch_dtype
+from ...core.toggles import Toggles, autocast_dtype
+from ...measure.device import torch_dtype
 
 
 def autocast(t: Toggles, device: torch.device):
