@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from tunekit.core.baseline import comm_lines, comm_total, difference, layout, pick, toggles_of
-from tunekit.core.runlog import RunResult, results_frame
+from tunekit.core.results import RunResult, results_frame
 from tunekit.core.toggles import Toggles
 from tunekit.ui.axes import log_ticks, nice_ticks, slowed_by, tick_label, value_range
 

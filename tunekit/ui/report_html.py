@@ -216,7 +216,7 @@ def runs_table(runs, base: int):
     """runs_view of the runs, each named by what it changes relative to ``runs[base]``, with
     'vs baseline' (tokens/s ratio); distributed runs add their layout and bytes per step."""
     from ..core.baseline import comm_total, difference, layout
-    from ..core.runlog import results_frame, runs_view
+    from ..core.results import results_frame, runs_view
 
     df = results_frame(runs)
     view = runs_view(df)
