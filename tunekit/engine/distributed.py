@@ -76,6 +76,4 @@ def run_distributed(lab, steps, warmup, progress, parallel, nproc, nodes, link, 
     lab.peaks[dtype] = r.peak
     result.mfu, result.hfu, result.above_peak = r.mfu, r.hfu, r.above_peak
     result.peak_tflops, result.peak_tflops_source = r.peak.tflops, r.peak.source
-    result.notes.append("the workers started from the Lab's weights; the Lab's model is "
-                        "unchanged by a distributed run")
     return lab.log.add(result)
