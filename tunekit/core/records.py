@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field, fields
 from .breakdown import short
 
 NaN = math.nan
-FLOPS_SOURCES = ("counted", "cached", "given", "none")
 
 
 @dataclass

@@ -27,7 +27,6 @@ from .run_text import summary_lines  # noqa: F401 - tunekit.ui.cli.summary_lines
 PARALLEL = ("none", *comm.PARALLEL)  # the distributed engine's kinds, plus "none" (one process)
 STEPS, WARMUP = 20, 2            # as lab.run
 LOG, REPORT = "tunekit-runs.jsonl", "tunekit-report.html"
-TORCHRUN_ENV = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -124,6 +123,7 @@ class Refused(ValueError):
 
 
 def under_torchrun(env=None) -> bool:
+    """Whether torchrun (or the elastic agent) started this process as one rank of a job."""
     env = os.environ if env is None else env
     return "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env)
 

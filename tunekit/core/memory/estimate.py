@@ -33,8 +33,6 @@ def precision_layout(precision: str) -> MemoryLayout:
     return MEMORY_LAYOUTS[memory_layout_name(precision)]
 
 
-canonical_precision = memory_layout_name
-
 
 def optimizer_bytes_per_param(optimizer: str, precision: str = "fp32") -> float:
     """Optimizer-state bytes per parameter: AdamW 8 (fp32), SGD-momentum/Lion/Adafactor 4,
@@ -174,7 +172,7 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
     lives beside them (temporaries, CUDA context, distributed buffers)."""
     zero_stage, dp, notes = o.sharded
     m = _model_sizes(model, o)
-    prec, key = precision_layout(o.precision), canonical_precision(o.precision)
+    prec, key = precision_layout(o.precision), memory_layout_name(o.precision)
     comps, forms = _static_lines(m.n_params, _bytes_per_param(o), o.tp * o.pp, dp, zero_stage)
     mode = _activation_mode(o.activations, m)
     notes.extend(m.shape.notes if m.shape is not None else ())
@@ -297,7 +295,7 @@ def _rope_buffers(m: _Sizes, key: str) -> tuple:
 
 def _counted_activations(comps, forms, notes, m: _Sizes, o: MemoryOptions, mode: str) -> None:
     """Activations counted tensor by tensor: the demo GPT's (gpt) or transformers' layers (hf)."""
-    prec, key = precision_layout(o.precision), canonical_precision(o.precision)
+    prec, key = precision_layout(o.precision), memory_layout_name(o.precision)
     if mode == "gpt":
         act = gpt_activation_bytes(m.cfg, o.micro_batch, m.seq_len, prec.activations,
                                    checkpointing=o.checkpointing, autocast=key == "amp")
