@@ -10,6 +10,7 @@ way and the rules can be tested without tensors.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import numbers
 import typing
@@ -104,6 +105,34 @@ def declared(cls: type | None = None) -> tuple[Declared, ...]:
         out.append(Declared(f.name, kind, f.default, meta.get("help") or f"the Lab's {f.name} toggle",
                             meta.get("label") or f.name.replace("_", " "), meta.get("choices")))
     return tuple(out)
+
+
+class _LabDefault:
+    """The default a toggle keyword shows: left out, the toggle keeps the Lab's (``lab.defaults``)."""
+
+    def __repr__(self):
+        return "<lab.defaults>"
+
+
+LAB_DEFAULT = _LabDefault()
+
+
+def toggle_keywords(fn):
+    """Show ``fn(..., **changes)``'s toggle keywords in its signature: ``**changes`` becomes one
+    keyword-only parameter per `Toggles` field (``inspect.signature``, ``help()`` and Jupyter's
+    ``?`` list them). Calls are unchanged; an unknown name is still refused by `Toggles.replace`.
+
+    Example: ``@toggle_keywords`` over ``def run(self, steps=20, **changes)`` shows
+    ``run(self, steps=20, *, precision=<lab.defaults>, checkpointing=<lab.defaults>, ...)``."""
+    sig = inspect.signature(fn)
+    kept = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    if len(kept) == len(sig.parameters):
+        raise TypeError(f"{fn.__qualname__} takes no **changes to show as toggles")
+    taken = {p.name for p in kept}
+    kept += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=LAB_DEFAULT, annotation=f.type)
+             for f in dataclasses.fields(Toggles) if f.name not in taken]
+    fn.__signature__ = sig.replace(parameters=kept)
+    return fn
 
 
 # How lab.autotune searches the toggles: its stages in order, each with the toggles it changes

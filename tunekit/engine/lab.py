@@ -31,7 +31,7 @@ from ..core import registry
 from ..core.paths import runs_dir
 from ..core.results import RunResult, results_frame
 from ..core.runlog import RunLog
-from ..core.toggles import Env, ToggleError, Toggles, problems
+from ..core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
 from ..core.validate import function, instance, is_whole, real, whole
 from ..measure.device import default_device, existing_device
 from ..models.adapters import adapt
@@ -302,22 +302,38 @@ class Lab:
         from ..ui.lab_plots import compare_figure
         return compare_figure(self.results(), baseline=baseline)
 
-    def find_max_batch_size(self, **kwargs):
-        """Largest micro-batch that fits for the current toggles; see ``tunekit.engine.maxbatch``."""
+    @toggle_keywords
+    def find_max_batch_size(self, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
+                            budget_fraction: float = 0.5, progress=None, snapshot_on_oom: bool = True,
+                            budget_s: float | None = 60.0, **changes):
+        """Largest micro-batch that fits in ``[start, limit]`` for the current toggles plus ``changes``,
+        searched for at most ``budget_s`` wall-clock seconds (default 60; None: no limit). Returns a
+        ``MaxBatchResult``: ``best``, ``stopped`` ("converged", "search limit" or "budget") and its
+        ``verdict`` in words. The arguments are ``tunekit.engine.maxbatch.find_max_batch_size``'s.
+
+        Example: ``found = lab.find_max_batch_size(limit=256, budget_s=30, precision="bf16")``."""
         from .maxbatch import find_max_batch_size
-        return find_max_batch_size(self, **kwargs)
+        return find_max_batch_size(self, start, limit, memory_budget_bytes, budget_fraction, progress,
+                                   snapshot_on_oom, budget_s, **changes)
 
     def reset_optimizer(self) -> None:
         """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one."""
         self.trainer.reset_optimizer()
 
-    def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", **kwargs):
+    def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
+                 max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
+                 memory_budget_bytes=None, space: dict | None = None, keep: str = "winner",
+                 compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None):
         """The fastest configuration that fits, searched within ``budget_s`` seconds; returns an
-        ``AutotuneResult`` (winner, evidence table, figure). See ``tunekit.engine.autotune``.
+        ``AutotuneResult`` (winner, evidence table, figure). The options are
+        ``tunekit.engine.autotune.autotune``'s (each explained there; `AutotuneOptions` holds them).
 
         Example: ``found = lab.autotune(budget_s=120, keep_global_batch=True)``."""
         from .autotune import autotune
-        return autotune(self, budget_s, objective, **kwargs)
+        return autotune(self, budget_s, objective, keep_global_batch=keep_global_batch,
+                        max_micro_batch=max_micro_batch, steps=steps, warmup=warmup, repeats=repeats,
+                        noise=noise, memory_budget_bytes=memory_budget_bytes, space=space, keep=keep,
+                        compile_s=compile_s, trial_s=trial_s, progress=progress, trials=trials)
 
     def dashboard(self):
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts)."""

@@ -2,6 +2,16 @@
 
     >>> found = lab.find_max_batch_size(precision="bf16")      # same toggles as lab.run
     >>> found.best, found.table()                                 # the answer and every trial
+    >>> found.stopped, found.verdict          # "converged" | "search limit" | "budget", in words
+
+The search stops for one of three reasons (``found.stopped``): ``"converged"`` (a size fits and
+the next one does not: the answer), ``"search limit"`` (``limit`` itself fits: the true maximum
+may be higher, search again with a bigger ``limit``) or ``"budget"`` (the wall-clock ``budget_s``
+would be passed by the next trial: ``best`` is the largest size that fit so far, ``too_big`` the
+smallest that did not, and the maximum lies between them). The first trial always runs; before
+each later one the search expects it to take as long as the last trial that ran, scaled up by the
+ratio of their micro-batches when it is bigger, and does not start it if it would end past the
+budget.
 
 A trial is one real training step (forward, backward, optimizer step) at that micro-batch, so the
 optimizer state and gradients are part of what must fit. "Does not fit" means:
@@ -21,11 +31,12 @@ open in https://pytorch.org/memory_viz: what was alive, and allocated where, whe
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from ..core import validate
-from ..core.toggles import ToggleError, normalized
+from ..core.toggles import ToggleError, normalized, toggle_keywords
 from ..core.validate import is_whole
 from ..measure import memavail
 from ..measure.device import now_s
@@ -37,6 +48,8 @@ from ..measure.trace import prune_snapshots, save_snapshot
 from . import fit
 
 _PREDICT_MARGIN = 1.25
+STOPS = ("converged", "search limit", "budget")
+clock = time.perf_counter  # the budget's clock (wall time); tests put a fake one here
 
 
 @dataclass
@@ -59,41 +72,80 @@ class MaxBatchResult:
     after_bytes: int = 0
     device: str = ""
     notes: list = field(default_factory=list)
+    stopped: str = ""          # why the search ended: one of STOPS
+    too_big: int | None = None  # the smallest micro-batch that did not fit (None: none failed)
+    limit: int | None = None    # the largest micro-batch the search would try
+    budget_s: float | None = None  # the wall-clock budget (None: none)
+    elapsed_s: float = 0.0     # wall time the trials took
 
     def table(self):
+        """pandas DataFrame, one row per trial. Example: ``found.table()[["micro_batch", "fits"]]``."""
         import pandas as pd
         return pd.DataFrame([t.__dict__ for t in self.trials])
 
+    @property
+    def verdict(self) -> str:
+        """The answer and why the search stopped, in words: ``print(found.verdict)``."""
+        n = f"{len(self.trials)} trial{'s' if len(self.trials) != 1 else ''}, {self.elapsed_s:.1f} s"
+        if self.stopped == "search limit":
+            return (f"largest micro-batch that fits: {self.best}, the search limit (limit={self.limit}); "
+                    f"the true maximum may be higher: search again with a bigger limit "
+                    f"(e.g. limit={2 * self.limit}) ({n})")
+        if self.stopped == "budget":
+            bracket = (f"largest micro-batch that fit: {self.best}, smallest that did not: {self.too_big}; "
+                       "the maximum is in between" if self.too_big is not None else
+                       f"largest micro-batch that fit: {self.best}, none failed yet; the maximum is "
+                       f"between {self.best} and the limit, {self.limit}")
+            return (f"stopped by the time budget (budget_s={self.budget_s:g}): the next trial would have "
+                    f"ended past it. The search is not finished: {bracket}. A bigger budget_s "
+                    f"finishes it ({n})")
+        if self.best is None:
+            miss = next((t for t in reversed(self.trials) if t.micro_batch == self.too_big), None)
+            why = f" ({miss.reason})" if miss is not None else ""
+            return f"not even micro-batch {self.too_big} fits{why} ({n})"
+        return f"largest micro-batch that fits: {self.best} ({self.too_big} does not; {n})"
+
     def __repr__(self):
         tried = ", ".join(f"{t.micro_batch}{'✓' if t.fits else '✗'}" for t in self.trials)
-        return f"MaxBatchResult(best={self.best}, trials=[{tried}])"
+        return (f"MaxBatchResult(best={self.best}, stopped={self.stopped!r}, trials=[{tried}])\n"
+                f"{self.verdict}")
 
 
 def default_cpu_budget_bytes(fraction: float = 0.5) -> int:
+    """Bytes the CPU search may use by default: ``fraction`` of the RAM available now.
+
+    Example: ``default_cpu_budget_bytes(0.25)`` is a quarter of it."""
     return int(memavail.cpu_available().bytes * fraction)
 
 
+@toggle_keywords
 def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
                         budget_fraction: float = 0.5, progress=None, snapshot_on_oom: bool = True,
-                        **changes) -> MaxBatchResult:
-    """Search the largest micro-batch in ``[start, limit]`` for ``lab``'s toggles plus ``changes``.
+                        budget_s: float | None = 60.0, **changes) -> MaxBatchResult:
+    """Search the largest micro-batch in ``[start, limit]`` for ``lab``'s toggles plus ``changes``
+    (any toggle, as for ``lab.run``).
 
-    ``progress(trial)`` is called after each trial. Example:
-    ``lab.find_max_batch_size(memory_budget_bytes=2**30)`` on CPU: at most 1 GiB above baseline.
+    Example: ``lab.find_max_batch_size(memory_budget_bytes=2**30)`` on CPU: at most 1 GiB above
+    baseline. ``budget_s``: wall-clock seconds for the whole search (default 60; None: no limit);
+    the next trial is not started when it would end past it, and the result says so
+    (``stopped == "budget"``) with the bracket found. ``limit`` is the largest size tried: when it
+    fits, ``stopped == "search limit"`` and the true maximum may be higher.
+    ``progress(trial)`` is called after each trial.
     Ctrl-C stops it: no gradients are left and its memory is freed, also what its traceback holds.
     """
     # Ctrl-C waits while the search sets up and cleans up: only the trials' steps run in the gate
     with deferred_interrupt() as shield:
         return _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
-                     changes)
+                     budget_s, changes)
 
 
 def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
-          changes) -> MaxBatchResult:
+          budget_s, changes) -> MaxBatchResult:
     t = lab.resolve(**changes)
     errors = []
     if not (is_whole(start) and is_whole(limit)) or not 1 <= start <= limit:
         errors.append(f"need whole numbers 1 <= start <= limit, got start={start!r}, limit={limit!r}")
+    budget_s = validate.collect(errors, validate.optional(validate.real), "budget_s", budget_s)
     budget = validate.collect(errors, validate.memory_budget_bytes, "memory_budget_bytes", memory_budget_bytes)
     validate.collect(errors, validate.real, "budget_fraction", budget_fraction, 0, 1,
                      what="a number in (0, 1] (a share of the available RAM)")
@@ -116,7 +168,7 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
                      "no trial predicted beyond that is run")
     result = MaxBatchResult(best=None, budget_bytes=budget, baseline_bytes=baseline,
                             available_bytes=None if avail is None else avail.bytes,
-                            device=str(dev), notes=notes)
+                            device=str(dev), notes=notes, limit=limit, budget_s=budget_s)
 
     history = snapshot_on_oom and dev.type == "cuda"
     if snapshot_on_oom and not history:
@@ -134,7 +186,7 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
     if history:
         cuda_memory_history(True)
     try:
-        _search(attempt, start, limit, result)
+        _search(attempt, start, limit, result, budget_s)
     except KeyboardInterrupt as e:  # the trial's tensors its traceback holds go too (kept as a note)
         drop_frames(e)
         raise
@@ -149,25 +201,48 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
     return result
 
 
-def _search(attempt, start: int, limit: int, result) -> None:
-    """Double from ``start`` until a trial does not fit, then bisect; sets ``result.best``."""
-    good, bad, b = 0, None, start
+def _search(attempt, start: int, limit: int, result, budget_s: float | None = None) -> None:
+    """Double from ``start`` until a trial does not fit, then bisect, while the budget lasts; sets
+    ``result.best``, ``too_big``, ``stopped`` and ``elapsed_s``. ``attempt(b)`` runs one trial
+    (appending it to ``result.trials``) and says whether ``b`` fits; time is read from ``clock``."""
+    t0, costs = clock(), []   # costs: (micro_batch, wall seconds) of the trials that ran
+
+    def fits(b: int) -> bool | None:  # None: the budget cannot pay for the trial at b
+        if costs and budget_s is not None:
+            last_b, last_s = costs[-1]
+            if clock() - t0 + last_s * max(1.0, b / last_b) > budget_s:
+                return None
+        before, n = clock(), len(result.trials)
+        ok = attempt(b)
+        if not result.trials[n:] or not result.trials[-1].reason.startswith("predicted"):
+            costs.append((b, clock() - before))
+        return ok
+
+    good, bad, b, stopped = 0, None, start, "converged"
     while True:  # doubling
-        if attempt(b):
-            good = b
-            if b >= limit:
-                break
-            b = min(2 * b, limit)
-        else:
+        ok = fits(b)
+        if ok is None:
+            stopped = "budget"
+            break
+        if not ok:
             bad = b
             break
-    while bad is not None and bad - good > 1:  # bisect between the last fit and the first miss
+        good = b
+        if b >= limit:
+            stopped = "search limit"
+            break
+        b = min(2 * b, limit)
+    while stopped == "converged" and bad - good > 1:  # bisect between the last fit and the first miss
         mid = (good + bad) // 2
-        if attempt(mid):
+        ok = fits(mid)
+        if ok is None:
+            stopped = "budget"
+        elif ok:
             good = mid
         else:
             bad = mid
-    result.best = good or None
+    result.best, result.too_big, result.stopped = good or None, bad, stopped
+    result.elapsed_s = clock() - t0
 
 
 def _predict_used(b: int, trials: list) -> float | None:

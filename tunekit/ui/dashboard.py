@@ -194,12 +194,16 @@ class Dashboard(W.VBox):
         if found is None:
             return
         self.last_search = found
-        verdict = (f"largest micro batch that fits: {found.best} (set in the control)"
-                   if found.best else "not even the smallest micro batch fits")
+        verdict = found.verdict  # the answer and why the search stopped (converged, limit, budget)
+        if found.stopped == "search limit":
+            verdict += "; the limit is the 'max batch' box"
         if found.best:
             self.controls["micro_batch"].value = found.best
+            verdict += f". Micro batch {found.best} is set in the control"
+        # green: the answer; orange: a lower bound only (the search limit or the budget stopped it)
+        color = "#2ca02c" if found.stopped == "converged" and found.best else "#e65100"
         self.message.value = _box(html.escape(verdict) + "<br>" +
-                                  "<br>".join(html.escape(s) for s in lines), "#2ca02c")
+                                  "<br>".join(html.escape(s) for s in lines), color)
 
     def _on_autotune(self, _button=None):
         budget = self.autotune_budget.value

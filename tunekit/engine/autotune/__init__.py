@@ -73,11 +73,13 @@ __all__ = ["autotune", "AutotuneOptions", "AutotuneResult", "Candidate", "LabTri
 class LabTrials:
     """Runs the search's trials on a Lab: ``measure`` is one ``lab.run`` (so every trial is in
     ``lab.results()``), ``max_batch`` the Lab's max-batch search. Tests pass an object with the
-    same three methods to inject measurements."""
+    same three methods to inject measurements. A max-batch search gets what is left of
+    ``budget_s`` (counted from when this is made) as its own ``budget_s``."""
 
-    def __init__(self, lab, warmup: int, memory_budget_bytes=None):
+    def __init__(self, lab, warmup: int, memory_budget_bytes=None, budget_s: float | None = None):
         self.lab, self.warmup = lab, warmup
         self.memory_budget_bytes = memory_budget_bytes
+        self.deadline = None if budget_s is None else self.clock() + budget_s
 
     def measure(self, t: Toggles, steps: int):
         try:
@@ -86,8 +88,10 @@ class LabTrials:
             raise TrialFailed(str(e)) from e
 
     def max_batch(self, t: Toggles, limit: int) -> int | None:
+        # the search's first trial always runs: a budget all but spent still gives one
+        left = None if self.deadline is None else max(self.deadline - self.clock(), 1e-3)
         found = self.lab.find_max_batch_size(start=1, limit=limit, memory_budget_bytes=self.memory_budget_bytes,
-                                             **t.replace(micro_batch=1).asdict())
+                                             budget_s=left, **t.replace(micro_batch=1).asdict())
         return found.best
 
     def clock(self) -> float:
@@ -120,7 +124,7 @@ def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, ke
     if errors:
         raise ToggleError(errors)
     start = normalized(start)
-    search = Search(lab, o.trials or LabTrials(lab, o.warmup, o.memory_budget_bytes), start, o)
+    search = Search(lab, o.trials or LabTrials(lab, o.warmup, o.memory_budget_bytes, o.budget_s), start, o)
     snap = Snapshot.take(lab)
     status = "complete"
     try:
