@@ -94,7 +94,9 @@ def _power_rule(name, n, what, multiple, fix):
 def advise(model, *, micro_batch: int | None = None, seq_len: int | None = None, tp: int = 1,
            multiple: int = TENSOR_CORE_MULTIPLE) -> Advice:
     """Check a config (tunekit's GPTConfig, a transformers decoder config, a dict of either's
-    fields, or a model with `.config`) against the rules."""
+    fields, or a model with `.config`) against the rules.
+
+    Example: ``tunekit.advise(tunekit.GPTConfig.preset("gpt2-124m"), micro_batch=8)``."""
     micro_batch = None if micro_batch is None else whole("micro_batch", micro_batch)
     seq_len = None if seq_len is None else whole("seq_len", seq_len)
     tp, multiple = whole("tp", tp), whole("multiple", multiple)

@@ -16,7 +16,9 @@ NaN = math.nan
 
 @dataclass
 class ProfileRecord:
-    """One profiled cell or block. Times in seconds, memory in bytes, FLOPs as plain counts."""
+    """One profiled cell or block. Times in seconds, memory in bytes, FLOPs as plain counts.
+
+    Example: ``rec = tunekit.last(); rec.wall_s, rec.tflops``."""
 
     name: str
     wall_s: float = NaN

@@ -27,6 +27,8 @@ class RunResult:
 
     The toggles are one ``Toggles`` object (``r.toggles``); each is also readable by name
     (``r.precision``). The log and the DataFrame hold them flattened, one column each.
+
+    Example: ``r = lab.run(steps=10); r.tokens_per_s, r.peak_mem_bytes``.
     """
 
     run_id: int

@@ -46,7 +46,9 @@ class Toggles:
 
     The declaration the dashboard controls, the ``tunekit run`` options and autotune's stages
     are built from (`declared`, `SEARCH`): a new toggle is a field here (its rule in `problems`,
-    a row in `SEARCH` when autotune should try it) and its effect in the engine's step."""
+    a row in `SEARCH` when autotune should try it) and its effect in the engine's step.
+
+    Example: ``Toggles(precision="bf16", micro_batch=16).replace(checkpointing=True)``."""
 
     precision: str = toggle("fp32", "training precision", PRECISIONS)
     checkpointing: bool = toggle(False, "recompute each block in backward")
@@ -162,7 +164,9 @@ class Env:
 
 
 class ToggleError(ValueError):
-    """Raised by ``lab.run`` for a combination that cannot run; ``.problems`` lists why."""
+    """Raised by ``lab.run`` for a combination that cannot run; ``.problems`` lists why.
+
+    Example: ``try: lab.run(precision="fp16")`` / ``except tunekit.ToggleError as e: print(e.problems)``."""
 
     def __init__(self, problems: list[str]):
         super().__init__("; ".join(problems))

@@ -52,19 +52,25 @@ def source_key(source: str, name: str = "") -> str:
 
 
 def history():
-    """pandas.DataFrame of every profiled cell or block, oldest first."""
+    """pandas.DataFrame of every profiled cell or block, oldest first.
+
+    Example: ``tunekit.history().tail()``: the latest profiled cells."""
     from ..core.summary import history_view, readable
 
     return readable(HISTORY.to_frame(), history_view)
 
 
 def last() -> ProfileRecord | None:
-    """The latest record (a dataclass), or None."""
+    """The latest record (a dataclass), or None.
+
+    Example: ``tunekit.last().wall_s``: seconds of the latest profiled cell."""
     return HISTORY.last()
 
 
 def clear_history() -> None:
-    """Forget every record and every cached FLOP count."""
+    """Forget every record and every cached FLOP count.
+
+    Example: ``tunekit.clear_history()`` before a new series of measurements."""
     HISTORY.clear()
     FLOP_COUNTS.clear()
     LAST_WALLS.clear()

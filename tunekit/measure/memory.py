@@ -154,6 +154,8 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     back; checkpointing/attention and the RNG state are restored. `precision` uses the Lab's
     words: "bf16"/"fp16" run the forward under torch.autocast (reported as "amp") unless the
     weights already are that dtype (then pure "bf16"/"fp16"), "fp32"/"tf32" do not.
+
+    Example: ``tunekit.measure_memory(lab, precision="bf16").to_frame()``.
     """
     for name, v in (("micro_batch", micro_batch), ("seq_len", seq_len)):
         if v is not None:

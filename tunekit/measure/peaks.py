@@ -205,7 +205,9 @@ def cached_calibration(device=None, dtype: str = "fp32") -> Calibration | None:
 
 def resolve_peak(device=None, dtype: str = "bf16", given: float | None = None,
                  allow_calibration: bool = True) -> Peak:
-    """The peak MFU is measured against: given > spec sheet > calibrated MAMF > unknown."""
+    """The peak MFU is measured against: given > spec sheet > calibrated MAMF > unknown.
+
+    Example: ``tunekit.resolve_peak("cuda", "bf16").tflops``."""
     flag("allow_calibration", allow_calibration)
     if given is not None:
         return Peak(real("given", given), f"given: {given} TFLOPS", "given")

@@ -28,6 +28,8 @@ def time_repeats(fn, device=None, warmup: int = 1, repeats: int = 5, after_each=
 
     The device is synchronized before each clock read (``device=None``: CUDA if this process
     initialized it). ``after_each(i, seconds)`` runs after call i, outside its clock.
+
+    Example: ``tunekit.time_repeats(lambda: model(x), repeats=7)``.
     """
     warmup, repeats = whole("warmup", warmup, 0), whole("repeats", repeats)
     if device is not None:
@@ -101,6 +103,8 @@ class Verdict:
     were measured (`core.conditions.combine`; all its repeats when the word is "machine busy"),
     None for plain seconds; ``repeats``: the repeats of each side; ``set_aside``: its busy ones,
     left out; ``busy_reason``: why the first of them was judged busy.
+
+    Example: ``v = tunekit.verdict(before_times, after_times); v.word, v.speedup``.
     """
 
     speedup: float   # best old time / best new time (> 1: the change is faster)

@@ -26,7 +26,9 @@ def _line(df, x, y, title, ytitle):
 
 
 def plot(df):
-    """The figure for any result of tunekit.bench (dispatch on `df.attrs["bench"]`)."""
+    """The figure for any result of tunekit.bench (dispatch on `df.attrs["bench"]`).
+
+    Example: ``bench.plot(bench.dataloader_workers())``."""
     kind = df.attrs.get("bench")
     dev = df.attrs.get("device")
     if kind == "forward_backward":

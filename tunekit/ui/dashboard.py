@@ -54,7 +54,9 @@ def toggle_control(t: Declared, value, env: Env) -> W.ValueWidget:
 
 
 class Dashboard(W.VBox):
-    """Controls for every toggle, Run and Find-max-batch buttons, progress, table and charts."""
+    """Controls for every toggle, Run and Find-max-batch buttons, progress, table and charts.
+
+    Example: ``dash = lab.dashboard()`` (or ``Dashboard(lab, max_batch=128)``); see the module docstring."""
 
     def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64):
         self.lab = lab
@@ -106,12 +108,16 @@ class Dashboard(W.VBox):
     # --- reading the controls ------------------------------------------------------------
 
     def toggles(self) -> dict:
-        """The toggles the controls describe, as keyword arguments for ``lab.run``."""
+        """The toggles the controls describe, as keyword arguments for ``lab.run``.
+
+        Example: ``lab.run(**dash.toggles())``."""
         skip = ("steps", "warmup")
         return {k: w.value for k, w in self.controls.items() if k not in skip}
 
     def explain(self) -> list[str]:
-        """Show why the current controls cannot run (red) or what will differ (grey)."""
+        """Show why the current controls cannot run (red) or what will differ (grey).
+
+        Example: ``dash.controls["precision"].value = "fp16"; dash.explain()``."""
         try:
             t = self.lab.resolve(**self.toggles())
         except (TypeError, ValueError) as exc:
@@ -240,7 +246,9 @@ class Dashboard(W.VBox):
     # --- a static copy, for reports that cannot run widgets ---------------------------------
 
     def snapshot_html(self) -> str:
-        """The table and charts as they are now, as HTML (the charts need plotly.js loaded)."""
+        """The table and charts as they are now, as HTML (the charts need plotly.js loaded).
+
+        Example: ``Path("dash.html").write_text(dash.snapshot_html())``."""
         charts = "".join(f.to_html(full_html=False, include_plotlyjs=False)
                          for f in self.figures.values())
         return f"<div class='tk-dashboard'><h4>Lab dashboard (snapshot)</h4>{self.table.value}{charts}</div>"
@@ -254,7 +262,9 @@ class Dashboard(W.VBox):
     # --- output ---------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Redraw the table and charts from ``lab.results()``."""
+        """Redraw the table and charts from ``lab.results()``.
+
+        Example: ``dash.refresh()`` after runs made outside the dashboard."""
         df = self.lab.results()
         self.table_df = runs_view(df)
         self.table.value = table_html(self.table_df) if len(df) else "<i>no runs yet</i>"

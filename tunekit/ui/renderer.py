@@ -81,7 +81,9 @@ BROWSERS = {"browser", "firefox", "chrome", "chromium"}  # plotly renderers that
 def use_renderer() -> str | None:
     """Register tunekit's renderers and make the one for this frontend plotly's default; returns
     its name, or None when ``PLOTLY_RENDERER`` says which renderer the user wants.
-    ``restore_renderer()`` puts plotly's previous default back."""
+    ``restore_renderer()`` puts plotly's previous default back.
+
+    Example: ``tunekit.use_renderer()`` (``%load_ext tunekit`` calls it)."""
     import plotly.io as pio
 
     from .figure_svg import install

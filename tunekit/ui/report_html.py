@@ -83,7 +83,9 @@ def busy_banner(verdicts) -> str:
 
 
 def show_summary(lab=None) -> None:
-    """Display the session summary in a notebook, marked so that the report puts it on top."""
+    """Display the session summary in a notebook, marked so that the report puts it on top.
+
+    Example: ``tunekit.show_summary(lab)`` in a notebook's last cell."""
     from IPython.display import display
 
     display(SessionSummary(lab), metadata={"tunekit": {"role": SUMMARY_ROLE}})

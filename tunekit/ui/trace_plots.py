@@ -22,7 +22,9 @@ def _part(x, cls, attr):
 def plot_breakdown(breakdown, title: str | None = None):
     """One horizontal stacked bar: the traced run's wall time split by op category (ms).
 
-    Takes a Breakdown or a record that has one (``rec.trace``)."""
+    Takes a Breakdown or a record that has one (``rec.trace``).
+
+    Example: ``tunekit.plot_breakdown(lab.run(steps=5, trace=True).trace)``."""
     import plotly.graph_objects as go
 
     b = _part(breakdown, Breakdown, "trace")
@@ -48,7 +50,9 @@ def plot_breakdown(breakdown, title: str | None = None):
 def plot_memory_timeline(timeline, title: str | None = None):
     """Stacked area: bytes alive by category (MiB) through the traced run, the peak marked.
 
-    Takes a MemoryTimeline or a record that has one (``rec.memory``)."""
+    Takes a MemoryTimeline or a record that has one (``rec.memory``).
+
+    Example: ``tunekit.plot_memory_timeline(lab.run(steps=5, memory=True).memory)``."""
     import plotly.graph_objects as go
 
     tl = _part(timeline, MemoryTimeline, "memory")

@@ -83,7 +83,9 @@ class AutotuneResult:
     ``inconclusive``: the band could not separate the winner from ``tied`` even after the
     tiebreak (the winner is the incumbent kept, not a proven best); ``busy``: candidates measured
     on a busy machine in every trial (never judged); ``status``: complete | budget | interrupted;
-    ``state``: what the live model was left with."""
+    ``state``: what the live model was left with.
+
+    Example: ``found = lab.autotune(budget_s=120); found.verdict, found.evidence``."""
 
     toggles: Toggles | None
     run: object

@@ -91,6 +91,8 @@ def all_reduce_busbw(world_size: int = 2, sizes_bytes=(2**12, 2**16, 2**20), bac
     Time per size is the median over repeats of rank 0's all_reduce (after a barrier), with the
     device synchronized. Bandwidths are in GB/s (1e9 bytes); `busbw_gbit_per_s` is x8 (network
     links are quoted in Gbit/s).
+
+    Example: ``bench.all_reduce_busbw(world_size=2)``.
     """
     sizes = [int(s) for s in sizes_bytes]
     if any(s <= 0 or s > MAX_BYTES for s in sizes):

@@ -50,6 +50,8 @@ def forward_backward_ratio(device=None, width: int = 256, depth: int = 4, tokens
 
     Linear layers do 2x the forward FLOPs in backward (grad of input and of weight), so the
     documents expect backward ~2x forward, often more because its shapes are more awkward.
+
+    Example: ``bench.plot(bench.forward_backward_ratio())``.
     """
     dev = default_device(device)
     rows = []
@@ -72,7 +74,9 @@ def forward_backward_ratio(device=None, width: int = 256, depth: int = 4, tokens
 
 
 def naive_softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax as separate kernels, each a full pass over memory: max, sub, exp, sum, div."""
+    """Softmax as separate kernels, each a full pass over memory: max, sub, exp, sum, div.
+
+    Example: ``bench.naive_softmax(torch.randn(4, 8))``."""
     m = x.max(dim=-1, keepdim=True).values
     e = (x - m).exp()
     return e / e.sum(dim=-1, keepdim=True)
@@ -86,7 +90,9 @@ def softmax_traffic_bytes(n_elements: int, elem_bytes: int, fused: bool) -> int:
 
 def softmax_naive_vs_fused(rows: int = 2048, cols: int = 1024, dtype="fp32", device=None,
                            warmup: int = 2, repeats: int = 7):
-    """Time torch.softmax (one fused kernel) against the five-kernel naive version."""
+    """Time torch.softmax (one fused kernel) against the five-kernel naive version.
+
+    Example: ``bench.softmax_naive_vs_fused(rows=4096)``."""
     dev = default_device(device)
     x = torch.randn(rows, cols, device=dev, dtype=torch_dtype(dtype))
     assert torch.allclose(naive_softmax(x).float(), torch.softmax(x, -1).float(), atol=1e-2)
@@ -116,6 +122,8 @@ def swiglu_dff_search(h: int = 256, tokens: int = 256, span: int = 64, step: int
     x256 roundings. FLOPs: 3 GEMMs of 2*tokens*h*d_ff. Returns all candidates, fastest first,
     with `is_baseline`; the documents' H100 run (h=4096) found 10944 46% faster than 10922.
     dtype None: bf16 on CUDA (tensor cores, as in the documents' run), fp32 elsewhere.
+
+    Example: ``bench.swiglu_dff_search(h=4096, tokens=4096)`` on a GPU.
     """
     dev = default_device(device)
     dtype = dtype or _default_dtype(dev)
@@ -144,7 +152,9 @@ def matmul_shape_sweep(dim: str = "n", values=None, m: int = 512, k: int = 512, 
                        dtype=None, device=None, warmup: int = 1, repeats: int = 3):
     """TFLOPS of an (m, k) @ (k, n) matmul while one dimension sweeps `values`: the saw-tooth of
     tile and wave quantization on GPUs (on CPUs, cache and vector-width effects). dtype None:
-    bf16 on CUDA, fp32 elsewhere."""
+    bf16 on CUDA, fp32 elsewhere.
+
+    Example: ``bench.matmul_shape_sweep("n", values=range(4032, 4161, 8))``."""
     dev = default_device(device)
     dtype = dtype or _default_dtype(dev)
     dt = torch_dtype(dtype)
@@ -173,6 +183,8 @@ def compile_on_off(device=None, width: int = 128, depth: int = 2, tokens: int = 
     compile_s is the first compiled call (tracing + codegen; on CPU inductor needs a C++
     compiler); ``times`` holds every timed repeat (what `tunekit.verdict` compares). If
     compiling fails, the compiled row is NaN and `attrs["notes"]` says why.
+
+    Example: ``bench.compile_on_off(backend="inductor")``.
     """
     dev = default_device(device)
     model = _mlp_stack(width, depth).to(dev)

@@ -56,6 +56,8 @@ def dataloader_workers(num_workers=(0, 1, 2, 3, 4), n_items: int = 32, batch_siz
     the steady state of a long training run. The documents' run (5.39, 3.90, 1.33, 0.84, 0.88 s
     for 0..4 workers) shows the gain flattening once the workers outpace the consumer; a
     sleep-like transform overlaps even on few cores.
+
+    Example: ``bench.dataloader_workers(num_workers=(0, 2, 4))``.
     """
     ds = SlowDataset(n_items, transform_s)
     rows, notes = [], [f"{n_items} items x {transform_s * 1e3:g} ms transform, batch {batch_size}"]
@@ -80,7 +82,9 @@ def pin_memory_non_blocking(device=None, n_batches: int = 16, batch_shape=(64, 1
                             warmup: int = 1, repeats: int = 3):
     """Seconds to feed `n_batches` host batches to the GPU, for pin_memory x non_blocking, with
     a small matmul per batch that a non-blocking copy can overlap. Needs CUDA: elsewhere the
-    four rows are NaN and a note says why (pinned memory is a CUDA host allocation)."""
+    four rows are NaN and a note says why (pinned memory is a CUDA host allocation).
+
+    Example: ``bench.pin_memory_non_blocking(n_batches=32)``."""
     dev = default_device(device)
     combos = [(p, nb) for p in (True, False) for nb in (True, False)]
     if dev.type != "cuda":
@@ -118,6 +122,8 @@ def gc_in_training_loop(steps: int = 30, garbage_per_step: int = 2000, width: in
 
     Automatic collections land on arbitrary steps: across ranks that makes stragglers, seen as
     a higher max than median. The gc state is restored afterwards.
+
+    Example: ``bench.gc_in_training_loop(steps=50)``.
     """
     dev = default_device(device)
     model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(),
@@ -185,7 +191,9 @@ def set_numa_affinity(gpu_index: int = 0, verbose: bool = False) -> list[int] | 
     """Bind this process to the CPU cores NVML says are local to torch's cuda:`gpu_index`
     (mapped through CUDA_VISIBLE_DEVICES). Call it before building DataLoaders so the workers
     inherit the binding. Without NVML, a GPU, or more than one NUMA node it does nothing but
-    give one notice, and returns None; otherwise the list of CPUs now allowed."""
+    give one notice, and returns None; otherwise the list of CPUs now allowed.
+
+    Example: ``bench.set_numa_affinity(0)`` before building DataLoaders."""
     from ...measure import nvml
 
     if not hasattr(os, "sched_setaffinity"):

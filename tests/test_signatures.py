@@ -1,0 +1,125 @@
+"""The public surface shows its real signatures and an example (``inspect.signature``, ``help()``,
+Jupyter's ``?``): no ``**kwargs`` passed through to somewhere else, and every public function,
+class and method has a docstring with an example (a ``>>>`` line or "Example:")."""
+import dataclasses
+import inspect
+import re
+
+import pytest
+
+import tunekit
+from tunekit import bench
+from tunekit.core.toggles import LAB_DEFAULT, Toggles, toggle_keywords
+
+EXAMPLE = re.compile(r">>>|Example")
+
+# Real varargs, not a pass-through of tunekit's own options: name -> the varargs it may take.
+VARARGS = {
+    # forwards the user's own call: it counts the FLOPs of fn(*args, **kwargs), and what fn takes
+    # is the user's to say
+    "tunekit.count_flops": {"args", "kwargs"},
+}
+# Not allowed, still to do: engine/lab.py is being changed beside this work (reprs, progress), so
+# these wait for it. Toggle keywords take @core.toggles.toggle_keywords as find_max_batch_size
+# does. Each entry must still be missing what it is listed for: the lists only shrink.
+PENDING_VARARGS = {"tunekit.Lab": {"defaults"}, "Lab.run": {"changes"}, "Lab.resolve": {"changes"}}
+PENDING_EXAMPLES = {"tunekit.Lab", "Lab.batch", "Lab.env", "Lab.resolve", "Lab.check", "Lab.apply",
+                    "Lab.train_step", "Lab.grad_scaler", "Lab.recover", "Lab.memory_target",
+                    "Lab.measure_steps", "Lab.traced_step", "Lab.save_results", "Lab.results",
+                    "Lab.compare", "Lab.reset_optimizer", "Lab.dashboard", "Lab.load_results"}
+
+
+def _methods(cls, prefix: str) -> dict:
+    """The public methods ``cls`` itself defines (a class's own docstring covers its __init__)."""
+    out = {}
+    for name, v in vars(cls).items():
+        if isinstance(v, (staticmethod, classmethod)):
+            v = v.__func__
+        if not name.startswith("_") and inspect.isfunction(v):
+            out[f"{prefix}.{name}"] = v
+    return out
+
+
+def public_surface() -> dict:
+    from tunekit.engine.autotune import AutotuneResult
+    from tunekit.engine.lab import Lab
+    from tunekit.ui.dashboard import Dashboard
+
+    out = {f"tunekit.{name}": getattr(tunekit, name) for name in tunekit._EXPORTS}
+    out.update({f"bench.{name}": getattr(bench, name) for name in bench.__all__
+                if callable(getattr(bench, name))})
+    out["Dashboard"] = Dashboard
+    # AutotuneResult has no methods of its own today (its views are properties), only the class
+    for cls, prefix in ((Lab, "Lab"), (AutotuneResult, "AutotuneResult"), (Dashboard, "Dashboard")):
+        out.update(_methods(cls, prefix))
+    return out
+
+
+SURFACE = public_surface()
+
+
+def varargs(fn) -> set:
+    return {p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def test_the_surface_is_all_there():
+    assert {"tunekit.find_max_batch_size", "Lab.find_max_batch_size", "Lab.autotune", "bench.plot",
+            "tunekit.AutotuneResult", "Dashboard.refresh"} <= set(SURFACE)
+    assert set(VARARGS) | set(PENDING_VARARGS) | PENDING_EXAMPLES <= set(SURFACE)
+
+
+@pytest.mark.parametrize("name", sorted(SURFACE))
+def test_no_varargs_pass_through(name):
+    found = varargs(SURFACE[name])
+    if name in PENDING_VARARGS:
+        assert found == PENDING_VARARGS[name], f"{name} is done: take it off PENDING_VARARGS"
+        return
+    assert found <= VARARGS.get(name, set()), \
+        f"{name}{inspect.signature(SURFACE[name])} passes {sorted(found)} through: give it its real parameters"
+
+
+@pytest.mark.parametrize("name", sorted(SURFACE))
+def test_a_docstring_with_an_example(name):
+    doc = inspect.getdoc(SURFACE[name]) or ""
+    has = bool(EXAMPLE.search(doc))
+    if name in PENDING_EXAMPLES:
+        assert not has, f"{name} has its example: take it off PENDING_EXAMPLES"
+        return
+    assert doc, f"{name} has no docstring"
+    assert has, f"{name}'s docstring shows no example (a '>>>' line or 'Example: ...')"
+
+
+def test_lab_autotune_takes_exactly_the_autotune_options():
+    from tunekit.engine.autotune import AutotuneOptions, autotune
+    from tunekit.engine.lab import Lab
+
+    method = list(inspect.signature(Lab.autotune).parameters.values())[1:]   # after self
+    function = list(inspect.signature(autotune).parameters.values())[1:]     # after the lab
+    assert [(p.name, p.default) for p in method] == \
+        [(f.name, f.default) for f in dataclasses.fields(AutotuneOptions)]
+    assert [(p.name, p.kind, p.default) for p in method] == [(p.name, p.kind, p.default) for p in function]
+
+
+def test_lab_find_max_batch_size_takes_exactly_the_search_arguments():
+    from tunekit.engine import maxbatch
+    from tunekit.engine.lab import Lab
+
+    method = list(inspect.signature(Lab.find_max_batch_size).parameters.values())[1:]
+    function = list(inspect.signature(maxbatch.find_max_batch_size).parameters.values())[1:]
+    assert [(p.name, p.kind, p.default) for p in method] == [(p.name, p.kind, p.default) for p in function]
+    assert inspect.signature(Lab.find_max_batch_size).parameters["budget_s"].default == 60.0
+
+
+def test_toggle_keywords_show_every_toggle_and_change_no_call():
+    @toggle_keywords
+    def run(steps=20, **changes):
+        return steps, changes
+
+    params = inspect.signature(run).parameters
+    assert list(params) == ["steps"] + [f.name for f in dataclasses.fields(Toggles)]
+    assert params["precision"].kind is inspect.Parameter.KEYWORD_ONLY and params["precision"].default is LAB_DEFAULT
+    assert "precision: 'str' = <lab.defaults>" in str(inspect.signature(run))
+    assert run(3, precision="bf16") == (3, {"precision": "bf16"})
+    with pytest.raises(TypeError, match="no \\*\\*changes"):
+        toggle_keywords(lambda steps=20: steps)
