@@ -151,7 +151,8 @@ def test_max_batch_search_stops_at_the_memory_available(tmp_path, monkeypatch):
     lab = _gpt(tmp_path, seq_len=32)
     lab.run(steps=1, warmup=0, micro_batch=2)
     monkeypatch.setattr(memavail, "available", lambda *a: Available(32 * MiB, "test limit"))
-    found, peak = _peak_above(lambda: lab.find_max_batch_size(limit=10**9, memory_budget_bytes=1 << 40))
+    found, peak = _peak_above(lambda: lab.find_max_batch_size(limit=10**9, memory_budget_bytes=1 << 40,
+                                                                  budget_s=None))  # memory decides, not time
     assert found.available_bytes == 32 * MiB and any("above the memory available" in n for n in found.notes)
     ran = [t for t in found.trials if t.used_bytes is not None]
     assert found.best and all(t.used_bytes <= 32 * MiB for t in ran if t.fits)
@@ -159,7 +160,7 @@ def test_max_batch_search_stops_at_the_memory_available(tmp_path, monkeypatch):
     assert peak < 32 * MiB + 16 * MiB, fmt_bytes(peak)     # no trial ran far past the limit
     # from far up: the first trials are estimated (tunekit.engine.fit) and refused, not run, until
     # the bisection comes down to sizes that fit
-    down = lab.find_max_batch_size(start=10**7, limit=10**9, memory_budget_bytes=1 << 40)
+    down = lab.find_max_batch_size(start=10**7, limit=10**9, memory_budget_bytes=1 << 40, budget_s=None)
     refused = [t for t in down.trials if t.reason == "predicted over available"]
     assert [t.micro_batch for t in down.trials[:3]] == [10**7, 5 * 10**6, 2500000]
     assert down.trials[:3] == refused[:3] and all(t.seconds == 0.0 for t in refused)

@@ -265,7 +265,7 @@ def test_fp16_grad_scaler_lives_with_the_optimizer(lab):
 @pytest.mark.slow
 def test_find_max_batch_on_cpu_budget_returns_to_baseline(lab):
     lab.run(steps=1, warmup=1)  # optimizer state exists, so the baseline includes it
-    found = lab.find_max_batch_size(limit=64, memory_budget_bytes=40 * MiB)
+    found = lab.find_max_batch_size(limit=64, memory_budget_bytes=40 * MiB, budget_s=None)  # no clock
     fits = [t for t in found.trials if t.fits]
     assert found.best is not None and found.best == max(t.micro_batch for t in fits)
     assert all(t.used_bytes <= 40 * MiB for t in fits)
@@ -291,7 +291,7 @@ def test_oom_trial_frees_memory(lab):
         return real_step(t)
 
     lab.train_step = step
-    found = lab.find_max_batch_size(limit=64, memory_budget_bytes=1 << 40)
+    found = lab.find_max_batch_size(limit=64, memory_budget_bytes=1 << 40, budget_s=None)
     assert found.best == 5
     assert [t.micro_batch for t in found.trials] == [1, 2, 4, 8, 6, 5]
     assert found.trials[3].reason.startswith("OOM") and found.trials[3].used_bytes > 60 * MiB
@@ -364,7 +364,7 @@ def test_cuda_oom_search_returns_to_baseline(tmp_path):
     free_bytes, _ = torch.cuda.mem_get_info()
     hog = torch.empty(max(0, free_bytes - 2 * 2**30), dtype=torch.uint8, device="cuda")  # ~2 GiB left
     try:
-        found = lab.find_max_batch_size(limit=4096)
+        found = lab.find_max_batch_size(limit=4096, budget_s=None)
     finally:
         del hog
     assert any(t.reason.startswith("OOM") for t in found.trials) and found.best
