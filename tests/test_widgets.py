@@ -1,4 +1,6 @@
 """The dashboard, driven from code the way a user drives it with the mouse."""
+import html
+
 import pytest
 
 from tunekit.engine.lab import Lab
@@ -94,6 +96,10 @@ def test_find_max_button_reports_trials(dash):
     assert found.best == 4 and [t.micro_batch for t in found.trials] == [1, 2, 4]
     assert dash.controls["micro_batch"].value == 4
     assert "micro batch 2: fits" in dash.message.value
+    # 4 is the limit and it fit: the message says the true maximum may be higher, and where to raise it
+    text = html.unescape(dash.message.value)
+    assert found.stopped == "search limit" and "the search limit (limit=4)" in text
+    assert "the true maximum may be higher" in text and "the limit is the 'max batch' box" in text
     assert not dash.find_button.disabled and dash.progress.description == "done"
 
 
