@@ -309,3 +309,16 @@ def test_compact_display_says_why_tflops_is_missing(run, capsys):
     run("y = model(torch.randn(4, 128))")
     out = capsys.readouterr().out
     assert "n/a" in out and "re-run" in out
+
+
+def test_a_gpt_profiled_again_reuses_its_count(run):
+    """The README's example: the second run of a cell that trains tunekit's GPT reuses the count.
+    What the first forward records (the attention that ran) is an outcome, not a setting: it
+    must not look like a changed input."""
+    run("import tunekit\ngpt = tunekit.GPT(tunekit.GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=16))\n"
+        "xs, ys = torch.randint(0, 256, (2, 2, 16))")
+    cell = "%%gpuprofile -q -n gpt-step\ngpt(xs, ys)[1].backward()"
+    run(cell)
+    run(cell)
+    a, b = tunekit.history().iloc[-2:].to_dict("records")
+    assert a["flops_source"] == "counted" and b["flops_source"] == "cached", b["notes"]
