@@ -115,6 +115,76 @@ def test_cuda_context_and_distributed_lines():
     assert estimate_memory(1e6, device="cpu")["cuda_context"] == 0.0
 
 
+def _no_nvidia_driver():
+    import os
+    import shutil
+
+    from tunekit.core.memory.options import NVIDIA_DRIVER_FILE
+
+    return not os.path.exists(NVIDIA_DRIVER_FILE) and shutil.which("nvidia-smi") is None
+
+
+@pytest.mark.skipif(not _no_nvidia_driver(), reason="this machine has an NVIDIA driver: the default is cuda")
+def test_default_device_on_this_cpu_machine_adds_no_cuda_context():
+    """No device given: this machine's. Here (no driver, torch without CUDA) that is the CPU, so
+    the 1M-param mixed/AdamW total is its 18 bytes per param, with no 0.5 GiB of CUDA context."""
+    import torch
+
+    assert not torch.cuda.is_available()   # imported (by the tests): its answer decides
+    e = estimate_memory(1e6)
+    assert e.inputs["device"] == "cpu"
+    assert e.inputs["device_source"] == "torch is imported and sees no CUDA device"
+    assert e["cuda_context"] == 0.0 and e["distributed"] == 0.0
+    assert e.total_bytes == 18e6
+    assert ("device='cpu' assumed: this machine's (torch is imported and sees no CUDA device); pass "
+            "device= to plan for another (device='cuda' adds the CUDA context)") in e.notes
+    # a sharded run on CPU: no NCCL buffers either
+    assert estimate_memory(1e6, dp=2)["distributed"] == 0.0
+    # given, the device is not second-guessed, and no note is added
+    g = estimate_memory(1e6, device="cuda")
+    assert (g.inputs["device"], g.inputs["device_source"]) == ("cuda", "given")
+    assert g.total_bytes == 18e6 + 0.5 * 2**30
+    assert not any("assumed" in n for n in g.notes)
+
+
+@pytest.mark.skipif(not _no_nvidia_driver(), reason="this machine has an NVIDIA driver: the default is cuda")
+def test_default_device_without_torch_imported_is_read_from_the_driver():
+    """The pure layer never imports torch: in a process that has not, no driver means cpu."""
+    code = ("import sys; from tunekit.core.memory.estimate import estimate_memory; e = estimate_memory(1e6);"
+            "print(e.inputs['device'], e.total_bytes, e.inputs['device_source'], 'torch' in sys.modules, sep='|')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "cpu|18000000.0|torch is not imported and no NVIDIA driver is visible|False"
+
+
+def test_default_device_follows_torch_then_the_driver(monkeypatch):
+    from types import SimpleNamespace
+
+    from tunekit.core.memory import options
+
+    def torch_with_cuda(available):
+        return SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: available))
+
+    monkeypatch.setitem(sys.modules, "torch", torch_with_cuda(True))
+    e = estimate_memory(1e6)
+    assert (e.inputs["device"], e.inputs["device_source"]) == ("cuda", "torch is imported and sees a CUDA device")
+    assert e.total_bytes == 18e6 + 0.5 * 2**30
+    assert estimate_memory(1e6, dp=2)["distributed"] == 1.5 * 2**30
+    # torch's answer wins over a driver (a CPU build of torch on a GPU machine trains on the CPU)
+    monkeypatch.setattr(options.os.path, "exists", lambda path: path == options.NVIDIA_DRIVER_FILE)
+    monkeypatch.setitem(sys.modules, "torch", torch_with_cuda(False))
+    assert estimate_memory(1e6).inputs["device"] == "cpu"
+    # torch not imported: the driver decides, the file first, then nvidia-smi
+    monkeypatch.delitem(sys.modules, "torch")
+    assert options.this_machine_device() == (
+        "cuda", "torch is not imported; an NVIDIA driver is loaded (/proc/driver/nvidia/version)")
+    monkeypatch.setattr(options.os.path, "exists", lambda path: False)
+    monkeypatch.setattr(options.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    assert options.this_machine_device() == (
+        "cuda", "torch is not imported; an NVIDIA driver is installed (nvidia-smi on PATH)")
+    monkeypatch.setattr(options.shutil, "which", lambda name: None)
+    assert options.this_machine_device() == ("cpu", "torch is not imported and no NVIDIA driver is visible")
+
+
 def test_bare_param_count_has_nan_activations_not_zero():
     e = estimate_memory(1e6, device="cpu")
     assert math.isnan(e["activations"]) and e.notes

@@ -309,3 +309,36 @@ def test_compact_display_says_why_tflops_is_missing(run, capsys):
     run("y = model(torch.randn(4, 128))")
     out = capsys.readouterr().out
     assert "n/a" in out and "re-run" in out
+
+
+def test_a_gpt_profiled_again_reuses_its_count(run):
+    """The README's example: the second run of a cell that trains tunekit's GPT reuses the count.
+    What the first forward records (the attention that ran) is an outcome, not a setting: it
+    must not look like a changed input."""
+    run("import tunekit\ngpt = tunekit.GPT(tunekit.GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=16))\n"
+        "xs, ys = torch.randint(0, 256, (2, 2, 16))")
+    cell = "%%gpuprofile -q -n gpt-step\ngpt(xs, ys)[1].backward()"
+    run(cell)
+    run(cell)
+    a, b = tunekit.history().iloc[-2:].to_dict("records")
+    assert a["flops_source"] == "counted" and b["flops_source"] == "cached", b["notes"]
+
+
+def test_time_changed_note_says_slower_or_faster(run):
+    """A re-run reusing the count whose time moved a lot says so in words a reader can use
+    (a 30x faster run once read 'time changed 0.0x')."""
+    import re
+
+    run("naps = [0.3]")   # floats in a list are not in the fingerprint: the count is reused
+    cell = "%%gpuprofile -q -n nap\nimport time\ntime.sleep(naps[0])"
+    run(cell)
+    run(cell)
+    run("naps[0] = 0.005")
+    run(cell)
+    assert tunekit.last().flops_source == "cached"
+    note = next(n for n in tunekit.last().notes if n.startswith("time changed"))
+    assert re.match(r"time changed since the last run on this count \(\d+\.\dx faster\)", note), note
+    run("naps[0] = 0.3")
+    run(cell)
+    note = next(n for n in tunekit.last().notes if n.startswith("time changed"))
+    assert re.match(r"time changed since the last run on this count \(\d+\.\dx slower\)", note), note

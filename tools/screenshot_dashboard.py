@@ -1,13 +1,23 @@
 """Screenshot the dashboard as a user sees it: a live JupyterLab, driven by headless Chromium.
 
-    python tools/screenshot_dashboard.py docs/dashboard.png
+    python tools/screenshot_dashboard.py docs/dashboard.png [--allow-busy]
 
 Starts JupyterLab on a temporary notebook (`lab = tunekit.Lab(); lab.dashboard()`), opens it in
 headless Chromium over the DevTools protocol, runs the cell, clicks the dashboard's Run button
 twice (fp32, then bf16 picked in its precision dropdown the way a user would), waits for the
-table rows and the charts, and saves a PNG of the cell's output. Needs `jupyterlab` (`make lab`
-installs it) and Chromium; exit 2 when either is missing, 1 when the page never got there.
+table rows and the charts, and takes a PNG of the cell's output.
+
+The picture shows throughput, so it is only as good as the machine was quiet: the kernel logs
+its runs to a temporary data folder, and each run's `conditions` (quiet or busy, with the reason)
+are read back from that log. The caption for the README (the picture's alt text and the line
+under it) is printed with them. If a run was measured busy, or carries no conditions, the
+picture is not written (exit 3): run it again on a quiet machine. ``--allow-busy`` writes it
+anyway, with a caption that says the machine was busy.
+
+Needs `jupyterlab` (`make lab` installs it) and Chromium; exit 2 when either is missing, 1 when
+the page never got there.
 """
+import argparse
 import json
 import os
 import secrets
@@ -79,7 +89,53 @@ async def _sleep(s):
     await asyncio.sleep(s)
 
 
-async def drive(debug_port: int, url: str, out: Path):
+# --- the runs in the picture and their conditions ------------------------------------------------
+
+
+def logged_runs(data_dir: Path) -> list:
+    """The runs the dashboard logged: every record of the Lab's day logs under ``data_dir``
+    (the kernel's TUNEKIT_DATA_DIR), oldest first."""
+    runs = []
+    for log in sorted((Path(data_dir) / "runs").glob("lab-*.jsonl")):
+        for line in log.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:   # a partial last line
+                continue
+            if isinstance(rec, dict) and "tokens_per_s" in rec:
+                runs.append(rec)
+    return runs
+
+
+def _verdict(rec: dict) -> tuple:
+    """(verdict, reason) of one logged run; a run without conditions is 'unknown'."""
+    cond = rec.get("conditions")
+    if isinstance(cond, dict) and cond.get("verdict"):
+        return cond["verdict"], cond.get("reason") or ""
+    return "unknown", "no conditions recorded"
+
+
+def caption(runs: list) -> tuple:
+    """(alt text, the line under the picture, quiet): what the picture shows and how the machine
+    was while each run in it was measured. ``quiet`` is False when any run was busy or unknown."""
+    if not runs:
+        return "the dashboard in JupyterLab", "No run was logged: the picture shows no measurement.", False
+    cpus = next((r["conditions"].get("cpus") for r in runs if isinstance(r.get("conditions"), dict)
+                 and r["conditions"].get("cpus")), None)
+    where = f"a {cpus}-CPU machine" if cpus else "this machine"
+    names = ", then ".join(str(r.get("label", "?")) for r in runs)
+    verdicts = [_verdict(r) for r in runs]
+    quiet = all(v == "quiet" for v, _ in verdicts)
+    alt = (f"the dashboard in JupyterLab after {len(runs)} run(s) ({names}) on {where}, "
+           + ("measured on a quiet machine" if quiet else "measured on a BUSY machine"))
+    parts = [f"#{r.get('run_id', i)} {r.get('label', '?')}: {float(r['tokens_per_s']):,.0f} tokens/s, "
+             f"machine {v} ({why})" for i, (r, (v, why)) in enumerate(zip(runs, verdicts))]
+    line = ("Measured while the picture was taken: " if quiet else
+            "BUSY machine: these throughputs measured other work too, do not quote them. ") + "; ".join(parts) + "."
+    return alt, line, quiet
+
+
+async def drive(debug_port: int, url: str) -> bytes:
     targets = json.loads(_wait_http(f"http://127.0.0.1:{debug_port}/json/list", 30))
     page = next(t for t in targets if t["type"] == "page")
     p = Page(await websocket_connect(page["webSocketDebuggerUrl"], max_message_size=64 << 20))
@@ -122,12 +178,16 @@ async def drive(debug_port: int, url: str, out: Path):
                         clip={**box, "scale": 1}, captureBeyondViewport=True)
     import base64
 
-    out.write_bytes(base64.b64decode(shot["data"]))
+    return base64.b64decode(shot["data"])
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0] if argv else "docs/dashboard.png")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", nargs="?", default="docs/dashboard.png")
+    ap.add_argument("--allow-busy", action="store_true",
+                    help="write the picture even when a run in it was measured on a busy machine")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     try:
         import jupyterlab  # noqa: F401
@@ -143,7 +203,9 @@ def main(argv=None) -> int:
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CELL)], metadata=kernel),
                    work / "nb" / "dash.ipynb")
     token, lab_port, debug_port = secrets.token_hex(8), _port(), _port()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(work / "cfg"), "JUPYTERLAB_WORKSPACES_DIR": str(work / "ws")}
+    # the kernel logs its runs here: their conditions are read back for the caption
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(work / "cfg"), "JUPYTERLAB_WORKSPACES_DIR": str(work / "ws"),
+           "TUNEKIT_DATA_DIR": str(work / "data")}
     server = subprocess.Popen([sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={lab_port}",
                                "--ip=127.0.0.1", f"--IdentityProvider.token={token}", "--allow-root",
                                "--LabApp.expose_app_in_browser=True", f"--ServerApp.root_dir={work / 'nb'}"],
@@ -155,7 +217,8 @@ def main(argv=None) -> int:
     try:
         _wait_http(f"http://127.0.0.1:{lab_port}/api/status?token={token}", 60)
         url = f"http://127.0.0.1:{lab_port}/lab/tree/dash.ipynb?token={token}&reset"
-        IOLoop.current().run_sync(lambda: drive(debug_port, url, out), timeout=600)
+        png = IOLoop.current().run_sync(lambda: drive(debug_port, url), timeout=600)
+        runs = logged_runs(work / "data")
     except (TimeoutError, RuntimeError, StopIteration) as e:
         print(f"failed: {e}")
         return 1
@@ -167,7 +230,16 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)")
+    alt, line, quiet = caption(runs)
+    for r in runs:
+        print(f"run #{r.get('run_id')} {r.get('label')}: {float(r['tokens_per_s']):,.0f} tokens/s, "
+              "machine {}: {}".format(*_verdict(r)))
+    if not quiet and not args.allow_busy:
+        print(f"not written: a run in the picture was not measured on a quiet machine, so its numbers "
+              f"would mislead; stop what else runs and try again (or --allow-busy). {out} is unchanged.")
+        return 3
+    out.write_bytes(png)
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB); for the README:\n\n![{alt}]({out.as_posix()})\n\n{line}")
     return 0
 
 

@@ -285,12 +285,14 @@ class Probe:
             busy_before, c.last_busy = c.last_busy, busy_now
             if last > 0 and not 0.5 < rec.wall_s / last < 2:
                 ratio = rec.wall_s / last
+                # "0.0x" would say nothing: a faster run says how many times faster
+                moved = f"{ratio:.1f}x slower" if ratio > 1 else f"{1 / ratio:.1f}x faster"
                 if busy_now or busy_before:  # the load, not the work, can explain it: no recount advice
                     which = "this run" if busy_now else "the last run"
-                    rec.notes.append(f"time changed {ratio:.1f}x since the last run on this count, and "
+                    rec.notes.append(f"time changed since the last run on this count ({moved}), and "
                                      f"{which} was taken on a busy machine: re-run when it is quiet")
                 else:
-                    rec.notes.append(f"time changed {ratio:.1f}x since the last run on this count: "
+                    rec.notes.append(f"time changed since the last run on this count ({moved}): "
                                      "if the work changed, use --flops always")
         if self.model_flops is not None:
             rec.model_flops, rec.mfu_convention = float(self.model_flops), "given (--model-flops)"

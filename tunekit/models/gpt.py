@@ -168,7 +168,9 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
         self.impl = cfg.attention
-        self.ran: str | None = None  # what the last forward actually used
+        # what the last forward actually used: private, an outcome and not a setting (a profiled
+        # cell's FLOP count is reused while the public settings of its modules stay the same)
+        self._ran: str | None = None
 
     def forward(self, x, rope=None):
         B, T, C = x.shape
@@ -184,10 +186,10 @@ class CausalSelfAttention(nn.Module):
             y = self._flash(q, k, v, p)
         if y is None and self.impl == "math":
             y = self._math(q, k, v, p)
-            self.ran = "math"
+            self._ran = "math"
         elif y is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            self.ran = "sdpa"
+            self._ran = "sdpa"
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.proj(y)
 
@@ -207,7 +209,7 @@ class CausalSelfAttention(nn.Module):
         fn = _flash_attn_func()
         if fn is None:
             return None
-        self.ran = "flash"
+        self._ran = "flash"
         y = fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                dropout_p=p, causal=True)  # takes and returns (B, T, nh, hs)
         return y.transpose(1, 2)
@@ -294,7 +296,7 @@ class GPT(nn.Module):
             raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, got {impl!r}")
         self.config.attention = impl
         for block in self.blocks:
-            block.attn.impl, block.attn.ran = impl, None
+            block.attn.impl, block.attn._ran = impl, None
 
     def set_checkpointing(self, enabled: bool) -> None:
         """Recompute each block's activations in backward (non-reentrant torch checkpoint)."""
@@ -303,7 +305,7 @@ class GPT(nn.Module):
     @property
     def attention_ran(self) -> str | None:
         """The attention implementation the last forward used (None before any forward)."""
-        return self.blocks[0].attn.ran if len(self.blocks) else None
+        return self.blocks[0].attn._ran if len(self.blocks) else None
 
     def forward(self, idx, targets=None):
         B, T = idx.shape

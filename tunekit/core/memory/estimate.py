@@ -141,7 +141,7 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
                     optimizer: str = "adamw", micro_batch: int = 1, seq_len: int | None = None,
                     checkpointing: bool = False, tp: int = 1, pp: int = 1, zero_stage: int = 0,
                     dp: int = 1, n_layer: int | None = None, n_embd: int | None = None,
-                    n_head: int | None = None, activations: str = "auto", device: str = "cuda",
+                    n_head: int | None = None, activations: str = "auto", device: str | None = None,
                     cuda_context_bytes: float | None = None, overhead_fraction: float = 0.0,
                     optimizer_bytes: float | None = None, grad_bytes: float | None = None,
                     sequence_parallel: bool = False, attention: str | None = None,
@@ -157,6 +157,12 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
     config's. `optimizer_bytes` / `grad_bytes` override the per-param figures (to replay a
     document). `parallel` ("ddp", "fsdp", "fsdp_grad_op", "hsdp") with `world_size` ranks on
     `nodes` nodes sets `zero_stage`/`dp` for that sharding (see `MemoryOptions.sharded`).
+    `device` is the device planned for ("cuda" adds the CUDA context, and the distributed buffers
+    of a sharded run, to the total); None, the default, means this machine's: torch's answer when
+    torch is already imported, else "cuda" where an NVIDIA driver is visible, else "cpu"
+    (`options.this_machine_device`; torch is never imported here). The estimate's
+    ``inputs["device"]`` and a note say which device was assumed and why; pass ``device="cuda"``
+    to plan a GPU run from a CPU machine.
 
     >>> e = estimate_memory(147e6, n_layer=12, n_embd=768, n_head=12, seq_len=512,
     ...                     micro_batch=64, device="cpu", grad_bytes=2)
@@ -171,6 +177,10 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
     """`estimate_memory` with its options made: the static lines, the activations, then what
     lives beside them (temporaries, CUDA context, distributed buffers)."""
     zero_stage, dp, notes = o.sharded
+    device, device_why = o.planned_device
+    if o.device is None:
+        notes.append(f"device={device!r} assumed: this machine's ({device_why}); pass device= to plan "
+                     "for another" + (" (device='cuda' adds the CUDA context)" if device == "cpu" else ""))
     m = _model_sizes(model, o)
     prec, key = precision_layout(o.precision), memory_layout_name(o.precision)
     comps, forms = _static_lines(m.n_params, _bytes_per_param(o), o.tp * o.pp, dp, zero_stage)
@@ -193,11 +203,11 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
     if o.pp > 1 and not is_missing(comps["activations"]):
         notes.append("1F1B pipeline: the first stage holds pp micro-batches of L/pp layers, "
                      "i.e. the same activation bytes as L layers (not divided by pp)")
-    _beside_lines(comps, forms, o, world=o.tp * o.pp * dp)
+    _beside_lines(comps, forms, o, device, world=o.tp * o.pp * dp)
     inputs = dict(n_params=m.n_params, precision=key, optimizer=o.optimizer, micro_batch=o.micro_batch,
                   seq_len=m.seq_len, attention=m.attention, checkpointing=o.checkpointing, tp=o.tp, pp=o.pp,
                   zero_stage=zero_stage, dp=dp, n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
-                  activations=mode, device=o.device)
+                  activations=mode, device=device, device_source=device_why)
     return MemoryEstimate({k: comps[k] for k in COMPONENTS}, forms, inputs, notes)
 
 
@@ -342,12 +352,13 @@ def _formula_activations(comps, forms, notes, m: _Sizes, o: MemoryOptions) -> No
                      "attention (sdpa, flash) does not save: an overestimate for this model")
 
 
-def _beside_lines(comps, forms, o: MemoryOptions, world: int) -> None:
-    """Temporaries (a share of the known lines), the CUDA context and distributed buffers."""
+def _beside_lines(comps, forms, o: MemoryOptions, device: str, world: int) -> None:
+    """Temporaries (a share of the known lines), the CUDA context and distributed buffers, on
+    ``device`` (the one given, or this machine's)."""
     known = sum(v for v in comps.values() if not is_missing(v))
     comps["temporary"] = o.overhead_fraction * known
     forms["temporary"] = f"{o.overhead_fraction:.0%} of the above (temporary buffers, fragmentation)"
-    on_cuda = str(o.device).startswith("cuda")
+    on_cuda = str(device).startswith("cuda")
     context = o.cuda_context_bytes
     if context is None:
         # seeds: torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100

@@ -7,6 +7,9 @@ their defaults and checks. Pure.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from dataclasses import dataclass
 
 from .. import validate
@@ -33,7 +36,8 @@ class MemoryOptions:
     n_embd: int | None = None
     n_head: int | None = None
     activations: str = "auto"               # "auto", "gpt", "hf" or "korthikanti"
-    device: str = "cuda"                    # the device planned for (it need not be on this machine)
+    device: str | None = None               # the device planned for (it need not be on this machine);
+                                            # None: this machine's (`this_machine_device`)
     cuda_context_bytes: float | None = None  # default: 0.5 GiB on CUDA, 0 elsewhere
     overhead_fraction: float = 0.0          # temporary buffers and fragmentation, a share of the rest
     optimizer_bytes: float | None = None    # per-param optimizer state, overriding the optimizer's
@@ -57,7 +61,8 @@ class MemoryOptions:
         validate.one_of("zero_stage", zero_stage, (0, 1, 2, 3))
         validate.flag("checkpointing", self.checkpointing)
         validate.flag("sequence_parallel", self.sequence_parallel)
-        validate.device("device", self.device)
+        if self.device is not None:
+            validate.device("device", self.device)
         validate.fraction("overhead_fraction", self.overhead_fraction)
         for name in ("cuda_context_bytes", "optimizer_bytes", "grad_bytes"):
             if getattr(self, name) is not None:
@@ -71,6 +76,13 @@ class MemoryOptions:
         validate.one_of("activations", self.activations, ACTIVATION_MODES)
 
     @property
+    def planned_device(self) -> tuple:
+        """(device, why): the device given, or this machine's (see `this_machine_device`)."""
+        if self.device is not None:
+            return self.device, "given"
+        return this_machine_device()
+
+    @property
     def sharded(self) -> tuple:
         """(zero_stage, dp, notes): as given, or as `parallel` sets them for `world_size` ranks on
         `nodes` nodes (tunekit.engine.dist): DDP replicates (stage 0 over the world), FSDP shards
@@ -78,6 +90,28 @@ class MemoryOptions:
         if self.parallel is None:
             return self.zero_stage, self.dp, []
         return _sharding(self.parallel, self.world_size, self.nodes, self.zero_stage, self.dp)
+
+
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"   # present while Linux's NVIDIA driver is loaded
+
+
+def this_machine_device() -> tuple:
+    """(device, why): the device a training run started here would use, found without importing
+    torch (this layer is pure): torch's own answer when the program has already imported it
+    ("cuda" when ``torch.cuda.is_available()``, else "cpu", as a Lab picks), else "cuda" when an
+    NVIDIA driver is visible (``/proc/driver/nvidia/version`` or ``nvidia-smi`` on PATH), else
+    "cpu". ``why`` says which of these decided."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and callable(getattr(cuda, "is_available", None)):
+        if cuda.is_available():
+            return "cuda", "torch is imported and sees a CUDA device"
+        return "cpu", "torch is imported and sees no CUDA device"
+    if os.path.exists(NVIDIA_DRIVER_FILE):
+        return "cuda", f"torch is not imported; an NVIDIA driver is loaded ({NVIDIA_DRIVER_FILE})"
+    if shutil.which("nvidia-smi"):
+        return "cuda", "torch is not imported; an NVIDIA driver is installed (nvidia-smi on PATH)"
+    return "cpu", "torch is not imported and no NVIDIA driver is visible"
 
 
 def _sharding(parallel, world_size, nodes, zero_stage, dp) -> tuple:
