@@ -97,7 +97,7 @@ def main():
         for c in grid.values():
             # the same trials as autotune's: the first of `steps`, then enough to fill trial_s
             n = timed_steps(c.runs[0].step_s, args.steps, args.trial_s) if c.runs else args.steps
-            c.runs.append(lab.run(steps=n, warmup=1, **c.toggles.asdict()))
+            c.runs.append(lab.run(steps=n, warmup=1, verbose=False, **c.toggles.asdict()))
         print(f"  grid: round {rnd + 1}/{args.grid_repeats} over {len(space)} configurations, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
     grid_s = time.perf_counter() - t0

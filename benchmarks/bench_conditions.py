@@ -64,7 +64,7 @@ class _NoMeter:
 
 def detection(rounds: int, runs: int, cells: int) -> None:
     lab = tunekit.Lab(log_path=Path(tempfile.mkdtemp()) / "bench.jsonl")
-    lab.run(steps=2, warmup=1)   # calibration, FLOP count and first-run costs out of the way
+    lab.run(steps=2, warmup=1, verbose=False)   # calibration, FLOP count and first-run costs out of the way
     t = lab.resolve()
     seen = {"quiet": [], "busy": []}
     print(f"1. detection: {rounds} rounds alternating quiet/busy; each {runs} Lab runs (3 timed steps) "
@@ -75,7 +75,7 @@ def detection(rounds: int, runs: int, cells: int) -> None:
         verdicts = []
         with ctx:
             for _ in range(runs):
-                verdicts.append(("run", lab.run(steps=3, warmup=0).conditions))
+                verdicts.append(("run", lab.run(steps=3, warmup=0, verbose=False).conditions))
             for _ in range(cells):
                 with tunekit.profile(name="step", flops="never") as rec:
                     lab.train_step(t)

@@ -75,12 +75,12 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         lab = Lab(model, preset="cpu-tiny", log_path=f"{tmp}/runs.jsonl", peak_tflops=1.0)
         t = lab.resolve()
-        lab.run(steps=3, warmup=2)  # builds the optimizer, counts FLOPs, warms the kernels
+        lab.run(steps=3, warmup=2, verbose=False)  # builds the optimizer, counts FLOPs, warms the kernels
         bare, full = [], []
         for _ in range(args.rounds):
             batches = [lab.batch(t.micro_batch, t.seq_len) for _ in range(args.steps)]
             bare.append(bare_steps(lab, batches, hf))
-            full.append(lab.run(steps=args.steps, warmup=0).step_s)
+            full.append(lab.run(steps=args.steps, warmup=0, verbose=False).step_s)
         extras_s = lab_extras(lab, t, 2000)
     bare_s, lab_s = statistics.median(bare), statistics.median(full)
     print(f"{args.model}, micro_batch={t.micro_batch}, seq_len={t.seq_len}, {torch.get_num_threads()} threads, "

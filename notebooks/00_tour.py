@@ -76,7 +76,7 @@ for _ in range(3):
 # %%
 h = tunekit.history()
 assert h.flops.iloc[-1] == 2 * h.flops.iloc[-2]   # the recount saw the bigger batch
-h   # the readable view; h is a DataFrame with every column (h.columns) and raw numbers
+h   # the columns read first, formatted; h holds them as raw numbers, tunekit.history(all=True) every column
 
 # %%
 tunekit.plot_history()
@@ -87,7 +87,7 @@ tunekit.plot_history()
 
 # %%
 print('H100 SXM bf16 peak:', tunekit.peak_tflops('NVIDIA H100 80GB HBM3', 'bf16'), 'TFLOPS')
-print('this machine:', h.peak_tflops_source.dropna().iloc[-1])
+print('this machine:', tunekit.history(all=True).peak_tflops_source.dropna().iloc[-1])
 
 # %% [markdown]
 # ## 2. Flip optimizations on the live model

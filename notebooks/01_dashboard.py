@@ -46,7 +46,7 @@ ckpt = lab.run(steps=8, checkpointing=True)
 
 cols = ["run_id", "label", "tokens_per_s", "step_s", "tflops", "mfu", "hfu",
         "peak_mem_bytes", "saved_bytes", "loss", "flops_source"]
-lab.results()[cols]
+lab.results(all=True)[cols]   # lab.results() shows the columns read first; all=True has every one
 
 # %% [markdown]
 # What to read in that table:
@@ -127,8 +127,8 @@ cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hi
 llama = tunekit.Lab(AutoModelForCausalLM.from_config(cfg), micro_batch=4, seq_len=128)
 runs = [llama.run(steps=4), llama.run(steps=4, attention="math"),
         llama.run(steps=4, checkpointing=True)]
-llama.results()[["label", "tokens_per_s", "mfu", "hfu", "flops_per_step", "model_flops_per_step",
-                 "saved_bytes"]]
+llama.results(all=True)[["label", "tokens_per_s", "mfu", "hfu", "flops_per_step", "model_flops_per_step",
+                           "saved_bytes"]]
 
 # %% [markdown]
 # MFU counts the model's work in one convention (6 x matmul weights per token + causal attention

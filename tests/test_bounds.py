@@ -111,7 +111,7 @@ def test_a_profiled_block_above_a_calibrated_peak_is_flagged_where_it_is_read(ca
 def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibrations, matmul_in, tmp_path):
     # the user's case: a peak calibrated low (here 1e-9 TFLOPS), a Lab run on a quiet machine
     from tunekit.core.results import runs_view
-    from tunekit.ui.cli import summary_lines
+    from tunekit.core.run_text import summary_lines
 
     calibrations.cache(tflops=1e-9)
     matmul_in.s = 1.0

@@ -205,7 +205,7 @@ def test_without_parallel_no_distributed_arguments(tmp_path, monkeypatch):
     FakeLab.calls = []
     assert cli.main(["run", "--log", str(tmp_path / "l.jsonl"), "--report", str(tmp_path / "r.html")]) == 0
     kw = FakeLab.calls[1][1]
-    assert set(kw) == {"steps", "warmup", "progress"}   # all toggles at their defaults: none passed
+    assert set(kw) == {"steps", "warmup", "progress", "verbose"}   # all toggles at their defaults: none passed
 
 
 def test_a_failed_run_exits_1_with_one_line(tmp_path, monkeypatch, capsys):

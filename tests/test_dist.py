@@ -246,7 +246,7 @@ def test_the_lab_runs_and_logs_a_distributed_run(tmp_path):
     assert r.mfu == pytest.approx(r.model_flops_per_step / r.step_s / 2e12)
     logged = [json.loads(line) for line in open(tmp_path / "runs.jsonl")]
     assert logged[-1]["parallel"] == "fsdp" and logged[-1]["world_size"] == 2
-    assert lab.results()["parallel"].tolist() == ["fsdp"]
+    assert lab.results(all=True)["parallel"].tolist() == ["fsdp"]
     assert leftover_children() == []
 
 

@@ -389,7 +389,8 @@ def _vec_lab(tmp_path, **kw):
 
 def test_a_batch_without_a_sequence_counts_samples_whatever_seq_len_says(tmp_path):
     r = _vec_lab(tmp_path).run(steps=1, warmup=0, micro_batch=2, seq_len=4096)
-    assert r.tokens_per_step == 2 and any("tokens/s counts samples" in n for n in r.notes)
+    assert r.tokens_per_step == 2 and any("throughput counts samples" in n for n in r.notes)
+    assert r.throughput_unit == "samples" and "samples/s" in repr(r) and "tokens/s" not in repr(r)
 
 
 def test_bad_blocks_and_a_missing_loss_are_refused_at_construction(tmp_path):

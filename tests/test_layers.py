@@ -16,8 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "tunekit"
 LAYERS = ("core", "models", "measure", "engine", "ui")
 NAMES = {"core": "pure core", "models": "models", "measure": "measurement", "engine": "engine", "ui": "UI"}
 # The only upward edges: an engine object's own view, imported inside the one method that shows
-# it (lab.compare(), lab.dashboard(), AutotuneResult.figure()). Nothing else reaches up.
-VIEWS = {("engine.lab", "ui.lab_plots"), ("engine.lab", "ui.dashboard"),
+# it (lab.compare(), lab.dashboard(), lab.run()'s progress, AutotuneResult.figure()). Nothing else reaches up.
+VIEWS = {("engine.lab", "ui.lab_plots"), ("engine.lab", "ui.dashboard"), ("engine.lab", "ui.progress"),
          ("engine.autotune.result", "ui.autotune_view")}
 # third-party packages a layer must not import at all (even inside a function)
 FORBIDDEN = {"core": {"torch", "IPython", "ipywidgets"}, "models": {"IPython", "ipywidgets"},

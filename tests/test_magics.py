@@ -115,7 +115,7 @@ def test_a_one_time_side_effect_costs_one_recount_and_a_counter_none(run):
     cell = "%%gpuprofile -q -n lazy\nnet(torch.randn(batch_size, 128)).sum().backward()\nsteps += 1"
     for _ in range(4):
         run(cell)
-    recs = tunekit.history().iloc[-4:]
+    recs = tunekit.history(all=True).iloc[-4:]
     assert list(recs.flops_source) == ["counted", "counted", "cached", "cached"]
     assert "recounted: net changed since the counted run" in recs.iloc[1].notes
 
@@ -147,7 +147,7 @@ def test_a_llama_cell_gets_model_flops_from_its_shape_when_counted_reused_and_un
     run("%gpuprofile on -q")
     run("train_step()")
     run("%gpuprofile off")
-    df = tunekit.history().iloc[-4:]
+    df = tunekit.history(all=True).iloc[-4:]
     assert list(df.flops_source) == ["counted", "cached", "counted", "counted"]
     assert list(df.model_flops) == [88473600] * 4
     assert list(df.mfu_convention) == [MFU_ANALYTIC] * 4

@@ -91,7 +91,7 @@ def test_cpu_peak_sees_a_temporary_that_is_gone_by_the_end():
 
 def test_missing_hardware_is_nan_not_zero_and_history_has_the_columns():
     _step(2)
-    df = tunekit.history()
+    df = tunekit.history(all=True)
     assert list(df.columns) == list(COLUMNS)
     for col in ("name", "wall_s", "flops", "flops_source", "model_flops", "tflops", "mfu", "hfu",
                 "peak_tflops", "cpu_rss_delta_bytes", "cpu_peak_delta_bytes", "gpu_alloc_delta_bytes",

@@ -76,7 +76,7 @@ def test_results_and_history_display_as_readable_tables_and_stay_plain_dataframe
     page = df._repr_html_()
     assert f"{r.tokens_per_s:,.0f}" in page and f"{r.mfu:.1%}" in page  # separators, MFU in %
     assert "tokens/s" in page and "peak (MiB)" in page and "1 row;" in page
-    assert type(df[["loss"]]) is pd.DataFrame and type(df.copy()) is pd.DataFrame
+    assert type(df[["mfu"]]) is pd.DataFrame and type(df.copy()) is pd.DataFrame
     assert type(pickle.loads(pickle.dumps(df))) is pd.DataFrame
     assert df["tokens_per_s"].iloc[0] == r.tokens_per_s  # the data are the raw numbers
     with tunekit.profile(name="readable"):

@@ -156,7 +156,7 @@ def test_profile_traces_a_timed_run_never_the_counted_one(lab):
     for _ in range(3):
         with tunekit.profile(name="step", trace=True):
             lab.train_step(t)
-    first, *_, last = tunekit.history().to_dict("records")
+    first, *_, last = tunekit.history(all=True).to_dict("records")
     assert first["flops_source"] == "counted" and pd.isna(first["trace"]) and "not traced" in first["notes"]
     assert last["flops_source"] == "cached" and last["trace"].startswith(bd.CATEGORIES + (bd.UNTRACED,))
     assert math.isnan(last["tflops"]) and "timed under torch.profiler" in last["notes"]
@@ -197,7 +197,7 @@ def test_lab_run_traces_one_extra_step_and_logs_it(lab):
     over = bd.profiler_overhead(r.trace.wall_s, r.trace.untimed_wall_s)  # NaN when the traced step was faster
     assert r.trace.overhead == over or (math.isnan(over) and math.isnan(r.trace.overhead))
     assert math.isnan(r.energy_j) and math.isnan(r.j_per_token) and r.energy_source is None
-    row = lab.results().iloc[-1]
+    row = lab.results(all=True).iloc[-1]
     assert row["trace"] == r.trace.short() and row["memory"] == r.memory.short()
     back = tunekit.core.runlog.RunLog.load(lab.log.path)[-1]  # the JSONL log keeps them as dicts
     assert back.trace["seconds"] == pytest.approx(r.trace.seconds) and bd.short(back.trace) == r.trace.short()
@@ -357,7 +357,7 @@ def test_magic_trace_and_memory_in_a_real_shell(run):
     assert rec.flops_source == "cached" and rec.trace.seconds[bd.MATMUL] > 0
     assert rec.memory.bytes["parameters"][0] == 128 * 128 * 4  # the Linear's fp32 weight: 65536 bytes
     assert pathlib.Path(rec.trace.path).is_file()
-    row = tunekit.history().iloc[-1]
+    row = tunekit.history(all=True).iloc[-1]
     assert row["trace"] == rec.trace.short() and row["memory"] == rec.memory.short()
 
 
@@ -546,7 +546,7 @@ def test_magic_trace_shares_add_up_to_100_percent(run, opts):
     b = tunekit.last().trace
     assert b.total_s() <= b.wall_s and sum(b.shares().values()) == pytest.approx(1.0)
     printed = [int(part.rsplit(" ", 1)[1].rstrip("%")) for part in b.short().split(" · ")]
-    assert sum(printed) == 100 and tunekit.history().iloc[-1]["trace"] == b.short()
+    assert sum(printed) == 100 and tunekit.history(all=True).iloc[-1]["trace"] == b.short()
     assert f"trace      {b.short()} · profiler overhead" in to_text(tunekit.last())
 
 

@@ -58,6 +58,11 @@ class ProfileRecord:
     conditions: object = None       # core.conditions.Conditions: what else used the machine meanwhile
     notes: list = field(default_factory=list)
 
+    def __repr__(self) -> str:  # a terminal: the summary the magic shows (core.summary.to_text)
+        from .summary import to_text
+
+        return to_text(self)
+
     def _repr_html_(self) -> str:
         from .summary import to_html
 

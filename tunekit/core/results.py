@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .breakdown import short
 from .conditions import Conditions
+from .run_text import common_unit, run_html, summary_lines
 from .summary import mark_rates
 from .toggles import Toggles
 from .units import MiB
@@ -90,6 +91,13 @@ class RunResult:
     conditions: object = None             # core.conditions.Conditions over the timed steps (all ranks)
     session: str | None = None            # the Lab that ran it, where Labs share a day's log
     above_peak: str | None = None         # why MFU/HFU are past 100% (core.bounds); None when they are not
+    throughput_unit: str = "tokens"       # what tokens_per_step counted: "tokens" | "samples" (no sequence dimension)
+
+    def __repr__(self) -> str:  # a terminal: a few aligned lines (core.run_text), every field still one attribute away
+        return "\n".join(summary_lines(self))
+
+    def _repr_html_(self) -> str:
+        return run_html(self)
 
     def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
         if name in TOGGLE_FIELDS and "toggles" in self.__dict__:
@@ -128,6 +136,8 @@ class RunResult:
                 v = []
             elif v is None and f.name == "status":
                 v = "ok"
+            elif v is None and f.name == "throughput_unit":
+                v = "tokens"   # logs written before the unit was recorded counted tokens
             elif f.name == "conditions":
                 v = Conditions.from_dict(v)
             kw[f.name] = v
@@ -158,6 +168,11 @@ def results_frame(runs: list[RunResult]):
     return pd.DataFrame(rows, columns=["run_id", "label", *TOGGLE_FIELDS, *rest])
 
 
+# what lab.results() holds unless asked for every column: what ran, its speed, step time, compute,
+# peak memory, the machine and the outcome (throughput_unit and above_peak: the view's header and marks)
+RESULT_COLUMNS = ("run_id", "label", "tokens_per_s", "throughput_unit", "step_s", "tflops", "mfu", "hfu",
+                  "peak_mem_bytes", "conditions", "status", "above_peak")
+
 _VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step (ms)",
          "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak (MiB)",
          "saved_mib": "saved (MiB)", "loss": "loss", "attention_ran": "attn ran",
@@ -165,12 +180,16 @@ _VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "
 
 
 def runs_view(df):
-    """The columns a person reads first, with units in the headers (dashboard and report)."""
+    """The columns a person reads first, with units in the headers (dashboard, report, and
+    ``lab.results()``): those of them ``df`` has, the curated frame or every column. Throughput
+    is headed samples/s for runs that counted samples."""
     from .summary import machine_word
 
-    view = df.assign(step_ms=df["step_s"].astype(float) * 1e3, conditions=df["conditions"].map(machine_word),
-                     peak_mem_mib=df["peak_mem_bytes"].astype(float) / MiB,
-                     saved_mib=df["saved_bytes"].astype(float) / MiB)
-    view = mark_rates(view, df["above_peak"])
-    return view[list(_VIEW)].rename(columns=_VIEW)
-
+    derived = {"step_ms": ("step_s", 1e3), "peak_mem_mib": ("peak_mem_bytes", 1 / MiB),
+               "saved_mib": ("saved_bytes", 1 / MiB)}
+    view = df.assign(**{k: df[src].astype(float) * f for k, (src, f) in derived.items() if src in df})
+    if "conditions" in df:
+        view = view.assign(conditions=df["conditions"].map(machine_word))
+    view = mark_rates(view, df["above_peak"] if "above_peak" in df else [None] * len(df))
+    unit = common_unit(df["throughput_unit"]) if "throughput_unit" in df else "tokens"
+    return view[[c for c in _VIEW if c in view]].rename(columns={**_VIEW, "tokens_per_s": f"{unit}/s"})

@@ -32,8 +32,10 @@ def rows(rec) -> list[tuple[str, str]]:
         ("speed", f"{mark(_tflops(rec.tflops), rec.hfu, bound)} · {util}"),
         ("CPU RAM", f"RSS {fmt_bytes(rec.cpu_rss_delta_bytes, True)} · "
                     f"peak {fmt_bytes(rec.cpu_peak_delta_bytes, True)}"),
-        ("GPU", gpu),
     ]
+    if not all(is_missing(getattr(rec, k)) for k in ("gpu_alloc_delta_bytes", "gpu_peak_delta_bytes",
+                                                      "gpu_reserved_bytes", "nvml_used_bytes")):
+        out.append(("GPU", gpu))  # no row of n/a's where there is no GPU
     if not is_missing(rec.exp_cpu_consumed_bytes):
         leak = (f"CPU consumed {fmt_bytes(rec.exp_cpu_consumed_bytes)}, "
                 f"reclaimed {fmt_bytes(rec.exp_cpu_reclaimed_bytes)}")
@@ -78,18 +80,45 @@ def title(rec) -> str:
 
 
 def to_text(rec) -> str:
-    return "\n".join([title(rec)] + [f"  {k:<10} {v}" for k, v in rows(rec)])
+    return lines_text(title(rec), rows(rec), width=10)
 
 
 def to_html(rec) -> str:
+    head = html.escape(f"⏱ {rec.name} · {rec.device or 'unknown device'}")
+    return lines_html(head + badge_html(getattr(rec, "conditions", None)) + bound_html(rec), rows(rec),
+                      "#b00020" if rec.error else "#555")
+
+
+# --- one shape for every record's summary: a title, then aligned (label, value) rows ----------------
+
+
+def lines_text(head: str, pairs, width: int = 8) -> str:
+    """``head`` and one ``  label  value`` line per pair, the values aligned (terminal reprs)."""
+    return "\n".join([head] + [f"  {k:<{width}} {v}" for k, v in pairs])
+
+
+MAX_LINES = 12      # a summary fits a terminal's glance: at most this many lines
+
+
+def with_notes(rows: list, notes, used: int = 1) -> list:
+    """``rows`` plus as many ("note", text) rows as fit in MAX_LINES (``used`` lines taken by the
+    title and such), the rest counted on one line."""
+    notes = list(notes or [])
+    room = MAX_LINES - used - len(rows)
+    if len(notes) > room:
+        shown = max(room - 1, 0)
+        return rows + [("note", n) for n in notes[:shown]] + [("note", f"(+{len(notes) - shown} more in .notes)")]
+    return rows + [("note", n) for n in notes]
+
+
+def lines_html(head_html: str, pairs, color: str = "#555") -> str:
+    """The same as a small bordered block (notebook reprs); ``head_html`` is HTML already (badges),
+    the pairs are text."""
     body = "".join(
         f"<tr><th style='text-align:left;padding:1px 8px 1px 0;font-weight:600'>{html.escape(k)}</th>"
-        f"<td style='text-align:left;padding:1px 0'>{html.escape(v)}</td></tr>" for k, v in rows(rec))
-    color = "#b00020" if rec.error else "#555"
-    head = html.escape(f"⏱ {rec.name} · {rec.device or 'unknown device'}")
+        f"<td style='text-align:left;padding:1px 0'>{html.escape(v)}</td></tr>" for k, v in pairs)
     return (f"<div style='font-family:monospace;font-size:12px;border-left:3px solid {color};"
-            f"padding:2px 8px;margin:2px 0'><div style='color:{color};font-weight:600'>"
-            f"{head}{badge_html(getattr(rec, 'conditions', None))}{bound_html(rec)}</div>"
+            f"padding:2px 8px;margin:2px 0'><div style='color:{color};font-weight:600'>{head_html}</div>"
             f"<table style='border-collapse:collapse'>{body}</table></div>")
 
 
@@ -153,7 +182,8 @@ class Summary:
 # --- tables: one way to print numbers, in the dashboard and the report ----------------------------
 
 # column header -> format: thousands separators, utilization as a percentage, units in headers
-FORMATS = {"tokens/s": "{:,.0f}", "step (ms)": "{:,.1f}", "time (s)": "{:.3g}", "TFLOPS": "{:.3g}",
+FORMATS = {"tokens/s": "{:,.0f}", "samples/s": "{:,.0f}", "tokens or samples/s": "{:,.0f}",
+           "step (ms)": "{:,.1f}", "time (s)": "{:.3g}", "TFLOPS": "{:.3g}",
            "MFU": "{:.1%}", "HFU": "{:.1%}", "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}",
            "CPU peak (MiB)": "{:,.1f}", "GPU peak (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
            "loss": "{:.3f}", "comm/step (MiB)": "{:,.2f}"}
@@ -184,6 +214,14 @@ def table_html(df) -> str:
     return TABLE_CSS + out.replace(f"<td>{BUSY_CELL}</td>", f"<td>{_BUSY_PILL}</td>")
 
 
+def table_text(df) -> str:
+    """The same table as aligned text, for a terminal."""
+    formatters = {c: (lambda f: lambda v: formatted(v, f))(FORMATS[c]) for c in df.columns if c in FORMATS}
+    text = [c for c in df.columns if df[c].dtype == object]
+    df = df.assign(**{c: df[c].where(df[c].notna(), "n/a") for c in text}) if text else df
+    return df.to_string(index=False, formatters=formatters, na_rep="n/a")
+
+
 BUSY_CELL = f"⚠ {BUSY}"
 _BUSY_PILL = ("<span class='tk-busy' title='measured while other work used the machine: not a measurement "
               "of the change' style='background:#e65100;color:#fff;border-radius:8px;padding:0 6px;"
@@ -200,17 +238,28 @@ _HISTORY = {"name": "cell", "wall_s": "time (s)", "gflop": "GFLOP", "flops_sourc
             "gpu_peak_mib": "GPU peak (MiB)", "conditions": "machine", "error": "error"}
 
 
+# what tunekit.history() holds unless asked for every column: what ran, its time, FLOPs and rates
+# (HFU judges TFLOPS against its bound),
+# memory, the machine and the error (flops_source and above_peak: the view's marks)
+HISTORY_COLUMNS = ("name", "wall_s", "flops", "flops_source", "tflops", "mfu", "hfu", "cpu_peak_delta_bytes",
+                   "gpu_peak_delta_bytes", "conditions", "error", "above_peak")
+
+
 def history_view(df):
-    """tunekit.history() with the columns a person reads first and units in the headers."""
-    view = df.assign(error=df["error"].fillna(""), gflop=df["flops"].astype(float) / 1e9,
-                     conditions=df["conditions"].map(machine_word),
-                     cpu_peak_mib=df["cpu_peak_delta_bytes"].astype(float) / MiB,
-                     gpu_peak_mib=df["gpu_peak_delta_bytes"].astype(float) / MiB)
-    view = mark_rates(view, df["above_peak"])
-    slowed = [slowed_by(r) for r in df.to_dict("records")]  # the counter/trace ran in the timed cell
-    view = view.assign(wall_s=[f"{formatted(t, FORMATS['time (s)'])} (slowed: {s})" if s else t
-                               for t, s in zip(view["wall_s"], slowed)])
-    return view[list(_HISTORY)].rename(columns=_HISTORY)
+    """tunekit.history() with the columns a person reads first and units in the headers (those of
+    them ``df`` has: the curated frame or every column)."""
+    derived = {"error": ("error", lambda c: c.fillna("")), "gflop": ("flops", lambda c: c.astype(float) / 1e9),
+               "conditions": ("conditions", lambda c: c.map(machine_word)),
+               "cpu_peak_mib": ("cpu_peak_delta_bytes", lambda c: c.astype(float) / MiB),
+               "gpu_peak_mib": ("gpu_peak_delta_bytes", lambda c: c.astype(float) / MiB)}
+    view = df.assign(**{k: f(df[src]) for k, (src, f) in derived.items() if src in df})
+    view = mark_rates(view, df["above_peak"] if "above_peak" in df else [None] * len(df))
+    if "wall_s" in view:
+        slowed = [slowed_by(r) for r in df.to_dict("records")]  # the counter/trace ran in the timed cell
+        view = view.assign(wall_s=[f"{formatted(t, FORMATS['time (s)'])} (slowed: {s})" if s else t
+                                   for t, s in zip(view["wall_s"], slowed)])
+    shown = [c for c in _HISTORY if c in view]
+    return view[shown].rename(columns=_HISTORY)
 
 
 def slowed_by(row) -> str | None:
@@ -238,7 +287,7 @@ def mark_rates(view, flags):
     if not any(flagged):
         return view
     cols = {}
-    for col, judged, head in _RATES:
+    for col, judged, head in [x for x in _RATES if x[0] in view and x[1] in view]:
         cols[col] = [f"{formatted(v, FORMATS[head])} {FLAG}" if f and over(j) else v
                      for v, j, f in zip(view[col], view[judged], flagged)]
     return view.assign(**cols)
@@ -250,24 +299,31 @@ def _readable_class():
     import pandas as pd
 
     class ReadableFrame(pd.DataFrame):
-        """A pandas DataFrame like any other (every column, raw numbers, units in the names);
-        a notebook shows it as tunekit's readable table: the columns read first, thousands
-        separators, MFU/HFU in %, units in the headers. Anything derived from it is a plain
-        DataFrame."""
+        """A pandas DataFrame like any other (raw numbers, the field names as columns); a notebook
+        and a terminal show it as tunekit's readable table: thousands separators, MFU/HFU in %,
+        units in the headers. Anything derived from it is a plain DataFrame."""
 
-        _metadata = ["_tk_view"]
+        _metadata = ["_tk_view", "_tk_more"]
 
         @property
         def _constructor(self):
             return pd.DataFrame
 
+        def _footer(self) -> str:
+            n = f"{len(self)} row" + ("" if len(self) == 1 else "s")
+            more = getattr(self, "_tk_more", None)
+            return f"{n}; numbers formatted for reading, the DataFrame holds them raw" + \
+                (f"; {more} has every column" if more else "")
+
         def _repr_html_(self) -> str:
             view = self._tk_view(pd.DataFrame(self))
-            hidden = len(self.columns)
-            n = f"{len(self)} row" + ("" if len(self) == 1 else "s")
-            return (table_html(view) + f"<p style='color:#666;font-size:90%'>{n}; the table shows "
-                    f"{len(view.columns)} of the {hidden} columns, formatted: the DataFrame holds every "
-                    "column with raw numbers (<code>.columns</code> lists them).</p>")
+            foot = html.escape(self._footer())
+            return table_html(view) + f"<p style='color:#666;font-size:90%'>{foot}</p>"
+
+        def __repr__(self) -> str:
+            if self.empty:
+                return "(no rows yet)"
+            return table_text(self._tk_view(pd.DataFrame(self))) + "\n[" + self._footer() + "]"
 
         def __reduce_ex__(self, protocol):  # pickles as a plain DataFrame
             return pd.DataFrame, (pd.DataFrame(self),)
@@ -275,8 +331,9 @@ def _readable_class():
     return ReadableFrame
 
 
-def readable(df, view):
-    """``df`` displayed in notebooks through ``view`` (e.g. ``history_view``), data unchanged."""
+def readable(df, view, more: str | None = None):
+    """``df`` displayed in notebooks and terminals through ``view`` (e.g. ``history_view``), data
+    unchanged; ``more``: the call that gives every column (said under the table)."""
     out = _readable_class()(df)
-    out._tk_view = view
+    out._tk_view, out._tk_more = view, more
     return out

@@ -30,6 +30,7 @@ import torch
 from ..core import registry
 from ..core.paths import runs_dir
 from ..core.results import RunResult, results_frame
+from ..core.run_text import lab_html, lab_rows, lab_text
 from ..core.runlog import RunLog
 from ..core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
 from ..core.validate import function, instance, is_whole, real, whole
@@ -170,7 +171,7 @@ class Lab:
         """The full toggles a run with ``changes`` would use (defaults filled in)."""
         t = self.defaults.replace(**changes)
         if t.seq_len is None:
-            # a model of tokens: its position limit; your own batch_fn: 1 (tokens/s counts samples)
+            # a model of tokens: its position limit; your own batch_fn: 1 (its runs count samples)
             t = t.replace(seq_len=self.adapter.default_seq_len(self.device.type)
                           or (1 if self.batcher is None else None))
         if isinstance(t.attention, str) and t.attention in registry.ATTENTION_ALIASES:
@@ -232,11 +233,14 @@ class Lab:
 
     def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
             trace: bool = False, memory: bool = False, parallel: str | None = None, nproc: int = 1,
-            nodes: int = 1, link=None, **changes) -> RunResult:
+            nodes: int = 1, link=None, verbose: bool = True, **changes) -> RunResult:
         """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
 
         Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
-        is called when the clock starts (done=0) and after each timed step. Refused combinations
+        is called when the clock starts (done=0) and after each timed step. ``verbose`` (the
+        default) shows the steps going and one line when the run ends (a notebook: one updating
+        line per cell; a terminal: stderr, redrawn in place only on a tty; tunekit.ui.progress);
+        ``verbose=False`` is silent. Refused combinations
         raise ``ToggleError`` (a ValueError) whose ``problems`` explain why, before any work.
         A step whose loss (or, at the end, a weight) is NaN/inf stops the run: it is recorded as
         failed and, with ``guard`` (the default), weights, optimizer and scaler are put back as
@@ -263,6 +267,20 @@ class Lab:
         tensors are freed even while Jupyter keeps the KeyboardInterrupt (its traceback then ends
         here, with a note saying where it stopped).
         """
+        if not isinstance(verbose, bool):
+            raise ToggleError([f"verbose must be True or False (got {verbose!r})."])
+        if not verbose:
+            return self._run(steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes)
+        from ..ui.progress import RunProgress  # the view that shows it; chosen per frontend there
+
+        shown = RunProgress(steps, progress)
+        with shown:
+            shown.result = self._run(steps, warmup, shown.tick, guard, trace, memory, parallel, nproc, nodes,
+                                     link, changes)
+        return shown.result
+
+    def _run(self, steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes):
+        """``run`` without its display: one process (engine.run) or ranks (engine.distributed)."""
         if parallel is not None or nproc != 1 or nodes != 1 or link is not None:
             if trace or memory:
                 raise ToggleError(["trace/memory trace one process's step: not available with parallel=... "
@@ -290,17 +308,21 @@ class Lab:
         """Every run of this Lab (and its log's earlier ones), oldest first."""
         return list(self.log.runs)
 
-    def results(self):
-        """pandas DataFrame, one row per run (this session's and the log's earlier ones)."""
-        from ..core.results import runs_view
+    def results(self, all: bool = False):
+        """pandas DataFrame, one row per run (this session's and the log's earlier ones): what ran,
+        tokens/s (samples/s), step time, TFLOPS, MFU, peak memory, the machine and the status
+        (``core.results.RESULT_COLUMNS``), shown formatted; ``all=True``: every column (toggles,
+        FLOPs, bytes, energy, notes...), a plain DataFrame. The values are the raw numbers either way."""
+        from ..core.results import RESULT_COLUMNS, runs_view
         from ..core.summary import readable
 
-        return readable(results_frame(self.log.runs), runs_view)
+        df = results_frame(self.log.runs)
+        return df if all else readable(df[list(RESULT_COLUMNS)], runs_view, "lab.results(all=True)")
 
     def compare(self, baseline: int = 0):
         """plotly Figure: tokens/s and peak memory per run, the ``baseline`` run marked."""
         from ..ui.lab_plots import compare_figure
-        return compare_figure(self.results(), baseline=baseline)
+        return compare_figure(self.results(all=True), baseline=baseline)
 
     @toggle_keywords
     def find_max_batch_size(self, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
@@ -339,6 +361,18 @@ class Lab:
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts)."""
         from ..ui.dashboard import Dashboard
         return Dashboard(self)
+
+    def _summary_rows(self) -> list:
+        n_params = sum(p.numel() for p in self.model.parameters())
+        data = "your batch_fn" if self.batcher is None else f"data={self.data!r}"
+        return lab_rows(type(self.model).__name__, n_params, str(self.device), self.resolve().asdict(), data,
+                        self.log.runs, self.log_path)
+
+    def __repr__(self) -> str:  # a terminal: the model, the toggles runs start from, the runs so far
+        return lab_text(self._summary_rows())
+
+    def _repr_html_(self) -> str:
+        return lab_html(self._summary_rows())
 
     @staticmethod
     def load_results(path=None):

@@ -51,13 +51,17 @@ def source_key(source: str, name: str = "") -> str:
     return hashlib.sha1(f"{name}\0{source}".encode()).hexdigest()
 
 
-def history():
-    """pandas.DataFrame of every profiled cell or block, oldest first.
+def history(all: bool = False):
+    """pandas.DataFrame of every profiled cell or block, oldest first: what ran, its time, FLOPs,
+    TFLOPS, MFU, memory, the machine and the error (``core.summary.HISTORY_COLUMNS``), shown
+    formatted; ``all=True``: every column (``core.records.COLUMNS``), a plain DataFrame. The
+    values are the raw numbers either way.
 
     Example: ``tunekit.history().tail()``: the latest profiled cells."""
-    from ..core.summary import history_view, readable
+    from ..core.summary import HISTORY_COLUMNS, history_view, readable
 
-    return readable(HISTORY.to_frame(), history_view)
+    df = HISTORY.to_frame()
+    return df if all else readable(df[list(HISTORY_COLUMNS)], history_view, "tunekit.history(all=True)")
 
 
 def last() -> ProfileRecord | None:

@@ -42,6 +42,14 @@ class MemoryReport:
     cuda: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
 
+    def __repr__(self):  # a terminal: measured against estimated per component (every reading: to_frame())
+        from ..core.memory.summary import report_text
+        return report_text(self)
+
+    def _repr_html_(self) -> str:
+        from ..core.memory.summary import report_html
+        return report_html(self)
+
     def error(self, name: str) -> float:
         """(estimated - measured) / measured for one component; NaN when either is unknown."""
         est = self.estimate.components.get(name, NaN) if self.estimate else NaN

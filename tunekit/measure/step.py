@@ -29,6 +29,7 @@ class ProbeResult:
     notes: list = field(default_factory=list)
     cast_bytes: int = 0               # autocast's half copies of weights kept for backward
     per_sample: int = 1               # tokens per sample of the probed batch (its seq_len, or 1)
+    unit: str = "tokens"              # what per_sample counts: "tokens", or "samples" (no sequence dimension)
 
 
 def probe_step(model: torch.nn.Module, loss_of, x, y, autocast) -> ProbeResult:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..core import comm
 from ..core import toggles as tg
-from .run_text import summary_lines  # noqa: F401 - tunekit.ui.cli.summary_lines, as before
+from ..core.run_text import summary_lines  # one builder: print(r) shows the same lines
 
 PARALLEL = ("none", *comm.PARALLEL)  # the distributed engine's kinds, plus "none" (one process)
 STEPS, WARMUP = 20, 2            # as lab.run
@@ -308,7 +308,8 @@ def main(argv=None) -> int:
             distributed = args.parallel != "none"
             model = lab_model(source, distributed)
             lab = Lab(model, preset=source[1] if source[0] == "preset" else "cpu-tiny", log_path=args.log)
-            kw = dict(steps=args.steps, warmup=args.warmup, progress=_progress, **changed_toggles(args))
+            kw = dict(steps=args.steps, warmup=args.warmup, progress=_progress, verbose=False,
+                      **changed_toggles(args))
             if distributed:
                 kw.update(parallel=args.parallel, nproc=nproc, nodes=nodes, link=link)
             result = lab.run(**kw)

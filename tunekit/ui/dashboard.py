@@ -18,6 +18,7 @@ from IPython import get_ipython
 
 from ..core import toggles as tg
 from ..core.results import runs_view
+from ..core.run_text import rate
 from ..core.summary import table_html
 from ..core.toggles import Declared, Env, ToggleError, notices
 from ..core.units import MiB
@@ -159,7 +160,7 @@ class Dashboard(W.VBox):
 
         try:
             r = self._attempt("run", lambda: self.lab.run(steps=steps, warmup=self.controls["warmup"].value,
-                                                          progress=tick, **self.toggles()))
+                                                          progress=tick, verbose=False, **self.toggles()))
         finally:
             self.run_button.disabled = False
             self.progress.description = "done"
@@ -168,7 +169,7 @@ class Dashboard(W.VBox):
         notes = "".join(_box(html.escape(n), "#999") for n in r.notes)
         busy = r.conditions is not None and r.conditions.busy
         head = _box(f"run #{r.run_id} ({html.escape(r.label)}): "
-                    f"{r.tokens_per_s:,.0f} tokens/s, {r.step_s * 1e3:.1f} ms/step, "
+                    f"{rate(r)}, {r.step_s * 1e3:.1f} ms/step, "
                     f"loss {r.loss:.3f}", "#e65100" if busy else "#2ca02c")
         if busy:  # in the colour and the words of the row's badge: these figures are not the change's
             head += _box("⚠ busy machine: " + html.escape(r.conditions.reason) + ". These figures measure "
@@ -265,7 +266,7 @@ class Dashboard(W.VBox):
         """Redraw the table and charts from ``lab.results()``.
 
         Example: ``dash.refresh()`` after runs made outside the dashboard."""
-        df = self.lab.results()
+        df = self.lab.results(all=True)
         self.table_df = runs_view(df)
         self.table.value = table_html(self.table_df) if len(df) else "<i>no runs yet</i>"
         self.figures = {"compare": compare_figure(df), "memory": memory_breakdown_figure(df)}

@@ -1,7 +1,7 @@
 """plotly figures of Lab results. UI layer: draws what the Lab measured, measures nothing.
 
-    >>> compare_figure(lab.results(), baseline=0)      # tokens/s and memory per run
-    >>> memory_breakdown_figure(lab.results())          # params / grads / optimizer / saved
+    >>> compare_figure(lab.results(all=True), baseline=0)      # tokens/s and memory per run
+    >>> memory_breakdown_figure(lab.results(all=True))          # params / grads / optimizer / saved
 
 Every run is named by what it changes relative to the baseline (``core.baseline.difference``),
 and memory is drawn as the measured components a toggle changes (parameters, gradients,
@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..core.baseline import difference, pick
+from ..core.run_text import common_unit
 from ..core.units import MiB, fmt_bytes
 from .axes import BASE_COLOR, COMPONENTS, RUN_COLOR, value_range
 from .renderer import never_a_browser
@@ -62,8 +63,9 @@ def compare_figure(df, baseline: int | None = 0) -> go.Figure:
     """Throughput with each run's ratio to the baseline (red), and the measured memory
     components per run. ``baseline``: a run id; None: the newest run with default toggles."""
     never_a_browser()
+    unit = common_unit(df["throughput_unit"]) if "throughput_unit" in df else "tokens"
     fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55],
-                        subplot_titles=("throughput (tokens/s)",
+                        subplot_titles=(f"throughput ({unit}/s)",
                                         "memory the toggles change (MiB); above: measured peak"))
     if len(df) == 0:
         fig.update_layout(title="no runs yet", height=360)
@@ -75,8 +77,8 @@ def compare_figure(df, baseline: int | None = 0) -> go.Figure:
     ratios = [f"{v / base_tps:.2f}x" if base_tps == base_tps and base_tps and v == v else ""
               for v in df["tokens_per_s"].astype(float)]
     fig.add_trace(go.Bar(x=names, y=df["tokens_per_s"], marker_color=colors, text=ratios,
-                         textposition="outside", name="tokens/s", showlegend=False,
-                         hovertemplate="%{x}<br>%{y:,.0f} tokens/s<extra></extra>"), row=1, col=1)
+                         textposition="outside", name=f"{unit}/s", showlegend=False,
+                         hovertemplate=f"%{{x}}<br>%{{y:,.0f}} {unit}/s<extra></extra>"), row=1, col=1)
     fig.update_yaxes(range=value_range(df["tokens_per_s"], pad=0.2), row=1, col=1)
     _memory(fig, df, names, row=1, col=2)
     fig.update_layout(title=f"each run against baseline #{ids[i]} (red), named by what it changes",

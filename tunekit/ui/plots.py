@@ -20,7 +20,7 @@ def plot_history(df=None, title: str = "Profiled cells"):
 
     from ..measure.history import history
 
-    df = history() if df is None else df
+    df = history(all=True) if df is None else df
     if len(df) == 0:
         raise ValueError("nothing profiled yet: run a %%gpuprofile cell or a tunekit.profile() block first")
     labels = [f"{i}: {n}" for i, n in enumerate(df["name"])]

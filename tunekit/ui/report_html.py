@@ -43,9 +43,9 @@ class SessionSummary:
         from ..core.summary import history_view, table_html
         from ..measure.history import history
 
-        h = history()
+        h = history(all=True)
         parts = ["<h2>Summary</h2>"]
-        runs = lab.results() if lab is not None else None
+        runs = lab.results(all=True) if lab is not None else None
         devices = [d for d in (list(h["device"]) + (list(runs["device"]) if runs is not None else [])) if d]
         peaks = {}   # every peak an MFU here was measured against, with its source
         for df, value, source in ((h, "peak_tflops", "peak_tflops_source"),

@@ -127,14 +127,13 @@ class MemoryEstimate:
                           title=title or f"estimated memory: {self.total_bytes / GiB:.2f} GiB")
         return fig
 
-    def __str__(self):
-        lines = [f"{k:>17}: {v / GiB:9.3f} GiB  {self.formulas.get(k, '')}"
-                 for k, v in self.components.items() if is_missing(v) or v]
-        unknown = [k for k, v in self.components.items() if is_missing(v)]
-        lines.append(f"{'total':>17}: {self.total_bytes / GiB:9.3f} GiB "
-                     f"({self.total_bytes / GB:.2f} GB)"
-                     + (f", a lower bound: {', '.join(unknown)} unknown" if unknown else ""))
-        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+    def __repr__(self):  # a terminal: the total and each line's bytes and share (formulas: to_frame())
+        from .summary import estimate_text
+        return estimate_text(self)
+
+    def _repr_html_(self) -> str:
+        from .summary import estimate_html
+        return estimate_html(self)
 
 
 def estimate_memory(model=None, *, n_params: float | None = None, precision: str = "mixed",

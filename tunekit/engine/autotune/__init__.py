@@ -83,7 +83,7 @@ class LabTrials:
 
     def measure(self, t: Toggles, steps: int):
         try:
-            return self.lab.run(steps=steps, warmup=self.warmup, **t.asdict())
+            return self.lab.run(steps=steps, warmup=self.warmup, verbose=False, **t.asdict())  # autotune shows its own
         except NonFiniteRunError as e:  # recorded and undone by the Lab: this candidate is out
             raise TrialFailed(str(e)) from e
 

@@ -201,6 +201,11 @@ class AutotuneResult:
         from ...ui.autotune_view import autotune_figure
         return autotune_figure(self)
 
-    def __repr__(self):
-        return f"AutotuneResult({self.verdict})"
+    def __repr__(self):  # a terminal: winner, gain, noise, machine, state (core.run_text); .verdict says it in words
+        from ...core.run_text import autotune_text
+        return autotune_text(self)
+
+    def _repr_html_(self) -> str:
+        from ...core.run_text import autotune_html
+        return autotune_html(self)
 

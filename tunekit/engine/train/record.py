@@ -62,8 +62,10 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
     step_s = sum(m.times) / len(m.times)
     per_sample = probe.per_sample if probe is not None else t.seq_len
     tokens = t.micro_batch * t.grad_accum * per_sample * world
-    if per_sample != t.seq_len:
-        notes.append(f"the batch has no sequence dimension of seq_len={t.seq_len}: tokens/s counts samples")
+    # what was counted: tokens, or samples where the batch has no sequence dimension (views say samples/s)
+    unit = probe.unit if probe is not None else "tokens"
+    if unit == "samples" and t.seq_len != 1:
+        notes.append(f"the batch has no sequence dimension of seq_len={t.seq_len}: throughput counts samples")
     counts = probe is not None and bool(probe.flops.executed)
     executed = probe.flops.executed * t.grad_accum * world if counts else None
     counted = probe.flops.model * t.grad_accum * world if counts else None
@@ -93,7 +95,7 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
         attention_ran=probe.attention_ran if probe is not None else adapter.attention_ran,
         compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + (probe.notes if probe is not None else []),
-        trace=m.trace, memory=m.memory, conditions=m.conditions, **fields)
+        trace=m.trace, memory=m.memory, conditions=m.conditions, throughput_unit=unit, **fields)
     if m.energy is not None:
         e = m.energy
         result.energy_j, result.energy_source, result.mean_w = e.joules, e.source, e.mean_w

@@ -179,7 +179,8 @@ class TrainStep:
         res.attention_ran = self.adapter.attention_ran
         # tokens per sample: the batch's sequence length when it has one, else 1 (samples/s)
         shape = tuple(getattr(x, "shape", ()))
-        res.per_sample = t.seq_len if len(shape) >= 2 and shape[1] == t.seq_len else 1
+        sequence = len(shape) >= 2 and shape[1] == t.seq_len
+        res.per_sample, res.unit = (t.seq_len, "tokens") if sequence else (1, "samples")
         if res.attention_ran == "flash" and self.adapter.shape is not None:
             add_flash_flops(res, self.adapter.shape, t.micro_batch, t.seq_len, self.adapter.checkpointing)
         if len(self._probes) >= 64:  # bounded: one entry per configuration tried
