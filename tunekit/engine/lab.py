@@ -1,21 +1,11 @@
 """The training lab: one live model, its data and optimizer, trained under toggles you flip.
 
-    >>> lab = Lab()                                   # cpu-tiny GPT on the stdlib corpus
-    >>> base = lab.run(steps=20)
-    >>> fast = lab.run(steps=20, precision="bf16", checkpointing=True)
-    >>> lab.results()                                 # one row per run (also in runs_dir()/lab-<day>.jsonl)
-    >>> lab.compare()                                 # plotly: tokens/s and peak memory per run
-
 Timing: ``warmup`` steps run first and are not timed; each timed step is clocked with the device
 synchronized (tunekit.measure.timing). FLOPs are counted once per configuration on a separate,
 untimed forward+backward (``flops_source`` = ``counted`` then ``cached``). MFU uses the analytic
 model FLOPs (6N + attention, causal), HFU the counted executed FLOPs (recomputation included).
-
 The Lab is a façade: its training step is ``engine.train.TrainStep`` (``lab.trainer``, the one
-every distributed rank takes), a run is ``engine.run`` (one process) or ``engine.distributed``,
-its record ``engine.train.record``. The pieces other engine code builds on are public:
-``apply(t)`` puts toggles on the live model, ``train_step(t)`` takes one optimizer step,
-``recover()`` cleans up after a failed step.
+every distributed rank takes), a run is ``engine.run`` (one process) or ``engine.distributed``.
 """
 
 from __future__ import annotations
@@ -58,7 +48,9 @@ def _trainer_attribute(name: str, doc: str) -> property:
 
 
 class Lab:
-    """A live model + data + optimizer kept across runs; see the module docstring for an example.
+    """A live model + data + optimizer kept across runs.
+
+    Example: ``lab = Lab(); base = lab.run(steps=20); lab.run(precision="bf16"); lab.results()``.
 
     ``model``: None (a fresh ``GPT(config or preset)``), ``"package.module:function"`` (a
     factory called with no arguments; distributed runs rebuild the model with it), a
@@ -76,6 +68,7 @@ class Lab:
     were), a batch the loss cannot take or a loss that is not one number.
     """
 
+    @toggle_keywords
     def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
                  config: GPTConfig | None = None, data="corpus", device=None, log_path=None,
                  peak_tflops: float | None = None, seed: int = 0, blocks=None, **defaults):
@@ -151,13 +144,15 @@ class Lab:
     # --- data -------------------------------------------------------------------------------
 
     def batch(self, micro_batch: int, seq_len: int):
-        """(x, y) for one micro-batch, on the lab's device."""
+        """(x, y) for one micro-batch, on the lab's device. Example: ``x, y = lab.batch(4, 128)``."""
         return self.batch_fn(micro_batch, seq_len)
 
     # --- toggles ----------------------------------------------------------------------------
 
     def env(self) -> Env:
-        """What this machine and model allow (used to explain refused toggles)."""
+        """What this machine and model allow (used to explain refused toggles).
+
+        Example: ``lab.env().bf16_supported``."""
         cuda = self.device.type == "cuda"
         return Env(device_type=self.device.type,
                    bf16_supported=torch.cuda.is_bf16_supported() if cuda else True,
@@ -167,8 +162,11 @@ class Lab:
                    can_set_attention=bool(self.adapter.attentions),
                    can_checkpoint=self.adapter.can_checkpoint, model=type(self.model).__name__)
 
+    @toggle_keywords
     def resolve(self, **changes) -> Toggles:
-        """The full toggles a run with ``changes`` would use (defaults filled in)."""
+        """The full toggles a run with ``changes`` would use (defaults filled in).
+
+        Example: ``lab.resolve(precision="bf16").seq_len``."""
         t = self.defaults.replace(**changes)
         if t.seq_len is None:
             # a model of tokens: its position limit; your own batch_fn: 1 (its runs count samples)
@@ -179,7 +177,7 @@ class Lab:
         return t
 
     def check(self, t: Toggles, steps: int = 1, warmup: int = 0) -> list[str]:
-        """Why ``t`` cannot run here (empty list: it can)."""
+        """Why ``t`` cannot run here (empty list: it can). Example: ``lab.check(lab.resolve(precision="fp16"))``."""
         out = problems(t, self.env())
         if not is_whole(steps) or steps < 1:
             out.append(f"steps must be a whole number >= 1 (got {steps!r}): nothing would be timed.")
@@ -194,20 +192,28 @@ class Lab:
 
     def apply(self, t: Toggles, notes: list | None = None) -> list:
         """Put ``t`` on the live model and optimizer (attention, checkpointing, optimizer, lr,
-        compile); returns ``notes`` with what changed beyond the toggles themselves."""
+        compile); returns ``notes`` with what changed beyond the toggles themselves.
+
+        Example: ``lab.apply(lab.resolve(checkpointing=True))``."""
         return self.trainer.apply(t, notes)
 
     def train_step(self, t: Toggles):
         """One optimizer step under ``t`` (``apply(t)`` first): ``grad_accum`` micro-batches of
-        forward and backward, then the optimizer. Returns the summed loss (a tensor)."""
+        forward and backward, then the optimizer. Returns the summed loss (a tensor).
+
+        Example: ``t = lab.resolve(); lab.apply(t); loss = lab.train_step(t)``."""
         return self.trainer.step(t)
 
     def grad_scaler(self, t: Toggles):
-        """The GradScaler for an fp16 run (None otherwise), kept as long as the optimizer."""
+        """The GradScaler for an fp16 run (None otherwise), kept as long as the optimizer.
+
+        Example: ``lab.grad_scaler(lab.resolve(precision="fp16"))``."""
         return self.trainer.grad_scaler(t)
 
     def recover(self) -> None:
-        """After a failed or interrupted step: no half-made gradients, no GradScaler mid-step."""
+        """After a failed or interrupted step: no half-made gradients, no GradScaler mid-step.
+
+        Example: ``lab.recover()`` after a step of your own raised."""
         self.trainer.recover()
 
     @property
@@ -219,7 +225,9 @@ class Lab:
 
     def memory_target(self, micro_batch: int | None = None, seq_len: int | None = None, batch=None):
         """What ``measure_memory(lab)`` measures (a measure.memory.StepTarget): the live model and
-        loss under the default toggles, on ``batch`` or one of the Lab's batches."""
+        loss under the default toggles, on ``batch`` or one of the Lab's batches.
+
+        Example: ``tunekit.measure_memory(lab)`` calls it."""
         from ..measure.memory import StepTarget
 
         t = self.defaults
@@ -231,41 +239,31 @@ class Lab:
 
     # --- the run (engine.run, engine.distributed) --------------------------------------------
 
+    @toggle_keywords
     def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
             trace: bool = False, memory: bool = False, parallel: str | None = None, nproc: int = 1,
             nodes: int = 1, link=None, verbose: bool = True, **changes) -> RunResult:
         """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
 
         Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
-        is called when the clock starts (done=0) and after each timed step. ``verbose`` (the
-        default) shows the steps going and one line when the run ends (a notebook: one updating
-        line per cell; a terminal: stderr, redrawn in place only on a tty; tunekit.ui.progress);
-        ``verbose=False`` is silent. Refused combinations
-        raise ``ToggleError`` (a ValueError) whose ``problems`` explain why, before any work.
-        A step whose loss (or, at the end, a weight) is NaN/inf stops the run: it is recorded as
-        failed and, with ``guard`` (the default), weights, optimizer and scaler are put back as
-        they were before the run; then ``NonFiniteRunError`` is raised. A step whose estimated
-        peak memory exceeds the memory available is refused before anything is allocated
-        (``WontFitError``, a ToggleError: the estimate, the limit, what to try; tunekit.engine.fit).
-        An out-of-memory error that still happens leaves no gradients behind, frees the memory,
-        puts weights and optimizer back (with ``guard``) and says what to try. ``trace``/``memory``:
-        one extra step after the timed ones runs under torch.profiler (``result.trace``, a
-        Breakdown with the profiler's overhead against the timed steps; ``result.memory``, a
-        MemoryTimeline); it does not count in tokens/s.
-
+        is called when the clock starts (done=0) and after each timed step; ``verbose`` (default)
+        shows the steps and one line at the end (tunekit.ui.progress), ``verbose=False`` nothing.
+        Refused combinations raise ``ToggleError`` (a ValueError; ``problems`` say why) before any
+        work, as does a step whose estimated peak memory exceeds the memory available
+        (``WontFitError``; tunekit.engine.fit). A NaN/inf loss or weight stops the run: it is
+        recorded as failed, undone with ``guard`` (weights, optimizer, scaler), and
+        ``NonFiniteRunError`` raised. An out-of-memory error leaves no gradients, frees the memory,
+        undoes the run (with ``guard``) and says what to try. ``trace``/``memory``: one extra
+        step after the timed ones under torch.profiler (``result.trace``, ``result.memory``).
 
         ``parallel="ddp" | "fsdp" | "fsdp_grad_op" | "hsdp"`` runs ``nodes`` x ``nproc`` worker
-        processes instead (tunekit.engine.dist: torch.distributed's elastic agent, gloo on CPU, NCCL on
-        CUDA), each building this model from its config (or the Lab's factory string) with the
-        Lab's current weights, and training on its slice of the global batch (``micro_batch``
-        per rank); ``link={"bandwidth": "50mbit", "latency": "1ms"}`` puts each node in its own
-        network namespace. The Lab's own model is not changed by such a run.
+        processes instead (tunekit.engine.dist: gloo on CPU, NCCL on CUDA), each rebuilding this
+        model with the Lab's current weights and training its slice of the global batch
+        (``micro_batch`` per rank); ``link={"bandwidth": "50mbit", "latency": "1ms"}`` puts each
+        node in its own network namespace. The Lab's own model is not changed by such a run.
 
-        Ctrl-C stops a run in its steps (the FLOP probe's, the warm-up, the timed and the traced
-        ones); while it sets up, records or cleans up it waits, a second Ctrl-C too. An
-        interrupted run is not a run: it is not recorded, it is undone (with ``guard``), and its
-        tensors are freed even while Jupyter keeps the KeyboardInterrupt (its traceback then ends
-        here, with a note saying where it stopped).
+        Ctrl-C stops a run in its steps; while it sets up, records or cleans up it waits. An
+        interrupted run is not recorded, is undone (with ``guard``), and its tensors are freed.
         """
         if not isinstance(verbose, bool):
             raise ToggleError([f"verbose must be True or False (got {verbose!r})."])
@@ -289,16 +287,20 @@ class Lab:
         return single.run(self, steps, warmup, progress, guard, trace, memory, changes)
 
     def measure_steps(self, t: Toggles, steps: int, progress=None) -> Steps:
-        """``steps`` timed training steps under ``t`` (applied already); see ``engine.run``."""
+        """``steps`` timed training steps under ``t`` (applied already); see ``engine.run``.
+
+        Example: ``t = lab.resolve(); lab.apply(t); lab.measure_steps(t, 5).times``."""
         return single.measure_steps(self, t, steps, progress)
 
     def traced_step(self, t: Toggles, step_s: float, trace: bool = True, memory: bool = False):
-        """One more training step under torch.profiler; see ``engine.run``."""
+        """One more training step under torch.profiler; see ``engine.run``.
+
+        Example: ``breakdown, timeline = lab.traced_step(t, step_s=0.1, memory=True)``."""
         return single.traced_step(self, t, step_s, trace, memory)
 
     def save_results(self, path) -> Path:
         """Append every run of this Lab to the JSONL log ``path`` (e.g. when the Lab's own log
-        could not be written). Returns the path."""
+        could not be written). Returns the path. Example: ``lab.save_results("runs.jsonl")``."""
         return self.log.save_to(path)
 
     # --- results ----------------------------------------------------------------------------
@@ -312,7 +314,9 @@ class Lab:
         """pandas DataFrame, one row per run (this session's and the log's earlier ones): what ran,
         tokens/s (samples/s), step time, TFLOPS, MFU, peak memory, the machine and the status
         (``core.results.RESULT_COLUMNS``), shown formatted; ``all=True``: every column (toggles,
-        FLOPs, bytes, energy, notes...), a plain DataFrame. The values are the raw numbers either way."""
+        FLOPs, bytes, energy, notes...), a plain DataFrame. The values are the raw numbers either way.
+
+        Example: ``lab.results(all=True)[["label", "tokens_per_s", "peak_mem_bytes"]]``."""
         from ..core.results import RESULT_COLUMNS, runs_view
         from ..core.summary import readable
 
@@ -320,7 +324,9 @@ class Lab:
         return df if all else readable(df[list(RESULT_COLUMNS)], runs_view, "lab.results(all=True)")
 
     def compare(self, baseline: int = 0):
-        """plotly Figure: tokens/s and peak memory per run, the ``baseline`` run marked."""
+        """plotly Figure: tokens/s and peak memory per run, the ``baseline`` run marked.
+
+        Example: ``lab.compare(baseline=0).show()``."""
         from ..ui.lab_plots import compare_figure
         return compare_figure(self.results(all=True), baseline=baseline)
 
@@ -339,7 +345,9 @@ class Lab:
                                    snapshot_on_oom, budget_s, **changes)
 
     def reset_optimizer(self) -> None:
-        """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one."""
+        """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one.
+
+        Example: ``lab.reset_optimizer(); lab.run(steps=20)`` starts from empty optimizer state."""
         self.trainer.reset_optimizer()
 
     def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
@@ -358,7 +366,9 @@ class Lab:
                         compile_s=compile_s, trial_s=trial_s, progress=progress, trials=trials)
 
     def dashboard(self):
-        """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts)."""
+        """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts).
+
+        Example: ``lab.dashboard()`` as the last line of a notebook cell."""
         from ..ui.dashboard import Dashboard
         return Dashboard(self)
 
@@ -380,5 +390,7 @@ class Lab:
 
         ``path=None``: the newest day's log under ``core.paths.runs_dir()`` (after a kernel restart,
         say), every Lab of that day; its ``session`` column tells the Labs apart:
-        ``df[df.session == df.session.iloc[-1]]`` is the latest Lab's runs."""
+        ``df[df.session == df.session.iloc[-1]]`` is the latest Lab's runs.
+
+        Example: ``df = tunekit.Lab.load_results()``."""
         return results_frame(RunLog.newest(runs_dir()) if path is None else RunLog.load(path))
