@@ -132,7 +132,7 @@ def test_a_profile_record_prints_its_summary():
 
 
 def test_the_memory_estimate_prints_its_total_and_lines():
-    est = estimate_memory(124e6, n_layer=12, n_embd=768, n_head=12, seq_len=1024, micro_batch=8)
+    est = estimate_memory(124e6, n_layer=12, n_embd=768, n_head=12, seq_len=1024, micro_batch=8, device="cuda")
     assert repr(est) == """\
 memory estimate · 124M params · mixed · adamw · micro_batch 8 × seq_len 1024 · cuda
   total            10.6 GiB (11.38 GB) per device; a lower bound: buffers unknown

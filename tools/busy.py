@@ -162,9 +162,10 @@ def main(argv=None) -> int:
     # with a command, Ctrl-C is the command's to handle (pytest prints its summary) and we stop
     # when it ends; a handler that does nothing, not SIG_IGN, which the command would inherit
     signal.signal(signal.SIGINT, (lambda *a: None) if command else on_signal)
-    b = busy(args.cores, args.seconds).start()
+    b = busy(args.cores, args.seconds)
     why, proc, rc = "time up", None, 0
-    try:
+    try:   # started inside: a Ctrl-C right after the pid line still stops the spinners cleanly
+        b.start()
         if command:
             try:
                 proc = subprocess.Popen(command)
