@@ -51,8 +51,8 @@ def test_the_tour_report_has_every_chart_the_dashboard_and_the_summary(tmp_path)
                     str(ROOT / "notebooks" / "00_tour.ipynb"), "--output-dir", str(tmp_path),
                     "--ExecutePreprocessor.timeout=600"], check=True, capture_output=True)
     page = build(executed, tmp_path / "tour.html").read_text()
-    # plot_history, lab.compare(), and the dashboard's two charts in its snapshot
-    assert page.count("Plotly.newPlot(") == 4
+    # plot_history, lab.compare(), and the dashboard's chart (throughput + memory) in its snapshot
+    assert page.count("Plotly.newPlot(") == 3
     assert "Lab dashboard (snapshot)" in page and "<h3>Lab runs</h3>" in page
     assert page.index("<h2>Summary</h2>") < page.index("1. Profile a training step")
     assert not EXTERNAL.search(page)

@@ -23,7 +23,7 @@ from ..core.summary import table_html
 from ..core.toggles import Declared, Env, ToggleError, notices
 from ..core.units import MiB
 from .autotune_view import evidence_view
-from .lab_plots import compare_figure, memory_breakdown_figure
+from .lab_plots import compare_figure
 
 
 def _plotly_output(fig) -> dict:
@@ -85,7 +85,7 @@ class Dashboard(W.VBox):
         self.progress = W.IntProgress(value=0, min=0, max=1, description="idle")
         self.message = W.HTML()
         self.table = W.HTML()
-        self.chart_out, self.breakdown_out = W.Output(), W.Output()
+        self.chart_out = W.Output()   # throughput and the measured memory components per run
         self.figures = {}
         self.table_df = None
         self.last_error = None
@@ -102,7 +102,7 @@ class Dashboard(W.VBox):
                           self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
         tune = W.HBox([self.autotune_button, self.autotune_budget])
         super().__init__([grid, buttons, tune, self.message, self.autotune_out, self.autotune_chart, self.table,
-                          self.chart_out, self.breakdown_out])
+                          self.chart_out])
         self.explain()
         self.refresh()
 
@@ -269,14 +269,12 @@ class Dashboard(W.VBox):
         df = self.lab.results(all=True)
         self.table_df = runs_view(df)
         self.table.value = table_html(self.table_df) if len(df) else "<i>no runs yet</i>"
-        self.figures = {"compare": compare_figure(df), "memory": memory_breakdown_figure(df)}
+        self.figures = {"compare": compare_figure(df)}
         if self.last_autotune is not None:
             self.figures["autotune"] = self.last_autotune.figure
         if get_ipython() is None:
             return  # plain Python (tests): keep the figures, nothing to draw on
-        for out, fig in ((self.chart_out, self.figures["compare"]),
-                         (self.breakdown_out, self.figures["memory"])):
-            # Set the Output widget's content directly rather than capturing with `with out:`:
-            # capture routes outputs through the widget's msg_id, which headless runners
-            # (nbclient, hence nbconvert --execute) intermittently wait on forever.
-            out.outputs = (_plotly_output(fig),)
+        # Set the Output widget's content directly rather than capturing with `with out:`:
+        # capture routes outputs through the widget's msg_id, which headless runners
+        # (nbclient, hence nbconvert --execute) intermittently wait on forever.
+        self.chart_out.outputs = (_plotly_output(self.figures["compare"]),)

@@ -1,7 +1,6 @@
 """plotly figures of Lab results. UI layer: draws what the Lab measured, measures nothing.
 
     >>> compare_figure(lab.results(all=True), baseline=0)      # tokens/s and memory per run
-    >>> memory_breakdown_figure(lab.results(all=True))          # params / grads / optimizer / saved
 
 Every run is named by what it changes relative to the baseline (``core.baseline.difference``),
 and memory is drawn as the measured components a toggle changes (parameters, gradients,
@@ -21,7 +20,7 @@ from ..core.units import MiB, fmt_bytes
 from .axes import BASE_COLOR, COMPONENTS, RUN_COLOR, value_range
 from .renderer import never_a_browser
 
-__all__ = ["BASE_COLOR", "RUN_COLOR", "compare_figure", "memory_breakdown_figure", "run_names"]
+__all__ = ["BASE_COLOR", "RUN_COLOR", "compare_figure", "run_names"]
 
 
 def _rows(df) -> list[dict]:
@@ -85,22 +84,4 @@ def compare_figure(df, baseline: int | None = 0) -> go.Figure:
                       barmode="stack", height=420, margin=dict(t=80, b=40), uniformtext=dict(minsize=9, mode="show"),
                       legend=dict(orientation="h", y=-0.2))
     fig.layout.meta = {"baseline": ids[i], "why": why}
-    return fig
-
-
-def memory_breakdown_figure(df, baseline: int | None = 0) -> go.Figure:
-    """Stacked bars of what each run holds: parameters, gradients, optimizer state, and the
-    activations saved for backward by one micro-batch (from the untimed probe step); the
-    measured peak (RSS or allocator) above each bar."""
-    never_a_browser()
-    fig = go.Figure()
-    if len(df) == 0:
-        fig.update_layout(title="no runs yet", height=320)
-        return fig
-    ids = [int(i) for i in df["run_id"]]
-    names, _, _ = run_names(df, baseline if baseline in ids else None)
-    _memory(fig, df, names)
-    fig.update_layout(barmode="stack", title="memory breakdown per run (MiB, 2^20 B); above each bar: the "
-                      "measured peak", height=360,
-                      margin=dict(t=50, b=40))
     return fig
