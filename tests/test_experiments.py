@@ -1,4 +1,6 @@
 """tunekit.experiment outside a kernel (scripts, plain dict namespaces) and the report views."""
+import sys
+
 import pytest
 import torch
 
@@ -57,3 +59,12 @@ def test_plot_history_has_three_panels():
     names = [t.name for t in fig.data]
     assert names[:2] == ["wall time", "CPU RSS peak"] and "TFLOPS" in names
     assert len(fig.data[0].x) == 2
+
+
+def test_without_the_extra_the_error_names_the_install_command(monkeypatch):
+    # ipyexperiments is the [experiments] extra: without it, one clear line before any work
+    for name in ("ipyexperiments", "ipyexperiments.ipyexperiments"):
+        monkeypatch.setitem(sys.modules, name, None)   # import of it fails as if not installed
+    with pytest.raises(ModuleNotFoundError, match=r"\[experiments\] extra: pip install 'tunekit\[experiments\]'"):
+        with tunekit.experiment("no extra"):
+            pass

@@ -39,7 +39,15 @@ def _import_ipyexperiments():
     # ipyexperiments sets CUDA_MODULE_LOADING=EAGER at import, which would silently change how
     # this whole process loads CUDA kernels: keep the user's setting.
     before = os.environ.get("CUDA_MODULE_LOADING")
-    import ipyexperiments.ipyexperiments as mod
+    try:
+        import ipyexperiments.ipyexperiments as mod
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "ipyexperiments":
+            raise
+        raise ModuleNotFoundError(
+            "tunekit.experiment() needs ipyexperiments, the [experiments] extra: pip install "
+            "'tunekit[experiments]' (or, without the deprecated pynvml package it requires: "
+            "pip install --no-deps 'ipyexperiments>=0.1.29')", name="ipyexperiments") from None
 
     if before is None:
         os.environ.pop("CUDA_MODULE_LOADING", None)
