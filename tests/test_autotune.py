@@ -433,3 +433,17 @@ def test_dashboard_button_runs_autotune_and_shows_the_evidence(lab):
     dash.autotune_budget.value = 0
     dash.autotune_button.click()
     assert "budget_s must be" in dash.message.value
+
+
+def test_a_max_batch_search_that_did_not_finish_says_so_in_the_notes(lab):
+    # the Lab's trials keep the last search; one stopped at its limit or budget is quoted
+    class Unfinished(FakeTrials):
+        def max_batch(self, t, limit):
+            self.last_search = SimpleNamespace(stopped="budget", verdict="stopped by the time budget (budget_s=5)")
+            return super().max_batch(t, limit)
+
+    found = autotune(lab, budget_s=1000, trials=Unfinished(), space={"compile": [False]})
+    note = next(n for n in found.notes if n.startswith("largest micro-batch that fits"))
+    assert note.endswith("(searched up to 256); stopped by the time budget (budget_s=5)")
+    plain = autotune(lab, budget_s=1000, trials=FakeTrials(), space={"compile": [False]})
+    assert next(n for n in plain.notes if n.startswith("largest micro-batch")).endswith("(searched up to 256)")

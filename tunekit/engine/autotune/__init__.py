@@ -80,6 +80,7 @@ class LabTrials:
         self.lab, self.warmup = lab, warmup
         self.memory_budget_bytes = memory_budget_bytes
         self.deadline = None if budget_s is None else self.clock() + budget_s
+        self.last_search = None  # the latest max-batch search (MaxBatchResult)
 
     def measure(self, t: Toggles, steps: int):
         try:
@@ -92,6 +93,7 @@ class LabTrials:
         left = None if self.deadline is None else max(self.deadline - self.clock(), 1e-3)
         found = self.lab.find_max_batch_size(start=1, limit=limit, memory_budget_bytes=self.memory_budget_bytes,
                                              budget_s=left, **t.replace(micro_batch=1).asdict())
+        self.last_search = found  # why it stopped, for the stage's note
         return found.best
 
     def clock(self) -> float:

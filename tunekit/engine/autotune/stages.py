@@ -101,6 +101,14 @@ def with_batch(s: Search, b: int, **changes) -> dict:
     return {"micro_batch": b, "grad_accum": ga, **changes}
 
 
+def _unfinished(trials) -> str:
+    """What the max-batch search said when it stopped at its limit or its budget ('' otherwise or
+    for trials that keep no search, e.g. a test's)."""
+    found = getattr(trials, "last_search", None)
+    stopped = getattr(found, "stopped", "converged")
+    return "" if stopped == "converged" else f"; {found.verdict}"
+
+
 def stage_micro_batch(s: Search, _toggles=()) -> None:
     """Every micro-batch that fits (the Lab's max-batch search); checkpointing only at those that
     fit with it and not without."""
@@ -111,7 +119,7 @@ def stage_micro_batch(s: Search, _toggles=()) -> None:
         raise Stop  # the max-batch search trains real steps too
     fit = s.trials.max_batch(inc, s.limit) or 0
     s.notes.append(f"largest micro-batch that fits with {label(inc, s.start)}: {fit} "
-                   f"(searched up to {s.limit})")
+                   f"(searched up to {s.limit})" + _unfinished(s.trials))
     changes = [with_batch(s, b) for b in sizes(s, 1, min(fit, s.limit))]
     for b in sizes(s, fit + 1, s.limit):
         s.prune(s.candidate(s.stage, inc.replace(**with_batch(s, b))),
