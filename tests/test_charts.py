@@ -165,3 +165,55 @@ def test_the_history_table_says_which_times_were_slowed():
     view = history_view(df)
     assert view["time (s)"].tolist() == ["2.9 (slowed: FLOP counting)", 0.32]
     assert view["GFLOP"].tolist() == [8.56, 8.56] and view["machine"].tolist() == ["quiet", "⚠ busy"]
+
+
+def _history_with_every_slower():
+    """A History of four cells: counted, traced (torch.profiler), memory timeline, clean."""
+    from tunekit.core.breakdown import Breakdown, MemoryTimeline
+    from tunekit.core.records import History, ProfileRecord
+
+    h = History()
+    h.append(ProfileRecord("count", wall_s=2.9, flops_source="counted"))
+    # a trace whose one-line summary is "" (no wall time to share out) still slowed the cell
+    h.append(ProfileRecord("trace", wall_s=1.5, flops_source="cached",
+                           trace=Breakdown(device="cpu", wall_s=math.nan, seconds={})))
+    h.append(ProfileRecord("mem", wall_s=0.9, flops_source="cached",
+                           memory=MemoryTimeline(device="cpu", times_s=[0.0], bytes={})))
+    h.append(ProfileRecord("clean", wall_s=0.32, flops_source="cached"))
+    return h.to_frame()
+
+
+def test_history_default_view_marks_cells_slowed_by_trace_and_memory_too():
+    from tunekit.core.summary import HISTORY_COLUMNS, history_view, readable, table_text
+
+    df = _history_with_every_slower()
+    assert [s if isinstance(s, str) else None for s in df["slowed_by"]] == [
+        "FLOP counting", "profiler trace", "memory history", None]
+    curated = readable(df[list(HISTORY_COLUMNS)], history_view)  # what tunekit.history() returns
+    assert "trace" not in curated.columns                         # the mark survives the curation
+    assert history_view(curated)["time (s)"].tolist() == [
+        "2.9 (slowed: FLOP counting)", "1.5 (slowed: profiler trace)", "0.9 (slowed: memory history)", 0.32]
+    assert "(slowed: profiler trace)" in table_text(history_view(curated))
+
+
+def test_plot_history_marks_traced_cells_from_the_default_history_view():
+    from tunekit.core.summary import HISTORY_COLUMNS
+    from tunekit.ui.axes import RUN_COLOR, SLOWED_COLOR
+    from tunekit.ui.plots import plot_history
+
+    wall = plot_history(_history_with_every_slower()[list(HISTORY_COLUMNS)]).data[0]
+    assert list(wall.marker.color) == [SLOWED_COLOR] * 3 + [RUN_COLOR]
+    assert list(wall.text) == ["slowed: FLOP counting", "slowed: profiler trace", "slowed: memory history", ""]
+
+
+def test_the_report_marks_a_traced_cell(monkeypatch):
+    from tunekit.core.breakdown import Breakdown
+    from tunekit.core.records import History, ProfileRecord
+    from tunekit.measure import history as hist
+    from tunekit.ui.report_html import SessionSummary
+
+    h = History()
+    h.append(ProfileRecord("t", wall_s=1.5, flops_source="cached",
+                           trace=Breakdown(device="cpu", wall_s=1.5, seconds={"matmul/linear": 1.0})))
+    monkeypatch.setattr(hist, "HISTORY", h)
+    assert "1.5 (slowed: profiler trace)" in SessionSummary().html

@@ -6,6 +6,7 @@ import html
 
 from .bounds import FLAG, WORDS, mark, over
 from .conditions import BUSY, QUIET
+from .records import slowed_by
 from .units import MiB, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, is_missing
 
 
@@ -239,10 +240,10 @@ _HISTORY = {"name": "cell", "wall_s": "time (s)", "gflop": "GFLOP", "flops_sourc
 
 
 # what tunekit.history() holds unless asked for every column: what ran, its time, FLOPs and rates
-# (HFU judges TFLOPS against its bound),
-# memory, the machine and the error (flops_source and above_peak: the view's marks)
+# (HFU judges TFLOPS against its bound), memory, the machine and the error (flops_source,
+# above_peak and slowed_by: the view's marks)
 HISTORY_COLUMNS = ("name", "wall_s", "flops", "flops_source", "tflops", "mfu", "hfu", "cpu_peak_delta_bytes",
-                   "gpu_peak_delta_bytes", "conditions", "error", "above_peak")
+                   "gpu_peak_delta_bytes", "conditions", "error", "above_peak", "slowed_by")
 
 
 def history_view(df):
@@ -255,25 +256,11 @@ def history_view(df):
     view = df.assign(**{k: f(df[src]) for k, (src, f) in derived.items() if src in df})
     view = mark_rates(view, df["above_peak"] if "above_peak" in df else [None] * len(df))
     if "wall_s" in view:
-        slowed = [slowed_by(r) for r in df.to_dict("records")]  # the counter/trace ran in the timed cell
+        slowed = [slowed_by(r) for r in df.to_dict("records")]  # the counter/profiler ran in the timed cell
         view = view.assign(wall_s=[f"{formatted(t, FORMATS['time (s)'])} (slowed: {s})" if s else t
                                    for t, s in zip(view["wall_s"], slowed)])
     shown = [c for c in _HISTORY if c in view]
     return view[shown].rename(columns=_HISTORY)
-
-
-def slowed_by(row) -> str | None:
-    """What slowed a profiled cell's wall time, or None: the FLOP counter runs in the cell it
-    counts ('counted'), a torch.profiler trace or a memory history records every op."""
-    get = row.get if hasattr(row, "get") else (lambda k, d=None: getattr(row, k, d))
-    why = [what for key, what, on in (("flops_source", "FLOP counting", lambda v: v == "counted"),
-                                      ("trace", "profiler trace", _present),
-                                      ("memory", "memory history", _present)) if on(get(key, None))]
-    return " and ".join(why) or None
-
-
-def _present(v) -> bool:
-    return v is not None and not (isinstance(v, float) and v != v) and v != ""
 
 
 _RATES = (("mfu", "mfu", "MFU"), ("hfu", "hfu", "HFU"), ("tflops", "hfu", "TFLOPS"))  # column, judged by, format
