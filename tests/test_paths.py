@@ -148,7 +148,7 @@ def test_lab_logs_to_the_day_file_and_load_results_finds_it(monkeypatch, tmp_pat
     day = tmp_path / "runs" / f"lab-{time.strftime('%Y-%m-%d')}.jsonl"
     assert lab1.log_path == lab2.log_path == day and lab1.log.session != lab2.log.session
     lab1.log.add(_failed("one")), lab2.log.add(_failed("two"))
-    df = Lab.load_results()
+    df = Lab.load_results(all=True)
     assert list(df["label"]) == ["one", "two"] and list(df["run_id"]) == [0, 0]
     assert list(df["session"]) == [lab1.log.session, lab2.log.session]
     assert [r.label for r in lab2.runs] == ["two"]

@@ -224,6 +224,13 @@ def test_screenshot_caption_names_each_runs_conditions(tmp_path):
     assert line == ("Measured while the picture was taken: #0 baseline: 38,660 tokens/s, machine quiet "
                     "(tasks waited for a CPU 3% of the time); #1 bf16: 47,130 tokens/s, machine quiet "
                     "(tasks waited for a CPU 0% of the time).")
+    # with what the log records of a run: when, where, which model, how many steps
+    setting = dict(time="2026-11-24 00:30:12", device="cpu (2 threads)", model="GPT", n_params=426624, steps=5,
+                   warmup=2)
+    alt, line, ok = tool.caption([{**r, **setting} for r in quiet])
+    assert ok and line.startswith(
+        "Measured while the picture was taken on 2026-11-24 00:30:12, cpu (2 threads) of a 2-CPU machine, "
+        "GPT (426.6k params), 5 timed steps after 2 warm-up per run: #0 baseline: 38,660 tokens/s, machine quiet")
 
 
 def test_screenshot_caption_refuses_a_busy_or_unknown_run():
@@ -231,7 +238,8 @@ def test_screenshot_caption_refuses_a_busy_or_unknown_run():
     busy = [_run(0, "baseline", 951.0, "busy", "other processes used 1.0 of 2 CPUs"), _run(1, "bf16", 786.0)]
     alt, line, ok = tool.caption(busy)
     assert not ok and alt.endswith("measured on a BUSY machine")
-    assert line.startswith("BUSY machine: these throughputs measured other work too, do not quote them.")
+    assert line.startswith("BUSY machine: these throughputs measured other work too, do not quote them. "
+                           "Measured: #0 baseline: 951 tokens/s")
     assert "machine busy (other processes used 1.0 of 2 CPUs)" in line
     assert "machine unknown (no conditions recorded)" in line
     assert tool.caption([])[2] is False

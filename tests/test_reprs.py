@@ -90,6 +90,27 @@ def test_results_show_the_columns_read_first_and_keep_raw_numbers():
     assert "lab.results(all=True) has every column" in df._repr_html_()
 
 
+def test_load_results_shows_what_lab_results_shows(tmp_path, monkeypatch):
+    from tunekit import Lab
+    from tunekit.core.runlog import RunLog
+
+    log = RunLog(tmp_path / "runs.jsonl")
+    whole = dict(params_bytes=3 * 2**19, grads_bytes=3 * 2**19)   # the log keeps byte counts as ints
+    log.add(run(**whole)), log.add(run(label="fp32", **whole))
+    df, every = Lab.load_results(log.path), Lab.load_results(log.path, all=True)
+    assert list(df.columns) == list(RESULT_COLUMNS)        # the curated set, as lab.results()
+    assert "Lab.load_results(all=True) has every column" in repr(df)
+    assert repr(df).splitlines()[1].split() == ["0", "bf16", "20,480", "50.0", "0.024", "20.0%", "24.0%",
+                                                "400.0", "quiet", "ok"]  # run ids renumbered from 0 by the log
+    assert "session" in every.columns and "notes" in every.columns and type(every).__name__ == "DataFrame"
+    assert df["tokens_per_s"].tolist() == every["tokens_per_s"].tolist() == [20480.0, 20480.0]  # raw numbers
+    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))   # path=None: the newest lab-*.jsonl
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs.jsonl").rename(tmp_path / "runs" / "lab-2026-01-01.jsonl")
+    assert list(Lab.load_results().columns) == list(RESULT_COLUMNS)
+    assert list(Lab.load_results(all=True).columns) == list(every.columns)
+
+
 def test_a_table_of_samples_is_headed_samples_per_second():
     df = results_frame([run(throughput_unit="samples")])
     assert "samples/s" in runs_view(df).columns and "tokens/s" not in runs_view(df).columns

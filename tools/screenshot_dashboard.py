@@ -8,9 +8,10 @@ twice (fp32, then bf16 picked in its precision dropdown the way a user would), w
 table rows and the charts, and takes a PNG of the cell's output.
 
 The picture shows throughput, so it is only as good as the machine was quiet: the kernel logs
-its runs to a temporary data folder, and each run's `conditions` (quiet or busy, with the reason)
-are read back from that log. The caption for the README (the picture's alt text and the line
-under it) is printed with them. If a run was measured busy, or carries no conditions, the
+its runs to a temporary data folder, and each run's record is read back from that log. The
+caption for the README (the picture's alt text and the line under it) is printed with them: it
+states the conditions, when, on what device, which model, how many steps, and how busy the
+machine was during each run (quiet or busy, with the reason). If a run was measured busy, or carries no conditions, the
 picture is not written (exit 3): run it again on a quiet machine. ``--allow-busy`` writes it
 anyway, with a caption that says the machine was busy.
 
@@ -115,9 +116,28 @@ def _verdict(rec: dict) -> tuple:
     return "unknown", "no conditions recorded"
 
 
+def setting(runs: list) -> str:
+    """How the runs in the picture were taken, from their log records: when, on what device, which
+    model, how many steps ('' for what the records do not say)."""
+    first = runs[0]
+    cond = first.get("conditions") if isinstance(first.get("conditions"), dict) else {}
+    parts = []
+    if first.get("time"):
+        parts.append(f"on {first['time']}")
+    if first.get("device"):
+        parts.append(str(first["device"]) + (f" of a {cond['cpus']}-CPU machine" if cond.get("cpus") else ""))
+    if first.get("model"):
+        n = first.get("n_params")
+        parts.append(str(first["model"]) + (f" ({n / 1e3:,.1f}k params)" if isinstance(n, (int, float)) else ""))
+    if first.get("steps") is not None:
+        parts.append(f"{first['steps']} timed steps after {first.get('warmup', '?')} warm-up per run")
+    return ", ".join(parts)
+
+
 def caption(runs: list) -> tuple:
-    """(alt text, the line under the picture, quiet): what the picture shows and how the machine
-    was while each run in it was measured. ``quiet`` is False when any run was busy or unknown."""
+    """(alt text, the line under the picture, quiet): what the picture shows and the conditions it
+    was taken under (when, where, which model, how many steps, and how busy the machine was while
+    each run in it was measured). ``quiet`` is False when any run was busy or unknown."""
     if not runs:
         return "the dashboard in JupyterLab", "No run was logged: the picture shows no measurement.", False
     cpus = next((r["conditions"].get("cpus") for r in runs if isinstance(r.get("conditions"), dict)
@@ -128,10 +148,13 @@ def caption(runs: list) -> tuple:
     quiet = all(v == "quiet" for v, _ in verdicts)
     alt = (f"the dashboard in JupyterLab after {len(runs)} run(s) ({names}) on {where}, "
            + ("measured on a quiet machine" if quiet else "measured on a BUSY machine"))
-    parts = [f"#{r.get('run_id', i)} {r.get('label', '?')}: {float(r['tokens_per_s']):,.0f} tokens/s, "
-             f"machine {v} ({why})" for i, (r, (v, why)) in enumerate(zip(runs, verdicts))]
-    line = ("Measured while the picture was taken: " if quiet else
-            "BUSY machine: these throughputs measured other work too, do not quote them. ") + "; ".join(parts) + "."
+    parts = [f"#{r.get('run_id', i)} {r.get('label', '?')}: {float(r['tokens_per_s']):,.0f} "
+             f"{r.get('throughput_unit') or 'tokens'}/s, machine {v} ({why})"
+             for i, (r, (v, why)) in enumerate(zip(runs, verdicts))]
+    how = setting(runs)
+    line = ("Measured while the picture was taken" if quiet else
+            "BUSY machine: these throughputs measured other work too, do not quote them. Measured") + \
+        (f" {how}" if how else "") + ": " + "; ".join(parts) + "."
     return alt, line, quiet
 
 
@@ -197,6 +220,7 @@ def main(argv=None) -> int:
     if browser is None:
         print("no Chromium installed: skipped (apt-get install chromium)")
         return 2
+    t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp())
     (work / "nb").mkdir()
     kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
@@ -239,7 +263,7 @@ def main(argv=None) -> int:
               f"would mislead; stop what else runs and try again (or --allow-busy). {out} is unchanged.")
         return 3
     out.write_bytes(png)
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB); for the README:\n\n![{alt}]({out.as_posix()})\n\n{line}")
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB) in {time.perf_counter() - t0:.0f} s; for the README:\n\n![{alt}]({out.as_posix()})\n\n{line}")
     return 0
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from .breakdown import short
 from .conditions import Conditions
 from .run_text import common_unit, run_html, summary_lines
-from .summary import mark_rates
+from .summary import mark_rates, readable
 from .toggles import Toggles
 from .units import MiB
 
@@ -172,6 +172,18 @@ def results_frame(runs: list[RunResult]):
 # peak memory, the machine and the outcome (throughput_unit and above_peak: the view's header and marks)
 RESULT_COLUMNS = ("run_id", "label", "tokens_per_s", "throughput_unit", "step_s", "tflops", "mfu", "hfu",
                   "peak_mem_bytes", "conditions", "status", "above_peak")
+
+
+
+def runs_table(runs: list[RunResult], all: bool = False, more: str = "lab.results(all=True)"):
+    """``runs`` as ``lab.results()`` and ``Lab.load_results()`` both return them: the curated
+    columns (``RESULT_COLUMNS``) shown formatted, ``more`` said under the table as the call with
+    every column; ``all=True``: every column, a plain DataFrame. Raw numbers either way.
+
+    Example: ``runs_table(lab.runs, all=True)["notes"]``."""
+    df = results_frame(runs)
+    return df if all else readable(df[list(RESULT_COLUMNS)], runs_view, more)
+
 
 _VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step (ms)",
          "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak (MiB)",

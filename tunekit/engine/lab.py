@@ -317,11 +317,8 @@ class Lab:
         FLOPs, bytes, energy, notes...), a plain DataFrame. The values are the raw numbers either way.
 
         Example: ``lab.results(all=True)[["label", "tokens_per_s", "peak_mem_bytes"]]``."""
-        from ..core.results import RESULT_COLUMNS, runs_view
-        from ..core.summary import readable
-
-        df = results_frame(self.log.runs)
-        return df if all else readable(df[list(RESULT_COLUMNS)], runs_view, "lab.results(all=True)")
+        from ..core.results import runs_table
+        return runs_table(self.log.runs, all, "lab.results(all=True)")
 
     def compare(self, baseline: int = 0):
         """plotly Figure: tokens/s and peak memory per run, the ``baseline`` run marked.
@@ -385,12 +382,16 @@ class Lab:
         return lab_html(self._summary_rows())
 
     @staticmethod
-    def load_results(path=None):
-        """DataFrame of the runs in a JSONL log written by a Lab (partial last lines skipped).
+    def load_results(path=None, all: bool = False):
+        """The runs of a JSONL log written by a Lab (partial last lines skipped), as
+        ``lab.results()`` shows them: the curated columns formatted, ``all=True`` every column
+        (a plain DataFrame); raw numbers either way.
 
         ``path=None``: the newest day's log under ``core.paths.runs_dir()`` (after a kernel restart,
-        say), every Lab of that day; its ``session`` column tells the Labs apart:
-        ``df[df.session == df.session.iloc[-1]]`` is the latest Lab's runs.
+        say), every Lab of that day; its ``session`` column (``all=True``) tells the Labs apart.
 
-        Example: ``df = tunekit.Lab.load_results()``."""
-        return results_frame(RunLog.newest(runs_dir()) if path is None else RunLog.load(path))
+        Example: ``df = tunekit.Lab.load_results(all=True); df[df.session == df.session.iloc[-1]]``
+        (the latest Lab's runs, every column)."""
+        from ..core.results import runs_table
+        runs = RunLog.newest(runs_dir()) if path is None else RunLog.load(path)
+        return runs_table(runs, all, "Lab.load_results(all=True)")
