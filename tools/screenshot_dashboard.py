@@ -263,7 +263,8 @@ def main(argv=None) -> int:
               f"would mislead; stop what else runs and try again (or --allow-busy). {out} is unchanged.")
         return 3
     out.write_bytes(png)
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB) in {time.perf_counter() - t0:.0f} s; for the README:\n\n![{alt}]({out.as_posix()})\n\n{line}")
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB) in {time.perf_counter() - t0:.0f} s; "
+          f"for the README:\n\n![{alt}]({out.as_posix()})\n\n{line}")
     return 0
 
 
