@@ -152,6 +152,23 @@ def test_a_profile_record_prints_its_summary():
   machine    quiet: tasks waited for a CPU 1% of the time"""   # no row of n/a's for a GPU it has not
 
 
+def test_a_profile_records_notes_are_a_list_one_per_line_under_the_label():
+    long = ("not traced: this run counts FLOPs, and the counter would be traced as the work; run it again "
+            "to trace it (or count none: --flops never)")   # 130 characters: wrapped at 90
+    rec = ProfileRecord(name="mm", wall_s=0.022, device="cpu", cpu_rss_delta_bytes=0.0, cpu_peak_delta_bytes=0.0,
+                        notes=["added CPU SDPA FLOPs (torch counts 0 for them)", long, "no CUDA device"])
+    assert to_text(rec).splitlines()[5:] == [
+        "  notes      added CPU SDPA FLOPs (torch counts 0 for them)",
+        "             not traced: this run counts FLOPs, and the counter would be traced as the work; run it",
+        "               again to trace it (or count none: --flops never)",
+        "             no CUDA device"]   # "  " + "notes".ljust(10) + " ": every note starts at column 13
+    page = rec._repr_html_()
+    assert page.count("<tr>") == 4 + 3   # time, FLOPs, speed, CPU RAM, then one row per note
+    assert ("<th style='text-align:left;padding:1px 8px 1px 0;font-weight:600'></th>"
+            "<td style='text-align:left;padding:1px 0'>no CUDA device</td>") in page
+    assert "<td style='text-align:left;padding:1px 0'>added CPU SDPA FLOPs (torch counts 0 for them)</td>" in page
+
+
 def test_the_memory_estimate_prints_its_total_and_lines():
     est = estimate_memory(124e6, n_layer=12, n_embd=768, n_head=12, seq_len=1024, micro_batch=8, device="cuda")
     assert repr(est) == """\

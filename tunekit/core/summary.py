@@ -58,8 +58,31 @@ def rows(rec) -> list[tuple[str, str]]:
         out.append(("machine", f"{cond.verdict.upper() if cond.verdict == BUSY else cond.verdict}: {cond.reason}"))
     if rec.error:
         out.append(("error", rec.error))
-    if rec.notes:
-        out.append(("notes", "; ".join(rec.notes)))
+    return out + note_rows(rec.notes)
+
+
+def note_rows(notes) -> list[tuple[str, str]]:
+    """One row per note, labelled once: ("notes", first), ("", second), ... so that each note
+    starts on its own line, aligned under the first (text and HTML alike).
+
+    Example: ``note_rows(["a", "b"])`` is ``[("notes", "a"), ("", "b")]``."""
+    return [("notes" if i == 0 else "", str(n)) for i, n in enumerate(notes or [])]
+
+
+NOTE_WIDTH = 90     # a note longer than this goes on over more lines in a terminal
+
+
+def _wrapped(pairs) -> list[tuple[str, str]]:
+    """The note rows of ``pairs`` wrapped at NOTE_WIDTH, their next lines under their first."""
+    import textwrap
+
+    out = []
+    for k, v in pairs:
+        if k in ("notes", "") and len(v) > NOTE_WIDTH:
+            first, *rest = textwrap.wrap(v, NOTE_WIDTH, break_long_words=False, break_on_hyphens=False)
+            out += [(k, first)] + [("", "  " + r) for r in rest]   # a continuation is indented
+        else:
+            out.append((k, v))
     return out
 
 
@@ -81,7 +104,7 @@ def title(rec) -> str:
 
 
 def to_text(rec) -> str:
-    return lines_text(title(rec), rows(rec), width=10)
+    return lines_text(title(rec), _wrapped(rows(rec)), width=10)
 
 
 def to_html(rec) -> str:
