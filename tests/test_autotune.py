@@ -387,10 +387,11 @@ def test_ctrl_c_raises_and_keeps_what_was_measured(lab):
     assert sum(kept.evidence["repeats"]) == 2 and kept.toggles.precision == "fp32"
 
 
-def test_real_search_leaves_weights_as_before_and_applies_the_winner(tmp_path):
+def test_real_search_leaves_weights_as_before_and_applies_the_winner(tmp_path, capsys):
     # micro-batch 2 vs 4 only, one timed step each: a real search of a few seconds
     lab = Lab(log_path=tmp_path / "runs.jsonl", micro_batch=2, seq_len=32)
     lab.run(steps=1, warmup=0)
+    capsys.readouterr()
     before = [p.detach().clone() for p in lab.model.parameters()]
     state_before = {k: v.clone() for k, v in lab.optimizer.state[next(lab.model.parameters())].items()}
     n_runs = len(lab.results())
@@ -407,6 +408,9 @@ def test_real_search_leaves_weights_as_before_and_applies_the_winner(tmp_path):
     state_after = lab.optimizer.state[next(lab.model.parameters())]
     assert all(torch.equal(v, state_after[k]) for k, v in state_before.items())
     assert lab.resolve() == found.toggles  # the next lab.run() uses the winner
+    # one display for the whole search: its line; the lab.run and max-batch calls inside are quiet
+    from tunekit.core.run_text import autotune_line
+    assert capsys.readouterr().err == autotune_line(found) + "\n"
     ids = {i for ids in found.evidence["run_ids"] for i in ids}
     assert ids and ids <= set(lab.results()["run_id"][n_runs:])  # every trial is a logged run
     assert found.figure.data[0].type == "bar"
@@ -447,3 +451,40 @@ def test_a_max_batch_search_that_did_not_finish_says_so_in_the_notes(lab):
     assert note.endswith("); stopped by the time budget (budget_s=5)")   # after "(searched up to N)"
     plain = autotune(lab, budget_s=1000, trials=FakeTrials(), space={"compile": [False]})
     assert next(n for n in plain.notes if n.startswith("largest micro-batch")).endswith(")")
+
+
+class _Tty:
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def test_lab_autotune_shows_stage_trial_and_best_then_one_line(lab, monkeypatch):
+    from tunekit.ui import progress
+
+    fake, calls = FakeTrials(), []
+    monkeypatch.setattr(progress, "clock", fake.clock)
+    monkeypatch.setattr(progress.sys, "stderr", _Tty())
+    found = lab.autotune(budget_s=1000, trials=fake, space={"compile": [False]},
+                         progress=lambda *a: calls.append(a))
+    text = progress.sys.stderr.text
+    # the second trial: the start measured once at 1000 x 1 = 1,000 tokens/s, 1 fake second spent
+    assert ("\rautotune: stage 1/6 precision · trial 2: bf16 (repeat 1) · best 1,000 tokens/s · 1.0 s / "
+            "budget 1000 s [....................]\x1b[K") in text
+    assert "\rautotune: stage 2/6 attention · trial 5: math (repeat 1) · best 1,000 tokens/s" in text
+    # the winner at 1000 x 1.1 x 1.25 = 1,375 tokens/s, 1.375x the start; one trial per fake second
+    line = ("autotune: winner mb=32 adamw_fused at 1,375 tokens/s · 1.38x the start · 14 candidates, "
+            f"10 measured · {len(fake.measured)}.0 s of 1000 s · complete")
+    assert text.endswith("\r" + line + "\x1b[K\n") and text.count("\n") == 1
+    assert len(calls) == len(fake.measured) and calls[1][2].startswith("stage 1/6 precision · trial 2: bf16")
+    monkeypatch.setattr(progress.sys, "stderr", _Tty())
+    assert lab.autotune(budget_s=1000, trials=FakeTrials(), space={"compile": [False]}, verbose=False).toggles \
+        == found.toggles and progress.sys.stderr.text == ""

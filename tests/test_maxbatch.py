@@ -139,3 +139,66 @@ def test_a_bad_budget_is_refused(budget_s, tmp_path):
     lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=16)
     with pytest.raises(ToggleError, match="budget_s must be a finite number > 0"):
         lab.find_max_batch_size(budget_s=budget_s)
+
+
+class _Tty:
+    """stderr on a terminal: what is written, and isatty() True."""
+
+    def __init__(self, tty=True):
+        self.text, self.tty = "", tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return self.tty
+
+
+def _shown_search(monkeypatch, tmp_path, tty: bool, **kwargs):
+    """lab.find_max_batch_size over fake trials (2 fake seconds each, micro-batches up to 4 fit,
+    larger ones run out of memory) with stderr a terminal or not: (result, what stderr got, the
+    trials the caller's progress callback saw)."""
+    from tunekit.engine.lab import Lab
+    from tunekit.ui import progress
+
+    lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=16)
+    clock = FakeClock()
+    monkeypatch.setattr(maxbatch, "clock", clock)
+    monkeypatch.setattr(progress, "clock", clock)
+
+    def trial(lab, t, *args, **kw):
+        clock.now += 2.0
+        b = t.micro_batch
+        return Trial(b, b <= 4, 1.0, "ok" if b <= 4 else "OOM: CUDA out of memory", 2.0)
+
+    monkeypatch.setattr(maxbatch, "_trial", trial)
+    stream = _Tty(tty)
+    monkeypatch.setattr(progress.sys, "stderr", stream)
+    seen = []
+    found = lab.find_max_batch_size(limit=64, budget_s=60, memory_budget_bytes=2**30, progress=seen.append,
+                                    **kwargs)
+    return found, stream.text, seen
+
+
+def test_a_lab_search_shows_the_trial_going_and_one_line_at_the_end(monkeypatch, tmp_path):
+    found, text, seen = _shown_search(monkeypatch, tmp_path, tty=True)
+    # doubling 1, 2, 4 (fit), 8 (OOM), then bisecting 6, 5 (OOM): 6 trials of 2 s
+    assert tried(found) == [1, 2, 4, 8, 6, 5] == [t.micro_batch for t in seen]  # the caller's callback too
+    line = "find_max_batch_size: largest micro-batch that fits: 4 (5 does not; 6 trials, 12.0 s)"
+    assert text.endswith("\r" + line + "\x1b[K\n") and text.count("\n") == 1   # one display, redrawn
+    # before the trial at 6: 3 fit and 1 OOM in 4 trials x 2 s = 8 s; 8/60 of the bar's 20 = 2.7 -> 3
+    assert ("\rfind_max_batch_size: trying micro_batch=6 · 3 fit, 1 OOM · 8.0 s / budget 60 s "
+            "[###.................]\x1b[K") in text
+    assert "\rfind_max_batch_size: trying micro_batch=1 · 0 fit, 0 OOM · 0.0 s / budget 60 s" in text
+
+
+def test_a_lab_search_off_a_terminal_prints_its_line_only_and_nothing_when_quiet(monkeypatch, tmp_path):
+    found, text, _ = _shown_search(monkeypatch, tmp_path, tty=False)
+    assert text == f"find_max_batch_size: {found.verdict}\n"
+    found, text, seen = _shown_search(monkeypatch, tmp_path, tty=True, verbose=False)
+    assert text == "" and found.best == 4 and len(seen) == 6
+    with pytest.raises(ValueError, match="verbose must be True or False"):
+        _shown_search(monkeypatch, tmp_path, tty=False, verbose="yes")

@@ -286,6 +286,19 @@ def test_a_notebook_gets_one_updating_display_per_cell(monkeypatch):
             p.result = run(run_id=i)
     assert "<progress value='1.000'" in shown[-2] and "(+2 earlier runs in this cell)" in shown[-1]
     assert "run #5 bf16" in shown[-1] and "run #1 bf16" not in shown[-1] and "run #2 bf16" in shown[-1]
+    # a search in the same cell: the same block, its trial as a bar of the budget, then its line
+    from tunekit.engine.maxbatch import MaxBatchResult, Trial
+
+    now = iter([0.0, 0.0, 15.0])     # start, "starting", the trial at 64 after 15 s of a 60 s budget
+    monkeypatch.setattr(progress, "clock", lambda: next(now))
+    with progress.SearchProgress("find_max_batch_size", 60.0) as p:
+        p.tried(Trial(32, True, 1.0, "ok", 15.0))
+        p.trying(64)
+        p.result = MaxBatchResult(best=32, stopped="budget", too_big=None, limit=1024, budget_s=60.0, elapsed_s=15.0)
+    assert ("find_max_batch_size: trying micro_batch=64 · 1 fit, 0 OOM · 15.0 s / budget 60 s "
+            "<progress value='0.250'") in shown[-2]   # 15/60
+    assert "find_max_batch_size: stopped by the time budget (budget_s=60)" in shown[-1]
+    assert "run #5 bf16" in shown[-1]   # one block per cell: the runs before are still listed
 
 
 @pytest.mark.slow

@@ -92,6 +92,8 @@ def test_lab_autotune_takes_exactly_the_autotune_options():
 
     method = list(inspect.signature(Lab.autotune).parameters.values())[1:]   # after self
     function = list(inspect.signature(autotune).parameters.values())[1:]     # after the lab
+    assert method[-1].name == "verbose" and method[-1].default is True   # the Lab's display (ui.progress)
+    method = method[:-1]
     assert [(p.name, p.default) for p in method] == \
         [(f.name, f.default) for f in dataclasses.fields(AutotuneOptions)]
     assert [(p.name, p.kind, p.default) for p in method] == [(p.name, p.kind, p.default) for p in function]
@@ -101,8 +103,11 @@ def test_lab_find_max_batch_size_takes_exactly_the_search_arguments():
     from tunekit.engine import maxbatch
     from tunekit.engine.lab import Lab
 
-    method = list(inspect.signature(Lab.find_max_batch_size).parameters.values())[1:]
-    function = list(inspect.signature(maxbatch.find_max_batch_size).parameters.values())[1:]
+    # the Lab shows the search (verbose) through the engine's display hook (trying): each has its own
+    method = [p for p in list(inspect.signature(Lab.find_max_batch_size).parameters.values())[1:]
+              if p.name != "verbose"]
+    function = [p for p in list(inspect.signature(maxbatch.find_max_batch_size).parameters.values())[1:]
+                if p.name != "trying"]
     assert [(p.name, p.kind, p.default) for p in method] == [(p.name, p.kind, p.default) for p in function]
     assert inspect.signature(Lab.find_max_batch_size).parameters["budget_s"].default == 60.0
 

@@ -184,6 +184,14 @@ def autotune_rows(found) -> list[tuple[str, str]]:
     return rows + [("see", "found.verdict · found.evidence · found.figure")]
 
 
+def autotune_line(found) -> str:
+    """One line: what ``lab.autotune`` says when it ends (the winner, then the search)."""
+    rows = dict(autotune_rows(found))
+    win = rows["winner"].replace("none:", "no winner:") if rows["winner"].startswith("none") else \
+        "winner " + rows["winner"]
+    return " · ".join(["autotune: " + win, rows["search"]] + ([rows["partial"]] if "partial" in rows else []))
+
+
 def autotune_text(found) -> str:
     return lines_text("autotune", autotune_rows(found))
 

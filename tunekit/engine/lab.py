@@ -23,7 +23,7 @@ from ..core.results import RunResult, results_frame
 from ..core.run_text import lab_html, lab_rows, lab_text
 from ..core.runlog import RunLog
 from ..core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
-from ..core.validate import function, instance, is_whole, real, whole
+from ..core.validate import flag, function, instance, is_whole, real, whole
 from ..measure.device import default_device, existing_device
 from ..models.adapters import adapt
 from ..models.dry_step import dry_step
@@ -255,24 +255,17 @@ class Lab:
         ``NonFiniteRunError`` raised. An out-of-memory error leaves no gradients, frees the memory,
         undoes the run (with ``guard``) and says what to try. ``trace``/``memory``: one extra
         step after the timed ones under torch.profiler (``result.trace``, ``result.memory``).
-
         ``parallel="ddp" | "fsdp" | "fsdp_grad_op" | "hsdp"`` runs ``nodes`` x ``nproc`` worker
         processes instead (tunekit.engine.dist: gloo on CPU, NCCL on CUDA), each rebuilding this
         model with the Lab's current weights and training its slice of the global batch
         (``micro_batch`` per rank); ``link={"bandwidth": "50mbit", "latency": "1ms"}`` puts each
         node in its own network namespace. The Lab's own model is not changed by such a run.
-
         Ctrl-C stops a run in its steps; while it sets up, records or cleans up it waits. An
-        interrupted run is not recorded, is undone (with ``guard``), and its tensors are freed.
-        """
-        if not isinstance(verbose, bool):
-            raise ToggleError([f"verbose must be True or False (got {verbose!r})."])
-        if not verbose:
+        interrupted run is not recorded, is undone (with ``guard``), and its tensors are freed."""
+        if not flag("verbose", verbose):
             return self._run(steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes)
         from ..ui.progress import RunProgress  # the view that shows it; chosen per frontend there
-
-        shown = RunProgress(steps, progress)
-        with shown:
+        with RunProgress(steps, progress) as shown:
             shown.result = self._run(steps, warmup, shown.tick, guard, trace, memory, parallel, nproc, nodes,
                                      link, changes)
         return shown.result
@@ -288,13 +281,11 @@ class Lab:
 
     def measure_steps(self, t: Toggles, steps: int, progress=None) -> Steps:
         """``steps`` timed training steps under ``t`` (applied already); see ``engine.run``.
-
         Example: ``t = lab.resolve(); lab.apply(t); lab.measure_steps(t, 5).times``."""
         return single.measure_steps(self, t, steps, progress)
 
     def traced_step(self, t: Toggles, step_s: float, trace: bool = True, memory: bool = False):
         """One more training step under torch.profiler; see ``engine.run``.
-
         Example: ``breakdown, timeline = lab.traced_step(t, step_s=0.1, memory=True)``."""
         return single.traced_step(self, t, step_s, trace, memory)
 
@@ -330,37 +321,50 @@ class Lab:
     @toggle_keywords
     def find_max_batch_size(self, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
                             budget_fraction: float = 0.5, progress=None, snapshot_on_oom: bool = True,
-                            budget_s: float | None = 60.0, **changes):
+                            budget_s: float | None = 60.0, verbose: bool = True, **changes):
         """Largest micro-batch that fits in ``[start, limit]`` for the current toggles plus ``changes``,
         searched for at most ``budget_s`` wall-clock seconds (default 60; None: no limit). Returns a
         ``MaxBatchResult``: ``best``, ``stopped`` ("converged", "search limit" or "budget") and its
-        ``verdict`` in words. The arguments are ``tunekit.engine.maxbatch.find_max_batch_size``'s.
-
-        Example: ``found = lab.find_max_batch_size(limit=256, budget_s=30, precision="bf16")``."""
-        from .maxbatch import find_max_batch_size
-        return find_max_batch_size(self, start, limit, memory_budget_bytes, budget_fraction, progress,
-                                   snapshot_on_oom, budget_s, **changes)
+        ``verdict`` in words. The arguments are ``tunekit.engine.maxbatch.find_max_batch_size``'s;
+        ``verbose`` (default) shows the trial going and the verdict at the end (tunekit.ui.progress),
+        ``verbose=False`` nothing. Example: ``found = lab.find_max_batch_size(limit=256, budget_s=30)``."""
+        from .maxbatch import find_max_batch_size as find
+        args = (self, start, limit, memory_budget_bytes, budget_fraction)
+        if not flag("verbose", verbose):
+            return find(*args, progress, snapshot_on_oom, budget_s, **changes)
+        from ..ui.progress import SearchProgress  # the view that shows it, as lab.run's
+        with SearchProgress("find_max_batch_size", budget_s, progress) as shown:
+            shown.result = find(*args, shown.tried, snapshot_on_oom, budget_s, trying=shown.trying, **changes)
+        return shown.result
 
     def reset_optimizer(self) -> None:
         """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one.
-
         Example: ``lab.reset_optimizer(); lab.run(steps=20)`` starts from empty optimizer state."""
         self.trainer.reset_optimizer()
 
     def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
                  max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
                  memory_budget_bytes=None, space: dict | None = None, keep: str = "winner",
-                 compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None):
+                 compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, verbose: bool = True):
         """The fastest configuration that fits, searched within ``budget_s`` seconds; returns an
         ``AutotuneResult`` (winner, evidence table, figure). The options are
-        ``tunekit.engine.autotune.autotune``'s (each explained there; `AutotuneOptions` holds them).
-
+        ``tunekit.engine.autotune.autotune``'s (each explained there; `AutotuneOptions` holds them);
+        ``verbose`` (default) shows the stage and trial going and the winner at the end
+        (tunekit.ui.progress; the runs inside are quiet), ``verbose=False`` nothing.
         Example: ``found = lab.autotune(budget_s=120, keep_global_batch=True)``."""
         from .autotune import autotune
-        return autotune(self, budget_s, objective, keep_global_batch=keep_global_batch,
-                        max_micro_batch=max_micro_batch, steps=steps, warmup=warmup, repeats=repeats,
-                        noise=noise, memory_budget_bytes=memory_budget_bytes, space=space, keep=keep,
-                        compile_s=compile_s, trial_s=trial_s, progress=progress, trials=trials)
+
+        def search(tick):
+            return autotune(self, budget_s, objective, keep_global_batch=keep_global_batch,
+                            max_micro_batch=max_micro_batch, steps=steps, warmup=warmup, repeats=repeats,
+                            noise=noise, memory_budget_bytes=memory_budget_bytes, space=space, keep=keep,
+                            compile_s=compile_s, trial_s=trial_s, progress=tick, trials=trials)
+        if not flag("verbose", verbose) or (progress is not None and not callable(progress)):
+            return search(progress)   # quiet, or a bad progress the options' check refuses
+        from ..ui.progress import SearchProgress
+        with SearchProgress("autotune", budget_s, progress) as shown:
+            shown.result = search(shown.tick)
+        return shown.result
 
     def dashboard(self):
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts).
@@ -383,13 +387,10 @@ class Lab:
 
     @staticmethod
     def load_results(path=None, all: bool = False):
-        """The runs of a JSONL log written by a Lab (partial last lines skipped), as
-        ``lab.results()`` shows them: the curated columns formatted, ``all=True`` every column
-        (a plain DataFrame); raw numbers either way.
-
+        """The runs of a JSONL log written by a Lab (partial last lines skipped), as ``lab.results()``
+        shows them: the curated columns formatted, ``all=True`` every column (a plain DataFrame).
         ``path=None``: the newest day's log under ``core.paths.runs_dir()`` (after a kernel restart,
         say), every Lab of that day; its ``session`` column (``all=True``) tells the Labs apart.
-
         Example: ``df = tunekit.Lab.load_results(all=True); df[df.session == df.session.iloc[-1]]``
         (the latest Lab's runs, every column)."""
         from ..core.results import runs_table

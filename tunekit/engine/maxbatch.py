@@ -121,7 +121,7 @@ def default_cpu_budget_bytes(fraction: float = 0.5) -> int:
 @toggle_keywords
 def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
                         budget_fraction: float = 0.5, progress=None, snapshot_on_oom: bool = True,
-                        budget_s: float | None = 60.0, **changes) -> MaxBatchResult:
+                        budget_s: float | None = 60.0, trying=None, **changes) -> MaxBatchResult:
     """Search the largest micro-batch in ``[start, limit]`` for ``lab``'s toggles plus ``changes``
     (any toggle, as for ``lab.run``).
 
@@ -130,17 +130,18 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
     the next trial is not started when it would end past it, and the result says so
     (``stopped == "budget"``) with the bracket found. ``limit`` is the largest size tried: when it
     fits, ``stopped == "search limit"`` and the true maximum may be higher.
-    ``progress(trial)`` is called after each trial.
+    ``progress(trial)`` is called after each trial, ``trying(micro_batch)`` before each (a
+    display's: ``lab.find_max_batch_size`` shows the search with it, tunekit.ui.progress).
     Ctrl-C stops it: no gradients are left and its memory is freed, also what its traceback holds.
     """
     # Ctrl-C waits while the search sets up and cleans up: only the trials' steps run in the gate
     with deferred_interrupt() as shield:
         return _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
-                     budget_s, changes)
+                     budget_s, trying, changes)
 
 
 def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
-          budget_s, changes) -> MaxBatchResult:
+          budget_s, trying, changes) -> MaxBatchResult:
     t = lab.resolve(**changes)
     errors = []
     if not (is_whole(start) and is_whole(limit)) or not 1 <= start <= limit:
@@ -150,6 +151,8 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
     validate.collect(errors, validate.real, "budget_fraction", budget_fraction, 0, 1,
                      what="a number in (0, 1] (a share of the available RAM)")
     validate.collect(errors, validate.flag, "snapshot_on_oom", snapshot_on_oom)
+    validate.collect(errors, validate.optional_callable, "trying", trying,
+                     "nothing (it is called with each micro_batch before its trial)")
     errors += lab.check(t.replace(micro_batch=start if is_whole(start) else 1))
     if errors:
         raise ToggleError(errors)
@@ -175,6 +178,9 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
         notes.append(f"no allocator snapshot on {dev.type}: torch.cuda.memory snapshots are CUDA only")
 
     def attempt(b: int) -> bool:
+        if trying is not None:
+            with shield.gate():
+                trying(b)
         trial = _trial(lab, t.replace(micro_batch=b), baseline, budget, result.trials, history,
                        result.available_bytes, shield=shield)
         result.trials.append(trial)

@@ -194,7 +194,8 @@ class Dashboard(W.VBox):
 
         try:
             found = self._attempt("search", lambda: self.lab.find_max_batch_size(
-                limit=self.max_batch.value, progress=report, memory_budget_bytes=budget, **toggles))
+                limit=self.max_batch.value, progress=report, memory_budget_bytes=budget, verbose=False,
+                **toggles))   # the dashboard's own progress bar shows it
         finally:
             self.progress.value, self.progress.description = 1, "done"
             self.find_button.disabled = False
@@ -224,7 +225,7 @@ class Dashboard(W.VBox):
             self.message.value = _box("autotune: " + html.escape(text), "#1f77b4")
 
         try:
-            found = self._attempt("autotune", lambda: self.lab.autotune(budget_s=budget, progress=tick,
+            found = self._attempt("autotune", lambda: self.lab.autotune(budget_s=budget, progress=tick, verbose=False,
                                                                         **self.autotune_kwargs))
         finally:
             self.progress.value, self.progress.description = self.progress.max, "done"

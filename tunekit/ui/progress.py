@@ -1,7 +1,10 @@
-"""What ``lab.run`` shows while it trains: its steps going, then one line with the result. UI layer.
+"""What ``lab.run``, ``lab.find_max_batch_size`` and ``lab.autotune`` show while they work: the
+steps or the trial going, then one line with the result. UI layer.
 
     >>> with RunProgress(steps, progress=None) as shown:      # engine.lab.Lab.run, verbose=True
     ...     shown.result = run(..., progress=shown.tick)
+    >>> with SearchProgress("autotune", budget_s) as shown:   # Lab.autotune / find_max_batch_size
+    ...     shown.result = autotune(..., progress=shown.tick)
 
 In a notebook (a Jupyter kernel) one HTML display per cell, updated in place: the steps as a bar,
 then the run's line (``core.run_text.result_line``); further runs of the same cell add their line
@@ -15,11 +18,12 @@ import html
 import sys
 import time
 
-from ..core.run_text import result_line
+from ..core.run_text import autotune_line, result_line
 
 SHOWN_PER_CELL = 4     # a cell's runs listed in its block (the newest), the earlier ones counted
 EVERY_S = 0.1          # at most ten redraws a second, whatever the step time
 BAR = 20               # characters of the text bar
+clock = time.perf_counter   # a search's clock (tests put a fake one here)
 
 
 class RunProgress:
@@ -50,6 +54,59 @@ class RunProgress:
             failed = getattr(exc, "result", None)  # a NonFiniteRunError carries the recorded run
             self.view.end(result_line(failed) if failed is not None else
                           f"lab.run stopped at step {self.done}/{self.steps}: {kind.__name__}", failed=True)
+        return False
+
+
+class SearchProgress:
+    """The display of a search, ``what`` = "find_max_batch_size" or "autotune": the trial going
+    with the time against ``budget_s`` (a bar of it), then one line: the max-batch verdict or the
+    autotune winner. One display per call: the ``lab.run`` calls inside a search are quiet.
+    The engine calls ``trying(micro_batch)`` / ``tried(trial)`` (max batch) or ``tick(elapsed_s,
+    budget_s, text)`` (autotune); a ``progress`` callback the caller gave is still called."""
+
+    def __init__(self, what: str, budget_s: float | None, progress=None):
+        self.what, self.budget_s, self.user, self.result = what, budget_s, progress, None
+        self.trials, self.t0 = [], clock()
+        self.view = _NotebookView() if _in_notebook() else _TextView(sys.stderr)
+
+    def __enter__(self) -> "SearchProgress":
+        self._draw("starting")
+        return self
+
+    def _draw(self, text: str) -> None:   # a trial takes far longer than a redraw: no throttle
+        spent = clock() - self.t0
+        budget = self.budget_s if isinstance(self.budget_s, (int, float)) and self.budget_s > 0 else None
+        spent_text = f"{spent:.1f} s" + ("" if budget is None else f" / budget {budget:g} s")
+        self.view.draw(f"{self.what}: {text} · {spent_text}", None if budget is None else min(spent / budget, 1.0))
+
+    def trying(self, micro_batch: int) -> None:
+        """find_max_batch_size: a trial at ``micro_batch`` starts."""
+        fit = sum(t.fits for t in self.trials)
+        oom = sum(not t.fits and t.reason.startswith("OOM") for t in self.trials)
+        over = len(self.trials) - fit - oom
+        tally = f"{fit} fit, {oom} OOM" + (f", {over} over budget" if over else "")
+        self._draw(f"trying micro_batch={micro_batch} · {tally}")
+
+    def tried(self, trial) -> None:
+        """find_max_batch_size: a trial ended."""
+        self.trials.append(trial)
+        if self.user is not None:
+            self.user(trial)
+
+    def tick(self, elapsed_s: float, budget_s: float, text: str) -> None:
+        """autotune: a trial starts (``text`` says which stage and candidate)."""
+        if self.user is not None:
+            self.user(elapsed_s, budget_s, text)
+        self._draw(text)
+
+    def __exit__(self, kind, exc, _tb) -> bool:
+        if exc is None and self.result is not None:
+            r = self.result
+            line = autotune_line(r) if self.what == "autotune" else f"{self.what}: {r.verdict}"
+            self.view.end(line, failed=False)
+        elif exc is not None:
+            spent = clock() - self.t0
+            self.view.end(f"{self.what} stopped after {spent:.1f} s: {kind.__name__}", failed=True)
         return False
 
 

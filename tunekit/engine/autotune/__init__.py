@@ -92,7 +92,8 @@ class LabTrials:
         # the search's first trial always runs: a budget all but spent still gives one
         left = None if self.deadline is None else max(self.deadline - self.clock(), 1e-3)
         found = self.lab.find_max_batch_size(start=1, limit=limit, memory_budget_bytes=self.memory_budget_bytes,
-                                             budget_s=left, **t.replace(micro_batch=1).asdict())
+                                             budget_s=left, verbose=False,  # autotune shows its own
+                                             **t.replace(micro_batch=1).asdict())
         self.last_search = found  # why it stopped, for the stage's note
         return found.best
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 
 from ...core import noise
+from ...core import toggles as tg
+from ...core.run_text import unit_of
 from ...core.toggles import ToggleError, Toggles, label
 from ...measure.oom import is_oom
 from .options import AutotuneOptions
@@ -55,6 +57,7 @@ class Search:
         self.close_calls: list[str] = []  # stage decisions whose finalists were within noise
         self.done: list[str] = []
         self.stage = ""
+        self.n_trials = 0   # trials started, for the display
         self.t0 = trials.clock()
         self.incumbent = self.candidate("start", start)
         self.incumbent.why = "the starting configuration"
@@ -125,10 +128,9 @@ class Search:
 
     def trial(self, c: Candidate, attempt: int) -> bool:
         """One ``lab.run`` of ``c``, added to its runs; False when it failed."""
+        self.n_trials += 1
         if self.progress is not None:
-            again = ", measured again: the machine was busy" if attempt else ""
-            self.progress(self.elapsed(), self.budget_s,
-                          f"{self.stage}: {label(c.toggles, self.start)} (repeat {c.repeats + 1}{again})")
+            self.progress(self.elapsed(), self.budget_s, self.trial_text(c, attempt))
         t0 = self.trials.clock()
         try:
             run = self.trials.measure(c.toggles, self.steps_for(c))
@@ -149,6 +151,19 @@ class Search:
         c.runs.append(run)
         c.fits = True
         return True
+
+    def trial_text(self, c: Candidate, attempt: int) -> str:
+        """What the trial starting now is, for a display: 'stage 1/6 precision · trial 5: bf16
+        (repeat 1) · best 41,200 tokens/s' (the incumbent's best, once measured)."""
+        names = [name for name, _ in tg.SEARCH]
+        stage = f"stage {names.index(self.stage) + 1}/{len(names)} {self.stage}" if self.stage in names \
+            else self.stage
+        again = ", measured again: the machine was busy" if attempt else ""
+        text = f"{stage} · trial {self.n_trials}: {label(c.toggles, self.start)} (repeat {c.repeats + 1}{again})"
+        best = self.incumbent.score if self.incumbent.runs else math.nan
+        if best == best:
+            text += f" · best {best:,.0f} {unit_of(self.incumbent.runs[-1])}/s"
+        return text
 
     # --- comparing --------------------------------------------------------------------------
 
