@@ -66,7 +66,7 @@ class SearchProgress:
 
     def __init__(self, what: str, budget_s: float | None, progress=None):
         self.what, self.budget_s, self.user, self.result = what, budget_s, progress, None
-        self.trials, self.t0 = [], clock()
+        self.trials, self.t0, self._searching = [], clock(), False
         self.view = _NotebookView() if _in_notebook() else _TextView(sys.stderr)
 
     def __enter__(self) -> "SearchProgress":
@@ -80,7 +80,10 @@ class SearchProgress:
         self.view.draw(f"{self.what}: {text} · {spent_text}", None if budget is None else min(spent / budget, 1.0))
 
     def trying(self, micro_batch: int) -> None:
-        """find_max_batch_size: a trial at ``micro_batch`` starts."""
+        """find_max_batch_size: a trial at ``micro_batch`` starts. The time shown counts from the
+        first trial, as the result's ``elapsed_s`` does (setting up is not the search's budget)."""
+        if not self.trials and not self._searching:
+            self.t0, self._searching = clock(), True
         fit = sum(t.fits for t in self.trials)
         oom = sum(not t.fits and t.reason.startswith("OOM") for t in self.trials)
         over = len(self.trials) - fit - oom
