@@ -174,7 +174,6 @@ RESULT_COLUMNS = ("run_id", "label", "tokens_per_s", "throughput_unit", "step_s"
                   "peak_mem_bytes", "conditions", "status", "above_peak")
 
 
-
 def runs_table(runs: list[RunResult], all: bool = False, more: str = "lab.results(all=True)"):
     """``runs`` as ``lab.results()`` and ``Lab.load_results()`` both return them: the curated
     columns (``RESULT_COLUMNS``) shown formatted, ``more`` said under the table as the call with
