@@ -250,4 +250,4 @@ def test_readme_dashboard_picture_says_how_the_machine_was():
     alt = re.search(r"!\[([^\]]*)\]\(docs/dashboard\.png\)", text).group(1)
     assert re.search(r"quiet|BUSY", alt), alt
     after = text[text.index("(docs/dashboard.png)"):][:1200]
-    assert "tunekit.Lab().run(steps=20)" in after and re.search(r"quiet", after)
+    assert "lab.run(steps=20)" in after and re.search(r"quiet", after)

@@ -35,7 +35,7 @@ import nbformat
 from tornado.ioloop import IOLoop
 from tornado.websocket import websocket_connect
 
-CELL = "import tunekit\nlab = tunekit.Lab()\ndash = lab.dashboard()\ndash.controls['steps'].value = 5\ndash"
+CELL = "import tunekit\nlab = tunekit.Lab()\ndash = lab.dashboard()\ndash.controls['steps'].value = 20\ndash"
 
 
 def _port() -> int:
