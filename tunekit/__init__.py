@@ -41,6 +41,7 @@ _EXPORTS = {
     "show_summary": ("ui.report_html", "show_summary"),
     "use_renderer": ("ui.renderer", "use_renderer"),
     "Lab": ("engine.lab", "Lab"),
+    "Monitor": ("engine.monitor.monitor", "Monitor"),
     "RunResult": ("core.results", "RunResult"),
     "Toggles": ("core.toggles", "Toggles"),
     "ToggleError": ("core.toggles", "ToggleError"),

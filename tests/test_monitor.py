@@ -1,0 +1,223 @@
+"""tunekit.Monitor inside a plain loop: rows, tokens, FLOPs counted once per input signature,
+failures, bad input, and the summary record. Timings are never compared: only counts, FLOPs,
+flags and the arithmetic between a row's own columns."""
+import math
+
+import pytest
+import torch
+
+import tunekit
+from tunekit.core import steps
+from tunekit.engine.monitor.monitor import LEFT
+from tunekit.measure.flops import counting_active
+from tunekit.ui import monitor_view
+
+
+def tiny():
+    torch.manual_seed(0)
+    model = tunekit.GPT(tunekit.GPTConfig.preset("cpu-tiny"))
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
+def batches(n, b=2, s=32):
+    return [torch.randint(0, 256, (2, b, s)) for _ in range(n)]
+
+
+def train(model, opt, x, y):
+    _, loss = model(x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+# cpu-tiny: 425,984 matmul weights, 2 layers, d=128. Per trained token at S=32:
+# 6 x 425,984 + 12 x 2 x 128 x 32 / 2 (causal) = 2,555,904 + 49,152 = 2,605,056 FLOPs
+PER_TOKEN_S32 = 2_605_056
+
+
+def test_plain_loop_rows_tokens_and_flops_counted_once():
+    model, opt = tiny()
+    mon = tunekit.Monitor(model, name="t", live=False, peak=1.0)
+    for x, y in mon.iter(batches(5)):
+        mon.log(loss=train(model, opt, x, y))
+    rec = mon.close()
+    rows = mon.rows
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert [r["counted"] for r in rows] == [True, False, False, False, False]
+    assert [r["flops_source"] for r in rows] == ["counted"] + ["cached"] * 4
+    assert [r["warmup"] for r in rows] == [True, False, False, False, False]
+    assert all(r["tokens"] == 2 * 32 and r["samples"] == 2 for r in rows)   # B x S from GPT's idx
+    assert len({r["flops"] for r in rows}) == 1                              # one count, reused
+    assert all(r["model_flops"] == PER_TOKEN_S32 * 64 for r in rows)        # the Lab's convention
+    for r in rows[1:]:
+        assert r["tokens_per_s"] == pytest.approx(64 / r["wall_s"])
+        assert r["tflops"] == pytest.approx(r["flops"] / r["wall_s"] / 1e12)
+        assert r["mfu"] == pytest.approx(r["model_flops"] / r["wall_s"] / 1e12 / 1.0)  # peak=1 TFLOPS
+        assert r["wall_s"] >= r["step_s"] >= 0 and r["wait_s"] >= 0
+        assert isinstance(r["loss"], float) and r["loss"] == r["loss"]
+    assert math.isnan(rows[0]["tokens_per_s"])                             # counted: no speed
+    assert mon.summary.measured == 4 and mon.summary.counted == 0 and mon.summary.warmup == 1
+    assert tunekit.last() is rec and rec.name == "t" and rec.notes[0].startswith("5 steps (1 warm-up)")
+    assert rec.flops == sum(r["flops"] for r in rows[1:])
+    assert mon.close() is rec and tunekit.history(all=True).name.tolist().count("t") == 1  # idempotent
+    assert not counting_active() and not model._forward_pre_hooks               # nothing left behind
+
+
+def test_new_shapes_are_counted_on_the_step_that_brings_them():
+    model, opt = tiny()
+    data = batches(3, s=32) + batches(2, s=16) + batches(1, s=32)
+    mon = tunekit.Monitor(model, live=False, warmup=0)
+    for x, y in mon.iter(data):
+        train(model, opt, x, y)
+    mon.close()
+    rows = mon.rows
+    assert [r["counted"] for r in rows] == [True, False, False, True, False, False]
+    assert rows[3]["flops"] < rows[0]["flops"] and rows[4]["flops"] == rows[3]["flops"]
+    assert rows[5]["flops"] == rows[0]["flops"]                   # back to S=32: the first count
+    assert rows[3]["tokens"] == 2 * 16
+
+
+def test_grad_accumulation_sums_the_tokens_of_every_forward():
+    model, opt = tiny()
+    mon = tunekit.Monitor(model, live=False)
+    for _ in range(2):
+        with mon.step():
+            for x, y in batches(3):
+                model(x, y)[1].backward()
+            opt.step()
+            opt.zero_grad()
+    mon.close()
+    assert [r["tokens"] for r in mon.rows] == [3 * 64, 3 * 64]
+    assert mon.rows[1]["model_flops"] == PER_TOKEN_S32 * 3 * 64
+
+
+def test_a_model_without_a_sequence_reports_samples_per_second():
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
+    mon = tunekit.Monitor(mlp, live=False)
+    for x in [torch.randn(5, 16) for _ in range(4)]:
+        with mon.step():
+            mlp(x).square().mean().backward()
+            opt.step()
+    mon.close()
+    df = mon.results()
+    assert "samples_per_s" in df.columns and "tokens_per_s" not in df.columns
+    assert mon.rows[2]["samples"] == 5 and math.isnan(mon.rows[2]["tokens"])
+    # Linear 16->32 and 32->1 on 5 samples, forward 2*5*(16*32 + 32*1) = 5,440 FLOPs, backward
+    # twice that less the input gradient of the first layer (2*5*16*32 = 5,120): 16,320 - 5,120
+    assert mon.rows[2]["flops"] == 11_200
+    assert mon.summary.unit == "samples/s" and "samples/s" in mon.record.notes[0]
+
+
+def test_a_failing_step_is_recorded_raised_and_leaves_no_counter():
+    model, opt = tiny()
+    mon = tunekit.Monitor(model, live=False)
+    with pytest.raises(RuntimeError, match="boom"):
+        with mon.step():
+            model(*batches(1)[0])
+            raise RuntimeError("boom")
+    assert mon.rows[0]["error"] == "RuntimeError: boom" and not counting_active()
+    with mon.step():                                   # the next step is counted afresh
+        train(model, opt, *batches(1)[0])
+    mon.close()
+    assert mon.summary.failed == 1 and "1 failed" in mon.record.notes[0]
+
+
+def test_leaving_the_loop_marks_the_step_not_finished():
+    model, opt = tiny()
+    mon = tunekit.Monitor(model, live=False)
+    for i, (x, y) in enumerate(mon.iter(batches(5))):
+        train(model, opt, x, y)
+        if i == 2:
+            break
+    assert len(mon.rows) == 3 and mon.rows[2]["error"] == LEFT
+    assert mon.rows[1]["error"] is None
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m: tunekit.Monitor("model"), "torch.nn.Module"),
+    (lambda m: tunekit.Monitor(torch.nn.ReLU()), "no parameters"),
+    (lambda m: tunekit.Monitor(m, tokens=0), "tokens must be"),
+    (lambda m: tunekit.Monitor(m, flops="sometimes"), "flops"),
+    (lambda m: tunekit.Monitor(m, warmup=-1), "warmup"),
+    (lambda m: tunekit.Monitor(m, live="yes"), "live"),
+    (lambda m: tunekit.Monitor(m, peak=float("nan")), "peak"),
+])
+def test_bad_input_is_refused_before_the_loop(call, message):
+    model, _ = tiny()
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(model)
+    assert not model._forward_pre_hooks
+
+
+def test_misuse_says_what_to_do():
+    model, _ = tiny()
+    mon = tunekit.Monitor(model, live=False)
+    with pytest.raises(RuntimeError, match="no step yet"):
+        mon.log(loss=1.0)
+    mon.start_step()
+    with pytest.raises(RuntimeError, match="already going"):
+        mon.start_step()
+    with pytest.raises(ValueError, match="a column tunekit fills"):
+        mon.log(mfu=0.5)
+    with pytest.raises(ValueError, match="a number"):
+        mon.log(loss="low")
+    mon.end_step()
+    with pytest.raises(RuntimeError, match="no step is going"):
+        mon.end_step()
+    mon.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        mon.start_step()
+
+
+def test_transformers_model_tokens_from_input_ids():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    ids = [torch.randint(0, 256, (2, 16)) for _ in range(3)]
+    mon = tunekit.Monitor(model, live=False)
+    for batch in mon.iter([{"input_ids": i, "labels": i} for i in ids]):
+        out = model(**batch)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=out.loss)
+    mon.close()
+    assert [r["tokens"] for r in mon.rows] == [32, 32, 32]
+    assert mon.rows[2]["model_flops"] > 0 and mon.rows[2]["flops_source"] == "cached"
+
+
+# --- the pure summary and the view -----------------------------------------------------------
+
+def row(step, wall, tokens=100.0, wait=0.0, flops=1e12, model=5e11, warmup=False, counted=False, error=None):
+    return dict(step=step, wall_s=wall, wait_s=wait, tokens=tokens, samples=1.0, flops=flops, model_flops=model,
+                cpu_peak_bytes=2.0**20 * step, gpu_peak_bytes=math.nan, warmup=warmup, counted=counted,
+                error=error, tokens_per_s=tokens / wall, samples_per_s=1 / wall, mfu=0.5, loss=1.0)
+
+
+def test_summary_is_over_the_measured_steps_only():
+    rows = [row(0, 5.0, warmup=True, counted=True), row(1, 0.1, wait=0.05), row(2, 0.3), row(3, 9.0, error="X")]
+    s = steps.summarize(rows, peak_tflops=10.0)
+    assert (s.steps, s.measured, s.warmup, s.counted, s.failed) == (4, 2, 1, 0, 1)
+    assert s.per_s == pytest.approx(200 / 0.4)              # 2 x 100 tokens in 0.1 + 0.3 s: 500 tokens/s
+    assert s.median_step_s == pytest.approx(0.2)            # between 0.1 and 0.3
+    assert s.p90_step_s == pytest.approx(0.28)              # 0.1 + 0.9 x (0.3 - 0.1)
+    assert s.wait_share == pytest.approx(0.05 / 0.4)        # 12.5% of the measured time
+    assert s.tflops == pytest.approx(2e12 / 0.4 / 1e12)     # 5 TFLOPS ...
+    assert s.hfu == pytest.approx(0.5) and s.mfu == pytest.approx(0.25)  # ... of 10; model FLOPs half
+    assert s.cpu_peak_bytes == 3 * 2**20                    # memory over every step
+    assert steps.quantile([1, 2, 3, 4], 0.9) == pytest.approx(3.7)
+
+
+def test_view_status_and_figure_stay_small():
+    rows = [row(i, 0.1) for i in range(1000)]
+    line = monitor_view.status("run", rows, 2000, 100.0)
+    assert line.startswith("run: step 1000/2000 · 100.0 s, ETA 100.0 s") and "1,000 tokens/s" in line
+    fig = monitor_view.figure(rows, "run")
+    assert [len(t["x"]) for t in fig["data"]] == [250] * 4     # 1000 rows, every ceil(1000/300) = 4th
+    assert fig["data"][1]["y"][0] == 50.0                      # MFU in percent
