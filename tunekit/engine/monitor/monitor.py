@@ -31,6 +31,7 @@ from ...measure.history import HISTORY
 from ...measure.meters import CpuPeak, CudaMeter
 from ...models.adapters import adapt
 from .gather import gather_ranks
+from .options import check_options
 from .tap import StepTap
 
 NaN = math.nan
@@ -64,19 +65,11 @@ class Monitor:
         validate.instance("model", model, torch.nn.Module, "a torch.nn.Module")
         if next(model.parameters(), None) is None:
             raise ValueError(f"{type(model).__name__} has no parameters: there is no training to monitor")
-        self.name = validate.text("name", name) if name is not None else f"monitor {type(model).__name__}"
-        self.tokens = None if tokens is None else validate.count("tokens", tokens)
-        self.samples = None if samples is None else validate.count("samples", samples)
-        self.flops = validate.choice("flops", flops, ("auto", "never"))
-        self.model_flops = None if model_flops is None else validate.real("model_flops", model_flops)
-        self.peak = None if peak is None else validate.real("peak", peak)
-        if dtype is not None:
-            validate.choice("dtype", dtype, ("fp32", "tf32", "bf16", "fp16"))
-        self.dtype = dtype
-        self.warmup = validate.whole("warmup", warmup, minimum=0)
-        self.total = None if total is None else validate.count("total", total)
-        if live is not None:
-            validate.flag("live", live)
+        o = check_options(name, tokens, samples, flops, model_flops, peak, dtype, warmup, total, live)
+        self.name = o["name"] or f"monitor {type(model).__name__}"
+        self.tokens, self.samples, self.flops = o["tokens"], o["samples"], o["flops"]
+        self.model_flops, self.peak, self.dtype = o["model_flops"], o["peak"], o["dtype"]
+        self.warmup, self.total = o["warmup"], o["total"]
         from .sinks import open_sinks  # refuses a target it cannot write, before any step
 
         self.sinks = open_sinks(log_to)
@@ -123,7 +116,7 @@ class Monitor:
             except StopIteration:
                 return
             waited = clock() - t0
-            self.start_step(batch, _wait_s=waited, _t0=t0)
+            self.start_step(batch, wait_s=waited, _t0=t0)
             try:
                 yield batch
             except GeneratorExit:  # a break or an exception in the body: which, Python does not say
@@ -138,8 +131,10 @@ class Monitor:
         return _Step(self, batch, tokens, samples)
 
     def start_step(self, batch=None, tokens: int | None = None, samples: int | None = None,
-                   _wait_s: float = NaN, _t0: float | None = None) -> None:
-        """Start a step by hand (callbacks, loops that are not a ``for``); ``end_step`` ends it."""
+                   wait_s: float | None = None, _t0: float | None = None) -> None:
+        """Start a step by hand (callbacks, loops that are not a ``for``); ``end_step`` ends it.
+        ``tokens``/``samples``: this step's, when the inputs do not tell; ``wait_s``: the time it
+        waited for its data, if you measured it (``iter`` does)."""
         if self.closed:
             raise RuntimeError(f"{self.name} is closed: make a new Monitor for another run")
         if self._open is not None:
@@ -147,6 +142,8 @@ class Monitor:
         for what, v in (("tokens", tokens), ("samples", samples)):
             if v is not None:
                 validate.count(what, v)
+        if wait_s is not None:
+            validate.real("wait_s", wait_s, low_open=False)
         t = clock()
         if self._t_end is None:
             self._t_end = _t0 if _t0 is not None else t
@@ -156,8 +153,8 @@ class Monitor:
         cuda.start()
         self.tap.begin(count=self.flops == "auto")
         cond = ConditionsMeter(self.cuda_index).start()
-        self._open = dict(t0=clock(), own=clock() - t, wait_s=_wait_s, cpu=cpu, cuda=cuda, rss0=rss0,
-                          cond=cond, tokens=tokens, samples=samples, batch=batch)
+        self._open = dict(t0=clock(), own=clock() - t, wait_s=NaN if wait_s is None else float(wait_s), cpu=cpu,
+                          cuda=cuda, rss0=rss0, cond=cond, tokens=tokens, samples=samples, batch=batch)
 
     def end_step(self, error: BaseException | str | None = None) -> dict:
         """End the step going: its row (a dict of `core.steps.COLUMNS` and the logged scalars)."""
@@ -237,12 +234,9 @@ class Monitor:
     def _model_flops(self, info, cached) -> float:
         if self.model_flops is not None:
             return self.model_flops
-        if self.adapter.shape is not None and info["calls"]:
-            total = 0.0
-            for tokens, seq, trained in info["calls"]:
-                flops, _, why = self.adapter.model_flops(seq, tokens, None, backward=trained)
-                total += flops
-            return total
+        calls = info["calls"]
+        if calls and all(a.shape is not None for a, *_ in calls) and not info["unknown"]:
+            return float(sum(a.model_flops(s, n, None, backward=trained)[0] for a, n, s, trained in calls))
         return NaN if cached is None else float(cached.model)
 
     def _rates(self, row, info) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ...measure.flops import TunekitFlopCounter
+from ...models.adapters import adapt
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 MAX_COUNTS = 16  # signatures counted per monitor; past it (shapes change every step) none is
@@ -23,12 +24,30 @@ class StepTap:
     """``tap = StepTap(model, adapter); tap.begin(counts); ...step...; info = tap.end()``."""
 
     def __init__(self, model: torch.nn.Module, adapter):
-        self.model, self.adapter = model, adapter
-        self.handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        self.model = model
+        # the model and its direct children with weights: a wrapper whose forward is not what runs
+        # (a LightningModule calling self.model) is seen through the child it calls
+        watched = [(model, adapter)] + [(c, adapt(c)) for c in model.children()
+                                        if next(c.parameters(), None) is not None]
+        self.handles = []
+        for m, a in watched:
+            self.handles.append(m.register_forward_pre_hook(self._hook(a), with_kwargs=True))
+            self.handles.append(m.register_forward_hook(self._leave, always_call=True))
         self.counts: dict = {}       # signature -> FlopCount
         self.dtype = None            # tunekit dtype name of the latest call
         self.counter = None
         self.active = False
+        self.depth = 0               # watched forwards running: only the outermost call counts
+
+    def _hook(self, adapter):
+        def pre(module, args, kwargs):
+            self.depth += 1
+            if self.active and self.depth == 1:
+                self._pre(adapter, module, args, kwargs)
+        return pre
+
+    def _leave(self, module, args, out):
+        self.depth = max(self.depth - 1, 0)
 
     def begin(self, count: bool) -> None:
         """A step starts; ``count``: a new signature may start the FLOP counter."""
@@ -36,25 +55,23 @@ class StepTap:
         self.tokens = self.samples = 0
         self.unknown = None          # why a call's tokens or samples are unknown
         self.signature = None
-        self.seq = set()             # sequence lengths seen (model FLOPs from the shape)
-        self.calls = []              # (tokens, seq_len, trained) per call of a known shape
+        self.depth = 0
+        self.calls = []              # (adapter, tokens, seq_len, trained) per call of a known shape
 
-    def _pre(self, module, args, kwargs):
-        if not self.active:
-            return
+    def _pre(self, adapter, module, args, kwargs):
         try:  # never an error in the user's forward: what cannot be read is said in the row
-            self._call(args, kwargs)
+            self._call(adapter, module, args, kwargs)
         except Exception as e:
             self.unknown = self.unknown or f"{type(e).__name__}: {e}"
 
-    def _call(self, args, kwargs):
+    def _call(self, adapter, module, args, kwargs):
         grad = torch.is_grad_enabled()
-        trained = grad and self.model.training
+        trained = grad and module.training
         try:
-            b, s = self.adapter.forward_tokens(args, kwargs)
+            b, s = adapter.forward_tokens(args, kwargs)
             self.tokens += b * s
             self.samples += b
-            self.calls.append((b * s, s, trained))
+            self.calls.append((adapter, b * s, s, trained))
         except ValueError as e:
             first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
             if first is None or first.dim() == 0:
@@ -66,7 +83,7 @@ class StepTap:
         auto = torch.is_autocast_enabled(device)
         self.dtype = _DTYPES.get(torch.get_autocast_dtype(device) if auto else _param_dtype(self.model), "fp32")
         if self.signature is None:
-            self.signature = (_shapes(args, kwargs), self.model.training, grad, auto, self.dtype)
+            self.signature = (type(module).__name__, _shapes(args, kwargs), module.training, grad, auto, self.dtype)
             if self.may_count and self.signature not in self.counts and len(self.counts) < MAX_COUNTS:
                 counter = TunekitFlopCounter()
                 counter.__enter__()
@@ -91,7 +108,8 @@ class StepTap:
 
     def remove(self) -> None:
         self.abort()
-        self.handle.remove()
+        for h in self.handles:
+            h.remove()
 
 
 def _param_dtype(model):

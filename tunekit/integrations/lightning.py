@@ -1,0 +1,104 @@
+"""`TunekitCallback` for Lightning's `Trainer`: a `tunekit.Monitor` per fit, its figures sent to
+every logger of the Trainer (``trainer.loggers``).
+
+    trainer = L.Trainer(max_steps=100, callbacks=[TunekitCallback()])
+    trainer.fit(module, loader)
+
+One step is one optimizer step (``accumulate_grad_batches`` micro-batches, tokens summed over
+their forwards). ``wait_s`` is the time between two steps, where Lightning fetches the next batch
+(and runs its other hooks). The loss is read from what ``training_step`` returns. An exception in
+training ends the step going as failed (``on_exception``), so no FLOP counter is left running.
+Works with ``lightning`` (``import lightning.pytorch``) or the older ``pytorch_lightning``.
+"""
+from __future__ import annotations
+
+import time
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the standalone package of older releases
+    try:
+        from pytorch_lightning.callbacks import Callback
+    except ImportError:
+        raise ImportError("tunekit.integrations.lightning needs Lightning: pip install 'tunekit[lightning]'") from None
+
+from ..core.steps import summarize
+from ..engine.monitor.monitor import Monitor
+from ..engine.monitor.options import check_options
+from .figures import figures
+
+
+class TunekitCallback(Callback):
+    """Example: ``L.Trainer(max_steps=50, callbacks=[TunekitCallback(log_to="jsonl:run.jsonl")])``.
+
+    Options as `tunekit.Monitor` (``name``, ``peak``, ``dtype``, ``warmup``, ``live``,
+    ``log_to``, ``flops``); ``log_every``: steps between two sends to the Trainer's loggers
+    (default: the Trainer's ``log_every_n_steps``). The Monitor of the latest fit is
+    ``callback.monitor``."""
+
+    def __init__(self, *, name: str | None = None, peak: float | None = None, dtype: str | None = None,
+                 warmup: int = 1, live: bool | None = None, log_to=(), flops: str = "auto",
+                 log_every: int | None = None):
+        self.options = dict(name=name, peak=peak, dtype=dtype, warmup=warmup, live=live, log_to=log_to, flops=flops)
+        check_options(**{k: v for k, v in self.options.items() if k != "log_to"})
+        self.log_every = None if log_every is None else check_options(total=log_every)["total"]
+        self.monitor = None
+
+    def on_train_start(self, trainer, pl_module):
+        opts = dict(self.options, name=self.options["name"] or f"Lightning {type(pl_module).__name__}")
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        self.monitor = Monitor(pl_module, total=total, **opts)
+        self._logged, self._t_end = 0, None
+
+    def _accumulate(self, trainer) -> int:
+        return max(int(getattr(trainer, "accumulate_grad_batches", 1) or 1), 1)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        mon = self.monitor
+        if mon is None or mon.closed or batch_idx % self._accumulate(trainer):
+            return
+        if mon._open is not None:
+            mon.end_step("Lightning began a step before this one ended")
+        gap = None if self._t_end is None else time.perf_counter() - self._t_end
+        mon.start_step(wait_s=gap)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        mon = self.monitor
+        if mon is None or mon._open is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        last = (batch_idx + 1) % self._accumulate(trainer) == 0 or trainer.is_last_batch
+        if loss is not None and hasattr(loss, "detach"):
+            mon.log(loss=loss.detach())
+        if not last:
+            return
+        mon.end_step()
+        self._t_end = time.perf_counter()
+        every = self.log_every or max(int(getattr(trainer, "log_every_n_steps", 50) or 50), 1)
+        if len(mon.rows) - self._logged >= every:
+            self._send(trainer)
+
+    def _send(self, trainer):
+        mon = self.monitor
+        rows = mon.rows[self._logged:]
+        self._logged = len(mon.rows)
+        metrics = figures(summarize(rows, getattr(mon, "peak_tflops", None)), rows)
+        if metrics:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+
+    def on_exception(self, trainer, pl_module, exception):
+        mon = self.monitor
+        if mon is not None and not mon.closed:
+            if mon._open is not None:
+                mon.end_step(exception)
+            mon.close()
+
+    def on_train_end(self, trainer, pl_module):
+        mon = self.monitor
+        if mon is not None and not mon.closed:
+            if mon._open is not None:
+                mon.end_step("Lightning ended training during the step")
+            if len(mon.rows) > self._logged:
+                self._send(trainer)
+            mon.close()

@@ -1,0 +1,124 @@
+"""`TunekitCallback` for the transformers `Trainer`: a `tunekit.Monitor` per training run, its
+figures added to the Trainer's own logs (so every logger the Trainer reports to gets them).
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[TunekitCallback()])
+    trainer.train()
+    cb.monitor.results()
+
+One step is one optimizer step (every micro-batch of gradient accumulation inside it: the tokens
+of each forward are summed). ``wait_s`` is the time between two steps: the Trainer fetches the
+step's batches there, and logs, evaluates and saves. The Trainer calls the reporting callbacks
+(TensorBoard, MLflow, W&B...) before the ones a user adds, so at the start of training this
+callback moves itself to the front of the Trainer's callback list (found through the call that
+runs it; a canary test pins that): each ``on_log`` then carries the ``tunekit/...`` figures of
+the steps since the previous log for every reporter after it. A step cut short by an exception
+is recorded as failed when the notebook cell ends (an IPython event), so no FLOP counter is
+left running.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import CallbackHandler
+
+from ..core.steps import summarize
+from ..engine.monitor.monitor import Monitor
+from ..engine.monitor.options import check_options
+from .figures import figures
+
+
+class TunekitCallback(TrainerCallback):
+    """Example: ``Trainer(..., callbacks=[TunekitCallback(log_to="jsonl:run.jsonl")])``.
+
+    Options as `tunekit.Monitor` (``name``, ``peak``, ``dtype``, ``warmup``, ``live``,
+    ``log_to``, ``flops``); the Monitor of the latest run is ``callback.monitor``."""
+
+    def __init__(self, *, name: str | None = None, peak: float | None = None, dtype: str | None = None,
+                 warmup: int = 1, live: bool | None = None, log_to=(), flops: str = "auto"):
+        self.options = dict(name=name, peak=peak, dtype=dtype, warmup=warmup, live=live, log_to=log_to, flops=flops)
+        check_options(**{k: v for k, v in self.options.items() if k != "log_to"})  # refused before the Trainer runs
+        self.monitor = None
+        self._logged = 0      # rows already summarized into a log
+        self._t_end = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        front(self, sys._getframe(1))
+        opts = dict(self.options, name=self.options["name"] or f"Trainer {type(model).__name__}")
+        self.monitor = Monitor(model, total=state.max_steps or None, **opts)
+        self._logged, self._t_end = 0, None
+        watch_cell(self.monitor)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        mon = self.monitor
+        if mon is None or mon.closed:
+            return
+        if mon._open is not None:   # the last step never ended (an exception the Trainer caught)
+            mon.end_step("the Trainer began a step before this one ended")
+        gap = None if self._t_end is None else time.perf_counter() - self._t_end
+        mon.start_step(wait_s=gap)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        mon = self.monitor
+        if mon is not None and mon._open is not None:
+            mon.end_step()
+            self._t_end = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        mon = self.monitor
+        if mon is None or logs is None or "loss" not in logs:
+            return
+        rows = mon.rows[self._logged:]
+        if not rows:
+            return
+        rows[-1].setdefault("loss", float(logs["loss"]))
+        self._logged = len(mon.rows)
+        logs.update(figures(summarize(rows, getattr(mon, "peak_tflops", None)), rows))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.monitor is not None:
+            self.monitor.close()
+
+
+def front(callback, frame) -> bool:
+    """Move ``callback`` to the front of the Trainer's callbacks, the CallbackHandler being the
+    ``self`` of the frame that called it. Moving an item to the front while that list is walked
+    visits no callback twice and skips none (the items before it shift by one, already visited)."""
+    handler = frame.f_locals.get("self") if frame is not None else None
+    if not isinstance(handler, CallbackHandler):
+        warnings.warn("tunekit: could not find the Trainer's callback list; the tunekit/ figures reach only "
+                      "the callbacks after this one in on_log (pass it first in callbacks=[...])",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    cbs = handler.callbacks
+    if cbs and cbs[0] is not callback and callback in cbs:
+        cbs.remove(callback)
+        cbs.insert(0, callback)
+    return True
+
+
+def watch_cell(mon) -> None:
+    """In IPython: when a cell ends with an error while a step is going, end it as failed (the
+    Trainer has no exception event), which also stops a FLOP count it had started."""
+    ip = _ipython()
+    if ip is None:
+        return
+
+    def after(result, mon=mon):
+        if mon._open is not None and not mon.closed and not result.success:
+            mon.end_step(result.error_in_exec or result.error_before_exec or "the cell failed")
+            mon.close()
+        if mon.closed:
+            ip.events.unregister("post_run_cell", after)
+
+    ip.events.register("post_run_cell", after)
+
+
+def _ipython():
+    if "IPython" not in sys.modules:
+        return None
+    from IPython import get_ipython
+
+    return get_ipython()
