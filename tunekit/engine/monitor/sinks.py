@@ -4,14 +4,13 @@
     >>> sinks.write(3, {"loss": 2.5, "tokens_per_s": 51200})   # as tunekit/loss, tunekit/tokens_per_s
     >>> sinks.close()                                           # flushes; a second close does nothing
 
-``open_sinks`` checks every target before any training: its form, that none is named twice, that
-its optional package is installed (before any folder is made), that its folder or file can be
-written, and for MLflow that the tracking store answers. Once training runs, a sink never stops it:
-one whose write or close raises (a full disk, a server gone) warns once (``RuntimeWarning``) and
-is dropped; the others go on. torch, tensorboard and mlflow are imported only by the sinks that use them.
+``open_sinks`` checks every target before any training (its form, no target twice, its package,
+that it can be written). Then a sink never stops training: one whose write or close raises (a full
+disk, a server gone) warns once and is dropped, the others go on. torch, tensorboard, mlflow: lazily.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
@@ -26,7 +25,6 @@ from urllib.request import url2pathname
 from tunekit.core import validate
 
 FORMS = "'tensorboard:DIR', 'mlflow:URI' or 'jsonl:PATH'"
-TARGETS = {"tensorboard": "folder", "mlflow": "tracking URI or folder", "jsonl": "file"}
 PREFIX = "tunekit/"     # every figure's name: tunekit/loss, tunekit/tokens_per_s, ...
 EXPERIMENT = "tunekit"  # the MLflow experiment of the runs open_sinks starts
 TB_FLUSH_S = 10         # TensorBoard shows a running job's figures within this many seconds
@@ -38,8 +36,7 @@ def _folder(entry: str, path: Path) -> Path:
         raise ValueError(f"log_to {entry!r}: {path} is a file, not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
+        tempfile.TemporaryFile(dir=path).close()
     except OSError as e:
         raise OSError(f"log_to {entry!r}: cannot write in the folder {path}: {e}") from e
     return path
@@ -49,8 +46,8 @@ def _local_dir(uri: str) -> Path | None:
     """The folder of an MLflow file store (a plain path or a ``file:`` URI); None for a server or database."""
     scheme = urlparse(uri).scheme
     if scheme == "file":
-        return Path(url2pathname(urlparse(uri).path)).expanduser().resolve()
-    if scheme and len(scheme) > 1 or uri == "databricks":   # one letter: a Windows drive
+        uri = url2pathname(urlparse(uri).path)
+    elif scheme and len(scheme) > 1 or uri == "databricks":   # one letter: a Windows drive
         return None
     return Path(uri).expanduser().resolve()
 
@@ -60,9 +57,7 @@ class _Jsonl:
 
     def __init__(self, entry: str, path: Path, _package):
         self.name = entry
-        if path.is_dir():
-            raise ValueError(f"log_to {entry!r}: {path} is a folder, not a file")
-        try:
+        try:                  # a folder here: IsADirectoryError, said with the path
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")
         except OSError as e:
@@ -96,42 +91,31 @@ class _MLflow:
     (``mlflow.start_run()``) on the same tracking URI is logged into instead, and left open."""
 
     def __init__(self, entry: str, uri: str, mlflow):
-        from mlflow.entities import Metric
-        from mlflow.tracking import MlflowClient
-
-        self.name, self._metric, local = entry, Metric, _local_dir(uri)
+        self.name, self._metric, local = entry, mlflow.entities.Metric, _local_dir(uri)
         if local is not None:
             uri = _folder(entry, local).as_uri()
         try:
-            self._client = client = MlflowClient(tracking_uri=uri)
-            active = mlflow.active_run()
-            if active is not None and _same_store(mlflow.get_tracking_uri(), uri):
+            self._client = client = mlflow.MlflowClient(tracking_uri=uri)
+            active, theirs = mlflow.active_run(), mlflow.get_tracking_uri()
+            if active is not None and (_local_dir(theirs) == local if local else theirs.rstrip("/") == uri.rstrip("/")):
                 self._run, self._ours = active.info.run_id, False
             else:
                 known = client.get_experiment_by_name(EXPERIMENT)
                 experiment = known.experiment_id if known else client.create_experiment(EXPERIMENT)
                 self._run, self._ours = client.create_run(experiment).info.run_id, True
         except Exception as e:
-            if local is not None and "MLFLOW_ALLOW_FILE_STORE" in str(e):
-                raise ValueError(
-                    f"log_to {entry!r}: MLflow {mlflow.__version__} keeps runs in a local folder only with "
-                    "MLFLOW_ALLOW_FILE_STORE=true in the environment; set it, or log to a tracking server "
-                    "('mlflow:http://HOST:5000') or a database ('mlflow:sqlite:///PATH/mlflow.db', "
-                    "with the full mlflow package)") from None
+            if local is not None and "MLFLOW_ALLOW_FILE_STORE" in str(e):   # recent MLflow: opt-in
+                raise ValueError(f"log_to {entry!r}: MLflow {mlflow.__version__} keeps runs in a folder only "
+                                 "with MLFLOW_ALLOW_FILE_STORE=true in the environment: set it, or give a server "
+                                 "(mlflow:http://HOST:5000) or a database (mlflow:sqlite:///PATH.db)") from None
             raise OSError(f"log_to {entry!r}: MLflow cannot log to {uri}: {type(e).__name__}: {e}") from e
 
     def write(self, step: int, figures: dict, now: float) -> None:
-        ms = int(now * 1000)
-        self._client.log_batch(self._run, metrics=[self._metric(k, v, ms, step) for k, v in figures.items()])
+        self._client.log_batch(self._run, [self._metric(k, v, int(now * 1000), step) for k, v in figures.items()])
 
     def close(self) -> None:
         if self._ours:
             self._client.set_terminated(self._run)
-
-
-def _same_store(a: str, b: str) -> bool:
-    la, lb = _local_dir(a), _local_dir(b)
-    return la == lb if la is not None or lb is not None else a.rstrip("/") == b.rstrip("/")
 
 
 OPENERS = {"tensorboard": _TensorBoard, "mlflow": _MLflow, "jsonl": _Jsonl}
@@ -156,10 +140,7 @@ def _load(entry: str, scheme: str):
 
 def _parse(log_to) -> list[tuple[str, object, str]]:
     """(scheme, target, entry) for each entry: a path resolved, a server URI as given."""
-    if log_to is None:
-        return []
-    if isinstance(log_to, str):
-        log_to = [log_to]
+    log_to = () if log_to is None else [log_to] if isinstance(log_to, str) else log_to
     if not isinstance(log_to, Iterable) or isinstance(log_to, (bytes, Mapping)):
         raise ValueError(f"log_to must be {FORMS}, a list of them, or None; got {log_to!r}")
     out, seen = [], {}
@@ -168,7 +149,7 @@ def _parse(log_to) -> list[tuple[str, object, str]]:
         if scheme not in OPENERS or not colon:
             raise ValueError(f"log_to entries must be {FORMS}, got {entry!r}")
         if not rest.strip():
-            raise ValueError(f"log_to {entry!r} names no {TARGETS[scheme]}: write {scheme}:<{TARGETS[scheme]}>")
+            raise ValueError(f"log_to {entry!r} is empty after '{scheme}:': write {FORMS}")
         target = str(_local_dir(rest) or rest) if scheme == "mlflow" else Path(rest).expanduser().resolve()
         if (scheme, str(target)) in seen:
             raise ValueError(f"log_to names the {scheme} target {target} twice "
@@ -191,8 +172,7 @@ def _figures(metrics) -> dict:
         if hasattr(v, "item") and getattr(v, "ndim", None) == 0:   # numpy scalar, 0-d tensor
             v = v.item()
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise TypeError(f"metrics[{name!r}] must be a number (int, float, numpy scalar or 0-d "
-                            f"tensor) or None, got {type(v).__name__} {v!r}"[:200])
+            raise TypeError(f"metrics[{name!r}] must be a number or None, got {type(v).__name__} {v!r}"[:200])
         v = float(v)
         if math.isfinite(v):
             out[PREFIX + name] = v
@@ -205,19 +185,15 @@ def _warn(sink, what: str, e: BaseException) -> None:
 
 class Sinks:
     """The sinks ``open_sinks`` opened: ``write`` after each step, ``close`` at the end; false when none.
-
-    Example: ``with open_sinks("jsonl:run.jsonl") as sinks: sinks.write(1, {"loss": 2.5})``."""
+    Example: ``sinks = open_sinks("jsonl:run.jsonl"); sinks.write(1, {"loss": 2.5}); sinks.close()``."""
 
     def __init__(self, sinks=()):
         self._sinks = list(sinks)
 
     def write(self, step: int, metrics: dict) -> None:
-        """Each finite figure of ``metrics`` as ``tunekit/<name>`` at ``step``, to every sink.
-
-        None, NaN and +-inf values are skipped (nothing is written when none is left). A sink that
-        raises warns once and is dropped; a wrong step or value (a string, a bool) raises
-        ValueError/TypeError before any sink is written. A CUDA tensor's ``.item()`` waits for the GPU.
-
+        """Each finite figure as ``tunekit/<name>`` at ``step``; None, NaN and +-inf are skipped (no
+        write when none is left). A sink that raises warns once and is dropped. A wrong step or value
+        (a string, a bool) raises before any sink is written. A CUDA tensor's ``.item()`` syncs.
         Example: ``sinks.write(3, {"loss": torch.tensor(2.5), "grad_norm": float("nan")})`` writes loss only."""
         step = validate.whole("step", step, minimum=0)
         figures = _figures(metrics)
@@ -230,16 +206,12 @@ class Sinks:
             except Exception as e:
                 self._sinks.remove(sink)
                 _warn(sink, "failed and is dropped (the other sinks go on)", e)
-                try:
+                with contextlib.suppress(Exception):   # broken already, and said so
                     sink.close()
-                except Exception:   # broken already, and said so
-                    pass
 
     def close(self) -> None:
-        """Flush and close every sink (ending the MLflow run it started); never raises for a sink,
-        warns instead. A second close does nothing.
-
-        Example: ``sinks.close(); sinks.close()``."""
+        """Flush and close every sink (ending the MLflow run it started); warns, never raises, for a
+        sink's error. Example: ``sinks.close(); sinks.close()`` (the second does nothing)."""
         sinks, self._sinks = self._sinks, []
         for sink in sinks:
             try:
@@ -253,27 +225,17 @@ class Sinks:
     def __repr__(self) -> str:
         return f"Sinks({', '.join(s.name for s in self._sinks) or 'none'})"
 
-    def __enter__(self) -> Sinks:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 def open_sinks(log_to: str | Iterable[str] | None) -> Sinks:
     """The sinks ``log_to`` names, each checked and opened now, before any training.
 
-    ``log_to``: one of "tensorboard:DIR" (event files; ``pip install 'tunekit[tensorboard]'``),
-    "mlflow:URI" (a tracking URI; a plain path or ``file:`` URI is a local folder store, created;
-    ``pip install 'tunekit[mlflow]'``) and "jsonl:PATH" (appended; no extra package), or a list of
-    them; None or ``()``: no sinks. Paths are resolved against the current folder now.
-
-    Raises ValueError for a wrong form, an empty path or a target named twice; ImportError (with
-    the pip command) for a missing package; OSError or ValueError (the path and why) for a folder
-    or file that cannot be written, or a tracking store that does not answer. Nothing is created
-    until every package is found; sinks already opened are closed again when a later one fails.
-
-    Example: ``open_sinks(["tensorboard:runs/tb", "jsonl:runs/steps.jsonl"])``."""
+    ``log_to``: "tensorboard:DIR" (``pip install 'tunekit[tensorboard]'``), "mlflow:URI" (a tracking
+    URI; a plain path or ``file:`` URI is a local folder store; ``pip install 'tunekit[mlflow]'``),
+    "jsonl:PATH" (appended), or a list of them; None or ``()``: no sinks. Paths resolve against the
+    current folder. Raises ValueError (a wrong form, an empty path, a target twice), ImportError (a
+    missing package, with the pip command), OSError or ValueError (a target that cannot be written
+    or does not answer). Nothing is made before every package is found; a failure closes the
+    sinks already opened. Example: ``open_sinks(["tensorboard:runs/tb", "jsonl:runs/steps.jsonl"])``."""
     targets = _parse(log_to)
     needs = {entry: _load(entry, scheme) for scheme, _, entry in targets}
     opened = []
