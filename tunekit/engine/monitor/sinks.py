@@ -122,7 +122,7 @@ OPENERS = {"tensorboard": _TensorBoard, "mlflow": _MLflow, "jsonl": _Jsonl}
 
 
 def _load(entry: str, scheme: str):
-    """What the sink needs from its optional package (None for jsonl), or ImportError with the pip command."""
+    """What the sink needs from its optional package (nothing for jsonl), or ImportError with the pip command."""
     try:
         if scheme == "tensorboard":
             import tensorboard  # noqa: F401  torch's writer needs it and says so less plainly
@@ -135,7 +135,6 @@ def _load(entry: str, scheme: str):
         what = "the tensorboard package" if scheme == "tensorboard" else "mlflow (mlflow-skinny is enough)"
         raise ImportError(f"log_to {entry!r} needs {what}, which cannot be imported ({e}): "
                           f"pip install 'tunekit[{scheme}]'") from e
-    return None
 
 
 def _parse(log_to) -> list[tuple[str, object, str]]:
@@ -205,9 +204,9 @@ class Sinks:
                 sink.write(step, figures, now)
             except Exception as e:
                 self._sinks.remove(sink)
-                _warn(sink, "failed and is dropped (the other sinks go on)", e)
-                with contextlib.suppress(Exception):   # broken already, and said so
+                with contextlib.suppress(Exception):   # broken already: the warning says so
                     sink.close()
+                _warn(sink, "failed and is dropped (the other sinks go on)", e)
 
     def close(self) -> None:
         """Flush and close every sink (ending the MLflow run it started); warns, never raises, for a
@@ -232,10 +231,12 @@ def open_sinks(log_to: str | Iterable[str] | None) -> Sinks:
     ``log_to``: "tensorboard:DIR" (``pip install 'tunekit[tensorboard]'``), "mlflow:URI" (a tracking
     URI; a plain path or ``file:`` URI is a local folder store; ``pip install 'tunekit[mlflow]'``),
     "jsonl:PATH" (appended), or a list of them; None or ``()``: no sinks. Paths resolve against the
-    current folder. Raises ValueError (a wrong form, an empty path, a target twice), ImportError (a
-    missing package, with the pip command), OSError or ValueError (a target that cannot be written
-    or does not answer). Nothing is made before every package is found; a failure closes the
-    sinks already opened. Example: ``open_sinks(["tensorboard:runs/tb", "jsonl:runs/steps.jsonl"])``."""
+    current folder. MLflow logs into your active run on the same tracking URI and leaves it open;
+    else it starts a run in experiment "tunekit" and ends it at close. Raises ValueError (a wrong
+    form, an empty path, a target twice), ImportError (a missing package, with the pip command),
+    OSError or ValueError (a target that cannot be written or does not answer). Nothing is made
+    before every package is found; a failure closes the sinks already opened.
+    Example: ``open_sinks(["tensorboard:runs/tb", "jsonl:runs/steps.jsonl"])``."""
     targets = _parse(log_to)
     needs = {entry: _load(entry, scheme) for scheme, _, entry in targets}
     opened = []
