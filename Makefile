@@ -11,7 +11,7 @@ CPU_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraint
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[dev,hf]'
+	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[dev,hf,tensorboard,mlflow,lightning]'
 	# tunekit.experiment's ipyexperiments without the deprecated `pynvml` package it requires
 	# (its shim makes `import torch` warn); nvidia-ml-py, a tunekit dependency, provides pynvml
 	$(PY) -m pip install -q --no-deps 'ipyexperiments>=0.1.29'
