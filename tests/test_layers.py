@@ -13,8 +13,9 @@ from collections import defaultdict
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "tunekit"
-LAYERS = ("core", "models", "measure", "engine", "ui")
-NAMES = {"core": "pure core", "models": "models", "measure": "measurement", "engine": "engine", "ui": "UI"}
+LAYERS = ("core", "models", "measure", "engine", "ui", "integrations")
+NAMES = {"core": "pure core", "models": "models", "measure": "measurement", "engine": "engine", "ui": "UI",
+         "integrations": "integrations"}
 # The only upward edges: an engine object's own view, imported inside the one method that shows
 # it (lab.compare(), lab.dashboard(), lab.run()'s progress, AutotuneResult.figure()). Nothing else reaches up.
 VIEWS = {("engine.lab", "ui.lab_plots"), ("engine.lab", "ui.dashboard"), ("engine.lab", "ui.progress"),

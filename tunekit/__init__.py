@@ -57,7 +57,7 @@ _EXPORTS = {
 }
 # public namespaces: `from tunekit import bench` (the documents' microbenchmarks and bench.plot)
 _NAMESPACES = {"bench": "ui.bench"}
-_LAYERS = ("core", "models", "measure", "engine", "ui")
+_LAYERS = ("core", "models", "measure", "engine", "ui", "integrations")
 
 __all__ = sorted(_EXPORTS) + sorted(_NAMESPACES) + ["load_ipython_extension", "unload_ipython_extension"]
 

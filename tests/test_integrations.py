@@ -1,0 +1,128 @@
+"""The callbacks with the real trainers: the transformers Trainer and Lightning's Trainer on small
+models built from configs (no downloads). Counts, flags and where the figures went; no timing is
+compared."""
+import json
+import math
+
+import pytest
+import torch
+
+import tunekit
+from tunekit.measure.flops import counting_active
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # the Trainer needs it
+
+
+def llama():
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+def test_transformers_trainer_figures_reach_every_reporter(tmp_path):
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from tunekit.integrations.transformers import TunekitCallback
+
+    seen = []
+
+    class Reporter(TrainerCallback):  # stands for TensorBoard/MLflow/W&B: listed before ours
+        def on_log(self, args, state, control, logs=None, **kw):
+            seen.append(dict(logs))
+
+    ids = torch.randint(0, 256, (64, 16))
+    data = [{"input_ids": i, "labels": i} for i in ids]
+    cb = TunekitCallback(live=False, log_to=f"jsonl:{tmp_path / 'run.jsonl'}")
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=2,
+                             gradient_accumulation_steps=2, logging_steps=2, report_to=[], use_cpu=True,
+                             save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=llama(), args=args, train_dataset=data, callbacks=[Reporter(), cb])
+    trainer.train()
+    assert trainer.callback_handler.callbacks[0] is cb          # moved to the front (canary)
+    rows = cb.monitor.rows
+    assert len(rows) == 6 and [r["counted"] for r in rows] == [True] + [False] * 5
+    assert all(r["tokens"] == 2 * 2 * 16 for r in rows)          # 2 micro-batches of 2 x 16 per step
+    steps_logged = [log for log in seen if "loss" in log]
+    assert len(steps_logged) == 3
+    for log in steps_logged:
+        assert log["tunekit/tokens_per_s"] > 0 and 0 < log["tunekit/mfu"] and log["tunekit/step_s"] > 0
+    assert cb.monitor.closed and tunekit.last() is cb.monitor.record and not counting_active()
+    lines = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "tunekit/wall_s" in x] == [0, 1, 2, 3, 4, 5]
+
+
+def test_transformers_callback_refuses_bad_options_when_built():
+    from tunekit.integrations.transformers import TunekitCallback, front
+
+    with pytest.raises(ValueError, match="warmup"):
+        TunekitCallback(warmup=-1)
+    with pytest.warns(RuntimeWarning, match="callback list"):
+        assert front(object(), None) is False
+
+
+def test_a_failed_cell_ends_the_step_going(ip):
+    from tunekit.integrations.transformers import watch_cell
+
+    model = torch.nn.Linear(4, 4)
+    mon = tunekit.Monitor(model, live=False)
+    watch_cell(mon)
+    mon.start_step()
+    model(torch.randn(2, 4))                # the first forward starts the FLOP counter
+    assert counting_active()
+    ip.run_cell("raise ValueError('in the loop')")
+    assert not counting_active() and mon.closed
+    assert mon.rows[0]["error"].startswith("ValueError")
+
+
+lightning = pytest.importorskip("lightning")
+
+
+class _Module(lightning.LightningModule):
+    def __init__(self, fail_at=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = tunekit.GPT(tunekit.GPTConfig.preset("cpu-tiny"))   # called as self.model
+        self.fail_at = fail_at
+
+    def training_step(self, batch, i):
+        if i == self.fail_at:
+            raise RuntimeError("step failed")
+        x, y = batch
+        return self.model(x, y)[1]
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def _fit(tmp_path, module, steps=6, accumulate=1):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from tunekit.integrations.lightning import TunekitCallback
+
+    data = [tuple(torch.randint(0, 256, (2, 2, 32))) for _ in range(steps * accumulate)]
+    cb = TunekitCallback(live=False, log_every=2)
+    trainer = lightning.Trainer(max_steps=steps, callbacks=[cb], logger=CSVLogger(str(tmp_path)),
+                                accumulate_grad_batches=accumulate, enable_progress_bar=False,
+                                enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=None))
+    return cb, trainer
+
+
+def test_lightning_steps_and_loggers(tmp_path):
+    cb, trainer = _fit(tmp_path, _Module(), steps=4, accumulate=2)
+    rows = cb.monitor.rows
+    assert len(rows) == 4 and rows[0]["counted"] and not any(r["counted"] for r in rows[1:])
+    assert all(r["tokens"] == 2 * 2 * 32 for r in rows)           # 2 micro-batches of 2 x 32
+    assert all(isinstance(r["loss"], float) and not math.isnan(r["loss"]) for r in rows)
+    csv = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text()
+    assert "tunekit/tokens_per_s" in csv.splitlines()[0] and "tunekit/mfu" in csv.splitlines()[0]
+    assert cb.monitor.closed and not cb.monitor.model._forward_pre_hooks
+
+
+def test_lightning_exception_ends_the_step_and_closes(tmp_path):
+    with pytest.raises(RuntimeError, match="step failed"):
+        _fit(tmp_path, _Module(fail_at=0), steps=3)
+    assert not counting_active()
+    assert tunekit.last().error.startswith("RuntimeError: step failed")
