@@ -57,6 +57,7 @@ def test_plain_loop_rows_tokens_and_flops_counted_once():
         assert r["wall_s"] >= r["step_s"] >= 0 and r["wait_s"] >= 0
         assert isinstance(r["loss"], float) and r["loss"] == r["loss"]
     assert math.isnan(rows[0]["tokens_per_s"])                             # counted: no speed
+    assert all(r["machine"] in ("quiet", "busy", "unknown") for r in rows)  # every window judged
     assert mon.summary.measured == 4 and mon.summary.counted == 0 and mon.summary.warmup == 1
     assert tunekit.last() is rec and rec.name == "t" and rec.notes[0].startswith("5 steps (1 warm-up)")
     assert rec.flops == sum(r["flops"] for r in rows[1:])

@@ -126,13 +126,21 @@ class ConditionsMeter:
         self.t0 = time.perf_counter()
         return self
 
+    def follow(self) -> "ConditionsMeter":
+        """A meter whose window starts where this one stopped (back-to-back windows, one reading
+        per boundary: a monitored loop's steps). Call after `stop()`."""
+        nxt = ConditionsMeter(self.cuda_index, self.children)
+        nxt.s0, nxt.t0 = self.s1, self.t1
+        return nxt
+
     def stop(self, wall_s: float | None = None, threads: int | None = None) -> Conditions | None:
         """The window's conditions (``wall_s``: the measured block's time, else start..stop)."""
         if self.s0 is None:
             return None
         s1 = self._sample()
+        self.s1, self.t1 = s1, time.perf_counter()
         if wall_s is None or wall_s != wall_s:
-            wall_s = time.perf_counter() - self.t0
+            wall_s = self.t1 - self.t0
         self.raw = delta(self.s0, s1)
         gpu = gpu_readings(self.cuda_index)
         return judge(wall_s, _CPUS, threads or threads_in_use(), tick_s=_TICK_S,

@@ -16,7 +16,7 @@ import time
 from ..core.steps import speed_column
 from .progress import _in_notebook, text_bar
 
-EVERY_S = 0.5        # notebook: at most two redraws a second
+EVERY_S = 1.0        # notebook: at most one redraw a second
 TEXT_EVERY_S = 0.2   # terminal
 POINTS = 300
 PLOTLY = "application/vnd.plotly.v1+json"

@@ -26,16 +26,18 @@ from ...core import validate
 from ...core.records import ProfileRecord
 from ...core.steps import COLUMNS, CURATED, speed_column, summarize, summary_line
 from ...measure.conditions import ConditionsMeter
-from ...measure.device import device_label, synchronize
+from ...measure.device import synchronize
 from ...measure.history import HISTORY
-from ...measure.meters import CpuPeak, CudaMeter
+from ...measure.meters import CudaMeter, PeakWindows
 from ...models.adapters import adapt
 from .gather import gather_ranks
 from .options import check_options
+from .rows import batch_len, number, summary_record
 from .tap import StepTap
 
 NaN = math.nan
 clock = time.perf_counter
+JUDGE_EVERY_S = 0.2   # the machine is judged over windows of one step, or of steps this long together
 LEFT = "left: the loop was left during this step (a break or an exception)"
 
 
@@ -83,8 +85,12 @@ class Monitor:
         self._open = None            # the step going: its meters and clocks
         self._pending: dict = {}     # scalars logged for the step going
         self._peaks: dict = {}       # dtype -> measure.peaks.Peak
+        self._flops_per_token: dict = {}
         self._t_end = None           # the previous step's end (after tunekit's own work)
+        self._cond = None            # the machine's window going (several short steps, or one)
+        self._judged: list = []      # the rows of that window, judged when it closes
         self._whole = ConditionsMeter(self.cuda_index)
+        self._cpu = PeakWindows()
         self.summary = self.record = None
         self.closed = False
         self.view = self._make_view(live)
@@ -148,13 +154,13 @@ class Monitor:
         if self._t_end is None:
             self._t_end = _t0 if _t0 is not None else t
             self._whole.start()
-        cpu, cuda = CpuPeak(), CudaMeter(self.cuda_index)
-        rss0 = cpu.start()
+        cuda = CudaMeter(self.cuda_index)
         cuda.start()
         self.tap.begin(count=self.flops == "auto")
-        cond = ConditionsMeter(self.cuda_index).start()
-        self._open = dict(t0=clock(), own=clock() - t, wait_s=NaN if wait_s is None else float(wait_s), cpu=cpu,
-                          cuda=cuda, rss0=rss0, cond=cond, tokens=tokens, samples=samples, batch=batch)
+        if self._cond is None:  # the machine's windows: back to back from the first step on
+            self._cond = ConditionsMeter(self.cuda_index).start()
+        self._open = dict(t0=clock(), own=clock() - t, wait_s=NaN if wait_s is None else float(wait_s),
+                          cuda=cuda, tokens=tokens, samples=samples, batch=batch)
 
     def end_step(self, error: BaseException | str | None = None) -> dict:
         """End the step going: its row (a dict of `core.steps.COLUMNS` and the logged scalars)."""
@@ -162,16 +168,31 @@ class Monitor:
         if s is None:
             raise RuntimeError("no step is going: start_step() first")
         try:
-            synchronize(self.device)
+            if self.cuda_index is not None:
+                synchronize(self.device)
         finally:
             t1 = clock()
             info = self.tap.end()
         row = self._row(s, info, t1, error)
         self.rows.append(row)
+        self._judge(row, t1)
         self._deliver(row)
         row["monitor_s"] = s["own"] + (clock() - t1)
         self._t_end = clock()
         return row
+
+    def _judge(self, row, t1, last: bool = False) -> None:
+        """The machine's verdict for the steps of a window, at least ``JUDGE_EVERY_S`` long (a
+        reading costs tens of microseconds: not one per millisecond-step), or at the end."""
+        if row is not None:
+            self._judged.append(row)
+        cond = self._cond
+        if cond is None or not self._judged or (t1 - cond.t0 < JUDGE_EVERY_S and not last):
+            return
+        c = cond.stop(t1 - cond.t0)
+        for r in self._judged:
+            r["machine"] = None if c is None else c.verdict
+        self._judged, self._cond = [], cond.follow()
 
     def log(self, **scalars) -> None:
         """Scalars of the step going (or of the last one): ``mon.log(loss=loss, lr=lr)``. Tensors
@@ -185,7 +206,7 @@ class Monitor:
             self._pending.update(scalars)
         elif self.rows:
             row = self.rows[-1]
-            values = {k: _number(v) for k, v in scalars.items()}
+            values = {k: number(v) for k, v in scalars.items()}
             row.update(values)
             self.sinks.write(row["step"], values)
         else:
@@ -195,14 +216,13 @@ class Monitor:
 
     def _row(self, s, info, t1, error) -> dict:
         n = len(self.rows)
-        cond = s["cond"].stop(t1 - s["t0"])
-        rss_delta, peak_delta = s["cpu"].stop()
+        rss, cpu_peak = self._cpu.next()   # the highest RSS since the previous step's end
         gpu = s["cuda"].stop()
         alloc0 = float(s["cuda"].alloc0) if gpu else NaN
         tokens = s["tokens"] or self.tokens or info["tokens"] or None
         samples = s["samples"] or self.samples or info["samples"] or None
         if tokens is None and samples is None and s["batch"] is not None:
-            samples = _batch_len(s["batch"])
+            samples = batch_len(s["batch"])
         if info["unknown"] and not (s["tokens"] or s["samples"] or self.tokens or self.samples):
             self._note(f"tokens/samples unknown ({info['unknown']}): pass tokens= or samples=")
         count = info["count"]
@@ -219,15 +239,15 @@ class Monitor:
                    flops=executed, model_flops=model,
                    flops_source="counted" if count is not None else "cached" if cached is not None else "none",
                    tflops=NaN, mfu=NaN, hfu=NaN,
-                   cpu_rss_bytes=float(s["rss0"] + rss_delta), cpu_peak_bytes=float(s["rss0"] + peak_delta),
+                   cpu_rss_bytes=float(rss), cpu_peak_bytes=cpu_peak,
                    gpu_alloc_bytes=alloc0 + gpu.get("gpu_alloc_delta_bytes", NaN),
                    gpu_peak_bytes=alloc0 + gpu.get("gpu_peak_delta_bytes", NaN),
                    gpu_reserved_bytes=float(gpu.get("gpu_reserved_bytes", NaN)),
                    warmup=n < self.warmup, counted=count is not None,
-                   machine=None if cond is None else cond.verdict, error=err)
+                   machine=None, error=err)
         if not row["warmup"] and not row["counted"] and err is None:
             self._rates(row, info)
-        row.update({k: _number(v) for k, v in self._pending.items()})
+        row.update({k: number(v) for k, v in self._pending.items()})
         self._pending = {}
         return row
 
@@ -235,9 +255,20 @@ class Monitor:
         if self.model_flops is not None:
             return self.model_flops
         calls = info["calls"]
-        if calls and all(a.shape is not None for a, *_ in calls) and not info["unknown"]:
-            return float(sum(a.model_flops(s, n, None, backward=trained)[0] for a, n, s, trained in calls))
+        if calls and not info["unknown"]:
+            per_token = [self._per_token(a, s, trained) for a, _, s, trained in calls]
+            if all(f is not None for f in per_token):
+                return float(sum(f * n for f, (_, n, _, _) in zip(per_token, calls)))
         return NaN if cached is None else float(cached.model)
+
+    def _per_token(self, adapter, seq, trained):
+        """Model FLOPs per token from the shape (None: unknown), once per model, length and mode:
+        the weights are counted on the model, which takes a walk over its modules."""
+        key = (id(adapter), seq, trained)
+        if key not in self._flops_per_token:
+            known = adapter.shape is not None
+            self._flops_per_token[key] = adapter.model_flops(seq, 1, None, backward=trained)[0] if known else None
+        return self._flops_per_token[key]
 
     def _rates(self, row, info) -> None:
         wall = row["wall_s"]
@@ -262,10 +293,11 @@ class Monitor:
         row["tflops"], row["mfu"], row["hfu"] = r.tflops, r.mfu, r.hfu
 
     def _deliver(self, row) -> None:
-        metrics = {k: row[k] for k in ("wall_s", "wait_s", "tokens_per_s", "samples_per_s", "tflops", "mfu",
-                                        "hfu", "cpu_peak_bytes", "gpu_peak_bytes")}
-        metrics.update({k: v for k, v in row.items() if k not in COLUMNS})
-        self.sinks.write(row["step"], metrics)
+        if self.sinks:
+            metrics = {k: row[k] for k in ("wall_s", "wait_s", "tokens_per_s", "samples_per_s", "tflops", "mfu",
+                                            "hfu", "cpu_peak_bytes", "gpu_peak_bytes")}
+            metrics.update({k: v for k, v in row.items() if k not in COLUMNS})
+            self.sinks.write(row["step"], metrics)
         if self.view is not None:
             self.view.update(self.rows, self.total)
 
@@ -286,11 +318,12 @@ class Monitor:
                 self.end_step("the monitor was closed during the step")
         finally:
             self.closed = True
+            self._judge(None, clock(), last=True)
             self.tap.remove()
             self.sinks.close()
         peak = getattr(self, "peak_tflops", None)
         self.summary = summarize(self.rows, peak)
-        self.record = self._record()
+        self.record = summary_record(self)
         self.ranks = gather_ranks(self.summary, self.rows)
         if self.ranks is not None:
             self.record.notes.append(self.ranks.line)
@@ -298,31 +331,6 @@ class Monitor:
         if self.view is not None:
             self.view.close(self.rows, self.record)
         return self.record
-
-    def _record(self) -> ProfileRecord:
-        s, rows = self.summary, self.rows
-        rec = ProfileRecord(name=self.name, device=device_label(self.cuda_index))
-        if rows:
-            rec.started_at = time.time() - sum(r["wall_s"] for r in rows)
-            rec.wall_s = sum(r["wall_s"] for r in rows)
-            rec.conditions = self._whole.stop(rec.wall_s) if self._t_end is not None else None
-        rec.tflops, rec.mfu, rec.hfu = s.tflops, s.mfu, s.hfu
-        good = [r for r in rows if not r["warmup"] and not r["counted"] and r["error"] is None]
-        if good and all(r["flops"] == r["flops"] for r in good):
-            rec.flops = sum(r["flops"] for r in good)
-            rec.flops_source = "cached"
-        rec.model_flops = sum(r["model_flops"] for r in good) if good else NaN
-        rec.peak_tflops = getattr(self, "peak_tflops", None) or NaN
-        rec.peak_tflops_source = getattr(self, "peak_source", None)
-        rec.dtype = self.dtype or self.tap.dtype
-        if rows:
-            rec.cpu_rss_delta_bytes = rows[-1]["cpu_rss_bytes"] - rows[0]["cpu_rss_bytes"]
-            rec.cpu_peak_delta_bytes = s.cpu_peak_bytes - rows[0]["cpu_rss_bytes"]
-        failed = [r["error"] for r in rows if r["error"] is not None]
-        rec.error = failed[-1] if failed else None
-        rec.notes = [summary_line(s), "figures over the measured steps (not warm-up, not counted, "
-                     "no error); TFLOPS/MFU from their time, data waits included"] + s.notes + self.notes
-        return rec
 
     def results(self, all: bool = False):
         """A DataFrame, one row per step: the main columns (the speed in tokens/s, or samples/s for
@@ -364,22 +372,3 @@ class _Step:
     def __exit__(self, kind, exc, tb) -> bool:
         self.mon.end_step(exc)
         return False
-
-
-def _number(v) -> float:
-    if isinstance(v, torch.Tensor):
-        if v.numel() != 1:
-            return NaN
-        v = v.detach().item()
-    return float(v)
-
-
-def _batch_len(batch):
-    """Samples of a batch given to the step: the first tensor's first dimension."""
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.dim() else None
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for v in values:
-        if isinstance(v, torch.Tensor) and v.dim():
-            return v.shape[0]
-    return None
