@@ -49,6 +49,8 @@ def test_transformers_trainer_figures_reach_every_reporter(tmp_path):
     for log in steps_logged:
         assert log["tunekit/tokens_per_s"] > 0 and 0 < log["tunekit/mfu"] and log["tunekit/step_s"] > 0
     assert cb.monitor.closed and tunekit.last() is cb.monitor.record and not counting_active()
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(history) == 3 and all("tunekit/tokens_per_s" in h for h in history)  # trainer_state.json too
     lines = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if "tunekit/wall_s" in x] == [0, 1, 2, 3, 4, 5]
 

@@ -11,7 +11,7 @@ step's batches there, and logs, evaluates and saves. The Trainer calls the repor
 (TensorBoard, MLflow, W&B...) before the ones a user adds, so at the start of training this
 callback moves itself to the front of the Trainer's callback list (found through the call that
 runs it; a canary test pins that): each ``on_log`` then carries the ``tunekit/...`` figures of
-the steps since the previous log for every reporter after it. A step cut short by an exception
+the steps since the previous log for every reporter after it, and into ``state.log_history``. A step cut short by an exception
 is recorded as failed when the notebook cell ends (an IPython event), so no FLOP counter is
 left running.
 """
@@ -75,7 +75,12 @@ class TunekitCallback(TrainerCallback):
             return
         rows[-1].setdefault("loss", float(logs["loss"]))
         self._logged = len(mon.rows)
-        logs.update(figures(summarize(rows, getattr(mon, "peak_tflops", None)), rows))
+        ours = figures(summarize(rows, getattr(mon, "peak_tflops", None)), rows)
+        logs.update(ours)
+        # the Trainer copied these logs into its history before calling back: that copy too
+        history = getattr(state, "log_history", None)
+        if history and history[-1].get("step") == state.global_step and history[-1].get("loss") == logs["loss"]:
+            history[-1].update(ours)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.monitor is not None:
