@@ -109,9 +109,8 @@ print('8-bit AdamW needs bitsandbytes and CUDA:', 'measured above' if 'adamw_8bi
 # ## Conclusion and exercise
 #
 # * With AdamW, optimizer state is the biggest static line (8 of 16 B/param in fp32, of 18 in mixed
-#   precision); 8 → 4 → 2 B/param is a real lever
-#   for large models, but the lighter optimizers also train differently — check the loss, not only
-#   the memory.
+#   precision); 8 → 4 → 2 B/param is a real lever for large models, but the lighter optimizers also
+#   train differently — check the loss, not only the memory.
 # * `fused=True` costs no memory and removes launches; whether that shows in the step time depends
 #   on the optimizer's share of the step (what this machine showed is printed above).
 #
