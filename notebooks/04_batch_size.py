@@ -101,10 +101,11 @@ assert df.saved_MiB.iloc[-1] > df.saved_MiB.iloc[0]
 
 # %% [markdown]
 # Why the split can matter: a micro-batch of 1 gives a GPU matmuls too small to occupy its many
-# cores, so throughput rises with the micro-batch until they are large enough. A few CPU cores
-# are filled by much smaller matmuls, so there a bigger micro-batch mostly saves Python and kernel
-# launches per sample. The memory side of the trade is exact on both. With data parallelism, GAS also divides the number of gradient all-reduces (each moving ~2×
-# the gradient bytes) — chapter 12 measures that cost.
+# cores, so throughput rises with the micro-batch until they are large enough. A few CPU cores are
+# filled by much smaller matmuls, so there a bigger micro-batch mostly saves Python and kernel
+# launches per sample. The memory side of the trade is exact on both. With data parallelism, GAS
+# also divides the number of gradient all-reduces (each moving ~2× the gradient bytes) — chapter 12
+# measures that cost.
 
 # %% [markdown]
 # ## 3. The largest micro-batch that fits

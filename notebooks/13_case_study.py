@@ -158,12 +158,13 @@ assert df.saved_MiB.iloc[3] < df.saved_MiB.iloc[2]
 #
 # Heights cannot carry over (a CPU rank is not an A100, nor this GPT a 7B model); what can is the
 # ordering that the bytes crossing the slow link decide. Three rungs, in fp32 like rung 1 (rung 2
-# says what bf16 does on this machine): FULL_SHARD across both nodes (every all-gather and reduce-scatter crosses the
-# link) -> both ranks on one node (nothing crosses) -> HYBRID_SHARD across both nodes (only the
-# gradient all-reduce crosses; with 1 rank per node a node's shard is its whole model). Each run times 2 steps: to keep
-# the chapter short they are the 2 repeats `tunekit.verdict` compares (steps of one run agree more than separate runs
-# do, so the noise band is narrower than a rerun would show), and `tunekit.conclude` puts the runs' machine condition beside each
-# conclusion, or says it is uncertain when the machine was busy.
+# says what bf16 does on this machine): FULL_SHARD across both nodes (every all-gather and
+# reduce-scatter crosses the link) -> both ranks on one node (nothing crosses) -> HYBRID_SHARD
+# across both nodes (only the gradient all-reduce crosses; with 1 rank per node a node's shard is
+# its whole model). Each run times 2 steps: to keep the chapter short they are the 2 repeats
+# `tunekit.verdict` compares (steps of one run agree more than separate runs do, so the noise band
+# is narrower than a rerun would show), and `tunekit.conclude` puts the runs' machine condition
+# beside each conclusion, or says it is uncertain when the machine was busy.
 
 # %%
 from tunekit.engine.dist import netns

@@ -126,12 +126,13 @@ if found.partial:
 # **Conclusion.** The search tried what the rules allow and let the measurements decide the rest:
 # what could not run here, or could not help (tf32 on a CPU is fp32; checkpointing when the largest
 # micro-batch searched already fits), cost nothing, and a candidate far behind the leader drops out
-# after its second trial (the cell above counts those that left early). The verdict above names the winner and says whether the runner-up (or a stage's
-# finalist) is within noise, or that the top candidates could not be told apart (inconclusive,
-# with the machine's condition beside it), so it holds on every run: when two configurations are
-# that close, either is the right answer on this machine, and when the noise is wider than their
-# difference, no answer is claimed. `lab.defaults` now holds the winner, so the next `lab.run()` trains with it; the weights
-# are as they were before the search (it measured, it did not train).
+# after its second trial (the cell above counts those that left early). The verdict above names the
+# winner and says whether the runner-up (or a stage's finalist) is within noise, or that the top
+# candidates could not be told apart (inconclusive, with the machine's condition beside it), so it
+# holds on every run: when two configurations are that close, either is the right answer on this
+# machine, and when the noise is wider than their difference, no answer is claimed. `lab.defaults`
+# now holds the winner, so the next `lab.run()` trains with it; the weights are as they were before
+# the search (it measured, it did not train).
 #
 # **Exercise.** Rerun with `keep_global_batch=True`: every candidate then trains the same global
 # batch, with `grad_accum` making up for smaller micro-batches. Does the winner change? Then press
