@@ -170,9 +170,9 @@ display(meg); fig
 # %% [markdown]
 # ## 5. Why MFU comparisons across teams mislead
 #
-# Take **one** measured run and compute “MFU” the ways different write-ups do: which FLOPs (6N only,
-# nanoGPT's non-causal attention, counted), which clock (compute only, or the whole iteration
-# including fetching the batch), which peak. Same hardware, same code, different numbers.
+# Take **one** model's measured steps and compute “MFU” the ways different write-ups do: which FLOPs
+# (6N only, nanoGPT's non-causal attention, counted), which clock (compute only, or the whole
+# iteration including fetching the batch), which peak. Same hardware, same code, different numbers.
 
 # %%
 def fetch():   # a stand-in data pipeline: tokens built on the host, copied to the device
@@ -193,14 +193,14 @@ variants = {
 }
 mfu = {k: v / 1e12 / peak for k, v in variants.items()}
 fig = go.Figure(go.Bar(x=[v * 100 for v in mfu.values()], y=list(mfu), orientation='h'))
-fig.update_layout(title=f'one run, four "MFU"s (peak {peak:.3g} TFLOPS, median of 5)', xaxis_title='MFU %')
+fig.update_layout(title=f'one model, four "MFU"s (peak {peak:.3g} TFLOPS, median of 5)', xaxis_title='MFU %')
 assert all(v > 0 for v in mfu.values())
 fig
 
 # %%
 spread = max(mfu.values()) / min(mfu.values())
 h100_fp32, h100_bf16 = tunekit.peak_tflops('NVIDIA H100 80GB HBM3', 'fp32'), tunekit.peak_tflops('NVIDIA H100 80GB HBM3', 'bf16')
-print(f'Same run, same machine: the reported MFU ranges from {min(mfu.values()):.1%} to {max(mfu.values()):.1%} '
+print(f'Same model, same machine: the reported MFU ranges from {min(mfu.values()):.1%} to {max(mfu.values()):.1%} '
       f'({spread:.2f}x) depending only on bookkeeping.')
 peak_ratio = h100_bf16 / h100_fp32
 print('The choice of peak moves it ' + ('even more' if peak_ratio > spread else 'too') +
