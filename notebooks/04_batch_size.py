@@ -93,7 +93,7 @@ print(f'MBS 8 x GAS 1 runs at {speedup:.2f}x the tokens/s of MBS 1 x GAS 8 and h
 bigger = tunekit.verdict(runs[splits[0]], runs[splits[-1]])
 print(f'{labels[-1]} against {labels[0]}: ' + bigger.conclusion(
     helped='the bigger micro-batch is faster per token on this machine.',
-    within_noise='no difference this machine can show: the small matmuls already keep these cores busy.',
+    within_noise='no difference this machine can show at this size (the paragraph below says why it can be small).',
     hurt='the bigger micro-batch is slower per token here; on a CPU its larger activations can fall out '
          'of the caches.'))
 print(f'Static memory (weights+grads+AdamW) is {df.static_MiB.iloc[0]:.1f} MiB in every split: accumulation does not touch it.')
