@@ -16,8 +16,8 @@
 # # tunekit tour
 #
 # Profile a real training step cell by cell, then flip optimizations on the same live model from a
-# dashboard. Everything here runs on a laptop CPU in well under a minute; on a GPU the same cells
-# report GPU memory, NVML and spec-sheet MFU.
+# dashboard. Everything here is sized to run on a laptop CPU in under a minute; on a GPU the same
+# cells report GPU memory, NVML and spec-sheet MFU.
 
 # %%
 import torch

@@ -23,7 +23,7 @@
 # compare across teams.
 #
 # *CPU note:* timings on shared cores are noisy; the conclusions below use FLOP counts (exact) and
-# ratios of medians, never a single timing.
+# repeated timings judged against their own noise (`tunekit.verdict`), never a single timing.
 
 # %%
 import statistics
@@ -107,7 +107,9 @@ per_token_formula = F.train_flops_per_token(N, cfg.n_layer, cfg.n_embd, seq, cau
 formula_step = 2 * batch * seq * per_token_formula
 print(f'counted : {rec.flops:.3e} FLOPs ({rec.flops_source}) for 2 steps')
 print(f'formula : {formula_step:.3e} FLOPs = 2 steps x {batch*seq} tokens x (6N + causal attention)')
-print(f'ratio counted/formula = {rec.flops/formula_step:.3f}')
+ratio = rec.flops / formula_step
+print(f'ratio counted/formula = {ratio:.3f}: the count is {abs(ratio - 1):.1%} '
+      + ('above the formula' if ratio > 1 else 'below the formula' if ratio < 1 else 'equal to the formula'))
 print(f'model FLOPs for MFU: {rec.model_flops:.3e}, {rec.mfu_convention}')
 print(f'{rec.tflops:.3f} TFLOPS, MFU {rec.mfu:.1%} of {rec.peak_tflops:.3g} TFLOPS ({rec.peak_tflops_source})')
 if rec.above_peak:   # MFU above 100%: the peak is too low (tunekit re-checked it once, and says why)
@@ -117,9 +119,9 @@ assert 0.95 < rec.flops / formula_step < 1.10
 assert rec.mfu_convention.startswith('analytic')   # the cell ran `net`, whose shape tunekit knows
 
 # %% [markdown]
-# The count and the formula agree to a few percent. The count is slightly higher because torch
-# charges the attention backward as 10 FLOP units against the forward's 4 (it recomputes the
-# scores), where `12·L·h·s` assumes exactly 2× the forward. The count gives HFU; MFU's model FLOPs
+# One difference is by construction: torch charges the attention backward as 10 FLOP units against
+# the forward's 4 (it recomputes the scores), where `12·L·h·s` assumes exactly 2× the forward, so
+# the counted attention term is larger than the formula's. The count gives HFU; MFU's model FLOPs
 # come from the formula: the cell ran `net`, a model whose shape tunekit knows, so they are
 # 6 × matmul weights + causal attention per token, for the tokens `net`'s forward saw, as the Lab
 # computes them (`rec.mfu_convention` says which way they were obtained). Now watch the attention term grow with
@@ -168,9 +170,9 @@ display(meg); fig
 # %% [markdown]
 # ## 5. Why MFU comparisons across teams mislead
 #
-# Take **one** measured run and compute “MFU” the ways different write-ups do: which FLOPs (6N only,
-# nanoGPT's non-causal attention, counted), which clock (compute only, or the whole iteration
-# including fetching the batch), which peak. Same hardware, same code, different numbers.
+# Take **one** model's measured steps and compute “MFU” the ways different write-ups do: which FLOPs
+# (6N only, nanoGPT's non-causal attention, counted), which clock (compute only, or the whole
+# iteration including fetching the batch), which peak. Same hardware, same code, different numbers.
 
 # %%
 def fetch():   # a stand-in data pipeline: tokens built on the host, copied to the device
@@ -191,22 +193,25 @@ variants = {
 }
 mfu = {k: v / 1e12 / peak for k, v in variants.items()}
 fig = go.Figure(go.Bar(x=[v * 100 for v in mfu.values()], y=list(mfu), orientation='h'))
-fig.update_layout(title=f'one run, four "MFU"s (peak {peak:.3g} TFLOPS, median of 5)', xaxis_title='MFU %')
+fig.update_layout(title=f'one model, four "MFU"s (peak {peak:.3g} TFLOPS, median of 5)', xaxis_title='MFU %')
 assert all(v > 0 for v in mfu.values())
 fig
 
 # %%
 spread = max(mfu.values()) / min(mfu.values())
 h100_fp32, h100_bf16 = tunekit.peak_tflops('NVIDIA H100 80GB HBM3', 'fp32'), tunekit.peak_tflops('NVIDIA H100 80GB HBM3', 'bf16')
-print(f'Same run, same machine: the reported MFU ranges from {min(mfu.values()):.1%} to {max(mfu.values()):.1%} '
+print(f'Same model, same machine: the reported MFU ranges from {min(mfu.values()):.1%} to {max(mfu.values()):.1%} '
       f'({spread:.2f}x) depending only on bookkeeping.')
-print(f'The peak matters even more: an H100 is {h100_bf16:.0f} TFLOPS in bf16 but {h100_fp32:.0f} in fp32, '
-      f'so the fp32 parts of a mixed-precision run, scored against the bf16 peak, look {h100_bf16/h100_fp32:.0f}x less efficient than they are.')
+peak_ratio = h100_bf16 / h100_fp32
+print('The choice of peak moves it ' + ('even more' if peak_ratio > spread else 'too') +
+      f': an H100 is {h100_bf16:.0f} TFLOPS in bf16 but {h100_fp32:.0f} in fp32 (spec sheet), so the fp32 parts '
+      f'of a mixed-precision run, scored against the bf16 peak, look {peak_ratio:.0f}x less efficient than they are.')
 with_fetch = tunekit.verdict(step_times, iter_times)   # the compute step against the whole iteration
-print(f'On this {device} adding the fetch to the step: {with_fetch} -> ' + (
-      'the whole-iteration clock sees the data pipeline, the compute clock does not.' if with_fetch.word == 'hurt' else
-      'no measurable cost, so here the clock choice barely matters; with a slow pipeline (chapter 09) it is '
-      'the largest of these effects.'))
+print(f'On this {device}, adding the fetch to the step: ' + with_fetch.conclusion(
+      hurt='the whole-iteration clock sees the data pipeline, the compute clock does not.',
+      within_noise='no cost this machine can measure, so here the clock choice barely matters; with a slow '
+                   'pipeline (chapter 09) it can be the largest of these effects.',
+      helped='the iteration with the fetch timed faster, which the extra work cannot explain: noise; rerun.'))
 assert spread > 1   # same clock, more FLOPs: nanoGPT's non-causal count exceeds 6N whatever the timing
 
 # %% [markdown]

@@ -49,7 +49,8 @@ table
 
 # %% [markdown]
 # Mixed precision costs *more* static memory than fp32 (an extra half-precision copy of the
-# weights); its wins are speed and smaller activations. For a 7B model the 18 B/param alone is:
+# weights, 18 against 16 B/param in the table); what it buys is faster half-precision math and
+# smaller activations. For a 7B model the 18 B/param alone is:
 
 # %%
 print(f'7B x 18 B = {7e9 * 18 / 1e9:.0f} GB = {7e9 * 18 / GiB:.0f} GiB, before a single activation')
@@ -59,8 +60,8 @@ assert 7e9 * 18 / 1e9 == 126
 # ## 2. Activations: the documents' 147M-parameter example
 #
 # Korthikanti et al.: activations without recomputation take `s·b·h·L·(10 + 24/t + 5·a·s/(h·t))`
-# bytes. For GPT with L=12, h=768, a=12, s=512 that is 333 MiB *per sample*; at micro-batch 64 it
-# dwarfs the weights. The printed example also double-counts the fp32 copy (20 B/param);
+# bytes. For GPT with L=12, h=768, a=12, s=512 the cell below computes it per sample and at
+# micro-batch 64 against the static memory. The printed example also double-counts the fp32 copy (20 B/param);
 # `worked_example_147m` shows the three readings side by side.
 
 # %%
@@ -69,6 +70,9 @@ per_sample = anatomy.korthikanti_activation_bytes(s=512, b=1, h=768, n_layer=12,
 assert per_sample == 512 * 768 * 12 * (10 + 24 + 5 * 12 * 512 / 768)   # = 349175808
 summary = pd.DataFrame({k: {'static GiB': e.static_bytes / GiB, 'activations GiB': e['activations'] / GiB,
                             'total GiB': e.total_bytes / GiB} for k, e in ex.items()}).T.round(2)
+print(f'activations per sample: {per_sample / 2**20:.0f} MiB; at micro-batch 64 they are '
+      f'{(summary["activations GiB"] / summary["static GiB"]).min():.0f}-'
+      f'{(summary["activations GiB"] / summary["static GiB"]).max():.0f}x the static memory (the readings below)')
 summary
 
 # %% [markdown]
@@ -94,7 +98,10 @@ assert abs(meas['optimizer_states'] / meas['weights'] - 2) < 0.01   # AdamW: two
 print(f'static (weights+grads+AdamW) {static / 2**20:.1f} MiB = {static / lab.model.num_params(False):.1f} B/param; '
       f'activations {meas["activations"] / 2**20:.1f} MiB at micro-batch 4')
 worst = frame['error'].abs().max()
-print(f'largest estimate error over the components: {worst:.1%}')
+static_err = frame.loc[['weights', 'gradients', 'optimizer_states'], 'error'].abs().max()
+print(f'largest estimate error over the components: {worst:.1%} ({frame["error"].abs().idxmax()}); '
+      f'static lines: {static_err:.2%} -> ' + ('the estimate tracks the measurement closely for this model.'
+      if worst < 0.05 else 'the estimate misses a line by more than 5% here: read the table for which.'))
 
 # %% [markdown]
 # ## 4. Activations scale with the batch; static memory does not
@@ -117,8 +124,11 @@ fig
 # %%
 per_sample_meas = (acts[-1] - acts[0]) / (mbs[-1] - mbs[0])
 cross = static / per_sample_meas
+linear_gap = abs(acts[-1] / acts[0] - mbs[-1] / mbs[0]) / (mbs[-1] / mbs[0])
 print(f'each extra sample adds {per_sample_meas / 2**20:.2f} MiB of activations; '
       f'activations pass the static {static / 2**20:.1f} MiB at a micro-batch of about {cross:.1f}')
+print(f'{mbs[-1] // mbs[0]}x the micro-batch gave {acts[-1] / acts[0]:.2f}x the activations: ' +
+      ('linear within 15%.' if linear_gap < 0.15 else 'further from linear than 15%.'))
 assert acts == sorted(acts) and acts[-1] > acts[0]
 assert abs(acts[-1] / acts[0] - mbs[-1] / mbs[0]) / (mbs[-1] / mbs[0]) < 0.15   # close to linear
 
@@ -149,10 +159,10 @@ else:
 # %% [markdown]
 # ## Conclusion and exercise
 #
-# * The static part is predictable to the byte: count parameters, multiply by bytes/param.
+# * The static part follows from the parameter count times bytes/param (section 3 prints how
+#   close the estimate came on this model).
 # * Activations are the variable part: linear in micro-batch (and in sequence length, plus a
-#   quadratic term for non-fused attention). The estimate tracks the measurement closely for this
-#   model.
+#   quadratic term for non-fused attention); section 4 prints what the measurement did.
 # * On CPU the numbers are real tensor sizes, so the anatomy carries over to a GPU; what CPU cannot
 #   show is the CUDA context, NCCL and fragmentation overhead, so leave 1–3 GB of headroom there.
 #

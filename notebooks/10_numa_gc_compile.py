@@ -54,7 +54,7 @@ before = sorted(os.sched_getaffinity(0))
 bound = bench.set_numa_affinity(0)
 print(f'this machine: {nodes} NUMA node(s), process allowed on {len(before)} CPUs')
 print('bound to', f'{len(bound)} CPUs local to cuda:0' if bound else
-      f'nothing ({bench.NUMA_NOTE["last"]}): there is nothing to gain here')
+      f'nothing ({bench.NUMA_NOTE["last"]}): no binding to make here')
 fig = go.Figure(go.Bar(x=['GPU0-3 (node 0)', 'GPU4-7 (node 1)', 'this process'],
                        y=[len(node0), len(node0), len(bound or before)]))
 fig.update_layout(title='CPU cores per binding (documents server vs here)', yaxis_title='logical CPUs')
@@ -76,7 +76,8 @@ bench.plot(g)
 # %%
 auto, manual = g.iloc[0], g.iloc[1]
 print(f'automatic gc: worst step {auto.max_over_median:.1f}x the median; manual: worst step {manual.max_over_median:.1f}x the median '
-      f'(the steps with the full collection), total {manual.total_s / auto.total_s:.2f}x the automatic total.')
+      f'({30 // 10} of its 30 steps also run a full collection), total {manual.total_s / auto.total_s:.2f}x the automatic total. '
+      'One run of each: a burst of other work can also make a worst step.')
 
 # %% [markdown]
 # How to read it: the automatic collector mostly cleans young garbage, often and cheaply. A full
@@ -105,20 +106,24 @@ if math.isnan(comp.median_s):
 else:
     saved = eager.median_s - comp.median_s
     v = tunekit.verdict(eager.times, comp.times)   # eager -> compiled, 7 repeats each
-    print(f'eager -> compiled: {v}; first call took {comp.compile_s:.2f} s')
-    print(f'break-even after {comp.compile_s / saved:,.0f} steps' if v.word == 'helped' else
-          ('compiled is slower here, nothing to amortize' if v.word == 'hurt' else 'no speed-up beyond the noise to amortize')
-          + ': this tiny MLP is two matmuls that eager already runs well; '
-          'compile pays off when many small elementwise ops can be fused (norms, activations, attention glue).')
+    why = ('; this tiny MLP is two matmuls that eager already runs well, and compile pays off when many small '
+           'elementwise ops can be fused (norms, activations, attention glue).')
+    print(f'first compiled call took {comp.compile_s:.2f} s')
+    print('eager -> compiled: ' + v.conclusion(
+        helped=f'the compile time is repaid after {comp.compile_s / saved:,.0f} steps.',
+        within_noise='no speed-up beyond the noise to amortize' + why,
+        hurt='compiled is slower here, nothing to amortize' + why))
 
 # %% [markdown]
 # ## Conclusion and exercise
 #
 # * NUMA binding matters only with several sockets and CPU-heavy host work; it is cheap to do, so do
-#   it on multi-socket GPU servers and skip it on one-node machines like this one.
-# * gc: control *when* it happens, not whether — measured above, a full collection is far from free.
-# * compile: measure the speed-up and the compile time on your model; the inductor cache makes the
-#   second launch much cheaper.
+#   it on multi-socket GPU servers and skip it where there is one NUMA node (section 1 prints how
+#   many this machine has).
+# * gc: control *when* it happens, not whether — a full collection walks every tracked object, so
+#   its cost grows with the heap, and it should land on the same step on every rank.
+# * compile: measure the speed-up and the compile time on your model; inductor caches the code it
+#   generates, so a later launch with the same shapes can skip most of the compile.
 #
 # **Exercise:** compile the tunekit GPT (`lab.run(compile=True)` in the dashboard) and compare with
 # the MLP here.

@@ -20,7 +20,7 @@
 # environment (software versions, hardware, the settings that change kernels), and knowing the
 # run-to-run spread of your timings, because the spread decides how many repeats it takes before a
 # 3% speed-up is real rather than noise. The documents' team could not tune on a shared network
-# until they got an isolated one; these 2 shared CPU cores are the same problem at a small scale.
+# until they got an isolated one; a few shared CPU cores are the same problem at a small scale.
 
 # %%
 import math, statistics, time
@@ -143,7 +143,14 @@ print(f'With the spread measured here (cv {cv:.1%}), a 20% speed-up shows after 
       f'a 5% one needs {need[0.05]}, and a 2% one {need[0.02]}.')
 print(f'The A/A difference of {abs(aa):.1%} is what noise alone produced: claims smaller than that from a '
       'single pair of runs are not claims.')
-print('Medians and best-of-N resist the occasional slow step better than means, which is why the chapters use them.')
+aa_by = {'means': statistics.mean(a) / statistics.mean(b) - 1, 'medians': aa, 'best steps': min(a) / min(b) - 1}
+print('A/A difference by statistic: ' + ', '.join(f'{k} {v:+.1%}' for k, v in aa_by.items())
+      + f'; smallest here with {min(aa_by, key=lambda k: abs(aa_by[k]))}.')
+print('A median ignores the occasional slow step that pulls a mean, and contention only adds time, so the best of N '
+      'is the least disturbed figure: that is why the chapters use them.'
+      + ('' if abs(aa_by['means']) > min(abs(aa_by['medians']), abs(aa_by['best steps'])) else
+         ' Here that did not help: load that lasts through a whole block moves every statistic of that block, '
+         'which is why the chapters also alternate the variants.'))
 
 # %% [markdown]
 # ## Conclusion and exercise

@@ -113,8 +113,11 @@ if math.isnan(big.busbw_gb_per_s):
     print('the all-reduce did not run here:', ar.attrs.get('notes'))
 else:
     small = ar.iloc[0]
+    lat_bound = small.busbw_gbit_per_s < big.busbw_gbit_per_s / 2   # a fixed cost per call dominates small ones
     print(f'{int(small.size_bytes):,} B: {small.busbw_gbit_per_s:.2f} Gbit/s; {int(big.size_bytes):,} B: {big.busbw_gbit_per_s:.2f} Gbit/s '
-          f'-> small messages are latency-bound ({small.median_s * 1e6:.0f} us each), so frameworks bucket gradients.')
+          + (f'-> small messages are latency-bound here ({small.median_s * 1e6:.0f} us each), which is why frameworks bucket gradients.'
+             if lat_bound else '-> small messages reached at least half the large ones\' bandwidth here; each call still pays a '
+             'fixed latency, which is why frameworks bucket gradients.'))
     where = ('two GPUs over NVLink/PCIe (NCCL)' if ar.attrs.get('backend') == 'nccl' else
              'two CPU processes over the loopback interface (gloo)')
     print(f'the documents recommend at least 400 Gbit/s between nodes; BLOOM trained on 50. Here, {where} '
@@ -145,7 +148,7 @@ fig
 # %%
 print(f'FULL_SHARD pushes {full / 1e9:.2f} GB per step across the nodes ({t_full:.1f} s at 50 Gbit/s); HYBRID_SHARD {hybrid / 1e9:.1f} GB '
       f'({t_hybrid:.1f} s): {full / hybrid:.1f}x less, and only once per step, late in backward, where it overlaps compute.')
-print('The case study: 1,500 tok/s FULL_SHARD on 2 nodes -> 8,000 on one node with checkpointing -> 16,000 with '
+print('The case study (published): 1,500 tok/s FULL_SHARD on 2 nodes -> 8,000 on one node with checkpointing -> 16,000 with '
       'FlashAttention-2 -> 24,000 with HYBRID_SHARD on 2 nodes: the slow link stopped being on the critical path.')
 
 # %% [markdown]
@@ -221,8 +224,10 @@ print(f"memory per rank: DDP {ddp['measured MiB/rank']:.2f} MiB -> sharded over 
 print(f"bytes per step equal the formulas exactly: DDP {traffic['ddp']:.2f} MB (the gradients' all-reduce + the buffers' broadcast), "
       f"SHARD_GRAD_OP {traffic['fsdp_grad_op']:.2f} MB (one all-gather + one reduce-scatter), "
       f"FULL_SHARD {traffic['fsdp']:.2f} MB (the extra backward all-gather: {traffic['fsdp'] / traffic['ddp']:.1f}x DDP's volume).")
-print(f"the peak RSS of a rank ({meas['peak RSS MiB (max rank)'].min():.0f}-{meas['peak RSS MiB (max rank)'].max():.0f} MiB) is mostly "
-      'the interpreter and torch itself: at this size the sharded bytes are a rounding error of it, at 7B they are the 126 GB of section 1.')
+rss_share = ddp['measured MiB/rank'] / meas['peak RSS MiB (max rank)'].min()
+print(f"the peak RSS of a rank ({meas['peak RSS MiB (max rank)'].min():.0f}-{meas['peak RSS MiB (max rank)'].max():.0f} MiB) includes "
+      f"the interpreter and torch itself; DDP's full static bytes are {rss_share:.1%} of the smallest"
+      + (', a rounding error at this size' if rss_share < 0.05 else '') + '; at 7B they are the 126 GB of section 1.')
 print('launch to first step (start the interpreters, rendezvous, build and shard the model): '
       + ', '.join(f'{k} {meas.loc[k, "launch to first step s"]:.1f} s' for k in kinds)
       + ' -- a fixed cost per job, paid again at every restart.')

@@ -82,8 +82,8 @@ b = rec.trace
 print(f"traced step: {b.wall_s * 1e3:.1f} ms; the categories add up to {b.total_s() / b.wall_s:.0%} of it"
       + (f", the rest is Python between ops ({b.untraced_s * 1e3:.1f} ms)" if not GPU else " (idle included)")
       + (f"; measured on a busy machine ({rec.conditions.reason})" if rec.conditions is not None and rec.conditions.busy else ""))
-print(f"profiler overhead against the untraced run: {b.overhead_text()} (one run against one: on shared "
-      "cores mostly noise; the Lab below compares with the median of its timed steps)")
+print(f"profiler overhead against the untraced run: {b.overhead_text()} (one run against one, so their "
+      "noise is in it too; the Lab below compares with the median of its timed steps)")
 # every op counted once, by its self time. On CPU the ops ran inside the timed step, so their times
 # add up to at most its wall time; how much of it they cover is a measurement (a busy machine
 # leaves more time between ops), not asserted. On a GPU, kernel time plus idle covers the step.
@@ -179,9 +179,9 @@ print("bytes per parameter: " + ", ".join(f"{c} {v:.1f}" for c, v in per_param.i
       + f" -> {sum(per_param.values()):.1f} (the documents: 4 + 4 + 8 = 16 for fp32 AdamW)")
 largest = max(at_peak, key=at_peak.get)
 print(f"At the peak, {largest} hold {at_peak[largest] / peak:.0%} of the memory"
-      + (" and gradients none yet: this is the end of the forward pass. Every layer's saved tensors are "
-         "alive and backward has not started freeing them, so the activations set the peak; "
-         "checkpointing (chapter 05) or a smaller micro-batch lowers it."
+      + (" and gradients none yet: the peak comes before backward writes its first gradient"
+         + (", with every saved tensor of the forward still alive" if at_peak["activations"] >= 0.99 * max(acts) else "")
+         + ". The activations set the peak; checkpointing (chapter 05) or a smaller micro-batch lowers it."
          if largest == "activations" and at_peak["gradients"] == 0 else
          ": at this size the activations are not what sets the peak; grow the micro-batch and they will."))
 
@@ -221,7 +221,8 @@ else:
 # ## Exercise
 #
 # 1. Switch the model to explicit attention (`lab.apply(toggles := lab.resolve(attention='math'))`)
-#    and trace again: which category grows, and why does the attention category shrink?
+#    and trace again: which categories grow, which shrink, and why? (The math path computes the
+#    scores with matmuls and a softmax instead of one fused attention op.)
 # 2. Trace with `micro_batch=1` and with `micro_batch=16`: how do the matmul share and (on a GPU)
 #    the idle share move? What does that say about small batches?
 # 3. Open the Chrome trace of the last `--trace` run in Perfetto and find the optimizer step.

@@ -25,8 +25,9 @@
 # torch.compile comes last, on the winner.
 #
 # Each candidate is a real `lab.run`. Candidates race: every round measures the survivors once
-# more and keeps the faster half, and one slower than the leader beyond the **noise band** drops
-# out at once, so hopeless candidates cost one trial. A challenger replaces the incumbent only if
+# more; from the second round on (one trial may have met a burst of load) the faster half goes on
+# and one slower than the leader beyond the **noise band** drops out, so a hopeless candidate costs
+# two trials. A challenger replaces the incumbent only if
 # it is faster beyond noise, and when the top two (or the finalists of a stage) are not apart the
 # result says so. Every trial carries the machine's condition: one measured while other work used
 # the machine is measured again and never decides anything. When the band cannot separate the top
@@ -43,8 +44,8 @@ print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_
 # %% [markdown]
 # ## 1. A search with a budget
 #
-# The demo GPT, a 20-second budget on CPU (compile is left out here: its first compile alone
-# takes tens of seconds on a CPU; chapter 10 measures it). The progress callback is what the
+# The demo GPT, a 20-second budget on CPU (compile is left out here: its first compile alone can
+# take tens of seconds on a CPU; chapter 10 measures it). The progress callback is what the
 # dashboard's Autotune button draws as its progress bar.
 
 # %%
@@ -124,13 +125,14 @@ if found.partial:
 # %% [markdown]
 # **Conclusion.** The search tried what the rules allow and let the measurements decide the rest:
 # what could not run here, or could not help (tf32 on a CPU is fp32; checkpointing when the largest
-# micro-batch searched already fits), cost nothing, and a candidate far behind the leader cost two
-# trials. The verdict above names the winner and says whether the runner-up (or a stage's
-# finalist) is within noise, or that the top candidates could not be told apart (inconclusive,
-# with the machine's condition beside it), so it holds on every run: when two configurations are
-# that close, either is the right answer on this machine, and when the noise is wider than their
-# difference, no answer is claimed. `lab.defaults` now holds the winner, so the next `lab.run()` trains with it; the weights
-# are as they were before the search (it measured, it did not train).
+# micro-batch searched already fits), cost nothing, and a candidate far behind the leader drops out
+# after its second trial (the cell above counts those that left early). The verdict above names the
+# winner and says whether the runner-up (or a stage's finalist) is within noise, or that the top
+# candidates could not be told apart (inconclusive, with the machine's condition beside it), so it
+# holds on every run: when two configurations are that close, either is the right answer on this
+# machine, and when the noise is wider than their difference, no answer is claimed. `lab.defaults`
+# now holds the winner, so the next `lab.run()` trains with it; the weights are as they were before
+# the search (it measured, it did not train).
 #
 # **Exercise.** Rerun with `keep_global_batch=True`: every candidate then trains the same global
 # batch, with `grad_accum` making up for smaller micro-batches. Does the winner change? Then press
