@@ -12,6 +12,7 @@ a block:
 - ```` ```python gpu ````: a CUDA device (``torch.cuda.is_available()``);
 - ```` ```python netns ````: emulated nodes, i.e. root, iproute2 and tc (``netns.check()``);
 - ```` ```python hf ````: the ``[hf]`` extra (transformers importable);
+- ```` ```python lightning ````: the ``[lightning]`` extra;
 - ```` ```python file=NAME ````: not run; saved as NAME in the section's folder, as a reader
   saves it next to the notebook (a later block imports it).
 
@@ -32,7 +33,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-NEEDS = ("gpu", "netns", "hf")
+NEEDS = ("gpu", "netns", "hf", "lightning")
 
 
 @dataclass
@@ -89,6 +90,8 @@ def missing(words: list) -> str | None:
                 return netns.check()
         elif w == "hf" and importlib.util.find_spec("transformers") is None:
             return "needs the [hf] extra (transformers)"
+        elif w == "lightning" and importlib.util.find_spec("lightning") is None:
+            return "needs the [lightning] extra"
     return None
 
 

@@ -301,10 +301,13 @@ def is_transformers_model(model) -> bool:
 
 
 def adapt(model: torch.nn.Module, blocks=None) -> ModuleAdapter:
-    """The adapter for ``model`` (a compiled model is adapted through its original)."""
+    """The adapter for ``model`` (a compiled model through its original, a DDP/DataParallel
+    wrapper through the model it wraps)."""
     from .gpt import GPT
 
     inner = getattr(model, "_orig_mod", model)
+    if type(inner).__name__ in ("DistributedDataParallel", "DataParallel"):  # the model it wraps
+        inner = getattr(inner.module, "_orig_mod", inner.module)
     if isinstance(inner, GPT):
         return GPTAdapter(inner, blocks)
     if is_transformers_model(inner):

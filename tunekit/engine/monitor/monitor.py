@@ -28,7 +28,7 @@ from ...core.steps import COLUMNS, CURATED, speed_column, summarize, summary_lin
 from ...measure.conditions import ConditionsMeter
 from ...measure.device import synchronize
 from ...measure.history import HISTORY
-from ...measure.meters import CudaMeter, PeakWindows
+from ...measure.meters import CudaMeter, PeakWindows, cpu_rss_bytes
 from ...models.adapters import adapt
 from .gather import gather_ranks
 from .options import check_options
@@ -154,8 +154,10 @@ class Monitor:
         if self._t_end is None:
             self._t_end = _t0 if _t0 is not None else t
             self._whole.start()
-        cuda = CudaMeter(self.cuda_index)
-        cuda.start()
+        cuda = None
+        if self.cuda_index is not None:   # the allocator's figures of the model's GPU
+            cuda = CudaMeter(self.cuda_index)
+            cuda.start()
         self.tap.begin(count=self.flops == "auto")
         if self._cond is None:  # the machine's windows: back to back from the first step on
             self._cond = ConditionsMeter(self.cuda_index).start()
@@ -182,16 +184,19 @@ class Monitor:
         return row
 
     def _judge(self, row, t1, last: bool = False) -> None:
-        """The machine's verdict for the steps of a window, at least ``JUDGE_EVERY_S`` long (a
-        reading costs tens of microseconds: not one per millisecond-step), or at the end."""
+        """The machine's verdict and the CPU peak for the steps of a window, at least
+        ``JUDGE_EVERY_S`` long (their readings cost tens of microseconds: not one per
+        millisecond-step), or up to the end: each step of a window gets the window's figures."""
         if row is not None:
             self._judged.append(row)
         cond = self._cond
         if cond is None or not self._judged or (t1 - cond.t0 < JUDGE_EVERY_S and not last):
             return
         c = cond.stop(t1 - cond.t0)
+        peak = self._cpu.peak()
         for r in self._judged:
             r["machine"] = None if c is None else c.verdict
+            r["cpu_peak_bytes"] = peak
         self._judged, self._cond = [], cond.follow()
 
     def log(self, **scalars) -> None:
@@ -216,8 +221,8 @@ class Monitor:
 
     def _row(self, s, info, t1, error) -> dict:
         n = len(self.rows)
-        rss, cpu_peak = self._cpu.next()   # the highest RSS since the previous step's end
-        gpu = s["cuda"].stop()
+        rss = cpu_rss_bytes()   # the peak is the window's (see _judge)
+        gpu = s["cuda"].stop() if s["cuda"] is not None else {}
         alloc0 = float(s["cuda"].alloc0) if gpu else NaN
         tokens = s["tokens"] or self.tokens or info["tokens"] or None
         samples = s["samples"] or self.samples or info["samples"] or None
@@ -239,7 +244,7 @@ class Monitor:
                    flops=executed, model_flops=model,
                    flops_source="counted" if count is not None else "cached" if cached is not None else "none",
                    tflops=NaN, mfu=NaN, hfu=NaN,
-                   cpu_rss_bytes=float(rss), cpu_peak_bytes=cpu_peak,
+                   cpu_rss_bytes=float(rss), cpu_peak_bytes=NaN,
                    gpu_alloc_bytes=alloc0 + gpu.get("gpu_alloc_delta_bytes", NaN),
                    gpu_peak_bytes=alloc0 + gpu.get("gpu_peak_delta_bytes", NaN),
                    gpu_reserved_bytes=float(gpu.get("gpu_reserved_bytes", NaN)),
