@@ -73,8 +73,8 @@ print(f"{STEPS} steps of {B} x {S} tokens; cpu ({torch.get_num_threads()} thread
 # ## 1. A plain loop
 #
 # `mon.iter(loader)` wraps the loader: the time `next()` takes is the step's `wait_s`, the rest
-# of the step is the model's. The first step is warm-up and is also the one whose FLOPs are
-# counted (the counter slows it), so it carries no speed.
+# of the step is the model's. The first step is the one whose FLOPs are counted (the counter
+# slows it) and the second is warm-up: neither carries a speed.
 
 # %%
 model = fresh_model()
@@ -136,7 +136,7 @@ pl_trainer.fit(Module(), torch.utils.data.DataLoader(batches, batch_size=None))
 # %% [markdown]
 # ## 4. Side by side
 #
-# Each loop's steps that measure it (not warm-up, not counted): the median step, tokens/s over
+# Each loop's steps that measure it (not counted, not warm-up): the median step, tokens/s over
 # those steps, MFU against this CPU's calibrated peak, and the share of time spent between the
 # model's work (data and the loop's own bookkeeping).
 
@@ -146,7 +146,7 @@ monitors = {"plain loop": plain, "transformers Trainer": hf_cb.monitor, "Lightni
 
 def measured_steps(mon):
     df = mon.results(all=True)
-    return df[~df.warmup & ~df.counted & df.error.isna()]
+    return df[~df.warmup & ~df.counted & ~df.left & df.error.isna()]
 
 
 table = pd.DataFrame({name: {"steps": m.summary.measured, "median step (ms)": m.summary.median_step_s * 1e3,
@@ -155,7 +155,7 @@ table = pd.DataFrame({name: {"steps": m.summary.measured, "median step (ms)": m.
                       for name, m in monitors.items()}).T
 display(table.style.format({"median step (ms)": "{:.1f}", "tokens/s": "{:,.0f}", "MFU": "{:.1%}",
                             "between steps": "{:.1%}"}))
-assert all(m.summary.measured == STEPS - 1 for m in monitors.values())
+assert all(m.summary.measured == STEPS - 2 for m in monitors.values())   # less the counted and warm-up steps
 assert all(m.rows[2]["tokens"] == B * S for m in monitors.values())   # every loop saw 4 x 128 tokens a step
 
 fig = go.Figure()

@@ -43,14 +43,15 @@ def test_transformers_trainer_figures_reach_every_reporter(tmp_path):
     assert trainer.callback_handler.callbacks[0] is cb          # moved to the front (canary)
     rows = cb.monitor.rows
     assert len(rows) == 6 and [r["counted"] for r in rows] == [True] + [False] * 5
+    assert [r["warmup"] for r in rows] == [False, True] + [False] * 4
     assert all(r["tokens"] == 2 * 2 * 16 for r in rows)          # 2 micro-batches of 2 x 16 per step
     steps_logged = [log for log in seen if "loss" in log]
-    assert len(steps_logged) == 3
-    for log in steps_logged:
-        assert log["tunekit/tokens_per_s"] > 0 and 0 < log["tunekit/mfu"] and log["tunekit/step_s"] > 0
+    assert len(steps_logged) == 3 and not any(k.startswith("tunekit/") for k in steps_logged[0])  # 0 counted, 1 warm-up
+    for log in steps_logged[1:]:
+        assert log["tunekit/tokens_per_s"] > 0 and 0 < log["tunekit/mfu"] and log["tunekit/wall_s"] > 0
     assert cb.monitor.closed and tunekit.last() is cb.monitor.record and not counting_active()
     history = [h for h in trainer.state.log_history if "loss" in h]
-    assert len(history) == 3 and all("tunekit/tokens_per_s" in h for h in history)  # trainer_state.json too
+    assert len(history) == 3 and all("tunekit/tokens_per_s" in h for h in history[1:])  # trainer_state.json too
     lines = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if "tunekit/wall_s" in x] == [0, 1, 2, 3, 4, 5]
 
@@ -65,17 +66,15 @@ def test_transformers_callback_refuses_bad_options_when_built():
 
 
 def test_a_failed_cell_ends_the_step_going(ip):
-    from tunekit.integrations.transformers import watch_cell
-
     model = torch.nn.Linear(4, 4)
-    mon = tunekit.Monitor(model, live=False)
-    watch_cell(mon)
+    mon = tunekit.Monitor(model, live=False)      # in IPython it watches the cells
     mon.start_step()
     model(torch.randn(2, 4))                # the first forward starts the FLOP counter
     assert counting_active()
     ip.run_cell("raise ValueError('in the loop')")
-    assert not counting_active() and mon.closed
+    assert not counting_active() and mon._open is None
     assert mon.rows[0]["error"].startswith("ValueError")
+    mon.close()
 
 
 lightning = pytest.importorskip("lightning")

@@ -8,7 +8,6 @@ import torch
 
 import tunekit
 from tunekit.core import steps
-from tunekit.engine.monitor.monitor import LEFT
 from tunekit.measure.flops import counting_active
 from tunekit.ui import monitor_view
 
@@ -46,11 +45,11 @@ def test_plain_loop_rows_tokens_and_flops_counted_once():
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     assert [r["counted"] for r in rows] == [True, False, False, False, False]
     assert [r["flops_source"] for r in rows] == ["counted"] + ["cached"] * 4
-    assert [r["warmup"] for r in rows] == [True, False, False, False, False]
+    assert [r["warmup"] for r in rows] == [False, True, False, False, False]  # the first step not counted
     assert all(r["tokens"] == 2 * 32 and r["samples"] == 2 for r in rows)   # B x S from GPT's idx
     assert len({r["flops"] for r in rows}) == 1                              # one count, reused
     assert all(r["model_flops"] == PER_TOKEN_S32 * 64 for r in rows)        # the Lab's convention
-    for r in rows[1:]:
+    for r in rows[2:]:
         assert r["tokens_per_s"] == pytest.approx(64 / r["wall_s"])
         assert r["tflops"] == pytest.approx(r["flops"] / r["wall_s"] / 1e12)
         assert r["mfu"] == pytest.approx(r["model_flops"] / r["wall_s"] / 1e12 / 1.0)  # peak=1 TFLOPS
@@ -58,9 +57,9 @@ def test_plain_loop_rows_tokens_and_flops_counted_once():
         assert isinstance(r["loss"], float) and r["loss"] == r["loss"]
     assert math.isnan(rows[0]["tokens_per_s"])                             # counted: no speed
     assert all(r["machine"] in ("quiet", "busy", "unknown") for r in rows)  # every window judged
-    assert mon.summary.measured == 4 and mon.summary.counted == 0 and mon.summary.warmup == 1
-    assert tunekit.last() is rec and rec.name == "t" and rec.notes[0].startswith("5 steps (1 warm-up)")
-    assert rec.flops == sum(r["flops"] for r in rows[1:])
+    assert mon.summary.measured == 3 and mon.summary.counted == 1 and mon.summary.warmup == 1
+    assert tunekit.last() is rec and rec.name == "t" and rec.notes[0].startswith("5 steps (1 warm-up, 1 counted)")
+    assert rec.flops == sum(r["flops"] for r in rows[2:])
     assert mon.close() is rec and tunekit.history(all=True).name.tolist().count("t") == 1  # idempotent
     assert not counting_active() and not model._forward_pre_hooks               # nothing left behind
 
@@ -133,8 +132,10 @@ def test_leaving_the_loop_marks_the_step_not_finished():
         train(model, opt, x, y)
         if i == 2:
             break
-    assert len(mon.rows) == 3 and mon.rows[2]["error"] == LEFT
-    assert mon.rows[1]["error"] is None
+    assert len(mon.rows) == 3 and mon.rows[2]["left"] and mon.rows[2]["error"] is None
+    assert not mon.rows[1]["left"]
+    mon.close()
+    assert mon.record.error is None and "1 left" in mon.record.notes[0]   # a break is no failure
 
 
 @pytest.mark.parametrize("call, message", [

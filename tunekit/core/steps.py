@@ -17,7 +17,7 @@ NaN = math.nan
 COLUMNS = ("step", "wall_s", "step_s", "wait_s", "monitor_s", "tokens", "samples", "tokens_per_s",
            "samples_per_s", "flops", "model_flops", "flops_source", "tflops", "mfu", "hfu",
            "cpu_rss_bytes", "cpu_peak_bytes", "gpu_alloc_bytes", "gpu_peak_bytes", "gpu_reserved_bytes",
-           "warmup", "counted", "machine", "error")
+           "warmup", "counted", "left", "machine", "error")
 # what `mon.results()` shows by default (the speed column is tokens/s or samples/s)
 CURATED = ("step", "step_s", "wait_s", "tflops", "mfu", "cpu_peak_bytes", "gpu_peak_bytes",
            "machine", "warmup", "counted", "error")
@@ -29,8 +29,9 @@ def speed_column(rows) -> str:
 
 
 def measured(row) -> bool:
-    """A step whose time measures the loop: not warm-up, not slowed by the FLOP counter, no error."""
-    return not row["warmup"] and not row["counted"] and row["error"] is None
+    """A step whose time measures the loop: not warm-up, not slowed by the FLOP counter, not left
+    half-way (a break), no error."""
+    return not row["warmup"] and not row["counted"] and not row.get("left") and row["error"] is None
 
 
 def quantile(values, q: float) -> float:
@@ -63,6 +64,7 @@ class StepSummary:
     gpu_peak_bytes: float = NaN
     warmup: int = 0
     counted: int = 0
+    left: int = 0
     failed: int = 0
     notes: list = field(default_factory=list)
 
@@ -79,11 +81,13 @@ def summarize(rows, peak_tflops: float | None = None) -> StepSummary:
     s = StepSummary(steps=len(rows), measured=len(good), unit=amount + "/s",
                     warmup=sum(1 for r in rows if r["warmup"]),
                     counted=sum(1 for r in rows if r["counted"] and not r["warmup"]),
+                    left=sum(1 for r in rows if r.get("left")),
                     failed=sum(1 for r in rows if r["error"] is not None))
     s.cpu_peak_bytes = _max(r["cpu_peak_bytes"] for r in rows)
     s.gpu_peak_bytes = _max(r["gpu_peak_bytes"] for r in rows)
     if not good:
-        s.notes.append("no measured step: every step was warm-up, FLOP-counted or failed")
+        s.notes.append("no step ran" if not rows else
+                       "no measured step: every step was warm-up, FLOP-counted, left or failed")
         return s
     walls = [r["wall_s"] for r in good]
     total = sum(walls)
@@ -92,23 +96,21 @@ def summarize(rows, peak_tflops: float | None = None) -> StepSummary:
     if len(done) == len(good):
         s.per_s = sum(done) / total
     s.wait_share = sum(r["wait_s"] for r in good if _ok(r["wait_s"])) / total
-    executed = [r["flops"] for r in good]
+    executed, model = [r["flops"] for r in good], [r["model_flops"] for r in good]
     if all(_ok(f) for f in executed):
         s.tflops = sum(executed) / total / 1e12
-        if peak_tflops:
-            s.hfu = s.tflops / peak_tflops
-            model = [r["model_flops"] for r in good]
-            if all(_ok(f) for f in model):
-                s.mfu = sum(model) / total / 1e12 / peak_tflops
+        s.hfu = s.tflops / peak_tflops if peak_tflops else NaN
     else:
-        s.notes.append("TFLOPS/MFU n/a: some measured steps have no FLOP count")
+        s.notes.append("TFLOPS/HFU n/a: some measured steps have no executed FLOP count")
+    if all(_ok(f) for f in model) and peak_tflops:
+        s.mfu = sum(model) / total / 1e12 / peak_tflops
     return s
 
 
 def summary_line(s: StepSummary) -> str:
     """One line: ``12 steps (2 warm-up, 1 counted): 31.6 ms/step median, p90 35.0 ms, 32,407 tokens/s, ...``."""
     extra = ", ".join(f"{n} {w}" for n, w in ((s.warmup, "warm-up"), (s.counted, "counted"),
-                                              (s.failed, "failed")) if n)
+                                              (s.left, "left"), (s.failed, "failed")) if n)
     head = f"{s.steps} steps" + (f" ({extra})" if extra else "")
     if not s.measured:
         return head + ": no measured step"

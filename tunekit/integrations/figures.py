@@ -11,7 +11,7 @@ def figures(s: StepSummary, rows) -> dict:
     """The ``tunekit/...`` entries of a log over ``rows`` (the steps since the previous log);
     what could not be measured is left out, never logged as 0."""
     col = speed_column(rows)
-    out = {f"tunekit/{col}": s.per_s, "tunekit/step_s": s.median_step_s, "tunekit/tflops": s.tflops,
+    out = {f"tunekit/{col}": s.per_s, "tunekit/wall_s": s.median_step_s, "tunekit/tflops": s.tflops,
            "tunekit/mfu": s.mfu, "tunekit/hfu": s.hfu, "tunekit/wait_share": s.wait_share,
            "tunekit/cpu_peak_bytes": s.cpu_peak_bytes, "tunekit/gpu_peak_bytes": s.gpu_peak_bytes}
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(v)}

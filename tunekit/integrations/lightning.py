@@ -82,7 +82,7 @@ class TunekitCallback(Callback):
         mon = self.monitor
         rows = mon.rows[self._logged:]
         self._logged = len(mon.rows)
-        metrics = figures(summarize(rows, getattr(mon, "peak_tflops", None)), rows)
+        metrics = figures(summarize(rows, mon.peak_tflops), rows)
         if metrics:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)

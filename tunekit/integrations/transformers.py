@@ -11,9 +11,9 @@ step's batches there, and logs, evaluates and saves. The Trainer calls the repor
 (TensorBoard, MLflow, W&B...) before the ones a user adds, so at the start of training this
 callback moves itself to the front of the Trainer's callback list (found through the call that
 runs it; a canary test pins that): each ``on_log`` then carries the ``tunekit/...`` figures of
-the steps since the previous log for every reporter after it, and into ``state.log_history``. A step cut short by an exception
-is recorded as failed when the notebook cell ends (an IPython event), so no FLOP counter is
-left running.
+the steps since the previous log for every reporter after it, and into ``state.log_history``.
+A step cut short by an exception is recorded as failed when the notebook cell ends (the Monitor
+watches IPython's cells), so no FLOP counter is left running.
 """
 from __future__ import annotations
 
@@ -49,7 +49,6 @@ class TunekitCallback(TrainerCallback):
         opts = dict(self.options, name=self.options["name"] or f"Trainer {type(model).__name__}")
         self.monitor = Monitor(model, total=state.max_steps or None, **opts)
         self._logged, self._t_end = 0, None
-        watch_cell(self.monitor)
 
     def on_step_begin(self, args, state, control, **kwargs):
         mon = self.monitor
@@ -75,7 +74,7 @@ class TunekitCallback(TrainerCallback):
             return
         rows[-1].setdefault("loss", float(logs["loss"]))
         self._logged = len(mon.rows)
-        ours = figures(summarize(rows, getattr(mon, "peak_tflops", None)), rows)
+        ours = figures(summarize(rows, mon.peak_tflops), rows)
         logs.update(ours)
         # the Trainer copied these logs into its history before calling back: that copy too
         history = getattr(state, "log_history", None)
@@ -102,28 +101,3 @@ def front(callback, frame) -> bool:
         cbs.remove(callback)
         cbs.insert(0, callback)
     return True
-
-
-def watch_cell(mon) -> None:
-    """In IPython: when a cell ends with an error while a step is going, end it as failed (the
-    Trainer has no exception event), which also stops a FLOP count it had started."""
-    ip = _ipython()
-    if ip is None:
-        return
-
-    def after(result, mon=mon):
-        if mon._open is not None and not mon.closed and not result.success:
-            mon.end_step(result.error_in_exec or result.error_before_exec or "the cell failed")
-            mon.close()
-        if mon.closed:
-            ip.events.unregister("post_run_cell", after)
-
-    ip.events.register("post_run_cell", after)
-
-
-def _ipython():
-    if "IPython" not in sys.modules:
-        return None
-    from IPython import get_ipython
-
-    return get_ipython()

@@ -13,7 +13,7 @@ import math
 import sys
 import time
 
-from ..core.steps import speed_column
+from ..core.steps import measured, speed_column
 from .progress import _in_notebook, text_bar
 
 EVERY_S = 1.0        # notebook: at most one redraw a second
@@ -85,7 +85,7 @@ def status(name: str, rows, total: int | None, elapsed_s: float, record=None) ->
     head = f"{name}: step {n}" + (f"/{total}" if total else "") + f" · {elapsed_s:.1f} s"
     if total and n:
         head += f", ETA {elapsed_s / n * max(total - n, 0):.1f} s" + " " + text_bar(n / total)
-    last = next((r for r in reversed(rows) if r["error"] is None and not r["counted"] and not r["warmup"]), None)
+    last = next((r for r in reversed(rows) if measured(r)), None)
     if last is None:
         return head + (" · warm-up / FLOP count" if rows else "")
     col = speed_column(rows)
@@ -111,7 +111,7 @@ def figure(rows, name: str) -> dict:
         out = []
         for r in shown:
             v = r.get(key)
-            ok = isinstance(v, float) and v == v and not (only_measured and (r["warmup"] or r["counted"] or r["error"]))
+            ok = isinstance(v, float) and v == v and not (only_measured and not measured(r))
             out.append(v * scale if ok else None)
         return out
 
@@ -135,3 +135,30 @@ def figure(rows, name: str) -> dict:
                                       "font": {"size": 11}})
     return {"data": data, "layout": layout}
 
+
+
+def watch_cells(mon) -> None:
+    """In IPython, after each cell: a step still going from ``mon.iter`` (the loop was left with
+    the iterator held) or from a cell that failed ends there, as ``left`` or with the cell's
+    error, so no FLOP counter outlives it. A step started by hand and ended in a later cell is
+    left alone. Unregisters itself once ``mon`` is closed. Nothing outside IPython."""
+    if "IPython" not in sys.modules:
+        return
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    if ip is None:
+        return
+
+    def after(result, mon=mon):
+        step = mon._open
+        if step is not None and not mon.closed:
+            error = result.error_in_exec or result.error_before_exec
+            if error is not None:
+                mon.end_step(error)
+            elif step.get("from_iter"):
+                mon.end_step("left")
+        if mon.closed:
+            ip.events.unregister("post_run_cell", after)
+
+    ip.events.register("post_run_cell", after)

@@ -29,16 +29,18 @@ from ...measure.conditions import ConditionsMeter
 from ...measure.device import synchronize
 from ...measure.history import HISTORY
 from ...measure.meters import CudaMeter, PeakWindows, cpu_rss_bytes
+from ...measure.torch_private import compiled_graphs
 from ...models.adapters import adapt
 from .gather import gather_ranks
 from .options import check_options
-from .rows import batch_len, number, summary_record
+from .rates import FlopRates
+from .rows import check_scalar, number, replace_monitor_of, summary_record
 from .tap import StepTap
 
 NaN = math.nan
 clock = time.perf_counter
 JUDGE_EVERY_S = 0.2   # the machine is judged over windows of one step, or of steps this long together
-LEFT = "left: the loop was left during this step (a break or an exception)"
+LEFT = "left"   # end_step(LEFT): the loop was left during the step (a break or an exception)
 
 
 class Monitor:
@@ -76,44 +78,46 @@ class Monitor:
 
         self.sinks = open_sinks(log_to)
         self.model, self.adapter = model, adapt(model)
-        p = next(model.parameters())
-        self.device = p.device
-        self.cuda_index = p.device.index if p.device.type == "cuda" else None
+        cuda = next((p.device for p in model.parameters() if p.device.type == "cuda"), None)
+        self.device = cuda or next(model.parameters()).device   # a CUDA part means a CUDA sync
+        self.cuda_index = None if cuda is None else cuda.index if cuda.index is not None else 0
+        replace_monitor_of(model, self)
         self.tap = StepTap(model, self.adapter)
         self.rows: list[dict] = []
         self.notes: list[str] = []
         self._open = None            # the step going: its meters and clocks
         self._pending: dict = {}     # scalars logged for the step going
-        self._peaks: dict = {}       # dtype -> measure.peaks.Peak
-        self._flops_per_token: dict = {}
+        self.flop_rates = FlopRates(self)
         self._t_end = None           # the previous step's end (after tunekit's own work)
         self._cond = None            # the machine's window going (several short steps, or one)
         self._judged: list = []      # the rows of that window, judged when it closes
         self._whole = ConditionsMeter(self.cuda_index)
         self._cpu = PeakWindows()
-        self.summary = self.record = None
+        self._uncounted = 0          # steps not counted so far (the first `warmup` are warm-up)
+        self._total_from_len = False
+        self.loader_error = None
+        self.summary = self.record = self.ranks = None
         self.closed = False
         self.view = self._make_view(live)
 
     def _make_view(self, live):
-        if live is False:
-            return None
-        from ...ui.monitor_view import MonitorView  # the view that shows it; per frontend there
+        from ...ui.monitor_view import MonitorView, watch_cells  # its view; per frontend there
 
-        return MonitorView.open(self.name, forced=live is True)
+        watch_cells(self)   # in IPython: a cell that ends inside a step ends that step
+        return None if live is False else MonitorView.open(self.name, forced=live is True)
 
     # --- the loop ---------------------------------------------------------------------------
 
     def iter(self, loader, total: int | None = None):
         """Yield the batches of ``loader``, each inside a step; the time ``next()`` takes is the
         step's ``wait_s``. ``total``: steps expected (default ``len(loader)``, if it has one).
-        Leaving the loop during a step (``break``, an exception) records that step as not
-        finished (`LEFT`): a generator cannot tell a break from an error, so it carries no speed.
-        ``with mon.step():`` records an exception with its type."""
+        Leaving the loop during a step (``break``, an exception) marks that step ``left``: a
+        generator cannot tell a break from an error, so it carries no speed and is not called a
+        failure. ``with mon.step():`` records an exception with its type."""
         if total is not None:
-            self.total = validate.count("total", total)
-        elif self.total is None and hasattr(loader, "__len__"):
-            self.total = len(loader) or None
+            self.total = len(self.rows) + validate.count("total", total)
+        elif (self.total is None or self._total_from_len) and hasattr(loader, "__len__"):
+            self.total, self._total_from_len = (len(self.rows) + len(loader)) or None, True  # this epoch on
         it = iter(loader)
         while True:
             t0 = clock()
@@ -121,8 +125,13 @@ class Monitor:
                 batch = next(it)
             except StopIteration:
                 return
+            except Exception as e:   # the loader failed between steps: the run says so
+                self.loader_error = f"the loader raised {type(e).__name__}: {e}"
+                self._note(self.loader_error)
+                raise
             waited = clock() - t0
-            self.start_step(batch, wait_s=waited, _t0=t0)
+            self.start_step(wait_s=waited, _t0=t0)
+            self._open["from_iter"] = True
             try:
                 yield batch
             except GeneratorExit:  # a break or an exception in the body: which, Python does not say
@@ -132,17 +141,19 @@ class Monitor:
             if self._open is not None:
                 self.end_step()
 
-    def step(self, batch=None, tokens: int | None = None, samples: int | None = None):
+    def step(self, tokens: int | None = None, samples: int | None = None):
         """``with mon.step(): ...``: one step; an exception in it is recorded and raised."""
-        return _Step(self, batch, tokens, samples)
+        return _Step(self, tokens, samples)
 
-    def start_step(self, batch=None, tokens: int | None = None, samples: int | None = None,
+    def start_step(self, tokens: int | None = None, samples: int | None = None,
                    wait_s: float | None = None, _t0: float | None = None) -> None:
         """Start a step by hand (callbacks, loops that are not a ``for``); ``end_step`` ends it.
         ``tokens``/``samples``: this step's, when the inputs do not tell; ``wait_s``: the time it
         waited for its data, if you measured it (``iter`` does)."""
         if self.closed:
             raise RuntimeError(f"{self.name} is closed: make a new Monitor for another run")
+        if self._open is not None and self._open.get("from_iter"):
+            self.end_step(LEFT)   # an iterator held and left: its step ends here
         if self._open is not None:
             raise RuntimeError("a step is already going: end_step() before the next start_step()")
         for what, v in (("tokens", tokens), ("samples", samples)):
@@ -162,7 +173,7 @@ class Monitor:
         if self._cond is None:  # the machine's windows: back to back from the first step on
             self._cond = ConditionsMeter(self.cuda_index).start()
         self._open = dict(t0=clock(), own=clock() - t, wait_s=NaN if wait_s is None else float(wait_s),
-                          cuda=cuda, tokens=tokens, samples=samples, batch=batch)
+                          cuda=cuda, tokens=tokens, samples=samples, graphs=compiled_graphs())
 
     def end_step(self, error: BaseException | str | None = None) -> dict:
         """End the step going: its row (a dict of `core.steps.COLUMNS` and the logged scalars)."""
@@ -202,11 +213,12 @@ class Monitor:
     def log(self, **scalars) -> None:
         """Scalars of the step going (or of the last one): ``mon.log(loss=loss, lr=lr)``. Tensors
         are read (``.item()``) when their step ends, after its device synchronize."""
+        if self.closed:
+            raise RuntimeError(f"{self.name} is closed: its record is made; log before close()")
         for k, v in scalars.items():
             if k in COLUMNS:
                 raise ValueError(f"{k!r} is a column tunekit fills; log it under another name")
-            if not isinstance(v, (int, float, torch.Tensor)) or isinstance(v, bool):
-                raise ValueError(f"{k} must be a number or a one-element tensor, got {type(v).__name__}")
+            check_scalar(k, v)
         if self._open is not None:
             self._pending.update(scalars)
         elif self.rows:
@@ -224,18 +236,27 @@ class Monitor:
         rss = cpu_rss_bytes()   # the peak is the window's (see _judge)
         gpu = s["cuda"].stop() if s["cuda"] is not None else {}
         alloc0 = float(s["cuda"].alloc0) if gpu else NaN
-        tokens = s["tokens"] or self.tokens or info["tokens"] or None
-        samples = s["samples"] or self.samples or info["samples"] or None
-        if tokens is None and samples is None and s["batch"] is not None:
-            samples = batch_len(s["batch"])
-        if info["unknown"] and not (s["tokens"] or s["samples"] or self.tokens or self.samples):
+        given = s["tokens"] or s["samples"] or self.tokens or self.samples
+        tokens = s["tokens"] or self.tokens or (None if given else info["tokens"])
+        samples = s["samples"] or self.samples or (None if given else info["samples"])
+        if info["unknown"] and not given:
+            tokens = samples = None   # part of the step could not be read: no guess
             self._note(f"tokens/samples unknown ({info['unknown']}): pass tokens= or samples=")
-        count = info["count"]
-        if count is not None:
-            self.tap.counts[info["signature"]] = count
-        cached = self.tap.counts.get(info["signature"])
+        count, cached = info["count"], info["known"]
+        if cached is None and info["signature"] and self.flops == "auto":
+            self._note("FLOPs counted for 16 input signatures; steps with other inputs have no executed "
+                       "FLOPs (no TFLOPS/HFU)" if self.tap.full else "a step whose inputs changed after its "
+                       "first forward has no FLOPs; the next step is counted")
         executed = NaN if cached is None else float(cached.executed)
-        model = self._model_flops(info, cached)
+        model = self.flop_rates.model_flops(info, cached)
+        compiled = s["graphs"] is not None and compiled_graphs() != s["graphs"]
+        if compiled:
+            self._note("steps during which torch.compile compiled are marked warm-up (their time is compiling)")
+        left = error == LEFT
+        if left:
+            error = None
+        warm = count is None and not left and error is None and self._uncounted < self.warmup
+        self._uncounted += count is None
         err = None if error is None else error if isinstance(error, str) else (
             type(error).__name__ + (f": {error}" if str(error) else ""))
         row = dict(step=n, wall_s=t1 - self._t_end, step_s=t1 - s["t0"], wait_s=s["wait_s"],
@@ -248,54 +269,13 @@ class Monitor:
                    gpu_alloc_bytes=alloc0 + gpu.get("gpu_alloc_delta_bytes", NaN),
                    gpu_peak_bytes=alloc0 + gpu.get("gpu_peak_delta_bytes", NaN),
                    gpu_reserved_bytes=float(gpu.get("gpu_reserved_bytes", NaN)),
-                   warmup=n < self.warmup, counted=count is not None,
+                   warmup=warm or compiled, counted=count is not None, left=left,
                    machine=None, error=err)
-        if not row["warmup"] and not row["counted"] and err is None:
-            self._rates(row, info)
+        if not row["warmup"] and not row["counted"] and err is None and not left:
+            self.flop_rates.fill(row)
         row.update({k: number(v) for k, v in self._pending.items()})
         self._pending = {}
         return row
-
-    def _model_flops(self, info, cached) -> float:
-        if self.model_flops is not None:
-            return self.model_flops
-        calls = info["calls"]
-        if calls and not info["unknown"]:
-            per_token = [self._per_token(a, s, trained) for a, _, s, trained in calls]
-            if all(f is not None for f in per_token):
-                return float(sum(f * n for f, (_, n, _, _) in zip(per_token, calls)))
-        return NaN if cached is None else float(cached.model)
-
-    def _per_token(self, adapter, seq, trained):
-        """Model FLOPs per token from the shape (None: unknown), once per model, length and mode:
-        the weights are counted on the model, which takes a walk over its modules."""
-        key = (id(adapter), seq, trained)
-        if key not in self._flops_per_token:
-            known = adapter.shape is not None
-            self._flops_per_token[key] = adapter.model_flops(seq, 1, None, backward=trained)[0] if known else None
-        return self._flops_per_token[key]
-
-    def _rates(self, row, info) -> None:
-        wall = row["wall_s"]
-        for amount in ("tokens", "samples"):
-            if row[amount] == row[amount]:
-                row[amount + "_per_s"] = row[amount] / wall
-        if row["flops"] != row["flops"] and row["model_flops"] != row["model_flops"]:
-            return
-        from ...measure.peaks import rates, resolve_peak
-
-        dtype = self.dtype or self.tap.dtype or "fp32"
-        if dtype not in self._peaks:  # once per dtype; a CPU calibration runs here, untimed
-            self._peaks[dtype] = resolve_peak(self.device, dtype, given=self.peak,
-                                              allow_calibration=self.cuda_index is None)
-        peak = self._peaks[dtype]
-        self.peak_tflops, self.peak_source = peak.tflops, peak.source
-        if peak.tflops is None:
-            self._note(f"no peak known ({peak.source}): pass peak= (TFLOPS) for MFU")
-            row["tflops"] = row["flops"] / wall / 1e12
-            return
-        r = rates(row["flops"], row["model_flops"], wall, peak, self.device, dtype, recheck=False)
-        row["tflops"], row["mfu"], row["hfu"] = r.tflops, r.mfu, r.hfu
 
     def _deliver(self, row) -> None:
         if self.sinks:
@@ -326,7 +306,7 @@ class Monitor:
             self._judge(None, clock(), last=True)
             self.tap.remove()
             self.sinks.close()
-        peak = getattr(self, "peak_tflops", None)
+        peak = self.peak_tflops
         self.summary = summarize(self.rows, peak)
         self.record = summary_record(self)
         self.ranks = gather_ranks(self.summary, self.rows)
@@ -351,6 +331,11 @@ class Monitor:
         keep += [c for c in df.columns if c not in COLUMNS]
         return df[keep]
 
+    @property
+    def peak_tflops(self) -> float | None:
+        """The peak MFU is taken against (TFLOPS), once a measured step resolved it."""
+        return self.flop_rates.peak_tflops
+
     def __enter__(self) -> "Monitor":
         return self
 
@@ -362,13 +347,13 @@ class Monitor:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        s = summarize(self.rows, getattr(self, "peak_tflops", None))
+        s = summarize(self.rows, self.peak_tflops)
         return f"<tunekit.Monitor {self.name!r} ({state}): {summary_line(s)}>"
 
 
 class _Step:
-    def __init__(self, mon, batch, tokens, samples):
-        self.mon, self.args = mon, (batch, tokens, samples)
+    def __init__(self, mon, tokens, samples):
+        self.mon, self.args = mon, (tokens, samples)
 
     def __enter__(self):
         self.mon.start_step(*self.args)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import numbers
+import sys
 import time
+import weakref
 
 import torch
 
@@ -29,8 +32,8 @@ def summary_record(mon) -> ProfileRecord:
         rec.flops = sum(r["flops"] for r in good)
         rec.flops_source = "cached"
     rec.model_flops = sum(r["model_flops"] for r in good) if good else NaN
-    rec.peak_tflops = getattr(mon, "peak_tflops", None) or NaN
-    rec.peak_tflops_source = getattr(mon, "peak_source", None)
+    rec.peak_tflops = mon.peak_tflops or NaN
+    rec.peak_tflops_source = mon.flop_rates.peak_source
     rec.dtype = mon.dtype or mon.tap.dtype
     if rows:
         rec.cpu_rss_delta_bytes = rows[-1]["cpu_rss_bytes"] - rows[0]["cpu_rss_bytes"]
@@ -40,7 +43,7 @@ def summary_record(mon) -> ProfileRecord:
             rec.gpu_peak_delta_bytes = s.gpu_peak_bytes - rows[0]["gpu_alloc_bytes"]
             rec.gpu_reserved_bytes = rows[-1]["gpu_reserved_bytes"]
     failed = [r["error"] for r in rows if r["error"] is not None]
-    rec.error = failed[-1] if failed else None
+    rec.error = failed[-1] if failed else mon.loader_error
     rec.notes = [summary_line(s), "figures over the measured steps (not warm-up, not counted, "
                  "no error); TFLOPS/MFU from their time, data waits included"] + s.notes + mon.notes
     return rec
@@ -55,12 +58,30 @@ def number(v) -> float:
     return float(v)
 
 
-def batch_len(batch):
-    """Samples of a batch given to the step: the first tensor's first dimension."""
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.dim() else None
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for v in values:
-        if isinstance(v, torch.Tensor) and v.dim():
-            return v.shape[0]
-    return None
+def check_scalar(name: str, v) -> None:
+    """A value ``mon.log`` takes: a real number (numpy's too) or a one-element tensor; never a
+    bool (True is not a measurement) nor a tensor of several values."""
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1 or v.dtype == torch.bool:
+            raise ValueError(f"{name} must be one number: got a {v.dtype} tensor of shape {tuple(v.shape)}")
+        return
+    if isinstance(v, (bool, np_bool())) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{name} must be a number or a one-element tensor, got {type(v).__name__} {v!r}"[:160])
+
+
+def np_bool():
+    numpy = sys.modules.get("numpy")
+    return bool if numpy is None else numpy.bool_
+
+
+_MONITORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its open Monitor
+
+
+def replace_monitor_of(model, mon) -> None:
+    """One open Monitor per model: a new one (a notebook cell run again) closes the one before,
+    which removes its hooks and records what it saw."""
+    old = _MONITORS.get(model)
+    if old is not None and not old.closed:
+        old.notes.append("closed by a new Monitor on the same model")
+        old.close()
+    _MONITORS[model] = mon
