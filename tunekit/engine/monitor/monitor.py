@@ -94,6 +94,7 @@ class Monitor:
         self._whole = ConditionsMeter(self.cuda_index)
         self._cpu = PeakWindows()
         self._uncounted = 0          # steps not counted so far (the first `warmup` are warm-up)
+        self._graphs = compiled_graphs()   # graphs Dynamo compiled so far (None: never used)
         self._total_from_len = False
         self.loader_error = None
         self.summary = self.record = self.ranks = None
@@ -173,7 +174,7 @@ class Monitor:
         if self._cond is None:  # the machine's windows: back to back from the first step on
             self._cond = ConditionsMeter(self.cuda_index).start()
         self._open = dict(t0=clock(), own=clock() - t, wait_s=NaN if wait_s is None else float(wait_s),
-                          cuda=cuda, tokens=tokens, samples=samples, graphs=compiled_graphs())
+                          cuda=cuda, tokens=tokens, samples=samples)
 
     def end_step(self, error: BaseException | str | None = None) -> dict:
         """End the step going: its row (a dict of `core.steps.COLUMNS` and the logged scalars)."""
@@ -190,24 +191,24 @@ class Monitor:
         self.rows.append(row)
         self._judge(row, t1)
         self._deliver(row)
-        row["monitor_s"] = s["own"] + (clock() - t1)
+        row["monitor_s"] = s["own"] + info["own_s"] + (clock() - t1)   # hooks in the step included
         self._t_end = clock()
         return row
 
     def _judge(self, row, t1, last: bool = False) -> None:
-        """The machine's verdict and the CPU peak for the steps of a window, at least
-        ``JUDGE_EVERY_S`` long (their readings cost tens of microseconds: not one per
-        millisecond-step), or up to the end: each step of a window gets the window's figures."""
+        """The machine's verdict and the CPU memory (peak, RSS at its end) for the steps of a
+        window, at least ``JUDGE_EVERY_S`` long (their readings cost tens of microseconds: not one
+        per millisecond-step), or up to the end: each step of a window gets the window's figures."""
         if row is not None:
             self._judged.append(row)
         cond = self._cond
         if cond is None or not self._judged or (t1 - cond.t0 < JUDGE_EVERY_S and not last):
             return
         c = cond.stop(t1 - cond.t0)
-        peak = self._cpu.peak()
+        peak, rss = self._cpu.peak(), float(cpu_rss_bytes())
         for r in self._judged:
             r["machine"] = None if c is None else c.verdict
-            r["cpu_peak_bytes"] = peak
+            r["cpu_peak_bytes"], r["cpu_rss_bytes"] = peak, rss
         self._judged, self._cond = [], cond.follow()
 
     def log(self, **scalars) -> None:
@@ -233,7 +234,6 @@ class Monitor:
 
     def _row(self, s, info, t1, error) -> dict:
         n = len(self.rows)
-        rss = cpu_rss_bytes()   # the peak is the window's (see _judge)
         gpu = s["cuda"].stop() if s["cuda"] is not None else {}
         alloc0 = float(s["cuda"].alloc0) if gpu else NaN
         given = s["tokens"] or s["samples"] or self.tokens or self.samples
@@ -249,7 +249,8 @@ class Monitor:
                        "first forward has no FLOPs; the next step is counted")
         executed = NaN if cached is None else float(cached.executed)
         model = self.flop_rates.model_flops(info, cached)
-        compiled = s["graphs"] is not None and compiled_graphs() != s["graphs"]
+        graphs, self._graphs = self._graphs, compiled_graphs()   # Dynamo's count since the last step
+        compiled = self._graphs is not None and self._graphs != graphs
         if compiled:
             self._note("steps during which torch.compile compiled are marked warm-up (their time is compiling)")
         left = error == LEFT
@@ -265,7 +266,7 @@ class Monitor:
                    flops=executed, model_flops=model,
                    flops_source="counted" if count is not None else "cached" if cached is not None else "none",
                    tflops=NaN, mfu=NaN, hfu=NaN,
-                   cpu_rss_bytes=float(rss), cpu_peak_bytes=NaN,
+                   cpu_rss_bytes=NaN, cpu_peak_bytes=NaN,   # the window's (see _judge)
                    gpu_alloc_bytes=alloc0 + gpu.get("gpu_alloc_delta_bytes", NaN),
                    gpu_peak_bytes=alloc0 + gpu.get("gpu_peak_delta_bytes", NaN),
                    gpu_reserved_bytes=float(gpu.get("gpu_reserved_bytes", NaN)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from ...core.formulas import tflops, utilization
 from ...measure.peaks import rates, resolve_peak
 
 NaN = math.nan
@@ -62,5 +63,13 @@ class FlopRates:
             self.mon._note(f"no peak known ({peak.source}): pass peak= (TFLOPS) for MFU")
             row["tflops"] = row["flops"] / wall / 1e12
             return
-        r = rates(row["flops"], row["model_flops"], wall, peak, self.mon.device, dtype, recheck=False)
-        row["tflops"], row["mfu"], row["hfu"] = r.tflops, r.mfu, r.hfu
+        # formulas' arithmetic directly; peaks.rates (which also judges figures past the peak)
+        # only when one is: it costs tens of microseconds a step
+        row["tflops"] = tflops(row["flops"], wall)
+        row["mfu"] = utilization(row["model_flops"], wall, peak.tflops)
+        row["hfu"] = utilization(row["flops"], wall, peak.tflops)
+        if row["mfu"] > 1 or row["hfu"] > 1:
+            r = rates(row["flops"], row["model_flops"], wall, peak, self.mon.device, dtype, recheck=False)
+            row["tflops"], row["mfu"], row["hfu"] = r.tflops, r.mfu, r.hfu
+            if r.above_peak:
+                self.mon._note(r.above_peak)

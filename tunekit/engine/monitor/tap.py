@@ -19,6 +19,8 @@ micro-batch of new shapes) gets no FLOPs and the next step is counted.
 """
 from __future__ import annotations
 
+from time import perf_counter
+
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -66,6 +68,7 @@ class StepTap:
     def begin(self, count: bool) -> None:
         """A step starts; ``count``: new inputs may start the FLOP counter."""
         self.may_count, self.active, self.depth = count, True, 0
+        self.own_s = 0.0
         self.entry = None            # the first watched module called in the step
         self.amounts = {True: [0, 0], False: [0, 0]}   # trained? -> [tokens, samples]
         self.no_tokens = False       # the entry module has no sequence tunekit knows
@@ -74,10 +77,12 @@ class StepTap:
         self.calls = []              # (adapter, tokens, seq_len, trained) per call of a known shape
 
     def _pre(self, adapter, module, args, kwargs):
+        t0 = perf_counter()
         try:  # never an error in the user's forward: what cannot be read is said in the row
             self._call(adapter, module, args, kwargs)
         except Exception as e:
             self.unknown = self.unknown or f"{type(e).__name__}: {e}"
+        self.own_s += perf_counter() - t0   # the monitor's own time inside the step
 
     def _call(self, adapter, module, args, kwargs):
         grad = torch.is_grad_enabled()
@@ -143,7 +148,7 @@ class StepTap:
         tokens, samples = self.amounts[True] if self.amounts[True][1] else self.amounts[False]
         return {"tokens": None if self.no_tokens or not tokens else tokens, "samples": samples or None,
                 "signature": key, "unknown": self.unknown, "count": counted, "known": known,
-                "calls": [c for c in self.calls if c[3]] or list(self.calls)}
+                "calls": [c for c in self.calls if c[3]] or list(self.calls), "own_s": self.own_s}
 
     def abort(self) -> None:
         """Leave torch's dispatch stack as found whatever happened (a failed step)."""
