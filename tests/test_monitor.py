@@ -223,3 +223,17 @@ def test_view_status_and_figure_stay_small():
     fig = monitor_view.figure(rows, "run")
     assert [len(t["x"]) for t in fig["data"]] == [250] * 4     # 1000 rows, every ceil(1000/300) = 4th
     assert fig["data"][1]["y"][0] == 50.0                      # MFU in percent
+
+
+def test_results_read_as_a_table_and_keep_the_raw_numbers():
+    model, opt = tiny()
+    mon = tunekit.Monitor(model, live=False)
+    for x, y in mon.iter(batches(4)):
+        mon.log(loss=train(model, opt, x, y))
+    mon.close()
+    df = mon.results()
+    text = repr(df)
+    head = text.splitlines()[0].split()
+    assert head[:6] == ["step", "step", "(ms)", "wait", "(ms)", "tokens/s"] and "status" in head and "loss" in head
+    assert "FLOP count" in text and "warm-up" in text and "mon.results(all=True)" in text
+    assert df["wall_s"].iloc[2] == mon.rows[2]["wall_s"]          # raw seconds behind the ms column

@@ -19,8 +19,8 @@ COLUMNS = ("step", "wall_s", "step_s", "wait_s", "monitor_s", "tokens", "samples
            "cpu_rss_bytes", "cpu_peak_bytes", "gpu_alloc_bytes", "gpu_peak_bytes", "gpu_reserved_bytes",
            "warmup", "counted", "left", "machine", "error")
 # what `mon.results()` shows by default (the speed column is tokens/s or samples/s)
-CURATED = ("step", "step_s", "wait_s", "tflops", "mfu", "cpu_peak_bytes", "gpu_peak_bytes",
-           "machine", "warmup", "counted", "error")
+CURATED = ("step", "wall_s", "wait_s", "tflops", "mfu", "cpu_peak_bytes", "gpu_peak_bytes",
+           "machine", "warmup", "counted", "left", "error")
 
 
 def speed_column(rows) -> str:
@@ -133,3 +133,39 @@ def _ok(x) -> bool:
 def _max(values) -> float:
     v = [x for x in values if _ok(x)]
     return max(v) if v else NaN
+
+
+def status(row) -> str:
+    """A step's one word in a table: why it has no speed, or "ok"."""
+    if row.get("error") is not None and row["error"] == row["error"]:
+        return f"error: {row['error']}"
+    for flag, word in (("counted", "FLOP count"), ("warmup", "warm-up"), ("left", "left")):
+        if row.get(flag) is True:
+            return word
+    return "ok"
+
+
+def steps_view(df):
+    """``mon.results()`` as a person reads it: the step's time and wait in ms, its speed (tokens/s
+    or samples/s), TFLOPS, MFU, memory in MiB (GPU only where there is one), the machine, one
+    status word, then the logged scalars; the frame behind keeps the raw numbers."""
+    from .summary import machine_word
+
+    rows = df.to_dict("records")
+    col = "tokens_per_s" if "tokens_per_s" in df and ("tokens" not in df or df["tokens"].notna().any()) \
+        else "samples_per_s"
+    unit = col.replace("_per_s", "/s")
+    out = {"step": df["step"], "step (ms)": df["wall_s"] * 1e3, "wait (ms)": df["wait_s"] * 1e3}
+    if col in df:
+        out[unit] = df[col]
+    out.update({"TFLOPS": df["tflops"], "MFU": df["mfu"], "CPU peak (MiB)": df["cpu_peak_bytes"] / 2**20})
+    if df["gpu_peak_bytes"].notna().any():
+        out["GPU peak (MiB)"] = df["gpu_peak_bytes"] / 2**20
+    out["machine"] = df["machine"].map(machine_word)
+    out["status"] = [status(r) for r in rows]
+    for c in df.columns:
+        if c not in COLUMNS:
+            out[c] = df[c]
+    import pandas as pd
+
+    return pd.DataFrame(out)

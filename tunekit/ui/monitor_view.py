@@ -119,6 +119,7 @@ def figure(rows, name: str) -> dict:
     mem_key, mem_name = ("gpu_peak_bytes", "GPU peak (MiB)") if gpu else ("cpu_peak_bytes", "CPU peak RSS (MiB)")
     panels = [(col, 1.0, col.replace("_per_s", "/s"), True), ("mfu", 100.0, "MFU (%)", True),
               (mem_key, 2.0**-20, mem_name, False), ("loss", 1.0, "loss", False)]
+    from_zero = {col, "mfu", mem_key}   # rates and memory from 0; the loss on its own range
     data, layout = [], {"height": 360, "margin": {"l": 50, "r": 10, "t": 40, "b": 30}, "showlegend": False,
                         "title": {"text": f"{name}: per step", "font": {"size": 13}}, "annotations": []}
     for i, (key, scale, title, only) in enumerate(panels):
@@ -129,7 +130,7 @@ def figure(rows, name: str) -> dict:
         layout["xaxis" + ax] = {"domain": [col_i * 0.53, col_i * 0.53 + 0.47], "anchor": "y" + ax,
                                 "tickfont": {"size": 9}}
         layout["yaxis" + ax] = {"domain": [0.55 - row_i * 0.55, 1.0 - row_i * 0.55], "anchor": "x" + ax,
-                                "tickfont": {"size": 9}, "rangemode": "tozero"}
+                                "tickfont": {"size": 9}, "rangemode": "tozero" if key in from_zero else "normal"}
         layout["annotations"].append({"text": title, "showarrow": False, "xref": "x" + ax + " domain",
                                       "yref": "y" + ax + " domain", "x": 0, "y": 1.12, "xanchor": "left",
                                       "font": {"size": 11}})

@@ -24,7 +24,8 @@ import torch
 
 from ...core import validate
 from ...core.records import ProfileRecord
-from ...core.steps import COLUMNS, CURATED, speed_column, summarize, summary_line
+from ...core.steps import COLUMNS, CURATED, speed_column, steps_view, summarize, summary_line
+from ...core.summary import readable
 from ...measure.conditions import ConditionsMeter
 from ...measure.device import synchronize
 from ...measure.history import HISTORY
@@ -319,8 +320,9 @@ class Monitor:
         return self.record
 
     def results(self, all: bool = False):
-        """A DataFrame, one row per step: the main columns (the speed in tokens/s, or samples/s for
-        a model without a sequence, and the logged scalars); ``all=True`` every column.
+        """A DataFrame, one row per step, shown formatted (time and wait in ms, tokens/s or
+        samples/s, TFLOPS, MFU, memory, the machine, a status word, the logged scalars); the
+        frame holds the raw numbers. ``all=True``: every column, a plain DataFrame.
 
         Example: ``mon.results().tail()``."""
         import pandas as pd
@@ -330,7 +332,7 @@ class Monitor:
             return df
         keep = list(CURATED[:3]) + [speed_column(self.rows)] + list(CURATED[3:])
         keep += [c for c in df.columns if c not in COLUMNS]
-        return df[keep]
+        return readable(df[keep], steps_view, "mon.results(all=True)")
 
     @property
     def peak_tflops(self) -> float | None:
