@@ -73,6 +73,18 @@ def test_storage_weakref_expires_with_its_storage():
     assert ref.expired()
 
 
+def test_storage_id_is_shared_by_views_and_held_by_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    a = torch.randn(4, 8)
+    assert torch_private.storage_id(a) == torch_private.storage_id(a.t())
+    assert torch_private.storage_id(a) != torch_private.storage_id(torch.randn(4, 8))
+    with FakeTensorMode():
+        f = torch.randn(4, 8)
+        assert torch_private.storage_id(f) == torch_private.storage_id(f[1:]) != 0
+        assert f.untyped_storage().nbytes() == 128
+
+
 def test_ipyexperiments_init_sets_what_our_bridge_sets():
     # tunekit.ui.experiments builds IPyExperiments without its get_ipython() lookup by assigning
     # these attributes itself; a release that sets anything else must be looked at.

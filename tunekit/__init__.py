@@ -54,6 +54,8 @@ _EXPORTS = {
     "estimate_memory": ("core.memory.estimate", "estimate_memory"),
     "measure_memory": ("measure.memory", "measure_memory"),
     "advise": ("core.advisor", "advise"),
+    "plan": ("engine.plan", "plan"),
+    "Plan": ("core.plan", "Plan"),
 }
 # public namespaces: `from tunekit import bench` (the documents' microbenchmarks and bench.plot)
 _NAMESPACES = {"bench": "ui.bench"}

@@ -21,17 +21,19 @@ class Spec:
     tflops: dict            # dtype -> dense peak TFLOPS
     memory_gb: float | None
     source: str
+    bandwidth_tbs: float | None = None  # memory bandwidth, TB/s (vendor data sheets, as ../shared/facts.md lists them)
 
 
 # Order matters: the first spec whose substrings all match wins, so variants come first.
 SPECS: tuple[Spec, ...] = (
     Spec("H100 NVL", ("h100", "nvl"), {"fp32": 60, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, 94, _MLENG),
-    Spec("H100 PCIe", ("h100", "pcie"), {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756, "fp8": 1513}, 80, _MLENG),
-    Spec("H100 SXM", ("h100",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 80, _MLENG),
-    Spec("H200 SXM", ("h200",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 141, _MLENG),
-    Spec("B200", ("b200",), {"fp32": 80, "tf32": 1125, "bf16": 2250, "fp16": 2250, "fp8": 4500}, 180, _MLENG),
-    Spec("A100", ("a100",), {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, 80, _MLENG),
-    Spec("L40S", ("l40s",), {"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362, "fp8": 733}, 48, _MLENG),
+    Spec("H100 PCIe", ("h100", "pcie"), {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756, "fp8": 1513}, 80,
+         _MLENG, 2.0),
+    Spec("H100 SXM", ("h100",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 80, _MLENG, 3.35),
+    Spec("H200 SXM", ("h200",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 141, _MLENG, 4.8),
+    Spec("B200", ("b200",), {"fp32": 80, "tf32": 1125, "bf16": 2250, "fp16": 2250, "fp8": 4500}, 180, _MLENG, 8.0),
+    Spec("A100", ("a100",), {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, 80, _MLENG, 2.0),
+    Spec("L40S", ("l40s",), {"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362, "fp8": 733}, 48, _MLENG, 0.86),
     # L4's 242 is an int8 figure in the source, so it is not listed as fp8.
     Spec("L4", ("l4",), {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121}, 24, _LIGHTNING),
     Spec("A10G", ("a10",), {"fp32": 31.2, "tf32": 62.5, "bf16": 125, "fp16": 125}, 24, _LIGHTNING),
@@ -43,7 +45,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("RTX 3090", ("3090",), {"fp32": 35.6, "tf32": 35.6, "bf16": 35.6, "fp16": 35.6}, 24, _LIGHTNING),
     # Per GCD, which is what one torch device is on an MI250X: half the package figures.
     Spec("MI250X (one GCD)", ("mi250",), {"fp32": 47.9 / 2, "bf16": 383 / 2, "fp16": 383 / 2}, 64, _MLENG),
-    Spec("MI300X", ("mi300",), {"fp32": 163.4, "tf32": 653.7, "bf16": 1300, "fp16": 1300, "fp8": 2610}, 192, _MLENG),
+    Spec("MI300X", ("mi300",), {"fp32": 163.4, "tf32": 653.7, "bf16": 1300, "fp16": 1300, "fp8": 2610}, 192,
+         _MLENG, 5.3),
 )
 
 

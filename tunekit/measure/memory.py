@@ -98,7 +98,7 @@ def optimizer_name(opt) -> str | None:
     return entry.name if entry else None
 
 
-def _autocast_dtype(precision):
+def autocast_dtype(precision):
     # the Lab's vocabulary: bf16/fp16 mean autocast to that dtype; fp32/tf32 mean none
     if precision is None or isinstance(precision, torch.dtype):
         return precision
@@ -181,13 +181,13 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     notes = []
     given = optimizer
     optimizer = _shadow_optimizer(optimizer, params, notes)
-    ac_dtype = _autocast_dtype(precision)
+    ac_dtype = autocast_dtype(precision)
     float_dtypes = {p.dtype for p in params if p.is_floating_point()}
     half = next((n for n, d in (("bf16", torch.bfloat16), ("fp16", torch.float16))
                  if float_dtypes and float_dtypes <= {d}), None)
     if half is not None:
         precision = half   # pure half weights: autocast to the same dtype casts nothing
-        if ac_dtype is not None and ac_dtype != _autocast_dtype(half):
+        if ac_dtype is not None and ac_dtype != autocast_dtype(half):
             notes.append(f"weights are {half}; autocast to {ac_dtype} was not applied")
         ac_dtype = None
     else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .torch_private import storage_weakref
+from .torch_private import storage_id, storage_weakref
 
 _VIEWISH = {"TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
             "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0", "ReshapeAliasBackward0"}
@@ -15,8 +15,9 @@ _CASTS = {"ToCopyBackward0", "_ToCopyBackward0"}
 
 
 def storage_key(t: torch.Tensor):
-    st = t.untyped_storage()
-    return (t.device.type, t.device.index, st.data_ptr())
+    """(device type, index, storage identity); the identity holds for fake tensors too (a plan
+    steps the model under FakeTensorMode with this same tally), and an empty storage is 0."""
+    return (t.device.type, t.device.index, storage_id(t) if t.untyped_storage().nbytes() else 0)
 
 
 def unique_bytes(tensors, exclude=()) -> int:

@@ -42,6 +42,12 @@ def in_autograd_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def storage_id(t: torch.Tensor) -> int:
+    """The identity of the storage behind ``t`` (views and tied tensors share it): the address of
+    its StorageImpl, which fake tensors (no data, ``data_ptr()`` 0) have as real ones do."""
+    return t.untyped_storage()._cdata
+
+
 def storage_weakref(storage):
     """A weak reference to an untyped storage (``.expired()`` once it is freed)."""
     from torch.multiprocessing.reductions import StorageWeakRef

@@ -1,0 +1,95 @@
+"""tunekit.plan: a training step stepped under fake tensors, measured by the code that measures a
+real step. On the CPU its components equal a real step's to the byte; on a GPU of the spec table
+it is placed against the card's memory and roofline. No timing is compared."""
+import resource
+import time
+
+import pytest
+import torch
+
+import tunekit
+from tunekit.core.plan import COMPONENTS
+
+
+def real_components(model, batch, **kw):
+    return tunekit.measure_memory(model, batch, estimate=False, **kw).measured
+
+
+@pytest.mark.parametrize("precision, checkpointing", [("fp32", False), ("bf16", False), ("fp32", True)])
+def test_gpt_plan_on_cpu_equals_a_real_step_to_the_byte(precision, checkpointing):
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    p = tunekit.plan(cfg, "cpu", precision=precision, micro_batch=4, seq_len=64, checkpointing=checkpointing)
+    torch.manual_seed(0)
+    model = tunekit.GPT(cfg)
+    x, y = torch.randint(0, 256, (2, 4, 64))     # inputs and targets, as the plan's batch has them
+    real = real_components(model, (x, y), precision=precision, checkpointing=checkpointing, optimizer="adamw")
+    assert {k: p.components[k] for k in COMPONENTS} == {k: float(real[k]) for k in COMPONENTS}
+    assert p.tokens == 4 * 64 and p.fits and p.device == "cpu"
+
+
+def test_transformers_plan_on_cpu_equals_a_real_step_to_the_byte():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    p = tunekit.plan(cfg, "cpu", micro_batch=2, seq_len=32)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    x = torch.randint(0, 256, (2, 32))
+    real = real_components(model, (x, x), optimizer="adamw", precision="fp32", checkpointing=False)
+    assert {k: p.components[k] for k in COMPONENTS} == {k: float(real[k]) for k in COMPONENTS}
+
+
+def test_the_bound_without_bandwidth_is_the_flops_at_the_peak():
+    p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "cpu", micro_batch=4, seq_len=64)
+    # no bandwidth known for a CPU: every op's time is its FLOPs at the peak, so the sum is
+    # executed FLOPs / peak, and the MFU bound is model / executed FLOPs
+    assert p.bound_step_s == pytest.approx(p.executed_flops / (p.peak_tflops * 1e12), rel=1e-9)
+    assert p.bound_mfu == pytest.approx(p.model_flops / p.executed_flops, rel=1e-9)
+    assert p.bound_tokens_per_s == pytest.approx(256 / p.bound_step_s)
+
+
+def test_a_gpu_plan_adds_the_cuda_context_and_uses_the_spec_sheet():
+    p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100 SXM", precision="bf16", micro_batch=8, seq_len=128)
+    assert p.device == "H100 SXM" and p.peak_tflops == 989 and p.bandwidth_tbs == 3.35
+    assert p.device_memory_bytes == 80 * 2**30 * 0.99
+    assert p.fixed["cuda_context"][0] == 0.47 * 2**30
+    assert p.total_bytes == sum(p.components.values()) + 0.47 * 2**30
+    assert "fits" in repr(p) and "upper bounds" in repr(p)
+
+
+def test_what_does_not_fit_says_so_and_the_search_finds_the_largest_that_does():
+    cfg = tunekit.GPTConfig.preset("cpu-small")
+    one = tunekit.plan(cfg, "T4", micro_batch=1, seq_len=cfg.block_size)
+    assert one.fits
+    p = tunekit.plan(cfg, "T4", micro_batch=1, seq_len=cfg.block_size, search=True, search_limit=64)
+    assert p.max_micro_batch is not None and 1 <= p.max_micro_batch <= 64
+    if p.max_micro_batch < 64:
+        over = tunekit.plan(cfg, "T4", micro_batch=p.max_micro_batch + 1, seq_len=cfg.block_size)
+        assert not over.fits and "does NOT fit" in repr(over)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H900"), ValueError, "unknown device 'H900'"),
+    (lambda: tunekit.plan(torch.nn.Linear(2, 2)), TypeError, "from a config"),
+    (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "cpu", seq_len=10_000), ValueError, "positions"),
+    (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "cpu", precision="fp64"), ValueError, "precision"),
+    (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "cpu", micro_batch=0), ValueError, "micro_batch"),
+])
+def test_bad_input_is_refused_before_any_work(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.slow
+def test_an_8b_llama_plans_for_an_h100_in_under_a_minute_with_little_memory():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                   num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
+    t0 = time.perf_counter()
+    p = tunekit.plan(cfg, "H100 SXM", precision="bf16", weights="bf16", micro_batch=1, seq_len=8192,
+                     checkpointing=True)
+    assert time.perf_counter() - t0 < 120          # ~6 s quiet on 2 cores; the issue's target is 60 s
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20   # KiB: under 4 GiB of real memory
+    # 8,030,261,248 parameters in bf16: 14.96 GiB of weights, as many of gradients, AdamW's two moments twice that
+    assert p.components["weights"] == 8_030_261_248 * 2 and p.components["optimizer_states"] >= 4 * 8_030_261_248
+    assert p.fits and p.bound_mfu < 1

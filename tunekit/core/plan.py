@@ -1,0 +1,113 @@
+"""A plan: what one training step needs on a device and how fast it could possibly go, computed
+without running the model (`tunekit.plan`). Pure: numbers in, numbers and text out.
+
+Memory: the step's components as measured on a fake step (parameters, master weights, gradients,
+optimizer state, weight casts, activations saved for backward, buffers), plus the device's fixed
+costs, against the device's memory. The total is the sum of the components, which is what a step
+holds at its busiest only if nothing is freed early: activations are released as gradients are
+made, so the real peak is lower, and the plan is on the safe side.
+
+Speed of light: every op that does FLOPs (matmuls, attention) on the device's roofline, the
+longer of its FLOPs at the dense peak and its bytes (inputs read, outputs written) at the memory
+bandwidth, summed; elementwise ops are taken as free (a compiler can fuse them away). No step on
+one device can take less, so the step time is a lower bound and tokens/s and MFU are upper
+bounds, often loose ones: kernels reach ~80% of the dense peak at best (MAMF).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+GiB = 2**30
+NaN = math.nan
+
+COMPONENTS = ("weights", "master_weights", "gradients", "optimizer_states", "weight_casts",
+              "activations", "buffers")
+
+
+@dataclass
+class Plan:
+    """What one training step needs on ``device`` and its speed-of-light bound.
+
+    Example: ``p = tunekit.plan(cfg, "H100 SXM"); p.fits, p.total_bytes / 2**30, p.bound_tokens_per_s``."""
+
+    model: str
+    device: str
+    device_memory_bytes: float          # what the device has (spec sheet, or this machine's RAM)
+    setting: dict                       # precision, weights, micro_batch, seq_len, checkpointing, ...
+    components: dict                    # component -> bytes (COMPONENTS)
+    fixed: dict                         # fixed cost -> (bytes, source)
+    tokens: int
+    executed_flops: float               # of one step, causal attention halved as tunekit counts
+    model_flops: float                  # the MFU convention's (no recompute)
+    bound_step_s: float                 # the roofline's lower bound on one step
+    peak_tflops: float | None
+    bandwidth_tbs: float | None
+    bound_by: list = field(default_factory=list)   # (op, seconds) of the ops that take the most
+    notes: list = field(default_factory=list)
+    max_micro_batch: int | None = None   # the largest that fits (plan(..., search=True))
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.components.values()) + sum(b for b, _ in self.fixed.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.device_memory_bytes
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.device_memory_bytes - self.total_bytes
+
+    @property
+    def bound_tokens_per_s(self) -> float:
+        return self.tokens / self.bound_step_s if self.bound_step_s > 0 else NaN
+
+    @property
+    def bound_mfu(self) -> float:
+        """The MFU the step would have at its speed of light: model FLOPs over the bound's time."""
+        if not self.peak_tflops or not self.bound_step_s > 0:
+            return NaN
+        return self.model_flops / self.bound_step_s / 1e12 / self.peak_tflops
+
+    def to_frame(self):
+        """The memory as a DataFrame: component, GiB, share of the device."""
+        import pandas as pd
+
+        rows = [(k, v) for k, v in self.components.items()] + [(k, b) for k, (b, _) in self.fixed.items()]
+        df = pd.DataFrame(rows, columns=["component", "bytes"])
+        return df.assign(GiB=df.bytes / GiB, share_of_device=df.bytes / self.device_memory_bytes)
+
+    def __repr__(self) -> str:
+        return to_text(self)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre style='font-size:12px'>{html.escape(to_text(self))}</pre>"
+
+
+def to_text(p: Plan) -> str:
+    s = p.setting
+    head = (f"plan · {p.model} on {p.device} · {s['precision']}"
+            + (f" (weights {s['weights']})" if s.get("weights") else "")
+            + f" · micro-batch {s['micro_batch']} x {s['seq_len']}"
+            + (" · checkpointing" if s.get("checkpointing") else "") + f" · {s['optimizer']}")
+    verdict = "fits" if p.fits else "does NOT fit"
+    lines = [head, f"  memory     {p.total_bytes / GiB:,.2f} GiB of {p.device_memory_bytes / GiB:,.1f} GiB: {verdict}"
+             f" ({abs(p.headroom_bytes) / GiB:,.2f} GiB {'free' if p.fits else 'over'})"]
+    for k, v in p.components.items():
+        if v:
+            lines.append(f"    {k:<17}{v / GiB:>10,.3f} GiB")
+    for k, (b, src) in p.fixed.items():
+        lines.append(f"    {k:<17}{b / GiB:>10,.3f} GiB  ({src})")
+    if p.max_micro_batch is not None:
+        lines.append(f"  largest micro-batch that fits: {p.max_micro_batch}")
+    if p.bound_step_s == p.bound_step_s:
+        lines.append(f"  bound      step >= {p.bound_step_s * 1e3:,.1f} ms: <= {p.bound_tokens_per_s:,.0f} tokens/s"
+                     + (f", MFU <= {p.bound_mfu:.1%}" if p.bound_mfu == p.bound_mfu else "")
+                     + " (upper bounds, not predictions)")
+    if p.bound_by:
+        lines.append("  bound by   " + ", ".join(f"{op} {t * 1e3:,.1f} ms" for op, t in p.bound_by[:4]))
+    lines += [f"  note       {n}" for n in p.notes]
+    return "\n".join(lines)
