@@ -93,3 +93,34 @@ def test_an_8b_llama_plans_for_an_h100_in_under_a_minute_with_little_memory():
     # 8,030,261,248 parameters in bf16: 14.96 GiB of weights, as many of gradients, AdamW's two moments twice that
     assert p.components["weights"] == 8_030_261_248 * 2 and p.components["optimizer_states"] >= 4 * 8_030_261_248
     assert p.fits and p.bound_mfu < 1
+
+
+# --- tunekit plan (the command) ------------------------------------------------------------------
+
+def test_the_command_plans_a_preset_and_says_whether_it_fits(capsys):
+    from tunekit.ui.cli import main
+
+    assert main(["plan", "--model", "cpu-tiny", "--device", "T4", "--precision", "fp16", "--micro-batch", "4"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan · GPT (n_layer=2, n_embd=128) on T4 · fp16 · micro-batch 4 x 128") and ": fits" in out
+    # gpt-1b's AdamW state alone (8 bytes x ~1.2e9 parameters) is past a T4's 16 GB
+    assert main(["plan", "--model", "gpt-1b", "--device", "T4", "--seq-len", "128"]) == 1
+    assert "does NOT fit" in capsys.readouterr().out
+
+
+def test_the_command_reads_a_transformers_config_and_refuses_bad_input(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    import json
+
+    from tunekit.ui.cli import main
+
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+                               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                               "max_position_embeddings": 64}))
+    assert main(["plan", "--model", str(cfg), "--device", "cpu", "--precision", "fp32", "--micro-batch", "2"]) == 0
+    assert "Llama (hidden=64, layers=2) on cpu" in capsys.readouterr().out
+    assert main(["plan", "--device", "H900"]) == 2
+    assert "unknown device 'H900'" in capsys.readouterr().err
+    assert main(["plan", "--model", "os:getcwd"]) == 2
+    assert "from a config" in capsys.readouterr().err

@@ -106,12 +106,18 @@ def parser() -> argparse.ArgumentParser:
     run = run_parser()
     p = _Parser(prog="tunekit", formatter_class=_Formatter,
                 description="tunekit from a shell. Commands: run (train and measure; "
-                            "`tunekit run --help`). The options of run, with their defaults:",
+                            "`tunekit run --help`), plan (a step on a device without running it; "
+                            "`tunekit plan --help`). The options of run, with their defaults:",
                 epilog=run.format_help())
     p.add_argument("--version", action="version", version=version_line())
-    sub = p.add_subparsers(dest="command", metavar="{run}", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="{run,plan}", parser_class=_Parser)
     sub.add_parser("run", parents=[run], add_help=False, formatter_class=_Formatter,
                    description=run.description, help="train and measure one configuration")
+    from .plan_cli import plan_parser
+
+    planned = plan_parser(_Parser, _Formatter)
+    sub.add_parser("plan", parents=[planned], add_help=False, formatter_class=_Formatter,
+                   description=planned.description, help="plan a step on a device without running it")
     return p
 
 
@@ -284,6 +290,10 @@ def _refuse(message: str) -> int:
 
 def main(argv=None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "plan":
+        from .plan_cli import plan_main
+
+        return plan_main(args)
     if args.command != "run":
         parser().print_help()
         return 2
