@@ -46,6 +46,8 @@ class Plan:
     bound_by: list = field(default_factory=list)   # (op, seconds) of the ops that take the most
     notes: list = field(default_factory=list)
     max_micro_batch: int | None = None   # the largest that fits (plan(..., search=True))
+    # when it does not fit: (change, total bytes, fits, executed FLOPs per token vs the plan's)
+    alternatives: list = field(default_factory=list)
 
     @property
     def total_bytes(self) -> float:
@@ -101,6 +103,9 @@ def to_text(p: Plan) -> str:
             lines.append(f"    {k:<17}{v / GiB:>10,.3f} GiB")
     for k, (b, src) in p.fixed.items():
         lines.append(f"    {k:<17}{b / GiB:>10,.3f} GiB  ({src})")
+    for change, total, fits, flops in p.alternatives:
+        lines.append(f"  try        {change}: {total / GiB:,.2f} GiB, {'fits' if fits else 'still over'}"
+                     + (f", {flops - 1:+.0%} FLOPs per token" if abs(flops - 1) > 0.005 else ""))
     if p.max_micro_batch is not None:
         lines.append(f"  largest micro-batch that fits: {p.max_micro_batch}")
     if p.bound_step_s == p.bound_step_s:

@@ -65,6 +65,9 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
         model = _build(cfg, kind, WEIGHTS[weights])
         step = _fake_step(model, kind, cfg, setting, micro_batch)
         found = _search(model, kind, cfg, setting, dev, search_limit) if search else None
+        fixed = sum(b for b, _ in dev["fixed"].values())
+        over = sum(step["components"].values()) + fixed > dev["memory"]
+        tries = _alternatives(cfg, kind, setting, step, dev, fixed) if over else []
     notes = step["notes"] + dev["notes"]
     if dev["name"] != "cpu":
         notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists, the caching "
@@ -76,7 +79,32 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
                 executed_flops=step["executed"], model_flops=step["model"],
                 bound_step_s=step["bound_s"](dev["peak"], dev["bandwidth"]), peak_tflops=dev["peak"],
                 bandwidth_tbs=dev["bandwidth"], bound_by=step["top"](dev["peak"], dev["bandwidth"]),
-                notes=notes, max_micro_batch=found)
+                notes=notes, max_micro_batch=found, alternatives=tries)
+
+
+def _alternatives(cfg, kind, setting, step, dev, fixed) -> list:
+    """What to change when the step does not fit, each tried as a fake step: (change, its total
+    bytes, fits, executed FLOPs against the plan's), most memory saved first."""
+    changes = []
+    if not setting["checkpointing"]:
+        changes.append(("checkpointing=True", dict(checkpointing=True)))
+    if setting["weights"] in (None, "fp32") and setting["precision"] in ("bf16", "fp16"):
+        changes.append((f"weights={setting['precision']!r}", dict(weights=setting["precision"])))
+    if setting["optimizer"] in ("adamw", "adamw_fused"):
+        changes.append(("optimizer='sgd'", dict(optimizer="sgd")))
+    if setting["micro_batch"] > 1:
+        changes.append((f"micro_batch={setting['micro_batch'] // 2}", dict(micro_batch=setting["micro_batch"] // 2)))
+    out = []
+    for label, change in changes:
+        s = dict(setting, **change)
+        try:
+            alt = _fake_step(_build(cfg, kind, WEIGHTS[s["weights"]]), kind, cfg, s, s["micro_batch"])
+        except ValueError:   # a change that cannot be faked is not offered
+            continue
+        total = sum(alt["components"].values()) + fixed
+        per_token = alt["executed"] / s["micro_batch"] / (step["executed"] / setting["micro_batch"])
+        out.append((label, total, total <= dev["memory"], per_token))
+    return sorted(out, key=lambda a: a[1])
 
 
 @contextlib.contextmanager
@@ -221,6 +249,19 @@ def _batch(cfg, kind, micro_batch, seq_len):
 
 
 def _fake_step(model, kind, cfg, setting, micro_batch) -> dict:
+    try:
+        return _fake_step_of(model, kind, cfg, setting, micro_batch)
+    except Exception as e:
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+        if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
+            raise ValueError(f"this step reads a tensor's value ({e}), which a fake step cannot (no data): "
+                             f"plan with another optimizer than {setting['optimizer']!r}, or use "
+                             "tunekit.estimate_memory (analytic) for this model") from None
+        raise
+
+
+def _fake_step_of(model, kind, cfg, setting, micro_batch) -> dict:
     batch = _batch(cfg, kind, micro_batch, setting["seq_len"])
     report = measure_memory(model, batch, optimizer=setting["optimizer"], precision=setting["precision"],
                             checkpointing=setting["checkpointing"], estimate=False)
