@@ -14,8 +14,9 @@ import resource
 import time
 import warnings
 
-import tunekit
 from transformers import LlamaConfig
+
+import tunekit
 
 warnings.filterwarnings("ignore")
 LLAMA3_8B = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
