@@ -1,8 +1,10 @@
 """tunekit.plan: a training step stepped under fake tensors, measured by the code that measures a
 real step. On the CPU its components equal a real step's to the byte; on a GPU of the spec table
 it is placed against the card's memory and roofline. No timing is compared."""
-import resource
-import time
+import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -82,17 +84,30 @@ def test_bad_input_is_refused_before_any_work(call, error, match):
 
 @pytest.mark.slow
 def test_an_8b_llama_plans_for_an_h100_in_under_a_minute_with_little_memory():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                   num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
-    t0 = time.perf_counter()
-    p = tunekit.plan(cfg, "H100 SXM", precision="bf16", weights="bf16", micro_batch=1, seq_len=8192,
-                     checkpointing=True)
-    assert time.perf_counter() - t0 < 120          # ~6 s quiet on 2 cores; the issue's target is 60 s
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20   # KiB: under 4 GiB of real memory
-    # 8,030,261,248 parameters in bf16: 14.96 GiB of weights, as many of gradients, AdamW's two moments twice that
-    assert p.components["weights"] == 8_030_261_248 * 2 and p.components["optimizer_states"] >= 4 * 8_030_261_248
-    assert p.fits and p.bound_mfu < 1
+    pytest.importorskip("transformers")
+    # in a process of its own: its peak RSS is the plan's, not this test session's
+    code = textwrap.dedent('''
+        import json, resource, time, warnings
+        warnings.filterwarnings("ignore")
+        import tunekit
+        from transformers import LlamaConfig
+        cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                          num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
+        t0 = time.perf_counter()
+        p = tunekit.plan(cfg, "H100 SXM", precision="bf16", weights="bf16", micro_batch=1, seq_len=8192,
+                         checkpointing=True)
+        print(json.dumps(dict(s=time.perf_counter() - t0, rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                              weights=p.components["weights"], opt=p.components["optimizer_states"],
+                              fits=p.fits, mfu=p.bound_mfu)))
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert r["s"] < 120                     # ~5 s quiet on 2 cores; the issue's target is 60 s
+    assert r["rss_kib"] < 2 * 2**20         # under 2 GiB of real memory (~0.4 GiB seen)
+    # 8,030,261,248 parameters in bf16: 14.96 GiB of weights; AdamW's two moments at least twice that
+    assert r["weights"] == 8_030_261_248 * 2 and r["opt"] >= 4 * 8_030_261_248
+    assert r["fits"] and r["mfu"] < 1
 
 
 # --- tunekit plan (the command) ------------------------------------------------------------------
