@@ -23,6 +23,7 @@ from ..core.plan import COMPONENTS, Plan
 from ..core.specs import SPECS, find_spec
 from ..measure.flops import TunekitFlopCounter
 from ..measure.memory import autocast_dtype, measure_memory
+from ..measure.model_flops import tensors_in
 from ..models.adapters import adapt
 
 CUDA_CONTEXT = (0.47 * 2**30, "CUDA context, lazy loading (torch 2.1 on an A100, ml-engineering)")
@@ -226,20 +227,9 @@ class RooflineCounter(TunekitFlopCounter):
         result = super()._count_flops(func_packet, out, args, kwargs)
         flops = self.get_total_flops() - before
         if flops:
-            moved = sum(t.nbytes for t in _tensors((args, kwargs, out)))
+            moved = sum(t.nbytes for t in tensors_in((args, kwargs, out), levels=3))
             self.ops.append((str(func_packet).removeprefix("aten."), flops, moved))
         return result
-
-
-def _tensors(value, depth=0):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth < 3 and isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v, depth + 1)
-    elif depth < 3 and isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors(v, depth + 1)
 
 
 def _batch(cfg, kind, micro_batch, seq_len):

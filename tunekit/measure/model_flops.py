@@ -69,7 +69,7 @@ class ModelTap:
             call["backward"] = True  # returns None: the gradient is left as it is
 
         try:
-            for t in _tensors(out):
+            for t in tensors_in(out):
                 if t.requires_grad:
                     self._handles.append(t.register_hook(reached))
         except Exception as e:  # backward or not is then unknown
@@ -127,13 +127,14 @@ def _names(rows) -> str:
     return ", ".join(f"`{r[0]}` ({type(r[1]).__name__})" for r in rows)
 
 
-def _tensors(out, depth: int = 0):
-    """The tensors of a forward's output: a tensor, a tuple (logits, loss), a ModelOutput."""
-    if isinstance(out, torch.Tensor):
-        yield out
-    elif depth < 2 and isinstance(out, (tuple, list)):
-        for o in out:
-            yield from _tensors(o, depth + 1)
-    elif depth < 2 and isinstance(out, Mapping):
-        for o in out.values():
-            yield from _tensors(o, depth + 1)
+def tensors_in(value, depth: int = 0, levels: int = 2):
+    """The tensors in ``value``: a tensor, or inside tuples, lists and mappings (a ModelOutput) down
+    to ``levels`` levels: a forward's output (logits, loss), an op's arguments."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < levels and isinstance(value, (tuple, list)):
+        for v in value:
+            yield from tensors_in(v, depth + 1, levels)
+    elif depth < levels and isinstance(value, Mapping):
+        for v in value.values():
+            yield from tensors_in(v, depth + 1, levels)
