@@ -55,7 +55,10 @@ def test_a_gpu_plan_adds_the_cuda_context_and_uses_the_spec_sheet():
     assert p.device == "H100 SXM" and p.peak_tflops == 989 and p.bandwidth_tbs == 3.35
     assert p.device_memory_bytes == 80 * 2**30 * 0.99
     assert p.fixed["cuda_context"][0] == 0.47 * 2**30
-    assert p.total_bytes == sum(p.components.values()) + 0.47 * 2**30
+    # the peak of a steady step, every block rounded to 512 B, plus the context and the 32 MiB
+    # cuBLAS workspace of a Hopper card
+    assert p.fixed["cublas_workspace"][0] == 32 * 2**20
+    assert p.total_bytes == p.peak_bytes + 0.47 * 2**30 + 32 * 2**20
     assert "fits" in repr(p) and "upper bounds" in repr(p)
 
 

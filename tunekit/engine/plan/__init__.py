@@ -16,7 +16,9 @@ import warnings
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ...core import validate
+from ...core.comm import layout_problems
 from ...core.plan import Plan
+from ...core.plan_shard import INTER_NODE_GBS, INTER_NODE_SOURCE, comm_seconds, rank_peak, shard_count
 from .device import device_figures
 from .step import WEIGHTS, alternatives, fake_step, search_micro_batch
 from .target import build, config_of, masks_as_in_eager, max_len, model_name
@@ -26,7 +28,8 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weights: str | None = None,
          micro_batch: int | None = None, seq_len: int | None = None, checkpointing: bool | None = None,
-         optimizer: str | None = None, search: bool = False, search_limit: int = 4096) -> Plan:
+         optimizer: str | None = None, attention: str | None = None, parallel: str | None = None,
+         world_size: int = 1, nodes: int = 1, search: bool = False, search_limit: int = 4096) -> Plan:
     """Plan one training step of ``target`` on ``device`` without running it.
 
     ``target``: a ``tunekit.GPTConfig``, a transformers config, or a ``tunekit.Lab`` (its model's
@@ -34,8 +37,11 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     ("H100 SXM", "A100", "MI300X", ...) or "cpu" (this machine's RAM and calibrated peak).
     ``precision``: the Lab's words (bf16/fp16 run under autocast); ``weights``: the parameters'
     dtype (None: fp32, with master weights where autocast runs; "bf16": pure bf16 training).
-    ``search=True`` also finds the largest micro-batch that fits (fake steps, doubling then
-    bisection up to ``search_limit``).
+    ``attention``: the Lab's names ("sdpa", "math"/"eager", "flash"; None: the model's own).
+    ``parallel`` ("ddp", "fsdp", "fsdp_grad_op", "hsdp") over ``world_size`` GPUs on ``nodes``
+    nodes gives rank 0's memory and the collectives' time on the device's links; ``micro_batch``
+    is then per rank. ``search=True`` also finds the largest micro-batch that fits (fake steps,
+    doubling then bisection up to ``search_limit``).
 
     Example: ``tunekit.plan(LlamaConfig(...), "H100 SXM", weights="bf16", micro_batch=1, seq_len=8192)``."""
     cfg, kind, toggles = config_of(target)
@@ -47,32 +53,109 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     checkpointing = validate.flag("checkpointing", checkpointing if checkpointing is not None
                                   else toggles.get("checkpointing", False))
     optimizer = optimizer or toggles.get("optimizer", "adamw")
+    attention = attention if attention is not None else toggles.get("attention")
+    layout = _layout(parallel, world_size, nodes)
     validate.flag("search", search)
     search_limit = validate.count("search_limit", search_limit)
-    dev = device_figures(device, precision)
+    dev = device_figures(device, precision, layout["world_size"] if layout else 1)
     if seq_len > max_len(cfg, kind):
         raise ValueError(f"seq_len={seq_len} is longer than the model's {max_len(cfg, kind)} positions")
     setting = dict(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
                    checkpointing=checkpointing, optimizer=optimizer)
+    notes = []
     with FakeTensorMode(), warnings.catch_warnings(), masks_as_in_eager(kind):
         warnings.simplefilter("ignore")   # transformers' init notices; nothing here runs for real
-        model = build(cfg, kind, WEIGHTS[weights])
-        step = fake_step(model, kind, cfg, setting, micro_batch)
-        found = search_micro_batch(model, kind, cfg, setting, dev, search_limit) if search else None
-        fixed = sum(b for b, _ in dev["fixed"].values())
-        over = sum(step["components"].values()) + fixed > dev["memory"]
-        tries = alternatives(cfg, kind, setting, step, dev, fixed) if over else []
-    notes = step["notes"] + dev["notes"]
+        models = {}
+
+        def run(s, count=True):
+            if s["weights"] not in models:
+                models[s["weights"]] = build(cfg, kind, WEIGHTS[s["weights"]])
+                _set_attention(models[s["weights"]], attention, notes)
+            return fake_step(models[s["weights"]], kind, cfg, s, s["micro_batch"], dev["round_to"], count)
+
+        def total_of(step, s):
+            return _placed(step, s, layout, dev)["total"]
+
+        step = run(setting)
+        found = (search_micro_batch(setting, lambda s: run(s, count=False), total_of, dev["memory"], search_limit)
+                 if search else None)
+        over = total_of(step, setting) > dev["memory"]
+        tries = alternatives(setting, step, run, total_of, dev["memory"]) if over else []
+    placed = _placed(step, setting, layout, dev)
+    notes = list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"] + dev["notes"] + placed["notes"]
     if dev["name"] != "cpu":
-        notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists, the caching "
-                     "allocator's rounding and cuBLAS workspaces are not modelled")
-    notes.append("memory = the sum of the components (activations are freed as gradients grow: the real peak "
-                 "is lower)")
-    return Plan(model=model_name(cfg, kind), device=dev["name"], device_memory_bytes=dev["memory"], setting=setting,
-                components=step["components"], fixed=dev["fixed"], tokens=micro_batch * seq_len,
-                executed_flops=step["executed"], model_flops=step["model"],
-                bound_step_s=step["bound_s"](dev["peak"], dev["bandwidth"]), peak_tflops=dev["peak"],
-                bandwidth_tbs=dev["bandwidth"], bound_by=step["top"](dev["peak"], dev["bandwidth"]),
-                notes=notes, max_micro_batch=found, alternatives=tries)
+        notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists and what the "
+                     "caching allocator reserves beyond its 512-byte blocks are not modelled")
+    compute = step["bound_s"](dev["peak"], dev["bandwidth"])
+    bound_by = step["top"](dev["peak"], dev["bandwidth"])
+    if placed["comm_s"] > compute:
+        bound_by = [("communication", placed["comm_s"])] + bound_by
+    return Plan(model=model_name(cfg, kind), device=dev["name"], device_memory_bytes=dev["memory"],
+                setting=dict(setting, attention=attention), components=placed["components"], fixed=dev["fixed"],
+                tokens=micro_batch * seq_len, executed_flops=step["executed"], model_flops=step["model"],
+                bound_step_s=max(compute, placed["comm_s"]), peak_tflops=dev["peak"], bandwidth_tbs=dev["bandwidth"],
+                bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
+                peak_bytes=placed["peak"], peak_at=step["peak_at"], phase_peaks=step["phase_peaks"],
+                timeline=_thin(step["timeline"]), parallel=layout, compute_bound_s=compute,
+                comm_s=placed["comm_s"], comm=placed["comm"])
 
 
+def _layout(parallel, world_size, nodes) -> dict | None:
+    """The sharding as a dict (kind, world_size, nodes, shard), checked; None for one device."""
+    world_size, nodes = validate.count("world_size", world_size), validate.count("nodes", nodes)
+    if parallel is None:
+        if (world_size, nodes) != (1, 1):
+            raise ValueError(f"world_size={world_size} and nodes={nodes} describe several GPUs: give parallel="
+                             "'ddp', 'fsdp', 'fsdp_grad_op' or 'hsdp' with them")
+        return None
+    problems = layout_problems(parallel, 1, nodes)
+    if not problems and world_size % nodes:
+        problems.append(f"world_size must be a whole multiple of nodes={nodes}, got {world_size}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return dict(kind=parallel, world_size=world_size, nodes=nodes, shard=shard_count(parallel, world_size, nodes))
+
+
+def _placed(step, setting, layout, dev) -> dict:
+    """Rank 0's components, peak (+ fixed costs = total) and the collectives' time."""
+    half = setting["precision"] in ("bf16", "fp16") or setting["weights"] in ("bf16", "fp16")
+    gathered = 2 if half else 4   # MixedPrecisionPolicy's param dtype
+    if layout is None:
+        comps, peak, comm_s, comm, notes = dict(step["components"]), step["peak"], 0.0, {}, []
+    else:
+        kind, world, nodes = layout["kind"], layout["world_size"], layout["nodes"]
+        units = step["units"] if kind != "ddp" else [[s for u in step["units"] for s in u]]
+        comps, peak = rank_peak(step["peak"], step["components"], step["grads_at_peak"], units, kind, world,
+                                nodes, gathered, step["state_scalars"])
+        comm_s, comm = comm_seconds(kind, units, world, nodes, gathered, dev["link"])
+        notes = [f"{kind}: rank 0's memory (FSDP2 gives it ceil(rows / {layout['shard']}) of each parameter); "
+                 "collectives as ring algorithms at the links' bandwidth"
+                 + (f", {INTER_NODE_GBS:g} GB/s per GPU across nodes ({INTER_NODE_SOURCE})" if nodes > 1 else "")]
+        if dev["link"] is None:
+            notes.append(f"no link bandwidth listed for {dev['name']}: no communication time")
+    return dict(components=comps, peak=peak, total=peak + sum(b for b, _ in dev["fixed"].values()),
+                comm_s=comm_s if comm_s == comm_s else 0.0, comm=comm, notes=notes)
+
+
+def _set_attention(model, attention, notes) -> None:
+    if attention is None:
+        return
+    from ...core.registry import attention as resolve
+    from ...models.adapters import adapt
+
+    name = resolve(attention).name
+    adapter = adapt(model)
+    if name == "flash":   # flash-attn needs CUDA: CPU's fused SDPA saves the same (output, logsumexp)
+        notes.append("attention='flash' planned as torch's fused SDPA, which saves the same tensors for backward")
+        name = "sdpa"
+    if name not in adapter.attentions:
+        raise ValueError(f"this model cannot switch its attention to {attention!r}: it offers {adapter.attentions}")
+    adapter.set_attention(name)
+
+
+def _thin(samples, most: int = 600) -> list:
+    """At most ``most`` (phase, bytes) points of the timeline, keeping each stretch's highest."""
+    if len(samples) <= most:
+        return list(samples)
+    size = -(-len(samples) // most)
+    return [max(samples[i:i + size], key=lambda s: s[1]) for i in range(0, len(samples), size)]
