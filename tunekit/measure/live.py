@@ -109,7 +109,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = _storages((args, kwargs))
+        # torch.tensor(...) makes its storage outside the dispatcher and hands it to lift_fresh
+        inputs = {} if func.__name__.startswith("lift_fresh") else _storages((args, kwargs))
         grew = False
         for key, st in _storages(out).items():
             if key in inputs or key in self._refs:
