@@ -31,6 +31,7 @@ from ..models.optimizers import unavailable_optimizers
 from . import run as single
 from .distributed import run_distributed
 from .guard import NonFiniteRunError
+from .lab_plan import lab_plan, show_plan_keywords
 from .lab_results import LabResults
 from .train.precision import autocast, matmul_precision
 from .train.record import Peaks, Steps
@@ -307,6 +308,20 @@ class Lab(LabResults):
         with SearchProgress("find_max_batch_size", budget_s, progress) as shown:
             shown.result = find(*args, shown.tried, snapshot_on_oom, budget_s, trying=shown.trying, **changes)
         return shown.result
+
+    @show_plan_keywords
+    def plan(self, device: str = "H100 SXM", **overrides):
+        """``tunekit.plan`` of this Lab's model on ``device`` (a spec-table name or "cpu"): memory,
+        whether it fits and the speed-of-light bound of one step under the toggles a run would
+        start from (``lab.resolve()``), without running it. ``overrides`` are plan's keywords
+        (precision, weights, micro_batch, seq_len, checkpointing, optimizer, search, ...) and the
+        Lab's other toggles, as ``lab.run`` takes them; a toggle the plan does not model (compile,
+        an attention it cannot switch to) is said in ``plan.notes``. The plan builds its own model
+        under fake tensors: the live model, its weights and optimizer stay as they are. A model
+        plan cannot build (an nn.Module without a config) raises plan's error.
+
+        Example: ``p = lab.plan("H100 SXM", precision="bf16", micro_batch=32); p.fits, p.bound_tokens_per_s``."""
+        return lab_plan(self, device, overrides)
 
     def reset_optimizer(self) -> None:
         """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one.
