@@ -41,9 +41,9 @@ def config_of(target):
     if isinstance(target, GPTConfig):
         return target, "gpt", {}
     if type(target).__name__ == "Lab":
-        t = target.toggles
+        t = target.resolve()   # the toggles a run starts from, defaults filled in
         toggles = dict(precision=t.precision, micro_batch=t.micro_batch, seq_len=t.seq_len,
-                       checkpointing=t.checkpointing, optimizer=t.optimizer)
+                       checkpointing=t.checkpointing, optimizer=t.optimizer, attention=t.attention)
         cfg = getattr(target.model, "config", None)
         kind = "gpt" if isinstance(cfg, GPTConfig) else "hf"
         if kind == "hf" and not hasattr(cfg, "model_type"):
