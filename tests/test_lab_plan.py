@@ -32,7 +32,7 @@ def test_lab_plan_is_tunekit_plan_of_the_lab_under_its_defaults(lab):
     assert p.notes == q.notes   # nothing of the Lab left out to say
     # the toggles a run starts from: micro_batch 8, the CPU's default sequence (block_size 128)
     assert p.setting == dict(precision="fp32", weights=None, micro_batch=8, seq_len=128, checkpointing=False,
-                             optimizer="adamw")
+                             optimizer="adamw", attention="sdpa")
     assert p.tokens == 8 * 128
     assert (p.components["weights"], p.components["gradients"]) == (FP32_WEIGHTS, FP32_WEIGHTS)
     assert p.components["optimizer_states"] == ADAMW_STATES
@@ -44,7 +44,7 @@ def test_overrides_are_plans_keywords_and_the_labs_toggles(tmp_path):
     kw = dict(precision="bf16", micro_batch=2, seq_len=32, checkpointing=True)
     p = lab.plan("H100 SXM", **kw)
     assert p.components == tunekit.plan(lab, "H100 SXM", **kw).components
-    assert p.setting == dict(kw, weights=None, optimizer="adamw") and p.device == "H100 SXM"
+    assert p.setting == dict(kw, weights=None, optimizer="adamw", attention="sdpa") and p.device == "H100 SXM"
     # autocast's bf16 weight copies kept for backward: with checkpointing only the tied head's, 2 x 32768 =
     # 65536 (the blocks' are cast again in the recompute); without, 2 x (2 blocks x (49152 + 16384 + 65536
     # + 65536) + 32768) = 851968
@@ -148,10 +148,11 @@ def test_picking_a_device_shows_the_plan_and_none_hides_it(dash):
     p = dash.last_plan
     assert p.device == "H100 SXM" and p.components == dash.lab.plan("H100 SXM", micro_batch=4, seq_len=64).components
     shown = html.unescape(dash.plan_html.value)
-    # 4 x 64 tokens, fp32: 1706496 weights + 1706496 gradients + 3413048 AdamW + 5915652 activations
-    # + 32768 buffers + the CUDA context 0.47 GiB = 517433117.28 bytes = 0.48 GiB, of 80 x 0.99 = 79.2 GiB
-    assert p.total_bytes == pytest.approx(517433117.28) and p.fits
-    assert "✓ fits: 0.48 GiB of 79.2 GiB (78.72 GiB free)" in shown
+    # 4 x 64 tokens, fp32: the step's peak + the CUDA context 0.47 GiB + Hopper's 32 MiB cuBLAS
+    # workspace, of 80 x 0.99 = 79.2 GiB
+    assert p.total_bytes == p.peak_bytes + 0.47 * 2**30 + 32 * 2**20 and p.fits
+    gib = p.total_bytes / 2**30
+    assert f"✓ fits: {gib:.2f} GiB of 79.2 GiB ({79.2 - gib:.2f} GiB free)" in shown
     assert f"bound (upper limit): ≤ {p.bound_tokens_per_s:,.0f} tokens/s · MFU ≤ {p.bound_mfu:.1%} of 67 TFLOPS" \
         in shown
     assert "measured" not in shown   # no run yet
