@@ -136,3 +136,14 @@ def test_a_sharded_plan_is_per_rank_and_bad_layouts_are_refused():
                       (dict(parallel="hsdp", world_size=8), "nodes >= 2")):
         with pytest.raises(ValueError, match=words):
             tunekit.plan(cfg, "H100 SXM", **kw)
+
+
+def test_the_command_plans_one_rank_of_a_sharded_run(capsys):
+    from tunekit.ui.cli import main
+
+    assert main(["plan", "--model", "cpu-tiny", "--device", "A100", "--micro-batch", "2", "--seq-len", "64",
+                 "--parallel", "fsdp", "--world-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "fsdp over 4 GPUs (per rank)" in out and "gathered_params" in out and "nccl_buffers" in out
+    assert main(["plan", "--model", "cpu-tiny", "--world-size", "4"]) == 2
+    assert "parallel=" in capsys.readouterr().err
