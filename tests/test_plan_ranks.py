@@ -147,3 +147,37 @@ def test_the_command_plans_one_rank_of_a_sharded_run(capsys):
     assert "fsdp over 4 GPUs (per rank)" in out and "gathered_params" in out and "nccl_buffers" in out
     assert main(["plan", "--model", "cpu-tiny", "--world-size", "4"]) == 2
     assert "parallel=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision, checkpointing", [("fp32", False), ("bf16", True)])
+def test_the_plans_peak_is_torch_profilers_peak_of_a_real_step(precision, checkpointing):
+    """An independent reading: torch.profiler's memory timeline (the allocator's own events) of a
+    real steady CPU step peaks within 2% of the plan. fp32: 11,590,208 B measured, 11,592,256
+    planned (0.02%); bf16 with checkpointing: 8,806,016 measured, 8,637,504 planned (the plan
+    1.95% low: buffers a kernel allocates for itself are no op's output, and the dispatcher
+    never shows them)."""
+    from tunekit.measure.torch_private import memory_timeline
+
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    p = tunekit.plan(cfg, "cpu", precision=precision, micro_batch=4, seq_len=64, checkpointing=checkpointing)
+    torch.manual_seed(0)
+    model = tunekit.GPT(cfg)
+    adapt(model).set_checkpointing(checkpointing)
+    x, y = torch.randint(0, 256, (2, 4, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+    ac = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    def step():
+        with ac:
+            loss = model(x, y)[1]
+        loss.backward()
+        del loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()                                   # the optimizer's state exists: a steady step follows
+    with torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        step()
+    _, by_category = memory_timeline(prof, "cpu")
+    alive = [sum(column) for column in zip(*by_category.values())]
+    assert max(alive) == pytest.approx(p.peak_bytes, rel=0.02)
