@@ -181,3 +181,14 @@ def test_the_plans_peak_is_torch_profilers_peak_of_a_real_step(precision, checkp
     _, by_category = memory_timeline(prof, "cpu")
     alive = [sum(column) for column in zip(*by_category.values())]
     assert max(alive) == pytest.approx(p.peak_bytes, rel=0.02)
+
+
+@pytest.mark.slow   # ~30 s: five fake steps of a 1B GPT
+def test_a_step_too_big_for_one_gpu_is_offered_sharding_over_the_fewest_that_fit():
+    cfg = tunekit.GPTConfig.preset("gpt-1b")
+    p = tunekit.plan(cfg, "T4", precision="fp16", micro_batch=4, seq_len=128)
+    sharded = [a for a in p.alternatives if a[0].startswith("parallel=")]
+    assert not p.fits and sharded[-1][0] == "parallel='fsdp', world_size=2" and sharded[-1][2]
+    two = tunekit.plan(cfg, "T4", precision="fp16", micro_batch=4, seq_len=128, parallel="fsdp", world_size=2)
+    assert sharded[-1][1] == two.total_bytes and two.fits
+    assert [a[1] for a in p.alternatives] == sorted(a[1] for a in p.alternatives)

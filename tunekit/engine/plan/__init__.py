@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ...core import validate
 from ...core.comm import layout_problems
 from ...core.plan import Plan
-from ...core.plan_shard import INTER_NODE_GBS, INTER_NODE_SOURCE, comm_seconds, rank_peak, shard_count
+from ...core.plan_shard import INTER_NODE_GBS, INTER_NODE_SOURCE, NCCL_BUFFERS, comm_seconds, rank_peak, shard_count
 from .device import device_figures
 from .step import WEIGHTS, alternatives, fake_step, search_micro_batch
 from .target import build, config_of, masks_as_in_eager, max_len, model_name
@@ -81,6 +81,8 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
                  if search else None)
         over = total_of(step, setting) > dev["memory"]
         tries = alternatives(setting, step, run, total_of, dev["memory"]) if over else []
+        if over and layout is None and dev["name"] != "cpu":
+            tries = sorted(tries + _sharded_alternatives(step, setting, dev), key=lambda a: a[1])
     placed = _placed(step, setting, layout, dev)
     notes = list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"] + dev["notes"] + placed["notes"]
     notes.append("peak: every tensor the step's ops make, alive until freed; scratch a kernel allocates for "
@@ -137,6 +139,18 @@ def _placed(step, setting, layout, dev) -> dict:
             notes.append(f"no link bandwidth listed for {dev['name']}: no communication time")
     return dict(components=comps, peak=peak, total=peak + sum(b for b, _ in dev["fixed"].values()),
                 comm_s=comm_s if comm_s == comm_s else 0.0, comm=comm, notes=notes)
+
+
+def _sharded_alternatives(step, setting, dev) -> list:
+    """The same step as one rank of FSDP over 2, 4 or 8 of these GPUs, up to the first that fits
+    (the step placed again: no fake step more)."""
+    out, shared = [], dict(dev, fixed={**dev["fixed"], "nccl_buffers": NCCL_BUFFERS})
+    for world in (2, 4, 8):
+        total = _placed(step, setting, _layout("fsdp", world, 1), shared)["total"]
+        out.append((f"parallel='fsdp', world_size={world}", total, total <= dev["memory"], 1.0))
+        if total <= dev["memory"]:
+            break
+    return out
 
 
 def _set_attention(model, attention, notes) -> None:
