@@ -192,3 +192,34 @@ def test_a_step_too_big_for_one_gpu_is_offered_sharding_over_the_fewest_that_fit
     two = tunekit.plan(cfg, "T4", precision="fp16", micro_batch=4, seq_len=128, parallel="fsdp", world_size=2)
     assert sharded[-1][1] == two.total_bytes and two.fits
     assert [a[1] for a in p.alternatives] == sorted(a[1] for a in p.alternatives)
+
+
+def test_the_attention_planned_is_the_one_asked_for():
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    math_ = tunekit.plan(cfg, "cpu", micro_batch=2, seq_len=64, attention="math")
+    sdpa = tunekit.plan(cfg, "cpu", micro_batch=2, seq_len=64, attention="sdpa")
+    torch.manual_seed(0)
+    model = tunekit.GPT(cfg)
+    adapt(model).set_attention("math")
+    x, y = torch.randint(0, 256, (2, 2, 64))
+    real = tunekit.measure_memory(model, (x, y), optimizer="adamw", precision="fp32", estimate=False).measured
+    assert math_.components["activations"] == real["activations"] > sdpa.components["activations"]
+    assert math_.setting["attention"] == "math"
+    flash = tunekit.plan(cfg, "H100 SXM", micro_batch=2, seq_len=64, attention="flash")
+    assert flash.components == tunekit.plan(cfg, "H100 SXM", micro_batch=2, seq_len=64, attention="sdpa").components
+    assert any("flash" in n for n in flash.notes)
+    with pytest.raises(ValueError, match="unknown attention"):
+        tunekit.plan(cfg, "cpu", attention="fast")
+
+
+@pytest.mark.parametrize("parallel, world, nodes", [("ddp", 2, 1), ("fsdp", 4, 1), ("fsdp_grad_op", 2, 1),
+                                                    ("hsdp", 4, 2)])
+def test_a_ranks_static_lines_agree_with_estimate_memory(parallel, world, nodes):
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    p = tunekit.plan(cfg, "cpu", micro_batch=2, seq_len=64, parallel=parallel, world_size=world, nodes=nodes)
+    est = tunekit.estimate_memory(cfg, precision="fp32", optimizer="adamw", device="cpu", parallel=parallel,
+                                  world_size=world, nodes=nodes)
+    mine = sum(p.components[k] for k in ("weights", "gradients", "optimizer_states"))
+    # the estimate divides 16 B/param by the shard count; the plan pads dim 0 and keeps AdamW's step
+    # counts whole: within 1%
+    assert mine == pytest.approx(est.static_bytes, rel=0.01)
