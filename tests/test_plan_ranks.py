@@ -223,3 +223,19 @@ def test_a_ranks_static_lines_agree_with_estimate_memory(parallel, world, nodes)
     # the estimate divides 16 B/param by the shard count; the plan pads dim 0 and keeps AdamW's step
     # counts whole: within 1%
     assert mine == pytest.approx(est.static_bytes, rel=0.01)
+
+
+def test_a_plan_drawn_stacks_what_a_device_holds_and_marks_the_steps_peak():
+    p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "T4", precision="fp16", micro_batch=2, seq_len=64)
+    fig = tunekit.plot_plan(p)
+    bars = [t for t in fig.data if t.type == "bar"]
+    # every non-zero component and the fixed costs, stacked to the sum of the components + fixed
+    assert {t.name for t in bars} >= {"weights", "gradients", "optimizer states", "activations", "cuda context",
+                                       "cublas workspace"}
+    assert sum(t.y[0] for t in bars) == pytest.approx((sum(p.components.values()) + p.fixed_bytes) / 2**30)
+    peak = next(t for t in fig.data if t.name == "peak")
+    assert peak.y[0] == pytest.approx(p.peak_bytes / 2**30) and peak.hovertext[0] == p.peak_at
+    assert fig.layout.yaxis.range[0] == 0 and fig.layout.yaxis2.range[0] == 0
+    assert "fits" in fig.layout.title.text
+    with pytest.raises(TypeError, match="tunekit.Plan"):
+        tunekit.plot_plan({"peak": 1})
