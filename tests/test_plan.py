@@ -149,7 +149,8 @@ def test_what_to_change_when_it_does_not_fit_is_tried_and_ranked():
     p = tunekit.plan(tunekit.GPTConfig.preset("gpt-1b"), "T4", precision="bf16", micro_batch=4, seq_len=512)
     assert not p.fits
     changes = [a[0] for a in p.alternatives]
-    assert set(changes) == {"weights='bf16'", "checkpointing=True", "optimizer='sgd'", "micro_batch=2"}
+    assert set(changes) == {"weights='bf16'", "checkpointing=True", "optimizer='sgd'", "micro_batch=2",
+                            "parallel='fsdp', world_size=2"}
     totals = [a[1] for a in p.alternatives]
     assert totals == sorted(totals) and all(t < p.total_bytes for t in totals)   # each saves, most first
     ck = next(a for a in p.alternatives if a[0] == "checkpointing=True")

@@ -145,22 +145,28 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
 
 
 def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
-    """One more step, its live bytes tracked (`measure.live.LiveBytes`) and its matmuls counted
-    for the roofline: the steady peak and where it happens. The optimizer states this first step
-    creates exist for the whole of a later step, so they are added to the forward's and
-    backward's peaks (the optimizer's own peak already holds them)."""
+    """A steady step, its live bytes tracked (`measure.live.LiveBytes`): its peak, where it
+    happens, and the gradients alive there. The optimizer's state is made first (one update
+    from zero gradients: it allocates what a first step would), so it lives from the start as it
+    does in every step after the first."""
     params = list(model.parameters())
     ac = autocast_dtype(setting["precision"])
     before = adapter.checkpointing
     opt = build_optimizer(setting["optimizer"], params, lr=0.0)
     rounded = _rounded_bytes(round_to)
-    base = rounded(params) + rounded(list(model.buffers()), params) + rounded(tensors_in(batch))
-
-    def grads_now():
-        return None if live.phase == "forward" else rounded([p.grad for p in params])
-
-    live = LiveBytes(model, base, round_to, on_peak=grads_now)
     try:
+        for p in params:
+            p.grad = torch.zeros_like(p) if p.requires_grad else None
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        base = (rounded(params) + rounded(list(model.buffers()), params) + rounded(tensors_in(batch))
+                + rounded(state, params))
+
+        def grads_now():
+            return None if live.phase == "forward" else rounded([p.grad for p in params])
+
+        live = LiveBytes(model, base, round_to, on_peak=grads_now)
         if adapter.can_checkpoint:
             adapter.set_checkpointing(setting["checkpointing"])
         with live:
@@ -172,21 +178,16 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
             del loss
             live.set_phase("optimizer step")
             opt.step()
-        state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-        states = rounded(state, params)
         scalars = _rounded_bytes(1)([v for v in state if v.dim() == 0], params)   # AdamW's steps: never sharded
     finally:
         if adapter.can_checkpoint:
             adapter.set_checkpointing(before)
         for p in params:
             p.grad = None
-    peaks = {ph: (b + (states if ph != "optimizer step" else 0.0), where, op, grads)
-             for ph, (b, where, op, grads) in live.phase_peaks.items()}
-    phase, (peak, where, op, grads) = max(peaks.items(), key=lambda kv: kv[1][0])
+    phase, (peak, where, op, grads) = max(live.phase_peaks.items(), key=lambda kv: kv[1][0])
     at = f"{phase}" + (f", in {where}" if where else "") + f" ({op})"
     return dict(peak=float(peak), peak_at=at, grads_at_peak=float(grads or 0.0), state_scalars=float(scalars),
-                phase_peaks={ph: v[0] for ph, v in peaks.items()},
-                timeline=[(ph, b + (states if ph != "optimizer step" else 0.0)) for ph, b in live.samples])
+                phase_peaks={ph: v[0] for ph, v in live.phase_peaks.items()}, timeline=list(live.samples))
 
 
 def _rounded_bytes(round_to):
