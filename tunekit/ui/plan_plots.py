@@ -64,6 +64,7 @@ def _timeline(fig, plan: Plan) -> None:
                         marker=dict(color="black", size=9), text=[f"peak {top[1] / GiB:,.2f} GiB"],
                         textposition="top center", showlegend=False,
                         hovertext=[plan.peak_at], hoverinfo="text")
-    fig.update_xaxes(title_text="allocations over the step", rangemode="tozero", row=1, col=2)
+    fig.update_xaxes(title_text="the step, allocation by allocation (highest of each stretch when long)",
+                     rangemode="tozero", row=1, col=2)
     fig.update_yaxes(title_text="GiB alive", range=value_range([p[1] / GiB for p in points], pad=0.15),
                      row=1, col=2)
