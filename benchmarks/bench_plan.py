@@ -5,8 +5,25 @@ published measurements (issue 23).
    d_ff 14,336) planned for one H100 SXM, bf16 weights + AdamW, micro-batch 1 x 8192, with full
    checkpointing: wall time and the process's peak RSS (target: under a minute, little memory).
 2. The largest micro-batch that fits, found over fake steps (target: under 3 minutes).
-3. The plan's speed-of-light bound beside published figures (../shared/facts.md): a measurement
-   above its bound would be a modelling error.
+3. The plan's speed-of-light bound and memory beside published measurements, each row with
+   measured/bound: a measurement above its bound would be a modelling error. MFU figures are put
+   in one convention first (tunekit's: 6 x matmul weights + attention with its causal half
+   removed; the peak the same dense 989 / 312 TFLOPS the publishers used).
+
+Sources (../shared/facts.md, and the publishers' own pages for what facts.md leaves out):
+- torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (Table 1): Llama 3.1 8B, 8 H100s, FSDP,
+  local batch 2, selective (op) activation checkpointing, 5,762 tokens/s/GPU (82.4 GiB),
+  6,667 with torch.compile (77.0 GiB); "33% to 39% MFU" without Float8, against the SXM peak,
+  on H100s with 96 GB HBM2e at 2.4 TB/s and 500 W (slower than an SXM's spec). seq_len 8192:
+  its llama3_8b.toml. Its MFU: 6 x params less the embedding + 12*l*h*q*t, "we do not account
+  for sparsity in causal attention" (torchtitan utils get_num_flop_per_token).
+- llm.c GPT-2 124M "up to ~60%" MFU on an A100; its MFU: 6 x all parameters + 6*L*C*T
+  (gpt2_estimate_mfu), against 312 TFLOPS bf16.
+- nanochat (dev/LOG.md): d12 ~41%, d18 ~46% MFU on H100s; d20 (561M) 48.65% on 8xH100 against
+  989 TFLOPS; its MFU: 6 x non-embedding params + 12*h*q*t per layer, no causal discount
+  (nanochat/gpt.py estimate_flops). Their shapes are not in facts.md.
+- modded-nanogpt's GPT-2 124M speedrun, 1.765 min on 8xH100: a wall time; facts.md has no token
+  count for it, so no tokens/s is derived and it is left out.
 
     .venv/bin/python benchmarks/bench_plan.py
 """
@@ -17,17 +34,30 @@ import warnings
 from transformers import LlamaConfig
 
 import tunekit
+from tunekit.core.formulas import attention_flops_per_token
 
 warnings.filterwarnings("ignore")
+GiB = 2**30
 LLAMA3_8B = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
+H100_BF16, A100_BF16 = 989e12, 312e12   # the dense peaks the publishers divided by (facts.md)
 
 
 def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def per_token(p) -> float:
+    """The plan's model FLOPs per token: tunekit's MFU convention (causal attention halved)."""
+    return p.model_flops / p.tokens
+
+
+def row(what, published, bound, ratio):
+    print(f"  {what:<44} {published:>22} {bound:>14} {ratio:>8}")
+
+
 def main():
+    t_all = time.perf_counter()
     t0 = time.perf_counter()
     p = tunekit.plan(LLAMA3_8B, "H100 SXM", precision="bf16", weights="bf16", micro_batch=1, seq_len=8192,
                      checkpointing=True)
@@ -38,16 +68,69 @@ def main():
                      checkpointing=True, search=True, search_limit=64)
     print(f"largest micro-batch that fits (x 8192 tokens): {s.max_micro_batch}, "
           f"found in {time.perf_counter() - t0:.1f} s, peak RSS {rss_mib():,.0f} MiB")
-    nock = tunekit.plan(LLAMA3_8B, "H100 SXM", precision="bf16", weights="bf16", micro_batch=1, seq_len=8192)
-    gpt2 = tunekit.plan(tunekit.GPTConfig.preset("gpt2-124m"), "H100 SXM", precision="bf16", micro_batch=16,
-                        seq_len=1024)
-    print("\nbound vs published (per GPU):")
-    print(f"  torchtitan Llama 3.1 8B, 8xH100, 5,762 tokens/s/GPU (6,667 with compile), 33-39% MFU; plan: "
-          f"<= {nock.bound_tokens_per_s:,.0f} tokens/s, MFU <= {nock.bound_mfu:.0%} without checkpointing, "
-          f"<= {p.bound_tokens_per_s:,.0f} / {p.bound_mfu:.0%} with full checkpointing; measured/bound "
-          f"{6667 / nock.bound_tokens_per_s:.2f} (compile, vs no checkpointing)")
-    print(f"  GPT-2 124M (tunekit's preset) 16 x 1024 on H100: <= {gpt2.bound_tokens_per_s:,.0f} tokens/s, "
-          f"MFU <= {gpt2.bound_mfu:.0%}; nanochat reports ~41-46% MFU for its d12/d18 on H100s")
+
+    # 3. published figures beside the plan
+    t0 = time.perf_counter()
+    # torchtitan's setting: FSDP over 8, local batch 2 x 8192, bf16 compute on fp32 weights. Its
+    # selective checkpointing recomputes part of what full checkpointing does: its executed FLOPs
+    # lie between no checkpointing's and full's, so only the plan without checkpointing bounds it;
+    # its memory lies between the two plans'.
+    titan = dict(precision="bf16", micro_batch=2, seq_len=8192, parallel="fsdp", world_size=8)
+    none = tunekit.plan(LLAMA3_8B, "H100 SXM", **titan)
+    full = tunekit.plan(LLAMA3_8B, "H100 SXM", **titan, checkpointing=True)
+    gpt2 = tunekit.GPTConfig.preset("gpt2-124m")
+    a100 = {mb: tunekit.plan(gpt2, "A100", precision="bf16", micro_batch=mb, seq_len=1024) for mb in (16, 64)}
+    h100 = tunekit.plan(gpt2, "H100 SXM", precision="bf16", micro_batch=16, seq_len=1024)
+    planned_s = time.perf_counter() - t0
+
+    # torchtitan counts the masked half of causal attention: its FLOPs per token are tunekit's plus
+    # that half (6*L*h*s per token, h = heads x head_dim); the weights' 6N agree (both count the
+    # output layer and leave out the embedding; the norms' few weights aside)
+    titan_conv = per_token(none) + attention_flops_per_token(32, 4096, 8192, causal=False) / 2
+    # llm.c's N is every parameter (position embeddings, biases and norms too); its attention term
+    # 6*L*C*T is tunekit's causal half. N here: the plan's fp32 weights / 4 (tunekit's GPT-2 shape)
+    llmc_n = a100[16].components["weights"] / 4
+    llmc_conv = 6 * llmc_n + attention_flops_per_token(12, 768, 1024, causal=True)
+    llmc_to_tunekit = per_token(a100[16]) / llmc_conv
+
+    print(f"\nbound vs published, per GPU ({planned_s:.0f} s for these 5 plans; a bound is an upper bound):")
+    row("measurement", "published", "plan's bound", "meas/bnd")
+    for label, tps in (("torchtitan 8B, FSDP 8xH100, tokens/s (a)", 5762),
+                       ("torchtitan 8B, FSDP + compile, tokens/s (a)", 6667)):
+        row(label, f"{tps:,}", f"<= {none.bound_tokens_per_s:,.0f}", f"{tps / none.bound_tokens_per_s:.2f}")
+    for label, tps in (("  its MFU, tunekit's convention (b)", 5762), ("  its MFU with compile (b)", 6667)):
+        mfu = tps * per_token(none) / H100_BF16
+        row(label, f"{mfu:.1%} ({tps * titan_conv / H100_BF16:.1%} theirs)", f"<= {none.bound_mfu:.1%}",
+            f"{mfu / none.bound_mfu:.2f}")
+    lo, hi = full.peak_bytes / GiB, none.peak_bytes / GiB
+    for label, gib in (("torchtitan 8B, FSDP, memory GiB (c)", 82.4),
+                       ("torchtitan 8B, + compile, memory GiB (c)", 77.0)):
+        row(label, f"{gib}", f"{lo:.1f} .. {hi:.1f}", f"{gib / hi:.2f}")
+    mfu = 0.60 * llmc_to_tunekit
+    low = min(pl.bound_mfu for pl in a100.values())
+    row("llm.c GPT-2 124M, A100, MFU (d)", f"~{mfu:.1%} (~60% theirs)", f"<= {low:.1%}", f"{mfu / low:.2f}")
+    for label, mfu in (("nanochat d12, H100s, MFU (e)", 0.41), ("nanochat d18, H100s, MFU (e)", 0.46),
+                       ("nanochat d20 561M, 8xH100, MFU (e)", 0.4865)):
+        row(label, f"{mfu:.2%} (theirs)", f"<= {h100.bound_mfu:.1%}", f"{mfu / h100.bound_mfu:.2f}")
+    print(f"""  (a) bound: the plan without checkpointing, FSDP over 8, 2 x 8192 per rank, bf16 on fp32 weights,
+      H100 SXM figures (989 TFLOPS, 3.35 TB/s; their H100s are slower). Their selective checkpointing recomputes
+      part of what full checkpointing does, so only the plan without it bounds their run
+      (with full checkpointing: <= {full.bound_tokens_per_s:,.0f}).
+      Collectives {none.comm_s * 1e3:.0f} ms against {none.compute_bound_s * 1e3:.0f} ms of compute a step.
+  (b) MFU from their tokens/s x the plan's model FLOPs per token / 989 TFLOPS; "theirs" counts the masked half of
+      causal attention as torchtitan does ({titan_conv / per_token(none):.4f}x tunekit's FLOPs per token) and
+      gives back their reported 33-39%.
+  (c) their memory against the plan's peak per rank with full checkpointing .. without (selective lies between:
+      {'yes' if lo <= 82.4 <= hi and lo <= 77.0 <= hi else 'NO, check the model'}); meas/bnd against the peak without.
+  (d) llm.c counts every parameter in 6N ({1 / llmc_to_tunekit:.4f}x tunekit's FLOPs per token for GPT-2 124M);
+      its attention term is tunekit's. Bound: the lower of GPT-2 124M at 16 x 1024 ({a100[16].bound_mfu:.1%}) and
+      64 x 1024 ({a100[64].bound_mfu:.1%}) on an A100 (312 TFLOPS bf16).
+  (e) nanochat's shapes are not in facts.md: the bound is GPT-2 124M's (12 x 768, 16 x 1024) on an H100 SXM; the
+      8B's is {none.bound_mfu:.1%}, so the shape moves it little. Their MFU counts the masked causal half (more
+      FLOPs than tunekit's convention), so their figure against this bound errs high, never low.
+  modded-nanogpt's GPT-2 124M speedrun is left out: 1.765 min on 8xH100 is a wall time, and facts.md gives
+  no token count to turn it into tokens/s.""")
+    print(f"\ntotal {time.perf_counter() - t_all:.0f} s, peak RSS {rss_mib():,.0f} MiB")
 
 
 if __name__ == "__main__":
