@@ -47,6 +47,7 @@ print(f"planning on this machine's cpu ({torch.get_num_threads()} threads): no G
 # every GPU of the table that lists a memory size and a bf16 peak.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 CFG = tunekit.GPTConfig(vocab_size=40512, n_layer=12, n_head=12, n_embd=768, block_size=512, pos="learned",
                         bias=True)
 MB, SEQ = 64, 512   # the documents' micro-batch and context
@@ -105,6 +106,7 @@ print(f"fits on {int(table.fits.sum())} of {len(table)} planned GPUs; bound from
 # H100 would do.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 LLAMA_8B = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
 SETTING = dict(precision="bf16", weights="bf16", micro_batch=1, seq_len=8192)
@@ -128,10 +130,11 @@ print(f"communication {fsdp.comm_s * 1e3:.0f} ms per step ("
          if fsdp.comm_s <= fsdp.compute_bound_s else "longer than the compute: the links bound the step."))
 
 # %% [markdown]
-# The other way to one H100: activation checkpointing, planned on its own. The two remedies shrink
-# different components.
+# The other way to one H100: activation checkpointing, planned on its own. Which components does
+# each remedy shrink?
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 t0 = time.perf_counter()
 ckpt = tunekit.plan(LLAMA_8B, "H100 SXM", **SETTING, checkpointing=True)
 print(f"planned in {time.perf_counter() - t0:.1f} s")
@@ -152,8 +155,9 @@ print(f"FSDP: weights + gradients + AdamW state {full / GiB:.1f} -> {rank / GiB:
       f"({full / rank:.1f}x less); activations stay whole on each rank ({fsdp.components['activations'] / GiB:.1f} "
       f"GiB), plus {(fsdp.components.get('gathered_params', 0) + fsdp.components.get('unsharded_grads', 0)) / GiB:.1f}"
       f" GiB of gathered weights and unsharded gradients.")
-print(f"checkpointing: activations {fsdp.components['activations'] / GiB:.1f} -> "
-      f"{ckpt.components['activations'] / GiB:.1f} GiB; one H100 needs {ckpt.total_bytes / GiB:.1f} GiB: "
+print(f"checkpointing: activations {ckpt.components['activations'] / GiB:.1f} GiB against "
+      f"{fsdp.components['activations'] / GiB:.1f} without (the FSDP rank's); one H100 needs "
+      f"{ckpt.total_bytes / GiB:.1f} GiB: "
       + ("fits" if ckpt.fits else "does not fit") + f", for {ckpt.executed_flops / fsdp.executed_flops - 1:+.0%} "
       "executed FLOPs (the recomputed forward).")
 print(f"bound per GPU: FSDP {fsdp.bound_tokens_per_s:,.0f} tokens/s (MFU <= {fsdp.bound_mfu:.0%}), one H100 "
@@ -185,10 +189,12 @@ side.style.format("{:,.0f}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-run = lab.run(steps=6, warmup=1, micro_batch=MB3, seq_len=SEQ3)
-ratio = run.tokens_per_s / cpu_plan.bound_tokens_per_s
-print(f"measured {run.tokens_per_s:,.0f} tokens/s, bound {cpu_plan.bound_tokens_per_s:,.0f}: "
-      f"measured/bound = {ratio:.2f} (machine {run.conditions.verdict if run.conditions else 'not read'})")
+run = lab.run(steps=4, warmup=1, micro_batch=MB3, seq_len=SEQ3)
+best = run.tokens_per_step / run.step_s_min   # the fastest step: the strictest test of a bound
+ratio = best / cpu_plan.bound_tokens_per_s
+print(f"measured {run.tokens_per_s:,.0f} tokens/s over the run, {best:,.0f} in its fastest step; bound "
+      f"{cpu_plan.bound_tokens_per_s:,.0f}: measured/bound = {ratio:.3g} at best "
+      f"(machine {run.conditions.verdict if run.conditions else 'not read'})")
 print(f"executed FLOPs per step: run {run.flops_per_step:,.0f}, plan {cpu_plan.executed_flops:,.0f}; "
       f"model FLOPs: run {run.model_flops_per_step:,.0f}, plan {cpu_plan.model_flops:,.0f}")
 print(f"MFU: measured {run.mfu:.1%}, bound {cpu_plan.bound_mfu:.1%} (both against {cpu_plan.peak_tflops:.3f} "
@@ -235,12 +241,13 @@ print(f"1. The documents' 147M GPT at micro-batch {MB} x {SEQ}: needs {a100.tota
       f"{', '.join(table.index[table.fits]) or 'none'} of the planned GPUs; bound "
       f"{table['bound tokens/s'].min():,.0f}-{table['bound tokens/s'].max():,.0f} tokens/s.")
 print(f"2. 8B at 1 x 8192, bf16 weights + AdamW: one H100 "
-      f"{'does not fit' if whole > fsdp.device_memory_bytes else 'fits'} ({whole / GiB:.0f} GiB at the peak); with checkpointing {ckpt.total_bytes / GiB:.0f} GiB "
+      f"{'does not fit' if whole > fsdp.device_memory_bytes else 'fits'} ({whole / GiB:.0f} GiB at the peak); "
+      f"with checkpointing {ckpt.total_bytes / GiB:.0f} GiB "
       f"({'fits' if ckpt.fits else 'over'}); FSDP over 8 {fsdp.total_bytes / GiB:.0f} GiB per rank "
       f"({'fits' if fsdp.fits else 'over'}), communication {fsdp.comm_s / fsdp.compute_bound_s:.0%} of the "
       "compute bound.")
-print(f"3. On this CPU the plan's components equal a real step's in {equal} of {len(side)} lines; a real run "
-      f"reached {ratio:.2f} of the bound (measured/bound <= 1, as a bound must be; machine "
+print(f"3. On this CPU the plan's components equal a real step's in {equal} of {len(side)} lines; a real run's "
+      f"fastest step reached {ratio:.3g} of the bound (measured/bound <= 1, as a bound must be; machine "
       f"{run.conditions.verdict if run.conditions else 'not read'}).")
 print(f"4. The step peaks at {p.peak_at}, {p.peak_bytes / GiB:.1f} GiB, "
       f"{(p.peak_bytes - held) / GiB:.1f} GiB above the sum of the components.")
