@@ -42,9 +42,10 @@ print(f"planning on this machine's cpu ({torch.get_num_threads()} threads): no G
 #
 # The documents' example: GPT with L=12, h=768, a=12 heads, s=512, a 40,512-token vocabulary and
 # biases, at micro-batch 64, which they estimate at ~25.3 GB (~30.3 GB with 20% overhead) and say
-# fits a 40 GB A100. Planned here in bf16 autocast (fp32 weights) with AdamW. A plan is three
-# fake steps (a few seconds each here), so the cell plans three GPUs; `EVERY_GPU = True` plans
-# every GPU of the table that lists a memory size and a bf16 peak.
+# fits a 40 GB A100. Planned here in bf16 autocast (fp32 weights) with AdamW. A plan takes three
+# fake steps, a few seconds on this machine, so the cell plans three GPUs; `EVERY_GPU = True` plans
+# every GPU of the table that lists a memory size and a bf16 peak (longer still: where the step
+# does not fit, the plan also tries the remedies, each a fake step of its own).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
