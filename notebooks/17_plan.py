@@ -26,7 +26,6 @@
 # %%
 import time
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 from transformers import LlamaConfig
@@ -206,23 +205,12 @@ assert ratio <= 1, "a measurement above its speed of light: the plan's bound is 
 # ## 4. Where in the step the memory peaks
 #
 # The plan also tracks the bytes alive over a steady step (optimizer state already made), storage by
-# storage. Here the 147M GPT on the H100 SXM of section 1.
+# storage. `tunekit.plot_plan` draws them beside the components; here the 147M GPT on the H100 SXM
+# of section 1.
 
 # %%
 p = plans["H100 SXM"]
-fig = go.Figure()
-for phase in dict.fromkeys(ph for ph, _ in p.timeline):
-    at = [i for i, (ph, _) in enumerate(p.timeline) if ph == phase]
-    fig.add_scatter(x=at, y=[p.timeline[i][1] / GiB for i in at], mode="lines", name=phase)
-top = max(range(len(p.timeline)), key=lambda i: p.timeline[i][1])
-fig.add_scatter(x=[top], y=[p.timeline[top][1] / GiB], mode="markers", marker_size=10, name="peak")
-room = (p.device_memory_bytes - p.fixed_bytes) / GiB
-fig.add_scatter(x=[0, len(p.timeline) - 1], y=[room, room], mode="lines", line_dash="dash",
-                name=f"{p.device}'s memory less the fixed costs")
-fig.update_layout(title=f"live bytes over one step: 147M GPT, {MB} x {SEQ}, bf16 autocast + AdamW",
-                  xaxis_title="point of the step (samples in order)", yaxis_title="live GiB (2^30 bytes)",
-                  yaxis_rangemode="tozero", xaxis_rangemode="tozero", height=420)
-fig
+tunekit.plot_plan(p)
 
 # %%
 held = sum(p.components.values())
