@@ -239,3 +239,14 @@ def test_a_plan_drawn_stacks_what_a_device_holds_and_marks_the_steps_peak():
     assert "fits" in fig.layout.title.text
     with pytest.raises(TypeError, match="tunekit.Plan"):
         tunekit.plot_plan({"peak": 1})
+
+
+def test_half_weights_reduce_half_gradients():
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    kw = dict(precision="bf16", micro_batch=2, seq_len=64, parallel="fsdp", world_size=4)
+    amp = tunekit.plan(cfg, "H100 SXM", **kw)
+    pure = tunekit.plan(cfg, "H100 SXM", weights="bf16", **kw)
+    # the same bf16 all-gathers; the reduce-scatter and one unit's unsharded gradients halve
+    assert pure.comm["all_gather/intra"] == amp.comm["all_gather/intra"]
+    assert pure.comm["reduce_scatter/intra"] == amp.comm["reduce_scatter/intra"] / 2
+    assert pure.components["unsharded_grads"] == amp.components["unsharded_grads"] / 2

@@ -88,7 +88,7 @@ def comm_seconds(parallel: str, units, world: int, nodes: int, gathered_bytes: i
 
 
 def rank_peak(peak: float, components: dict, grads_at_peak: float, units, parallel: str | None, world: int,
-              nodes: int, gathered_bytes: int, state_scalars: float = 0.0) -> tuple[dict, float]:
+              nodes: int, gathered_bytes: int, state_scalars: float = 0.0, grad_bytes: int = 4) -> tuple[dict, float]:
     """(rank 0's components, its peak): one device's step peak with its whole-model lines swapped
     for rank 0's. At the peak, weights, master weights and optimizer state are whole, gradients
     are ``grads_at_peak`` of them, and autocast's weight copies are alive (they are saved for
@@ -96,7 +96,7 @@ def rank_peak(peak: float, components: dict, grads_at_peak: float, units, parall
     gathered parameters, and adds one unit's unsharded gradients; DDP adds its buckets."""
     if parallel is None:
         return dict(components), peak
-    comps, extra = per_rank(components, units, parallel, world, nodes, gathered_bytes, state_scalars=state_scalars)
+    comps, extra = per_rank(components, units, parallel, world, nodes, gathered_bytes, grad_bytes, state_scalars)
     if parallel == "ddp":
         return comps, peak + comps["ddp_buckets"]
     f = shard_fraction(units, shard_count(parallel, world, nodes))

@@ -124,14 +124,17 @@ def _placed(step, setting, layout, dev) -> dict:
     """Rank 0's components, peak (+ fixed costs = total) and the collectives' time."""
     half = setting["precision"] in ("bf16", "fp16") or setting["weights"] in ("bf16", "fp16")
     gathered = 2 if half else 4   # MixedPrecisionPolicy's param dtype
+    # gradients are reduced in the parameters' dtype: fp32 over fp32 weights (autocast: tunekit's
+    # ranks ask for reduce_dtype=float32), bf16/fp16 over half weights
+    grads = 2 if setting["weights"] in ("bf16", "fp16") else 4
     if layout is None:
         comps, peak, comm_s, comm, notes = dict(step["components"]), step["peak"], 0.0, {}, []
     else:
         kind, world, nodes = layout["kind"], layout["world_size"], layout["nodes"]
         units = step["units"] if kind != "ddp" else [[s for u in step["units"] for s in u]]
         comps, peak = rank_peak(step["peak"], step["components"], step["grads_at_peak"], units, kind, world,
-                                nodes, gathered, step["state_scalars"])
-        comm_s, comm = comm_seconds(kind, units, world, nodes, gathered, dev["link"])
+                                nodes, gathered, step["state_scalars"], grads)
+        comm_s, comm = comm_seconds(kind, units, world, nodes, gathered, dev["link"], grad_bytes=grads)
         notes = [f"{kind}: rank 0's memory (FSDP2 gives it ceil(rows / {layout['shard']}) of each parameter); "
                  "collectives as ring algorithms at the links' bandwidth"
                  + (f", {INTER_NODE_GBS:g} GB/s per GPU across nodes ({INTER_NODE_SOURCE})" if nodes > 1 else "")]
