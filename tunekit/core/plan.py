@@ -37,7 +37,7 @@ class Plan:
     setting: dict                       # precision, weights, micro_batch, seq_len, checkpointing, ...
     components: dict                    # component -> bytes (COMPONENTS)
     fixed: dict                         # fixed cost -> (bytes, source)
-    tokens: int
+    tokens: int                         # of one micro-batch (samples where `unit` says so)
     executed_flops: float               # of one step, causal attention halved as tunekit counts
     model_flops: float                  # the MFU convention's (no recompute)
     bound_step_s: float                 # the roofline's lower bound on one step
@@ -48,13 +48,23 @@ class Plan:
     max_micro_batch: int | None = None   # the largest that fits (plan(..., search=True))
     # when it does not fit: (change, total bytes, fits, executed FLOPs per token vs the plan's)
     alternatives: list = field(default_factory=list)
+    method: str = "fake step"           # how it was computed: "fake step", or "analytic" (estimate_memory)
+    unit: str = "tokens"                # what `tokens` counts: "tokens", or "samples" (a batch without a sequence)
+
+    @property
+    def unknown(self) -> list:
+        """The components nobody could count (NaN): an analytic plan's activations of a model
+        tunekit has no table for. The total and the verdict leave them out, and say so."""
+        return [k for k, v in self.components.items() if v != v]
 
     @property
     def total_bytes(self) -> float:
-        return sum(self.components.values()) + sum(b for b, _ in self.fixed.values())
+        """The known components plus the fixed costs (`unknown` lists what is left out)."""
+        return sum(v for v in self.components.values() if v == v) + sum(b for b, _ in self.fixed.values())
 
     @property
     def fits(self) -> bool:
+        """The known total within the device's memory (with `unknown` components: the known part)."""
         return self.total_bytes <= self.device_memory_bytes
 
     @property
@@ -63,12 +73,14 @@ class Plan:
 
     @property
     def bound_tokens_per_s(self) -> float:
+        """tokens/s at the bound (samples/s when `unit` is "samples")."""
         return self.tokens / self.bound_step_s if self.bound_step_s > 0 else NaN
 
     @property
     def bound_mfu(self) -> float:
-        """The MFU the step would have at its speed of light: model FLOPs over the bound's time."""
-        if not self.peak_tflops or not self.bound_step_s > 0:
+        """The MFU the step would have at its speed of light: model FLOPs over the bound's time.
+        NaN for an analytic plan: its bound is those FLOPs at the peak, 100% by construction."""
+        if not self.peak_tflops or not self.bound_step_s > 0 or self.method != "fake step":
             return NaN
         return self.model_flops / self.bound_step_s / 1e12 / self.peak_tflops
 
@@ -94,12 +106,20 @@ def to_text(p: Plan) -> str:
     head = (f"plan · {p.model} on {p.device} · {s['precision']}"
             + (f" (weights {s['weights']})" if s.get("weights") else "")
             + f" · micro-batch {s['micro_batch']} x {s['seq_len']}"
-            + (" · checkpointing" if s.get("checkpointing") else "") + f" · {s['optimizer']}")
+            + (" · checkpointing" if s.get("checkpointing") else "") + f" · {s['optimizer']} · {p.method}")
     verdict = "fits" if p.fits else "does NOT fit"
-    lines = [head, f"  memory     {p.total_bytes / GiB:,.2f} GiB of {p.device_memory_bytes / GiB:,.1f} GiB: {verdict}"
+    known = f"at least {p.total_bytes / GiB:,.2f} GiB ({', '.join(p.unknown)} unknown)" if p.unknown else \
+        f"{p.total_bytes / GiB:,.2f} GiB"
+    lines = [head, f"  memory     {known} of {p.device_memory_bytes / GiB:,.1f} GiB: {verdict}"
              f" ({abs(p.headroom_bytes) / GiB:,.2f} GiB {'free' if p.fits else 'over'})"]
+    notes = p.notes
+    if p.method != "fake step" and notes:   # how it was computed, first
+        lines.insert(1, f"  method     {notes[0]}")
+        notes = notes[1:]
     for k, v in p.components.items():
-        if v:
+        if v != v:
+            lines.append(f"    {k:<17}{'unknown':>10}")
+        elif v:
             lines.append(f"    {k:<17}{v / GiB:>10,.3f} GiB")
     for k, (b, src) in p.fixed.items():
         lines.append(f"    {k:<17}{b / GiB:>10,.3f} GiB  ({src})")
@@ -109,10 +129,10 @@ def to_text(p: Plan) -> str:
     if p.max_micro_batch is not None:
         lines.append(f"  largest micro-batch that fits: {p.max_micro_batch}")
     if p.bound_step_s == p.bound_step_s:
-        lines.append(f"  bound      step >= {p.bound_step_s * 1e3:,.1f} ms: <= {p.bound_tokens_per_s:,.0f} tokens/s"
+        lines.append(f"  bound      step >= {p.bound_step_s * 1e3:,.1f} ms: <= {p.bound_tokens_per_s:,.0f} {p.unit}/s"
                      + (f", MFU <= {p.bound_mfu:.1%}" if p.bound_mfu == p.bound_mfu else "")
                      + " (upper bounds, not predictions)")
     if p.bound_by:
         lines.append("  bound by   " + ", ".join(f"{op} {t * 1e3:,.1f} ms" for op, t in p.bound_by[:4]))
-    lines += [f"  note       {n}" for n in p.notes]
+    lines += [f"  note       {n}" for n in notes]
     return "\n".join(lines)
