@@ -12,6 +12,8 @@ from ...measure.flops import TunekitFlopCounter
 from ...measure.memory import autocast_dtype, measure_memory
 from ...measure.model_flops import tensors_in
 from ...models.adapters import adapt
+from .analytic import FakeStepError, fake_failure
+from .module import ModuleTarget
 from .target import build
 
 WEIGHTS = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -63,22 +65,37 @@ class RooflineCounter(TunekitFlopCounter):
 
 
 def batch_of(cfg, kind, micro_batch, seq_len):
+    if isinstance(cfg, ModuleTarget):   # a module: its batch_fn's batches, else the tokens its config takes
+        if cfg.batch_fn is not None:
+            return cfg.batch(micro_batch, seq_len)
+        cfg, kind = cfg.config, cfg.inner_kind
     vocab = cfg.vocab_size
     x = torch.randint(0, vocab, (micro_batch, seq_len))
     return x, (torch.randint(0, vocab, (micro_batch, seq_len)) if kind == "gpt" else x)
 
 
 def fake_step(model, kind, cfg, setting, micro_batch) -> dict:
+    """One fake step of ``model`` under ``setting``; `FakeStepError` (a ValueError) saying why
+    when a fake tensor cannot take it (a value read, a value-dependent shape)."""
+    ck = model.adapter if kind == "module" else None   # a module's blocks: checkpointed here
+    if ck is not None and setting["checkpointing"] and not ck.can_checkpoint:
+        raise ValueError(f"checkpointing needs the blocks to recompute: tunekit.plan(..., blocks='layers') "
+                         f"(an attribute path of {type(model.model).__name__} or a list of its modules)")
     try:
-        return _fake_step_of(model, kind, cfg, setting, micro_batch)
+        if ck is not None:
+            ck.set_checkpointing(setting["checkpointing"])
+        step = _fake_step_of(model, kind, cfg, setting, micro_batch)
     except Exception as e:
-        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-
-        if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
-            raise ValueError(f"this step reads a tensor's value ({e}), which a fake step cannot (no data): "
-                             f"plan with another optimizer than {setting['optimizer']!r}, or use "
-                             "tunekit.estimate_memory (analytic) for this model") from None
-        raise
+        reason = fake_failure(e)
+        if reason is None:
+            raise
+        raise FakeStepError(reason) from e
+    finally:
+        if ck is not None and ck.checkpointing:
+            ck.set_checkpointing(False)
+    if ck is not None:   # measure_memory's adapter does not know the blocks checkpointed here
+        step["notes"] = [n for n in step["notes"] if not n.startswith("checkpointing requested")]
+    return step
 
 
 def _fake_step_of(model, kind, cfg, setting, micro_batch) -> dict:
@@ -131,6 +148,8 @@ def _fake_step_of(model, kind, cfg, setting, micro_batch) -> dict:
 
 
 def loss_of(model, kind, batch):
+    if kind == "module":   # plan.module.Stepped: the user's loss on its twin
+        return model(*batch)
     x, y = batch
     if kind == "gpt":
         return model(x, y)[1]
