@@ -105,7 +105,8 @@ def to_text(p: Plan) -> str:
     s = p.setting
     head = (f"plan · {p.model} on {p.device} · {s['precision']}"
             + (f" (weights {s['weights']})" if s.get("weights") else "")
-            + f" · micro-batch {s['micro_batch']} x {s['seq_len']}"
+            + (f" · micro-batch {s['micro_batch']} x {s['seq_len']}" if p.unit == "tokens"
+               else f" · micro-batch {s['micro_batch']} samples")
             + (" · checkpointing" if s.get("checkpointing") else "") + f" · {s['optimizer']} · {p.method}")
     verdict = "fits" if p.fits else "does NOT fit"
     known = f"at least {p.total_bytes / GiB:,.2f} GiB ({', '.join(p.unknown)} unknown)" if p.unknown else \

@@ -87,13 +87,13 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
             if reason is None:
                 raise
             planned = analytic_plan(model, cfg, kind, setting, dev, reason, model_name(cfg, kind), tokens, unit)
-            planned.notes[1:1] = seq_note
+            planned.notes[1:1] = seq_note if unit == "tokens" else []
             return planned
         found = search_micro_batch(model, kind, cfg, setting, dev, search_limit) if search else None
         fixed = sum(b for b, _ in dev["fixed"].values())
         over = sum(step["components"].values()) + fixed > dev["memory"]
         tries = alternatives(cfg, kind, setting, step, dev, fixed) if over else []
-    notes = seq_note + step["notes"] + dev["notes"]
+    notes = (seq_note if unit == "tokens" else []) + step["notes"] + dev["notes"]   # samples: seq_len unused
     if dev["name"] != "cpu":
         notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists, the caching "
                      "allocator's rounding and cuBLAS workspaces are not modelled")
