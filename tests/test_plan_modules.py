@@ -71,6 +71,11 @@ def test_a_transformers_module_real_or_on_meta_plans_as_its_config(family):
     from_config = planned(tunekit.plan(cfg, "cpu", **kw))
     assert planned(tunekit.plan(real, "cpu", **kw)) == from_config
     assert planned(tunekit.plan(meta, "cpu", **kw)) == from_config
+    # loaded in bf16 (a buffer may stay fp32, as Llama's inv_freq does): planned as it is, pure bf16
+    half = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    x = torch.randint(0, 256, (2, 32))
+    p = tunekit.plan(half, "cpu", micro_batch=2, seq_len=32)
+    assert p.setting["weights"] == "bf16" and planned(p) == real_components(half, (x, x), optimizer="adamw")
     # checkpointing was applied: without it the same step keeps more
     assert tunekit.plan(meta, "cpu", **dict(kw, checkpointing=False)).components["activations"] > \
         from_config["activations"]

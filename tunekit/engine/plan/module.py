@@ -61,8 +61,10 @@ class ModuleTarget:
 
     def build(self, dtype=None) -> torch.nn.Module:
         """The fake twin (call it inside the plan's FakeTensorMode); ``dtype``: its floating
-        parameters and buffers cast, as ``module.to(dtype)`` would (None: as they are)."""
-        memo = fake_memo(self.module, dtype)
+        parameters and buffers cast, as ``module.to(dtype)`` would (None, or the dtype all its
+        floating parameters have already: as they are, an fp32 buffer of a bf16 model stays fp32)."""
+        dtypes = {p.dtype for p in self.module.parameters() if p.is_floating_point()}
+        memo = fake_memo(self.module, None if dtypes == {dtype} else dtype)
         twin = copy.deepcopy(self.module, memo)
         _drop_live_wrappers(self.module, twin)
         if self.kind != "module":
