@@ -98,6 +98,25 @@ def test_per_rank_params_grads_optimizer_within_10pct_of_the_estimate(parallel):
     assert measured == pytest.approx(est.static_bytes, rel=0.10)
 
 
+@pytest.mark.parametrize("parallel", list(LAYOUTS))
+def test_a_plan_gives_rank_0_the_bytes_its_run_measured(parallel):
+    """tunekit.plan's per-rank weights, gradients and AdamW state equal what the ranks held (the
+    run reports each line's largest rank: rank 0, which FSDP2 gives ceil(255 / 2) = 128 rows of
+    the embedding)."""
+    import tunekit
+
+    r = run(parallel)
+    nproc, nodes = LAYOUTS[parallel]
+    cfg = build_model(factory_spec("dist_factories:tiny_gpt")).config
+    p = tunekit.plan(cfg, "cpu", precision="fp32", optimizer="adamw", micro_batch=MB, seq_len=T,
+                     parallel=parallel, world_size=nproc * nodes, nodes=nodes)
+    # DDP: 114,944 params x 4 B; sharded over 2: (128 x 64 + 49,280 + 32) x 4 = 230,016; AdamW:
+    # two moments of those + one 4-byte step count per parameter tensor, kept whole on every rank
+    assert (p.components["weights"], p.components["gradients"], p.components["optimizer_states"]) == \
+        (r.params_bytes, r.grads_bytes, r.optimizer_bytes)
+    assert p.components["weights"] == (459_776 if parallel == "ddp" else 230_016)
+
+
 # Per step, 4-byte elements. Units: 2 blocks of 64 + 192*64 + 64*64 + 64 + 256*64 + 64*256
 # = 49,280 elements (every dim 0 even: no padding over 2 ranks) and the root: wte (255, 64)
 # padded to (256, 64) = 16,384 + norm_f 64 = 16,448. Gathered: 2*49,280 + 16,448 = 115,008.

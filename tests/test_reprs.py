@@ -132,7 +132,7 @@ tunekit Lab
   last     run #4 bf16 · FAILED: interrupted · quiet
   fastest  run #3 bf16 · 20,480 tokens/s · step 50 ms · MFU 20.0% · peak 400.0 MiB · quiet
   log      /tmp/lab.jsonl
-  see      lab.results() · lab.compare() · lab.dashboard() · lab.autotune()"""
+  see      lab.results() · lab.compare() · lab.dashboard() · lab.autotune() · lab.plan(device)"""
     none = lab_text(lab_rows("Vec", 544, "cpu", {"precision": "fp32", "checkpointing": True}, "your batch_fn",
                              [], "l.jsonl"))
     assert none.splitlines()[1:4] == ["  model    Vec · 544 params · cpu · your batch_fn",

@@ -26,13 +26,17 @@ PENDING_EXAMPLES: set = set()
 
 
 def _methods(cls, prefix: str) -> dict:
-    """The public methods ``cls`` itself defines (a class's own docstring covers its __init__)."""
+    """The public methods ``cls`` and its tunekit bases define (a mixin such as `LabResults` is
+    part of the Lab's surface; ipywidgets' are not ours); a class's own docstring covers its __init__."""
     out = {}
-    for name, v in vars(cls).items():
-        if isinstance(v, (staticmethod, classmethod)):
-            v = v.__func__
-        if not name.startswith("_") and inspect.isfunction(v):
-            out[f"{prefix}.{name}"] = v
+    for klass in reversed(cls.__mro__):
+        if not klass.__module__.startswith("tunekit."):
+            continue
+        for name, v in vars(klass).items():
+            if isinstance(v, (staticmethod, classmethod)):
+                v = v.__func__
+            if not name.startswith("_") and inspect.isfunction(v):
+                out[f"{prefix}.{name}"] = v
     return out
 
 
@@ -60,7 +64,7 @@ def varargs(fn) -> set:
 
 
 def test_the_surface_is_all_there():
-    assert {"tunekit.find_max_batch_size", "Lab.find_max_batch_size", "Lab.autotune", "bench.plot",
+    assert {"tunekit.find_max_batch_size", "Lab.find_max_batch_size", "Lab.autotune", "Lab.results", "bench.plot",
             "tunekit.AutotuneResult", "Dashboard.refresh"} <= set(SURFACE)
     assert set(VARARGS) | set(PENDING_VARARGS) | PENDING_EXAMPLES <= set(SURFACE)
 

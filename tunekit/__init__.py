@@ -38,6 +38,7 @@ _EXPORTS = {
     "plot_history": ("ui.plots", "plot_history"),
     "plot_breakdown": ("ui.trace_plots", "plot_breakdown"),
     "plot_memory_timeline": ("ui.trace_plots", "plot_memory_timeline"),
+    "plot_plan": ("ui.plan_plots", "plot_plan"),
     "show_summary": ("ui.report_html", "show_summary"),
     "use_renderer": ("ui.renderer", "use_renderer"),
     "Lab": ("engine.lab", "Lab"),

@@ -2,16 +2,22 @@
 without running the model (`tunekit.plan`). Pure: numbers in, numbers and text out.
 
 Memory: the step's components as measured on a fake step (parameters, master weights, gradients,
-optimizer state, weight casts, activations saved for backward, buffers), plus the device's fixed
-costs, against the device's memory. The total is the sum of the components, which is what a step
-holds at its busiest only if nothing is freed early: activations are released as gradients are
-made, so the real peak is lower, and the plan is on the safe side.
+optimizer state, weight casts, activations saved for backward, buffers) and its peak, the most
+bytes alive at once over a steady step (optimizer state already made) with where it happens,
+plus the device's fixed costs (CUDA context, cuBLAS workspace, NCCL buffers), against the
+device's memory. The peak is not the sum of the components: activations are freed as gradients
+are made, and temporaries (the loss's gradient over the vocabulary, say) belong to no component.
+On a GPU every block is rounded up to 512 bytes as torch's caching allocator does; what the
+allocator reserves beyond that (fragmentation, segments) is not modelled.
+Under sharding the figures are rank 0's (`core.plan_shard`).
 
 Speed of light: every op that does FLOPs (matmuls, attention) on the device's roofline, the
 longer of its FLOPs at the dense peak and its bytes (inputs read, outputs written) at the memory
 bandwidth, summed; elementwise ops are taken as free (a compiler can fuse them away). No step on
 one device can take less, so the step time is a lower bound and tokens/s and MFU are upper
-bounds, often loose ones: kernels reach ~80% of the dense peak at best (MAMF).
+bounds, often loose ones: kernels reach ~80% of the dense peak at best (MAMF). Across ranks the
+collectives take their bytes at the links' bandwidth; with perfect overlap a step takes at least
+the longer of the two.
 """
 from __future__ import annotations
 
@@ -48,6 +54,14 @@ class Plan:
     max_micro_batch: int | None = None   # the largest that fits (plan(..., search=True))
     # when it does not fit: (change, total bytes, fits, executed FLOPs per token vs the plan's)
     alternatives: list = field(default_factory=list)
+    peak_bytes: float = NaN             # the most alive at once over a steady step (one rank), fixed costs aside
+    peak_at: str = ""                   # where: phase, module, op
+    phase_peaks: dict = field(default_factory=dict)   # phase -> its peak bytes (one device, unsharded)
+    timeline: list = field(default_factory=list)      # (phase, live bytes) over the step, one device
+    parallel: dict | None = None        # kind, world_size, nodes, shard (None: one device)
+    compute_bound_s: float = NaN        # the roofline of the FLOP-doing ops
+    comm_s: float = 0.0                 # the collectives at the links' bandwidth, one step
+    comm: dict = field(default_factory=dict)          # "kind/scope" -> seconds
     method: str = "fake step"           # how it was computed: "fake step", or "analytic" (estimate_memory)
     unit: str = "tokens"                # what `tokens` counts: "tokens", or "samples" (a batch without a sequence)
 
@@ -58,9 +72,17 @@ class Plan:
         return [k for k, v in self.components.items() if v != v]
 
     @property
+    def fixed_bytes(self) -> float:
+        return sum(b for b, _ in self.fixed.values())
+
+    @property
     def total_bytes(self) -> float:
-        """The known components plus the fixed costs (`unknown` lists what is left out)."""
-        return sum(v for v in self.components.values() if v == v) + sum(b for b, _ in self.fixed.values())
+        """What the device must hold at the step's peak: the peak (the sum of the known components
+        where no peak was measured: an analytic plan; `unknown` lists what is left out) plus the
+        fixed costs."""
+        held = self.peak_bytes if self.peak_bytes == self.peak_bytes else \
+            sum(v for v in self.components.values() if v == v)
+        return held + self.fixed_bytes
 
     @property
     def fits(self) -> bool:
@@ -73,8 +95,13 @@ class Plan:
 
     @property
     def bound_tokens_per_s(self) -> float:
-        """tokens/s at the bound (samples/s when `unit` is "samples")."""
+        """Per device (rank): its micro-batch's tokens over the bound step time (samples when
+        `unit` is "samples")."""
         return self.tokens / self.bound_step_s if self.bound_step_s > 0 else NaN
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel["world_size"] if self.parallel else 1
 
     @property
     def bound_mfu(self) -> float:
@@ -107,8 +134,13 @@ def to_text(p: Plan) -> str:
             + (f" (weights {s['weights']})" if s.get("weights") else "")
             + (f" · micro-batch {s['micro_batch']} x {s['seq_len']}" if p.unit == "tokens"
                else f" · micro-batch {s['micro_batch']} samples")
-            + (" · checkpointing" if s.get("checkpointing") else "") + f" · {s['optimizer']} · {p.method}")
+            + (" · checkpointing" if s.get("checkpointing") else "") + f" · {s['optimizer']}")
     verdict = "fits" if p.fits else "does NOT fit"
+    if p.parallel:
+        par = p.parallel
+        head += (f" · {par['kind']} over {par['world_size']} GPUs" + (f" on {par['nodes']} nodes" if par["nodes"] > 1
+                                                                     else "") + " (per rank)")
+    head += f" · {p.method}"
     known = f"at least {p.total_bytes / GiB:,.2f} GiB ({', '.join(p.unknown)} unknown)" if p.unknown else \
         f"{p.total_bytes / GiB:,.2f} GiB"
     lines = [head, f"  memory     {known} of {p.device_memory_bytes / GiB:,.1f} GiB: {verdict}"
@@ -117,6 +149,8 @@ def to_text(p: Plan) -> str:
     if p.method != "fake step" and notes:   # how it was computed, first
         lines.insert(1, f"  method     {notes[0]}")
         notes = notes[1:]
+    if p.peak_bytes == p.peak_bytes:
+        lines.append(f"  peak       {p.peak_bytes / GiB:,.3f} GiB at {p.peak_at} + fixed costs; the components:")
     for k, v in p.components.items():
         if v != v:
             lines.append(f"    {k:<17}{'unknown':>10}")
@@ -130,9 +164,15 @@ def to_text(p: Plan) -> str:
     if p.max_micro_batch is not None:
         lines.append(f"  largest micro-batch that fits: {p.max_micro_batch}")
     if p.bound_step_s == p.bound_step_s:
-        lines.append(f"  bound      step >= {p.bound_step_s * 1e3:,.1f} ms: <= {p.bound_tokens_per_s:,.0f} {p.unit}/s"
+        per_gpu = " per GPU" if p.parallel else ""
+        lines.append(f"  bound      step >= {p.bound_step_s * 1e3:,.1f} ms: "
+                     f"<= {p.bound_tokens_per_s:,.0f} {p.unit}/s{per_gpu}"
                      + (f", MFU <= {p.bound_mfu:.1%}" if p.bound_mfu == p.bound_mfu else "")
                      + " (upper bounds, not predictions)")
+    if p.comm:
+        lines.append(f"  comm       {p.comm_s * 1e3:,.1f} ms per step at the links' bandwidth ("
+                     + ", ".join(f"{k} {t * 1e3:,.1f} ms" for k, t in p.comm.items()) + f"); compute "
+                     f"{p.compute_bound_s * 1e3:,.1f} ms: the bound takes the longer (perfect overlap)")
     if p.bound_by:
         lines.append("  bound by   " + ", ".join(f"{op} {t * 1e3:,.1f} ms" for op, t in p.bound_by[:4]))
     lines += [f"  note       {n}" for n in notes]

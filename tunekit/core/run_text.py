@@ -135,7 +135,7 @@ def lab_rows(model: str, n_params, device: str, toggles: dict, data: str, runs: 
     else:
         rows.append(("runs", "none yet: lab.run(steps=20, precision='bf16', ...)"))
     rows.append(("log", str(log)))
-    rows.append(("see", "lab.results() · lab.compare() · lab.dashboard() · lab.autotune()"))
+    rows.append(("see", "lab.results() · lab.compare() · lab.dashboard() · lab.autotune() · lab.plan(device)"))
     return rows
 
 

@@ -6,7 +6,7 @@ consumer/inference cards, Lightning's `fabric/utilities/throughput.py` `_CUDA_FL
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .registry import DTYPES
 
@@ -22,6 +22,17 @@ class Spec:
     memory_gb: float | None
     source: str
     bandwidth_tbs: float | None = None  # memory bandwidth, TB/s (vendor data sheets, as ../shared/facts.md lists them)
+    link_gbs: float | None = None       # GPU-to-GPU within a node, GB/s each way per GPU (LINKS below)
+
+
+# Links inside one node, GB/s each way for one GPU (vendor data sheets give both ways summed):
+# NVLink 4 900 GB/s on H100/H200 SXM, NVLink 5 1.8 TB/s on B200, NVLink 3 600 GB/s on A100 SXM,
+# the H100 NVL pair bridge 600 GB/s, NVLink 2 300 GB/s on V100 SXM, Infinity Fabric 7 x 128 GB/s
+# on MI300X; cards without such links talk over PCIe x16 (Gen5 64, Gen4 32, Gen3 16 GB/s each way).
+LINKS = {"H100 NVL": 300, "H100 PCIe": 64, "H100 SXM": 450, "H200 SXM": 450, "B200": 900, "A100": 300,
+         "L40S": 32, "L4": 32, "A10G": 32, "V100 PCIe": 16, "V100 SXM": 150, "T4": 16, "RTX 4090": 32,
+         "RTX 3090": 32, "MI300X": 448}
+LINKS_SOURCE = "vendor data sheets (NVLink / Infinity Fabric / PCIe x16), each way per GPU"
 
 
 # Order matters: the first spec whose substrings all match wins, so variants come first.
@@ -48,6 +59,9 @@ SPECS: tuple[Spec, ...] = (
     Spec("MI300X", ("mi300",), {"fp32": 163.4, "tf32": 653.7, "bf16": 1300, "fp16": 1300, "fp8": 2610}, 192,
          _MLENG, 5.3),
 )
+
+
+SPECS = tuple(replace(s, link_gbs=LINKS.get(s.name)) for s in SPECS)   # each card's link, by name
 
 
 def find_spec(device_name: str | None) -> Spec | None:

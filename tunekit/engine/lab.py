@@ -5,7 +5,8 @@ synchronized (tunekit.measure.timing). FLOPs are counted once per configuration 
 untimed forward+backward (``flops_source`` = ``counted`` then ``cached``). MFU uses the analytic
 model FLOPs (6N + attention, causal), HFU the counted executed FLOPs (recomputation included).
 The Lab is a façade: its training step is ``engine.train.TrainStep`` (``lab.trainer``, the one
-every distributed rank takes), a run is ``engine.run`` (one process) or ``engine.distributed``.
+every distributed rank takes), a run is ``engine.run`` (one process) or ``engine.distributed``;
+what it has recorded (results, compare, save/load, its repr) is ``engine.lab_results.LabResults``.
 """
 
 from __future__ import annotations
@@ -13,14 +14,12 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from pathlib import Path
 
 import torch
 
 from ..core import registry
 from ..core.paths import runs_dir
 from ..core.results import RunResult, results_frame
-from ..core.run_text import lab_html, lab_rows, lab_text
 from ..core.runlog import RunLog
 from ..core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
 from ..core.validate import flag, function, instance, is_whole, real, whole
@@ -32,6 +31,8 @@ from ..models.optimizers import unavailable_optimizers
 from . import run as single
 from .distributed import run_distributed
 from .guard import NonFiniteRunError
+from .lab_plan import lab_plan, show_plan_keywords
+from .lab_results import LabResults
 from .train.precision import autocast, matmul_precision
 from .train.record import Peaks, Steps
 from .train.step import TrainStep, token_batcher
@@ -47,7 +48,7 @@ def _trainer_attribute(name: str, doc: str) -> property:
                     lambda self, value: setattr(self.trainer, name, value), doc=doc)
 
 
-class Lab:
+class Lab(LabResults):
     """A live model + data + optimizer kept across runs.
 
     Example: ``lab = Lab(); base = lab.run(steps=20); lab.run(precision="bf16"); lab.results()``.
@@ -289,35 +290,6 @@ class Lab:
         Example: ``breakdown, timeline = lab.traced_step(t, step_s=0.1, memory=True)``."""
         return single.traced_step(self, t, step_s, trace, memory)
 
-    def save_results(self, path) -> Path:
-        """Append every run of this Lab to the JSONL log ``path`` (e.g. when the Lab's own log
-        could not be written). Returns the path. Example: ``lab.save_results("runs.jsonl")``."""
-        return self.log.save_to(path)
-
-    # --- results ----------------------------------------------------------------------------
-
-    @property
-    def runs(self) -> list[RunResult]:
-        """Every run of this Lab (and its log's earlier ones), oldest first."""
-        return list(self.log.runs)
-
-    def results(self, all: bool = False):
-        """pandas DataFrame, one row per run (this session's and the log's earlier ones): what ran,
-        tokens/s (samples/s), step time, TFLOPS, MFU, peak memory, the machine and the status
-        (``core.results.RESULT_COLUMNS``), shown formatted; ``all=True``: every column (toggles,
-        FLOPs, bytes, energy, notes...), a plain DataFrame. The values are the raw numbers either way.
-
-        Example: ``lab.results(all=True)[["label", "tokens_per_s", "peak_mem_bytes"]]``."""
-        from ..core.results import runs_table
-        return runs_table(self.log.runs, all, "lab.results(all=True)")
-
-    def compare(self, baseline: int = 0):
-        """plotly Figure: tokens/s and peak memory per run, the ``baseline`` run marked.
-
-        Example: ``lab.compare(baseline=0).show()``."""
-        from ..ui.lab_plots import compare_figure
-        return compare_figure(self.results(all=True), baseline=baseline)
-
     @toggle_keywords
     def find_max_batch_size(self, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
                             budget_fraction: float = 0.5, progress=None, snapshot_on_oom: bool = True,
@@ -336,6 +308,20 @@ class Lab:
         with SearchProgress("find_max_batch_size", budget_s, progress) as shown:
             shown.result = find(*args, shown.tried, snapshot_on_oom, budget_s, trying=shown.trying, **changes)
         return shown.result
+
+    @show_plan_keywords
+    def plan(self, device: str = "H100 SXM", **overrides):
+        """``tunekit.plan`` of this Lab's model on ``device`` (a spec-table name or "cpu"): memory,
+        whether it fits and the speed-of-light bound of one step under the toggles a run would
+        start from (``lab.resolve()``), without running it. ``overrides`` are plan's keywords
+        (precision, weights, micro_batch, seq_len, checkpointing, optimizer, search, ...) and the
+        Lab's other toggles, as ``lab.run`` takes them; a toggle the plan does not model (compile,
+        an attention it cannot switch to) is said in ``plan.notes``. The plan builds its own model
+        under fake tensors: the live model, its weights and optimizer stay as they are. A model
+        plan cannot build (an nn.Module without a config) raises plan's error.
+
+        Example: ``p = lab.plan("H100 SXM", precision="bf16", micro_batch=32); p.fits, p.bound_tokens_per_s``."""
+        return lab_plan(self, device, overrides)
 
     def reset_optimizer(self) -> None:
         """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one.
@@ -372,27 +358,3 @@ class Lab:
         Example: ``lab.dashboard()`` as the last line of a notebook cell."""
         from ..ui.dashboard import Dashboard
         return Dashboard(self)
-
-    def _summary_rows(self) -> list:
-        n_params = sum(p.numel() for p in self.model.parameters())
-        data = "your batch_fn" if self.batcher is None else f"data={self.data!r}"
-        return lab_rows(type(self.model).__name__, n_params, str(self.device), self.resolve().asdict(), data,
-                        self.log.runs, self.log_path)
-
-    def __repr__(self) -> str:  # a terminal: the model, the toggles runs start from, the runs so far
-        return lab_text(self._summary_rows())
-
-    def _repr_html_(self) -> str:
-        return lab_html(self._summary_rows())
-
-    @staticmethod
-    def load_results(path=None, all: bool = False):
-        """The runs of a JSONL log written by a Lab (partial last lines skipped), as ``lab.results()``
-        shows them: the curated columns formatted, ``all=True`` every column (a plain DataFrame).
-        ``path=None``: the newest day's log under ``core.paths.runs_dir()`` (after a kernel restart,
-        say), every Lab of that day; its ``session`` column (``all=True``) tells the Labs apart.
-        Example: ``df = tunekit.Lab.load_results(all=True); df[df.session == df.session.iloc[-1]]``
-        (the latest Lab's runs, every column)."""
-        from ..core.results import runs_table
-        runs = RunLog.newest(runs_dir()) if path is None else RunLog.load(path)
-        return runs_table(runs, all, "Lab.load_results(all=True)")

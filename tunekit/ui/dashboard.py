@@ -4,6 +4,8 @@
     >>> dash.controls["precision"].value = "bf16"
     >>> dash.run_button.click()           # drivable from code: this is how it is tested
     >>> dash.table_df                     # the rows the table shows
+    >>> dash.plan_picker.value = "H100 SXM"   # the plan of the controls' toggles on an H100
+    >>> dash.last_plan.fits, dash.plan_html.value
 
 Refused combinations (fp16 on CPU, flash without CUDA, micro batch 0, ...) are explained in the
 message area; a run never shows a traceback here (``dash.last_error`` keeps the exception).
@@ -24,6 +26,7 @@ from ..core.toggles import Declared, Env, ToggleError, notices
 from ..core.units import MiB
 from .autotune_view import evidence_view
 from .lab_plots import compare_figure
+from .plan_panel import PlanPanel
 
 
 def _plotly_output(fig) -> dict:
@@ -67,9 +70,14 @@ class Dashboard(W.VBox):
                              for t in tg.declared(tg.Toggles)}
         c["steps"] = W.IntText(value=steps, description="timed steps")
         c["warmup"] = W.IntText(value=warmup, description="warm-up steps")
-        for w in c.values():
+        for name, w in c.items():
             w.style = style
             w.observe(lambda _change: self.explain(), names="value")
+            if name not in ("steps", "warmup"):   # a plan shown follows the toggles
+                w.observe(lambda _change: self.show_plan() if self.plan_picker.value else None, names="value")
+        self.plan_panel, self._plan_error = PlanPanel(style), ""   # "Plan for": lab.plan on a picked device
+        self.plan_picker, self.plan_html = self.plan_panel.picker, self.plan_panel.html
+        self.plan_picker.observe(lambda _change: self.show_plan(), names="value")
         self.max_batch = W.IntText(value=max_batch, description="max batch", style=style)
         cpu = lab.device.type == "cpu"
         self.budget_mib = W.FloatText(value=1024.0 if cpu else 0.0, style=style,
@@ -100,9 +108,9 @@ class Dashboard(W.VBox):
             w.layout = W.Layout(width="250px")
         buttons = W.HBox([self.run_button, self.progress, self.find_button, self.max_batch,
                           self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
-        tune = W.HBox([self.autotune_button, self.autotune_budget])
-        super().__init__([grid, buttons, tune, self.message, self.autotune_out, self.autotune_chart, self.table,
-                          self.chart_out])
+        tune = W.HBox([self.autotune_button, self.autotune_budget, self.plan_picker])
+        super().__init__([grid, buttons, tune, self.message, self.plan_html, self.autotune_out, self.autotune_chart,
+                          self.table, self.chart_out])
         self.explain()
         self.refresh()
 
@@ -131,6 +139,28 @@ class Dashboard(W.VBox):
             notes = notices(t, self.lab.env())
             self.message.value = "".join(_box(html.escape(n), "#999") for n in notes)
         return problems
+
+    @property
+    def last_plan(self):
+        """The Plan the panel shows (None: no device picked, or the plan failed)."""
+        return self.plan_panel.last
+
+    def show_plan(self):
+        """Plan the controls' toggles on the "Plan for" device (``lab.plan``) and show it beside
+        the latest run; returns the Plan (None: no device picked, or the failure, said in the
+        message area, below what is there, and kept in ``last_error``).
+
+        Example: ``dash.plan_picker.value = "A100"`` shows it; ``dash.show_plan()`` redoes it."""
+        self.message.value = self.message.value.replace(self._plan_error, "")   # the last plan's failure, if any
+        self._plan_error = ""
+        try:
+            return self.plan_panel.show(self.lab, self.toggles())
+        except Exception as exc:
+            self.last_error = exc
+            self._plan_error = _box(f"plan for {html.escape(str(self.plan_picker.value))} failed: "
+                                    f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))}", "#d62728")
+            self.message.value += self._plan_error
+        return None
 
     # --- actions --------------------------------------------------------------------------
 
@@ -176,6 +206,8 @@ class Dashboard(W.VBox):
                          "the other work too; re-run when the machine is quiet before comparing.", "#e65100")
         self.message.value = head + notes
         self.refresh()
+        if self.plan_picker.value:
+            self.show_plan()   # the bound beside the run just measured
 
     def _on_find(self, _button=None):
         toggles = self.toggles()

@@ -3,6 +3,7 @@ possibly go, from a shell, without running the model (`tunekit.plan`). UI layer.
 
     tunekit plan --model llama3-8b.json --device "H100 SXM" --precision bf16 --weights bf16 \\
                  --micro-batch 1 --seq-len 8192 --checkpointing [--search]
+    tunekit plan --model llama3-8b.json --device "H100 SXM" --parallel fsdp --world-size 8 ...
 
 Exit 0: the step fits; 1: it does not (the plan says by how much); 2: refused before any work.
 """
@@ -31,6 +32,11 @@ def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFor
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's maximum)")
     p.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
     p.add_argument("--optimizer", default="adamw", help="adamw | sgd | adafactor | ... (default: adamw)")
+    p.add_argument("--attention", default=None, help="sdpa | math | flash (default: the model's own)")
+    p.add_argument("--parallel", choices=("ddp", "fsdp", "fsdp_grad_op", "hsdp"), default=None,
+                   help="plan one rank of a sharded run (default: one device)")
+    p.add_argument("--world-size", type=int, default=1, help="GPUs in all, with --parallel (default: 1)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes they are spread over (default: 1)")
     p.add_argument("--search", action="store_true", help="also find the largest micro-batch that fits")
     return p
 
@@ -56,6 +62,7 @@ def plan_main(args) -> int:
             cfg = AutoConfig.for_model(config.pop("model_type"), **config)
         p = plan(cfg, args.device, precision=args.precision, weights=args.weights, micro_batch=args.micro_batch,
                  seq_len=args.seq_len, checkpointing=args.checkpointing, optimizer=args.optimizer,
+                 attention=args.attention, parallel=args.parallel, world_size=args.world_size, nodes=args.nodes,
                  search=args.search)
     except (Refused, ValueError, TypeError, ImportError) as e:
         import sys

@@ -44,7 +44,7 @@ from ...measure.comm import CommCounter
 from ...measure.conditions import ConditionsMeter, rank_reading
 from ...measure.meters import DeviceMeter
 from ...measure.timing import time_repeats
-from ...models.adapters import adapt
+from ...models.adapters import adapt, fsdp_units
 from ...models.optimizers import unavailable_optimizers
 from ...models.spec import build_model
 from ..train.step import TrainStep, local_bytes, token_batcher
@@ -77,7 +77,7 @@ class Rank:
                                  cast=self.parallel == "ddp")
         self.trainer.apply_model(t)
         self.n_params = sum(p.numel() for p in self.model.parameters())
-        self.units = self._unit_shapes()
+        self.units = fsdp_units(self.model, self.adapter, self.parallel)
         self.buffer_bytes = sum(b.numel() * b.element_size() for b in self.model.buffers())
         self.probe = None
         if rank == 0 and spec.get("count_flops", True):  # one untimed count, before sharding
@@ -89,20 +89,6 @@ class Rank:
         self.trainer.apply_optimizer(t)  # on the sharded parameters
 
     # --- sharding ---------------------------------------------------------------------------
-
-    def _unit_shapes(self) -> list:
-        """Parameter shapes per fully_shard unit (each block, then the root's own); for DDP one
-        unit with every parameter. A tied weight counts once, in the first unit holding it."""
-        seen, units = set(), []
-        groups = [list(b.parameters()) for b in self.adapter.blocks()] if self.parallel != "ddp" else []
-        for params in groups + [list(self.model.parameters())]:
-            unit = []
-            for p in params:
-                if id(p) not in seen and p.requires_grad:
-                    seen.add(id(p))
-                    unit.append(tuple(p.shape))
-            units.append(unit)
-        return units
 
     def _mixed_precision(self):
         from torch.distributed.fsdp import MixedPrecisionPolicy

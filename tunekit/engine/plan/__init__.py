@@ -16,10 +16,12 @@ import warnings
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ...core import registry, validate
+from ...core.comm import layout_problems
 from ...core.plan import Plan
+from ...core.plan_shard import INTER_NODE_GBS, INTER_NODE_SOURCE, NCCL_BUFFERS, comm_seconds, rank_peak, shard_count
 from .analytic import FakeStepError, analytic_plan, fake_failure
 from .device import device_figures
-from .module import ModuleTarget
+from .module import ModuleTarget, Stepped
 from .step import WEIGHTS, alternatives, fake_step, search_micro_batch
 from .target import amount, build, config_of, masks_as_in_eager, max_len, model_name
 
@@ -28,7 +30,8 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weights: str | None = None,
          micro_batch: int | None = None, seq_len: int | None = None, checkpointing: bool | None = None,
-         optimizer: str | None = None, search: bool = False, search_limit: int = 4096,
+         optimizer: str | None = None, attention: str | None = None, parallel: str | None = None,
+         world_size: int = 1, nodes: int = 1, search: bool = False, search_limit: int = 4096,
          batch_fn=None, loss_fn=None, blocks=None) -> Plan:
     """Plan one training step of ``target`` on ``device`` without running it.
 
@@ -44,8 +47,11 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     machine's RAM and calibrated peak).
     ``precision``: the Lab's words (bf16/fp16 run under autocast); ``weights``: the parameters'
     dtype (None: fp32, with master weights where autocast runs; "bf16": pure bf16 training).
-    ``search=True`` also finds the largest micro-batch that fits (fake steps, doubling then
-    bisection up to ``search_limit``).
+    ``attention``: the Lab's names ("sdpa", "math"/"eager", "flash"; None: the model's own).
+    ``parallel`` ("ddp", "fsdp", "fsdp_grad_op", "hsdp") over ``world_size`` GPUs on ``nodes``
+    nodes gives rank 0's memory and the collectives' time on the device's links; ``micro_batch``
+    is then per rank. ``search=True`` also finds the largest micro-batch that fits (fake steps,
+    doubling then bisection up to ``search_limit``).
 
     Example: ``tunekit.plan(LlamaConfig(...), "H100 SXM", weights="bf16", micro_batch=1, seq_len=8192)``."""
     cfg, kind, toggles = config_of(target, batch_fn, loss_fn, blocks)
@@ -63,9 +69,11 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     checkpointing = validate.flag("checkpointing", checkpointing if checkpointing is not None
                                   else toggles.get("checkpointing", False))
     optimizer = registry.optimizer(validate.text("optimizer", optimizer or toggles.get("optimizer", "adamw"))).name
+    attention = attention if attention is not None else toggles.get("attention")
+    layout = _layout(parallel, world_size, nodes)
     validate.flag("search", search)
     search_limit = validate.count("search_limit", search_limit)
-    dev = device_figures(device, precision)
+    dev = device_figures(device, precision, layout["world_size"] if layout else 1)
     if checkpointing and not getattr(cfg, "can_checkpoint", True):
         raise ValueError("checkpointing needs the blocks to recompute: tunekit.plan(..., blocks='layers'), an "
                          "attribute path of the model or a list of its modules")
@@ -73,37 +81,130 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
         raise ValueError(f"seq_len={seq_len} is longer than the model's {limit} positions")
     setting = dict(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
                    checkpointing=checkpointing, optimizer=optimizer)
+    notes = []
     # a module's batch_fn may hand back real tensors and a module real constants: taken as fakes
     with FakeTensorMode(allow_non_fake_inputs=isinstance(cfg, ModuleTarget)), warnings.catch_warnings(), \
             masks_as_in_eager(kind):
         warnings.simplefilter("ignore")   # transformers' init notices; nothing here runs for real
-        model, tokens, unit = None, micro_batch, "samples"   # until the batch says
+        models = {}
+
+        def run(s, count=True):
+            if s["weights"] not in models:
+                models[s["weights"]] = build(cfg, kind, WEIGHTS[s["weights"]])
+                _set_attention(models[s["weights"]], attention, notes)
+            return fake_step(models[s["weights"]], kind, cfg, s, s["micro_batch"], dev["round_to"], count)
+
+        def total_of(step, s):
+            return _placed(step, s, layout, dev)["total"]
+
+        tokens, unit = micro_batch, "samples"   # until the batch says
         try:
             tokens, unit = amount(cfg, kind, micro_batch, seq_len)
-            model = build(cfg, kind, WEIGHTS[weights])
-            step = fake_step(model, kind, cfg, setting, micro_batch)
+            step = run(setting)
         except Exception as e:   # what a fake tensor cannot take is planned analytically, and said
             reason = e.reason if isinstance(e, FakeStepError) else fake_failure(e)
             if reason is None:
                 raise
-            planned = analytic_plan(model, cfg, kind, setting, dev, reason, model_name(cfg, kind), tokens, unit)
-            planned.notes[1:1] = seq_note if unit == "tokens" else []
+            planned = analytic_plan(models.get(weights), cfg, kind, dict(setting, attention=attention), dev, layout,
+                                    reason, model_name(cfg, kind), tokens, unit)
+            planned.notes[1:1] = (seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes))
             return planned
-        found = search_micro_batch(model, kind, cfg, setting, dev, search_limit) if search else None
-        fixed = sum(b for b, _ in dev["fixed"].values())
-        over = sum(step["components"].values()) + fixed > dev["memory"]
-        tries = alternatives(cfg, kind, setting, step, dev, fixed) if over else []
-    notes = (seq_note if unit == "tokens" else []) + step["notes"] + dev["notes"]   # samples: seq_len unused
+        found = (search_micro_batch(setting, lambda s: run(s, count=False), total_of, dev["memory"], search_limit)
+                 if search else None)
+        over = total_of(step, setting) > dev["memory"]
+        tries = alternatives(setting, step, run, total_of, dev["memory"]) if over else []
+        if over and layout is None and dev["name"] != "cpu":
+            tries = sorted(tries + _sharded_alternatives(step, setting, dev), key=lambda a: a[1])
+    placed = _placed(step, setting, layout, dev)
+    notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"]
+             + dev["notes"] + placed["notes"])   # a batch of samples: seq_len unused, nothing to say
+    notes.append("peak: every tensor the step's ops make, alive until freed; scratch a kernel allocates for "
+                 "itself is not seen (within 2% of torch.profiler's reading of a real CPU step)")
     if dev["name"] != "cpu":
-        notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists, the caching "
-                     "allocator's rounding and cuBLAS workspaces are not modelled")
-    notes.append("memory = the sum of the components (activations are freed as gradients grow: the real peak "
-                 "is lower)")
-    return Plan(model=model_name(cfg, kind), device=dev["name"], device_memory_bytes=dev["memory"], setting=setting,
-                components=step["components"], fixed=dev["fixed"], tokens=tokens, unit=unit,
-                executed_flops=step["executed"], model_flops=step["model"],
-                bound_step_s=step["bound_s"](dev["peak"], dev["bandwidth"]), peak_tflops=dev["peak"],
-                bandwidth_tbs=dev["bandwidth"], bound_by=step["top"](dev["peak"], dev["bandwidth"]),
-                notes=notes, max_micro_batch=found, alternatives=tries)
+        notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists and what the "
+                     "caching allocator reserves beyond its 512-byte blocks are not modelled")
+    compute = step["bound_s"](dev["peak"], dev["bandwidth"])
+    bound_by = step["top"](dev["peak"], dev["bandwidth"])
+    if placed["comm_s"] > compute:
+        bound_by = [("communication", placed["comm_s"])] + bound_by
+    return Plan(model=model_name(cfg, kind), device=dev["name"], device_memory_bytes=dev["memory"],
+                setting=dict(setting, attention=attention), components=placed["components"], fixed=dev["fixed"],
+                tokens=tokens, unit=unit, executed_flops=step["executed"], model_flops=step["model"],
+                bound_step_s=max(compute, placed["comm_s"]), peak_tflops=dev["peak"], bandwidth_tbs=dev["bandwidth"],
+                bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
+                peak_bytes=placed["peak"], peak_at=step["peak_at"], phase_peaks=step["phase_peaks"],
+                timeline=_thin(step["timeline"]), parallel=layout, compute_bound_s=compute,
+                comm_s=placed["comm_s"], comm=placed["comm"])
 
 
+def _layout(parallel, world_size, nodes) -> dict | None:
+    """The sharding as a dict (kind, world_size, nodes, shard), checked; None for one device."""
+    world_size, nodes = validate.count("world_size", world_size), validate.count("nodes", nodes)
+    if parallel is None:
+        if (world_size, nodes) != (1, 1):
+            raise ValueError(f"world_size={world_size} and nodes={nodes} describe several GPUs: give parallel="
+                             "'ddp', 'fsdp', 'fsdp_grad_op' or 'hsdp' with them")
+        return None
+    problems = layout_problems(parallel, 1, nodes)
+    if not problems and world_size % nodes:
+        problems.append(f"world_size must be a whole multiple of nodes={nodes}, got {world_size}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return dict(kind=parallel, world_size=world_size, nodes=nodes, shard=shard_count(parallel, world_size, nodes))
+
+
+def _placed(step, setting, layout, dev) -> dict:
+    """Rank 0's components, peak (+ fixed costs = total) and the collectives' time."""
+    half = setting["precision"] in ("bf16", "fp16") or setting["weights"] in ("bf16", "fp16")
+    gathered = 2 if half else 4   # MixedPrecisionPolicy's param dtype
+    if layout is None:
+        comps, peak, comm_s, comm, notes = dict(step["components"]), step["peak"], 0.0, {}, []
+    else:
+        kind, world, nodes = layout["kind"], layout["world_size"], layout["nodes"]
+        units = step["units"] if kind != "ddp" else [[s for u in step["units"] for s in u]]
+        comps, peak = rank_peak(step["peak"], step["components"], step["grads_at_peak"], units, kind, world,
+                                nodes, gathered, step["state_scalars"])
+        comm_s, comm = comm_seconds(kind, units, world, nodes, gathered, dev["link"])
+        notes = [f"{kind}: rank 0's memory (FSDP2 gives it ceil(rows / {layout['shard']}) of each parameter); "
+                 "collectives as ring algorithms at the links' bandwidth"
+                 + (f", {INTER_NODE_GBS:g} GB/s per GPU across nodes ({INTER_NODE_SOURCE})" if nodes > 1 else "")]
+        if dev["link"] is None:
+            notes.append(f"no link bandwidth listed for {dev['name']}: no communication time")
+    return dict(components=comps, peak=peak, total=peak + sum(b for b, _ in dev["fixed"].values()),
+                comm_s=comm_s if comm_s == comm_s else 0.0, comm=comm, notes=notes)
+
+
+def _sharded_alternatives(step, setting, dev) -> list:
+    """The same step as one rank of FSDP over 2, 4 or 8 of these GPUs, up to the first that fits
+    (the step placed again: no fake step more)."""
+    out, shared = [], dict(dev, fixed={**dev["fixed"], "nccl_buffers": NCCL_BUFFERS})
+    for world in (2, 4, 8):
+        total = _placed(step, setting, _layout("fsdp", world, 1), shared)["total"]
+        out.append((f"parallel='fsdp', world_size={world}", total, total <= dev["memory"], 1.0))
+        if total <= dev["memory"]:
+            break
+    return out
+
+
+def _set_attention(model, attention, notes) -> None:
+    if attention is None:
+        return
+    from ...core.registry import attention as resolve
+    from ...models.adapters import adapt
+
+    name = resolve(attention).name
+    adapter = model.adapter if isinstance(model, Stepped) else adapt(model)
+    if name == "flash":   # flash-attn needs CUDA: CPU's fused SDPA saves the same (output, logsumexp)
+        notes.append("attention='flash' planned as torch's fused SDPA, which saves the same tensors for backward")
+        name = "sdpa"
+    if name not in adapter.attentions:
+        raise ValueError(f"this model cannot switch its attention to {attention!r}: it offers {adapter.attentions}")
+    adapter.set_attention(name)
+
+
+def _thin(samples, most: int = 600) -> list:
+    """At most ``most`` (phase, bytes) points of the timeline, keeping each stretch's highest."""
+    if len(samples) <= most:
+        return list(samples)
+    size = -(-len(samples) // most)
+    return [max(samples[i:i + size], key=lambda s: s[1]) for i in range(0, len(samples), size)]

@@ -52,26 +52,29 @@ def fake_failure(e: BaseException) -> str | None:
     return None
 
 
-def analytic_plan(model, cfg, kind, setting: dict, dev: dict, reason: str, name: str,
+def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | None, reason: str, name: str,
                   tokens: int, unit: str) -> Plan:
     """The plan from ``estimate_memory``: ``model`` is the fake model built for the step (its
     parameter and buffer counts, its config) or None when building it failed (then a module
     target's live module is counted, its metadata only, or a config's own counts). Activations:
     tunekit's tables for a config they cover, else NaN; the speed bound: the MFU convention's
-    FLOPs at the dense peak where the shape is known, else none."""
+    FLOPs at the dense peak where the shape is known, else none. ``layout``: rank 0's share of a
+    sharded run, as estimate_memory shards it (the collectives are not timed)."""
     inner = getattr(model, "model", model) if type(model).__name__ == "Stepped" else model
     if inner is None and hasattr(cfg, "module"):   # a module whose twin was not made: the live one's counts
         inner = cfg.module
     config = getattr(inner, "config", None) if inner is not None else (cfg if kind in ("gpt", "hf") else None)
     params = list(inner.parameters()) if inner is not None else []
     n_params = float(sum(p.numel() for p in params)) or None
-    layout = _layout(setting, params)
+    bytes_layout = _layout(setting, params)
     notes = [f"analytic estimate: the fake step failed because {reason}"]
-    est = estimate_memory(config if config is not None else n_params, n_params=n_params, precision=layout,
+    est = estimate_memory(config if config is not None else n_params, n_params=n_params, precision=bytes_layout,
                           optimizer=setting["optimizer"], micro_batch=setting["micro_batch"],
                           seq_len=setting["seq_len"] if config is not None else None,
                           checkpointing=setting["checkpointing"], device="cpu" if dev["name"] == "cpu" else "cuda",
-                          cuda_context_bytes=0.0)
+                          cuda_context_bytes=0.0, attention=setting.get("attention") if config is not None else None,
+                          **(dict(parallel=layout["kind"], world_size=layout["world_size"], nodes=layout["nodes"])
+                             if layout else {}))
     components = {k: float(est.components[k]) for k in COMPONENTS}
     if inner is not None and math.isnan(components["buffers"]):
         components["buffers"] = float(unique_bytes(inner.buffers(), {storage_key(p) for p in params}))
@@ -88,11 +91,14 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, reason: str, name:
         notes.append(f"checkpointing rebuilds one block's activations in backward: about "
                      f"{est.components['recompute'] / 2**30:,.3f} GiB more at that moment (not in the sum)")
     notes += [n for n in est.notes if not n.startswith(("device=", "activations need"))]
+    if layout:
+        notes.append(f"{layout['kind']}: rank 0's share as estimate_memory shards it; the collectives are not timed")
     model_flops, bound_s = _speed(inner, setting, tokens, unit, dev, notes)
     return Plan(model=name, device=dev["name"], device_memory_bytes=dev["memory"], setting=setting,
                 components=components, fixed=dev["fixed"], tokens=tokens, executed_flops=NaN,
                 model_flops=model_flops, bound_step_s=bound_s, peak_tflops=dev["peak"],
-                bandwidth_tbs=dev["bandwidth"], notes=notes + dev["notes"], method="analytic", unit=unit)
+                bandwidth_tbs=dev["bandwidth"], notes=notes + dev["notes"], method="analytic", unit=unit,
+                parallel=layout, compute_bound_s=bound_s)
 
 
 def _layout(setting, params) -> str:

@@ -9,19 +9,22 @@ import torch
 
 from ...core.plan import COMPONENTS
 from ...measure.flops import TunekitFlopCounter
+from ...measure.live import LiveBytes
 from ...measure.memory import autocast_dtype, measure_memory
 from ...measure.model_flops import tensors_in
-from ...models.adapters import adapt
+from ...measure.tally import storage_key
+from ...models.adapters import adapt, fsdp_units
+from ...models.optimizers import build_optimizer
 from .analytic import FakeStepError, fake_failure
 from .module import ModuleTarget
-from .target import build
 
 WEIGHTS = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def alternatives(cfg, kind, setting, step, dev, fixed) -> list:
-    """What to change when the step does not fit, each tried as a fake step: (change, its total
-    bytes, fits, executed FLOPs against the plan's), most memory saved first."""
+def alternatives(setting, step, run, total_of, memory) -> list:
+    """What to change when the step does not fit, each tried as a fake step (``run(setting)``):
+    (change, its total bytes by ``total_of(step, setting)``, fits, executed FLOPs per token
+    against the plan's), most memory saved first."""
     changes = []
     if not setting["checkpointing"]:
         changes.append(("checkpointing=True", dict(checkpointing=True)))
@@ -35,12 +38,12 @@ def alternatives(cfg, kind, setting, step, dev, fixed) -> list:
     for label, change in changes:
         s = dict(setting, **change)
         try:
-            alt = fake_step(build(cfg, kind, WEIGHTS[s["weights"]]), kind, cfg, s, s["micro_batch"])
+            alt = run(s)
         except ValueError:   # a change that cannot be faked is not offered
             continue
-        total = sum(alt["components"].values()) + fixed
+        total = total_of(alt, s)
         per_token = alt["executed"] / s["micro_batch"] / (step["executed"] / setting["micro_batch"])
-        out.append((label, total, total <= dev["memory"], per_token))
+        out.append((label, total, total <= memory, per_token))
     return sorted(out, key=lambda a: a[1])
 
 
@@ -74,17 +77,20 @@ def batch_of(cfg, kind, micro_batch, seq_len):
     return x, (torch.randint(0, vocab, (micro_batch, seq_len)) if kind == "gpt" else x)
 
 
-def fake_step(model, kind, cfg, setting, micro_batch) -> dict:
-    """One fake step of ``model`` under ``setting``; `FakeStepError` (a ValueError) saying why
-    when a fake tensor cannot take it (a value read, a value-dependent shape)."""
-    ck = model.adapter if kind == "module" else None   # a module's blocks: checkpointed here
+def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: bool = True) -> dict:
+    """One planned step: its components (measure_memory's code), its steady peak and where
+    (a second step, tracked by LiveBytes) and, with ``count``, its FLOPs op by op for the
+    roofline (a third: torch's FLOP counter keeps tensors alive, so it never runs beside the
+    live-bytes tracking; on an 8B Llama it would add 20 GB to the peak). `FakeStepError` (a
+    ValueError) saying why when a fake tensor cannot take it (a value read, a value-dependent shape)."""
+    ck = model.adapter if kind == "module" else None   # a module's blocks (plan.module.Stepped): checkpointed here
     if ck is not None and setting["checkpointing"] and not ck.can_checkpoint:
         raise ValueError(f"checkpointing needs the blocks to recompute: tunekit.plan(..., blocks='layers') "
                          f"(an attribute path of {type(model.model).__name__} or a list of its modules)")
     try:
         if ck is not None:
             ck.set_checkpointing(setting["checkpointing"])
-        step = _fake_step_of(model, kind, cfg, setting, micro_batch)
+        step = _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count)
     except Exception as e:
         reason = fake_failure(e)
         if reason is None:
@@ -98,14 +104,23 @@ def fake_step(model, kind, cfg, setting, micro_batch) -> dict:
     return step
 
 
-def _fake_step_of(model, kind, cfg, setting, micro_batch) -> dict:
+def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count) -> dict:
     batch = batch_of(cfg, kind, micro_batch, setting["seq_len"])
     report = measure_memory(model, batch, optimizer=setting["optimizer"], precision=setting["precision"],
                             checkpointing=setting["checkpointing"], estimate=False)
     components = {k: float(report.measured.get(k, 0.0)) for k in COMPONENTS}
     if any(math.isnan(v) for v in components.values()):
         raise ValueError(f"the fake step left a component unmeasured: {components}")
-    adapter = adapt(model)
+    adapter = model.adapter if kind == "module" else adapt(model)   # a module's: its twin's blocks
+    live = _timeline(model, adapter, kind, batch, setting, round_to)
+    out = dict(components=components, notes=[n for n in report.notes if "no CUDA device" not in n
+                                              and "fresh AdamW" not in n],
+               units=fsdp_units(model, adapter, "fsdp"), **live)
+    return dict(out, **_counted(model, adapter, kind, batch, setting, micro_batch)) if count else out
+
+
+def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
+    """The step's FLOPs, counted op by op: executed, the MFU convention's, and the roofline."""
     ac = autocast_dtype(setting["precision"])
     before = adapter.checkpointing
     counter = RooflineCounter()
@@ -141,10 +156,71 @@ def _fake_step_of(model, kind, cfg, setting, micro_batch) -> dict:
         return sorted([kv for kv in per_op(peak, bw).items() if kv[1] > 0], key=lambda kv: -kv[1])[:6] \
             if (peak or bw) else []
 
-    notes = [n for n in report.notes if "no CUDA device" not in n and "fresh AdamW" not in n]
-    notes += count.notes
-    return dict(components=components, executed=float(count.executed), model=float(model_flops),
-                bound_s=bound_s, top=top, notes=notes)
+    return dict(executed=float(count.executed), model=float(model_flops), bound_s=bound_s, top=top,
+                count_notes=list(count.notes))
+
+
+def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
+    """A steady step, its live bytes tracked (`measure.live.LiveBytes`): its peak, where it
+    happens, and the gradients alive there. The optimizer's state is made first (one update
+    from zero gradients: it allocates what a first step would), so it lives from the start as it
+    does in every step after the first."""
+    params = list(model.parameters())
+    ac = autocast_dtype(setting["precision"])
+    before = adapter.checkpointing
+    opt = build_optimizer(setting["optimizer"], params, lr=0.0)
+    rounded = _rounded_bytes(round_to)
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p) if p.requires_grad else None
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        base = (rounded(params) + rounded(list(model.buffers()), params) + rounded(tensors_in(batch))
+                + rounded(state, params))
+
+        def grads_now():
+            return None if live.phase == "forward" else rounded([p.grad for p in params])
+
+        live = LiveBytes(model, base, round_to, on_peak=grads_now)
+        if adapter.can_checkpoint:
+            adapter.set_checkpointing(setting["checkpointing"])
+        with live:
+            live.set_phase("forward")
+            with torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext():
+                loss = loss_of(model, kind, batch)
+            live.set_phase("backward")
+            loss.backward()
+            del loss
+            live.set_phase("optimizer step")
+            opt.step()
+        scalars = _rounded_bytes(1)([v for v in state if v.dim() == 0], params)   # AdamW's steps: never sharded
+    finally:
+        if adapter.can_checkpoint:
+            adapter.set_checkpointing(before)
+        for p in params:
+            p.grad = None
+    phase, (peak, where, op, grads) = max(live.phase_peaks.items(), key=lambda kv: kv[1][0])
+    at = f"{phase}" + (f", in {where}" if where else "") + f" ({op})"
+    return dict(peak=float(peak), peak_at=at, grads_at_peak=float(grads or 0.0), state_scalars=float(scalars),
+                phase_peaks={ph: v[0] for ph, v in live.phase_peaks.items()}, timeline=list(live.samples))
+
+
+def _rounded_bytes(round_to):
+    """Bytes of the distinct storages behind some tensors, each rounded up to ``round_to``."""
+    def total(tensors, exclude=()):
+        skip = {storage_key(t) for t in exclude}
+        seen, out = set(), 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            key = storage_key(t)
+            if key[2] == 0 or key in seen or key in skip:
+                continue
+            seen.add(key)
+            out += -(-t.untyped_storage().nbytes() // round_to) * round_to
+        return float(out)
+    return total
 
 
 def loss_of(model, kind, batch):
@@ -156,11 +232,12 @@ def loss_of(model, kind, batch):
     return model(input_ids=x, labels=y, use_cache=False).loss
 
 
-def search_micro_batch(model, kind, cfg, setting, dev, limit) -> int | None:
-    """The largest micro-batch whose fake step fits the device: doubling, then bisection."""
+def search_micro_batch(setting, run, total_of, memory, limit) -> int:
+    """The largest micro-batch whose fake step (``run(setting)``) fits ``memory``: doubling, then
+    bisection up to ``limit``; 0 when not even one fits."""
     def fits(mb):
-        step = fake_step(model, kind, cfg, dict(setting, micro_batch=mb), mb)
-        return sum(step["components"].values()) + sum(b for b, _ in dev["fixed"].values()) <= dev["memory"]
+        s = dict(setting, micro_batch=mb)
+        return total_of(run(s), s) <= memory
 
     if not fits(1):
         return 0

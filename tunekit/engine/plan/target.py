@@ -77,9 +77,9 @@ def _lab_target(lab, batch_fn, loss_fn, blocks):
     """A Lab's model and default toggles: its config when it trains tunekit's GPT or a transformers
     model on the built-in batches and loss, else its model with its batches (its own batch_fn, or
     the built-in ones), loss_fn and blocks."""
-    t = lab.defaults
+    t = lab.resolve()   # the toggles a run starts from, defaults filled in
     toggles = dict(precision=t.precision, micro_batch=t.micro_batch, seq_len=t.seq_len,
-                   checkpointing=t.checkpointing, optimizer=t.optimizer)
+                   checkpointing=t.checkpointing, optimizer=t.optimizer, attention=t.attention)
     own_loss = lab.loss_fn != lab.adapter.loss   # the Lab's default is its adapter's loss
     cfg = getattr(lab.model, "config", None)
     kind = {"tunekit-gpt": "gpt", "transformers": "hf"}.get(lab.adapter.kind)

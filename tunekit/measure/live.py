@@ -1,0 +1,131 @@
+"""Live bytes over a training step, storage by storage, and where the peak happens. Measurement
+layer.
+
+`LiveBytes` is a dispatch mode: every op's output whose storage is new (not one of the op's
+inputs' storages, so views and in-place results are not counted again) adds its bytes; the
+storage's weak reference takes them off when it is freed. It works the same on real and on fake
+tensors (a plan steps the model under FakeTensorMode with it), so its peak can be checked against
+a real CPU step.
+
+Where: the phase the caller names (``forward``, ``backward``, ``optimizer step``), the innermost
+module running (module forward hooks), and in backward the module whose forward made the autograd
+node being run (each module's outputs' nodes are tagged in forward, through ``Node.metadata``;
+nodes inside a module keep the last module named).
+
+``round_to``: each storage's bytes rounded up to a multiple of it, as CUDA's caching allocator
+rounds every block to 512 bytes (1 counts bytes as they are).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .model_flops import tensors_in
+
+_TAG = "tunekit_module"
+CUDA_BLOCK = 512   # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize, every size rounds up to it
+
+
+def _storages(value):
+    out = {}
+    for t in tensors_in(value, levels=3):
+        st = t.untyped_storage()
+        if st.nbytes():
+            out[st._cdata] = st
+    return out
+
+
+class LiveBytes(TorchDispatchMode):
+    """Context manager: bytes alive over a step, from ``base`` (what lives before it: weights,
+    optimizer state, the batch). ``peak``, ``peak_at`` (phase, module, op), ``phase_peaks``
+    (phase -> (bytes, module, op, what ``on_peak()`` returned there)) and ``samples`` (phase,
+    live bytes) after each new storage, for a chart."""
+
+    def __init__(self, model: torch.nn.Module | None = None, base: float = 0.0, round_to: int = 1,
+                 on_peak=None):
+        super().__init__()
+        self.round_to = max(1, int(round_to))
+        self.live = self.peak = float(base)
+        self.phase, self.peak_at, self.samples, self.phase_peaks = "start", ("start", "", ""), [], {}
+        self.on_peak = on_peak
+        self._refs = {}     # storage identity -> (weak ref, bytes)
+        self._stack, self._backward_module = [], ""
+        self._names = {id(m): n or type(m).__name__ for n, m in model.named_modules()} if model is not None else {}
+        self._hooks = []
+
+    def _rounded(self, n: int) -> int:
+        r = self.round_to
+        return -(-n // r) * r
+
+    # --- the step's phases and modules --------------------------------------------------------
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self._stack.clear()   # a checkpointed block's recompute may stop early, its hooks unpopped
+
+    def _pre(self, module, args):
+        self._stack.append(self._names.get(id(module), type(module).__name__))
+
+    def _post(self, module, args, output):
+        name = self._stack.pop() if self._stack else ""
+        for t in tensors_in(output, levels=2):
+            node = t.grad_fn
+            if node is not None and _TAG not in node.metadata:   # the innermost module tags first
+                node.metadata[_TAG] = name
+
+    def where(self) -> str:
+        if self.phase == "forward":
+            return self._stack[-1] if self._stack else ""
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            name = node.metadata.get(_TAG) if node is not None else None
+            if name:
+                self._backward_module = name
+            return self._backward_module
+        return ""
+
+    def __enter__(self):
+        from torch.nn.modules import module as mod
+
+        if self._names:
+            self._hooks = [mod.register_module_forward_pre_hook(self._pre),
+                           mod.register_module_forward_hook(self._post)]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        return super().__exit__(*exc)
+
+    # --- the bytes ----------------------------------------------------------------------------
+
+    def _freed(self, key):
+        entry = self._refs.pop(key, None)
+        if entry is not None:
+            self.live -= entry[1]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # torch.tensor(...) makes its storage outside the dispatcher and hands it to lift_fresh
+        inputs = {} if func.__name__.startswith("lift_fresh") else _storages((args, kwargs))
+        grew = False
+        for key, st in _storages(out).items():
+            if key in inputs or key in self._refs:
+                continue
+            n = self._rounded(st.nbytes())
+            self._refs[key] = (weakref.ref(st, lambda _, k=key: self._freed(k)), n)
+            self.live += n
+            grew = True
+        if grew:
+            self.samples.append((self.phase, self.live))
+            best = self.phase_peaks.get(self.phase)
+            if best is None or self.live > best[0]:
+                op = str(func).removeprefix("aten.")
+                extra = self.on_peak() if self.on_peak is not None else None
+                self.phase_peaks[self.phase] = (self.live, self.where(), op, extra)
+                if self.live > self.peak:
+                    self.peak, self.peak_at = self.live, (self.phase, self.where(), op)
+        return out
