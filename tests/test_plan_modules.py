@@ -322,6 +322,7 @@ def test_a_lab_on_a_custom_module_plans_through_its_batch_fn_loss_fn_and_blocks(
         real = {k: float(v) for k, v in tunekit.measure_memory(lab, checkpointing=checkpointing).measured.items()
                 if k in COMPONENTS}
         assert planned(p) == real and p.setting["micro_batch"] == 2 and p.setting["seq_len"] == 16
+        assert planned(lab.plan("cpu", checkpointing=checkpointing)) == real   # lab.plan: the same plan
 
 
 class TokenNet(nn.Module):
