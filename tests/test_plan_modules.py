@@ -379,6 +379,18 @@ def test_bad_input_to_a_module_plan_is_refused_before_any_work(call, error, matc
         call()
 
 
+def test_a_bug_in_the_step_is_raised_not_planned_analytically():
+    class NoForward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Linear(4, 4)
+
+    with pytest.raises(NotImplementedError, match="forward"):
+        tunekit.plan(NoForward(), "cpu", batch_fn=lambda b, s: (torch.randn(b, 4),))
+    with pytest.raises(RuntimeError, match="same reduction dim"):   # torch's meta kernel words it so
+        tunekit.plan(nn.Linear(4, 4), "cpu", batch_fn=lambda b, s: (torch.randn(b, 5),))
+
+
 def test_a_loss_fn_that_does_not_use_the_model_it_gets_is_refused():
     net = _net()
     with pytest.raises(ValueError, match="loss_fn's loss does not reach the model it is given"):

@@ -45,8 +45,8 @@ def fake_failure(e: BaseException) -> str | None:
             return (f"an op's output shape depends on tensor values ({e}: nonzero, torch.where(mask), "
                     "boolean indexing, unique), which a fake tensor does not have")
         module = type(e).__module__ or ""
-        if module.startswith(("torch._subclasses", "torch.fx.experimental")) or isinstance(e, NotImplementedError) \
-                or (isinstance(e, RuntimeError) and _FAKE_WORDS.search(str(e))):
+        if module.startswith(("torch._subclasses", "torch.fx.experimental")) \
+                or (isinstance(e, (RuntimeError, NotImplementedError)) and _FAKE_WORDS.search(str(e))):
             return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
         e = e.__cause__ or e.__context__
     return None
