@@ -43,7 +43,7 @@ class Plan:
     setting: dict                       # precision, weights, micro_batch, seq_len, checkpointing, ...
     components: dict                    # component -> bytes (COMPONENTS)
     fixed: dict                         # fixed cost -> (bytes, source)
-    tokens: int
+    tokens: int                         # of one micro-batch (samples where `unit` says so)
     executed_flops: float               # of one step, causal attention halved as tunekit counts
     model_flops: float                  # the MFU convention's (no recompute)
     bound_step_s: float                 # the roofline's lower bound on one step
@@ -62,6 +62,14 @@ class Plan:
     compute_bound_s: float = NaN        # the roofline of the FLOP-doing ops
     comm_s: float = 0.0                 # the collectives at the links' bandwidth, one step
     comm: dict = field(default_factory=dict)          # "kind/scope" -> seconds
+    method: str = "fake step"           # how it was computed: "fake step", or "analytic" (estimate_memory)
+    unit: str = "tokens"                # what `tokens` counts: "tokens", or "samples" (a batch without a sequence)
+
+    @property
+    def unknown(self) -> list:
+        """The components nobody could count (NaN): an analytic plan's activations of a model
+        tunekit has no table for. The total and the verdict leave them out, and say so."""
+        return [k for k, v in self.components.items() if v != v]
 
     @property
     def fixed_bytes(self) -> float:
@@ -69,13 +77,16 @@ class Plan:
 
     @property
     def total_bytes(self) -> float:
-        """What the device must hold at the step's peak: the peak (the sum of the components where
-        no peak was measured) plus the fixed costs."""
-        held = self.peak_bytes if self.peak_bytes == self.peak_bytes else sum(self.components.values())
+        """What the device must hold at the step's peak: the peak (the sum of the known components
+        where no peak was measured: an analytic plan; `unknown` lists what is left out) plus the
+        fixed costs."""
+        held = self.peak_bytes if self.peak_bytes == self.peak_bytes else \
+            sum(v for v in self.components.values() if v == v)
         return held + self.fixed_bytes
 
     @property
     def fits(self) -> bool:
+        """The known total within the device's memory (with `unknown` components: the known part)."""
         return self.total_bytes <= self.device_memory_bytes
 
     @property
@@ -84,7 +95,8 @@ class Plan:
 
     @property
     def bound_tokens_per_s(self) -> float:
-        """Per device (rank): its micro-batch's tokens over the bound step time."""
+        """Per device (rank): its micro-batch's tokens over the bound step time (samples when
+        `unit` is "samples")."""
         return self.tokens / self.bound_step_s if self.bound_step_s > 0 else NaN
 
     @property
@@ -93,8 +105,9 @@ class Plan:
 
     @property
     def bound_mfu(self) -> float:
-        """The MFU the step would have at its speed of light: model FLOPs over the bound's time."""
-        if not self.peak_tflops or not self.bound_step_s > 0:
+        """The MFU the step would have at its speed of light: model FLOPs over the bound's time.
+        NaN for an analytic plan: its bound is those FLOPs at the peak, 100% by construction."""
+        if not self.peak_tflops or not self.bound_step_s > 0 or self.method != "fake step":
             return NaN
         return self.model_flops / self.bound_step_s / 1e12 / self.peak_tflops
 
@@ -119,19 +132,29 @@ def to_text(p: Plan) -> str:
     s = p.setting
     head = (f"plan · {p.model} on {p.device} · {s['precision']}"
             + (f" (weights {s['weights']})" if s.get("weights") else "")
-            + f" · micro-batch {s['micro_batch']} x {s['seq_len']}"
+            + (f" · micro-batch {s['micro_batch']} x {s['seq_len']}" if p.unit == "tokens"
+               else f" · micro-batch {s['micro_batch']} samples")
             + (" · checkpointing" if s.get("checkpointing") else "") + f" · {s['optimizer']}")
     verdict = "fits" if p.fits else "does NOT fit"
     if p.parallel:
         par = p.parallel
         head += (f" · {par['kind']} over {par['world_size']} GPUs" + (f" on {par['nodes']} nodes" if par["nodes"] > 1
                                                                      else "") + " (per rank)")
-    lines = [head, f"  memory     {p.total_bytes / GiB:,.2f} GiB of {p.device_memory_bytes / GiB:,.1f} GiB: {verdict}"
+    head += f" · {p.method}"
+    known = f"at least {p.total_bytes / GiB:,.2f} GiB ({', '.join(p.unknown)} unknown)" if p.unknown else \
+        f"{p.total_bytes / GiB:,.2f} GiB"
+    lines = [head, f"  memory     {known} of {p.device_memory_bytes / GiB:,.1f} GiB: {verdict}"
              f" ({abs(p.headroom_bytes) / GiB:,.2f} GiB {'free' if p.fits else 'over'})"]
+    notes = p.notes
+    if p.method != "fake step" and notes:   # how it was computed, first
+        lines.insert(1, f"  method     {notes[0]}")
+        notes = notes[1:]
     if p.peak_bytes == p.peak_bytes:
         lines.append(f"  peak       {p.peak_bytes / GiB:,.3f} GiB at {p.peak_at} + fixed costs; the components:")
     for k, v in p.components.items():
-        if v:
+        if v != v:
+            lines.append(f"    {k:<17}{'unknown':>10}")
+        elif v:
             lines.append(f"    {k:<17}{v / GiB:>10,.3f} GiB")
     for k, (b, src) in p.fixed.items():
         lines.append(f"    {k:<17}{b / GiB:>10,.3f} GiB  ({src})")
@@ -143,7 +166,7 @@ def to_text(p: Plan) -> str:
     if p.bound_step_s == p.bound_step_s:
         per_gpu = " per GPU" if p.parallel else ""
         lines.append(f"  bound      step >= {p.bound_step_s * 1e3:,.1f} ms: "
-                     f"<= {p.bound_tokens_per_s:,.0f} tokens/s{per_gpu}"
+                     f"<= {p.bound_tokens_per_s:,.0f} {p.unit}/s{per_gpu}"
                      + (f", MFU <= {p.bound_mfu:.1%}" if p.bound_mfu == p.bound_mfu else "")
                      + " (upper bounds, not predictions)")
     if p.comm:
@@ -152,5 +175,5 @@ def to_text(p: Plan) -> str:
                      f"{p.compute_bound_s * 1e3:,.1f} ms: the bound takes the longer (perfect overlap)")
     if p.bound_by:
         lines.append("  bound by   " + ", ".join(f"{op} {t * 1e3:,.1f} ms" for op, t in p.bound_by[:4]))
-    lines += [f"  note       {n}" for n in p.notes]
+    lines += [f"  note       {n}" for n in notes]
     return "\n".join(lines)

@@ -317,8 +317,8 @@ class Lab(LabResults):
         (precision, weights, micro_batch, seq_len, checkpointing, optimizer, search, ...) and the
         Lab's other toggles, as ``lab.run`` takes them; a toggle the plan does not model (compile,
         an attention it cannot switch to) is said in ``plan.notes``. The plan builds its own model
-        under fake tensors: the live model, its weights and optimizer stay as they are. A model
-        plan cannot build (an nn.Module without a config) raises plan's error.
+        under fake tensors (a model of your own: its fake twin, on the Lab's batch_fn, loss_fn and
+        blocks): the live model, its weights and optimizer stay as they are.
 
         Example: ``p = lab.plan("H100 SXM", precision="bf16", micro_batch=32); p.fits, p.bound_tokens_per_s``."""
         return lab_plan(self, device, overrides)

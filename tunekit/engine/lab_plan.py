@@ -1,8 +1,9 @@
 """``lab.plan``: `tunekit.plan` of a Lab's model under the toggles a run would start from, with
 what of the Lab the plan does not model said in its notes. Engine layer.
 
-The plan builds its own model from the Lab's config under fake tensors (engine.plan): the live
-model, its weights and its optimizer are not touched. Which of the Lab's toggles reach the plan is
+The plan builds its own model from the Lab's config under fake tensors (engine.plan), or a fake
+twin of a model of the user's, stepped on the Lab's batch_fn, loss_fn and blocks: the live model,
+its weights and its optimizer are not touched. Which of the Lab's toggles reach the plan is
 read from `plan`'s own signature, so a keyword plan learns (``attention``, ``parallel``, ...) is
 forwarded and shown by ``lab.plan`` without a change here.
 """
@@ -43,8 +44,8 @@ def show_plan_keywords(method):
 
 def lab_plan(lab, device: str, overrides: dict) -> Plan:
     """The plan of ``lab``'s model on ``device``: the toggles ``lab.resolve(**toggle overrides)``
-    (what ``lab.run`` with them would use), plan's other keywords as given. A model plan cannot
-    build (an nn.Module without a config) raises plan's own error."""
+    (what ``lab.run`` with them would use), plan's other keywords as given. What plan refuses
+    raises plan's own error."""
     taken = {p.name for p in plan_parameters()}
     t = lab.resolve(**{k: v for k, v in overrides.items() if k in TOGGLES})
     kw = {k: getattr(t, k) for k in TOGGLES if k in taken}

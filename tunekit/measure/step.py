@@ -32,6 +32,17 @@ class ProbeResult:
     unit: str = "tokens"              # what per_sample counts: "tokens", or "samples" (no sequence dimension)
 
 
+def per_sample(x, seq_len) -> tuple[int, str]:
+    """What one sample of a batch whose first input is ``x`` counts: ``(seq_len, "tokens")`` when
+    ``x`` has a sequence dimension of that length (B, S, ...), else ``(1, "samples")`` (images,
+    features): the Lab's tokens/s, samples/s for a model without a sequence, and the plan's.
+
+    >>> per_sample(torch.zeros(4, 128, dtype=torch.long), 128), per_sample(torch.zeros(4, 3, 32, 32), 128)
+    ((128, 'tokens'), (1, 'samples'))"""
+    shape = tuple(getattr(x, "shape", ()))
+    return (seq_len, "tokens") if len(shape) >= 2 and shape[1] == seq_len else (1, "samples")
+
+
 def probe_step(model: torch.nn.Module, loss_of, x, y, autocast) -> ProbeResult:
     """Count FLOPs and saved-activation bytes of one forward+backward; gradients are cleared.
 

@@ -15,13 +15,15 @@ import warnings
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ...core import validate
+from ...core import registry, validate
 from ...core.comm import layout_problems
 from ...core.plan import Plan
 from ...core.plan_shard import INTER_NODE_GBS, INTER_NODE_SOURCE, NCCL_BUFFERS, comm_seconds, rank_peak, shard_count
+from .analytic import FakeStepError, analytic_plan, fake_failure
 from .device import device_figures
+from .module import ModuleTarget, Stepped
 from .step import WEIGHTS, alternatives, fake_step, search_micro_batch
-from .target import build, config_of, masks_as_in_eager, max_len, model_name
+from .target import amount, build, config_of, masks_as_in_eager, max_len, model_name
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
@@ -29,12 +31,20 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weights: str | None = None,
          micro_batch: int | None = None, seq_len: int | None = None, checkpointing: bool | None = None,
          optimizer: str | None = None, attention: str | None = None, parallel: str | None = None,
-         world_size: int = 1, nodes: int = 1, search: bool = False, search_limit: int = 4096) -> Plan:
+         world_size: int = 1, nodes: int = 1, search: bool = False, search_limit: int = 4096,
+         batch_fn=None, loss_fn=None, blocks=None) -> Plan:
     """Plan one training step of ``target`` on ``device`` without running it.
 
-    ``target``: a ``tunekit.GPTConfig``, a transformers config, or a ``tunekit.Lab`` (its model's
-    config and current toggles are the defaults). ``device``: a name of the spec table
-    ("H100 SXM", "A100", "MI300X", ...) or "cpu" (this machine's RAM and calibrated peak).
+    ``target``: a ``tunekit.GPTConfig``, a transformers config, an ``nn.Module`` (built on the
+    meta device, or a real one: a fake twin is stepped, the module is only read), or a
+    ``tunekit.Lab`` (its model, batches, loss and default toggles). A module tunekit has no batch
+    for needs ``batch_fn(micro_batch, seq_len) -> (x, y)``, called inside the fake mode;
+    ``loss_fn(model, x, y) -> loss`` (default: the model's own loss, else its output summed) and
+    ``blocks`` (what checkpointing recomputes) as the Lab takes them. A step a fake tensor cannot
+    take (a value read, a value-dependent shape: Adafactor, a token-dispatching router) is
+    planned by ``estimate_memory`` instead, and the plan says so (``method="analytic"``).
+    ``device``: a name of the spec table ("H100 SXM", "A100", "MI300X", ...) or "cpu" (this
+    machine's RAM and calibrated peak).
     ``precision``: the Lab's words (bf16/fp16 run under autocast); ``weights``: the parameters'
     dtype (None: fp32, with master weights where autocast runs; "bf16": pure bf16 training).
     ``attention``: the Lab's names ("sdpa", "math"/"eager", "flash"; None: the model's own).
@@ -44,26 +54,37 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     doubling then bisection up to ``search_limit``).
 
     Example: ``tunekit.plan(LlamaConfig(...), "H100 SXM", weights="bf16", micro_batch=1, seq_len=8192)``."""
-    cfg, kind, toggles = config_of(target)
+    cfg, kind, toggles = config_of(target, batch_fn, loss_fn, blocks)
     precision = validate.choice("precision", precision or toggles.get("precision", "fp32"), PRECISIONS)
+    weights = weights if weights is not None else toggles.get("weights")
     if weights is not None:
         validate.choice("weights", weights, tuple(k for k in WEIGHTS if k))
+    limit = max_len(cfg, kind)   # None: a module without a position limit
+    seq_note = []
+    if seq_len is None and not toggles.get("seq_len") and limit is None:
+        seq_len, seq_note = 1, ["seq_len not given: batch_fn was called with seq_len=1, as a Lab on your own "
+                                "batch_fn calls it"]
     micro_batch = validate.count("micro_batch", toggles.get("micro_batch", 1) if micro_batch is None else micro_batch)
-    seq_len = validate.count("seq_len", (toggles.get("seq_len") or max_len(cfg, kind)) if seq_len is None else seq_len)
+    seq_len = validate.count("seq_len", (toggles.get("seq_len") or limit) if seq_len is None else seq_len)
     checkpointing = validate.flag("checkpointing", checkpointing if checkpointing is not None
                                   else toggles.get("checkpointing", False))
-    optimizer = optimizer or toggles.get("optimizer", "adamw")
+    optimizer = registry.optimizer(validate.text("optimizer", optimizer or toggles.get("optimizer", "adamw"))).name
     attention = attention if attention is not None else toggles.get("attention")
     layout = _layout(parallel, world_size, nodes)
     validate.flag("search", search)
     search_limit = validate.count("search_limit", search_limit)
     dev = device_figures(device, precision, layout["world_size"] if layout else 1)
-    if seq_len > max_len(cfg, kind):
-        raise ValueError(f"seq_len={seq_len} is longer than the model's {max_len(cfg, kind)} positions")
+    if checkpointing and not getattr(cfg, "can_checkpoint", True):
+        raise ValueError("checkpointing needs the blocks to recompute: tunekit.plan(..., blocks='layers'), an "
+                         "attribute path of the model or a list of its modules")
+    if limit is not None and seq_len > limit:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's {limit} positions")
     setting = dict(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
                    checkpointing=checkpointing, optimizer=optimizer)
     notes = []
-    with FakeTensorMode(), warnings.catch_warnings(), masks_as_in_eager(kind):
+    # a module's batch_fn may hand back real tensors and a module real constants: taken as fakes
+    with FakeTensorMode(allow_non_fake_inputs=isinstance(cfg, ModuleTarget)), warnings.catch_warnings(), \
+            masks_as_in_eager(kind):
         warnings.simplefilter("ignore")   # transformers' init notices; nothing here runs for real
         models = {}
 
@@ -76,7 +97,18 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
         def total_of(step, s):
             return _placed(step, s, layout, dev)["total"]
 
-        step = run(setting)
+        tokens, unit = micro_batch, "samples"   # until the batch says
+        try:
+            tokens, unit = amount(cfg, kind, micro_batch, seq_len)
+            step = run(setting)
+        except Exception as e:   # what a fake tensor cannot take is planned analytically, and said
+            reason = e.reason if isinstance(e, FakeStepError) else fake_failure(e)
+            if reason is None:
+                raise
+            planned = analytic_plan(models.get(weights), cfg, kind, dict(setting, attention=attention), dev, layout,
+                                    reason, model_name(cfg, kind), tokens, unit)
+            planned.notes[1:1] = (seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes))
+            return planned
         found = (search_micro_batch(setting, lambda s: run(s, count=False), total_of, dev["memory"], search_limit)
                  if search else None)
         over = total_of(step, setting) > dev["memory"]
@@ -84,7 +116,8 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
         if over and layout is None and dev["name"] != "cpu":
             tries = sorted(tries + _sharded_alternatives(step, setting, dev), key=lambda a: a[1])
     placed = _placed(step, setting, layout, dev)
-    notes = list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"] + dev["notes"] + placed["notes"]
+    notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"]
+             + dev["notes"] + placed["notes"])   # a batch of samples: seq_len unused, nothing to say
     notes.append("peak: every tensor the step's ops make, alive until freed; scratch a kernel allocates for "
                  "itself is not seen (within 2% of torch.profiler's reading of a real CPU step)")
     if dev["name"] != "cpu":
@@ -96,7 +129,7 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
         bound_by = [("communication", placed["comm_s"])] + bound_by
     return Plan(model=model_name(cfg, kind), device=dev["name"], device_memory_bytes=dev["memory"],
                 setting=dict(setting, attention=attention), components=placed["components"], fixed=dev["fixed"],
-                tokens=micro_batch * seq_len, executed_flops=step["executed"], model_flops=step["model"],
+                tokens=tokens, unit=unit, executed_flops=step["executed"], model_flops=step["model"],
                 bound_step_s=max(compute, placed["comm_s"]), peak_tflops=dev["peak"], bandwidth_tbs=dev["bandwidth"],
                 bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
                 peak_bytes=placed["peak"], peak_at=step["peak_at"], phase_peaks=step["phase_peaks"],
@@ -163,7 +196,7 @@ def _set_attention(model, attention, notes) -> None:
     from ...models.adapters import adapt
 
     name = resolve(attention).name
-    adapter = adapt(model)
+    adapter = model.adapter if isinstance(model, Stepped) else adapt(model)
     if name == "flash":   # flash-attn needs CUDA: CPU's fused SDPA saves the same (output, logsumexp)
         notes.append("attention='flash' planned as torch's fused SDPA, which saves the same tensors for backward")
         name = "sdpa"

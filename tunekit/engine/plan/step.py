@@ -15,6 +15,8 @@ from ...measure.model_flops import tensors_in
 from ...measure.tally import storage_key
 from ...models.adapters import adapt, fsdp_units
 from ...models.optimizers import build_optimizer
+from .analytic import FakeStepError, fake_failure
+from .module import ModuleTarget
 
 WEIGHTS = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -66,6 +68,10 @@ class RooflineCounter(TunekitFlopCounter):
 
 
 def batch_of(cfg, kind, micro_batch, seq_len):
+    if isinstance(cfg, ModuleTarget):   # a module: its batch_fn's batches, else the tokens its config takes
+        if cfg.batch_fn is not None:
+            return cfg.batch(micro_batch, seq_len)
+        cfg, kind = cfg.config, cfg.inner_kind
     vocab = cfg.vocab_size
     x = torch.randint(0, vocab, (micro_batch, seq_len))
     return x, (torch.randint(0, vocab, (micro_batch, seq_len)) if kind == "gpt" else x)
@@ -75,17 +81,27 @@ def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: 
     """One planned step: its components (measure_memory's code), its steady peak and where
     (a second step, tracked by LiveBytes) and, with ``count``, its FLOPs op by op for the
     roofline (a third: torch's FLOP counter keeps tensors alive, so it never runs beside the
-    live-bytes tracking; on an 8B Llama it would add 20 GB to the peak)."""
+    live-bytes tracking; on an 8B Llama it would add 20 GB to the peak). `FakeStepError` (a
+    ValueError) saying why when a fake tensor cannot take it (a value read, a value-dependent shape)."""
+    ck = model.adapter if kind == "module" else None   # a module's blocks (plan.module.Stepped): checkpointed here
+    if ck is not None and setting["checkpointing"] and not ck.can_checkpoint:
+        raise ValueError(f"checkpointing needs the blocks to recompute: tunekit.plan(..., blocks='layers') "
+                         f"(an attribute path of {type(model.model).__name__} or a list of its modules)")
     try:
-        return _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count)
+        if ck is not None:
+            ck.set_checkpointing(setting["checkpointing"])
+        step = _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count)
     except Exception as e:
-        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-
-        if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
-            raise ValueError(f"this step reads a tensor's value ({e}), which a fake step cannot (no data): "
-                             f"plan with another optimizer than {setting['optimizer']!r}, or use "
-                             "tunekit.estimate_memory (analytic) for this model") from None
-        raise
+        reason = fake_failure(e)
+        if reason is None:
+            raise
+        raise FakeStepError(reason) from e
+    finally:
+        if ck is not None and ck.checkpointing:
+            ck.set_checkpointing(False)
+    if ck is not None:   # measure_memory's adapter does not know the blocks checkpointed here
+        step["notes"] = [n for n in step["notes"] if not n.startswith("checkpointing requested")]
+    return step
 
 
 def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count) -> dict:
@@ -95,7 +111,7 @@ def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count) -> di
     components = {k: float(report.measured.get(k, 0.0)) for k in COMPONENTS}
     if any(math.isnan(v) for v in components.values()):
         raise ValueError(f"the fake step left a component unmeasured: {components}")
-    adapter = adapt(model)
+    adapter = model.adapter if kind == "module" else adapt(model)   # a module's: its twin's blocks
     live = _timeline(model, adapter, kind, batch, setting, round_to)
     out = dict(components=components, notes=[n for n in report.notes if "no CUDA device" not in n
                                               and "fresh AdamW" not in n],
@@ -208,6 +224,8 @@ def _rounded_bytes(round_to):
 
 
 def loss_of(model, kind, batch):
+    if kind == "module":   # plan.module.Stepped: the user's loss on its twin
+        return model(*batch)
     x, y = batch
     if kind == "gpt":
         return model(x, y)[1]

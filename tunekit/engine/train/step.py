@@ -19,7 +19,7 @@ import torch
 
 from ...core import registry
 from ...core.toggles import Toggles
-from ...measure.step import ProbeResult, add_flash_flops, probe_step
+from ...measure.step import ProbeResult, add_flash_flops, per_sample, probe_step
 from ...models.data import Batcher
 from ...models.optimizers import build_optimizer
 from .precision import autocast, matmul_precision
@@ -178,9 +178,7 @@ class TrainStep:
                              lambda: autocast(t, self.device))
         res.attention_ran = self.adapter.attention_ran
         # tokens per sample: the batch's sequence length when it has one, else 1 (samples/s)
-        shape = tuple(getattr(x, "shape", ()))
-        sequence = len(shape) >= 2 and shape[1] == t.seq_len
-        res.per_sample, res.unit = (t.seq_len, "tokens") if sequence else (1, "samples")
+        res.per_sample, res.unit = per_sample(x, t.seq_len)
         if res.attention_ran == "flash" and self.adapter.shape is not None:
             add_flash_flops(res, self.adapter.shape, t.micro_batch, t.seq_len, self.adapter.checkpointing)
         if len(self._probes) >= 64:  # bounded: one entry per configuration tried
