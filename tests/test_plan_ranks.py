@@ -106,6 +106,12 @@ def test_a_ranks_peak_swaps_the_whole_models_lines_for_its_own():
     comps, peak = rank_peak(2000.0, COMPS, 156.0, UNITS, "fsdp", 2, 1, 2, state_scalars=8.0)
     assert peak == pytest.approx(2000 - (156 + 312 + 156) * (18 / 39) - 78 + 84 + 72)
     assert comps["gathered_params"] == 84.0
+    # in the optimizer's step the ranks update their shards alone: nothing gathered, no casts
+    _, opt = rank_peak(2000.0, COMPS, 156.0, UNITS, "fsdp", 2, 1, 2, state_scalars=8.0, phase="optimizer step")
+    assert opt == pytest.approx(2000 - (156 + 312 + 156) * (18 / 39))
+    # in forward no gradient exists yet: gathered blocks, no unsharded gradients
+    _, fwd = rank_peak(2000.0, COMPS, 0.0, UNITS, "fsdp", 2, 1, 2, state_scalars=8.0, phase="forward")
+    assert fwd == pytest.approx(2000 - (156 + 312) * (18 / 39) - 78 + 84)
     assert rank_peak(2000.0, COMPS, 156.0, UNITS, None, 1, 1, 2) == (COMPS, 2000.0)
 
 

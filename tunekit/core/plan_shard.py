@@ -88,12 +88,14 @@ def comm_seconds(parallel: str, units, world: int, nodes: int, gathered_bytes: i
 
 
 def rank_peak(peak: float, components: dict, grads_at_peak: float, units, parallel: str | None, world: int,
-              nodes: int, gathered_bytes: int, state_scalars: float = 0.0, grad_bytes: int = 4) -> tuple[dict, float]:
-    """(rank 0's components, its peak): one device's step peak with its whole-model lines swapped
-    for rank 0's. At the peak, weights, master weights and optimizer state are whole, gradients
-    are ``grads_at_peak`` of them, and autocast's weight copies are alive (they are saved for
-    backward); sharding keeps ``shard_fraction`` of the first ones, replaces the copies with
-    gathered parameters, and adds one unit's unsharded gradients; DDP adds its buckets."""
+              nodes: int, gathered_bytes: int, state_scalars: float = 0.0, grad_bytes: int = 4,
+              phase: str = "backward") -> tuple[dict, float]:
+    """(rank 0's components, its peak): one device's peak with its whole-model lines swapped for
+    rank 0's. At the peak, weights, master weights and optimizer state are whole and gradients
+    are ``grads_at_peak`` of them; sharding keeps ``shard_fraction`` of each. At a forward's or
+    backward's peak autocast's weight copies are alive, and FSDP replaces them with gathered
+    parameters (and, in backward, one unit's unsharded gradients); the optimizer's step runs on
+    the shards alone. DDP adds its buckets throughout."""
     if parallel is None:
         return dict(components), peak
     comps, extra = per_rank(components, units, parallel, world, nodes, gathered_bytes, grad_bytes, state_scalars)
@@ -101,6 +103,10 @@ def rank_peak(peak: float, components: dict, grads_at_peak: float, units, parall
         return comps, peak + comps["ddp_buckets"]
     f = shard_fraction(units, shard_count(parallel, world, nodes))
     whole = sum(components.get(k, 0.0) for k in ("weights", "master_weights", "optimizer_states")) - state_scalars
-    out = peak - (whole + grads_at_peak) * (1 - f) - components.get("weight_casts", 0.0) + sum(extra.values())
+    out = peak - (whole + grads_at_peak) * (1 - f)
+    if phase != "optimizer step":
+        out += extra["gathered_params"] - components.get("weight_casts", 0.0)
+    if phase == "backward":
+        out += extra["unsharded_grads"]
     comps.update(extra)
     return comps, out

@@ -132,7 +132,7 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
                 tokens=tokens, unit=unit, executed_flops=step["executed"], model_flops=step["model"],
                 bound_step_s=max(compute, placed["comm_s"]), peak_tflops=dev["peak"], bandwidth_tbs=dev["bandwidth"],
                 bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
-                peak_bytes=placed["peak"], peak_at=step["peak_at"], phase_peaks=step["phase_peaks"],
+                peak_bytes=placed["peak"], peak_at=placed["peak_at"], phase_peaks=step["phase_peaks"],
                 timeline=_thin(step["timeline"]), parallel=layout, compute_bound_s=compute,
                 comm_s=placed["comm_s"], comm=placed["comm"])
 
@@ -161,19 +161,22 @@ def _placed(step, setting, layout, dev) -> dict:
     # ranks ask for reduce_dtype=float32), bf16/fp16 over half weights
     grads = 2 if setting["weights"] in ("bf16", "fp16") else 4
     if layout is None:
-        comps, peak, comm_s, comm, notes = dict(step["components"]), step["peak"], 0.0, {}, []
+        comps, peak, peak_at, comm_s, comm, notes = dict(step["components"]), step["peak"], step["peak_at"], 0.0, {}, []
     else:
         kind, world, nodes = layout["kind"], layout["world_size"], layout["nodes"]
         units = step["units"] if kind != "ddp" else [[s for u in step["units"] for s in u]]
-        comps, peak = rank_peak(step["peak"], step["components"], step["grads_at_peak"], units, kind, world,
-                                nodes, gathered, step["state_scalars"], grads)
+        # each phase's peak on rank 0: the highest is the rank's
+        ranked = {ph: rank_peak(b, step["components"], g, units, kind, world, nodes, gathered, step["state_scalars"],
+                                grads, phase=ph) + (at,)
+                  for ph, (b, at, g) in step["phase_detail"].items()}
+        comps, peak, peak_at = max(ranked.values(), key=lambda v: v[1])
         comm_s, comm = comm_seconds(kind, units, world, nodes, gathered, dev["link"], grad_bytes=grads)
         notes = [f"{kind}: rank 0's memory (FSDP2 gives it ceil(rows / {layout['shard']}) of each parameter); "
                  "collectives as ring algorithms at the links' bandwidth"
                  + (f", {INTER_NODE_GBS:g} GB/s per GPU across nodes ({INTER_NODE_SOURCE})" if nodes > 1 else "")]
         if dev["link"] is None:
             notes.append(f"no link bandwidth listed for {dev['name']}: no communication time")
-    return dict(components=comps, peak=peak, total=peak + sum(b for b, _ in dev["fixed"].values()),
+    return dict(components=comps, peak=peak, peak_at=peak_at, total=peak + sum(b for b, _ in dev["fixed"].values()),
                 comm_s=comm_s if comm_s == comm_s else 0.0, comm=comm, notes=notes)
 
 

@@ -200,10 +200,12 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
             adapter.set_checkpointing(before)
         for p in params:
             p.grad = None
-    phase, (peak, where, op, grads) = max(live.phase_peaks.items(), key=lambda kv: kv[1][0])
-    at = f"{phase}" + (f", in {where}" if where else "") + f" ({op})"
-    return dict(peak=float(peak), peak_at=at, grads_at_peak=float(grads or 0.0), state_scalars=float(scalars),
-                phase_peaks={ph: v[0] for ph, v in live.phase_peaks.items()}, timeline=list(live.samples))
+    # phase -> (its peak bytes, where, the gradients alive there)
+    detail = {ph: (float(b), f"{ph}" + (f", in {where}" if where else "") + f" ({op})", float(grads or 0.0))
+              for ph, (b, where, op, grads) in live.phase_peaks.items()}
+    peak, at, grads = max(detail.values(), key=lambda v: v[0])
+    return dict(peak=peak, peak_at=at, grads_at_peak=grads, state_scalars=float(scalars), phase_detail=detail,
+                phase_peaks={ph: v[0] for ph, v in detail.items()}, timeline=list(live.samples))
 
 
 def _rounded_bytes(round_to):
