@@ -73,7 +73,15 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     layout = _layout(parallel, world_size, nodes)
     validate.flag("search", search)
     search_limit = validate.count("search_limit", search_limit)
-    dev = device_figures(device, precision, layout["world_size"] if layout else 1)
+    # the matmuls run in the weights' dtype when those are half (autocast or not): the peak is that dtype's
+    compute = weights if weights in ("bf16", "fp16") else precision
+    dev = device_figures(device, compute, layout["world_size"] if layout else 1)
+    if compute != precision:
+        dev["notes"].insert(0, f"weights are {weights}: the matmuls run in {weights}, so the bound is against "
+                               f"the {weights} peak (precision={precision!r} names the autocast, here none)"
+                            if precision in ("fp32", "tf32") else
+                            f"weights are {weights}: the matmuls run in {weights} (autocast to {precision} is not "
+                            f"applied to half weights), so the bound is against the {weights} peak")
     if checkpointing and not getattr(cfg, "can_checkpoint", True):
         raise ValueError("checkpointing needs the blocks to recompute: tunekit.plan(..., blocks='layers'), an "
                          "attribute path of the model or a list of its modules")
