@@ -15,3 +15,14 @@ def test_half_weights_without_autocast_are_bounded_at_the_half_peak():
     assert pure.peak_tflops == 989
     assert pure.bound_step_s == pytest.approx(both.bound_step_s, rel=0.05)
     assert any("bf16 peak" in n for n in pure.notes)
+
+
+@pytest.mark.parametrize("name", ["A100 40GB", "NVIDIA A100-SXM4-40GB", "H100 94GB"])
+def test_a_device_named_with_another_memory_size_is_refused(name):
+    # the spec table's A100 is the 80 GB card: "A100 40GB" was planned against 79.2 GiB and "fit"
+    with pytest.raises(ValueError, match="GB"):
+        tunekit.plan(TINY, name, micro_batch=1, seq_len=8)
+
+
+def test_a_device_named_with_its_own_memory_size_is_planned():
+    assert tunekit.plan(TINY, "NVIDIA H100 80GB HBM3", micro_batch=1, seq_len=8).device == "H100 SXM"
