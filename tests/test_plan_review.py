@@ -26,3 +26,24 @@ def test_a_device_named_with_another_memory_size_is_refused(name):
 
 def test_a_device_named_with_its_own_memory_size_is_planned():
     assert tunekit.plan(TINY, "NVIDIA H100 80GB HBM3", micro_batch=1, seq_len=8).device == "H100 SXM"
+
+
+def test_an_encoder_decoder_config_plans_the_whole_model():
+    # T5Config raised transformers' "Unrecognized configuration class ... AutoModelForCausalLM";
+    # BartConfig planned BartForCausalLM, the decoder alone
+    transformers = pytest.importorskip("transformers")
+    t5 = transformers.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=1000,
+                               decoder_start_token_id=0, pad_token_id=0)
+    p = tunekit.plan(t5, "cpu", micro_batch=2, seq_len=32)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(t5)
+    x = torch.randint(0, 1000, (2, 32))
+    real = tunekit.measure_memory(model, (x, x), optimizer="adamw", precision="fp32", estimate=False).measured
+    assert p.method == "fake step" and p.components == {k: float(real[k]) for k in p.components}
+    assert "encoder-decoder" in p.notes[0]
+    bart = transformers.BartConfig(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                   decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                   vocab_size=1000, max_position_embeddings=64)
+    whole = transformers.AutoModelForSeq2SeqLM.from_config(bart)
+    n = sum(t.numel() for t in whole.parameters())
+    assert tunekit.plan(bart, "cpu", micro_batch=2, seq_len=32).components["weights"] == 4 * n
