@@ -76,3 +76,21 @@ def test_a_mixture_of_experts_counts_its_experts():
     # top-2 of 256-wide experts does the work of one 512-wide MLP (+ the router's few)
     assert moe.method == "fake step"
     assert moe.executed_flops == pytest.approx(dense.executed_flops, rel=0.03)
+
+
+class _DictOut(torch.nn.Module):
+    def __init__(self, key):
+        super().__init__()
+        self.lin, self.key = torch.nn.Linear(8, 8), key
+
+    def forward(self, x):
+        y = self.lin(x)
+        return {self.key: y.sum() if self.key == "loss" else y}
+
+
+def test_a_module_returning_a_dict_is_planned_or_told_to_give_a_loss():
+    # a forward returning {"logits": ...} raised AttributeError: 'dict' object has no attribute 'grad_fn'
+    batch = dict(micro_batch=4, batch_fn=lambda b, s: (torch.randn(b, 8),))
+    with pytest.raises(TypeError, match=r"dict of \['logits'\].*loss_fn"):
+        tunekit.plan(_DictOut("logits"), "cpu", **batch)
+    assert tunekit.plan(_DictOut("loss"), "cpu", **batch).components["gradients"] == 4 * (64 + 8)
