@@ -94,3 +94,17 @@ def test_a_module_returning_a_dict_is_planned_or_told_to_give_a_loss():
     with pytest.raises(TypeError, match=r"dict of \['logits'\].*loss_fn"):
         tunekit.plan(_DictOut("logits"), "cpu", **batch)
     assert tunekit.plan(_DictOut("loss"), "cpu", **batch).components["gradients"] == 4 * (64 + 8)
+
+
+def test_tunekit_plan_help_says_each_default_once():
+    import contextlib
+    import io
+
+    from tunekit.ui.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(out.getvalue().split())
+    assert "(default: cpu-tiny)" in text and text.count("(default: cpu-tiny)") == 1
+    assert text.count("(default: H100 SXM)") == 1 and "(default: adamw) (default: adamw)" not in text
