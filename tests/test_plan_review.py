@@ -108,3 +108,19 @@ def test_tunekit_plan_help_says_each_default_once():
     text = " ".join(out.getvalue().split())
     assert "(default: cpu-tiny)" in text and text.count("(default: cpu-tiny)") == 1
     assert text.count("(default: H100 SXM)") == 1 and "(default: adamw) (default: adamw)" not in text
+
+
+def test_the_dashboards_plan_of_a_batch_of_samples_says_samples(tmp_path):
+    import html
+
+    from tunekit.engine.lab import Lab
+
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    lab = Lab(model=net, batch_fn=lambda b, s: (torch.randn(b, 16), torch.randint(0, 4, (b,))),
+              loss_fn=lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y), log_path=tmp_path / "r.jsonl",
+              micro_batch=8)
+    dash = lab.dashboard()
+    dash.plan_picker.value = "A100"
+    shown = html.unescape(dash.plan_html.value)
+    assert dash.last_plan.unit == "samples" and "samples/s" in shown.split("<details>")[0]
+    assert "tokens/s" not in shown.split("<details>")[0]
