@@ -124,3 +124,10 @@ def test_the_dashboards_plan_of_a_batch_of_samples_says_samples(tmp_path):
     shown = html.unescape(dash.plan_html.value)
     assert dash.last_plan.unit == "samples" and "samples/s" in shown.split("<details>")[0]
     assert "tokens/s" not in shown.split("<details>")[0]
+
+
+def test_a_ddp_plan_does_not_speak_of_fsdp_shards():
+    # the note said "ddp: rank 0's memory (FSDP2 gives it ceil(rows / 1) of each parameter)"
+    p = tunekit.plan(TINY, "H100 SXM", micro_batch=1, seq_len=8, parallel="ddp", world_size=4)
+    note = next(n for n in p.notes if n.startswith("ddp:"))
+    assert "FSDP2" not in note and "whole model" in note

@@ -182,8 +182,9 @@ def _placed(step, setting, layout, dev) -> dict:
                   for ph, (b, at, g) in step["phase_detail"].items()}
         comps, peak, peak_at = max(ranked.values(), key=lambda v: v[1])
         comm_s, comm = comm_seconds(kind, units, world, nodes, gathered, dev["link"], grad_bytes=grads)
-        notes = [f"{kind}: rank 0's memory (FSDP2 gives it ceil(rows / {layout['shard']}) of each parameter); "
-                 "collectives as ring algorithms at the links' bandwidth"
+        held = ("every rank holds the whole model, and DDP's Reducer a copy of its gradients in buckets"
+                if kind == "ddp" else f"FSDP2 gives it ceil(rows / {layout['shard']}) of each parameter")
+        notes = [f"{kind}: rank 0's memory ({held}); collectives as ring algorithms at the links' bandwidth"
                  + (f", {INTER_NODE_GBS:g} GB/s per GPU across nodes ({INTER_NODE_SOURCE})" if nodes > 1 else "")]
         if dev["link"] is None:
             notes.append(f"no link bandwidth listed for {dev['name']}: no communication time")
