@@ -131,3 +131,10 @@ def test_a_ddp_plan_does_not_speak_of_fsdp_shards():
     p = tunekit.plan(TINY, "H100 SXM", micro_batch=1, seq_len=8, parallel="ddp", world_size=4)
     note = next(n for n in p.notes if n.startswith("ddp:"))
     assert "FSDP2" not in note and "whole model" in note
+
+
+def test_a_search_stopped_by_its_limit_says_so():
+    # search_limit=3 on a model where far more fits printed "largest micro-batch that fits: 3"
+    p = tunekit.plan(TINY, "H100 SXM", micro_batch=1, seq_len=8, search=True, search_limit=3)
+    assert p.max_micro_batch == 3 and any("search_limit=3" in n for n in p.notes)
+    assert "search_limit=3" in repr(p)

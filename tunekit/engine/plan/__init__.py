@@ -126,6 +126,8 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     placed = _placed(step, setting, layout, dev)
     notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"]
              + dev["notes"] + placed["notes"])   # a batch of samples: seq_len unused, nothing to say
+    if found is not None and found >= search_limit:
+        notes.append(f"the micro-batch search stopped at search_limit={search_limit}: a larger one may fit too")
     if kind == "hf" and getattr(cfg, "is_encoder_decoder", False):
         notes.insert(0, "an encoder-decoder (AutoModelForSeq2SeqLM), trained on labels of seq_len tokens as the "
                         "inputs: tokens count the encoder's micro_batch x seq_len")
