@@ -16,6 +16,7 @@ count 0 FLOPs in torch's counter; we name them so that nobody mistakes the total
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -65,9 +66,20 @@ _CPU_SDPA = {
 }
 
 
+def _grouped_mm(a, b, *args, out_shape=None, **kwargs) -> int:
+    """torch._grouped_mm (transformers' mixture-of-experts layers): each output element is one
+    dot product of length K = a[-1], so 2 x out x K; with two 2D inputs the groups split K
+    (out is (G, M, N) over a (M, K) x (K, N) product), so the G groups share it."""
+    n = 2 * math.prod(out_shape) * a[-1]
+    return n // out_shape[0] if len(a) == 2 and len(b) == 2 else n
+
+
+_ADDED = {**_CPU_SDPA, **({aten._grouped_mm: _grouped_mm} if hasattr(aten, "_grouped_mm") else {})}
+
+
 def missing_formulas() -> dict:
     """The formulas tunekit adds because torch's registry lacks them (empty once torch has them)."""
-    return {op: f for op, f in _CPU_SDPA.items() if op not in flop_registry}
+    return {op: f for op, f in _ADDED.items() if op not in flop_registry}
 
 
 # --- the counter -------------------------------------------------------------------------------

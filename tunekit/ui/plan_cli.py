@@ -20,23 +20,22 @@ def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFor
                                  "whether it fits, and a speed-of-light bound (tunekit.plan).")
     p.add_argument("-h", "--help", action="help", help="show this help message and exit")
     p.add_argument("--model", default="cpu-tiny",
-                   help="a GPT preset or a transformers config JSON file (default: cpu-tiny)")
+                   help="a GPT preset or a transformers config JSON file")
     p.add_argument("--device", default="H100 SXM",
-                   help="a device of the spec table (" + ", ".join(s.name for s in SPECS) + ") or cpu "
-                        "(default: H100 SXM)")
+                   help="a device of the spec table (" + ", ".join(s.name for s in SPECS) + ") or cpu")
     p.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"), default="bf16",
-                   help="training precision; bf16/fp16 under autocast (default: bf16)")
+                   help="training precision; bf16/fp16 under autocast")
     p.add_argument("--weights", choices=("fp32", "bf16", "fp16"), default=None,
-                   help="the parameters' dtype (default: fp32, with master weights under autocast)")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per step (default: 1)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's maximum)")
+                   help="the parameters' dtype; none: fp32, with master weights under autocast")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per step")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence; none: the model's maximum")
     p.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
-    p.add_argument("--optimizer", default="adamw", help="adamw | sgd | adafactor | ... (default: adamw)")
-    p.add_argument("--attention", default=None, help="sdpa | math | flash (default: the model's own)")
+    p.add_argument("--optimizer", default="adamw", help="adamw | sgd | adafactor | ...")
+    p.add_argument("--attention", default=None, help="sdpa | math | flash; none: the model's own")
     p.add_argument("--parallel", choices=("ddp", "fsdp", "fsdp_grad_op", "hsdp"), default=None,
-                   help="plan one rank of a sharded run (default: one device)")
-    p.add_argument("--world-size", type=int, default=1, help="GPUs in all, with --parallel (default: 1)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes they are spread over (default: 1)")
+                   help="plan one rank of a sharded run; none: one device")
+    p.add_argument("--world-size", type=int, default=1, help="GPUs in all, with --parallel")
+    p.add_argument("--nodes", type=int, default=1, help="nodes they are spread over")
     p.add_argument("--search", action="store_true", help="also find the largest micro-batch that fits")
     return p
 

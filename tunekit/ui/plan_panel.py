@@ -48,14 +48,14 @@ def plan_html(p: Plan, run=None) -> str:
     if is_missing(p.bound_tokens_per_s):
         bound = "no speed bound (the device lists no peak for this precision: see the plan's notes)"
     else:
-        bound = (f"≤ {p.bound_tokens_per_s:,.0f} tokens/s"
+        bound = (f"≤ {p.bound_tokens_per_s:,.0f} {p.unit}/s"
                  + (f" · MFU ≤ {p.bound_mfu:.1%} of {p.peak_tflops:.3g} TFLOPS" if not is_missing(p.bound_mfu) else ""))
     lines = [f"<b>{html.escape(to_text(p).splitlines()[0])}</b>", fits, f"bound (upper limit): {bound}"]
     if run is not None:
         here = measured_on(run.device, p.device)
         # each MFU is against its own peak (a Lab may be given one): both are said
         lines.append(f"measured on {html.escape(run.device)}, run #{run.run_id} {html.escape(run.label)}: "
-                     f"{run.tokens_per_s:,.0f} tokens/s"
+                     f"{run.tokens_per_s:,.0f} {getattr(run, 'throughput_unit', 'tokens') or 'tokens'}/s"
                      + (f" · MFU {run.mfu:.1%} of {run.peak_tflops:.3g} TFLOPS"
                         if here and not is_missing(run.mfu) and run.peak_tflops else "")
                      + (" · busy machine" if run.conditions is not None and run.conditions.busy else ""))

@@ -73,7 +73,15 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     layout = _layout(parallel, world_size, nodes)
     validate.flag("search", search)
     search_limit = validate.count("search_limit", search_limit)
-    dev = device_figures(device, precision, layout["world_size"] if layout else 1)
+    # the matmuls run in the weights' dtype when those are half (autocast or not): the peak is that dtype's
+    compute = weights if weights in ("bf16", "fp16") else precision
+    dev = device_figures(device, compute, layout["world_size"] if layout else 1)
+    if compute != precision:
+        dev["notes"].insert(0, f"weights are {weights}: the matmuls run in {weights}, so the bound is against "
+                               f"the {weights} peak (precision={precision!r} names the autocast, here none)"
+                            if precision in ("fp32", "tf32") else
+                            f"weights are {weights}: the matmuls run in {weights} (autocast to {precision} is not "
+                            f"applied to half weights), so the bound is against the {weights} peak")
     if checkpointing and not getattr(cfg, "can_checkpoint", True):
         raise ValueError("checkpointing needs the blocks to recompute: tunekit.plan(..., blocks='layers'), an "
                          "attribute path of the model or a list of its modules")
@@ -118,6 +126,11 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     placed = _placed(step, setting, layout, dev)
     notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"]
              + dev["notes"] + placed["notes"])   # a batch of samples: seq_len unused, nothing to say
+    if found is not None and found >= search_limit:
+        notes.append(f"the micro-batch search stopped at search_limit={search_limit}: a larger one may fit too")
+    if kind == "hf" and getattr(cfg, "is_encoder_decoder", False):
+        notes.insert(0, "an encoder-decoder (AutoModelForSeq2SeqLM), trained on labels of seq_len tokens as the "
+                        "inputs: tokens count the encoder's micro_batch x seq_len")
     notes.append("peak: every tensor the step's ops make, alive until freed; scratch a kernel allocates for "
                  "itself is not seen (within 2% of torch.profiler's reading of a real CPU step)")
     if dev["name"] != "cpu":
@@ -171,8 +184,9 @@ def _placed(step, setting, layout, dev) -> dict:
                   for ph, (b, at, g) in step["phase_detail"].items()}
         comps, peak, peak_at = max(ranked.values(), key=lambda v: v[1])
         comm_s, comm = comm_seconds(kind, units, world, nodes, gathered, dev["link"], grad_bytes=grads)
-        notes = [f"{kind}: rank 0's memory (FSDP2 gives it ceil(rows / {layout['shard']}) of each parameter); "
-                 "collectives as ring algorithms at the links' bandwidth"
+        held = ("every rank holds the whole model, and DDP's Reducer a copy of its gradients in buckets"
+                if kind == "ddp" else f"FSDP2 gives it ceil(rows / {layout['shard']}) of each parameter")
+        notes = [f"{kind}: rank 0's memory ({held}); collectives as ring algorithms at the links' bandwidth"
                  + (f", {INTER_NODE_GBS:g} GB/s per GPU across nodes ({INTER_NODE_SOURCE})" if nodes > 1 else "")]
         if dev["link"] is None:
             notes.append(f"no link bandwidth listed for {dev['name']}: no communication time")

@@ -2,6 +2,8 @@
 table (`core.specs`) or this machine. Engine layer."""
 from __future__ import annotations
 
+import re
+
 from ...core import validate
 from ...core.plan_shard import NCCL_BUFFERS
 from ...core.specs import SPECS, find_spec
@@ -36,6 +38,11 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
         raise ValueError(f"unknown device {name!r}: one of {', '.join(s.name for s in SPECS)}, or 'cpu'")
     if spec.memory_gb is None:
         raise ValueError(f"the spec table has no memory size for {spec.name}: plan for another device")
+    named = re.search(r"(\d+)\s*gb", name.lower())   # "A100 40GB": the table's A100 is another card
+    if named and int(named.group(1)) != round(spec.memory_gb):
+        raise ValueError(f"{name!r} names {named.group(1)} GB, but the spec table's {spec.name} has "
+                         f"{spec.memory_gb:g} GB: plan for {spec.name!r} and set its total_bytes against your "
+                         "card's memory, or pick a device of the table")
     notes = [] if spec.bandwidth_tbs else [f"no memory bandwidth listed for {spec.name}: the bound counts FLOPs only"]
     peak = spec.tflops.get(dtype)
     if peak is None:

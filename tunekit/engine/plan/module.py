@@ -107,6 +107,12 @@ class Stepped(torch.nn.Module):
         else:
             out = self.model(*batch)
         loss = loss_of(out)
+        if isinstance(loss, dict) and torch.is_tensor(loss.get("loss")):   # {"loss": ...}
+            loss = loss["loss"]
+        if not torch.is_tensor(loss):
+            what = f"a dict of {sorted(map(str, loss))}" if isinstance(loss, dict) else type(loss).__name__
+            raise TypeError(f"the model's output is {what}, not a tensor to sum into a loss: give "
+                            "loss_fn=lambda model, x, y: ... returning one")
         if not self.checked:   # a loss_fn that calls the live model would plan nothing of the twin
             trained = {id(p) for p in self.model.parameters() if p.requires_grad}
             if trained and not _reaches(loss.grad_fn, trained):

@@ -123,8 +123,11 @@ def build(cfg, kind, dtype):
             from ...models.gpt import GPT
 
             return GPT(cfg)
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-        return AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32)
+        # an encoder-decoder (T5, BART) trains as one: AutoModelForCausalLM has no T5, and BART's is its
+        # decoder alone
+        auto = AutoModelForSeq2SeqLM if getattr(cfg, "is_encoder_decoder", False) else AutoModelForCausalLM
+        return auto.from_config(cfg, dtype=dtype or torch.float32)
     finally:
         torch.set_default_dtype(previous)
