@@ -256,3 +256,21 @@ def test_half_weights_reduce_half_gradients():
     assert pure.comm["all_gather/intra"] == amp.comm["all_gather/intra"]
     assert pure.comm["reduce_scatter/intra"] == amp.comm["reduce_scatter/intra"] / 2
     assert pure.components["unsharded_grads"] == amp.components["unsharded_grads"] / 2
+
+
+def test_a_gpu_plan_keeps_dropout_as_cuda_does():
+    transformers = pytest.importorskip("transformers")
+    small = dict(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=128)
+    drop = transformers.GPT2Config(**small)                              # dropout 0.1 everywhere
+    none = transformers.GPT2Config(**small, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    kw = dict(precision="fp32", micro_batch=2, seq_len=64)
+    extra = tunekit.plan(drop, "A100", **kw).components["activations"] - \
+        tunekit.plan(none, "A100", **kw).components["activations"]
+    # CUDA keeps a 1-byte mask per dropout: the embeddings' and two residual dropouts a layer,
+    # (1 + 2 x 2) x 2 x 64 x 64 = 40,960 B; attention's dropout runs inside the fused kernel
+    assert extra == 40_960
+    assert any("dropout planned as CUDA" in n for n in tunekit.plan(drop, "A100", **kw).notes)
+    # the CPU plan keeps the CPU's kernels (a float noise tensor, SDPA's math path): more
+    cpu = tunekit.plan(drop, "cpu", **kw).components["activations"] - \
+        tunekit.plan(none, "cpu", **kw).components["activations"]
+    assert cpu > 40_960

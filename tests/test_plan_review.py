@@ -138,3 +138,32 @@ def test_a_search_stopped_by_its_limit_says_so():
     p = tunekit.plan(TINY, "H100 SXM", micro_batch=1, seq_len=8, search=True, search_limit=3)
     assert p.max_micro_batch == 3 and any("search_limit=3" in n for n in p.notes)
     assert "search_limit=3" in repr(p)
+
+
+def test_a_mixture_of_experts_over_fp32_weights_is_planned_analytically_and_says_why(caplog):
+    # torch's meta kernel of _grouped_mm takes bf16 only, the CPU kernel fp32 too: over fp32
+    # weights the fake step cannot run the experts, so the plan is analytic and says why (quietly:
+    # no page of torch's own log)
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                     max_position_embeddings=256, num_local_experts=4, num_experts_per_tok=2)
+    with caplog.at_level("ERROR"):
+        p = tunekit.plan(cfg, "H100 SXM", precision="bf16", micro_batch=2, seq_len=64)
+    assert p.method == "analytic" and "BF16" in p.notes[0]
+    assert not [r for r in caplog.records if "failed while attempting to run meta" in r.getMessage()]
+    assert tunekit.plan(cfg, "H100 SXM", precision="bf16", weights="bf16", micro_batch=2, seq_len=64).method \
+        == "fake step"
+
+
+def test_a_shape_bug_in_the_step_is_raised_not_planned():
+    class Bad(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(8, 4)   # b should take 16
+
+        def forward(self, x):
+            return self.b(self.a(x)).sum()
+
+    with pytest.raises(RuntimeError, match="same reduction dim"):   # torch's meta kernel's words
+        tunekit.plan(Bad(), "cpu", batch_fn=lambda b, s: (torch.randn(b, 8),))

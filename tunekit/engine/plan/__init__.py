@@ -11,6 +11,7 @@ cuBLAS workspaces) is not modelled and the plan says so.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -20,6 +21,7 @@ from ...core.comm import layout_problems
 from ...core.plan import Plan
 from ...core.plan_shard import INTER_NODE_GBS, INTER_NODE_SOURCE, NCCL_BUFFERS, comm_seconds, rank_peak, shard_count
 from .analytic import FakeStepError, analytic_plan, fake_failure
+from .cuda_like import GpuKernels, quiet_fake_logs
 from .device import device_figures
 from .module import ModuleTarget, Stepped
 from .step import WEIGHTS, alternatives, fake_step, search_micro_batch
@@ -90,9 +92,10 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     setting = dict(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
                    checkpointing=checkpointing, optimizer=optimizer)
     notes = []
+    gpu = GpuKernels() if dev["name"] != "cpu" else contextlib.nullcontext()
     # a module's batch_fn may hand back real tensors and a module real constants: taken as fakes
     with FakeTensorMode(allow_non_fake_inputs=isinstance(cfg, ModuleTarget)), warnings.catch_warnings(), \
-            masks_as_in_eager(kind):
+            masks_as_in_eager(kind), quiet_fake_logs(), gpu:
         warnings.simplefilter("ignore")   # transformers' init notices; nothing here runs for real
         models = {}
 
@@ -124,6 +127,8 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
         if over and layout is None and dev["name"] != "cpu":
             tries = sorted(tries + _sharded_alternatives(step, setting, dev), key=lambda a: a[1])
     placed = _placed(step, setting, layout, dev)
+    if getattr(gpu, "seen", False):
+        notes.append(GpuKernels.NOTE)
     notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"]
              + dev["notes"] + placed["notes"])   # a batch of samples: seq_len unused, nothing to say
     if found is not None and found >= search_limit:
