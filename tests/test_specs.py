@@ -20,7 +20,7 @@ from tunekit.measure import peaks
     ("Tesla V100-SXM2-16GB", "fp16", 125),
     ("Tesla V100-PCIE-32GB", "fp16", 112),
     ("Tesla T4", "fp16", 65),
-    ("NVIDIA GeForce RTX 4090", "bf16", 82.6),
+    ("NVIDIA GeForce RTX 4090", "bf16", 165.2),   # tensor cores, fp32 accumulate (Ada whitepaper)
     ("NVIDIA GeForce RTX 3090", "fp32", 35.6),
     ("AMD Instinct MI300X", "bf16", 1300),
     ("AMD Instinct MI250X", "bf16", 191.5),  # 383 per package / 2 GCDs

@@ -12,6 +12,8 @@ from .registry import DTYPES
 
 _MLENG = "ml-engineering compute/accelerator dense table"
 _LIGHTNING = "Lightning fabric throughput.py _CUDA_FLOPS"
+_ADA = "NVIDIA Ada (AD102) whitepaper: tensor bf16/fp16 with fp32 accumulate"
+_AMPERE = "NVIDIA Ampere GA102 whitepaper: tensor bf16/fp16 with fp32 accumulate"
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,7 @@ class Spec:
     tflops: dict            # dtype -> dense peak TFLOPS
     memory_gb: float | None
     source: str
-    bandwidth_tbs: float | None = None  # memory bandwidth, TB/s (vendor data sheets, as ../shared/facts.md lists them)
+    bandwidth_tbs: float | None = None  # memory bandwidth, TB/s (vendor data sheets; an MI250X GCD: half)
     link_gbs: float | None = None       # GPU-to-GPU within a node, GB/s each way per GPU (LINKS below)
 
 
@@ -37,7 +39,7 @@ LINKS_SOURCE = "vendor data sheets (NVLink / Infinity Fabric / PCIe x16), each w
 
 # Order matters: the first spec whose substrings all match wins, so variants come first.
 SPECS: tuple[Spec, ...] = (
-    Spec("H100 NVL", ("h100", "nvl"), {"fp32": 60, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, 94, _MLENG),
+    Spec("H100 NVL", ("h100", "nvl"), {"fp32": 60, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, 94, _MLENG, 3.9),
     Spec("H100 PCIe", ("h100", "pcie"), {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756, "fp8": 1513}, 80,
          _MLENG, 2.0),
     Spec("H100 SXM", ("h100",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 80, _MLENG, 3.35),
@@ -46,16 +48,18 @@ SPECS: tuple[Spec, ...] = (
     Spec("A100", ("a100",), {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, 80, _MLENG, 2.0),
     Spec("L40S", ("l40s",), {"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362, "fp8": 733}, 48, _MLENG, 0.86),
     # L4's 242 is an int8 figure in the source, so it is not listed as fp8.
-    Spec("L4", ("l4",), {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121}, 24, _LIGHTNING),
-    Spec("A10G", ("a10",), {"fp32": 31.2, "tf32": 62.5, "bf16": 125, "fp16": 125}, 24, _LIGHTNING),
+    Spec("L4", ("l4",), {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121}, 24, _LIGHTNING, 0.3),
+    Spec("A10G", ("a10",), {"fp32": 31.2, "tf32": 62.5, "bf16": 125, "fp16": 125}, 24, _LIGHTNING, 0.6),
     Spec("V100 PCIe", ("v100", "pcie"), {"fp32": 14, "fp16": 112}, None, _LIGHTNING),
     Spec("V100 SXM", ("v100",), {"fp32": 15.7, "fp16": 125}, None, _LIGHTNING),
-    Spec("T4", ("t4",), {"fp32": 8.1, "fp16": 65}, 16, _LIGHTNING),
-    # Lightning lists the same figure for fp32, bf16 and fp16 on these consumer cards.
-    Spec("RTX 4090", ("4090",), {"fp32": 82.6, "tf32": 82.6, "bf16": 82.6, "fp16": 82.6}, 24, _LIGHTNING),
-    Spec("RTX 3090", ("3090",), {"fp32": 35.6, "tf32": 35.6, "bf16": 35.6, "fp16": 35.6}, 24, _LIGHTNING),
+    Spec("T4", ("t4",), {"fp32": 8.1, "fp16": 65}, 16, _LIGHTNING, 0.32),
+    # GeForce cards: the tensor cores' bf16/fp16 rate with fp32 accumulation (what training uses),
+    # half their fp16-accumulate rate; Lightning's table lists the CUDA cores' fp32 figure for
+    # every dtype, which a bf16 run can beat (a "peak" below a measurement)
+    Spec("RTX 4090", ("4090",), {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}, 24, _ADA, 1.008),
+    Spec("RTX 3090", ("3090",), {"fp32": 35.6, "tf32": 35.6, "bf16": 71, "fp16": 71}, 24, _AMPERE, 0.936),
     # Per GCD, which is what one torch device is on an MI250X: half the package figures.
-    Spec("MI250X (one GCD)", ("mi250",), {"fp32": 47.9 / 2, "bf16": 383 / 2, "fp16": 383 / 2}, 64, _MLENG),
+    Spec("MI250X (one GCD)", ("mi250",), {"fp32": 47.9 / 2, "bf16": 383 / 2, "fp16": 383 / 2}, 64, _MLENG, 3.2 / 2),
     Spec("MI300X", ("mi300",), {"fp32": 163.4, "tf32": 653.7, "bf16": 1300, "fp16": 1300, "fp8": 2610}, 192,
          _MLENG, 5.3),
 )
