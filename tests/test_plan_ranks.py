@@ -274,3 +274,18 @@ def test_a_gpu_plan_keeps_dropout_as_cuda_does():
     cpu = tunekit.plan(drop, "cpu", **kw).components["activations"] - \
         tunekit.plan(none, "cpu", **kw).components["activations"]
     assert cpu > 40_960
+
+
+def test_the_text_shows_short_times_and_a_search_that_found_nothing():
+    from tunekit.core.plan import _time
+
+    assert (_time(0.5375), _time(1.7e-6), _time(0.0)) == ("537.5 ms", "1.7 us", "0.0 ms")
+    p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "T4", micro_batch=1, seq_len=8)
+    p.max_micro_batch = 0
+    assert "largest micro-batch that fits: none (not even 1)" in repr(p)
+
+
+def test_a_module_with_nothing_to_train_is_refused_before_any_work():
+    frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+    with pytest.raises(ValueError, match="no parameter to train"):
+        tunekit.plan(frozen, "cpu", batch_fn=lambda b, s: (torch.randn(b, 4),))

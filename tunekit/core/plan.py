@@ -162,18 +162,26 @@ def to_text(p: Plan) -> str:
         lines.append(f"  try        {change}: {total / GiB:,.2f} GiB, {'fits' if fits else 'still over'}"
                      + (f", {flops - 1:+.0%} FLOPs per token" if abs(flops - 1) > 0.005 else ""))
     if p.max_micro_batch is not None:
-        lines.append(f"  largest micro-batch that fits: {p.max_micro_batch}")
+        lines.append(f"  largest micro-batch that fits: {p.max_micro_batch}" if p.max_micro_batch else
+                     "  largest micro-batch that fits: none (not even 1)")
     if p.bound_step_s == p.bound_step_s:
         per_gpu = " per GPU" if p.parallel else ""
-        lines.append(f"  bound      step >= {p.bound_step_s * 1e3:,.1f} ms: "
+        lines.append(f"  bound      step >= {_time(p.bound_step_s)}: "
                      f"<= {p.bound_tokens_per_s:,.0f} {p.unit}/s{per_gpu}"
                      + (f", MFU <= {p.bound_mfu:.1%}" if p.bound_mfu == p.bound_mfu else "")
                      + " (upper bounds, not predictions)")
     if p.comm:
-        lines.append(f"  comm       {p.comm_s * 1e3:,.1f} ms per step at the links' bandwidth ("
-                     + ", ".join(f"{k} {t * 1e3:,.1f} ms" for k, t in p.comm.items()) + f"); compute "
-                     f"{p.compute_bound_s * 1e3:,.1f} ms: the bound takes the longer (perfect overlap)")
+        lines.append(f"  comm       {_time(p.comm_s)} per step at the links' bandwidth ("
+                     + ", ".join(f"{k} {_time(t)}" for k, t in p.comm.items()) + f"); compute "
+                     f"{_time(p.compute_bound_s)}: the bound takes the longer (perfect overlap)")
     if p.bound_by:
-        lines.append("  bound by   " + ", ".join(f"{op} {t * 1e3:,.1f} ms" for op, t in p.bound_by[:4]))
+        lines.append("  bound by   " + ", ".join(f"{op} {_time(t)}" for op, t in p.bound_by[:4]))
     lines += [f"  note       {n}" for n in notes]
     return "\n".join(lines)
+
+
+def _time(seconds: float) -> str:
+    """A step's time with its figures shown: 537.5 ms, 42.0 us (never "0.0 ms")."""
+    if seconds >= 1e-3 or seconds == 0:
+        return f"{seconds * 1e3:,.1f} ms"
+    return f"{seconds * 1e6:,.1f} us"

@@ -27,8 +27,9 @@ def plot_plan(plan: Plan, title: str | None = None):
     if not isinstance(plan, Plan):
         raise TypeError(f"plot_plan takes a tunekit.Plan (tunekit.plan(...)), got {type(plan).__name__}")
     fig = make_subplots(rows=1, cols=2, column_widths=[0.3, 0.7], horizontal_spacing=0.12,
-                        subplot_titles=("what one device holds", "alive over one step" +
-                                        (" (one device, unsharded)" if plan.parallel else "")))
+                        subplot_titles=("the components (not all alive at once)",
+                                        "alive over one step" + (" (the model unsharded, on one device)"
+                                                                 if plan.parallel else "")))
     parts = [(k, v) for k, v in plan.components.items() if v] + [(k, b) for k, (b, _) in plan.fixed.items()]
     for name, size in parts:
         fig.add_bar(x=["components"], y=[size / GiB], name=name.replace("_", " "), row=1, col=1,
@@ -46,7 +47,9 @@ def plot_plan(plan: Plan, title: str | None = None):
     fig.update_layout(barmode="stack")
     _timeline(fig, plan)
     fig.update_layout(title=title or f"plan · {plan.model} on {plan.device}: "
-                      f"{'fits' if plan.fits else 'does NOT fit'}", height=420, legend_tracegroupgap=4)
+                      f"{'fits' if plan.fits else 'does NOT fit'}"
+                      + (f" (rank 0 of {plan.parallel['kind']} over {plan.world_size})" if plan.parallel else ""),
+                      height=520, legend=dict(font=dict(size=11), tracegroupgap=6))
     return fig
 
 
@@ -60,11 +63,12 @@ def _timeline(fig, plan: Plan) -> None:
     top = max(points, key=lambda p: p[1], default=None)
     if top is not None:
         i = points.index(top)
+        side = "top left" if i > 0.7 * len(points) else "top right" if i < 0.3 * len(points) else "top center"
         fig.add_scatter(x=[i], y=[top[1] / GiB], mode="markers+text", name="peak", row=1, col=2,
                         marker=dict(color="black", size=9), text=[f"peak {top[1] / GiB:,.2f} GiB"],
-                        textposition="top center", showlegend=False,
+                        textposition=side, showlegend=False,
                         hovertext=[plan.peak_at], hoverinfo="text")
     fig.update_xaxes(title_text="the step, allocation by allocation (highest of each stretch when long)",
                      rangemode="tozero", row=1, col=2)
-    fig.update_yaxes(title_text="GiB alive", range=value_range([p[1] / GiB for p in points], pad=0.15),
+    fig.update_yaxes(title_text="GiB alive", range=value_range([p[1] / GiB for p in points], pad=0.25),
                      row=1, col=2)

@@ -42,6 +42,9 @@ class ModuleTarget:
             raise TypeError(f"tunekit.plan needs batch_fn=lambda micro_batch, seq_len: (x, y) to plan "
                             f"{type(self.module).__name__}: tunekit knows no batch for it (its loss: "
                             "loss_fn=lambda model, x, y: ..., default the output summed)")
+        if not any(p.requires_grad for p in self.module.parameters()):
+            raise ValueError(f"{type(self.module).__name__} has no parameter to train (every one has "
+                             "requires_grad=False): unfreeze what the step trains before planning it")
         self.batch_fn, self.loss_fn = batch_fn, loss_fn
         self.blocks = adapter.blocks() if blocks is not None else None
         self.live_checkpointing = adapter.checkpointing
