@@ -289,3 +289,11 @@ def test_a_module_with_nothing_to_train_is_refused_before_any_work():
     frozen = torch.nn.Linear(4, 4).requires_grad_(False)
     with pytest.raises(ValueError, match="no parameter to train"):
         tunekit.plan(frozen, "cpu", batch_fn=lambda b, s: (torch.randn(b, 4),))
+
+
+def test_an_amd_plan_names_its_fixed_costs_as_rocm_does():
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    p = tunekit.plan(cfg, "MI300X", precision="bf16", micro_batch=2, seq_len=64, parallel="fsdp", world_size=8)
+    assert set(p.fixed) == {"hip_context", "hipblaslt_workspace", "rccl_buffers"}
+    assert p.fixed["hipblaslt_workspace"][0] == 128 * 2**20          # gfx94x: CublasHandlePool.cpp
+    assert set(tunekit.plan(cfg, "H100 SXM", micro_batch=2, seq_len=64).fixed) == {"cuda_context", "cublas_workspace"}

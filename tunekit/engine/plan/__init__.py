@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ...core import registry, validate
 from ...core.comm import layout_problems
 from ...core.plan import Plan
-from ...core.plan_shard import INTER_NODE_GBS, INTER_NODE_SOURCE, NCCL_BUFFERS, comm_seconds, rank_peak, shard_count
+from ...core.plan_shard import INTER_NODE_GBS, INTER_NODE_SOURCE, comm_seconds, rank_peak, shard_count
 from .analytic import FakeStepError, analytic_plan, fake_failure
 from .cuda_like import GpuKernels, quiet_fake_logs
 from .device import device_figures
@@ -202,7 +202,7 @@ def _placed(step, setting, layout, dev) -> dict:
 def _sharded_alternatives(step, setting, dev) -> list:
     """The same step as one rank of FSDP over 2, 4 or 8 of these GPUs, up to the first that fits
     (the step placed again: no fake step more)."""
-    out, shared = [], dict(dev, fixed={**dev["fixed"], "nccl_buffers": NCCL_BUFFERS})
+    out, shared = [], dict(dev, fixed=device_figures(dev["name"], setting["precision"], world_size=2)["fixed"])
     for world in (2, 4, 8):
         total = _placed(step, setting, _layout("fsdp", world, 1), shared)["total"]
         out.append((f"parallel='fsdp', world_size={world}", total, total <= dev["memory"], 1.0))

@@ -49,9 +49,15 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
         notes.append(f"{spec.name} lists no {dtype} peak: no speed bound")
     # vendors' "80 GB" is what torch sees as ~79 GiB: 80 x 2^30 x 0.99 (an H100 80GB reports 85.0e9 bytes)
     workspace = next((b for k, b in WORKSPACES.items() if spec.name.startswith(k)), WORKSPACE_BEFORE_HOPPER)
-    fixed = {"cuda_context": CUDA_CONTEXT, "cublas_workspace": (float(workspace), _CUBLAS)}
-    if world_size > 1:
-        fixed["nccl_buffers"] = NCCL_BUFFERS
+    if spec.name.startswith("MI"):   # ROCm: the same costs under HIP's names, CUDA's figure for the context
+        fixed = {"hip_context": (CUDA_CONTEXT[0], "HIP context: CUDA's figure (none published for ROCm)"),
+                 "hipblaslt_workspace": (float(workspace), _CUBLAS.replace("cuBLAS", "hipBLASLt"))}
+        if world_size > 1:
+            fixed["rccl_buffers"] = (NCCL_BUFFERS[0], "RCCL buffers: NCCL's figure")
+    else:
+        fixed = {"cuda_context": CUDA_CONTEXT, "cublas_workspace": (float(workspace), _CUBLAS)}
+        if world_size > 1:
+            fixed["nccl_buffers"] = NCCL_BUFFERS
     return dict(name=spec.name, memory=spec.memory_gb * 2**30 * 0.99, peak=peak, bandwidth=spec.bandwidth_tbs,
                 link=spec.link_gbs, round_to=CUDA_BLOCK, fixed=fixed,
                 notes=notes + [f"peak and memory: {spec.source}"])
