@@ -28,6 +28,10 @@ SCRIPT = textwrap.dedent('''
                dict(world=mon.ranks.world, rate=mon.ranks.tokens_per_s, n_mfu=len(mon.ranks.mfu)),
                notes=rec.notes)
     json.dump(out, open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w"))
+    # DDP's reducer holds the group: let both ranks finish, drop it, then tear the group down
+    # (gloo aborted at exit now and then otherwise: "terminate called without an active exception")
+    dist.barrier()
+    del model, opt, mon
     dist.destroy_process_group()
 ''')
 
