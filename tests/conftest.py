@@ -131,3 +131,15 @@ def calibrations(monkeypatch, tmp_path):
     monkeypatch.setattr(peaks, "ConditionsMeter", Meter)
     state.cache = cache
     return state
+
+
+@pytest.fixture
+def dash(tmp_path):
+    """A dashboard over a cpu-tiny Lab of 4 x 64 whose runs take two steps, no warm-up."""
+    from tunekit.engine.lab import Lab
+
+    lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=64)
+    d = lab.dashboard()
+    d.controls["steps"].value = 2
+    d.controls["warmup"].value = 0
+    return d

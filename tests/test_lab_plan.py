@@ -126,15 +126,6 @@ def test_plans_errors_pass_through_unchanged(lab, monkeypatch):
 # --- the dashboard's "Plan for" picker ----------------------------------------------------------
 
 
-@pytest.fixture
-def dash(tmp_path):
-    lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=64)
-    d = lab.dashboard()
-    d.controls["steps"].value = 2
-    d.controls["warmup"].value = 0
-    return d
-
-
 def test_the_picker_lists_cpu_and_the_devices_with_a_memory_size(dash):
     options = dict((label, value) for label, value in dash.plan_picker.options)
     assert list(options)[:2] == ["—", "cpu"] and options["—"] is None and dash.plan_picker.value is None

@@ -3,17 +3,7 @@ import html
 
 import pytest
 
-from tunekit.engine.lab import Lab
 from tunekit.ui.dashboard import Dashboard
-
-
-@pytest.fixture
-def dash(tmp_path):
-    lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=64)
-    d = lab.dashboard()
-    d.controls["steps"].value = 2
-    d.controls["warmup"].value = 0
-    return d
 
 
 def test_controls_cover_every_toggle(dash):
