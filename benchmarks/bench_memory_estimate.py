@@ -44,7 +44,7 @@ def main() -> int:
                 ae, am = (sum(d[k] for k in ACTS) for d in (rep.estimate.components, rep.measured))
                 rs, ra = se / sm, ae / am
                 # the documents' s*b*h*L*(34 + 5as/h) (2-byte elements, dropout masks, no flash)
-                doc = estimate_memory(model.config, precision="amp" if precision == "bf16" else "fp32",
+                doc = estimate_memory(model.config, layout="amp" if precision == "bf16" else "fp32",
                                       micro_batch=b, seq_len=s, checkpointing=ck,
                                       activations="korthikanti", device="cpu")["activations"]
                 line = (f"{attention:>9} {precision:>9} {str(ck):>5} | {se / 2**20:10.1f} {sm / 2**20:10.1f}"

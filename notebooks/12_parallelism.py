@@ -45,7 +45,7 @@ GB = 1e9
 
 # %%
 n, dp = 7e9, 8
-stages = {s: tunekit.estimate_memory(n, zero_stage=s, dp=dp, precision='mixed', optimizer='adamw') for s in range(4)}
+stages = {s: tunekit.estimate_memory(n, zero_stage=s, dp=dp, layout='mixed', optimizer='adamw') for s in range(4)}
 lines = ['weights', 'master_weights', 'gradients', 'optimizer_states']
 mem = pd.DataFrame({f'ZeRO-{s}' if s else 'DDP': {k: e[k] / GB for k in lines} for s, e in stages.items()}).T
 mem['total GB'] = mem.sum(axis=1)

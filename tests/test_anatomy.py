@@ -33,7 +33,7 @@ def test_mixed_precision_adamw_is_18_bytes_per_param():
     per = bytes_per_param("mixed", "adamw")
     assert per == {"weights": 2, "master_weights": 4, "gradients": 4, "optimizer_states": 8}
     assert sum(per.values()) == 18
-    assert estimate_memory(1_000_000, precision="bf16-mixed", device="cpu").static_bytes == 18_000_000
+    assert estimate_memory(1_000_000, layout="bf16-mixed", device="cpu").static_bytes == 18_000_000
 
 
 def test_other_precisions_per_param():
@@ -260,7 +260,8 @@ def test_estimate_memory_takes_exactly_the_options_fields():
     params = list(inspect.signature(estimate_memory).parameters.values())
     assert params[0].name == "model" and params[0].default is None
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:])
-    assert [(p.name, p.default) for p in params[1:]] == [
+    assert params[-1].name == "setting"   # a tunekit.Setting instead of the step keywords
+    assert [(p.name, p.default) for p in params[1:-1]] == [
         (f.name, f.default) for f in dataclasses.fields(MemoryOptions)]
 
 

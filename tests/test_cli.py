@@ -44,7 +44,7 @@ def test_help_lists_every_toggle_with_its_default(args):
 
 
 def test_a_new_toggle_becomes_an_option(monkeypatch):
-    @dataclasses.dataclass
+    @dataclasses.dataclass(frozen=True)
     class More(Toggles):
         fused_loss: bool = False
         dropout: float = 0.0

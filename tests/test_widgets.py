@@ -24,7 +24,7 @@ def test_a_new_declared_toggle_gets_a_control_and_an_option(dash, monkeypatch):
     from tunekit.core import toggles as tg
     from tunekit.ui import cli
 
-    @dataclasses.dataclass
+    @dataclasses.dataclass(frozen=True)
     class More(tg.Toggles):  # a copy of the declaration with two more toggles
         loss_kernel: str = tg.toggle("eager", "cross-entropy kernel", ("eager", "fused"))
         dropout: float = 0.0

@@ -57,6 +57,7 @@ _EXPORTS = {
     "advise": ("core.advisor", "advise"),
     "plan": ("engine.plan", "plan"),
     "Plan": ("core.plan", "Plan"),
+    "Setting": ("core.setting", "Setting"),
 }
 # public namespaces: `from tunekit import bench` (the documents' microbenchmarks and bench.plot)
 _NAMESPACES = {"bench": "ui.bench"}

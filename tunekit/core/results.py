@@ -116,7 +116,7 @@ class RunResult:
     @classmethod
     def failed(cls, t: Toggles, label: str, reason: str, notes: list, **fields) -> "RunResult":
         """A run that did not finish: its toggles and why; every figure NaN/None."""
-        return cls.from_dict({"label": label, **t.asdict(), "status": "failed", "error": reason,
+        return cls.from_dict({"label": label, **t.toggles.asdict(), "status": "failed", "error": reason,
                               "notes": list(notes), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                               **fields})
 

@@ -16,12 +16,8 @@ import numbers
 import typing
 from dataclasses import dataclass, field
 
-from . import registry
+from .setting import ATTENTIONS, OPTIMIZERS, PRECISIONS, Toggles, toggle  # noqa: F401  (declared with the Setting)
 from .validate import is_whole
-
-PRECISIONS = tuple(registry.PRECISIONS)
-OPTIMIZERS = registry.LAB_OPTIMIZERS
-ATTENTIONS = tuple(registry.ATTENTIONS)
 
 # Why fp16 is refused on CPU (the Lab's decision, shown verbatim in the dashboard).
 FP16_ON_CPU = (
@@ -31,44 +27,6 @@ FP16_ON_CPU = (
     "fp32's exponent range (no scaler needed) and runs fast on CPUs with AVX512-BF16 or AMX.")
 TF32_ON_CPU = ("tf32 is a CUDA tensor-core mode (Ampere and newer); on CPU matmuls stay fp32, "
                "so this run is an fp32 run and is recorded as such.")
-
-
-def toggle(default, help: str, choices: tuple | None = None, label: str | None = None):
-    """A field of `Toggles` with what the UIs show of it: ``help`` (the CLI option's, the
-    dashboard control's tooltip), ``choices`` (a dropdown, the CLI's choices, the values autotune
-    tries), ``label`` (the dashboard's; default: the name with spaces)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "label": label})
-
-
-@dataclass
-class Toggles:
-    """Everything ``lab.run`` can change between runs. ``None`` means "the model's current".
-
-    The declaration the dashboard controls, the ``tunekit run`` options and autotune's stages
-    are built from (`declared`, `SEARCH`): a new toggle is a field here (its rule in `problems`,
-    a row in `SEARCH` when autotune should try it) and its effect in the engine's step.
-
-    Example: ``Toggles(precision="bf16", micro_batch=16).replace(checkpointing=True)``."""
-
-    precision: str = toggle("fp32", "training precision", PRECISIONS)
-    checkpointing: bool = toggle(False, "recompute each block in backward")
-    micro_batch: int = toggle(8, "samples per micro-step (per rank)")
-    grad_accum: int = toggle(1, "micro-steps per optimizer step")
-    seq_len: int | None = toggle(None, "tokens per sample; None: the model's position limit")
-    optimizer: str = toggle("adamw", "optimizer", OPTIMIZERS)
-    attention: str | None = toggle(None, "attention kernel; None: the model's own", ATTENTIONS)
-    compile: bool = toggle(False, "torch.compile the model", label="torch.compile")
-    lr: float = toggle(1e-3, "learning rate")
-
-    def replace(self, **changes) -> "Toggles":
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
-        if unknown:
-            raise TypeError(f"unknown toggle(s) {sorted(unknown)}; "
-                            f"valid: {[f.name for f in dataclasses.fields(self)]}")
-        return dataclasses.replace(self, **changes)
-
-    def asdict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -241,17 +199,6 @@ def notices(t: Toggles, env: Env) -> list[str]:
         out.append("torch.compile on CPU compiles C++ at the first step (tens of seconds); "
                    "the warm-up absorbs it.")
     return out
-
-
-def compute_dtype(t: Toggles, device_type: str) -> str:
-    """The dtype the matmuls actually use: tf32 is fp32 off CUDA."""
-    compute = registry.PRECISIONS[t.precision].compute
-    return "fp32" if compute == "tf32" and device_type != "cuda" else compute
-
-
-def autocast_dtype(t: Toggles) -> str | None:
-    """The dtype name the forward is autocast to, or None (fp32/tf32 run without autocast)."""
-    return registry.PRECISIONS[t.precision].autocast_dtype
 
 
 def label(t: Toggles, base: Toggles) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..core.results import RunResult
-from ..core.toggles import ToggleError, compute_dtype, label, normalized
+from ..core.toggles import ToggleError, label, normalized
 from ..measure.peaks import rates
 from . import fit
 
@@ -58,7 +58,7 @@ def run_distributed(lab, steps, warmup, progress, parallel, nproc, nodes, link, 
     t = normalized(t)
     fit.check_distributed(lab, t, parallel, nproc, nodes)  # before any rank starts
     lab.log.check_writable()
-    dtype = compute_dtype(t, lab.device.type)
+    dtype = t.compute_on(lab.device.type)
     peak = lab.peaks[dtype]
     with tempfile.TemporaryDirectory(prefix="tunekit-weights-") as tmp:
         weights = Path(tmp) / "weights.pt"

@@ -189,7 +189,7 @@ def _analytic(lab, t: Toggles, **dist):
     from ..core.memory.estimate import estimate_memory
 
     def at(b):
-        return estimate_memory(lab.model, precision=registry.PRECISIONS[t.precision].memory_layout,
+        return estimate_memory(lab.model, layout=registry.PRECISIONS[t.precision].memory_layout,
                                optimizer=t.optimizer, micro_batch=b, seq_len=t.seq_len,
                                checkpointing=t.checkpointing, attention=lab.adapter.attention,
                                device=lab.device.type, cuda_context_bytes=0.0, **dist)

@@ -33,6 +33,7 @@ from .distributed import run_distributed
 from .guard import NonFiniteRunError
 from .lab_plan import lab_plan, show_plan_keywords
 from .lab_results import LabResults
+from .lab_setting import lab_keywords
 from .train.precision import autocast, matmul_precision
 from .train.record import Peaks, Steps
 from .train.step import TrainStep, token_batcher
@@ -102,7 +103,7 @@ class Lab(LabResults):
         self.defaults = Toggles().replace(**defaults)
         if self.defaults.attention is None and adapter.attentions:
             # every run starts from the model's initial attention unless told otherwise
-            self.defaults.attention = adapter.attention
+            self.defaults = self.defaults.replace(attention=adapter.attention)
         self._check_inputs(loss_fn is None)
         self.peaks = Peaks(self.device, peak_tflops)  # compute dtype -> the peak its MFU is measured against
         self.last_autotune = None  # the latest lab.autotune result (kept also after Ctrl-C)
@@ -243,7 +244,7 @@ class Lab(LabResults):
     @toggle_keywords
     def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
             trace: bool = False, memory: bool = False, parallel: str | None = None, nproc: int = 1,
-            nodes: int = 1, link=None, verbose: bool = True, **changes) -> RunResult:
+            nodes: int = 1, link=None, verbose: bool = True, setting=None, **changes) -> RunResult:
         """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
 
         Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
@@ -262,7 +263,11 @@ class Lab(LabResults):
         (``micro_batch`` per rank); ``link={"bandwidth": "50mbit", "latency": "1ms"}`` puts each
         node in its own network namespace. The Lab's own model is not changed by such a run.
         Ctrl-C stops a run in its steps; while it sets up, records or cleans up it waits. An
-        interrupted run is not recorded, is undone (with ``guard``), and its tensors are freed."""
+        interrupted run is not recorded, is undone (with ``guard``), and its tensors are freed.
+        ``setting``: a ``tunekit.Setting`` instead of the toggles and the parallel layout
+        (``lab.run(setting=tunekit.Setting(precision="bf16", parallel="ddp", world_size=2))``)."""
+        if setting is not None:
+            changes, (parallel, nproc, nodes) = lab_keywords(self, setting, changes, (parallel, nproc, nodes))
         if not flag("verbose", verbose):
             return self._run(steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes)
         from ..ui.progress import RunProgress  # the view that shows it; chosen per frontend there
@@ -293,14 +298,17 @@ class Lab(LabResults):
     @toggle_keywords
     def find_max_batch_size(self, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
                             budget_fraction: float = 0.5, progress=None, snapshot_on_oom: bool = True,
-                            budget_s: float | None = 60.0, verbose: bool = True, **changes):
+                            budget_s: float | None = 60.0, verbose: bool = True, setting=None, **changes):
         """Largest micro-batch that fits in ``[start, limit]`` for the current toggles plus ``changes``,
         searched for at most ``budget_s`` wall-clock seconds (default 60; None: no limit). Returns a
         ``MaxBatchResult``: ``best``, ``stopped`` ("converged", "search limit" or "budget") and its
         ``verdict`` in words. The arguments are ``tunekit.engine.maxbatch.find_max_batch_size``'s;
         ``verbose`` (default) shows the trial going and the verdict at the end (tunekit.ui.progress),
-        ``verbose=False`` nothing. Example: ``found = lab.find_max_batch_size(limit=256, budget_s=30)``."""
+        ``verbose=False`` nothing; ``setting``: a ``tunekit.Setting`` instead of the toggles (its
+        micro-batch is the search's). Example: ``found = lab.find_max_batch_size(limit=256, budget_s=30)``."""
         from .maxbatch import find_max_batch_size as find
+        if setting is not None:
+            changes, _ = lab_keywords(self, setting, changes, (None, 1, 1), parallel=False)
         args = (self, start, limit, memory_budget_bytes, budget_fraction)
         if not flag("verbose", verbose):
             return find(*args, progress, snapshot_on_oom, budget_s, **changes)

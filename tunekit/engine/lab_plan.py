@@ -12,17 +12,16 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-import torch
-
 from ..core.plan import Plan
+from ..core.setting import HALF
 from ..core.toggles import LAB_DEFAULT, Toggles
+from ..measure.device import weights_dtype
 from .plan import plan
 
 TOGGLES = tuple(f.name for f in dataclasses.fields(Toggles))
 # Toggles that change neither one micro-step's memory nor its speed-of-light bound: gradients
 # accumulate in place (grad_accum) and the optimizer's elementwise update is outside the bound.
 NOT_IN_THE_STEP = ("grad_accum", "lr")
-WEIGHT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def plan_parameters() -> list:
@@ -51,9 +50,9 @@ def lab_plan(lab, device: str, overrides: dict) -> Plan:
     kw = {k: getattr(t, k) for k in TOGGLES if k in taken}
     kw.update((k, v) for k, v in overrides.items() if k not in TOGGLES)
     if "weights" in taken and "weights" not in overrides:
-        dtypes = {p.dtype for p in lab.model.parameters() if p.is_floating_point()}
-        if len(dtypes) == 1 and next(iter(dtypes)) in WEIGHT_DTYPES:   # a model kept in bf16/fp16
-            kw["weights"] = WEIGHT_DTYPES[dtypes.pop()]
+        weights = weights_dtype(lab.model.parameters())
+        if weights in HALF:   # a model kept in bf16/fp16
+            kw["weights"] = weights
     p = plan(lab, device, **kw)
     p.notes += unmodelled(t, taken, lab.adapter.attention)
     return p

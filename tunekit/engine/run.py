@@ -16,7 +16,7 @@ import time
 from statistics import median
 
 from ..core.results import RunResult
-from ..core.toggles import ToggleError, Toggles, compute_dtype, label, normalized, notices
+from ..core.toggles import ToggleError, Toggles, label, normalized, notices
 from ..measure.conditions import ConditionsMeter
 from ..measure.device import device_label
 from ..measure.energy import EnergyMeter
@@ -164,7 +164,7 @@ def traced_step(lab, t: Toggles, step_s: float, trace: bool = True, memory: bool
 def _record(lab, t, warmup, m: Steps, probe, flops_source, notes, snap=None) -> RunResult:
     """The run's RunResult (engine.train.record, the one distributed runs use), added to the log."""
     params = list(lab.model.parameters())
-    dtype = compute_dtype(t, lab.device.type)
+    dtype = t.compute_on(lab.device.type)
     result, lab.peaks[dtype] = run_result(  # a re-check may have raised a calibrated peak
         t, m, probe, lab.adapter, lab.peaks[dtype], lab.device, label=label(t, lab.resolve()),
         warmup=warmup, notes=notes, cuda_index=lab.cuda_index, flops_source=flops_source,

@@ -78,6 +78,21 @@ def existing_device(device, name: str = "device"):
     return torch.device(_device_arg(name, device, counts))
 
 
+def dtype_name(dtype) -> str | None:
+    """tunekit's name of a torch dtype (``torch.bfloat16`` -> ``"bf16"``), None for one it does not
+    name (integers, fp64); the inverse of `torch_dtype`, read from the same table (core.registry)."""
+    from ..core.registry import DTYPES
+
+    return next((d.name for d in DTYPES.values() if d.name != "tf32" and f"torch.{d.torch_name}" == str(dtype)), None)
+
+
+def weights_dtype(params) -> str | None:
+    """The one floating dtype of ``params`` by tunekit's name (``"bf16"`` for a model kept in
+    bf16), None when they mix dtypes or hold no floating tensor."""
+    dtypes = {p.dtype for p in params if p.is_floating_point()}
+    return dtype_name(dtypes.pop()) if len(dtypes) == 1 else None
+
+
 def torch_dtype(name):
     """torch dtype for a tunekit dtype name or alias (``"bf16"`` -> ``torch.bfloat16``)."""
     import torch

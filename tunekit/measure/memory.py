@@ -21,11 +21,12 @@ import torch
 
 from ..core import registry
 from ..core.memory.estimate import COMPONENTS, MemoryEstimate, estimate_memory
+from ..core.setting import HALF, Setting, from_keywords
 from ..core.units import GiB, is_missing
 from ..core.validate import flag, whole
 from ..models.adapters import adapt, loss_of
 from . import nvml
-from .device import torch_dtype
+from .device import torch_dtype, weights_dtype
 from .tally import SavedTensorTally, storage_key, unique_bytes
 
 NaN = math.nan
@@ -98,13 +99,13 @@ def optimizer_name(opt) -> str | None:
     return entry.name if entry else None
 
 
-def autocast_dtype(precision):
-    # the Lab's vocabulary: bf16/fp16 mean autocast to that dtype; fp32/tf32 mean none
+def autocast_torch(precision):
+    """The torch dtype a training precision autocasts to (`Setting.autocast`), None for none."""
     if precision is None or isinstance(precision, torch.dtype):
         return precision
     if precision not in registry.PRECISIONS:
         raise ValueError(f"precision must be one of {tuple(registry.PRECISIONS)}, got {precision!r}")
-    ac = registry.PRECISIONS[precision].autocast_dtype
+    ac = Setting(precision=precision).autocast
     return torch_dtype(ac) if ac else None
 
 
@@ -150,7 +151,7 @@ def _loss(model, batch):
 
 def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkpointing=None,
                    micro_batch: int | None = None, seq_len: int | None = None,
-                   estimate: bool = True) -> MemoryReport:
+                   estimate: bool = True, setting=None) -> MemoryReport:
     """Run one training step (forward, backward, optimizer step) and measure each component.
 
     `target`: a tunekit Lab (its model, default toggles and batches) or an nn.Module with
@@ -163,8 +164,16 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     words: "bf16"/"fp16" run the forward under torch.autocast (reported as "amp") unless the
     weights already are that dtype (then pure "bf16"/"fp16"), "fp32"/"tf32" do not.
 
+    ``setting``: a ``tunekit.Setting`` instead of optimizer, precision, checkpointing, micro_batch
+    and seq_len (its weights' dtype must be the model's: a real step measures the weights it has).
+
     Example: ``tunekit.measure_memory(lab, precision="bf16").to_frame()``.
     """
+    s = from_keywords(setting, "measure_memory", optimizer=optimizer, precision=precision,
+                      checkpointing=checkpointing, micro_batch=micro_batch, seq_len=seq_len)
+    if s is not None:
+        optimizer, precision, checkpointing = s.optimizer, s.precision, s.checkpointing
+        micro_batch, seq_len = s.micro_batch, s.seq_len
     for name, v in (("micro_batch", micro_batch), ("seq_len", seq_len)):
         if v is not None:
             whole(name, v)
@@ -172,22 +181,26 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
         if v is not None:
             flag(name, v)
     tg = _unpack_target(target, batch, micro_batch, seq_len)
+    if s is not None and s.attention is not None:
+        tg.attention = s.attention
     model, batch, adapter = tg.model, tg.batch, tg.adapter
     optimizer = optimizer if optimizer is not None else tg.optimizer  # given: over the Lab's toggles
     precision = precision if precision is not None else tg.precision
     checkpointing = checkpointing if checkpointing is not None else tg.checkpointing
     params = [p for p in model.parameters()]
+    if s is not None and s.weights is not None and s.weights != weights_dtype(params):
+        raise ValueError(f"measure_memory(setting=...) with weights={s.weights!r}: the model's weights are "
+                         f"{weights_dtype(params)} and a real step measures them as they are; plan other weights "
+                         "with tunekit.plan(model, setting=s)")
     dev = params[0].device if params else torch.device("cpu")
     notes = []
     given = optimizer
     optimizer = _shadow_optimizer(optimizer, params, notes)
-    ac_dtype = autocast_dtype(precision)
-    float_dtypes = {p.dtype for p in params if p.is_floating_point()}
-    half = next((n for n, d in (("bf16", torch.bfloat16), ("fp16", torch.float16))
-                 if float_dtypes and float_dtypes <= {d}), None)
-    if half is not None:
+    ac_dtype = autocast_torch(precision)
+    half = weights_dtype(params)
+    if half in HALF:
         precision = half   # pure half weights: autocast to the same dtype casts nothing
-        if ac_dtype is not None and ac_dtype != autocast_dtype(half):
+        if ac_dtype is not None and ac_dtype != autocast_torch(half):
             notes.append(f"weights are {half}; autocast to {ac_dtype} was not applied")
         ac_dtype = None
     else:
@@ -316,7 +329,7 @@ def _cuda_readings(dev, measured, forward_growth) -> dict:
 
 def _estimate_for(model, batch, optimizer, precision, dev, checkpointing, attention, shape, notes):
     name = optimizer_name(optimizer)
-    kw = dict(precision=precision, optimizer=name or "adamw", device=str(dev), cuda_context_bytes=0.0)
+    kw = dict(layout=precision, optimizer=name or "adamw", device=str(dev), cuda_context_bytes=0.0)
     x = batch[0] if isinstance(batch, (tuple, list)) else batch
     if shape is not None and x.dim() == 2:
         est = estimate_memory(model.config, n_params=float(sum(p.numel() for p in model.parameters())),

@@ -7,7 +7,7 @@ Sources: the ml-engineering "Anatomy of Model's Memory Usage" section
 ~1-2 GB for torch.distributed) and the large-scale-training notes (the activation formula of
 Korthikanti et al. 2022 and the 147M-parameter GPT worked example).
 
->>> est = estimate_memory(1_000_000, precision="mixed", optimizer="adamw", device="cpu")
+>>> est = estimate_memory(1_000_000, layout="mixed", optimizer="adamw", device="cpu")
 >>> est.static_bytes / 1_000_000          # 2 half + 4 master + 4 grads + 8 AdamW
 18.0
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import dataclass, field
 
 from .. import registry, validate
@@ -23,7 +24,7 @@ from ..shapes import model_shape
 from ..units import GB, GiB, is_missing
 from .gpt_count import config_dims, gpt_activation_bytes
 from .hf_count import GROUPS, hf_activation_bytes
-from .options import MemoryOptions
+from .options import MemoryOptions, setting_options
 
 NaN = math.nan
 
@@ -136,7 +137,7 @@ class MemoryEstimate:
         return estimate_html(self)
 
 
-def estimate_memory(model=None, *, n_params: float | None = None, precision: str = "mixed",
+def estimate_memory(model=None, *, n_params: float | None = None, precision: str | None = None,
                     optimizer: str = "adamw", micro_batch: int = 1, seq_len: int | None = None,
                     checkpointing: bool = False, tp: int = 1, pp: int = 1, zero_stage: int = 0,
                     dp: int = 1, n_layer: int | None = None, n_embd: int | None = None,
@@ -144,7 +145,8 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
                     cuda_context_bytes: float | None = None, overhead_fraction: float = 0.0,
                     optimizer_bytes: float | None = None, grad_bytes: float | None = None,
                     sequence_parallel: bool = False, attention: str | None = None,
-                    parallel: str | None = None, world_size: int = 1, nodes: int = 1) -> MemoryEstimate:
+                    parallel: str | None = None, world_size: int = 1, nodes: int = 1,
+                    weights: str | None = None, layout: str | None = None, setting=None) -> MemoryEstimate:
     """Estimate per-device training memory.
 
     `model` is a parameter count, a config (tunekit's GPTConfig, or a transformers decoder
@@ -168,8 +170,14 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
     >>> round(e["activations"] / 64)   # 512*768*12*(10+24+5*12*512/768)
     349175808
     """
-    options = MemoryOptions(**{k: v for k, v in locals().items() if k != "model"})  # the parameters above
+    kw = {k: v for k, v in locals().items() if k not in ("model", "setting")}   # the parameters above
+    if setting is not None:
+        kw.update(setting_options(setting, kw))
+    options = MemoryOptions(**kw)
+    if options.deprecation:
+        warnings.warn(options.deprecation, DeprecationWarning, stacklevel=2)
     return estimate_with(model, options)
+
 
 
 def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
@@ -181,7 +189,8 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
         notes.append(f"device={device!r} assumed: this machine's ({device_why}); pass device= to plan "
                      "for another" + (" (device='cuda' adds the CUDA context)" if device == "cpu" else ""))
     m = _model_sizes(model, o)
-    prec, key = precision_layout(o.precision), memory_layout_name(o.precision)
+    key = o.layout_key
+    prec = MEMORY_LAYOUTS[key]
     comps, forms = _static_lines(m.n_params, _bytes_per_param(o), o.tp * o.pp, dp, zero_stage)
     mode = _activation_mode(o.activations, m)
     notes.extend(m.shape.notes if m.shape is not None else ())
@@ -203,7 +212,7 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
         notes.append("1F1B pipeline: the first stage holds pp micro-batches of L/pp layers, "
                      "i.e. the same activation bytes as L layers (not divided by pp)")
     _beside_lines(comps, forms, o, device, world=o.tp * o.pp * dp)
-    inputs = dict(n_params=m.n_params, precision=key, optimizer=o.optimizer, micro_batch=o.micro_batch,
+    inputs = dict(n_params=m.n_params, layout=key, optimizer=o.optimizer, micro_batch=o.micro_batch,
                   seq_len=m.seq_len, attention=m.attention, checkpointing=o.checkpointing, tp=o.tp, pp=o.pp,
                   zero_stage=zero_stage, dp=dp, n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
                   activations=mode, device=device, device_source=device_why)
@@ -260,7 +269,7 @@ def _model_sizes(model, o: MemoryOptions) -> _Sizes:
 
 
 def _bytes_per_param(o: MemoryOptions) -> dict:
-    per = bytes_per_param(o.precision, o.optimizer)
+    per = bytes_per_param(o.layout_key, o.optimizer)
     if o.optimizer_bytes is not None:
         per["optimizer_states"] = o.optimizer_bytes
     if o.grad_bytes is not None:
@@ -304,7 +313,8 @@ def _rope_buffers(m: _Sizes, key: str) -> tuple:
 
 def _counted_activations(comps, forms, notes, m: _Sizes, o: MemoryOptions, mode: str) -> None:
     """Activations counted tensor by tensor: the demo GPT's (gpt) or transformers' layers (hf)."""
-    prec, key = precision_layout(o.precision), memory_layout_name(o.precision)
+    key = o.layout_key
+    prec = MEMORY_LAYOUTS[key]
     if mode == "gpt":
         act = gpt_activation_bytes(m.cfg, o.micro_batch, m.seq_len, prec.activations,
                                    checkpointing=o.checkpointing, autocast=key == "amp")
@@ -331,7 +341,7 @@ def _counted_activations(comps, forms, notes, m: _Sizes, o: MemoryOptions, mode:
 
 def _formula_activations(comps, forms, notes, m: _Sizes, o: MemoryOptions) -> None:
     """Activations by Korthikanti et al.'s formula (2-byte elements, scaled to the precision's)."""
-    prec = precision_layout(o.precision)
+    prec = MEMORY_LAYOUTS[o.layout_key]
     s, b, h, L, a, tp = m.seq_len, o.micro_batch, m.n_embd, m.n_layer, m.n_head, o.tp
     scale = prec.activations / 2   # the formula counts 2-byte elements
     full = korthikanti_activation_bytes(s, b, h, L, a, tp, o.sequence_parallel)
@@ -374,7 +384,7 @@ def worked_example_147m(micro_batch: int = 64) -> dict:
     copy and the "12" is AdamW's 8 plus *another* fp32 copy, so the copy is counted twice.
     """
     common = dict(n_layer=12, n_embd=768, n_head=12, seq_len=512, micro_batch=micro_batch,
-                  precision="mixed", device="cpu", activations="korthikanti")
+                  layout="mixed", device="cpu", activations="korthikanti")
     return {
         "as printed (20 B/param)": estimate_memory(147e6, optimizer_bytes=12, grad_bytes=2, **common),
         "fp32 copy once (16 B/param)": estimate_memory(147e6, grad_bytes=2, **common),

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from .. import validate
+from ..setting import from_keywords, memory_layout
 
 ACTIVATION_MODES = ("auto", "gpt", "hf", "korthikanti")
 
@@ -23,7 +24,7 @@ class MemoryOptions:
     by hand (each None is read from the model's config). Checked when made (ValueError)."""
 
     n_params: float | None = None          # parameter count (default: counted or read from the config)
-    precision: str = "mixed"
+    precision: str | None = None           # the training precision, as the Lab's (core.setting)
     optimizer: str = "adamw"
     micro_batch: int = 1
     seq_len: int | None = None
@@ -47,8 +48,13 @@ class MemoryOptions:
     parallel: str | None = None             # "ddp", "fsdp", "fsdp_grad_op", "hsdp": sets zero_stage, dp
     world_size: int = 1
     nodes: int = 1
+    weights: str | None = None              # the parameters' dtype (half: pure half training)
+    layout: str | None = None               # a key of registry.MEMORY_LAYOUTS; default "mixed"
 
     def __post_init__(self):
+        key, deprecation = memory_layout(self.precision, self.weights, self.layout)
+        object.__setattr__(self, "layout_key", key)   # derived once: what the bytes per param follow
+        object.__setattr__(self, "deprecation", deprecation)
         for name in ("world_size", "nodes"):
             validate.whole(name, getattr(self, name))
         if self.parallel is None and (self.world_size, self.nodes) != (1, 1):
@@ -91,6 +97,20 @@ class MemoryOptions:
             return self.zero_stage, self.dp, []
         return _sharding(self.parallel, self.world_size, self.nodes, self.zero_stage, self.dp)
 
+
+# estimate_memory's keywords that a Setting gives instead, and their defaults
+SETTING_KEYWORDS = ("precision", "weights", "layout", "optimizer", "micro_batch", "seq_len", "checkpointing",
+                    "attention", "parallel", "world_size", "nodes", "device")
+
+
+def setting_options(setting, kw: dict) -> dict:
+    """estimate_memory's keywords from a `Setting` (one description per call: a step keyword
+    given beside it, away from its default, is refused)."""
+    defaults = {f.name: f.default for f in fields(MemoryOptions)}
+    s = from_keywords(setting, "estimate_memory", **{k: kw[k] for k in SETTING_KEYWORDS if kw[k] != defaults[k]})
+    return dict(layout=s.memory_layout, optimizer=s.optimizer, micro_batch=s.micro_batch, seq_len=s.seq_len,
+                checkpointing=s.checkpointing, attention=s.attention, parallel=s.parallel,
+                world_size=s.world_size, nodes=s.nodes, device=s.device)
 
 NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"   # present while Linux's NVIDIA driver is loaded
 

@@ -27,7 +27,7 @@ def _count(n) -> str:
 def estimate_head(est) -> str:
     i = est.inputs
     parts = [f"{_count(i['n_params'])} params" if not is_missing(i.get("n_params")) else "params n/a",
-             str(i.get("precision")), str(i.get("optimizer"))]
+             str(i.get("layout")), str(i.get("optimizer"))]
     if i.get("seq_len"):
         parts.append(f"micro_batch {i.get('micro_batch')} × seq_len {i['seq_len']}")
     if i.get("checkpointing"):

@@ -13,7 +13,7 @@ import math
 from ...core.comm import total_by
 from ...core.conditions import combine
 from ...core.results import RunResult
-from ...core.toggles import Toggles, compute_dtype, label
+from ...core.toggles import Toggles, label
 from ...measure.conditions import judge_rank
 from ...measure.peaks import Peak, resolve_peak
 from ..train.record import Steps, run_result
@@ -81,7 +81,7 @@ def aggregate(spec, rank, gathered, losses, warmup, first_step_at, meter_source,
               conditions=ranks_conditions([g["conditions"] for g in gathered]))
     # no matmul re-checks a calibrated peak here: the Lab does once the run is back
     result, _ = run_result(
-        t, m, rank.probe, rank.adapter, _peak(spec, device, compute_dtype(t, device.type)), device,
+        t, m, rank.probe, rank.adapter, _peak(spec, device, t.compute_on(device.type)), device,
         label=f"{spec['parallel']} {rank.nodes}x{rank.nproc} " + label(t, Toggles()), warmup=warmup,
         notes=notes, cuda_index=device.index if device.type == "cuda" else None, world=world, recheck=False,
         params_bytes=max(g["params_bytes"] for g in gathered), grads_bytes=max(g["grads_bytes"] for g in gathered),

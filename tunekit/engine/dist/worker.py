@@ -39,9 +39,11 @@ import torch.distributed as dist
 from ...core import registry
 from ...core.comm import expected_comm, layout_problems
 from ...core.results import RunResult
-from ...core.toggles import Env, Toggles, autocast_dtype, normalized, problems
+from ...core.setting import Setting
+from ...core.toggles import Env, Toggles, normalized, problems
 from ...measure.comm import CommCounter
 from ...measure.conditions import ConditionsMeter, rank_reading
+from ...measure.device import torch_dtype
 from ...measure.meters import DeviceMeter
 from ...measure.timing import time_repeats
 from ...models.adapters import adapt, fsdp_units
@@ -61,8 +63,10 @@ class Rank:
     def __init__(self, spec: dict, rank: int, world: int, nproc: int, device: torch.device):
         self.spec, self.rank, self.world, self.nproc, self.device = spec, rank, world, nproc, device
         self.nodes = world // nproc
-        self.parallel = spec["parallel"]
-        self.t = t = normalized(Toggles().replace(**spec.get("toggles", {})))
+        # the spec's toggles and layout, read once into the Setting every rank steps under
+        self.t = t = normalized(Setting(parallel=spec["parallel"], world_size=world, nodes=self.nodes)
+                                .replace(**spec.get("toggles", {})))
+        self.parallel = t.parallel
         model = build_model(spec["model"], spec.get("seed", 0))
         if spec.get("weights"):
             model.load_state_dict(torch.load(spec["weights"], map_location="cpu", weights_only=True))
@@ -93,11 +97,10 @@ class Rank:
     def _mixed_precision(self):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        half = autocast_dtype(self.t)
+        half = self.t.autocast
         if half is None:
             return MixedPrecisionPolicy()
-        return MixedPrecisionPolicy(param_dtype=getattr(torch, registry.dtype(half).torch_name),
-                                    reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(param_dtype=torch_dtype(half), reduce_dtype=torch_dtype(self.t.grads))
 
     def _wrap(self):
         if self.parallel == "ddp":
@@ -141,9 +144,10 @@ class Rank:
 
     def expected_comm(self) -> dict:
         """What tunekit.core.comm predicts one step sends (the sharded kinds gather half weights)."""
-        half = autocast_dtype(self.t) if self.parallel != "ddp" else None
-        param_bytes = registry.dtype(half).bytes if half else 4
-        return expected_comm(self.parallel, self.units, self.world, self.nodes, param_bytes, 4,
+        half = self.t.autocast if self.parallel != "ddp" else None
+        param_bytes = registry.dtype(half or self.t.compute_on(self.device.type)).bytes
+        return expected_comm(self.parallel, self.units, self.world, self.nodes, param_bytes,
+                             registry.dtype(self.t.grads).bytes,
                              self.buffer_bytes, self.t.grad_accum)
 
     def local_bytes(self) -> dict:

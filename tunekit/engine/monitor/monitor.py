@@ -24,6 +24,7 @@ import torch
 
 from ...core import validate
 from ...core.records import ProfileRecord
+from ...core.setting import from_keywords
 from ...core.steps import COLUMNS, CURATED, speed_column, steps_view, summarize, summary_line
 from ...core.summary import readable
 from ...measure.conditions import ConditionsMeter
@@ -61,13 +62,17 @@ class Monitor:
     left out of the summary. ``total``: steps expected (progress and ETA; ``iter`` takes
     ``len(loader)``). ``live``: None shows the live view in a notebook or a terminal, True
     always, False never. ``log_to``: "tensorboard:DIR", "mlflow:URI", "jsonl:PATH" (or a list).
+    ``setting``: the ``tunekit.Setting`` your loop trains under, instead of ``dtype`` (the peak is
+    that of the dtype its matmuls run in: ``Setting(precision="bf16")`` -> bf16).
     """
 
     def __init__(self, model, *, name: str | None = None, tokens: int | None = None,
                  samples: int | None = None, flops: str = "auto", model_flops: float | None = None,
                  peak: float | None = None, dtype: str | None = None, warmup: int = 1,
-                 total: int | None = None, live: bool | None = None, log_to=()):
+                 total: int | None = None, live: bool | None = None, log_to=(), setting=None):
         validate.instance("model", model, torch.nn.Module, "a torch.nn.Module")
+        s = from_keywords(setting, "Monitor", dtype=dtype)   # a Setting: the peak of the dtype it computes in
+        dtype = s.compute if s is not None else dtype
         if next(model.parameters(), None) is None:
             raise ValueError(f"{type(model).__name__} has no parameters: there is no training to monitor")
         o = check_options(name, tokens, samples, flops, model_flops, peak, dtype, warmup, total, live)

@@ -2,9 +2,9 @@
 they are built). Engine layer."""
 from __future__ import annotations
 
-from ...core import validate
+from ...core import registry, validate
 
-DTYPES = ("fp32", "tf32", "bf16", "fp16")   # the dtypes a peak can be taken for
+DTYPES = tuple(registry.PRECISIONS)   # the dtypes a peak can be taken for: those a training step computes in
 
 
 def check_options(name=None, tokens=None, samples=None, flops="auto", model_flops=None, peak=None,

@@ -24,10 +24,10 @@ from time import perf_counter
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from ...measure.device import dtype_name
 from ...measure.flops import TunekitFlopCounter
 from ...models.adapters import adapt
 
-_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 MAX_COUNTS = 16  # signatures counted per monitor; past it (shapes change every step) none is
 
 
@@ -89,7 +89,7 @@ class StepTap:
         trained = grad and module.training
         device = _device_of(args, kwargs)
         auto = torch.is_autocast_enabled(device)
-        self.dtype = _DTYPES.get(torch.get_autocast_dtype(device) if auto else self.param_dtype, "fp32")
+        self.dtype = dtype_name(torch.get_autocast_dtype(device) if auto else self.param_dtype) or "fp32"
         first = not self.signature
         self.signature.append((type(module).__name__, _shapes((args, kwargs)), module.training, grad, auto, self.dtype))
         if first and self.may_count and not self.full and (self.recount or self.signature[0] not in self.first_seen):

@@ -15,6 +15,8 @@ import re
 
 from ...core.memory.estimate import estimate_memory
 from ...core.plan import COMPONENTS, Plan
+from ...core.setting import HALF, Setting
+from ...measure.device import weights_dtype
 from ...measure.tally import storage_key, unique_bytes
 from ...models.adapters import adapt
 
@@ -84,7 +86,7 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
     n_params = float(sum(p.numel() for p in params)) or None
     bytes_layout = _layout(setting, params)
     notes = [f"analytic estimate: the fake step failed because {reason}"]
-    est = estimate_memory(config if config is not None else n_params, n_params=n_params, precision=bytes_layout,
+    est = estimate_memory(config if config is not None else n_params, n_params=n_params, layout=bytes_layout,
                           optimizer=setting["optimizer"], micro_batch=setting["micro_batch"],
                           seq_len=setting["seq_len"] if config is not None else None,
                           checkpointing=setting["checkpointing"], device="cpu" if dev["name"] == "cpu" else "cuda",
@@ -119,15 +121,9 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
 
 def _layout(setting, params) -> str:
     """The estimate's precision for the step: pure half weights, autocast over fp32 ("amp"), or fp32/tf32."""
-    import torch
-
-    halves = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-    dtypes = {p.dtype for p in params if p.is_floating_point()}
-    if setting.get("weights") in halves.values():
-        return setting["weights"]
-    if len(dtypes) == 1 and next(iter(dtypes)) in halves:
-        return halves[next(iter(dtypes))]
-    return "amp" if setting["precision"] in ("bf16", "fp16") else setting["precision"]
+    live = weights_dtype(params)
+    weights = setting.get("weights") or (live if live in HALF else None)
+    return Setting(precision=setting["precision"], weights=weights).memory_layout
 
 
 def _speed(inner, setting, tokens, unit, dev, notes) -> tuple[float, float]:

@@ -14,11 +14,12 @@ import copy
 
 import torch
 
+from ...core.setting import HALF
+from ...measure.device import weights_dtype
 from ...measure.step import per_sample
 from ...models.adapters import adapt, loss_of
 
 KINDS = {"tunekit-gpt": "gpt", "transformers": "hf"}   # adapter kind -> the plan's kind
-HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 class ModuleTarget:
@@ -58,8 +59,8 @@ class ModuleTarget:
     def toggles(self) -> dict:
         """What the live module says of the step: checkpointing as it is set, and its weights'
         dtype when they are all half (they are planned as they are)."""
-        dtypes = {p.dtype for p in self.module.parameters() if p.is_floating_point()}
-        weights = HALF.get(next(iter(dtypes))) if len(dtypes) == 1 else None
+        weights = weights_dtype(self.module.parameters())
+        weights = weights if weights in HALF else None
         return dict(checkpointing=self.live_checkpointing, **({"weights": weights} if weights else {}))
 
     def build(self, dtype=None) -> torch.nn.Module:

@@ -10,15 +10,13 @@ import torch
 from ...core.plan import COMPONENTS
 from ...measure.flops import TunekitFlopCounter
 from ...measure.live import LiveBytes
-from ...measure.memory import autocast_dtype, measure_memory
+from ...measure.memory import autocast_torch, measure_memory
 from ...measure.model_flops import tensors_in
 from ...measure.tally import storage_key
 from ...models.adapters import adapt, fsdp_units
 from ...models.optimizers import build_optimizer
 from .analytic import FakeStepError, fake_failure
 from .module import ModuleTarget
-
-WEIGHTS = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def alternatives(setting, step, run, total_of, memory) -> list:
@@ -121,7 +119,7 @@ def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count) -> di
 
 def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
     """The step's FLOPs, counted op by op: executed, the MFU convention's, and the roofline."""
-    ac = autocast_dtype(setting["precision"])
+    ac = autocast_torch(setting["precision"])
     before = adapter.checkpointing
     counter = RooflineCounter()
     try:
@@ -166,7 +164,7 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
     from zero gradients: it allocates what a first step would), so it lives from the start as it
     does in every step after the first."""
     params = list(model.parameters())
-    ac = autocast_dtype(setting["precision"])
+    ac = autocast_torch(setting["precision"])
     before = adapter.checkpointing
     opt = build_optimizer(setting["optimizer"], params, lr=0.0)
     rounded = _rounded_bytes(round_to)

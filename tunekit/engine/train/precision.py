@@ -9,13 +9,13 @@ import contextlib
 
 import torch
 
-from ...core.toggles import Toggles, autocast_dtype
+from ...core.toggles import Toggles
 from ...measure.device import torch_dtype
 
 
 def autocast(t: Toggles, device: torch.device):
     """torch.autocast to the run's half dtype (bf16/fp16), or nothing (fp32/tf32)."""
-    ac = autocast_dtype(t)
+    ac = t.autocast
     if ac is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch_dtype(ac))

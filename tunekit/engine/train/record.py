@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ...core import registry
 from ...core.results import RunResult
-from ...core.toggles import Toggles, autocast_dtype, compute_dtype
+from ...core.toggles import Toggles
 from ...measure.device import device_label
 from ...measure.energy import Energy
 from ...measure.peaks import Peak, rates, resolve_peak
@@ -74,13 +74,13 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
     if m.slowed:
         notes.append("timed under an outer FLOP counter (a first %%gpuprofile run?): "
                      "step times are slowed by it, so no TFLOPS/MFU; re-run for clean speeds")
-    dtype = compute_dtype(t, device.type)
+    dtype = t.compute_on(device.type)
     rate_s = math.nan if m.slowed else step_s  # rates from a counter-slowed clock would lie
     r = rates(executed, model_flops, rate_s, peak, device, dtype, devices=world, recheck=recheck)
     values = [float(v) for v in m.losses]  # after the clock: .item() would sync mid-run
-    ac = autocast_dtype(t)
+    ac = t.autocast
     result = RunResult(
-        run_id=None, label=label, toggles=t,
+        run_id=None, label=label, toggles=t.toggles,
         steps=len(m.times), warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
         step_s=step_s, step_s_min=min(m.times), step_s_max=max(m.times),
         flops_per_step=executed, model_flops_per_step=model_flops,

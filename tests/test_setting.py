@@ -1,0 +1,145 @@
+"""tunekit.Setting: one description of a training step, one meaning per word in every API."""
+import dataclasses
+import warnings
+
+import pytest
+
+import tunekit
+from tunekit import GPTConfig, Setting
+from tunekit.core.setting import memory_layout
+
+TINY = GPTConfig.preset("cpu-tiny")
+N_PARAMS = 426_624     # cpu-tiny's parameters: 1,706,496 B of fp32 weights / 4
+
+
+@pytest.mark.parametrize("kw,autocast,compute,grads,layout,scaler", [
+    (dict(), None, "fp32", "fp32", "fp32", False),
+    (dict(precision="tf32"), None, "tf32", "fp32", "tf32", False),
+    (dict(precision="bf16"), "bf16", "bf16", "fp32", "amp", False),      # fp32 weights under autocast
+    (dict(precision="fp16"), "fp16", "fp16", "fp32", "amp", True),       # ... and a GradScaler
+    (dict(weights="bf16"), None, "bf16", "bf16", "bf16", False),         # pure bf16
+    (dict(precision="bf16", weights="bf16"), None, "bf16", "bf16", "bf16", False),  # autocast casts nothing
+    (dict(precision="fp16", weights="fp16"), None, "fp16", "fp16", "fp16", False),  # no scaler without autocast
+    (dict(precision="bf16", weights="fp32"), "bf16", "bf16", "fp32", "amp", False),
+])
+def test_what_each_word_means(kw, autocast, compute, grads, layout, scaler):
+    s = Setting(**kw)
+    got = (s.autocast, s.compute, s.grads, s.memory_layout, s.grad_scaler)
+    assert got == (autocast, compute, grads, layout, scaler)
+
+
+def test_tf32_is_fp32_off_cuda_and_a_setting_is_frozen_and_hashable():
+    s = Setting(precision="tf32")
+    assert s.compute_on("cpu") == "fp32" and s.compute_on("cuda") == "tf32"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.micro_batch = 4
+    assert {s: 1}[Setting(precision="tf32")] == 1
+    with pytest.raises(TypeError, match="unknown toggle"):
+        s.replace(micro_batches=4)
+
+
+def test_a_setting_is_toggles_plus_what_a_lab_cannot_change():
+    s = Setting(precision="bf16", micro_batch=4, parallel="fsdp", world_size=8)
+    assert isinstance(s, tunekit.Toggles)
+    assert s.toggles == tunekit.Toggles(precision="bf16", micro_batch=4)
+    assert Setting.of(s.toggles, parallel="ddp").parallel == "ddp"
+
+
+def test_estimate_and_plan_agree_on_one_setting():
+    """The reviewer's case: cpu-tiny at 2 x 64. precision='bf16' once meant pure bf16 weights to
+    estimate_memory (853,248 B) and fp32 weights under autocast to plan (1,706,496 B); on one
+    Setting both now say the same."""
+    for s, weights in ((Setting(precision="bf16", micro_batch=2, seq_len=64, device="cpu"), 1_706_496),  # 426,624 x 4
+                       (Setting(weights="bf16", micro_batch=2, seq_len=64, device="cpu"), 853_248)):    # 426,624 x 2
+        est = tunekit.estimate_memory(TINY, setting=s)
+        planned = tunekit.plan(TINY, setting=s)
+        assert est.components["weights"] == planned.components["weights"] == weights
+        for name in ("gradients", "weight_casts", "activations"):
+            assert est.components[name] == planned.components[name], name
+        # AdamW's step counts: 14 parameter tensors x a 4-byte step each, seen by the real step only
+        assert planned.components["optimizer_states"] - est.components["optimizer_states"] == 14 * 4
+
+
+def test_estimate_memory_refuses_the_word_that_changed_meaning():
+    with pytest.raises(ValueError, match=r"precision='bf16' is ambiguous.*weights='bf16'.*weights='fp32'"):
+        tunekit.estimate_memory(TINY, precision="bf16", device="cpu")
+    # each meaning asked for by name
+    pure = tunekit.estimate_memory(TINY, weights="bf16", device="cpu")
+    amp = tunekit.estimate_memory(TINY, precision="bf16", weights="fp32", device="cpu")
+    assert pure.components["weights"] == N_PARAMS * 2 and amp.components["weights"] == N_PARAMS * 4
+    assert amp.inputs["layout"] == "amp" and pure.inputs["layout"] == "bf16"
+
+
+def test_a_layout_under_precision_still_works_with_a_deprecation():
+    with pytest.warns(DeprecationWarning, match="write layout='mixed'"):
+        old = tunekit.estimate_memory(TINY, precision="mixed", device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = tunekit.estimate_memory(TINY, layout="mixed", device="cpu")
+        default = tunekit.estimate_memory(TINY, device="cpu")
+    assert old.components == new.components == default.components
+    assert new.static_bytes == N_PARAMS * 18   # 2 half + 4 master + 4 grads + 8 AdamW per parameter
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: tunekit.estimate_memory(TINY, micro_batch=4, setting=s),
+    lambda s: tunekit.plan(TINY, "cpu", precision="bf16", setting=s),
+])
+def test_a_setting_and_step_keywords_together_are_refused(call):
+    with pytest.raises(ValueError, match="give either setting= or the step keywords"):
+        call(Setting())
+
+
+def test_layout_words_are_checked():
+    assert memory_layout(None, None, None) == ("mixed", None)
+    assert memory_layout("fp32", None, None) == ("fp32", None)
+    assert memory_layout(None, "fp16", None) == ("fp16", None)
+    with pytest.raises(ValueError, match="layout= alone"):
+        memory_layout("fp32", None, "amp")
+    with pytest.raises(ValueError, match="weights must be one of"):
+        memory_layout(None, "int8", None)
+    with pytest.raises(ValueError, match="unknown precision"):
+        memory_layout("fp64", None, None)
+
+
+def test_lab_run_takes_a_setting_and_refuses_what_a_live_model_cannot_be():
+    lab = tunekit.Lab()
+    s = Setting(precision="bf16", micro_batch=2, seq_len=32)
+    r = lab.run(setting=s, steps=1, warmup=0, verbose=False)
+    assert r.toggles == s.toggles and r.autocast_dtype == "bfloat16"
+    before = [p.detach().clone() for p in lab.model.parameters()]
+    for bad, why in ((s.replace(weights="bf16"), "round its weights"), (s.replace(device="cuda"), "on cpu"),
+                     (s.replace(model="gpt-small"), "the model it was made with")):
+        with pytest.raises(tunekit.ToggleError, match=why):
+            lab.run(setting=bad, steps=1, verbose=False)
+    assert all((a == b).all() for a, b in zip(before, lab.model.parameters()))   # nothing ran
+    with pytest.raises(ValueError, match="not both"):
+        lab.run(setting=s, micro_batch=4, steps=1, verbose=False)
+
+
+def test_measure_memory_takes_a_setting():
+    lab = tunekit.Lab()
+    s = Setting(precision="bf16", micro_batch=2, seq_len=32, checkpointing=True)
+    a = tunekit.measure_memory(lab.model, setting=s, estimate=False).measured
+    b = tunekit.measure_memory(lab.model, precision="bf16", micro_batch=2, seq_len=32, checkpointing=True,
+                               estimate=False).measured
+    assert a == b
+    with pytest.raises(ValueError, match="a real step measures them as they are"):
+        tunekit.measure_memory(lab.model, setting=s.replace(weights="bf16"))
+
+
+def test_find_max_batch_size_takes_a_setting():
+    lab = tunekit.Lab()
+    s = Setting(micro_batch=1, seq_len=16)
+    found = lab.find_max_batch_size(limit=4, budget_s=None, verbose=False, setting=s)
+    assert found.best == 4   # cpu-tiny at 4 x 16 fits in any budget this machine has
+    with pytest.raises(tunekit.ToggleError, match="searches one process"):
+        lab.find_max_batch_size(limit=4, verbose=False, setting=s.replace(parallel="ddp", world_size=2))
+
+
+def test_monitor_takes_the_peak_dtype_from_a_setting():
+    net = tunekit.GPT(GPTConfig(vocab_size=64, n_layer=1, n_head=2, n_embd=16, block_size=8))
+    assert tunekit.Monitor(net, live=False, setting=Setting(precision="bf16")).dtype == "bf16"
+    assert tunekit.Monitor(net, live=False, setting=Setting(weights="fp16")).dtype == "fp16"
+    with pytest.raises(ValueError, match="not both"):
+        tunekit.Monitor(net, live=False, dtype="fp32", setting=Setting())
