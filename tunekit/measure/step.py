@@ -1,14 +1,20 @@
-"""What the Lab measures outside its timed steps. Measurement for the engine; never prints.
+"""The training step, written once, and what watches it. Measurement for the engine; never prints.
 
-``probe_step``: one forward+backward under the FLOP counter that also tallies the bytes autograd
-saves for backward (what activation checkpointing shrinks), with the same tally as
-``measure_memory``. Run once per configuration and never timed: the counter slows the step.
-``step_peak``: the peak memory of one forward+backward at a small micro-batch, from the exact
-meters, for the estimate that refuses a step too big to fit (tunekit.engine.fit).
+``run_step``: forward (under autocast), backward (``accum`` micro-batches, the gradient sync on
+the last) and the optimizer (through fp16's GradScaler). The Lab's timed steps, every rank's,
+the untimed probe, the fit check's peak, ``measure_memory`` and ``tunekit.plan``'s fake steps all
+take it; what each measures is an `Observer` plugged into it (a FLOP counter, the saved-tensor
+tally, live bytes, a device meter), entered and left under one interrupt shield.
+
+``probe_step``: one forward+backward under the FLOP counter and the saved-activation tally (the
+same tally as ``measure_memory``); run once per configuration and never timed: the counter slows
+the step. ``step_peak``: the peak memory of one forward+backward at a small micro-batch, from the
+exact meters, for the estimate that refuses a step too big to fit (tunekit.engine.fit).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -19,6 +25,139 @@ from .interrupts import deferred_interrupt
 from .meters import DeviceMeter
 from .oom import free_memory, memory_now_bytes
 from .tally import SavedTensorTally, unique_bytes
+
+PHASES = ("forward", "backward", "optimizer step")
+
+
+class Observer:
+    """What watches a step: entered when the first phase of its ``span`` starts, left when the
+    last one ends (the whole step by default), told each ``phase`` in between, and handed each
+    micro-batch's ``batch`` once its forward is done (before the backward frees what it saved)."""
+
+    span = ("forward", "optimizer step")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+    def phase(self, name: str) -> None:
+        pass
+
+    def forward_done(self, batch) -> None:
+        pass
+
+
+class Watch(Observer):
+    """A context manager (a dispatch mode, the tally, a meter) as an observer over ``span``."""
+
+    def __init__(self, cm, span=("forward", "backward")):
+        self.cm, self.span = cm, span
+
+    def __enter__(self):
+        self.cm.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return bool(self.cm.__exit__(*exc))
+
+
+def run_step(loss_of, batch_of, *, accum: int = 1, autocast=contextlib.nullcontext, optimizer=None,
+             scaler=None, sync=None, zero_grad: bool = False, observers=()):
+    """One training step; returns its loss summed over the micro-batches (detached).
+
+    ``loss_of(*batch)`` is the forward's loss; ``batch_of(i)`` the i-th micro-batch (called when
+    its forward starts, so an observer of the forward sees it made); ``autocast()`` a fresh
+    context for the forward; ``optimizer`` None: no update (gradients are left for the caller);
+    ``sync(last)`` a context holding the gradient sync back until the last micro-step;
+    ``zero_grad``: the optimizer drops the gradients after its update.
+
+    Without observers nothing is added to the step (the timed path). With them, entering and
+    leaving every observer runs with Ctrl-C held (tunekit.measure.interrupts), and only the
+    model's forward, backward and update run interruptible: a Ctrl-C at any instant leaves no
+    observer installed."""
+    if not observers:
+        return _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_grad, _Watching((), None))
+    with deferred_interrupt() as shield:
+        watch = _Watching(observers, shield)
+        try:
+            return _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_grad, watch)
+        finally:
+            watch.leave_all()
+
+
+def _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_grad, watch):
+    gate = watch.shield.gate if watch.shield is not None else contextlib.nullcontext
+    total = None
+    for i in range(accum):
+        last = i == accum - 1
+        watch.at("forward")
+        with sync(last) if sync is not None else contextlib.nullcontext():
+            with gate():
+                batch = batch_of(i)
+                with autocast():
+                    loss = loss_of(*batch)
+            watch.forward_done(batch, last)
+            del batch   # autograd keeps what it saved; the inputs themselves need not outlive the forward
+            if accum > 1:
+                loss = loss / accum
+            watch.at("backward")
+            with gate():
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            watch.done("backward", last)
+        total = loss.detach() if total is None else total + loss.detach()
+        del loss
+    if optimizer is not None:
+        watch.at("optimizer step")
+        with gate():
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            if zero_grad:
+                optimizer.zero_grad(set_to_none=True)
+        watch.done("optimizer step", True)
+    return total
+
+
+class _Watching:
+    """The observers of one step: entered at the first phase of their span, left after its last
+    (or when the step ends), all with the shield's gate shut."""
+
+    def __init__(self, observers, shield):
+        self.waiting, self.entered, self.shield = list(observers), [], shield
+
+    def at(self, phase: str) -> None:
+        for o in [o for o in self.waiting if o.span[0] == phase]:
+            self.waiting.remove(o)
+            o.__enter__()
+            self.entered.append(o)
+        for o in self.entered:
+            o.phase(phase)
+
+    def forward_done(self, batch, last: bool) -> None:
+        for o in self.entered:
+            o.forward_done(batch)
+        self.done("forward", last)
+
+    def done(self, phase: str, last: bool) -> None:
+        if last:
+            for o in [o for o in self.entered if o.span[1] == phase]:
+                self.entered.remove(o)
+                o.__exit__(None, None, None)
+
+    def leave_all(self) -> None:
+        error = None
+        for o in reversed(self.entered):
+            try:
+                o.__exit__(None, None, None)
+            except Exception as e:   # every observer is left; the first failure is raised after
+                error = error or e
+        self.entered = []
+        if error is not None:
+            raise error
 
 
 @dataclass
@@ -51,23 +190,28 @@ def probe_step(model: torch.nn.Module, loss_of, x, y, autocast) -> ProbeResult:
     """
     tally = SavedTensorTally(list(model.parameters()), list(model.buffers()))
     counter = TunekitFlopCounter()
-    # The counter and the tally's hooks go on and off whole; only the model's forward and
-    # backward run in the gate (a Ctrl-C there is raised at once, and waits in the clean-up).
-    with deferred_interrupt() as shield:
-        counter.__enter__()
-        try:
-            with tally, autocast():
-                with shield.gate():
-                    loss = loss_of(x, y)
-            # read before backward, which frees what the forward saved
-            acts, casts = tally.activation_bytes, tally.cast_bytes
-            with shield.gate():
-                loss.backward()
-        finally:
-            counter.__exit__(None, None, None)
-            model.zero_grad(set_to_none=True)
+    saved = _Saved(tally)
+    try:
+        run_step(loss_of, lambda i: (x, y), autocast=autocast,
+                 observers=[Watch(counter), Watch(tally, span=("forward", "forward")), saved])
+    finally:
+        model.zero_grad(set_to_none=True)
     fc = counter.result()
-    return ProbeResult(fc, acts, getattr(model, "attention_ran", None), list(fc.notes), casts)
+    return ProbeResult(fc, saved.acts, getattr(model, "attention_ran", None), list(fc.notes), saved.casts)
+
+
+class _Saved(Observer):
+    """The tally's bytes when the forward is done (the backward frees them), and the floor of a
+    step's peak: the larger of those and the batch."""
+
+    span = ("forward", "forward")
+
+    def __init__(self, tally):
+        self.tally, self.acts, self.casts, self.floor = tally, 0, 0, 0
+
+    def forward_done(self, batch) -> None:
+        self.acts, self.casts = self.tally.activation_bytes, self.tally.cast_bytes
+        self.floor = max(self.acts + self.casts, unique_bytes(list(batch)))
 
 
 def step_peak(model, loss_of, batch_of, autocast, device, cuda_index=None) -> tuple[float, int]:
@@ -83,20 +227,31 @@ def step_peak(model, loss_of, batch_of, autocast, device, cuda_index=None) -> tu
     free_memory(device, collect=False)
     before = memory_now_bytes(device)
     tally = SavedTensorTally(list(model.parameters()), list(model.buffers()))
-    meter = DeviceMeter(device, cuda_index).start()
-    floor = 0
+    meter = _Meter(DeviceMeter(device, cuda_index))
+    saved = _Saved(tally)
     try:
-        x, y = batch_of()
-        with tally, autocast():
-            loss = loss_of(x, y)
-        floor = max(tally.activation_bytes + tally.cast_bytes, unique_bytes([x, y]))
-        del x, y
-        loss.backward()
-        del loss
+        run_step(loss_of, lambda i: batch_of(), autocast=autocast,
+                 observers=[meter, Watch(tally, span=("forward", "forward")), saved])
     finally:
-        peak = meter.stop()
         model.zero_grad(set_to_none=True)
-    return (math.nan if peak is None else peak - before), floor
+    return (math.nan if meter.peak is None else meter.peak - before), saved.floor
+
+
+class _Meter(Observer):
+    """A device meter's peak over the forward and backward."""
+
+    span = ("forward", "backward")
+
+    def __init__(self, meter):
+        self.meter, self.peak = meter, None
+
+    def __enter__(self):
+        self.meter.start()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.peak = self.meter.stop()
+        return False
 
 
 def add_flash_flops(res: ProbeResult, shape, batch: int, seq_len: int, checkpointing: bool) -> None:

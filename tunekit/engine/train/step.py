@@ -17,9 +17,8 @@ import contextlib
 
 import torch
 
-from ...core import registry
 from ...core.toggles import Toggles
-from ...measure.step import ProbeResult, add_flash_flops, per_sample, probe_step
+from ...measure.step import Observer, ProbeResult, add_flash_flops, per_sample, probe_step, run_step
 from ...models.data import Batcher
 from ...models.optimizers import build_optimizer
 from .precision import autocast, matmul_precision
@@ -111,7 +110,7 @@ class TrainStep:
     def grad_scaler(self, t: Toggles):
         """The GradScaler for an fp16 run (None otherwise). It lives as long as the optimizer:
         a fresh one would restart at scale 2**16 and skip the first steps of every run."""
-        if not registry.PRECISIONS[t.precision].grad_scaler:
+        if not t.grad_scaler:
             return None
         if self.scaler is None:
             self.scaler = torch.amp.GradScaler(self.device.type)
@@ -130,30 +129,18 @@ class TrainStep:
 
     def step(self, t: Toggles):
         """One optimizer step under ``t`` (applied): ``grad_accum`` micro-batches of forward and
-        backward (the gradients synced on the last), then the optimizer. Returns the summed
-        loss (a tensor)."""
+        backward (the gradients synced on the last), then the optimizer (measure.step.run_step).
+        Returns the summed loss (a tensor)."""
         fwd = self.compiled if t.compile else self.forward
-        scaler = self.grad_scaler(t)
-        total = None
+        observers = [] if self.grads_bytes is not None else [_GradsBytes(self)]   # read at the first update
         with matmul_precision(t, self.device):
-            for i in range(t.grad_accum):
-                x, y = self.batch_fn(t.micro_batch, t.seq_len)
-                with self.sync(i == t.grad_accum - 1) if self.sync else contextlib.nullcontext():
-                    with autocast(t, self.device) if self.cast else contextlib.nullcontext():
-                        loss = self.loss_fn(fwd, x, y)
-                    if t.grad_accum > 1:
-                        loss = loss / t.grad_accum
-                    (scaler.scale(loss) if scaler is not None else loss).backward()
-                total = loss.detach() if total is None else total + loss.detach()
-            if self.grads_bytes is None:
-                self.grads_bytes = local_bytes(p.grad for p in self.model.parameters())
-            if scaler is not None:
-                scaler.step(self.optimizer)
-                scaler.update()
-            else:
-                self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return total
+            return run_step(lambda x, y: self.loss_fn(fwd, x, y), lambda i: self.batch_fn(t.micro_batch, t.seq_len),
+                            accum=t.grad_accum, autocast=self._autocast(t), optimizer=self.optimizer,
+                            scaler=self.grad_scaler(t), sync=self.sync, zero_grad=True, observers=observers)
+
+    def _autocast(self, t: Toggles):
+        """A fresh autocast context per forward (none where FSDP's policy casts)."""
+        return (lambda: autocast(t, self.device)) if self.cast else contextlib.nullcontext
 
     def recover(self) -> None:
         """After a failed or interrupted step: drop half-made gradients (they must not reach the
@@ -175,7 +162,7 @@ class TrainStep:
         x, y = batch if batch is not None else self.batch_fn(t.micro_batch, t.seq_len)
         with matmul_precision(t, self.device):
             res = probe_step(self.model, lambda a, b: self.loss_fn(self.model, a, b), x, y,
-                             lambda: autocast(t, self.device))
+                             lambda: autocast(t, self.device))   # before sharding: autocast on every rank
         res.attention_ran = self.adapter.attention_ran
         # tokens per sample: the batch's sequence length when it has one, else 1 (samples/s)
         res.per_sample, res.unit = per_sample(x, t.seq_len)
@@ -185,3 +172,15 @@ class TrainStep:
             self._probes.pop(next(iter(self._probes)))
         self._probes[key] = res
         return res, "counted"
+
+
+class _GradsBytes(Observer):
+    """This process's gradient bytes when the optimizer starts its first update."""
+
+    span = ("optimizer step", "optimizer step")
+
+    def __init__(self, owner: TrainStep):
+        self.owner = owner
+
+    def phase(self, name: str) -> None:
+        self.owner.grads_bytes = local_bytes(p.grad for p in self.owner.model.parameters())
