@@ -6,7 +6,7 @@ import html
 
 from .bounds import FLAG, WORDS, mark, over
 from .conditions import BUSY, QUIET
-from .records import slowed_by
+from .slowed import slowed_by
 from .units import MiB, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, is_missing
 
 

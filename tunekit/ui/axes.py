@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..core.summary import slowed_by
+from ..core.slowed import slowed_by
 
 __all__ = ["BASE_COLOR", "COMPONENTS", "CPU_COLOR", "ERROR_COLOR", "GPU_COLOR", "RUN_COLOR", "SLOWED_COLOR",
            "SLOWED_PATTERN", "log_ticks", "nice_ticks", "slowed_by", "tick_label", "value_range"]

@@ -11,7 +11,7 @@ def plot_history(df=None, title: str = "Profiled cells"):
     """Time, memory and TFLOPS per profiled cell as one plotly figure (three stacked panels).
 
     A cell timed while the FLOP counter, a profiler trace or a memory timeline ran in it (the one
-    rule, `core.records.slowed_by`, read from the frame's ``slowed_by`` column) is drawn grey and hatched
+    rule, `core.slowed.slowed_by`, read from the frame's ``slowed_by`` column) is drawn grey and hatched
     and named "slowed by ...": its time is not comparable with the others'. Every panel's axis
     starts at zero, also for a single point.
 
