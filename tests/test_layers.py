@@ -130,7 +130,9 @@ def _cycle(edges):
 def test_no_cycles_between_packages():
     """Packages (folders, sub-folders included) form no import cycle, lazy imports included; only
     the VIEWS edges are left out (each a method that shows its own object)."""
-    def package(module):
+    def package(module):  # a package's __init__ is its own (re-exporting its modules is no cycle)
+        if (ROOT / module.replace(".", "/") / "__init__.py").exists():
+            return module
         return module.rpartition(".")[0] or module
 
     edges = defaultdict(set)
@@ -163,6 +165,41 @@ def test_a_cycle_is_found_with_its_path():
     edges = defaultdict(set, {"a": {"b"}, "b": {"c"}, "c": {"b"}, "d": {"a"}})
     assert _cycle(edges) == ["b", "c", "b"]
     assert _cycle(defaultdict(set, {"a": {"b"}, "b": {"c"}})) is None
+
+
+INITS = [(m, p) for m, p in MODULES if p.name == "__init__.py"
+         and m != "engine.plan"]  # moved by the Setting change: its code goes to a module of engine/plan/
+
+
+def _code_in(tree: ast.Module) -> list[str]:
+    """What a module holds beyond a docstring, imports, ``__all__`` and re-exports, one line each."""
+    code = []
+    for i, node in enumerate(tree.body):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            continue  # the docstring
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if all(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                continue
+        code.append(f"line {node.lineno}: {type(node).__name__}")
+    return code
+
+
+def test_code_in_init_is_caught():
+    tree = ast.parse('"""doc"""\nfrom .a import b\n__all__ = ["b"]\nX = 1\ndef f(): pass\n')
+    assert _code_in(tree) == ["line 4: Assign", "line 5: FunctionDef"]
+
+
+@pytest.mark.parametrize("name,path", INITS, ids=[m for m, _ in INITS])
+def test_package_inits_re_export_only(name, path):
+    """A package's ``__init__`` holds its docstring, imports, ``__all__`` and re-exports, no code:
+    the code has a module of its own (``tunekit/__init__.py``, the lazy façade, is not a package
+    of a layer: MODULES leaves it out)."""
+    code = _code_in(ast.parse(path.read_text()))
+    assert code == [], f"{name}/__init__.py holds code ({', '.join(code)}): move it into a module of the package"
 
 
 @pytest.mark.parametrize("name,path", MODULES, ids=[m for m, _ in MODULES])

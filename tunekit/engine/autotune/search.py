@@ -1,6 +1,6 @@
 """The autotune search's racing machinery: trials within the budget, the noise band, successive
 halving, the tiebreak and the final judgement of the top two. Engine layer; the stages that
-pick the candidates are in `stages`, the module doc of ``tunekit.engine.autotune`` says why.
+pick the candidates are in `stages`, the module doc of ``tunekit.engine.autotune.run`` says why.
 """
 from __future__ import annotations
 
