@@ -13,8 +13,8 @@ import torch
 
 import tunekit
 from tunekit.core.toggles import ToggleError
-from tunekit.engine.guard import NonFiniteRunError
 from tunekit.engine.lab import Lab
+from tunekit.engine.train.guard import NonFiniteRunError
 from tunekit.measure import history, meters, probe
 from tunekit.measure.oom import is_oom
 from tunekit.measure.torch_private import dispatch_mode_stack
@@ -129,7 +129,7 @@ def test_non_finite_run_is_stopped_recorded_and_undone(lab):
 
 
 def test_snapshot_cost_is_recorded(lab, monkeypatch):
-    from tunekit.engine import guard
+    from tunekit.engine.train import guard
 
     clock = iter([100.0, 100.25])   # the snapshot's two clock reads, injected: 0.25 s
     monkeypatch.setattr(guard, "time", SimpleNamespace(perf_counter=lambda: next(clock)))

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tunekit.core.fmt import fmt_bytes
 from tunekit.core.toggles import ToggleError
-from tunekit.core.units import MiB, fmt_bytes
+from tunekit.core.units import MiB
 from tunekit.engine import fit
 from tunekit.engine.lab import Lab
 from tunekit.measure import memavail

@@ -1,5 +1,6 @@
 """The architecture, enforced (docs/ARCHITECTURE.md): one layer per top-level folder of tunekit/,
-imports flow downward only, no cycles between packages, no module over 400 lines.
+imports flow downward only, no cycles between packages nor between modules, `__init__` files
+re-export only, no module over 400 lines.
 
 A module's layer is its folder: core/ < models/ < measure/ < engine/ < ui/. Sub-folders
 (core/memory/, engine/dist/, engine/bench/) belong to their folder's layer.
@@ -101,10 +102,37 @@ def test_views_are_imported_inside_their_method_only():
                 assert not top_level, f"{name} imports its view {target} at module level"
 
 
+def _cycle(edges):
+    """The first cycle of a directed graph {node: set of nodes}, as a path, or None."""
+    seen, stack = set(), []
+
+    def visit(node):
+        if node in stack:
+            return stack[stack.index(node):] + [node]
+        if node in seen:
+            return None
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            found = visit(nxt)
+            if found:
+                return found
+        stack.pop()
+        seen.add(node)
+        return None
+
+    for node in sorted(edges):
+        found = visit(node)
+        if found:
+            return found
+    return None
+
+
 def test_no_cycles_between_packages():
     """Packages (folders, sub-folders included) form no import cycle, lazy imports included; only
     the VIEWS edges are left out (each a method that shows its own object)."""
-    def package(module):
+    def package(module):  # a package's __init__ is its own (re-exporting its modules is no cycle)
+        if (ROOT / module.replace(".", "/") / "__init__.py").exists():
+            return module
         return module.rpartition(".")[0] or module
 
     edges = defaultdict(set)
@@ -114,21 +142,63 @@ def test_no_cycles_between_packages():
                 a, b = package(name), package(target[8:])
                 if a != b and layer(target[8:]):
                     edges[a].add(b)
-    seen, stack = set(), []
+    cycle = _cycle(edges)
+    assert cycle is None, "package cycle: " + " -> ".join(cycle)
 
-    def visit(node):
-        if node in stack:
-            pytest.fail("package cycle: " + " -> ".join(stack[stack.index(node):] + [node]))
-        if node in seen:
-            return
-        stack.append(node)
-        for nxt in sorted(edges[node]):
-            visit(nxt)
-        stack.pop()
-        seen.add(node)
 
-    for node in sorted(edges):
-        visit(node)
+def test_no_cycles_between_modules():
+    """Modules (files) form no import cycle either, lazy imports included: a piece two modules
+    share lives in the one that owns it, not in both by turns. The VIEWS edges are left out."""
+    edges = defaultdict(set)
+    for name, path in MODULES:
+        for target, _ in _imports(name, path):
+            inner = target.removeprefix("tunekit.") if target else ""
+            # `from .pkg import name` reads pkg/__init__.py: an edge to the package's module
+            if target and target.startswith("tunekit.") and layer(inner) and (name, inner) not in VIEWS \
+                    and inner != name:
+                edges[name].add(inner)
+    cycle = _cycle(edges)
+    assert cycle is None, "module cycle: " + " -> ".join(cycle)
+
+
+def test_a_cycle_is_found_with_its_path():
+    edges = defaultdict(set, {"a": {"b"}, "b": {"c"}, "c": {"b"}, "d": {"a"}})
+    assert _cycle(edges) == ["b", "c", "b"]
+    assert _cycle(defaultdict(set, {"a": {"b"}, "b": {"c"}})) is None
+
+
+INITS = [(m, p) for m, p in MODULES if p.name == "__init__.py"]
+
+
+def _code_in(tree: ast.Module) -> list[str]:
+    """What a module holds beyond a docstring, imports, ``__all__`` and re-exports, one line each."""
+    code = []
+    for i, node in enumerate(tree.body):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            continue  # the docstring
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if all(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                continue
+        code.append(f"line {node.lineno}: {type(node).__name__}")
+    return code
+
+
+def test_code_in_init_is_caught():
+    tree = ast.parse('"""doc"""\nfrom .a import b\n__all__ = ["b"]\nX = 1\ndef f(): pass\n')
+    assert _code_in(tree) == ["line 4: Assign", "line 5: FunctionDef"]
+
+
+@pytest.mark.parametrize("name,path", INITS, ids=[m for m, _ in INITS])
+def test_package_inits_re_export_only(name, path):
+    """A package's ``__init__`` holds its docstring, imports, ``__all__`` and re-exports, no code:
+    the code has a module of its own (``tunekit/__init__.py``, the lazy façade, is not a package
+    of a layer: MODULES leaves it out)."""
+    code = _code_in(ast.parse(path.read_text()))
+    assert code == [], f"{name}/__init__.py holds code ({', '.join(code)}): move it into a module of the package"
 
 
 @pytest.mark.parametrize("name,path", MODULES, ids=[m for m, _ in MODULES])

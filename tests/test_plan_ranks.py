@@ -277,7 +277,10 @@ def test_a_gpu_plan_keeps_dropout_as_cuda_does():
 
 
 def test_the_text_shows_short_times_and_a_search_that_found_nothing():
-    from tunekit.core.plan import _time
+    from tunekit.core.fmt import fmt_ms
+
+    def _time(s):  # the plan's step times (core.plan.to_text)
+        return fmt_ms(s, us_below_ms=True)
 
     assert (_time(0.5375), _time(1.7e-6), _time(0.0)) == ("537.5 ms", "1.7 us", "0.0 ms")
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "T4", micro_batch=1, seq_len=8)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .fmt import fmt_bytes
 from .toggles import Toggles, label
-from .units import fmt_bytes
 
 
 def _get(run, name, default=None):

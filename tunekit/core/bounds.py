@@ -11,6 +11,7 @@ every view marks the figures it concerns with `FLAG`.
 """
 from __future__ import annotations
 
+from .fmt import fmt_pct
 from .units import is_missing
 
 FLAG = "⚠"                  # marks a figure past its bound in every view
@@ -29,7 +30,7 @@ def above_peak(mfu, hfu, peak_tflops, peak_source: str | None = None, peak_kind:
     ``recheck``: what a re-check of a calibrated peak found, in words."""
     if not (over(mfu) or over(hfu)):
         return None
-    figures = " / ".join(f"{name} {x:.0%}" for name, x in (("MFU", mfu), ("HFU", hfu)) if not is_missing(x))
+    figures = " / ".join(f"{name} {fmt_pct(x, 0)}" for name, x in (("MFU", mfu), ("HFU", hfu)) if not is_missing(x))
     head = f"{figures} of {peak_tflops:.3g} TFLOPS"
     if not over(hfu) and not is_missing(hfu):
         # the FLOPs that ran fit under the peak: the model FLOPs, not the peak, are too high

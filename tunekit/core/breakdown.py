@@ -25,6 +25,8 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
+from .fmt import fmt_mib, fmt_pct
+
 NaN = math.nan
 
 MATMUL, ATTENTION, NORM, ELEMENTWISE = "matmul/linear", "attention", "normalization", "activation/elementwise"
@@ -153,7 +155,7 @@ class Breakdown:
     def overhead_text(self) -> str:
         """The profiler's overhead in words: '+12%', 'lost in noise (...)' or 'unknown'; never negative."""
         if self.overhead == self.overhead:
-            return f"+{self.overhead:.0%}"
+            return fmt_pct(self.overhead, 0, signed=True)
         if self.untimed_wall_s == self.untimed_wall_s and self.wall_s < self.untimed_wall_s:
             return "lost in noise (the traced run was the faster)"
         return "unknown"
@@ -163,7 +165,7 @@ class Breakdown:
         self.untimed_wall_s = untimed_wall_s
         self.overhead = profiler_overhead(self.wall_s, untimed_wall_s)
         if self.overhead != self.overhead and self.wall_s < untimed_wall_s:
-            self.notes.append(f"the traced run was {1 - self.wall_s / untimed_wall_s:.1%} faster than the "
+            self.notes.append(f"the traced run was {fmt_pct(1 - self.wall_s / untimed_wall_s)} faster than the "
                               "untraced one: run-to-run noise hides the profiler's overhead")
 
     def table(self, n: int = 10):
@@ -235,7 +237,7 @@ class MemoryTimeline:
             return "no allocations seen"
         top = max(by, key=by.get)
         end = self.times_s[-1] or 1.0
-        return f"peak {total / 2**20:.1f} MiB at {t / end:.0%} of the step ({top} {by[top] / total:.0%})"
+        return f"peak {fmt_mib(total)} at {fmt_pct(t / end, 0)} of the step ({top} {fmt_pct(by[top] / total, 0)})"
 
     def to_dict(self) -> dict:
         return asdict(self)

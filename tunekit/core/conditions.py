@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+from .fmt import fmt_pct
+
 NaN = math.nan
 QUIET, BUSY, UNKNOWN = "quiet", "busy", "unknown"
 VERDICTS = (QUIET, BUSY, UNKNOWN)
@@ -125,11 +127,11 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
     own_wait = resolved and not _nan(others) and others < OTHERS_BUSY_CPUS / 2
     if not _nan(wait) and wait >= CPU_WAIT_BUSY and cpu_wait_s >= CPU_WAIT_MIN_S and not own_wait:
         busy.append(f"{'tasks' if wait_source == 'psi' else 'this thread'} waited for a CPU "
-                    f"{wait:.0%} of the time")
+                    f"{fmt_pct(wait, 0)} of the time")
     if resolved and not _nan(others) and others >= OTHERS_BUSY_CPUS:
         busy.append(f"other processes used {others:.1f} of {cpus} CPUs")
     if resolved and not _nan(steal) and steal >= STEAL_BUSY:
-        busy.append(f"the hypervisor took {steal:.0%} of the CPU time (steal)")
+        busy.append(f"the hypervisor took {fmt_pct(steal, 0)} of the CPU time (steal)")
     if gpu_other_processes:
         busy.append(f"{gpu_other_processes} other process{'es' if gpu_other_processes > 1 else ''} "
                     "on the GPU")
@@ -138,7 +140,7 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
         busy.append(f"GPU clocks slowed ({', '.join(slow)})")
     if busy:
         if not _nan(share) and share < 0.9:
-            busy.append(f"this process got {share:.0%} of its "
+            busy.append(f"this process got {fmt_pct(share, 0)} of its "
                         + (f"{threads} threads' time" if threads != 1 else "1 thread's time"))
         return Conditions(BUSY, "; ".join(busy), **kw)
     if _nan(wait) and not resolved and gpu_other_processes is None:
@@ -146,7 +148,7 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
                                    "was too short for /proc/stat", **kw)
     said = []
     if not _nan(wait):
-        said.append(f"{who} waited for a CPU {wait:.0%} of the time")
+        said.append(f"{who} waited for a CPU {fmt_pct(wait, 0)} of the time")
         if own_wait and wait >= CPU_WAIT_BUSY:
             said[-1] += " (this work's own threads: more threads than free CPUs)"
     if resolved and not _nan(others):

@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-GiB = 2**30
+from .fmt import fmt_gib, fmt_ms, fmt_pct, fmt_rate
+from .units import GiB
+
 NaN = math.nan
 
 COMPONENTS = ("weights", "master_weights", "gradients", "optimizer_states", "weight_casts",
@@ -141,47 +143,40 @@ def to_text(p: Plan) -> str:
         head += (f" · {par['kind']} over {par['world_size']} GPUs" + (f" on {par['nodes']} nodes" if par["nodes"] > 1
                                                                      else "") + " (per rank)")
     head += f" · {p.method}"
-    known = f"at least {p.total_bytes / GiB:,.2f} GiB ({', '.join(p.unknown)} unknown)" if p.unknown else \
-        f"{p.total_bytes / GiB:,.2f} GiB"
-    lines = [head, f"  memory     {known} of {p.device_memory_bytes / GiB:,.1f} GiB: {verdict}"
-             f" ({abs(p.headroom_bytes) / GiB:,.2f} GiB {'free' if p.fits else 'over'})"]
+    known = f"at least {fmt_gib(p.total_bytes)} ({', '.join(p.unknown)} unknown)" if p.unknown else \
+        fmt_gib(p.total_bytes)
+    lines = [head, f"  memory     {known} of {fmt_gib(p.device_memory_bytes, 1)}: {verdict}"
+             f" ({fmt_gib(abs(p.headroom_bytes))} {'free' if p.fits else 'over'})"]
     notes = p.notes
     if p.method != "fake step" and notes:   # how it was computed, first
         lines.insert(1, f"  method     {notes[0]}")
         notes = notes[1:]
     if p.peak_bytes == p.peak_bytes:
-        lines.append(f"  peak       {p.peak_bytes / GiB:,.3f} GiB at {p.peak_at} + fixed costs; the components:")
+        lines.append(f"  peak       {fmt_gib(p.peak_bytes, 3)} at {p.peak_at} + fixed costs; the components:")
     for k, v in p.components.items():
         if v != v:
             lines.append(f"    {k:<17}{'unknown':>10}")
         elif v:
-            lines.append(f"    {k:<17}{v / GiB:>10,.3f} GiB")
+            lines.append(f"    {k:<17}{fmt_gib(v, 3):>14}")
     for k, (b, src) in p.fixed.items():
-        lines.append(f"    {k:<17}{b / GiB:>10,.3f} GiB  ({src})")
+        lines.append(f"    {k:<17}{fmt_gib(b, 3):>14}  ({src})")
     for change, total, fits, flops in p.alternatives:
-        lines.append(f"  try        {change}: {total / GiB:,.2f} GiB, {'fits' if fits else 'still over'}"
-                     + (f", {flops - 1:+.0%} FLOPs per token" if abs(flops - 1) > 0.005 else ""))
+        lines.append(f"  try        {change}: {fmt_gib(total)}, {'fits' if fits else 'still over'}"
+                     + (f", {fmt_pct(flops - 1, 0, signed=True)} FLOPs per token" if abs(flops - 1) > 0.005 else ""))
     if p.max_micro_batch is not None:
         lines.append(f"  largest micro-batch that fits: {p.max_micro_batch}" if p.max_micro_batch else
                      "  largest micro-batch that fits: none (not even 1)")
     if p.bound_step_s == p.bound_step_s:
         per_gpu = " per GPU" if p.parallel else ""
-        lines.append(f"  bound      step >= {_time(p.bound_step_s)}: "
-                     f"<= {p.bound_tokens_per_s:,.0f} {p.unit}/s{per_gpu}"
-                     + (f", MFU <= {p.bound_mfu:.1%}" if p.bound_mfu == p.bound_mfu else "")
+        lines.append(f"  bound      step >= {fmt_ms(p.bound_step_s, us_below_ms=True)}: "
+                     f"<= {fmt_rate(p.bound_tokens_per_s, f'{p.unit}/s')}{per_gpu}"
+                     + (f", MFU <= {fmt_pct(p.bound_mfu)}" if p.bound_mfu == p.bound_mfu else "")
                      + " (upper bounds, not predictions)")
     if p.comm:
-        lines.append(f"  comm       {_time(p.comm_s)} per step at the links' bandwidth ("
-                     + ", ".join(f"{k} {_time(t)}" for k, t in p.comm.items()) + f"); compute "
-                     f"{_time(p.compute_bound_s)}: the bound takes the longer (perfect overlap)")
+        lines.append(f"  comm       {fmt_ms(p.comm_s, us_below_ms=True)} per step at the links' bandwidth ("
+                     + ", ".join(f"{k} {fmt_ms(t, us_below_ms=True)}" for k, t in p.comm.items()) + f"); compute "
+                     f"{fmt_ms(p.compute_bound_s, us_below_ms=True)}: the bound takes the longer (perfect overlap)")
     if p.bound_by:
-        lines.append("  bound by   " + ", ".join(f"{op} {_time(t)}" for op, t in p.bound_by[:4]))
+        lines.append("  bound by   " + ", ".join(f"{op} {fmt_ms(t, us_below_ms=True)}" for op, t in p.bound_by[:4]))
     lines += [f"  note       {n}" for n in notes]
     return "\n".join(lines)
-
-
-def _time(seconds: float) -> str:
-    """A step's time with its figures shown: 537.5 ms, 42.0 us (never "0.0 ms")."""
-    if seconds >= 1e-3 or seconds == 0:
-        return f"{seconds * 1e3:,.1f} ms"
-    return f"{seconds * 1e6:,.1f} us"

@@ -19,8 +19,8 @@ Per rank (rank 0, the one FSDP2 gives the most rows):
 from __future__ import annotations
 
 from .comm import expected_comm, numel, unit_gathered_numel
+from .units import GiB
 
-GiB = 2**30
 # what one GPU reaches across nodes: 400 Gb/s = 50 GB/s each way (one ConnectX-7 NDR per GPU on a DGX H100)
 INTER_NODE_GBS = 50.0
 INTER_NODE_SOURCE = "400 Gb/s InfiniBand NDR per GPU (DGX H100: 8 x ConnectX-7)"

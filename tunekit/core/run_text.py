@@ -16,8 +16,9 @@ import re
 
 from .baseline import comm_lines, layout
 from .bounds import WORDS, mark
-from .summary import FORMATS, badge_html, bound_html, formatted, lines_html, lines_text, with_notes
-from .units import fmt_bytes, fmt_pct, fmt_seconds, is_missing
+from .fmt import FORMATS, fmt_bytes, fmt_count, fmt_elapsed, fmt_pct, fmt_rate, fmt_seconds, formatted
+from .summary import badge_html, bound_html, lines_html, lines_text, with_notes
+from .units import is_missing
 
 
 def unit_of(r) -> str:
@@ -35,17 +36,7 @@ def common_unit(units) -> str:
 
 def rate(r) -> str:
     """'12,345 tokens/s' (or samples/s)."""
-    return f"{formatted(r.tokens_per_s, FORMATS['tokens/s'])} {unit_of(r)}/s"
-
-
-def count(n) -> str:
-    """A parameter count: 426624 -> '426.6k', 1.24e8 -> '124M'."""
-    if is_missing(n):
-        return "n/a"
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.4g}{unit}"
-    return f"{n:g}"
+    return fmt_rate(r.tokens_per_s, f"{unit_of(r)}/s")
 
 
 def short_source(s) -> str:
@@ -58,7 +49,7 @@ def short_source(s) -> str:
 
 
 def run_head(r) -> str:
-    model = f"{r.model} {count(r.n_params)} params" if not is_missing(getattr(r, "n_params", None)) else r.model
+    model = f"{r.model} {fmt_count(r.n_params)} params" if not is_missing(getattr(r, "n_params", None)) else r.model
     return f"run #{r.run_id} {r.label} · {model} · {r.device}"
 
 
@@ -121,7 +112,7 @@ _SHOWN = ("precision", "micro_batch", "grad_accum", "seq_len", "optimizer", "att
 
 def lab_rows(model: str, n_params, device: str, toggles: dict, data: str, runs: list, log) -> list:
     """(label, value) rows of a Lab: its model, the toggles every run starts from, its runs."""
-    rows = [("model", f"{model} · {count(n_params)} params · {device} · {data}"),
+    rows = [("model", f"{model} · {fmt_count(n_params)} params · {device} · {data}"),
             ("toggles", " · ".join(f"{k} {toggles[k]}" if not isinstance(toggles[k], bool) else k
                                    for k in _SHOWN if toggles.get(k) not in (None, False)))]
     ok = [r for r in runs if r.status == "ok"]
@@ -159,21 +150,20 @@ def autotune_rows(found) -> list[tuple[str, str]]:
     base = next((c for c in measured if c.toggles == found.start), None)
     unit = common_unit(unit_of(r) for c in measured for r in c.runs)
     rows = [("search", f"{len(found.candidates)} candidates, {len(measured)} measured · "
-                       f"{found.elapsed_s:.1f} s of {found.budget_s:g} s · {found.status}")]
+                       f"{fmt_elapsed(found.elapsed_s)} of {found.budget_s:g} s · {found.status}")]
     if win is None:
         rows.append(("winner", "none: nothing was measured"))
     else:
         gain = f" · {win.score / base.score:.2f}x the start" if base is not None and base is not win else \
             (" · the start stays" if base is win else "")
-        rows.append(("winner", f"{label(win.toggles, found.start)} at {formatted(win.score, FORMATS['tokens/s'])} "
-                               f"{unit}/s{gain}"))
+        rows.append(("winner", f"{label(win.toggles, found.start)} at {fmt_rate(win.score, f'{unit}/s')}{gain}"))
     if found.inconclusive:
-        rows.append(("judged", f"INCONCLUSIVE: {len(found.tied)} within the noise band ±{found.band:.0%}: "
+        rows.append(("judged", f"INCONCLUSIVE: {len(found.tied)} within the noise band ±{fmt_pct(found.band, 0)}: "
                                "the winner is the incumbent kept, not shown fastest"))
     elif found.within_noise and found.runner_up is not None:
-        rows.append(("judged", f"within noise (±{found.band:.0%}) of {label(found.runner_up, found.start)}"))
+        rows.append(("judged", f"within noise (±{fmt_pct(found.band, 0)}) of {label(found.runner_up, found.start)}"))
     elif win is not None and len(measured) > 1:
-        rows.append(("judged", f"beyond the noise band ±{found.band:.0%}"))
+        rows.append(("judged", f"beyond the noise band ±{fmt_pct(found.band, 0)}"))
     elif win is not None:
         rows.append(("judged", "nothing to compare it with: one candidate measured"))
     rows.append(("machine", found.machine.removeprefix("Machine: ")))

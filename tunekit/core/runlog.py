@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .breakdown import short
 from .conditions import Conditions
+from .fmt import fmt_pct
 from .results import RECORD_TYPES, TOGGLE_TYPES, RunResult
 
 SCHEMA = 1
@@ -263,7 +264,7 @@ def repeat_agreement(groups) -> tuple[float, str]:
                          f"setting, each with a run), got {groups!r}"[:300])
     from .noise import disagreement
     worst = disagreement([[r.step_s_min for r in rs] for rs in groups])
-    verdict = (f"repeat agreement: runs of one setting differ by up to {worst - 1:.0%} -> "
+    verdict = (f"repeat agreement: runs of one setting differ by up to {fmt_pct(worst - 1, 0)} -> "
                + ("the machine was busy; rerun before trusting small differences" if worst > 1.2
                   else "stable enough to compare"))
     return worst, verdict

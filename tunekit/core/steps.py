@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .fmt import fmt_ms, fmt_pct, fmt_rate, fmt_tflops
+
 NaN = math.nan
 
 # every column of a row, in order; the user's scalars (loss, ...) follow
@@ -114,15 +116,15 @@ def summary_line(s: StepSummary) -> str:
     head = f"{s.steps} steps" + (f" ({extra})" if extra else "")
     if not s.measured:
         return head + ": no measured step"
-    parts = [f"{s.median_step_s * 1e3:.1f} ms/step median, p90 {s.p90_step_s * 1e3:.1f} ms"]
+    parts = [f"{fmt_ms(s.median_step_s)}/step median, p90 {fmt_ms(s.p90_step_s)}"]
     if _ok(s.per_s):
-        parts.append(f"{s.per_s:,.0f} {s.unit}")
+        parts.append(fmt_rate(s.per_s, s.unit))
     if _ok(s.tflops):
-        parts.append(f"{s.tflops:.3g} TFLOPS")
+        parts.append(fmt_tflops(s.tflops))
     if _ok(s.mfu):
-        parts.append(f"MFU {s.mfu:.1%}")
+        parts.append(f"MFU {fmt_pct(s.mfu)}")
     if _ok(s.wait_share):
-        parts.append(f"waiting for data {s.wait_share:.0%}")
+        parts.append(f"waiting for data {fmt_pct(s.wait_share, 0)}")
     return head + ": " + ", ".join(parts)
 
 

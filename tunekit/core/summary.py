@@ -6,12 +6,9 @@ import html
 
 from .bounds import FLAG, WORDS, mark, over
 from .conditions import BUSY, QUIET
-from .records import slowed_by
-from .units import MiB, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, is_missing
-
-
-def _tflops(x) -> str:
-    return "n/a" if is_missing(x) else f"{x:.3g} TFLOPS"
+from .fmt import FORMATS, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, fmt_tflops, formatted
+from .slowed import slowed_by
+from .units import MiB, is_missing
 
 
 def rows(rec) -> list[tuple[str, str]]:
@@ -24,13 +21,13 @@ def rows(rec) -> list[tuple[str, str]]:
     bound = getattr(rec, "above_peak", None)
     util = f"{mark('MFU ' + fmt_pct(rec.mfu), rec.mfu, bound)} · {mark('HFU ' + fmt_pct(rec.hfu), rec.hfu, bound)}"
     if not is_missing(rec.peak_tflops):
-        util += f" of {rec.peak_tflops:.4g} TFLOPS [{rec.peak_tflops_source}]"
+        util += f" of {fmt_tflops(rec.peak_tflops, 4)} [{rec.peak_tflops_source}]"
     gpu = (f"alloc {fmt_bytes(rec.gpu_alloc_delta_bytes, True)} · peak {fmt_bytes(rec.gpu_peak_delta_bytes, True)}"
            f" · reserved {fmt_bytes(rec.gpu_reserved_bytes)} · NVML used {fmt_bytes(rec.nvml_used_bytes)}")
     out = [
         ("time", fmt_seconds(rec.wall_s)),
         ("FLOPs", flops),
-        ("speed", f"{mark(_tflops(rec.tflops), rec.hfu, bound)} · {util}"),
+        ("speed", f"{mark(fmt_tflops(rec.tflops), rec.hfu, bound)} · {util}"),
         ("CPU RAM", f"RSS {fmt_bytes(rec.cpu_rss_delta_bytes, True)} · "
                     f"peak {fmt_bytes(rec.cpu_peak_delta_bytes, True)}"),
     ]
@@ -174,7 +171,7 @@ def to_line(rec) -> str:
                      f"(peak {fmt_bytes(rec.gpu_peak_delta_bytes, True)})")
     if rec.flops_source != "none" and rec.flops:
         bound = getattr(rec, "above_peak", None)
-        parts.append(f"{fmt_flops(rec.flops)} {mark(_tflops(rec.tflops), rec.hfu, bound)} "
+        parts.append(f"{fmt_flops(rec.flops)} {mark(fmt_tflops(rec.tflops), rec.hfu, bound)} "
                      f"{mark('MFU ' + fmt_pct(rec.mfu), rec.mfu, bound)}")
         if bound:
             parts.append(f"{WORDS} ({bound})")
@@ -203,14 +200,7 @@ class Summary:
         return to_line(self.rec) if self.compact else to_text(self.rec)
 
 
-# --- tables: one way to print numbers, in the dashboard and the report ----------------------------
-
-# column header -> format: thousands separators, utilization as a percentage, units in headers
-FORMATS = {"tokens/s": "{:,.0f}", "samples/s": "{:,.0f}", "tokens or samples/s": "{:,.0f}",
-           "step (ms)": "{:,.1f}", "time (s)": "{:.3g}", "TFLOPS": "{:.3g}",
-           "MFU": "{:.1%}", "HFU": "{:.1%}", "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}",
-           "CPU peak (MiB)": "{:,.1f}", "GPU peak (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
-           "loss": "{:.3f}", "comm/step (MiB)": "{:,.2f}", "wait (ms)": "{:,.2f}"}
+# --- tables: one way to print numbers (core.fmt.FORMATS), in the dashboard and the report --------
 
 
 def machine_word(verdict) -> str:
@@ -218,14 +208,6 @@ def machine_word(verdict) -> str:
     if verdict is None or verdict != verdict:
         return "n/a"
     return BUSY_CELL if verdict == BUSY else str(verdict)
-
-
-def formatted(value, fmt: str) -> str:
-    """``fmt.format(value)``, or 'n/a' for a missing figure (None or NaN); text (a figure
-    `mark_rates` flagged) as it is."""
-    if isinstance(value, str):
-        return value
-    return "n/a" if is_missing(value) or value != value else fmt.format(value)
 
 
 def table_html(df) -> str:

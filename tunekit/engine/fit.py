@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from ..core import registry
+from ..core.fmt import fmt_bytes
 from ..core.toggles import ToggleError, Toggles
-from ..core.units import fmt_bytes
 from ..measure import memavail
 from ..measure.oom import free_memory, is_oom
 from ..measure.step import step_peak

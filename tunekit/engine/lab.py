@@ -30,10 +30,10 @@ from ..models.gpt import GPT, GPTConfig
 from ..models.optimizers import unavailable_optimizers
 from . import run as single
 from .distributed import run_distributed
-from .guard import NonFiniteRunError
 from .lab_plan import lab_plan, show_plan_keywords
 from .lab_results import LabResults
 from .lab_setting import lab_keywords
+from .train.guard import NonFiniteRunError
 from .train.precision import autocast, matmul_precision
 from .train.record import Peaks, Steps
 from .train.step import TrainStep, token_batcher

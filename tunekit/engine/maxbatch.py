@@ -36,6 +36,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from ..core import validate
+from ..core.fmt import fmt_pct
 from ..core.toggles import ToggleError, normalized, toggle_keywords
 from ..core.validate import is_whole
 from ..measure import memavail
@@ -162,7 +163,7 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
     lab.apply(t, notes)
     if budget is None and dev.type == "cpu":
         budget = default_cpu_budget_bytes(budget_fraction)
-        notes.append(f"CPU budget: {budget_fraction:.0%} of available RAM")
+        notes.append(f"CPU budget: {fmt_pct(budget_fraction, 0)} of available RAM")
     free_memory(dev)
     baseline = memory_now_bytes(dev)
     avail = memavail.available(dev, lab.cuda_index)

@@ -27,7 +27,7 @@ from ..measure.oom import ADVICE, drop_frames, free_memory, is_oom
 from ..measure.timing import time_repeats
 from ..models.optimizers import state_bytes
 from . import fit
-from .guard import NonFiniteRunError, Snapshot, _check, _NonFinite, weights_finite
+from .train.guard import NonFiniteRunError, Snapshot, _check, _NonFinite, weights_finite
 from .train.record import Steps, run_result
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from ..core.units import fmt_flops
+from ..core.fmt import fmt_flops
 from ..core.validate import function
 from .interrupts import deferred_interrupt
 from .torch_private import dispatch_mode_stack, in_autograd_backward, is_flop_counter, op_argument_names

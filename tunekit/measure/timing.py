@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..core import noise
 from ..core.conditions import Conditions, combine, first_reason
+from ..core.fmt import fmt_pct
 from ..core.records import ProfileRecord
 from ..core.validate import real, whole
 from .conditions import ConditionsMeter
@@ -126,7 +127,7 @@ class Verdict:
         return combine([self.before_conditions, self.after_conditions], ["before", "after"])
 
     def __str__(self) -> str:
-        measured = f"{self.speedup:.2f}x, noise band ±{self.band:.0%}"
+        measured = f"{self.speedup:.2f}x, noise band ±{fmt_pct(self.band, 0)}"
         cond = self.conditions
         if self.busy:
             (nb, na), (bb, ba) = self.repeats, self.set_aside

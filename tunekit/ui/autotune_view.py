@@ -6,10 +6,9 @@
 """
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 
+from ..core.fmt import FORMATS, fmt_pct, formatted
 from ..core.units import MiB
 from .renderer import never_a_browser
 
@@ -22,17 +21,13 @@ _VIEW = {"stage": "stage", "label": "candidate", "tokens_per_s": "tokens/s", "me
          "status": "status", "why": "why"}
 
 
-def _pct(v) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1%}"
-
-
 def evidence_view(df):
     """The evidence with units in the headers: ``tokens/s`` is the best repeat's (what decides),
     ``median tokens/s`` and ``spread (%)`` ((max - min) / median of the repeats) are text.
     Format the numbers with ``core.summary.table_html``."""
     view = df.assign(peak_mib=df["peak_mem_bytes"].astype(float) / MiB,
-                     median_txt=["n/a" if math.isnan(v) else f"{v:,.0f}" for v in df["tokens_per_s_median"]],
-                     spread_pct=[_pct(v) for v in df["spread"]],
+                     median_txt=[formatted(v, FORMATS["tokens/s"]) for v in df["tokens_per_s_median"]],
+                     spread_pct=[fmt_pct(v) for v in df["spread"]],
                      fits=["n/a" if v is None else ("yes" if v else "no") for v in df["fits"]])
     return view[list(_VIEW)].rename(columns=_VIEW)
 
@@ -69,7 +64,7 @@ def autotune_figure(result) -> go.Figure:
                                showarrow=False, yshift=10)
     if result.inconclusive:
         head = (f"INCONCLUSIVE: {len(result.tied) + 1} candidates tied (orange) within the noise band "
-                f"±{result.band:.0%}; the incumbent is kept")
+                f"±{fmt_pct(result.band, 0)}; the incumbent is kept")
     else:
         head = "tokens/s per candidate, winner green" + (" (top two within noise)" if result.within_noise else "")
     busy = " (hatched: measured busy, not judged)" if result.busy else ""

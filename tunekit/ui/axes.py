@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 
-from ..core.summary import slowed_by
+from ..core.fmt import tick_label
+from ..core.slowed import slowed_by
 
 __all__ = ["BASE_COLOR", "COMPONENTS", "CPU_COLOR", "ERROR_COLOR", "GPU_COLOR", "RUN_COLOR", "SLOWED_COLOR",
            "SLOWED_PATTERN", "log_ticks", "nice_ticks", "slowed_by", "tick_label", "value_range"]
@@ -56,19 +57,6 @@ def value_range(values, pad: float = 0.1) -> list[float]:
 
 def _round(x: float) -> float:
     return float(f"{x:.6g}")
-
-
-def tick_label(v: float) -> str:
-    """A tick's text: whole numbers as integers with thousands separators, others with at most
-    three significant digits, never an exponent between 0.001 and a million."""
-    if v == 0:
-        return "0"
-    a = abs(v)
-    if a >= 1e6 or a < 1e-3:
-        return f"{v:.2g}"
-    if float(v).is_integer():
-        return f"{int(v):,}"
-    return f"{v:.3g}" if a < 1000 else f"{v:,.0f}"
 
 
 def log_ticks(values) -> tuple[list, list[str]]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 from ..core import comm
 from ..core import toggles as tg
 from ..core.run_text import summary_lines  # one builder: print(r) shows the same lines
+from .cli_model import Refused, model_source
 
 PARALLEL = ("none", *comm.PARALLEL)  # the distributed engine's kinds, plus "none" (one process)
 STEPS, WARMUP = 20, 2            # as lab.run
@@ -124,48 +124,10 @@ def parser() -> argparse.ArgumentParser:
 # --- checks: all before any work --------------------------------------------------------------
 
 
-class Refused(ValueError):
-    """Options that cannot run: main() prints the message and exits 2."""
-
-
 def under_torchrun(env=None) -> bool:
     """Whether torchrun (or the elastic agent) started this process as one rank of a job."""
     env = os.environ if env is None else env
     return "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env)
-
-
-def model_source(text: str) -> tuple[str, object]:
-    """("preset", name) | ("transformers", config dict) | ("factory", "pkg.mod:fn")."""
-    from ..models.gpt import PRESETS
-
-    if text in PRESETS:
-        return "preset", text
-    path = Path(text)
-    if path.suffix == ".json" or path.is_file():
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise Refused(f"--model {text}: not a readable JSON file ({e})") from None
-        if not isinstance(config, dict) or "model_type" not in config:
-            raise Refused(f"--model {text}: a transformers config JSON has a 'model_type' key")
-        return "transformers", config
-    if text.count(":") == 1 and all(text.split(":")):
-        check_factory(text)
-        return "factory", text
-    raise Refused(f"--model {text!r} is not a preset ({', '.join(PRESETS)}), a config .json file, "
-                  "or 'package.module:function'")
-
-
-def check_factory(text: str) -> None:
-    """Import ``module:function`` now, from the current directory too (as ``python -m`` would: the
-    ``tunekit`` script's own folder is what Python puts first); refused with the path searched."""
-    from ..models.spec import factory_problem
-
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # the ranks of a distributed run inherit sys.path
-    why = factory_problem(text)
-    if why is not None:
-        raise Refused(f"--model {text}: {why}")
 
 
 def layout(args, env=None) -> tuple[int, int, dict | None]:

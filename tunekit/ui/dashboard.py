@@ -19,6 +19,7 @@ import ipywidgets as W
 from IPython import get_ipython
 
 from ..core import toggles as tg
+from ..core.fmt import fmt_ms
 from ..core.results import runs_view
 from ..core.run_text import rate
 from ..core.summary import table_html
@@ -199,7 +200,7 @@ class Dashboard(W.VBox):
         notes = "".join(_box(html.escape(n), "#999") for n in r.notes)
         busy = r.conditions is not None and r.conditions.busy
         head = _box(f"run #{r.run_id} ({html.escape(r.label)}): "
-                    f"{rate(r)}, {r.step_s * 1e3:.1f} ms/step, "
+                    f"{rate(r)}, {fmt_ms(r.step_s)}/step, "
                     f"loss {r.loss:.3f}", "#e65100" if busy else "#2ca02c")
         if busy:  # in the colour and the words of the row's badge: these figures are not the change's
             head += _box("⚠ busy machine: " + html.escape(r.conditions.reason) + ". These figures measure "

@@ -15,8 +15,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..core.baseline import difference, pick
+from ..core.fmt import fmt_bytes
 from ..core.run_text import common_unit
-from ..core.units import MiB, fmt_bytes
+from ..core.units import MiB
 from .axes import BASE_COLOR, COMPONENTS, RUN_COLOR, value_range
 from .renderer import never_a_browser
 

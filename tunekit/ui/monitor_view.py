@@ -13,6 +13,7 @@ import math
 import sys
 import time
 
+from ..core.fmt import fmt_elapsed, fmt_pct, fmt_rate
 from ..core.steps import measured, speed_column
 from .progress import _in_notebook, text_bar
 
@@ -82,18 +83,18 @@ def status(name: str, rows, total: int | None, elapsed_s: float, record=None) ->
         return f"{name}: " + record.notes[0] + (" · ⚠ machine busy" if record.conditions is not None
                                                   and record.conditions.busy else "")
     n = len(rows)
-    head = f"{name}: step {n}" + (f"/{total}" if total else "") + f" · {elapsed_s:.1f} s"
+    head = f"{name}: step {n}" + (f"/{total}" if total else "") + f" · {fmt_elapsed(elapsed_s)}"
     if total and n:
-        head += f", ETA {elapsed_s / n * max(total - n, 0):.1f} s" + " " + text_bar(n / total)
+        head += f", ETA {fmt_elapsed(elapsed_s / n * max(total - n, 0))}" + " " + text_bar(n / total)
     last = next((r for r in reversed(rows) if measured(r)), None)
     if last is None:
         return head + (" · warm-up / FLOP count" if rows else "")
     col = speed_column(rows)
     parts = [head]
     if last[col] == last[col]:
-        parts.append(f"{last[col]:,.0f} {col.replace('_per_s', '/s')}")
+        parts.append(fmt_rate(last[col], col.replace("_per_s", "/s")))
     if last["mfu"] == last["mfu"]:
-        parts.append(f"MFU {last['mfu']:.1%}")
+        parts.append(f"MFU {fmt_pct(last['mfu'])}")
     if isinstance(last.get("loss"), float) and last["loss"] == last["loss"]:
         parts.append(f"loss {last['loss']:.4g}")
     return " · ".join(parts)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from ..core.specs import SPECS
+from .cli_model import Refused, model_source
 
 
 def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFormatter) -> argparse.ArgumentParser:
@@ -43,7 +44,6 @@ def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFor
 def plan_main(args) -> int:
     """Run ``tunekit plan`` on parsed ``args``; the exit status."""
     from ..engine.plan import plan
-    from .cli import Refused, model_source
 
     try:
         kind, value = model_source(args.model)

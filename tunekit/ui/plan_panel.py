@@ -12,7 +12,8 @@ import html
 
 import ipywidgets as W
 
-from ..core.plan import GiB, Plan, to_text
+from ..core.fmt import fmt_gib, fmt_pct, fmt_rate, fmt_tflops
+from ..core.plan import Plan, to_text
 from ..core.specs import SPECS, find_spec
 from ..core.units import is_missing
 
@@ -41,27 +42,28 @@ def latest_run(runs):
 
 def plan_html(p: Plan, run=None) -> str:
     """The panel: the plan's head line, fits or not, the bound, the measured run beside it."""
-    fits = (f"✓ fits: {p.total_bytes / GiB:,.2f} GiB of {p.device_memory_bytes / GiB:,.1f} GiB "
-            f"({p.headroom_bytes / GiB:,.2f} GiB free)" if p.fits else
-            f"✗ does NOT fit: {p.total_bytes / GiB:,.2f} GiB of {p.device_memory_bytes / GiB:,.1f} GiB "
-            f"({-p.headroom_bytes / GiB:,.2f} GiB over)")
+    fits = (f"✓ fits: {fmt_gib(p.total_bytes)} of {fmt_gib(p.device_memory_bytes, 1)} "
+            f"({fmt_gib(p.headroom_bytes)} free)" if p.fits else
+            f"✗ does NOT fit: {fmt_gib(p.total_bytes)} of {fmt_gib(p.device_memory_bytes, 1)} "
+            f"({fmt_gib(-p.headroom_bytes)} over)")
     if is_missing(p.bound_tokens_per_s):
         bound = "no speed bound (the device lists no peak for this precision: see the plan's notes)"
     else:
-        bound = (f"≤ {p.bound_tokens_per_s:,.0f} {p.unit}/s"
-                 + (f" · MFU ≤ {p.bound_mfu:.1%} of {p.peak_tflops:.3g} TFLOPS" if not is_missing(p.bound_mfu) else ""))
+        bound = (f"≤ {fmt_rate(p.bound_tokens_per_s, f'{p.unit}/s')}"
+                 + (f" · MFU ≤ {fmt_pct(p.bound_mfu)} of {fmt_tflops(p.peak_tflops)}"
+                    if not is_missing(p.bound_mfu) else ""))
     lines = [f"<b>{html.escape(to_text(p).splitlines()[0])}</b>", fits, f"bound (upper limit): {bound}"]
     if run is not None:
         here = measured_on(run.device, p.device)
         # each MFU is against its own peak (a Lab may be given one): both are said
         lines.append(f"measured on {html.escape(run.device)}, run #{run.run_id} {html.escape(run.label)}: "
-                     f"{run.tokens_per_s:,.0f} {getattr(run, 'throughput_unit', 'tokens') or 'tokens'}/s"
-                     + (f" · MFU {run.mfu:.1%} of {run.peak_tflops:.3g} TFLOPS"
+                     + fmt_rate(run.tokens_per_s, f"{getattr(run, 'throughput_unit', 'tokens') or 'tokens'}/s")
+                     + (f" · MFU {fmt_pct(run.mfu)} of {fmt_tflops(run.peak_tflops)}"
                         if here and not is_missing(run.mfu) and run.peak_tflops else "")
                      + (" · busy machine" if run.conditions is not None and run.conditions.busy else ""))
         same = all(getattr(run.toggles, k) == v for k, v in p.setting.items() if hasattr(run.toggles, k))
         if here and same and not is_missing(p.bound_tokens_per_s):
-            lines.append(f"measured / bound: {run.tokens_per_s / p.bound_tokens_per_s:.1%} of the speed of light")
+            lines.append(f"measured / bound: {fmt_pct(run.tokens_per_s / p.bound_tokens_per_s)} of the speed of light")
         elif here:
             lines.append("the run's toggles differ from the plan's: no ratio")
     color = "#2ca02c" if p.fits else "#d62728"

@@ -5,10 +5,11 @@ step with its peak. UI layer (plotly).
 """
 from __future__ import annotations
 
+from ..core.fmt import fmt_gib
 from ..core.plan import Plan
+from ..core.units import GiB
 from .axes import value_range
 
-GiB = 2**30
 PHASES = (("forward", "#1f77b4"), ("backward", "#d62728"), ("optimizer step", "#2ca02c"))
 FIXED_COLOR = "#7f7f7f"
 PARTS = {"weights": "#636efa", "master_weights": "#19d3f3", "gradients": "#EF553B", "optimizer_states": "#00cc96",
@@ -37,10 +38,11 @@ def plot_plan(plan: Plan, title: str | None = None):
                     hovertemplate=f"{name}: %{{y:.3f}} GiB<extra></extra>")
     memory = plan.device_memory_bytes / GiB
     fig.add_hline(y=memory, line_dash="dash", line_color="black", row=1, col=1,
-                  annotation_text=f"{plan.device}: {memory:,.1f} GiB", annotation_position="top left")
+                  annotation_text=f"{plan.device}: {fmt_gib(plan.device_memory_bytes, 1)}",
+                  annotation_position="top left")
     if plan.peak_bytes == plan.peak_bytes:
         fig.add_hline(y=plan.total_bytes / GiB, line_color="black", row=1, col=1,
-                      annotation_text=f"peak + fixed {plan.total_bytes / GiB:,.2f} GiB",
+                      annotation_text=f"peak + fixed {fmt_gib(plan.total_bytes)}",
                       annotation_position="bottom right")
     heights = [sum(v for _, v in parts) / GiB, memory, plan.total_bytes / GiB]
     fig.update_yaxes(title_text="GiB", range=value_range(heights), row=1, col=1)
@@ -65,7 +67,7 @@ def _timeline(fig, plan: Plan) -> None:
         i = points.index(top)
         side = "top left" if i > 0.7 * len(points) else "top right" if i < 0.3 * len(points) else "top center"
         fig.add_scatter(x=[i], y=[top[1] / GiB], mode="markers+text", name="peak", row=1, col=2,
-                        marker=dict(color="black", size=9), text=[f"peak {top[1] / GiB:,.2f} GiB"],
+                        marker=dict(color="black", size=9), text=[f"peak {fmt_gib(top[1])}"],
                         textposition=side, showlegend=False,
                         hovertext=[plan.peak_at], hoverinfo="text")
     fig.update_xaxes(title_text="the step, allocation by allocation (highest of each stretch when long)",

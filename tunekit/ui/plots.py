@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..core.bounds import WORDS
+from ..core.fmt import fmt_pct
 from ..core.units import MiB
 from .axes import CPU_COLOR, ERROR_COLOR, GPU_COLOR, RUN_COLOR, SLOWED_COLOR, SLOWED_PATTERN, slowed_by, value_range
 from .renderer import never_a_browser
@@ -11,7 +12,7 @@ def plot_history(df=None, title: str = "Profiled cells"):
     """Time, memory and TFLOPS per profiled cell as one plotly figure (three stacked panels).
 
     A cell timed while the FLOP counter, a profiler trace or a memory timeline ran in it (the one
-    rule, `core.records.slowed_by`, read from the frame's ``slowed_by`` column) is drawn grey and hatched
+    rule, `core.slowed.slowed_by`, read from the frame's ``slowed_by`` column) is drawn grey and hatched
     and named "slowed by ...": its time is not comparable with the others'. Every panel's axis
     starts at zero, also for a single point.
 
@@ -46,7 +47,7 @@ def plot_history(df=None, title: str = "Profiled cells"):
         gpu = df["gpu_peak_delta_bytes"].astype(float) / MiB
         fig.add_bar(x=labels, y=gpu, name="GPU allocated peak", marker_color=GPU_COLOR, row=2, col=1)
         mem += list(gpu)
-    hover = [(f"MFU {m:.1%}" if m == m else "MFU n/a") + (f" {WORDS}: {b}" if isinstance(b, str) and b else "")
+    hover = [f"MFU {fmt_pct(m)}" + (f" {WORDS}: {b}" if isinstance(b, str) and b else "")
              for m, b in zip(df["mfu"], df.get("above_peak", [None] * len(df)))]
     fig.add_scatter(x=labels, y=df["tflops"], mode="markers+lines", name="TFLOPS", hovertext=hover,
                     marker_color=RUN_COLOR, marker_size=9, row=3, col=1)

@@ -18,6 +18,7 @@ import html
 import sys
 import time
 
+from ..core.fmt import fmt_elapsed
 from ..core.run_text import autotune_line, result_line
 
 SHOWN_PER_CELL = 4     # a cell's runs listed in its block (the newest), the earlier ones counted
@@ -45,7 +46,7 @@ class RunProgress:
         now = time.perf_counter()
         if done in (0, total) or now - self._drawn >= EVERY_S:
             self._drawn = now
-            self.view.draw(f"lab.run: step {done}/{total} · {now - self.t0:.1f} s", done / max(total, 1))
+            self.view.draw(f"lab.run: step {done}/{total} · {fmt_elapsed(now - self.t0)}", done / max(total, 1))
 
     def __exit__(self, kind, exc, _tb) -> bool:
         if exc is None and self.result is not None:
@@ -76,7 +77,7 @@ class SearchProgress:
     def _draw(self, text: str) -> None:   # a trial takes far longer than a redraw: no throttle
         spent = clock() - self.t0
         budget = self.budget_s if isinstance(self.budget_s, (int, float)) and self.budget_s > 0 else None
-        spent_text = f"{spent:.1f} s" + ("" if budget is None else f" / budget {budget:g} s")
+        spent_text = fmt_elapsed(spent) + ("" if budget is None else f" / budget {budget:g} s")
         self.view.draw(f"{self.what}: {text} · {spent_text}", None if budget is None else min(spent / budget, 1.0))
 
     def trying(self, micro_batch: int) -> None:
@@ -109,7 +110,7 @@ class SearchProgress:
             self.view.end(line, failed=False)
         elif exc is not None:
             spent = clock() - self.t0
-            self.view.end(f"{self.what} stopped after {spent:.1f} s: {kind.__name__}", failed=True)
+            self.view.end(f"{self.what} stopped after {fmt_elapsed(spent)}: {kind.__name__}", failed=True)
         return False
 
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from ..core.breakdown import CATEGORIES, MEMORY_CATEGORIES, UNTRACED, Breakdown, MemoryTimeline
+from ..core.fmt import fmt_mib, fmt_ms
 from ..core.units import MiB
 from .renderer import never_a_browser
 
@@ -42,7 +43,7 @@ def plot_breakdown(breakdown, title: str | None = None):
     over = b.overhead_text()
     over = "" if over == "unknown" else f", profiler overhead {over}"
     fig.update_layout(barmode="stack", height=220, xaxis_title="ms of the traced run",
-                      title=title or f"Where the {b.device} time went ({b.wall_s * 1e3:.1f} ms traced{over})",
+                      title=title or f"Where the {b.device} time went ({fmt_ms(b.wall_s)} traced{over})",
                       legend=dict(orientation="h", y=-0.5), margin=dict(l=50, r=20, t=50, b=20))
     return fig
 
@@ -66,7 +67,7 @@ def plot_memory_timeline(timeline, title: str | None = None):
                         line=dict(width=0.5, color=_MEM_COLORS[cat]))
     t_peak, peak, _ = tl.peak()
     if peak == peak:
-        fig.add_vline(x=t_peak * 1e3, line_dash="dot", annotation_text=f"peak {peak / MiB:.1f} MiB")
+        fig.add_vline(x=t_peak * 1e3, line_dash="dot", annotation_text=f"peak {fmt_mib(peak)}")
     fig.update_layout(title=title or f"Memory through the step on {tl.device} (MiB, 2^20 bytes)",
                       xaxis_title="ms since the run started", yaxis_title="MiB", height=380)
     return fig

@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from .. import registry, validate
+from ..fmt import fmt_count, fmt_pct
 from ..registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
 from ..shapes import model_shape
 from ..units import GB, GiB, is_missing
@@ -285,7 +286,7 @@ def _static_lines(n_params: float, per: dict, shard: int, dp: int, zero_stage: i
     for k in STATIC:
         div = shard * (dp if zero_stage >= zero_div[k] else 1)
         comps[k] = n_params * per[k] / div
-        forms[k] = f"{_num(n_params)} params x {per[k]:g} B" + (f" / {div}" if div > 1 else "")
+        forms[k] = f"{fmt_count(n_params)} params x {per[k]:g} B" + (f" / {div}" if div > 1 else "")
     comps["buffers"] = NaN
     return comps, forms
 
@@ -366,7 +367,7 @@ def _beside_lines(comps, forms, o: MemoryOptions, device: str, world: int) -> No
     ``device`` (the one given, or this machine's)."""
     known = sum(v for v in comps.values() if not is_missing(v))
     comps["temporary"] = o.overhead_fraction * known
-    forms["temporary"] = f"{o.overhead_fraction:.0%} of the above (temporary buffers, fragmentation)"
+    forms["temporary"] = f"{fmt_pct(o.overhead_fraction, 0)} of the above (temporary buffers, fragmentation)"
     on_cuda = str(device).startswith("cuda")
     context = o.cuda_context_bytes
     if context is None:
@@ -390,10 +391,3 @@ def worked_example_147m(micro_batch: int = 64) -> dict:
         "fp32 copy once (16 B/param)": estimate_memory(147e6, grad_bytes=2, **common),
         "fp32 grads (18 B/param)": estimate_memory(147e6, **common),
     }
-
-
-def _num(n: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.4g}{unit}"
-    return f"{n:g}"

@@ -11,22 +11,16 @@ from __future__ import annotations
 
 import html
 
+from ..fmt import fmt_bytes, fmt_count, fmt_pct
 from ..summary import MAX_LINES, lines_html, lines_text, with_notes
-from ..units import GB, fmt_bytes, is_missing
+from ..units import GB, is_missing
 
 WIDTH = 16   # the longest component name (optimizer_states)
 
 
-def _count(n) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.4g}{unit}"
-    return f"{n:g}"
-
-
 def estimate_head(est) -> str:
     i = est.inputs
-    parts = [f"{_count(i['n_params'])} params" if not is_missing(i.get("n_params")) else "params n/a",
+    parts = [f"{fmt_count(i['n_params'])} params" if not is_missing(i.get("n_params")) else "params n/a",
              str(i.get("layout")), str(i.get("optimizer"))]
     if i.get("seq_len"):
         parts.append(f"micro_batch {i.get('micro_batch')} × seq_len {i['seq_len']}")
@@ -43,7 +37,7 @@ def estimate_rows(est) -> list[tuple[str, str]]:
     unknown = [k for k, v in est.components.items() if is_missing(v)]
     rows = [("total", f"{fmt_bytes(total)} ({total / GB:.2f} GB) per device"
              + (f"; a lower bound: {', '.join(unknown)} unknown" if unknown else ""))]
-    rows += [(k, f"{fmt_bytes(v):>10}  {v / total if total else 0:>4.0%}")
+    rows += [(k, f"{fmt_bytes(v):>10}  {fmt_pct(v / total if total else 0, 0):>4}")
              for k, v in est.components.items() if not is_missing(v) and v]
     return with_notes(rows, est.notes, 1)
 
@@ -69,7 +63,7 @@ def report_rows(rep) -> list[tuple[str, str]]:
         if (is_missing(v) or not v) and (is_missing(e) or not e):
             continue
         err = rep.error(k)
-        rows.append((k, f"{fmt_bytes(v):>10}  {fmt_bytes(e):>10}  {'n/a' if is_missing(err) else f'{err:+.0%}':>6}"))
+        rows.append((k, f"{fmt_bytes(v):>10}  {fmt_bytes(e):>10}  {fmt_pct(err, 0, signed=True):>6}"))
     cuda = {k: v for k, v in rep.cuda.items() if not isinstance(v, str)}
     if cuda:
         rows.append(("device", " · ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in cuda.items())))

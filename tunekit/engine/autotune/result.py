@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ...core.conditions import combine, first_reason
+from ...core.fmt import fmt_pct, fmt_rate
 from ...core.toggles import Toggles, label
 from ...measure.timing import stats
 
@@ -143,10 +144,11 @@ class AutotuneResult:
             text = "nothing was measured"
         elif self.inconclusive:
             tied = [next(c for c in self.candidates if c.toggles == t) for t in self.tied]  # best first
-            text = (f"INCONCLUSIVE: the measurements cannot tell {name(win.toggles)} ({win.score:,.0f} tokens/s) "
+            text = (f"INCONCLUSIVE: the measurements cannot tell {name(win.toggles)} ({fmt_rate(win.score)}) "
                     "from " + "; ".join(f"{name(c.toggles)} ({c.score / win.score:.2f}x)" for c in tied)
-                    + f" (noise band ±{self.band:.0%}" + (", measured busy" if win.busy or any(c.busy for c in tied)
-                                                         else "") + f"). {name(win.toggles)} is kept because "
+                    + f" (noise band ±{fmt_pct(self.band, 0)}"
+                    + (", measured busy" if win.busy or any(c.busy for c in tied) else "")
+                    + f"). {name(win.toggles)} is kept because "
                     "nothing beat it beyond noise, not because it was shown fastest: re-run when the "
                     "machine is quiet, or give the search more budget")
         else:
@@ -154,9 +156,9 @@ class AutotuneResult:
                 ("; the starting configuration stays: nothing beat it beyond noise" if base is win else "")
             if base and base is not win and (base.busy or win.busy):
                 gain = "; its gain over the start is not judged: measured on a busy machine"
-            text = f"winner: {name(win.toggles)} at {win.score:,.0f} tokens/s{gain}"
+            text = f"winner: {name(win.toggles)} at {fmt_rate(win.score)}{gain}"
             if self.within_noise and self.runner_up is not None:
-                text += (f". The top two are within noise (band ±{self.band:.0%}): "
+                text += (f". The top two are within noise (band ±{fmt_pct(self.band, 0)}): "
                          f"{label(self.runner_up, self.start)} is as fast on this machine")
             if self.close_calls:
                 text += (". Close calls (within noise, so either choice is as fast here): "

@@ -1,6 +1,6 @@
 """The autotune search's racing machinery: trials within the budget, the noise band, successive
 halving, the tiebreak and the final judgement of the top two. Engine layer; the stages that
-pick the candidates are in `stages`, the module doc of ``tunekit.engine.autotune`` says why.
+pick the candidates are in `stages`, the module doc of ``tunekit.engine.autotune.run`` says why.
 """
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 
 from ...core import noise
 from ...core import toggles as tg
+from ...core.fmt import fmt_pct, fmt_rate
 from ...core.run_text import unit_of
 from ...core.toggles import ToggleError, Toggles, label
 from ...measure.oom import is_oom
@@ -162,7 +163,7 @@ class Search:
         text = f"{stage} · trial {self.n_trials}: {label(c.toggles, self.start)} (repeat {c.repeats + 1}{again})"
         best = self.incumbent.score if self.incumbent.runs else math.nan
         if best == best:
-            text += f" · best {best:,.0f} {unit_of(self.incumbent.runs[-1])}/s"
+            text += f" · best {fmt_rate(best, unit_of(self.incumbent.runs[-1]) + '/s')}"
         return text
 
     # --- comparing --------------------------------------------------------------------------
@@ -208,7 +209,7 @@ class Search:
                     c.status = "dropped"
                     c.why = (f"round {rnd}: {c.score / leader.score:.2f}x the tokens/s of "
                              f"{label(leader.toggles, self.start)}, beyond the noise band "
-                             f"±{self.band_of(leader, c):.0%}")
+                             f"±{fmt_pct(self.band_of(leader, c), 0)}")
             alive = [c for c in alive if c.status == "racing"]
             if len(alive) > 2:  # halving: the better half goes on (the incumbent stays while in noise)
                 half = math.ceil(len(alive) / 2)
@@ -226,12 +227,13 @@ class Search:
         if inc in alive and best is not inc and not self.beats(best, inc):
             best.status, best.why = "kept", (f"{best.score / inc.score:.2f}x the incumbent's tokens/s: "
                                             + (BUSY_WHY if best.busy or inc.busy else
-                                               f"within the noise band ±{self.band_of(best, inc):.0%}")
+                                               f"within the noise band ±{fmt_pct(self.band_of(best, inc), 0)}")
                                             + ", so the incumbent stays")
             best = inc
         if best is not inc and inc in alive:
             inc.status, inc.why = "dropped", (f"beaten beyond noise by {label(best.toggles, self.start)} "
-                                              f"({best.score / inc.score:.2f}x, band ±{self.band_of(best, inc):.0%})")
+                                              f"({best.score / inc.score:.2f}x, "
+                                              f"band ±{fmt_pct(self.band_of(best, inc), 0)})")
         for c in alive:
             if c is not best and c.status == "racing":
                 c.status, c.why = "kept", (f"finalist: {c.score / best.score:.2f}x the stage winner, "
@@ -291,12 +293,13 @@ class Search:
             if self.beats(best, win):
                 win.status, win.why = "dropped", (
                     f"tiebreak: beaten beyond noise by {label(best.toggles, self.start)} "
-                    f"({best.score / win.score:.2f}x, band ±{self.band_of(best, win):.0%})")
+                    f"({best.score / win.score:.2f}x, band ±{fmt_pct(self.band_of(best, win), 0)})")
                 best.status, best.why, self.incumbent = "winner", "won the tiebreak against the previous winner", best
             for c in top:
                 if c is not self.incumbent and self.beats(self.incumbent, c):
                     c.status, c.why = "dropped", (f"tiebreak: {c.score / self.incumbent.score:.2f}x the winner's "
-                                                  f"tokens/s, beyond the band ±{self.band_of(self.incumbent, c):.0%}")
+                                                  "tokens/s, beyond the band "
+                                                  f"±{fmt_pct(self.band_of(self.incumbent, c), 0)}")
 
     def top_two(self) -> None:
         """Judge the winner against the rest: the candidates it does not hold against are
@@ -310,7 +313,7 @@ class Search:
             c.status = "tied"
             c.why = (f"{c.score / win.score:.2f}x the winner's tokens/s: "
                      + (BUSY_WHY if c.busy or win.busy else
-                        f"the noise band ±{self.band_of(win, c):.0%} cannot tell them apart"))
+                        f"the noise band ±{fmt_pct(self.band_of(win, c), 0)} cannot tell them apart"))
         if win.runs and others:
             second = others[0]
             self.band = self.band_of(win, second)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ...core.fmt import fmt_mib, fmt_ms, fmt_pct, fmt_rate
 from ...core.steps import measured
 
 
@@ -40,8 +41,8 @@ def gather_ranks(summary, rows) -> Ranks | None:
     slowest = max(e["seconds"] for e in every)
     rate = sum(e["amount"] for e in every) / slowest if slowest > 0 else float("nan")
     unit = summary.unit
-    line = (f"{len(every)} ranks: {rate:,.0f} {unit} in all (every rank's over the slowest rank's "
-            f"time), MFU per device " + ", ".join(f"{e['mfu']:.1%}" for e in every) +
-            ", peak memory per rank " + ", ".join(f"{e['peak'] / 2**20:,.0f} MiB" for e in every) +
-            f"; gathered at close in {spent * 1e3:.1f} ms, outside the steps")
+    line = (f"{len(every)} ranks: {fmt_rate(rate, unit)} in all (every rank's over the slowest rank's "
+            f"time), MFU per device " + ", ".join(fmt_pct(e["mfu"]) for e in every) +
+            ", peak memory per rank " + ", ".join(fmt_mib(e["peak"], 0) for e in every) +
+            f"; gathered at close in {fmt_ms(spent)}, outside the steps")
     return Ranks(len(every), rate, [e["mfu"] for e in every], [e["peak"] for e in every], spent, line)
