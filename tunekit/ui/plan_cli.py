@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..core import registry
+from ..core.setting import HALF, PARALLEL, Setting
 from ..core.specs import SPECS
 from .cli_model import Refused, model_source
 
@@ -24,21 +26,29 @@ def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFor
                    help="a GPT preset or a transformers config JSON file")
     p.add_argument("--device", default="H100 SXM",
                    help="a device of the spec table (" + ", ".join(s.name for s in SPECS) + ") or cpu")
-    p.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"), default="bf16",
+    p.add_argument("--precision", choices=tuple(registry.PRECISIONS), default="bf16",
                    help="training precision; bf16/fp16 under autocast")
-    p.add_argument("--weights", choices=("fp32", "bf16", "fp16"), default=None,
+    p.add_argument("--weights", choices=("fp32",) + HALF, default=None,
                    help="the parameters' dtype; none: fp32, with master weights under autocast")
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per step")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence; none: the model's maximum")
     p.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
     p.add_argument("--optimizer", default="adamw", help="adamw | sgd | adafactor | ...")
     p.add_argument("--attention", default=None, help="sdpa | math | flash; none: the model's own")
-    p.add_argument("--parallel", choices=("ddp", "fsdp", "fsdp_grad_op", "hsdp"), default=None,
+    p.add_argument("--parallel", choices=PARALLEL, default=None,
                    help="plan one rank of a sharded run; none: one device")
     p.add_argument("--world-size", type=int, default=1, help="GPUs in all, with --parallel")
     p.add_argument("--nodes", type=int, default=1, help="nodes they are spread over")
     p.add_argument("--search", action="store_true", help="also find the largest micro-batch that fits")
     return p
+
+
+def setting_of(args) -> Setting:
+    """The step the command line describes, as every API takes it."""
+    return Setting(model=args.model, device=args.device, precision=args.precision, weights=args.weights,
+                   micro_batch=args.micro_batch, seq_len=args.seq_len, checkpointing=args.checkpointing,
+                   optimizer=args.optimizer, attention=args.attention, parallel=args.parallel,
+                   world_size=args.world_size, nodes=args.nodes)
 
 
 def plan_main(args) -> int:
@@ -59,10 +69,7 @@ def plan_main(args) -> int:
 
             config = dict(value)
             cfg = AutoConfig.for_model(config.pop("model_type"), **config)
-        p = plan(cfg, args.device, precision=args.precision, weights=args.weights, micro_batch=args.micro_batch,
-                 seq_len=args.seq_len, checkpointing=args.checkpointing, optimizer=args.optimizer,
-                 attention=args.attention, parallel=args.parallel, world_size=args.world_size, nodes=args.nodes,
-                 search=args.search)
+        p = plan(cfg, setting=setting_of(args), search=args.search)
     except (Refused, ValueError, TypeError, ImportError) as e:
         import sys
 
