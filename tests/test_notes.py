@@ -1,8 +1,10 @@
 """Notes with kinds (tunekit.core.notes): a Note is its words as a str and a kind code reads;
-kinds survive copies, pickles and the run log."""
+kinds survive copies, pickles and the run log; no code of tunekit reads a note's words."""
+import ast
 import copy
 import dataclasses
 import json
+import pathlib
 import pickle
 
 import pytest
@@ -10,6 +12,9 @@ import pytest
 from tunekit.core.notes import KINDS, Note, decoded, encoded, from_json, kind_of, of_kind, to_json, without
 from tunekit.core.results import RunResult
 from tunekit.core.runlog import RunLog, append_record
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "tunekit"
+
 
 # --- the type ----------------------------------------------------------------------------------------
 
@@ -108,3 +113,75 @@ def test_a_rank_s_result_file_keeps_the_kinds():
     r = RunResult.from_dict({"label": "a", "notes": [Note("rates.none", "slowed")]})
     back = RunResult.from_dict(json.loads(json.dumps(encoded(r.to_dict()))))
     assert back.notes[0].kind == "rates.none" and back.notes == ["slowed"]
+
+
+# --- no behaviour reads a note's words ---------------------------------------------------------------
+
+NAMES = {"n", "note", "notes", "reason", "reasons", "why"}   # what a note, a trial's reason, is called
+ATTRS = {"note", "notes", "reason"}                          # x.notes, t.reason, rec.notes[0]
+READS = {"startswith", "endswith", "find", "rfind", "index", "count"}
+
+
+def _noted(node) -> bool:
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return (isinstance(node, ast.Name) and node.id in NAMES) or (isinstance(node, ast.Attribute) and node.attr in ATTRS)
+
+
+def _words(node) -> bool:
+    return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str)) \
+        or (isinstance(node, ast.Tuple) and any(_words(e) for e in node.elts))
+
+
+def word_reads(source: str) -> list:
+    """The places in ``source`` that read the words of a note or a reason. Caught:
+
+        n.startswith("checkpointing requested")      t.reason.startswith("OOM")
+        rec.notes[0].endswith(")")                    note.find("peak")
+        "TFLOPS" in n      "no CUDA device" not in note      "x" in rec.notes
+        reason == "predicted over budget"             re.search("snapshot", n)
+
+    where the note is a name in NAMES or an attribute in ATTRS. Not caught (none reads words):
+    ``text not in self.notes`` (a note's dedup), ``cond.reason.split("; ")`` (a display's cut),
+    ``op.startswith("flash_attn")`` (an op's name), ``kind_of(t.reason) == "trial.oom"``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            if f.attr in READS and _noted(f.value) or \
+                    isinstance(f.value, ast.Name) and f.value.id == "re" and any(_noted(a) for a in node.args[1:2]):
+                found.append(node)
+        elif isinstance(node, ast.Compare):
+            for left, op, right in zip([node.left, *node.comparators], node.ops, node.comparators):
+                if isinstance(op, (ast.In, ast.NotIn)) and _words(left) and _noted(right) or \
+                        isinstance(op, (ast.Eq, ast.NotEq)) and (_words(left) and _noted(right)
+                                                                 or _words(right) and _noted(left)):
+                    found.append(node)
+    return [f"{node.lineno}: {ast.unparse(node)}" for node in found]
+
+
+def test_the_scan_catches_what_its_docstring_says():
+    bad = """
+n.startswith("checkpointing requested")
+t.reason.startswith("OOM")
+rec.notes[0].endswith(")")
+note.find("peak")
+x = [n for n in notes if "TFLOPS" in n]
+y = "no CUDA device" not in note
+z = "x" in rec.notes
+w = reason == "predicted over budget"
+re.search("snapshot", n)
+"""
+    fine = """
+if text not in self.notes: pass
+cond.reason.split("; ")
+op.startswith("flash_attn")
+kind_of(t.reason) == "trial.oom"
+"""
+    assert len(word_reads(bad)) == 9 and word_reads(fine) == []
+
+
+def test_no_code_of_tunekit_reads_a_note_s_words():
+    found = [f"{p.relative_to(ROOT.parent)}:{hit}" for p in sorted(ROOT.rglob("*.py"))
+             for hit in word_reads(p.read_text())]
+    assert found == [], "behaviour keyed on a note's words: give the note a kind (tunekit.core.notes) and read that"

@@ -6,6 +6,7 @@ import html
 
 from .bounds import FLAG, WORDS, mark, over
 from .conditions import BUSY, QUIET
+from .notes import of_kind
 from .records import slowed_by
 from .units import MiB, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, is_missing
 
@@ -181,7 +182,7 @@ def to_line(rec) -> str:
     if rec.error:
         parts.append(f"error: {rec.error}")
     elif rec.flops and is_missing(rec.tflops):
-        why = [n for n in rec.notes if "TFLOPS" in n or "counter" in n or "peak" in n]
+        why = of_kind(rec.notes, "rates.none")
         if why:
             parts.append(why[0])
     return " · ".join(parts)
