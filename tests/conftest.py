@@ -143,3 +143,16 @@ def dash(tmp_path):
     d.controls["steps"].value = 2
     d.controls["warmup"].value = 0
     return d
+
+
+@pytest.fixture
+def reworded(monkeypatch):
+    """``reworded(module, ...)``: the Notes those modules write say 'REWORDED <kind>' instead of
+    their words, so a test shows that what reads them reads the kind (tunekit.core.notes)."""
+    from tunekit.core.notes import Note
+
+    def reword(*modules):
+        for m in modules:
+            monkeypatch.setattr(m, "Note", lambda kind, text: Note(kind, f"REWORDED {kind}"))
+
+    return reword

@@ -174,6 +174,17 @@ def test_a_flagged_figure_is_marked_in_every_view_of_a_record():
     assert "⚠" not in to_text(plain) + to_line(plain) + to_html(plain)
 
 
+def test_the_line_says_why_tflops_is_missing_from_the_note_of_that_kind():
+    from tunekit.core.notes import Note
+
+    rec = _record(tflops=math.nan, mfu=math.nan, hfu=math.nan, above_peak=None,
+                  notes=["CPU peak is exact only where /proc/self/clear_refs works",   # 'peak', not why
+                         Note("rates.none", "slowed by something (any words)"), Note("rates.none", "a second")])
+    assert to_line(rec).endswith(" · slowed by something (any words)")
+    # no note of that kind: none shown (matching words, 'peak' showed this one)
+    assert "clear_refs" not in to_line(_record(tflops=math.nan, above_peak=None, notes=rec.notes[:1]))
+
+
 def test_tables_mark_only_the_figures_past_the_bound():
     h = History()
     h.append(_record())

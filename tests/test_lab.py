@@ -295,6 +295,7 @@ def test_oom_trial_frees_memory(lab):
     assert found.best == 5
     assert [t.micro_batch for t in found.trials] == [1, 2, 4, 8, 6, 5]
     assert found.trials[3].reason.startswith("OOM") and found.trials[3].used_bytes > 60 * MiB
+    assert found.trials[3].reason.kind == "trial.oom" and found.trials[0].reason.kind == "trial.ok"
     # RSS back near the baseline: the trials used up to 40 MiB; malloc keeps some freed pages in
     # its arenas (17 MiB once in a clean CI run, late in a long test session)
     assert found.after_bytes - found.baseline_bytes < 20 * MiB  # the 64 MiB went back
@@ -337,6 +338,30 @@ def test_flash_flops_added_analytically():
     assert res.flops.executed == 4194304 + 10485760 + 4194304
     assert res.flops.recompute == 4194304 and res.flops.attention_recompute == 2097152
     assert res.flops.model == 4194304 + 10485760 - 2097152
+
+
+def test_flash_flops_leave_the_counter_s_note_naming_the_ops_still_uncounted():
+    # the counter's uncounted note is found by its kind (the words here are not the counter's)
+    from tunekit.core.notes import Note
+    from tunekit.measure.flops import FlopCount
+    from tunekit.measure.step import ProbeResult, add_flash_flops
+    from tunekit.models.gpt import GPTConfig
+
+    cfg = GPTConfig.preset("cpu-tiny")
+    said = ["kept", Note("flops.uncounted", "any words: flash_attn and aten.foo")]
+    fc = FlopCount(uncounted_ops=["aten.foo", "flash_attn._flash_attn_forward"], notes=list(said))
+    res = ProbeResult(fc, saved_bytes=0, attention_ran="flash", notes=list(said))
+    add_flash_flops(res, cfg, batch=2, seq_len=64, checkpointing=False)
+    assert res.flops.uncounted_ops == ["aten.foo"]
+    assert res.flops.notes == ["kept", "not counted (no FLOP formula): aten.foo"]
+    assert res.notes == ["kept", "not counted (no FLOP formula): aten.foo",
+                         "added flash-attn FLOPs (torch's counter cannot see them): causal, analytic"]
+    assert res.notes[1].kind == "flops.uncounted"
+    # flash-attn's ops alone: no uncounted note is left
+    fc = FlopCount(uncounted_ops=["flash_attn._flash_attn_forward"], notes=list(said))
+    res = ProbeResult(fc, saved_bytes=0, attention_ran="flash", notes=list(said))
+    add_flash_flops(res, cfg, batch=2, seq_len=64, checkpointing=False)
+    assert res.flops.notes == ["kept"] and res.notes[:-1] == ["kept"]
 
 
 # --- CUDA paths (skipped without a GPU; run them with the device tool) ------------------------

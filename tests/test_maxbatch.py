@@ -6,6 +6,7 @@ is doing.
 """
 import pytest
 
+from tunekit.core.notes import Note
 from tunekit.core.toggles import ToggleError
 from tunekit.engine import maxbatch
 from tunekit.engine.maxbatch import MaxBatchResult, Trial
@@ -86,14 +87,15 @@ def test_the_first_trial_runs_whatever_the_budget(monkeypatch):
 
 
 def test_a_trial_refused_by_prediction_costs_no_time(monkeypatch):
-    # "predicted over ..." trials are not run: they take no time and are no trial's cost estimate
+    # "predicted over ..." trials are not run: they take no time and are no trial's cost estimate;
+    # the search knows them by their reason's kind, whatever its words say
     clock = FakeClock()
     monkeypatch.setattr(maxbatch, "clock", clock)
     result = MaxBatchResult(best=None, limit=64, budget_s=12.0)
 
     def attempt(b):
         if b >= 16:  # refused by prediction: instant
-            result.trials.append(Trial(b, False, None, "predicted over budget", 0.0))
+            result.trials.append(Trial(b, False, None, Note("trial.predicted_over_budget", "refused: too big"), 0.0))
             return False
         clock.now += 2.0
         result.trials.append(Trial(b, True, 1.0, "ok", 2.0))
@@ -104,6 +106,28 @@ def test_a_trial_refused_by_prediction_costs_no_time(monkeypatch):
     # 12 (expected 3 s) runs in 2 s; 14 is expected to take 2 s * 14/12 and would end past 12 s
     assert tried(result) == [1, 2, 4, 8, 16, 12]
     assert (result.best, result.too_big, result.stopped, result.elapsed_s) == (12, 16, "budget", 10.0)
+
+
+def test_a_trial_refused_by_prediction_is_known_by_its_reason_s_kind(monkeypatch):
+    # a prediction that took time (tunekit.engine.fit's estimate) is no trial's cost: were its 1.5 s
+    # taken as the trial at 16's, 12 would be expected to take 1.5 s and run
+    clock = FakeClock()
+    monkeypatch.setattr(maxbatch, "clock", clock)
+    result = MaxBatchResult(best=None, limit=64, budget_s=12.0)
+
+    def attempt(b):
+        if b >= 16:
+            clock.now += 1.5
+            result.trials.append(Trial(b, False, None, Note("trial.predicted_over_available", "too big"), 0.0))
+            return False
+        clock.now += 2.0
+        result.trials.append(Trial(b, True, 1.0, "ok", 2.0))
+        return True
+
+    maxbatch._search(attempt, 1, 64, result, 12.0)
+    # 1, 2, 4, 8 take 8 s, 16 is refused at 9.5 s; 12 is expected to take 2 s * 12/8 = 3 s: past 12 s
+    assert tried(result) == [1, 2, 4, 8, 16]
+    assert (result.best, result.too_big, result.stopped, result.elapsed_s) == (8, 16, "budget", 9.5)
 
 
 def test_not_even_the_first_size_fits(monkeypatch):
@@ -172,7 +196,8 @@ def _shown_search(monkeypatch, tmp_path, tty: bool, **kwargs):
     def trial(lab, t, *args, **kw):
         clock.now += 2.0
         b = t.micro_batch
-        return Trial(b, b <= 4, 1.0, "ok" if b <= 4 else "OOM: CUDA out of memory", 2.0)
+        # the display counts OOMs by the reason's kind: these words do not start with "OOM"
+        return Trial(b, b <= 4, 1.0, Note("trial.ok", "ok") if b <= 4 else Note("trial.oom", "CUDA out of memory"), 2.0)
 
     monkeypatch.setattr(maxbatch, "_trial", trial)
     stream = _Tty(tty)

@@ -225,6 +225,40 @@ def test_a_data_dependent_mixture_of_experts_is_planned_analytically_and_says_so
     assert "at least 0.00 GiB (activations unknown)" in text and "activations         unknown" in text
 
 
+def test_a_plan_leaves_out_measure_memory_s_notes_by_their_kinds_whatever_their_words(reworded):
+    # what measure_memory says of a real step does not hold for the plan's (it checkpoints the
+    # blocks itself, plans a device, builds the optimizer it was named): left out by kind
+    from tunekit.core.notes import of_kind
+    from tunekit.measure import memory
+
+    reworded(memory)
+    net, kinds = MoENet(GatherMoE), ("ckpt.not_applied", "memory.cpu", "memory.shadow_optimizer")
+    said = of_kind(tunekit.measure_memory(net, tokens(2, 16), checkpointing=True, estimate=False).notes, *kinds)
+    assert sorted(said) == [f"REWORDED {k}" for k in kinds]
+    p = tunekit.plan(net, "cpu", batch_fn=tokens, blocks="layers", micro_batch=2, seq_len=16, checkpointing=True)
+    assert p.method == "fake step" and not [n for n in p.notes if "REWORDED" in n]
+
+
+def test_an_analytic_plan_leaves_out_the_estimate_s_device_and_activation_notes_by_kind(monkeypatch, reworded):
+    from tunekit.core.memory import estimate
+    from tunekit.core.notes import Note
+    from tunekit.engine.plan import analytic
+
+    reworded(estimate)
+    said = []
+
+    def estimate_memory(*args, **kwargs):   # and as if it had assumed the device (the plan names one)
+        est = estimate.estimate_memory(*args, **kwargs)
+        est.notes.append(Note("device.assumed", "REWORDED device.assumed"))
+        said.extend(est.notes)
+        return est
+
+    monkeypatch.setattr(analytic, "estimate_memory", estimate_memory)
+    p = tunekit.plan(MoENet(DispatchMoE), "cpu", batch_fn=tokens, micro_batch=2, seq_len=16)
+    assert p.method == "analytic" and {"REWORDED activations.unknown", "REWORDED device.assumed"} <= set(said)
+    assert not [n for n in p.notes if "REWORDED" in n]
+
+
 def test_a_step_that_reads_a_value_is_planned_analytically_from_the_config():
     cfg = tunekit.GPTConfig.preset("cpu-tiny")
     p = tunekit.plan(cfg, "cpu", optimizer="adafactor", micro_batch=2, seq_len=32)

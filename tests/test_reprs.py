@@ -220,6 +220,15 @@ autotune
   state    winner applied (lab.defaults)
   see      found.verdict · found.evidence · found.figure"""
     assert "42,667 tokens/s" in found._repr_html_()
+    # a candidate that measured faster without winning its race is said, found by its note's kind
+    from dataclasses import replace
+
+    from tunekit.core.notes import Note
+
+    said = replace(found, notes=["bf16 measured faster than the winner (a plain note: not read)",
+                                 Note("autotune.unconfirmed", "bf16 beat it once (its words do not matter)")])
+    assert ". Not confirmed: bf16 beat it once (its words do not matter)." in said.verdict
+    assert "Not confirmed" not in found.verdict and "a plain note" not in said.verdict
 
 
 # --- lab.run's progress ---------------------------------------------------------------------------------

@@ -220,7 +220,7 @@ def test_max_batch_search_says_no_snapshot_on_cpu_and_saves_one_on_a_cuda_oom(la
 
     monkeypatch.setattr(lab, "train_step", oom)
     trial = maxbatch._trial(lab, lab.resolve(micro_batch=4), 0, None, [], history=True)
-    assert not trial.fits and trial.reason.startswith("OOM")
+    assert not trial.fits and trial.reason.startswith("OOM") and trial.reason.kind == "trial.oom"
     assert pathlib.Path(trial.snapshot).parent == tmp_path / "traces" and "oom-mb4" in trial.snapshot
 
 
@@ -292,6 +292,31 @@ def test_gpu_tracer_records_kernels_and_a_memory_snapshot_with_torch_mocked(monk
     assert torch.profiler.ProfilerActivity.CUDA in seen["activities"]
     assert calls[0] is True and calls[-1] is False and calls[1].endswith(".pickle")
     assert tl.device == "cuda:0" and tl.snapshot_path == calls[1]
+
+
+def test_a_snapshot_not_written_is_said_in_the_timeline_found_by_its_note_s_kind(monkeypatch, tmp_path, reworded):
+    from tunekit.measure import torch_private, trace
+
+    def full_disk(path):
+        raise OSError(28, "No space left on device")
+
+    real = torch.profiler.profile
+    monkeypatch.setattr(torch.profiler, "profile", lambda activities, **kw: real(
+        activities=[torch.profiler.ProfilerActivity.CPU], **kw))
+    monkeypatch.setattr(torch_private, "cuda_memory_history", lambda on, **kw: None)
+    monkeypatch.setattr(torch_private, "cuda_memory_snapshot", full_disk)
+    monkeypatch.setattr(trace, "timeline_from_profile", lambda prof, dev: bd.MemoryTimeline(dev, [0.0], {}))
+    said = []
+    for words in ("as written", "reworded"):
+        if words == "reworded":
+            reworded(trace)
+        tr = Tracer("gpu step", trace=False, memory=True, cuda_index=0, folder=tmp_path).start()
+        tr.notes.append("a plain note that speaks of a snapshot")   # its words alone: not the timeline's
+        torch.ones(4).sum()
+        _, tl = tr.stop(1e-3)
+        assert tl.snapshot_path is None
+        said.append(tl.notes)
+    assert said == [["no memory snapshot: [Errno 28] No space left on device"], ["REWORDED trace.snapshot"]]
 
 
 # --- energy --------------------------------------------------------------------------------------

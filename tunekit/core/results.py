@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .breakdown import short
 from .conditions import Conditions
+from .notes import decoded, from_json
 from .run_text import common_unit, run_html, summary_lines
 from .summary import mark_rates, readable
 from .toggles import Toggles
@@ -134,6 +135,10 @@ class RunResult:
                 v = math.nan
             elif v is None and f.name == "notes":
                 v = []
+            elif f.name == "notes":   # a log keeps a Note as {"kind", "text"} (core.notes)
+                v = [from_json(n) for n in v]
+            elif f.name in ("trace", "memory"):   # and so do the notes of a trace read back as a dict
+                v = decoded(v)
             elif v is None and f.name == "status":
                 v = "ok"
             elif v is None and f.name == "throughput_unit":

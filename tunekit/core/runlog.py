@@ -24,6 +24,7 @@ from pathlib import Path
 from .breakdown import short
 from .conditions import Conditions
 from .fmt import fmt_pct
+from .notes import Note, is_json_note, to_json
 from .results import RECORD_TYPES, TOGGLE_TYPES, RunResult
 
 SCHEMA = 1
@@ -33,6 +34,8 @@ def _clean(v):
     # JSON has no NaN: a figure that could not be measured is written as null
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
         return None
+    if isinstance(v, Note):  # its kind too: {"kind", "text"}
+        return to_json(v)
     if isinstance(v, dict):
         return {str(k): _clean(x) for k, x in v.items()}
     if dataclasses.is_dataclass(v) and not isinstance(v, type):  # a trace breakdown, a timeline
@@ -172,7 +175,7 @@ def _is_record(rec) -> bool:
     nested, cond = rec.get("toggles"), rec.get("conditions")
     if not (_all_fit(rec, RECORD_TYPES) and _fits(nested, "dict") and _all_fit(nested or {}, TOGGLE_TYPES)
             and _fits(cond, "dict") and _all_fit(cond or {}, CONDITION_TYPES)
-            and all(isinstance(n, str) for n in rec.get("notes") or [])
+            and all(is_json_note(n) for n in rec.get("notes") or [])
             and all(_fits(v, "float") for k in ("losses", "peak_mem_bytes_per_rank") for v in rec.get(k) or [])):
         return False
     try:

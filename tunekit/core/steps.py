@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from .fmt import fmt_ms, fmt_pct, fmt_rate, fmt_tflops
+from .notes import Note
 
 NaN = math.nan
 
@@ -103,7 +104,7 @@ def summarize(rows, peak_tflops: float | None = None) -> StepSummary:
         s.tflops = sum(executed) / total / 1e12
         s.hfu = s.tflops / peak_tflops if peak_tflops else NaN
     else:
-        s.notes.append("TFLOPS/HFU n/a: some measured steps have no executed FLOP count")
+        s.notes.append(Note("rates.none", "TFLOPS/HFU n/a: some measured steps have no executed FLOP count"))
     if all(_ok(f) for f in model) and peak_tflops:
         s.mfu = sum(model) / total / 1e12 / peak_tflops
     return s

@@ -7,6 +7,7 @@ import html
 from .bounds import FLAG, WORDS, mark, over
 from .conditions import BUSY, QUIET
 from .fmt import FORMATS, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, fmt_tflops, formatted
+from .notes import of_kind
 from .slowed import slowed_by
 from .units import MiB, is_missing
 
@@ -178,7 +179,7 @@ def to_line(rec) -> str:
     if rec.error:
         parts.append(f"error: {rec.error}")
     elif rec.flops and is_missing(rec.tflops):
-        why = [n for n in rec.notes if "TFLOPS" in n or "counter" in n or "peak" in n]
+        why = of_kind(rec.notes, "rates.none")
         if why:
             parts.append(why[0])
     return " · ".join(parts)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from ..core import validate
 from ..core.fmt import fmt_pct
+from ..core.notes import Note, kind_of
 from ..core.toggles import ToggleError, normalized, toggle_keywords
 from ..core.validate import is_whole
 from ..measure import memavail
@@ -50,6 +51,7 @@ from . import fit
 
 _PREDICT_MARGIN = 1.25
 STOPS = ("converged", "search limit", "budget")
+PREDICTED = ("trial.predicted_over_available", "trial.predicted_over_budget")  # trials not run
 clock = time.perf_counter  # the budget's clock (wall time); tests put a fake one here
 
 
@@ -58,7 +60,7 @@ class Trial:
     micro_batch: int
     fits: bool
     used_bytes: float | None   # peak above the baseline (None when not run)
-    reason: str                # "ok" | "OOM" | "over budget" | "over available" | "predicted over ..."
+    reason: str                # a Note: "ok" | "OOM: ..." | "over budget" | ..., its kind trial.* (core.notes)
     seconds: float
     snapshot: str | None = None  # CUDA OOM: the allocator snapshot file (memory_viz)
 
@@ -221,7 +223,7 @@ def _search(attempt, start: int, limit: int, result, budget_s: float | None = No
                 return None
         before, n = clock(), len(result.trials)
         ok = attempt(b)
-        if not result.trials[n:] or not result.trials[-1].reason.startswith("predicted"):
+        if not result.trials[n:] or kind_of(result.trials[-1].reason) not in PREDICTED:
             costs.append((b, clock() - before))
         return ok
 
@@ -275,9 +277,11 @@ def _trial(lab, t, baseline: int, budget, trials, history: bool = False, availab
         predicted = fit.estimate(lab, t).need_bytes
     # no margin here: past the available memory a CPU trial is not refused, the kernel kills
     if predicted is not None and available is not None and predicted > available:
-        return Trial(t.micro_batch, False, None, "predicted over available", 0.0)
+        return Trial(t.micro_batch, False, None,
+                     Note("trial.predicted_over_available", "predicted over available"), 0.0)
     if predicted is not None and budget is not None and predicted > _PREDICT_MARGIN * budget:
-        return Trial(t.micro_batch, False, None, "predicted over budget", 0.0)
+        return Trial(t.micro_batch, False, None,
+                     Note("trial.predicted_over_budget", "predicted over budget"), 0.0)
     # the core's meters, not a bare reset of torch's peak: an enclosing %%gpuprofile keeps its own
     meter = DeviceMeter(dev, lab.cuda_index).start()
     oom_text = snapshot = None
@@ -299,12 +303,13 @@ def _trial(lab, t, baseline: int, budget, trials, history: bool = False, availab
         used = None if peak is None else peak - baseline
     free_memory(dev)
     if oom_text is not None:
-        return Trial(t.micro_batch, False, used, f"OOM: {oom_text}", seconds, snapshot)
+        return Trial(t.micro_batch, False, used, Note("trial.oom", f"OOM: {oom_text}"), seconds, snapshot)
     if available is not None and used is not None and used > available:
-        return Trial(t.micro_batch, False, used, "over available", seconds)  # survived, by luck
+        # survived, by luck
+        return Trial(t.micro_batch, False, used, Note("trial.over_available", "over available"), seconds)
     if budget is not None and used is not None and used > budget:
-        return Trial(t.micro_batch, False, used, "over budget", seconds)
-    return Trial(t.micro_batch, True, used, "ok", seconds)
+        return Trial(t.micro_batch, False, used, Note("trial.over_budget", "over budget"), seconds)
+    return Trial(t.micro_batch, True, used, Note("trial.ok", "ok"), seconds)
 
 
 def _snapshot(micro_batch: int) -> str | None:

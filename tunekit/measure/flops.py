@@ -25,6 +25,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from ..core.fmt import fmt_flops
+from ..core.notes import Note
 from ..core.validate import function
 from .interrupts import deferred_interrupt
 from .torch_private import dispatch_mode_stack, in_autograd_backward, is_flop_counter, op_argument_names
@@ -199,11 +200,15 @@ class TunekitFlopCounter(FlopCounterMode):
         if self._recompute:
             notes.append(f"{fmt_flops(self._recompute)} recomputed in backward (checkpointing): in HFU, not MFU")
         uncounted = sorted(self._uncounted)
-        if uncounted:
-            notes.append("not counted (no FLOP formula): " + ", ".join(uncounted))
+        notes += uncounted_notes(uncounted)
         return FlopCount(executed=int(self.get_total_flops()), recompute=int(self._recompute),
                          causal_halved=int(self._causal_halved), by_op=dict(self._by_op), notes=notes,
                          uncounted_ops=uncounted, attention_recompute=int(self._attention_recompute))
+
+
+def uncounted_notes(ops) -> list:
+    """The note naming the ops the count left out (none when there are none)."""
+    return [Note("flops.uncounted", "not counted (no FLOP formula): " + ", ".join(ops))] if ops else []
 
 
 _COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"

@@ -21,6 +21,7 @@ import torch
 
 from ..core import registry
 from ..core.memory.estimate import COMPONENTS, MemoryEstimate, estimate_memory
+from ..core.notes import Note
 from ..core.setting import HALF, Setting, from_keywords
 from ..core.units import GiB, is_missing
 from ..core.validate import flag, whole
@@ -209,7 +210,8 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     set_ck = checkpointing is not None and adapter.can_checkpoint
     set_attn = tg.attention is not None and bool(adapter.attentions)
     if checkpointing and not adapter.can_checkpoint:
-        notes.append("checkpointing requested, but tunekit does not know this model's blocks: not applied")
+        notes.append(Note("ckpt.not_applied",
+                          "checkpointing requested, but tunekit does not know this model's blocks: not applied"))
     prev_ck, prev_attn = adapter.checkpointing, adapter.attention
     prev_grads = [p.grad for p in params]
     cuda = dev.type == "cuda"
@@ -232,7 +234,7 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
         if set_attn and adapter.attention != prev_attn:
             adapter.set_attention(prev_attn)
     if not cuda:
-        notes.append("no CUDA device: allocator peak, NVML total and 'other' are not measured here")
+        notes.append(Note("memory.cpu", "no CUDA device: allocator peak, NVML total and 'other' are not measured here"))
     est = None
     if estimate:
         est = _estimate_for(model, batch, optimizer or given, precision, dev, ck_used, attn_used,
@@ -245,7 +247,8 @@ def _shadow_optimizer(opt, params, notes):
     weights nor `opt`'s own state change (stepping even an lr=0 optimizer would advance its
     moments and step count). `opt` may be a Lab optimizer name. None when it cannot be rebuilt."""
     if opt is None:
-        notes.append("no optimizer given: a fresh AdamW(lr=0) was stepped; the weights do not change")
+        notes.append(Note("memory.shadow_optimizer",
+                          "no optimizer given: a fresh AdamW(lr=0) was stepped; the weights do not change"))
         return torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
     if isinstance(opt, str):
         from ..models.optimizers import build_optimizer
@@ -259,8 +262,8 @@ def _shadow_optimizer(opt, params, notes):
         notes.append(f"could not copy {type(opt).__name__} ({type(e).__name__}); optimizer "
                      "states are read from it without stepping")
         return None
-    notes.append(f"a fresh {type(opt).__name__}(lr=0) with the given settings was stepped; "
-                 "the given optimizer is untouched")
+    notes.append(Note("memory.shadow_optimizer", f"a fresh {type(opt).__name__}(lr=0) with the given settings "
+                      "was stepped; the given optimizer is untouched"))
     return shadow
 
 

@@ -20,6 +20,7 @@ import sys
 import time
 
 from ..core import formulas, validate
+from ..core.notes import Note
 from ..core.records import History, ProfileRecord
 from ..core.registry import DTYPES
 from . import nvml
@@ -278,7 +279,8 @@ class Probe:
             rec.notes.append(f"FLOPs reused from the counted run '{c.counted_in}' (same inputs)")
             _use_shape(rec, c.shaped)
             if c.count.uncounted_ops:
-                rec.notes.append("the count misses ops without a FLOP formula: " + ", ".join(c.count.uncounted_ops))
+                rec.notes.append(Note("flops.uncounted", "the count misses ops without a FLOP formula: "
+                                      + ", ".join(c.count.uncounted_ops)))
             # a safety net for inputs the fingerprint cannot see: the time moved a lot
             busy_now = rec.conditions is not None and rec.conditions.busy
             last, c.last_wall_s = c.last_wall_s, rec.wall_s
@@ -304,21 +306,23 @@ class Probe:
         if rec.flops_source == "none" or rec.error is not None or math.isnan(rec.flops):
             return
         if traced:
-            rec.notes.append("timed under torch.profiler, which slows it: no TFLOPS/MFU from this run")
+            rec.notes.append(Note("rates.none",
+                                  "timed under torch.profiler, which slows it: no TFLOPS/MFU from this run"))
             return
         if self.under_counter:
-            rec.notes.append("timed under an outer FLOP counter, which slows it: no TFLOPS/MFU")
+            rec.notes.append(Note("rates.none", "timed under an outer FLOP counter, which slows it: no TFLOPS/MFU"))
             return
         graphs = _compiled_graphs()
         if graphs is not None and graphs != self.graphs0:
-            rec.notes.append(f"torch.compile compiled {graphs - (self.graphs0 or 0)} graph(s) during "
-                             "this run, so its time includes compiling: no TFLOPS/MFU; re-run")
+            rec.notes.append(Note("rates.none", f"torch.compile compiled {graphs - (self.graphs0 or 0)} graph(s) "
+                                  "during this run, so its time includes compiling: no TFLOPS/MFU; re-run"))
             return
         if rec.flops == 0:  # exact whatever the counter cost: nothing ran
             rec.tflops = 0.0
             return
         if rec.flops_source == "counted":
-            rec.notes.append("FLOPs counted in this run, which the counter slows: re-run for TFLOPS/MFU")
+            rec.notes.append(Note("rates.none",
+                                  "FLOPs counted in this run, which the counter slows: re-run for TFLOPS/MFU"))
             return
         rec.tflops = formulas.tflops(rec.flops, rec.wall_s)
         from .peaks import rates, resolve_peak
@@ -331,7 +335,8 @@ class Probe:
         peak = resolve_peak(device, rec.dtype, given=self.peak, allow_calibration=self.index is None)
         rec.peak_tflops_source = peak.source
         if peak.tflops is None:
-            rec.notes.append(f"no peak known ({peak.source}): pass --peak or run tunekit.calibrate()")
+            rec.notes.append(Note("rates.none",
+                                  f"no peak known ({peak.source}): pass --peak or run tunekit.calibrate()"))
             return
         r = rates(rec.flops, rec.model_flops, rec.wall_s, peak, device, rec.dtype, recheck=self.index is None)
         rec.peak_tflops, rec.peak_tflops_source = r.peak.tflops, r.peak.source

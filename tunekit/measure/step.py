@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .flops import FlopCount, TunekitFlopCounter, sdpa_backward_flops, sdpa_forward_flops
+from ..core.notes import without
+from .flops import FlopCount, TunekitFlopCounter, sdpa_backward_flops, sdpa_forward_flops, uncounted_notes
 from .interrupts import deferred_interrupt
 from .meters import DeviceMeter
 from .oom import free_memory, memory_now_bytes
@@ -268,9 +269,10 @@ def add_flash_flops(res: ProbeResult, shape, batch: int, seq_len: int, checkpoin
     res.flops.executed += fwd + bwd + redo
     res.flops.recompute += redo
     res.flops.attention_recompute += bwd // 5   # d / (3d + 2d)
-    # the counter listed flash-attn's custom ops as uncounted: they are accounted for now
+    # the counter listed flash-attn's custom ops as uncounted: they are accounted for now, and
+    # the uncounted note names the others alone
     res.flops.uncounted_ops = [op for op in res.flops.uncounted_ops if not op.startswith("flash_attn")]
-    stale = lambda n: n.startswith("not counted") and "flash_attn" in n  # noqa: E731
-    res.flops.notes = [n for n in res.flops.notes if not stale(n)]
-    res.notes = [n for n in res.notes if not stale(n)]
+    left = uncounted_notes(res.flops.uncounted_ops)
+    res.flops.notes = without(res.flops.notes, "flops.uncounted") + left
+    res.notes = without(res.notes, "flops.uncounted") + left
     res.notes.append("added flash-attn FLOPs (torch's counter cannot see them): causal, analytic")

@@ -39,6 +39,7 @@ from ..core.breakdown import (
     MemoryTimeline,
     categorize,
 )
+from ..core.notes import Note, of_kind
 from ..core.paths import KEEP_SNAPSHOTS, KEEP_TRACES, prune, pruned_note, traces_dir
 
 NaN = math.nan
@@ -215,7 +216,7 @@ class Tracer:
         if self.memory:
             tl = timeline_from_profile(self.prof, f"cuda:{self.index}" if self.index is not None else "cpu")
             tl.snapshot_path = snapshot
-            tl.notes.extend(n for n in self.notes if "snapshot" in n)
+            tl.notes.extend(of_kind(self.notes, "trace.snapshot"))
             if self.index is None:
                 tl.notes.append("no allocator snapshot on CPU (torch.cuda.memory snapshots are CUDA only)")
         return bd, tl
@@ -223,7 +224,7 @@ class Tracer:
     def _snapshot(self):
         path, why_not = save_snapshot(self.name, self.folder)
         note = why_not or (None if self.folder else prune_snapshots())  # a folder you gave stays as it is
-        self.notes.extend([note] if note else [])
+        self.notes.extend([Note("trace.snapshot", note)] if note else [])
         return path
 
 

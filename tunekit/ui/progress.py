@@ -19,6 +19,7 @@ import sys
 import time
 
 from ..core.fmt import fmt_elapsed
+from ..core.notes import kind_of
 from ..core.run_text import autotune_line, result_line
 
 SHOWN_PER_CELL = 4     # a cell's runs listed in its block (the newest), the earlier ones counted
@@ -86,7 +87,7 @@ class SearchProgress:
         if not self.trials and not self._searching:
             self.t0, self._searching = clock(), True
         fit = sum(t.fits for t in self.trials)
-        oom = sum(not t.fits and t.reason.startswith("OOM") for t in self.trials)
+        oom = sum(not t.fits and kind_of(t.reason) == "trial.oom" for t in self.trials)
         over = len(self.trials) - fit - oom
         tally = f"{fit} fit, {oom} OOM" + (f", {over} over budget" if over else "")
         self._draw(f"trying micro_batch={micro_batch} · {tally}")

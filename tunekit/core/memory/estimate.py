@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .. import registry, validate
 from ..fmt import fmt_count, fmt_pct
+from ..notes import Note
 from ..registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
 from ..shapes import model_shape
 from ..units import GB, GiB, is_missing
@@ -187,8 +188,9 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
     zero_stage, dp, notes = o.sharded
     device, device_why = o.planned_device
     if o.device is None:
-        notes.append(f"device={device!r} assumed: this machine's ({device_why}); pass device= to plan "
-                     "for another" + (" (device='cuda' adds the CUDA context)" if device == "cpu" else ""))
+        notes.append(Note("device.assumed", f"device={device!r} assumed: this machine's ({device_why}); pass "
+                          "device= to plan for another"
+                          + (" (device='cuda' adds the CUDA context)" if device == "cpu" else "")))
     m = _model_sizes(model, o)
     key = o.layout_key
     prec = MEMORY_LAYOUTS[key]
@@ -203,8 +205,8 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
                              "freed after backward" if prec.weight_casts else "")
     if None in (m.n_layer, m.n_embd, m.n_head, m.seq_len):
         comps["activations"] = comps["recompute"] = NaN
-        notes.append("activations need n_layer, n_embd, n_head and seq_len (or a config)"
-                     + (f": {m.shape_error}" if m.shape_error else ""))
+        notes.append(Note("activations.unknown", "activations need n_layer, n_embd, n_head and seq_len (or a config)"
+                          + (f": {m.shape_error}" if m.shape_error else "")))
     elif mode in ("gpt", "hf"):
         _counted_activations(comps, forms, notes, m, o, mode)
     else:

@@ -9,6 +9,7 @@ from functools import cached_property
 
 from ...core.conditions import combine, first_reason
 from ...core.fmt import fmt_pct, fmt_rate
+from ...core.notes import of_kind
 from ...core.toggles import Toggles, label
 from ...measure.timing import stats
 
@@ -163,7 +164,7 @@ class AutotuneResult:
             if self.close_calls:
                 text += (". Close calls (within noise, so either choice is as fast here): "
                          + "; ".join(self.close_calls))
-        faster = [n for n in self.notes if "measured faster than the winner" in n]
+        faster = of_kind(self.notes, "autotune.unconfirmed")
         if faster:
             text += ". Not confirmed: " + faster[0]
         if self.busy:

@@ -9,6 +9,7 @@ import math
 from ...core import noise
 from ...core import toggles as tg
 from ...core.fmt import fmt_pct, fmt_rate
+from ...core.notes import Note
 from ...core.run_text import unit_of
 from ...core.toggles import ToggleError, Toggles, label
 from ...measure.oom import is_oom
@@ -320,7 +321,8 @@ class Search:
             self.within_noise = not self.beats(win, second) and not self.beats(second, win)
             self.runner_up = second.toggles if self.within_noise else None
             if self.beats(second, win):
-                self.notes.append(f"{label(second.toggles, self.start)} measured faster than the winner "
-                                  f"({second.score / win.score:.2f}x) but did not win its race: the search "
-                                  "stopped first, or it was measured under other toggles' load")
+                self.notes.append(Note("autotune.unconfirmed", f"{label(second.toggles, self.start)} measured "
+                                       f"faster than the winner ({second.score / win.score:.2f}x) but did not win "
+                                       "its race: the search stopped first, or it was measured under other "
+                                       "toggles' load"))
 

@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from ...core import registry
 from ...core.comm import expected_comm, layout_problems
+from ...core.notes import encoded
 from ...core.results import RunResult
 from ...core.setting import Setting
 from ...core.toggles import Env, Toggles, normalized, problems
@@ -302,7 +303,7 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
                        meter.source, device)
     if spec.get("out_dir"):
         out = Path(spec["out_dir"]) / "result.json"
-        out.write_text(json.dumps(result.to_dict()))
+        out.write_text(json.dumps(encoded(result.to_dict())))   # notes keep their kinds (core.notes)
     return result
 
 

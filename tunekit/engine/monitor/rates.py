@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from ...core.formulas import tflops, utilization
+from ...core.notes import Note
 from ...measure.peaks import rates, resolve_peak
 
 NaN = math.nan
@@ -60,7 +61,7 @@ class FlopRates:
         peak = self.peaks[dtype]
         self.peak_tflops, self.peak_source = peak.tflops, peak.source
         if peak.tflops is None:
-            self.mon._note(f"no peak known ({peak.source}): pass peak= (TFLOPS) for MFU")
+            self.mon._note(Note("rates.none", f"no peak known ({peak.source}): pass peak= (TFLOPS) for MFU"))
             row["tflops"] = row["flops"] / wall / 1e12
             return
         # formulas' arithmetic directly; peaks.rates (which also judges figures past the peak)

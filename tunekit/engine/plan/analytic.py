@@ -14,6 +14,7 @@ import math
 import re
 
 from ...core.memory.estimate import estimate_memory
+from ...core.notes import without
 from ...core.plan import COMPONENTS, Plan
 from ...core.setting import HALF, Setting
 from ...measure.device import weights_dtype
@@ -108,7 +109,7 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
     if est.components["recompute"] == est.components["recompute"] and est.components["recompute"] > 0:
         notes.append(f"checkpointing rebuilds one block's activations in backward: about "
                      f"{est.components['recompute'] / 2**30:,.3f} GiB more at that moment (not in the sum)")
-    notes += [n for n in est.notes if not n.startswith(("device=", "activations need"))]
+    notes += without(est.notes, "device.assumed", "activations.unknown")
     if layout:
         notes.append(f"{layout['kind']}: rank 0's share as estimate_memory shards it; the collectives are not timed")
     model_flops, bound_s = _speed(inner, setting, tokens, unit, dev, notes)

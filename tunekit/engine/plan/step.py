@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from ...core.notes import without
 from ...core.plan import COMPONENTS
 from ...measure.flops import TunekitFlopCounter
 from ...measure.live import LiveBytes
@@ -98,7 +99,7 @@ def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: 
         if ck is not None and ck.checkpointing:
             ck.set_checkpointing(False)
     if ck is not None:   # measure_memory's adapter does not know the blocks checkpointed here
-        step["notes"] = [n for n in step["notes"] if not n.startswith("checkpointing requested")]
+        step["notes"] = without(step["notes"], "ckpt.not_applied")
     return step
 
 
@@ -111,8 +112,7 @@ def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count) -> di
         raise ValueError(f"the fake step left a component unmeasured: {components}")
     adapter = model.adapter if kind == "module" else adapt(model)   # a module's: its twin's blocks
     live = _timeline(model, adapter, kind, batch, setting, round_to)
-    out = dict(components=components, notes=[n for n in report.notes if "no CUDA device" not in n
-                                              and "fresh AdamW" not in n],
+    out = dict(components=components, notes=without(report.notes, "memory.cpu", "memory.shadow_optimizer"),
                units=fsdp_units(model, adapter, "fsdp"), **live)
     return dict(out, **_counted(model, adapter, kind, batch, setting, micro_batch)) if count else out
 

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from ...core import registry
+from ...core.notes import Note
 from ...core.results import RunResult
 from ...core.toggles import Toggles
 from ...measure.device import device_label
@@ -72,8 +73,8 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
     model_flops, convention, why = adapter.model_flops(t.seq_len, tokens, counted)
     notes.extend(why)
     if m.slowed:
-        notes.append("timed under an outer FLOP counter (a first %%gpuprofile run?): "
-                     "step times are slowed by it, so no TFLOPS/MFU; re-run for clean speeds")
+        notes.append(Note("rates.none", "timed under an outer FLOP counter (a first %%gpuprofile run?): "
+                          "step times are slowed by it, so no TFLOPS/MFU; re-run for clean speeds"))
     dtype = t.compute_on(device.type)
     rate_s = math.nan if m.slowed else step_s  # rates from a counter-slowed clock would lie
     r = rates(executed, model_flops, rate_s, peak, device, dtype, devices=world, recheck=recheck)

@@ -1,0 +1,111 @@
+"""Notes with kinds: the words are for people, the kind is what code reads. Pure: no torch.
+
+    >>> n = Note("ckpt.not_applied", "checkpointing requested, but ...: not applied")
+    >>> n.kind, str(n)                   # a str: views, joins and JSON dumps show the words alone
+    >>> without(report.notes, "ckpt.not_applied", "memory.cpu")   # filter on kinds, never on words
+
+A plain ``str`` in a notes list (the user's, an old log's) has kind None. Every kind is declared
+in ``KINDS``: a Note of another kind is refused, so a typo fails where it is made. In a JSON file
+a Note is ``{"kind": ..., "text": ...}`` (`to_json` / `from_json`), a plain note its text.
+"""
+
+from __future__ import annotations
+
+# kind -> what a note of it says; code reads these codes, so they stay as written
+KINDS = {
+    "ckpt.not_applied": "checkpointing was asked for, but tunekit does not know the model's blocks",
+    "memory.cpu": "measure_memory ran without CUDA: the allocator's figures are not measured",
+    "memory.shadow_optimizer": "measure_memory stepped a stand-in optimizer at lr=0",
+    "device.assumed": "estimate_memory planned for this machine's device, none being named",
+    "activations.unknown": "estimate_memory has no shape to count the activations with",
+    "flops.uncounted": "ops without a FLOP formula, left out of the count",
+    "rates.none": "why a run reports no TFLOPS/MFU (its time is slowed, or no peak is known)",
+    "trace.snapshot": "the allocator snapshot: not written, or older ones pruned",
+    "autotune.unconfirmed": "a candidate measured faster than the winner without winning its race",
+    # find_max_batch_size's trial reasons (Trial.reason)
+    "trial.ok": "the trial fit",
+    "trial.oom": "the trial ran out of memory",
+    "trial.over_budget": "the trial's peak was above the memory budget",
+    "trial.over_available": "the trial's peak was above the memory available",
+    "trial.predicted_over_budget": "not run: predicted above the memory budget",
+    "trial.predicted_over_available": "not run: predicted above the memory available",
+}
+
+
+def _declared(kinds) -> tuple:
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"undeclared note kind(s) {unknown}: declare them in tunekit.core.notes.KINDS")
+    return tuple(kinds)
+
+
+class Note(str):
+    """A note's words (a ``str``, so it prints, joins and compares as them) and its ``kind``.
+    ``str`` methods (``upper``, ``+``, ``join``) give plain strings: the words without the kind."""
+
+    kind: str
+
+    def __new__(cls, kind: str, text: str) -> "Note":
+        _declared([kind])
+        self = super().__new__(cls, text)
+        self.kind = kind
+        return self
+
+    def __reduce__(self):  # pickle, copy and deepcopy (dataclasses.asdict) keep the kind
+        return Note, (self.kind, str(self))
+
+
+def kind_of(note) -> str | None:
+    """A note's kind; None for a plain string."""
+    return getattr(note, "kind", None)
+
+
+def of_kind(notes, *kinds: str) -> list:
+    """The notes of these kinds, in order. Example: ``of_kind(rec.notes, "rates.none")``."""
+    kinds = _declared(kinds)
+    return [n for n in notes if kind_of(n) in kinds]
+
+
+def without(notes, *kinds: str) -> list:
+    """The notes of other kinds (plain strings included), in order."""
+    kinds = _declared(kinds)
+    return [n for n in notes if kind_of(n) not in kinds]
+
+
+def to_json(note):
+    """What a JSON file keeps of a note: ``{"kind", "text"}`` for a Note, a plain note as it is."""
+    return {"kind": note.kind, "text": str(note)} if isinstance(note, Note) else note
+
+
+def is_json_note(v) -> bool:
+    """Whether a value read from JSON is a note `from_json` takes: a string or a kind with its text."""
+    return isinstance(v, str) or (isinstance(v, dict) and set(v) == {"kind", "text"}
+                                  and isinstance(v["text"], str) and isinstance(v["kind"], (str, type(None))))
+
+
+def from_json(v):
+    """The note a JSON file kept (`to_json`'s inverse). A kind this tunekit does not declare (a
+    newer one wrote it) leaves the words, as a plain string."""
+    if isinstance(v, dict) and is_json_note(v):
+        return Note(v["kind"], v["text"]) if v["kind"] in KINDS else v["text"]
+    return v
+
+
+def encoded(value):
+    """``value`` with every Note inside its lists and dicts as `to_json` keeps it (for json.dumps)."""
+    if isinstance(value, Note):
+        return to_json(value)
+    if isinstance(value, dict):
+        return {k: encoded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encoded(v) for v in value]
+    return value
+
+
+def decoded(value):
+    """`encoded`'s inverse: every ``{"kind", "text"}`` inside lists and dicts back as a Note."""
+    if isinstance(value, dict):
+        return from_json(value) if is_json_note(value) else {k: decoded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decoded(v) for v in value]
+    return value
