@@ -28,6 +28,7 @@ from ..core.validate import flag, whole
 from ..models.adapters import adapt, loss_of
 from . import nvml
 from .device import torch_dtype, weights_dtype
+from .step import Observer, Watch, run_step
 from .tally import SavedTensorTally, storage_key, unique_bytes
 
 NaN = math.nan
@@ -268,26 +269,21 @@ def _shadow_optimizer(opt, params, notes):
 
 
 def _one_step(model, batch, loss_of, optimizer, given, ac, params, dev, notes):
-    """One forward/backward/step with `optimizer` (None: no step; states read from `given`)."""
+    """One forward/backward/step with `optimizer` (None: no step; states read from `given`),
+    observed (measure.step.run_step): the saved tensors tallied over the forward, the allocator's
+    growth read where it ends, the gradients read when the update starts."""
     cuda = dev.type == "cuda"
-    if cuda and optimizer is not None:
-        _step(model, batch, loss_of, optimizer, ac)   # warm-up: states exist, the peak is a steady one
+    forward = (lambda b: loss_of(model, b)), (lambda i: (batch,))   # the batch as given: a tuple or a tensor
+    if cuda and optimizer is not None:   # warm-up: states exist, the peak is a steady one
+        run_step(*forward, autocast=lambda: ac, optimizer=optimizer, zero_grad=True)
         notes.append("CUDA: one warm-up step ran first so optimizer states exist at the peak")
     if cuda:
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-        before = torch.cuda.memory_allocated(dev)
     tally = SavedTensorTally(params, list(model.buffers()))
-    with ac, tally:
-        loss = loss_of(model, batch)
-    # read now: backward frees what the forward saved
-    acts, casts = float(tally.activation_bytes), float(tally.cast_bytes)
-    forward_growth = torch.cuda.memory_allocated(dev) - before if cuda else NaN
-    loss.backward()
-    del loss
-    grad_bytes = unique_bytes([p.grad for p in params])
-    if optimizer is not None:
-        optimizer.step()
+    seen = _Readings(tally, params, dev if cuda else None)
+    run_step(*forward, autocast=lambda: ac, optimizer=optimizer,
+             observers=[Watch(tally, span=("forward", "forward")), seen])
     if cuda:
         torch.cuda.synchronize(dev)
     exclude = {storage_key(p) for p in params}
@@ -295,20 +291,43 @@ def _one_step(model, batch, loss_of, optimizer, given, ac, params, dev, notes):
     state = [v for st in source.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
     opt_bytes = float(unique_bytes(state, exclude)) if source.state else NaN
     measured = {"weights": float(unique_bytes(params)), "master_weights": 0.0,
-                "gradients": float(grad_bytes), "optimizer_states": opt_bytes,
-                "weight_casts": casts, "activations": acts,
+                "gradients": float(seen.grads), "optimizer_states": opt_bytes,
+                "weight_casts": seen.casts, "activations": seen.acts,
                 "buffers": float(unique_bytes(model.buffers(), exclude))}
     for p in params:
         p.grad = None
-    return measured, (_cuda_readings(dev, measured, forward_growth) if cuda else {})
+    return measured, (_cuda_readings(dev, measured, seen.forward_growth) if cuda else {})
 
 
-def _step(model, batch, loss_of, optimizer, ac):
-    with ac:
-        loss = loss_of(model, batch)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+class _Readings(Observer):
+    """What measure_memory reads off its step: the tally at the end of the forward (the backward
+    frees what it saved), the allocator's growth there, the gradients before any update."""
+
+    def __init__(self, tally, params, cuda_dev):
+        self.tally, self.params, self.cuda_dev = tally, params, cuda_dev
+        self.acts = self.casts = self.forward_growth = NaN
+        self.grads = None
+
+    def __enter__(self):
+        self.before = torch.cuda.memory_allocated(self.cuda_dev) if self.cuda_dev is not None else NaN
+        return self
+
+    def forward_done(self, batch) -> None:
+        self.acts, self.casts = float(self.tally.activation_bytes), float(self.tally.cast_bytes)
+        if self.cuda_dev is not None:
+            self.forward_growth = torch.cuda.memory_allocated(self.cuda_dev) - self.before
+
+    def phase(self, name: str) -> None:
+        if name == "optimizer step":
+            self._read_grads()
+
+    def __exit__(self, *exc) -> bool:
+        self._read_grads()   # no update: the gradients as the backward left them
+        return False
+
+    def _read_grads(self) -> None:
+        if self.grads is None:
+            self.grads = unique_bytes([p.grad for p in self.params])
 
 
 def _cuda_readings(dev, measured, forward_growth) -> dict:
