@@ -8,6 +8,7 @@ import math
 import torch
 
 from ...core.plan import COMPONENTS
+from ...core.search import largest_fitting
 from ...measure.flops import TunekitFlopCounter
 from ...measure.live import LiveBytes
 from ...measure.memory import autocast_dtype, measure_memory
@@ -235,19 +236,10 @@ def loss_of(model, kind, batch):
 
 
 def search_micro_batch(setting, run, total_of, memory, limit) -> int:
-    """The largest micro-batch whose fake step (``run(setting)``) fits ``memory``: doubling, then
-    bisection up to ``limit``; 0 when not even one fits."""
+    """The largest micro-batch whose fake step (``run(setting)``) fits ``memory``: the one search
+    (core.search) from 1 up to ``limit``; 0 when not even one fits."""
     def fits(mb):
         s = dict(setting, micro_batch=mb)
         return total_of(run(s), s) <= memory
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return largest_fitting(fits, 1, limit).best or 0
