@@ -14,7 +14,7 @@ from ...measure.live import LiveBytes
 from ...measure.memory import autocast_dtype, measure_memory
 from ...measure.model_flops import tensors_in
 from ...measure.tally import storage_key
-from ...models.adapters import adapt, fsdp_units
+from ...models.adapters import adapt, fsdp_units, step_loss
 from ...models.optimizers import build_optimizer
 from .analytic import FakeStepError, fake_failure
 from .module import ModuleTarget
@@ -130,7 +130,7 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
             adapter.set_checkpointing(setting["checkpointing"])
         with counter:
             with torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext():
-                loss = loss_of(model, kind, batch)
+                loss = _loss(model, kind, batch)
             loss.backward()
     finally:
         if adapter.can_checkpoint:
@@ -189,7 +189,7 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
         with live:
             live.set_phase("forward")
             with torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext():
-                loss = loss_of(model, kind, batch)
+                loss = _loss(model, kind, batch)
             live.set_phase("backward")
             loss.backward()
             del loss
@@ -226,13 +226,10 @@ def _rounded_bytes(round_to):
     return total
 
 
-def loss_of(model, kind, batch):
-    if kind == "module":   # plan.module.Stepped: the user's loss on its twin
-        return model(*batch)
-    x, y = batch
-    if kind == "gpt":
-        return model(x, y)[1]
-    return model(input_ids=x, labels=y, use_cache=False).loss
+def _loss(model, kind, batch):
+    # the one loss helper; the batch of a transformers model is (x, x): x its own labels, shifted
+    # by transformers (a module's: plan.module.Stepped, which takes its loss the same way)
+    return step_loss(model, batch[:1], "transformers") if kind == "hf" else step_loss(model, batch)
 
 
 def search_micro_batch(setting, run, total_of, memory, limit) -> int:
