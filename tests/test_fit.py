@@ -134,6 +134,17 @@ def test_measured_line_errs_high_but_not_far(tmp_path, monkeypatch):
     assert 0.7 * actual <= est.need_bytes <= 2.0 * actual, (fmt_bytes(est.need_bytes), fmt_bytes(actual))
 
 
+def test_the_largest_micro_batch_of_a_line_agrees_with_the_line():
+    line = fit.Line(fixed=100.0, per_sample=30.0, method="analytic", how="by hand")
+    assert line.largest(1000.0) == 30      # 100 + 30*30 = 1000 fits; 31 is 1030
+    assert line.largest(129.0) == 0        # 100 + 30 = 130: not even one
+    # 0.1 + 0.1*19 is 2.0 in floats, so 19 fits the limit of 2.0; (2.0 - 0.1) / 0.1 is
+    # 18.999999999999996, whose floor (18) the arithmetic answer gave
+    assert fit.Line(0.1, 0.1, "analytic", "by hand").largest(2.0) == 19
+    assert fit.Line(5.0, 0.0, "measured", "flat").largest(4.0) == 0       # a line that does not grow:
+    assert fit.Line(5.0, 0.0, "measured", "flat").largest(5.0) == 2**62   # none fits, or all do
+
+
 def test_estimate_changes_no_run(tmp_path):
     # the measurement passes draw batches (here from torch's global generator); it is put back
     def losses(measure_first):

@@ -161,6 +161,27 @@ def test_measure_memory_uses_the_labs_loss_and_matches_the_estimate(hf_lab):
     assert rep.error("weights") == 0.0
 
 
+def test_measure_memory_of_a_causal_lm_given_only_its_inputs_trains_on_them_as_labels():
+    # was: TypeError: HFAdapter.loss() missing 1 required positional argument: 'y'
+    from tunekit.models.adapters import step_loss
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama()).train()
+    x = torch.randint(0, 256, (2, 16))
+    alone, tensor, paired = (tunekit.measure_memory(model, b).measured for b in [(x,), x, (x, x)])
+    # llama(): embed 256*64 = 16384; a layer: q, o 64*64 = 4096 each, k, v 64*32 = 2048 each (2 kv
+    # heads of 16), MLP 3*64*172 = 33024, 2 norms 2*64 = 128 -> 45440, x2 = 90880; final norm 64;
+    # lm_head 256*64 = 16384 -> 123712 weights in 21 tensors, fp32
+    assert alone["weights"] == alone["gradients"] == 4 * 123712 == 494848
+    assert alone["optimizer_states"] == 2 * 494848 + 21 * 4   # AdamW's two moments, a 4-byte step each
+    assert tensor == alone   # a bare tensor is the same batch
+    # (x, x): labels already shifted, x itself; x alone: transformers shifts it into a new
+    # (2, 16) int64 labels tensor the loss keeps, 2*16*8 = 256 bytes more
+    assert alone["activations"] - paired["activations"] == 256
+    # the loss is the Trainer's (labels=input_ids), to the bit
+    assert torch.equal(step_loss(model, (x,), "transformers"), model(input_ids=x, labels=x).loss)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg", [llama(L=3, h=128, f=344, nh=8, kv=2, V=512, P=256), gpt2(L=3, h=128, V=512, P=256)],
                          ids=["llama", "gpt2"])

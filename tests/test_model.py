@@ -161,3 +161,29 @@ def test_rope_scores_depend_only_on_distance_and_head_is_tied():
     assert score(0, 0) == pytest.approx(float(q @ k), abs=1e-5)  # position 0: no rotation
     m = GPT(_tiny())
     assert m.lm_head.weight is m.wte.weight  # tied: one tensor, counted once
+
+
+def test_the_one_loss_helper_reads_every_kind_of_output():
+    from tunekit.models.adapters import loss_of, step_loss
+
+    m = torch.tensor([[1.0, 2.0], [3.0, 4.5]], dtype=torch.bfloat16)
+    one = torch.tensor(2.5)
+    assert loss_of((m, one)) is one and loss_of((m, None)).dtype == torch.float32   # GPT: (logits, loss)
+    assert loss_of(types.SimpleNamespace(loss=one)) is one                          # transformers: .loss
+    assert loss_of({"logits": m, "loss": one}) is one                               # a dict's "loss"
+    assert loss_of(one) is one                                                      # one number: as it is
+    assert loss_of(m).item() == 10.5 and loss_of(m).dtype == torch.float32          # 1+2+3+4.5, in fp32
+    assert loss_of(m, reduce=False) is m                                            # the Lab refuses it itself
+    with pytest.raises(TypeError, match=r"^the model's output is a dict of \['logits'\], not a tensor"):
+        loss_of({"logits": m})
+    with pytest.raises(TypeError, match=r"^the model's output is NoneType, not a tensor"):
+        loss_of(types.SimpleNamespace(loss=None))
+    fed = []
+
+    def model(*args):
+        fed.append(args)
+        return m
+
+    assert step_loss(model, (1, 2)).item() == 10.5 and step_loss(model, [3]).item() == 10.5
+    step_loss(model, "x")
+    assert fed == [(1, 2), (3,), ("x",)]   # a tuple or list spread, anything else as one argument

@@ -35,6 +35,7 @@ import torch
 
 from ..core import registry
 from ..core.fmt import fmt_bytes
+from ..core.search import largest_fitting
 from ..core.toggles import ToggleError, Toggles
 from ..measure import memavail
 from ..measure.oom import free_memory, is_oom
@@ -70,10 +71,14 @@ class Line:
         return self.fixed + self.per_sample * micro_batch
 
     def largest(self, limit: float) -> int:
-        """The largest micro-batch the line keeps within ``limit`` (0: not even one)."""
+        """The largest micro-batch the line keeps within ``limit`` (0: not even one): the one
+        search (core.search) from the arithmetic answer, so that ``at`` agrees with it to the
+        last rounding of a float."""
         if self.per_sample <= 0:
             return 0 if self.fixed > limit else 2**62
-        return max(0, math.floor((limit - self.fixed) / self.per_sample))
+        guess = (limit - self.fixed) / self.per_sample
+        start = min(max(int(guess), 1), 2**62) if math.isfinite(guess) else 1
+        return largest_fitting(lambda b: self.at(b) <= limit, start, 2**62).best or 0
 
 
 @dataclass

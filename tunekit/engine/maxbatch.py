@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from ..core import validate
 from ..core.fmt import fmt_pct
 from ..core.notes import Note, kind_of
+from ..core.search import largest_fitting
 from ..core.toggles import ToggleError, normalized, toggle_keywords
 from ..core.validate import is_whole
 from ..measure import memavail
@@ -211,9 +212,9 @@ def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progr
 
 
 def _search(attempt, start: int, limit: int, result, budget_s: float | None = None) -> None:
-    """Double from ``start`` until a trial does not fit, then bisect, while the budget lasts; sets
-    ``result.best``, ``too_big``, ``stopped`` and ``elapsed_s``. ``attempt(b)`` runs one trial
-    (appending it to ``result.trials``) and says whether ``b`` fits; time is read from ``clock``."""
+    """The one search (core.search) over trials, while the budget lasts; sets ``result.best``,
+    ``too_big``, ``stopped`` and ``elapsed_s``. ``attempt(b)`` runs one trial (appending it to
+    ``result.trials``) and says whether ``b`` fits; time is read from ``clock``."""
     t0, costs = clock(), []   # costs: (micro_batch, wall seconds) of the trials that ran
 
     def fits(b: int) -> bool | None:  # None: the budget cannot pay for the trial at b
@@ -227,30 +228,9 @@ def _search(attempt, start: int, limit: int, result, budget_s: float | None = No
             costs.append((b, clock() - before))
         return ok
 
-    good, bad, b, stopped = 0, None, start, "converged"
-    while True:  # doubling
-        ok = fits(b)
-        if ok is None:
-            stopped = "budget"
-            break
-        if not ok:
-            bad = b
-            break
-        good = b
-        if b >= limit:
-            stopped = "search limit"
-            break
-        b = min(2 * b, limit)
-    while stopped == "converged" and bad - good > 1:  # bisect between the last fit and the first miss
-        mid = (good + bad) // 2
-        ok = fits(mid)
-        if ok is None:
-            stopped = "budget"
-        elif ok:
-            good = mid
-        else:
-            bad = mid
-    result.best, result.too_big, result.stopped = good or None, bad, stopped
+    found = largest_fitting(fits, start, limit)
+    result.best, result.too_big = found.best, found.too_big
+    result.stopped = "budget" if found.stopped == "stopped" else found.stopped
     result.elapsed_s = clock() - t0
 
 

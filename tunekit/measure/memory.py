@@ -25,7 +25,7 @@ from ..core.notes import Note
 from ..core.setting import HALF, Setting, from_keywords
 from ..core.units import GiB, is_missing
 from ..core.validate import flag, whole
-from ..models.adapters import adapt, loss_of
+from ..models.adapters import adapt, step_loss
 from . import nvml
 from .device import torch_dtype, weights_dtype
 from .step import Observer, Watch, run_step
@@ -128,12 +128,12 @@ class StepTarget:
 
 
 def _unpack_target(target, batch, micro_batch, seq_len) -> StepTarget:
-    """What to measure: a Lab's (its ``memory_target``) or a module's (a transformers causal LM
-    trains on its own loss from labels; any other model on ``_loss``)."""
+    """What to measure: a Lab's (its ``memory_target``) or a module's, on the one loss helper
+    (models.adapters.step_loss: a transformers causal LM on its labels, or on its inputs as
+    labels when given only them; any other model on its output, summed when not one number)."""
     if hasattr(target, "memory_target"):   # a tunekit Lab
         return target.memory_target(micro_batch, seq_len, batch)
     model, adapter = target, adapt(target)
-    loss_of = _loss if adapter.kind != "transformers" else (lambda m, b: adapter.loss(m, *b))
     if batch is None:
         if not adapter.vocab_size:
             raise ValueError("give a batch: measure_memory(model, (x, y))")
@@ -142,13 +142,7 @@ def _unpack_target(target, batch, micro_batch, seq_len) -> StepTarget:
         gen = torch.Generator(device="cpu").manual_seed(0)
         tokens = torch.randint(0, adapter.vocab_size, (b, s + 1), generator=gen).to(dev)
         batch = (tokens[:, :-1].clone(), tokens[:, 1:].clone())  # y: x shifted by one
-    return StepTarget(model, adapter, batch, loss_of)
-
-
-def _loss(model, batch):
-    out = model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
-    loss = loss_of(out)
-    return loss if loss.dim() == 0 else loss.float().sum()
+    return StepTarget(model, adapter, batch, lambda m, b: step_loss(m, b, adapter.kind))
 
 
 def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkpointing=None,

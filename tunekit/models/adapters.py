@@ -14,6 +14,8 @@
 - `ModuleAdapter`, for any other ``nn.Module``: checkpointing of the blocks you name
   (``adapt(model, blocks="layers")``), no attention switch, no analytic shape: MFU then comes
   from the counted FLOPs and the record says so.
+- `step_loss(fwd, batch, kind)`: the loss of one training step, for every caller (the Lab,
+  measure_memory, plan): how a batch is fed, and `loss_of` the forward's output.
 """
 from __future__ import annotations
 
@@ -118,9 +120,10 @@ class ModuleAdapter:
         except ValueError:   # no signature to read (a builtin): let the first step tell
             pass
 
-    def loss(self, fwd, x, y):
-        """The scalar loss of ``fwd`` (the model, or its compiled wrapper) on one batch."""
-        return loss_of(fwd(x, y))
+    def loss(self, fwd, x, y=None):
+        """The loss of ``fwd`` (the model, or its compiled wrapper) on one batch (`step_loss`);
+        a loss that is not one number is left for the Lab to refuse."""
+        return step_loss(fwd, (x,) if y is None else (x, y), self.kind, reduce=False)
 
     def model_flops(self, seq_len: int, tokens: int, counted: float | None, backward: bool = True) -> tuple:
         """(model FLOPs of ``tokens`` tokens, convention, notes) in tunekit's one MFU convention:
@@ -185,9 +188,6 @@ class GPTAdapter(ModuleAdapter):
 
     def set_checkpointing(self, on: bool) -> None:
         self.model.set_checkpointing(on)
-
-    def loss(self, fwd, x, y):
-        return fwd(x, y)[1]
 
     def forward_tokens(self, args, kwargs):
         return _batch_and_length(args[0] if args else kwargs.get("idx"), "idx")
@@ -264,12 +264,6 @@ class HFAdapter(ModuleAdapter):
         else:
             self.model.gradient_checkpointing_disable()
 
-    def loss(self, fwd, x, y):
-        # The Lab's y is x shifted by one already: `shift_labels` hands it to the loss as is
-        # (with `labels` alone transformers would shift again and skip a token), so every one
-        # of the b*s tokens is predicted, as the throughput counts them.
-        return fwd(input_ids=x, labels=y, shift_labels=y, use_cache=False).loss
-
     def forward_tokens(self, args, kwargs):
         if not args:   # the usual call, model(**batch): no binding needed (it costs ~0.1 ms a call)
             call = kwargs
@@ -301,13 +295,43 @@ def _batch_and_length(x, what: str) -> tuple[int, int]:
     return int(x.shape[0]), int(x.shape[1])
 
 
-def loss_of(out):
+def step_loss(fwd, batch, kind: str = "module", reduce: bool = True):
+    """The loss of one training step of ``fwd`` (a model, or its compiled or DDP wrapper) on
+    ``batch``, for a model of adapter ``kind``. A transformers causal LM (``"transformers"``)
+    takes ``(x, y)`` as input_ids and labels already shifted by one, and ``(x,)`` (or ``x``) as
+    its own labels, shifted by transformers, as its Trainer's labels=input_ids; any other model
+    is fed ``fwd(*batch)`` for a tuple or list, ``fwd(batch)`` otherwise (tunekit's GPT:
+    ``(x, y)`` -> ``(logits, loss)``). The loss is `loss_of` the output."""
+    items = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+    if kind == "transformers" and len(items) == 1:
+        out = fwd(input_ids=items[0], labels=items[0], use_cache=False)
+    elif kind == "transformers" and len(items) == 2:
+        # The Lab's y is x shifted by one already: `shift_labels` hands it to the loss as is
+        # (with `labels` alone transformers would shift again and skip a token), so every one
+        # of the b*s tokens is predicted, as the throughput counts them.
+        out = fwd(input_ids=items[0], labels=items[1], shift_labels=items[1], use_cache=False)
+    else:
+        out = fwd(*batch) if isinstance(batch, (tuple, list)) else fwd(batch)
+    return loss_of(out, reduce)
+
+
+def loss_of(out, reduce: bool = True):
     """The loss in what a model's forward returned: the second item of a ``(logits, loss)``
-    pair (the first when the second is None), an output's ``.loss`` (transformers), or the
-    output itself."""
+    pair (the first when the second is None), an output's ``.loss`` (transformers), a dict's
+    ``"loss"``, or the output itself. ``reduce``: a tensor of more than one number is summed in
+    fp32, and what is not a tensor is a TypeError saying what it is; ``reduce=False`` returns
+    what it found as it is (the Lab refuses a loss that is not one number in words of its own)."""
     if isinstance(out, (tuple, list)):
         out = out[1] if len(out) > 1 and out[1] is not None else out[0]
-    return getattr(out, "loss", out)
+    out = getattr(out, "loss", out)
+    if isinstance(out, dict) and torch.is_tensor(out.get("loss")):   # {"loss": ...}
+        out = out["loss"]
+    if not reduce:
+        return out
+    if not torch.is_tensor(out):
+        what = f"a dict of {sorted(map(str, out))}" if isinstance(out, dict) else type(out).__name__
+        raise TypeError(f"the model's output is {what}, not a tensor to sum into a loss")
+    return out if out.dim() == 0 else out.float().sum()
 
 
 def is_transformers_model(model) -> bool:
@@ -347,7 +371,7 @@ def _resolve_blocks(model, blocks) -> list:
     return blocks
 
 
-__all__ = ["ModuleAdapter", "GPTAdapter", "HFAdapter", "adapt", "is_transformers_model", "loss_of"]
+__all__ = ["ModuleAdapter", "GPTAdapter", "HFAdapter", "adapt", "is_transformers_model", "loss_of", "step_loss"]
 
 
 def fsdp_units(model: torch.nn.Module, adapter, parallel: str) -> list:

@@ -17,7 +17,7 @@ import torch
 from ...core.setting import HALF
 from ...measure.device import weights_dtype
 from ...measure.step import per_sample
-from ...models.adapters import adapt, loss_of
+from ...models.adapters import adapt, loss_of, step_loss
 
 KINDS = {"tunekit-gpt": "gpt", "transformers": "hf"}   # adapter kind -> the plan's kind
 
@@ -95,8 +95,9 @@ class ModuleTarget:
 
 class Stepped(torch.nn.Module):
     """The twin and the loss it trains on: ``stepped(*batch)`` is the scalar loss of one step,
-    ``loss_fn(model, *batch)`` (default: the adapter's loss, or ``model(*batch)``), a loss that is
-    not one number summed in fp32 as ``measure_memory`` does. ``adapter`` checkpoints its blocks."""
+    ``loss_fn(model, *batch)`` (default: models.adapters.step_loss for the adapter's kind), a loss
+    that is not one number summed in fp32 as ``measure_memory`` does. ``adapter`` checkpoints its
+    blocks."""
 
     def __init__(self, model, loss_fn, adapter):
         super().__init__()
@@ -104,26 +105,19 @@ class Stepped(torch.nn.Module):
         self.checked = False
 
     def forward(self, *batch):
-        if self.loss_fn is not None:
-            out = self.loss_fn(self.model, *batch)
-        elif self.adapter.kind != "module":   # tunekit's GPT / a transformers model with other blocks
-            out = self.adapter.loss(self.model, *batch)
-        else:
-            out = self.model(*batch)
-        loss = loss_of(out)
-        if isinstance(loss, dict) and torch.is_tensor(loss.get("loss")):   # {"loss": ...}
-            loss = loss["loss"]
-        if not torch.is_tensor(loss):
-            what = f"a dict of {sorted(map(str, loss))}" if isinstance(loss, dict) else type(loss).__name__
-            raise TypeError(f"the model's output is {what}, not a tensor to sum into a loss: give "
-                            "loss_fn=lambda model, x, y: ... returning one")
+        out = self.loss_fn(self.model, *batch) if self.loss_fn is not None else \
+            step_loss(self.model, batch, self.adapter.kind, reduce=False)
+        try:
+            loss = loss_of(out)
+        except TypeError as e:
+            raise TypeError(f"{e}: give loss_fn=lambda model, x, y: ... returning one") from None
         if not self.checked:   # a loss_fn that calls the live model would plan nothing of the twin
             trained = {id(p) for p in self.model.parameters() if p.requires_grad}
             if trained and not _reaches(loss.grad_fn, trained):
                 raise ValueError("loss_fn's loss does not reach the model it is given: loss_fn(model, x, y) must "
                                  "call that model, not one it refers to")
             self.checked = True
-        return loss if loss.dim() == 0 else loss.float().sum()
+        return loss
 
 
 def _reaches(grad_fn, ids: set) -> bool:

@@ -9,12 +9,13 @@ import torch
 
 from ...core.notes import without
 from ...core.plan import COMPONENTS
+from ...core.search import largest_fitting
 from ...measure.flops import TunekitFlopCounter
 from ...measure.live import LiveBytes
 from ...measure.memory import autocast_torch, measure_memory
 from ...measure.model_flops import tensors_in
 from ...measure.tally import storage_key
-from ...models.adapters import adapt, fsdp_units
+from ...models.adapters import adapt, fsdp_units, step_loss
 from ...models.optimizers import build_optimizer
 from .analytic import FakeStepError, fake_failure
 from .module import ModuleTarget
@@ -127,7 +128,7 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
             adapter.set_checkpointing(setting["checkpointing"])
         with counter:
             with torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext():
-                loss = loss_of(model, kind, batch)
+                loss = _loss(model, kind, batch)
             loss.backward()
     finally:
         if adapter.can_checkpoint:
@@ -186,7 +187,7 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
         with live:
             live.set_phase("forward")
             with torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext():
-                loss = loss_of(model, kind, batch)
+                loss = _loss(model, kind, batch)
             live.set_phase("backward")
             loss.backward()
             del loss
@@ -223,29 +224,17 @@ def _rounded_bytes(round_to):
     return total
 
 
-def loss_of(model, kind, batch):
-    if kind == "module":   # plan.module.Stepped: the user's loss on its twin
-        return model(*batch)
-    x, y = batch
-    if kind == "gpt":
-        return model(x, y)[1]
-    return model(input_ids=x, labels=y, use_cache=False).loss
+def _loss(model, kind, batch):
+    # the one loss helper; the batch of a transformers model is (x, x): x its own labels, shifted
+    # by transformers (a module's: plan.module.Stepped, which takes its loss the same way)
+    return step_loss(model, batch[:1], "transformers") if kind == "hf" else step_loss(model, batch)
 
 
 def search_micro_batch(setting, run, total_of, memory, limit) -> int:
-    """The largest micro-batch whose fake step (``run(setting)``) fits ``memory``: doubling, then
-    bisection up to ``limit``; 0 when not even one fits."""
+    """The largest micro-batch whose fake step (``run(setting)``) fits ``memory``: the one search
+    (core.search) from 1 up to ``limit``; 0 when not even one fits."""
     def fits(mb):
         s = dict(setting, micro_batch=mb)
         return total_of(run(s), s) <= memory
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return largest_fitting(fits, 1, limit).best or 0
