@@ -269,14 +269,14 @@ def _one_step(model, batch, loss_of, optimizer, given, ac, params, dev, notes):
     cuda = dev.type == "cuda"
     forward = (lambda b: loss_of(model, b)), (lambda i: (batch,))   # the batch as given: a tuple or a tensor
     if cuda and optimizer is not None:   # warm-up: states exist, the peak is a steady one
-        run_step(*forward, autocast=lambda: ac, optimizer=optimizer, zero_grad=True)
+        run_step(*forward, autocast=lambda: ac, optimizer=optimizer, zero_grad=True, keep_loss=False)
         notes.append("CUDA: one warm-up step ran first so optimizer states exist at the peak")
     if cuda:
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     tally = SavedTensorTally(params, list(model.buffers()))
     seen = _Readings(tally, params, dev if cuda else None)
-    run_step(*forward, autocast=lambda: ac, optimizer=optimizer,
+    run_step(*forward, autocast=lambda: ac, optimizer=optimizer, keep_loss=False,
              observers=[Watch(tally, span=("forward", "forward")), seen])
     if cuda:
         torch.cuda.synchronize(dev)

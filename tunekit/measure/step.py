@@ -51,10 +51,11 @@ class Observer:
 
 
 class Watch(Observer):
-    """A context manager (a dispatch mode, the tally, a meter) as an observer over ``span``."""
+    """A context manager (a dispatch mode, the tally, a meter) as an observer over ``span``;
+    ``on_phase(name)`` is told each phase (LiveBytes.set_phase)."""
 
-    def __init__(self, cm, span=("forward", "backward")):
-        self.cm, self.span = cm, span
+    def __init__(self, cm, span=("forward", "backward"), on_phase=None):
+        self.cm, self.span, self.on_phase = cm, span, on_phase
 
     def __enter__(self):
         self.cm.__enter__()
@@ -63,10 +64,16 @@ class Watch(Observer):
     def __exit__(self, *exc) -> bool:
         return bool(self.cm.__exit__(*exc))
 
+    def phase(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name)
+
 
 def run_step(loss_of, batch_of, *, accum: int = 1, autocast=contextlib.nullcontext, optimizer=None,
-             scaler=None, sync=None, zero_grad: bool = False, observers=()):
-    """One training step; returns its loss summed over the micro-batches (detached).
+             scaler=None, sync=None, zero_grad: bool = False, observers=(), keep_loss: bool = True):
+    """One training step; returns its loss summed over the micro-batches (detached), or None with
+    ``keep_loss=False`` (a measured step: the loss is freed after its backward, as in a loop that
+    does not keep it).
 
     ``loss_of(*batch)`` is the forward's loss; ``batch_of(i)`` the i-th micro-batch (called when
     its forward starts, so an observer of the forward sees it made); ``autocast()`` a fresh
@@ -79,16 +86,17 @@ def run_step(loss_of, batch_of, *, accum: int = 1, autocast=contextlib.nullconte
     model's forward, backward and update run interruptible: a Ctrl-C at any instant leaves no
     observer installed."""
     if not observers:
-        return _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_grad, _Watching((), None))
+        return _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_grad, keep_loss,
+                      _Watching((), None))
     with deferred_interrupt() as shield:
         watch = _Watching(observers, shield)
         try:
-            return _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_grad, watch)
+            return _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_grad, keep_loss, watch)
         finally:
             watch.leave_all()
 
 
-def _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_grad, watch):
+def _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_grad, keep_loss, watch):
     gate = watch.shield.gate if watch.shield is not None else contextlib.nullcontext
     total = None
     for i in range(accum):
@@ -107,7 +115,8 @@ def _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_gra
             with gate():
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             watch.done("backward", last)
-        total = loss.detach() if total is None else total + loss.detach()
+        if keep_loss:
+            total = loss.detach() if total is None else total + loss.detach()
         del loss
     if optimizer is not None:
         watch.at("optimizer step")
@@ -193,7 +202,7 @@ def probe_step(model: torch.nn.Module, loss_of, x, y, autocast) -> ProbeResult:
     counter = TunekitFlopCounter()
     saved = _Saved(tally)
     try:
-        run_step(loss_of, lambda i: (x, y), autocast=autocast,
+        run_step(loss_of, lambda i: (x, y), autocast=autocast, keep_loss=False,
                  observers=[Watch(counter), Watch(tally, span=("forward", "forward")), saved])
     finally:
         model.zero_grad(set_to_none=True)
@@ -231,7 +240,7 @@ def step_peak(model, loss_of, batch_of, autocast, device, cuda_index=None) -> tu
     meter = _Meter(DeviceMeter(device, cuda_index))
     saved = _Saved(tally)
     try:
-        run_step(loss_of, lambda i: batch_of(), autocast=autocast,
+        run_step(loss_of, lambda i: batch_of(), autocast=autocast, keep_loss=False,
                  observers=[meter, Watch(tally, span=("forward", "forward")), saved])
     finally:
         model.zero_grad(set_to_none=True)

@@ -14,6 +14,7 @@ from ...measure.flops import TunekitFlopCounter
 from ...measure.live import LiveBytes
 from ...measure.memory import autocast_torch, measure_memory
 from ...measure.model_flops import tensors_in
+from ...measure.step import Watch, run_step
 from ...measure.tally import storage_key
 from ...models.adapters import adapt, fsdp_units, step_loss
 from ...models.optimizers import build_optimizer
@@ -120,16 +121,13 @@ def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count) -> di
 
 def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
     """The step's FLOPs, counted op by op: executed, the MFU convention's, and the roofline."""
-    ac = autocast_torch(setting["precision"])
     before = adapter.checkpointing
     counter = RooflineCounter()
     try:
         if adapter.can_checkpoint:
             adapter.set_checkpointing(setting["checkpointing"])
-        with counter:
-            with torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext():
-                loss = _loss(model, kind, batch)
-            loss.backward()
+        run_step(lambda b: _loss(model, kind, b), lambda i: (batch,), autocast=_autocast(setting), keep_loss=False,
+                 observers=[Watch(counter)])
     finally:
         if adapter.can_checkpoint:
             adapter.set_checkpointing(before)
@@ -165,7 +163,6 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
     from zero gradients: it allocates what a first step would), so it lives from the start as it
     does in every step after the first."""
     params = list(model.parameters())
-    ac = autocast_torch(setting["precision"])
     before = adapter.checkpointing
     opt = build_optimizer(setting["optimizer"], params, lr=0.0)
     rounded = _rounded_bytes(round_to)
@@ -184,15 +181,8 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
         live = LiveBytes(model, base, round_to, on_peak=grads_now)
         if adapter.can_checkpoint:
             adapter.set_checkpointing(setting["checkpointing"])
-        with live:
-            live.set_phase("forward")
-            with torch.autocast("cpu", dtype=ac) if ac is not None else contextlib.nullcontext():
-                loss = _loss(model, kind, batch)
-            live.set_phase("backward")
-            loss.backward()
-            del loss
-            live.set_phase("optimizer step")
-            opt.step()
+        run_step(lambda b: _loss(model, kind, b), lambda i: (batch,), autocast=_autocast(setting), optimizer=opt,
+                 keep_loss=False, observers=[Watch(live, span=("forward", "optimizer step"), on_phase=live.set_phase)])
         scalars = _rounded_bytes(1)([v for v in state if v.dim() == 0], params)   # AdamW's steps: never sharded
     finally:
         if adapter.can_checkpoint:
@@ -222,6 +212,12 @@ def _rounded_bytes(round_to):
             out += -(-t.untyped_storage().nbytes() // round_to) * round_to
         return float(out)
     return total
+
+
+def _autocast(setting):
+    """The fake step's autocast: on the CPU device (a GPU plan is a CPU-device fake step)."""
+    ac = autocast_torch(setting["precision"])
+    return (lambda: torch.autocast("cpu", dtype=ac)) if ac is not None else contextlib.nullcontext
 
 
 def _loss(model, kind, batch):
