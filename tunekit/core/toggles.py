@@ -202,7 +202,9 @@ def notices(t: Toggles, env: Env) -> list[str]:
 
 
 def label(t: Toggles, base: Toggles) -> str:
-    """Short name of what differs from ``base``: e.g. ``"bf16 ckpt mb=16"``, or ``"baseline"``."""
+    """Short name of what differs from ``base``: e.g. ``"bf16 ckpt mb=16"``, or ``"baseline"``
+    (the toggles of a Setting; its layout is said by the run's own fields)."""
+    t, base = t.toggles, base.toggles
     parts = []
     for f in dataclasses.fields(t):
         v, b = getattr(t, f.name), getattr(base, f.name)

@@ -304,11 +304,10 @@ class Lab(LabResults):
         ``MaxBatchResult``: ``best``, ``stopped`` ("converged", "search limit" or "budget") and its
         ``verdict`` in words. The arguments are ``tunekit.engine.maxbatch.find_max_batch_size``'s;
         ``verbose`` (default) shows the trial going and the verdict at the end (tunekit.ui.progress),
-        ``verbose=False`` nothing; ``setting``: a ``tunekit.Setting`` instead of the toggles (its
-        micro-batch is the search's). Example: ``found = lab.find_max_batch_size(limit=256, budget_s=30)``."""
+        ``verbose=False`` nothing; ``setting``: a ``tunekit.Setting`` instead of the toggles (the
+        search tries its own micro-batches). Example: ``found = lab.find_max_batch_size(limit=256, budget_s=30)``."""
         from .maxbatch import find_max_batch_size as find
-        if setting is not None:
-            changes, _ = lab_keywords(self, setting, changes, (None, 1, 1), parallel=False)
+        changes = dict(changes, setting=setting) if setting is not None else changes
         args = (self, start, limit, memory_budget_bytes, budget_fraction)
         if not flag("verbose", verbose):
             return find(*args, progress, snapshot_on_oom, budget_s, **changes)

@@ -49,6 +49,7 @@ from ..measure.oom import drop_frames, free_memory, is_oom, memory_now_bytes
 from ..measure.torch_private import cuda_memory_history
 from ..measure.trace import prune_snapshots, save_snapshot
 from . import fit
+from .lab_setting import lab_keywords
 
 _PREDICT_MARGIN = 1.25
 STOPS = ("converged", "search limit", "budget")
@@ -125,7 +126,7 @@ def default_cpu_budget_bytes(fraction: float = 0.5) -> int:
 @toggle_keywords
 def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
                         budget_fraction: float = 0.5, progress=None, snapshot_on_oom: bool = True,
-                        budget_s: float | None = 60.0, trying=None, **changes) -> MaxBatchResult:
+                        budget_s: float | None = 60.0, trying=None, setting=None, **changes) -> MaxBatchResult:
     """Search the largest micro-batch in ``[start, limit]`` for ``lab``'s toggles plus ``changes``
     (any toggle, as for ``lab.run``).
 
@@ -137,7 +138,10 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
     ``progress(trial)`` is called after each trial, ``trying(micro_batch)`` before each (a
     display's: ``lab.find_max_batch_size`` shows the search with it, tunekit.ui.progress).
     Ctrl-C stops it: no gradients are left and its memory is freed, also what its traceback holds.
+    ``setting``: a ``tunekit.Setting`` instead of the toggles (one process: no parallel layout).
     """
+    if setting is not None:
+        changes, _ = lab_keywords(lab, setting, changes, (None, 1, 1), parallel=False)
     # Ctrl-C waits while the search sets up and cleans up: only the trials' steps run in the gate
     with deferred_interrupt() as shield:
         return _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
