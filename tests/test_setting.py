@@ -143,3 +143,23 @@ def test_monitor_takes_the_peak_dtype_from_a_setting():
     assert tunekit.Monitor(net, live=False, setting=Setting(weights="fp16")).dtype == "fp16"
     with pytest.raises(ValueError, match="not both"):
         tunekit.Monitor(net, live=False, dtype="fp32", setting=Setting())
+
+
+@pytest.mark.parametrize("s", [Setting(micro_batch=2, seq_len=32, device="cpu"),
+                               Setting(precision="bf16", micro_batch=2, seq_len=32, checkpointing=True, device="cpu")],
+                         ids=["fp32", "bf16-ckpt"])
+def test_the_three_memory_answers_agree_on_one_setting(s):
+    """estimate_memory (analytic), plan (a fake step) and measure_memory (a real step here) answer
+    one question with the same components, each saying how it found them."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = tunekit.GPT(TINY)
+    est = tunekit.estimate_memory(TINY, setting=s)
+    planned = tunekit.plan(model, setting=s)
+    real = tunekit.measure_memory(model, setting=s.replace(device=None), estimate=False)
+    assert (est.method, planned.method, real.method) == ("analytic", "fake step", "measured")
+    for name in ("weights", "gradients", "weight_casts", "activations"):
+        assert est.components[name] == planned.components[name] == real.components[name], name
+    # the real and the fake step also hold AdamW's 14 step counts of 4 bytes, which the formula leaves out
+    assert planned.components["optimizer_states"] == real.components["optimizer_states"] \
+        == est.components["optimizer_states"] + 14 * 4

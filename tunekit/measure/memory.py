@@ -44,6 +44,12 @@ class MemoryReport:
     precision: str
     cuda: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    method: str = "measured"   # a real step here (core.memory.estimate.MemoryEstimate: the three answers)
+
+    @property
+    def components(self) -> dict:
+        """The measured bytes by component, under the name every memory answer uses."""
+        return self.measured
 
     def __repr__(self):  # a terminal: measured against estimated per component (every reading: to_frame())
         from ..core.memory.summary import report_text

@@ -85,13 +85,18 @@ class MemoryEstimate:
     """Per-device bytes by component, with the formula behind each line.
 
     `components[name]` is NaN where the inputs do not determine it (e.g. activations from a bare
-    parameter count), never 0 by default.
+    parameter count), never 0 by default. The three answers to "how much memory does this step
+    take" share ``components`` (the same names) and say how they were found in ``method``:
+    ``estimate_memory`` "analytic" (formulas, instant, known families), ``tunekit.plan`` "fake step"
+    (the step under fake tensors: any model, any device), ``measure_memory`` "measured" (a real
+    step here); on one Setting they agree (tests/test_setting.py).
     """
 
     components: dict
     formulas: dict
     inputs: dict
     notes: list = field(default_factory=list)
+    method: str = "analytic"
 
     @property
     def static_bytes(self) -> float:
