@@ -176,8 +176,7 @@ MB3, SEQ3 = 4, 64
 cpu_plan = lab.plan("cpu", micro_batch=MB3, seq_len=SEQ3)
 s = cpu_plan.setting
 x, y = torch.randint(0, lab.config.vocab_size, (2, MB3, SEQ3))   # inputs and targets, as the plan's batch
-real = tunekit.measure_memory(lab.model, (x, y), optimizer=s["optimizer"], precision=s["precision"],
-                              checkpointing=s["checkpointing"], estimate=False).measured
+real = tunekit.measure_memory(lab.model, (x, y), setting=s.replace(device=None), estimate=False).measured   # the plan's Setting, here
 side = pd.DataFrame({"plan (fake step) bytes": cpu_plan.components,
                      "measured (real step) bytes": {k: real[k] for k in cpu_plan.components}})
 side["difference"] = side["measured (real step) bytes"] - side["plan (fake step) bytes"]

@@ -31,8 +31,8 @@ def test_lab_plan_is_tunekit_plan_of_the_lab_under_its_defaults(lab):
     assert p.components == q.components
     assert p.notes == q.notes   # nothing of the Lab left out to say
     # the toggles a run starts from: micro_batch 8, the CPU's default sequence (block_size 128)
-    assert p.setting == dict(precision="fp32", weights=None, micro_batch=8, seq_len=128, checkpointing=False,
-                             optimizer="adamw", attention="sdpa")
+    assert p.setting == tunekit.Setting(precision="fp32", weights=None, micro_batch=8, seq_len=128,
+                                        checkpointing=False, optimizer="adamw", attention="sdpa", device="cpu")
     assert p.tokens == 8 * 128
     assert (p.components["weights"], p.components["gradients"]) == (FP32_WEIGHTS, FP32_WEIGHTS)
     assert p.components["optimizer_states"] == ADAMW_STATES
@@ -40,11 +40,11 @@ def test_lab_plan_is_tunekit_plan_of_the_lab_under_its_defaults(lab):
 
 def test_overrides_are_plans_keywords_and_the_labs_toggles(tmp_path):
     lab = Lab(log_path=tmp_path / "runs.jsonl", micro_batch=4, seq_len=64)
-    assert lab.plan("cpu").setting["micro_batch"] == 4 and lab.plan("cpu").tokens == 4 * 64   # its defaults
+    assert lab.plan("cpu").setting.micro_batch == 4 and lab.plan("cpu").tokens == 4 * 64   # its defaults
     kw = dict(precision="bf16", micro_batch=2, seq_len=32, checkpointing=True)
     p = lab.plan("H100 SXM", **kw)
     assert p.components == tunekit.plan(lab, "H100 SXM", **kw).components
-    assert p.setting == dict(kw, weights=None, optimizer="adamw", attention="sdpa") and p.device == "H100 SXM"
+    assert p.setting == tunekit.Setting(**kw, optimizer="adamw", attention="sdpa", device="H100 SXM")
     # autocast's bf16 weight copies kept for backward: with checkpointing only the tied head's, 2 x 32768 =
     # 65536 (the blocks' are cast again in the recompute); without, 2 x (2 blocks x (49152 + 16384 + 65536
     # + 65536) + 32768) = 851968
@@ -107,7 +107,7 @@ def test_a_model_kept_in_bf16_is_planned_in_bf16(tmp_path):
     model = tunekit.GPT(tunekit.GPTConfig.preset("cpu-tiny")).to(torch.bfloat16)
     lab = Lab(model, log_path=tmp_path / "runs.jsonl")
     p = lab.plan("cpu")
-    assert p.setting["weights"] == "bf16" and p.components["weights"] == 2 * N_PARAMS   # 853248
+    assert p.setting.weights == "bf16" and p.components["weights"] == 2 * N_PARAMS   # 853248
     assert lab.plan("cpu", weights="fp32").components["weights"] == FP32_WEIGHTS   # said: as said
 
 
@@ -148,7 +148,7 @@ def test_picking_a_device_shows_the_plan_and_none_hides_it(dash):
         in shown
     assert "measured" not in shown   # no run yet
     dash.controls["precision"].value = "bf16"   # a plan shown follows the controls
-    assert dash.last_plan.setting["precision"] == "bf16" and "· bf16 ·" in html.unescape(dash.plan_html.value)
+    assert dash.last_plan.setting.precision == "bf16" and "· bf16 ·" in html.unescape(dash.plan_html.value)
     dash.plan_picker.value = None
     assert dash.last_plan is None and dash.plan_html.value == ""
 

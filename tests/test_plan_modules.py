@@ -75,7 +75,7 @@ def test_a_transformers_module_real_or_on_meta_plans_as_its_config(family):
     half = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     x = torch.randint(0, 256, (2, 32))
     p = tunekit.plan(half, "cpu", micro_batch=2, seq_len=32)
-    assert p.setting["weights"] == "bf16" and planned(p) == real_components(half, (x, x), optimizer="adamw")
+    assert p.setting.weights == "bf16" and planned(p) == real_components(half, (x, x), optimizer="adamw")
     # checkpointing was applied: without it the same step keeps more
     assert tunekit.plan(meta, "cpu", **dict(kw, checkpointing=False)).components["activations"] > \
         from_config["activations"]
@@ -355,7 +355,7 @@ def test_a_lab_on_a_custom_module_plans_through_its_batch_fn_loss_fn_and_blocks(
         p = tunekit.plan(lab, "cpu", checkpointing=checkpointing)
         real = {k: float(v) for k, v in tunekit.measure_memory(lab, checkpointing=checkpointing).measured.items()
                 if k in COMPONENTS}
-        assert planned(p) == real and p.setting["micro_batch"] == 2 and p.setting["seq_len"] == 16
+        assert planned(p) == real and p.setting.micro_batch == 2 and p.setting.seq_len == 16
         assert planned(lab.plan("cpu", checkpointing=checkpointing)) == real   # lab.plan: the same plan
 
 
@@ -378,13 +378,13 @@ def test_a_lab_on_a_custom_module_with_the_built_in_batches_plans_them(tmp_path)
 def test_a_lab_on_tunekits_gpt_plans_its_config(tmp_path):
     lab = tunekit.Lab(log_path=tmp_path / "runs.jsonl", micro_batch=2, seq_len=32)
     p = tunekit.plan(lab, "cpu")
-    assert p.model == "GPT (n_layer=2, n_embd=128)" and (p.tokens, p.setting["micro_batch"]) == (64, 2)
+    assert p.model == "GPT (n_layer=2, n_embd=128)" and (p.tokens, p.setting.micro_batch) == (64, 2)
     assert planned(p) == planned(tunekit.plan(lab.config, "cpu", micro_batch=2, seq_len=32))
 
 
 def test_without_seq_len_a_module_batch_fn_gets_1_as_in_a_lab():
     p = tunekit.plan(MoENet(GatherMoE), "cpu", batch_fn=tokens, micro_batch=2)
-    assert p.setting["seq_len"] == 1 and (p.tokens, p.unit) == (2, "tokens")
+    assert p.setting.seq_len == 1 and (p.tokens, p.unit) == (2, "tokens")
     assert p.notes[0].startswith("seq_len not given: batch_fn was called with seq_len=1")
 
 

@@ -54,8 +54,7 @@ def test_the_fake_steps_peak_is_the_real_steps_peak(precision, checkpointing):
     torch.manual_seed(0)
     model = tunekit.GPT(cfg)
     x, y = torch.randint(0, 256, (2, 4, 64))
-    setting = dict(precision=precision, checkpointing=checkpointing, optimizer="adamw")
-    real = _timeline(model, adapt(model), "gpt", (x, y), setting, 1)
+    real = _timeline(model, adapt(model), "gpt", (x, y), p.setting, 1)   # the plan's Setting, on the real model
     assert p.peak_bytes == real["peak"] and p.phase_peaks == real["phase_peaks"]
     # weights, gradients and AdamW's two moments are all alive at the optimizer's peak
     static = sum(p.components[k] for k in ("weights", "gradients", "optimizer_states"))
@@ -210,7 +209,7 @@ def test_the_attention_planned_is_the_one_asked_for():
     x, y = torch.randint(0, 256, (2, 2, 64))
     real = tunekit.measure_memory(model, (x, y), optimizer="adamw", precision="fp32", estimate=False).measured
     assert math_.components["activations"] == real["activations"] > sdpa.components["activations"]
-    assert math_.setting["attention"] == "math"
+    assert math_.setting.attention == "math"
     flash = tunekit.plan(cfg, "H100 SXM", micro_batch=2, seq_len=64, attention="flash")
     assert flash.components == tunekit.plan(cfg, "H100 SXM", micro_batch=2, seq_len=64, attention="sdpa").components
     assert any("flash" in n for n in flash.notes)

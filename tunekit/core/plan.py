@@ -42,7 +42,7 @@ class Plan:
     model: str
     device: str
     device_memory_bytes: float          # what the device has (spec sheet, or this machine's RAM)
-    setting: dict                       # precision, weights, micro_batch, seq_len, checkpointing, ...
+    setting: object                     # the tunekit.Setting planned (core.setting)
     components: dict                    # component -> bytes (COMPONENTS)
     fixed: dict                         # fixed cost -> (bytes, source)
     tokens: int                         # of one micro-batch (samples where `unit` says so)
@@ -132,11 +132,11 @@ class Plan:
 
 def to_text(p: Plan) -> str:
     s = p.setting
-    head = (f"plan · {p.model} on {p.device} · {s['precision']}"
-            + (f" (weights {s['weights']})" if s.get("weights") else "")
-            + (f" · micro-batch {s['micro_batch']} x {s['seq_len']}" if p.unit == "tokens"
-               else f" · micro-batch {s['micro_batch']} samples")
-            + (" · checkpointing" if s.get("checkpointing") else "") + f" · {s['optimizer']}")
+    head = (f"plan · {p.model} on {p.device} · {s.precision}"
+            + (f" (weights {s.weights})" if s.weights else "")
+            + (f" · micro-batch {s.micro_batch} x {s.seq_len}" if p.unit == "tokens"
+               else f" · micro-batch {s.micro_batch} samples")
+            + (" · checkpointing" if s.checkpointing else "") + f" · {s.optimizer}")
     verdict = "fits" if p.fits else "does NOT fit"
     if p.parallel:
         par = p.parallel

@@ -144,6 +144,17 @@ class Setting(Toggles):
     def half_weights(self) -> str | None:
         return self.weights if self.weights in HALF else None
 
+    def __getitem__(self, name: str):
+        """``plan.setting["precision"]`` as before (Plan.setting was a dict): deprecated for
+        ``plan.setting.precision``."""
+        import warnings
+
+        warnings.warn(f"Plan.setting is a tunekit.Setting now: write .setting.{name} instead of "
+                      f".setting[{name!r}]", DeprecationWarning, stacklevel=2)
+        if name not in {f.name for f in fields(self)}:
+            raise KeyError(name)
+        return getattr(self, name)
+
     @classmethod
     def of(cls, base: Toggles | None = None, **changes) -> "Setting":
         """A Setting from toggles (or a Setting) with ``changes``; unknown names are refused."""

@@ -17,6 +17,9 @@ from ..core.plan import Plan, to_text
 from ..core.specs import SPECS, find_spec
 from ..core.units import is_missing
 
+# the toggles a plan models: a run under other values of these is not the planned step
+PLANNED_TOGGLES = ("precision", "micro_batch", "seq_len", "checkpointing", "optimizer", "attention")
+
 NO_PLAN = "—"
 
 
@@ -61,7 +64,7 @@ def plan_html(p: Plan, run=None) -> str:
                      + (f" · MFU {fmt_pct(run.mfu)} of {fmt_tflops(run.peak_tflops)}"
                         if here and not is_missing(run.mfu) and run.peak_tflops else "")
                      + (" · busy machine" if run.conditions is not None and run.conditions.busy else ""))
-        same = all(getattr(run.toggles, k) == v for k, v in p.setting.items() if hasattr(run.toggles, k))
+        same = all(getattr(run.toggles, k) == getattr(p.setting, k) for k in PLANNED_TOGGLES)
         if here and same and not is_missing(p.bound_tokens_per_s):
             lines.append(f"measured / bound: {fmt_pct(run.tokens_per_s / p.bound_tokens_per_s)} of the speed of light")
         elif here:

@@ -16,7 +16,7 @@ import re
 from ...core.memory.estimate import estimate_memory
 from ...core.notes import without
 from ...core.plan import COMPONENTS, Plan
-from ...core.setting import HALF, Setting
+from ...core.setting import HALF
 from ...measure.device import weights_dtype
 from ...measure.tally import storage_key, unique_bytes
 from ...models.adapters import adapt
@@ -88,10 +88,10 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
     bytes_layout = _layout(setting, params)
     notes = [f"analytic estimate: the fake step failed because {reason}"]
     est = estimate_memory(config if config is not None else n_params, n_params=n_params, layout=bytes_layout,
-                          optimizer=setting["optimizer"], micro_batch=setting["micro_batch"],
-                          seq_len=setting["seq_len"] if config is not None else None,
-                          checkpointing=setting["checkpointing"], device="cpu" if dev["name"] == "cpu" else "cuda",
-                          cuda_context_bytes=0.0, attention=setting.get("attention") if config is not None else None,
+                          optimizer=setting.optimizer, micro_batch=setting.micro_batch,
+                          seq_len=setting.seq_len if config is not None else None,
+                          checkpointing=setting.checkpointing, device="cpu" if dev["name"] == "cpu" else "cuda",
+                          cuda_context_bytes=0.0, attention=setting.attention if config is not None else None,
                           **(dict(parallel=layout["kind"], world_size=layout["world_size"], nodes=layout["nodes"])
                              if layout else {}))
     components = {k: float(est.components[k]) for k in COMPONENTS}
@@ -123,8 +123,7 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
 def _layout(setting, params) -> str:
     """The estimate's precision for the step: pure half weights, autocast over fp32 ("amp"), or fp32/tf32."""
     live = weights_dtype(params)
-    weights = setting.get("weights") or (live if live in HALF else None)
-    return Setting(precision=setting["precision"], weights=weights).memory_layout
+    return setting.replace(weights=setting.weights or (live if live in HALF else None)).memory_layout
 
 
 def _speed(inner, setting, tokens, unit, dev, notes) -> tuple[float, float]:
@@ -141,7 +140,7 @@ def _speed(inner, setting, tokens, unit, dev, notes) -> tuple[float, float]:
     if shape is None:
         notes.append("no speed bound: no op was counted and tunekit has no FLOP formula for this model")
         return NaN, NaN
-    model_flops = adapter.model_flops(setting["seq_len"], tokens, None)[0]
+    model_flops = adapter.model_flops(setting.seq_len, tokens, None)[0]
     if not dev["peak"]:
         return model_flops, NaN
     notes.append("bound: the MFU convention's FLOPs (6 x matmul weights x tokens + causal attention) at the dense "

@@ -100,8 +100,9 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
                          "attribute path of the model or a list of its modules")
     if limit is not None and seq_len > limit:
         raise ValueError(f"seq_len={seq_len} is longer than the model's {limit} positions")
-    setting = dict(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
-                   checkpointing=checkpointing, optimizer=optimizer)
+    setting = Setting(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
+                      checkpointing=checkpointing, optimizer=optimizer, attention=attention,
+                      parallel=parallel, world_size=world_size, nodes=nodes, device=dev["name"])
     notes = []
     gpu = GpuKernels() if dev["name"] != "cpu" else contextlib.nullcontext()
     # a module's batch_fn may hand back real tensors and a module real constants: taken as fakes
@@ -111,10 +112,10 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
         models = {}
 
         def run(s, count=True):
-            if s["weights"] not in models:
-                models[s["weights"]] = build(cfg, kind, torch_dtype(s["weights"]) if s["weights"] else None)
-                _set_attention(models[s["weights"]], attention, notes)
-            return fake_step(models[s["weights"]], kind, cfg, s, s["micro_batch"], dev["round_to"], count)
+            if s.weights not in models:
+                models[s.weights] = build(cfg, kind, torch_dtype(s.weights) if s.weights else None)
+                _set_attention(models[s.weights], attention, notes)
+            return fake_step(models[s.weights], kind, cfg, s, s.micro_batch, dev["round_to"], count)
 
         def total_of(step, s):
             return _placed(step, s, layout, dev)["total"]
@@ -127,7 +128,7 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
             reason = e.reason if isinstance(e, FakeStepError) else fake_failure(e)
             if reason is None:
                 raise
-            planned = analytic_plan(models.get(weights), cfg, kind, dict(setting, attention=attention), dev, layout,
+            planned = analytic_plan(models.get(weights), cfg, kind, setting, dev, layout,
                                     reason, model_name(cfg, kind), tokens, unit)
             planned.notes[1:1] = (seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes))
             return planned
@@ -157,7 +158,7 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     if placed["comm_s"] > compute:
         bound_by = [("communication", placed["comm_s"])] + bound_by
     return Plan(model=model_name(cfg, kind), device=dev["name"], device_memory_bytes=dev["memory"],
-                setting=dict(setting, attention=attention), components=placed["components"], fixed=dev["fixed"],
+                setting=setting, components=placed["components"], fixed=dev["fixed"],
                 tokens=tokens, unit=unit, executed_flops=step["executed"], model_flops=step["model"],
                 bound_step_s=max(compute, placed["comm_s"]), peak_tflops=dev["peak"], bandwidth_tbs=dev["bandwidth"],
                 bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
@@ -184,12 +185,11 @@ def _layout(parallel, world_size, nodes) -> dict | None:
 
 def _placed(step, setting, layout, dev) -> dict:
     """Rank 0's components, peak (+ fixed costs = total) and the collectives' time."""
-    st = Setting(precision=setting["precision"], weights=setting["weights"])
-    half = st.compute in HALF
+    half = setting.compute in HALF
     gathered = 2 if half else 4   # MixedPrecisionPolicy's param dtype
     # gradients are reduced in the parameters' dtype: fp32 over fp32 weights (autocast: tunekit's
     # ranks ask for reduce_dtype=float32), bf16/fp16 over half weights
-    grads = registry.dtype(st.grads).bytes
+    grads = registry.dtype(setting.grads).bytes
     if layout is None:
         comps, peak, peak_at, comm_s, comm, notes = dict(step["components"]), step["peak"], step["peak_at"], 0.0, {}, []
     else:
@@ -214,7 +214,7 @@ def _placed(step, setting, layout, dev) -> dict:
 def _sharded_alternatives(step, setting, dev) -> list:
     """The same step as one rank of FSDP over 2, 4 or 8 of these GPUs, up to the first that fits
     (the step placed again: no fake step more)."""
-    out, shared = [], dict(dev, fixed=device_figures(dev["name"], setting["precision"], world_size=2)["fixed"])
+    out, shared = [], dict(dev, fixed=device_figures(dev["name"], setting.precision, world_size=2)["fixed"])
     for world in (2, 4, 8):
         total = _placed(step, setting, _layout("fsdp", world, 1), shared)["total"]
         out.append((f"parallel='fsdp', world_size={world}", total, total <= dev["memory"], 1.0))

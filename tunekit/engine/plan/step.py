@@ -10,6 +10,7 @@ import torch
 from ...core.notes import without
 from ...core.plan import COMPONENTS
 from ...core.search import largest_fitting
+from ...core.setting import HALF
 from ...measure.flops import TunekitFlopCounter
 from ...measure.live import LiveBytes
 from ...measure.memory import autocast_torch, measure_memory
@@ -27,23 +28,23 @@ def alternatives(setting, step, run, total_of, memory) -> list:
     (change, its total bytes by ``total_of(step, setting)``, fits, executed FLOPs per token
     against the plan's), most memory saved first."""
     changes = []
-    if not setting["checkpointing"]:
+    if not setting.checkpointing:
         changes.append(("checkpointing=True", dict(checkpointing=True)))
-    if setting["weights"] in (None, "fp32") and setting["precision"] in ("bf16", "fp16"):
-        changes.append((f"weights={setting['precision']!r}", dict(weights=setting["precision"])))
-    if setting["optimizer"] in ("adamw", "adamw_fused"):
+    if setting.weights in (None, "fp32") and setting.precision in HALF:
+        changes.append((f"weights={setting.precision!r}", dict(weights=setting.precision)))
+    if setting.optimizer in ("adamw", "adamw_fused"):
         changes.append(("optimizer='sgd'", dict(optimizer="sgd")))
-    if setting["micro_batch"] > 1:
-        changes.append((f"micro_batch={setting['micro_batch'] // 2}", dict(micro_batch=setting["micro_batch"] // 2)))
+    if setting.micro_batch > 1:
+        changes.append((f"micro_batch={setting.micro_batch // 2}", dict(micro_batch=setting.micro_batch // 2)))
     out = []
     for label, change in changes:
-        s = dict(setting, **change)
+        s = setting.replace(**change)
         try:
             alt = run(s)
         except ValueError:   # a change that cannot be faked is not offered
             continue
         total = total_of(alt, s)
-        per_token = alt["executed"] / s["micro_batch"] / (step["executed"] / setting["micro_batch"])
+        per_token = alt["executed"] / s.micro_batch / (step["executed"] / setting.micro_batch)
         out.append((label, total, total <= memory, per_token))
     return sorted(out, key=lambda a: a[1])
 
@@ -85,12 +86,12 @@ def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: 
     live-bytes tracking; on an 8B Llama it would add 20 GB to the peak). `FakeStepError` (a
     ValueError) saying why when a fake tensor cannot take it (a value read, a value-dependent shape)."""
     ck = model.adapter if kind == "module" else None   # a module's blocks (plan.module.Stepped): checkpointed here
-    if ck is not None and setting["checkpointing"] and not ck.can_checkpoint:
+    if ck is not None and setting.checkpointing and not ck.can_checkpoint:
         raise ValueError(f"checkpointing needs the blocks to recompute: tunekit.plan(..., blocks='layers') "
                          f"(an attribute path of {type(model.model).__name__} or a list of its modules)")
     try:
         if ck is not None:
-            ck.set_checkpointing(setting["checkpointing"])
+            ck.set_checkpointing(setting.checkpointing)
         step = _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count)
     except Exception as e:
         reason = fake_failure(e)
@@ -106,9 +107,9 @@ def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: 
 
 
 def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count) -> dict:
-    batch = batch_of(cfg, kind, micro_batch, setting["seq_len"])
-    report = measure_memory(model, batch, optimizer=setting["optimizer"], precision=setting["precision"],
-                            checkpointing=setting["checkpointing"], estimate=False)
+    batch = batch_of(cfg, kind, micro_batch, setting.seq_len)
+    report = measure_memory(model, batch, optimizer=setting.optimizer, precision=setting.precision,
+                            checkpointing=setting.checkpointing, estimate=False)
     components = {k: float(report.measured.get(k, 0.0)) for k in COMPONENTS}
     if any(math.isnan(v) for v in components.values()):
         raise ValueError(f"the fake step left a component unmeasured: {components}")
@@ -125,7 +126,7 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
     counter = RooflineCounter()
     try:
         if adapter.can_checkpoint:
-            adapter.set_checkpointing(setting["checkpointing"])
+            adapter.set_checkpointing(setting.checkpointing)
         run_step(lambda b: _loss(model, kind, b), lambda i: (batch,), autocast=_autocast(setting), keep_loss=False,
                  observers=[Watch(counter)])
     finally:
@@ -135,9 +136,9 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
             p.grad = None
     count = counter.result()
     ops = counter.ops
-    tokens = micro_batch * setting["seq_len"]
+    tokens = micro_batch * setting.seq_len
     # the Lab's MFU convention where the shape is known (causal attention halved, no recompute)
-    model_flops = adapter.model_flops(setting["seq_len"], tokens, float(count.model))[0]
+    model_flops = adapter.model_flops(setting.seq_len, tokens, float(count.model))[0]
 
     def per_op(peak, bw):
         out = {}
@@ -164,7 +165,7 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
     does in every step after the first."""
     params = list(model.parameters())
     before = adapter.checkpointing
-    opt = build_optimizer(setting["optimizer"], params, lr=0.0)
+    opt = build_optimizer(setting.optimizer, params, lr=0.0)
     rounded = _rounded_bytes(round_to)
     try:
         for p in params:
@@ -180,7 +181,7 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
 
         live = LiveBytes(model, base, round_to, on_peak=grads_now)
         if adapter.can_checkpoint:
-            adapter.set_checkpointing(setting["checkpointing"])
+            adapter.set_checkpointing(setting.checkpointing)
         run_step(lambda b: _loss(model, kind, b), lambda i: (batch,), autocast=_autocast(setting), optimizer=opt,
                  keep_loss=False, observers=[Watch(live, span=("forward", "optimizer step"), on_phase=live.set_phase)])
         scalars = _rounded_bytes(1)([v for v in state if v.dim() == 0], params)   # AdamW's steps: never sharded
@@ -216,7 +217,7 @@ def _rounded_bytes(round_to):
 
 def _autocast(setting):
     """The fake step's autocast: on the CPU device (a GPU plan is a CPU-device fake step)."""
-    ac = autocast_torch(setting["precision"])
+    ac = autocast_torch(setting.precision)   # the precision's autocast, as plans have always taken it
     return (lambda: torch.autocast("cpu", dtype=ac)) if ac is not None else contextlib.nullcontext
 
 
@@ -230,7 +231,7 @@ def search_micro_batch(setting, run, total_of, memory, limit) -> int:
     """The largest micro-batch whose fake step (``run(setting)``) fits ``memory``: the one search
     (core.search) from 1 up to ``limit``; 0 when not even one fits."""
     def fits(mb):
-        s = dict(setting, micro_batch=mb)
+        s = setting.replace(micro_batch=mb)
         return total_of(run(s), s) <= memory
 
     return largest_fitting(fits, 1, limit).best or 0
