@@ -98,15 +98,22 @@ def test_layout_words_are_checked():
         memory_layout("fp32", None, "amp")
     with pytest.raises(ValueError, match="weights must be one of"):
         memory_layout(None, "int8", None)
-    with pytest.raises(ValueError, match="unknown precision"):
+    with pytest.raises(ValueError, match="precision must be one of"):
         memory_layout("fp64", None, None)
+    with pytest.raises(ValueError, match="unknown memory layout 'fp64'"):
+        memory_layout(None, None, "fp64")
+    with pytest.raises(ValueError, match="precision='bf16' is ambiguous"):   # a dtype's other name, as ambiguous
+        memory_layout("bfloat16", None, None)
 
 
 def test_lab_run_takes_a_setting_and_refuses_what_a_live_model_cannot_be():
     lab = tunekit.Lab()
     s = Setting(precision="bf16", micro_batch=2, seq_len=32)
     r = lab.run(setting=s, steps=1, warmup=0, verbose=False)
-    assert r.toggles == s.toggles and r.autocast_dtype == "bfloat16"
+    same = lab.run(precision="bf16", micro_batch=2, seq_len=32, steps=1, warmup=0, verbose=False)
+    # attention left None in the Setting: the model's own (sdpa), recorded as the keyword run records it
+    assert r.toggles == same.toggles == s.replace(attention="sdpa").toggles and r.label == same.label
+    assert r.autocast_dtype == "bfloat16"
     before = [p.detach().clone() for p in lab.model.parameters()]
     for bad, why in ((s.replace(weights="bf16"), "round its weights"), (s.replace(device="cuda"), "on cpu"),
                      (s.replace(model="gpt-small"), "the model it was made with")):
@@ -163,3 +170,56 @@ def test_the_three_memory_answers_agree_on_one_setting(s):
     # the real and the fake step also hold AdamW's 14 step counts of 4 bytes, which the formula leaves out
     assert planned.components["optimizer_states"] == real.components["optimizer_states"] \
         == est.components["optimizer_states"] + 14 * 4
+
+
+@pytest.mark.parametrize("kw, why", [
+    (dict(micro_batch=0), "micro_batch must be a whole number >= 1, got 0"),
+    (dict(precision="bfloat16"), "precision must be one of"),
+    (dict(weights="int8"), "weights must be None"),
+    (dict(optimizer="foo"), "unknown optimizer 'foo'"),
+    (dict(parallel="foo"), "parallel must be None"),
+    (dict(world_size=2), "describe several ranks"),
+    (dict(parallel="hsdp", world_size=3, nodes=2), "not a whole multiple of nodes=2"),
+    (dict(lr=float("nan")), "lr must be a finite number"),
+    (dict(checkpointing="yes", micro_batch="4"), "micro_batch .*; checkpointing must be True or False"),
+])
+def test_a_setting_is_checked_when_made(kw, why):
+    with pytest.raises(ValueError, match=why):
+        Setting(**kw)
+
+
+def test_a_setting_is_made_canonical():
+    np = pytest.importorskip("numpy")
+    s = Setting(micro_batch=np.int64(4), optimizer="adam", attention="eager", lr=1)
+    assert (s.micro_batch, s.optimizer, s.attention, s.lr) == (4, "adamw", "math", 1.0)
+    assert type(s.micro_batch) is int and type(s.lr) is float
+
+
+def test_lab_plan_takes_a_setting_and_plan_says_what_it_does_not_model():
+    lab = tunekit.Lab()
+    s = Setting(micro_batch=2, seq_len=32, compile=True)
+    p = lab.plan("cpu", setting=s)
+    # planned as asked, with what it left to the model resolved (the Lab's attention)
+    assert p.setting == s.replace(device="cpu", attention="sdpa")
+    assert p.components == tunekit.plan(lab, "cpu", setting=s).components
+    assert any("compile=True is not modelled" in n for n in p.notes)
+    with pytest.raises(ValueError, match="not both"):
+        lab.plan("cpu", setting=s, micro_batch=4)
+    with pytest.raises(ValueError, match="give one"):
+        tunekit.plan(TINY, "A100", setting=s.replace(device="cpu"))
+
+
+def test_estimate_memory_reads_a_spec_table_device_as_cuda():
+    est = tunekit.estimate_memory(TINY, setting=Setting(micro_batch=2, seq_len=32, device="H100 SXM"))
+    assert est.inputs["device"] == "cuda" and est.components["cuda_context"] > 0
+
+
+def test_measure_memory_refuses_what_a_real_step_here_cannot_be():
+    model = tunekit.GPT(TINY)
+    s = Setting(micro_batch=2, seq_len=16)
+    for bad, why in ((s.replace(parallel="fsdp", world_size=2), "one process's step"),
+                     (s.replace(device="cuda"), "the model is on cpu"), (s.replace(model="gpt2"), "the model it is given")):
+        with pytest.raises(ValueError, match=why):
+            tunekit.measure_memory(model, setting=bad, estimate=False)
+    notes = tunekit.measure_memory(model, setting=s.replace(compile=True, grad_accum=4), estimate=False).notes
+    assert any("compile=True is not measured" in n for n in notes) and any("grad_accum=4" in n for n in notes)

@@ -105,7 +105,7 @@ def memory_layout_name(name: str) -> str:
     """Canonical layout name: ``memory_layout_name("bf16-mixed") == "mixed"``."""
     key = _LAYOUT_ALIASES.get(str(name).lower(), str(name).lower())
     if key not in MEMORY_LAYOUTS:
-        raise ValueError(f"unknown precision {name!r}; one of "
+        raise ValueError(f"unknown memory layout {name!r}; one of "
                          f"{sorted(MEMORY_LAYOUTS) + sorted(_LAYOUT_ALIASES)}")
     return key
 

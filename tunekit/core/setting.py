@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 
-from . import registry
+from . import registry, validate
 
 PRECISIONS = tuple(registry.PRECISIONS)
 OPTIMIZERS = registry.LAB_OPTIMIZERS
@@ -126,10 +126,24 @@ def _more(default, help: str, choices: tuple | None = None):
 
 @dataclass(frozen=True)
 class Setting(Toggles):
-    """A training step: the toggles of a Lab run plus ``weights`` (parameter dtype), ``parallel``
-    / ``world_size`` / ``nodes`` (the layout over GPUs), ``device`` and ``model`` (what is
-    trained: a preset or a config path, for the CLI; an API that takes the model itself leaves it
-    None). ``micro_batch`` is per rank.
+    """A training step, described completely; every API takes it (``setting=``) and means the
+    same by each field:
+
+    - ``precision``: the training precision (fp32 | tf32 | bf16 | fp16); bf16/fp16 run the
+      forward under ``torch.autocast`` over the weights as they are (fp16 with a GradScaler).
+    - ``weights``: the parameters' dtype (None: the model's own, fp32 from a config); bf16/fp16
+      weights train in their dtype, gradients and optimizer states too (pure half training).
+    - ``micro_batch`` (per rank), ``seq_len`` (None: the model's position limit), ``grad_accum``,
+      ``checkpointing``, ``optimizer`` (the registry's name: adamw, adamw_fused, sgd, ...),
+      ``attention`` (sdpa | math | flash; None: the model's own), ``compile``, ``lr``.
+    - ``parallel`` (ddp | fsdp | fsdp_grad_op | hsdp) over ``world_size`` ranks on ``nodes``.
+    - ``device``: a spec-table GPU, "cpu" or "cuda" (None: each API's own: this machine's, and
+      plan's ``device`` argument); ``model``: what the ``tunekit`` command builds (a preset or a
+      config file; APIs given the model leave it None).
+
+    Checked when made (ValueError); derived once: ``autocast``, ``compute``, ``grads``,
+    ``grad_scaler``, ``memory_layout``. A Setting is complete: given to an API, its fields
+    replace that API's keyword defaults.
 
     Example: ``tunekit.Setting(precision="bf16", micro_batch=16).replace(checkpointing=True)``."""
 
@@ -137,8 +151,48 @@ class Setting(Toggles):
     parallel: str | None = _more(None, "ddp | fsdp | fsdp_grad_op | hsdp over world_size ranks", PARALLEL)
     world_size: int = _more(1, "ranks (GPUs) in all")
     nodes: int = _more(1, "machines the ranks are spread over")
-    device: str | None = _more(None, "a spec-table device, 'cpu' or 'cuda'; None: this machine's")
+    device: str | None = _more(None, "a spec-table device, 'cpu' or 'cuda'; None: each API's own")
     model: str | None = _more(None, "what is trained: a preset name or a config file (the CLI's)")
+
+    def __post_init__(self):
+        """Checked and put in canonical form when made (a numpy int becomes an int, "adam" the
+        registry's "adamw", "eager" attention "math"); a ValueError lists every problem. What a
+        machine or a model allows (fp16 on a CPU, a sequence past the model's positions) is for
+        the API that runs it to refuse."""
+        errors, fixed = [], {}
+        checks = [(n, validate.whole) for n in ("micro_batch", "grad_accum", "world_size", "nodes")]
+        checks += [("seq_len", validate.whole)] if self.seq_len is not None else []
+        checks += [("checkpointing", validate.flag), ("compile", validate.flag), ("lr", validate.real)]
+        for name, check in checks:
+            value = validate.collect(errors, check, name, getattr(self, name))
+            if value is not None:
+                fixed[name] = value
+        if self.precision not in PRECISIONS:
+            errors.append(f"precision must be one of {PRECISIONS} (the training precision; weights= names the "
+                          f"parameters' dtype), got {self.precision!r}")
+        if self.weights not in (None, "fp32") + HALF:
+            errors.append(f"weights must be None (the model's own), 'fp32', 'bf16' or 'fp16', got {self.weights!r}")
+        for name, resolve in (("optimizer", registry.optimizer), ("attention", registry.attention)):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    fixed[name] = resolve(value).name
+                except (ValueError, TypeError, AttributeError) as e:
+                    errors.append(str(e))
+        if self.parallel not in (None,) + PARALLEL:
+            errors.append(f"parallel must be None (one process) or one of {PARALLEL}, got {self.parallel!r}")
+        elif self.parallel is None and (self.world_size, self.nodes) != (1, 1):
+            errors.append(f"world_size={self.world_size!r} and nodes={self.nodes!r} describe several ranks: say how "
+                          f"they share the step with parallel= one of {PARALLEL}")
+        if not errors and self.world_size % self.nodes:
+            errors.append(f"world_size={self.world_size} is not a whole multiple of nodes={self.nodes}")
+        for name in ("device", "model"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                errors.append(f"{name} must be a name (a str) or None, got {getattr(self, name)!r}")
+        if errors:
+            raise ValueError("tunekit.Setting: " + "; ".join(errors))
+        for name, value in fixed.items():
+            object.__setattr__(self, name, value)
 
     @property
     def half_weights(self) -> str | None:
@@ -204,7 +258,13 @@ def memory_layout(precision: str | None, weights: str | None, layout: str | None
             raise ValueError("give layout= alone, or precision=/weights= (a layout is what they make)")
         return registry.memory_layout_name(layout), None
     if precision is not None and precision not in registry.PRECISIONS:
-        key = registry.memory_layout_name(precision)   # a ValueError for an unknown name
+        try:
+            key = registry.memory_layout_name(precision)
+        except ValueError:
+            raise ValueError(f"precision must be one of {PRECISIONS} (the training precision), got {precision!r}; "
+                             f"layout= names a memory layout ({tuple(registry.MEMORY_LAYOUTS)})") from None
+        if key in HALF and weights is None:   # "bfloat16", "float16": a dtype's other name, as ambiguous
+            raise ValueError(AMBIGUOUS_PRECISION.format(p=key, layouts=tuple(registry.MEMORY_LAYOUTS)))
         if weights is not None:
             raise ValueError(f"precision={precision!r} is a memory layout, not a training precision: "
                              f"write layout={precision!r} (without weights=)")

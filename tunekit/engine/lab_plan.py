@@ -13,10 +13,11 @@ import dataclasses
 import inspect
 
 from ..core.plan import Plan
-from ..core.setting import HALF
+from ..core.setting import HALF, STEP_WORDS, from_keywords
 from ..core.toggles import LAB_DEFAULT, Toggles
 from ..measure.device import weights_dtype
 from .plan import plan
+from .plan.planner import COMPILE_NOT_MODELLED
 
 TOGGLES = tuple(f.name for f in dataclasses.fields(Toggles))
 # Toggles that change neither one micro-step's memory nor its speed-of-light bound: gradients
@@ -46,6 +47,9 @@ def lab_plan(lab, device: str, overrides: dict) -> Plan:
     (what ``lab.run`` with them would use), plan's other keywords as given. What plan refuses
     raises plan's own error."""
     taken = {p.name for p in plan_parameters()}
+    if overrides.get("setting") is not None:   # a complete Setting: planned as it is, beside plan's other keywords
+        from_keywords(overrides["setting"], "lab.plan", **{k: v for k, v in overrides.items() if k in STEP_WORDS})
+        return plan(lab, device, **overrides)
     t = lab.resolve(**{k: v for k, v in overrides.items() if k in TOGGLES})
     kw = {k: getattr(t, k) for k in TOGGLES if k in taken}
     kw.update((k, v) for k, v in overrides.items() if k not in TOGGLES)
@@ -67,8 +71,7 @@ def unmodelled(t: Toggles, taken: set, attention) -> list[str]:
         if name in taken or name in NOT_IN_THE_STEP:
             continue
         if name == "compile" and value:
-            notes.append("compile=True is not modelled: the memory is an eager step's (a compiled step often saves "
-                         "fewer activations); the bound takes elementwise ops as fused already")
+            notes.append(COMPILE_NOT_MODELLED)
         elif name == "attention" and value is not None and value != attention:
             notes.append(f"attention={value!r} is not modelled: the plan builds the model with its current "
                          f"attention ({attention!r})")

@@ -14,13 +14,16 @@ from ..measure.device import weights_dtype
 TOGGLES = tuple(f.name for f in fields(Toggles))
 
 
-def lab_keywords(lab, setting: Setting, changes: dict, layout: tuple, parallel: bool = True) -> tuple[dict, tuple]:
+def lab_keywords(lab, setting: Setting, changes: dict, layout: tuple, parallel: bool = True,
+                 api: str = "lab.run") -> tuple[dict, tuple]:
     """(toggles, (parallel, nproc, nodes)) of ``lab.run(setting=...)``: one description per
     call (toggle keywords or a layout given beside the Setting are refused); ``ToggleError`` for
-    what the Lab cannot do with its live model (other weights, another device, another model)."""
+    what the Lab cannot do with its live model (other weights, another device, another model).
+    A Setting is complete: its toggles replace the Lab's defaults, except those it leaves None
+    (attention, seq_len: the model's own), which keep the Lab's."""
     kind, nproc, nodes = layout
     given = dict(changes, parallel=kind, world_size=None if nproc == 1 else nproc, nodes=None if nodes == 1 else nodes)
-    s = from_keywords(setting, "lab.run", **given)
+    s = from_keywords(setting, api, **given)
     why = []
     live = weights_dtype(lab.model.parameters())
     if s.weights is not None and s.weights != live:
@@ -35,8 +38,7 @@ def lab_keywords(lab, setting: Setting, changes: dict, layout: tuple, parallel: 
                    "tunekit command builds.")
     if s.parallel is not None and not parallel:
         why.append(f"parallel={s.parallel!r}: this searches one process; run the ranks with lab.run(setting=s).")
-    if s.world_size % s.nodes:
-        why.append(f"world_size={s.world_size} is not a whole multiple of nodes={s.nodes}.")
     if why:
         raise ToggleError(why)
-    return {k: getattr(s, k) for k in TOGGLES}, (s.parallel, s.world_size // s.nodes, s.nodes)
+    toggles = {k: getattr(s, k) for k in TOGGLES if getattr(s, k) is not None}
+    return toggles, (s.parallel, s.world_size // s.nodes, s.nodes)

@@ -141,7 +141,7 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
     ``setting``: a ``tunekit.Setting`` instead of the toggles (one process: no parallel layout).
     """
     if setting is not None:
-        changes, _ = lab_keywords(lab, setting, changes, (None, 1, 1), parallel=False)
+        changes, _ = lab_keywords(lab, setting, changes, (None, 1, 1), parallel=False, api="find_max_batch_size")
     # Ctrl-C waits while the search sets up and cleans up: only the trials' steps run in the gate
     with deferred_interrupt() as shield:
         return _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,

@@ -190,12 +190,8 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     precision = precision if precision is not None else tg.precision
     checkpointing = checkpointing if checkpointing is not None else tg.checkpointing
     params = [p for p in model.parameters()]
-    if s is not None and s.weights is not None and s.weights != weights_dtype(params):
-        raise ValueError(f"measure_memory(setting=...) with weights={s.weights!r}: the model's weights are "
-                         f"{weights_dtype(params)} and a real step measures them as they are; plan other weights "
-                         "with tunekit.plan(model, setting=s)")
     dev = params[0].device if params else torch.device("cpu")
-    notes = []
+    notes = _setting_notes(s, params, dev) if s is not None else []
     given = optimizer
     optimizer = _shadow_optimizer(optimizer, params, notes)
     ac_dtype = autocast_torch(precision)
@@ -241,6 +237,32 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
         est = _estimate_for(model, batch, optimizer or given, precision, dev, ck_used, attn_used,
                             adapter.shape, notes)
     return MemoryReport(measured, est, str(dev), precision, cuda_info, notes)
+
+
+def _setting_notes(s, params, dev) -> list:
+    """What a real step here cannot be of a Setting is refused (other weights, a layout over
+    ranks, another device or model); what it measures the same way is said (a compiled step is
+    measured eager; one micro-step of several: gradients accumulate in place)."""
+    why = []
+    if s.weights is not None and s.weights != weights_dtype(params):
+        why.append(f"weights={s.weights!r}: the model's weights are {weights_dtype(params)} and a real step measures "
+                   "them as they are")
+    if s.parallel is not None:
+        why.append(f"parallel={s.parallel!r}: this measures one process's step")
+    if s.device is not None and s.device not in (dev.type, str(dev)):
+        why.append(f"device={s.device!r}: the model is on {dev}")
+    if s.model is not None:
+        why.append(f"model={s.model!r}: this measures the model it is given")
+    if why:
+        raise ValueError("measure_memory(setting=...): " + "; ".join(why) + ". Plan it instead: "
+                         "tunekit.plan(model, setting=s)")
+    notes = []
+    if s.compile:
+        notes.append("compile=True is not measured: the components are an eager step's")
+    if s.grad_accum > 1:
+        notes.append(f"grad_accum={s.grad_accum}: one micro-step measured (the gradients of the others accumulate "
+                     "in place: the same components)")
+    return notes
 
 
 def _shadow_optimizer(opt, params, notes):

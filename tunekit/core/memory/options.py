@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 
 from .. import validate
 from ..setting import from_keywords, memory_layout
+from ..specs import find_spec
 
 ACTIVATION_MODES = ("auto", "gpt", "hf", "korthikanti")
 
@@ -110,7 +111,16 @@ def setting_options(setting, kw: dict) -> dict:
     s = from_keywords(setting, "estimate_memory", **{k: kw[k] for k in SETTING_KEYWORDS if kw[k] != defaults[k]})
     return dict(layout=s.memory_layout, optimizer=s.optimizer, micro_batch=s.micro_batch, seq_len=s.seq_len,
                 checkpointing=s.checkpointing, attention=s.attention, parallel=s.parallel,
-                world_size=s.world_size, nodes=s.nodes, device=s.device)
+                world_size=s.world_size, nodes=s.nodes, device=device_kind(s.device))
+
+
+def device_kind(device: str | None) -> str | None:
+    """The estimate's device for a Setting's: a GPU of the spec table is "cuda" (its context and
+    distributed buffers are what the estimate adds), "cpu"/"cuda"/"mps" and None as they are."""
+    if device is None or device.split(":")[0] in ("cpu", "cuda", "mps"):
+        return device
+    spec = find_spec(device)
+    return "cuda" if spec is not None and spec.name != "cpu" else device
 
 NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"   # present while Linux's NVIDIA driver is loaded
 

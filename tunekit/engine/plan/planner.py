@@ -29,8 +29,14 @@ from .module import ModuleTarget, Stepped
 from .step import alternatives, fake_step, search_micro_batch
 from .target import amount, build, config_of, masks_as_in_eager, max_len, model_name
 
+COMPILE_NOT_MODELLED = ("compile=True is not modelled: the memory is an eager step's (a compiled step often saves "
+                        "fewer activations); the bound takes elementwise ops as fused already")
 
-def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weights: str | None = None,
+
+DEFAULT_DEVICE = "H100 SXM"   # plan's device when none is named (a Setting whose device is None is planned for it)
+
+
+def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, weights: str | None = None,
          micro_batch: int | None = None, seq_len: int | None = None, checkpointing: bool | None = None,
          optimizer: str | None = None, attention: str | None = None, parallel: str | None = None,
          world_size: int = 1, nodes: int = 1, search: bool = False, search_limit: int = 4096,
@@ -62,11 +68,14 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     given = dict(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
                  checkpointing=checkpointing, optimizer=optimizer, attention=attention, parallel=parallel,
                  world_size=None if world_size == 1 else world_size, nodes=None if nodes == 1 else nodes)
-    s = from_keywords(setting, "plan", **given)
-    if s is not None:
-        precision, weights, micro_batch, seq_len = s.precision, s.weights, s.micro_batch, s.seq_len
-        checkpointing, optimizer, attention = s.checkpointing, s.optimizer, s.attention
-        parallel, world_size, nodes, device = s.parallel, s.world_size, s.nodes, s.device or device
+    asked = from_keywords(setting, "plan", **given)
+    if asked is not None:
+        if asked.device is not None and device not in (DEFAULT_DEVICE, asked.device):
+            raise ValueError(f"plan: the device is {device!r} and the Setting's {asked.device!r}: give one "
+                             "(setting.replace(device=...) changes it)")
+        precision, weights, micro_batch, seq_len = asked.precision, asked.weights, asked.micro_batch, asked.seq_len
+        checkpointing, optimizer, attention = asked.checkpointing, asked.optimizer, asked.attention
+        parallel, world_size, nodes, device = asked.parallel, asked.world_size, asked.nodes, asked.device or device
     cfg, kind, toggles = config_of(target, batch_fn, loss_fn, blocks)
     precision = validate.choice("precision", precision or toggles.get("precision", "fp32"), tuple(registry.PRECISIONS))
     weights = weights if weights is not None else toggles.get("weights")
@@ -100,9 +109,11 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
                          "attribute path of the model or a list of its modules")
     if limit is not None and seq_len > limit:
         raise ValueError(f"seq_len={seq_len} is longer than the model's {limit} positions")
-    setting = Setting(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
-                      checkpointing=checkpointing, optimizer=optimizer, attention=attention,
-                      parallel=parallel, world_size=world_size, nodes=nodes, device=dev["name"])
+    # the step planned: what was asked (compile, grad_accum, lr kept as said), resolved
+    setting = (asked or Setting()).replace(precision=precision, weights=weights, micro_batch=micro_batch,
+                                           seq_len=seq_len, checkpointing=checkpointing, optimizer=optimizer,
+                                           attention=attention, parallel=parallel, world_size=world_size,
+                                           nodes=nodes, device=dev["name"])
     notes = []
     gpu = GpuKernels() if dev["name"] != "cpu" else contextlib.nullcontext()
     # a module's batch_fn may hand back real tensors and a module real constants: taken as fakes
@@ -148,6 +159,8 @@ def plan(target, device: str = "H100 SXM", *, precision: str | None = None, weig
     if kind == "hf" and getattr(cfg, "is_encoder_decoder", False):
         notes.insert(0, "an encoder-decoder (AutoModelForSeq2SeqLM), trained on labels of seq_len tokens as the "
                         "inputs: tokens count the encoder's micro_batch x seq_len")
+    if asked is not None and asked.compile:
+        notes.append(COMPILE_NOT_MODELLED)
     notes.append("peak: every tensor the step's ops make, alive until freed; scratch a kernel allocates for "
                  "itself is not seen (within 2% of torch.profiler's reading of a real CPU step)")
     if dev["name"] != "cpu":
