@@ -32,7 +32,7 @@ PRECISIONS = tuple(registry.PRECISIONS)
 OPTIMIZERS = registry.LAB_OPTIMIZERS
 ATTENTIONS = tuple(registry.ATTENTIONS)
 PARALLEL = ("ddp", "fsdp", "fsdp_grad_op", "hsdp")
-HALF = ("bf16", "fp16")   # the dtypes that half weights may take
+HALF = tuple(d.name for d in registry.DTYPES.values() if d.bytes == 2)   # bf16, fp16: what half weights may be
 
 
 def toggle(default, help: str, choices: tuple | None = None, label: str | None = None):

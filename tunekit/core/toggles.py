@@ -16,7 +16,7 @@ import numbers
 import typing
 from dataclasses import dataclass, field
 
-from .setting import ATTENTIONS, OPTIMIZERS, PRECISIONS, Toggles, toggle  # noqa: F401  (declared with the Setting)
+from .setting import ATTENTIONS, HALF, OPTIMIZERS, PRECISIONS, Toggles, toggle  # noqa: F401  (declared with the Setting)
 from .validate import is_whole
 
 # Why fp16 is refused on CPU (the Lab's decision, shown verbatim in the dashboard).
@@ -169,7 +169,7 @@ def problems(t: Toggles, env: Env) -> list[str]:
         elif t.attention == "flash" and not cuda:
             out.append("flash attention (the flash-attn package) runs only on CUDA GPUs; "
                        "use 'sdpa' (torch picks its best CPU kernel) or 'math' to see the naive cost.")
-        elif t.attention == "flash" and t.precision in ("fp32", "tf32"):
+        elif t.attention == "flash" and t.compute not in HALF:
             out.append("flash-attn kernels take fp16/bf16 tensors only; choose precision bf16 (or fp16).")
     if t.checkpointing and not env.can_checkpoint:
         out.append(f"tunekit does not know {env.model}'s blocks: name them to checkpoint them, "

@@ -335,7 +335,7 @@ def _advice(lab, t: Toggles, line: Line, limit, copies: int = 1) -> list:
         out.append("a smaller model or seq_len: the estimate says not even micro_batch=1 fits")
     if lab.adapter.can_checkpoint and not t.checkpointing:
         out.append("checkpointing=True (keeps each block's input only)")
-    if t.precision in ("fp32", "tf32") and lab.env().bf16_supported:
+    if t.autocast is None and lab.env().bf16_supported:
         out.append("precision='bf16' (half-size activations)")
     out.append("lab.find_max_batch_size() to measure the largest micro-batch that fits")
     return out

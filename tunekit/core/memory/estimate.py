@@ -314,7 +314,7 @@ def _rope_buffers(m: _Sizes, key: str) -> tuple:
     """(bytes, formula) of the demo GPT's rotary cos/sin tables: (T, head_dim) each, in the
     model's dtype (half only when the model is cast)."""
     rope = m.dims["pos"] == "rope" and m.n_head and m.seq_len
-    elem = 2 if key in ("bf16", "fp16", "mixed") else 4
+    elem = MEMORY_LAYOUTS[key].weights   # the model's dtype: half where its weights are
     return (2.0 * m.dims["block_size"] * (m.n_embd // m.n_head) * elem if rope else 0.0,
             "rotary cos + sin tables: 2 x block_size x head_dim")
 
@@ -330,7 +330,7 @@ def _counted_activations(comps, forms, notes, m: _Sizes, o: MemoryOptions, mode:
         act = hf_activation_bytes(m.shape, o.micro_batch, m.seq_len, autocast=prec.activations == 2,
                                   attention=m.attention, checkpointing=o.checkpointing)
         comps["buffers"] = 0.0
-        if key in ("bf16", "fp16", "mixed"):
+        if MEMORY_LAYOUTS[key].weights == 2:   # half weights: no autocast
             notes.append("transformers activations are counted under autocast; pure half "
                          "weights keep about the same (the norms stay fp32 either way)")
     # tensor parallelism splits a layer's tensors (an upper-bound split: Korthikanti's 10sbh

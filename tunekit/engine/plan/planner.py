@@ -101,7 +101,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
     if compute != precision:
         dev["notes"].insert(0, f"weights are {weights}: the matmuls run in {weights}, so the bound is against "
                                f"the {weights} peak (precision={precision!r} names the autocast, here none)"
-                            if precision in ("fp32", "tf32") else
+                            if registry.PRECISIONS[precision].autocast_dtype is None else
                             f"weights are {weights}: the matmuls run in {weights} (autocast to {precision} is not "
                             f"applied to half weights), so the bound is against the {weights} peak")
     if checkpointing and not getattr(cfg, "can_checkpoint", True):
