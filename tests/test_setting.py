@@ -218,7 +218,8 @@ def test_measure_memory_refuses_what_a_real_step_here_cannot_be():
     model = tunekit.GPT(TINY)
     s = Setting(micro_batch=2, seq_len=16)
     for bad, why in ((s.replace(parallel="fsdp", world_size=2), "one process's step"),
-                     (s.replace(device="cuda"), "the model is on cpu"), (s.replace(model="gpt2"), "the model it is given")):
+                     (s.replace(device="cuda"), "the model is on cpu"),
+                     (s.replace(model="gpt2"), "the model it is given")):
         with pytest.raises(ValueError, match=why):
             tunekit.measure_memory(model, setting=bad, estimate=False)
     notes = tunekit.measure_memory(model, setting=s.replace(compile=True, grad_accum=4), estimate=False).notes
