@@ -79,7 +79,10 @@ def estimate_tflops(model_size_b: float, seq_len: int, global_batch: int, step_s
 
 # The two ways a record's MFU numerator is obtained (its `mfu_convention`).
 MFU_ANALYTIC = "analytic: 6 x matmul weights x tokens + causal attention at half, no recompute"
-MFU_COUNTED = "counted: executed FLOPs minus checkpoint and attention-score recompute"
+# Counted model FLOPs are the analytic convention's where the count finds causal attention: SDPA's
+# is_causal, an eager (math) attention's causal mask, an SDPA given one (measure.causal_mask).
+MFU_COUNTED = ("counted: executed FLOPs minus checkpoint and attention-score recompute and the masked "
+               "half of causal attention")
 
 
 def tflops(flops: float, seconds: float) -> float:

@@ -19,6 +19,7 @@ KINDS = {
     "device.assumed": "estimate_memory planned for this machine's device, none being named",
     "activations.unknown": "estimate_memory has no shape to count the activations with",
     "flops.uncounted": "ops without a FLOP formula, left out of the count",
+    "flops.mask_unread": "attention masks without values (fake tensors): counted model FLOPs may keep a masked half",
     "rates.none": "why a run reports no TFLOPS/MFU (its time is slowed, or no peak is known)",
     "trace.snapshot": "the allocator snapshot: not written, or older ones pruned",
     "autotune.unconfirmed": "a candidate measured faster than the winner without winning its race",

@@ -7,6 +7,9 @@ torch's counter (2.13) has two gaps that matter for transformers:
   do half the work, so we halve it (FlashAttention's own benchmark does the same).
 We also split out FLOPs executed to *recompute* activations during backward (activation
 checkpointing): executed - recompute = model FLOPs (MFU), executed = hardware FLOPs (HFU).
+Unfused (eager) attention with a causal mask computes the masked half, and it is executed work
+(HFU), but not model work: `causal_mask.CausalTracker` finds it, and model FLOPs leave it out, so
+that they are tunekit's one MFU convention (causal attention at half) whatever kernel ran.
 A recomputation is an op run inside an autograd backward pass with grad mode on: the engine runs
 backward formulas with grad mode off, while checkpointing re-enables it to rebuild the graph.
 (A `create_graph=True` backward, as in gradient penalties, also runs with grad mode on and is
@@ -27,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from ..core.fmt import fmt_flops
 from ..core.notes import Note
 from ..core.validate import function
+from .causal_mask import CausalTracker
 from .interrupts import deferred_interrupt
 from .torch_private import dispatch_mode_stack, in_autograd_backward, is_flop_counter, op_argument_names
 
@@ -94,16 +98,17 @@ class FlopCount:
     recompute: int = 0         # part of `executed` spent rebuilding checkpointed activations
     causal_halved: int = 0     # FLOPs removed by the causal correction
     attention_recompute: int = 0  # fused attention's backward recomputing QK^T (not model work)
+    masked_attention: int = 0  # the masked half of causal attention that ran in full (eager, masks)
     by_op: dict = field(default_factory=dict)
     uncounted_ops: list = field(default_factory=list)  # ran, but no FLOP formula exists for them
     notes: list = field(default_factory=list)
 
     @property
     def model(self) -> int:
-        """FLOPs the model needs, from the count: executed minus checkpoint recompute and minus
-        fused attention's recompute of the scores. Unfused (math) attention with a causal mask
-        still counts its masked half here: the analytic model FLOPs do not (see the Lab)."""
-        return self.executed - self.recompute - self.attention_recompute
+        """Model FLOPs in tunekit's MFU convention, from the count: executed minus checkpoint
+        recompute, fused attention's recompute of the scores and the masked half of causal
+        attention that ran in full (eager attention, an explicit causal mask)."""
+        return self.executed - self.recompute - self.attention_recompute - self.masked_attention
 
 
 def _causal_index(packet) -> int | None:
@@ -125,6 +130,7 @@ class TunekitFlopCounter(FlopCounterMode):
         self._recompute = 0
         self._causal_halved = 0
         self._attention_recompute = 0
+        self._causal = CausalTracker()
         self._by_op = defaultdict(int)
         self._causal_pos = {}
         self._saw_sdpa_cpu = False
@@ -132,6 +138,7 @@ class TunekitFlopCounter(FlopCounterMode):
 
     def __enter__(self):
         self._recompute = self._causal_halved = self._attention_recompute = 0
+        self._causal.reset()
         self._by_op.clear()
         self._uncounted.clear()
         # Compiled code runs eagerly while counted: Dynamo cannot trace under a dispatch mode, and
@@ -156,6 +163,7 @@ class TunekitFlopCounter(FlopCounterMode):
             self._leave()
 
     def _leave(self):
+        self._causal.release()
         self._stance.__exit__(None, None, None)
         if self._filter in warnings.filters:
             warnings.filters.remove(self._filter)
@@ -163,28 +171,37 @@ class TunekitFlopCounter(FlopCounterMode):
 
     # torch's private per-op hook (see torch_private.COUNT_HOOK; the canary test checks it)
     def _count_flops(self, func_packet, out, args, kwargs):
+        backward = in_autograd_backward()
+        recompute = backward and torch.is_grad_enabled()
         if func_packet not in self.flop_registry:
             ns = getattr(func_packet, "_qualified_op_name", str(func_packet)).split("::")[0]
             if ns not in ("aten", "prim", "prims", "profiler"):
                 self._uncounted.add(str(func_packet))  # a custom op: its work is invisible here
+            self._causal.see(func_packet, out, args, kwargs, 0, not recompute, recompute or not backward)
             return out
         n = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
+        self._causal.see(func_packet, out, args, kwargs, n, not recompute, recompute or not backward)
         if n and _is_sdpa(func_packet):
             if func_packet not in self._causal_pos:
                 self._causal_pos[func_packet] = _causal_index(func_packet)
             pos = self._causal_pos[func_packet]
             causal = kwargs.get("is_causal", args[pos] if pos is not None and pos < len(args) else False)
+            useful = n
             if causal:
                 self._causal_halved += n - n // 2
-                n //= 2
+                n = useful = n // 2
+            elif self._causal.sdpa_masks_causally(func_packet, args, kwargs):
+                useful = n // 2   # ran in full, half of it masked
+                if not recompute:
+                    self._causal.masked += n - useful
             if func_packet in self._added:
                 self._saw_sdpa_cpu = True
             if "backward" in str(func_packet):
                 # of the 2*(3d + 2dv) units per score, 2d rebuild QK^T (the model's work is the
                 # forward's 2*(d + dv) times two): the recompute share is d / (3d + 2dv)
                 d, dv = args[1].shape[-1], args[3].shape[-1]
-                self._attention_recompute += n * d // (3 * d + 2 * dv)
-        if n and in_autograd_backward() and torch.is_grad_enabled():
+                self._attention_recompute += useful * d // (3 * d + 2 * dv)
+        if n and recompute:
             self._recompute += n
         self._by_op[str(func_packet)] += n
         for parent in set(self.mod_tracker.parents):
@@ -199,11 +216,19 @@ class TunekitFlopCounter(FlopCounterMode):
             notes.append(f"causal SDPA counted at half ({fmt_flops(self._causal_halved)} of masked work removed)")
         if self._recompute:
             notes.append(f"{fmt_flops(self._recompute)} recomputed in backward (checkpointing): in HFU, not MFU")
+        masked = self._causal.masked
+        if masked:
+            notes.append(f"causal attention ran in full (eager or a mask): {fmt_flops(masked)} of masked work "
+                         "in HFU, not in model FLOPs (MFU)")
+        if self._causal.unread:
+            notes.append(Note("flops.mask_unread", f"{self._causal.unread} attention mask(s) without values "
+                              "(fake tensors): a causal mask's masked half, if any, is in the count's model FLOPs"))
         uncounted = sorted(self._uncounted)
         notes += uncounted_notes(uncounted)
         return FlopCount(executed=int(self.get_total_flops()), recompute=int(self._recompute),
                          causal_halved=int(self._causal_halved), by_op=dict(self._by_op), notes=notes,
-                         uncounted_ops=uncounted, attention_recompute=int(self._attention_recompute))
+                         uncounted_ops=uncounted, attention_recompute=int(self._attention_recompute),
+                         masked_attention=int(masked))
 
 
 def uncounted_notes(ops) -> list:

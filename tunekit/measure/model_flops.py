@@ -1,8 +1,10 @@
 """Model FLOPs of a profiled block from the shape of the model it ran, as the Lab computes them.
 Measurement layer.
 
-The FLOP counter counts what ran: eager attention's masked half included, so model FLOPs taken
-from the count sit above tunekit's one MFU convention (PaLM/Megatron: causal half removed). During
+The FLOP counter counts what ran, and its model FLOPs leave out the recomputation and the masked
+half of the causal attention it recognises (`measure.causal_mask`); the shape gives the Lab's
+figure whatever the counter could not see (an op without a formula, a mask without values), so
+it wins when known. During
 a counted run, `ModelTap` watches the forward of each module the block reads: the tokens of every
 call (B x S, from its inputs) and whether a backward pass reached the call's output. When exactly
 one model ran and tunekit knows its shape, the block's model FLOPs are those of the Lab

@@ -128,13 +128,13 @@ class ModuleAdapter:
     def model_flops(self, seq_len: int, tokens: int, counted: float | None, backward: bool = True) -> tuple:
         """(model FLOPs of ``tokens`` tokens, convention, notes) in tunekit's one MFU convention:
         analytic when the shape is known (N counted on the live model, layers and widths from
-        its config), else the counted FLOPs minus recomputation (``counted``). ``backward=False``:
+        its config), else the count's model FLOPs (``counted``: FlopCount.model). ``backward=False``:
         tokens that only went forward (2N per token and the forward's attention, not 6N)."""
         shape = self.shape
         if shape is None:
             return counted, MFU_COUNTED, ["MFU from the counted FLOPs (no analytic shape for this "
-                                          "model): executed minus recomputation; unfused causal "
-                                          "attention still counts its masked half"]
+                                          "model): executed minus recomputation and the masked half "
+                                          "of causal attention the count found"]
         n = self.matmul_weights()
         per_token = (train_flops_per_token if backward else forward_flops_per_token)(
             n, shape.n_layer, shape.q_width, seq_len)

@@ -47,7 +47,8 @@ class GpuProfileMagics(Magics):
               help="auto: count on the first run and when inputs change, reuse otherwise; "
                    "always: count every run (no TFLOPS then: the counter slows the run); never")
     @argument("--model-flops", type=float, default=None,
-              help="model FLOPs of the cell for MFU (default: counted FLOPs minus recomputation)")
+              help="model FLOPs of the cell for MFU (default: tunekit's convention, from the shape of the "
+                   "model the cell ran, else from the count: 6N per token + causal attention at half)")
     @argument("--peak", type=float, default=None, help="peak TFLOPS to use instead of the spec sheet/MAMF")
     @argument("--dtype", default=None, choices=tuple(DTYPES),
               help="dtype whose peak is used (default: bf16 on CUDA, fp32 on CPU)")

@@ -338,8 +338,7 @@ def _counted_activations(comps, forms, notes, m: _Sizes, o: MemoryOptions, mode:
     tp = o.tp
     comps["activations"] = act["saved"] / tp
     comps["recompute"] = act["recompute"] / tp
-    # autocast's copies exist under autocast only: half weights (pure or Megatron's mixed) are read as they are
-    comps["weight_casts"] = act["weight_casts"] / (tp * o.pp) if key == "amp" or mode == "gpt" else 0.0
+    comps["weight_casts"] = act["weight_casts"] / (tp * o.pp) if key == "amp" or mode == "gpt" else 0.0  # autocast's
     forms["weight_casts"] = "half copies of the Linear weights, kept from forward to backward"
     forms["activations"] = act["formula"] + (f" / t={tp}" if tp > 1 else "")
     forms["recompute"] = "one block's saved tensors, rebuilt during backward" if o.checkpointing else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ...core.formulas import tflops, utilization
+from ...core.formulas import MFU_ANALYTIC, MFU_COUNTED, tflops, utilization
 from ...core.notes import Note
 from ...measure.peaks import rates, resolve_peak
 
@@ -19,23 +19,30 @@ class FlopRates:
         self.mon = mon
         self.peaks: dict = {}           # dtype -> measure.peaks.Peak
         self.per_token_cache: dict = {}
+        self.conventions: dict = {}     # row's step -> how its model FLOPs were obtained (None: none)
         self.peak_tflops = self.peak_source = None
 
     def model_flops(self, info, cached) -> float:
         """The step's model FLOPs: given, else from the model's shape over the step's calls
-        (never above what the count says ran), else the count's."""
+        (never above what the count says ran), else the count's; called for the next row, whose
+        convention it keeps in ``conventions``."""
+        flops, convention = self._model_flops(info, cached)
+        self.conventions[len(self.mon.rows)] = convention if flops == flops else None
+        return flops
+
+    def _model_flops(self, info, cached) -> tuple:
         if self.mon.model_flops is not None:
-            return self.mon.model_flops
+            return self.mon.model_flops, "given (model_flops=)"
         calls = info["calls"]
         if calls and not info["unknown"]:
             per_token = [self.per_token(a, s, trained) for a, _, s, trained in calls]
             if all(f is not None for f in per_token):
                 shaped = float(sum(f * n for f, (_, n, _, _) in zip(per_token, calls)))
                 if cached is None or shaped <= cached.executed:
-                    return shaped
+                    return shaped, MFU_ANALYTIC
                 self.mon._note("MFU from the count: the model's shape gives more FLOPs than ran (frozen "
                            "weights get no weight gradients)")
-        return NaN if cached is None else float(cached.model)
+        return (NaN, None) if cached is None else (float(cached.model), MFU_COUNTED)
 
     def per_token(self, adapter, seq, trained):
         """Model FLOPs per token from the shape (None: unknown), once per model, length and mode:

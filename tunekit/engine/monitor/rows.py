@@ -32,6 +32,8 @@ def summary_record(mon) -> ProfileRecord:
         rec.flops = sum(r["flops"] for r in good)
         rec.flops_source = "cached"
     rec.model_flops = sum(r["model_flops"] for r in good) if good else NaN
+    used = sorted({c for r in good if (c := mon.flop_rates.conventions.get(r["step"])) is not None})
+    rec.mfu_convention = "; ".join(used) or None   # several: the steps' model FLOPs mix them
     rec.peak_tflops = mon.peak_tflops or NaN
     rec.peak_tflops_source = mon.flop_rates.peak_source
     rec.dtype = mon.dtype or mon.tap.dtype

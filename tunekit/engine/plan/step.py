@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from ...core.formulas import MFU_ANALYTIC
 from ...core.notes import without
 from ...core.plan import COMPONENTS
 from ...core.search import largest_fitting
@@ -137,8 +138,11 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
     count = counter.result()
     ops = counter.ops
     tokens = micro_batch * setting.seq_len
-    # the Lab's MFU convention where the shape is known (causal attention halved, no recompute)
-    model_flops = adapter.model_flops(setting.seq_len, tokens, float(count.model))[0]
+    # the Lab's MFU convention where the shape is known (causal attention halved, no recompute);
+    # else the count's, which says so, and what of it the fake tensors hid (an eager mask's values)
+    model_flops, convention, why = adapter.model_flops(setting.seq_len, tokens, float(count.model))
+    counted = convention != MFU_ANALYTIC
+    count_notes = list(count.notes) + why if counted else without(count.notes, "flops.mask_unread")
 
     def per_op(peak, bw):
         out = {}
@@ -155,7 +159,7 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
             if (peak or bw) else []
 
     return dict(executed=float(count.executed), model=float(model_flops), bound_s=bound_s, top=top,
-                count_notes=list(count.notes))
+                count_notes=count_notes)
 
 
 def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
