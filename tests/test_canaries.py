@@ -42,6 +42,18 @@ def test_flop_counter_shows_on_the_dispatch_stack_while_active():
     assert not any(torch_private.is_flop_counter(m) for m in torch_private.dispatch_mode_stack())
 
 
+def test_the_mode_our_counter_pushes_is_the_one_whose_dispatch_is_held():
+    # hold_ctrl_c_in_dispatch swaps the class of what FlopCounterMode pushed (torch >= 2.5 keeps
+    # it in `.mode`): the mode on the stack must be that one, and its dispatch the held one
+    seen = []
+    with TunekitFlopCounter():
+        top = torch_private.dispatch_mode_stack()[-1]
+        seen.append(type(top).__torch_dispatch__.__qualname__)
+        torch.randn(4).relu()
+    assert seen == ["hold_ctrl_c_in_dispatch.<locals>.__torch_dispatch__"]
+    assert torch_private.is_flop_counter(top)
+
+
 def test_graph_task_id_tells_backward_from_forward():
     seen = []
 

@@ -19,6 +19,7 @@ import weakref
 import pytest
 import torch
 from torch.nn.modules import module as M
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tunekit
 from tunekit.engine.lab import Lab
@@ -216,6 +217,42 @@ def test_a_nested_path_hands_its_ctrl_c_to_the_enclosing_one():
             done.append("outer's clean-up")  # not cut short: raised when the outer path ends
     assert done == ["inner", "outer's clean-up"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_ctrl_c_in_held_observer_code_waits_for_it_then_stops_the_users_code():
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.deferred_interrupt() as shield:
+            with shield.gate():  # the user's code, calling an observer's callback
+                interrupts.held(lambda: (signal.raise_signal(signal.SIGINT), done.append("callback")))
+                done.append("user's code after the callback")
+    assert done == ["callback"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_ctrl_c_inside_the_counters_dispatch_leaves_no_mode_on_the_stack():
+    # torch's counter pushes itself again around a decomposition (`with self:` in its dispatch
+    # handler): a real Ctrl-C landing as that push returns used to leave it on the stack for good
+    enter = TorchDispatchMode.__enter__.__code__
+    fired = []
+
+    def at_return(frame, event, arg):
+        if event == "return" and not fired and frame.f_back.f_code.co_name == "__torch_dispatch__":
+            fired.append(frame.f_back.f_code.co_filename)
+            signal.raise_signal(signal.SIGINT)
+        return at_return
+
+    def tracer(frame, event, arg):
+        return at_return if frame.f_code is enter else None
+
+    x = torch.randn(4, 4)
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tunekit.count_flops(lambda: x.relu())  # relu has no formula: the counter decomposes it
+    finally:
+        sys.settrace(None)
+    assert fired and dispatch_mode_stack() == []
 
 
 # --- the paths ------------------------------------------------------------------------------------

@@ -32,7 +32,13 @@ from ..core.notes import Note
 from ..core.validate import function
 from .causal_mask import CausalTracker
 from .interrupts import deferred_interrupt
-from .torch_private import dispatch_mode_stack, in_autograd_backward, is_flop_counter, op_argument_names
+from .torch_private import (
+    dispatch_mode_stack,
+    hold_ctrl_c_in_dispatch,
+    in_autograd_backward,
+    is_flop_counter,
+    op_argument_names,
+)
 
 aten = torch.ops.aten
 
@@ -151,7 +157,13 @@ class TunekitFlopCounter(FlopCounterMode):
         warnings.filterwarnings("ignore", message=_COMPILE_HOOK_WARNING, category=UserWarning)
         self._filter = warnings.filters[0]
         try:
-            return super().__enter__()
+            entered = super().__enter__()
+            try:
+                hold_ctrl_c_in_dispatch(self)
+            except BaseException:
+                super().__exit__(None, None, None)
+                raise
+            return entered
         except BaseException:
             self._leave()
             raise

@@ -27,6 +27,10 @@ on stays interruptible). Two kinds of tunekit functions are told apart by their 
 IPython hook that ends a gate opened before it was called), ``opens_gate`` ones leave it open
 when they raise (a hook whose KeyboardInterrupt IPython swallows before running the cell).
 
+What an observer runs inside the user's code (a dispatch mode's handler: torch's FLOP counter
+pushes and pops itself around a decomposition there) is no user's code either: ``held(fn)`` runs
+it with the gate shut, and a Ctrl-C meanwhile is raised as it returns.
+
 Outside the main thread (no signals there), and while SIGINT has a handler other than Python's
 default (a debugger's, the user's own, SIG_IGN), a shield does nothing.
 """
@@ -177,6 +181,29 @@ def _take_pending(shield) -> bool:
         if shield is not None and shield.open:  # beyond: the user's code of an outer path
             break
     return found
+
+
+def held(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with the innermost gate shut if it is open (an observer's callback
+    inside the user's code): a Ctrl-C meanwhile waits until ``fn`` is done, then is raised, the
+    gate left shut as when one lands in tunekit (the clean-up it travels to follows)."""
+    shield = innermost() if threading.current_thread() is threading.main_thread() else None
+    if shield is None or not shield.open:  # held already (a shut gate, nested), or not ours to hold
+        return fn(*args, **kwargs)
+    shield.open = False
+    try:
+        out = fn(*args, **kwargs)
+    except BaseException as e:
+        shield.open = True
+        if shield.pending:  # the Ctrl-C wins: the user's code, which might catch `e`, must stop
+            shield.open = shield.pending = False
+            raise KeyboardInterrupt from e
+        raise
+    shield.open = True
+    if shield.pending:  # came while fn ran (one coming from here on raises by itself)
+        shield.open = shield.pending = False
+        raise KeyboardInterrupt
+    return out
 
 
 def interrupt_pending() -> bool:

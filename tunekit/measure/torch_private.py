@@ -37,6 +37,31 @@ def is_flop_counter(mode) -> bool:
     return isinstance(mode, FlopCounterMode) or type(mode).__name__ == "_FlopCounterMode"
 
 
+_HELD: dict = {}
+
+
+def hold_ctrl_c_in_dispatch(counter) -> None:
+    """Run the dispatch handler of an entered FlopCounterMode with Ctrl-C held
+    (`interrupts.held`): torch's handler pushes the mode and pops it again around a decomposition
+    (``with self:``), and a KeyboardInterrupt between the two would leave it on the dispatch stack
+    for good. The mode (torch >= 2.5: the ``_FlopCounterMode`` in ``counter.mode``, before: the
+    counter) becomes an instance of a subclass of the same name whose handler is held."""
+    from .interrupts import held
+
+    mode = getattr(counter, "mode", None)
+    mode = counter if mode is None else mode
+    cls = type(mode)
+    if cls in _HELD.values():
+        return
+    if cls not in _HELD:
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return held(cls.__torch_dispatch__, self, func, types, args, kwargs)
+
+        _HELD[cls] = type(cls.__name__, (cls,), {"__torch_dispatch__": __torch_dispatch__,
+                                                 "__qualname__": cls.__qualname__})
+    mode.__class__ = _HELD[cls]
+
+
 def in_autograd_backward() -> bool:
     """True while the autograd engine runs a backward pass on this thread."""
     return torch._C._current_graph_task_id() != -1
