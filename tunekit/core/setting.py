@@ -8,7 +8,8 @@
 
 Every entry point takes one (``lab.run(setting=s)``, ``tunekit.plan(cfg, setting=s)``,
 ``tunekit.estimate_memory(cfg, setting=s)``, ``tunekit.measure_memory(model, batch, setting=s)``)
-and its keywords are sugar that build one, so a word means the same wherever it is written:
+and its keywords remain (each API's own spelling of a step, with its own defaults); a word means
+the same wherever it is written:
 
 - ``precision``: the training precision, one of `registry.PRECISIONS`. ``"bf16"``/``"fp16"`` run
   the forward under ``torch.autocast`` to that dtype over the weights as they are; ``"tf32"``
@@ -27,11 +28,11 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 
 from . import registry, validate
+from .comm import PARALLEL
 
 PRECISIONS = tuple(registry.PRECISIONS)
 OPTIMIZERS = registry.LAB_OPTIMIZERS
 ATTENTIONS = tuple(registry.ATTENTIONS)
-PARALLEL = ("ddp", "fsdp", "fsdp_grad_op", "hsdp")
 HALF = tuple(d.name for d in registry.DTYPES.values() if d.bytes == 2)   # bf16, fp16: what half weights may be
 
 
