@@ -224,3 +224,39 @@ def test_measure_memory_refuses_what_a_real_step_here_cannot_be():
             tunekit.measure_memory(model, setting=bad, estimate=False)
     notes = tunekit.measure_memory(model, setting=s.replace(compile=True, grad_accum=4), estimate=False).notes
     assert any("compile=True is not measured" in n for n in notes) and any("grad_accum=4" in n for n in notes)
+
+
+def test_run_step_enters_and_leaves_its_observers_by_their_spans():
+    torch = pytest.importorskip("torch")
+    from tunekit.measure.step import Observer, run_step
+
+    log = []
+
+    class Seen(Observer):
+        def __init__(self, name, span):
+            self.name, self.span = name, span
+
+        def __enter__(self):
+            log.append(f"+{self.name}")
+            return self
+
+        def __exit__(self, *exc):
+            log.append(f"-{self.name}")
+            return False
+
+        def phase(self, name):
+            log.append(f"{self.name}:{name}")
+
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    loss = run_step(lambda x: (w * x).sum(), lambda i: (torch.ones(2),), accum=2, optimizer=opt,
+                    observers=[Seen("a", ("forward", "backward")), Seen("b", ("forward", "backward")),
+                               Seen("f", ("forward", "forward")), Seen("o", ("optimizer step", "optimizer step"))])
+    assert loss.item() == 2.0   # two micro-batches of (1*1 + 1*1) / 2
+    # a span runs from its first phase in the first micro-step to its last phase in the last one
+    assert log == ["+a", "+b", "+f", "a:forward", "b:forward", "f:forward",   # micro-batch 1
+                   "a:backward", "b:backward", "f:backward",
+                   "a:forward", "b:forward", "f:forward", "-f",             # micro-batch 2: f's span ends
+                   "a:backward", "b:backward", "-b", "-a",                  # the last entered left first
+                   "+o", "o:optimizer step", "-o"]
+    assert torch.equal(w.detach(), torch.full((2,), 0.9))   # 1 - 0.1 x (1/2 + 1/2)

@@ -33,7 +33,9 @@ PHASES = ("forward", "backward", "optimizer step")
 class Observer:
     """What watches a step: entered when the first phase of its ``span`` starts, left when the
     last one ends (the whole step by default), told each ``phase`` in between, and handed each
-    micro-batch's ``batch`` once its forward is done (before the backward frees what it saved)."""
+    micro-batch's ``batch`` once its forward is done (before the backward frees what it saved).
+    Over ``accum`` micro-batches a span runs from its first phase in the first micro-step to its
+    last phase in the last one."""
 
     span = ("forward", "optimizer step")
 
@@ -153,8 +155,8 @@ class _Watching:
         self.done("forward", last)
 
     def done(self, phase: str, last: bool) -> None:
-        if last:
-            for o in [o for o in self.entered if o.span[1] == phase]:
+        if last:   # the last entered first: dispatch modes and saved-tensor hooks are stacks
+            for o in [o for o in reversed(self.entered) if o.span[1] == phase]:
                 self.entered.remove(o)
                 o.__exit__(None, None, None)
 
