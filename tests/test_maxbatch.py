@@ -86,22 +86,27 @@ def test_the_first_trial_runs_whatever_the_budget(monkeypatch):
     assert tried(found) == [1] and (found.best, found.stopped) == (1, "budget")
 
 
-def test_a_trial_refused_by_prediction_costs_no_time(monkeypatch):
-    # "predicted over ..." trials are not run: they take no time and are no trial's cost estimate;
-    # the search knows them by their reason's kind, whatever its words say
+def refused_from_16(monkeypatch, refusal_s: float, reason: Note) -> MaxBatchResult:
+    """A search whose sizes from 16 up are refused by prediction (taking ``refusal_s`` of the clock,
+    with ``reason``), the others run in 2 s each, within a 12 s budget."""
     clock = FakeClock()
     monkeypatch.setattr(maxbatch, "clock", clock)
     result = MaxBatchResult(best=None, limit=64, budget_s=12.0)
 
     def attempt(b):
-        if b >= 16:  # refused by prediction: instant
-            result.trials.append(Trial(b, False, None, Note("trial.predicted_over_budget", "refused: too big"), 0.0))
-            return False
-        clock.now += 2.0
-        result.trials.append(Trial(b, True, 1.0, "ok", 2.0))
-        return True
+        fits = b < 16
+        clock.now += 2.0 if fits else refusal_s
+        result.trials.append(Trial(b, True, 1.0, "ok", 2.0) if fits else Trial(b, False, None, reason, 0.0))
+        return fits
 
     maxbatch._search(attempt, 1, 64, result, 12.0)
+    return result
+
+
+def test_a_trial_refused_by_prediction_costs_no_time(monkeypatch):
+    # "predicted over ..." trials are not run: they take no time and are no trial's cost estimate;
+    # the search knows them by their reason's kind, whatever its words say
+    result = refused_from_16(monkeypatch, 0.0, Note("trial.predicted_over_budget", "refused: too big"))
     # 1, 2, 4, 8 take 8 s; 16 (expected 2 s * 16/8 = 4 s, ending at 12 s) is refused for free;
     # 12 (expected 3 s) runs in 2 s; 14 is expected to take 2 s * 14/12 and would end past 12 s
     assert tried(result) == [1, 2, 4, 8, 16, 12]
@@ -111,20 +116,7 @@ def test_a_trial_refused_by_prediction_costs_no_time(monkeypatch):
 def test_a_trial_refused_by_prediction_is_known_by_its_reason_s_kind(monkeypatch):
     # a prediction that took time (tunekit.engine.fit's estimate) is no trial's cost: were its 1.5 s
     # taken as the trial at 16's, 12 would be expected to take 1.5 s and run
-    clock = FakeClock()
-    monkeypatch.setattr(maxbatch, "clock", clock)
-    result = MaxBatchResult(best=None, limit=64, budget_s=12.0)
-
-    def attempt(b):
-        if b >= 16:
-            clock.now += 1.5
-            result.trials.append(Trial(b, False, None, Note("trial.predicted_over_available", "too big"), 0.0))
-            return False
-        clock.now += 2.0
-        result.trials.append(Trial(b, True, 1.0, "ok", 2.0))
-        return True
-
-    maxbatch._search(attempt, 1, 64, result, 12.0)
+    result = refused_from_16(monkeypatch, 1.5, Note("trial.predicted_over_available", "too big"))
     # 1, 2, 4, 8 take 8 s, 16 is refused at 9.5 s; 12 is expected to take 2 s * 12/8 = 3 s: past 12 s
     assert tried(result) == [1, 2, 4, 8, 16]
     assert (result.best, result.too_big, result.stopped, result.elapsed_s) == (8, 16, "budget", 9.5)
