@@ -15,7 +15,8 @@ from tunekit.models.adapters import adapt
 from tunekit.models.gpt import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
-from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+from test_model_flops import llama as tiny_llama  # noqa: E402
+from test_model_flops import tokens as ids  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -29,16 +30,7 @@ LLAMA_MASKED = {64: 6291456, 256: 100663296}
 
 
 def llama(attention):
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).train()
-    model.set_attn_implementation(attention)
-    return model
-
-
-def ids(b, s):
-    return torch.randint(0, 256, (b, s), generator=torch.Generator().manual_seed(s))
+    return tiny_llama(attention, positions=256)   # test_model_flops's model, with room for S=256
 
 
 @pytest.mark.parametrize("s", [64, 256])

@@ -22,9 +22,9 @@ transformers.logging.set_verbosity_error()
 N, TRAIN_PER_TOKEN, FORWARD_PER_TOKEN = 107008, {32: 666624, 64: 691200}, {32: 222208, 64: 230400}
 
 
-def llama(attention="sdpa", seed=0):
+def llama(attention="sdpa", seed=0, positions=128):
     cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).train()
     model.set_attn_implementation(attention)
