@@ -311,7 +311,7 @@ def step_loss(fwd, batch, kind: str = "module", reduce: bool = True):
         # of the b*s tokens is predicted, as the throughput counts them.
         out = fwd(input_ids=items[0], labels=items[1], shift_labels=items[1], use_cache=False)
     else:
-        out = fwd(*batch) if isinstance(batch, (tuple, list)) else fwd(batch)
+        out = fwd(*items)
     return loss_of(out, reduce)
 
 
