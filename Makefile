@@ -26,7 +26,7 @@ tour: install
 	mkdir -p build
 	$(PY) -m jupyter nbconvert --to notebook --execute notebooks/00_tour.ipynb --output-dir build \
 		--ExecutePreprocessor.timeout=600
-	$(PY) -m tunekit.ui.report_html build/00_tour.ipynb build/tour.html
+	$(PY) -m tunekit.cli.report_html build/00_tour.ipynb build/tour.html
 	@echo "open build/tour.html: summary, every chart and the dashboard, offline (or 'make lab')"
 
 # Interactive: JupyterLab on the notebooks (installs jupyterlab on first use).

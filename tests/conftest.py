@@ -136,7 +136,7 @@ def calibrations(monkeypatch, tmp_path):
 @pytest.fixture
 def dash(tmp_path):
     """A dashboard over a cpu-tiny Lab of 4 x 64 whose runs take two steps, no warm-up."""
-    from tunekit.engine.lab import Lab
+    from tunekit.lab.lab import Lab
 
     lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=64)
     d = lab.dashboard()

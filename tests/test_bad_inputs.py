@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.core import runlog
 from tunekit.core.toggles import ToggleError
-from tunekit.engine.lab import Lab
+from tunekit.lab import runlog
+from tunekit.lab.lab import Lab
 from tunekit.measure import mamf_cache, peaks
 from tunekit.models import data
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.core.plan import Plan
 from tunekit.core.toggles import Toggles
-from tunekit.engine import lab_plan
-from tunekit.engine.lab import Lab
+from tunekit.lab import plan as lab_plan
+from tunekit.lab.lab import Lab
+from tunekit.planning.record import Plan
 
 # cpu-tiny: wte 256x128 (tied head) + 2 blocks x (qkv 384x128 + proj 128x128 + up 512x128 + down 128x512
 # + 2 norms of 128) + the final norm: 32768 + 2 x 197888 + 128 = 426624 parameters

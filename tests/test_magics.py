@@ -81,7 +81,7 @@ def test_load_ext_sets_the_renderer_and_unload_ext_puts_plotlys_back(ip):
     ip.run_line_magic("unload_ext", "tunekit")
     before = pio.renderers.default
     ip.run_line_magic("load_ext", "tunekit")
-    from tunekit.ui.renderer import in_kernel
+    from tunekit.view.renderer import in_kernel
 
     assert pio.renderers.default == ("tunekit" if in_kernel() else "tunekit_file")
     ip.run_line_magic("unload_ext", "tunekit")

@@ -121,7 +121,7 @@ def test_report_frame_and_figure(tiny_cfg):
 
 
 def test_measure_a_lab(tmp_path):
-    from tunekit.engine.lab import Lab
+    from tunekit.lab.lab import Lab
 
     lab = Lab(preset="cpu-tiny", micro_batch=2, seq_len=32, log_path=tmp_path / "runs.jsonl")
     rep = measure_memory(lab)
@@ -196,7 +196,7 @@ def test_rng_state_is_not_advanced():
 @pytest.mark.parametrize("precision,checkpointing,attention",
                          [(p, c, a) for p in ("fp32", "bf16") for c in (False, True) for a in ("sdpa", "math")])
 def test_lab_and_measure_memory_share_one_saved_activation_tally(tmp_path, precision, checkpointing, attention):
-    from tunekit.engine.lab import Lab
+    from tunekit.lab.lab import Lab
 
     lab = Lab(preset="cpu-tiny", log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=2,
               seq_len=32, precision=precision, checkpointing=checkpointing, attention=attention)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.core import steps
 from tunekit.measure.flops import counting_active
-from tunekit.ui import monitor_view
+from tunekit.monitor import steps
+from tunekit.monitor import view as monitor_view
 
 
 def tiny():

@@ -313,7 +313,7 @@ def test_log_after_close_is_refused():
 
 def test_second_epoch_progress_is_not_past_total():
     """mon.iter(loader) once per epoch: the total grows by each epoch's len(loader)."""
-    from tunekit.ui.monitor_view import status
+    from tunekit.monitor.view import status
 
     net = torch.nn.Linear(8, 2)
     mon = tunekit.Monitor(net, live=False)

@@ -1,4 +1,4 @@
-"""engine/monitor/sinks: each sink's figures read back with the tool's own reader; every bad target
+"""monitor/sinks: each sink's figures read back with the tool's own reader; every bad target
 refused at open_sinks, before anything is written; a failing sink dropped with one warning."""
 import json
 import math
@@ -12,7 +12,7 @@ import numpy
 import pytest
 import torch
 
-from tunekit.engine.monitor.sinks import open_sinks
+from tunekit.monitor.sinks import open_sinks
 
 # four steps: figures of every accepted kind, and values that must be left out (NaN, inf, None)
 STEPS = [
@@ -244,7 +244,7 @@ def test_a_wrong_step_or_value_raises_before_any_sink_is_written(step, metrics, 
 
 
 def test_importing_the_module_imports_no_sink_package():
-    code = ("import sys, tunekit.engine.monitor.sinks; "
+    code = ("import sys, tunekit.monitor.sinks; "
             "print([m for m in ('torch', 'tensorboard', 'mlflow') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

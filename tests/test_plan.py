@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.core.plan import COMPONENTS
+from tunekit.planning.record import COMPONENTS
 
 
 def real_components(model, batch, **kw):
@@ -116,7 +116,7 @@ def test_an_8b_llama_plans_for_an_h100_in_under_a_minute_with_little_memory():
 # --- tunekit plan (the command) ------------------------------------------------------------------
 
 def test_the_command_plans_a_preset_and_says_whether_it_fits(capsys):
-    from tunekit.ui.cli import main
+    from tunekit.cli.main import main
 
     assert main(["plan", "--model", "cpu-tiny", "--device", "T4", "--precision", "fp16", "--micro-batch", "4"]) == 0
     out = capsys.readouterr().out
@@ -130,7 +130,7 @@ def test_the_command_reads_a_transformers_config_and_refuses_bad_input(tmp_path,
     pytest.importorskip("transformers")
     import json
 
-    from tunekit.ui.cli import main
+    from tunekit.cli.main import main
 
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,

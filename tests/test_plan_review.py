@@ -104,7 +104,7 @@ def test_tunekit_plan_help_says_each_default_once():
     import contextlib
     import io
 
-    from tunekit.ui.cli import main
+    from tunekit.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
@@ -117,7 +117,7 @@ def test_tunekit_plan_help_says_each_default_once():
 def test_the_dashboards_plan_of_a_batch_of_samples_says_samples(tmp_path):
     import html
 
-    from tunekit.engine.lab import Lab
+    from tunekit.lab.lab import Lab
 
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     lab = Lab(model=net, batch_fn=lambda b, s: (torch.randn(b, 16), torch.randint(0, 4, (b,))),

@@ -6,7 +6,7 @@ import torch
 
 import tunekit
 from tunekit.core.records import COLUMNS
-from tunekit.measure import probe
+from tunekit.profiling import probe
 
 MODEL = torch.nn.Linear(256, 256, bias=False)
 
@@ -124,7 +124,7 @@ def test_mfu_on_cpu_uses_the_calibrated_peak(monkeypatch):
 
 
 def test_fingerprint_ignores_side_effect_state_but_sees_shapes_and_settings():
-    from tunekit.measure.fingerprint import describe
+    from tunekit.profiling.fingerprint import describe
 
     opt = torch.optim.AdamW(MODEL.parameters())
     before = describe(opt)

@@ -84,7 +84,7 @@ def missing(words: list) -> str | None:
             if not torch.cuda.is_available():
                 return "needs a CUDA device"
         elif w == "netns":
-            from tunekit.engine.dist import netns
+            from tunekit.parallel import netns
 
             if netns.check() is not None:
                 return netns.check()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tunekit.core import paths
-from tunekit.ui import renderer
+from tunekit.view import renderer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def test_import_changes_no_renderer_a_tunekit_chart_never_opens_a_browser():
     plotly_own = _default_renderer(browser + "import plotly.io as pio")
     assert _default_renderer(browser + "import tunekit, plotly.io as pio") == plotly_own
     # a tunekit chart made outside a kernel replaces a browser default by the file renderer
-    chart = (browser + "import pandas as pd, plotly.io as pio; from tunekit.ui.bench_plots import _line; "
+    chart = (browser + "import pandas as pd, plotly.io as pio; from tunekit.bench.plots import _line; "
              "_line(pd.DataFrame({'a': [1], 'b': [2]}), 'a', 'b', 'title', 'y')")
     assert _default_renderer(chart) == ("tunekit_file" if "browser" in plotly_own else plotly_own)
     # the explicit call, by frontend; a renderer the user names wins

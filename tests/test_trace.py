@@ -199,14 +199,14 @@ def test_lab_run_traces_one_extra_step_and_logs_it(lab):
     assert math.isnan(r.energy_j) and math.isnan(r.j_per_token) and r.energy_source is None
     row = lab.results(all=True).iloc[-1]
     assert row["trace"] == r.trace.short() and row["memory"] == r.memory.short()
-    back = tunekit.core.runlog.RunLog.load(lab.log.path)[-1]  # the JSONL log keeps them as dicts
+    back = tunekit.lab.runlog.RunLog.load(lab.log.path)[-1]  # the JSONL log keeps them as dicts
     assert back.trace["seconds"] == pytest.approx(r.trace.seconds) and bd.short(back.trace) == r.trace.short()
     with pytest.raises(tunekit.core.toggles.ToggleError, match="trace must be True or False"):
         lab.run(steps=1, trace="yes")
 
 
 def test_max_batch_search_says_no_snapshot_on_cpu_and_saves_one_on_a_cuda_oom(lab, monkeypatch, tmp_path):
-    from tunekit.engine import maxbatch
+    from tunekit.lab import maxbatch
 
     found = lab.find_max_batch_size(limit=2, seq_len=16)
     assert "no allocator snapshot on cpu" in " ".join(found.notes)

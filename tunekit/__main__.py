@@ -1,6 +1,6 @@
-"""``python -m tunekit``: the tunekit command (tunekit.ui.cli)."""
+"""``python -m tunekit``: the tunekit command (tunekit.cli.main)."""
 import sys
 
-from .ui.cli import main
+from tunekit.cli.main import main
 
 sys.exit(main())

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .shapes import TENSOR_CORE_MULTIPLE, model_shape, padded_vocab, read_config, round_to_multiple
-from .shapes import cfg_get as _get
-from .validate import whole
+from tunekit.core.shapes import TENSOR_CORE_MULTIPLE, model_shape, padded_vocab, read_config, round_to_multiple
+from tunekit.core.shapes import cfg_get as _get
+from tunekit.core.validate import whole
 
 _SRC = "ml-engineering: vector and matrix size divisibility"
 

@@ -10,7 +10,7 @@ presentation, and moves with it.
 """
 from __future__ import annotations
 
-from .units import GiB, KiB, MiB, is_missing
+from tunekit.core.units import GiB, KiB, MiB, is_missing
 
 NA = "n/a"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .registry import DTYPES
+from tunekit.core.registry import DTYPES
 
 _MLENG = "ml-engineering compute/accelerator dense table"
 _LIGHTNING = "Lightning fabric throughput.py _CUDA_FLOPS"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..core.steps import StepSummary, speed_column
+from tunekit.monitor.steps import StepSummary, speed_column
 
 
 def figures(s: StepSummary, rows) -> dict:

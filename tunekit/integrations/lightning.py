@@ -22,10 +22,10 @@ except ImportError:  # the standalone package of older releases
     except ImportError:
         raise ImportError("tunekit.integrations.lightning needs Lightning: pip install 'tunekit[lightning]'") from None
 
-from ..core.steps import summarize
-from ..engine.monitor.monitor import Monitor
-from ..engine.monitor.options import check_options
-from .figures import figures
+from tunekit.integrations.figures import figures
+from tunekit.monitor.monitor import Monitor
+from tunekit.monitor.options import check_options
+from tunekit.monitor.steps import summarize
 
 
 class TunekitCallback(Callback):

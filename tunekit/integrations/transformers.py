@@ -24,10 +24,10 @@ import warnings
 from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler
 
-from ..core.steps import summarize
-from ..engine.monitor.monitor import Monitor
-from ..engine.monitor.options import check_options
-from .figures import figures
+from tunekit.integrations.figures import figures
+from tunekit.monitor.monitor import Monitor
+from tunekit.monitor.options import check_options
+from tunekit.monitor.steps import summarize
 
 
 class TunekitCallback(TrainerCallback):

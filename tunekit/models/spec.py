@@ -18,8 +18,8 @@ import sys
 
 import torch
 
-from .adapters import is_transformers_model
-from .gpt import GPT, GPTConfig
+from tunekit.models.adapters import is_transformers_model
+from tunekit.models.gpt import GPT, GPTConfig
 
 KINDS = ("gpt", "transformers", "factory")
 
@@ -44,7 +44,7 @@ def factory_spec(factory: str, **kwargs) -> dict:
 
 
 def source_spec(kind: str, value) -> dict:
-    """The spec of a model named on the command line (tunekit.ui.cli): ``("preset", name)``,
+    """The spec of a model named on the command line (tunekit.cli.main): ``("preset", name)``,
     ``("transformers", config dict)`` or ``("factory", "package.module:function")``."""
     if kind == "preset":
         return {"kind": "gpt", "config": dataclasses.asdict(GPTConfig.preset(value))}
