@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CPU_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
-.PHONY: install tour lab lint test test-under-load test-fast test-gpu bench clean
+.PHONY: install tour lab lint test test-under-load test-fast test-gpu gpu-check bench clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,14 @@ test-fast: install
 # On a CUDA machine (the device tool): GPU-only tests.
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
+
+# On a lent GPU (the device tool's image has torch, transformers, pandas, nvidia-ml-py and no package
+# index, so nothing is installed): every GPU path against the device's own figures in under 8 minutes,
+# written to $OUT (else build/gpu_check) as gpu_check.json and gpu_check.md (tools/gpu_check.py).
+# GPU_CHECK_ARGS="--dry-run" runs it on the CPU, as `make test` does; "--only plan,lab" reruns sections.
+GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	$(GPU_PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 bench: install
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
