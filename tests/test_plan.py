@@ -53,7 +53,7 @@ def test_the_bound_without_bandwidth_is_the_flops_at_the_peak():
 def test_a_gpu_plan_adds_the_cuda_context_and_uses_the_spec_sheet():
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100 SXM", precision="bf16", micro_batch=8, seq_len=128)
     assert p.device == "H100 SXM" and p.peak_tflops == 989 and p.bandwidth_tbs == 3.35
-    assert p.device_memory_bytes == 80 * 2**30 * 0.99
+    assert p.device_memory_bytes == 81559 * 2**20      # the driver's total for an H100 80GB HBM3
     assert p.fixed["cuda_context"][0] == 0.47 * 2**30
     # the peak of a steady step, every block rounded to 512 B, plus the context and the 32 MiB
     # cuBLAS workspace of a Hopper card
@@ -166,3 +166,21 @@ def test_a_step_that_reads_values_is_planned_analytically_and_says_why():
     assert p.method == "analytic" and p.notes[0].startswith("analytic estimate: the fake step failed because the "
                                                             "step reads a tensor's value")
     assert "· analytic" in repr(p).splitlines()[0]
+
+
+def test_the_card_s_usable_memory_says_where_it_comes_from_and_aliases_are_said():
+    from tunekit.core.specs import find_spec
+
+    # the driver's totals where published; else the nominal size by the kind of memory
+    assert find_spec("NVIDIA L4").usable[0] == 23034 * 2**20              # ECC: 15/16 of 24 GiB
+    assert find_spec("RTX 4090").usable[0] == 24 * 2**30                  # no ECC
+    assert find_spec("NVIDIA H200").usable[0] == 141 * 2**30 * 81559 / 81920   # 140.38 GiB
+    assert "nominal" in find_spec("NVIDIA H200").usable[1]
+    # the 40 GB A100 is a card of its own, and "A100" is read as the 80 GB one, visibly
+    tiny = tunekit.GPTConfig.preset("cpu-tiny")
+    small = tunekit.plan(tiny, "NVIDIA A100-SXM4-40GB", micro_batch=2, seq_len=64)
+    assert (small.device, small.device_memory_bytes, small.bandwidth_tbs) == ("A100 40GB", 40960 * 2**20, 1.555)
+    big = tunekit.plan(tiny, "A100", micro_batch=2, seq_len=64)
+    assert big.device == "A100 80GB"
+    assert any("device 'A100' read as A100 80GB (the table also has A100 40GB" in n for n in big.notes)
+    assert not any("read as" in n for n in tunekit.plan(tiny, "A100 80GB", micro_batch=2, seq_len=64).notes)

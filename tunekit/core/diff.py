@@ -27,7 +27,8 @@ NaN = math.nan
 # (field, what, format) per kind of record: the figures a diff shows, step first, then memory
 RUN_FIGURES = (("step_s", "step time", "s"), ("tokens_per_s", "tokens/s", "rate"), ("tflops", "TFLOPS", "tflops"),
                ("mfu", "MFU", "pct"), ("flops_per_step", "FLOPs per step", "count"),
-               ("loss", "loss (last step)", "loss"), ("peak_mem_bytes", "peak memory", "bytes"), ("params_bytes", "parameters", "bytes"),
+               ("loss", "loss (last step)", "loss"), ("peak_mem_bytes", "peak memory", "bytes"),
+               ("params_bytes", "parameters", "bytes"),
                ("grads_bytes", "gradients", "bytes"), ("optimizer_bytes", "optimizer states", "bytes"),
                ("saved_bytes", "saved activations", "bytes"), ("weight_cast_bytes", "weight casts", "bytes"))
 CELL_FIGURES = (("wall_s", "time", "s"), ("tflops", "TFLOPS", "tflops"), ("mfu", "MFU", "pct"),

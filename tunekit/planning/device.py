@@ -44,10 +44,14 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
                          f"{spec.memory_gb:g} GB: plan for {spec.name!r} and set its total_bytes against your "
                          "card's memory, or pick a device of the table")
     notes = [] if spec.bandwidth_tbs else [f"no memory bandwidth listed for {spec.name}: the bound counts FLOPs only"]
+    if name.strip().lower() != spec.name.lower():   # an alias or a driver's name: say which card it was read as
+        others = [s.name for s in SPECS if s is not spec and s.name.split()[0] == spec.name.split()[0]]
+        notes.append(f"device {name!r} read as {spec.name}" + (f" (the table also has {', '.join(others)}: name "
+                                                                  "it to plan for it)" if others else ""))
+    memory, memory_source = spec.usable
     peak = spec.tflops.get(dtype)
     if peak is None:
         notes.append(f"{spec.name} lists no {dtype} peak: no speed bound")
-    # vendors' "80 GB" is what torch sees as ~79 GiB: 80 x 2^30 x 0.99 (an H100 80GB reports 85.0e9 bytes)
     workspace = next((b for k, b in WORKSPACES.items() if spec.name.startswith(k)), WORKSPACE_BEFORE_HOPPER)
     if spec.name.startswith("MI"):   # ROCm: the same costs under HIP's names, CUDA's figure for the context
         fixed = {"hip_context": (CUDA_CONTEXT[0], "HIP context: CUDA's figure (none published for ROCm)"),
@@ -58,6 +62,6 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
         fixed = {"cuda_context": CUDA_CONTEXT, "cublas_workspace": (float(workspace), _CUBLAS)}
         if world_size > 1:
             fixed["nccl_buffers"] = NCCL_BUFFERS
-    return dict(name=spec.name, memory=spec.memory_gb * 2**30 * 0.99, peak=peak, bandwidth=spec.bandwidth_tbs,
+    return dict(name=spec.name, memory=memory, peak=peak, bandwidth=spec.bandwidth_tbs,
                 link=spec.link_gbs, round_to=CUDA_BLOCK, fixed=fixed,
-                notes=notes + [f"peak and memory: {spec.source}"])
+                notes=notes + [f"peak: {spec.source}; memory: {memory_source}"])
