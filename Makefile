@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CPU_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
-.PHONY: install tour lab lint test test-under-load test-fast test-gpu bench clean
+.PHONY: install tour lab lint test test-under-load test-fast test-gpu bench docs clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,18 @@ test-fast: install
 # On a CUDA machine (the device tool): GPU-only tests.
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
+
+# The docs site (mkdocs.yml): the pages in docs/, the API reference from the docstrings of every
+# public name, the chapter notebooks as pages; built into build/site/ with --strict (a broken link
+# or an API entry that does not resolve fails). Needs no network once the [docs] extra is in.
+# Not part of `make test` (tests/test_docs.py checks its structure there, in a second).
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+	@echo "open build/site/index.html"
 
 bench: install
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
