@@ -134,18 +134,18 @@ def test_readme_has_python_blocks_in_the_expected_sections():
                                "Plan before you rent"]
     # the docs pages hold the rest
     assert {"docs/profile.md", "docs/lab.md", "docs/own-model.md", "docs/monitor.md", "docs/parallel.md",
-            "docs/why-slow.md", "docs/plan.md"} <= set(SECTIONS)
+            "docs/why-slow.md", "docs/plan.md", "docs/memory.md"} <= set(SECTIONS)
     for b in PY:
         missing(b.words)   # every fence word is known
 
 
 def test_readme_examples_are_the_docs_pages_first_ones():
-    """Three README sections are copies of a page's opening examples and run there (RUN leaves
-    them out); the plan example is not (the page opens with estimate_memory) and runs itself."""
+    """The README's examples are copies of a page's opening examples and run there (RUN leaves
+    them out): each once."""
     assert {s: covering_page(s) for s in README_SECTIONS} == {
         "Profile a cell": "docs/profile.md", "The Lab and its dashboard": "docs/lab.md",
-        "Your own loop: `tunekit.Monitor`": "docs/monitor.md", "Plan before you rent": None}
-    assert RUN == [s for s in SECTIONS if s == "Plan before you rent" or s.startswith("docs/")]
+        "Your own loop: `tunekit.Monitor`": "docs/monitor.md", "Plan before you rent": "docs/plan.md"}
+    assert RUN == [s for s in SECTIONS if s.startswith("docs/")]
 
 
 @pytest.fixture
