@@ -3,4 +3,5 @@ import sys
 
 from tunekit.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":   # imported (by the docs' API inspection, say), it runs nothing
+    sys.exit(main())
