@@ -581,7 +581,7 @@ def section_fsdp(run, sec):
     r = lab.run(steps=steps, warmup=warmup, verbose=False, parallel="fsdp", nproc=1)
     secs = time.perf_counter() - t0
     one = lab.run(steps=steps, warmup=warmup, verbose=False)
-    backend = "NCCL" if run.cuda else "gloo"   # engine/dist/worker.py: nccl where the rank has CUDA
+    backend = "NCCL" if run.cuda else "gloo"   # parallel/worker.py: nccl where the rank has CUDA
     sec.check(f"fsdp over 1 rank ({backend}) ran", r.status, "ok", r.status == "ok" and r.loss == r.loss,
               r.error or "", device=r.device, seconds_with_launch=secs, losses=getattr(r, "losses", None),
               notes="; ".join(map(str, r.notes[:2])))
