@@ -41,7 +41,8 @@ def _session(tmp_path):
     ("  notes      torch.compile compiled 0 graph(s) during this run, so its time includes compiling",
      "note contradicts the run"),
     ("             recounted: train_step changed since the counted run", "note contradicts the run"),
-    ("  CPU RAM    RSS -47.8 MiB · peak 0 B", None),       # the resident set's signed change: a drop is a reading
+    ("  CPU RAM    RSS -47.8 MiB · peak 0 B", None),    # the resident set's signed change: a drop is a reading
+    ("  CPU RAM    RSS -0 B · peak 0 B", "negative zero"),
     ("  machine    run 2026-11-27 15:30, 1.5 of 2 CPUs", None),   # a date is no negative figure
     ("  memory     17.38 GiB of 79.2 GiB: fits (61.82 GiB free)", None),
     ("  MFU 0.0% · HFU 0.0% of 0.04379 TFLOPS", None),
@@ -50,3 +51,16 @@ def test_the_scan_finds_what_a_user_should_not_see_and_only_that(tmp_path, line,
     s = _session(tmp_path)
     s.scan(line)
     assert [what.split(":")[0] for _, what in s.findings] == ([found] if found else [])
+
+
+def test_a_signed_error_column_may_be_negative_but_not_negative_zero(tmp_path):
+    s = _session(tmp_path)
+    table = ("  component          measured   estimated   error\n"
+             "  activations       696.3 KiB   692.5 KiB     -1%\n"
+             "  buffers                64 B         0 B   -100%\n")
+    s.scan(table)
+    assert s.findings == []
+    s.scan(table + "  optimizer_states  898.6 KiB   898.5 KiB     -0%\n")
+    assert [what.split(":")[0] for _, what in s.findings] == ["negative zero"]
+    s.scan("  time       -3.2 ms   -1%\n")        # no error header above: both are wrong
+    assert [what.split(":")[0] for _, what in s.findings] == ["negative zero", "negative figure"]

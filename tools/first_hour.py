@@ -51,9 +51,14 @@ TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exceptio
 WARNING = re.compile(r"\b\w*Warning\b|^\s*warn(ing)?\b", re.M | re.I)
 UNITS = r"(?:[KMGTP]i?B|B|bytes?|µs|us|ms|s|%|[KMGTP]?FLOPS?|FLOP|tok(?:ens)?/s|samples?/s|steps?/s|/s)"
 NEGATIVE = re.compile(r"(?<![\w.\-])[-\u2212]\s?\d[\d,]*(?:\.\d+)?\s?" + UNITS + r"(?![\w])")
-# "RSS +14.9 MiB" is the resident set's change over the run, signed ("+" on growth): a drop is a
-# reading, not a wrong figure. Peaks, times, rates and sizes are never below zero.
+# Signed differences, where a minus is a reading and not a wrong figure: "RSS +14.9 MiB", the
+# resident set's change over the run ("+" on growth), and the last column of a table headed
+# "... error" (measured vs estimated). Peaks, times, rates and sizes are never below zero, and a
+# negative zero ("-0%") is wrong anywhere.
 SIGNED_CHANGE = re.compile(r"\bRSS\s+[-+\u2212]\s?\d[\d,.]*\s?[KMGT]?i?B\b")
+ERROR_HEADER = re.compile(r"\s{2,}error\s*$")
+ERROR_CELL = re.compile(r"\s[-+\u2212]\d+(?:\.\d+)?%\s*$")
+NEGATIVE_ZERO = re.compile(r"(?<![\w.\-])[-\u2212]\s?0(?:\.0+)?\s?" + UNITS + r"(?![\w])")
 NAN = re.compile(r"\bnan\b", re.I)
 COMPILED = re.compile(r"torch\.compile compiled (\d+) graph")
 JUPYTER_LOG = re.compile(r"\[(NbConvertApp|IPKernelApp)\] ")
@@ -134,6 +139,13 @@ args = TrainingArguments(output_dir="trainer-out", max_steps=8, per_device_train
 cb = TunekitCallback()
 Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[cb]).train()
 print(cb.monitor.record)
+
+# from the outside: a causal LM given only its inputs trains on them as labels, as the Trainer does
+print(tunekit.measure_memory(model, (torch.randint(0, 256, (2, 32)),)))
+# a feed-forward width that is not a multiple of 64 (the documents' matrix-shape rule)
+print("=== advise")
+print(tunekit.advise(LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                                 num_attention_heads=4, max_position_embeddings=512)))
 """
 
 PLAN_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
@@ -221,12 +233,20 @@ class Session:
 
     def scan(self, text: str, where: str = "output") -> None:
         """Everything a user should never be shown."""
-        for pattern, what in ((TRACEBACK, "traceback"), (WARNING, "warning"), (NEGATIVE, "negative figure"),
-                              (NAN, "NaN figure")):
-            for line in text.splitlines():
-                if pattern.search(SIGNED_CHANGE.sub(" ", line) if pattern is NEGATIVE else line):
+        lines = text.splitlines()
+        for pattern, what in ((TRACEBACK, "traceback"), (WARNING, "warning"), (NAN, "NaN figure"),
+                              (NEGATIVE_ZERO, "negative zero")):
+            for line in lines:
+                if pattern.search(line):
                     self.find(what, f"{where}: {line.strip()[:200]}")
                     break
+        in_error_table = False
+        for line in lines:
+            in_error_table = bool(ERROR_HEADER.search(line)) or (in_error_table and line.startswith(" "))
+            unsigned = SIGNED_CHANGE.sub(" ", ERROR_CELL.sub(" ", line) if in_error_table else line)
+            if NEGATIVE.search(unsigned) and not NEGATIVE_ZERO.search(line):
+                self.find("negative figure", f"{where}: {line.strip()[:200]}")
+                break
         for m in COMPILED.finditer(text):
             self.find("note contradicts the run",
                       f"{where}: says torch.compile compiled {m.group(1)} graph(s); nothing here uses torch.compile")
@@ -302,6 +322,9 @@ class Session:
         self.scan(text, "train_hf.py")
         if "tunekit/" not in out.stdout:
             self.find("missing", "train_hf.py: no tunekit/ figures in the Trainer's printed logs")
+        advice = out.stdout.partition("=== advise")[2]
+        if advice and "688" not in advice:
+            self.find("missing advice", "tunekit.advise says nothing of intermediate_size=688 (not a multiple of 64)")
 
     def plan_hf(self) -> None:
         (self.work / "cfg.json").write_text(json.dumps(PLAN_CONFIG))
