@@ -6,19 +6,29 @@ that user pause.
 What it does, each step timed on one line, then a summary (exit 1 if any finding):
 
 1. builds the wheel from a copy of the checkout (`pip wheel --no-deps --no-build-isolation
-   --no-index`: no network, nothing left in the checkout);
+   --no-index`: no network, nothing left in the checkout; where the running venv has no
+   setuptools, pip takes it from the package index into an isolated build);
 2. makes a temporary venv and installs that wheel in it with `pip install --no-deps`. The venv
    gets its DEPENDENCIES (torch, transformers, jupyter...) from the venv running this script
    through a `.pth` file naming that venv's site-packages folder (a plain path line: that folder's
    own `.pth` files, the editable tunekit's among them, are not run), so nothing multi-GB is
    downloaded and tunekit itself comes from the wheel only (each step checks `tunekit.__file__`);
-3. from a temporary folder outside the repository, with a fresh HOME and HF_HUB_OFFLINE=1:
-   `tunekit --version`; a plain `python script.py` with `tunekit.profile` and `tunekit.Monitor`
-   on a small torch model; a transformers `Trainer` run with `TunekitCallback` on a random-init
-   tiny Llama (built from a config, nothing downloaded); `tunekit plan --model cfg.json` with the
-   `hf` extra and without it (a sitecustomize hides transformers and accelerate from the import
-   system, as if never installed: the command must name `pip install 'tunekit[hf]'`); a notebook
-   with `%load_ext tunekit` and `%%gpuprofile` cells executed by `jupyter nbconvert --execute`;
+3. from a temporary folder outside the repository, with a fresh HOME, HF_HUB_OFFLINE=1, and no
+   display nor BROWSER (headless, as CI and a server are):
+   - `tunekit --version`;
+   - a plain `python script.py`: `tunekit.profile` and `tunekit.Monitor` on a small torch model,
+     `tunekit.plot_history().show()` (the chart must land in a file whose path is printed) and
+     `tunekit.estimate_memory` (no cuda_context row on a CPU machine);
+   - a transformers `Trainer` with `TunekitCallback` on a random-init tiny Llama (built from a
+     config, nothing downloaded), then `tunekit.measure_memory(model, (input_ids,))` on it and
+     `tunekit.advise` on a config whose feed-forward width, 688, is not a multiple of 64;
+   - `tunekit plan --model cfg.json` with the `hf` extra (an H100 plan: no CPU kernel named) and
+     without it (a sitecustomize hides transformers and accelerate from the import system, as if
+     never installed: the command must name `pip install 'tunekit[hf]'`);
+   - a notebook with `%load_ext tunekit` and `%%gpuprofile` cells executed by `python -m nbconvert
+     --execute` (`jupyter nbconvert`: the venv has no `jupyter-nbconvert` script of its own), with
+     a cell that is a SyntaxError (no run in `history()`, no tunekit frame in its traceback) and a
+     first `--trace` run (it must trace);
 4. checks that nothing was written inside the installed package (site-packages/tunekit; Python's
    own `__pycache__` folders aside, which pip fills at install).
 
@@ -33,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import importlib.util
 import json
 import os
 import re
@@ -109,6 +120,9 @@ mon = tunekit.Monitor(model, name="my loop")
 for x, y in mon.iter([batch() for _ in range(12)]):
     mon.log(loss=train_step(x, y))
 print(mon.close())
+tunekit.plot_history().show()   # headless: no browser, no display; the chart must land somewhere it says
+print("=== estimate")
+print(tunekit.estimate_memory(tunekit.GPTConfig.preset("cpu-tiny"), micro_batch=2, seq_len=16))
 """
 
 TRAINER = """\
@@ -212,8 +226,10 @@ class Session:
 
     def env(self, **extra) -> dict:
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("TUNEKIT_", "XDG_", "PLOTLY_", "JUPYTER_", "PYTHON", "VIRTUAL_ENV", "HF_"))}
-        env.update(HOME=str(self.home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", BROWSER="true",
+               if not k.startswith(("TUNEKIT_", "XDG_", "PLOTLY_", "JUPYTER_", "PYTHON", "VIRTUAL_ENV", "HF_",
+                                    "BROWSER", "DISPLAY", "WAYLAND_DISPLAY"))}
+        # headless, as CI and a server are: no display, no browser (nothing can open a window)
+        env.update(HOME=str(self.home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    VIRTUAL_ENV=str(self.venv), PATH=f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
         env.update(extra)
         return env
@@ -277,9 +293,14 @@ class Session:
         shutil.copytree(ROOT / "tunekit", src / "tunekit", ignore=shutil.ignore_patterns("__pycache__"))
         for name in ("pyproject.toml", "README.md", "LICENSE"):
             shutil.copy2(ROOT / name, src / name)
-        subprocess.run([sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", "wheel", "--no-deps",
-                        "--no-build-isolation", "--no-index", "-w", self.tmp / "dist", src],
-                       check=True, timeout=TIMEOUT_S, capture_output=True)
+        # offline with this venv's setuptools; a venv without one (Python 3.12+ venvs have none)
+        # lets pip fetch it from the package index into an isolated build environment
+        offline = ["--no-build-isolation", "--no-index"] if importlib.util.find_spec("setuptools") else []
+        out = subprocess.run([sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", "wheel", "--no-deps",
+                              *offline, "-w", self.tmp / "dist", src],
+                             timeout=TIMEOUT_S, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"pip wheel failed: {tail(out)}")
         (self.wheel,) = (self.tmp / "dist").glob("tunekit-*.whl")
 
     def make_venv(self) -> None:
@@ -313,6 +334,14 @@ class Session:
         self.scan(text, "script.py")
         if "my loop" not in text:
             self.find("missing", "script.py: no Monitor summary printed")
+        estimate = out.stdout.partition("=== estimate")[2]
+        if re.search(r"^\s*cuda_context\b", estimate, re.M):
+            self.find("CUDA row on a CPU machine", "script.py: estimate_memory on a CPU-only machine has a "
+                      "cuda_context row")
+        chart = re.search(r"chart: (\S+\.html)", out.stdout)
+        if chart is None or not Path(chart.group(1)).is_file():
+            self.find("fig.show() did nothing", "script.py: headless, `tunekit.plot_history().show()` "
+                      + (f"printed {chart.group(1)}, which does not exist" if chart else "printed no path"))
 
     def trainer(self) -> None:
         (self.work / "train_hf.py").write_text(TRAINER)
@@ -340,6 +369,7 @@ class Session:
     def plan_no_hf(self) -> None:
         hide = self.tmp / "no_hf"
         hide.mkdir(exist_ok=True)
+        (self.work / "cfg.json").write_text(json.dumps(PLAN_CONFIG))
         (hide / "sitecustomize.py").write_text(NO_HF)
         out = self.run(["tunekit", "plan", "--model", "cfg.json"], check=False, PYTHONPATH=str(hide))
         text = out.stdout + out.stderr
