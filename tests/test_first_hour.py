@@ -21,11 +21,15 @@ def test_the_first_hour_from_the_wheel_shows_nothing_wrong():
     assert "0 finding(s)" in out.stdout
 
 
-def _session(tmp_path):
+def _module():
     spec = importlib.util.spec_from_file_location("first_hour", ROOT / "tools" / "first_hour.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    s = module.Session(tmp_path)
+    return module
+
+
+def _session(tmp_path):
+    s = _module().Session(tmp_path)
     s.current = "scan"
     return s
 
@@ -64,3 +68,17 @@ def test_a_signed_error_column_may_be_negative_but_not_negative_zero(tmp_path):
     assert [what.split(":")[0] for _, what in s.findings] == ["negative zero"]
     s.scan("  time       -3.2 ms   -1%\n")        # no error header above: both are wrong
     assert [what.split(":")[0] for _, what in s.findings] == ["negative zero", "negative figure"]
+
+
+def test_a_file_written_into_the_installed_package_is_found(tmp_path):
+    s = _session(tmp_path)
+    s.site = tmp_path / "site"
+    (s.site / "tunekit" / "__pycache__").mkdir(parents=True)
+    (s.site / "tunekit" / "__init__.py").write_text("")
+    s.before = _module().tree(s.site / "tunekit")
+    (s.site / "tunekit" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"")   # Python's, not tunekit's
+    s.package_untouched()
+    assert s.findings == []
+    (s.site / "tunekit" / "calibration.json").write_text("{}")
+    s.package_untouched()
+    assert [what for _, what in s.findings] == ["written into the package: new: site-packages/tunekit/calibration.json"]
