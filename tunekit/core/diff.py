@@ -8,7 +8,7 @@ inside the methods that draw.
 
 Two Lab runs (`RunResult`, or their log records) or two profiled cells/blocks/Monitor summaries
 (`ProfileRecord`) are compared: step time and rates, memory, and where both were traced the time by
-op category and the ops each trace kept (ops added and removed: the casts bf16 brings, say). Runs of
+op category, per module scope and per op, with the ops added and removed (the casts bf16 brings, say). Runs of
 different models, or of different kinds, are refused: a diff is one model under two settings.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tunekit.core.records import ProfileRecord
 from tunekit.core.results import RunResult
 
 NaN = math.nan
+MODULE = "nn.Module: "   # how torch.profiler names a module's scope
 
 # (field, what, format) per kind of record: the figures a diff shows, step first, then memory
 RUN_FIGURES = (("step_s", "step time", "s"), ("tokens_per_s", "tokens/s", "rate"), ("tflops", "TFLOPS", "tflops"),
@@ -113,8 +114,9 @@ class Diff:
 
     def text(self, ops: int = 10) -> str:
         """The summary, then every figure as aligned text (the ``ops`` ops that moved most)."""
-        rows = [r for r in self.rows if r["section"] != "ops"] + \
-            [r for r in self.rows if r["section"] == "ops"][:ops]
+        rows = [r for r in self.rows if r["section"] not in ("ops", "modules")]
+        for section in ("modules", "ops"):
+            rows += [r for r in self.rows if r["section"] == section][:ops]
         cells = [(r["section"], r["what"], _fmt(r["a"], r["unit"]), _fmt(r["b"], r["unit"]),
                   "n/a" if r["change"] != r["change"] else fmt_pct(r["change"], signed=True)) for r in rows]
         head = ("", "", self.a, self.b, "change")
@@ -229,7 +231,9 @@ def _traces(ta: Breakdown | None, tb: Breakdown | None, rows: list, notes: list)
     oa, ob = _by_op(ta.top_ops), _by_op(tb.top_ops)
     for op in sorted(set(oa) & set(ob), key=lambda o: -abs(ob[o]["self_s"] - oa[o]["self_s"])):
         va, vb = oa[op]["self_s"], ob[op]["self_s"]
-        rows.append({"section": "ops", "what": op, "a": va, "b": vb, "change": vb / va - 1 if va else NaN,
+        module = op.startswith(MODULE)    # the profiler's module scopes: their own time, beside the ops'
+        rows.append({"section": "modules" if module else "ops", "what": op.removeprefix(MODULE) if module else op,
+                     "a": va, "b": vb, "change": vb / va - 1 if va else NaN,
                      "unit": "s", "calls_a": oa[op]["calls"], "calls_b": ob[op]["calls"]})
     added = [ob[o] for o in ob if o not in oa]
     removed = [oa[o] for o in oa if o not in ob]
