@@ -9,9 +9,9 @@ FLOPs follow the `flops` mode:
 - ``always``: count every run (no TFLOPS then). ``never``: no counting.
 With ``trace``/``memory`` a run is also traced by torch.profiler (`measure.trace`) from the first
 run on, and counts no FLOPs (the counter's dispatch would be traced as the work): it reuses a
-count of the same inputs, else it has none and says so. A traced run reports no TFLOPS either (the profiler slows it); its record
-says by how much, against the last untraced run of the same block. Energy (`measure.energy`) is
-read on every run where a counter is readable.
+count of the same inputs, else it has none and says so. A traced run reports no TFLOPS either
+(the profiler slows it); its record says by how much, against the last untraced run of the same
+block. Energy (`measure.energy`) is read on every run where a counter is readable.
 """
 from __future__ import annotations
 
