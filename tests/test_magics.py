@@ -43,7 +43,8 @@ def test_error_is_recorded_and_reaches_the_user(run):
 
 
 def test_bad_arguments_are_usage_errors(run):
-    for bad in ("--flops sometimes", "--dtype int3", "--peak -1", "--model-flops -5", "on"):
+    for bad in ("--flops sometimes", "--dtype int3", "--peak -1", "--model-flops -5", "on",
+                "--flops always --trace", "--memory --flops always"):
         r = run(f"%%gpuprofile {bad}\n1")
         assert isinstance(r.error_in_exec, UsageError), bad
     r = run("%gpuprofile")
@@ -161,17 +162,30 @@ def _error(r):
     return r.error_before_exec or r.error_in_exec
 
 
+def test_a_syntax_error_in_a_magic_called_by_code_is_raised_and_not_a_run(ip):
+    n = len(tunekit.history(all=True))
+    with pytest.raises(SyntaxError):
+        ip.run_cell_magic("gpuprofile", "-q -n by_code", "x = (")
+    assert len(tunekit.history(all=True)) == n
+
+
 @pytest.mark.parametrize("body", ["x = (", "def f(:\n    pass", "a = 1\nb = )", "if True:\n        x = 1\n    y = 2",
                                   "return 5", "a = 1\nbreak", "f(**)", "x = 1 +"])
-def test_a_syntax_error_is_the_one_a_plain_cell_raises_and_is_recorded(run, body):
+def test_a_syntax_error_is_the_one_a_plain_cell_raises_and_is_not_a_run(run, body, capsys):
     plain = _error(run(body))
+    n = len(tunekit.history(all=True))
+    capsys.readouterr()
     r = run("%%gpuprofile -q -n broken\n" + body)
-    magic = _error(r)
-    assert type(magic) is type(plain) and isinstance(magic, SyntaxError)
+    magic = r.error_before_exec   # raised before anything ran, as for a plain cell
+    assert type(magic) is type(plain) and isinstance(magic, SyntaxError) and r.error_in_exec is None
     assert (magic.msg, magic.text, magic.offset) == (plain.msg, plain.text, plain.offset)
     assert magic.lineno == plain.lineno + 1        # the cell's line: line 1 is %%gpuprofile
-    rec = tunekit.last()
-    assert rec.name == "broken" and rec.error.startswith(f"{type(plain).__name__}: {plain.msg} (")
+    assert len(tunekit.history(all=True)) == n     # a cell that never ran is not a run (issue 33)
+    shown = capsys.readouterr()
+    shown = shown.out + shown.err
+    # only the cell's line ("Cell In[N], line L", or "<tokenize>:L" for the tokenizer's errors)
+    assert f"line {magic.lineno}" in shown or f":{magic.lineno}" in shown
+    assert "tunekit" not in shown and "run_cell_magic" not in shown
 
 
 @pytest.mark.parametrize("body", ["1/0", "a = 1\nundefined_name", "raise KeyError('k')", "import no_such_module_tk",
@@ -297,8 +311,8 @@ def test_top_level_await_in_the_cell_magic_is_a_clear_usage_error(run):
     run("import asyncio")
     n0 = len(tunekit.history())
     r = run("%%gpuprofile -q -n aw\nawait asyncio.sleep(0)\n1")
-    assert type(r.error_in_exec) is UsageError
-    msg = str(r.error_in_exec)
+    assert type(r.error_before_exec) is UsageError
+    msg = str(r.error_before_exec)
     assert "cannot run top-level `await`" in msg and "use `%gpuprofile on`" in msg
     assert r.result is None
     assert len(tunekit.history()) == n0         # nothing ran, so nothing was recorded
