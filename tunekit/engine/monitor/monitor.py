@@ -102,6 +102,7 @@ class Monitor:
         self._uncounted = 0          # steps not counted so far (the first `warmup` are warm-up)
         self._graphs = compiled_graphs()   # graphs Dynamo compiled so far (None: never used)
         self._total_from_len = False
+        self.rss0 = self.alloc0 = NaN   # CPU RSS and GPU allocated bytes as the first step starts
         self.loader_error = None
         self.summary = self.record = self.ranks = None
         self.closed = False
@@ -169,13 +170,17 @@ class Monitor:
         if wait_s is not None:
             validate.real("wait_s", wait_s, low_open=False)
         t = clock()
-        if self._t_end is None:
+        first = self._t_end is None
+        if first:
             self._t_end = _t0 if _t0 is not None else t
             self._whole.start()
+            self.rss0 = float(cpu_rss_bytes())   # the run's start: what its memory figures are above
         cuda = None
         if self.cuda_index is not None:   # the allocator's figures of the model's GPU
             cuda = CudaMeter(self.cuda_index)
             cuda.start()
+            if first:
+                self.alloc0 = float(cuda.alloc0)
         self.tap.begin(count=self.flops == "auto")
         if self._cond is None:  # the machine's windows: back to back from the first step on
             self._cond = ConditionsMeter(self.cuda_index).start()
@@ -314,7 +319,7 @@ class Monitor:
             self.tap.remove()
             self.sinks.close()
         peak = self.peak_tflops
-        self.summary = summarize(self.rows, peak)
+        self.summary = summarize(self.rows, peak, uncounted="flops='never'" if self.flops == "never" else None)
         self.record = summary_record(self)
         self.ranks = gather_ranks(self.summary, self.rows)
         if self.ranks is not None:
@@ -355,7 +360,7 @@ class Monitor:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        s = summarize(self.rows, self.peak_tflops)
+        s = summarize(self.rows, self.peak_tflops, uncounted="flops='never'" if self.flops == "never" else None)
         return f"<tunekit.Monitor {self.name!r} ({state}): {summary_line(s)}>"
 
 
