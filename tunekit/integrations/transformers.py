@@ -21,8 +21,13 @@ import sys
 import time
 import warnings
 
-from transformers import TrainerCallback
-from transformers.trainer_callback import CallbackHandler
+from tunekit.core.extras import missing_extra
+
+try:
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import CallbackHandler
+except ModuleNotFoundError as e:
+    raise (missing_extra(e, "tunekit.integrations.transformers") or e) from None
 
 from ..core.steps import summarize
 from ..engine.monitor.monitor import Monitor

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from tunekit.core.extras import missing_extra
+
 from ..core import registry
 from ..core.setting import HALF, PARALLEL, Setting
 from ..core.specs import SPECS
@@ -65,7 +67,10 @@ def plan_main(args) -> int:
 
             cfg = GPTConfig.preset(value)
         else:
-            from transformers import AutoConfig
+            try:
+                from transformers import AutoConfig
+            except ModuleNotFoundError as e:
+                raise (missing_extra(e, "--model with a transformers config JSON") or e) from None
 
             config = dict(value)
             cfg = AutoConfig.for_model(config.pop("model_type"), **config)
