@@ -253,6 +253,10 @@ class Monitor:
         if info["unknown"] and not given:
             tokens = samples = None   # part of the step could not be read: no guess
             self._note(f"tokens/samples unknown ({info['unknown']}): pass tokens= or samples=")
+        elif info["token_ids"] and not given:   # said once (notes are kept once)
+            b, seq = info["token_ids"]
+            self._note(f"samples/s: the model's input looks like token ids ({b} x {seq} integers); "
+                       f"Monitor(..., tokens={b * seq}) or mon.step(tokens=...) gives tokens/s and MFU per token")
         count, cached = info["count"], info["known"]
         if cached is None and info["signature"] and self.flops == "auto":
             self._note("FLOPs counted for 16 input signatures; steps with other inputs have no executed "
