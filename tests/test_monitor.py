@@ -265,3 +265,23 @@ def test_memory_figures_are_above_the_runs_start_and_a_peak_is_never_below_it(mo
     unrun = tunekit.Monitor(model, name="unrun", live=False).close()   # no step: nothing measured
     assert math.isnan(unrun.cpu_rss_delta_bytes) and math.isnan(unrun.cpu_peak_delta_bytes)
     assert "CPU RAM    RSS n/a · peak n/a" in to_text(unrun)
+
+
+def test_a_due_calibration_runs_when_the_monitor_is_made_never_among_its_steps(calibrations, monkeypatch):
+    # issue 33: with no calibration cached, the first measured step of a new process ran the
+    # CPU's peak calibration (a 3.1 s step in a 0.2 s loop); now it runs before any step, said once
+    from tunekit.measure import peaks
+
+    model, opt = tiny()
+    mon = tunekit.Monitor(model, name="cal", live=False)
+    assert calibrations.sweeps == 1 and set(mon.flop_rates.peaks) == {"fp32"}
+    assert sum("peak was calibrated before the first step" in str(n) for n in mon.notes) == 1
+    ran = []
+    monkeypatch.setattr(peaks, "calibrate", lambda *a, **k: ran.append(a))
+    for x, y in mon.iter(batches(3)):
+        train(model, opt, x, y)
+    rec = mon.close()
+    assert ran == [] and rec.mfu == rec.mfu        # the steps' MFU against the peak found before them
+    again = tunekit.Monitor(model, name="cached", live=False)   # cached now: nothing runs, nothing said
+    assert calibrations.sweeps == 1 and not any("calibrated before" in str(n) for n in again.notes)
+    again.close()

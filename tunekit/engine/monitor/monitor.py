@@ -87,13 +87,14 @@ class Monitor:
         cuda = next((p.device for p in model.parameters() if p.device.type == "cuda"), None)
         self.device = cuda or next(model.parameters()).device   # a CUDA part means a CUDA sync
         self.cuda_index = None if cuda is None else cuda.index if cuda.index is not None else 0
+        self.notes: list[str] = []
+        self.flop_rates = FlopRates(self)
+        self.flop_rates.prepare()   # a CPU's peak calibration, if one is due: before any step or hook
         replace_monitor_of(model, self)
         self.tap = StepTap(model, self.adapter)
         self.rows: list[dict] = []
-        self.notes: list[str] = []
         self._open = None            # the step going: its meters and clocks
         self._pending: dict = {}     # scalars logged for the step going
-        self.flop_rates = FlopRates(self)
         self._t_end = None           # the previous step's end (after tunekit's own work)
         self._cond = None            # the machine's window going (several short steps, or one)
         self._judged: list = []      # the rows of that window, judged when it closes

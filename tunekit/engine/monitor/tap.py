@@ -45,7 +45,7 @@ class StepTap:
         self.counts: dict = {}       # full signature -> FlopCount
         self.first_seen: set = set()  # first-call signatures of counted steps
         self.recount = False          # the last step's inputs had no count: count the next one
-        self.param_dtype = _dominant_dtype(model)
+        self.param_dtype = dominant_dtype(model)
         self.dtype = None             # tunekit dtype name of the latest call
         self.counter = None
         self.active = False
@@ -166,7 +166,7 @@ class StepTap:
         self.handles = []
 
 
-def _dominant_dtype(model):
+def dominant_dtype(model):
     """The dtype holding most of the model's parameters (what its matmuls mostly run in)."""
     sizes: dict = {}
     for p in model.parameters():
