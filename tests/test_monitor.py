@@ -285,3 +285,18 @@ def test_a_due_calibration_runs_when_the_monitor_is_made_never_among_its_steps(c
     again = tunekit.Monitor(model, name="cached", live=False)   # cached now: nothing runs, nothing said
     assert calibrations.sweeps == 1 and not any("calibrated before" in str(n) for n in again.notes)
     again.close()
+
+
+def test_dynamo_first_imported_in_a_step_is_no_compile(monkeypatch):
+    # Dynamo unused when the Monitor is made (None), imported by the first step's FLOP counter
+    # without compiling (0): that step is the counted one, not also a "compiled" warm-up
+    from tunekit.engine.monitor import monitor as monitor_mod
+
+    graphs = iter([None] + [0] * 10)
+    monkeypatch.setattr(monitor_mod, "compiled_graphs", lambda: next(graphs))
+    model, opt = tiny()
+    mon = tunekit.Monitor(model, live=False, peak=1.0)
+    for x, y in mon.iter(batches(3)):
+        train(model, opt, x, y)
+    mon.close()
+    assert [(r["counted"], r["warmup"]) for r in mon.rows] == [(True, False), (False, True), (False, False)]

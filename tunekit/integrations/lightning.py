@@ -60,7 +60,7 @@ class TunekitCallback(Callback):
         if mon._open is not None:
             mon.end_step("Lightning began a step before this one ended")
         gap = None if self._t_end is None else time.perf_counter() - self._t_end
-        mon.start_step(wait_s=gap)
+        mon.start_step(wait_s=gap, step=trainer.global_step + 1)   # Lightning's number for it once it ends
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         mon = self.monitor
@@ -82,6 +82,7 @@ class TunekitCallback(Callback):
         mon = self.monitor
         rows = mon.rows[self._logged:]
         self._logged = len(mon.rows)
+        mon.close_window()   # the memory of every step of the window, read now
         metrics = figures(summarize(rows, mon.peak_tflops), rows)
         if metrics:
             for logger in trainer.loggers:

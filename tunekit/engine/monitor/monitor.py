@@ -155,10 +155,11 @@ class Monitor:
         return _Step(self, tokens, samples)
 
     def start_step(self, tokens: int | None = None, samples: int | None = None,
-                   wait_s: float | None = None, _t0: float | None = None) -> None:
+                   wait_s: float | None = None, _t0: float | None = None, step: int | None = None) -> None:
         """Start a step by hand (callbacks, loops that are not a ``for``); ``end_step`` ends it.
         ``tokens``/``samples``: this step's, when the inputs do not tell; ``wait_s``: the time it
-        waited for its data, if you measured it (``iter`` does)."""
+        waited for its data, if you measured it (``iter`` does); ``step``: its number as your
+        framework numbers it (a Trainer's global step), in the rows and every sink (default: 0, 1, ...)."""
         if self.closed:
             raise RuntimeError(f"{self.name} is closed: make a new Monitor for another run")
         if self._open is not None and self._open.get("from_iter"):
@@ -170,6 +171,8 @@ class Monitor:
                 validate.count(what, v)
         if wait_s is not None:
             validate.real("wait_s", wait_s, low_open=False)
+        if step is not None:
+            validate.whole("step", step, 0)
         t = clock()
         first = self._t_end is None
         if first:
@@ -186,7 +189,7 @@ class Monitor:
         if self._cond is None:  # the machine's windows: back to back from the first step on
             self._cond = ConditionsMeter(self.cuda_index).start()
         self._open = dict(t0=clock(), own=clock() - t, wait_s=NaN if wait_s is None else float(wait_s),
-                          cuda=cuda, tokens=tokens, samples=samples)
+                          cuda=cuda, tokens=tokens, samples=samples, step=step)
 
     def end_step(self, error: BaseException | str | None = None) -> dict:
         """End the step going: its row (a dict of `core.steps.COLUMNS` and the logged scalars)."""
@@ -221,7 +224,13 @@ class Monitor:
         for r in self._judged:
             r["machine"] = None if c is None else c.verdict
             r["cpu_peak_bytes"], r["cpu_rss_bytes"] = peak, rss
+            self._write(r)   # each row reaches the sinks whole: its window's memory and machine in it
         self._judged, self._cond = [], cond.follow()
+
+    def close_window(self) -> None:
+        """Judge the steps since the last window now (their machine verdict and CPU memory), and
+        write them to the sinks: a callback calls it before it logs, so each log has every figure."""
+        self._judge(None, clock(), last=True)
 
     def log(self, **scalars) -> None:
         """Scalars of the step going (or of the last one): ``mon.log(loss=loss, lr=lr)``. Tensors
@@ -238,7 +247,8 @@ class Monitor:
             row = self.rows[-1]
             values = {k: number(v) for k, v in scalars.items()}
             row.update(values)
-            self.sinks.write(row["step"], values)
+            if not any(r is row for r in self._judged):   # else written with its row, when judged
+                self.sinks.write(row["step"], values)
         else:
             raise RuntimeError("no step yet: log() inside or after a step")
 
@@ -266,7 +276,7 @@ class Monitor:
         executed = NaN if cached is None else float(cached.executed)
         model = self.flop_rates.model_flops(info, cached)
         graphs, self._graphs = self._graphs, compiled_graphs()   # Dynamo's count since the last step
-        compiled = self._graphs is not None and self._graphs != graphs
+        compiled = (self._graphs or 0) > (graphs or 0)   # None: Dynamo unused (first imported is no compile)
         if compiled:
             self._note("steps during which torch.compile compiled are marked warm-up (their time is compiling)")
         left = error == LEFT
@@ -276,7 +286,8 @@ class Monitor:
         self._uncounted += count is None
         err = None if error is None else error if isinstance(error, str) else (
             type(error).__name__ + (f": {error}" if str(error) else ""))
-        row = dict(step=n, wall_s=t1 - self._t_end, step_s=t1 - s["t0"], wait_s=s["wait_s"],
+        row = dict(step=n if s["step"] is None else s["step"], wall_s=t1 - self._t_end, step_s=t1 - s["t0"],
+                   wait_s=s["wait_s"],
                    monitor_s=NaN, tokens=float(tokens) if tokens else NaN,
                    samples=float(samples) if samples else NaN, tokens_per_s=NaN, samples_per_s=NaN,
                    flops=executed, model_flops=model,
@@ -294,12 +305,17 @@ class Monitor:
         self._pending = {}
         return row
 
-    def _deliver(self, row) -> None:
+    def _write(self, row) -> None:
+        """A row to the sinks: its figures, what was logged, and whether it was a warm-up or a
+        FLOP-counted step (1/0: such a step's time is not a speed)."""
         if self.sinks:
             metrics = {k: row[k] for k in ("wall_s", "wait_s", "tokens_per_s", "samples_per_s", "tflops", "mfu",
                                             "hfu", "cpu_peak_bytes", "gpu_peak_bytes")}
+            metrics.update(warmup=float(row["warmup"]), counted=float(row["counted"]))
             metrics.update({k: v for k, v in row.items() if k not in COLUMNS})
             self.sinks.write(row["step"], metrics)
+
+    def _deliver(self, row) -> None:
         if self.view is not None:
             self.view.update(self.rows, self.total)
 

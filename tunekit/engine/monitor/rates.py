@@ -25,7 +25,7 @@ class FlopRates:
         self.mon = mon
         self.peaks: dict = {}           # dtype -> measure.peaks.Peak
         self.per_token_cache: dict = {}
-        self.conventions: dict = {}     # row's step -> how its model FLOPs were obtained (None: none)
+        self.conventions: dict = {}     # row's index -> how its model FLOPs were obtained (None: none)
         self.peak_tflops = self.peak_source = None
 
     def model_flops(self, info, cached) -> float:

@@ -27,12 +27,13 @@ def summary_record(mon) -> ProfileRecord:
         rec.wall_s = sum(r["wall_s"] for r in rows)
         rec.conditions = mon._whole.stop(rec.wall_s) if mon._t_end is not None else None
     rec.tflops, rec.mfu, rec.hfu = s.tflops, s.mfu, s.hfu
-    good = [r for r in rows if not r["warmup"] and not r["counted"] and r["error"] is None]
+    kept = [i for i, r in enumerate(rows) if not r["warmup"] and not r["counted"] and r["error"] is None]
+    good = [rows[i] for i in kept]
     if good and all(r["flops"] == r["flops"] for r in good):
         rec.flops = sum(r["flops"] for r in good)
         rec.flops_source = "cached"
     rec.model_flops = sum(r["model_flops"] for r in good) if good else NaN
-    used = sorted({c for r in good if (c := mon.flop_rates.conventions.get(r["step"])) is not None})
+    used = sorted({c for i in kept if (c := mon.flop_rates.conventions.get(i)) is not None})
     rec.mfu_convention = "; ".join(used) or None   # several: the steps' model FLOPs mix them
     rec.peak_tflops = mon.peak_tflops or NaN
     rec.peak_tflops_source = mon.flop_rates.peak_source
