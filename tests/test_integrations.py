@@ -128,6 +128,7 @@ def test_lightning_steps_and_loggers(tmp_path):
     cb, trainer = _fit(tmp_path, _Module(), steps=4, accumulate=2)
     rows = cb.monitor.rows
     assert len(rows) == 4 and rows[0]["counted"] and not any(r["counted"] for r in rows[1:])
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]     # trainer.global_step once each step ended
     assert all(r["tokens"] == 2 * 2 * 32 for r in rows)           # 2 micro-batches of 2 x 32
     assert all(isinstance(r["loss"], float) and not math.isnan(r["loss"]) for r in rows)
     csv = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text()
