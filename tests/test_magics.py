@@ -169,6 +169,19 @@ def test_a_syntax_error_in_a_magic_called_by_code_is_raised_and_not_a_run(ip):
     assert len(tunekit.history(all=True)) == n
 
 
+def test_unloading_puts_ipythons_custom_exception_handlers_back():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tunekit.ui import cell_check
+
+    shell = InteractiveShell.instance()
+    before = (shell.custom_exceptions, shell.CustomTB)
+    state = cell_check.install(shell)
+    assert cell_check.CellError in shell.custom_exceptions
+    cell_check.uninstall(shell, state)
+    assert (shell.custom_exceptions, shell.CustomTB) == before
+
+
 @pytest.mark.parametrize("body", ["x = (", "def f(:\n    pass", "a = 1\nb = )", "if True:\n        x = 1\n    y = 2",
                                   "return 5", "a = 1\nbreak", "f(**)", "x = 1 +"])
 def test_a_syntax_error_is_the_one_a_plain_cell_raises_and_is_not_a_run(run, body, capsys):
@@ -176,8 +189,8 @@ def test_a_syntax_error_is_the_one_a_plain_cell_raises_and_is_not_a_run(run, bod
     n = len(tunekit.history(all=True))
     capsys.readouterr()
     r = run("%%gpuprofile -q -n broken\n" + body)
-    magic = r.error_before_exec   # raised before anything ran, as for a plain cell
-    assert type(magic) is type(plain) and isinstance(magic, SyntaxError) and r.error_in_exec is None
+    magic = _error(r)   # a subclass of the plain one's class, of the same name, marked for its display
+    assert type(magic).__name__ == type(plain).__name__ and isinstance(magic, type(plain))
     assert (magic.msg, magic.text, magic.offset) == (plain.msg, plain.text, plain.offset)
     assert magic.lineno == plain.lineno + 1        # the cell's line: line 1 is %%gpuprofile
     assert len(tunekit.history(all=True)) == n     # a cell that never ran is not a run (issue 33)
@@ -311,8 +324,8 @@ def test_top_level_await_in_the_cell_magic_is_a_clear_usage_error(run):
     run("import asyncio")
     n0 = len(tunekit.history())
     r = run("%%gpuprofile -q -n aw\nawait asyncio.sleep(0)\n1")
-    assert type(r.error_before_exec) is UsageError
-    msg = str(r.error_before_exec)
+    assert type(r.error_in_exec) is UsageError
+    msg = str(r.error_in_exec)
     assert "cannot run top-level `await`" in msg and "use `%gpuprofile on`" in msg
     assert r.result is None
     assert len(tunekit.history()) == n0         # nothing ran, so nothing was recorded

@@ -1,58 +1,56 @@
 """A ``%%gpuprofile`` cell whose code cannot be parsed fails as a plain cell does. UI layer.
 
-IPython turns a cell magic into ``get_ipython().run_cell_magic('gpuprofile', line, body)``; a
-SyntaxError raised inside the magic would show the magic's frames and count as an executed cell.
-This input transformer parses the body while IPython transforms the cell, so a SyntaxError is
-raised before anything runs: IPython shows it with no frames (only the cell's line), the cell is
-``error_before_exec`` and nothing is measured or recorded (a cell that never ran is not a run).
+The magic parses the cell itself, so its SyntaxError is raised from inside the magic: IPython
+would show it with the magic's frames (a SyntaxError's traceback is printed whole, whatever
+``__tracebackhide__`` says). The magic raises it as `cell_syntax_error` instead: the same class
+name, message and position, marked so that the handler `install` adds to IPython's custom
+exception handlers shows it as IPython shows a plain cell's, the cell's line and nothing else.
+It is raised inside the cell's execution, where IPython takes any exception (a Ctrl-C
+included). Nothing is recorded: a cell that never ran is not a run (the magic's side).
 """
 from __future__ import annotations
 
-import ast
-
-_CALL = "run_cell_magic('gpuprofile'"
+import types
 
 
-def magic_call(text: str) -> tuple[str, str] | None:
-    """(option line, body) when ``text`` (a transformed cell) is one ``%%gpuprofile`` call."""
-    if _CALL not in text:
-        return None
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
-        return None
-    call = tree.body[0].value
-    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-            and call.func.attr == "run_cell_magic" and len(call.args) == 3
-            and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in call.args)
-            and call.args[0].value == "gpuprofile"):
-        return None
-    return call.args[1].value, call.args[2].value
+class CellError(Exception):
+    """Marks a SyntaxError of a ``%%gpuprofile`` cell's own code (see `cell_syntax_error`)."""
 
 
-class CellCheck:
-    """The transformer (``shell.input_transformers_post``): ``lines`` back unchanged, or the
-    cell's SyntaxError (UsageError for top-level ``await``) raised with the cell's line numbers."""
+_KINDS: dict = {}
 
-    def __init__(self, magics):
-        self.magics = magics
 
-    def __call__(self, lines: list[str]) -> list[str]:
-        found = magic_call("".join(lines))
-        if found is None:
-            return lines
-        line, body = found
-        shell = self.magics.shell
-        try:
-            code = shell.transform_cell(body)
-        except SyntaxError as e:  # IPython's tokenizer: count the magic's line
-            e.lineno = e.lineno + 1 if isinstance(e.lineno, int) else e.lineno
-            raise e.with_traceback(None) from None
-        # the magic's own parse and compile (kept: its run reuses them), as In[N] of this cell
-        try:
-            self.magics._compile(code, body, shell.execution_count, f"%%gpuprofile {line}".rstrip())
-        except SyntaxError as e:
-            raise e.with_traceback(None) from None
-        return lines
+def cell_syntax_error(e: SyntaxError) -> SyntaxError:
+    """``e`` as an instance of a subclass of its own class with the same name (``SyntaxError``,
+    ``IndentationError``...), marked `CellError`: ``except SyntaxError`` still catches it."""
+    cls = type(e)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = type(cls.__name__, (cls, CellError), {"__qualname__": cls.__qualname__,
+                                                                    "__module__": cls.__module__})
+    out = kind(e.msg, (e.filename, e.lineno, e.offset, e.text, e.end_lineno, e.end_offset))
+    return out
+
+
+def install(shell):
+    """Show `CellError`s as plain syntax errors (no frames), before any custom handler the user
+    set (kept: every other exception still goes to it). Returns what `uninstall` puts back."""
+    before = (shell.custom_exceptions, shell.CustomTB)
+
+    def show(self, etype, value, tb, tb_offset=None):
+        if isinstance(value, CellError):
+            stb = self.SyntaxTB.structured_traceback(type(value), value, [])
+            self._showtraceback(type(value), value, stb)
+            return stb
+        return before[1](etype, value, tb, tb_offset=tb_offset)
+
+    shell.custom_exceptions = tuple(before[0]) + (CellError,)
+    shell.CustomTB = types.MethodType(show, shell)
+    return before + (shell.CustomTB,)
+
+
+def uninstall(shell, state) -> None:
+    """Undo `install`, unless the user set custom handlers of their own since (theirs stay)."""
+    exceptions, handler, ours = state
+    if shell.CustomTB is ours:
+        shell.custom_exceptions, shell.CustomTB = exceptions, handler

@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from tunekit.ui.cell_check import CellCheck
+from tunekit.ui.cell_check import cell_syntax_error, install, uninstall
 
 from ..core.records import ProfileRecord
 from ..core.registry import DTYPES
@@ -126,9 +126,8 @@ class GpuProfileMagics(Magics):
                 body, tail = self._compile(code, cell, number, f"%%gpuprofile {line}".rstrip())
             except SyntaxError as e:
                 error = e
-        if error is not None:  # a cell that never ran is not a run: nothing recorded (cell_check
-            # raises it before IPython calls the magic; here only for run_cell_magic called by code)
-            raise error.with_traceback(None)  # the traceback starts here, not in IPython's parser
+        if error is not None:  # a cell that never ran is not a run: nothing recorded; shown as a
+            raise cell_syntax_error(error) from None  # plain cell's (cell_check), no frames of ours
         ns = self.shell.user_ns
         probe = self._probe_for(args, code, name)
         exp = self._start_experiment(name, args, probe)
@@ -369,8 +368,7 @@ def load_ipython_extension(ip):
         ip.register_magics(magics)
         ip.events.register("pre_run_cell", magics.pre_run_cell)
         ip.events.register("post_run_cell", magics.post_run_cell)
-        _STATE["check"] = CellCheck(magics)
-        ip.input_transformers_post.append(_STATE["check"])
+        _STATE["check"] = install(ip)
         _STATE["magics"] = magics
     _use_renderer()
 
@@ -385,8 +383,7 @@ def unload_ipython_extension(ip):
         magics.stop_auto()
         ip.events.unregister("pre_run_cell", magics.pre_run_cell)
         ip.events.unregister("post_run_cell", magics.post_run_cell)
-        if _STATE.get("check") in ip.input_transformers_post:
-            ip.input_transformers_post.remove(_STATE["check"])
+        uninstall(ip, _STATE.pop("check"))
         for kind in ("line", "cell"):
             ip.magics_manager.magics[kind].pop("gpuprofile", None)
         ip.magics_manager.registry.pop(type(magics).__name__, None)
