@@ -89,11 +89,7 @@ class Monitor:
         self.cuda_index = None if cuda is None else cuda.index if cuda.index is not None else 0
         self.notes: list[str] = []
         self.flop_rates = FlopRates(self)
-        try:
-            self.flop_rates.prepare()   # a CPU's peak calibration, if one is due: before any step or hook
-        except BaseException:   # a Ctrl-C in it, say: nothing left open
-            self.sinks.close()
-            raise
+        self.flop_rates.prepare()   # a CPU's peak calibration, if one is due: before any step or hook
         replace_monitor_of(model, self)
         self.tap = StepTap(model, self.adapter)
         self.rows: list[dict] = []

@@ -71,7 +71,11 @@ class FlopRates:
         dtype = mon.dtype or dtype_name(dominant_dtype(mon.model)) or "fp32"
         fresh = cached_calibration(mon.device, dtype) is None
         t0 = time.perf_counter()
-        self.peaks[dtype] = peak = resolve_peak(mon.device, dtype, allow_calibration=True)
+        try:
+            self.peaks[dtype] = peak = resolve_peak(mon.device, dtype, allow_calibration=True)
+        except BaseException:   # a Ctrl-C in a calibration, say: the sinks opened already are closed
+            mon.sinks.close()
+            raise
         if fresh and peak.tflops is not None:
             mon._note(f"the CPU's {dtype} peak was calibrated before the first step "
                       f"({time.perf_counter() - t0:.1f} s, once: cached for the next runs)")
