@@ -338,6 +338,12 @@ def test_a_run_log_that_is_no_file_never_blocks_and_says_so(tmp_path, kind):
     path = tmp_path / "runs.jsonl"
     os.mkdir(path) if kind == "directory" else os.mkfifo(path)
     what = "a directory" if kind == "directory" else "a FIFO"
+    if kind == "directory":   # a folder is refused outright (issue 33: test_a_lab_refuses_a_log_path_...)
+        with pytest.raises(ValueError, match="is a folder, not a run log"):
+            _lab(tmp_path, batch_fn=batches, loss_fn=mse, log_path=path)
+        with pytest.raises(FileNotFoundError, match=rf"^no run log at {path} \(it is {what}\)$"):
+            Lab.load_results(path)
+        return
     with pytest.warns(UserWarning) as record:
         lab = _within(30, lambda: _lab(tmp_path, batch_fn=batches, loss_fn=mse, log_path=path))
     _one_warning(record, f"{path} is {what}, not a run log: no runs read from it")
