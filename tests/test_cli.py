@@ -287,3 +287,40 @@ def test_runs_report_is_built_from_run_results_alone(tmp_path):
     assert "#1 mb=64 (failed)" in page and "out of &lt;memory&gt;" in page and "a &lt;note&gt;" in page
     assert "0.5 TFLOPS: given" in page and "micro_batch=64" in page
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=['\"]?https?:", page)
+
+
+def test_plan_with_a_transformers_config_without_the_extra_names_the_pip_command(tmp_path, monkeypatch, capsys):
+    # issue 33: without transformers this printed only "No module named 'transformers'"
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                               "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 256}))
+    monkeypatch.setitem(sys.modules, "transformers", None)   # an import of it fails as if not installed
+    assert cli.main(["plan", "--model", str(cfg)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "tunekit plan: error: --model with a transformers config JSON needs transformers, which is not "
+        "installed: pip install 'tunekit[hf]'")
+
+
+def test_every_optional_package_names_its_extra_from_pyproject():
+    import tomllib
+
+    from tunekit.core.extras import EXTRAS, missing_extra, pip_command
+
+    extras = tomllib.loads(open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")).read())
+    declared = extras["project"]["optional-dependencies"]
+    for package, extra in EXTRAS.items():   # each names an extra that exists and lists a package of that name
+        assert any(re.match(package.replace("_", "[-_]"), d) for d in declared[extra]) or package in (
+            "pytorch_lightning",), (package, extra)
+    assert pip_command("transformers.models") == "pip install 'tunekit[hf]'" and pip_command("numpy") is None
+    assert missing_extra(ModuleNotFoundError("x", name="numpy"), "y") is None      # not an extra's: re-raised as is
+    assert missing_extra(ImportError("x", name="transformers"), "y") is None       # installed but broken: as is
+
+
+def test_the_trainer_callback_without_transformers_names_the_pip_command(monkeypatch):
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.delitem(sys.modules, "tunekit.integrations.transformers", raising=False)
+    with pytest.raises(ModuleNotFoundError, match=r"^tunekit.integrations.transformers needs transformers, which is "
+                                                  r"not installed: pip install 'tunekit\[hf\]'$"):
+        importlib.import_module("tunekit.integrations.transformers")

@@ -116,6 +116,9 @@ def test_report_frame_and_figure(tiny_cfg):
     assert list(df.columns) == ["estimated_bytes", "measured_bytes", "error"]
     assert df.loc["activations", "error"] == 0.0
     assert len(rep.figure().data) >= 4
+    alone = measure_memory(GPT(tiny_cfg), micro_batch=1, seq_len=16, estimate=False)
+    # no estimate: its side has no bars, never 0-byte ones (issue 33)
+    assert all(bar.y[0] is None and bar.y[1] > 0 for bar in alone.figure().data)
     if not torch.cuda.is_available():
         assert rep.cuda == {} and any("CUDA" in n for n in rep.notes)
 

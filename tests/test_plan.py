@@ -184,3 +184,20 @@ def test_the_card_s_usable_memory_says_where_it_comes_from_and_aliases_are_said(
     assert big.device == "A100 80GB"
     assert any("device 'A100' read as A100 80GB (the table also has A100 40GB" in n for n in big.notes)
     assert not any("read as" in n for n in tunekit.plan(tiny, "A100 80GB", micro_batch=2, seq_len=64).notes)
+
+
+def test_a_gpu_plan_names_kernel_categories_a_cpu_plan_its_ops():
+    # issue 33: an H100 plan said 'bound by _scaled_dot_product_flash_attention_for_cpu_backward',
+    # a CPU op of the fake step; a GPU plan names categories, their times the sums of their ops'
+    from tunekit.core.breakdown import CATEGORIES, by_category
+
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    gpu = tunekit.plan(cfg, "H100 SXM", precision="bf16", micro_batch=2, seq_len=64)
+    names = [n for n, _ in gpu.bound_by]
+    assert names and set(names) <= set(CATEGORIES) and "matmul/linear" in names
+    assert "for_cpu" not in repr(gpu)
+    cpu = tunekit.plan(cfg, "cpu", micro_batch=2, seq_len=64)
+    assert any(n.startswith("mm") for n, _ in cpu.bound_by)    # the CPU's own ops, by name
+    # 2 + 1 matmul seconds, 0.5 attention: summed per category, the largest first
+    assert by_category([("mm.default", 2.0), ("_scaled_dot_product_flash_attention_for_cpu_backward.default", 0.5),
+                        ("bmm.default", 1.0)]) == [("matmul/linear", 3.0), ("attention", 0.5)]

@@ -13,6 +13,7 @@ import argparse
 
 from tunekit.cli.model import Refused, model_source
 from tunekit.core import registry
+from tunekit.core.extras import missing_extra
 from tunekit.core.setting import HALF, PARALLEL, Setting
 from tunekit.core.specs import SPECS
 
@@ -65,7 +66,10 @@ def plan_main(args) -> int:
 
             cfg = GPTConfig.preset(value)
         else:
-            from transformers import AutoConfig
+            try:
+                from transformers import AutoConfig
+            except ModuleNotFoundError as e:
+                raise (missing_extra(e, "--model with a transformers config JSON") or e) from None
 
             config = dict(value)
             cfg = AutoConfig.for_model(config.pop("model_type"), **config)

@@ -91,6 +91,21 @@ def categorize(chain) -> str:
             or _first(chain, "pointwise") or OTHER)
 
 
+def by_category(op_seconds) -> list[tuple[str, float]]:
+    """(category, seconds) from (aten op name, seconds) pairs (``"mm.default"``,
+    ``"_scaled_dot_product_flash_attention_for_cpu_backward.default"``), the largest first: the
+    names a plan for another device prints (its kernels are not the CPU ops of the fake step).
+
+    >>> by_category([("mm.default", 2.0), ("bmm.default", 1.0),
+    ...              ("_scaled_dot_product_flash_attention_for_cpu.default", 0.5)])
+    [('matmul/linear', 3.0), ('attention', 0.5)]"""
+    out: dict = {}
+    for name, t in op_seconds:
+        cat = categorize(["aten::" + name.split(".")[0]])
+        out[cat] = out.get(cat, 0.0) + t
+    return sorted(out.items(), key=lambda kv: -kv[1])
+
+
 # --- the records ---------------------------------------------------------------------------------
 
 

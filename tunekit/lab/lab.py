@@ -26,7 +26,7 @@ from tunekit.lab import run as single
 from tunekit.lab.distributed import run_distributed
 from tunekit.lab.plan import lab_plan, show_plan_keywords
 from tunekit.lab.results import LabResults
-from tunekit.lab.runlog import RunLog
+from tunekit.lab.runlog import RunLog, check_log_path
 from tunekit.lab.setting import lab_keywords
 from tunekit.measure.device import default_device, existing_device
 from tunekit.models.adapters import adapt
@@ -84,6 +84,8 @@ class Lab(LabResults):
                 function(name, fn, takes)
         seed = whole("seed", seed, 0)
         peak_tflops = real("peak_tflops", peak_tflops) if peak_tflops is not None else None
+        if log_path is not None:
+            check_log_path(log_path)
         self.device = existing_device(device) if device is not None else default_device()
         self.factory = model if isinstance(model, str) else None  # "package.module:function"
         if self.factory is not None:
@@ -110,7 +112,7 @@ class Lab(LabResults):
         # one log a day, shared: each Lab is a session in it (two Labs made in the same second of one
         # process are two sessions), numbering its own runs from 0
         session = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAB_IDS)}"
-        self.log = (RunLog(log_path) if log_path else
+        self.log = (RunLog(log_path) if log_path is not None else
                     RunLog(runs_dir() / f"lab-{time.strftime('%Y-%m-%d')}.jsonl", session=session))
         self.log_path, self.log_skipped = self.log.path, self.log.skipped
 

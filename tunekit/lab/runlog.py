@@ -47,6 +47,18 @@ def _clean(v):
     return str(v)  # torch.device, dtypes, paths: their text is what a reader wants
 
 
+def check_log_path(path) -> Path:
+    """A run log's path as given (a str or a path-like naming a file): a folder, an empty name or
+    another type is refused before any work, saying what to give instead."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise TypeError(f"log_path must be the path of a JSONL file (str or pathlib.Path), got {path!r}")
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"log_path {str(path)!r} is a folder, not a run log: give a file in it, "
+                         f"e.g. log_path={str(path / 'runs.jsonl')!r}")
+    return path
+
+
 def check_writable(path) -> None:
     """Fail now, before any training, if the log cannot be appended to (a missing folder is
     created). Raises OSError saying where and why."""

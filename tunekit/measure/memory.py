@@ -96,8 +96,8 @@ class MemoryReport(MemoryAnswer):
         for k in COMPONENTS:
             est = self.estimate.components.get(k, NaN) if self.estimate else NaN
             meas = self.measured.get(k, NaN)
-            ys = [0 if is_missing(est) else est / GiB, 0 if is_missing(meas) else meas / GiB]
-            if any(ys):
+            ys = [None if is_missing(est) else est / GiB, None if is_missing(meas) else meas / GiB]
+            if any(ys):   # an unknown side has no bar (None), never a 0 one
                 fig.add_bar(name=k, x=["estimated", "measured"], y=ys)
         if "other" in self.cuda and not is_missing(self.cuda["other"]):
             fig.add_bar(name="other (unexplained)", x=["measured"], y=[self.cuda["other"] / GiB])

@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from tunekit.core.extras import missing_extra
 from tunekit.models.adapters import is_transformers_model
 from tunekit.models.gpt import GPT, GPTConfig
 
@@ -104,7 +105,10 @@ def build_model(spec: dict, seed: int = 0) -> torch.nn.Module:
     if spec["kind"] == "gpt":
         return GPT(GPTConfig(**spec["config"]))
     if spec["kind"] == "transformers":
-        from transformers import AutoConfig, AutoModelForCausalLM
+        try:
+            from transformers import AutoConfig, AutoModelForCausalLM
+        except ModuleNotFoundError as e:
+            raise (missing_extra(e, "a transformers model spec") or e) from None
 
         cfg = {k: v for k, v in spec["config"].items() if k != "model_type"}
         config = AutoConfig.for_model(spec.get("model_type") or spec["config"]["model_type"], **cfg)

@@ -87,13 +87,14 @@ class Monitor:
         cuda = next((p.device for p in model.parameters() if p.device.type == "cuda"), None)
         self.device = cuda or next(model.parameters()).device   # a CUDA part means a CUDA sync
         self.cuda_index = None if cuda is None else cuda.index if cuda.index is not None else 0
+        self.notes: list[str] = []
+        self.flop_rates = FlopRates(self)
+        self.flop_rates.prepare()   # a CPU's peak calibration, if one is due: before any step or hook
         replace_monitor_of(model, self)
         self.tap = StepTap(model, self.adapter)
         self.rows: list[dict] = []
-        self.notes: list[str] = []
         self._open = None            # the step going: its meters and clocks
         self._pending: dict = {}     # scalars logged for the step going
-        self.flop_rates = FlopRates(self)
         self._t_end = None           # the previous step's end (after tunekit's own work)
         self._cond = None            # the machine's window going (several short steps, or one)
         self._judged: list = []      # the rows of that window, judged when it closes
@@ -102,6 +103,7 @@ class Monitor:
         self._uncounted = 0          # steps not counted so far (the first `warmup` are warm-up)
         self._graphs = compiled_graphs()   # graphs Dynamo compiled so far (None: never used)
         self._total_from_len = False
+        self.rss0 = self.alloc0 = NaN   # CPU RSS and GPU allocated bytes as the first step starts
         self.loader_error = None
         self.summary = self.record = self.ranks = None
         self.closed = False
@@ -153,10 +155,11 @@ class Monitor:
         return _Step(self, tokens, samples)
 
     def start_step(self, tokens: int | None = None, samples: int | None = None,
-                   wait_s: float | None = None, _t0: float | None = None) -> None:
+                   wait_s: float | None = None, _t0: float | None = None, step: int | None = None) -> None:
         """Start a step by hand (callbacks, loops that are not a ``for``); ``end_step`` ends it.
         ``tokens``/``samples``: this step's, when the inputs do not tell; ``wait_s``: the time it
-        waited for its data, if you measured it (``iter`` does)."""
+        waited for its data, if you measured it (``iter`` does); ``step``: its number as your
+        framework numbers it (a Trainer's global step), in the rows and every sink (default: 0, 1, ...)."""
         if self.closed:
             raise RuntimeError(f"{self.name} is closed: make a new Monitor for another run")
         if self._open is not None and self._open.get("from_iter"):
@@ -168,19 +171,25 @@ class Monitor:
                 validate.count(what, v)
         if wait_s is not None:
             validate.real("wait_s", wait_s, low_open=False)
+        if step is not None:
+            validate.whole("step", step, 0)
         t = clock()
-        if self._t_end is None:
+        first = self._t_end is None
+        if first:
             self._t_end = _t0 if _t0 is not None else t
             self._whole.start()
+            self.rss0 = float(cpu_rss_bytes())   # the run's start: what its memory figures are above
         cuda = None
         if self.cuda_index is not None:   # the allocator's figures of the model's GPU
             cuda = CudaMeter(self.cuda_index)
             cuda.start()
+            if first:
+                self.alloc0 = float(cuda.alloc0)
         self.tap.begin(count=self.flops == "auto")
         if self._cond is None:  # the machine's windows: back to back from the first step on
             self._cond = ConditionsMeter(self.cuda_index).start()
         self._open = dict(t0=clock(), own=clock() - t, wait_s=NaN if wait_s is None else float(wait_s),
-                          cuda=cuda, tokens=tokens, samples=samples)
+                          cuda=cuda, tokens=tokens, samples=samples, step=step)
 
     def end_step(self, error: BaseException | str | None = None) -> dict:
         """End the step going: its row (a dict of `monitor.steps.COLUMNS` and the logged scalars)."""
@@ -215,7 +224,13 @@ class Monitor:
         for r in self._judged:
             r["machine"] = None if c is None else c.verdict
             r["cpu_peak_bytes"], r["cpu_rss_bytes"] = peak, rss
+            self._write(r)   # each row reaches the sinks whole: its window's memory and machine in it
         self._judged, self._cond = [], cond.follow()
+
+    def close_window(self) -> None:
+        """Judge the steps since the last window now (their machine verdict and CPU memory), and
+        write them to the sinks: a callback calls it before it logs, so each log has every figure."""
+        self._judge(None, clock(), last=True)
 
     def log(self, **scalars) -> None:
         """Scalars of the step going (or of the last one): ``mon.log(loss=loss, lr=lr)``. Tensors
@@ -232,7 +247,8 @@ class Monitor:
             row = self.rows[-1]
             values = {k: number(v) for k, v in scalars.items()}
             row.update(values)
-            self.sinks.write(row["step"], values)
+            if not any(r is row for r in self._judged):   # else written with its row, when judged
+                self.sinks.write(row["step"], values)
         else:
             raise RuntimeError("no step yet: log() inside or after a step")
 
@@ -248,6 +264,10 @@ class Monitor:
         if info["unknown"] and not given:
             tokens = samples = None   # part of the step could not be read: no guess
             self._note(f"tokens/samples unknown ({info['unknown']}): pass tokens= or samples=")
+        elif info["token_ids"] and not given:   # said once (notes are kept once)
+            b, seq = info["token_ids"]
+            self._note(f"samples/s: the model's input looks like token ids ({b} x {seq} integers); "
+                       f"Monitor(..., tokens={b * seq}) or mon.step(tokens=...) gives tokens/s and MFU per token")
         count, cached = info["count"], info["known"]
         if cached is None and info["signature"] and self.flops == "auto":
             self._note("FLOPs counted for 16 input signatures; steps with other inputs have no executed "
@@ -256,7 +276,7 @@ class Monitor:
         executed = NaN if cached is None else float(cached.executed)
         model = self.flop_rates.model_flops(info, cached)
         graphs, self._graphs = self._graphs, compiled_graphs()   # Dynamo's count since the last step
-        compiled = self._graphs is not None and self._graphs != graphs
+        compiled = (self._graphs or 0) > (graphs or 0)   # None: Dynamo unused (first imported is no compile)
         if compiled:
             self._note("steps during which torch.compile compiled are marked warm-up (their time is compiling)")
         left = error == LEFT
@@ -266,7 +286,8 @@ class Monitor:
         self._uncounted += count is None
         err = None if error is None else error if isinstance(error, str) else (
             type(error).__name__ + (f": {error}" if str(error) else ""))
-        row = dict(step=n, wall_s=t1 - self._t_end, step_s=t1 - s["t0"], wait_s=s["wait_s"],
+        row = dict(step=n if s["step"] is None else s["step"], wall_s=t1 - self._t_end, step_s=t1 - s["t0"],
+                   wait_s=s["wait_s"],
                    monitor_s=NaN, tokens=float(tokens) if tokens else NaN,
                    samples=float(samples) if samples else NaN, tokens_per_s=NaN, samples_per_s=NaN,
                    flops=executed, model_flops=model,
@@ -284,12 +305,17 @@ class Monitor:
         self._pending = {}
         return row
 
-    def _deliver(self, row) -> None:
+    def _write(self, row) -> None:
+        """A row to the sinks: its figures, what was logged, and whether it was a warm-up or a
+        FLOP-counted step (1/0: such a step's time is not a speed)."""
         if self.sinks:
             metrics = {k: row[k] for k in ("wall_s", "wait_s", "tokens_per_s", "samples_per_s", "tflops", "mfu",
                                             "hfu", "cpu_peak_bytes", "gpu_peak_bytes")}
+            metrics.update(warmup=float(row["warmup"]), counted=float(row["counted"]))
             metrics.update({k: v for k, v in row.items() if k not in COLUMNS})
             self.sinks.write(row["step"], metrics)
+
+    def _deliver(self, row) -> None:
         if self.view is not None:
             self.view.update(self.rows, self.total)
 
@@ -314,7 +340,7 @@ class Monitor:
             self.tap.remove()
             self.sinks.close()
         peak = self.peak_tflops
-        self.summary = summarize(self.rows, peak)
+        self.summary = summarize(self.rows, peak, uncounted="flops='never'" if self.flops == "never" else None)
         self.record = summary_record(self)
         self.ranks = gather_ranks(self.summary, self.rows)
         if self.ranks is not None:
@@ -355,7 +381,7 @@ class Monitor:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        s = summarize(self.rows, self.peak_tflops)
+        s = summarize(self.rows, self.peak_tflops, uncounted="flops='never'" if self.flops == "never" else None)
         return f"<tunekit.Monitor {self.name!r} ({state}): {summary_line(s)}>"
 
 

@@ -1,13 +1,16 @@
 """A monitored step's FLOPs and rates: model FLOPs from the model's shape or the count, and
 tokens/s, TFLOPS, MFU and HFU from the step's wall time against the device's peak (resolved once
-per dtype; on CPU a missing calibration runs then, between steps)."""
+per dtype; on CPU a missing calibration runs when the Monitor is made, before the first step)."""
 from __future__ import annotations
 
 import math
+import time
 
 from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED, tflops, utilization
 from tunekit.core.notes import Note
-from tunekit.measure.peaks import rates, resolve_peak
+from tunekit.measure.device import dtype_name
+from tunekit.measure.peaks import cached_calibration, rates, resolve_peak
+from tunekit.monitor.tap import dominant_dtype
 
 NaN = math.nan
 
@@ -19,7 +22,7 @@ class FlopRates:
         self.mon = mon
         self.peaks: dict = {}           # dtype -> measure.peaks.Peak
         self.per_token_cache: dict = {}
-        self.conventions: dict = {}     # row's step -> how its model FLOPs were obtained (None: none)
+        self.conventions: dict = {}     # row's index -> how its model FLOPs were obtained (None: none)
         self.peak_tflops = self.peak_source = None
 
     def model_flops(self, info, cached) -> float:
@@ -52,6 +55,27 @@ class FlopRates:
             known = adapter.shape is not None
             self.per_token_cache[key] = adapter.model_flops(seq, 1, None, backward=trained)[0] if known else None
         return self.per_token_cache[key]
+
+    def prepare(self) -> None:
+        """On a CPU with no peak given, the peak of the dtype the model's weights hold, resolved
+        now, before the first step (``Monitor()`` calls it): a calibration (seconds, once per
+        machine, then cached) never runs among the measured steps. Said in a note when it ran."""
+        mon = self.mon
+        if mon.peak is not None or mon.cuda_index is not None:
+            return
+        if mon.flops == "never" and mon.model_flops is None and mon.adapter.shape is None:
+            return   # no FLOPs of any kind: no MFU to take against a peak
+        dtype = mon.dtype or dtype_name(dominant_dtype(mon.model)) or "fp32"
+        fresh = cached_calibration(mon.device, dtype) is None
+        t0 = time.perf_counter()
+        try:
+            self.peaks[dtype] = peak = resolve_peak(mon.device, dtype, allow_calibration=True)
+        except BaseException:   # a Ctrl-C in a calibration, say: the sinks opened already are closed
+            mon.sinks.close()
+            raise
+        if fresh and peak.tflops is not None:
+            mon._note(f"the CPU's {dtype} peak was calibrated before the first step "
+                      f"({time.perf_counter() - t0:.1f} s, once: cached for the next runs)")
 
     def fill(self, row) -> None:
         """tokens/s or samples/s, TFLOPS, MFU and HFU of a measured row, from its wall time."""

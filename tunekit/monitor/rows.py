@@ -27,28 +27,38 @@ def summary_record(mon) -> ProfileRecord:
         rec.wall_s = sum(r["wall_s"] for r in rows)
         rec.conditions = mon._whole.stop(rec.wall_s) if mon._t_end is not None else None
     rec.tflops, rec.mfu, rec.hfu = s.tflops, s.mfu, s.hfu
-    good = [r for r in rows if not r["warmup"] and not r["counted"] and r["error"] is None]
+    kept = [i for i, r in enumerate(rows) if not r["warmup"] and not r["counted"] and r["error"] is None]
+    good = [rows[i] for i in kept]
     if good and all(r["flops"] == r["flops"] for r in good):
         rec.flops = sum(r["flops"] for r in good)
         rec.flops_source = "cached"
     rec.model_flops = sum(r["model_flops"] for r in good) if good else NaN
-    used = sorted({c for r in good if (c := mon.flop_rates.conventions.get(r["step"])) is not None})
+    used = sorted({c for i in kept if (c := mon.flop_rates.conventions.get(i)) is not None})
     rec.mfu_convention = "; ".join(used) or None   # several: the steps' model FLOPs mix them
     rec.peak_tflops = mon.peak_tflops or NaN
     rec.peak_tflops_source = mon.flop_rates.peak_source
     rec.dtype = mon.dtype or mon.tap.dtype
-    if rows:
-        rec.cpu_rss_delta_bytes = rows[-1]["cpu_rss_bytes"] - rows[0]["cpu_rss_bytes"]
-        rec.cpu_peak_delta_bytes = s.cpu_peak_bytes - rows[0]["cpu_rss_bytes"]
+    if rows:   # above the run's start (the first step's, read before it): a peak never below it
+        rec.cpu_rss_delta_bytes = rows[-1]["cpu_rss_bytes"] - mon.rss0
+        rec.cpu_peak_delta_bytes = peak_above(s.cpu_peak_bytes, mon.rss0)
         if s.gpu_peak_bytes == s.gpu_peak_bytes:  # a CUDA model: its allocator's figures
-            rec.gpu_alloc_delta_bytes = rows[-1]["gpu_alloc_bytes"] - rows[0]["gpu_alloc_bytes"]
-            rec.gpu_peak_delta_bytes = s.gpu_peak_bytes - rows[0]["gpu_alloc_bytes"]
+            rec.gpu_alloc_delta_bytes = rows[-1]["gpu_alloc_bytes"] - mon.alloc0
+            rec.gpu_peak_delta_bytes = peak_above(s.gpu_peak_bytes, mon.alloc0)
             rec.gpu_reserved_bytes = rows[-1]["gpu_reserved_bytes"]
     failed = [r["error"] for r in rows if r["error"] is not None]
     rec.error = failed[-1] if failed else mon.loader_error
     rec.notes = [summary_line(s), "figures over the measured steps (not warm-up, not counted, "
                  "no error); TFLOPS/MFU from their time, data waits included"] + s.notes + mon.notes
     return rec
+
+
+def peak_above(peak: float, start: float) -> float:
+    """A peak over a run above the run's start, NaN where either was not read. The start is a
+    point of the run, so the peak is never below it (a lagging RSS counter can read a few KiB
+    under it: 0, never negative)."""
+    if peak != peak or start != start:
+        return NaN
+    return max(peak, start) - start
 
 
 def number(v) -> float:

@@ -72,9 +72,10 @@ class StepSummary:
     notes: list = field(default_factory=list)
 
 
-def summarize(rows, peak_tflops: float | None = None) -> StepSummary:
+def summarize(rows, peak_tflops: float | None = None, uncounted: str | None = None) -> StepSummary:
     """Median and p90 step time, throughput, TFLOPS, MFU/HFU (against ``peak_tflops``) and the
     share of time waiting for data, over the measured steps; memory peaks over all steps.
+    ``uncounted``: why no step has a FLOP count, where the caller chose none (``"flops='never'"``).
 
     Two measured steps of 0.1 and 0.3 s, 1,000 tokens each: 2,000 tokens / 0.4 s = 5,000 tokens/s
     (a ratio of sums, not a mean of ratios, so a slow step weighs as long as it took)."""
@@ -104,7 +105,10 @@ def summarize(rows, peak_tflops: float | None = None) -> StepSummary:
         s.tflops = sum(executed) / total / 1e12
         s.hfu = s.tflops / peak_tflops if peak_tflops else NaN
     else:
-        s.notes.append(Note("rates.none", "TFLOPS/HFU n/a: some measured steps have no executed FLOP count"))
+        missing = sum(1 for f in executed if not _ok(f))
+        which = (f"{uncounted}: no step counted" if uncounted else "no measured step has an executed FLOP count"
+                 ) if missing == len(good) else f"{missing} of {len(good)} measured steps have no executed FLOP count"
+        s.notes.append(Note("rates.none", f"TFLOPS/HFU n/a: {which}"))
     if all(_ok(f) for f in model) and peak_tflops:
         s.mfu = sum(model) / total / 1e12 / peak_tflops
     return s

@@ -44,7 +44,7 @@ class StepTap:
         self.counts: dict = {}       # full signature -> FlopCount
         self.first_seen: set = set()  # first-call signatures of counted steps
         self.recount = False          # the last step's inputs had no count: count the next one
-        self.param_dtype = _dominant_dtype(model)
+        self.param_dtype = dominant_dtype(model)
         self.dtype = None             # tunekit dtype name of the latest call
         self.counter = None
         self.active = False
@@ -72,6 +72,7 @@ class StepTap:
         self.amounts = {True: [0, 0], False: [0, 0]}   # trained? -> [tokens, samples]
         self.no_tokens = False       # the entry module has no sequence tunekit knows
         self.unknown = None          # why a call's tokens or samples are unknown
+        self.token_ids = None        # (B, S) of an entry call counted in samples whose input looks like token ids
         self.signature = []
         self.calls = []              # (adapter, tokens, seq_len, trained) per call of a known shape
 
@@ -110,6 +111,7 @@ class StepTap:
             else:
                 amount[1] += n
                 self.no_tokens = True  # a model without a sequence tunekit knows: samples only
+                self.token_ids = self.token_ids or _token_ids(args, kwargs)
 
     def _start_count(self) -> None:
         """The counter on from this forward to the step's optimizer step (or the step's end): a
@@ -147,7 +149,8 @@ class StepTap:
         tokens, samples = self.amounts[True] if self.amounts[True][1] else self.amounts[False]
         return {"tokens": None if self.no_tokens or not tokens else tokens, "samples": samples or None,
                 "signature": key, "unknown": self.unknown, "count": counted, "known": known,
-                "calls": [c for c in self.calls if c[3]] or list(self.calls), "own_s": self.own_s}
+                "calls": [c for c in self.calls if c[3]] or list(self.calls), "own_s": self.own_s,
+                "token_ids": self.token_ids}
 
     def abort(self) -> None:
         """Leave torch's dispatch stack as found whatever happened (a failed step)."""
@@ -162,7 +165,7 @@ class StepTap:
         self.handles = []
 
 
-def _dominant_dtype(model):
+def dominant_dtype(model):
     """The dtype holding most of the model's parameters (what its matmuls mostly run in)."""
     sizes: dict = {}
     for p in model.parameters():
@@ -188,6 +191,14 @@ def _samples(args, kwargs):
         return first.shape[0] if first.dim() else None
     if isinstance(first, (list, tuple)) and first and all(isinstance(v, torch.Tensor) for v in first):
         return len(first)
+    return None
+
+
+def _token_ids(args, kwargs):
+    """(B, S) when a call's first input is a 2-D tensor of integers (what token ids look like), else None."""
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    if isinstance(first, torch.Tensor) and first.dim() == 2 and first.dtype in (torch.int64, torch.int32):
+        return tuple(first.shape)
     return None
 
 

@@ -52,6 +52,13 @@ class MonitorView:
     def close(self, rows, record) -> None:
         self._draw(rows, None, record)
 
+    def clear(self) -> None:
+        """Erase the terminal line now (another logger prints next: on a line of its own); the
+        next update draws it again, under that output."""
+        if self.mode == "terminal":
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
     def _draw(self, rows, total, record) -> None:
         line = status(self.name, rows, total, clock() - self.t0, record)
         if self.mode != "notebook":

@@ -17,6 +17,7 @@ import warnings
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tunekit.core import registry, validate
+from tunekit.core.breakdown import by_category
 from tunekit.core.comm import layout_problems
 from tunekit.core.setting import HALF, Setting, from_keywords
 from tunekit.measure.device import torch_dtype
@@ -168,6 +169,8 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
                      "caching allocator reserves beyond its 512-byte blocks are not modelled")
     compute = step["bound_s"](dev["peak"], dev["bandwidth"])
     bound_by = step["top"](dev["peak"], dev["bandwidth"])
+    if dev["name"] != "cpu":   # a GPU's kernels are not the fake step's CPU ops: their categories
+        bound_by = by_category(step["top"](dev["peak"], dev["bandwidth"], None))[:6]
     if placed["comm_s"] > compute:
         bound_by = [("communication", placed["comm_s"])] + bound_by
     return Plan(model=model_name(cfg, kind), device=dev["name"], device_memory_bytes=dev["memory"],

@@ -9,6 +9,7 @@ from tunekit.core.fmt import fmt_gib
 from tunekit.core.units import GiB
 from tunekit.planning.record import Plan
 from tunekit.view.axes import value_range
+from tunekit.view.renderer import never_a_browser
 
 PHASES = (("forward", "#1f77b4"), ("backward", "#d62728"), ("optimizer step", "#2ca02c"))
 FIXED_COLOR = "#7f7f7f"
@@ -27,6 +28,7 @@ def plot_plan(plan: Plan, title: str | None = None):
 
     if not isinstance(plan, Plan):
         raise TypeError(f"plot_plan takes a tunekit.Plan (tunekit.plan(...)), got {type(plan).__name__}")
+    never_a_browser()
     fig = make_subplots(rows=1, cols=2, column_widths=[0.3, 0.7], horizontal_spacing=0.12,
                         subplot_titles=("the components (not all alive at once)",
                                         "alive over one step" + (" (the model unsharded, on one device)"

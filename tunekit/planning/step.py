@@ -154,8 +154,8 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
     def bound_s(peak, bw):
         return sum(per_op(peak, bw).values()) if (peak or bw) else math.nan
 
-    def top(peak, bw):
-        return sorted([kv for kv in per_op(peak, bw).items() if kv[1] > 0], key=lambda kv: -kv[1])[:6] \
+    def top(peak, bw, n=6):   # n=None: every op
+        return sorted([kv for kv in per_op(peak, bw).items() if kv[1] > 0], key=lambda kv: -kv[1])[:n] \
             if (peak or bw) else []
 
     return dict(executed=float(count.executed), model=float(model_flops), bound_s=bound_s, top=top,

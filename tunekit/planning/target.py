@@ -9,6 +9,7 @@ import sys
 import torch
 
 from tunekit.core import validate
+from tunekit.core.extras import missing_extra
 from tunekit.planning.module import ModuleTarget
 
 
@@ -123,7 +124,10 @@ def build(cfg, kind, dtype):
             from tunekit.models.gpt import GPT
 
             return GPT(cfg)
-        from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+        try:
+            from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+        except ModuleNotFoundError as e:
+            raise (missing_extra(e, "planning a transformers config") or e) from None
 
         # an encoder-decoder (T5, BART) trains as one: AutoModelForCausalLM has no T5, and BART's is its
         # decoder alone

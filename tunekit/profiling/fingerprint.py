@@ -98,7 +98,7 @@ def _function_globals(fn, depth: int) -> tuple:
     names = tuple(n for n in fn.__code__.co_names if n in g)
     cells = tuple(describe(c.cell_contents, depth + 1) for c in (fn.__closure__ or ()) if _cell_ok(c))
     defaults = describe(fn.__defaults__, depth + 1) if fn.__defaults__ else None
-    return tuple((n, describe(g[n], depth + 1)) for n in names) + cells + (defaults,)
+    return tuple((n, describe(g[n], depth + 1)) for n in names), cells, defaults
 
 
 def _cell_ok(cell) -> bool:
@@ -169,10 +169,33 @@ def modules_seen(namespace: dict, names) -> list[tuple[str, object]]:
 
 
 def changed_names(old: tuple, new: tuple) -> list[str]:
-    """Top-level names whose summaries differ (for a note that says what changed)."""
+    """What changed between two fingerprints, for a note: the names read whose summaries differ;
+    for a function whose code is the same, the globals, closure cells or defaults it reads that
+    differ (``"x, y (read by train_step)"``), not the function itself."""
     before = dict(old)
     after = dict(new)
-    return sorted(n for n in set(before) | set(after) if before.get(n, Unknown()) != after.get(n, Unknown()))
+    out = []
+    for n in sorted(set(before) | set(after)):
+        a, b = before.get(n, Unknown()), after.get(n, Unknown())
+        if a != b:
+            inner = _function_change(a, b)
+            out.append(f"{inner} (read by {n})" if inner else n)
+    return out
+
+
+def _function_change(a, b) -> str | None:
+    """For two summaries of one function (``("F", code, reads)``) with the same code: which of
+    what it reads changed (its globals by name, else its closure or defaults); None otherwise."""
+    if not (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 3
+            and a[0] == b[0] == "F" and a[1] == b[1]):
+        return None
+    (ga, *rest_a), (gb, *rest_b) = a[2], b[2]   # (globals by name, closure cells, defaults)
+    if [n for n, _ in ga] != [n for n, _ in gb]:
+        return None
+    named = [x[0] for x, y in zip(ga, gb) if x != y]
+    if named:
+        return ", ".join(named)
+    return "its closure or defaults" if rest_a != rest_b else None
 
 
 # --- which names are inputs -------------------------------------------------------------------

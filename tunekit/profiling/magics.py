@@ -18,6 +18,7 @@ from tunekit.core.registry import DTYPES
 from tunekit.core.summary import Summary
 from tunekit.measure.history import HISTORY, source_key
 from tunekit.measure.interrupts import closes_gate, deferred_interrupt, opens_gate
+from tunekit.profiling.cell_check import cell_syntax_error, install, uninstall
 from tunekit.profiling.fingerprint import fingerprint, modules_seen, names_read
 from tunekit.profiling.probe import FLOPS_MODES, Probe
 
@@ -55,8 +56,9 @@ class GpuProfileMagics(Magics):
     @argument("--experiment", action="store_true",
               help="run as a tunekit.experiment: variables the cell creates are freed, leaks reported")
     @argument("--trace", action="store_true",
-              help="trace the run with torch.profiler: time by op category, top ops, a Chrome trace "
-                   "(not on the run that counts FLOPs: that one says so, the next traces)")
+              help="trace the run with torch.profiler: time by op category, top ops, a Chrome trace, "
+                   "from the first run on (a traced run counts no FLOPs: it reuses a count of the same "
+                   "inputs, else a run without --trace counts them)")
     @argument("--memory", action="store_true",
               help="memory timeline by category (parameters, gradients, optimizer state, activations) "
                    "from torch.profiler's memory profiler; on CUDA also a memory_viz snapshot")
@@ -97,6 +99,10 @@ class GpuProfileMagics(Magics):
         if args.peak is not None and not 0 < args.peak < math.inf:
             self._args.pop(line, None)
             raise UsageError(f"--peak must be a finite TFLOPS figure > 0, got {args.peak!r}")
+        if args.flops == "always" and (args.trace or args.memory):
+            self._args.pop(line, None)
+            raise UsageError("--flops always counts every run, and a traced run counts none (the counter "
+                             "would be traced as the work): use --trace/--memory with --flops auto or never")
         if cell is None:
             return self._line(args)
         if args.mode:
@@ -114,17 +120,15 @@ class GpuProfileMagics(Magics):
             code = self.shell.transform_cell(cell)
         except SyntaxError as e:  # IPython's tokenizer (an IndentationError): count the magic's line
             error, e.lineno = e, e.lineno + 1 if isinstance(e.lineno, int) else e.lineno
-        probe = self._probe_for(args, code, name)
         if error is None:
             try:
                 body, tail = self._compile(code, cell, number, f"%%gpuprofile {line}".rstrip())
             except SyntaxError as e:
                 error = e
-        if error is not None:  # raised as plain IPython raises it; the failing cell is recorded too
-            probe.start()
-            self._finish(probe, None, args, error)
-            raise error.with_traceback(None)  # the traceback starts here, not in IPython's parser
+        if error is not None:  # a cell that never ran is not a run: nothing recorded; shown as a
+            raise cell_syntax_error(error) from None  # plain cell's (cell_check), no frames of ours
         ns = self.shell.user_ns
+        probe = self._probe_for(args, code, name)
         exp = self._start_experiment(name, args, probe)
         if exp is None:
             probe.start()
@@ -363,6 +367,7 @@ def load_ipython_extension(ip):
         ip.register_magics(magics)
         ip.events.register("pre_run_cell", magics.pre_run_cell)
         ip.events.register("post_run_cell", magics.post_run_cell)
+        _STATE["check"] = install(ip)
         _STATE["magics"] = magics
     _use_renderer()
 
@@ -377,6 +382,7 @@ def unload_ipython_extension(ip):
         magics.stop_auto()
         ip.events.unregister("pre_run_cell", magics.pre_run_cell)
         ip.events.unregister("post_run_cell", magics.post_run_cell)
+        uninstall(ip, _STATE.pop("check"))
         for kind in ("line", "cell"):
             ip.magics_manager.magics[kind].pop("gpuprofile", None)
         ip.magics_manager.registry.pop(type(magics).__name__, None)

@@ -7,11 +7,11 @@ FLOPs follow the `flops` mode:
   differ from those of the counted run; otherwise reuse the count. A counted run is slowed by the
   counter, so it reports no TFLOPS; the re-runs do, from an uncounted clock.
 - ``always``: count every run (no TFLOPS then). ``never``: no counting.
-With ``trace``/``memory`` a run is also traced by torch.profiler (`measure.trace`), but never a
-counted one (the counter's dispatch would be traced as the work): a run that counts says so and
-the next run traces. A traced run reports no TFLOPS either (the profiler slows it); its record
-says by how much, against the last untraced run of the same block. Energy (`measure.energy`) is
-read on every run where a counter is readable.
+With ``trace``/``memory`` a run is also traced by torch.profiler (`measure.trace`) from the first
+run on, and counts no FLOPs (the counter's dispatch would be traced as the work): it reuses a
+count of the same inputs, else it has none and says so. A traced run reports no TFLOPS either
+(the profiler slows it); its record says by how much, against the last untraced run of the same
+block. Energy (`measure.energy`) is read on every run where a counter is readable.
 """
 from __future__ import annotations
 
@@ -79,12 +79,15 @@ class Probe:
             validate.choice("dtype", dtype, DTYPES)
         validate.flag("trace", trace)
         validate.flag("memory", memory)
+        if flops == "always" and (trace or memory):
+            raise ValueError("flops='always' counts every run, and a traced run counts none (the counter "
+                             "would be traced as the work): use trace/memory with flops='auto' or 'never'")
         self.name, self.key = name, key or name
         self.trace, self.memory, self.tracer, self.energy = trace, memory, None, None
         self._fp, self._models, self.tap = fingerprint, models, None
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
         self.history = history
-        self.counter = None
+        self.counter, self.stale = None, False
         self.conditions = self.t0 = None
         self.running = False
         self.record = ProfileRecord(name=name)
@@ -104,6 +107,8 @@ class Probe:
             raise
 
     def _start(self) -> None:
+        if not math.isnan(self.record.started_at):  # a probe started again: a new run, a new record
+            self.record = ProfileRecord(name=self.name)
         rec = self.record
         rec.started_at = time.time()
         torch = torch_if_loaded()
@@ -112,9 +117,18 @@ class Probe:
         stale = self.mode == "auto" and cached is not None and cached.fingerprint != self.fp
         self.count_now = torch is not None and (
             self.mode == "always" or (self.mode == "auto" and (cached is None or stale)))
+        self.stale = stale
+        # what is asked for comes first: a traced run traces, and counts nothing (the counter's
+        # dispatch would be traced as the work); a valid count of the same inputs is reused
+        traced = self.trace or self.memory
         if self.mode != "never" and torch is None:
             rec.notes.append("torch is not imported: no FLOPs to count")
-        if stale:
+        elif traced and self.count_now:
+            self.count_now = False
+            why = "changed since the counted run" if stale else "not counted yet"
+            rec.notes.append(f"no FLOPs: this traced run counts none (the counter would be traced as the "
+                             f"work) and the block's inputs are {why}; a run without --trace counts them")
+        if stale and self.count_now:
             what = ", ".join(changed_names(cached.fingerprint, self.fp)) or "inputs"
             rec.notes.append(f"recounted: {what} changed since the counted run")
         # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
@@ -151,9 +165,9 @@ class Probe:
     def _start_tracer(self, rec) -> None:
         if not (self.trace or self.memory):
             return
-        if self.count_now or self.under_counter:
-            rec.notes.append("not traced: this run counts FLOPs, and the counter would be traced as "
-                             "the work; run it again to trace it (or count none: --flops never)")
+        if self.under_counter:
+            rec.notes.append("not traced: an outer FLOP counter runs around this block, and it would be "
+                             "traced as the work")
             return
         from tunekit.measure.trace import Tracer
 
@@ -270,7 +284,7 @@ class Probe:
                 remember(FLOP_COUNTS, self.key, CachedCount(self.fp, counted, rec.name, shaped=shaped))
             else:
                 rec.notes.append("the block failed: FLOPs counted up to the failure")
-        elif self.mode == "auto" and self.key in FLOP_COUNTS:
+        elif self.mode == "auto" and self.key in FLOP_COUNTS and not self.stale:
             c = FLOP_COUNTS[self.key]
             FLOP_COUNTS.move_to_end(self.key)
             rec.flops_source, rec.mfu_convention = "cached", formulas.MFU_COUNTED
@@ -312,9 +326,11 @@ class Probe:
         if self.under_counter:
             rec.notes.append(Note("rates.none", "timed under an outer FLOP counter, which slows it: no TFLOPS/MFU"))
             return
-        graphs = _compiled_graphs()
-        if graphs is not None and graphs != self.graphs0:
-            rec.notes.append(Note("rates.none", f"torch.compile compiled {graphs - (self.graphs0 or 0)} graph(s) "
+        # None: Dynamo never used so far (the same as none compiled); it may be first imported by
+        # the block without compiling anything, which is no compile
+        compiled = (_compiled_graphs() or 0) - (self.graphs0 or 0)
+        if compiled > 0:
+            rec.notes.append(Note("rates.none", f"torch.compile compiled {compiled} graph(s) "
                                   "during this run, so its time includes compiling: no TFLOPS/MFU; re-run"))
             return
         if rec.flops == 0:  # exact whatever the counter cost: nothing ran

@@ -9,8 +9,9 @@ forever on a machine without one (ssh, a container, CI). ``import tunekit`` chan
 tunekit's renderer becomes plotly's default
 
 - with ``%load_ext tunekit`` (undone by ``%unload_ext tunekit``) or ``tunekit.use_renderer()``;
-- when a tunekit chart is made outside a kernel while plotly's default would open a browser
-  (``never_a_browser``: a tunekit chart never blocks a terminal).
+- when a tunekit chart is made outside a kernel while plotly's default would open a browser or
+  render nothing (``never_a_browser``: a tunekit chart never blocks a terminal, and its
+  ``show()`` always says where it went).
 
 Which one: in a Jupyter kernel ``"tunekit"``, plotly's own mimetype plus a static SVG
 (``figure_svg``); anywhere else ``"tunekit_file"``, which writes the figure to an HTML file under
@@ -108,10 +109,13 @@ def restore_renderer() -> None:
 
 def never_a_browser() -> None:
     """Called by tunekit's chart functions: outside a kernel, a default that would open a browser
-    (and block without one) becomes ``"tunekit_file"``; anything else is left as it is."""
+    (and block without one) or that renders nothing (``""``: what plotly picks on a headless
+    machine, where ``fig.show()`` would do nothing and say nothing) becomes ``"tunekit_file"``;
+    anything else is left as it is."""
     if in_kernel() or os.environ.get("PLOTLY_RENDERER"):
         return
     import plotly.io as pio
 
-    if set(str(pio.renderers.default or "").split("+")) & BROWSERS:
+    chosen = {r for r in str(pio.renderers.default or "").split("+") if r}
+    if not chosen or chosen & BROWSERS:
         use_renderer()

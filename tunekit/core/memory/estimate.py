@@ -212,7 +212,7 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
                   seq_len=m.seq_len, attention=m.attention, checkpointing=o.checkpointing, tp=o.tp, pp=o.pp,
                   zero_stage=zero_stage, dp=dp, n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
                   activations=mode, device=device, device_source=device_why)
-    return MemoryEstimate({k: comps[k] for k in COMPONENTS}, forms, inputs, notes)
+    return MemoryEstimate({k: comps[k] for k in COMPONENTS if k in comps}, forms, inputs, notes)
 
 
 @dataclass
@@ -363,15 +363,15 @@ def _beside_lines(comps, forms, o: MemoryOptions, device: str, world: int) -> No
     known = sum(v for v in comps.values() if not is_missing(v))
     comps["temporary"] = o.overhead_fraction * known
     forms["temporary"] = f"{fmt_pct(o.overhead_fraction, 0)} of the above (temporary buffers, fragmentation)"
-    on_cuda = str(device).startswith("cuda")
-    context = o.cuda_context_bytes
-    if context is None:
-        # seeds: torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100
+    on_cuda, context = str(device).startswith("cuda"), o.cuda_context_bytes
+    if context is None:  # seeds: torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100
         context = 0.5 * GiB if on_cuda else 0.0
-    comps["cuda_context"] = float(context)
-    forms["cuda_context"] = "CUDA context + kernels, outside torch's allocator (0.5-2 GB)"
-    comps["distributed"] = 1.5 * GiB if (on_cuda and world > 1) else 0.0
-    forms["distributed"] = "torch.distributed/NCCL buffers (~1-2 GB per GPU)"
+    if on_cuda or context:   # a line that does not exist on this device is left out, not 0 bytes
+        comps["cuda_context"] = float(context)
+        forms["cuda_context"] = "CUDA context + kernels, outside torch's allocator (0.5-2 GB)"
+    if on_cuda and world > 1:
+        comps["distributed"] = 1.5 * GiB
+        forms["distributed"] = "torch.distributed/NCCL buffers (~1-2 GB per GPU)"
 
 
 def worked_example_147m(micro_batch: int = 64) -> dict:
