@@ -114,9 +114,11 @@ def test_a_real_bf16_toggle_adds_casts_to_the_trace():
         any(r["what"] == "aten::_to_copy" and r["calls_b"] > r["calls_a"] for r in d.rows if r["section"] == "ops")
     t = d.table
     assert t[t.what == "weight casts"].iloc[0].b > 0 and t[t.what == "parameters"].iloc[0].change == 0.0
-    # the model's module scopes, on both sides with their calls (2 blocks: as many Block calls each)
-    blocks = t[(t.section == "modules") & (t.what == "Block")].iloc[0]
-    assert blocks.calls_a == blocks.calls_b > 0
+    # the model's module scopes, on both sides with their calls: one step of one model, as many each
+    modules = t[t.section == "modules"]
+    assert {"Block", "MLP", "Linear"} <= set(modules.what), list(modules.what)
+    assert (modules.calls_a == modules.calls_b).all() and (modules.calls_a > 0).all()
+    assert not d.removed and "diff.top_ops" not in [n.kind for n in d.notes]   # nothing cut off
 
 
 def test_the_command_diffs_two_runs_of_a_log_and_refuses_what_it_cannot_read(tmp_path, capsys):

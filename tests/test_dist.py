@@ -208,6 +208,24 @@ def test_a_failing_rank_comes_back_with_its_traceback_and_nothing_is_left():
     assert leftover_children() == []
 
 
+def test_the_rank_that_failed_first_is_not_one_that_lost_its_peer(tmp_path):
+    # one CI run: rank 1 raised in its factory and rank 0's gloo set-up lost it in the same second
+    # (error files keep whole seconds); the rank named was 0, whose error is the consequence
+    def error_file(node, local, message, ts):
+        f = tmp_path / f"node{node}" / str(local) / "error.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps({"message": {"message": message, "extraInfo": {
+            "py_callstack": f"Traceback (most recent call last):\n  ...\n{message}\n", "timestamp": str(ts)}}}))
+
+    error_file(0, 0, "RuntimeError: Gloo connectFullMesh failed with [...] Connection closed by peer", 1795795054)
+    error_file(0, 1, "RuntimeError: rank 1 was told to fail", 1795795054)
+    err = launch_mod._netns_failure(tmp_path, nodes=1, nproc=2, procs=[])
+    assert err.rank == 1 and "told to fail" in err.traceback and set(err.failures) == {0, 1}
+    # with no cause of its own on any rank, the first by time is named
+    error_file(1, 0, "RuntimeError: Connection reset by peer", 1795795050)
+    assert launch_mod._netns_failure(tmp_path, nodes=2, nproc=2, procs=[]).rank == 1
+
+
 @pytest.mark.parametrize("bad,msg", [
     (dict(parallel="zero3"), "parallel must be one of"),
     (dict(parallel="hsdp", nodes=1), "needs nodes >= 2"),

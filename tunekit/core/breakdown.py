@@ -34,7 +34,8 @@ OPTIMIZER, COMM, MEMCPY, DATA, OTHER, IDLE = ("optimizer", "communication", "mem
                                               "other", "idle")
 # the order of charts and tables; "idle" only on a GPU (wall time with no kernel running)
 CATEGORIES = (MATMUL, ATTENTION, NORM, ELEMENTWISE, OPTIMIZER, COMM, MEMCPY, DATA, OTHER, IDLE)
-TOP_OPS = 100   # ops a trace keeps (tables show the first 10): enough for tunekit.diff to tell one removed
+TOP_OPS = 300   # ops a trace keeps (tables show the first 10): a step's every op and module scope, so
+#                 that tunekit.diff tells an op or a module missing on one side from one cut off
 UNTRACED = "between ops (Python)"  # CPU: the wall time no op ran in; with the categories it makes 100%
 
 _POINTWISE = ("add|sub|rsub|mul|div|pow|sqrt|rsqrt|exp|exp2|log|log1p|neg|abs|sign|reciprocal|where|"

@@ -162,7 +162,9 @@ def _side(x):
 
 def diff(a, b) -> Diff:
     """What changed from run ``a`` to run ``b`` (see the module's docstring). Refused before any
-    work: two records of different kinds, or Lab runs of different models."""
+    work: two records of different kinds, or Lab runs of different models.
+
+    Example: ``print(tunekit.diff(lab.runs[-2], lab.runs[-1]).summary)``."""
     a, b = _side(a), _side(b)
     if type(a) is not type(b):
         raise TypeError(f"tunekit.diff compares records of one kind: got a {type(a).__name__} and a "

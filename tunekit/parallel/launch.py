@@ -145,9 +145,21 @@ def _failure(failures: dict, logs: Path) -> DistRunError:
         tails = [p.read_text(errors="replace")[-3000:] for p in logs.rglob(f"{f.local_rank}/stderr.log")]
         if tails and tails[-1].strip():
             msgs[rank] += "; the end of its stderr:\n" + tails[-1]
-    # ranks stopped because another failed carry no traceback: prefer one that has
-    first = min(with_tb or failures, key=lambda r: failures[r].timestamp)
+    # ranks stopped because another failed carry no traceback, or one of a collective that lost its
+    # peer: prefer a rank with a traceback of its own, then the first by time (seconds: ties happen)
+    first = min(with_tb or failures, key=lambda r: (_lost_peer(msgs[r]), failures[r].timestamp, r))
     return DistRunError(first, msgs[first], msgs)
+
+
+# how torch.distributed's backends say a peer went away: a rank failing so failed because of another
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "connectFullMesh failed", "Broken pipe",
+             "NCCL communicator was aborted", "remote process exited or there was a network error")
+
+
+def _lost_peer(traceback: str) -> bool:
+    """Whether a rank's traceback is a collective that lost its peer (a consequence, not a cause)."""
+    last = traceback.strip().splitlines()[-1] if traceback.strip() else ""
+    return any(p in last for p in PEER_LOST)
 
 
 def _python_traceback(f) -> str | None:
@@ -252,5 +264,5 @@ def _netns_failure(work: Path, nodes: int, nproc: int, procs) -> DistRunError:
         codes = ", ".join(f"node {i}: exit {p.returncode}" for i, p in enumerate(procs))
         tail = (work / "node0.log").read_text(errors="replace")[-2000:] if (work / "node0.log").exists() else ""
         return DistRunError(None, f"no rank left a traceback ({codes})\n{tail}", {})
-    rank = min(found, key=lambda r: found[r][0])
+    rank = min(found, key=lambda r: (_lost_peer(found[r][1]), found[r][0], r))
     return DistRunError(rank, found[rank][1], {r: v[1] for r, v in found.items()})
