@@ -22,6 +22,7 @@ KINDS = {
     "flops.mask_unread": "attention masks without values (fake tensors): counted model FLOPs may keep a masked half",
     "rates.none": "why a run reports no TFLOPS/MFU (its time is slowed, or no peak is known)",
     "trace.snapshot": "the allocator snapshot: not written, or older ones pruned",
+    "expected.missing": "a plan's device lacks a figure its expected step needs: the bound stands alone",
     "autotune.unconfirmed": "a candidate measured faster than the winner without winning its race",
     # find_max_batch_size's trial reasons (Trial.reason)
     "trial.ok": "the trial fit",

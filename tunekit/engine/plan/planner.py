@@ -16,6 +16,8 @@ import warnings
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tunekit.engine.plan.expect import expected_of
+
 from ...core import registry, validate
 from ...core.comm import layout_problems
 from ...core.plan import Plan
@@ -166,6 +168,9 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
     if dev["name"] != "cpu":
         notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists and what the "
                      "caching allocator reserves beyond its 512-byte blocks are not modelled")
+    expected, enotes = expected_of(step, setting, dev, tokens, models[setting.weights], placed["comm"], layout,
+                                   len(step["units"]))
+    notes += enotes
     compute = step["bound_s"](dev["peak"], dev["bandwidth"])
     bound_by = step["top"](dev["peak"], dev["bandwidth"])
     if placed["comm_s"] > compute:
@@ -177,7 +182,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
                 bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
                 peak_bytes=placed["peak"], peak_at=placed["peak_at"], phase_peaks=step["phase_peaks"],
                 timeline=_thin(step["timeline"]), parallel=layout, compute_bound_s=compute,
-                comm_s=placed["comm_s"], comm=placed["comm"])
+                comm_s=placed["comm_s"], comm=placed["comm"], expected=expected)
 
 
 def _layout(parallel, world_size, nodes) -> dict | None:

@@ -1,0 +1,124 @@
+"""This machine's memory bandwidth by working-set size and its time per op, measured: what a
+CPU plan's expectation (core.expected) takes for memory-bound ops and each op's dispatch, beside
+the calibrated MAMF (measure.peaks) for its matmuls. Measurement layer.
+
+A copy of n bytes reads n and writes n: its bandwidth is 2n over the best of a few tries (load
+only ever slows a try). The sizes run from cache-resident to beyond the last-level cache, since
+a small model's activations stay in cache. The sweep runs inside a `ConditionsMeter`; a busy
+sweep is kept but not trusted: the next process to ask measures again, once, and the faster
+stays. Cached as JSON beside the MAMF cache (core.paths.cache_dir), per machine, torch and threads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+from tunekit.core import paths
+from tunekit.core.conditions import Conditions
+from tunekit.measure.conditions import ConditionsMeter
+
+SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
+DISPATCH_CALLS = 2000
+_remeasured: set = set()
+
+
+@dataclass
+class Stream:
+    """A bandwidth sweep ((bytes, TB/s), ...), the seconds one small op takes, and how it was taken."""
+
+    device: str
+    sweep: list
+    op_s: float
+    torch_version: str
+    threads: int
+    taken_at: float
+    conditions: Conditions | None = None
+
+    @property
+    def verdict(self) -> str:
+        return self.conditions.verdict if self.conditions is not None else "unknown"
+
+    def tbs_at(self, nbytes: float) -> float:
+        """The bandwidth of the largest swept size not above ``nbytes`` (the smallest below it)."""
+        below = [t for s, t in self.sweep if s <= nbytes]
+        return below[-1] if below else self.sweep[0][1]
+
+
+def _path():
+    return paths.cache_dir() / "stream.json"
+
+
+def _key(name: str) -> str:
+    import torch
+
+    return f"{name}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+
+
+def _load() -> dict:
+    try:
+        with open(_path()) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _from(entry: dict) -> Stream:
+    cond = Conditions.from_dict(entry.get("conditions")) if entry.get("conditions") else None
+    return Stream(**{**entry, "sweep": [tuple(x) for x in entry["sweep"]], "conditions": cond})
+
+
+def measure_stream(force: bool = False) -> Stream:
+    """This CPU's bandwidth sweep and time per op, from the cache unless ``force`` or the cached one was busy
+    (then measured once more in this process, the faster kept)."""
+    import torch
+
+    from tunekit.measure.peaks import device_name
+
+    name = device_name("cpu")
+    key = _key(name)
+    cache = _load()
+    old = _from(cache[key]) if key in cache else None
+    if old is not None and not force and (old.verdict != "busy" or key in _remeasured):
+        return old
+    meter = ConditionsMeter().start()
+    t0 = time.perf_counter()
+    sweep = []
+    for n in SIZES:
+        src, dst = torch.ones(n // 4), torch.empty(n // 4)
+        reps = max(3, min(200, 2**26 // n))
+        best = float("inf")
+        for _ in range(5):
+            s = time.perf_counter()
+            for _ in range(reps):
+                dst.copy_(src)
+            best = min(best, (time.perf_counter() - s) / reps)
+        sweep.append((n, 2 * n / best / 1e12))
+    x = torch.ones(1)
+    best_op = float("inf")
+    for _ in range(5):
+        s = time.perf_counter()
+        for _ in range(DISPATCH_CALLS):
+            torch.add(x, x)
+        best_op = min(best_op, (time.perf_counter() - s) / DISPATCH_CALLS)
+    new = Stream(device=name, sweep=sweep, op_s=best_op, torch_version=torch.__version__,
+                 threads=torch.get_num_threads(), taken_at=time.time(),
+                 conditions=meter.stop(time.perf_counter() - t0))
+    _remeasured.add(key)
+    if old is not None and new.verdict == "busy" and old.sweep[-1][1] > new.sweep[-1][1]:
+        return old   # load only ever slows a sweep: a busy one never replaces a faster one
+    cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
+    _save(cache)
+    return new
+
+
+def _save(data: dict) -> None:
+    folder = paths.cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, _path())
