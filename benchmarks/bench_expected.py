@@ -18,9 +18,11 @@ Runs (tokens/s per GPU as published; the software each ran on):
   6*L*C*T per token, 312 TFLOPS; 2024, its own CUDA kernels, fused everything): tokens/s derived
   from that MFU, planned as 64 x 1024 per GPU.
 
-    .venv/bin/python benchmarks/bench_expected.py
+    .venv/bin/python benchmarks/bench_expected.py          # the published runs
+    .venv/bin/python benchmarks/bench_expected.py --cpu    # the Lab's GPT on this CPU, expected vs measured
 """
 import statistics
+import sys
 import time
 import warnings
 
@@ -76,8 +78,32 @@ def runs():
     return out
 
 
+def cpu_rows():
+    """The Lab's built-in GPT on this CPU: expected against measured, with the machine's verdict."""
+    from tunekit.core.expected import agreement
+    from tunekit.measure.peaks import calibrate
+    from tunekit.measure.stream import measure_stream
+
+    print(f"\n{'Lab GPT on this CPU':<34}{'expected ms':>12}{'measured ms':>12}{'exp/meas':>9}  verdict")
+    lab = tunekit.Lab()
+    for precision in ("fp32", "bf16"):
+        for ck in (False, True):
+            p = tunekit.plan(lab, "cpu", precision=precision, checkpointing=ck)
+            r = lab.run(steps=20, precision=precision, checkpointing=ck, verbose=False)
+            verdicts = {r.conditions.verdict if r.conditions else "unknown", measure_stream().verdict,
+                        calibrate(precision, "cpu").verdict}
+            verdict = "busy" if verdicts - {"quiet"} else "quiet"
+            word = agreement(p.expected.step_s, r.step_s, verdict)
+            print(f"{precision + (' + checkpointing' if ck else ''):<34}{p.expected.step_s * 1e3:>12.2f}"
+                  f"{r.step_s * 1e3:>12.2f}{p.expected.step_s / r.step_s:>9.2f}  {word} ({verdict}: run "
+                  f"{r.conditions.verdict if r.conditions else '?'})")
+
+
 def main():
     t_all = time.perf_counter()
+    if "--cpu" in sys.argv:
+        cpu_rows()
+        return
     print(f"{'run':<46}{'software':<20}{'published':>11}{'expected':>11}{'exp/pub':>9}{'plan s':>8}")
     errors = []
     for label, era, tps, planned in runs():

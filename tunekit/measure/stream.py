@@ -1,6 +1,7 @@
-"""This machine's memory bandwidth by working-set size and its time per op, measured: what a
-CPU plan's expectation (core.expected) takes for memory-bound ops and each op's dispatch, beside
-the calibrated MAMF (measure.peaks) for its matmuls. Measurement layer.
+"""This machine's memory bandwidth by working-set size, its time per op and its small matmuls'
+TFLOPS, measured: what a CPU plan's expectation (core.expected) takes for memory-bound ops, each
+op's dispatch and the matmuls below the calibrated MAMF sweep's sizes (measure.peaks), whose
+figures it takes for the larger ones. Measurement layer.
 
 A copy of n bytes reads n and writes n: its bandwidth is 2n over the best of a few tries (load
 only ever slows a try). The sizes run from cache-resident to beyond the last-level cache, since
@@ -21,6 +22,7 @@ from tunekit.core.conditions import Conditions
 from tunekit.measure.conditions import ConditionsMeter
 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
+MATMUL_SIZES = (64, 128, 256)   # below the MAMF sweep's 512: a small model's matmuls
 DISPATCH_CALLS = 2000
 _remeasured: set = set()
 
@@ -32,6 +34,7 @@ class Stream:
     device: str
     sweep: list
     op_s: float
+    matmuls: dict      # dtype -> [(n, TFLOPS of an n x n x n matmul, its layouts' mean time)]
     torch_version: str
     threads: int
     taken_at: float
@@ -68,7 +71,8 @@ def _load() -> dict:
 
 def _from(entry: dict) -> Stream:
     cond = Conditions.from_dict(entry.get("conditions")) if entry.get("conditions") else None
-    return Stream(**{**entry, "sweep": [tuple(x) for x in entry["sweep"]], "conditions": cond})
+    return Stream(**{**entry, "sweep": [tuple(x) for x in entry["sweep"]], "conditions": cond,
+                     "matmuls": {k: [tuple(x) for x in v] for k, v in entry["matmuls"].items()}})
 
 
 def measure_stream(force: bool = False) -> Stream:
@@ -81,8 +85,11 @@ def measure_stream(force: bool = False) -> Stream:
     name = device_name("cpu")
     key = _key(name)
     cache = _load()
-    old = _from(cache[key]) if key in cache else None
-    if old is not None and not force and (old.verdict != "busy" or key in _remeasured):
+    try:
+        old = _from(cache[key]) if key in cache else None
+    except (KeyError, TypeError, ValueError):   # an entry of another tunekit's making: measured again
+        old = None
+    if old is not None and not force and (old.verdict == "quiet" or key in _remeasured):
         return old
     meter = ConditionsMeter().start()
     t0 = time.perf_counter()
@@ -104,7 +111,9 @@ def measure_stream(force: bool = False) -> Stream:
         for _ in range(DISPATCH_CALLS):
             torch.add(x, x)
         best_op = min(best_op, (time.perf_counter() - s) / DISPATCH_CALLS)
-    new = Stream(device=name, sweep=sweep, op_s=best_op, torch_version=torch.__version__,
+    matmuls = {d: [(n, _matmul_tflops(n, dt)) for n in MATMUL_SIZES]
+               for d, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    new = Stream(device=name, sweep=sweep, op_s=best_op, matmuls=matmuls, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),
                  conditions=meter.stop(time.perf_counter() - t0))
     _remeasured.add(key)
@@ -113,6 +122,25 @@ def measure_stream(force: bool = False) -> Stream:
     cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
     _save(cache)
     return new
+
+
+def _matmul_tflops(n: int, dtype) -> float:
+    """An n-cube matmul's TFLOPS over the three layouts a training step runs (forward A @ W.T,
+    backward G @ W and G.T @ A), each its best of five tries: the time of one of each, averaged."""
+    import torch
+
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    total = 0.0
+    for x, y in ((a, b.t()), (a, b), (a.t(), b)):
+        reps = max(3, 2**24 // n**3)
+        best = float("inf")
+        for _ in range(5):
+            s = time.perf_counter()
+            for _ in range(reps):
+                torch.mm(x, y)
+            best = min(best, (time.perf_counter() - s) / reps)
+        total += best
+    return 2 * n**3 * 3 / total / 1e12
 
 
 def _save(data: dict) -> None:

@@ -66,6 +66,10 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
     ``setting``: a ``tunekit.Setting`` instead of the step keywords (its ``device``, when set,
     instead of ``device``; ``grad_accum``, ``lr`` and ``compile`` are not planned).
 
+    ``plan.expected`` (core.expected.Expected): what a well-written run of this step reaches on the
+    device, op by op over the same fake step (``.step_s``, ``.tokens_per_s`` per GPU, ``.mfu``,
+    ``.by_op``); None, with a note saying which figure is missing, for a device tunekit lacks one for.
+
     Example: ``tunekit.plan(LlamaConfig(...), "H100 SXM", weights="bf16", micro_batch=1, seq_len=8192)``."""
     given = dict(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
                  checkpointing=checkpointing, optimizer=optimizer, attention=attention, parallel=parallel,
