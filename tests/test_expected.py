@@ -129,3 +129,19 @@ def test_cpu_expectation_against_a_measured_run(precision, checkpointing):
         assert word == "uncertain"
     else:
         assert word == "within", (p.expected.step_s, r.step_s)
+
+
+def test_a_compiled_step_fuses_memory_bound_runs():
+    # x -> mul -> y -> add -> z (z read later by a matmul), y read only inside the run:
+    # fused, it reads x (100 bytes) and writes z (100): 200 bytes, not 400, in one launch
+    mul = ("mul", "memory", "forward", 0, 200, None, 2, (((1, 100),), ((2, 100),)))
+    add = ("add", "memory", "forward", 0, 200, None, 2, (((2, 100),), ((3, 100),)))
+    mm = ("mm", "matmul", "forward", 0, 0, (8, 8, 8, 1), 2, (((3, 100),), ((4, 100),)))
+    from tunekit.core.expected import FUSED, fused
+
+    out = fused([mul, add, mm])
+    assert [r[0] for r in out] == [FUSED, "mm"] and out[0][4] == 200
+    # an in-place write (a gradient's add_) is kept even when nothing reads it after the run
+    acc = ("add_", "memory", "backward", 0, 200, None, 2, (((5, 100), (6, 100)), ((5, 100),)))
+    neg = ("neg", "memory", "backward", 0, 200, None, 2, (((7, 100),), ((8, 100),)))
+    assert fused([acc, neg])[0][4] == 100 + 100 + 100 + 100 + 100   # reads 5, 6, 7; writes 5 and 8 (never read)

@@ -2,15 +2,18 @@
 speed its kind reaches on the device (`core.efficiency`), the optimizer's update, and the
 collectives less what overlaps. Pure: op records and figures in, an `Expected` out.
 
-An op record is ``(name, kind, phase, flops, bytes, dims, itemsize)`` as the plan's counter keeps
-it (engine/plan/step.RooflineCounter): ``kind`` "matmul", "attention", "flops" (another op with a
-FLOP formula) or "memory"; ``dims`` (m, k, n, batch) for a matmul; ``phase`` "forward" or "backward".
+An op record is ``(name, kind, phase, flops, bytes, dims, itemsize[, io])`` as the plan's counter
+keeps it (engine/plan/ops.RooflineCounter): ``kind`` "matmul", "attention", "flops" (another op
+with a FLOP formula) or "memory"; ``dims`` (m, k, n, batch) for a matmul; ``phase`` "forward" or
+"backward"; ``io`` its inputs' and outputs' ((storage, bytes), ...), for a compiled step's fusion.
 
 - matmul: FLOPs at the device's MAMF, less the waves a tiled kernel leaves idle and the
   tensor-core loss of a dimension that is not a multiple of 8, or its bytes at the streaming
   bandwidth when that takes longer;
 - attention: FLOPs at the fused kernel's published share of the peak for the backend;
 - every other op: its bytes (inputs read, outputs written) at the streaming bandwidth;
+- a compiled step (``fuse``): each run of memory-bound ops between two matmuls is one kernel that
+  reads what the run did not make and writes what is read after it (or by nobody: a gradient);
 - each kernel at least the host's time to launch it (a GPU: the longer of the two, the host
   runs ahead; a CPU: the two add up, the host is the device);
 - the optimizer: its update reads and writes each parameter, gradient and state once;
@@ -78,7 +81,7 @@ def matmul_tflops(fig: Figures, dims, itemsize: int) -> tuple[float, str]:
 
 def op_seconds(fig: Figures, rec, backend: str | None) -> tuple[float, str, str]:
     """(seconds, bound, source) of one op record on the device, its launch aside."""
-    name, kind, _phase, flops, moved, dims, itemsize = rec
+    name, kind, _phase, flops, moved, dims, itemsize = rec[:7]
     mem_s = moved / (fig.tbs_at(moved) * 1e12)
     if kind == "matmul" and dims:
         tflops, src = matmul_tflops(fig, dims, itemsize)
@@ -101,10 +104,13 @@ def optimizer_bytes(params: float, param_bytes: int, grad_bytes: int, state_byte
 
 def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str | None, params: float,
            param_bytes: int, grad_bytes: int, state_bytes: float, optimizer_kernels: int, comm: dict | None = None,
-           parallel: str | None = None, units: int = 1) -> Expected | None:
-    """The expected step; None when the figures the ops need are missing (`Figures.missing`)."""
+           parallel: str | None = None, units: int = 1, fuse: bool = False) -> Expected | None:
+    """The expected step; None when the figures the ops need are missing (`Figures.missing`).
+    ``fuse``: a compiled step, its memory-bound ops fused (`fused`)."""
     if fig.missing():
         return None
+    if fuse:
+        ops = fused(ops)
     table: dict = {}
     phase_s = {"forward": 0.0, "backward": 0.0}
     for rec in ops:
@@ -135,6 +141,61 @@ def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str |
     tps = tokens / step if step > 0 else NaN
     mfu = model_flops / step / 1e12 / fig.peak_tflops if (step > 0 and fig.peak_tflops) else NaN
     return Expected(step_s=step, tokens_per_s=tps, mfu=mfu, rows=rows, notes=notes, comm_exposed_s=exposed)
+
+
+FUSED = "fused elementwise/reductions"
+
+
+def fused(ops) -> list:
+    """The op records of a compiled step: each run of memory-bound ops (same phase, no matmul or
+    attention between) becomes one record that reads the bytes of the storages the run did not
+    make and writes those of its outputs read after the run, or never read in the step (a
+    gradient, the loss). Records without ``io`` are kept as they are."""
+    last_read: dict = {}
+    for i, rec in enumerate(ops):
+        if len(rec) > 7:
+            for sid, _ in rec[7][0]:
+                last_read[sid] = i
+    out, run = [], []
+
+    def close():
+        if not run:
+            return
+        if len(run) == 1:
+            out.append(ops[run[0]])
+        else:
+            made, reads, writes, seen = set(), 0, 0, set()
+            for i in run:
+                ins, outs = ops[i][7]
+                for sid, nbytes in ins:
+                    if sid not in made and sid not in seen:
+                        seen.add(sid)
+                        reads += nbytes
+                for sid, _ in outs:
+                    made.add(sid)
+            written = set()
+            for i in run:
+                in_place = ops[i][0].endswith("_")   # writes into a storage that outlives the run (a gradient)
+                for sid, nbytes in ops[i][7][1]:
+                    needed = in_place or sid not in last_read or last_read[sid] > run[-1]
+                    if needed and sid not in written:
+                        written.add(sid)
+                        writes += nbytes
+            first = ops[run[0]]
+            out.append((FUSED, "memory", first[2], 0, reads + writes, None, first[6]))
+        run.clear()
+
+    for i, rec in enumerate(ops):
+        if rec[1] == "memory" and len(rec) > 7 and (not run or ops[run[0]][2] == rec[2]):
+            run.append(i)
+            continue
+        close()
+        if rec[1] == "memory" and len(rec) > 7:
+            run.append(i)
+        else:
+            out.append(rec)
+    close()
+    return out
 
 
 def _category(kind: str) -> str:

@@ -57,12 +57,13 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
     buckets = int(params * grad_bytes // DDP_BUCKET_BYTES[0]) + 1
     out = expect(ops, fig, tokens=tokens, model_flops=step["model"], backend=backend, params=params / shard,
                  param_bytes=param_bytes, grad_bytes=grad_bytes, state_bytes=state / shard,
-                 optimizer_kernels=kernels, comm=comm, parallel=kind, units=buckets if kind == "ddp" else units)
+                 optimizer_kernels=kernels, comm=comm, parallel=kind, units=buckets if kind == "ddp" else units,
+                 fuse=bool(setting.compile))
     notes = list(out.notes)
     if backend and not fig.host_bound and backend not in (fig.attention or {}):
         notes.append(f"no published {backend} attention figure for {fig.name}: attention expected at its MAMF")
     if setting.compile:
-        notes.append("compile=True: each kernel at the compiled launch cost; the fusion of elementwise ops is not "
-                     "modelled (their bytes count as in eager)")
+        notes.append("compile=True: each run of memory-bound ops between matmuls expected as one fused kernel "
+                     "(what it reads from outside, what is read after it), at the compiled launch cost")
     out.notes = notes
     return out, []

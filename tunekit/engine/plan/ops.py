@@ -52,7 +52,8 @@ def _aliases(ins, outs) -> bool:
 class RooflineCounter(TunekitFlopCounter):
     """TunekitFlopCounter that also keeps each op that launches a kernel as an op record
     (core.expected): name, kind, phase, FLOPs (causal attention halved), the bytes of its inputs
-    read and outputs written, a matmul's dims and the itemsize of its first tensor. Views and
+    read and outputs written, a matmul's dims, the itemsize of its first tensor and its inputs'
+    and outputs' (storage, bytes), which tell a compiled step's fusion what stays on chip. Views and
     metadata ops make no kernel and are left out."""
 
     def __enter__(self):
@@ -77,5 +78,6 @@ class RooflineCounter(TunekitFlopCounter):
         kind = kind_of(name, flops)
         dims = matmul_dims(name, args) if kind == "matmul" else None
         phase = "backward" if in_autograd_backward() else "forward"
-        self.ops.append((name, kind, phase, flops, moved, dims, tensors[0].element_size()))
+        io = (tuple((storage_id(t), t.nbytes) for t in ins), tuple((storage_id(t), t.nbytes) for t in outs))
+        self.ops.append((name, kind, phase, flops, moved, dims, tensors[0].element_size(), io))
         return result

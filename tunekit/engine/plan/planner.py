@@ -31,8 +31,8 @@ from .module import ModuleTarget, Stepped
 from .step import alternatives, fake_step, search_micro_batch
 from .target import amount, build, config_of, masks_as_in_eager, max_len, model_name
 
-COMPILE_NOT_MODELLED = ("compile=True is not modelled: the memory is an eager step's (a compiled step often saves "
-                        "fewer activations); the bound takes elementwise ops as fused already")
+COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled step often saves fewer activations), "
+                        "and so is the bound's traffic; plan.expected fuses the memory-bound ops")
 
 
 DEFAULT_DEVICE = "H100 SXM"   # plan's device when none is named (a Setting whose device is None is planned for it)

@@ -127,7 +127,7 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
 
     def per_op(peak, bw):
         out = {}
-        for name, _kind, _phase, flops, moved, _dims, _size in ops:
+        for name, _kind, _phase, flops, moved, *_ in ops:
             t = max(flops / (peak * 1e12) if peak else 0.0, moved / (bw * 1e12) if bw else 0.0)
             out[name] = out.get(name, 0.0) + t
         return out
