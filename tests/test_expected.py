@@ -110,6 +110,7 @@ def test_agreement_words():
     assert agreement(math.nan, 1.0, "quiet") == "uncertain"
 
 
+@pytest.mark.slow   # ~10 s quiet (a MAMF and a bandwidth sweep the first time), 35-45 s on a loaded 2-core machine
 @pytest.mark.parametrize("precision, checkpointing", [("fp32", False), ("bf16", True)])
 def test_cpu_expectation_against_a_measured_run(precision, checkpointing):
     """The Lab's built-in GPT on this CPU: the expected step within 20% of the measured one when

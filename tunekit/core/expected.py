@@ -56,10 +56,11 @@ class Expected:
             ["op", "category", "calls", "expected_s", "share", "bound", "source"]]
 
     def __repr__(self) -> str:
-        from .fmt import fmt_ms, fmt_pct
+        from .fmt import fmt_ms, fmt_pct, fmt_rate
 
         top = sorted(self.rows, key=lambda r: -r[3])[:4]
-        return (f"expected step {fmt_ms(self.step_s, us_below_ms=True)}, {self.tokens_per_s:,.0f} tokens/s per GPU, "
+        rate = fmt_rate(self.tokens_per_s, "tokens/s")
+        return (f"expected step {fmt_ms(self.step_s, us_below_ms=True)}, {rate} per GPU, "
                 f"MFU {fmt_pct(self.mfu)}; most: " + ", ".join(f"{r[0]} {fmt_ms(r[3], us_below_ms=True)}" for r in top))
 
 

@@ -23,7 +23,8 @@ from tunekit.measure.conditions import ConditionsMeter
 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 MATMUL_SIZES = (64, 128, 256)   # below the MAMF sweep's 512: a small model's matmuls
-DISPATCH_CALLS = 2000
+CHAIN = 50
+VERSION = 2   # of what a sweep measures: an entry of another version is measured again
 _remeasured: set = set()
 
 
@@ -57,7 +58,7 @@ def _path():
 def _key(name: str) -> str:
     import torch
 
-    return f"{name}|torch {torch.__version__}|{torch.get_num_threads()} threads"
+    return f"{name}|torch {torch.__version__}|{torch.get_num_threads()} threads|v{VERSION}"
 
 
 def _load() -> dict:
@@ -104,13 +105,22 @@ def measure_stream(force: bool = False) -> Stream:
                 dst.copy_(src)
             best = min(best, (time.perf_counter() - s) / reps)
         sweep.append((n, 2 * n / best / 1e12))
-    x = torch.ones(1)
+    # a training step's op is recorded by autograd and run again as a backward formula: time a
+    # chain of CHAIN one-element multiplies forward and back (2 x CHAIN + 1 ops)
+    x = torch.ones(1, requires_grad=True)
+
+    def chain():
+        y = x
+        for _ in range(CHAIN):
+            y = y * 1.0001
+        y.backward()
+
+    chain()
     best_op = float("inf")
-    for _ in range(5):
+    for _ in range(20):
         s = time.perf_counter()
-        for _ in range(DISPATCH_CALLS):
-            torch.add(x, x)
-        best_op = min(best_op, (time.perf_counter() - s) / DISPATCH_CALLS)
+        chain()
+        best_op = min(best_op, (time.perf_counter() - s) / (2 * CHAIN + 1))
     matmuls = {d: [(n, _matmul_tflops(n, dt)) for n in MATMUL_SIZES]
                for d, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     new = Stream(device=name, sweep=sweep, op_s=best_op, matmuls=matmuls, torch_version=torch.__version__,
