@@ -79,6 +79,7 @@ class Figures:
     attention: dict | None = None     # backend -> (share of peak, source)
     mamf_sweep: tuple = ()            # ((size, tflops), ...): a calibration's sweep (a CPU)
     bandwidth_sweep: tuple = ()       # ((bytes, TB/s), ...): a measured copy sweep (a CPU)
+    transcendental_rate: float | None = None   # elements/s of GELU-class ops (a CPU: compute-bound there)
 
     def missing(self) -> list:
         out = []
@@ -96,6 +97,11 @@ class Figures:
         below = [t for s, t in self.bandwidth_sweep if s <= nbytes]
         return below[-1] if below else self.bandwidth_sweep[0][1]
 
+
+# elementwise ops whose transcendentals (tanh, erf, exp) a CPU computes slower than it streams bytes
+TRANSCENDENTAL = {"gelu", "gelu_backward", "tanh", "tanh_backward", "exp", "erf", "silu", "silu_backward",
+                  "sigmoid", "sigmoid_backward", "_softmax", "_softmax_backward_data", "_log_softmax",
+                  "_log_softmax_backward_data"}
 
 # aten ops one optimizer update runs per parameter tensor (torch's single-tensor AdamW: mul, lerp,
 # addcmul, sqrt, div, add, addcdiv, ... ; SGD with momentum: mul, add, add) and how many tensors a

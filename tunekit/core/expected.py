@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .efficiency import ALIGN, MISALIGNED, WAVE_SOURCE, Figures, wave_efficiency
+from .efficiency import ALIGN, MISALIGNED, TRANSCENDENTAL, WAVE_SOURCE, Figures, wave_efficiency
 
 NaN = math.nan
 
@@ -93,6 +93,11 @@ def op_seconds(fig: Figures, rec, backend: str | None) -> tuple[float, str, str]
         tflops, src = fig.mamf_tflops, fig.mamf_source + (" (no figure for this attention backend: a matmul's)"
                                                           if kind == "attention" else "")
     else:
+        if fig.transcendental_rate and name in TRANSCENDENTAL and len(rec) > 7:
+            elements = sum(b for _, b in rec[7][1]) / max(itemsize, 1)
+            compute_s = elements / fig.transcendental_rate
+            if compute_s > mem_s:
+                return compute_s, "compute", "this CPU's GELU rate, measured (transcendental ops)"
         return mem_s, "memory", fig.bandwidth_source
     flop_s = flops / (tflops * 1e12)
     return (flop_s, "compute", src) if flop_s >= mem_s else (mem_s, "memory", fig.bandwidth_source)

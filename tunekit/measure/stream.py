@@ -24,7 +24,7 @@ from tunekit.measure.conditions import ConditionsMeter
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 MATMUL_SIZES = (64, 128, 256)   # below the MAMF sweep's 512: a small model's matmuls
 CHAIN = 50
-VERSION = 2   # of what a sweep measures: an entry of another version is measured again
+VERSION = 3   # of what a sweep measures: an entry of another version is measured again
 _remeasured: set = set()
 
 
@@ -36,6 +36,8 @@ class Stream:
     sweep: list
     op_s: float
     matmuls: dict      # dtype -> [(n, TFLOPS of an n x n x n matmul, its layouts' mean time)]
+    attention: dict    # dtype -> TFLOPS of causal SDPA forward + backward (7 b h s^2 d FLOPs)
+    gelu: dict         # dtype -> elements per second of GELU (tanh) forward + backward, per pass
     torch_version: str
     threads: int
     taken_at: float
@@ -73,7 +75,8 @@ def _load() -> dict:
 def _from(entry: dict) -> Stream:
     cond = Conditions.from_dict(entry.get("conditions")) if entry.get("conditions") else None
     return Stream(**{**entry, "sweep": [tuple(x) for x in entry["sweep"]], "conditions": cond,
-                     "matmuls": {k: [tuple(x) for x in v] for k, v in entry["matmuls"].items()}})
+                     "matmuls": {k: [tuple(x) for x in v] for k, v in entry["matmuls"].items()},
+                     "attention": dict(entry["attention"]), "gelu": dict(entry["gelu"])})
 
 
 def measure_stream(force: bool = False) -> Stream:
@@ -123,7 +126,10 @@ def measure_stream(force: bool = False) -> Stream:
         best_op = min(best_op, (time.perf_counter() - s) / (2 * CHAIN + 1))
     matmuls = {d: [(n, _matmul_tflops(n, dt)) for n in MATMUL_SIZES]
                for d, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    new = Stream(device=name, sweep=sweep, op_s=best_op, matmuls=matmuls, torch_version=torch.__version__,
+    kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    new = Stream(device=name, sweep=sweep, op_s=best_op, matmuls=matmuls,
+                 attention={d: _attention_tflops(dt) for d, dt in kinds},
+                 gelu={d: _gelu_rate(dt) for d, dt in kinds}, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),
                  conditions=meter.stop(time.perf_counter() - t0))
     _remeasured.add(key)
@@ -151,6 +157,44 @@ def _matmul_tflops(n: int, dtype) -> float:
             best = min(best, (time.perf_counter() - s) / reps)
         total += best
     return 2 * n**3 * 3 / total / 1e12
+
+
+def _best_s(fn, tries: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(tries):
+        s = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - s)
+    return best
+
+
+def _attention_tflops(dtype, b=8, h=4, s=128, d=32) -> float:
+    """Causal SDPA forward and backward at a small model's shape: tunekit's count of its FLOPs
+    (forward 4 b h s^2 d, backward 10, causal halved: 7 b h s^2 d) over the best time."""
+    import torch
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(b, h, s, d, dtype=dtype, requires_grad=True) for _ in range(3))
+
+    def run():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    return 7 * b * h * s * s * d / _best_s(run) / 1e12
+
+
+def _gelu_rate(dtype, n=2**20) -> float:
+    """Elements per second of one GELU pass (tanh; forward and backward timed together, halved):
+    transcendental, so compute-bound on a CPU where a copy's bandwidth would call it free."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(n, dtype=dtype, requires_grad=True)
+
+    def run():
+        F.gelu(x, approximate="tanh").sum().backward()
+
+    return 2 * n / _best_s(run)
 
 
 def _save(data: dict) -> None:

@@ -25,7 +25,10 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                    mamf_source=f"this CPU's calibrated {dtype} MAMF sweep ({cal.verdict})", bandwidth_tbs=None,
                    bandwidth_source=f"this CPU's copy bandwidth by size, measured ({stream.verdict})",
                    launch_s=stream.op_s, launch_source=f"this CPU's time per small op, measured ({stream.verdict})",
-                   host_bound=True, mamf_sweep=tuple(sorted(best.items())), bandwidth_sweep=tuple(stream.sweep))
+                   host_bound=True, mamf_sweep=tuple(sorted(best.items())), bandwidth_sweep=tuple(stream.sweep),
+                   transcendental_rate=stream.gelu.get(dtype),
+                   attention={"cpu": (stream.attention[dtype] / peak if peak else 0.0,
+                                      f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")})
 
 
 def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, layout: dict | None, units: int):
@@ -52,7 +55,7 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
     ops = step["ops"]
     backend = None
     if any(r[1] == "attention" for r in ops):
-        backend = "flash" if compute in ("bf16", "fp16") else "efficient"
+        backend = "cpu" if fig.host_bound else "flash" if compute in ("bf16", "fp16") else "efficient"
     kind = layout["kind"] if layout else None
     buckets = int(params * grad_bytes // DDP_BUCKET_BYTES[0]) + 1
     out = expect(ops, fig, tokens=tokens, model_flops=step["model"], backend=backend, params=params / shard,
