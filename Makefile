@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CPU_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
 
-.PHONY: install tour lab lint test test-under-load test-fast test-gpu bench clean
+.PHONY: install tour lab lint test test-under-load test-fast test-gpu gpu-check bench docs clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,7 @@ tour: install
 	mkdir -p build
 	$(PY) -m jupyter nbconvert --to notebook --execute notebooks/00_tour.ipynb --output-dir build \
 		--ExecutePreprocessor.timeout=600
-	$(PY) -m tunekit.ui.report_html build/00_tour.ipynb build/tour.html
+	$(PY) -m tunekit.cli.report_html build/00_tour.ipynb build/tour.html
 	@echo "open build/tour.html: summary, every chart and the dashboard, offline (or 'make lab')"
 
 # Interactive: JupyterLab on the notebooks (installs jupyterlab on first use).
@@ -37,9 +37,9 @@ lab: install
 lint: install
 	$(VENV)/bin/ruff check tunekit tests benchmarks notebooks tools
 
-# Lint, unit tests (magics in a real IPython shell, notebook pairs in sync), and every notebook
-# executed by nbval in a kernel.
-test: lint
+# Lint, the docs site built strictly, unit tests (magics in a real IPython shell, notebook pairs in
+# sync), and every notebook executed by nbval in a kernel.
+test: lint docs
 	$(PY) -m pytest -q -m "not gpu" tests
 	$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb
 
@@ -56,6 +56,27 @@ test-fast: install
 # On a CUDA machine (the device tool): GPU-only tests.
 test-gpu: install
 	$(PY) -m pytest -q -m gpu tests
+
+# On a lent GPU (the device tool's image has torch, transformers, pandas, nvidia-ml-py and no package
+# index, so nothing is installed): every GPU path against the device's own figures in under 8 minutes,
+# written to $OUT (else build/gpu_check) as gpu_check.json and gpu_check.md (tools/gpu_check.py).
+# GPU_CHECK_ARGS="--dry-run" runs it on the CPU, as `make test` does; "--only plan,lab" reruns sections.
+GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	$(GPU_PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The docs site (mkdocs.yml): the pages in docs/, the API reference from the docstrings of every
+# public name, the chapter notebooks as pages; built into build/site/ with --strict (a broken link
+# or an API entry that does not resolve fails). Needs no network once the [docs] extra is in.
+# `make test` builds it too (12 s of CPU; 15-30 s on 2 busy cores; tests/test_docs.py checks its
+# structure in a few seconds without building).
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
+	@echo "open build/site/index.html"
 
 bench: install
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -26,8 +26,8 @@ import tunekit  # noqa: F401
 import torch
 
 from tunekit.core import registry
-from tunekit.engine.lab import Lab
-from tunekit.engine.autotune import Candidate, timed_steps
+from tunekit.lab.lab import Lab
+from tunekit.autotune import Candidate, timed_steps
 from tunekit.core.toggles import label
 
 

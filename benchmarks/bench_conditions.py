@@ -25,7 +25,7 @@ import tunekit
 import torch  # noqa: F401
 
 from tunekit.measure import conditions as mc
-from tunekit.measure import probe as probe_module
+from tunekit.profiling import probe as probe_module
 
 SPIN = "import time\nend = time.time() + 600\nwhile time.time() < end: pass"
 

@@ -1,6 +1,6 @@
 """The distributed engine's own costs on CPU ranks (gloo, 2 ranks, the cpu-tiny GPT):
 
-1. launch to first step: ``tunekit.engine.dist.launch`` from the call to rank 0's first training step
+1. launch to first step: ``tunekit.parallel.launch`` from the call to rank 0's first training step
    (interpreters started by the elastic agent, torch imported, rendezvous, process group, model
    built and wrapped, one FLOP count), for DDP and FSDP;
 2. collective accounting on vs off (target < 2% of a step), side by side in one run:
@@ -37,9 +37,9 @@ def rank_main(spec_path: str) -> None:
     """One rank of part 2 (run under the elastic agent)."""
     import torch.distributed as dist
 
-    from tunekit.engine.dist.worker import Rank
     from tunekit.measure.comm import CommCounter
     from tunekit.measure.timing import time_repeats
+    from tunekit.parallel.worker import Rank
 
     spec = json.loads(Path(spec_path).read_text())
     dist.init_process_group("gloo")
@@ -134,7 +134,7 @@ def main():
     args = ap.parse_args()
     if args.rank:
         return rank_main(args.rank)
-    from tunekit.engine.dist.launch import launch
+    from tunekit.parallel.launch import launch
 
     print(f"torch {torch.__version__}; {load()}")
     print("1. launch to first step (2 CPU ranks, cpu-tiny GPT, micro_batch 8 x 128 tokens)")

@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from tunekit.engine.lab import Lab
-from tunekit.engine.train.precision import autocast, matmul_precision
+from tunekit.lab.lab import Lab
 from tunekit.measure.device import now_s
+from tunekit.train.precision import autocast, matmul_precision
 
 
 def bare_steps(lab, batches, hf: bool) -> float:

@@ -77,7 +77,7 @@ def transformers_table(dev) -> list:
         print("\ntransformers is not installed: its table is skipped (pip install -e '.[hf]')")
         return []
     transformers.logging.set_verbosity_error()
-    from tunekit.engine.lab import Lab
+    from tunekit.lab.lab import Lab
 
     cfgs = {"llama": LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688,
                                  num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,

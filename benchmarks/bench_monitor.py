@@ -27,7 +27,7 @@ import time
 import tunekit
 import torch
 
-from tunekit.ui import monitor_view
+from tunekit.monitor import view as monitor_view
 
 
 def load() -> str:

@@ -1,6 +1,6 @@
 """gloo all_reduce across two emulated nodes (a 50 Mbit/s, 1 ms link) against two ranks on one
 node (its loopback), side by side in one run (issue 12, item 4). Needs root: see
-tunekit.engine.dist.netns.check().
+tunekit.parallel.netns.check().
 
 Each rank is a fresh interpreter started inside its node's namespace (``exec_prefix``), with
 GLOO_SOCKET_IFNAME set to the node's interface; rank 0 hosts the rendezvous at its address.
@@ -20,7 +20,7 @@ import sys
 
 from tunekit.core.conditions import Conditions
 from tunekit.core.formulas import algbw, allreduce_busbw
-from tunekit.engine.dist.netns import EmulatedNodes, check
+from tunekit.parallel.netns import EmulatedNodes, check
 
 RANK = r"""
 import json, sys, time

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from tunekit.engine.lab import Lab
+from tunekit.lab.lab import Lab
 from tunekit.measure.timing import time_repeats
 from tunekit.measure.trace import Tracer
 

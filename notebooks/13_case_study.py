@@ -167,7 +167,7 @@ assert df.saved_MiB.iloc[3] < df.saved_MiB.iloc[2]
 # beside each conclusion, or says it is uncertain when the machine was busy.
 
 # %%
-from tunekit.engine.dist import netns
+from tunekit.parallel import netns
 why_not = netns.check()        # None when this machine can build emulated nodes
 link = {'bandwidth': '50mbit', 'latency': '1ms'}
 comm_rungs = [('FULL_SHARD, 2 nodes', dict(parallel='fsdp', nproc=1, nodes=2, link=link)),

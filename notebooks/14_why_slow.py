@@ -55,10 +55,11 @@ _ = train_step()
 # %% [markdown]
 # ## 1. A trace of one step
 #
-# A trace is only as good as the run it watches. The first run of a cell counts FLOPs, and the
-# counter's Python dispatch would show up in a trace as if it were the work, so `--trace` never
-# traces that run (it says so). The second run gives the clean time; the third, with `--trace`,
-# is traced, and its record says how much the profiler slowed it against that clean run.
+# A trace is only as good as the run it watches. `--trace` traces from a cell's first run on, and
+# a traced run counts no FLOPs (the counter's Python dispatch would show up in the trace as if it
+# were the work): it reuses the count of an untraced run of the same cell. So here the first run
+# counts FLOPs, the second gives the clean time; the third, with `--trace`, is traced, reuses the
+# count, and its record says how much the profiler slowed it against that clean run.
 
 # %%
 # %%gpuprofile -q -n step

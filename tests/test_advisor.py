@@ -62,6 +62,13 @@ def test_swiglu_llama_size_is_accepted():
     assert adv["SwiGLU d_ff near 8/3*h, well-shaped"].ok is True   # 11008 is 0.8% above 8/3*h
 
 
+def test_a_swiglu_width_off_the_multiple_says_so():
+    # issue 33: Llama with intermediate_size=688 at h=256: near 8/3*h (682.7) but 688 = 10*64 + 48
+    ffn = advise(dict(n_embd=256, n_head=4, mlp="swiglu", d_ff=688))["SwiGLU d_ff near 8/3*h, well-shaped"]
+    assert ffn.ok is False and ffn.value == "d_ff = 688 (2.688*h; 8/3*h = 682.7); not a multiple of 64 (688 % 64 = 48)"
+    assert ffn.recommendation.startswith("use d_ff = 704 (x64)")   # ceil(682.7 / 64) * 64
+
+
 def test_missing_inputs_are_not_checked():
     adv = advise(dict(n_embd=256, n_head=4))
     assert adv["b*s divisible by a high power of 2"].ok is None

@@ -112,7 +112,11 @@ def test_cuda_context_and_distributed_lines():
     e = estimate_memory(1e6, device="cuda", dp=2)
     assert e["cuda_context"] == 0.5 * 2**30
     assert e["distributed"] == 1.5 * 2**30
-    assert estimate_memory(1e6, device="cpu")["cuda_context"] == 0.0
+    # lines that do not exist there are left out, never 0-byte rows (issue 33)
+    cpu = estimate_memory(1e6, device="cpu")
+    assert "cuda_context" not in cpu.components and "distributed" not in cpu.components
+    assert not {"cuda_context", "distributed"} & set(cpu.to_frame().index)
+    assert "distributed" not in estimate_memory(1e6, device="cuda").components   # one device
 
 
 def _no_nvidia_driver():
@@ -134,12 +138,12 @@ def test_default_device_on_this_cpu_machine_adds_no_cuda_context():
     e = estimate_memory(1e6)
     assert e.inputs["device"] == "cpu"
     assert e.inputs["device_source"] == "torch is imported and sees no CUDA device"
-    assert e["cuda_context"] == 0.0 and e["distributed"] == 0.0
+    assert "cuda_context" not in e.components and "distributed" not in e.components
     assert e.total_bytes == 18e6
     assert ("device='cpu' assumed: this machine's (torch is imported and sees no CUDA device); pass "
             "device= to plan for another (device='cuda' adds the CUDA context)") in e.notes
     # a sharded run on CPU: no NCCL buffers either
-    assert estimate_memory(1e6, dp=2)["distributed"] == 0.0
+    assert "distributed" not in estimate_memory(1e6, dp=2).components   # on CPU: no such line
     # given, the device is not second-guessed, and no note is added
     g = estimate_memory(1e6, device="cuda")
     assert (g.inputs["device"], g.inputs["device_source"]) == ("cuda", "given")

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tunekit.autotune import LabTrials, autotune
 from tunekit.core.conditions import Conditions
 from tunekit.core.toggles import Env, ToggleError
-from tunekit.engine.autotune import LabTrials, autotune
-from tunekit.engine.lab import Lab
+from tunekit.lab.lab import Lab
 
 SEQ = 128
 # tokens/s = 1000 x one factor per toggle; the fastest legal CPU configuration is
@@ -257,7 +257,7 @@ def test_weak_candidates_get_fewer_repeats(lab):
 
 
 def test_trials_take_more_steps_once_the_step_time_is_known(lab):
-    from tunekit.engine.autotune import timed_steps
+    from tunekit.autotune import timed_steps
 
     assert timed_steps(0.01, 3, 0.25) == 25 and timed_steps(0.5, 3, 0.25) == 3  # ceil(0.25/0.01)
     assert timed_steps(0.001, 3, 0.25) == 30 and timed_steps(float("nan"), 3, 0.25) == 3  # 10x cap
@@ -348,7 +348,7 @@ def test_the_signature_is_the_options_dataclass():
     import dataclasses
     import inspect
 
-    from tunekit.engine.autotune import AutotuneOptions
+    from tunekit.autotune import AutotuneOptions
 
     params = list(inspect.signature(autotune).parameters.values())[1:]  # after the lab
     assert [(p.name, p.default) for p in params] == \
@@ -468,7 +468,7 @@ class _Tty:
 
 
 def test_lab_autotune_shows_stage_trial_and_best_then_one_line(lab, monkeypatch):
-    from tunekit.ui import progress
+    from tunekit.view import progress
 
     fake, calls = FakeTrials(), []
     monkeypatch.setattr(progress, "clock", fake.clock)

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.core import runlog
 from tunekit.core.toggles import ToggleError
-from tunekit.engine.lab import Lab
+from tunekit.lab import runlog
+from tunekit.lab.lab import Lab
 from tunekit.measure import mamf_cache, peaks
 from tunekit.models import data
 
@@ -338,6 +338,12 @@ def test_a_run_log_that_is_no_file_never_blocks_and_says_so(tmp_path, kind):
     path = tmp_path / "runs.jsonl"
     os.mkdir(path) if kind == "directory" else os.mkfifo(path)
     what = "a directory" if kind == "directory" else "a FIFO"
+    if kind == "directory":   # a folder is refused outright (issue 33: test_a_lab_refuses_a_log_path_...)
+        with pytest.raises(ValueError, match="is a folder, not a run log"):
+            _lab(tmp_path, batch_fn=batches, loss_fn=mse, log_path=path)
+        with pytest.raises(FileNotFoundError, match=rf"^no run log at {path} \(it is {what}\)$"):
+            Lab.load_results(path)
+        return
     with pytest.warns(UserWarning) as record:
         lab = _within(30, lambda: _lab(tmp_path, batch_fn=batches, loss_fn=mse, log_path=path))
     _one_warning(record, f"{path} is {what}, not a run log: no runs read from it")
@@ -507,3 +513,18 @@ def test_peak_of_a_missing_gpu_says_how_to_read_its_spec_sheet_and_the_name_work
     assert tunekit.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
     # planning for a GPU is what an estimate is for: the 0.5 GiB CUDA context line is there
     assert tunekit.estimate_memory(1e6, device="cuda")["cuda_context"] == 0.5 * 2**30
+
+
+@pytest.mark.parametrize("given, error, message", [
+    ("FOLDER", ValueError, "log_path '{tmp}' is a folder, not a run log: give a file in it, "
+                           "e.g. log_path='{tmp}/runs.jsonl'"),
+    ("", TypeError, "log_path must be the path of a JSONL file (str or pathlib.Path), got ''"),
+    (3, TypeError, "log_path must be the path of a JSONL file (str or pathlib.Path), got 3"),
+])
+def test_a_lab_refuses_a_log_path_that_is_not_a_file(tmp_path, given, error, message):
+    # issue 33: an existing folder was taken (a warning, then no runs read or written where asked)
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(error) as info:
+        Lab(MLP(), batch_fn=batches, loss_fn=mse, log_path=tmp_path if given == "FOLDER" else given)
+    assert str(info.value) == message.format(tmp=tmp_path)
+    assert sorted(tmp_path.iterdir()) == before   # nothing written

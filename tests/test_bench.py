@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tunekit import bench
-from tunekit.engine.bench import host
-from tunekit.engine.bench.compute import naive_softmax, softmax_traffic_bytes
+from tunekit.bench import host
+from tunekit.bench.compute import naive_softmax, softmax_traffic_bytes
 
 
 def _well_formed(df, bench_name, n_rows):

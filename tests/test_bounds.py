@@ -123,7 +123,7 @@ def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibration
     assert view["MFU"].iloc[-1].endswith("% ⚠") and view["HFU"].iloc[-1].endswith("% ⚠")
     assert "% ⚠</td>" in table_html(view)
     assert any(f"⚠ above the peak: {r.above_peak}" in line for line in summary_lines(r))
-    back = tunekit.core.runlog.RunLog.load(lab.log.path)[-1]      # the log keeps the flag
+    back = tunekit.lab.runlog.RunLog.load(lab.log.path)[-1]      # the log keeps the flag
     assert back.above_peak == r.above_peak
 
 
@@ -131,7 +131,7 @@ def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibration
 def test_a_distributed_run_is_rechecked_and_flagged_by_the_lab(calibrations, matmul_in, tmp_path, monkeypatch,
                                                               matmul_s):
     from tunekit.core.results import RunResult
-    from tunekit.engine.dist import launch
+    from tunekit.parallel import launch
 
     calibrations.cache(tflops=0.05)
     matmul_in.s = matmul_s

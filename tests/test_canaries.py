@@ -98,7 +98,7 @@ def test_storage_id_is_shared_by_views_and_held_by_fake_tensors():
 
 
 def test_ipyexperiments_init_sets_what_our_bridge_sets():
-    # tunekit.ui.experiments builds IPyExperiments without its get_ipython() lookup by assigning
+    # tunekit.profiling.experiments builds IPyExperiments without its get_ipython() lookup by assigning
     # these attributes itself; a release that sets anything else must be looked at.
     ipyexperiments = pytest.importorskip("ipyexperiments.ipyexperiments")
     src = textwrap.dedent(inspect.getsource(ipyexperiments.IPyExperiments.__init__))

@@ -1,5 +1,5 @@
 """Charts that cannot mislead: axis ranges, log ticks, slowed cells, baselines, labels by
-difference (tunekit.ui.axes, tunekit.core.baseline, the figures built on them)."""
+difference (tunekit.view.axes, tunekit.core.baseline, the figures built on them)."""
 import math
 
 import pandas as pd
@@ -8,7 +8,7 @@ import pytest
 from tunekit.core.baseline import comm_lines, comm_total, difference, layout, pick, toggles_of
 from tunekit.core.results import RunResult, results_frame
 from tunekit.core.toggles import Toggles
-from tunekit.ui.axes import log_ticks, nice_ticks, slowed_by, tick_label, value_range
+from tunekit.view.axes import log_ticks, nice_ticks, slowed_by, tick_label, value_range
 
 
 @pytest.mark.parametrize("values,expected", [
@@ -98,7 +98,7 @@ def test_toggles_come_back_from_a_dataframe_row_and_distributed_runs_show_layout
 
 
 def test_the_runs_table_has_no_raw_none_and_compares_with_the_baseline(tmp_path):
-    from tunekit.ui.report_html import runs_report, runs_table
+    from tunekit.cli.report_html import runs_report, runs_table
 
     runs = [_run(0, "bf16", tps=2000.0, precision="bf16"), _run(1, tps=1000.0),
             _run(2, "ckpt", tps=800.0, checkpointing=True)]
@@ -114,8 +114,8 @@ def test_the_runs_table_has_no_raw_none_and_compares_with_the_baseline(tmp_path)
 
 
 def test_compare_figure_names_runs_by_difference_and_draws_memory_components():
-    from tunekit.ui.axes import BASE_COLOR, RUN_COLOR
-    from tunekit.ui.lab_plots import compare_figure
+    from tunekit.lab.plots import compare_figure
+    from tunekit.view.axes import BASE_COLOR, RUN_COLOR
 
     runs = [_run(0, "bf16", tps=2000.0, precision="bf16"), _run(1, tps=1000.0),
             _run(2, "ckpt", tps=800.0, checkpointing=True)]
@@ -136,8 +136,8 @@ def test_compare_figure_names_runs_by_difference_and_draws_memory_components():
 
 
 def test_plot_history_marks_slowed_cells_and_keeps_one_point_above_zero():
-    from tunekit.ui.axes import RUN_COLOR, SLOWED_COLOR
-    from tunekit.ui.plots import plot_history
+    from tunekit.profiling.plots import plot_history
+    from tunekit.view.axes import RUN_COLOR, SLOWED_COLOR
 
     df = pd.DataFrame({"name": ["a", "a", "b"], "wall_s": [2.9, 0.32, 4.5], "flops_source": ["counted", "cached",
                                                                                            "counted"],
@@ -198,8 +198,8 @@ def test_history_default_view_marks_cells_slowed_by_trace_and_memory_too():
 
 def test_plot_history_marks_traced_cells_from_the_default_history_view():
     from tunekit.core.summary import HISTORY_COLUMNS
-    from tunekit.ui.axes import RUN_COLOR, SLOWED_COLOR
-    from tunekit.ui.plots import plot_history
+    from tunekit.profiling.plots import plot_history
+    from tunekit.view.axes import RUN_COLOR, SLOWED_COLOR
 
     wall = plot_history(_history_with_every_slower()[list(HISTORY_COLUMNS)]).data[0]
     assert list(wall.marker.color) == [SLOWED_COLOR] * 3 + [RUN_COLOR]
@@ -207,10 +207,10 @@ def test_plot_history_marks_traced_cells_from_the_default_history_view():
 
 
 def test_the_report_marks_a_traced_cell(monkeypatch):
+    from tunekit.cli.report_html import SessionSummary
     from tunekit.core.breakdown import Breakdown
     from tunekit.core.records import History, ProfileRecord
     from tunekit.measure import history as hist
-    from tunekit.ui.report_html import SessionSummary
 
     h = History()
     h.append(ProfileRecord("t", wall_s=1.5, flops_source="cached",

@@ -11,10 +11,10 @@ import types
 
 import pytest
 
+from tunekit.cli import main as cli
 from tunekit.core.results import RunResult
-from tunekit.core.runlog import read_records
 from tunekit.core.toggles import Toggles
-from tunekit.ui import cli
+from tunekit.lab.runlog import read_records
 
 TORCHRUN = {"TORCHELASTIC_RUN_ID": "job", "RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
             "LOCAL_WORLD_SIZE": "2"}
@@ -78,7 +78,7 @@ def _refused(argv, capsys, monkeypatch, env=None):
         monkeypatch.delenv(k, raising=False)
     for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr("tunekit.engine.lab.Lab", None)   # constructing a Lab would be work: fails loudly
+    monkeypatch.setattr("tunekit.lab.lab.Lab", None)   # constructing a Lab would be work: fails loudly
     with pytest.raises(SystemExit) as e:
         code = cli.main(["run", *argv])
         raise SystemExit(code)
@@ -111,7 +111,7 @@ def test_bad_options_one_line_exit_2_before_any_work(argv, match, capsys, monkey
 
 
 def test_a_link_this_machine_cannot_emulate_refused(capsys, monkeypatch):
-    monkeypatch.setattr("tunekit.engine.dist.netns.check", lambda: "emulated nodes need root")
+    monkeypatch.setattr("tunekit.parallel.netns.check", lambda: "emulated nodes need root")
     err = _refused(["--parallel", "fsdp", "--nodes", "2", "--link-bandwidth", "50mbit"], capsys, monkeypatch)
     assert err.endswith("--link-* cannot emulate nodes here: emulated nodes need root")
 
@@ -149,8 +149,8 @@ def test_under_torchrun_it_joins_the_job_and_only_rank_0_writes(rank, tmp_path, 
         r.world_size, r.parallel, r.nodes = 4, "hsdp", 2   # the distributed engine's fields
         return r
 
-    monkeypatch.setitem(sys.modules, "tunekit.engine.dist.worker", types.SimpleNamespace(join=join))
-    monkeypatch.setattr("tunekit.engine.lab.Lab", None)   # joining never builds an in-process Lab
+    monkeypatch.setitem(sys.modules, "tunekit.parallel.worker", types.SimpleNamespace(join=join))
+    monkeypatch.setattr("tunekit.lab.lab.Lab", None)   # joining never builds an in-process Lab
     log, report = tmp_path / "log.jsonl", tmp_path / "r.html"
     code = cli.main(["run", "--parallel", "hsdp", "--micro-batch", "2", "--steps", "3", "--model", "cpu-small",
                      "--log", str(log), "--report", str(report)])
@@ -171,7 +171,7 @@ class FakeLab:
     calls = []
 
     def __init__(self, model=None, preset="cpu-tiny", log_path=None, **kw):
-        self.log = __import__("tunekit.core.runlog", fromlist=["RunLog"]).RunLog(log_path)
+        self.log = __import__("tunekit.lab.runlog", fromlist=["RunLog"]).RunLog(log_path)
         FakeLab.calls.append(("init", model, preset))
 
     def run(self, **kw):
@@ -184,8 +184,8 @@ class FakeLab:
 def test_parallel_options_reach_lab_run(tmp_path, monkeypatch, capsys):
     for k in TORCHRUN:
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr("tunekit.engine.lab.Lab", FakeLab)
-    monkeypatch.setattr("tunekit.engine.dist.netns.check", lambda: None)   # as if root: the Lab is fake anyway
+    monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
+    monkeypatch.setattr("tunekit.parallel.netns.check", lambda: None)   # as if root: the Lab is fake anyway
     FakeLab.calls = []
     code = cli.main(["run", "--parallel", "fsdp", "--nproc", "2", "--nodes", "2", "--link-bandwidth", "50mbit",
                      "--precision", "bf16", "--checkpointing", "--log", str(tmp_path / "l.jsonl"),
@@ -201,7 +201,7 @@ def test_parallel_options_reach_lab_run(tmp_path, monkeypatch, capsys):
 def test_without_parallel_no_distributed_arguments(tmp_path, monkeypatch):
     for k in TORCHRUN:
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr("tunekit.engine.lab.Lab", FakeLab)
+    monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
     FakeLab.calls = []
     assert cli.main(["run", "--log", str(tmp_path / "l.jsonl"), "--report", str(tmp_path / "r.html")]) == 0
     kw = FakeLab.calls[1][1]
@@ -211,7 +211,7 @@ def test_without_parallel_no_distributed_arguments(tmp_path, monkeypatch):
 def test_a_failed_run_exits_1_with_one_line(tmp_path, monkeypatch, capsys):
     for k in TORCHRUN:
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr("tunekit.engine.lab.Lab", FakeLab)
+    monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
     code = cli.main(["run", "--lr", "0.5", "--log", str(tmp_path / "l.jsonl"), "--report", str(tmp_path / "r.html")])
     err = capsys.readouterr().err.strip()
     assert code == 1 and err == "tunekit run: failed: RuntimeError: rank 1 failed: ... ValueError: bad"
@@ -221,7 +221,7 @@ def test_a_failed_run_exits_1_with_one_line(tmp_path, monkeypatch, capsys):
 def test_a_factory_model_is_built_here_or_sent_as_its_name(parallel, tmp_path, monkeypatch):
     for k in TORCHRUN:
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr("tunekit.engine.lab.Lab", FakeLab)
+    monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
     FakeLab.calls = []
     argv = ["run", "--model", "collections:OrderedDict", "--parallel", parallel,
             "--log", str(tmp_path / "l.jsonl"), "--report", str(tmp_path / "r.html")]
@@ -253,7 +253,7 @@ def _outside_sys_path(tmp_path, monkeypatch):
 def test_a_factory_in_the_current_directory_is_found(tmp_path, monkeypatch):
     (tmp_path / "tk_cwd_models.py").write_text("import collections\ndef build():\n    return collections.Counter()\n")
     _outside_sys_path(tmp_path, monkeypatch)
-    monkeypatch.setattr("tunekit.engine.lab.Lab", FakeLab)
+    monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
     FakeLab.calls = []
     assert cli.main(["run", "--model", "tk_cwd_models:build", "--log", "l.jsonl", "--report", "r.html"]) == 0
     assert type(FakeLab.calls[0][1]).__name__ == "Counter" and sys.path[0] == str(tmp_path)
@@ -278,7 +278,7 @@ def test_a_factory_that_cannot_be_imported_is_refused_naming_sys_path(source, mo
 
 
 def test_runs_report_is_built_from_run_results_alone(tmp_path):
-    from tunekit.ui.report_html import runs_report
+    from tunekit.cli.report_html import runs_report
 
     ok = _result(run_id=0, peak_tflops=0.5, notes=["a <note>"])
     bad = RunResult.failed(Toggles(micro_batch=64), "mb=64", "out of <memory>", [], run_id=1)
@@ -287,3 +287,40 @@ def test_runs_report_is_built_from_run_results_alone(tmp_path):
     assert "#1 mb=64 (failed)" in page and "out of &lt;memory&gt;" in page and "a &lt;note&gt;" in page
     assert "0.5 TFLOPS: given" in page and "micro_batch=64" in page
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=['\"]?https?:", page)
+
+
+def test_plan_with_a_transformers_config_without_the_extra_names_the_pip_command(tmp_path, monkeypatch, capsys):
+    # issue 33: without transformers this printed only "No module named 'transformers'"
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                               "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 256}))
+    monkeypatch.setitem(sys.modules, "transformers", None)   # an import of it fails as if not installed
+    assert cli.main(["plan", "--model", str(cfg)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "tunekit plan: error: --model with a transformers config JSON needs transformers, which is not "
+        "installed: pip install 'tunekit[hf]'")
+
+
+def test_every_optional_package_names_its_extra_from_pyproject():
+    import tomllib
+
+    from tunekit.core.extras import EXTRAS, missing_extra, pip_command
+
+    extras = tomllib.loads(open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")).read())
+    declared = extras["project"]["optional-dependencies"]
+    for package, extra in EXTRAS.items():   # each names an extra that exists and lists a package of that name
+        assert any(re.match(package.replace("_", "[-_]"), d) for d in declared[extra]) or package in (
+            "pytorch_lightning",), (package, extra)
+    assert pip_command("transformers.models") == "pip install 'tunekit[hf]'" and pip_command("numpy") is None
+    assert missing_extra(ModuleNotFoundError("x", name="numpy"), "y") is None      # not an extra's: re-raised as is
+    assert missing_extra(ImportError("x", name="transformers"), "y") is None       # installed but broken: as is
+
+
+def test_the_trainer_callback_without_transformers_names_the_pip_command(monkeypatch):
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.delitem(sys.modules, "tunekit.integrations.transformers", raising=False)
+    with pytest.raises(ModuleNotFoundError, match=r"^tunekit.integrations.transformers needs transformers, which is "
+                                                  r"not installed: pip install 'tunekit\[hf\]'$"):
+        importlib.import_module("tunekit.integrations.transformers")

@@ -151,7 +151,7 @@ def test_gpu_readings_from_a_mocked_nvml(monkeypatch):
 
 
 def test_ranks_conditions_groups_by_host():
-    from tunekit.engine.dist.aggregate import ranks_conditions
+    from tunekit.parallel.aggregate import ranks_conditions
 
     def reading(own, host="a"):
         return {"wall_s": 1.0, "host": host, "cpus": 2, "threads": 1, "load_avg": 0.5, "gpu": {},
@@ -204,8 +204,8 @@ def test_a_quiet_block_carries_no_badge(monkeypatch):
 
 def test_a_busy_lab_run_says_so_in_results_cli_and_report(busy, tmp_path):
     import tunekit
+    from tunekit.cli.report_html import runs_report
     from tunekit.core.run_text import summary_lines
-    from tunekit.ui.report_html import runs_report
 
     lab = tunekit.Lab(log_path=tmp_path / "runs.jsonl")
     r = lab.run(steps=1, warmup=0)

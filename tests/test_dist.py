@@ -17,11 +17,11 @@ import torch
 
 from tunekit.core.comm import expected_comm, layout_problems, padded_numel, total_by
 from tunekit.core.memory.estimate import estimate_memory
-from tunekit.engine.dist import launch as launch_mod
-from tunekit.engine.dist.launch import DistRunError, launch
 from tunekit.models.data import Batcher
 from tunekit.models.optimizers import build_optimizer
 from tunekit.models.spec import build_model, factory_spec, model_spec
+from tunekit.parallel import launch as launch_mod
+from tunekit.parallel.launch import DistRunError, launch
 
 HERE = os.path.dirname(__file__)
 MB, T, STEPS, WARMUP = 2, 32, 2, 3  # 3: DDP's second iteration has one-off broadcasts
@@ -270,7 +270,7 @@ def test_the_lab_runs_and_logs_a_distributed_run(tmp_path):
 
 
 class FakeNodes:
-    """tunekit.engine.dist.netns.EmulatedNodes' interface on localhost: every node is this machine."""
+    """tunekit.parallel.netns.EmulatedNodes' interface on localhost: every node is this machine."""
 
     def __init__(self, nodes, bandwidth=None, latency=None):
         self.addresses, self.ifname = ["127.0.0.1"] * nodes, "lo"
@@ -316,7 +316,7 @@ def test_ctrl_c_leaves_no_rank_behind(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {HERE!r})
-        from tunekit.engine.dist.launch import launch
+        from tunekit.parallel.launch import launch
         from tunekit.models.spec import factory_spec
         spec = {{"model": factory_spec("dist_factories:tiny_gpt"), "parallel": "fsdp", "steps": 500,
                  "warmup": 0, "toggles": {{"micro_batch": 2, "seq_len": 32}}, "peak_tflops": 1.0}}
@@ -329,7 +329,7 @@ def test_ctrl_c_leaves_no_rank_behind(tmp_path):
     try:
         assert proc.stdout.readline().startswith("step")
         ranks = psutil.Process(proc.pid).children(recursive=True)
-        assert len([p for p in ranks if "tunekit.engine.dist.worker" in " ".join(p.cmdline())]) == 2
+        assert len([p for p in ranks if "tunekit.parallel.worker" in " ".join(p.cmdline())]) == 2
         proc.send_signal(signal.SIGINT)  # what a notebook's interrupt sends the kernel
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -355,7 +355,7 @@ def test_ctrl_c_leaves_no_rank_behind(tmp_path):
 
 def test_gpu_path_picks_nccl_and_the_local_device(monkeypatch):
     """Unverified on a GPU here: the worker's choices under a mocked CUDA."""
-    from tunekit.engine.dist import worker
+    from tunekit.parallel import worker
 
     calls = {}
     monkeypatch.setenv("RANK", "1")
@@ -417,9 +417,9 @@ def test_fsdp_on_a_transformers_model_in_bf16_with_checkpointing():
 
 @pytest.mark.slow
 def test_real_emulated_nodes_carry_only_the_shard_all_reduce_for_hsdp():
-    """Through tunekit.engine.dist.netns (network namespaces joined by a 50 Mbit/s link); skipped where
+    """Through tunekit.parallel.netns (network namespaces joined by a 50 Mbit/s link); skipped where
     it cannot run (no root or no iproute2), with its reason."""
-    netns = pytest.importorskip("tunekit.engine.dist.netns")
+    netns = pytest.importorskip("tunekit.parallel.netns")
     why = netns.check()
     if why is not None:
         pytest.skip(why)
@@ -453,7 +453,7 @@ def test_the_agents_log_lines_stay_off_the_callers_stderr(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {HERE!r})
-        from tunekit.engine.dist.launch import DistRunError, launch
+        from tunekit.parallel.launch import DistRunError, launch
         from tunekit.models.spec import factory_spec
         spec = {{"model": factory_spec("dist_factories:fails_on_rank_1"), "parallel": "ddp", "steps": 1,
                  "warmup": 0, "toggles": {{"micro_batch": 2, "seq_len": 32}}, "peak_tflops": 1.0}}

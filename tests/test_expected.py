@@ -10,7 +10,7 @@ import tunekit
 from tunekit.core.efficiency import Figures, gpu_figures, wave_efficiency
 from tunekit.core.expected import agreement, expect
 from tunekit.core.notes import of_kind
-from tunekit.engine.plan.ops import RooflineCounter
+from tunekit.planning.ops import RooflineCounter
 
 
 def _fig(**kw):

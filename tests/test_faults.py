@@ -13,11 +13,12 @@ import torch
 
 import tunekit
 from tunekit.core.toggles import ToggleError
-from tunekit.engine.lab import Lab
-from tunekit.engine.train.guard import NonFiniteRunError
-from tunekit.measure import history, meters, probe
+from tunekit.lab.lab import Lab
+from tunekit.measure import history, meters
 from tunekit.measure.oom import is_oom
 from tunekit.measure.torch_private import dispatch_mode_stack
+from tunekit.profiling import probe
+from tunekit.train.guard import NonFiniteRunError
 
 
 @pytest.fixture
@@ -125,11 +126,11 @@ def test_non_finite_run_is_stopped_recorded_and_undone(lab):
     assert all(p.grad is None for p in lab.model.parameters())
     assert lab.results()["status"].tolist() == ["ok", "failed"]
     assert math.isfinite(lab.run(steps=1, warmup=0).loss)      # the model trains on as before
-    assert [r["status"] for r in tunekit.core.runlog.read_records(lab.log_path)[0]] == ["ok", "failed", "ok"]
+    assert [r["status"] for r in tunekit.lab.runlog.read_records(lab.log_path)[0]] == ["ok", "failed", "ok"]
 
 
 def test_snapshot_cost_is_recorded(lab, monkeypatch):
-    from tunekit.engine.train import guard
+    from tunekit.train import guard
 
     clock = iter([100.0, 100.25])   # the snapshot's two clock reads, injected: 0.25 s
     monkeypatch.setattr(guard, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
@@ -176,19 +177,19 @@ def test_two_labs_sharing_a_log_write_unique_run_ids(tmp_path):
     a, b = (Lab(preset="cpu-tiny", log_path=path, peak_tflops=1.0, micro_batch=2, seq_len=16) for _ in range(2))
     ids = [lab.run(steps=1, warmup=0).run_id for lab in (a, b, a, b)]
     assert ids == [0, 1, 2, 3]
-    assert [r["run_id"] for r in tunekit.core.runlog.read_records(path)[0]] == [0, 1, 2, 3]
+    assert [r["run_id"] for r in tunekit.lab.runlog.read_records(path)[0]] == [0, 1, 2, 3]
 
 
 def test_processes_appending_to_one_log_never_share_an_id(tmp_path):
     path = tmp_path / "log.jsonl"
     code = textwrap.dedent(f"""
-        from tunekit.core import runlog
+        from tunekit.lab import runlog
         for _ in range(25):
             runlog.append_record({str(path)!r}, lambda i: {{"run_id": i}})
     """)
     procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(3)]
     assert all(p.wait(timeout=60) == 0 for p in procs)
-    ids = [r["run_id"] for r in tunekit.core.runlog.read_records(path)[0]]
+    ids = [r["run_id"] for r in tunekit.lab.runlog.read_records(path)[0]]
     assert sorted(ids) == list(range(75))
 
 
@@ -198,7 +199,8 @@ def test_processes_appending_to_one_log_never_share_an_id(tmp_path):
 INTERRUPTS = textwrap.dedent("""
     import os, signal, sys, threading, time, torch, tunekit
     from torch.nn.modules import module as M
-    from tunekit.measure import meters, probe, torch_private
+    from tunekit.measure import meters, torch_private
+    from tunekit.profiling import probe
 
     torch.set_num_threads(1)
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
@@ -313,7 +315,7 @@ def test_interrupted_lab_run_and_search_leave_no_gradients(lab):
 
 def test_gpuprofile_on_survives_a_probe_left_in_flight(ip, run):
     run("%gpuprofile on -q")
-    magics = tunekit.ui.magics._STATE["magics"]
+    magics = tunekit.profiling.magics._STATE["magics"]
     left = probe.Probe("left over", flops="never").start()     # as if post_run_cell never ran
     magics._probe = left
     assert run("y = 2 + 2").error_in_exec is None

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tunekit.ui.figure_svg import PLOTLY, install, to_svg
+from tunekit.view.figure_svg import PLOTLY, install, to_svg
 
 NS = "{http://www.w3.org/2000/svg}"
 

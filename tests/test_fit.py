@@ -13,8 +13,8 @@ import torch
 from tunekit.core.fmt import fmt_bytes
 from tunekit.core.toggles import ToggleError
 from tunekit.core.units import MiB
-from tunekit.engine import fit
-from tunekit.engine.lab import Lab
+from tunekit.lab import fit
+from tunekit.lab.lab import Lab
 from tunekit.measure import memavail
 from tunekit.measure.memavail import Available
 from tunekit.measure.meters import CpuPeak
@@ -171,7 +171,7 @@ def test_max_batch_search_stops_at_the_memory_available(tmp_path, monkeypatch):
     assert any(t.reason == "predicted over available" and t.reason.kind == "trial.predicted_over_available"
                for t in found.trials)
     assert peak < 32 * MiB + 16 * MiB, fmt_bytes(peak)     # no trial ran far past the limit
-    # from far up: the first trials are estimated (tunekit.engine.fit) and refused, not run, until
+    # from far up: the first trials are estimated (tunekit.lab.fit) and refused, not run, until
     # the bisection comes down to sizes that fit
     down = lab.find_max_batch_size(start=10**7, limit=10**9, memory_budget_bytes=1 << 40, budget_s=None)
     refused = [t for t in down.trials if t.reason == "predicted over available"]
@@ -184,7 +184,7 @@ def test_max_batch_search_stops_at_the_memory_available(tmp_path, monkeypatch):
 
 
 def test_distributed_run_is_refused_before_launch(tmp_path, limit, monkeypatch):
-    import tunekit.engine.dist.launch as launch
+    import tunekit.parallel.launch as launch
 
     monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("a rank was started"))
     lab = _gpt(tmp_path)
@@ -225,7 +225,7 @@ def test_real_cpu_allocator_error_leaves_the_lab_usable(tmp_path):
     # for real, while the fit check is told there is plenty of memory
     code = textwrap.dedent("""
         import resource, torch
-        from tunekit.engine.lab import Lab
+        from tunekit.lab.lab import Lab
         from tunekit.measure import memavail, meters
         torch.set_num_threads(1)
         lab = Lab(seq_len=64, peak_tflops=1.0, log_path=%r)

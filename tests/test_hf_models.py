@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Con
 import tunekit  # noqa: E402
 from tunekit.core.shapes import model_shape  # noqa: E402
 from tunekit.core.toggles import ToggleError  # noqa: E402
-from tunekit.engine.lab import Lab  # noqa: E402
+from tunekit.lab.lab import Lab  # noqa: E402
 from tunekit.models.adapters import adapt  # noqa: E402
 
 transformers.logging.set_verbosity_error()

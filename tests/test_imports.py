@@ -31,9 +31,9 @@ def test_the_flat_names_of_0_1_are_gone_and_the_layers_are_reachable():
         assert not hasattr(tunekit, old), old
         out = subprocess.run([sys.executable, "-c", f"import tunekit.{old}"], capture_output=True, text=True)
         assert "ModuleNotFoundError" in out.stderr, old
-    for layer in ("core", "models", "measure", "engine", "ui"):
+    for layer in ("core", "models", "measure", "train", "view", "lab", "planning", "profiling", "monitor"):
         assert getattr(tunekit, layer) is importlib.import_module(f"tunekit.{layer}")
-    assert tunekit.bench is importlib.import_module("tunekit.ui.bench")
+    assert tunekit.bench is importlib.import_module("tunekit.bench")
 
 
 def test_import_torch_then_tunekit_prints_nothing():

@@ -53,8 +53,20 @@ def test_transformers_trainer_figures_reach_every_reporter(tmp_path):
     assert cb.monitor.closed and tunekit.last() is cb.monitor.record and not counting_active()
     history = [h for h in trainer.state.log_history if "loss" in h]
     assert len(history) == 3 and all("tunekit/tokens_per_s" in h for h in history[1:])  # trainer_state.json too
+    # issue 33: steps numbered as the Trainer numbers them (its global_step once a step ends), each
+    # step written whole once (its window's memory in it), warm-up and counted steps marked in JSONL
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [h["step"] for h in history] == [2, 4, 6]                 # logging_steps=2: the same numbers
     lines = [json.loads(x) for x in (tmp_path / "run.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines if "tunekit/wall_s" in x] == [0, 1, 2, 3, 4, 5]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4, 5, 6]
+    assert all("tunekit/wall_s" in x and "tunekit/cpu_peak_bytes" in x for x in lines)
+    assert [(x["tunekit/counted"], x["tunekit/warmup"]) for x in lines] == [(1, 0), (0, 1)] + [(0, 0)] * 4
+    # every figure at every log: the memory peak in each (the speeds where a step was measured)
+    assert all(log["tunekit/cpu_peak_bytes"] > 0 for log in steps_logged)
+    # one statistic per figure: wall_s is the mean of the window's measured steps, tokens/s their
+    # tokens over their time, so tokens/s x wall_s = the tokens of one step (2 x 2 x 16 = 64)
+    for log in steps_logged[1:]:
+        assert log["tunekit/tokens_per_s"] * log["tunekit/wall_s"] == pytest.approx(64)
 
 
 def test_transformers_callback_refuses_bad_options_when_built():
@@ -116,6 +128,7 @@ def test_lightning_steps_and_loggers(tmp_path):
     cb, trainer = _fit(tmp_path, _Module(), steps=4, accumulate=2)
     rows = cb.monitor.rows
     assert len(rows) == 4 and rows[0]["counted"] and not any(r["counted"] for r in rows[1:])
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]     # trainer.global_step once each step ended
     assert all(r["tokens"] == 2 * 2 * 32 for r in rows)           # 2 micro-batches of 2 x 32
     assert all(isinstance(r["loss"], float) and not math.isnan(r["loss"]) for r in rows)
     csv = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text()

@@ -22,10 +22,11 @@ from torch.nn.modules import module as M
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tunekit
-from tunekit.engine.lab import Lab
-from tunekit.measure import history, interrupts, meters, probe
+from tunekit.lab.lab import Lab
+from tunekit.measure import history, interrupts, meters
 from tunekit.measure.flops import counting_active
 from tunekit.measure.torch_private import dispatch_mode_stack
+from tunekit.profiling import probe
 
 TUNEKIT = os.path.dirname(os.path.abspath(tunekit.__file__)) + os.sep
 GLOBAL_HOOKS = [n for n in dir(M) if n.startswith("_global_") and n.endswith("hooks")]
@@ -270,7 +271,7 @@ def _cell_case(ip, src):
     """The cell ``src`` run in ``ip``. IPython swallows a KeyboardInterrupt raised in its
     callbacks (pre_run_cell, post_run_cell) and runs the cell anyway; one that lands while the
     cell's own code runs must stop it."""
-    magics = tunekit.ui.magics._STATE["magics"]
+    magics = tunekit.profiling.magics._STATE["magics"]
     ip.user_ns["touch"] = touch
 
     def callbacks():

@@ -88,7 +88,7 @@ def _settle():
 
 
 def state(ip):
-    magics = tunekit.ui.magics._STATE["magics"]
+    magics = tunekit.profiling.magics._STATE["magics"]
     return {
         "dispatch modes": [type(m).__name__ for m in dispatch_mode_stack()],
         "global module hooks": {n: len(getattr(M, n)) for n in GLOBAL_HOOKS},

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tunekit.core import runlog
 from tunekit.core.results import RunResult
 from tunekit.core.toggles import FP16_ON_CPU, Env, ToggleError, Toggles, label, notices, problems
-from tunekit.engine.lab import Lab
+from tunekit.lab import runlog
+from tunekit.lab.lab import Lab
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -56,7 +56,7 @@ def test_labels_name_what_changed():
 def test_pure_modules_import_no_torch():
     code = textwrap.dedent("""
         import sys
-        import tunekit.core.toggles, tunekit.core.runlog
+        import tunekit.core.toggles, tunekit.lab.runlog
         assert "torch" not in sys.modules, "pure module imported torch"
     """)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -191,7 +191,7 @@ def test_log_survives_crash_mid_write(tmp_path):
     # a writer that finishes two records, then dies by SIGKILL half-way through the third line
     code = textwrap.dedent(f"""
         import os, signal
-        from tunekit.core import runlog
+        from tunekit.lab import runlog
         runlog.append_record(r"{path}", {{"run_id": 0, "loss": float("nan")}})
         runlog.append_record(r"{path}", {{"run_id": 1, "loss": 2.5}})
         with open(r"{path}", "ab") as f:
@@ -399,7 +399,7 @@ def test_cuda_oom_search_returns_to_baseline(tmp_path):
 def test_repeat_agreement_compares_the_best_steps_of_repeats():
     from types import SimpleNamespace as R
 
-    from tunekit.core.runlog import repeat_agreement
+    from tunekit.lab.runlog import repeat_agreement
 
     quiet = [[R(step_s_min=0.100), R(step_s_min=0.110)], [R(step_s_min=0.050), R(step_s_min=0.050)]]
     worst, verdict = repeat_agreement(quiet)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.core.plan import Plan
 from tunekit.core.toggles import Toggles
-from tunekit.engine import lab_plan
-from tunekit.engine.lab import Lab
+from tunekit.lab import plan as lab_plan
+from tunekit.lab.lab import Lab
+from tunekit.planning.record import Plan
 
 # cpu-tiny: wte 256x128 (tied head) + 2 blocks x (qkv 384x128 + proj 128x128 + up 512x128 + down 128x512
 # + 2 norms of 128) + the final norm: 32768 + 2 x 197888 + 128 = 426624 parameters
@@ -129,7 +129,7 @@ def test_plans_errors_pass_through_unchanged(lab, monkeypatch):
 def test_the_picker_lists_cpu_and_the_devices_with_a_memory_size(dash):
     options = dict((label, value) for label, value in dash.plan_picker.options)
     assert list(options)[:2] == ["—", "cpu"] and options["—"] is None and dash.plan_picker.value is None
-    assert {"H100 SXM", "A100", "MI300X", "T4"} <= set(options)
+    assert {"H100 SXM", "A100 40GB", "A100 80GB", "MI300X", "T4"} <= set(options)
     assert "V100 SXM" not in options   # the spec table has no memory size for it
     assert dash.last_plan is None and dash.plan_html.value == ""
 
@@ -140,10 +140,10 @@ def test_picking_a_device_shows_the_plan_and_none_hides_it(dash):
     assert p.device == "H100 SXM" and p.components == dash.lab.plan("H100 SXM", micro_batch=4, seq_len=64).components
     shown = html.unescape(dash.plan_html.value)
     # 4 x 64 tokens, fp32: the step's peak + the CUDA context 0.47 GiB + Hopper's 32 MiB cuBLAS
-    # workspace, of 80 x 0.99 = 79.2 GiB
+    # workspace, of the 81,559 MiB (79.65 GiB) an H100's driver reports
     assert p.total_bytes == p.peak_bytes + 0.47 * 2**30 + 32 * 2**20 and p.fits
     gib = p.total_bytes / 2**30
-    assert f"✓ fits: {gib:.2f} GiB of 79.2 GiB ({79.2 - gib:.2f} GiB free)" in shown
+    assert f"✓ fits: {gib:.2f} GiB of 79.6 GiB ({81559 / 1024 - gib:.2f} GiB free)" in shown
     assert f"bound (upper limit): ≤ {p.bound_tokens_per_s:,.0f} tokens/s · MFU ≤ {p.bound_mfu:.1%} of 67 TFLOPS" \
         in shown
     assert "measured" not in shown   # no run yet
@@ -164,7 +164,7 @@ def test_a_run_is_shown_beside_the_bound(dash):
     dash.controls["micro_batch"].value = 2          # the plan follows; the run does not
     shown = html.unescape(dash.plan_html.value)
     assert "the run's toggles differ from the plan's: no ratio" in shown and "measured / bound" not in shown
-    dash.plan_picker.value = "A100"                 # another device: both, labelled, nothing divided
+    dash.plan_picker.value = "A100 80GB"                 # another device: both, labelled, nothing divided
     shown = html.unescape(dash.plan_html.value)
     assert "bound (upper limit): ≤ " in shown and f"measured on {r.device}" in shown
     assert "measured / bound" not in shown and "no ratio" not in shown
@@ -183,5 +183,5 @@ def test_a_plan_that_fails_is_a_sentence_in_the_message_area(dash, monkeypatch):
     dash.show_plan()
     assert dash.message.value.count(failed) == 1   # said once, not once per try
     monkeypatch.undo()
-    dash.plan_picker.value = "A100"
-    assert "failed" not in dash.message.value and dash.last_plan.device == "A100"
+    dash.plan_picker.value = "A100 80GB"
+    assert "failed" not in dash.message.value and dash.last_plan.device == "A100 80GB"

@@ -1,9 +1,11 @@
-"""The architecture, enforced (docs/ARCHITECTURE.md): one layer per top-level folder of tunekit/,
-imports flow downward only, no cycles between packages nor between modules, `__init__` files
-re-export only, no module over 400 lines.
+"""The architecture, enforced (docs/ARCHITECTURE.md): shared layers that know no product, a
+folder per product over them, imports flow downward only, no cycles between packages nor between
+modules, `__init__` files re-export only, no module over 400 lines.
 
-A module's layer is its folder: core/ < models/ < measure/ < engine/ < ui/. Sub-folders
-(core/memory/, engine/dist/, engine/bench/) belong to their folder's layer.
+A module's place is its top folder under tunekit/. Shared layers, lowest first: core/ (pure) <
+models/ < measure/ < train/ < view/; each imports only the ones below it, and none imports a
+product. A product folder imports any shared layer, itself and the products it is declared to
+build on (PRODUCTS), nothing else.
 """
 import ast
 import pathlib
@@ -14,18 +16,21 @@ from collections import defaultdict
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "tunekit"
-LAYERS = ("core", "models", "measure", "engine", "ui", "integrations")
-NAMES = {"core": "pure core", "models": "models", "measure": "measurement", "engine": "engine", "ui": "UI",
-         "integrations": "integrations"}
-# The only upward edges: an engine object's own view, imported inside the one method that shows
-# it (lab.compare(), lab.dashboard(), lab.run()'s progress, AutotuneResult.figure()). Nothing else reaches up.
-VIEWS = {("engine.lab_results", "ui.lab_plots"), ("engine.lab", "ui.dashboard"), ("engine.lab", "ui.progress"),
-         ("engine.autotune.result", "ui.autotune_view"), ("engine.monitor.monitor", "ui.monitor_view")}
-# third-party packages a layer must not import at all (even inside a function)
+SHARED = ("core", "models", "measure", "train", "view")
+# each product and the products it builds on: the Lab plans, autotunes and runs over ranks; the
+# all-reduce benchmark starts ranks as parallel does; the trainer callbacks are Monitors; the
+# command runs the Lab, plans and ranks and reports what profiling recorded
+PRODUCTS = {"profiling": (), "planning": (), "monitor": (), "parallel": (), "autotune": (),
+            "bench": ("parallel",), "lab": ("planning", "autotune", "parallel"),
+            "integrations": ("monitor",), "cli": ("lab", "planning", "parallel", "profiling")}
+LAYERS = SHARED + tuple(PRODUCTS)
+# third-party packages a shared layer must not import at all (even inside a function)
 FORBIDDEN = {"core": {"torch", "IPython", "ipywidgets"}, "models": {"IPython", "ipywidgets"},
-             "measure": {"IPython", "ipywidgets"}, "engine": {"IPython", "ipywidgets"}}
-# ... and only inside functions (a figure or table method), never at module level
+             "measure": {"IPython", "ipywidgets"}, "train": {"IPython", "ipywidgets"}}
+# ... and only inside functions (a figure or table method), never at module level, except in view/
+# and in a product's own drawing modules
 LAZY_ONLY = {"pandas", "plotly"}
+DRAWING = {"plots", "view", "dashboard", "panel", "magics", "experiments", "report_html"}
 MAX_LINES = 400
 
 
@@ -36,15 +41,28 @@ def _modules():
 
 
 def layer(module: str) -> str | None:
-    """The layer of a module under tunekit. (its top folder); None for the top-level façade."""
+    """The folder of a module under tunekit. (its top folder); None for the top-level façade."""
     head = module.split(".")[0]
     if head == "__main__":
-        return "ui"
+        return "cli"
     return head if head in LAYERS else None
 
 
+def may_import(mine: str, theirs: str) -> bool:
+    """Whether a module of folder ``mine`` may import one of folder ``theirs``."""
+    if theirs in SHARED:
+        return mine not in SHARED or SHARED.index(theirs) <= SHARED.index(mine)
+    return theirs == mine or theirs in PRODUCTS.get(mine, ())
+
+
+def _is_module(full: str) -> bool:
+    path = ROOT / full.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
 def _imports(name, path):
-    """(target under tunekit. or a third-party name, at module level?) for every import."""
+    """(target under tunekit. or a third-party name, at module level?) for every import; an imported
+    name that is a module (`from tunekit.lab import fit`, `from . import runlog`) is that module."""
     tree = ast.parse(path.read_text())
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     top = {id(n) for n in tree.body}
@@ -56,13 +74,14 @@ def _imports(name, path):
             if node.level:
                 base = package[: len(package) - node.level + 1]
                 mod = ".".join(base + ([node.module] if node.module else []))
-                for a in node.names:  # `from . import runlog` names a module
-                    full = f"{mod}.{a.name}" if mod else a.name
-                    is_mod = (ROOT / (full.replace(".", "/") + ".py")).exists() or \
-                        (ROOT / full.replace(".", "/") / "__init__.py").exists()
-                    yield "tunekit." + (full if is_mod else mod), id(node) in top
+            elif node.module == "tunekit" or (node.module or "").startswith("tunekit."):
+                mod = node.module[len("tunekit."):] if node.module != "tunekit" else ""
             else:
                 yield node.module, id(node) in top
+                continue
+            for a in node.names:
+                full = f"{mod}.{a.name}" if mod else a.name
+                yield "tunekit." + (full if _is_module(full) else mod), id(node) in top
 
 
 MODULES = [(m, p) for m, p in _modules() if m]  # the package's own __init__ is the public façade
@@ -84,22 +103,23 @@ def test_imports_flow_downward(name, path):
             inner = target[len("tunekit."):]
             theirs = layer(inner)
             assert theirs is not None or inner == "", f"{name} imports the façade tunekit.{inner}"
-            if theirs is None or (name, inner) in VIEWS:
+            if theirs is None:
                 continue
-            assert LAYERS.index(theirs) <= LAYERS.index(mine), (
-                f"{name} ({NAMES[mine]}) imports {inner} ({NAMES[theirs]}): imports must flow downward")
+            assert may_import(mine, theirs), (
+                f"{name} ({mine}/) imports {inner} ({theirs}/): shared layers import only those below "
+                f"them, a product only shared layers and {PRODUCTS.get(mine, ())}")
         else:
-            assert head not in FORBIDDEN.get(mine, ()), f"{name} ({NAMES[mine]}) imports {head}"
-            if mine != "ui":
+            assert head not in FORBIDDEN.get(mine, ()), f"{name} ({mine}/) imports {head}"
+            if mine != "view" and name.rpartition(".")[2] not in DRAWING:
                 assert not (head in LAZY_ONLY and top_level), \
                     f"{name} imports {head} at module level: only inside the function that draws"
 
 
-def test_views_are_imported_inside_their_method_only():
-    for name, path in MODULES:
-        for target, top_level in _imports(name, path):
-            if target and (name, target.removeprefix("tunekit.")) in VIEWS:
-                assert not top_level, f"{name} imports its view {target} at module level"
+def test_the_folder_rules_read_as_declared():
+    assert may_import("measure", "core") and not may_import("core", "measure")
+    assert may_import("lab", "planning") and not may_import("planning", "lab")
+    assert may_import("monitor", "view") and not may_import("view", "monitor")
+    assert not may_import("profiling", "monitor") and may_import("profiling", "profiling")
 
 
 def _cycle(edges):
@@ -128,8 +148,7 @@ def _cycle(edges):
 
 
 def test_no_cycles_between_packages():
-    """Packages (folders, sub-folders included) form no import cycle, lazy imports included; only
-    the VIEWS edges are left out (each a method that shows its own object)."""
+    """Packages (folders, sub-folders included) form no import cycle, lazy imports included."""
     def package(module):  # a package's __init__ is its own (re-exporting its modules is no cycle)
         if (ROOT / module.replace(".", "/") / "__init__.py").exists():
             return module
@@ -138,7 +157,7 @@ def test_no_cycles_between_packages():
     edges = defaultdict(set)
     for name, path in MODULES:
         for target, _ in _imports(name, path):
-            if target and target.startswith("tunekit.") and (name, target[8:]) not in VIEWS:
+            if target and target.startswith("tunekit."):
                 a, b = package(name), package(target[8:])
                 if a != b and layer(target[8:]):
                     edges[a].add(b)
@@ -148,14 +167,13 @@ def test_no_cycles_between_packages():
 
 def test_no_cycles_between_modules():
     """Modules (files) form no import cycle either, lazy imports included: a piece two modules
-    share lives in the one that owns it, not in both by turns. The VIEWS edges are left out."""
+    share lives in the one that owns it, not in both by turns."""
     edges = defaultdict(set)
     for name, path in MODULES:
         for target, _ in _imports(name, path):
             inner = target.removeprefix("tunekit.") if target else ""
             # `from .pkg import name` reads pkg/__init__.py: an edge to the package's module
-            if target and target.startswith("tunekit.") and layer(inner) and (name, inner) not in VIEWS \
-                    and inner != name:
+            if target and target.startswith("tunekit.") and layer(inner) and inner != name:
                 edges[name].add(inner)
     cycle = _cycle(edges)
     assert cycle is None, "module cycle: " + " -> ".join(cycle)

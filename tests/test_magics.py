@@ -43,7 +43,8 @@ def test_error_is_recorded_and_reaches_the_user(run):
 
 
 def test_bad_arguments_are_usage_errors(run):
-    for bad in ("--flops sometimes", "--dtype int3", "--peak -1", "--model-flops -5", "on"):
+    for bad in ("--flops sometimes", "--dtype int3", "--peak -1", "--model-flops -5", "on",
+                "--flops always --trace", "--memory --flops always"):
         r = run(f"%%gpuprofile {bad}\n1")
         assert isinstance(r.error_in_exec, UsageError), bad
     r = run("%gpuprofile")
@@ -81,7 +82,7 @@ def test_load_ext_sets_the_renderer_and_unload_ext_puts_plotlys_back(ip):
     ip.run_line_magic("unload_ext", "tunekit")
     before = pio.renderers.default
     ip.run_line_magic("load_ext", "tunekit")
-    from tunekit.ui.renderer import in_kernel
+    from tunekit.view.renderer import in_kernel
 
     assert pio.renderers.default == ("tunekit" if in_kernel() else "tunekit_file")
     ip.run_line_magic("unload_ext", "tunekit")
@@ -161,17 +162,43 @@ def _error(r):
     return r.error_before_exec or r.error_in_exec
 
 
+def test_a_syntax_error_in_a_magic_called_by_code_is_raised_and_not_a_run(ip):
+    n = len(tunekit.history(all=True))
+    with pytest.raises(SyntaxError):
+        ip.run_cell_magic("gpuprofile", "-q -n by_code", "x = (")
+    assert len(tunekit.history(all=True)) == n
+
+
+def test_unloading_puts_ipythons_custom_exception_handlers_back():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tunekit.profiling import cell_check
+
+    shell = InteractiveShell.instance()
+    before = (shell.custom_exceptions, shell.CustomTB)
+    state = cell_check.install(shell)
+    assert cell_check.CellError in shell.custom_exceptions
+    cell_check.uninstall(shell, state)
+    assert (shell.custom_exceptions, shell.CustomTB) == before
+
+
 @pytest.mark.parametrize("body", ["x = (", "def f(:\n    pass", "a = 1\nb = )", "if True:\n        x = 1\n    y = 2",
                                   "return 5", "a = 1\nbreak", "f(**)", "x = 1 +"])
-def test_a_syntax_error_is_the_one_a_plain_cell_raises_and_is_recorded(run, body):
+def test_a_syntax_error_is_the_one_a_plain_cell_raises_and_is_not_a_run(run, body, capsys):
     plain = _error(run(body))
+    n = len(tunekit.history(all=True))
+    capsys.readouterr()
     r = run("%%gpuprofile -q -n broken\n" + body)
-    magic = _error(r)
-    assert type(magic) is type(plain) and isinstance(magic, SyntaxError)
+    magic = _error(r)   # a subclass of the plain one's class, of the same name, marked for its display
+    assert type(magic).__name__ == type(plain).__name__ and isinstance(magic, type(plain))
     assert (magic.msg, magic.text, magic.offset) == (plain.msg, plain.text, plain.offset)
     assert magic.lineno == plain.lineno + 1        # the cell's line: line 1 is %%gpuprofile
-    rec = tunekit.last()
-    assert rec.name == "broken" and rec.error.startswith(f"{type(plain).__name__}: {plain.msg} (")
+    assert len(tunekit.history(all=True)) == n     # a cell that never ran is not a run (issue 33)
+    shown = capsys.readouterr()
+    shown = shown.out + shown.err
+    # only the cell's line ("Cell In[N], line L", or "<tokenize>:L" for the tokenizer's errors)
+    assert f"line {magic.lineno}" in shown or f":{magic.lineno}" in shown
+    assert "tunekit" not in shown and "run_cell_magic" not in shown
 
 
 @pytest.mark.parametrize("body", ["1/0", "a = 1\nundefined_name", "raise KeyError('k')", "import no_such_module_tk",

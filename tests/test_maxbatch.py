@@ -8,8 +8,8 @@ import pytest
 
 from tunekit.core.notes import Note
 from tunekit.core.toggles import ToggleError
-from tunekit.engine import maxbatch
-from tunekit.engine.maxbatch import MaxBatchResult, Trial
+from tunekit.lab import maxbatch
+from tunekit.lab.maxbatch import MaxBatchResult, Trial
 
 
 class FakeClock:
@@ -114,7 +114,7 @@ def test_a_trial_refused_by_prediction_costs_no_time(monkeypatch):
 
 
 def test_a_trial_refused_by_prediction_is_known_by_its_reason_s_kind(monkeypatch):
-    # a prediction that took time (tunekit.engine.fit's estimate) is no trial's cost: were its 1.5 s
+    # a prediction that took time (tunekit.lab.fit's estimate) is no trial's cost: were its 1.5 s
     # taken as the trial at 16's, 12 would be expected to take 1.5 s and run
     result = refused_from_16(monkeypatch, 1.5, Note("trial.predicted_over_available", "too big"))
     # 1, 2, 4, 8 take 8 s, 16 is refused at 9.5 s; 12 is expected to take 2 s * 12/8 = 3 s: past 12 s
@@ -130,7 +130,7 @@ def test_not_even_the_first_size_fits(monkeypatch):
 
 def test_a_lab_search_stops_on_its_budget_and_says_so(monkeypatch, tmp_path):
     # the public path: the Lab's search with a fake trial and a fake clock
-    from tunekit.engine.lab import Lab
+    from tunekit.lab.lab import Lab
 
     lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=16)
     clock = FakeClock()
@@ -150,7 +150,7 @@ def test_a_lab_search_stops_on_its_budget_and_says_so(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("budget_s", [0, -1, float("nan"), "60", True])
 def test_a_bad_budget_is_refused(budget_s, tmp_path):
-    from tunekit.engine.lab import Lab
+    from tunekit.lab.lab import Lab
 
     lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=16)
     with pytest.raises(ToggleError, match="budget_s must be a finite number > 0"):
@@ -177,8 +177,8 @@ def _shown_search(monkeypatch, tmp_path, tty: bool, **kwargs):
     """lab.find_max_batch_size over fake trials (2 fake seconds each, micro-batches up to 4 fit,
     larger ones run out of memory) with stderr a terminal or not: (result, what stderr got, the
     trials the caller's progress callback saw)."""
-    from tunekit.engine.lab import Lab
-    from tunekit.ui import progress
+    from tunekit.lab.lab import Lab
+    from tunekit.view import progress
 
     lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=16)
     clock = FakeClock()

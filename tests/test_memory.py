@@ -116,12 +116,15 @@ def test_report_frame_and_figure(tiny_cfg):
     assert list(df.columns) == ["estimated_bytes", "measured_bytes", "error"]
     assert df.loc["activations", "error"] == 0.0
     assert len(rep.figure().data) >= 4
+    alone = measure_memory(GPT(tiny_cfg), micro_batch=1, seq_len=16, estimate=False)
+    # no estimate: its side has no bars, never 0-byte ones (issue 33)
+    assert all(bar.y[0] is None and bar.y[1] > 0 for bar in alone.figure().data)
     if not torch.cuda.is_available():
         assert rep.cuda == {} and any("CUDA" in n for n in rep.notes)
 
 
 def test_measure_a_lab(tmp_path):
-    from tunekit.engine.lab import Lab
+    from tunekit.lab.lab import Lab
 
     lab = Lab(preset="cpu-tiny", micro_batch=2, seq_len=32, log_path=tmp_path / "runs.jsonl")
     rep = measure_memory(lab)
@@ -196,7 +199,7 @@ def test_rng_state_is_not_advanced():
 @pytest.mark.parametrize("precision,checkpointing,attention",
                          [(p, c, a) for p in ("fp32", "bf16") for c in (False, True) for a in ("sdpa", "math")])
 def test_lab_and_measure_memory_share_one_saved_activation_tally(tmp_path, precision, checkpointing, attention):
-    from tunekit.engine.lab import Lab
+    from tunekit.lab.lab import Lab
 
     lab = Lab(preset="cpu-tiny", log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=2,
               seq_len=32, precision=precision, checkpointing=checkpointing, attention=attention)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import tunekit
 from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED
-from tunekit.engine.lab import Lab
+from tunekit.lab.lab import Lab
 from tunekit.models.adapters import adapt
 from tunekit.models.gpt import GPT, GPTConfig
 

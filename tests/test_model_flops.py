@@ -6,10 +6,10 @@ import torch
 
 import tunekit
 from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED
-from tunekit.measure.fingerprint import modules_seen
-from tunekit.measure.probe import Probe
 from tunekit.models.adapters import adapt
 from tunekit.models.gpt import GPT, GPTConfig
+from tunekit.profiling.fingerprint import modules_seen
+from tunekit.profiling.probe import Probe
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.core import steps
 from tunekit.measure.flops import counting_active
-from tunekit.ui import monitor_view
+from tunekit.monitor import steps
+from tunekit.monitor import view as monitor_view
 
 
 def tiny():
@@ -237,3 +237,66 @@ def test_results_read_as_a_table_and_keep_the_raw_numbers():
     assert head[:6] == ["step", "step", "(ms)", "wait", "(ms)", "tokens/s"] and "status" in head and "loss" in head
     assert "FLOP count" in text and "warm-up" in text and "mon.results(all=True)" in text
     assert df["wall_s"].iloc[2] == mon.rows[2]["wall_s"]          # raw seconds behind the ms column
+
+
+def test_memory_figures_are_above_the_runs_start_and_a_peak_is_never_below_it(monkeypatch):
+    # issue 33: 'CPU RAM RSS 0 B · peak -4.0 KiB' came from figures taken against the RSS at the end
+    # of the first window, which a lagging counter read 4 KiB above the window's peak. The start is
+    # read before the first step; readings the test decides: RSS 100 MiB at the start, 100 MiB +
+    # 8 KiB at the end, a window peak 4 KiB below the start
+    from tunekit.core.summary import to_text
+    from tunekit.monitor import monitor as monitor_mod
+
+    MiB = 2**20
+    rss = iter([100 * MiB] + [100 * MiB + 8192] * 20)
+    monkeypatch.setattr(monitor_mod, "cpu_rss_bytes", lambda: next(rss))
+    model, opt = tiny()
+    mon = tunekit.Monitor(model, name="mem", live=False, peak=1.0, flops="never")
+    monkeypatch.setattr(mon._cpu, "peak", lambda: float(100 * MiB - 4096))
+    for x, y in mon.iter(batches(3)):
+        train(model, opt, x, y)
+    rec = mon.close()
+    assert mon.rss0 == 100 * MiB
+    assert rec.cpu_rss_delta_bytes == 8192      # (100 MiB + 8 KiB) - 100 MiB
+    assert rec.cpu_peak_delta_bytes == 0        # the start is a point of the run: max(start, peak) - start
+    assert "CPU RAM    RSS +8.0 KiB · peak 0 B" in to_text(rec)
+    # the reason that applies: none counted because flops='never', not "some steps have no count"
+    assert "TFLOPS/HFU n/a: flops='never': no step counted" in rec.notes
+    unrun = tunekit.Monitor(model, name="unrun", live=False).close()   # no step: nothing measured
+    assert math.isnan(unrun.cpu_rss_delta_bytes) and math.isnan(unrun.cpu_peak_delta_bytes)
+    assert "CPU RAM    RSS n/a · peak n/a" in to_text(unrun)
+
+
+def test_a_due_calibration_runs_when_the_monitor_is_made_never_among_its_steps(calibrations, monkeypatch):
+    # issue 33: with no calibration cached, the first measured step of a new process ran the
+    # CPU's peak calibration (a 3.1 s step in a 0.2 s loop); now it runs before any step, said once
+    from tunekit.measure import peaks
+
+    model, opt = tiny()
+    mon = tunekit.Monitor(model, name="cal", live=False)
+    assert calibrations.sweeps == 1 and set(mon.flop_rates.peaks) == {"fp32"}
+    assert sum("peak was calibrated before the first step" in str(n) for n in mon.notes) == 1
+    ran = []
+    monkeypatch.setattr(peaks, "calibrate", lambda *a, **k: ran.append(a))
+    for x, y in mon.iter(batches(3)):
+        train(model, opt, x, y)
+    rec = mon.close()
+    assert ran == [] and rec.mfu == rec.mfu        # the steps' MFU against the peak found before them
+    again = tunekit.Monitor(model, name="cached", live=False)   # cached now: nothing runs, nothing said
+    assert calibrations.sweeps == 1 and not any("calibrated before" in str(n) for n in again.notes)
+    again.close()
+
+
+def test_dynamo_first_imported_in_a_step_is_no_compile(monkeypatch):
+    # Dynamo unused when the Monitor is made (None), imported by the first step's FLOP counter
+    # without compiling (0): that step is the counted one, not also a "compiled" warm-up
+    from tunekit.monitor import monitor as monitor_mod
+
+    graphs = iter([None] + [0] * 10)
+    monkeypatch.setattr(monitor_mod, "compiled_graphs", lambda: next(graphs))
+    model, opt = tiny()
+    mon = tunekit.Monitor(model, live=False, peak=1.0)
+    for x, y in mon.iter(batches(3)):
+        train(model, opt, x, y)
+    mon.close()
+    assert [(r["counted"], r["warmup"]) for r in mon.rows] == [(True, False), (False, True), (False, False)]

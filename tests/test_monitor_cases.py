@@ -313,7 +313,7 @@ def test_log_after_close_is_refused():
 
 def test_second_epoch_progress_is_not_past_total():
     """mon.iter(loader) once per epoch: the total grows by each epoch's len(loader)."""
-    from tunekit.ui.monitor_view import status
+    from tunekit.monitor.view import status
 
     net = torch.nn.Linear(8, 2)
     mon = tunekit.Monitor(net, live=False)
@@ -351,3 +351,32 @@ def test_first_parameter_on_cpu_model_on_cuda_still_synchronizes():
     mon = tunekit.Monitor(m, live=False)
     assert mon.cuda_index is not None
     mon.close()
+
+
+def test_token_ids_counted_as_samples_get_a_one_time_hint_about_tokens():
+    # issue 33: a plain-torch model fed (B, S) token ids reported samples/s with no word about tokens=
+    class Lm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = torch.nn.Embedding(64, 16), torch.nn.Linear(16, 64)
+
+        def forward(self, ids):
+            return self.out(self.emb(ids)).logsumexp(-1).mean()
+
+    model = Lm()
+    hint = ("samples/s: the model's input looks like token ids (4 x 8 integers); Monitor(..., tokens=32) or "
+            "mon.step(tokens=...) gives tokens/s and MFU per token")   # 4 x 8 = 32 tokens a step
+    mon = tunekit.Monitor(model, live=False, peak=1.0)
+    for ids in mon.iter([torch.randint(0, 64, (4, 8)) for _ in range(3)]):
+        model(ids).backward()
+    rec = mon.close()
+    assert all(r["samples"] == 4 and r["tokens"] != r["tokens"] for r in mon.rows)   # 4 samples, tokens NaN
+    assert rec.notes.count(hint) == 1
+    given = tunekit.Monitor(model, live=False, peak=1.0, tokens=32)
+    for ids in given.iter([torch.randint(0, 64, (4, 8)) for _ in range(2)]):
+        model(ids).backward()
+    assert not any("looks like token ids" in str(n) for n in given.close().notes)
+    floats = tunekit.Monitor(torch.nn.Linear(8, 2), live=False, peak=1.0)   # (B, F) floats are features
+    for x in floats.iter([torch.randn(4, 8) for _ in range(2)]):
+        floats.model(x).sum().backward()
+    assert not any("looks like token ids" in str(n) for n in floats.close().notes)

@@ -1,4 +1,4 @@
-"""engine/monitor/sinks: each sink's figures read back with the tool's own reader; every bad target
+"""monitor/sinks: each sink's figures read back with the tool's own reader; every bad target
 refused at open_sinks, before anything is written; a failing sink dropped with one warning."""
 import json
 import math
@@ -12,7 +12,7 @@ import numpy
 import pytest
 import torch
 
-from tunekit.engine.monitor.sinks import open_sinks
+from tunekit.monitor.sinks import open_sinks
 
 # four steps: figures of every accepted kind, and values that must be left out (NaN, inf, None)
 STEPS = [
@@ -244,7 +244,44 @@ def test_a_wrong_step_or_value_raises_before_any_sink_is_written(step, metrics, 
 
 
 def test_importing_the_module_imports_no_sink_package():
-    code = ("import sys, tunekit.engine.monitor.sinks; "
+    code = ("import sys, tunekit.monitor.sinks; "
             "print([m for m in ('torch', 'tensorboard', 'mlflow') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_terminal_line_is_cleared_before_another_logger_prints(monkeypatch):
+    # issue 33: the Monitor's line (redrawn with \r, no newline) ran into the Trainer's printed log
+    import io
+
+    from tunekit.monitor.view import MonitorView
+
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    view = MonitorView("run", "terminal")
+    view.update([], None)
+    view.clear()
+    assert err.getvalue().endswith("\r\x1b[K")   # the line erased, the cursor at its start
+    lines = MonitorView("run", "lines")          # not a terminal: whole lines, nothing to clear
+    lines.clear()
+    assert err.getvalue().endswith("\r\x1b[K")
+
+
+def test_steps_are_numbered_as_the_caller_says_and_every_sink_marks_warmup_and_counted(tmp_path):
+    import tunekit
+
+    model = torch.nn.Linear(8, 2)
+    mon = tunekit.Monitor(model, live=False, peak=1.0, log_to=f"jsonl:{tmp_path / 's.jsonl'}")
+    for step in (41, 42, 43):   # a run resumed at step 40, say
+        mon.start_step(step=step)
+        model(torch.randn(4, 8)).sum().backward()
+        mon.end_step()
+    mon.close()
+    lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in mon.rows] == [x["step"] for x in lines] == [41, 42, 43]
+    assert [(x["tunekit/counted"], x["tunekit/warmup"]) for x in lines] == [(1, 0), (0, 1), (0, 0)]
+    assert all("tunekit/cpu_peak_bytes" in x for x in lines)   # every step written whole, once
+    other = tunekit.Monitor(model, live=False)
+    with pytest.raises(ValueError, match="step"):
+        other.start_step(step=-1)
+    other.close()

@@ -1,4 +1,4 @@
-"""Emulated nodes (tunekit.engine.dist.netns): inputs checked before anything, a link that has the rate
+"""Emulated nodes (tunekit.parallel.netns): inputs checked before anything, a link that has the rate
 and latency it was given, nothing left behind. The link tests need root: they skip with the
 reason `check()` gives."""
 import importlib.util
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from tunekit.engine.dist import netns
-from tunekit.engine.dist.netns import EmulatedNodes, parse_bandwidth, parse_latency
 from tunekit.measure.conditions import ConditionsMeter
+from tunekit.parallel import netns
+from tunekit.parallel.netns import EmulatedNodes, parse_bandwidth, parse_latency
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def _relays(names) -> list:
     """Running relays of these namespaces (other runs on the machine may have their own)."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines()
-            if "from tunekit.engine.dist.netns import relay" in line and any(f"{n}=" in line for n in names)]
+            if "from tunekit.parallel.netns import relay" in line and any(f"{n}=" in line for n in names)]
 
 
 needs_netns = pytest.mark.skipif(netns.check() is not None, reason=str(netns.check()))
@@ -244,7 +244,7 @@ def test_gloo_all_reduce_across_the_link_takes_time_in_line_with_its_rate():
 
 @needs_netns
 def test_a_killed_run_leaves_a_relay_that_stops_and_namespaces_the_next_run_sweeps():
-    code = ("import json, sys, time\nfrom tunekit.engine.dist.netns import EmulatedNodes\n"
+    code = ("import json, sys, time\nfrom tunekit.parallel.netns import EmulatedNodes\n"
             "with EmulatedNodes(2) as n:\n    print(json.dumps(n.names), flush=True)\n    time.sleep(60)\n")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                              env=dict(os.environ, PYTHONPATH=str(ROOT)))

@@ -2,7 +2,7 @@
 from types import SimpleNamespace as R
 
 from tunekit.core import noise
-from tunekit.core.runlog import repeat_agreement
+from tunekit.lab.runlog import repeat_agreement
 from tunekit.measure.timing import verdict
 
 

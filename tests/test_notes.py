@@ -11,7 +11,7 @@ import pytest
 
 from tunekit.core.notes import KINDS, Note, decoded, encoded, from_json, kind_of, of_kind, to_json, without
 from tunekit.core.results import RunResult
-from tunekit.core.runlog import RunLog, append_record
+from tunekit.lab.runlog import RunLog, append_record
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "tunekit"
 
@@ -109,7 +109,7 @@ def test_kinds_survive_the_run_log_and_old_logs_still_load(tmp_path):
 
 
 def test_a_rank_s_result_file_keeps_the_kinds():
-    # engine/dist/worker writes rank 0's result as JSON, launch reads it back with from_dict
+    # parallel/worker writes rank 0's result as JSON, launch reads it back with from_dict
     r = RunResult.from_dict({"label": "a", "notes": [Note("rates.none", "slowed")]})
     back = RunResult.from_dict(json.loads(json.dumps(encoded(r.to_dict()))))
     assert back.notes[0].kind == "rates.none" and back.notes == ["slowed"]

@@ -9,8 +9,8 @@ import pytest
 
 from tunekit.core import paths
 from tunekit.core.results import RunResult
-from tunekit.core.runlog import RunLog, read_records
 from tunekit.core.toggles import Toggles
+from tunekit.lab.runlog import RunLog, read_records
 
 HOME = "/home/ada"
 

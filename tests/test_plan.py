@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tunekit
-from tunekit.core.plan import COMPONENTS
+from tunekit.planning.record import COMPONENTS
 
 
 def real_components(model, batch, **kw):
@@ -53,7 +53,7 @@ def test_the_bound_without_bandwidth_is_the_flops_at_the_peak():
 def test_a_gpu_plan_adds_the_cuda_context_and_uses_the_spec_sheet():
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100 SXM", precision="bf16", micro_batch=8, seq_len=128)
     assert p.device == "H100 SXM" and p.peak_tflops == 989 and p.bandwidth_tbs == 3.35
-    assert p.device_memory_bytes == 80 * 2**30 * 0.99
+    assert p.device_memory_bytes == 81559 * 2**20      # the driver's total for an H100 80GB HBM3
     assert p.fixed["cuda_context"][0] == 0.47 * 2**30
     # the peak of a steady step, every block rounded to 512 B, plus the context and the 32 MiB
     # cuBLAS workspace of a Hopper card
@@ -116,7 +116,7 @@ def test_an_8b_llama_plans_for_an_h100_in_under_a_minute_with_little_memory():
 # --- tunekit plan (the command) ------------------------------------------------------------------
 
 def test_the_command_plans_a_preset_and_says_whether_it_fits(capsys):
-    from tunekit.ui.cli import main
+    from tunekit.cli.main import main
 
     assert main(["plan", "--model", "cpu-tiny", "--device", "T4", "--precision", "fp16", "--micro-batch", "4"]) == 0
     out = capsys.readouterr().out
@@ -130,7 +130,7 @@ def test_the_command_reads_a_transformers_config_and_refuses_bad_input(tmp_path,
     pytest.importorskip("transformers")
     import json
 
-    from tunekit.ui.cli import main
+    from tunekit.cli.main import main
 
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
@@ -166,3 +166,38 @@ def test_a_step_that_reads_values_is_planned_analytically_and_says_why():
     assert p.method == "analytic" and p.notes[0].startswith("analytic estimate: the fake step failed because the "
                                                             "step reads a tensor's value")
     assert "· analytic" in repr(p).splitlines()[0]
+
+
+def test_the_card_s_usable_memory_says_where_it_comes_from_and_aliases_are_said():
+    from tunekit.core.specs import find_spec
+
+    # the driver's totals where published; else the nominal size by the kind of memory
+    assert find_spec("NVIDIA L4").usable[0] == 23034 * 2**20              # ECC: 15/16 of 24 GiB
+    assert find_spec("RTX 4090").usable[0] == 24 * 2**30                  # no ECC
+    assert find_spec("NVIDIA H200").usable[0] == 141 * 2**30 * 81559 / 81920   # 140.38 GiB
+    assert "nominal" in find_spec("NVIDIA H200").usable[1]
+    # the 40 GB A100 is a card of its own, and "A100" is read as the 80 GB one, visibly
+    tiny = tunekit.GPTConfig.preset("cpu-tiny")
+    small = tunekit.plan(tiny, "NVIDIA A100-SXM4-40GB", micro_batch=2, seq_len=64)
+    assert (small.device, small.device_memory_bytes, small.bandwidth_tbs) == ("A100 40GB", 40960 * 2**20, 1.555)
+    big = tunekit.plan(tiny, "A100", micro_batch=2, seq_len=64)
+    assert big.device == "A100 80GB"
+    assert any("device 'A100' read as A100 80GB (the table also has A100 40GB" in n for n in big.notes)
+    assert not any("read as" in n for n in tunekit.plan(tiny, "A100 80GB", micro_batch=2, seq_len=64).notes)
+
+
+def test_a_gpu_plan_names_kernel_categories_a_cpu_plan_its_ops():
+    # issue 33: an H100 plan said 'bound by _scaled_dot_product_flash_attention_for_cpu_backward',
+    # a CPU op of the fake step; a GPU plan names categories, their times the sums of their ops'
+    from tunekit.core.breakdown import CATEGORIES, by_category
+
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    gpu = tunekit.plan(cfg, "H100 SXM", precision="bf16", micro_batch=2, seq_len=64)
+    names = [n for n, _ in gpu.bound_by]
+    assert names and set(names) <= set(CATEGORIES) and "matmul/linear" in names
+    assert "for_cpu" not in repr(gpu)
+    cpu = tunekit.plan(cfg, "cpu", micro_batch=2, seq_len=64)
+    assert any(n.startswith("mm") for n, _ in cpu.bound_by)    # the CPU's own ops, by name
+    # 2 + 1 matmul seconds, 0.5 attention: summed per category, the largest first
+    assert by_category([("mm.default", 2.0), ("_scaled_dot_product_flash_attention_for_cpu_backward.default", 0.5),
+                        ("bmm.default", 1.0)]) == [("matmul/linear", 3.0), ("attention", 0.5)]

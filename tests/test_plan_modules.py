@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import tunekit
-from tunekit.core.plan import COMPONENTS
 from tunekit.models.adapters import ModuleAdapter
+from tunekit.planning.record import COMPONENTS
 
 
 def real_components(model, batch, **kw):
@@ -242,7 +242,7 @@ def test_a_plan_leaves_out_measure_memory_s_notes_by_their_kinds_whatever_their_
 def test_an_analytic_plan_leaves_out_the_estimate_s_device_and_activation_notes_by_kind(monkeypatch, reworded):
     from tunekit.core.memory import estimate
     from tunekit.core.notes import Note
-    from tunekit.engine.plan import analytic
+    from tunekit.planning import analytic
 
     reworded(estimate)
     said = []

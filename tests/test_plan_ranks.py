@@ -1,14 +1,14 @@
 """tunekit.plan over a step and across ranks: live bytes storage by storage (measure.live), the
 steady peak of a fake step against the same tracking of a real CPU step, the per-rank arithmetic
-of DDP/FSDP/HSDP (core.plan_shard) and the collectives' time on the links. No timing is compared."""
+of DDP/FSDP/HSDP (planning.shard) and the collectives' time on the links. No timing is compared."""
 import pytest
 import torch
 
 import tunekit
-from tunekit.core.plan_shard import comm_seconds, per_rank, rank_peak, shard_fraction
-from tunekit.engine.plan.step import _timeline
 from tunekit.measure.live import LiveBytes
 from tunekit.models.adapters import adapt
+from tunekit.planning.shard import comm_seconds, per_rank, rank_peak, shard_fraction
+from tunekit.planning.step import _timeline
 
 
 def test_live_bytes_counts_each_new_storage_once_and_takes_it_off_when_freed():
@@ -144,7 +144,7 @@ def test_a_sharded_plan_is_per_rank_and_bad_layouts_are_refused():
 
 
 def test_the_command_plans_one_rank_of_a_sharded_run(capsys):
-    from tunekit.ui.cli import main
+    from tunekit.cli.main import main
 
     assert main(["plan", "--model", "cpu-tiny", "--device", "A100", "--micro-batch", "2", "--seq-len", "64",
                  "--parallel", "fsdp", "--world-size", "4"]) == 0
@@ -278,7 +278,7 @@ def test_a_gpu_plan_keeps_dropout_as_cuda_does():
 def test_the_text_shows_short_times_and_a_search_that_found_nothing():
     from tunekit.core.fmt import fmt_ms
 
-    def _time(s):  # the plan's step times (core.plan.to_text)
+    def _time(s):  # the plan's step times (planning.record.to_text)
         return fmt_ms(s, us_below_ms=True)
 
     assert (_time(0.5375), _time(1.7e-6), _time(0.0)) == ("537.5 ms", "1.7 us", "0.0 ms")

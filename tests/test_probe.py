@@ -6,7 +6,7 @@ import torch
 
 import tunekit
 from tunekit.core.records import COLUMNS
-from tunekit.measure import probe
+from tunekit.profiling import probe
 
 MODEL = torch.nn.Linear(256, 256, bias=False)
 
@@ -124,7 +124,7 @@ def test_mfu_on_cpu_uses_the_calibrated_peak(monkeypatch):
 
 
 def test_fingerprint_ignores_side_effect_state_but_sees_shapes_and_settings():
-    from tunekit.measure.fingerprint import describe
+    from tunekit.profiling.fingerprint import describe
 
     opt = torch.optim.AdamW(MODEL.parameters())
     before = describe(opt)
@@ -235,3 +235,66 @@ def test_ops_without_a_flop_formula_are_reported():
         assert math.isnan(r.tflops) and math.isnan(r.mfu) and math.isnan(r.hfu)
     assert "not counted (no FLOP formula): tunekit_review.mm" in counted.notes
     assert "the count misses ops without a FLOP formula: tunekit_review.mm" in cached.notes
+
+
+# --- issue 33: notes that state the reason that applies; a profile object used again --------------
+
+
+def test_dynamo_first_imported_by_a_block_is_no_compile(monkeypatch):
+    # Dynamo unused before the block (None), imported by it without compiling (0): the counted
+    # run says it counted, not that it compiled 0 graph(s)
+    graphs = iter([None, 0])
+    monkeypatch.setattr(probe, "_compiled_graphs", lambda: next(graphs))
+    rec = _step(8, name="dynamo_imported")
+    assert not any("compiled" in str(n) for n in rec.notes)
+    assert "FLOPs counted in this run, which the counter slows: re-run for TFLOPS/MFU" in rec.notes
+    graphs = iter([None, 2])   # two graphs compiled inside a block: said, with their number
+    monkeypatch.setattr(probe, "_compiled_graphs", lambda: next(graphs))
+    rec = _step(8, name="dynamo_imported")
+    assert "torch.compile compiled 2 graph(s) during this run" in " ".join(map(str, rec.notes))
+
+
+def test_a_recount_names_the_globals_a_function_read_not_the_function():
+    global batch
+    recs = []
+    for bs in (4, 8):
+        batch = torch.randn(bs, 256)
+        with tunekit.profile(name="via_function") as rec:
+            _uses_batch()
+        recs.append(rec)
+    assert "recounted: batch (read by _uses_batch) changed since the counted run" in recs[1].notes
+
+
+def _uses_batch():
+    MODEL(batch).sum().backward()
+
+
+def test_a_profile_object_entered_twice_makes_two_records():
+    p = tunekit.profile(name="twice", flops="never")
+    with p as first:
+        torch.ones(4).sum()
+    with p as second:
+        torch.ones(4).sum()
+    assert first is not second and tunekit.history(all=True).iloc[-2:].name.tolist() == ["twice", "twice"]
+    from tunekit.measure.history import HISTORY
+
+    assert HISTORY.records()[-2:] == [first, second] and first is not second   # the first run kept
+    with p, pytest.raises(RuntimeError, match="'twice' is measuring already"):
+        with p:
+            pass
+
+
+def test_profile_as_a_decorator_profiles_each_call():
+    @tunekit.profile(name="decorated")
+    def step(x):
+        MODEL(x).sum().backward()
+        return x.shape[0]
+
+    assert step.__name__ == "step"
+    assert [step(torch.randn(bs, 256)) for bs in (8, 8, 16)] == [8, 8, 16]
+    recs = tunekit.history(all=True).iloc[-3:]
+    # 4 FLOPs per weight per row (test_count_then_reuse...): 4*65536*8 = 2097152, doubled for 16 rows
+    assert list(recs.name) == ["decorated"] * 3 and list(recs.flops) == [2097152, 2097152, 2 * 2097152]
+    assert list(recs.flops_source) == ["counted", "cached", "counted"]
+    with pytest.raises(TypeError, match="decorates a function, got int"):
+        tunekit.profile(name="x")(3)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tunekit.core import paths
-from tunekit.ui import renderer
+from tunekit.view import renderer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def test_import_changes_no_renderer_a_tunekit_chart_never_opens_a_browser():
     plotly_own = _default_renderer(browser + "import plotly.io as pio")
     assert _default_renderer(browser + "import tunekit, plotly.io as pio") == plotly_own
     # a tunekit chart made outside a kernel replaces a browser default by the file renderer
-    chart = (browser + "import pandas as pd, plotly.io as pio; from tunekit.ui.bench_plots import _line; "
+    chart = (browser + "import pandas as pd, plotly.io as pio; from tunekit.bench.plots import _line; "
              "_line(pd.DataFrame({'a': [1], 'b': [2]}), 'a', 'b', 'title', 'y')")
     assert _default_renderer(chart) == ("tunekit_file" if "browser" in plotly_own else plotly_own)
     # the explicit call, by frontend; a renderer the user names wins
@@ -131,3 +131,27 @@ def test_plain_python_returns_figures_and_show_writes_them(tmp_path):
         """
     out, charts = _run([sys.executable, "-c"], code, tmp_path)
     assert len(charts) == len(CHARTS) and all(map(str.startswith, charts, CHARTS)), out
+
+
+@pytest.mark.parametrize("plotly_default", ["", "browser", "png"])
+def test_a_tunekit_chart_on_a_headless_machine_is_written_and_said(monkeypatch, tmp_path, capsys, plotly_default):
+    # issue 33: with no display plotly's default renderer is "" and fig.show() did nothing, said
+    # nothing; like a browser, it becomes the file renderer; a renderer that does something stays
+    import pandas as pd
+    import plotly.io as pio
+
+    from tunekit.bench.plots import _line
+
+    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("PLOTLY_RENDERER", raising=False)
+    monkeypatch.setattr(renderer, "in_kernel", lambda: False)
+    monkeypatch.setattr(renderer, "_BEFORE", [])
+    monkeypatch.setattr(pio.renderers, "default", plotly_default)
+    fig = _line(pd.DataFrame({"a": [1], "b": [2]}), "a", "b", "headless", "y")
+    if plotly_default == "png":
+        assert pio.renderers.default == "png"
+        return
+    assert pio.renderers.default == "tunekit_file"
+    fig.show()
+    (path,) = re.findall(r"chart: (\S+\.html)", capsys.readouterr().out)
+    assert Path(path).parent == tmp_path / "figures" and Path(path).is_file()

@@ -8,7 +8,7 @@ import nbformat
 import plotly.graph_objects as go
 import pytest
 
-from tunekit.ui.report_html import PLOTLY, SUMMARY_ROLE, build
+from tunekit.cli.report_html import PLOTLY, SUMMARY_ROLE, build
 
 ROOT = Path(__file__).resolve().parents[1]
 # tags that would fetch something: a report must load nothing from anywhere

@@ -92,7 +92,7 @@ def test_results_show_the_columns_read_first_and_keep_raw_numbers():
 
 def test_load_results_shows_what_lab_results_shows(tmp_path, monkeypatch):
     from tunekit import Lab
-    from tunekit.core.runlog import RunLog
+    from tunekit.lab.runlog import RunLog
 
     log = RunLog(tmp_path / "runs.jsonl")
     whole = dict(params_bytes=3 * 2**19, grads_bytes=3 * 2**19)   # the log keeps byte counts as ints
@@ -202,7 +202,7 @@ memory of one training step · fp32 on cpu · measured vs estimated
 
 
 def test_an_autotune_result_prints_winner_noise_machine_and_state():
-    from tunekit.engine.autotune.result import AutotuneResult, Candidate
+    from tunekit.autotune.result import AutotuneResult, Candidate
 
     a, b = run(run_id=1, conditions=QUIET), run(run_id=2, step_s_min=0.024, conditions=QUIET)
     start = a.toggles
@@ -240,7 +240,7 @@ class _Tty(io.StringIO):
 
 
 def test_progress_is_one_line_at_the_end_off_a_terminal_and_redrawn_on_one(monkeypatch):
-    from tunekit.ui import progress
+    from tunekit.view import progress
 
     calls = []
     for stream in (io.StringIO(), _Tty()):
@@ -260,7 +260,7 @@ def test_progress_is_one_line_at_the_end_off_a_terminal_and_redrawn_on_one(monke
 
 
 def test_progress_says_where_a_run_stopped(monkeypatch):
-    from tunekit.ui import progress
+    from tunekit.view import progress
 
     monkeypatch.setattr(progress.sys, "stderr", io.StringIO())
     with pytest.raises(KeyboardInterrupt), progress.RunProgress(5) as shown:
@@ -273,7 +273,7 @@ def test_a_notebook_gets_one_updating_display_per_cell(monkeypatch):
     import IPython
     import IPython.display
 
-    from tunekit.ui import progress
+    from tunekit.view import progress
 
     shown = []
 
@@ -296,7 +296,7 @@ def test_a_notebook_gets_one_updating_display_per_cell(monkeypatch):
     assert "<progress value='1.000'" in shown[-2] and "(+2 earlier runs in this cell)" in shown[-1]
     assert "run #5 bf16" in shown[-1] and "run #1 bf16" not in shown[-1] and "run #2 bf16" in shown[-1]
     # a search in the same cell: the same block, its trial as a bar of the budget, then its line
-    from tunekit.engine.maxbatch import MaxBatchResult, Trial
+    from tunekit.lab.maxbatch import MaxBatchResult, Trial
 
     now = iter([0.0, 0.0, 15.0])     # start, "starting", the trial at 64 after 15 s of a 60 s budget
     monkeypatch.setattr(progress, "clock", lambda: next(now))

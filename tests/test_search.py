@@ -1,5 +1,5 @@
 """The one batch-size search (tunekit.core.search), pure: predicates over whole numbers, every
-size asked checked in order. engine.maxbatch, the plan's search and engine.fit's Line run it."""
+size asked checked in order. lab.maxbatch, the plan's search and lab.fit's Line run it."""
 import pytest
 
 from tunekit.core.search import largest_fitting

@@ -6,6 +6,7 @@ import pytest
 
 import tunekit
 from tunekit import GPTConfig, Setting
+from tunekit.core.memory.answer import STATIC
 from tunekit.core.setting import memory_layout
 
 TINY = GPTConfig.preset("cpu-tiny")
@@ -165,6 +166,8 @@ def test_the_three_memory_answers_agree_on_one_setting(s):
     planned = tunekit.plan(model, setting=s)
     real = tunekit.measure_memory(model, setting=s.replace(device=None), estimate=False)
     assert (est.method, planned.method, real.method) == ("analytic", "fake step", "measured")
+    assert all(isinstance(a, tunekit.MemoryAnswer) for a in (est, planned, real))   # one report type
+    assert all(a.static_bytes == sum(a[k] for k in STATIC) for a in (est, planned, real))
     for name in ("weights", "gradients", "weight_casts", "activations"):
         assert est.components[name] == planned.components[name] == real.components[name], name
     # the real and the fake step also hold AdamW's 14 step counts of 4 bytes, which the formula leaves out

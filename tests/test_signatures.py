@@ -41,9 +41,9 @@ def _methods(cls, prefix: str) -> dict:
 
 
 def public_surface() -> dict:
-    from tunekit.engine.autotune import AutotuneResult
-    from tunekit.engine.lab import Lab
-    from tunekit.ui.dashboard import Dashboard
+    from tunekit.autotune import AutotuneResult
+    from tunekit.lab.dashboard import Dashboard
+    from tunekit.lab.lab import Lab
 
     out = {f"tunekit.{name}": getattr(tunekit, name) for name in tunekit._EXPORTS}
     out.update({f"bench.{name}": getattr(bench, name) for name in bench.__all__
@@ -91,12 +91,12 @@ def test_a_docstring_with_an_example(name):
 
 
 def test_lab_autotune_takes_exactly_the_autotune_options():
-    from tunekit.engine.autotune import AutotuneOptions, autotune
-    from tunekit.engine.lab import Lab
+    from tunekit.autotune import AutotuneOptions, autotune
+    from tunekit.lab.lab import Lab
 
     method = list(inspect.signature(Lab.autotune).parameters.values())[1:]   # after self
     function = list(inspect.signature(autotune).parameters.values())[1:]     # after the lab
-    assert method[-1].name == "verbose" and method[-1].default is True   # the Lab's display (ui.progress)
+    assert method[-1].name == "verbose" and method[-1].default is True   # the Lab's display (view.progress)
     method = method[:-1]
     assert [(p.name, p.default) for p in method] == \
         [(f.name, f.default) for f in dataclasses.fields(AutotuneOptions)]
@@ -104,8 +104,8 @@ def test_lab_autotune_takes_exactly_the_autotune_options():
 
 
 def test_lab_find_max_batch_size_takes_exactly_the_search_arguments():
-    from tunekit.engine import maxbatch
-    from tunekit.engine.lab import Lab
+    from tunekit.lab import maxbatch
+    from tunekit.lab.lab import Lab
 
     # the Lab shows the search (verbose) through the engine's display hook (trying): each has its own
     method = [p for p in list(inspect.signature(Lab.find_max_batch_size).parameters.values())[1:]

@@ -33,7 +33,8 @@ def test_spec_peaks(name, dtype, expected):
 
 def test_short_names_do_not_match_longer_models():
     assert specs.find_spec("NVIDIA L40S").name == "L40S"   # not L4
-    assert specs.find_spec("NVIDIA A100 80GB PCIe").name == "A100"  # not A10G
+    assert specs.find_spec("NVIDIA A100 80GB PCIe").name == "A100 80GB"  # not A10G
+    assert specs.find_spec("NVIDIA A100-SXM4-40GB").name == "A100 40GB"
     assert specs.find_spec("NVIDIA GH200 480GB") is None
 
 

@@ -125,7 +125,7 @@ def test_conclude_puts_the_machine_beside_a_conclusion_or_says_uncertain():
 
 def test_time_records_gives_one_record_per_repeat_with_its_conditions(monkeypatch):
     from tunekit.measure import conditions as mc
-    from tunekit.measure.probe import HISTORY
+    from tunekit.profiling.probe import HISTORY
 
     said = iter([QUIET, BUSY, QUIET])  # what the meter says after each repeat
     monkeypatch.setattr(mc.ConditionsMeter, "stop", lambda self, wall_s=None, threads=None: next(said))

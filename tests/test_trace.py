@@ -151,16 +151,26 @@ def test_memory_timeline_shows_parameters_gradients_optimizer_state_and_activati
     assert "no allocator snapshot on CPU" in " ".join(tl.notes)
 
 
-def test_profile_traces_a_timed_run_never_the_counted_one(lab):
+def test_profile_traces_the_first_run_and_counts_flops_on_an_untraced_one(lab):
+    # what is asked for comes first (issue 33): the first traced run is traced; it counts no FLOPs
+    # (the counter would be traced as the work), an untraced run counts them, a traced one reuses them
     t = lab.resolve()
-    for _ in range(3):
-        with tunekit.profile(name="step", trace=True):
+    for traced in (True, False, True):
+        with tunekit.profile(name="step", trace=traced, inputs=(lab.model, t)):
             lab.train_step(t)
-    first, *_, last = tunekit.history(all=True).to_dict("records")
-    assert first["flops_source"] == "counted" and pd.isna(first["trace"]) and "not traced" in first["notes"]
+    first, counted, last = tunekit.history(all=True).to_dict("records")[-3:]
+    assert first["flops_source"] == "none" and first["trace"].startswith(bd.CATEGORIES + (bd.UNTRACED,))
+    assert "no FLOPs: this traced run counts none" in first["notes"] and "not counted yet" in first["notes"]
+    assert counted["flops_source"] == "counted" and pd.isna(counted["trace"])
     assert last["flops_source"] == "cached" and last["trace"].startswith(bd.CATEGORIES + (bd.UNTRACED,))
     assert math.isnan(last["tflops"]) and "timed under torch.profiler" in last["notes"]
     assert tunekit.last().trace.path.endswith(".json")
+
+
+def test_counting_every_run_and_tracing_exclude_each_other():
+    for kw in ({"trace": True}, {"memory": True}):
+        with pytest.raises(ValueError, match="flops='always' counts every run, and a traced run counts none"):
+            tunekit.profile(name="x", flops="always", **kw)
 
 
 @pytest.mark.parametrize("untraced_s", [1e-9, 1e9])  # the traced run is certainly slower / faster
@@ -199,14 +209,14 @@ def test_lab_run_traces_one_extra_step_and_logs_it(lab):
     assert math.isnan(r.energy_j) and math.isnan(r.j_per_token) and r.energy_source is None
     row = lab.results(all=True).iloc[-1]
     assert row["trace"] == r.trace.short() and row["memory"] == r.memory.short()
-    back = tunekit.core.runlog.RunLog.load(lab.log.path)[-1]  # the JSONL log keeps them as dicts
+    back = tunekit.lab.runlog.RunLog.load(lab.log.path)[-1]  # the JSONL log keeps them as dicts
     assert back.trace["seconds"] == pytest.approx(r.trace.seconds) and bd.short(back.trace) == r.trace.short()
     with pytest.raises(tunekit.core.toggles.ToggleError, match="trace must be True or False"):
         lab.run(steps=1, trace="yes")
 
 
 def test_max_batch_search_says_no_snapshot_on_cpu_and_saves_one_on_a_cuda_oom(lab, monkeypatch, tmp_path):
-    from tunekit.engine import maxbatch
+    from tunekit.lab import maxbatch
 
     found = lab.find_max_batch_size(limit=2, seq_len=16)
     assert "no allocator snapshot on cpu" in " ".join(found.notes)
@@ -375,8 +385,10 @@ STEP = "%%gpuprofile -q -n traced --trace\nx = torch.randn(batch_size, 128)\nmod
 
 
 def test_magic_trace_and_memory_in_a_real_shell(run):
-    run(STEP)
-    assert tunekit.last().trace is None and "not traced" in " ".join(tunekit.last().notes)
+    run(STEP)   # the first run: traced, as asked; no FLOPs (none counted yet)
+    first = tunekit.last()
+    assert first.trace.seconds[bd.MATMUL] > 0 and first.flops_source == "none"
+    run(STEP.replace(" --trace", ""))   # an untraced run counts
     run(STEP.replace("--trace", "--trace --memory"))
     rec = tunekit.last()
     assert rec.flops_source == "cached" and rec.trace.seconds[bd.MATMUL] > 0
@@ -566,8 +578,7 @@ SHARES_STEP = "%%gpuprofile -q -n traced {opts}\nx = torch.randn(batch_size, 128
 def test_magic_trace_shares_add_up_to_100_percent(run, opts):
     # --memory traces Python frames too; they were once counted as op time and the summary line
     # read 'other 101% · ...' (200% in all) where tunekit.profile summed to ~100%
-    run(SHARES_STEP.format(opts=opts))   # counts FLOPs: not traced
-    run(SHARES_STEP.format(opts=opts))
+    run(SHARES_STEP.format(opts=opts))   # traced from the first run on
     b = tunekit.last().trace
     assert b.total_s() <= b.wall_s and sum(b.shares().values()) == pytest.approx(1.0)
     printed = [int(part.rsplit(" ", 1)[1].rstrip("%")) for part in b.short().split(" · ")]

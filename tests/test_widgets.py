@@ -3,7 +3,7 @@ import html
 
 import pytest
 
-from tunekit.ui.dashboard import Dashboard
+from tunekit.lab.dashboard import Dashboard
 
 
 def test_controls_cover_every_toggle(dash):
@@ -21,8 +21,8 @@ def test_a_new_declared_toggle_gets_a_control_and_an_option(dash, monkeypatch):
 
     import ipywidgets as W
 
+    from tunekit.cli import main as cli
     from tunekit.core import toggles as tg
-    from tunekit.ui import cli
 
     @dataclasses.dataclass(frozen=True)
     class More(tg.Toggles):  # a copy of the declaration with two more toggles
@@ -55,6 +55,9 @@ def test_run_button_adds_rows_and_charts(dash):
     assert [t.name for t in dash.figures["compare"].data[1:]] == ["parameters", "gradients", "optimizer state",
                                                                   "saved activations (one micro-batch)"]
     assert "run #1" in dash.message.value and "Traceback" not in dash.message.value
+    # what changed from the run before, in tunekit.diff's words
+    assert dash.last_diff.changed == [("precision", "fp32", "bf16"), ("checkpointing", False, True)]
+    assert "changed: precision fp32 -&gt; bf16, checkpointing False -&gt; True" in dash.message.value
 
 
 @pytest.mark.parametrize("control,value,text", [

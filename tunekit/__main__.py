@@ -1,6 +1,7 @@
-"""``python -m tunekit``: the tunekit command (tunekit.ui.cli)."""
+"""``python -m tunekit``: the tunekit command (tunekit.cli.main)."""
 import sys
 
-from .ui.cli import main
+from tunekit.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":   # imported (by the docs' API inspection, say), it runs nothing
+    sys.exit(main())

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .shapes import TENSOR_CORE_MULTIPLE, model_shape, padded_vocab, read_config, round_to_multiple
-from .shapes import cfg_get as _get
-from .validate import whole
+from tunekit.core.shapes import TENSOR_CORE_MULTIPLE, model_shape, padded_vocab, read_config, round_to_multiple
+from tunekit.core.shapes import cfg_get as _get
+from tunekit.core.validate import whole
 
 _SRC = "ml-engineering: vector and matrix size divisibility"
 
@@ -189,8 +189,9 @@ def _ffn_rule(d, multiple) -> Rule:
     c = swiglu_dff_candidates(h)
     # near: within one multiple or 5% of 8/3*h (Llama-2-7B's 11008 at h=4096 is 0.8% above)
     ok = d_ff % multiple == 0 and abs(d_ff - c["8/3*h"]) <= max(multiple, 0.05 * c["8/3*h"])
+    off = f"; not a multiple of {multiple} ({d_ff} % {multiple} = {d_ff % multiple})" if d_ff % multiple else ""
     return Rule("SwiGLU d_ff near 8/3*h, well-shaped", ok,
-                f"d_ff = {d_ff} ({d_ff / h:.4g}*h; 8/3*h = {c['8/3*h']:.1f})",
+                f"d_ff = {d_ff} ({d_ff / h:.4g}*h; 8/3*h = {c['8/3*h']:.1f}){off}",
                 "fine" if ok else f"use d_ff = {c['x64']} (x64), {c['x128']} (x128) or "
                 f"{c['x256']} (x256); measure with tunekit.bench.swiglu_dff_search({h})",
                 "8/3 keeps the MLP's parameters but breaks alignment: at h=4096 d_ff=10922 ran "

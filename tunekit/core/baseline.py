@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .fmt import fmt_bytes
-from .toggles import Toggles, label
+from tunekit.core.fmt import fmt_bytes
+from tunekit.core.toggles import Toggles, label
 
 
 def _get(run, name, default=None):

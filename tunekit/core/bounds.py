@@ -11,8 +11,8 @@ every view marks the figures it concerns with `FLAG`.
 """
 from __future__ import annotations
 
-from .fmt import fmt_pct
-from .units import is_missing
+from tunekit.core.fmt import fmt_pct
+from tunekit.core.units import is_missing
 
 FLAG = "⚠"                  # marks a figure past its bound in every view
 WORDS = "⚠ above the peak"  # the same, where there is room for words

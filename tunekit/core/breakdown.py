@@ -25,7 +25,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
-from .fmt import fmt_mib, fmt_pct
+from tunekit.core.fmt import fmt_mib, fmt_pct
 
 NaN = math.nan
 
@@ -34,6 +34,7 @@ OPTIMIZER, COMM, MEMCPY, DATA, OTHER, IDLE = ("optimizer", "communication", "mem
                                               "other", "idle")
 # the order of charts and tables; "idle" only on a GPU (wall time with no kernel running)
 CATEGORIES = (MATMUL, ATTENTION, NORM, ELEMENTWISE, OPTIMIZER, COMM, MEMCPY, DATA, OTHER, IDLE)
+TOP_OPS = 100   # ops a trace keeps (tables show the first 10): enough for tunekit.diff to tell one removed
 UNTRACED = "between ops (Python)"  # CPU: the wall time no op ran in; with the categories it makes 100%
 
 _POINTWISE = ("add|sub|rsub|mul|div|pow|sqrt|rsqrt|exp|exp2|log|log1p|neg|abs|sign|reciprocal|where|"
@@ -88,6 +89,21 @@ def categorize(chain) -> str:
     chain = list(chain)
     return (_first(reversed(chain), "scope") or _first(chain, "op") or _first(chain, "module")
             or _first(chain, "pointwise") or OTHER)
+
+
+def by_category(op_seconds) -> list[tuple[str, float]]:
+    """(category, seconds) from (aten op name, seconds) pairs (``"mm.default"``,
+    ``"_scaled_dot_product_flash_attention_for_cpu_backward.default"``), the largest first: the
+    names a plan for another device prints (its kernels are not the CPU ops of the fake step).
+
+    >>> by_category([("mm.default", 2.0), ("bmm.default", 1.0),
+    ...              ("_scaled_dot_product_flash_attention_for_cpu.default", 0.5)])
+    [('matmul/linear', 3.0), ('attention', 0.5)]"""
+    out: dict = {}
+    for name, t in op_seconds:
+        cat = categorize(["aten::" + name.split(".")[0]])
+        out[cat] = out.get(cat, 0.0) + t
+    return sorted(out.items(), key=lambda kv: -kv[1])
 
 
 # --- the records ---------------------------------------------------------------------------------

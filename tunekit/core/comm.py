@@ -111,7 +111,7 @@ def total_by(comm: dict, axis: str) -> dict:
 
 def layout_problems(parallel, nproc, nodes) -> list[str]:
     """Why ``parallel`` over ``nodes`` nodes of ``nproc`` ranks cannot run (empty: it can)."""
-    from .validate import is_whole
+    from tunekit.core.validate import is_whole
 
     out = []
     if parallel not in PARALLEL:

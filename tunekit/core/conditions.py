@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from .fmt import fmt_pct
+from tunekit.core.fmt import fmt_pct
 
 NaN = math.nan
 QUIET, BUSY, UNKNOWN = "quiet", "busy", "unknown"

@@ -3,7 +3,7 @@ speed its kind reaches on the device (`core.efficiency`), the optimizer's update
 collectives less what overlaps. Pure: op records and figures in, an `Expected` out.
 
 An op record is ``(name, kind, phase, flops, bytes, dims, itemsize[, io])`` as the plan's counter
-keeps it (engine/plan/ops.RooflineCounter): ``kind`` "matmul", "attention", "flops" (another op
+keeps it (planning/ops.RooflineCounter): ``kind`` "matmul", "attention", "flops" (another op
 with a FLOP formula) or "memory"; ``dims`` (m, k, n, batch) for a matmul; ``phase`` "forward" or
 "backward"; ``io`` its inputs' and outputs' ((storage, bytes), ...), for a compiled step's fusion.
 

@@ -10,7 +10,7 @@ presentation, and moves with it.
 """
 from __future__ import annotations
 
-from .units import GiB, KiB, MiB, is_missing
+from tunekit.core.units import GiB, KiB, MiB, is_missing
 
 NA = "n/a"
 
@@ -84,8 +84,11 @@ def fmt_tflops(x, digits: int = 3) -> str:
 
 def fmt_pct(x, digits: int = 1, signed: bool = False) -> str:
     """A fraction as a percentage: 0.404 -> '40.4%' (``digits=0``: '40%'); ``signed``: a change,
-    '+40%' / '-5%'."""
-    return NA if is_missing(x) else f"{100 * x:{'+' if signed else ''}.{digits}f}%"
+    '+40%' / '-5%'. A figure that rounds to zero has no minus: -0.001 -> '0%', not '-0%'."""
+    if is_missing(x):
+        return NA
+    v = round(100 * x, digits) + 0.0   # -0.0 + 0.0 is 0.0: the sign of a rounded-away figure dropped
+    return f"{v:{'+' if signed else ''}.{digits}f}%"
 
 
 def fmt_count(n) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .units import is_missing
+from tunekit.core.units import is_missing
 
 # --- counting ------------------------------------------------------------------------------
 

@@ -24,6 +24,11 @@ KINDS = {
     "trace.snapshot": "the allocator snapshot: not written, or older ones pruned",
     "expected.missing": "a plan's device lacks a figure its expected step needs: the bound stands alone",
     "autotune.unconfirmed": "a candidate measured faster than the winner without winning its race",
+    "diff.failed_run": "tunekit.diff: a run that did not finish, its figures n/a",
+    "diff.busy": "tunekit.diff: a side measured on a busy machine",
+    "diff.one_trace": "tunekit.diff: one side traced, the other not",
+    "diff.devices": "tunekit.diff: traces from two kinds of device",
+    "diff.top_ops": "tunekit.diff: added/removed ops are among the ops each trace kept",
     # find_max_batch_size's trial reasons (Trial.reason)
     "trial.ok": "the trial fit",
     "trial.oom": "the trial ran out of memory",

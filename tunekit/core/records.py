@@ -9,8 +9,8 @@ import math
 import threading
 from dataclasses import asdict, dataclass, field, fields
 
-from .breakdown import short
-from .slowed import slowed_by
+from tunekit.core.breakdown import short
+from tunekit.core.slowed import slowed_by
 
 NaN = math.nan
 
@@ -60,12 +60,12 @@ class ProfileRecord:
     notes: list = field(default_factory=list)
 
     def __repr__(self) -> str:  # a terminal: the summary the magic shows (core.summary.to_text)
-        from .summary import to_text
+        from tunekit.core.summary import to_text
 
         return to_text(self)
 
     def _repr_html_(self) -> str:
-        from .summary import to_html
+        from tunekit.core.summary import to_html
 
         return to_html(self)
 

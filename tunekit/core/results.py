@@ -4,7 +4,7 @@
     >>> results_frame([r])                        # pandas DataFrame, one row per run
     >>> runs_view(results_frame([r]))             # the columns a person reads first
 
-The log these records are kept in is ``core.runlog``.
+The log these records are kept in is ``tunekit.lab.runlog``.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .breakdown import short
-from .conditions import Conditions
-from .notes import decoded, from_json
-from .run_text import common_unit, run_html, summary_lines
-from .summary import mark_rates, readable
-from .toggles import Toggles
-from .units import MiB
+from tunekit.core.breakdown import short
+from tunekit.core.conditions import Conditions
+from tunekit.core.notes import decoded, from_json
+from tunekit.core.run_text import common_unit, run_html, summary_lines
+from tunekit.core.summary import mark_rates, readable
+from tunekit.core.toggles import Toggles
+from tunekit.core.units import MiB
 
 
 @dataclass
@@ -80,7 +80,7 @@ class RunResult:
     gpu_ooms: int | None = None
     trace: object = None                  # core.breakdown.Breakdown (run(trace=True)); a dict when read back
     memory: object = None                 # core.breakdown.MemoryTimeline (run(memory=True))
-    # distributed runs (tunekit.engine.dist); None for a single-process run
+    # distributed runs (tunekit.parallel); None for a single-process run
     world_size: int | None = None
     parallel: str | None = None           # ddp | fsdp | fsdp_grad_op | hsdp
     nodes: int | None = None
@@ -199,7 +199,7 @@ def runs_view(df):
     """The columns a person reads first, with units in the headers (dashboard, report, and
     ``lab.results()``): those of them ``df`` has, the curated frame or every column. Throughput
     is headed samples/s for runs that counted samples."""
-    from .summary import machine_word
+    from tunekit.core.summary import machine_word
 
     derived = {"step_ms": ("step_s", 1e3), "peak_mem_mib": ("peak_mem_bytes", 1 / MiB),
                "saved_mib": ("saved_bytes", 1 / MiB)}

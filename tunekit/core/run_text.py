@@ -14,11 +14,11 @@ from __future__ import annotations
 import html
 import re
 
-from .baseline import comm_lines, layout
-from .bounds import WORDS, mark
-from .fmt import FORMATS, fmt_bytes, fmt_count, fmt_elapsed, fmt_pct, fmt_rate, fmt_seconds, formatted
-from .summary import badge_html, bound_html, lines_html, lines_text, with_notes
-from .units import is_missing
+from tunekit.core.baseline import comm_lines, layout
+from tunekit.core.bounds import WORDS, mark
+from tunekit.core.fmt import FORMATS, fmt_bytes, fmt_count, fmt_elapsed, fmt_pct, fmt_rate, fmt_seconds, formatted
+from tunekit.core.summary import badge_html, bound_html, lines_html, lines_text, with_notes
+from tunekit.core.units import is_missing
 
 
 def unit_of(r) -> str:
@@ -138,12 +138,12 @@ def lab_html(rows) -> str:
     return lines_html("tunekit Lab", rows)
 
 
-# --- an autotune search (engine.autotune.AutotuneResult) -------------------------------------------
+# --- an autotune search (autotune.AutotuneResult) -------------------------------------------
 
 
 def autotune_rows(found) -> list[tuple[str, str]]:
     """(label, value) rows of an AutotuneResult: winner, its gain, the noise, the machine, state."""
-    from .toggles import label
+    from tunekit.core.toggles import label
 
     measured = [c for c in found.candidates if c.runs]
     win = next((c for c in found.candidates if c.status == "winner"), None)

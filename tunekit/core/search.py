@@ -1,6 +1,6 @@
 """The one batch-size search: the largest whole number that fits, by doubling then bisection.
 Pure core: the search knows nothing of what "fits" means (a real step, a fake one, a line of
-bytes); its callers (engine.maxbatch, the plan's search, engine.fit's Line) say it.
+bytes); its callers (lab.maxbatch, the plan's search, lab.fit's Line) say it.
 
     >>> found = largest_fitting(lambda b: b <= 37, limit=1024)
     >>> found.best, found.too_big, found.stopped, found.tried

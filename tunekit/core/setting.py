@@ -27,8 +27,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 
-from . import registry, validate
-from .comm import PARALLEL
+from tunekit.core import registry, validate
+from tunekit.core.comm import PARALLEL
 
 PRECISIONS = tuple(registry.PRECISIONS)
 OPTIMIZERS = registry.LAB_OPTIMIZERS

@@ -113,7 +113,7 @@ class ModelShape:
         """Model FLOPs per trained token, tunekit's one MFU convention (PaLM/Megatron): 6 x the
         matmul weights + the attention matmuls with the causal mask halving them, no
         recomputation, whatever kernel runs."""
-        from .formulas import train_flops_per_token
+        from tunekit.core.formulas import train_flops_per_token
 
         return train_flops_per_token(self.matmul_params(), self.n_layer, self.q_width, seq_len,
                                      causal=True)

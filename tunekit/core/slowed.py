@@ -1,5 +1,5 @@
 """What slowed a profiled cell's wall time (`slowed_by`). Pure: no torch. Its own module: a record
-(`core.records`) writes it into its row, and the views (`core.summary`, `ui.axes`) read it back.
+(`core.records`) writes it into its row, and the views (`core.summary`, `view.axes`) read it back.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .registry import DTYPES
+from tunekit.core.registry import DTYPES
 
 _MLENG = "ml-engineering compute/accelerator dense table"
 _LIGHTNING = "Lightning fabric throughput.py _CUDA_FLOPS"
@@ -25,6 +25,19 @@ class Spec:
     source: str
     bandwidth_tbs: float | None = None  # memory bandwidth, TB/s (vendor data sheets; an MI250X GCD: half)
     link_gbs: float | None = None       # GPU-to-GPU within a node, GB/s each way per GPU (LINKS below)
+    driver_bytes: float | None = None   # the total the driver reports (DRIVER_TOTALS below)
+
+    @property
+    def usable(self) -> tuple[float, str] | None:
+        """(bytes, where the figure comes from): the driver's total where one was published, else
+        from the nominal size by the kind of memory (`MEMORY_RULES`); None without a size."""
+        if self.driver_bytes:
+            return self.driver_bytes, (f"{self.name}: {self.driver_bytes / 2**20:,.0f} MiB, the driver's total "
+                                       f"({DRIVER_SOURCE})")
+        if self.memory_gb is None:
+            return None
+        factor, why = MEMORY_RULES[GDDR.get(self.name, "hbm")]
+        return self.memory_gb * 2**30 * factor, f"{self.name}: {self.memory_gb:g} GiB nominal, {why}"
 
 
 # Links inside one node, GB/s each way for one GPU (vendor data sheets give both ways summed):
@@ -36,8 +49,27 @@ LINKS = {"H100 NVL": 300, "H100 PCIe": 64, "H100 SXM": 450, "H200 SXM": 450, "B2
          "RTX 3090": 32, "MI300X": 448}
 LINKS_SOURCE = "vendor data sheets (NVLink / Infinity Fabric / PCIe x16), each way per GPU"
 
+# What nvidia-smi / NVML report as a card's total memory, MiB (what a process can ever hold, the
+# CUDA context included): modal-labs/modal-client PR #2797 lists H100 81559, A100 80GB 81920,
+# A100 40GB 40960, A10 23028, L40S 46068, L4 23034 and T4 15360 MiB (the GDDR cards with ECC on:
+# below their nominal 48/24/16 GiB); an H100 NVL reports 99,961,274,368 bytes (fastfetch issue #1658)
+DRIVER_TOTALS = {"H100 SXM": 81559 * 2**20, "H100 NVL": 99961274368, "A100 80GB": 81920 * 2**20,
+                 "A100 40GB": 40960 * 2**20, "A10G": 23028 * 2**20, "L40S": 46068 * 2**20, "L4": 23034 * 2**20,
+                 "T4": 15360 * 2**20}
+DRIVER_SOURCE = "nvidia-smi totals: modal-labs/modal-client #2797, fastfetch-cli/fastfetch #1658"
+# Where no driver total is published, the nominal size is read by the kind of memory. The factors
+# are those totals' own ratios: every GDDR card above reports 15/16 of its nominal GiB (ECC keeps
+# 1/16: L4 23034 / 24576 MiB), consumer cards run without ECC, and HBM cards keep a small reserve
+# (the H100's 81559 / 81920 MiB, the lowest of the HBM totals above)
+GDDR = {"L40S": "gddr-ecc", "L4": "gddr-ecc", "A10G": "gddr-ecc", "T4": "gddr-ecc", "RTX 4090": "gddr",
+        "RTX 3090": "gddr"}
+MEMORY_RULES = {"hbm": (81559 / 81920, "less the driver's reserve an H100 shows (81559 of 81920 MiB)"),
+                "gddr-ecc": (15 / 16, "less ECC's 1/16 (L4, T4, L40S and A10 report 15/16 of it)"),
+                "gddr": (1.0, "no ECC on a consumer card")}
 
-# Order matters: the first spec whose substrings all match wins, so variants come first.
+
+# Order matters: the first spec whose substrings all match wins, so variants come first. A100 40GB's
+# bandwidth, 1,555 GB/s, is the NVIDIA A100 data sheet's (the 80GB SXM: 2,039 GB/s).
 SPECS: tuple[Spec, ...] = (
     Spec("H100 NVL", ("h100", "nvl"), {"fp32": 60, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, 94, _MLENG, 3.9),
     Spec("H100 PCIe", ("h100", "pcie"), {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756, "fp8": 1513}, 80,
@@ -45,7 +77,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("H100 SXM", ("h100",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 80, _MLENG, 3.35),
     Spec("H200 SXM", ("h200",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 141, _MLENG, 4.8),
     Spec("B200", ("b200",), {"fp32": 80, "tf32": 1125, "bf16": 2250, "fp16": 2250, "fp8": 4500}, 180, _MLENG, 8.0),
-    Spec("A100", ("a100",), {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, 80, _MLENG, 2.0),
+    Spec("A100 40GB", ("a100", "40gb"), {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, 40, _MLENG, 1.555),
+    Spec("A100 80GB", ("a100",), {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}, 80, _MLENG, 2.0),
     Spec("L40S", ("l40s",), {"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362, "fp8": 733}, 48, _MLENG, 0.86),
     # L4's 242 is an int8 figure in the source, so it is not listed as fp8.
     Spec("L4", ("l4",), {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121}, 24, _LIGHTNING, 0.3),
@@ -65,7 +98,9 @@ SPECS: tuple[Spec, ...] = (
 )
 
 
-SPECS = tuple(replace(s, link_gbs=LINKS.get(s.name)) for s in SPECS)   # each card's link, by name
+# each card's link and driver total, by name
+SPECS = tuple(replace(s, link_gbs=LINKS.get(s.name.split(" ")[0] if s.name.startswith("A100") else s.name),
+                      driver_bytes=DRIVER_TOTALS.get(s.name)) for s in SPECS)
 
 
 def find_spec(device_name: str | None) -> Spec | None:

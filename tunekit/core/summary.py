@@ -4,12 +4,12 @@ from __future__ import annotations
 import functools
 import html
 
-from .bounds import FLAG, WORDS, mark, over
-from .conditions import BUSY, QUIET
-from .fmt import FORMATS, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, fmt_tflops, formatted
-from .notes import of_kind
-from .slowed import slowed_by
-from .units import MiB, is_missing
+from tunekit.core.bounds import FLAG, WORDS, mark, over
+from tunekit.core.conditions import BUSY, QUIET
+from tunekit.core.fmt import FORMATS, fmt_bytes, fmt_flops, fmt_pct, fmt_seconds, fmt_tflops, formatted
+from tunekit.core.notes import of_kind
+from tunekit.core.slowed import slowed_by
+from tunekit.core.units import MiB, is_missing
 
 
 def rows(rec) -> list[tuple[str, str]]:

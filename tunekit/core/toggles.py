@@ -16,8 +16,8 @@ import numbers
 import typing
 from dataclasses import dataclass, field
 
-from .setting import ATTENTIONS, HALF, OPTIMIZERS, PRECISIONS, Toggles, toggle  # noqa: F401  (declared with the Setting)
-from .validate import is_whole
+from tunekit.core.setting import ATTENTIONS, HALF, OPTIMIZERS, PRECISIONS, Toggles, toggle  # noqa: F401  (declared with the Setting)
+from tunekit.core.validate import is_whole
 
 # Why fp16 is refused on CPU (the Lab's decision, shown verbatim in the dashboard).
 FP16_ON_CPU = (

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import math
 
-from ..core.steps import StepSummary, speed_column
+from tunekit.monitor.steps import StepSummary, measured, speed_column
 
 
 def figures(s: StepSummary, rows) -> dict:
-    """The ``tunekit/...`` entries of a log over ``rows`` (the steps since the previous log);
-    what could not be measured is left out, never logged as 0."""
+    """The ``tunekit/...`` entries of a log over ``rows`` (the steps since the previous log), one
+    statistic each: the rates and times are over the window's measured steps taken together
+    (a ratio of sums: tokens/s = their tokens / their time; ``wall_s`` = their time / their number,
+    the mean step; TFLOPS, MFU, HFU and ``wait_share`` likewise), the memory figures the peak
+    over every step of the window. What could not be measured is left out, never logged as 0."""
     col = speed_column(rows)
-    out = {f"tunekit/{col}": s.per_s, "tunekit/wall_s": s.median_step_s, "tunekit/tflops": s.tflops,
+    walls = [r["wall_s"] for r in rows if measured(r)]
+    mean = sum(walls) / len(walls) if walls else math.nan
+    out = {f"tunekit/{col}": s.per_s, "tunekit/wall_s": mean, "tunekit/tflops": s.tflops,
            "tunekit/mfu": s.mfu, "tunekit/hfu": s.hfu, "tunekit/wait_share": s.wait_share,
            "tunekit/cpu_peak_bytes": s.cpu_peak_bytes, "tunekit/gpu_peak_bytes": s.gpu_peak_bytes}
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(v)}

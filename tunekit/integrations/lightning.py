@@ -8,6 +8,9 @@ One step is one optimizer step (``accumulate_grad_batches`` micro-batches, token
 their forwards). ``wait_s`` is the time between two steps, where Lightning fetches the next batch
 (and runs its other hooks). The loss is read from what ``training_step`` returns. An exception in
 training ends the step going as failed (``on_exception``), so no FLOP counter is left running.
+Steps are numbered as Lightning numbers them (``trainer.global_step`` once the step ends); each
+log holds one statistic per figure over the steps since the last (`integrations.figures`); with
+Lightning's own progress bar on a terminal, the Monitor's line is off (``live=None``).
 Works with ``lightning`` (``import lightning.pytorch``) or the older ``pytorch_lightning``.
 """
 from __future__ import annotations
@@ -22,10 +25,11 @@ except ImportError:  # the standalone package of older releases
     except ImportError:
         raise ImportError("tunekit.integrations.lightning needs Lightning: pip install 'tunekit[lightning]'") from None
 
-from ..core.steps import summarize
-from ..engine.monitor.monitor import Monitor
-from ..engine.monitor.options import check_options
-from .figures import figures
+from tunekit.integrations.figures import figures
+from tunekit.monitor.monitor import Monitor
+from tunekit.monitor.options import check_options
+from tunekit.monitor.steps import summarize
+from tunekit.view.progress import _in_notebook
 
 
 class TunekitCallback(Callback):
@@ -47,6 +51,8 @@ class TunekitCallback(Callback):
     def on_train_start(self, trainer, pl_module):
         opts = dict(self.options, name=self.options["name"] or f"Lightning {type(pl_module).__name__}")
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        if opts["live"] is None and getattr(trainer, "progress_bar_callback", None) is not None and not _in_notebook():
+            opts["live"] = False   # Lightning's own bar is the progress line: two on one terminal line collide
         self.monitor = Monitor(pl_module, total=total, **opts)
         self._logged, self._t_end = 0, None
 
@@ -60,7 +66,7 @@ class TunekitCallback(Callback):
         if mon._open is not None:
             mon.end_step("Lightning began a step before this one ended")
         gap = None if self._t_end is None else time.perf_counter() - self._t_end
-        mon.start_step(wait_s=gap)
+        mon.start_step(wait_s=gap, step=trainer.global_step + 1)   # Lightning's number for it once it ends
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         mon = self.monitor
@@ -82,6 +88,7 @@ class TunekitCallback(Callback):
         mon = self.monitor
         rows = mon.rows[self._logged:]
         self._logged = len(mon.rows)
+        mon.close_window()   # the memory of every step of the window, read now
         metrics = figures(summarize(rows, mon.peak_tflops), rows)
         if metrics:
             for logger in trainer.loggers:

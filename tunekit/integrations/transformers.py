@@ -11,7 +11,11 @@ step's batches there, and logs, evaluates and saves. The Trainer calls the repor
 (TensorBoard, MLflow, W&B...) before the ones a user adds, so at the start of training this
 callback moves itself to the front of the Trainer's callback list (found through the call that
 runs it; a canary test pins that): each ``on_log`` then carries the ``tunekit/...`` figures of
-the steps since the previous log for every reporter after it, and into ``state.log_history``.
+the steps since the previous log for every reporter after it, and into ``state.log_history``:
+one statistic per figure over those steps (`integrations.figures`). Rows and the Monitor's sinks
+number steps as the Trainer does (its ``global_step`` once the step ends), and mark warm-up and
+FLOP-counted steps. On a terminal where the Trainer draws its own progress bar, the Monitor's
+line is off (``live=None``); otherwise it is cleared before the Trainer prints its log.
 A step cut short by an exception is recorded as failed when the notebook cell ends (the Monitor
 watches IPython's cells), so no FLOP counter is left running.
 """
@@ -21,13 +25,19 @@ import sys
 import time
 import warnings
 
-from transformers import TrainerCallback
-from transformers.trainer_callback import CallbackHandler
+from tunekit.core.extras import missing_extra
 
-from ..core.steps import summarize
-from ..engine.monitor.monitor import Monitor
-from ..engine.monitor.options import check_options
-from .figures import figures
+try:
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import CallbackHandler
+except ModuleNotFoundError as e:
+    raise (missing_extra(e, "tunekit.integrations.transformers") or e) from None
+
+from tunekit.integrations.figures import figures
+from tunekit.monitor.monitor import Monitor
+from tunekit.monitor.options import check_options
+from tunekit.monitor.steps import summarize
+from tunekit.view.progress import _in_notebook
 
 
 class TunekitCallback(TrainerCallback):
@@ -47,6 +57,8 @@ class TunekitCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         front(self, sys._getframe(1))
         opts = dict(self.options, name=self.options["name"] or f"Trainer {type(model).__name__}")
+        if opts["live"] is None and not getattr(args, "disable_tqdm", True) and not _in_notebook():
+            opts["live"] = False   # the Trainer's own bar is the progress line: two on one terminal line collide
         self.monitor = Monitor(model, total=state.max_steps or None, **opts)
         self._logged, self._t_end = 0, None
 
@@ -57,7 +69,7 @@ class TunekitCallback(TrainerCallback):
         if mon._open is not None:   # the last step never ended (an exception the Trainer caught)
             mon.end_step("the Trainer began a step before this one ended")
         gap = None if self._t_end is None else time.perf_counter() - self._t_end
-        mon.start_step(wait_s=gap)
+        mon.start_step(wait_s=gap, step=state.global_step + 1)   # the Trainer's number for it once it ends
 
     def on_step_end(self, args, state, control, **kwargs):
         mon = self.monitor
@@ -74,6 +86,9 @@ class TunekitCallback(TrainerCallback):
             return
         rows[-1].setdefault("loss", float(logs["loss"]))
         self._logged = len(mon.rows)
+        mon.close_window()   # the memory of every step of the window, read now
+        if mon.view is not None:
+            mon.view.clear()   # the Trainer prints its log next: on a line of its own
         ours = figures(summarize(rows, mon.peak_tflops), rows)
         logs.update(ours)
         # the Trainer copied these logs into its history before calling back: that copy too

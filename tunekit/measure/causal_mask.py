@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from .torch_private import op_argument_names
+from tunekit.measure.torch_private import op_argument_names
 
 aten = torch.ops.aten
 _MATMULS = {aten.bmm, aten.baddbmm}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .torch_private import dispatch_mode_class, unbox_process_group
+from tunekit.measure.torch_private import dispatch_mode_class, unbox_process_group
 
 # c10d op name -> (kind, which argument holds the sized tensor(s))
 _OPS = {

@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import time
 
-from ..core.conditions import Conditions, judge
-from ..core.validate import flag, whole
-from .device import existing_device, torch_if_loaded
+from tunekit.core.conditions import Conditions, judge
+from tunekit.core.validate import flag, whole
+from tunekit.measure.device import existing_device, torch_if_loaded
 
 _TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 _CPUS = os.cpu_count()  # once: os.cpu_count() costs ~10 µs a call here, a fifth of the budget
@@ -217,7 +217,7 @@ def gpu_readings(cuda_index: int | None, exclude_pids=()) -> dict:
     clock slowdowns, from NVML (empty where unreadable)."""
     if cuda_index is None:
         return {}
-    from . import nvml
+    from tunekit.measure import nvml
 
     try:
         h = nvml.handle(cuda_index)

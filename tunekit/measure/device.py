@@ -10,8 +10,8 @@ import os
 import sys
 import time
 
-from ..core.registry import dtype as _dtype_entry
-from ..core.validate import device as _device_arg
+from tunekit.core.registry import dtype as _dtype_entry
+from tunekit.core.validate import device as _device_arg
 
 
 def torch_if_loaded():
@@ -81,7 +81,7 @@ def existing_device(device, name: str = "device"):
 def dtype_name(dtype) -> str | None:
     """tunekit's name of a torch dtype (``torch.bfloat16`` -> ``"bf16"``), None for one it does not
     name (integers, fp64); the inverse of `torch_dtype`, read from the same table (core.registry)."""
-    from ..core.registry import DTYPES
+    from tunekit.core.registry import DTYPES
 
     return next((d.name for d in DTYPES.values() if d.name != "tf32" and f"torch.{d.torch_name}" == str(dtype)), None)
 

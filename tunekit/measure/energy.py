@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import nvml
+from tunekit.measure import nvml
 
 NaN = math.nan
 POWERCAP = Path("/sys/class/powercap")

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from ..core.fmt import fmt_flops
-from ..core.notes import Note
-from ..core.validate import function
-from .causal_mask import CausalTracker
-from .interrupts import deferred_interrupt
-from .torch_private import (
+from tunekit.core.fmt import fmt_flops
+from tunekit.core.notes import Note
+from tunekit.core.validate import function
+from tunekit.measure.causal_mask import CausalTracker
+from tunekit.measure.interrupts import deferred_interrupt
+from tunekit.measure.torch_private import (
     dispatch_mode_stack,
     hold_ctrl_c_in_dispatch,
     in_autograd_backward,

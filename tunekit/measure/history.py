@@ -12,7 +12,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..core.records import History, ProfileRecord
+from tunekit.core.records import History, ProfileRecord
 
 HISTORY = History()
 FLOP_CACHE_SIZE = 256   # blocks remembered; the least recently used are dropped past it
@@ -58,7 +58,7 @@ def history(all: bool = False):
     values are the raw numbers either way.
 
     Example: ``tunekit.history().tail()``: the latest profiled cells."""
-    from ..core.summary import HISTORY_COLUMNS, history_view, readable
+    from tunekit.core.summary import HISTORY_COLUMNS, history_view, readable
 
     df = HISTORY.to_frame()
     return df if all else readable(df[list(HISTORY_COLUMNS)], history_view, "tunekit.history(all=True)")

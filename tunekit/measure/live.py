@@ -22,7 +22,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .model_flops import tensors_in
+from tunekit.measure.model_flops import tensors_in
 
 _TAG = "tunekit_module"
 CUDA_BLOCK = 512   # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize, every size rounds up to it

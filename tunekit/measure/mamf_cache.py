@@ -14,9 +14,9 @@ import warnings
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
-from ..core import paths
-from ..core.conditions import Conditions
-from ..core.registry import DTYPES
+from tunekit.core import paths
+from tunekit.core.conditions import Conditions
+from tunekit.core.registry import DTYPES
 
 
 @dataclass

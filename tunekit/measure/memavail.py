@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .device import torch_if_loaded
+from tunekit.measure.device import torch_if_loaded
 
 # v1 writes "no limit" as the largest page-aligned long (9223372036854771712)
 _NO_LIMIT_V1 = 2**62

@@ -19,23 +19,24 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core import registry
-from ..core.memory.estimate import COMPONENTS, MemoryEstimate, estimate_memory
-from ..core.notes import Note
-from ..core.setting import HALF, Setting, from_keywords
-from ..core.units import GiB, is_missing
-from ..core.validate import flag, whole
-from ..models.adapters import adapt, step_loss
-from . import nvml
-from .device import torch_dtype, weights_dtype
-from .step import Observer, Watch, run_step
-from .tally import SavedTensorTally, storage_key, unique_bytes
+from tunekit.core import registry
+from tunekit.core.memory.answer import COMPONENTS, MemoryAnswer
+from tunekit.core.memory.estimate import MemoryEstimate, estimate_memory
+from tunekit.core.notes import Note
+from tunekit.core.setting import HALF, Setting, from_keywords
+from tunekit.core.units import GiB, is_missing
+from tunekit.core.validate import flag, whole
+from tunekit.measure import nvml
+from tunekit.measure.device import torch_dtype, weights_dtype
+from tunekit.measure.step import Observer, Watch, run_step
+from tunekit.measure.tally import SavedTensorTally, storage_key, unique_bytes
+from tunekit.models.adapters import adapt, step_loss
 
 NaN = math.nan
 
 
 @dataclass
-class MemoryReport:
+class MemoryReport(MemoryAnswer):
     """Measured bytes by component, the matching estimate, and device-level readings."""
 
     measured: dict
@@ -44,19 +45,24 @@ class MemoryReport:
     precision: str
     cuda: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
-    method: str = "measured"   # a real step here (core.memory.estimate.MemoryEstimate: the three answers)
+    method: str = "measured"   # a real step here (core.memory.answer: the three answers)
 
     @property
     def components(self) -> dict:
         """The measured bytes by component, under the name every memory answer uses."""
         return self.measured
 
+    @property
+    def total_bytes(self) -> float:
+        """The step's peak: the allocator's on CUDA, the measured components' sum elsewhere."""
+        return self.cuda.get("allocator_peak", self.known_bytes)
+
     def __repr__(self):  # a terminal: measured against estimated per component (every reading: to_frame())
-        from ..core.memory.summary import report_text
+        from tunekit.core.memory.summary import report_text
         return report_text(self)
 
     def _repr_html_(self) -> str:
-        from ..core.memory.summary import report_html
+        from tunekit.core.memory.summary import report_html
         return report_html(self)
 
     def error(self, name: str) -> float:
@@ -90,8 +96,8 @@ class MemoryReport:
         for k in COMPONENTS:
             est = self.estimate.components.get(k, NaN) if self.estimate else NaN
             meas = self.measured.get(k, NaN)
-            ys = [0 if is_missing(est) else est / GiB, 0 if is_missing(meas) else meas / GiB]
-            if any(ys):
+            ys = [None if is_missing(est) else est / GiB, None if is_missing(meas) else meas / GiB]
+            if any(ys):   # an unknown side has no bar (None), never a 0 one
                 fig.add_bar(name=k, x=["estimated", "measured"], y=ys)
         if "other" in self.cuda and not is_missing(self.cuda["other"]):
             fig.add_bar(name="other (unexplained)", x=["measured"], y=[self.cuda["other"] / GiB])
@@ -274,7 +280,7 @@ def _shadow_optimizer(opt, params, notes):
                           "no optimizer given: a fresh AdamW(lr=0) was stepped; the weights do not change"))
         return torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
     if isinstance(opt, str):
-        from ..models.optimizers import build_optimizer
+        from tunekit.models.optimizers import build_optimizer
 
         return build_optimizer(opt, params, lr=0.0)
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": g["params"], "lr": 0.0}

@@ -8,7 +8,7 @@ import os
 import resource
 import sys
 
-from .device import cuda_device_index, torch_if_loaded
+from tunekit.measure.device import cuda_device_index, torch_if_loaded
 
 NaN = math.nan
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

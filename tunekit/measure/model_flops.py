@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..models.adapters import adapt
+from tunekit.models.adapters import adapt
 
 
 class ModelTap:

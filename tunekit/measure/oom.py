@@ -12,8 +12,8 @@ import gc
 import os
 import traceback
 
-from .device import cuda_device_index, torch_if_loaded
-from .meters import cpu_rss_bytes
+from tunekit.measure.device import cuda_device_index, torch_if_loaded
+from tunekit.measure.meters import cpu_rss_bytes
 
 ADVICE = ("Try a smaller micro batch with gradient accumulation, bf16, activation checkpointing "
           "or a lighter optimizer")

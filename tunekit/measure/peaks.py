@@ -20,15 +20,15 @@ import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..core import bounds, formulas, paths, specs
-from ..core.registry import DTYPES
-from ..core.units import is_missing
-from ..core.validate import choice, flag, real, whole
-from . import mamf_cache
-from .conditions import ConditionsMeter
-from .device import default_device, existing_device, torch_dtype
-from .mamf_cache import Calibration
-from .timing import time_repeats
+from tunekit.core import bounds, formulas, paths, specs
+from tunekit.core.registry import DTYPES
+from tunekit.core.units import is_missing
+from tunekit.core.validate import choice, flag, real, whole
+from tunekit.measure import mamf_cache
+from tunekit.measure.conditions import ConditionsMeter
+from tunekit.measure.device import default_device, existing_device, torch_dtype
+from tunekit.measure.mamf_cache import Calibration
+from tunekit.measure.timing import time_repeats
 
 _warned: set = set()
 

@@ -9,7 +9,7 @@ tally, live bytes, a device meter), entered and left under one interrupt shield.
 ``probe_step``: one forward+backward under the FLOP counter and the saved-activation tally (the
 same tally as ``measure_memory``); run once per configuration and never timed: the counter slows
 the step. ``step_peak``: the peak memory of one forward+backward at a small micro-batch, from the
-exact meters, for the estimate that refuses a step too big to fit (tunekit.engine.fit).
+exact meters, for the estimate that refuses a step too big to fit (tunekit.lab.fit).
 """
 
 from __future__ import annotations
@@ -20,12 +20,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.notes import without
-from .flops import FlopCount, TunekitFlopCounter, sdpa_backward_flops, sdpa_forward_flops, uncounted_notes
-from .interrupts import deferred_interrupt
-from .meters import DeviceMeter
-from .oom import free_memory, memory_now_bytes
-from .tally import SavedTensorTally, unique_bytes
+from tunekit.core.notes import without
+from tunekit.measure.flops import (
+    FlopCount,
+    TunekitFlopCounter,
+    sdpa_backward_flops,
+    sdpa_forward_flops,
+    uncounted_notes,
+)
+from tunekit.measure.interrupts import deferred_interrupt
+from tunekit.measure.meters import DeviceMeter
+from tunekit.measure.oom import free_memory, memory_now_bytes
+from tunekit.measure.tally import SavedTensorTally, unique_bytes
 
 PHASES = ("forward", "backward", "optimizer step")
 

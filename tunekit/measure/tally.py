@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .torch_private import storage_id, storage_weakref
+from tunekit.measure.torch_private import storage_id, storage_weakref
 
 _VIEWISH = {"TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
             "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0", "ReshapeAliasBackward0"}

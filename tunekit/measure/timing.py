@@ -13,13 +13,13 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ..core import noise
-from ..core.conditions import Conditions, combine, first_reason
-from ..core.fmt import fmt_pct
-from ..core.records import ProfileRecord
-from ..core.validate import real, whole
-from .conditions import ConditionsMeter
-from .device import cuda_device_index, device_label, existing_device, synchronize
+from tunekit.core import noise
+from tunekit.core.conditions import Conditions, combine, first_reason
+from tunekit.core.fmt import fmt_pct
+from tunekit.core.records import ProfileRecord
+from tunekit.core.validate import real, whole
+from tunekit.measure.conditions import ConditionsMeter
+from tunekit.measure.device import cuda_device_index, device_label, existing_device, synchronize
 
 NaN = math.nan
 

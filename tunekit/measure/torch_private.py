@@ -46,7 +46,7 @@ def hold_ctrl_c_in_dispatch(counter) -> None:
     (``with self:``), and a KeyboardInterrupt between the two would leave it on the dispatch stack
     for good. The mode (torch >= 2.5: the ``_FlopCounterMode`` in ``counter.mode``, before: the
     counter) becomes an instance of a subclass of the same name whose handler is held."""
-    from .interrupts import held
+    from tunekit.measure.interrupts import held
 
     mode = getattr(counter, "mode", None)
     mode = counter if mode is None else mode

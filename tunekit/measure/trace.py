@@ -30,20 +30,20 @@ from collections import defaultdict
 
 import torch
 
-from ..core.breakdown import (
+from tunekit.core.breakdown import (
     CATEGORIES,
     IDLE,
     MEMORY_CATEGORIES,
+    TOP_OPS,
     TORCH_MEMORY_CATEGORY,
     Breakdown,
     MemoryTimeline,
     categorize,
 )
-from ..core.notes import Note, of_kind
-from ..core.paths import KEEP_SNAPSHOTS, KEEP_TRACES, prune, pruned_note, traces_dir
+from tunekit.core.notes import Note, of_kind
+from tunekit.core.paths import KEEP_SNAPSHOTS, KEEP_TRACES, prune, pruned_note, traces_dir
 
 NaN = math.nan
-TOP_OPS = 15
 MARK = "tunekit: trace start"  # a zero-length range on the tracing thread: names the block's thread
 MAX_TIMELINE_POINTS = 400  # enough for a chart; the JSONL log keeps the record small
 _BACKWARD = re.compile(r"^(autograd::engine::evaluate_function: )?(\w+?)Backward\d*$")
@@ -52,7 +52,7 @@ _BACKWARD = re.compile(r"^(autograd::engine::evaluate_function: )?(\w+?)Backward
 def save_snapshot(name: str, folder=None) -> tuple[str | None, str | None]:
     """Dump the recorded CUDA allocator history under ``folder`` (else ``traces_dir()``):
     (path, None), or (None, why not)."""
-    from .torch_private import cuda_memory_snapshot
+    from tunekit.measure.torch_private import cuda_memory_snapshot
 
     folder = folder or traces_dir()
     try:
@@ -137,11 +137,11 @@ class Tracer:
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.index is not None else [])
         self.history = False
         if self.memory and self.index is not None:
-            from .torch_private import cuda_memory_history
+            from tunekit.measure.torch_private import cuda_memory_history
 
             cuda_memory_history(True)
             self.history = True
-        from .torch_private import compiled_graphs
+        from tunekit.measure.torch_private import compiled_graphs
 
         # Dynamo guards on the global module hooks: installing them would recompile a compiled
         # model inside the traced run (and again after). Without them, generic ops lose the
@@ -157,7 +157,7 @@ class Tracer:
                             with_stack=self.memory)
         self.log_level = None
         if self.memory:  # see torch_private.cpp_min_log_level: mute its stderr line while tracing
-            from .torch_private import cpp_min_log_level
+            from tunekit.measure.torch_private import cpp_min_log_level
 
             self.log_level = cpp_min_log_level(2)
         # record_function's first call in a process imports torch code; an import while the
@@ -176,12 +176,12 @@ class Tracer:
     def _cleanup(self):
         self.ranges.remove()
         if self.log_level is not None:
-            from .torch_private import cpp_min_log_level
+            from tunekit.measure.torch_private import cpp_min_log_level
 
             cpp_min_log_level(self.log_level)
             self.log_level = None
         if self.history:
-            from .torch_private import cuda_memory_history
+            from tunekit.measure.torch_private import cuda_memory_history
 
             self.history = False
             cuda_memory_history(False)
@@ -368,7 +368,7 @@ def _union_s(intervals) -> float | None:
 
 def timeline_from_profile(prof, device: str) -> MemoryTimeline:
     """Bytes alive by category through the run, from a profile taken with the memory profiler."""
-    from .torch_private import memory_timeline
+    from tunekit.measure.torch_private import memory_timeline
 
     times_us, by_torch = memory_timeline(prof, device)
     cats = {c: [0] * len(times_us) for c in MEMORY_CATEGORIES}

@@ -25,9 +25,9 @@ import inspect
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..core.formulas import MFU_ANALYTIC, MFU_COUNTED, forward_flops_per_token, train_flops_per_token
-from ..core.registry import ATTENTIONS, attention
-from ..core.shapes import ModelShape, model_shape
+from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED, forward_flops_per_token, train_flops_per_token
+from tunekit.core.registry import ATTENTIONS, attention
+from tunekit.core.shapes import ModelShape, model_shape
 
 
 class ModuleAdapter:
@@ -342,7 +342,7 @@ def is_transformers_model(model) -> bool:
 def adapt(model: torch.nn.Module, blocks=None) -> ModuleAdapter:
     """The adapter for ``model`` (a compiled model through its original, a DDP/DataParallel
     wrapper through the model it wraps)."""
-    from .gpt import GPT
+    from tunekit.models.gpt import GPT
 
     inner = getattr(model, "_orig_mod", model)
     if type(inner).__name__ in ("DistributedDataParallel", "DataParallel"):  # the model it wraps

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.paths import cache_dir
+from tunekit.core.paths import cache_dir
 
 _CORPUS_VERSION = 1  # bump when the recipe below changes, so stale caches are not reused
 

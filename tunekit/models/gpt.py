@@ -23,9 +23,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..core.registry import ATTENTIONS
-from ..core.shapes import gelu_d_ff, padded_vocab, swiglu_d_ff
-from ..core.validate import flag, real, whole
+from tunekit.core.registry import ATTENTIONS
+from tunekit.core.shapes import gelu_d_ff, padded_vocab, swiglu_d_ff
+from tunekit.core.validate import flag, real, whole
 
 ATTENTION_IMPLS = tuple(ATTENTIONS)
 MLP_KINDS = ("gelu", "swiglu")

@@ -12,7 +12,7 @@ import importlib
 
 import torch
 
-from ..core.registry import LAB_OPTIMIZERS, OPTIMIZERS, module_available
+from tunekit.core.registry import LAB_OPTIMIZERS, OPTIMIZERS, module_available
 
 
 def _why_unavailable(name: str, device_type: str) -> str | None:

@@ -18,8 +18,9 @@ import sys
 
 import torch
 
-from .adapters import is_transformers_model
-from .gpt import GPT, GPTConfig
+from tunekit.core.extras import missing_extra
+from tunekit.models.adapters import is_transformers_model
+from tunekit.models.gpt import GPT, GPTConfig
 
 KINDS = ("gpt", "transformers", "factory")
 
@@ -44,7 +45,7 @@ def factory_spec(factory: str, **kwargs) -> dict:
 
 
 def source_spec(kind: str, value) -> dict:
-    """The spec of a model named on the command line (tunekit.ui.cli): ``("preset", name)``,
+    """The spec of a model named on the command line (tunekit.cli.main): ``("preset", name)``,
     ``("transformers", config dict)`` or ``("factory", "package.module:function")``."""
     if kind == "preset":
         return {"kind": "gpt", "config": dataclasses.asdict(GPTConfig.preset(value))}
@@ -104,7 +105,10 @@ def build_model(spec: dict, seed: int = 0) -> torch.nn.Module:
     if spec["kind"] == "gpt":
         return GPT(GPTConfig(**spec["config"]))
     if spec["kind"] == "transformers":
-        from transformers import AutoConfig, AutoModelForCausalLM
+        try:
+            from transformers import AutoConfig, AutoModelForCausalLM
+        except ModuleNotFoundError as e:
+            raise (missing_extra(e, "a transformers model spec") or e) from None
 
         cfg = {k: v for k, v in spec["config"].items() if k != "model_type"}
         config = AutoConfig.for_model(spec.get("model_type") or spec["config"]["model_type"], **cfg)

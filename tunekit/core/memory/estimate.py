@@ -18,15 +18,16 @@ import numbers
 import warnings
 from dataclasses import dataclass, field
 
-from .. import registry, validate
-from ..fmt import fmt_count, fmt_pct
-from ..notes import Note
-from ..registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
-from ..shapes import model_shape
-from ..units import GB, GiB, is_missing
-from .gpt_count import config_dims, gpt_activation_bytes
-from .hf_count import GROUPS, hf_activation_bytes
-from .options import MemoryOptions, setting_options
+from tunekit.core import registry, validate
+from tunekit.core.fmt import fmt_count, fmt_pct
+from tunekit.core.memory.answer import COMPONENTS, STATIC, MemoryAnswer
+from tunekit.core.memory.gpt_count import config_dims, gpt_activation_bytes
+from tunekit.core.memory.hf_count import GROUPS, hf_activation_bytes
+from tunekit.core.memory.options import MemoryOptions, setting_options
+from tunekit.core.notes import Note
+from tunekit.core.registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
+from tunekit.core.shapes import model_shape
+from tunekit.core.units import GB, GiB, is_missing
 
 NaN = math.nan
 
@@ -75,13 +76,8 @@ def full_recompute_activation_bytes(s: int, b: int, h: int, n_layer: int, t: int
 
 # --- the estimate -------------------------------------------------------------------------------
 
-COMPONENTS = ("weights", "master_weights", "gradients", "optimizer_states", "buffers", "weight_casts",
-              "activations", "recompute", "temporary", "cuda_context", "distributed")
-STATIC = ("weights", "master_weights", "gradients", "optimizer_states")
-
-
 @dataclass
-class MemoryEstimate:
+class MemoryEstimate(MemoryAnswer):
     """Per-device bytes by component, with the formula behind each line.
 
     `components[name]` is NaN where the inputs do not determine it (e.g. activations from a bare
@@ -99,17 +95,9 @@ class MemoryEstimate:
     method: str = "analytic"
 
     @property
-    def static_bytes(self) -> float:
-        """Weights + master copy + gradients + optimizer states."""
-        return sum(self.components.get(k, 0.0) for k in STATIC)
-
-    @property
     def total_bytes(self) -> float:
         """Sum of the known components (NaN lines are left out; see `notes`)."""
         return sum(v for v in self.components.values() if not is_missing(v))
-
-    def __getitem__(self, name):
-        return self.components[name]
 
     def to_frame(self):
         """pandas view: one row per component, bytes, GiB (2^30), GB (1e9), share, formula."""
@@ -136,11 +124,11 @@ class MemoryEstimate:
         return fig
 
     def __repr__(self):  # a terminal: the total and each line's bytes and share (formulas: to_frame())
-        from .summary import estimate_text
+        from tunekit.core.memory.summary import estimate_text
         return estimate_text(self)
 
     def _repr_html_(self) -> str:
-        from .summary import estimate_html
+        from tunekit.core.memory.summary import estimate_html
         return estimate_html(self)
 
 
@@ -224,7 +212,7 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
                   seq_len=m.seq_len, attention=m.attention, checkpointing=o.checkpointing, tp=o.tp, pp=o.pp,
                   zero_stage=zero_stage, dp=dp, n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
                   activations=mode, device=device, device_source=device_why)
-    return MemoryEstimate({k: comps[k] for k in COMPONENTS}, forms, inputs, notes)
+    return MemoryEstimate({k: comps[k] for k in COMPONENTS if k in comps}, forms, inputs, notes)
 
 
 @dataclass
@@ -375,15 +363,15 @@ def _beside_lines(comps, forms, o: MemoryOptions, device: str, world: int) -> No
     known = sum(v for v in comps.values() if not is_missing(v))
     comps["temporary"] = o.overhead_fraction * known
     forms["temporary"] = f"{fmt_pct(o.overhead_fraction, 0)} of the above (temporary buffers, fragmentation)"
-    on_cuda = str(device).startswith("cuda")
-    context = o.cuda_context_bytes
-    if context is None:
-        # seeds: torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100
+    on_cuda, context = str(device).startswith("cuda"), o.cuda_context_bytes
+    if context is None:  # seeds: torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100
         context = 0.5 * GiB if on_cuda else 0.0
-    comps["cuda_context"] = float(context)
-    forms["cuda_context"] = "CUDA context + kernels, outside torch's allocator (0.5-2 GB)"
-    comps["distributed"] = 1.5 * GiB if (on_cuda and world > 1) else 0.0
-    forms["distributed"] = "torch.distributed/NCCL buffers (~1-2 GB per GPU)"
+    if on_cuda or context:   # a line that does not exist on this device is left out, not 0 bytes
+        comps["cuda_context"] = float(context)
+        forms["cuda_context"] = "CUDA context + kernels, outside torch's allocator (0.5-2 GB)"
+    if on_cuda and world > 1:
+        comps["distributed"] = 1.5 * GiB
+        forms["distributed"] = "torch.distributed/NCCL buffers (~1-2 GB per GPU)"
 
 
 def worked_example_147m(micro_batch: int = 64) -> dict:

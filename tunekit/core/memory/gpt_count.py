@@ -16,8 +16,8 @@ tunekit/models/gpt.py (checked tensor by tensor with saved_tensors_hooks in test
 """
 from __future__ import annotations
 
-from ..shapes import cfg_get as _get
-from ..shapes import model_shape
+from tunekit.core.shapes import cfg_get as _get
+from tunekit.core.shapes import model_shape
 
 
 def config_dims(cfg) -> dict:

@@ -12,9 +12,9 @@ import shutil
 import sys
 from dataclasses import dataclass, fields
 
-from .. import validate
-from ..setting import from_keywords, memory_layout
-from ..specs import find_spec
+from tunekit.core import validate
+from tunekit.core.setting import from_keywords, memory_layout
+from tunekit.core.specs import find_spec
 
 ACTIVATION_MODES = ("auto", "gpt", "hf", "korthikanti")
 
@@ -92,7 +92,7 @@ class MemoryOptions:
     @property
     def sharded(self) -> tuple:
         """(zero_stage, dp, notes): as given, or as `parallel` sets them for `world_size` ranks on
-        `nodes` nodes (tunekit.engine.dist): DDP replicates (stage 0 over the world), FSDP shards
+        `nodes` nodes (tunekit.parallel): DDP replicates (stage 0 over the world), FSDP shards
         parameters, gradients and optimizer state over the world (stage 3), HSDP over one node."""
         if self.parallel is None:
             return self.zero_stage, self.dp, []
@@ -145,8 +145,8 @@ def this_machine_device() -> tuple:
 
 
 def _sharding(parallel, world_size, nodes, zero_stage, dp) -> tuple:
-    """(zero_stage, dp, notes) of a tunekit.engine.dist sharding; refuses a clash with explicit ones."""
-    from ..comm import layout_problems
+    """(zero_stage, dp, notes) of a tunekit.parallel sharding; refuses a clash with explicit ones."""
+    from tunekit.core.comm import layout_problems
 
     errors = layout_problems(parallel, 1, nodes)
     if not errors and world_size % nodes:

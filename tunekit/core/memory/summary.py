@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import html
 
-from ..fmt import fmt_bytes, fmt_count, fmt_pct
-from ..summary import MAX_LINES, lines_html, lines_text, with_notes
-from ..units import GB, is_missing
+from tunekit.core.fmt import fmt_bytes, fmt_count, fmt_pct
+from tunekit.core.summary import MAX_LINES, lines_html, lines_text, with_notes
+from tunekit.core.units import GB, is_missing
 
 WIDTH = 16   # the longest component name (optimizer_states)
 

@@ -1,0 +1,137 @@
+"""tunekit.diff: what changed between two runs, from records built by hand (exact numbers) and from
+two real Lab runs (only what holds on a busy machine is asserted)."""
+import math
+
+import pytest
+
+import tunekit
+from tunekit.core.breakdown import Breakdown
+from tunekit.core.conditions import Conditions
+from tunekit.core.records import ProfileRecord
+from tunekit.core.results import RunResult
+from tunekit.core.toggles import Toggles
+
+MiB = 2**20
+
+
+def _run(run_id, label="baseline", step_s=0.032, trace=None, **toggles):
+    r = RunResult.from_dict({"run_id": run_id, "label": label, "steps": 2, "warmup": 0, "tokens_per_step": 32,
+                             "tokens_per_s": 32 / step_s, "step_s": step_s, "model": "GPT", "n_params": 1000,
+                             "device": "cpu", "params_bytes": 4000, "grads_bytes": 4000, "optimizer_bytes": 8000,
+                             "peak_mem_bytes": 100 * MiB, "peak_tflops_source": "given", "peak_source": "rss"})
+    r.toggles = Toggles(seq_len=128, attention="sdpa").replace(**toggles)
+    r.trace = trace
+    return r
+
+
+def _trace(seconds, ops):
+    return Breakdown(device="cpu", wall_s=sum(seconds.values()), seconds=seconds,
+                     top_ops=[{"op": o, "category": "x", "self_s": s, "calls": c} for o, s, c in ops])
+
+
+def test_two_runs_say_what_changed_and_what_moved_the_step_most():
+    a = _run(0, step_s=0.040, trace=_trace({"matmul/linear": 0.030, "optimizer": 0.010},
+                                           [("aten::mm", 0.030, 12), ("aten::mul_", 0.010, 28)]))
+    b = _run(1, "bf16", step_s=0.025, precision="bf16",
+             trace=_trace({"matmul/linear": 0.012, "optimizer": 0.010, "memory copy": 0.003},
+                          [("aten::mm", 0.012, 12), ("aten::mul_", 0.010, 28), ("aten::_to_copy", 0.003, 24)]))
+    b.peak_mem_bytes = 120 * MiB
+    d = tunekit.diff(a, b)
+    assert d.changed == [("precision", "fp32", "bf16")]
+    lines = d.summary.splitlines()
+    assert lines[0] == "run #1 (bf16) vs run #0 (baseline)"
+    assert lines[1] == "changed: precision fp32 -> bf16"
+    assert lines[2] == "step 40.0 ms -> 25.0 ms (1.60x faster)"        # 40 / 25 = 1.6
+    assert lines[3] == "peak memory 100.0 MiB -> 120.0 MiB (+20.0 MiB)"
+    assert lines[4] == "moved most: matmul/linear 30.0 ms -> 12.0 ms (-18.0 ms)"   # optimizer moved 0
+    assert lines[5] == "ops added: aten::_to_copy (3.0 ms, 24 calls)"
+    assert [o["op"] for o in d.added] == ["aten::_to_copy"] and d.removed == []
+    t = d.table
+    step = t[(t.section == "step") & (t.what == "step time")].iloc[0]
+    assert step.change == pytest.approx(0.025 / 0.040 - 1)                 # -37.5%
+    cats = t[t.section == "time by category"]
+    assert list(cats.what) == ["matmul/linear", "optimizer", "memory copy"]   # largest first
+    assert math.isnan(cats.iloc[2].change)                                 # 0 -> 3 ms: no ratio
+    assert "ops added/removed" not in d.summary        # both traces kept every op (under the cut)
+    fig = d.figure()
+    assert [tr.name for tr in fig.data] == ["run #0 (baseline)", "run #1 (bf16)"]
+    assert list(fig.data[1].y) == pytest.approx([12.0, 10.0, 3.0])
+
+
+def test_runs_read_back_from_the_log_diff_like_the_live_ones():
+    a, b = _run(0, step_s=0.040), _run(1, "mb=16", step_s=0.080, micro_batch=16)
+    assert tunekit.diff(a.to_dict(), b.to_dict()).summary == tunekit.diff(a, b).summary
+    assert "step 40.0 ms -> 80.0 ms (2.00x slower)" in tunekit.diff(a, b).summary
+
+
+def test_untraced_runs_are_compared_without_inventing_op_figures():
+    d = tunekit.diff(_run(0), _run(1, "ckpt", checkpointing=True, trace=_trace({"matmul/linear": 0.02}, [])))
+    assert not (d.table.section == "time by category").any()
+    assert [n.kind for n in d.notes] == ["diff.one_trace"]
+    with pytest.raises(ValueError, match="trace both runs"):
+        d.figure()
+
+
+def test_a_busy_or_failed_side_is_said():
+    b = _run(1, "bf16", precision="bf16")
+    b.conditions = Conditions(verdict="busy", reason="other processes used 1.0 of 2 CPUs")
+    b.status, b.step_s = "failed", math.nan
+    d = tunekit.diff(_run(0), b)
+    assert sorted(n.kind for n in d.notes) == ["diff.busy", "diff.failed_run"]
+    step = d.table[d.table.what == "step time"].iloc[0]
+    assert math.isnan(step.b) and math.isnan(step.change)
+    assert "step " not in d.summary.splitlines()[2]      # no speed-up claimed from a failed run
+
+
+def test_what_cannot_be_compared_is_refused_before_any_work():
+    other = _run(1)
+    other.model, other.n_params = "LlamaForCausalLM", 5000
+    with pytest.raises(ValueError, match=r"different models \(GPT, 1k parameters vs LlamaForCausalLM, 5k\)"):
+        tunekit.diff(_run(0), other)
+    with pytest.raises(TypeError, match="records of one kind: got a RunResult and a ProfileRecord"):
+        tunekit.diff(_run(0), ProfileRecord("cell"))
+    with pytest.raises(TypeError, match="got str"):
+        tunekit.diff("run 0", "run 1")
+
+
+def test_two_profiled_records_compare_time_and_memory_and_leave_out_what_neither_measured():
+    a = ProfileRecord("fp32", wall_s=0.5, flops=2e9, cpu_peak_delta_bytes=10 * MiB)
+    b = ProfileRecord("bf16", wall_s=0.25, flops=2e9, cpu_peak_delta_bytes=12 * MiB)
+    d = tunekit.diff(a, b)
+    assert d.summary.splitlines()[:3] == ["bf16 vs fp32", "step 500.0 ms -> 250.0 ms (2.00x faster)",
+                                          "peak memory 10.0 MiB -> 12.0 MiB (+2.0 MiB)"]
+    assert list(d.table.what) == ["time", "FLOPs", "CPU peak"]     # no GPU row: neither side measured one
+
+
+def test_a_real_bf16_toggle_adds_casts_to_the_trace():
+    lab = tunekit.Lab(seq_len=32)
+    a = lab.run(steps=1, warmup=0, micro_batch=2, trace=True, verbose=False)
+    b = lab.run(steps=1, warmup=0, micro_batch=2, precision="bf16", trace=True, verbose=False)
+    d = tunekit.diff(a, b)
+    assert d.changed == [("precision", "fp32", "bf16")]
+    # autocast casts weights and activations to bf16: copy ops run that the fp32 step has not
+    assert any("ToCopy" in o["op"] or "_to_copy" in o["op"] for o in d.added) or \
+        any(r["what"] == "aten::_to_copy" and r["calls_b"] > r["calls_a"] for r in d.rows if r["section"] == "ops")
+    t = d.table
+    assert t[t.what == "weight casts"].iloc[0].b > 0 and t[t.what == "parameters"].iloc[0].change == 0.0
+    # the model's module scopes, on both sides with their calls (2 blocks: as many Block calls each)
+    blocks = t[(t.section == "modules") & (t.what == "Block")].iloc[0]
+    assert blocks.calls_a == blocks.calls_b > 0
+
+
+def test_the_command_diffs_two_runs_of_a_log_and_refuses_what_it_cannot_read(tmp_path, capsys):
+    from tunekit.cli.main import main
+    from tunekit.lab.runlog import RunLog
+
+    log = tmp_path / "runs.jsonl"
+    for r in (_run(0, step_s=0.040), _run(1, "mb=16", step_s=0.020, micro_batch=16)):
+        RunLog(log).add(r)
+    assert main(["diff", f"{log}#0", str(log)]) == 0       # a log alone: its last run
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == ["run #1 (mb=16) vs run #0 (baseline)", "changed: micro_batch 8 -> 16",
+                       "step 40.0 ms -> 20.0 ms (2.00x faster)"]
+    assert any(line.split()[:3] == ["step", "step", "time"] and line.endswith("-50.0%") for line in out)
+    assert main(["diff", f"{log}#9", str(log)]) == 2
+    assert "no run #9 in the log (its runs: #0, #1)" in capsys.readouterr().err
+    assert main(["diff", str(tmp_path / "none.jsonl"), str(log)]) == 2
+    assert "none.jsonl: no such log file" in capsys.readouterr().err

@@ -1,0 +1,59 @@
+"""``tunekit diff A B``: what changed between two saved Lab runs (`tunekit.diff`), from a shell.
+
+    tunekit diff runs.jsonl#0 runs.jsonl#3     # run 0 and run 3 of one log
+    tunekit diff before.jsonl after.jsonl      # the last run of each log
+
+A side is ``PATH`` (a JSONL run log: its last run) or ``PATH#ID`` (run ID of that log). Exit 0, or 2
+when a side cannot be read or the two runs cannot be compared (different models), before any work.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tunekit.cli.model import Refused
+
+
+def diff_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFormatter) -> argparse.ArgumentParser:
+    p = parser_class(prog="tunekit diff", add_help=False, formatter_class=formatter,
+                     description="What changed between two saved Lab runs: the settings, the step time, "
+                                 "memory, and where both were traced the time by op category and the ops "
+                                 "added or removed (tunekit.diff).")
+    p.add_argument("-h", "--help", action="help", help="show this help message and exit")
+    p.add_argument("a", help="the run to compare from: LOG.jsonl (its last run) or LOG.jsonl#ID")
+    p.add_argument("b", help="the run to compare with it, the same way")
+    p.add_argument("--ops", type=int, default=10, help="how many ops to list (those that moved most)")
+    return p
+
+
+def read_side(spec: str):
+    """The run a side names, as a RunResult; `Refused` with the reason when it names none."""
+    from tunekit.lab.runlog import RunLog
+
+    path, _, run_id = spec.partition("#")
+    if not Path(path).is_file():
+        raise Refused(f"{spec}: no such log file")
+    runs = RunLog.load(path)
+    if not runs:
+        raise Refused(f"{spec}: the log holds no run")
+    if not run_id:
+        return runs[-1]
+    found = [r for r in runs if str(r.run_id) == run_id.strip()]
+    if not found:
+        raise Refused(f"{spec}: no run #{run_id} in the log (its runs: "
+                      + ", ".join(f"#{r.run_id}" for r in runs[:20]) + ("..." if len(runs) > 20 else "") + ")")
+    return found[-1]
+
+
+def diff_main(args) -> int:
+    from tunekit.core.diff import diff
+
+    try:
+        a, b = read_side(args.a), read_side(args.b)
+        d = diff(a, b)
+    except (Refused, ValueError, TypeError) as e:
+        print(f"tunekit diff: error: {e}", file=sys.stderr)
+        return 2
+    print(d.text(ops=max(0, args.ops)))
+    return 0

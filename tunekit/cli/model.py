@@ -1,0 +1,47 @@
+"""The model named on the command line (``--model``), read and checked before any work: shared by
+``tunekit run`` (`cli.main`) and ``tunekit plan`` (`tunekit.cli.plan`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+class Refused(ValueError):
+    """Options that cannot run: main() prints the message and exits 2."""
+
+
+def model_source(text: str) -> tuple[str, object]:
+    """("preset", name) | ("transformers", config dict) | ("factory", "pkg.mod:fn")."""
+    from tunekit.models.gpt import PRESETS
+
+    if text in PRESETS:
+        return "preset", text
+    path = Path(text)
+    if path.suffix == ".json" or path.is_file():
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise Refused(f"--model {text}: not a readable JSON file ({e})") from None
+        if not isinstance(config, dict) or "model_type" not in config:
+            raise Refused(f"--model {text}: a transformers config JSON has a 'model_type' key")
+        return "transformers", config
+    if text.count(":") == 1 and all(text.split(":")):
+        check_factory(text)
+        return "factory", text
+    raise Refused(f"--model {text!r} is not a preset ({', '.join(PRESETS)}), a config .json file, "
+                  "or 'package.module:function'")
+
+
+def check_factory(text: str) -> None:
+    """Import ``module:function`` now, from the current directory too (as ``python -m`` would: the
+    ``tunekit`` script's own folder is what Python puts first); refused with the path searched."""
+    from tunekit.models.spec import factory_problem
+
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the ranks of a distributed run inherit sys.path
+    why = factory_problem(text)
+    if why is not None:
+        raise Refused(f"--model {text}: {why}")

@@ -1,0 +1,243 @@
+"""What changed between two runs: ``tunekit.diff(a, b)``. Pure: no torch; pandas and plotly only
+inside the methods that draw.
+
+    >>> d = tunekit.diff(lab.runs[-2], lab.runs[-1])     # two Lab runs (or two profiled records)
+    >>> print(d.summary)     # the setting that changed, the step time, and what moved it most
+    >>> d.table              # per figure, category and op: a, b and the change
+    >>> d.figure()           # time by op category, side by side
+
+Two Lab runs (`RunResult`, or their log records) or two profiled cells/blocks/Monitor summaries
+(`ProfileRecord`) are compared: step time and rates, memory, and where both were traced the time by
+op category, per module scope and per op, with the ops added and removed (the casts bf16 brings, say). Runs of
+different models, or of different kinds, are refused: a diff is one model under two settings.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tunekit.core.breakdown import TOP_OPS, UNTRACED, Breakdown
+from tunekit.core.fmt import FORMATS, fmt_bytes, fmt_count, fmt_ms, fmt_pct, fmt_tflops, formatted
+from tunekit.core.notes import Note
+from tunekit.core.records import ProfileRecord
+from tunekit.core.results import RunResult
+
+NaN = math.nan
+MODULE = "nn.Module: "   # how torch.profiler names a module's scope
+
+# (field, what, format) per kind of record: the figures a diff shows, step first, then memory
+RUN_FIGURES = (("step_s", "step time", "s"), ("tokens_per_s", "tokens/s", "rate"), ("tflops", "TFLOPS", "tflops"),
+               ("mfu", "MFU", "pct"), ("flops_per_step", "FLOPs per step", "count"),
+               ("loss", "loss (last step)", "loss"), ("peak_mem_bytes", "peak memory", "bytes"),
+               ("params_bytes", "parameters", "bytes"),
+               ("grads_bytes", "gradients", "bytes"), ("optimizer_bytes", "optimizer states", "bytes"),
+               ("saved_bytes", "saved activations", "bytes"), ("weight_cast_bytes", "weight casts", "bytes"))
+CELL_FIGURES = (("wall_s", "time", "s"), ("tflops", "TFLOPS", "tflops"), ("mfu", "MFU", "pct"),
+                ("flops", "FLOPs", "count"), ("cpu_peak_delta_bytes", "CPU peak", "bytes"),
+                ("gpu_peak_delta_bytes", "GPU peak", "bytes"), ("gpu_reserved_bytes", "GPU reserved", "bytes"))
+
+
+def _number(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else NaN
+
+
+def _fmt(v: float, kind: str) -> str:
+    if v != v:
+        return "n/a"
+    if kind in ("rate", "loss"):
+        return formatted(v, FORMATS["tokens/s" if kind == "rate" else "loss"])
+    return {"s": fmt_ms, "bytes": fmt_bytes, "count": fmt_count, "pct": fmt_pct, "tflops": fmt_tflops}[kind](v)
+
+
+@dataclass
+class Diff:
+    """Two runs side by side. ``rows``: dicts of section, what, a, b, change (b / a - 1), unit (and an
+    op's calls on each side, ``calls_a`` / ``calls_b``).
+    ``added`` / ``removed``: ops traced in one run and not in the other, with their seconds and calls."""
+
+    a: str                      # what each side is, in words
+    b: str
+    kind: str                   # "run" | "record"
+    changed: list               # the settings that differ: (name, a, b)
+    rows: list
+    added: list = field(default_factory=list)
+    removed: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    @property
+    def table(self):
+        """pandas DataFrame: section, what, a, b, change (relative; NaN where either side is unknown),
+        unit, and for an op its calls on each side."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=["section", "what", "a", "b", "change", "unit", "calls_a", "calls_b"])
+
+    def _row(self, section: str, what: str) -> dict | None:
+        return next((r for r in self.rows if r["section"] == section and r["what"] == what), None)
+
+    @property
+    def moved_most(self) -> dict | None:
+        """The op category whose time changed the most, in seconds (None without two traces)."""
+        cats = [r for r in self.rows if r["section"] == "time by category" and r["a"] == r["a"]
+                and r["b"] == r["b"] and r["what"] != UNTRACED]
+        return max(cats, key=lambda r: abs(r["b"] - r["a"]), default=None)
+
+    @property
+    def summary(self) -> str:
+        """A few lines: what changed, the step time, and the change that moved it most."""
+        lines = [f"{self.b} vs {self.a}"]
+        if self.changed:
+            lines.append("changed: " + ", ".join(f"{n} {a} -> {b}" for n, a, b in self.changed))
+        step = self._row("step", "step time" if self.kind == "run" else "time")
+        if step and step["a"] == step["a"] and step["b"] == step["b"] and step["a"] > 0 and step["b"] > 0:
+            ratio = step["a"] / step["b"]
+            how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+            lines.append(f"step {fmt_ms(step['a'])} -> {fmt_ms(step['b'])} ({how})")
+        peak = self._row("memory", "peak memory" if self.kind == "run" else "CPU peak")
+        if peak and peak["a"] == peak["a"] and peak["b"] == peak["b"]:
+            lines.append(f"peak memory {fmt_bytes(peak['a'])} -> {fmt_bytes(peak['b'])} "
+                         f"({fmt_bytes(peak['b'] - peak['a'], signed=True)})")
+        most = self.moved_most
+        if most is not None:
+            delta = most["b"] - most["a"]
+            lines.append(f"moved most: {most['what']} {fmt_ms(most['a'])} -> {fmt_ms(most['b'])} "
+                         f"({'+' if delta >= 0 else '-'}{fmt_ms(abs(delta))})")
+        for word, ops in (("added", self.added), ("removed", self.removed)):
+            if ops:
+                lines.append(f"ops {word}: " + ", ".join(f"{o['op']} ({fmt_ms(o['self_s'])}, {o['calls']} calls)"
+                                                          for o in ops[:3]))
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary
+
+    def text(self, ops: int = 10) -> str:
+        """The summary, then every figure as aligned text (the ``ops`` ops that moved most)."""
+        rows = [r for r in self.rows if r["section"] not in ("ops", "modules")]
+        for section in ("modules", "ops"):
+            rows += [r for r in self.rows if r["section"] == section][:ops]
+        cells = [(r["section"], r["what"], _fmt(r["a"], r["unit"]), _fmt(r["b"], r["unit"]),
+                  "n/a" if r["change"] != r["change"] else fmt_pct(r["change"], signed=True)) for r in rows]
+        head = ("", "", self.a, self.b, "change")
+        widths = [max(len(c[i]) for c in cells + [head]) for i in range(5)]
+        out = [self.summary, ""] + ["  ".join(c[i].ljust(widths[i]) if i < 2 else c[i].rjust(widths[i])
+                                             for i in range(5)).rstrip() for c in [head] + cells]
+        return "\n".join(out)
+
+    def figure(self, title: str | None = None):
+        """plotly: time by op category of each run, side by side (needs two traced runs)."""
+        import plotly.graph_objects as go
+
+        cats = [r for r in self.rows if r["section"] == "time by category"]
+        if not cats:
+            raise ValueError("no time by category to draw: trace both runs (lab.run(trace=True), "
+                             "%%gpuprofile --trace) and diff them again")
+        fig = go.Figure()
+        for side, name in (("a", self.a), ("b", self.b)):
+            fig.add_bar(name=name, x=[r["what"] for r in cats],
+                        y=[(r[side] if r[side] == r[side] else 0.0) * 1e3 for r in cats])
+        fig.update_layout(barmode="group", yaxis_title="ms per traced step",
+                          title=title or "time by op category: " + self.summary.splitlines()[0])
+        return fig
+
+
+def _trace(t) -> Breakdown | None:
+    if t is None or isinstance(t, Breakdown):
+        return t
+    if isinstance(t, dict):     # a run read back from its log
+        known = {k: t[k] for k in ("device", "wall_s", "seconds", "top_ops", "untraced_s") if k in t}
+        return Breakdown(**known) if {"device", "wall_s", "seconds"} <= set(known) else None
+    return None
+
+
+def _side(x):
+    if isinstance(x, dict):
+        return RunResult.from_dict(x)
+    if isinstance(x, (RunResult, ProfileRecord)):
+        return x
+    raise TypeError(f"tunekit.diff compares two Lab runs (RunResult or a log record) or two profiled "
+                    f"records (ProfileRecord: tunekit.last(), a Monitor's summary); got {type(x).__name__}")
+
+
+def diff(a, b) -> Diff:
+    """What changed from run ``a`` to run ``b`` (see the module's docstring). Refused before any
+    work: two records of different kinds, or Lab runs of different models."""
+    a, b = _side(a), _side(b)
+    if type(a) is not type(b):
+        raise TypeError(f"tunekit.diff compares records of one kind: got a {type(a).__name__} and a "
+                        f"{type(b).__name__}")
+    notes = []
+    if isinstance(a, RunResult):
+        kind, figures = "run", RUN_FIGURES
+        if (a.model, a.n_params) != (b.model, b.n_params):
+            raise ValueError(f"these runs trained different models ({a.model}, {fmt_count(a.n_params)} parameters "
+                             f"vs {b.model}, {fmt_count(b.n_params)}): a diff compares one model under two "
+                             "settings")
+        names = (f"run #{a.run_id} ({a.label})", f"run #{b.run_id} ({b.label})")
+        ta, tb = a.toggles, b.toggles
+        changed = [(f, getattr(ta, f), getattr(tb, f)) for f in ta.__dataclass_fields__
+                   if getattr(ta, f) != getattr(tb, f)]
+        changed += [(f, getattr(a, f), getattr(b, f)) for f in ("device", "parallel", "world_size")
+                    if getattr(a, f) != getattr(b, f)]
+        failed = [n for n, r in zip(names, (a, b)) if r.status != "ok"]
+        if failed:
+            notes.append(Note("diff.failed_run", f"{' and '.join(failed)} did not finish: its figures are n/a"))
+    else:
+        kind, figures = "record", CELL_FIGURES
+        names, changed = (a.name, b.name), []
+    rows = []
+    for fname, what, unit in figures:
+        va, vb = _number(getattr(a, fname, None)), _number(getattr(b, fname, None))
+        if va != va and vb != vb:
+            continue      # measured on neither side: left out, not shown as 0
+        section = "memory" if unit == "bytes" else "step"   # the loss is the step's too
+        rows.append({"section": section, "what": what, "a": va, "b": vb,
+                     "change": vb / va - 1 if va == va and vb == vb and va else NaN, "unit": unit})
+    busy = [n for n, r in zip(names, (a, b)) if getattr(r.conditions, "busy", False) is True]
+    if busy:
+        notes.append(Note("diff.busy", f"{' and '.join(busy)} ran on a busy machine: a change in time may be "
+                                       "the machine, not the setting"))
+    added, removed = _traces(_trace(a.trace), _trace(b.trace), rows, notes)
+    return Diff(names[0], names[1], kind, changed, rows, added, removed, notes)
+
+
+def _by_op(top_ops) -> dict:
+    """op -> its seconds and calls, over every scope the trace attributed it to."""
+    out = {}
+    for o in top_ops:
+        seen = out.setdefault(o["op"], {"op": o["op"], "self_s": 0.0, "calls": 0})
+        seen["self_s"] += o["self_s"]
+        seen["calls"] += o["calls"]
+    return out
+
+
+def _traces(ta: Breakdown | None, tb: Breakdown | None, rows: list, notes: list) -> tuple[list, list]:
+    """Time by category and the ops added/removed, where both runs were traced."""
+    if ta is None or tb is None:
+        if ta is not None or tb is not None:
+            notes.append(Note("diff.one_trace", "only one run was traced: trace both to see which ops moved"))
+        return [], []
+    if ta.device != tb.device:
+        notes.append(Note("diff.devices", f"traced on {ta.device} and {tb.device}: categories compare, "
+                                          "op names do not"))
+    pa, pb = ta.parts(), tb.parts()
+    for cat in sorted(set(pa) | set(pb), key=lambda c: -max(pa.get(c, 0.0), pb.get(c, 0.0))):
+        va, vb = pa.get(cat, 0.0), pb.get(cat, 0.0)
+        if va == 0.0 and vb == 0.0:
+            continue      # a category neither step spent time in
+        rows.append({"section": "time by category", "what": cat, "a": va, "b": vb,
+                     "change": vb / va - 1 if va else NaN, "unit": "s"})
+    oa, ob = _by_op(ta.top_ops), _by_op(tb.top_ops)
+    for op in sorted(set(oa) & set(ob), key=lambda o: -abs(ob[o]["self_s"] - oa[o]["self_s"])):
+        va, vb = oa[op]["self_s"], ob[op]["self_s"]
+        module = op.startswith(MODULE)    # the profiler's module scopes: their own time, beside the ops'
+        rows.append({"section": "modules" if module else "ops", "what": op.removeprefix(MODULE) if module else op,
+                     "a": va, "b": vb, "change": vb / va - 1 if va else NaN,
+                     "unit": "s", "calls_a": oa[op]["calls"], "calls_b": ob[op]["calls"]})
+    added = [ob[o] for o in ob if o not in oa]
+    removed = [oa[o] for o in oa if o not in ob]
+    if (added or removed) and max(len(oa), len(ob)) >= TOP_OPS:
+        notes.append(Note("diff.top_ops", f"ops added/removed among the {len(oa)} and {len(ob)} ops with the most "
+                                          "time each trace kept: an op below that cut may still have run"))
+    return added, removed

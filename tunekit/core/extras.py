@@ -1,0 +1,29 @@
+"""Which ``pip install 'tunekit[...]'`` brings a missing optional package: every message about one
+names its extra (pyproject's ``[project.optional-dependencies]``). Pure: no imports tried here."""
+from __future__ import annotations
+
+# top-level import name -> the extra that installs it
+EXTRAS = {"transformers": "hf", "accelerate": "hf", "tensorboard": "tensorboard", "mlflow": "mlflow",
+          "lightning": "lightning", "pytorch_lightning": "lightning", "ipyexperiments": "experiments",
+          "flash_attn": "gpu"}
+
+
+def pip_command(package: str) -> str | None:
+    """``pip install 'tunekit[hf]'`` for ``"transformers"``; None for a package no extra brings."""
+    extra = EXTRAS.get(package.split(".")[0])
+    return None if extra is None else f"pip install 'tunekit[{extra}]'"
+
+
+def missing_extra(e: BaseException, needs: str) -> ModuleNotFoundError | None:
+    """``e`` (a failed import) as an error that says what needs the package and the pip command
+    that installs it; None when ``e`` is not a missing package an extra brings (re-raise ``e``).
+
+    >>> str(missing_extra(ModuleNotFoundError("No module named 'transformers'", name="transformers"),
+    ...                   "a transformers config"))
+    "a transformers config needs transformers, which is not installed: pip install 'tunekit[hf]'"
+    """
+    name = (getattr(e, "name", None) or "").split(".")[0]
+    command = pip_command(name) if name else None
+    if not isinstance(e, ModuleNotFoundError) or command is None:
+        return None
+    return ModuleNotFoundError(f"{needs} needs {name}, which is not installed: {command}", name=name)

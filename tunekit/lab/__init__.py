@@ -1,0 +1,6 @@
+"""The training lab: one live model trained under toggles you flip (`lab.Lab`), a single-process
+run (`run`) or one over ranks (`distributed`, through `tunekit.parallel`), the fit check that
+refuses a step before allocating (`fit`), the max-batch search (`maxbatch`), the run log
+(`runlog`), ``lab.plan`` (`plan`), what a Lab has recorded (`results`) and how it is shown: the
+dashboard (`dashboard`) and its charts (`plots`).
+"""

@@ -1,0 +1,330 @@
+"""ipywidgets dashboard over a Lab: it reads controls, calls the Lab, shows what it returns.
+
+    >>> dash = lab.dashboard()            # display it in a notebook cell
+    >>> dash.controls["precision"].value = "bf16"
+    >>> dash.run_button.click()           # drivable from code: this is how it is tested
+    >>> dash.table_df                     # the rows the table shows
+    >>> dash.plan_picker.value = "H100 SXM"   # the plan of the controls' toggles on an H100
+    >>> dash.last_plan.fits, dash.plan_html.value
+
+Refused combinations (fp16 on CPU, flash without CUDA, micro batch 0, ...) are explained in the
+message area; a run never shows a traceback here (``dash.last_error`` keeps the exception).
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+from IPython import get_ipython
+
+from tunekit.autotune.view import evidence_view
+from tunekit.core import toggles as tg
+from tunekit.core.fmt import fmt_ms
+from tunekit.core.results import runs_view
+from tunekit.core.run_text import rate
+from tunekit.core.summary import table_html
+from tunekit.core.toggles import Declared, Env, ToggleError, notices
+from tunekit.core.units import MiB
+from tunekit.lab.plots import compare_figure
+from tunekit.planning.panel import PlanPanel
+
+
+def _plotly_output(fig) -> dict:
+    """A display_data output holding the figure as plotly's own mimetype (JupyterLab, Notebook 7
+    and VS Code render it without fetching plotly.js)."""
+    import plotly.io as pio
+
+    data = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
+    data["text/plain"] = f"<plotly figure: {fig.layout.title.text or 'chart'}>"
+    return {"output_type": "display_data", "data": data, "metadata": {}}
+
+def _box(text: str, color: str) -> str:
+    return (f'<div style="border-left:4px solid {color};padding:4px 8px;margin:4px 0">'
+            f"{text}</div>")
+
+
+def toggle_control(t: Declared, value, env: Env) -> W.ValueWidget:
+    """The widget of one declared toggle (`core.toggles.declared`), its help as the tooltip. An
+    optimizer unavailable here is listed, not hidden (picking it explains why); a model without
+    an attention switch gets the attention dropdown disabled."""
+    kw = {"value": value, "description": t.label, "tooltip": t.help}
+    if t.control == "dropdown":
+        options = [(f"{n} (unavailable)" if t.name == "optimizer" and n in env.unavailable_optimizers
+                    else str(n), n) for n in t.choices]
+        if t.name == "attention" and not env.can_set_attention:
+            options, kw["disabled"] = [None], True
+        return W.Dropdown(options=options, **kw)
+    return {"checkbox": W.Checkbox, "int": W.IntText, "float": W.FloatText}.get(t.control, W.Text)(**kw)
+
+
+class Dashboard(W.VBox):
+    """Controls for every toggle, Run and Find-max-batch buttons, progress, table and charts.
+
+    Example: ``dash = lab.dashboard()`` (or ``Dashboard(lab, max_batch=128)``); see the module docstring."""
+
+    def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64):
+        self.lab = lab
+        d, env = lab.resolve(), lab.env()
+        style = {"description_width": "110px"}
+        c = self.controls = {t.name: toggle_control(t, getattr(d, t.name, t.default), env)
+                             for t in tg.declared(tg.Toggles)}
+        c["steps"] = W.IntText(value=steps, description="timed steps")
+        c["warmup"] = W.IntText(value=warmup, description="warm-up steps")
+        for name, w in c.items():
+            w.style = style
+            w.observe(lambda _change: self.explain(), names="value")
+            if name not in ("steps", "warmup"):   # a plan shown follows the toggles
+                w.observe(lambda _change: self.show_plan() if self.plan_picker.value else None, names="value")
+        self.plan_panel, self._plan_error = PlanPanel(style), ""   # "Plan for": lab.plan on a picked device
+        self.plan_picker, self.plan_html = self.plan_panel.picker, self.plan_panel.html
+        self.plan_picker.observe(lambda _change: self.show_plan(), names="value")
+        self.max_batch = W.IntText(value=max_batch, description="max batch", style=style)
+        cpu = lab.device.type == "cpu"
+        self.budget_mib = W.FloatText(value=1024.0 if cpu else 0.0, style=style,
+                                      description="CPU budget MiB" if cpu else "budget MiB (0=none)")
+        self.run_button = W.Button(description="Run", button_style="primary", icon="play")
+        self.find_button = W.Button(description="Find max batch", icon="search",
+                                    layout=W.Layout(min_width="150px"))  # the whole label, not "Find ..."
+        self.autotune_button = W.Button(description="Autotune", icon="magic", layout=W.Layout(min_width="120px"))
+        self.autotune_budget = W.FloatText(value=60.0, description="budget (s)", style=style)
+        self.autotune_kwargs: dict = {}  # more lab.autotune arguments (space=..., keep_global_batch=...)
+        self.autotune_out, self.autotune_chart = W.HTML(), W.Output()
+        self.last_autotune = None
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="idle")
+        self.message = W.HTML()
+        self.table = W.HTML()
+        self.chart_out = W.Output()   # throughput and the measured memory components per run
+        self.figures = {}
+        self.table_df = None
+        self.last_error = None
+        self.last_search = None
+        self.last_diff = None     # tunekit.diff of the last run against the one before it
+        self.run_button.on_click(self._on_run)
+        self.find_button.on_click(self._on_find)
+        self.autotune_button.on_click(self._on_autotune)
+        names = list(c)
+        grid = W.GridBox([c[n] for n in names], layout=W.Layout(
+            grid_template_columns="repeat(3, 300px)"))
+        for w in (self.max_batch, self.budget_mib):
+            w.layout = W.Layout(width="250px")
+        buttons = W.HBox([self.run_button, self.progress, self.find_button, self.max_batch,
+                          self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
+        tune = W.HBox([self.autotune_button, self.autotune_budget, self.plan_picker])
+        super().__init__([grid, buttons, tune, self.message, self.plan_html, self.autotune_out, self.autotune_chart,
+                          self.table, self.chart_out])
+        self.explain()
+        self.refresh()
+
+    # --- reading the controls ------------------------------------------------------------
+
+    def toggles(self) -> dict:
+        """The toggles the controls describe, as keyword arguments for ``lab.run``.
+
+        Example: ``lab.run(**dash.toggles())``."""
+        skip = ("steps", "warmup")
+        return {k: w.value for k, w in self.controls.items() if k not in skip}
+
+    def explain(self) -> list[str]:
+        """Show why the current controls cannot run (red) or what will differ (grey).
+
+        Example: ``dash.controls["precision"].value = "fp16"; dash.explain()``."""
+        try:
+            t = self.lab.resolve(**self.toggles())
+        except (TypeError, ValueError) as exc:
+            self.message.value = _box(html.escape(str(exc)), "#d62728")
+            return [str(exc)]
+        problems = self.lab.check(t, self.controls["steps"].value, self.controls["warmup"].value)
+        if problems:
+            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in problems)
+        else:
+            notes = notices(t, self.lab.env())
+            self.message.value = "".join(_box(html.escape(n), "#999") for n in notes)
+        return problems
+
+    @property
+    def last_plan(self):
+        """The Plan the panel shows (None: no device picked, or the plan failed)."""
+        return self.plan_panel.last
+
+    def show_plan(self):
+        """Plan the controls' toggles on the "Plan for" device (``lab.plan``) and show it beside
+        the latest run; returns the Plan (None: no device picked, or the failure, said in the
+        message area, below what is there, and kept in ``last_error``).
+
+        Example: ``dash.plan_picker.value = "A100"`` shows it; ``dash.show_plan()`` redoes it."""
+        self.message.value = self.message.value.replace(self._plan_error, "")   # the last plan's failure, if any
+        self._plan_error = ""
+        try:
+            return self.plan_panel.show(self.lab, self.toggles())
+        except Exception as exc:
+            self.last_error = exc
+            self._plan_error = _box(f"plan for {html.escape(str(self.plan_picker.value))} failed: "
+                                    f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))}", "#d62728")
+            self.message.value += self._plan_error
+        return None
+
+    # --- actions --------------------------------------------------------------------------
+
+    def _attempt(self, what: str, action):
+        """``action()``, or None with its failure shown as a sentence (a refused toggle as the
+        Lab's reasons; anything else kept in ``last_error`` for debugging)."""
+        try:
+            return action()
+        except ToggleError as exc:
+            self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in exc.problems)
+        except Exception as exc:
+            self.last_error = exc
+            self.message.value = _box(f"{what} failed: {html.escape(type(exc).__name__)}: "
+                                      f"{html.escape(str(exc))}", "#d62728")
+        return None
+
+    def _on_run(self, _button=None):
+        if self.explain():
+            return  # the explanation is already on screen
+        steps = self.controls["steps"].value
+        self.progress.max, self.progress.value = steps, 0
+        self.progress.description = "warm-up"  # and the FLOP count: untimed, before the clock
+        self.run_button.disabled = True
+
+        def tick(done, total):
+            self.progress.value, self.progress.description = done, f"step {done}/{total}"
+
+        try:
+            r = self._attempt("run", lambda: self.lab.run(steps=steps, warmup=self.controls["warmup"].value,
+                                                          progress=tick, verbose=False, **self.toggles()))
+        finally:
+            self.run_button.disabled = False
+            self.progress.description = "done"
+        if r is None:
+            return
+        notes = "".join(_box(html.escape(n), "#999") for n in r.notes)
+        busy = r.conditions is not None and r.conditions.busy
+        head = _box(f"run #{r.run_id} ({html.escape(r.label)}): "
+                    f"{rate(r)}, {fmt_ms(r.step_s)}/step, "
+                    f"loss {r.loss:.3f}", "#e65100" if busy else "#2ca02c")
+        if busy:  # in the colour and the words of the row's badge: these figures are not the change's
+            head += _box("⚠ busy machine: " + html.escape(r.conditions.reason) + ". These figures measure "
+                         "the other work too; re-run when the machine is quiet before comparing.", "#e65100")
+        self.message.value = head + self._diff_box(r) + notes
+        self.refresh()
+        if self.plan_picker.value:
+            self.show_plan()   # the bound beside the run just measured
+
+    def _diff_box(self, r) -> str:
+        """What changed from the run before (tunekit.diff), in its words; '' for the first run."""
+        from tunekit.core.diff import diff
+
+        earlier = [x for x in self.lab.runs if x.run_id != r.run_id and x.status == "ok"]
+        self.last_diff = None
+        if not earlier or r.status != "ok":
+            return ""
+        try:
+            self.last_diff = diff(earlier[-1], r)
+        except ValueError:     # another model ran before: nothing to compare with
+            return ""
+        lines = self.last_diff.summary.splitlines()
+        return _box("<br>".join(html.escape(x) for x in lines), "#555")
+
+    def _on_find(self, _button=None):
+        toggles = self.toggles()
+        toggles.pop("micro_batch")
+        budget = self.budget_mib.value * MiB if self.budget_mib.value > 0 else None
+        self.progress.max, self.progress.value, self.progress.description = 1, 0, "searching"
+        self.find_button.disabled = True
+        lines = []
+
+        def report(trial):
+            self.progress.description = f"trial {len(lines) + 1}"
+            lines.append(f"micro batch {trial.micro_batch}: {'fits' if trial.fits else trial.reason}"
+                         + (f" ({trial.used_bytes / MiB:.0f} MiB above baseline)"
+                            if trial.used_bytes is not None else ""))
+            self.message.value = _box("<br>".join(html.escape(s) for s in lines), "#1f77b4")
+
+        try:
+            found = self._attempt("search", lambda: self.lab.find_max_batch_size(
+                limit=self.max_batch.value, progress=report, memory_budget_bytes=budget, verbose=False,
+                **toggles))   # the dashboard's own progress bar shows it
+        finally:
+            self.progress.value, self.progress.description = 1, "done"
+            self.find_button.disabled = False
+        if found is None:
+            return
+        self.last_search = found
+        verdict = found.verdict  # the answer and why the search stopped (converged, limit, budget)
+        if found.stopped == "search limit":
+            verdict += "; the limit is the 'max batch' box"
+        if found.best:
+            self.controls["micro_batch"].value = found.best
+            verdict += f". Micro batch {found.best} is set in the control"
+        # green: the answer; orange: a lower bound only (the search limit or the budget stopped it)
+        color = "#2ca02c" if found.stopped == "converged" and found.best else "#e65100"
+        self.message.value = _box(html.escape(verdict) + "<br>" +
+                                  "<br>".join(html.escape(s) for s in lines), color)
+
+    def _on_autotune(self, _button=None):
+        budget = self.autotune_budget.value
+        self.progress.max, self.progress.value = max(1, round(budget)), 0
+        self.progress.description = "autotune"
+        self.autotune_button.disabled = True
+
+        def tick(elapsed_s, budget_s, text):
+            self.progress.value = min(self.progress.max, round(elapsed_s))
+            self.progress.description = f"{elapsed_s:.0f}/{budget_s:.0f} s"
+            self.message.value = _box("autotune: " + html.escape(text), "#1f77b4")
+
+        try:
+            found = self._attempt("autotune", lambda: self.lab.autotune(budget_s=budget, progress=tick, verbose=False,
+                                                                        **self.autotune_kwargs))
+        finally:
+            self.progress.value, self.progress.description = self.progress.max, "done"
+            self.autotune_button.disabled = False
+        if found is None:
+            return
+        self.last_autotune = found
+        if found.toggles is not None and found.state.startswith("winner"):
+            for k, v in found.toggles.asdict().items():  # the controls show what is now applied
+                if k in self.controls:
+                    self.controls[k].value = v
+        # red: stopped early; orange: inconclusive or never measured quiet (no winner proven); green
+        color = "#d62728" if found.partial else "#e65100" if found.inconclusive or found.busy else "#2ca02c"
+        self.message.value = _box(html.escape(found.verdict), color)
+        self.autotune_out.value = ("<b>autotune evidence</b>" + table_html(evidence_view(found.evidence)))
+        self.refresh()
+        if get_ipython() is not None:
+            self.autotune_chart.outputs = (_plotly_output(found.figure),)
+
+    # --- a static copy, for reports that cannot run widgets ---------------------------------
+
+    def snapshot_html(self) -> str:
+        """The table and charts as they are now, as HTML (the charts need plotly.js loaded).
+
+        Example: ``Path("dash.html").write_text(dash.snapshot_html())``."""
+        charts = "".join(f.to_html(full_html=False, include_plotlyjs=False)
+                         for f in self.figures.values())
+        return f"<div class='tk-dashboard'><h4>Lab dashboard (snapshot)</h4>{self.table.value}{charts}</div>"
+
+    def _repr_mimebundle_(self, **kwargs):
+        # Jupyter draws the live widget; an HTML report shows the snapshot instead
+        data = super()._repr_mimebundle_(**kwargs) or {}
+        data["text/html"] = self.snapshot_html()
+        return data
+
+    # --- output ---------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Redraw the table and charts from ``lab.results()``.
+
+        Example: ``dash.refresh()`` after runs made outside the dashboard."""
+        df = self.lab.results(all=True)
+        self.table_df = runs_view(df)
+        self.table.value = table_html(self.table_df) if len(df) else "<i>no runs yet</i>"
+        self.figures = {"compare": compare_figure(df)}
+        if self.last_autotune is not None:
+            self.figures["autotune"] = self.last_autotune.figure
+        if get_ipython() is None:
+            return  # plain Python (tests): keep the figures, nothing to draw on
+        # Set the Output widget's content directly rather than capturing with `with out:`:
+        # capture routes outputs through the widget's msg_id, which headless runners
+        # (nbclient, hence nbconvert --execute) intermittently wait on forever.
+        self.chart_out.outputs = (_plotly_output(self.figures["compare"]),)

@@ -1,0 +1,369 @@
+"""The training lab: one live model, its data and optimizer, trained under toggles you flip.
+
+Timing: ``warmup`` steps run first and are not timed; each timed step is clocked with the device
+synchronized (tunekit.measure.timing). FLOPs are counted once per configuration on a separate,
+untimed forward+backward (``flops_source`` = ``counted`` then ``cached``). MFU uses the analytic
+model FLOPs (6N + attention, causal), HFU the counted executed FLOPs (recomputation included).
+The Lab is a façade: its training step is ``train.TrainStep`` (``lab.trainer``, the one
+every distributed rank takes), a run is ``lab.run`` (one process) or ``lab.distributed``;
+what it has recorded (results, compare, save/load, its repr) is ``lab.results.LabResults``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import torch
+
+from tunekit.core import registry
+from tunekit.core.paths import runs_dir
+from tunekit.core.results import RunResult, results_frame
+from tunekit.core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
+from tunekit.core.validate import flag, function, instance, is_whole, real, whole
+from tunekit.lab import run as single
+from tunekit.lab.distributed import run_distributed
+from tunekit.lab.plan import lab_plan, show_plan_keywords
+from tunekit.lab.results import LabResults
+from tunekit.lab.runlog import RunLog, check_log_path
+from tunekit.lab.setting import lab_keywords
+from tunekit.measure.device import default_device, existing_device
+from tunekit.models.adapters import adapt
+from tunekit.models.dry_step import dry_step
+from tunekit.models.gpt import GPT, GPTConfig
+from tunekit.models.optimizers import unavailable_optimizers
+from tunekit.train.guard import NonFiniteRunError
+from tunekit.train.precision import autocast, matmul_precision
+from tunekit.train.record import Peaks, Steps
+from tunekit.train.step import TrainStep, token_batcher
+
+__all__ = ["Lab", "RunResult", "results_frame", "NonFiniteRunError"]
+
+_LAB_IDS = itertools.count()
+
+
+def _trainer_attribute(name: str, doc: str) -> property:
+    """A Lab attribute kept by its TrainStep (``lab.batch_fn = f`` changes what the steps draw)."""
+    return property(lambda self: getattr(self.trainer, name),
+                    lambda self, value: setattr(self.trainer, name, value), doc=doc)
+
+
+class Lab(LabResults):
+    """A live model + data + optimizer kept across runs.
+
+    Example: ``lab = Lab(); base = lab.run(steps=20); lab.run(precision="bf16"); lab.results()``.
+
+    ``model``: None (a fresh ``GPT(config or preset)``), ``"package.module:function"`` (a
+    factory called with no arguments; distributed runs rebuild the model with it), a
+    transformers causal LM (e.g.
+    ``AutoModelForCausalLM.from_config(cfg)``: batches, loss, checkpointing and attention work
+    as for the built-in GPT), or any ``nn.Module`` with ``batch_fn(micro_batch, seq_len) -> (x, y)``,
+    ``loss_fn(model, x, y) -> loss`` and, for checkpointing, ``blocks`` (an attribute path such
+    as ``"layers"`` or a list of modules). Keyword ``defaults`` (e.g. ``micro_batch=16``) set the
+    toggles every run starts from. Runs are appended to ``log_path`` (its earlier runs resumed),
+    else to the day's log ``core.paths.runs_dir()/lab-YYYY-MM-DD.jsonl`` that Labs share.
+
+    Every argument is checked here, before any training: a model class instead of an instance, a
+    device this machine lacks, defaults no run could use, and, by one forward of two samples under
+    no_grad (``batch_fn`` is called once for it; weights, buffers and RNG states are left as they
+    were), a batch the loss cannot take or a loss that is not one number.
+    """
+
+    @toggle_keywords
+    def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
+                 config: GPTConfig | None = None, data="corpus", device=None, log_path=None,
+                 peak_tflops: float | None = None, seed: int = 0, blocks=None, **defaults):
+        # every argument is checked before anything is built, moved or trained
+        if model is not None and not isinstance(model, str):
+            instance("model", model, torch.nn.Module,
+                     "None, an nn.Module instance or a factory 'package.module:function'")
+        for name, fn, takes in (("batch_fn", batch_fn, "(micro_batch, seq_len) -> (x, y)"),
+                                ("loss_fn", loss_fn, "(model, x, y) -> loss")):
+            if fn is not None:
+                function(name, fn, takes)
+        seed = whole("seed", seed, 0)
+        peak_tflops = real("peak_tflops", peak_tflops) if peak_tflops is not None else None
+        if log_path is not None:
+            check_log_path(log_path)
+        self.device = existing_device(device) if device is not None else default_device()
+        self.factory = model if isinstance(model, str) else None  # "package.module:function"
+        if self.factory is not None:
+            from tunekit.models.spec import build_model, factory_spec
+            model = build_model(factory_spec(self.factory), seed)
+        torch.manual_seed(seed)
+        self.seed, self.blocks, self.data = seed, blocks, data  # as given: distributed runs send them
+        model = model if model is not None else GPT(config or GPTConfig.preset(preset))
+        model.to(self.device).train()
+        self.config = getattr(model, "config", None)
+        adapter = adapt(model, blocks)
+        # the built-in batches (None: the Lab's own batch_fn draws them)
+        self.batcher = token_batcher(adapter, data, self.device, seed) if batch_fn is None else None
+        if loss_fn is None and adapter.kind == "module":
+            adapter.check_default_loss()
+        self.trainer = TrainStep(model, adapter, self.device, batch_fn or self.batcher.get, loss_fn or adapter.loss)
+        self.defaults = Toggles().replace(**defaults)
+        if self.defaults.attention is None and adapter.attentions:
+            # every run starts from the model's initial attention unless told otherwise
+            self.defaults = self.defaults.replace(attention=adapter.attention)
+        self._check_inputs(loss_fn is None)
+        self.peaks = Peaks(self.device, peak_tflops)  # compute dtype -> the peak its MFU is measured against
+        self.last_autotune = None  # the latest lab.autotune result (kept also after Ctrl-C)
+        # one log a day, shared: each Lab is a session in it (two Labs made in the same second of one
+        # process are two sessions), numbering its own runs from 0
+        session = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAB_IDS)}"
+        self.log = (RunLog(log_path) if log_path is not None else
+                    RunLog(runs_dir() / f"lab-{time.strftime('%Y-%m-%d')}.jsonl", session=session))
+        self.log_path, self.log_skipped = self.log.path, self.log.skipped
+
+    model = _trainer_attribute("model", "The live nn.Module.")
+    adapter = _trainer_attribute("adapter", "How tunekit drives the model (models.adapters).")
+    optimizer = _trainer_attribute("optimizer", "The live optimizer (None before the first run; set "
+                                                "to None, the next apply builds a fresh one).")
+    batch_fn = _trainer_attribute("batch_fn", "(micro_batch, seq_len) -> (x, y): the batches the steps draw.")
+    loss_fn = _trainer_attribute("loss_fn", "(model, x, y) -> loss: the loss the steps take.")
+
+    @property
+    def optimizer_name(self) -> str | None:
+        """The registry name of the live optimizer (None before the first run)."""
+        return self.trainer.optimizer_name
+
+    def _check_inputs(self, own_loss: bool) -> None:
+        """Refuse, before any training, defaults no run could use, and a batch_fn/loss_fn pair
+        that does not make one loss: one tiny forward (dry_step), nothing of the model changed."""
+        t = self.resolve()
+        errors = problems(t, self.env())
+        if errors:
+            raise ToggleError([f"Lab(...) defaults: {e}" for e in errors])
+        # two samples (BatchNorm in training mode needs more than one); a short sequence of
+        # tokens, or the length the user's own batch_fn was set up for
+        own_batches = self.batcher is None
+        seq = t.seq_len if own_batches else min(t.seq_len or 16, 16)
+        gens = [self.batcher.generator] if not own_batches else []
+        with matmul_precision(t, self.device):
+            dry_step(self.model, self.batch_fn, self.loss_fn, min(2, t.micro_batch), seq,
+                     loss_name="the model's own loss" if own_loss else "loss_fn",
+                     context=lambda: autocast(t, self.device), generators=gens)
+
+    # --- data -------------------------------------------------------------------------------
+
+    def batch(self, micro_batch: int, seq_len: int):
+        """(x, y) for one micro-batch, on the lab's device. Example: ``x, y = lab.batch(4, 128)``."""
+        return self.batch_fn(micro_batch, seq_len)
+
+    # --- toggles ----------------------------------------------------------------------------
+
+    def env(self) -> Env:
+        """What this machine and model allow (used to explain refused toggles).
+
+        Example: ``lab.env().bf16_supported``."""
+        cuda = self.device.type == "cuda"
+        return Env(device_type=self.device.type,
+                   bf16_supported=torch.cuda.is_bf16_supported() if cuda else True,
+                   flash_installed=registry.module_available("flash_attn"),
+                   unavailable_optimizers=unavailable_optimizers(self.device.type),
+                   block_size=self.adapter.max_seq_len,
+                   can_set_attention=bool(self.adapter.attentions),
+                   can_checkpoint=self.adapter.can_checkpoint, model=type(self.model).__name__)
+
+    @toggle_keywords
+    def resolve(self, **changes) -> Toggles:
+        """The full toggles a run with ``changes`` would use (defaults filled in).
+
+        Example: ``lab.resolve(precision="bf16").seq_len``."""
+        t = self.defaults.replace(**changes)
+        if t.seq_len is None:
+            # a model of tokens: its position limit; your own batch_fn: 1 (its runs count samples)
+            t = t.replace(seq_len=self.adapter.default_seq_len(self.device.type)
+                          or (1 if self.batcher is None else None))
+        if isinstance(t.attention, str) and t.attention in registry.ATTENTION_ALIASES:
+            t = t.replace(attention=registry.attention(t.attention).name)  # "eager" is math
+        return t
+
+    def check(self, t: Toggles, steps: int = 1, warmup: int = 0) -> list[str]:
+        """Why ``t`` cannot run here (empty list: it can). Example: ``lab.check(lab.resolve(precision="fp16"))``."""
+        out = problems(t, self.env())
+        if not is_whole(steps) or steps < 1:
+            out.append(f"steps must be a whole number >= 1 (got {steps!r}): nothing would be timed.")
+        if not is_whole(warmup) or warmup < 0:
+            out.append(f"warmup must be a whole number >= 0 (got {warmup!r}).")
+        if t.seq_len is None:
+            out.append(f"seq_len is needed: {type(self.model).__name__} has no known position "
+                       "limit to take it from (lab.run(seq_len=...) or Lab(..., seq_len=...)).")
+        return out
+
+    # --- the live model: toggles, one step, clean-up (train.TrainStep) ----------------
+
+    def apply(self, t: Toggles, notes: list | None = None) -> list:
+        """Put ``t`` on the live model and optimizer (attention, checkpointing, optimizer, lr,
+        compile); returns ``notes`` with what changed beyond the toggles themselves.
+
+        Example: ``lab.apply(lab.resolve(checkpointing=True))``."""
+        return self.trainer.apply(t, notes)
+
+    def train_step(self, t: Toggles):
+        """One optimizer step under ``t`` (``apply(t)`` first): ``grad_accum`` micro-batches of
+        forward and backward, then the optimizer. Returns the summed loss (a tensor).
+
+        Example: ``t = lab.resolve(); lab.apply(t); loss = lab.train_step(t)``."""
+        return self.trainer.step(t)
+
+    def grad_scaler(self, t: Toggles):
+        """The GradScaler for an fp16 run (None otherwise), kept as long as the optimizer.
+
+        Example: ``lab.grad_scaler(lab.resolve(precision="fp16"))``."""
+        return self.trainer.grad_scaler(t)
+
+    def recover(self) -> None:
+        """After a failed or interrupted step: no half-made gradients, no GradScaler mid-step.
+
+        Example: ``lab.recover()`` after a step of your own raised."""
+        self.trainer.recover()
+
+    @property
+    def cuda_index(self) -> int | None:
+        """The CUDA index of the lab's device (None off CUDA)."""
+        if self.device.type != "cuda":
+            return None
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
+
+    def memory_target(self, micro_batch: int | None = None, seq_len: int | None = None, batch=None):
+        """What ``measure_memory(lab)`` measures (a measure.memory.StepTarget): the live model and
+        loss under the default toggles, on ``batch`` or one of the Lab's batches.
+
+        Example: ``tunekit.measure_memory(lab)`` calls it."""
+        from tunekit.measure.memory import StepTarget
+
+        t = self.defaults
+        micro_batch = micro_batch or t.micro_batch or 4
+        seq_len = seq_len or t.seq_len or self.adapter.default_seq_len("cpu") or 64
+        batch = batch if batch is not None else self.batch(micro_batch, seq_len)
+        return StepTarget(self.model, self.adapter, batch, lambda m, b: self.loss_fn(m, *b), t.optimizer,
+                          t.precision, bool(t.checkpointing), t.attention)
+
+    # --- the run (lab.run, lab.distributed) --------------------------------------------
+
+    @toggle_keywords
+    def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
+            trace: bool = False, memory: bool = False, parallel: str | None = None, nproc: int = 1,
+            nodes: int = 1, link=None, verbose: bool = True, setting=None, **changes) -> RunResult:
+        """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
+
+        Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
+        is called when the clock starts (done=0) and after each timed step; ``verbose`` (default)
+        shows the steps and one line at the end (tunekit.view.progress), ``verbose=False`` nothing.
+        Refused combinations raise ``ToggleError`` (a ValueError; ``problems`` say why) before any
+        work, as does a step whose estimated peak memory exceeds the memory available
+        (``WontFitError``; tunekit.lab.fit). A NaN/inf loss or weight stops the run: it is
+        recorded as failed, undone with ``guard`` (weights, optimizer, scaler), and
+        ``NonFiniteRunError`` raised. An out-of-memory error leaves no gradients, frees the memory,
+        undoes the run (with ``guard``) and says what to try. ``trace``/``memory``: one extra
+        step after the timed ones under torch.profiler (``result.trace``, ``result.memory``).
+        ``parallel="ddp" | "fsdp" | "fsdp_grad_op" | "hsdp"`` runs ``nodes`` x ``nproc`` worker
+        processes instead (tunekit.parallel: gloo on CPU, NCCL on CUDA), each rebuilding this
+        model with the Lab's current weights and training its slice of the global batch
+        (``micro_batch`` per rank); ``link={"bandwidth": "50mbit", "latency": "1ms"}`` puts each
+        node in its own network namespace. The Lab's own model is not changed by such a run.
+        Ctrl-C stops a run in its steps; while it sets up, records or cleans up it waits. An
+        interrupted run is not recorded, is undone (with ``guard``), and its tensors are freed.
+        ``setting``: a ``tunekit.Setting`` instead of the toggles and the parallel layout
+        (``lab.run(setting=tunekit.Setting(precision="bf16", parallel="ddp", world_size=2))``)."""
+        if setting is not None:
+            changes, (parallel, nproc, nodes) = lab_keywords(self, setting, changes, (parallel, nproc, nodes))
+        if not flag("verbose", verbose):
+            return self._run(steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes)
+        from tunekit.view.progress import RunProgress  # the view that shows it; chosen per frontend there
+        with RunProgress(steps, progress) as shown:
+            shown.result = self._run(steps, warmup, shown.tick, guard, trace, memory, parallel, nproc, nodes,
+                                     link, changes)
+        return shown.result
+
+    def _run(self, steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes):
+        """``run`` without its display: one process (lab.run) or ranks (lab.distributed)."""
+        if parallel is not None or nproc != 1 or nodes != 1 or link is not None:
+            if trace or memory:
+                raise ToggleError(["trace/memory trace one process's step: not available with parallel=... "
+                                   "(trace a single-process run of the same toggles instead)."])
+            return run_distributed(self, steps, warmup, progress, parallel, nproc, nodes, link, changes)
+        return single.run(self, steps, warmup, progress, guard, trace, memory, changes)
+
+    def measure_steps(self, t: Toggles, steps: int, progress=None) -> Steps:
+        """``steps`` timed training steps under ``t`` (applied already); see ``lab.run``.
+        Example: ``t = lab.resolve(); lab.apply(t); lab.measure_steps(t, 5).times``."""
+        return single.measure_steps(self, t, steps, progress)
+
+    def traced_step(self, t: Toggles, step_s: float, trace: bool = True, memory: bool = False):
+        """One more training step under torch.profiler; see ``lab.run``.
+        Example: ``breakdown, timeline = lab.traced_step(t, step_s=0.1, memory=True)``."""
+        return single.traced_step(self, t, step_s, trace, memory)
+
+    @toggle_keywords
+    def find_max_batch_size(self, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
+                            budget_fraction: float = 0.5, progress=None, snapshot_on_oom: bool = True,
+                            budget_s: float | None = 60.0, verbose: bool = True, setting=None, **changes):
+        """Largest micro-batch that fits in ``[start, limit]`` for the current toggles plus ``changes``,
+        searched for at most ``budget_s`` wall-clock seconds (default 60; None: no limit). Returns a
+        ``MaxBatchResult``: ``best``, ``stopped`` ("converged", "search limit" or "budget") and its
+        ``verdict`` in words. The arguments are ``tunekit.lab.maxbatch.find_max_batch_size``'s;
+        ``verbose`` (default) shows the trial going and the verdict at the end (tunekit.view.progress),
+        ``verbose=False`` nothing; ``setting``: a ``tunekit.Setting`` instead of the toggles (the
+        search tries its own micro-batches). Example: ``found = lab.find_max_batch_size(limit=256, budget_s=30)``."""
+        from tunekit.lab.maxbatch import find_max_batch_size as find
+        changes = dict(changes, setting=setting) if setting is not None else changes
+        args = (self, start, limit, memory_budget_bytes, budget_fraction)
+        if not flag("verbose", verbose):
+            return find(*args, progress, snapshot_on_oom, budget_s, **changes)
+        from tunekit.view.progress import SearchProgress  # the view that shows it, as lab.run's
+        with SearchProgress("find_max_batch_size", budget_s, progress) as shown:
+            shown.result = find(*args, shown.tried, snapshot_on_oom, budget_s, trying=shown.trying, **changes)
+        return shown.result
+
+    @show_plan_keywords
+    def plan(self, device: str = "H100 SXM", **overrides):
+        """``tunekit.plan`` of this Lab's model on ``device`` (a spec-table name or "cpu"): memory,
+        whether it fits and the speed-of-light bound of one step under the toggles a run would
+        start from (``lab.resolve()``), without running it. ``overrides`` are plan's keywords
+        (precision, weights, micro_batch, seq_len, checkpointing, optimizer, search, ...) and the
+        Lab's other toggles, as ``lab.run`` takes them; a toggle the plan does not model (compile,
+        an attention it cannot switch to) is said in ``plan.notes``. The plan builds its own model
+        under fake tensors (a model of your own: its fake twin, on the Lab's batch_fn, loss_fn and
+        blocks): the live model, its weights and optimizer stay as they are.
+
+        Example: ``p = lab.plan("H100 SXM", precision="bf16", micro_batch=32); p.fits, p.bound_tokens_per_s``."""
+        return lab_plan(self, device, overrides)
+
+    def reset_optimizer(self) -> None:
+        """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one.
+        Example: ``lab.reset_optimizer(); lab.run(steps=20)`` starts from empty optimizer state."""
+        self.trainer.reset_optimizer()
+
+    def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
+                 max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
+                 memory_budget_bytes=None, space: dict | None = None, keep: str = "winner",
+                 compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, verbose: bool = True):
+        """The fastest configuration that fits, searched within ``budget_s`` seconds; returns an
+        ``AutotuneResult`` (winner, evidence table, figure). The options are
+        ``tunekit.autotune.autotune``'s (each explained there; `AutotuneOptions` holds them);
+        ``verbose`` (default) shows the stage and trial going and the winner at the end
+        (tunekit.view.progress; the runs inside are quiet), ``verbose=False`` nothing.
+        Example: ``found = lab.autotune(budget_s=120, keep_global_batch=True)``."""
+        from tunekit.autotune import autotune
+
+        def search(tick):
+            return autotune(self, budget_s, objective, keep_global_batch=keep_global_batch,
+                            max_micro_batch=max_micro_batch, steps=steps, warmup=warmup, repeats=repeats,
+                            noise=noise, memory_budget_bytes=memory_budget_bytes, space=space, keep=keep,
+                            compile_s=compile_s, trial_s=trial_s, progress=tick, trials=trials)
+        if not flag("verbose", verbose) or (progress is not None and not callable(progress)):
+            return search(progress)   # quiet, or a bad progress the options' check refuses
+        from tunekit.view.progress import SearchProgress
+        with SearchProgress("autotune", budget_s, progress) as shown:
+            shown.result = search(shown.tick)
+        return shown.result
+
+    def dashboard(self):
+        """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts).
+
+        Example: ``lab.dashboard()`` as the last line of a notebook cell."""
+        from tunekit.lab.dashboard import Dashboard
+        return Dashboard(self)

@@ -1,0 +1,182 @@
+"""One single-process ``lab.run``: check, apply, probe, warm up, time, trace, record; and what a
+run that fails leaves behind.
+
+    >>> result = run(lab, steps=20, warmup=2, progress=None, guard=True, trace=False, memory=False,
+    ...              changes={"precision": "bf16"})
+
+Ctrl-C waits while the run sets up, records or is undone: only its steps (the FLOP probe's, the
+warm-up, the timed and the traced ones) run in the shield's gate. A step whose loss or, at the
+end, a weight is not finite stops the run, which is recorded as failed and undone (``guard``);
+an out-of-memory error leaves no gradients and frees memory; an interrupted run is not recorded.
+"""
+from __future__ import annotations
+
+import math
+import time
+from statistics import median
+
+from tunekit.core.results import RunResult
+from tunekit.core.toggles import ToggleError, Toggles, label, normalized, notices
+from tunekit.lab import fit
+from tunekit.measure.conditions import ConditionsMeter
+from tunekit.measure.device import device_label
+from tunekit.measure.energy import EnergyMeter
+from tunekit.measure.flops import counting_active
+from tunekit.measure.interrupts import deferred_interrupt
+from tunekit.measure.meters import DeviceMeter
+from tunekit.measure.oom import ADVICE, drop_frames, free_memory, is_oom
+from tunekit.measure.timing import time_repeats
+from tunekit.models.optimizers import state_bytes
+from tunekit.train.guard import NonFiniteRunError, Snapshot, _check, _NonFinite, weights_finite
+from tunekit.train.record import Steps, run_result
+
+
+def run(lab, steps, warmup, progress, guard, trace, memory, changes) -> RunResult:
+    """``lab.run`` in this process (see its docstring); what an interrupted run's traceback held
+    is freed before the KeyboardInterrupt goes on."""
+    with deferred_interrupt() as shield:
+        try:
+            return _run(lab, shield, steps, warmup, progress, guard, trace, memory, changes)
+        except KeyboardInterrupt as e:  # undone in _run; what its traceback held goes now
+            drop_frames(e)
+            free_memory(lab.device)
+            raise
+
+
+def _run(lab, shield, steps, warmup, progress, guard, trace, memory, changes) -> RunResult:
+    t = lab.resolve(**changes)
+    errors = lab.check(t, steps, warmup)
+    for what, flag in (("guard", guard), ("trace", trace), ("memory", memory)):
+        if not isinstance(flag, bool):
+            errors.append(f"{what} must be True or False (got {flag!r}).")
+    if errors:
+        raise ToggleError(errors)
+    t, steps, warmup = normalized(t), int(steps), int(warmup)
+    lab.log.check_writable()  # fail before training: a finished run is never lost
+    notes = lab.apply(t, notices(t, lab.env()))
+    if t.compile and warmup < 1:
+        warmup = 1
+        notes.append("warm-up raised to 1: the first compiled step compiles")
+    lab.recover()  # a run that failed earlier (OOM, Ctrl-C) may have left gradients
+    # before the FLOP probe and the steps allocate: a CPU out-of-memory kills the process
+    fit.check(lab, t, guard)
+    snap = Snapshot.take(lab) if guard else None
+    try:
+        probe, flops_source = lab.trainer.probe(t)
+        warm = []
+        with shield.gate():
+            for i in range(warmup):
+                warm.append(lab.train_step(t))
+                _check(warm[-1], f"the loss of warm-up step {i + 1}")
+        measured = measure_steps(lab, t, steps, progress)
+        if trace or memory:
+            measured.trace, measured.memory = traced_step(lab, t, median(measured.times), trace, memory)
+        if not weights_finite(lab.model):
+            raise _NonFinite("a weight after the last step")
+    except _NonFinite as e:
+        if snap is not None:
+            snap.restore()
+        undone = ("weights, optimizer and scaler are back as before the run" if snap is not None
+                  else "the weights were NOT restored (guard=False)")
+        result = _failed(lab, t, warmup, f"{e} is not finite: the run stopped there; {undone}", notes, snap)
+        raise NonFiniteRunError(result.error, result) from None
+    except BaseException as e:
+        _undo(lab, e, snap)
+        if is_oom(e):
+            drop_frames(e)  # a kept traceback (Jupyter keeps the last) would pin the step's tensors
+            free_memory(lab.device)
+            undone = ""
+            if snap is not None:
+                snap.restore()  # an optimizer step cut short may have updated some weights
+                undone = " weights, optimizer and scaler are back as before the run;"
+            e.add_note(f"tunekit: lab.run ran out of memory at micro_batch={t.micro_batch}, "
+                       f"seq_len={t.seq_len}; its gradients were dropped and memory freed;{undone} "
+                       f"{ADVICE}; lab.find_max_batch_size() finds the largest micro-batch that fits.")
+        raise
+    measured.losses[:0] = warm
+    return _record(lab, t, warmup, measured, probe, flops_source, notes, snap)
+
+
+def _undo(lab, e: BaseException, snap) -> None:
+    """After a run that failed: no gradients left. One interrupted (Ctrl-C) is not a run: it
+    is not recorded, and it is undone (with ``guard``); run() then frees its tensors, also
+    those its traceback held (cut below run(), with a note saying where it stopped)."""
+    lab.recover()
+    if isinstance(e, KeyboardInterrupt) and snap is not None:
+        snap.restore()
+
+
+def measure_steps(lab, t: Toggles, steps: int, progress=None) -> Steps:
+    """``steps`` timed training steps under ``t`` (applied already), with the peak memory of
+    the device over them. The peak meter always stops, also when a step fails; a step whose
+    loss is not finite stops the steps (``_NonFinite``)."""
+    with deferred_interrupt() as shield:  # the meter goes on and off whole; the steps run in the gate
+        meter = DeviceMeter(lab.device, lab.cuda_index).start()
+        slowed = counting_active()  # an enclosing %%gpuprofile's first run is counting
+        losses, peak = [], None
+        energy = EnergyMeter(lab.cuda_index).start()
+        conditions = ConditionsMeter(lab.cuda_index)
+
+        def tick(i, _s):  # after the step's clock: the finiteness check syncs, the clock did too
+            _check(losses[-1], f"the loss of step {i + 1}")
+            if progress is not None:
+                progress(i + 1, steps)
+
+        try:
+            with shield.gate():
+                if progress is not None:
+                    progress(0, steps)  # warm-up and FLOP count are done: the clock starts
+                conditions.start()
+                t0 = time.perf_counter()
+                times = time_repeats(lambda: losses.append(lab.train_step(t)), lab.device,
+                                     warmup=0, repeats=steps, after_each=tick)
+                wall = time.perf_counter() - t0
+            cond = conditions.stop(wall)
+            used = energy.stop(wall)
+        finally:
+            peak = meter.stop()
+    return Steps(times, losses, peak, meter.source, slowed, used, meter.last, conditions=cond)
+
+
+def traced_step(lab, t: Toggles, step_s: float, trace: bool = True, memory: bool = False):
+    """One more training step under torch.profiler: (Breakdown or None, MemoryTimeline or
+    None); ``step_s``, the untraced step time, gives the profiler's overhead."""
+    from tunekit.measure.trace import Tracer
+
+    with deferred_interrupt() as shield:  # the profiler goes on and off whole; the step runs in the gate
+        tracer = Tracer(f"lab-{label(t, lab.resolve())}", trace, memory, lab.cuda_index).start()
+        losses = []
+        try:
+            with shield.gate():
+                wall = time_repeats(lambda: losses.append(lab.train_step(t)), lab.device, warmup=0,
+                                    repeats=1)[0]
+        except BaseException:
+            tracer.stop(math.nan)
+            raise
+        breakdown, timeline = tracer.stop(wall)
+    _check(losses[0], "the loss of the traced step")
+    if breakdown is not None:
+        breakdown.compare_with(step_s)
+        breakdown.notes.append("one extra step after the timed ones; overhead against their median")
+    return breakdown, timeline
+
+
+def _record(lab, t, warmup, m: Steps, probe, flops_source, notes, snap=None) -> RunResult:
+    """The run's RunResult (train.record, the one distributed runs use), added to the log."""
+    params = list(lab.model.parameters())
+    dtype = t.compute_on(lab.device.type)
+    result, lab.peaks[dtype] = run_result(  # a re-check may have raised a calibrated peak
+        t, m, probe, lab.adapter, lab.peaks[dtype], lab.device, label=label(t, lab.resolve()),
+        warmup=warmup, notes=notes, cuda_index=lab.cuda_index, flops_source=flops_source,
+        params_bytes=sum(p.numel() * p.element_size() for p in params),
+        grads_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        optimizer_bytes=state_bytes(lab.optimizer), model=type(lab.model).__name__,
+        n_params=sum(p.numel() for p in params), guard_s=snap.seconds if snap is not None else None)
+    return lab.log.add(result)
+
+
+def _failed(lab, t, warmup, reason: str, notes, snap) -> RunResult:
+    """A run stopped by a non-finite loss or weight, recorded as failed."""
+    return lab.log.add(RunResult.failed(
+        t, label(t, lab.resolve()), reason, notes, warmup=warmup, model=type(lab.model).__name__,
+        device=device_label(lab.cuda_index), guard_s=snap.seconds if snap is not None else None))

@@ -1,0 +1,44 @@
+"""A `tunekit.Setting` read by a Lab: the toggles of a run and its layout over ranks, and what a
+live model cannot be given.
+
+    >>> changes, (parallel, nproc, nodes) = lab_keywords(lab, Setting(precision="bf16"), {}, (None, 1, 1))
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from tunekit.core.setting import Setting, Toggles, from_keywords
+from tunekit.core.toggles import ToggleError
+from tunekit.measure.device import weights_dtype
+
+TOGGLES = tuple(f.name for f in fields(Toggles))
+
+
+def lab_keywords(lab, setting: Setting, changes: dict, layout: tuple, parallel: bool = True,
+                 api: str = "lab.run") -> tuple[dict, tuple]:
+    """(toggles, (parallel, nproc, nodes)) of ``lab.run(setting=...)``: one description per
+    call (toggle keywords or a layout given beside the Setting are refused); ``ToggleError`` for
+    what the Lab cannot do with its live model (other weights, another device, another model).
+    A Setting is complete: its toggles replace the Lab's defaults, except those it leaves None
+    (attention, seq_len: the model's own), which keep the Lab's."""
+    kind, nproc, nodes = layout
+    given = dict(changes, parallel=kind, world_size=None if nproc == 1 else nproc, nodes=None if nodes == 1 else nodes)
+    s = from_keywords(setting, api, **given)
+    why = []
+    live = weights_dtype(lab.model.parameters())
+    if s.weights is not None and s.weights != live:
+        why.append(f"weights={s.weights!r}: the Lab trains its live model in the dtype it has ({live}); converting "
+                   "it would round its weights. Plan it instead (tunekit.plan(lab, setting=s)) or give the Lab a "
+                   f"model in {s.weights}.")
+    if s.device is not None and s.device not in (lab.device.type, str(lab.device)):
+        why.append(f"device={s.device!r}: this Lab's model is on {lab.device}; plan another device with "
+                   "tunekit.plan(lab, setting=s).")
+    if s.model is not None:
+        why.append(f"model={s.model!r}: a Lab trains the model it was made with; Setting.model names what the "
+                   "tunekit command builds.")
+    if s.parallel is not None and not parallel:
+        why.append(f"parallel={s.parallel!r}: this searches one process; run the ranks with lab.run(setting=s).")
+    if why:
+        raise ToggleError(why)
+    toggles = {k: getattr(s, k) for k in TOGGLES if getattr(s, k) is not None}
+    return toggles, (s.parallel, s.world_size // s.nodes, s.nodes)

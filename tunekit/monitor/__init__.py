@@ -1,0 +1,4 @@
+"""Per-step measurement inside the user's own loop (`monitor.Monitor`): what a step was called
+with (`tap`), its rates (`rates`), its rows and columns (`rows`, `steps`), rank 0's view of a
+distributed run (`gather`), where its figures go (`sinks`) and its live view (`view`).
+"""

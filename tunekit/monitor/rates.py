@@ -1,0 +1,107 @@
+"""A monitored step's FLOPs and rates: model FLOPs from the model's shape or the count, and
+tokens/s, TFLOPS, MFU and HFU from the step's wall time against the device's peak (resolved once
+per dtype; on CPU a missing calibration runs when the Monitor is made, before the first step)."""
+from __future__ import annotations
+
+import math
+import time
+
+from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED, tflops, utilization
+from tunekit.core.notes import Note
+from tunekit.measure.device import dtype_name
+from tunekit.measure.peaks import cached_calibration, rates, resolve_peak
+from tunekit.monitor.tap import dominant_dtype
+
+NaN = math.nan
+
+
+class FlopRates:
+    """The FLOP side of a `Monitor` (``mon.flop_rates``)."""
+
+    def __init__(self, mon):
+        self.mon = mon
+        self.peaks: dict = {}           # dtype -> measure.peaks.Peak
+        self.per_token_cache: dict = {}
+        self.conventions: dict = {}     # row's index -> how its model FLOPs were obtained (None: none)
+        self.peak_tflops = self.peak_source = None
+
+    def model_flops(self, info, cached) -> float:
+        """The step's model FLOPs: given, else from the model's shape over the step's calls
+        (never above what the count says ran), else the count's; called for the next row, whose
+        convention it keeps in ``conventions``."""
+        flops, convention = self._model_flops(info, cached)
+        self.conventions[len(self.mon.rows)] = convention if flops == flops else None
+        return flops
+
+    def _model_flops(self, info, cached) -> tuple:
+        if self.mon.model_flops is not None:
+            return self.mon.model_flops, "given (model_flops=)"
+        calls = info["calls"]
+        if calls and not info["unknown"]:
+            per_token = [self.per_token(a, s, trained) for a, _, s, trained in calls]
+            if all(f is not None for f in per_token):
+                shaped = float(sum(f * n for f, (_, n, _, _) in zip(per_token, calls)))
+                if cached is None or shaped <= cached.executed:
+                    return shaped, MFU_ANALYTIC
+                self.mon._note("MFU from the count: the model's shape gives more FLOPs than ran (frozen "
+                           "weights get no weight gradients)")
+        return (NaN, None) if cached is None else (float(cached.model), MFU_COUNTED)
+
+    def per_token(self, adapter, seq, trained):
+        """Model FLOPs per token from the shape (None: unknown), once per model, length and mode:
+        the weights are counted on the model, which takes a walk over its modules."""
+        key = (id(adapter), seq, trained)
+        if key not in self.per_token_cache:
+            known = adapter.shape is not None
+            self.per_token_cache[key] = adapter.model_flops(seq, 1, None, backward=trained)[0] if known else None
+        return self.per_token_cache[key]
+
+    def prepare(self) -> None:
+        """On a CPU with no peak given, the peak of the dtype the model's weights hold, resolved
+        now, before the first step (``Monitor()`` calls it): a calibration (seconds, once per
+        machine, then cached) never runs among the measured steps. Said in a note when it ran."""
+        mon = self.mon
+        if mon.peak is not None or mon.cuda_index is not None:
+            return
+        if mon.flops == "never" and mon.model_flops is None and mon.adapter.shape is None:
+            return   # no FLOPs of any kind: no MFU to take against a peak
+        dtype = mon.dtype or dtype_name(dominant_dtype(mon.model)) or "fp32"
+        fresh = cached_calibration(mon.device, dtype) is None
+        t0 = time.perf_counter()
+        try:
+            self.peaks[dtype] = peak = resolve_peak(mon.device, dtype, allow_calibration=True)
+        except BaseException:   # a Ctrl-C in a calibration, say: the sinks opened already are closed
+            mon.sinks.close()
+            raise
+        if fresh and peak.tflops is not None:
+            mon._note(f"the CPU's {dtype} peak was calibrated before the first step "
+                      f"({time.perf_counter() - t0:.1f} s, once: cached for the next runs)")
+
+    def fill(self, row) -> None:
+        """tokens/s or samples/s, TFLOPS, MFU and HFU of a measured row, from its wall time."""
+        wall = row["wall_s"]
+        for amount in ("tokens", "samples"):
+            if row[amount] == row[amount]:
+                row[amount + "_per_s"] = row[amount] / wall
+        if row["flops"] != row["flops"] and row["model_flops"] != row["model_flops"]:
+            return
+        dtype = self.mon.dtype or self.mon.tap.dtype or "fp32"
+        if dtype not in self.peaks:  # once per dtype; a CPU calibration runs here, untimed
+            self.peaks[dtype] = resolve_peak(self.mon.device, dtype, given=self.mon.peak,
+                                              allow_calibration=self.mon.cuda_index is None)
+        peak = self.peaks[dtype]
+        self.peak_tflops, self.peak_source = peak.tflops, peak.source
+        if peak.tflops is None:
+            self.mon._note(Note("rates.none", f"no peak known ({peak.source}): pass peak= (TFLOPS) for MFU"))
+            row["tflops"] = row["flops"] / wall / 1e12
+            return
+        # formulas' arithmetic directly; peaks.rates (which also judges figures past the peak)
+        # only when one is: it costs tens of microseconds a step
+        row["tflops"] = tflops(row["flops"], wall)
+        row["mfu"] = utilization(row["model_flops"], wall, peak.tflops)
+        row["hfu"] = utilization(row["flops"], wall, peak.tflops)
+        if row["mfu"] > 1 or row["hfu"] > 1:
+            r = rates(row["flops"], row["model_flops"], wall, peak, self.mon.device, dtype, recheck=False)
+            row["tflops"], row["mfu"], row["hfu"] = r.tflops, r.mfu, r.hfu
+            if r.above_peak:
+                self.mon._note(r.above_peak)

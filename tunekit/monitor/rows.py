@@ -1,0 +1,99 @@
+"""What a monitored run leaves: its summary record, and the values a row takes from the user
+(logged scalars, a batch's size)."""
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+import time
+import weakref
+
+import torch
+
+from tunekit.core.records import ProfileRecord
+from tunekit.measure.device import device_label
+from tunekit.monitor.steps import summary_line
+
+NaN = math.nan
+
+
+def summary_record(mon) -> ProfileRecord:
+    """The run as one record for ``tunekit.history()``: its time, FLOPs, rates and memory over
+    the measured steps, the machine over the whole run, the summary line first in its notes."""
+    s, rows = mon.summary, mon.rows
+    rec = ProfileRecord(name=mon.name, device=device_label(mon.cuda_index))
+    if rows:
+        rec.started_at = time.time() - sum(r["wall_s"] for r in rows)
+        rec.wall_s = sum(r["wall_s"] for r in rows)
+        rec.conditions = mon._whole.stop(rec.wall_s) if mon._t_end is not None else None
+    rec.tflops, rec.mfu, rec.hfu = s.tflops, s.mfu, s.hfu
+    kept = [i for i, r in enumerate(rows) if not r["warmup"] and not r["counted"] and r["error"] is None]
+    good = [rows[i] for i in kept]
+    if good and all(r["flops"] == r["flops"] for r in good):
+        rec.flops = sum(r["flops"] for r in good)
+        rec.flops_source = "cached"
+    rec.model_flops = sum(r["model_flops"] for r in good) if good else NaN
+    used = sorted({c for i in kept if (c := mon.flop_rates.conventions.get(i)) is not None})
+    rec.mfu_convention = "; ".join(used) or None   # several: the steps' model FLOPs mix them
+    rec.peak_tflops = mon.peak_tflops or NaN
+    rec.peak_tflops_source = mon.flop_rates.peak_source
+    rec.dtype = mon.dtype or mon.tap.dtype
+    if rows:   # above the run's start (the first step's, read before it): a peak never below it
+        rec.cpu_rss_delta_bytes = rows[-1]["cpu_rss_bytes"] - mon.rss0
+        rec.cpu_peak_delta_bytes = peak_above(s.cpu_peak_bytes, mon.rss0)
+        if s.gpu_peak_bytes == s.gpu_peak_bytes:  # a CUDA model: its allocator's figures
+            rec.gpu_alloc_delta_bytes = rows[-1]["gpu_alloc_bytes"] - mon.alloc0
+            rec.gpu_peak_delta_bytes = peak_above(s.gpu_peak_bytes, mon.alloc0)
+            rec.gpu_reserved_bytes = rows[-1]["gpu_reserved_bytes"]
+    failed = [r["error"] for r in rows if r["error"] is not None]
+    rec.error = failed[-1] if failed else mon.loader_error
+    rec.notes = [summary_line(s), "figures over the measured steps (not warm-up, not counted, "
+                 "no error); TFLOPS/MFU from their time, data waits included"] + s.notes + mon.notes
+    return rec
+
+
+def peak_above(peak: float, start: float) -> float:
+    """A peak over a run above the run's start, NaN where either was not read. The start is a
+    point of the run, so the peak is never below it (a lagging RSS counter can read a few KiB
+    under it: 0, never negative)."""
+    if peak != peak or start != start:
+        return NaN
+    return max(peak, start) - start
+
+
+def number(v) -> float:
+    """A logged scalar as a float: a one-element tensor read with ``.item()``, else NaN."""
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1:
+            return NaN
+        v = v.detach().item()
+    return float(v)
+
+
+def check_scalar(name: str, v) -> None:
+    """A value ``mon.log`` takes: a real number (numpy's too) or a one-element tensor; never a
+    bool (True is not a measurement) nor a tensor of several values."""
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1 or v.dtype == torch.bool:
+            raise ValueError(f"{name} must be one number: got a {v.dtype} tensor of shape {tuple(v.shape)}")
+        return
+    if isinstance(v, (bool, np_bool())) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{name} must be a number or a one-element tensor, got {type(v).__name__} {v!r}"[:160])
+
+
+def np_bool():
+    numpy = sys.modules.get("numpy")
+    return bool if numpy is None else numpy.bool_
+
+
+_MONITORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its open Monitor
+
+
+def replace_monitor_of(model, mon) -> None:
+    """One open Monitor per model: a new one (a notebook cell run again) closes the one before,
+    which removes its hooks and records what it saw."""
+    old = _MONITORS.get(model)
+    if old is not None and not old.closed:
+        old.notes.append("closed by a new Monitor on the same model")
+        old.close()
+    _MONITORS[model] = mon

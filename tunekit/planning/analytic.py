@@ -1,0 +1,148 @@
+"""When the fake step cannot run: why (`fake_failure`), and the plan `estimate_memory` makes
+instead (`analytic_plan`), said to be one.
+
+A fake tensor has a shape but no values, so a step that reads a value (``.item()``, ``bool()``
+of a tensor: Adafactor's step, a router that branches on its counts) or whose output shape
+depends on values (``nonzero``, ``torch.where(mask)``, boolean indexing: a mixture of experts
+that dispatches tokens) cannot be faked. The plan then comes from the analytic estimate: the
+static lines from the parameter count, the activations from tunekit's tables where the model has
+a config they cover, else unknown (NaN, and the plan says so): never a silent guess.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from tunekit.core.memory.estimate import estimate_memory
+from tunekit.core.notes import without
+from tunekit.core.setting import HALF
+from tunekit.measure.device import weights_dtype
+from tunekit.measure.tally import storage_key, unique_bytes
+from tunekit.models.adapters import adapt
+from tunekit.planning.record import COMPONENTS, Plan
+
+NaN = math.nan
+_FAKE_WORDS = re.compile(r"fake|meta|tensor subclass|data.dependent|doesn't have storage", re.I)
+
+
+class FakeStepError(ValueError):
+    """The fake step could not run; ``reason`` says why, in words."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def fake_failure(e: BaseException) -> str | None:
+    """Why ``e`` (or an exception it was raised from) is a fake tensor's limit rather than a bug
+    in the step, in words; None when it is not one (it is then raised as it is)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, DataDependentOutputException):
+            return (f"the step reads a tensor's value ({e}: .item(), bool() or .tolist() of a tensor), "
+                    "which a fake tensor does not have")
+        if isinstance(e, DynamicOutputShapeException):
+            return (f"an op's output shape depends on tensor values ({e}: nonzero, torch.where(mask), "
+                    "boolean indexing, unique), which a fake tensor does not have")
+        module = type(e).__module__ or ""
+        if module.startswith(("torch._subclasses", "torch.fx.experimental")) \
+                or (isinstance(e, (RuntimeError, NotImplementedError)) and _FAKE_WORDS.search(str(e))) \
+                or _stricter_meta_kernel(e):
+            return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _stricter_meta_kernel(e: BaseException) -> bool:
+    """A meta kernel (what a fake tensor runs for an op) that refuses a dtype the real kernel
+    takes: torch 2.13's ``_grouped_mm`` meta wants bf16 where the CPU kernel runs fp32 (a
+    transformers mixture of experts over fp32 weights). A shape error raised there is the
+    step's own bug, and is not taken for one."""
+    if not isinstance(e, RuntimeError) or not re.search(r"dtype|type but got", str(e)):
+        return False
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith("_meta_registrations.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | None, reason: str, name: str,
+                  tokens: int, unit: str) -> Plan:
+    """The plan from ``estimate_memory``: ``model`` is the fake model built for the step (its
+    parameter and buffer counts, its config) or None when building it failed (then a module
+    target's live module is counted, its metadata only, or a config's own counts). Activations:
+    tunekit's tables for a config they cover, else NaN; the speed bound: the MFU convention's
+    FLOPs at the dense peak where the shape is known, else none. ``layout``: rank 0's share of a
+    sharded run, as estimate_memory shards it (the collectives are not timed)."""
+    inner = getattr(model, "model", model) if type(model).__name__ == "Stepped" else model
+    if inner is None and hasattr(cfg, "module"):   # a module whose twin was not made: the live one's counts
+        inner = cfg.module
+    config = getattr(inner, "config", None) if inner is not None else (cfg if kind in ("gpt", "hf") else None)
+    params = list(inner.parameters()) if inner is not None else []
+    n_params = float(sum(p.numel() for p in params)) or None
+    bytes_layout = _layout(setting, params)
+    notes = [f"analytic estimate: the fake step failed because {reason}"]
+    est = estimate_memory(config if config is not None else n_params, n_params=n_params, layout=bytes_layout,
+                          optimizer=setting.optimizer, micro_batch=setting.micro_batch,
+                          seq_len=setting.seq_len if config is not None else None,
+                          checkpointing=setting.checkpointing, device="cpu" if dev["name"] == "cpu" else "cuda",
+                          cuda_context_bytes=0.0, attention=setting.attention if config is not None else None,
+                          **(dict(parallel=layout["kind"], world_size=layout["world_size"], nodes=layout["nodes"])
+                             if layout else {}))
+    components = {k: float(est.components[k]) for k in COMPONENTS}
+    if inner is not None and math.isnan(components["buffers"]):
+        components["buffers"] = float(unique_bytes(inner.buffers(), {storage_key(p) for p in params}))
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    if params and trainable < n_params:   # frozen parameters: no gradient, no optimizer state
+        for k in ("master_weights", "gradients", "optimizer_states"):
+            components[k] *= trainable / n_params
+        notes.append(f"{trainable:,} of {int(n_params):,} parameters are trained: gradients, master weights and "
+                     "optimizer states counted for those")
+    if math.isnan(components["activations"]):
+        notes.append(f"activations unknown (NaN): tunekit has no activation count for {name}; the memory shown "
+                     "leaves them out")
+    if est.components["recompute"] == est.components["recompute"] and est.components["recompute"] > 0:
+        notes.append(f"checkpointing rebuilds one block's activations in backward: about "
+                     f"{est.components['recompute'] / 2**30:,.3f} GiB more at that moment (not in the sum)")
+    notes += without(est.notes, "device.assumed", "activations.unknown")
+    if layout:
+        notes.append(f"{layout['kind']}: rank 0's share as estimate_memory shards it; the collectives are not timed")
+    model_flops, bound_s = _speed(inner, setting, tokens, unit, dev, notes)
+    return Plan(model=name, device=dev["name"], device_memory_bytes=dev["memory"], setting=setting,
+                components=components, fixed=dev["fixed"], tokens=tokens, executed_flops=NaN,
+                model_flops=model_flops, bound_step_s=bound_s, peak_tflops=dev["peak"],
+                bandwidth_tbs=dev["bandwidth"], notes=notes + dev["notes"], method="analytic", unit=unit,
+                parallel=layout, compute_bound_s=bound_s)
+
+
+def _layout(setting, params) -> str:
+    """The estimate's precision for the step: pure half weights, autocast over fp32 ("amp"), or fp32/tf32."""
+    live = weights_dtype(params)
+    return setting.replace(weights=setting.weights or (live if live in HALF else None)).memory_layout
+
+
+def _speed(inner, setting, tokens, unit, dev, notes) -> tuple[float, float]:
+    """(model FLOPs, the step's lower bound in s): 6N + attention per token at the dense peak
+    where tunekit knows the shape (no memory traffic, no recompute: looser than a counted
+    roofline), else NaN and a note."""
+    shape = None
+    if inner is not None and unit == "tokens":
+        try:
+            adapter = adapt(inner)
+            shape = adapter.shape
+        except ValueError:
+            shape = None
+    if shape is None:
+        notes.append("no speed bound: no op was counted and tunekit has no FLOP formula for this model")
+        return NaN, NaN
+    model_flops = adapter.model_flops(setting.seq_len, tokens, None)[0]
+    if not dev["peak"]:
+        return model_flops, NaN
+    notes.append("bound: the MFU convention's FLOPs (6 x matmul weights x tokens + causal attention) at the dense "
+                 "peak, with no memory traffic and no recompute: a looser lower bound than a fake step's roofline")
+    return model_flops, model_flops / (dev["peak"] * 1e12)

@@ -1,0 +1,67 @@
+"""The device a plan is placed on: memory, dense peak, bandwidth and fixed costs, from the spec
+table (`core.specs`) or this machine."""
+from __future__ import annotations
+
+import re
+
+from tunekit.core import validate
+from tunekit.core.specs import SPECS, find_spec
+from tunekit.measure.live import CUDA_BLOCK
+from tunekit.planning.shard import NCCL_BUFFERS
+
+CUDA_CONTEXT = (0.47 * 2**30, "CUDA context, lazy loading (torch 2.1 on an A100, ml-engineering)")
+# torch's cuBLAS workspace, one per (handle, stream), from its caching allocator
+# (aten/src/ATen/cuda/CublasHandlePool.cpp): 32 MiB on compute capability 9.x-12.x
+# (":4096:8"), 4096 KiB x 2 + 16 KiB x 8 before; hipBLASLt on MI300 (gfx94x) 128 MiB
+_CUBLAS = "torch's cuBLAS workspace for one stream (CublasHandlePool.cpp)"
+WORKSPACES = {"H100": 32 * 2**20, "H200": 32 * 2**20, "B200": 32 * 2**20, "MI300X": 128 * 2**20}
+WORKSPACE_BEFORE_HOPPER = 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def device_figures(name, precision, world_size: int = 1) -> dict:
+    """What a plan needs of a device: its name, memory (bytes torch can use), dense peak for the
+    precision (TFLOPS), memory bandwidth (TB/s), link (GB/s each way), CUDA allocator rounding,
+    and the fixed costs beside the model (bytes, source)."""
+    validate.text("device", name)
+    dtype = "fp32" if precision == "fp32" else precision
+    if name.strip().lower() == "cpu":
+        import psutil
+
+        from tunekit.measure.peaks import resolve_peak
+
+        peak = resolve_peak("cpu", dtype if dtype in ("fp32", "bf16") else "fp32")
+        return dict(name="cpu", memory=float(psutil.virtual_memory().total), peak=peak.tflops, bandwidth=None,
+                    link=None, round_to=1, fixed={},
+                    notes=[f"peak {peak.source}; no memory bandwidth known for this CPU: the bound counts FLOPs only"])
+    spec = find_spec(name)
+    if spec is None:
+        raise ValueError(f"unknown device {name!r}: one of {', '.join(s.name for s in SPECS)}, or 'cpu'")
+    if spec.memory_gb is None:
+        raise ValueError(f"the spec table has no memory size for {spec.name}: plan for another device")
+    named = re.search(r"(\d+)\s*gb", name.lower())   # "A100 40GB": the table's A100 is another card
+    if named and int(named.group(1)) != round(spec.memory_gb):
+        raise ValueError(f"{name!r} names {named.group(1)} GB, but the spec table's {spec.name} has "
+                         f"{spec.memory_gb:g} GB: plan for {spec.name!r} and set its total_bytes against your "
+                         "card's memory, or pick a device of the table")
+    notes = [] if spec.bandwidth_tbs else [f"no memory bandwidth listed for {spec.name}: the bound counts FLOPs only"]
+    if name.strip().lower() != spec.name.lower():   # an alias or a driver's name: say which card it was read as
+        others = [s.name for s in SPECS if s is not spec and s.name.split()[0] == spec.name.split()[0]]
+        notes.append(f"device {name!r} read as {spec.name}" + (f" (the table also has {', '.join(others)}: name "
+                                                                  "it to plan for it)" if others else ""))
+    memory, memory_source = spec.usable
+    peak = spec.tflops.get(dtype)
+    if peak is None:
+        notes.append(f"{spec.name} lists no {dtype} peak: no speed bound")
+    workspace = next((b for k, b in WORKSPACES.items() if spec.name.startswith(k)), WORKSPACE_BEFORE_HOPPER)
+    if spec.name.startswith("MI"):   # ROCm: the same costs under HIP's names, CUDA's figure for the context
+        fixed = {"hip_context": (CUDA_CONTEXT[0], "HIP context: CUDA's figure (none published for ROCm)"),
+                 "hipblaslt_workspace": (float(workspace), _CUBLAS.replace("cuBLAS", "hipBLASLt"))}
+        if world_size > 1:
+            fixed["rccl_buffers"] = (NCCL_BUFFERS[0], "RCCL buffers: NCCL's figure")
+    else:
+        fixed = {"cuda_context": CUDA_CONTEXT, "cublas_workspace": (float(workspace), _CUBLAS)}
+        if world_size > 1:
+            fixed["nccl_buffers"] = NCCL_BUFFERS
+    return dict(name=spec.name, memory=memory, peak=peak, bandwidth=spec.bandwidth_tbs,
+                link=spec.link_gbs, round_to=CUDA_BLOCK, fixed=fixed,
+                notes=notes + [f"peak: {spec.source}; memory: {memory_source}"])

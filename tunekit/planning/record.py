@@ -1,0 +1,186 @@
+"""A plan: what one training step needs on a device and how fast it could possibly go, computed
+without running the model (`tunekit.plan`). Pure: numbers in, numbers and text out.
+
+Memory: the step's components as measured on a fake step (parameters, master weights, gradients,
+optimizer state, weight casts, activations saved for backward, buffers) and its peak, the most
+bytes alive at once over a steady step (optimizer state already made) with where it happens,
+plus the device's fixed costs (CUDA context, cuBLAS workspace, NCCL buffers), against the
+device's memory. The peak is not the sum of the components: activations are freed as gradients
+are made, and temporaries (the loss's gradient over the vocabulary, say) belong to no component.
+On a GPU every block is rounded up to 512 bytes as torch's caching allocator does; what the
+allocator reserves beyond that (fragmentation, segments) is not modelled.
+Under sharding the figures are rank 0's (`planning.shard`).
+
+Speed of light: every op of the step on the device's roofline, the longer of its FLOPs at the
+dense peak and its bytes (inputs read, outputs written) at the memory bandwidth, summed
+(elementwise ops too: each reads and writes its tensors unless a compiler fuses it). No step on
+one device can take less, so the step time is a lower bound and tokens/s and MFU are upper
+bounds, often loose ones: kernels reach ~80% of the dense peak at best (MAMF). Across ranks the
+collectives take their bytes at the links' bandwidth; with perfect overlap a step takes at least
+the longer of the two.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tunekit.core.fmt import fmt_gib, fmt_ms, fmt_pct, fmt_rate
+from tunekit.core.memory.answer import MemoryAnswer
+from tunekit.core.units import GiB
+
+NaN = math.nan
+
+# the components a plan counts over its step (core.memory.answer names them all); the device's
+# fixed costs (CUDA context, distributed buffers) are `Plan.fixed`
+COMPONENTS = ("weights", "master_weights", "gradients", "optimizer_states", "weight_casts",
+              "activations", "buffers")
+
+
+@dataclass
+class Plan(MemoryAnswer):
+    """What one training step needs on ``device`` and its speed-of-light bound.
+
+    Example: ``p = tunekit.plan(cfg, "H100 SXM"); p.fits, p.total_bytes / 2**30, p.bound_tokens_per_s``."""
+
+    model: str
+    device: str
+    device_memory_bytes: float          # what the device has (spec sheet, or this machine's RAM)
+    setting: object                     # the tunekit.Setting planned (core.setting)
+    components: dict                    # component -> bytes (COMPONENTS)
+    fixed: dict                         # fixed cost -> (bytes, source)
+    tokens: int                         # of one micro-batch (samples where `unit` says so)
+    executed_flops: float               # of one step, causal attention halved as tunekit counts
+    model_flops: float                  # the MFU convention's (no recompute)
+    bound_step_s: float                 # the roofline's lower bound on one step
+    peak_tflops: float | None
+    bandwidth_tbs: float | None
+    bound_by: list = field(default_factory=list)   # (op, seconds) of the ops that take the most
+    notes: list = field(default_factory=list)
+    max_micro_batch: int | None = None   # the largest that fits (plan(..., search=True))
+    # when it does not fit: (change, total bytes, fits, executed FLOPs per token vs the plan's)
+    alternatives: list = field(default_factory=list)
+    peak_bytes: float = NaN             # the most alive at once over a steady step (one rank), fixed costs aside
+    peak_at: str = ""                   # where: phase, module, op
+    phase_peaks: dict = field(default_factory=dict)   # phase -> its peak bytes (one device, unsharded)
+    timeline: list = field(default_factory=list)      # (phase, live bytes) over the step, one device
+    parallel: dict | None = None        # kind, world_size, nodes, shard (None: one device)
+    compute_bound_s: float = NaN        # the roofline of the FLOP-doing ops
+    comm_s: float = 0.0                 # the collectives at the links' bandwidth, one step
+    comm: dict = field(default_factory=dict)          # "kind/scope" -> seconds
+    method: str = "fake step"           # how it was computed: "fake step", or "analytic" (estimate_memory)
+    unit: str = "tokens"                # what `tokens` counts: "tokens", or "samples" (a batch without a sequence)
+    expected: object = None             # core.expected.Expected: what a good run reaches (None: a figure missing)
+
+    @property
+    def fixed_bytes(self) -> float:
+        return sum(b for b, _ in self.fixed.values())
+
+    @property
+    def total_bytes(self) -> float:
+        """What the device must hold at the step's peak: the peak (the sum of the known components
+        where no peak was measured: an analytic plan; `unknown` lists what is left out) plus the
+        fixed costs."""
+        held = self.peak_bytes if self.peak_bytes == self.peak_bytes else \
+            sum(v for v in self.components.values() if v == v)
+        return held + self.fixed_bytes
+
+    @property
+    def fits(self) -> bool:
+        """The known total within the device's memory (with `unknown` components: the known part)."""
+        return self.total_bytes <= self.device_memory_bytes
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.device_memory_bytes - self.total_bytes
+
+    @property
+    def bound_tokens_per_s(self) -> float:
+        """Per device (rank): its micro-batch's tokens over the bound step time (samples when
+        `unit` is "samples")."""
+        return self.tokens / self.bound_step_s if self.bound_step_s > 0 else NaN
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel["world_size"] if self.parallel else 1
+
+    @property
+    def bound_mfu(self) -> float:
+        """The MFU the step would have at its speed of light: model FLOPs over the bound's time.
+        NaN for an analytic plan: its bound is those FLOPs at the peak, 100% by construction."""
+        if not self.peak_tflops or not self.bound_step_s > 0 or self.method != "fake step":
+            return NaN
+        return self.model_flops / self.bound_step_s / 1e12 / self.peak_tflops
+
+    def to_frame(self):
+        """The memory as a DataFrame: component, GiB, share of the device."""
+        import pandas as pd
+
+        rows = [(k, v) for k, v in self.components.items()] + [(k, b) for k, (b, _) in self.fixed.items()]
+        df = pd.DataFrame(rows, columns=["component", "bytes"])
+        return df.assign(GiB=df.bytes / GiB, share_of_device=df.bytes / self.device_memory_bytes)
+
+    def __repr__(self) -> str:
+        return to_text(self)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre style='font-size:12px'>{html.escape(to_text(self))}</pre>"
+
+
+def to_text(p: Plan) -> str:
+    s = p.setting
+    head = (f"plan · {p.model} on {p.device} · {s.precision}"
+            + (f" (weights {s.weights})" if s.weights else "")
+            + (f" · micro-batch {s.micro_batch} x {s.seq_len}" if p.unit == "tokens"
+               else f" · micro-batch {s.micro_batch} samples")
+            + (" · checkpointing" if s.checkpointing else "") + f" · {s.optimizer}")
+    verdict = "fits" if p.fits else "does NOT fit"
+    if p.parallel:
+        par = p.parallel
+        head += (f" · {par['kind']} over {par['world_size']} GPUs" + (f" on {par['nodes']} nodes" if par["nodes"] > 1
+                                                                     else "") + " (per rank)")
+    head += f" · {p.method}"
+    known = f"at least {fmt_gib(p.total_bytes)} ({', '.join(p.unknown)} unknown)" if p.unknown else \
+        fmt_gib(p.total_bytes)
+    lines = [head, f"  memory     {known} of {fmt_gib(p.device_memory_bytes, 1)}: {verdict}"
+             f" ({fmt_gib(abs(p.headroom_bytes))} {'free' if p.fits else 'over'})"]
+    notes = p.notes
+    if p.method != "fake step" and notes:   # how it was computed, first
+        lines.insert(1, f"  method     {notes[0]}")
+        notes = notes[1:]
+    if p.peak_bytes == p.peak_bytes:
+        lines.append(f"  peak       {fmt_gib(p.peak_bytes, 3)} at {p.peak_at} + fixed costs; the components:")
+    for k, v in p.components.items():
+        if v != v:
+            lines.append(f"    {k:<17}{'unknown':>10}")
+        elif v:
+            lines.append(f"    {k:<17}{fmt_gib(v, 3):>14}")
+    for k, (b, src) in p.fixed.items():
+        lines.append(f"    {k:<17}{fmt_gib(b, 3):>14}  ({src})")
+    for change, total, fits, flops in p.alternatives:
+        lines.append(f"  try        {change}: {fmt_gib(total)}, {'fits' if fits else 'still over'}"
+                     + (f", {fmt_pct(flops - 1, 0, signed=True)} FLOPs per token" if abs(flops - 1) > 0.005 else ""))
+    if p.max_micro_batch is not None:
+        lines.append(f"  largest micro-batch that fits: {p.max_micro_batch}" if p.max_micro_batch else
+                     "  largest micro-batch that fits: none (not even 1)")
+    if p.bound_step_s == p.bound_step_s:
+        per_gpu = " per GPU" if p.parallel else ""
+        lines.append(f"  bound      step >= {fmt_ms(p.bound_step_s, us_below_ms=True)}: "
+                     f"<= {fmt_rate(p.bound_tokens_per_s, f'{p.unit}/s')}{per_gpu}"
+                     + (f", MFU <= {fmt_pct(p.bound_mfu)}" if p.bound_mfu == p.bound_mfu else "")
+                     + " (upper bounds, not predictions)")
+    e = p.expected
+    if e is not None:
+        rate = fmt_rate(e.tokens_per_s, f"{p.unit}/s")
+        lines.append(f"  expected   step {fmt_ms(e.step_s, us_below_ms=True)}: {rate}"
+                     + (" per GPU" if p.parallel else "") + (f", MFU {fmt_pct(e.mfu)}" if e.mfu == e.mfu else "")
+                     + " (what a well-written run reaches: plan.expected.by_op)")
+    if p.comm:
+        lines.append(f"  comm       {fmt_ms(p.comm_s, us_below_ms=True)} per step at the links' bandwidth ("
+                     + ", ".join(f"{k} {fmt_ms(t, us_below_ms=True)}" for k, t in p.comm.items()) + f"); compute "
+                     f"{fmt_ms(p.compute_bound_s, us_below_ms=True)}: the bound takes the longer (perfect overlap)")
+    if p.bound_by:
+        lines.append("  bound by   " + ", ".join(f"{op} {fmt_ms(t, us_below_ms=True)}" for op, t in p.bound_by[:4]))
+    lines += [f"  note       {n}" for n in notes]
+    return "\n".join(lines)

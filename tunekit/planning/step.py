@@ -1,0 +1,221 @@
+"""One training step under fake tensors, measured by `measure_memory` and counted op by op for
+the roofline; the micro-batch search and the alternatives when a step does not fit."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from tunekit.core.formulas import MFU_ANALYTIC
+from tunekit.core.notes import without
+from tunekit.core.search import largest_fitting
+from tunekit.core.setting import HALF
+from tunekit.measure.live import LiveBytes
+from tunekit.measure.memory import autocast_torch, measure_memory
+from tunekit.measure.model_flops import tensors_in
+from tunekit.measure.step import Watch, run_step
+from tunekit.measure.tally import storage_key
+from tunekit.models.adapters import adapt, fsdp_units, step_loss
+from tunekit.models.optimizers import build_optimizer
+from tunekit.planning.analytic import FakeStepError, fake_failure
+from tunekit.planning.module import ModuleTarget
+from tunekit.planning.ops import RooflineCounter
+from tunekit.planning.record import COMPONENTS
+
+
+def alternatives(setting, step, run, total_of, memory) -> list:
+    """What to change when the step does not fit, each tried as a fake step (``run(setting)``):
+    (change, its total bytes by ``total_of(step, setting)``, fits, executed FLOPs per token
+    against the plan's), most memory saved first."""
+    changes = []
+    if not setting.checkpointing:
+        changes.append(("checkpointing=True", dict(checkpointing=True)))
+    if setting.weights in (None, "fp32") and setting.precision in HALF:
+        changes.append((f"weights={setting.precision!r}", dict(weights=setting.precision)))
+    if setting.optimizer in ("adamw", "adamw_fused"):
+        changes.append(("optimizer='sgd'", dict(optimizer="sgd")))
+    if setting.micro_batch > 1:
+        changes.append((f"micro_batch={setting.micro_batch // 2}", dict(micro_batch=setting.micro_batch // 2)))
+    out = []
+    for label, change in changes:
+        s = setting.replace(**change)
+        try:
+            alt = run(s)
+        except ValueError:   # a change that cannot be faked is not offered
+            continue
+        total = total_of(alt, s)
+        per_token = alt["executed"] / s.micro_batch / (step["executed"] / setting.micro_batch)
+        out.append((label, total, total <= memory, per_token))
+    return sorted(out, key=lambda a: a[1])
+
+
+def batch_of(cfg, kind, micro_batch, seq_len):
+    if isinstance(cfg, ModuleTarget):   # a module: its batch_fn's batches, else the tokens its config takes
+        if cfg.batch_fn is not None:
+            return cfg.batch(micro_batch, seq_len)
+        cfg, kind = cfg.config, cfg.inner_kind
+    vocab = cfg.vocab_size
+    x = torch.randint(0, vocab, (micro_batch, seq_len))
+    return x, (torch.randint(0, vocab, (micro_batch, seq_len)) if kind == "gpt" else x)
+
+
+def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: bool = True) -> dict:
+    """One planned step: its components (measure_memory's code), its steady peak and where
+    (a second step, tracked by LiveBytes) and, with ``count``, its FLOPs op by op for the
+    roofline (a third: torch's FLOP counter keeps tensors alive, so it never runs beside the
+    live-bytes tracking; on an 8B Llama it would add 20 GB to the peak). `FakeStepError` (a
+    ValueError) saying why when a fake tensor cannot take it (a value read, a value-dependent shape)."""
+    ck = model.adapter if kind == "module" else None   # a module's blocks (plan.module.Stepped): checkpointed here
+    if ck is not None and setting.checkpointing and not ck.can_checkpoint:
+        raise ValueError(f"checkpointing needs the blocks to recompute: tunekit.plan(..., blocks='layers') "
+                         f"(an attribute path of {type(model.model).__name__} or a list of its modules)")
+    try:
+        if ck is not None:
+            ck.set_checkpointing(setting.checkpointing)
+        step = _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count)
+    except Exception as e:
+        reason = fake_failure(e)
+        if reason is None:
+            raise
+        raise FakeStepError(reason) from e
+    finally:
+        if ck is not None and ck.checkpointing:
+            ck.set_checkpointing(False)
+    if ck is not None:   # measure_memory's adapter does not know the blocks checkpointed here
+        step["notes"] = without(step["notes"], "ckpt.not_applied")
+    return step
+
+
+def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count) -> dict:
+    batch = batch_of(cfg, kind, micro_batch, setting.seq_len)
+    report = measure_memory(model, batch, optimizer=setting.optimizer, precision=setting.precision,
+                            checkpointing=setting.checkpointing, estimate=False)
+    components = {k: float(report.measured.get(k, 0.0)) for k in COMPONENTS}
+    if any(math.isnan(v) for v in components.values()):
+        raise ValueError(f"the fake step left a component unmeasured: {components}")
+    adapter = model.adapter if kind == "module" else adapt(model)   # a module's: its twin's blocks
+    live = _timeline(model, adapter, kind, batch, setting, round_to)
+    out = dict(components=components, notes=without(report.notes, "memory.cpu", "memory.shadow_optimizer"),
+               units=fsdp_units(model, adapter, "fsdp"), **live)
+    return dict(out, **_counted(model, adapter, kind, batch, setting, micro_batch)) if count else out
+
+
+def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
+    """The step's FLOPs, counted op by op: executed, the MFU convention's, and the roofline."""
+    before = adapter.checkpointing
+    counter = RooflineCounter()
+    try:
+        if adapter.can_checkpoint:
+            adapter.set_checkpointing(setting.checkpointing)
+        run_step(lambda b: _loss(model, kind, b), lambda i: (batch,), autocast=_autocast(setting), keep_loss=False,
+                 observers=[Watch(counter)])
+    finally:
+        if adapter.can_checkpoint:
+            adapter.set_checkpointing(before)
+        for p in model.parameters():
+            p.grad = None
+    count = counter.result()
+    ops = counter.ops
+    tokens = micro_batch * setting.seq_len
+    # the Lab's MFU convention where the shape is known (causal attention halved, no recompute);
+    # else the count's, which says so, and what of it the fake tensors hid (an eager mask's values)
+    model_flops, convention, why = adapter.model_flops(setting.seq_len, tokens, float(count.model))
+    counted = convention != MFU_ANALYTIC
+    count_notes = list(count.notes) + why if counted else without(count.notes, "flops.mask_unread")
+
+    def per_op(peak, bw):
+        out = {}
+        for name, _kind, _phase, flops, moved, *_ in ops:
+            t = max(flops / (peak * 1e12) if peak else 0.0, moved / (bw * 1e12) if bw else 0.0)
+            out[name] = out.get(name, 0.0) + t
+        return out
+
+    def bound_s(peak, bw):
+        return sum(per_op(peak, bw).values()) if (peak or bw) else math.nan
+
+    def top(peak, bw, n=6):   # n=None: every op
+        return sorted([kv for kv in per_op(peak, bw).items() if kv[1] > 0], key=lambda kv: -kv[1])[:n] \
+            if (peak or bw) else []
+
+    return dict(executed=float(count.executed), model=float(model_flops), bound_s=bound_s, top=top,
+                count_notes=count_notes, ops=ops)
+
+
+def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
+    """A steady step, its live bytes tracked (`measure.live.LiveBytes`): its peak, where it
+    happens, and the gradients alive there. The optimizer's state is made first (one update
+    from zero gradients: it allocates what a first step would), so it lives from the start as it
+    does in every step after the first."""
+    params = list(model.parameters())
+    before = adapter.checkpointing
+    opt = build_optimizer(setting.optimizer, params, lr=0.0)
+    rounded = _rounded_bytes(round_to)
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p) if p.requires_grad else None
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        base = (rounded(params) + rounded(list(model.buffers()), params) + rounded(tensors_in(batch))
+                + rounded(state, params))
+
+        def grads_now():
+            return None if live.phase == "forward" else rounded([p.grad for p in params])
+
+        live = LiveBytes(model, base, round_to, on_peak=grads_now)
+        if adapter.can_checkpoint:
+            adapter.set_checkpointing(setting.checkpointing)
+        run_step(lambda b: _loss(model, kind, b), lambda i: (batch,), autocast=_autocast(setting), optimizer=opt,
+                 keep_loss=False, observers=[Watch(live, span=("forward", "optimizer step"), on_phase=live.set_phase)])
+        scalars = _rounded_bytes(1)([v for v in state if v.dim() == 0], params)   # AdamW's steps: never sharded
+    finally:
+        if adapter.can_checkpoint:
+            adapter.set_checkpointing(before)
+        for p in params:
+            p.grad = None
+    # phase -> (its peak bytes, where, the gradients alive there)
+    detail = {ph: (float(b), f"{ph}" + (f", in {where}" if where else "") + f" ({op})", float(grads or 0.0))
+              for ph, (b, where, op, grads) in live.phase_peaks.items()}
+    peak, at, grads = max(detail.values(), key=lambda v: v[0])
+    return dict(peak=peak, peak_at=at, grads_at_peak=grads, state_scalars=float(scalars), phase_detail=detail,
+                phase_peaks={ph: v[0] for ph, v in detail.items()}, timeline=list(live.samples))
+
+
+def _rounded_bytes(round_to):
+    """Bytes of the distinct storages behind some tensors, each rounded up to ``round_to``."""
+    def total(tensors, exclude=()):
+        skip = {storage_key(t) for t in exclude}
+        seen, out = set(), 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            key = storage_key(t)
+            if key[2] == 0 or key in seen or key in skip:
+                continue
+            seen.add(key)
+            out += -(-t.untyped_storage().nbytes() // round_to) * round_to
+        return float(out)
+    return total
+
+
+def _autocast(setting):
+    """The fake step's autocast: on the CPU device (a GPU plan is a CPU-device fake step)."""
+    ac = autocast_torch(setting.precision)   # the precision's autocast, as plans have always taken it
+    return (lambda: torch.autocast("cpu", dtype=ac)) if ac is not None else contextlib.nullcontext
+
+
+def _loss(model, kind, batch):
+    # the one loss helper; the batch of a transformers model is (x, x): x its own labels, shifted
+    # by transformers (a module's: plan.module.Stepped, which takes its loss the same way)
+    return step_loss(model, batch[:1], "transformers") if kind == "hf" else step_loss(model, batch)
+
+
+def search_micro_batch(setting, run, total_of, memory, limit) -> int:
+    """The largest micro-batch whose fake step (``run(setting)``) fits ``memory``: the one search
+    (core.search) from 1 up to ``limit``; 0 when not even one fits."""
+    def fits(mb):
+        s = setting.replace(micro_batch=mb)
+        return total_of(run(s), s) <= memory
+
+    return largest_fitting(fits, 1, limit).best or 0

@@ -1,0 +1,137 @@
+"""What `tunekit.plan` plans: the model (built from its config inside the fake mode, or a
+module's fake twin: plan.module), its longest sequence, its name and what a micro-batch
+counts."""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+
+from tunekit.core import validate
+from tunekit.core.extras import missing_extra
+from tunekit.planning.module import ModuleTarget
+
+
+@contextlib.contextmanager
+def masks_as_in_eager(kind):
+    """transformers cannot read a fake tensor's values, so it cannot see that the planned batch
+    packs one sequence per row, builds an explicit causal mask and repeats the KV heads where an
+    eager run passes ``is_causal`` and GQA to SDPA (other saved tensors). While the plan steps,
+    its packed-sequence finder answers what it answers for such a batch: none packed.
+    tests/test_plan.py's byte-exact transformers test is the canary."""
+    utils = None
+    if kind == "hf":
+        import importlib
+
+        try:
+            utils = importlib.import_module("transformers.masking_utils")
+        except ImportError:
+            utils = None
+    elif kind == "module":   # a module of the user's: a transformers model inside it imported them already
+        utils = sys.modules.get("transformers.masking_utils")
+    if utils is None or not hasattr(utils, "find_packed_sequence_indices"):
+        yield
+        return
+    before = utils.find_packed_sequence_indices
+    utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        utils.find_packed_sequence_indices = before
+
+
+# --- the target ---------------------------------------------------------------------------------
+
+def config_of(target, batch_fn=None, loss_fn=None, blocks=None):
+    """(what to build, its kind, the toggles it brings): a config ("gpt", "hf") built as it is,
+    or a `ModuleTarget` for an nn.Module and a Lab on one of the user's own ("gpt", "hf" when it
+    trains as a config would, else "module"). Bad input is refused here, before any work."""
+    from tunekit.models.gpt import GPTConfig
+
+    if isinstance(target, type):
+        name = target.__name__
+        raise TypeError(f"tunekit.plan takes an instance, got the class {name}: pass {name}(...) (on the meta "
+                        f"device it takes no memory: with torch.device('meta'): m = {name}(...))")
+    for name, fn, takes in (("batch_fn", batch_fn, "(micro_batch, seq_len) -> (x, y)"),
+                            ("loss_fn", loss_fn, "(model, x, y) -> loss")):
+        if fn is not None:
+            validate.function(name, fn, takes)
+    own = (batch_fn, loss_fn, blocks) != (None, None, None)
+    if isinstance(target, torch.nn.Module):
+        module = ModuleTarget(target, batch_fn, loss_fn, blocks)
+        return module, module.kind, module.toggles()
+    if type(target).__name__ == "Lab":
+        return _lab_target(target, batch_fn, loss_fn, blocks)
+    if own:
+        raise TypeError("batch_fn, loss_fn and blocks go with an nn.Module target: build the model (on the meta "
+                        "device it takes no memory) and plan it, tunekit.plan(model, ..., batch_fn=...)")
+    if isinstance(target, GPTConfig):
+        return target, "gpt", {}
+    if hasattr(target, "model_type") and hasattr(target, "to_dict"):
+        return target, "hf", {}
+    raise TypeError(f"tunekit.plan takes a GPTConfig, a transformers config, an nn.Module or a Lab, got "
+                    f"{type(target).__name__}")
+
+
+def _lab_target(lab, batch_fn, loss_fn, blocks):
+    """A Lab's model and default toggles: its config when it trains tunekit's GPT or a transformers
+    model on the built-in batches and loss, else its model with its batches (its own batch_fn, or
+    the built-in ones), loss_fn and blocks."""
+    t = lab.resolve()   # the toggles a run starts from, defaults filled in
+    toggles = dict(precision=t.precision, micro_batch=t.micro_batch, seq_len=t.seq_len,
+                   checkpointing=t.checkpointing, optimizer=t.optimizer, attention=t.attention)
+    own_loss = lab.loss_fn != lab.adapter.loss   # the Lab's default is its adapter's loss
+    cfg = getattr(lab.model, "config", None)
+    kind = {"tunekit-gpt": "gpt", "transformers": "hf"}.get(lab.adapter.kind)
+    if kind and lab.batcher is not None and not own_loss and lab.blocks is None \
+            and (batch_fn, loss_fn, blocks) == (None, None, None):
+        return cfg, kind, toggles
+    module = ModuleTarget(lab.model, batch_fn or lab.batch_fn, loss_fn or (lab.loss_fn if own_loss else None),
+                          blocks if blocks is not None else lab.blocks)
+    return module, module.kind, {**module.toggles(), **toggles}
+
+
+def max_len(cfg, kind) -> int | None:
+    """The longest sequence the model takes (None: a module without a position limit)."""
+    if isinstance(cfg, ModuleTarget):
+        return max_len(cfg.config, cfg.inner_kind) if cfg.config is not None else None
+    return cfg.block_size if kind == "gpt" else int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
+
+
+def model_name(cfg, kind) -> str:
+    if isinstance(cfg, ModuleTarget):
+        return model_name(cfg.config, cfg.kind) if cfg.kind != "module" else cfg.name
+    if kind == "gpt":
+        return f"GPT (n_layer={cfg.n_layer}, n_embd={cfg.n_embd})"
+    return f"{type(cfg).__name__.removesuffix('Config')} (hidden={cfg.hidden_size}, layers={cfg.num_hidden_layers})"
+
+
+def amount(cfg, kind, micro_batch: int, seq_len: int) -> tuple[int, str]:
+    """(tokens or samples in one micro-batch, "tokens" or "samples"); call it inside the fake mode."""
+    return cfg.amount(micro_batch, seq_len) if isinstance(cfg, ModuleTarget) else (micro_batch * seq_len, "tokens")
+
+
+def build(cfg, kind, dtype):
+    """The model, its parameters made in ``dtype`` (None: fp32) as they are created; a module's
+    fake twin (None: its own dtypes)."""
+    if isinstance(cfg, ModuleTarget):
+        return cfg.build(dtype)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or torch.float32)
+    try:
+        if kind == "gpt":
+            from tunekit.models.gpt import GPT
+
+            return GPT(cfg)
+        try:
+            from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+        except ModuleNotFoundError as e:
+            raise (missing_extra(e, "planning a transformers config") or e) from None
+
+        # an encoder-decoder (T5, BART) trains as one: AutoModelForCausalLM has no T5, and BART's is its
+        # decoder alone
+        auto = AutoModelForSeq2SeqLM if getattr(cfg, "is_encoder_decoder", False) else AutoModelForCausalLM
+        return auto.from_config(cfg, dtype=dtype or torch.float32)
+    finally:
+        torch.set_default_dtype(previous)

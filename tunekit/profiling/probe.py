@@ -1,0 +1,374 @@
+"""Measure a block: time, CPU/GPU memory, FLOPs, TFLOPS, MFU/HFU.
+
+`Probe` is the one place that measures; the magic, `profile()` and `experiment()` call it. It
+never prints, and once its clock has stopped it never raises: a reading that fails becomes a note.
+FLOPs follow the `flops` mode:
+- ``auto``: count the first run of a block, and again whenever its inputs (see `fingerprint`)
+  differ from those of the counted run; otherwise reuse the count. A counted run is slowed by the
+  counter, so it reports no TFLOPS; the re-runs do, from an uncounted clock.
+- ``always``: count every run (no TFLOPS then). ``never``: no counting.
+With ``trace``/``memory`` a run is also traced by torch.profiler (`measure.trace`) from the first
+run on, and counts no FLOPs (the counter's dispatch would be traced as the work): it reuses a
+count of the same inputs, else it has none and says so. A traced run reports no TFLOPS either
+(the profiler slows it); its record says by how much, against the last untraced run of the same
+block. Energy (`measure.energy`) is read on every run where a counter is readable.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from tunekit.core import formulas, validate
+from tunekit.core.notes import Note
+from tunekit.core.records import History, ProfileRecord
+from tunekit.core.registry import DTYPES
+from tunekit.measure import nvml
+from tunekit.measure.conditions import ConditionsMeter
+from tunekit.measure.device import device_label, synchronize, torch_if_loaded
+from tunekit.measure.energy import EnergyMeter
+from tunekit.measure.history import FLOP_COUNTS, HISTORY, LAST_WALLS, CachedCount, remember
+from tunekit.measure.interrupts import deferred_interrupt, interrupt_pending
+from tunekit.measure.meters import CpuPeak, CudaMeter
+from tunekit.measure.oom import explain_and_free, is_oom
+from tunekit.profiling.fingerprint import changed_names
+
+NaN = math.nan
+FLOPS_MODES = ("auto", "always", "never")
+
+
+def _compiled_graphs():
+    if torch_if_loaded() is None:
+        return None
+    from tunekit.measure.torch_private import compiled_graphs
+
+    return compiled_graphs()
+
+
+def _counting_active() -> bool:
+    torch = torch_if_loaded()
+    if torch is None or "torch.utils.flop_counter" not in sys.modules:
+        return False
+    from tunekit.measure.flops import counting_active
+
+    return counting_active()
+
+
+class Probe:
+    """Measure one block. ``p.start(); ...; rec = p.stop(exc)``; see `profile()` for the context manager,
+    which also keeps a Ctrl-C from landing between start() returning and stop() (by hand, those
+    lines are the caller's, as after ``open()``).
+
+    `fingerprint` is a tuple or a zero-argument callable returning one (taken at `start()`).
+    `models`: None, or a zero-argument callable returning the (name, module) pairs the block reads
+    (`fingerprint.modules_seen`); a counted run watches their forward calls, and a model whose
+    shape tunekit knows gives the model FLOPs as the Lab computes them (`measure.model_flops`).
+    """
+
+    def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
+                 model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
+                 history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None):
+        validate.text("name", name)
+        validate.optional_callable("models", models, "(name, module) pairs")
+        validate.choice("flops", flops, FLOPS_MODES)
+        if model_flops is not None:
+            model_flops = validate.real("model_flops", model_flops, low=0.0, low_open=False)
+        if peak is not None:
+            peak = validate.real("peak", peak)
+        if dtype is not None:
+            validate.choice("dtype", dtype, DTYPES)
+        validate.flag("trace", trace)
+        validate.flag("memory", memory)
+        if flops == "always" and (trace or memory):
+            raise ValueError("flops='always' counts every run, and a traced run counts none (the counter "
+                             "would be traced as the work): use trace/memory with flops='auto' or 'never'")
+        self.name, self.key = name, key or name
+        self.trace, self.memory, self.tracer, self.energy = trace, memory, None, None
+        self._fp, self._models, self.tap = fingerprint, models, None
+        self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
+        self.history = history
+        self.counter, self.stale = None, False
+        self.conditions = self.t0 = None
+        self.running = False
+        self.record = ProfileRecord(name=name)
+
+    # the clock covers exactly start() .. stop(): readings before and after are outside it
+    def start(self) -> "Probe":
+        """Start the meters, the counter and the clock. A Ctrl-C meanwhile waits until they are
+        all on; if start() itself raises it (no enclosing tunekit path takes it), the probe is
+        stopped first, the run recorded as interrupted: the caller never gets it to stop."""
+        try:
+            with deferred_interrupt():
+                self._start()
+            return self
+        except KeyboardInterrupt as e:
+            if self.running:
+                self.stop(e)
+            raise
+
+    def _start(self) -> None:
+        if not math.isnan(self.record.started_at):  # a probe started again: a new run, a new record
+            self.record = ProfileRecord(name=self.name)
+        rec = self.record
+        rec.started_at = time.time()
+        torch = torch_if_loaded()
+        cached = FLOP_COUNTS.get(self.key)
+        self.fp = (self._fp() if callable(self._fp) else self._fp) if self.mode == "auto" else ()
+        stale = self.mode == "auto" and cached is not None and cached.fingerprint != self.fp
+        self.count_now = torch is not None and (
+            self.mode == "always" or (self.mode == "auto" and (cached is None or stale)))
+        self.stale = stale
+        # what is asked for comes first: a traced run traces, and counts nothing (the counter's
+        # dispatch would be traced as the work); a valid count of the same inputs is reused
+        traced = self.trace or self.memory
+        if self.mode != "never" and torch is None:
+            rec.notes.append("torch is not imported: no FLOPs to count")
+        elif traced and self.count_now:
+            self.count_now = False
+            why = "changed since the counted run" if stale else "not counted yet"
+            rec.notes.append(f"no FLOPs: this traced run counts none (the counter would be traced as the "
+                             f"work) and the block's inputs are {why}; a run without --trace counts them")
+        if stale and self.count_now:
+            what = ", ".join(changed_names(cached.fingerprint, self.fp)) or "inputs"
+            rec.notes.append(f"recounted: {what} changed since the counted run")
+        # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
+        # block, say) measures the counter too: such a run must not report TFLOPS.
+        self.under_counter = _counting_active()
+        self.graphs0 = _compiled_graphs()
+        self.cpu, self.cuda = CpuPeak(), CudaMeter()
+        self.cpu.start()
+        self.cuda.start()
+        if self.count_now:
+            from tunekit.measure.flops import TunekitFlopCounter  # imports torch, loaded already
+
+            self.counter = TunekitFlopCounter()
+            self.counter.__enter__()
+            self.tap = self._start_tap(rec)
+        self.running = True
+        self._start_tracer(rec)
+        self.energy = EnergyMeter(self.cuda.index).start()
+        synchronize()
+        self.conditions = ConditionsMeter(self.cuda.index).start()  # reads counters: no state to undo
+        self.t0 = time.perf_counter()
+
+    def _start_tap(self, rec):
+        if self._models is None or self.model_flops is not None:  # --model-flops: nothing to derive
+            return None
+        from tunekit.measure.model_flops import ModelTap
+
+        try:
+            return ModelTap(self._models()).start()
+        except Exception as e:  # the count goes on without it: its convention, and why
+            rec.notes.append(f"MFU from the count: the models read could not be watched ({type(e).__name__}: {e})")
+            return None
+
+    def _start_tracer(self, rec) -> None:
+        if not (self.trace or self.memory):
+            return
+        if self.under_counter:
+            rec.notes.append("not traced: an outer FLOP counter runs around this block, and it would be "
+                             "traced as the work")
+            return
+        from tunekit.measure.trace import Tracer
+
+        try:
+            self.tracer = Tracer(self.name, self.trace, self.memory, self.cuda.index).start()
+        except Exception as e:  # e.g. another torch.profiler already runs: measure without a trace
+            rec.notes.append(f"not traced: torch.profiler could not start ({type(e).__name__}: {e})")
+
+    def stop(self, exc: BaseException | None = None) -> ProfileRecord:
+        """Read the clock, remove the counter and meters, fill and keep the record. Ctrl-C
+        during these lines waits until they are done (then it is raised)."""
+        with deferred_interrupt():
+            return self._stop(exc)
+
+    def _stop(self, exc):
+        counted = sync_error = None
+        try:
+            synchronize()
+            if self.t0 is not None:  # None: interrupted before the clock started (no time: NaN)
+                self.record.wall_s = time.perf_counter() - self.t0
+        except Exception as e:  # an asynchronous device error from the block surfaces here
+            sync_error = e
+            exc = exc or e
+        finally:
+            self.running = False
+            tracer, self.tracer = self.tracer, None
+            counter, self.counter = self.counter, None
+            tap, self.tap = self.tap, None
+            if counter is not None:  # always leave torch's dispatch stack as we found it
+                counter.__exit__(None, None, None)
+                counted = counter.result()
+            if tap is not None:  # and the models' hooks
+                tap.stop()
+        rec = self.record
+        for step in (lambda: self._read_conditions(rec), lambda: self._read_energy(rec),
+                     lambda: self._read_trace(rec, tracer, exc),
+                     lambda: self._read_memory(rec, exc), lambda: self._fill_flops(rec, counted, exc, tap),
+                     lambda: self._fill_rates(rec, traced=tracer is not None)):
+            try:
+                step()
+            except Exception as e:  # after the clock, a failing reading is a note, never an error
+                rec.notes.append(f"tunekit: {type(e).__name__}: {e}")
+        if self.history is not None:
+            self.history.append(rec)
+        if exc is None and interrupt_pending():  # after the append: a Ctrl-C from then on is raised, not recorded
+            rec.error = "KeyboardInterrupt"
+            rec.notes.append("Ctrl-C came as the block ended: its figures are complete")
+        if sync_error is not None and sync_error is exc:
+            raise sync_error  # the block's own (asynchronous) error: recorded, then it reaches the user
+        return rec
+
+    def _read_conditions(self, rec) -> None:
+        if self.conditions is not None:  # None: interrupted before the clock started
+            rec.conditions = self.conditions.stop(rec.wall_s)
+
+    def _read_energy(self, rec) -> None:
+        if self.energy is None:  # interrupted before the clock started
+            return
+        e = self.energy.stop(rec.wall_s)
+        rec.energy_j, rec.energy_source, rec.mean_w = e.joules, e.source, e.mean_w
+        if e.note:
+            rec.notes.append(e.note)
+
+    def _read_trace(self, rec, tracer, exc) -> None:
+        if tracer is None:  # a clean run: what the next traced run's overhead is measured against
+            if exc is None and not self.count_now and not self.under_counter and rec.wall_s == rec.wall_s:
+                remember(LAST_WALLS, self.key, rec.wall_s)
+            return
+        rec.trace, rec.memory = tracer.stop(rec.wall_s)  # stops the profiler whatever happens
+        if exc is not None:
+            rec.notes.append("the block failed: the trace covers it up to the failure")
+        last = LAST_WALLS.get(self.key)
+        for part in (rec.trace, rec.memory):
+            if part is not None and last is not None:
+                part.notes.append(f"profiler overhead measured against the last untraced run ({last:.4g} s)")
+        if rec.trace is not None:
+            if last is None:
+                rec.trace.notes.append("profiler overhead unknown: no untraced run of this block to "
+                                       "compare with (run it once without --trace)")
+            else:
+                rec.trace.compare_with(last)
+
+    def _read_memory(self, rec, exc) -> None:
+        rss_delta, peak_delta = self.cpu.stop()
+        rec.cpu_rss_delta_bytes, rec.cpu_peak_delta_bytes = float(rss_delta), float(peak_delta)
+        if self.cpu.note:
+            rec.notes.append(self.cpu.note)
+        gpu = self.cuda.stop()
+        self.index = gpu.pop("index", None)
+        for k, v in gpu.items():
+            setattr(rec, k, float(v))
+        used, why = nvml.used_bytes(self.index)
+        rec.nvml_used_bytes = NaN if used is None else used
+        if self.index is None:
+            rec.notes.append("GPU figures n/a: no CUDA device in use")
+        elif why:
+            rec.notes.append(why)
+        rec.device = device_label(self.index)
+        if exc is not None:
+            rec.error = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+            if is_oom(exc):
+                rec.notes.append(explain_and_free())
+
+    def _fill_flops(self, rec, counted, exc, tap=None) -> None:
+        if counted is not None:
+            rec.flops_source, rec.mfu_convention = "counted", formulas.MFU_COUNTED
+            rec.flops, rec.model_flops = _flops_of(counted)
+            rec.recompute_flops = float(counted.recompute)
+            rec.notes.extend(counted.notes)
+            # a failed run's calls are partial: its model FLOPs stay the count's
+            shaped = tap.result() if tap is not None and exc is None else (None, [])
+            _use_shape(rec, shaped)
+            if exc is None:  # an interrupted run's count is partial: never reuse it
+                remember(FLOP_COUNTS, self.key, CachedCount(self.fp, counted, rec.name, shaped=shaped))
+            else:
+                rec.notes.append("the block failed: FLOPs counted up to the failure")
+        elif self.mode == "auto" and self.key in FLOP_COUNTS and not self.stale:
+            c = FLOP_COUNTS[self.key]
+            FLOP_COUNTS.move_to_end(self.key)
+            rec.flops_source, rec.mfu_convention = "cached", formulas.MFU_COUNTED
+            rec.flops, rec.model_flops = _flops_of(c.count)
+            rec.recompute_flops = float(c.count.recompute)
+            rec.notes.append(f"FLOPs reused from the counted run '{c.counted_in}' (same inputs)")
+            _use_shape(rec, c.shaped)
+            if c.count.uncounted_ops:
+                rec.notes.append(Note("flops.uncounted", "the count misses ops without a FLOP formula: "
+                                      + ", ".join(c.count.uncounted_ops)))
+            # a safety net for inputs the fingerprint cannot see: the time moved a lot
+            busy_now = rec.conditions is not None and rec.conditions.busy
+            last, c.last_wall_s = c.last_wall_s, rec.wall_s
+            busy_before, c.last_busy = c.last_busy, busy_now
+            if last > 0 and not 0.5 < rec.wall_s / last < 2:
+                ratio = rec.wall_s / last
+                # "0.0x" would say nothing: a faster run says how many times faster
+                moved = f"{ratio:.1f}x slower" if ratio > 1 else f"{1 / ratio:.1f}x faster"
+                if busy_now or busy_before:  # the load, not the work, can explain it: no recount advice
+                    which = "this run" if busy_now else "the last run"
+                    rec.notes.append(f"time changed since the last run on this count ({moved}), and "
+                                     f"{which} was taken on a busy machine: re-run when it is quiet")
+                else:
+                    rec.notes.append(f"time changed since the last run on this count ({moved}): "
+                                     "if the work changed, use --flops always")
+        if self.model_flops is not None:
+            rec.model_flops, rec.mfu_convention = float(self.model_flops), "given (--model-flops)"
+            if rec.flops_source == "none":
+                rec.flops, rec.flops_source = float(self.model_flops), "given"
+                rec.notes.append("no count: executed FLOPs taken as the given model FLOPs")
+
+    def _fill_rates(self, rec, traced: bool = False) -> None:
+        if rec.flops_source == "none" or rec.error is not None or math.isnan(rec.flops):
+            return
+        if traced:
+            rec.notes.append(Note("rates.none",
+                                  "timed under torch.profiler, which slows it: no TFLOPS/MFU from this run"))
+            return
+        if self.under_counter:
+            rec.notes.append(Note("rates.none", "timed under an outer FLOP counter, which slows it: no TFLOPS/MFU"))
+            return
+        # None: Dynamo never used so far (the same as none compiled); it may be first imported by
+        # the block without compiling anything, which is no compile
+        compiled = (_compiled_graphs() or 0) - (self.graphs0 or 0)
+        if compiled > 0:
+            rec.notes.append(Note("rates.none", f"torch.compile compiled {compiled} graph(s) "
+                                  "during this run, so its time includes compiling: no TFLOPS/MFU; re-run"))
+            return
+        if rec.flops == 0:  # exact whatever the counter cost: nothing ran
+            rec.tflops = 0.0
+            return
+        if rec.flops_source == "counted":
+            rec.notes.append(Note("rates.none",
+                                  "FLOPs counted in this run, which the counter slows: re-run for TFLOPS/MFU"))
+            return
+        rec.tflops = formulas.tflops(rec.flops, rec.wall_s)
+        from tunekit.measure.peaks import rates, resolve_peak
+
+        torch = torch_if_loaded()
+        device = torch.device("cuda", self.index) if self.index is not None else "cpu"
+        rec.dtype = self.dtype or ("bf16" if self.index is not None else "fp32")
+        # Measure a missing peak (or re-check one) only on CPU: on a GPU the matmuls would
+        # allocate GiBs and leave them reserved, changing what the next cells see.
+        peak = resolve_peak(device, rec.dtype, given=self.peak, allow_calibration=self.index is None)
+        rec.peak_tflops_source = peak.source
+        if peak.tflops is None:
+            rec.notes.append(Note("rates.none",
+                                  f"no peak known ({peak.source}): pass --peak or run tunekit.calibrate()"))
+            return
+        r = rates(rec.flops, rec.model_flops, rec.wall_s, peak, device, rec.dtype, recheck=self.index is None)
+        rec.peak_tflops, rec.peak_tflops_source = r.peak.tflops, r.peak.source
+        rec.hfu, rec.mfu, rec.above_peak = r.hfu, r.mfu, r.above_peak
+
+
+def _use_shape(rec, shaped) -> None:
+    """Model FLOPs from the model's shape (`ModelTap.result()`) when it gave them, else the count's."""
+    flops, notes = shaped
+    if flops is not None:
+        rec.model_flops, rec.mfu_convention = float(flops), formulas.MFU_ANALYTIC
+    rec.notes.extend(notes)
+
+
+def _flops_of(count) -> tuple[float, float]:
+    """(executed, model) FLOPs; unknown (NaN), not 0, when only ops without a formula ran."""
+    if count.executed == 0 and count.uncounted_ops:
+        return NaN, NaN
+    return float(count.executed), float(count.model)

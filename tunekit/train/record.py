@@ -1,0 +1,106 @@
+"""A RunResult from the timed steps of one run: the Lab's, or every rank's of a distributed one.
+
+    >>> m = Steps(times, losses, peak_mem_bytes, meter.source, slowed=False)
+    >>> result, peak = run_result(t, m, probe, adapter, peak, device, label=..., warmup=2, notes=[])
+
+Tokens, FLOPs per step (the untimed probe's count, times ``grad_accum`` and the ranks), model
+FLOPs in tunekit's one MFU convention (the adapter's), and TFLOPS/MFU/HFU from
+``measure.peaks.rates``, the one place they are computed.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from tunekit.core import registry
+from tunekit.core.notes import Note
+from tunekit.core.results import RunResult
+from tunekit.core.toggles import Toggles
+from tunekit.measure.device import device_label
+from tunekit.measure.energy import Energy
+from tunekit.measure.peaks import Peak, rates, resolve_peak
+
+
+@dataclass
+class Steps:
+    """What the timed steps of one run measured."""
+
+    times: list             # seconds per step, device synchronized (distributed: the slowest rank's)
+    losses: list            # loss per step, warm-up included: tensors (read after the clock) or floats
+    peak_mem_bytes: float | None
+    peak_mem_source: str    # the meter that read it
+    slowed: bool = False    # timed under an outer FLOP counter: no rates from this clock
+    energy: Energy | None = None      # over the timed steps
+    alloc: dict | None = None         # CUDA allocator retries / OOMs over the timed steps
+    trace: object = None              # Breakdown of one extra traced step (run(trace=True))
+    memory: object = None             # MemoryTimeline of it (run(memory=True))
+    conditions: object = None         # core.conditions.Conditions over the timed steps
+
+
+class Peaks(dict):
+    """The peak each compute dtype's MFU is measured against (dtype -> measure.peaks.Peak),
+    resolved at first use; a run whose re-check raised a calibrated peak stores the new one."""
+
+    def __init__(self, device, given: float | None = None):
+        super().__init__()
+        self.device, self.given = device, given
+
+    def __missing__(self, dtype: str) -> Peak:
+        self[dtype] = resolve_peak(self.device, dtype, given=self.given)
+        return self[dtype]
+
+
+def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, label: str, warmup: int,
+               notes: list, cuda_index: int | None = None, world: int = 1, flops_source: str = "counted",
+               recheck: bool = True, **fields) -> tuple[RunResult, Peak]:
+    """The RunResult of ``m``, timed under ``t`` on ``world`` ranks of ``device`` (each with its
+    ``t.micro_batch``), and the peak its MFU is measured against (a calibrated one re-checked
+    unless ``recheck=False``). ``probe``: the untimed step's count (measure.step.ProbeResult)
+    of one micro-batch on one rank, None when not counted. ``fields``: the rest of the record
+    (bytes of parameters, gradients and optimizer state, model name, distributed figures...)."""
+    step_s = sum(m.times) / len(m.times)
+    per_sample = probe.per_sample if probe is not None else t.seq_len
+    tokens = t.micro_batch * t.grad_accum * per_sample * world
+    # what was counted: tokens, or samples where the batch has no sequence dimension (views say samples/s)
+    unit = probe.unit if probe is not None else "tokens"
+    if unit == "samples" and t.seq_len != 1:
+        notes.append(f"the batch has no sequence dimension of seq_len={t.seq_len}: throughput counts samples")
+    counts = probe is not None and bool(probe.flops.executed)
+    executed = probe.flops.executed * t.grad_accum * world if counts else None
+    counted = probe.flops.model * t.grad_accum * world if counts else None
+    model_flops, convention, why = adapter.model_flops(t.seq_len, tokens, counted)
+    notes.extend(why)
+    if m.slowed:
+        notes.append(Note("rates.none", "timed under an outer FLOP counter (a first %%gpuprofile run?): "
+                          "step times are slowed by it, so no TFLOPS/MFU; re-run for clean speeds"))
+    dtype = t.compute_on(device.type)
+    rate_s = math.nan if m.slowed else step_s  # rates from a counter-slowed clock would lie
+    r = rates(executed, model_flops, rate_s, peak, device, dtype, devices=world, recheck=recheck)
+    values = [float(v) for v in m.losses]  # after the clock: .item() would sync mid-run
+    ac = t.autocast
+    result = RunResult(
+        run_id=None, label=label, toggles=t.toggles,
+        steps=len(m.times), warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
+        step_s=step_s, step_s_min=min(m.times), step_s_max=max(m.times),
+        flops_per_step=executed, model_flops_per_step=model_flops,
+        flops_source=flops_source if executed is not None else "none",
+        tflops=r.tflops, mfu=r.mfu, hfu=r.hfu, above_peak=r.above_peak,
+        peak_tflops=r.peak.tflops, peak_tflops_source=r.peak.source,
+        peak_mem_bytes=m.peak_mem_bytes, peak_mem_source=m.peak_mem_source,
+        mfu_convention=convention,
+        saved_bytes=probe.saved_bytes if probe is not None else None,
+        weight_cast_bytes=probe.cast_bytes if probe is not None else None,
+        loss=values[-1], loss_first=values[0], device=device_label(cuda_index),
+        attention_ran=probe.attention_ran if probe is not None else adapter.attention_ran,
+        compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + (probe.notes if probe is not None else []),
+        trace=m.trace, memory=m.memory, conditions=m.conditions, throughput_unit=unit, **fields)
+    if m.energy is not None:
+        e = m.energy
+        result.energy_j, result.energy_source, result.mean_w = e.joules, e.source, e.mean_w
+        result.j_per_token = e.joules / (tokens * len(m.times))
+        result.notes.extend([e.note] if e.note else [])
+    alloc = m.alloc or {}
+    result.gpu_alloc_retries, result.gpu_ooms = alloc.get("gpu_alloc_retries"), alloc.get("gpu_ooms")
+    return result, r.peak

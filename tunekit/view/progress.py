@@ -1,0 +1,181 @@
+"""What ``lab.run``, ``lab.find_max_batch_size`` and ``lab.autotune`` show while they work: the
+steps or the trial going, then one line with the result.
+
+    >>> with RunProgress(steps, progress=None) as shown:      # lab.lab.Lab.run, verbose=True
+    ...     shown.result = run(..., progress=shown.tick)
+    >>> with SearchProgress("autotune", budget_s) as shown:   # Lab.autotune / find_max_batch_size
+    ...     shown.result = autotune(..., progress=shown.tick)
+
+In a notebook (a Jupyter kernel) one HTML display per cell, updated in place: the steps as a bar,
+then the run's line (``core.run_text.result_line``); further runs of the same cell add their line
+to it (the last few shown), so a loop of runs stays one small block. Elsewhere one text line on
+stderr, redrawn in place (``\\r``) only when stderr is a terminal; otherwise (pytest, a log file)
+only the line at the end. A ``progress`` callback given to ``lab.run`` is still called.
+"""
+from __future__ import annotations
+
+import html
+import sys
+import time
+
+from tunekit.core.fmt import fmt_elapsed
+from tunekit.core.notes import kind_of
+from tunekit.core.run_text import autotune_line, result_line
+
+SHOWN_PER_CELL = 4     # a cell's runs listed in its block (the newest), the earlier ones counted
+EVERY_S = 0.1          # at most ten redraws a second, whatever the step time
+BAR = 20               # characters of the text bar
+clock = time.perf_counter   # a search's clock (tests put a fake one here)
+
+
+class RunProgress:
+    """A run's display; ``tick(done, total)`` is the ``progress`` callback the run is given."""
+
+    def __init__(self, steps: int, progress=None):
+        self.steps, self.user, self.result = steps, progress, None
+        self.done, self._drawn, self.t0 = 0, 0.0, time.perf_counter()
+        self.view = _NotebookView() if _in_notebook() else _TextView(sys.stderr)
+
+    def __enter__(self) -> "RunProgress":
+        self.view.draw("lab.run: warm-up and FLOP count (untimed)", None)
+        return self
+
+    def tick(self, done: int, total: int) -> None:
+        if self.user is not None:
+            self.user(done, total)
+        self.done, self.steps = done, total
+        now = time.perf_counter()
+        if done in (0, total) or now - self._drawn >= EVERY_S:
+            self._drawn = now
+            self.view.draw(f"lab.run: step {done}/{total} · {fmt_elapsed(now - self.t0)}", done / max(total, 1))
+
+    def __exit__(self, kind, exc, _tb) -> bool:
+        if exc is None and self.result is not None:
+            self.view.end(result_line(self.result), failed=False)
+        elif exc is not None:
+            failed = getattr(exc, "result", None)  # a NonFiniteRunError carries the recorded run
+            self.view.end(result_line(failed) if failed is not None else
+                          f"lab.run stopped at step {self.done}/{self.steps}: {kind.__name__}", failed=True)
+        return False
+
+
+class SearchProgress:
+    """The display of a search, ``what`` = "find_max_batch_size" or "autotune": the trial going
+    with the time against ``budget_s`` (a bar of it), then one line: the max-batch verdict or the
+    autotune winner. One display per call: the ``lab.run`` calls inside a search are quiet.
+    The engine calls ``trying(micro_batch)`` / ``tried(trial)`` (max batch) or ``tick(elapsed_s,
+    budget_s, text)`` (autotune); a ``progress`` callback the caller gave is still called."""
+
+    def __init__(self, what: str, budget_s: float | None, progress=None):
+        self.what, self.budget_s, self.user, self.result = what, budget_s, progress, None
+        self.trials, self.t0, self._searching = [], clock(), False
+        self.view = _NotebookView() if _in_notebook() else _TextView(sys.stderr)
+
+    def __enter__(self) -> "SearchProgress":
+        self._draw("starting")
+        return self
+
+    def _draw(self, text: str) -> None:   # a trial takes far longer than a redraw: no throttle
+        spent = clock() - self.t0
+        budget = self.budget_s if isinstance(self.budget_s, (int, float)) and self.budget_s > 0 else None
+        spent_text = fmt_elapsed(spent) + ("" if budget is None else f" / budget {budget:g} s")
+        self.view.draw(f"{self.what}: {text} · {spent_text}", None if budget is None else min(spent / budget, 1.0))
+
+    def trying(self, micro_batch: int) -> None:
+        """find_max_batch_size: a trial at ``micro_batch`` starts. The time shown counts from the
+        first trial, as the result's ``elapsed_s`` does (setting up is not the search's budget)."""
+        if not self.trials and not self._searching:
+            self.t0, self._searching = clock(), True
+        fit = sum(t.fits for t in self.trials)
+        oom = sum(not t.fits and kind_of(t.reason) == "trial.oom" for t in self.trials)
+        over = len(self.trials) - fit - oom
+        tally = f"{fit} fit, {oom} OOM" + (f", {over} over budget" if over else "")
+        self._draw(f"trying micro_batch={micro_batch} · {tally}")
+
+    def tried(self, trial) -> None:
+        """find_max_batch_size: a trial ended."""
+        self.trials.append(trial)
+        if self.user is not None:
+            self.user(trial)
+
+    def tick(self, elapsed_s: float, budget_s: float, text: str) -> None:
+        """autotune: a trial starts (``text`` says which stage and candidate)."""
+        if self.user is not None:
+            self.user(elapsed_s, budget_s, text)
+        self._draw(text)
+
+    def __exit__(self, kind, exc, _tb) -> bool:
+        if exc is None and self.result is not None:
+            r = self.result
+            line = autotune_line(r) if self.what == "autotune" else f"{self.what}: {r.verdict}"
+            self.view.end(line, failed=False)
+        elif exc is not None:
+            spent = clock() - self.t0
+            self.view.end(f"{self.what} stopped after {fmt_elapsed(spent)}: {kind.__name__}", failed=True)
+        return False
+
+
+def _in_notebook() -> bool:
+    """A Jupyter kernel (not terminal IPython, not a test's InteractiveShell)."""
+    if "IPython" not in sys.modules:
+        return False
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+def text_bar(fraction: float) -> str:
+    full = round(BAR * min(max(fraction, 0.0), 1.0))
+    return "[" + "#" * full + "." * (BAR - full) + "]"
+
+
+class _TextView:
+    """stderr: redrawn in place on a terminal, the last line only elsewhere."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+
+    def draw(self, text: str, fraction: float | None) -> None:
+        if self.tty:
+            bar = "" if fraction is None else " " + text_bar(fraction)
+            self.stream.write(f"\r{text}{bar}\x1b[K")
+            self.stream.flush()
+
+    def end(self, line: str, failed: bool) -> None:
+        self.stream.write(("\r" if self.tty else "") + line + ("\x1b[K" if self.tty else "") + "\n")
+        self.stream.flush()
+
+
+class _NotebookView:
+    """One display per cell, updated in place: the runs of the cell so far and the one going."""
+
+    _cell: dict = {}   # the current cell's execution count, its display and its lines
+
+    def __init__(self):
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+
+        count = get_ipython().execution_count
+        cell = _NotebookView._cell
+        if cell.get("count") != count:
+            cell.clear()
+            cell.update(count=count, lines=[], handle=display(HTML(""), display_id=True))
+        self.cell, self.html = cell, HTML
+
+    def _show(self, current: str) -> None:
+        lines = self.cell["lines"]
+        earlier = len(lines) - SHOWN_PER_CELL
+        body = (f"<div style='color:#888'>(+{earlier} earlier runs in this cell)</div>" if earlier > 0 else "")
+        body += "".join(lines[-SHOWN_PER_CELL:]) + current
+        self.cell["handle"].update(self.html(f"<div style='font-family:monospace;font-size:12px'>{body}</div>"))
+
+    def draw(self, text: str, fraction: float | None) -> None:
+        bar = "" if fraction is None else f" <progress value='{fraction:.3f}' max='1' style='width:12em'></progress>"
+        self._show(f"<div>{html.escape(text)}{bar}</div>")
+
+    def end(self, line: str, failed: bool) -> None:
+        color = "#b00020" if failed else "#e65100" if "⚠" in line else "#333"   # failed red, busy orange
+        self.cell["lines"].append(f"<div style='color:{color}'>{html.escape(line)}</div>")
+        self._show("")
