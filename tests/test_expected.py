@@ -146,3 +146,12 @@ def test_a_compiled_step_fuses_memory_bound_runs():
     acc = ("add_", "memory", "backward", 0, 200, None, 2, (((5, 100), (6, 100)), ((5, 100),)))
     neg = ("neg", "memory", "backward", 0, 200, None, 2, (((7, 100),), ((8, 100),)))
     assert fused([acc, neg])[0][4] == 100 + 100 + 100 + 100 + 100   # reads 5, 6, 7; writes 5 and 8 (never read)
+
+
+def test_the_a100_variants():
+    from tunekit.core.efficiency import gpu_figures
+
+    # "A100" names the 80 GB card: every figure; the 40 GB card shares its compute, not a measured bandwidth
+    assert not gpu_figures("A100 80GB", "bf16", 312, 2.0, compiled=False).missing()
+    assert gpu_figures("A100 40GB", "bf16", 312, 1.555, compiled=False).missing() == [
+        "the memory bandwidth a streaming kernel reaches"]

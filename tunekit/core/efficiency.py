@@ -18,7 +18,10 @@ MAMF = {
     ("H100 SXM", "fp8"): (1402.6, _MAMF),
     ("H200 SXM", "bf16"): (794.5, _MAMF + " (H200: the H100's)"), ("H200 SXM", "fp16"): (794.5, _MAMF + ", bf16's"),
     ("H200 SXM", "fp8"): (1453.4, _MAMF),
-    ("A100", "bf16"): (271.2, _MAMF), ("A100", "fp16"): (271.2, _MAMF + ", bf16's figure"),
+    ("A100 80GB", "bf16"): (271.2, _MAMF), ("A100 80GB", "fp16"): (271.2, _MAMF + ", bf16's figure"),
+    # the 40 GB card has the same GA100 compute (SMs, clocks) as the 80 GB one the table measured
+    ("A100 40GB", "bf16"): (271.2, _MAMF + " (the 80 GB card's: same GA100 compute)"),
+    ("A100 40GB", "fp16"): (271.2, _MAMF + " (the 80 GB card's bf16)"),
     ("B200", "bf16"): (1745.0, _MAMF), ("B200", "fp16"): (1745.0, _MAMF + ", bf16's figure"),
     ("MI300X", "bf16"): (668.4, _MAMF), ("MI300X", "fp16"): (668.4, _MAMF + ", bf16's figure"),
 }
@@ -27,12 +30,13 @@ MAMF = {
 BANDWIDTH_FRACTION = {
     "H100 SXM": (3.0 / 3.35, "device-to-device copies measured on this workplace's lent H100 (facts.md)"),
     "H200 SXM": (4.3 / 4.8, "device-to-device copies measured on this workplace's lent H200 (facts.md)"),
-    "A100": (1.80 / 2.04, "read kernel at 1.80 of 2.04 TB/s on an A100 80GB, NCU agreeing "
+    "A100 80GB": (1.80 / 2.04, "read kernel at 1.80 of 2.04 TB/s on an A100 80GB, NCU agreeing "
                           "(forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083)"),
 }
 
 # Streaming multiprocessors (the waves a tiled matmul fills): vendor data sheets
-SMS = {"H100 SXM": 132, "H200 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "A100": 108, "B200": 148}
+SMS = {"H100 SXM": 132, "H200 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "A100 80GB": 108, "A100 40GB": 108,
+       "B200": 148}
 TILE = (128, 128)   # a CUTLASS/cuBLAS threadblock tile of a large half-precision GEMM
 WAVE_SOURCE = ("wave quantization over 128 x 128 tiles (NVIDIA Deep Learning Performance Guide, Matrix "
                "Multiplication Background)")
@@ -48,7 +52,8 @@ _FA2 = "FlashAttention-2 README: up to 225 TFLOPS per A100 (72%)"
 _FA2_H100 = "FlashAttention-3 paper: FlashAttention-2 reaches ~35% of an H100"
 _FA3 = "FlashAttention-3 paper: 740 TFLOPS fp16 (75%) on an H100"
 ATTENTION = {
-    ("flash", "A100"): (0.72, _FA2), ("flash", "H100 SXM"): (0.35, _FA2_H100), ("flash", "H200 SXM"): (0.35, _FA2_H100),
+    ("flash", "A100 80GB"): (0.72, _FA2), ("flash", "A100 40GB"): (0.72, _FA2),
+    ("flash", "H100 SXM"): (0.35, _FA2_H100), ("flash", "H200 SXM"): (0.35, _FA2_H100),
     ("fa3", "H100 SXM"): (0.75, _FA3), ("fa3", "H200 SXM"): (0.75, _FA3 + " (H200: the H100's)"),
 }
 
