@@ -22,6 +22,7 @@ KINDS = {
     "flops.mask_unread": "attention masks without values (fake tensors): counted model FLOPs may keep a masked half",
     "rates.none": "why a run reports no TFLOPS/MFU (its time is slowed, or no peak is known)",
     "trace.snapshot": "the allocator snapshot: not written, or older ones pruned",
+    "expected.missing": "a plan's device lacks a figure its expected step needs: the bound stands alone",
     "autotune.unconfirmed": "a candidate measured faster than the winner without winning its race",
     "diff.failed_run": "tunekit.diff: a run that did not finish, its figures n/a",
     "diff.busy": "tunekit.diff: a side measured on a busy machine",

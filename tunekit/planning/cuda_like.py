@@ -20,21 +20,42 @@ from torch.overrides import TorchFunctionMode
 class GpuKernels(TorchFunctionMode):
     """Dropout as CUDA runs it: ``native_dropout`` (a bool mask kept), and SDPA's dropout inside
     the fused kernel (nothing more kept: the step runs with ``dropout_p=0``). ``seen``: whether
-    any dropout ran, so the plan says so only then."""
+    any dropout ran, so the plan says so only then.
+
+    A checkpointed block's recomputation runs inside autograd's backward, where a function mode
+    entered around the step is no longer on the stack: the recomputed dropout would be CPU's (a
+    noise tensor where the forward kept a bool mask) and checkpointing refuses the step ("Recomputed
+    values ... have different metadata"). So ``F.dropout`` and ``F.scaled_dot_product_attention``
+    themselves are swapped while the mode is entered, and the mode catches what bound them earlier."""
 
     def __init__(self):
         super().__init__()
         self.seen = False
+        self._saved = None
+
+    def __enter__(self):
+        self._saved = (F.dropout, F.scaled_dot_product_attention)
+        dropout, sdpa = self._saved
+        F.dropout = lambda *a, **k: self._call(dropout, a, k)
+        F.scaled_dot_product_attention = lambda *a, **k: self._call(sdpa, a, k)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        F.dropout, F.scaled_dot_product_attention = self._saved
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.dropout:
+        return self._call(func, args, kwargs or {})
+
+    def _call(self, func, args, kwargs):
+        dropout, sdpa = self._saved
+        if func is dropout:
             x, p = args[0], kwargs.get("p", args[1] if len(args) > 1 else 0.5)
             training = kwargs.get("training", args[2] if len(args) > 2 else True)
             if training and p > 0:
                 self.seen = True
                 return torch.native_dropout(x, p, True)[0]
-        elif func is F.scaled_dot_product_attention:
+        elif func is sdpa:
             p = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
             if p:
                 self.seen = True

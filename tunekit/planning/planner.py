@@ -24,14 +24,15 @@ from tunekit.measure.device import torch_dtype
 from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
 from tunekit.planning.cuda_like import GpuKernels, quiet_fake_logs
 from tunekit.planning.device import device_figures
+from tunekit.planning.expect import expected_of
 from tunekit.planning.module import ModuleTarget, Stepped
 from tunekit.planning.record import Plan
 from tunekit.planning.shard import INTER_NODE_GBS, INTER_NODE_SOURCE, comm_seconds, rank_peak, shard_count
 from tunekit.planning.step import alternatives, fake_step, search_micro_batch
 from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name
 
-COMPILE_NOT_MODELLED = ("compile=True is not modelled: the memory is an eager step's (a compiled step often saves "
-                        "fewer activations); the bound takes elementwise ops as fused already")
+COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled step often saves fewer activations), "
+                        "and so is the bound's traffic; plan.expected fuses the memory-bound ops")
 
 
 DEFAULT_DEVICE = "H100 SXM"   # plan's device when none is named (a Setting whose device is None is planned for it)
@@ -64,6 +65,10 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
 
     ``setting``: a ``tunekit.Setting`` instead of the step keywords (its ``device``, when set,
     instead of ``device``; ``grad_accum``, ``lr`` and ``compile`` are not planned).
+
+    ``plan.expected`` (core.expected.Expected): what a well-written run of this step reaches on the
+    device, op by op over the same fake step (``.step_s``, ``.tokens_per_s`` per GPU, ``.mfu``,
+    ``.by_op``); None, with a note saying which figure is missing, for a device tunekit lacks one for.
 
     Example: ``tunekit.plan(LlamaConfig(...), "H100 SXM", weights="bf16", micro_batch=1, seq_len=8192)``."""
     given = dict(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
@@ -167,6 +172,9 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
     if dev["name"] != "cpu":
         notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists and what the "
                      "caching allocator reserves beyond its 512-byte blocks are not modelled")
+    expected, enotes = expected_of(step, setting, dev, tokens, models[setting.weights], placed["comm"], layout,
+                                   len(step["units"]))
+    notes += enotes
     compute = step["bound_s"](dev["peak"], dev["bandwidth"])
     bound_by = step["top"](dev["peak"], dev["bandwidth"])
     if dev["name"] != "cpu":   # a GPU's kernels are not the fake step's CPU ops: their categories
@@ -180,7 +188,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
                 bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
                 peak_bytes=placed["peak"], peak_at=placed["peak_at"], phase_peaks=step["phase_peaks"],
                 timeline=_thin(step["timeline"]), parallel=layout, compute_bound_s=compute,
-                comm_s=placed["comm_s"], comm=placed["comm"])
+                comm_s=placed["comm_s"], comm=placed["comm"], expected=expected)
 
 
 def _layout(parallel, world_size, nodes) -> dict | None:

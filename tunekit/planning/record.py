@@ -11,9 +11,9 @@ On a GPU every block is rounded up to 512 bytes as torch's caching allocator doe
 allocator reserves beyond that (fragmentation, segments) is not modelled.
 Under sharding the figures are rank 0's (`planning.shard`).
 
-Speed of light: every op that does FLOPs (matmuls, attention) on the device's roofline, the
-longer of its FLOPs at the dense peak and its bytes (inputs read, outputs written) at the memory
-bandwidth, summed; elementwise ops are taken as free (a compiler can fuse them away). No step on
+Speed of light: every op of the step on the device's roofline, the longer of its FLOPs at the
+dense peak and its bytes (inputs read, outputs written) at the memory bandwidth, summed
+(elementwise ops too: each reads and writes its tensors unless a compiler fuses it). No step on
 one device can take less, so the step time is a lower bound and tokens/s and MFU are upper
 bounds, often loose ones: kernels reach ~80% of the dense peak at best (MAMF). Across ranks the
 collectives take their bytes at the links' bandwidth; with perfect overlap a step takes at least
@@ -69,6 +69,7 @@ class Plan(MemoryAnswer):
     comm: dict = field(default_factory=dict)          # "kind/scope" -> seconds
     method: str = "fake step"           # how it was computed: "fake step", or "analytic" (estimate_memory)
     unit: str = "tokens"                # what `tokens` counts: "tokens", or "samples" (a batch without a sequence)
+    expected: object = None             # core.expected.Expected: what a good run reaches (None: a figure missing)
 
     @property
     def fixed_bytes(self) -> float:
@@ -169,6 +170,12 @@ def to_text(p: Plan) -> str:
                      f"<= {fmt_rate(p.bound_tokens_per_s, f'{p.unit}/s')}{per_gpu}"
                      + (f", MFU <= {fmt_pct(p.bound_mfu)}" if p.bound_mfu == p.bound_mfu else "")
                      + " (upper bounds, not predictions)")
+    e = p.expected
+    if e is not None:
+        rate = fmt_rate(e.tokens_per_s, f"{p.unit}/s")
+        lines.append(f"  expected   step {fmt_ms(e.step_s, us_below_ms=True)}: {rate}"
+                     + (" per GPU" if p.parallel else "") + (f", MFU {fmt_pct(e.mfu)}" if e.mfu == e.mfu else "")
+                     + " (what a well-written run reaches: plan.expected.by_op)")
     if p.comm:
         lines.append(f"  comm       {fmt_ms(p.comm_s, us_below_ms=True)} per step at the links' bandwidth ("
                      + ", ".join(f"{k} {fmt_ms(t, us_below_ms=True)}" for k, t in p.comm.items()) + f"); compute "

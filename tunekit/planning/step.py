@@ -11,7 +11,6 @@ from tunekit.core.formulas import MFU_ANALYTIC
 from tunekit.core.notes import without
 from tunekit.core.search import largest_fitting
 from tunekit.core.setting import HALF
-from tunekit.measure.flops import TunekitFlopCounter
 from tunekit.measure.live import LiveBytes
 from tunekit.measure.memory import autocast_torch, measure_memory
 from tunekit.measure.model_flops import tensors_in
@@ -21,6 +20,7 @@ from tunekit.models.adapters import adapt, fsdp_units, step_loss
 from tunekit.models.optimizers import build_optimizer
 from tunekit.planning.analytic import FakeStepError, fake_failure
 from tunekit.planning.module import ModuleTarget
+from tunekit.planning.ops import RooflineCounter
 from tunekit.planning.record import COMPONENTS
 
 
@@ -48,26 +48,6 @@ def alternatives(setting, step, run, total_of, memory) -> list:
         per_token = alt["executed"] / s.micro_batch / (step["executed"] / setting.micro_batch)
         out.append((label, total, total <= memory, per_token))
     return sorted(out, key=lambda a: a[1])
-
-
-class RooflineCounter(TunekitFlopCounter):
-    """TunekitFlopCounter that also keeps, for each op that does FLOPs (matmuls, attention), its
-    FLOPs (causal attention halved) and the bytes it must move (inputs read, outputs written).
-    Elementwise ops, norms and casts are left out of the bound: a compiler can fuse them into
-    their neighbours, so counting their traffic would make the "bound" a guess about fusion."""
-
-    def __enter__(self):
-        self.ops = []   # (op name, flops, bytes)
-        return super().__enter__()
-
-    def _count_flops(self, func_packet, out, args, kwargs):
-        before = self.get_total_flops()
-        result = super()._count_flops(func_packet, out, args, kwargs)
-        flops = self.get_total_flops() - before
-        if flops:
-            moved = sum(t.nbytes for t in tensors_in((args, kwargs, out), levels=3))
-            self.ops.append((str(func_packet).removeprefix("aten."), flops, moved))
-        return result
 
 
 def batch_of(cfg, kind, micro_batch, seq_len):
@@ -146,7 +126,7 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
 
     def per_op(peak, bw):
         out = {}
-        for name, flops, moved in ops:
+        for name, _kind, _phase, flops, moved, *_ in ops:
             t = max(flops / (peak * 1e12) if peak else 0.0, moved / (bw * 1e12) if bw else 0.0)
             out[name] = out.get(name, 0.0) + t
         return out
@@ -159,7 +139,7 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
             if (peak or bw) else []
 
     return dict(executed=float(count.executed), model=float(model_flops), bound_s=bound_s, top=top,
-                count_notes=count_notes)
+                count_notes=count_notes, ops=ops)
 
 
 def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:

@@ -1,0 +1,231 @@
+"""What a well-written run of a planned step reaches: each op of the plan's fake step at the
+speed its kind reaches on the device (`core.efficiency`), the optimizer's update, and the
+collectives less what overlaps. Pure: op records and figures in, an `Expected` out.
+
+An op record is ``(name, kind, phase, flops, bytes, dims, itemsize[, io])`` as the plan's counter
+keeps it (planning/ops.RooflineCounter): ``kind`` "matmul", "attention", "flops" (another op
+with a FLOP formula) or "memory"; ``dims`` (m, k, n, batch) for a matmul; ``phase`` "forward" or
+"backward"; ``io`` its inputs' and outputs' ((storage, bytes), ...), for a compiled step's fusion.
+
+- matmul: FLOPs at the device's MAMF, less the waves a tiled kernel leaves idle and the
+  tensor-core loss of a dimension that is not a multiple of 8, or its bytes at the streaming
+  bandwidth when that takes longer;
+- attention: FLOPs at the fused kernel's published share of the peak for the backend;
+- every other op: its bytes (inputs read, outputs written) at the streaming bandwidth;
+- a compiled step (``fuse``): each run of memory-bound ops between two matmuls is one kernel that
+  reads what the run did not make and writes what is read after it (or by nobody: a gradient);
+- each kernel at least the host's time to launch it (a GPU: the longer of the two, the host
+  runs ahead; a CPU: the two add up, the host is the device);
+- the optimizer: its update reads and writes each parameter, gradient and state once;
+- collectives: at the links' bandwidth, hidden behind the compute they overlap with (DDP's
+  buckets behind backward, FSDP's prefetched gathers behind forward and backward) but the last
+  bucket's or first unit's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .efficiency import ALIGN, MISALIGNED, TRANSCENDENTAL, WAVE_SOURCE, Figures, wave_efficiency
+
+NaN = math.nan
+
+
+@dataclass
+class Expected:
+    """A planned step's expected time and rates: what a good run of this shape reaches here.
+
+    Example: ``p = tunekit.plan(cfg, "H100 SXM"); p.expected.tokens_per_s, p.expected.by_op``."""
+
+    step_s: float
+    tokens_per_s: float                 # per GPU (rank)
+    mfu: float
+    rows: list = field(default_factory=list)   # (op, category, calls, seconds, bound, source)
+    notes: list = field(default_factory=list)
+    comm_exposed_s: float = 0.0
+
+    @property
+    def by_op(self):
+        """A DataFrame: op (or category), category, calls, expected_s, share of the step, what bounds it
+        (compute / memory / launch / communication) and the source of its constant."""
+        import pandas as pd
+
+        df = pd.DataFrame(self.rows, columns=["op", "category", "calls", "expected_s", "bound", "source"])
+        df["share"] = df.expected_s / self.step_s if self.step_s > 0 else NaN
+        return df.sort_values("expected_s", ascending=False, ignore_index=True)[
+            ["op", "category", "calls", "expected_s", "share", "bound", "source"]]
+
+    def __repr__(self) -> str:
+        from .fmt import fmt_ms, fmt_pct, fmt_rate
+
+        top = sorted(self.rows, key=lambda r: -r[3])[:4]
+        rate = fmt_rate(self.tokens_per_s, "tokens/s")
+        return (f"expected step {fmt_ms(self.step_s, us_below_ms=True)}, {rate} per GPU, "
+                f"MFU {fmt_pct(self.mfu)}; most: " + ", ".join(f"{r[0]} {fmt_ms(r[3], us_below_ms=True)}" for r in top))
+
+
+def matmul_tflops(fig: Figures, dims, itemsize: int) -> tuple[float, str]:
+    """(TFLOPS one matmul of these dims reaches, where the figure comes from)."""
+    m, k, n, batch = dims
+    if fig.mamf_sweep:   # a calibrated device: the sweep's figure at the nearest size not above the shape's
+        size = (m * k * n) ** (1 / 3)
+        below = [t for s, t in fig.mamf_sweep if s <= size]
+        return (below[-1] if below else fig.mamf_sweep[0][1]), fig.mamf_source
+    tflops, src = fig.mamf_tflops * wave_efficiency(m, n, batch, fig.sms), fig.mamf_source
+    if fig.sms:
+        src += "; " + WAVE_SOURCE
+    if itemsize <= 2 and any(d % ALIGN for d in (m, k, n)):
+        tflops *= MISALIGNED[0]
+        src += "; " + MISALIGNED[1]
+    return tflops, src
+
+
+def op_seconds(fig: Figures, rec, backend: str | None) -> tuple[float, str, str]:
+    """(seconds, bound, source) of one op record on the device, its launch aside."""
+    name, kind, _phase, flops, moved, dims, itemsize = rec[:7]
+    mem_s = moved / (fig.tbs_at(moved) * 1e12)
+    if kind == "matmul" and dims:
+        tflops, src = matmul_tflops(fig, dims, itemsize)
+    elif kind == "attention" and fig.attention and backend in fig.attention:
+        share, src = fig.attention[backend]
+        tflops = share * fig.peak_tflops
+    elif kind in ("matmul", "flops", "attention") and fig.mamf_tflops:
+        tflops, src = fig.mamf_tflops, fig.mamf_source + (" (no figure for this attention backend: a matmul's)"
+                                                          if kind == "attention" else "")
+    else:
+        if fig.transcendental_rate and name in TRANSCENDENTAL and len(rec) > 7:
+            elements = sum(b for _, b in rec[7][1]) / max(itemsize, 1)
+            compute_s = elements / fig.transcendental_rate
+            if compute_s > mem_s:
+                return compute_s, "compute", "this CPU's GELU rate, measured (transcendental ops)"
+        return mem_s, "memory", fig.bandwidth_source
+    flop_s = flops / (tflops * 1e12)
+    return (flop_s, "compute", src) if flop_s >= mem_s else (mem_s, "memory", fig.bandwidth_source)
+
+
+def optimizer_bytes(params: float, param_bytes: int, grad_bytes: int, state_bytes: float) -> float:
+    """Bytes an elementwise optimizer update moves: parameters and state read and written, gradients read."""
+    return params * (2 * param_bytes + grad_bytes) + 2 * state_bytes
+
+
+def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str | None, params: float,
+           param_bytes: int, grad_bytes: int, state_bytes: float, optimizer_kernels: int, comm: dict | None = None,
+           parallel: str | None = None, units: int = 1, fuse: bool = False) -> Expected | None:
+    """The expected step; None when the figures the ops need are missing (`Figures.missing`).
+    ``fuse``: a compiled step, its memory-bound ops fused (`fused`)."""
+    if fig.missing():
+        return None
+    if fuse:
+        ops = fused(ops)
+    table: dict = {}
+    phase_s = {"forward": 0.0, "backward": 0.0}
+    for rec in ops:
+        work, bound, src = op_seconds(fig, rec, backend)
+        t = work + fig.launch_s if fig.host_bound else max(work, fig.launch_s)
+        if not fig.host_bound and fig.launch_s > work:
+            bound, src = "launch", fig.launch_source
+        phase_s[rec[2]] = phase_s.get(rec[2], 0.0) + t
+        key = (rec[0], _category(rec[1]))
+        calls, secs, by_bound = table.get(key, (0, 0.0, {}))
+        t_b, _ = by_bound.get(bound, (0.0, src))
+        by_bound[bound] = (t_b + t, src)
+        table[key] = (calls + 1, secs + t, by_bound)
+    rows = []
+    for (op, cat), (calls, secs, by_bound) in table.items():
+        bound = max(by_bound, key=lambda b: by_bound[b][0])   # what bounds most of its time, and its source
+        rows.append((op, cat, calls, secs, bound, by_bound[bound][1]))
+    moved = optimizer_bytes(params, param_bytes, grad_bytes, state_bytes)
+    opt_s = moved / (fig.tbs_at(moved) * 1e12)
+    launches = optimizer_kernels * fig.launch_s
+    opt_s = opt_s + launches if fig.host_bound else max(opt_s, launches)
+    rows.append(("optimizer step", "optimizer", optimizer_kernels, opt_s, "memory", fig.bandwidth_source))
+    exposed, notes = _exposed(comm or {}, phase_s, parallel, units)
+    if exposed:
+        rows.append(("collectives (exposed)", "communication", sum(1 for _ in comm), exposed, "communication",
+                     "the links' bandwidth (spec table), less what overlaps with compute"))
+    step = sum(r[3] for r in rows)
+    tps = tokens / step if step > 0 else NaN
+    mfu = model_flops / step / 1e12 / fig.peak_tflops if (step > 0 and fig.peak_tflops) else NaN
+    return Expected(step_s=step, tokens_per_s=tps, mfu=mfu, rows=rows, notes=notes, comm_exposed_s=exposed)
+
+
+FUSED = "fused elementwise/reductions"
+
+
+def fused(ops) -> list:
+    """The op records of a compiled step: each run of memory-bound ops (same phase, no matmul or
+    attention between) becomes one record that reads the bytes of the storages the run did not
+    make and writes those of its outputs read after the run, or never read in the step (a
+    gradient, the loss). Records without ``io`` are kept as they are."""
+    last_read: dict = {}
+    for i, rec in enumerate(ops):
+        if len(rec) > 7:
+            for sid, _ in rec[7][0]:
+                last_read[sid] = i
+    out, run = [], []
+
+    def close():
+        if not run:
+            return
+        if len(run) == 1:
+            out.append(ops[run[0]])
+        else:
+            made, reads, writes, seen = set(), 0, 0, set()
+            for i in run:
+                ins, outs = ops[i][7]
+                for sid, nbytes in ins:
+                    if sid not in made and sid not in seen:
+                        seen.add(sid)
+                        reads += nbytes
+                for sid, _ in outs:
+                    made.add(sid)
+            written = set()
+            for i in run:
+                in_place = ops[i][0].endswith("_")   # writes into a storage that outlives the run (a gradient)
+                for sid, nbytes in ops[i][7][1]:
+                    needed = in_place or sid not in last_read or last_read[sid] > run[-1]
+                    if needed and sid not in written:
+                        written.add(sid)
+                        writes += nbytes
+            first = ops[run[0]]
+            out.append((FUSED, "memory", first[2], 0, reads + writes, None, first[6]))
+        run.clear()
+
+    for i, rec in enumerate(ops):
+        if rec[1] == "memory" and len(rec) > 7 and (not run or ops[run[0]][2] == rec[2]):
+            run.append(i)
+            continue
+        close()
+        if rec[1] == "memory" and len(rec) > 7:
+            run.append(i)
+        else:
+            out.append(rec)
+    close()
+    return out
+
+
+def _category(kind: str) -> str:
+    return {"matmul": "matmul", "attention": "attention", "flops": "compute"}.get(kind, "memory-bound")
+
+
+def _exposed(comm: dict, phase_s: dict, parallel: str | None, units: int) -> tuple[float, list]:
+    """Seconds of the collectives not hidden behind compute: DDP all-reduces bucket by bucket during
+    backward (the last bucket after it), FSDP's gathers prefetched during forward and backward and
+    its reduce-scatters during backward (the first gather before any compute)."""
+    total = sum(v for v in comm.values() if v == v)
+    if not total or parallel is None:
+        return 0.0, []
+    if parallel == "ddp":
+        hidden_by, first = phase_s.get("backward", 0.0), total / max(units, 1)
+    else:
+        hidden_by, first = phase_s.get("forward", 0.0) + phase_s.get("backward", 0.0), total / max(2 * units, 1)
+    exposed = max(0.0, total - hidden_by) + min(first, total)
+    return exposed, ["collectives overlap with compute at full speed on both (the SMs NCCL takes are not modelled)"]
+
+
+def agreement(expected_s: float, measured_s: float, verdict: str, tolerance: float = 0.2) -> str:
+    """How a measured step stands against its expectation: "within" ``tolerance`` of it, "off", or
+    "uncertain" when the machine was not quiet while either was measured (load only slows a run)."""
+    if verdict != "quiet" or not (expected_s > 0 and measured_s > 0):
+        return "uncertain"
+    return "within" if abs(expected_s / measured_s - 1) <= tolerance else "off"

@@ -1,0 +1,206 @@
+"""This machine's memory bandwidth by working-set size, its time per op and its small matmuls'
+TFLOPS, measured: what a CPU plan's expectation (core.expected) takes for memory-bound ops, each
+op's dispatch and the matmuls below the calibrated MAMF sweep's sizes (measure.peaks), whose
+figures it takes for the larger ones. Measurement layer.
+
+A copy of n bytes reads n and writes n: its bandwidth is 2n over the best of a few tries (load
+only ever slows a try). The sizes run from cache-resident to beyond the last-level cache, since
+a small model's activations stay in cache. The sweep runs inside a `ConditionsMeter`; a busy
+sweep is kept but not trusted: the next process to ask measures again, once, and the faster
+stays. Cached as JSON beside the MAMF cache (core.paths.cache_dir), per machine, torch and threads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+from tunekit.core import paths
+from tunekit.core.conditions import Conditions
+from tunekit.measure.conditions import ConditionsMeter
+
+SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
+MATMUL_SIZES = (64, 128, 256)   # below the MAMF sweep's 512: a small model's matmuls
+CHAIN = 50
+VERSION = 3   # of what a sweep measures: an entry of another version is measured again
+_remeasured: set = set()
+
+
+@dataclass
+class Stream:
+    """A bandwidth sweep ((bytes, TB/s), ...), the seconds one small op takes, and how it was taken."""
+
+    device: str
+    sweep: list
+    op_s: float
+    matmuls: dict      # dtype -> [(n, TFLOPS of an n x n x n matmul, its layouts' mean time)]
+    attention: dict    # dtype -> TFLOPS of causal SDPA forward + backward (7 b h s^2 d FLOPs)
+    gelu: dict         # dtype -> elements per second of GELU (tanh) forward + backward, per pass
+    torch_version: str
+    threads: int
+    taken_at: float
+    conditions: Conditions | None = None
+
+    @property
+    def verdict(self) -> str:
+        return self.conditions.verdict if self.conditions is not None else "unknown"
+
+    def tbs_at(self, nbytes: float) -> float:
+        """The bandwidth of the largest swept size not above ``nbytes`` (the smallest below it)."""
+        below = [t for s, t in self.sweep if s <= nbytes]
+        return below[-1] if below else self.sweep[0][1]
+
+
+def _path():
+    return paths.cache_dir() / "stream.json"
+
+
+def _key(name: str) -> str:
+    import torch
+
+    return f"{name}|torch {torch.__version__}|{torch.get_num_threads()} threads|v{VERSION}"
+
+
+def _load() -> dict:
+    try:
+        with open(_path()) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _from(entry: dict) -> Stream:
+    cond = Conditions.from_dict(entry.get("conditions")) if entry.get("conditions") else None
+    return Stream(**{**entry, "sweep": [tuple(x) for x in entry["sweep"]], "conditions": cond,
+                     "matmuls": {k: [tuple(x) for x in v] for k, v in entry["matmuls"].items()},
+                     "attention": dict(entry["attention"]), "gelu": dict(entry["gelu"])})
+
+
+def measure_stream(force: bool = False) -> Stream:
+    """This CPU's bandwidth sweep and time per op, from the cache unless ``force`` or the cached one was busy
+    (then measured once more in this process, the faster kept)."""
+    import torch
+
+    from tunekit.measure.peaks import device_name
+
+    name = device_name("cpu")
+    key = _key(name)
+    cache = _load()
+    try:
+        old = _from(cache[key]) if key in cache else None
+    except (KeyError, TypeError, ValueError):   # an entry of another tunekit's making: measured again
+        old = None
+    if old is not None and not force and (old.verdict == "quiet" or key in _remeasured):
+        return old
+    meter = ConditionsMeter().start()
+    t0 = time.perf_counter()
+    sweep = []
+    for n in SIZES:
+        src, dst = torch.ones(n // 4), torch.empty(n // 4)
+        reps = max(3, min(200, 2**26 // n))
+        best = float("inf")
+        for _ in range(5):
+            s = time.perf_counter()
+            for _ in range(reps):
+                dst.copy_(src)
+            best = min(best, (time.perf_counter() - s) / reps)
+        sweep.append((n, 2 * n / best / 1e12))
+    # a training step's op is recorded by autograd and run again as a backward formula: time a
+    # chain of CHAIN one-element multiplies forward and back (2 x CHAIN + 1 ops)
+    x = torch.ones(1, requires_grad=True)
+
+    def chain():
+        y = x
+        for _ in range(CHAIN):
+            y = y * 1.0001
+        y.backward()
+
+    chain()
+    best_op = float("inf")
+    for _ in range(20):
+        s = time.perf_counter()
+        chain()
+        best_op = min(best_op, (time.perf_counter() - s) / (2 * CHAIN + 1))
+    matmuls = {d: [(n, _matmul_tflops(n, dt)) for n in MATMUL_SIZES]
+               for d, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    new = Stream(device=name, sweep=sweep, op_s=best_op, matmuls=matmuls,
+                 attention={d: _attention_tflops(dt) for d, dt in kinds},
+                 gelu={d: _gelu_rate(dt) for d, dt in kinds}, torch_version=torch.__version__,
+                 threads=torch.get_num_threads(), taken_at=time.time(),
+                 conditions=meter.stop(time.perf_counter() - t0))
+    _remeasured.add(key)
+    if old is not None and new.verdict == "busy" and old.sweep[-1][1] > new.sweep[-1][1]:
+        return old   # load only ever slows a sweep: a busy one never replaces a faster one
+    cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
+    _save(cache)
+    return new
+
+
+def _matmul_tflops(n: int, dtype) -> float:
+    """An n-cube matmul's TFLOPS over the three layouts a training step runs (forward A @ W.T,
+    backward G @ W and G.T @ A), each its best of five tries: the time of one of each, averaged."""
+    import torch
+
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    total = 0.0
+    for x, y in ((a, b.t()), (a, b), (a.t(), b)):
+        reps = max(3, 2**24 // n**3)
+        best = float("inf")
+        for _ in range(5):
+            s = time.perf_counter()
+            for _ in range(reps):
+                torch.mm(x, y)
+            best = min(best, (time.perf_counter() - s) / reps)
+        total += best
+    return 2 * n**3 * 3 / total / 1e12
+
+
+def _best_s(fn, tries: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(tries):
+        s = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - s)
+    return best
+
+
+def _attention_tflops(dtype, b=8, h=4, s=128, d=32) -> float:
+    """Causal SDPA forward and backward at a small model's shape: tunekit's count of its FLOPs
+    (forward 4 b h s^2 d, backward 10, causal halved: 7 b h s^2 d) over the best time."""
+    import torch
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(b, h, s, d, dtype=dtype, requires_grad=True) for _ in range(3))
+
+    def run():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    return 7 * b * h * s * s * d / _best_s(run) / 1e12
+
+
+def _gelu_rate(dtype, n=2**20) -> float:
+    """Elements per second of one GELU pass (tanh; forward and backward timed together, halved):
+    transcendental, so compute-bound on a CPU where a copy's bandwidth would call it free."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(n, dtype=dtype, requires_grad=True)
+
+    def run():
+        F.gelu(x, approximate="tanh").sum().backward()
+
+    return 2 * n / _best_s(run)
+
+
+def _save(data: dict) -> None:
+    folder = paths.cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, _path())

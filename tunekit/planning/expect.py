@@ -1,0 +1,72 @@
+"""A plan's expectation: the device's figures (the spec table's and `core.efficiency`'s for a GPU,
+this machine's measured MAMF sweep, copy bandwidth and time per op for the CPU) put to the op
+records of the plan's one counting pass (core.expected). Engine layer."""
+from __future__ import annotations
+
+from tunekit.core import registry
+from tunekit.core.efficiency import DDP_BUCKET_BYTES, FOREACH_TENSORS, OPTIMIZER_OPS, Figures, gpu_figures
+from tunekit.core.expected import expect
+from tunekit.core.notes import Note
+
+
+def cpu_figures(peak: float | None, compute: str) -> Figures:
+    """This CPU's figures: its calibrated MAMF sweep for the matmuls' dtype, its copy bandwidth by
+    size and its time per small op (measure.stream), each measured once and cached."""
+    from tunekit.measure.peaks import calibrate
+    from tunekit.measure.stream import measure_stream
+
+    dtype = compute if compute in ("fp32", "bf16") else "fp32"
+    cal = calibrate(dtype, "cpu")
+    stream = measure_stream()
+    best = dict(stream.matmuls.get(dtype, []))   # the small sizes: the three layouts a step runs
+    for m, _, _, t in cal.sweep:
+        best[m] = max(best.get(m, 0.0), t)
+    return Figures(name="cpu", peak_tflops=peak, mamf_tflops=cal.tflops,
+                   mamf_source=f"this CPU's calibrated {dtype} MAMF sweep ({cal.verdict})", bandwidth_tbs=None,
+                   bandwidth_source=f"this CPU's copy bandwidth by size, measured ({stream.verdict})",
+                   launch_s=stream.op_s, launch_source=f"this CPU's time per small op, measured ({stream.verdict})",
+                   host_bound=True, mamf_sweep=tuple(sorted(best.items())), bandwidth_sweep=tuple(stream.sweep),
+                   transcendental_rate=stream.gelu.get(dtype),
+                   attention={"cpu": (stream.attention[dtype] / peak if peak else 0.0,
+                                      f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")})
+
+
+def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, layout: dict | None, units: int):
+    """(the Expected, or None, and the notes: what is missing or not modelled)."""
+    compute = setting.compute
+    if dev["name"] == "cpu":
+        fig = cpu_figures(dev["peak"], compute)
+    else:
+        fig = gpu_figures(dev["name"], compute, dev["peak"], dev["bandwidth"], bool(setting.compile))
+    missing = fig.missing()
+    if missing:
+        return None, [Note("expected.missing", f"no expected step on {fig.name} ({compute}): tunekit has no figure "
+                                               f"for {' nor '.join(missing)}; the bound stands alone")]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    params = sum(p.numel() for p in trained)
+    param_bytes = trained[0].element_size() if trained else 4
+    grad_bytes = registry.dtype(setting.grads).bytes
+    opt = registry.optimizer(setting.optimizer)
+    shard = layout["shard"] if layout else 1
+    state = params * opt.state_bytes_per_param(param_bytes)
+    per_tensor = OPTIMIZER_OPS.get(opt.name, OPTIMIZER_OPS["adamw"])
+    # the CPU runs the single-tensor update; CUDA's foreach/fused launches take 36 tensors each
+    kernels = per_tensor * (len(trained) if fig.host_bound else -(-len(trained) // FOREACH_TENSORS))
+    ops = step["ops"]
+    backend = None
+    if any(r[1] == "attention" for r in ops):
+        backend = "cpu" if fig.host_bound else "flash" if compute in ("bf16", "fp16") else "efficient"
+    kind = layout["kind"] if layout else None
+    buckets = int(params * grad_bytes // DDP_BUCKET_BYTES[0]) + 1
+    out = expect(ops, fig, tokens=tokens, model_flops=step["model"], backend=backend, params=params / shard,
+                 param_bytes=param_bytes, grad_bytes=grad_bytes, state_bytes=state / shard,
+                 optimizer_kernels=kernels, comm=comm, parallel=kind, units=buckets if kind == "ddp" else units,
+                 fuse=bool(setting.compile))
+    notes = list(out.notes)
+    if backend and not fig.host_bound and backend not in (fig.attention or {}):
+        notes.append(f"no published {backend} attention figure for {fig.name}: attention expected at its MAMF")
+    if setting.compile:
+        notes.append("compile=True: each run of memory-bound ops between matmuls expected as one fused kernel "
+                     "(what it reads from outside, what is read after it), at the compiled launch cost")
+    out.notes = notes
+    return out, []

@@ -1,0 +1,83 @@
+"""The plan's op-by-op count over its fake step: every op that launches a kernel, with its FLOPs,
+the bytes it reads and writes and, for a matmul, its shape. One counting pass feeds the roofline
+bound and the expectation (core.expected). Engine layer."""
+from __future__ import annotations
+
+import torch
+
+from tunekit.measure.flops import TunekitFlopCounter
+from tunekit.measure.model_flops import tensors_in
+from tunekit.measure.torch_private import in_autograd_backward, storage_id
+
+# ops that make no kernel: views, metadata, and what a fake step does for its own bookkeeping
+_FREE = {"detach", "alias", "lift_fresh", "_to_copy_meta", "sym_size", "sym_stride", "sym_numel", "empty",
+         "empty_like", "empty_strided", "_local_scalar_dense", "is_same_size", "set_", "resize_"}
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "linear", "matmul"}
+_view_memo: dict = {}
+
+
+def is_view(packet) -> bool:
+    """Whether every overload of this op returns a view of an input (no data moved)."""
+    if packet not in _view_memo:
+        try:
+            overloads = [getattr(packet, o) for o in packet.overloads()]
+            _view_memo[packet] = bool(overloads) and all(getattr(o, "is_view", False) for o in overloads)
+        except Exception:   # an op without a schema: counted
+            _view_memo[packet] = False
+    return _view_memo[packet]
+
+
+def kind_of(name: str, flops: int) -> str:
+    if name in _MATMULS:
+        return "matmul"
+    if "attention" in name or "scaled_dot_product" in name:
+        return "attention"
+    return "flops" if flops else "memory"
+
+
+def matmul_dims(name: str, args) -> tuple | None:
+    """(m, k, n, batch) of a matmul's operands."""
+    a, b = (args[1], args[2]) if name in ("addmm", "baddbmm", "_addmm_activation") else (args[0], args[1])
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() < 2 or b.dim() < 2:
+        return None
+    batch = a.shape[0] if a.dim() == 3 else 1
+    return int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1]), int(batch)
+
+
+def _aliases(ins, outs) -> bool:
+    held = {storage_id(t) for t in ins}
+    return all(storage_id(t) in held for t in outs)
+
+
+class RooflineCounter(TunekitFlopCounter):
+    """TunekitFlopCounter that also keeps each op that launches a kernel as an op record
+    (core.expected): name, kind, phase, FLOPs (causal attention halved), the bytes of its inputs
+    read and outputs written, a matmul's dims, the itemsize of its first tensor and its inputs'
+    and outputs' (storage, bytes), which tell a compiled step's fusion what stays on chip. Views and
+    metadata ops make no kernel and are left out."""
+
+    def __enter__(self):
+        self.ops = []
+        return super().__enter__()
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        before = self.get_total_flops()
+        result = super()._count_flops(func_packet, out, args, kwargs)
+        flops = self.get_total_flops() - before
+        name = str(func_packet)
+        if not name.startswith("aten.") or name[5:] in _FREE or (not flops and is_view(func_packet)):
+            return result   # prims and metadata make no kernel
+        name = name[5:]
+        ins, outs = list(tensors_in((args, kwargs), levels=3)), list(tensors_in(out, levels=2))
+        if not outs:
+            return result
+        if not flops and not name.endswith("_") and _aliases(ins, outs):
+            return result   # a view by its result (_unsafe_view, split): no data moved
+        tensors = ins + outs
+        moved = sum(t.nbytes for t in tensors)
+        kind = kind_of(name, flops)
+        dims = matmul_dims(name, args) if kind == "matmul" else None
+        phase = "backward" if in_autograd_backward() else "forward"
+        io = (tuple((storage_id(t), t.nbytes) for t in ins), tuple((storage_id(t), t.nbytes) for t in outs))
+        self.ops.append((name, kind, phase, flops, moved, dims, tensors[0].element_size(), io))
+        return result
