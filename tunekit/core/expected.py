@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .efficiency import ALIGN, MISALIGNED, TRANSCENDENTAL, WAVE_SOURCE, Figures, wave_efficiency
+from tunekit.core.efficiency import ALIGN, MISALIGNED, TRANSCENDENTAL, WAVE_SOURCE, Figures, wave_efficiency
 
 NaN = math.nan
 
@@ -56,7 +56,7 @@ class Expected:
             ["op", "category", "calls", "expected_s", "share", "bound", "source"]]
 
     def __repr__(self) -> str:
-        from .fmt import fmt_ms, fmt_pct, fmt_rate
+        from tunekit.core.fmt import fmt_ms, fmt_pct, fmt_rate
 
         top = sorted(self.rows, key=lambda r: -r[3])[:4]
         rate = fmt_rate(self.tokens_per_s, "tokens/s")

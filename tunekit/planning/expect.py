@@ -1,6 +1,6 @@
 """A plan's expectation: the device's figures (the spec table's and `core.efficiency`'s for a GPU,
 this machine's measured MAMF sweep, copy bandwidth and time per op for the CPU) put to the op
-records of the plan's one counting pass (core.expected). Engine layer."""
+records of the plan's one counting pass (core.expected)."""
 from __future__ import annotations
 
 from tunekit.core import registry

@@ -1,6 +1,6 @@
 """The plan's op-by-op count over its fake step: every op that launches a kernel, with its FLOPs,
 the bytes it reads and writes and, for a matmul, its shape. One counting pass feeds the roofline
-bound and the expectation (core.expected). Engine layer."""
+bound and the expectation (core.expected)."""
 from __future__ import annotations
 
 import torch
