@@ -58,6 +58,7 @@ _EXPORTS = {
     "MemoryAnswer": ("core.memory.answer", "MemoryAnswer"),
     "advise": ("core.advisor", "advise"),
     "diff": ("core.diff", "diff"),
+    "explain": ("core.explain", "explain"),
     "plan": ("planning.planner", "plan"),
     "Plan": ("planning.record", "Plan"),
     "Setting": ("core.setting", "Setting"),

@@ -195,6 +195,16 @@ class Breakdown:
         return asdict(self)
 
 
+def as_breakdown(t) -> "Breakdown | None":
+    """A trace as a `Breakdown`: itself, or rebuilt from its dict (a run read back from a log)."""
+    if t is None or isinstance(t, Breakdown):
+        return t
+    if isinstance(t, dict) and {"device", "wall_s", "seconds"} <= set(t):
+        known = {k: t[k] for k in ("device", "wall_s", "seconds", "top_ops", "untraced_s", "overhead") if k in t}
+        return Breakdown(**known)
+    return None
+
+
 def profiler_overhead(traced_s: float, untraced_s: float) -> float:
     """traced / untraced - 1; NaN when either is unknown or the traced run was the faster (a
     profiler only adds work: a faster traced run is noise, never a negative overhead)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tunekit.core.breakdown import TOP_OPS, UNTRACED, Breakdown
+from tunekit.core.breakdown import TOP_OPS, UNTRACED, Breakdown, as_breakdown
 from tunekit.core.fmt import FORMATS, fmt_bytes, fmt_count, fmt_ms, fmt_pct, fmt_tflops, formatted
 from tunekit.core.notes import Note
 from tunekit.core.records import ProfileRecord
@@ -142,15 +142,6 @@ class Diff:
         return fig
 
 
-def _trace(t) -> Breakdown | None:
-    if t is None or isinstance(t, Breakdown):
-        return t
-    if isinstance(t, dict):     # a run read back from its log
-        known = {k: t[k] for k in ("device", "wall_s", "seconds", "top_ops", "untraced_s") if k in t}
-        return Breakdown(**known) if {"device", "wall_s", "seconds"} <= set(known) else None
-    return None
-
-
 def _side(x):
     if isinstance(x, dict):
         return RunResult.from_dict(x)
@@ -200,7 +191,7 @@ def diff(a, b) -> Diff:
     if busy:
         notes.append(Note("diff.busy", f"{' and '.join(busy)} ran on a busy machine: a change in time may be "
                                        "the machine, not the setting"))
-    added, removed = _traces(_trace(a.trace), _trace(b.trace), rows, notes)
+    added, removed = _traces(as_breakdown(a.trace), as_breakdown(b.trace), rows, notes)
     return Diff(names[0], names[1], kind, changed, rows, added, removed, notes)
 
 

@@ -24,6 +24,8 @@ KINDS = {
     "trace.snapshot": "the allocator snapshot: not written, or older ones pruned",
     "expected.missing": "a plan's device lacks a figure its expected step needs: the bound stands alone",
     "autotune.unconfirmed": "a candidate measured faster than the winner without winning its race",
+    "explain.busy": "tunekit.explain: the traced run was measured on a busy machine",
+    "explain.profiler": "tunekit.explain: the profiler's own overhead is part of the gaps",
     "diff.failed_run": "tunekit.diff: a run that did not finish, its figures n/a",
     "diff.busy": "tunekit.diff: a side measured on a busy machine",
     "diff.one_trace": "tunekit.diff: one side traced, the other not",

@@ -332,6 +332,14 @@ class Lab(LabResults):
         Example: ``p = lab.plan("H100 SXM", precision="bf16", micro_batch=32); p.fits, p.bound_tokens_per_s``."""
         return lab_plan(self, device, overrides)
 
+    def explain(self, run=None):
+        """The last traced run (or ``run``, a RunResult or run id) against the expected step of its
+        setting on its device (``lab.plan``), group of ops by group: ``tunekit.core.explain``.
+
+        Example: ``lab.run(trace=True); print(lab.explain().summary)``."""
+        from tunekit.lab.explain import lab_explain
+        return lab_explain(self, run)
+
     def reset_optimizer(self) -> None:
         """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one.
         Example: ``lab.reset_optimizer(); lab.run(steps=20)`` starts from empty optimizer state."""

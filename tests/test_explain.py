@@ -1,0 +1,98 @@
+"""tunekit.explain: a traced step against its expectation, from records built by hand (exact
+numbers) and from a real Lab run (only what holds on a busy machine is asserted)."""
+import math
+
+import pytest
+
+import tunekit
+from tunekit.core.breakdown import ATTENTION, ELEMENTWISE, MATMUL, OPTIMIZER, Breakdown
+from tunekit.core.conditions import Conditions
+from tunekit.core.expected import Expected
+from tunekit.core.explain import explain_trace
+from tunekit.core.toggles import Toggles
+
+
+def _trace(ops, wall_s, untraced_s=0.0):
+    return Breakdown(device="cpu", wall_s=wall_s, seconds={}, untraced_s=untraced_s,
+                     top_ops=[{"op": o, "category": c, "self_s": s, "calls": n} for o, c, s, n in ops])
+
+
+# 10 ms measured: 4 ms of mm, a math attention's 1 ms of bmm and 2 ms of softmax (in an attention
+# module, so the trace files them under attention), 1 ms of mul, 1 ms in the optimizer's scope, 1 ms
+# between ops. The expectation: mm 3 ms, bmm 0.4 ms, softmax 0.2 ms, mul 0.5 ms, optimizer 0.9 ms
+TRACE = _trace([("aten::mm", MATMUL, 0.004, 12), ("aten::bmm", ATTENTION, 0.001, 4),
+                ("aten::_softmax", ATTENTION, 0.002, 2), ("aten::mul", ELEMENTWISE, 0.001, 30),
+                ("aten::mul_", OPTIMIZER, 0.0006, 14), ("Optimizer.step#AdamW.step", OPTIMIZER, 0.0004, 1),
+                ("nn.Module: Block", "other", 0.0, 2)], wall_s=0.010, untraced_s=0.001)
+EXPECTED = Expected(step_s=0.005, tokens_per_s=0.0, mfu=0.0, rows=[
+    ("mm", "matmul", 12, 0.003, "compute", "MAMF"), ("bmm", "matmul", 4, 0.0004, "compute", "MAMF"),
+    ("_softmax", "memory-bound", 2, 0.0002, "memory", "copy bandwidth"),
+    ("mul", "memory-bound", 30, 0.0005, "memory", "copy bandwidth"),
+    ("optimizer step", "optimizer", 14, 0.0009, "memory", "copy bandwidth")])
+
+
+def test_both_sides_are_grouped_alike_and_the_gaps_are_said_largest_first():
+    e = explain_trace(TRACE, EXPECTED, setting=Toggles(attention="math"), label="run #3 (math)")
+    t = e.table.set_index("group")
+    # grouped by op name on both sides: bmm is a matmul, softmax elementwise, wherever they ran
+    assert t.loc["matmul"].tolist() == pytest.approx([0.005, 0.0034, 0.68, 0.5])            # 4+1 ms, 3+0.4 ms
+    assert t.loc["elementwise, norms, copies"].tolist() == pytest.approx([0.003, 0.0007, 0.7 / 3, 0.3])
+    assert t.loc["optimizer"].tolist() == pytest.approx([0.001, 0.0009, 0.9, 0.1])
+    assert t.loc["no op running", "measured_s"] == pytest.approx(0.001)     # 1 ms between ops, 0 expected
+    assert "attention" not in t.index                                      # no fused attention kernel ran
+    assert e.efficiency == pytest.approx(0.5)                              # 5 ms expected of 10 measured
+    # gaps over 5% of the step (0.5 ms): elementwise 2.3 ms, matmul 1.6 ms, between ops 1 ms; the
+    # optimizer's 0.1 ms is not one
+    assert e.gaps == [
+        "the elementwise ops, norms and copies take 30% of the step at 23% of the expected speed: eager: each "
+        "elementwise op is a kernel of its own (torch.compile fuses them)",
+        "the matmuls take 50% of the step at 68% of the expected speed: with the math attention's score matmuls "
+        "(a fused backend runs them in one kernel)",
+        "the time between ops takes 10% of the step where none was expected: Python between ops: the step is "
+        "host-bound (small ops or a small batch)"]
+    assert e.summary.splitlines()[0] == "run #3 (math): 10.0 ms per step, 50% of the expected speed (5.0 ms)"
+    assert list(e.op_table.op[:3]) == ["_softmax", "mm", "bmm"]        # lost 1.8, 1 and 0.6 ms
+    assert e.notes == []
+
+
+def test_a_fused_attention_kernel_is_its_own_group_and_several_steps_are_divided():
+    sdpa = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    slow_attention = _trace([(sdpa, ATTENTION, 0.006, 8), ("aten::mm", MATMUL, 0.002, 24)], wall_s=0.008)
+    expected = Expected(step_s=0.002, tokens_per_s=0.0, mfu=0.0, rows=[
+        ("_scaled_dot_product_flash_attention_for_cpu", "attention", 4, 0.0004, "compute", "measured"),
+        ("mm", "matmul", 12, 0.0016, "compute", "MAMF")])
+    e = explain_trace(slow_attention, expected, steps=2, setting=Toggles(attention="sdpa"))
+    assert e.measured_s == pytest.approx(0.004)                            # two steps in the trace
+    assert e.gaps[0] == "the attention ops take 75% of the step at 13% of the expected speed"  # 0.4 / 3 ms
+    assert e.op_table.calls.tolist()[0] == 4                                # 8 calls over 2 steps
+
+
+def test_a_busy_run_is_said_and_what_cannot_be_explained_is_refused():
+    busy = Conditions(verdict="busy", reason="other processes used 1.0 of 2 CPUs")
+    e = explain_trace(TRACE, EXPECTED, conditions=busy)
+    assert [n.kind for n in e.notes] == ["explain.busy"]
+    with pytest.raises(ValueError, match="nothing traced to explain"):
+        explain_trace(None, EXPECTED)
+    with pytest.raises(ValueError, match="no expectation"):
+        explain_trace(TRACE, None)
+    with pytest.raises(ValueError, match="needs the plan"):
+        tunekit.explain(TRACE)
+    with pytest.raises(ValueError, match="steps must be a whole number"):
+        tunekit.explain(TRACE, EXPECTED, steps=0)
+    assert tunekit.explain(TRACE, EXPECTED).efficiency == pytest.approx(0.5)
+
+
+def test_a_lab_explains_its_traced_run_against_its_own_plan():
+    lab = tunekit.Lab(seq_len=32)
+    with pytest.raises(ValueError, match="no traced run"):
+        lab.explain()
+    r = lab.run(steps=2, warmup=1, micro_batch=2, trace=True, verbose=False)
+    e = lab.explain()
+    assert e.label == f"run #{r.run_id} ({r.label})"
+    assert e.measured_s == pytest.approx(r.trace.wall_s) and e.expected_s > 0
+    groups = e.table.set_index("group")
+    assert {"matmul", "optimizer", "elementwise, norms, copies"} <= set(groups.index)
+    assert (groups.measured_s > 0).all() and math.isclose(groups.share.sum(), 1.0, rel_tol=0.25)
+    assert lab.explain(r.run_id).rows == e.rows
+    with pytest.raises(ValueError, match="no run #99"):
+        lab.explain(99)

@@ -1,0 +1,200 @@
+"""Measured against expected, op by op: ``tunekit.explain``. Pure: no torch; pandas only inside
+the method that builds the table.
+
+    >>> e = lab.explain()            # the Lab's last traced run against the plan's expectation
+    >>> print(e.summary)             # the largest gaps, in words
+    >>> e.table                      # per group of ops: measured, expected, efficiency, share
+
+A traced step (its `Breakdown`: every op's self time) is set beside the expected step of the same
+setting on the same device (`Plan.expected`: a time per op from the device's measured or
+published figures). Both sides are grouped the same way, by op name (matmuls, attention, the
+optimizer, the elementwise/norm/copy ops, communication), and, on the measured side only, the
+time no op ran (Python between ops). ``efficiency`` = expected / measured: the share of the
+expected speed the run reached.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tunekit.core.breakdown import ATTENTION, COMM, DATA, MATMUL, OPTIMIZER, UNTRACED, Breakdown, categorize
+from tunekit.core.fmt import fmt_ms, fmt_pct
+from tunekit.core.notes import Note
+
+NaN = math.nan
+
+# the groups both sides are read into, in the order they are shown
+GROUPS = ("matmul", "attention", "elementwise, norms, copies", "optimizer", "communication", "data loading",
+          "no op running")
+_MEASURED = {MATMUL: "matmul", ATTENTION: "attention", OPTIMIZER: "optimizer", COMM: "communication",
+             DATA: "data loading", UNTRACED: "no op running"}
+_EXPECTED = {"matmul": "matmul", "attention": "attention", "optimizer": "optimizer",
+             "communication": "communication"}
+# each group in a sentence: its words and their verb
+WORDS = {"matmul": "the matmuls take", "attention": "the attention ops take",
+         "elementwise, norms, copies": "the elementwise ops, norms and copies take",
+         "optimizer": "the optimizer step takes", "communication": "the collectives take",
+         "data loading": "data loading takes", "no op running": "the time between ops takes"}
+_SCOPED = (OPTIMIZER, COMM, DATA)    # a trace knows these from the scope an op ran in, not its name
+MODULE = "nn.Module: "
+
+
+def _op_name(name: str) -> str:
+    """'aten::mm' and 'mm.default' are both 'mm'."""
+    return name.removeprefix("aten::").split(".")[0]
+
+
+def measured_groups(trace: Breakdown, steps: int = 1) -> tuple[dict, dict]:
+    """({group: seconds per step}, {op: (seconds, calls) per step}) of a traced run."""
+    groups: dict = {}
+    ops: dict = {}
+    for o in trace.top_ops:
+        name, secs = o["op"], o["self_s"] / steps
+        if name.startswith(MODULE) or "#" in name:     # a module's or a Python function's own time
+            group = _MEASURED.get(o["category"], "no op running")
+        elif o["category"] in _SCOPED:
+            group = _MEASURED[o["category"]]
+        else:
+            group = _MEASURED.get(categorize([name if "::" in name else "aten::" + name]),
+                                  "elementwise, norms, copies")
+            s, c = ops.get(_op_name(name), (0.0, 0))
+            ops[_op_name(name)] = (s + secs, c + o["calls"] / steps)
+        groups[group] = groups.get(group, 0.0) + secs
+    untraced = trace.untraced_s if trace.untraced_s == trace.untraced_s else 0.0
+    groups["no op running"] = groups.get("no op running", 0.0) + max(0.0, untraced) / steps
+    return groups, ops
+
+
+def expected_groups(rows) -> tuple[dict, dict]:
+    """({group: seconds}, {op: seconds}) of `Expected.rows` (op, category, calls, seconds, bound, source)."""
+    groups: dict = {}
+    ops: dict = {}
+    for op, cat, _calls, secs, _bound, _src in rows:
+        group = _EXPECTED.get(cat, "elementwise, norms, copies")
+        groups[group] = groups.get(group, 0.0) + secs
+        if cat not in ("optimizer", "communication"):
+            ops[_op_name(op)] = ops.get(_op_name(op), 0.0) + secs
+    return groups, ops
+
+
+@dataclass
+class Explanation:
+    """A measured step beside its expectation. ``rows``: (group, measured s, expected s, efficiency,
+    share of the measured step); ``ops``: the same for the ops that lost the most time."""
+
+    label: str
+    measured_s: float
+    expected_s: float
+    rows: list
+    ops: list
+    gaps: list                     # the largest gaps, in words
+    notes: list = field(default_factory=list)
+
+    @property
+    def efficiency(self) -> float:
+        """Expected over measured step time: the share of the expected speed reached."""
+        return self.expected_s / self.measured_s if self.measured_s > 0 else NaN
+
+    @property
+    def table(self):
+        """pandas DataFrame: group, measured_s, expected_s, efficiency, share (of the measured step)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=["group", "measured_s", "expected_s", "efficiency", "share"])
+
+    @property
+    def op_table(self):
+        """pandas DataFrame of the ops that lost the most time: op, measured_s, expected_s, efficiency, calls."""
+        import pandas as pd
+
+        return pd.DataFrame(self.ops, columns=["op", "measured_s", "expected_s", "efficiency", "calls"])
+
+    @property
+    def line(self) -> str:
+        """One line: the step against its expectation and the largest gap."""
+        head = (f"{fmt_ms(self.measured_s)} per step, {fmt_pct(self.efficiency, 0)} of the expected speed "
+                f"({fmt_ms(self.expected_s)})")
+        return head + (f"; {self.gaps[0]}" if self.gaps else "")
+
+    @property
+    def summary(self) -> str:
+        lines = [f"{self.label}: {self.line.split('; ')[0]}"] + [f"- {g}" for g in self.gaps]
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+    def __repr__(self) -> str:
+        return self.summary
+
+
+def _hint(group: str, setting) -> str:
+    """What the setting says about a group's gap, where it says something."""
+    attention = getattr(setting, "attention", None)
+    unfused = attention in ("math", "eager")   # attention as bmm + softmax: counted with those ops
+    if group == "attention" and unfused:
+        return f"the {attention} backend ran (scores materialized, not a fused kernel)"
+    if group == "matmul" and unfused:
+        return f"with the {attention} attention's score matmuls (a fused backend runs them in one kernel)"
+    if group == "elementwise, norms, copies":
+        return ("eager: each elementwise op is a kernel of its own (torch.compile fuses them)"
+                if not getattr(setting, "compile", False) else "")
+    if group == "no op running":
+        return "Python between ops: the step is host-bound (small ops or a small batch)"
+    return ""
+
+
+def explain_trace(trace: Breakdown, expected, *, steps: int = 1, setting=None, conditions=None,
+                  label: str = "run", top: int = 5) -> Explanation:
+    """A traced step (``steps`` steps in the trace) against an `Expected` (core.expected)."""
+    if trace is None:
+        raise ValueError("nothing traced to explain: run it traced (lab.run(trace=True), %%gpuprofile --trace) "
+                         "and explain that run")
+    if expected is None:
+        raise ValueError("no expectation to explain it with: the plan lacks a figure its device needs "
+                         "(its notes say which)")
+    m_groups, m_ops = measured_groups(trace, steps)
+    e_groups, e_ops = expected_groups(expected.rows)
+    measured_s = trace.wall_s / steps
+    rows = []
+    for g in GROUPS:
+        m, e = m_groups.get(g, 0.0), e_groups.get(g, 0.0)
+        if m == 0.0 and e == 0.0:
+            continue
+        rows.append((g, m, e, e / m if m > 0 else NaN, m / measured_s if measured_s > 0 else NaN))
+    lost = sorted(((op, s, e_ops.get(op, 0.0), c) for op, (s, c) in m_ops.items()), key=lambda r: -(r[1] - r[2]))
+    ops = [(op, s, e, e / s if s > 0 else NaN, c) for op, s, e, c in lost[:top]]
+    busy = getattr(conditions, "busy", False) is True
+    gaps = []
+    for g, m, e, eff, share in sorted(rows, key=lambda r: -(r[1] - r[2])):
+        if m - e <= 0.05 * measured_s:       # under 5% of the step: not a gap worth a sentence
+            continue
+        speed = "where none was expected" if e == 0 else f"at {fmt_pct(eff, 0)} of the expected speed"
+        hint = _hint(g, setting)
+        gaps.append(f"{WORDS[g]} {fmt_pct(share, 0)} of the step {speed}" + (f": {hint}" if hint else ""))
+    notes = []
+    if busy:
+        notes.append(Note("explain.busy", "measured on a busy machine: other work took its share of every group, "
+                                          "so the gaps are not the setting's alone"))
+    if trace.overhead == trace.overhead and trace.overhead > 0.05:
+        notes.append(Note("explain.profiler", f"the profiler slowed the traced step by {fmt_pct(trace.overhead, 0)}: "
+                                              "part of every gap is its own"))
+    return Explanation(label, measured_s, expected.step_s, rows, ops, gaps[:3], notes)
+
+
+def explain(result, plan=None, *, steps: int = 1) -> Explanation:
+    """``result`` (a traced Lab `RunResult`, a traced `ProfileRecord` or a `Breakdown`) against
+    ``plan`` (a `Plan` of the same step on the same device, or its `Expected`); ``steps``: how many
+    training steps the traced block ran (a Lab's traced run: 1). For a Lab's run,
+    ``lab.explain(run)`` plans the step itself.
+
+    Example: ``tunekit.explain(tunekit.last(), lab.plan("cpu"), steps=5).summary``."""
+    from tunekit.core.breakdown import as_breakdown
+
+    if plan is None:
+        raise ValueError("tunekit.explain needs the plan of the step the result ran: tunekit.explain(result, "
+                         "tunekit.plan(model, 'cpu', ...)), or lab.explain(run) for a Lab's run")
+    expected = getattr(plan, "expected", plan)
+    trace = as_breakdown(result if isinstance(result, Breakdown) else getattr(result, "trace", None))
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
+    name = getattr(result, "label", None) or getattr(result, "name", None) or "traced step"
+    return explain_trace(trace, expected, steps=steps, setting=getattr(result, "toggles", None),
+                         conditions=getattr(result, "conditions", None), label=str(name))
