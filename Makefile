@@ -38,10 +38,14 @@ lint: install
 	$(VENV)/bin/ruff check tunekit tests benchmarks notebooks tools
 
 # Lint, the docs site built strictly, unit tests (magics in a real IPython shell, notebook pairs in
-# sync), and every notebook executed by nbval in a kernel.
+# sync), and every notebook executed by nbval in a kernel. The notebooks run beside the unit tests
+# (two cores, two suites; each must hold on a busy machine anyway); their report follows the tests'.
 test: lint docs
-	$(PY) -m pytest -q -m "not gpu" tests
-	$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb
+	@mkdir -p build
+	@$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb > build/nbval.log 2>&1 & nb=$$!; \
+	$(PY) -m pytest -q -m "not gpu" tests; tests=$$?; \
+	wait $$nb; notebooks=$$?; echo "== notebooks (nbval)"; cat build/nbval.log; \
+	exit $$(( tests != 0 || notebooks != 0 ))
 
 # `make test` beside two processes that keep both cores busy (tools/busy.py): tests must not
 # depend on a quiet machine. busy.py stops its spinners when `make test` ends, whatever the
