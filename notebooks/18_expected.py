@@ -43,13 +43,13 @@ print(f"this machine's cpu ({torch.get_num_threads()} threads); the GPU plans ru
 # %% [markdown]
 # ## 1. Predict a run
 #
-# The Lab's tiny GPT, planned on `"cpu"`: this machine's figures (its calibrated matmul sweep,
+# The Lab's tiny GPT on the CPU, planned on `"cpu"`: this machine's figures (its calibrated matmul sweep,
 # its copy bandwidth by size, its time per small op, its SDPA and GELU rates), each measured once
 # and cached. `by_op` says what each op is expected to cost, what bounds it and where its constant
 # comes from.
 
 # %%
-lab = tunekit.Lab(preset="cpu-tiny")
+lab = tunekit.Lab(preset="cpu-tiny", device="cpu")   # on the CPU even where a GPU is: its figures are measured here
 MB, SEQ = 4, 64
 plan_a = lab.plan("cpu", micro_batch=MB, seq_len=SEQ)
 plan_b = lab.plan("cpu", micro_batch=MB, seq_len=SEQ, checkpointing=True)
