@@ -137,3 +137,9 @@ def test_the_command_diffs_two_runs_of_a_log_and_refuses_what_it_cannot_read(tmp
     assert "no run #9 in the log (its runs: #0, #1)" in capsys.readouterr().err
     assert main(["diff", str(tmp_path / "none.jsonl"), str(log)]) == 2
     assert "none.jsonl: no such log file" in capsys.readouterr().err
+
+
+def test_the_summary_takes_the_fastest_steps_where_both_runs_have_them():
+    a, b = _run(0, step_s=0.050), _run(1, "bf16", step_s=0.040, precision="bf16")
+    a.step_s_min, b.step_s_min = 0.030, 0.020        # load slowed b's mean: its fastest step says more
+    assert "fastest step 30.0 ms -> 20.0 ms (1.50x faster)" in tunekit.diff(a, b).summary

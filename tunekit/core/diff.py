@@ -26,7 +26,8 @@ NaN = math.nan
 MODULE = "nn.Module: "   # how torch.profiler names a module's scope
 
 # (field, what, format) per kind of record: the figures a diff shows, step first, then memory
-RUN_FIGURES = (("step_s", "step time", "s"), ("tokens_per_s", "tokens/s", "rate"), ("tflops", "TFLOPS", "tflops"),
+RUN_FIGURES = (("step_s", "step time", "s"), ("step_s_min", "fastest step", "s"), ("tokens_per_s", "tokens/s", "rate"),
+               ("tflops", "TFLOPS", "tflops"),
                ("mfu", "MFU", "pct"), ("flops_per_step", "FLOPs per step", "count"),
                ("loss", "loss (last step)", "loss"), ("peak_mem_bytes", "peak memory", "bytes"),
                ("params_bytes", "parameters", "bytes"),
@@ -88,11 +89,15 @@ class Diff:
         lines = [f"{self.b} vs {self.a}"]
         if self.changed:
             lines.append("changed: " + ", ".join(f"{n} {a} -> {b}" for n, a, b in self.changed))
-        step = self._row("step", "step time" if self.kind == "run" else "time")
+        # the fastest steps where both runs have them: load only slows a step, so the fastest is the
+        # least disturbed; else the mean
+        word, step = "fastest step", self._row("step", "fastest step")
+        if not (step and step["a"] == step["a"] and step["b"] == step["b"]):
+            word, step = "step", self._row("step", "step time" if self.kind == "run" else "time")
         if step and step["a"] == step["a"] and step["b"] == step["b"] and step["a"] > 0 and step["b"] > 0:
             ratio = step["a"] / step["b"]
             how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-            lines.append(f"step {fmt_ms(step['a'])} -> {fmt_ms(step['b'])} ({how})")
+            lines.append(f"{word} {fmt_ms(step['a'])} -> {fmt_ms(step['b'])} ({how})")
         peak = self._row("memory", "peak memory" if self.kind == "run" else "CPU peak")
         if peak and peak["a"] == peak["a"] and peak["b"] == peak["b"]:
             lines.append(f"peak memory {fmt_bytes(peak['a'])} -> {fmt_bytes(peak['b'])} "
