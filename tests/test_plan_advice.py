@@ -102,3 +102,8 @@ def test_a_plan_that_does_not_fit_ranks_what_fits_by_its_own_expected_speed():
     a, step = s.grad_accum, again.expected.step_s
     assert best.tokens_per_s == pytest.approx(a * again.tokens / (a * (step - update) + update))
     assert "advice     2 combination(s) that fit, by expected" in repr(p) and "1. " + best.label in repr(p)
+    pytest.importorskip("ipywidgets")
+    from tunekit.planning.panel import advice_lines
+
+    shown = advice_lines(p)   # the dashboard's "Plan for" panel: the best three, each with its caveats
+    assert len(shown) == 2 and shown[0].startswith(f"try 1: <code>{best.label}</code>")
