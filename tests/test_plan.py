@@ -144,6 +144,7 @@ def test_the_command_reads_a_transformers_config_and_refuses_bad_input(tmp_path,
     assert "from a config" in capsys.readouterr().err
 
 
+@pytest.mark.slow   # ~25 s: seven fake steps of a 1B GPT (the search itself: tests/test_plan_advice.py, fast)
 def test_what_to_change_when_it_does_not_fit_is_tried_and_ranked():
     # gpt-1b, bf16 autocast over fp32 weights, 4 x 512 on a T4: ~22.7 GiB of 15.8
     p = tunekit.plan(tunekit.GPTConfig.preset("gpt-1b"), "T4", precision="bf16", micro_batch=4, seq_len=512)
