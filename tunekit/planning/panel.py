@@ -56,6 +56,7 @@ def plan_html(p: Plan, run=None) -> str:
                  + (f" · MFU ≤ {fmt_pct(p.bound_mfu)} of {fmt_tflops(p.peak_tflops)}"
                     if not is_missing(p.bound_mfu) else ""))
     lines = [f"<b>{html.escape(to_text(p).splitlines()[0])}</b>", fits, f"bound (upper limit): {bound}"]
+    lines += advice_lines(p)
     if run is not None:
         here = measured_on(run.device, p.device)
         # each MFU is against its own peak (a Lab may be given one): both are said
@@ -73,6 +74,18 @@ def plan_html(p: Plan, run=None) -> str:
     full = f"<details><summary>the plan in full</summary><pre>{html.escape(to_text(p))}</pre></details>"
     return (f'<div style="border-left:4px solid {color};padding:4px 8px;margin:4px 0">'
             + "<br>".join(lines) + full + "</div>")
+
+
+def advice_lines(p: Plan) -> list:
+    """The best three combinations of changes that fit (plan.advice), each with its caveats' kinds."""
+    out = []
+    for i, o in enumerate(p.advice[:3], 1):
+        rate = ("no expected speed" if is_missing(o.tokens_per_s) else
+                f"expected {fmt_rate(o.tokens_per_s, f'{p.unit}/s')}" + (" per GPU" if o.gpus > 1 else ""))
+        caveats = "".join(f" ⚠ {html.escape(n)}" for n in o.notes)
+        out.append(f"try {i}: <code>{html.escape(o.label)}</code>: {fmt_gib(o.total_bytes)}, {rate}"
+                   f"<small>{caveats}</small>")
+    return out
 
 
 class PlanPanel:

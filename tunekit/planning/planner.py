@@ -21,6 +21,7 @@ from tunekit.core.breakdown import by_category
 from tunekit.core.comm import layout_problems
 from tunekit.core.setting import HALF, Setting, from_keywords
 from tunekit.measure.device import torch_dtype
+from tunekit.planning.advice import pruned_note, search_changes
 from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
 from tunekit.planning.cuda_like import GpuKernels, quiet_fake_logs
 from tunekit.planning.device import device_figures
@@ -28,7 +29,7 @@ from tunekit.planning.expect import expected_of
 from tunekit.planning.module import ModuleTarget, Stepped
 from tunekit.planning.record import Plan
 from tunekit.planning.shard import INTER_NODE_GBS, INTER_NODE_SOURCE, comm_seconds, rank_peak, shard_count
-from tunekit.planning.step import alternatives, fake_step, search_micro_batch
+from tunekit.planning.step import count_into, fake_step, search_micro_batch
 from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name
 
 COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled step often saves fewer activations), "
@@ -151,15 +152,28 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
             return planned
         found = (search_micro_batch(setting, lambda s: run(s, count=False), total_of, dev["memory"], search_limit)
                  if search else None)
-        over = total_of(step, setting) > dev["memory"]
-        tries = alternatives(setting, step, run, total_of, dev["memory"]) if over else []
-        if over and layout is None and dev["name"] != "cpu":
-            tries = sorted(tries + _sharded_alternatives(step, setting, dev), key=lambda a: a[1])
+        tried, advice, pruned = [], [], []
+        if total_of(step, setting) > dev["memory"]:   # combinations of changes, ranked by expected tokens/s
+            sharded = dict(dev, fixed=device_figures(dev["name"], setting.precision, world_size=2)["fixed"])
+
+            def place(st, s):
+                return _placed(st, s, _layout(s.parallel, s.world_size, s.nodes), sharded if s.parallel else dev)
+
+            def expect(st, s, placed):
+                lay = _layout(s.parallel, s.world_size, s.nodes)
+                return expected_of(st, s, dev, amount(cfg, kind, s.micro_batch, seq_len)[0], models[s.weights],
+                                   placed["comm"], lay, len(st["units"]))[0]
+
+            tried, advice, pruned = search_changes(
+                setting, step, dev["memory"], fake=lambda s: run(s, count=False), place=place, expect=expect,
+                count=lambda s, st: count_into(models[s.weights], kind, cfg, s, s.micro_batch, st),
+                sharding=layout is None and dev["name"] != "cpu")
+        tries = sorted((o.as_alternative() for o in tried if len(o.changes) == 1), key=lambda a: a[1])
     placed = _placed(step, setting, layout, dev)
     if getattr(gpu, "seen", False):
         notes.append(GpuKernels.NOTE)
     notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"]
-             + dev["notes"] + placed["notes"])   # a batch of samples: seq_len unused, nothing to say
+             + dev["notes"] + placed["notes"] + pruned_note(pruned))   # a batch of samples: seq_len unused
     if found is not None and found >= search_limit:
         notes.append(f"the micro-batch search stopped at search_limit={search_limit}: a larger one may fit too")
     if kind == "hf" and getattr(cfg, "is_encoder_decoder", False):
@@ -188,7 +202,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
                 bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
                 peak_bytes=placed["peak"], peak_at=placed["peak_at"], phase_peaks=step["phase_peaks"],
                 timeline=_thin(step["timeline"]), parallel=layout, compute_bound_s=compute,
-                comm_s=placed["comm_s"], comm=placed["comm"], expected=expected)
+                comm_s=placed["comm_s"], comm=placed["comm"], expected=expected, advice=advice)
 
 
 def _layout(parallel, world_size, nodes) -> dict | None:
@@ -233,18 +247,6 @@ def _placed(step, setting, layout, dev) -> dict:
             notes.append(f"no link bandwidth listed for {dev['name']}: no communication time")
     return dict(components=comps, peak=peak, peak_at=peak_at, total=peak + sum(b for b, _ in dev["fixed"].values()),
                 comm_s=comm_s if comm_s == comm_s else 0.0, comm=comm, notes=notes)
-
-
-def _sharded_alternatives(step, setting, dev) -> list:
-    """The same step as one rank of FSDP over 2, 4 or 8 of these GPUs, up to the first that fits
-    (the step placed again: no fake step more)."""
-    out, shared = [], dict(dev, fixed=device_figures(dev["name"], setting.precision, world_size=2)["fixed"])
-    for world in (2, 4, 8):
-        total = _placed(step, setting, _layout("fsdp", world, 1), shared)["total"]
-        out.append((f"parallel='fsdp', world_size={world}", total, total <= dev["memory"], 1.0))
-        if total <= dev["memory"]:
-            break
-    return out
 
 
 def _set_attention(model, attention, notes) -> None:

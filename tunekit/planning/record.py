@@ -70,6 +70,8 @@ class Plan(MemoryAnswer):
     method: str = "fake step"           # how it was computed: "fake step", or "analytic" (estimate_memory)
     unit: str = "tokens"                # what `tokens` counts: "tokens", or "samples" (a batch without a sequence)
     expected: object = None             # core.expected.Expected: what a good run reaches (None: a figure missing)
+    # when it does not fit: the combinations of changes that fit (planning.advice.Option), best expected tokens/s first
+    advice: list = field(default_factory=list)
 
     @property
     def fixed_bytes(self) -> float:
@@ -161,6 +163,16 @@ def to_text(p: Plan) -> str:
     for change, total, fits, flops in p.alternatives:
         lines.append(f"  try        {change}: {fmt_gib(total)}, {'fits' if fits else 'still over'}"
                      + (f", {fmt_pct(flops - 1, 0, signed=True)} FLOPs per token" if abs(flops - 1) > 0.005 else ""))
+    if p.advice:
+        best = ", the best 3" if len(p.advice) > 3 else ""
+        lines.append(f"  advice     {len(p.advice)} combination(s) that fit{best}, by expected tokens/s per GPU "
+                     "(plan.advice):")
+    for i, o in enumerate(p.advice[:3], 1):
+        rate = "no expectation" if o.tokens_per_s != o.tokens_per_s else \
+            "expected " + fmt_rate(o.tokens_per_s, f"{p.unit}/s") + (" per GPU" if o.gpus > 1 else "")
+        lines.append(f"    {i}. {o.label}: {fmt_gib(o.total_bytes)} ({fmt_gib(p.device_memory_bytes - o.total_bytes)}"
+                     f" free), {rate}")
+        lines += [f"         caveat: {n}" for n in o.notes]
     if p.max_micro_batch is not None:
         lines.append(f"  largest micro-batch that fits: {p.max_micro_batch}" if p.max_micro_batch else
                      "  largest micro-batch that fits: none (not even 1)")

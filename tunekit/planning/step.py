@@ -1,5 +1,6 @@
 """One training step under fake tensors, measured by `measure_memory` and counted op by op for
-the roofline; the micro-batch search and the alternatives when a step does not fit."""
+the roofline (`count_into`: the counting pass alone, for a step measured without it); the
+micro-batch search. What to change when a step does not fit: planning/advice.py."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,6 @@ import torch
 from tunekit.core.formulas import MFU_ANALYTIC
 from tunekit.core.notes import without
 from tunekit.core.search import largest_fitting
-from tunekit.core.setting import HALF
 from tunekit.measure.live import LiveBytes
 from tunekit.measure.memory import autocast_torch, measure_memory
 from tunekit.measure.model_flops import tensors_in
@@ -22,32 +22,6 @@ from tunekit.planning.analytic import FakeStepError, fake_failure
 from tunekit.planning.module import ModuleTarget
 from tunekit.planning.ops import RooflineCounter
 from tunekit.planning.record import COMPONENTS
-
-
-def alternatives(setting, step, run, total_of, memory) -> list:
-    """What to change when the step does not fit, each tried as a fake step (``run(setting)``):
-    (change, its total bytes by ``total_of(step, setting)``, fits, executed FLOPs per token
-    against the plan's), most memory saved first."""
-    changes = []
-    if not setting.checkpointing:
-        changes.append(("checkpointing=True", dict(checkpointing=True)))
-    if setting.weights in (None, "fp32") and setting.precision in HALF:
-        changes.append((f"weights={setting.precision!r}", dict(weights=setting.precision)))
-    if setting.optimizer in ("adamw", "adamw_fused"):
-        changes.append(("optimizer='sgd'", dict(optimizer="sgd")))
-    if setting.micro_batch > 1:
-        changes.append((f"micro_batch={setting.micro_batch // 2}", dict(micro_batch=setting.micro_batch // 2)))
-    out = []
-    for label, change in changes:
-        s = setting.replace(**change)
-        try:
-            alt = run(s)
-        except ValueError:   # a change that cannot be faked is not offered
-            continue
-        total = total_of(alt, s)
-        per_token = alt["executed"] / s.micro_batch / (step["executed"] / setting.micro_batch)
-        out.append((label, total, total <= memory, per_token))
-    return sorted(out, key=lambda a: a[1])
 
 
 def batch_of(cfg, kind, micro_batch, seq_len):
@@ -84,6 +58,20 @@ def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: 
             ck.set_checkpointing(False)
     if ck is not None:   # measure_memory's adapter does not know the blocks checkpointed here
         step["notes"] = without(step["notes"], "ckpt.not_applied")
+    return step
+
+
+def count_into(model, kind, cfg, setting, micro_batch, step: dict) -> dict:
+    """``step`` (a `fake_step` run with ``count=False``) with its counting pass added: FLOPs op by op."""
+    adapter = model.adapter if kind == "module" else adapt(model)
+    try:
+        step.update(_counted(model, adapter, kind, batch_of(cfg, kind, micro_batch, setting.seq_len), setting,
+                             micro_batch))
+    except Exception as e:
+        reason = fake_failure(e)
+        if reason is None:
+            raise
+        raise FakeStepError(reason) from e
     return step
 
 
