@@ -8,6 +8,7 @@ import tunekit
 from tunekit import GPTConfig, Setting
 from tunekit.core.memory.answer import STATIC
 from tunekit.core.setting import memory_layout
+from tunekit.planning.planner import COMPILE_NOT_MODELLED
 
 TINY = GPTConfig.preset("cpu-tiny")
 N_PARAMS = 426_624     # cpu-tiny's parameters: 1,706,496 B of fp32 weights / 4
@@ -205,7 +206,7 @@ def test_lab_plan_takes_a_setting_and_plan_says_what_it_does_not_model():
     # planned as asked, with what it left to the model resolved (the Lab's attention)
     assert p.setting == s.replace(device="cpu", attention="sdpa")
     assert p.components == tunekit.plan(lab, "cpu", setting=s).components
-    assert any("compile=True is not modelled" in n for n in p.notes)
+    assert COMPILE_NOT_MODELLED in p.notes     # what the plan leaves unmodelled, said
     with pytest.raises(ValueError, match="not both"):
         lab.plan("cpu", setting=s, micro_batch=4)
     with pytest.raises(ValueError, match="give one"):
