@@ -50,7 +50,9 @@ def measured_groups(trace: Breakdown, steps: int = 1) -> tuple[dict, dict]:
     ops: dict = {}
     for o in trace.top_ops:
         name, secs = o["op"], o["self_s"] / steps
-        if name.startswith(MODULE) or "#" in name:     # a module's or a Python function's own time
+        if name.startswith(MODULE):                  # a module's own time: Python around its ops
+            group = "no op running"
+        elif "#" in name:                            # a Python function's own time (Optimizer.step#...)
             group = _MEASURED.get(o["category"], "no op running")
         elif o["category"] in _SCOPED:
             group = _MEASURED[o["category"]]

@@ -32,8 +32,7 @@ def lab_explain(lab, run=None) -> Explanation:
         run = found[-1]
     if run.parallel:
         raise ValueError("lab.explain explains a one-process run (each rank's trace is its own)")
-    device = lab.device.type if str(run.device).startswith("cpu") else run.device
-    plan = lab.plan(plan_device(device), **run.toggles.asdict())
+    plan = lab.plan(plan_device(run.device), **run.toggles.asdict())
     e = explain_trace(as_breakdown(run.trace), plan.expected, steps=1, setting=run.toggles,
                       conditions=run.conditions, label=f"run #{run.run_id} ({run.label})")
     e.notes += [n for n in plan.notes if getattr(n, "kind", None) == "expected.missing"]
