@@ -84,25 +84,36 @@ def runs():
     return out
 
 
+def cpu_labs():
+    """The two models item 3 names: the Lab's built-in GPT and a small transformers Llama (random init)."""
+    from transformers import LlamaForCausalLM
+
+    yield "Lab GPT", tunekit.Lab()
+    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    yield "Llama 4x128", tunekit.Lab(LlamaForCausalLM(cfg), seq_len=128, micro_batch=4)
+
+
 def cpu_rows():
-    """The Lab's built-in GPT on this CPU: expected against measured, with the machine's verdict."""
+    """Expected against measured on this CPU, with the machine's verdict (quiet throughout or not)."""
     from tunekit.core.expected import agreement
     from tunekit.measure.peaks import calibrate
     from tunekit.measure.stream import measure_stream
 
-    print(f"\n{'Lab GPT on this CPU':<34}{'expected ms':>12}{'measured ms':>12}{'exp/meas':>9}  verdict")
-    lab = tunekit.Lab()
-    for precision in ("fp32", "bf16"):
-        for ck in (False, True):
-            p = tunekit.plan(lab, "cpu", precision=precision, checkpointing=ck)
-            r = lab.run(steps=20, precision=precision, checkpointing=ck, verbose=False)
-            verdicts = {r.conditions.verdict if r.conditions else "unknown", measure_stream().verdict,
-                        calibrate(precision, "cpu").verdict}
-            verdict = "busy" if verdicts - {"quiet"} else "quiet"
-            word = agreement(p.expected.step_s, r.step_s, verdict)
-            print(f"{precision + (' + checkpointing' if ck else ''):<34}{p.expected.step_s * 1e3:>12.2f}"
-                  f"{r.step_s * 1e3:>12.2f}{p.expected.step_s / r.step_s:>9.2f}  {word} ({verdict}: run "
-                  f"{r.conditions.verdict if r.conditions else '?'})")
+    print(f"\n{'on this CPU':<34}{'expected ms':>12}{'measured ms':>12}{'exp/meas':>9}  verdict")
+    for name, lab in cpu_labs():
+        for precision in ("fp32", "bf16"):
+            for ck in (False, True):
+                p = tunekit.plan(lab, "cpu", precision=precision, checkpointing=ck)
+                r = lab.run(steps=20, precision=precision, checkpointing=ck, verbose=False)
+                verdicts = {r.conditions.verdict if r.conditions else "unknown", measure_stream().verdict,
+                            calibrate(precision, "cpu").verdict}
+                verdict = "busy" if verdicts - {"quiet"} else "quiet"
+                word = agreement(p.expected.step_s, r.step_s, verdict)
+                label = f"{name} {precision}" + (" + ckpt" if ck else "")
+                print(f"{label:<34}{p.expected.step_s * 1e3:>12.2f}{r.step_s * 1e3:>12.2f}"
+                      f"{p.expected.step_s / r.step_s:>9.2f}  {word} ({verdict}: run "
+                      f"{r.conditions.verdict if r.conditions else '?'})", flush=True)
 
 
 def main():

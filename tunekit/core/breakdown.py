@@ -100,9 +100,11 @@ def by_category(op_seconds) -> list[tuple[str, float]]:
     >>> by_category([("mm.default", 2.0), ("bmm.default", 1.0),
     ...              ("_scaled_dot_product_flash_attention_for_cpu.default", 0.5)])
     [('matmul/linear', 3.0), ('attention', 0.5)]"""
+    from tunekit.core.expected import FUSED
+
     out: dict = {}
     for name, t in op_seconds:
-        cat = categorize(["aten::" + name.split(".")[0]])
+        cat = ELEMENTWISE if name == FUSED else categorize(["aten::" + name.split(".")[0]])
         out[cat] = out.get(cat, 0.0) + t
     return sorted(out.items(), key=lambda kv: -kv[1])
 

@@ -32,8 +32,8 @@ from tunekit.planning.shard import INTER_NODE_GBS, INTER_NODE_SOURCE, comm_secon
 from tunekit.planning.step import count_into, fake_step, search_micro_batch
 from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name
 
-COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled step often saves fewer activations), "
-                        "and so is the bound's traffic; plan.expected fuses the memory-bound ops")
+COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled step often saves fewer activations); "
+                        "plan.expected fuses the memory-bound ops")
 
 
 DEFAULT_DEVICE = "H100 SXM"   # plan's device when none is named (a Setting whose device is None is planned for it)

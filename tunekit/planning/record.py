@@ -12,12 +12,13 @@ allocator reserves beyond that (fragmentation, segments) is not modelled.
 Under sharding the figures are rank 0's (`planning.shard`).
 
 Speed of light: every op of the step on the device's roofline, the longer of its FLOPs at the
-dense peak and its bytes (inputs read, outputs written) at the memory bandwidth, summed
-(elementwise ops too: each reads and writes its tensors unless a compiler fuses it). No step on
-one device can take less, so the step time is a lower bound and tokens/s and MFU are upper
-bounds, often loose ones: kernels reach ~80% of the dense peak at best (MAMF). Across ranks the
-collectives take their bytes at the links' bandwidth; with perfect overlap a step takes at least
-the longer of the two.
+dense peak and its bytes (inputs read, outputs written) at the memory bandwidth, summed.
+Memory-bound ops count as a compiler would fuse them (each run between two matmuls reads what it
+did not make and writes what is read after it: `core.expected.fused`), since a fused run (llm.c's
+kernels, torch.compile) moves no more than that. No step on one device can take less, so the
+step time is a lower bound and tokens/s and MFU are upper bounds, often loose ones: kernels
+reach ~80% of the dense peak at best (MAMF). Across ranks the collectives take their bytes at
+the links' bandwidth; with perfect overlap a step takes at least the longer of the two.
 """
 from __future__ import annotations
 

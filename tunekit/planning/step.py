@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from tunekit.core.expected import fused
 from tunekit.core.formulas import MFU_ANALYTIC
 from tunekit.core.notes import without
 from tunekit.core.search import largest_fitting
@@ -112,9 +113,11 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
     counted = convention != MFU_ANALYTIC
     count_notes = list(count.notes) + why if counted else without(count.notes, "flops.mask_unread")
 
+    least = fused(ops)   # a bound holds for any implementation: a compiler's fused traffic, not eager's
+
     def per_op(peak, bw):
         out = {}
-        for name, _kind, _phase, flops, moved, *_ in ops:
+        for name, _kind, _phase, flops, moved, *_ in least:
             t = max(flops / (peak * 1e12) if peak else 0.0, moved / (bw * 1e12) if bw else 0.0)
             out[name] = out.get(name, 0.0) + t
         return out
