@@ -43,7 +43,7 @@ lint: install
 test: lint docs
 	@mkdir -p build
 	@$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb > build/nbval.log 2>&1 & nb=$$!; \
-	$(PY) -m pytest -q -m "not gpu" tests; tests=$$?; \
+	$(PY) -m pytest -q -m "not gpu" --durations=25 tests; tests=$$?; \
 	wait $$nb; notebooks=$$?; echo "== notebooks (nbval)"; cat build/nbval.log; \
 	exit $$(( tests != 0 || notebooks != 0 ))
 
