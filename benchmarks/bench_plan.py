@@ -4,7 +4,9 @@ published measurements (issue 23).
 1. An 8B Llama-3-shaped config (vocab 128,256, hidden 4,096, 32 layers, 32 heads, 8 KV heads,
    d_ff 14,336) planned for one H100 SXM, bf16 weights + AdamW, micro-batch 1 x 8192, with full
    checkpointing: wall time and the process's peak RSS (target: under a minute, little memory).
-2. The largest micro-batch that fits, found over fake steps (target: under 3 minutes).
+2. The largest micro-batch that fits, found over fake steps (target: under 3 minutes); and the
+   same 8B with fp32 weights and no checkpointing (does not fit): the combinations of changes
+   searched and ranked (target: under 60 s).
 3. The plan's speed-of-light bound and memory beside published measurements, each row with
    measured/bound: a measurement above its bound would be a modelling error. MFU figures are put
    in one convention first (tunekit's: 6 x matmul weights + attention with its causal half
@@ -68,6 +70,14 @@ def main():
                      checkpointing=True, search=True, search_limit=64)
     print(f"largest micro-batch that fits (x 8192 tokens): {s.max_micro_batch}, "
           f"found in {time.perf_counter() - t0:.1f} s, peak RSS {rss_mib():,.0f} MiB")
+
+    # 2b. a step that does not fit: the combinations of changes searched, ranked by expected tokens/s
+    t0 = time.perf_counter()
+    over = tunekit.plan(LLAMA3_8B, "H100 SXM", precision="bf16", micro_batch=1, seq_len=8192)
+    print(f"8B with fp32 weights, no checkpointing: {over.total_bytes / GiB:.2f} GiB, the combination search "
+          f"took {time.perf_counter() - t0:.1f} s (target 60 s), peak RSS {rss_mib():,.0f} MiB; its best three:")
+    for a in over.advice[:3]:
+        print(f"  {a.label}: {a.total_bytes / GiB:.2f} GiB, expected {a.tokens_per_s:,.0f} tokens/s per GPU")
 
     # 3. published figures beside the plan
     t0 = time.perf_counter()
