@@ -167,3 +167,19 @@ def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(m
     assert failed.status == "ok" and failed.explained is None and failed.trace is not None
     assert [str(n) for n in of_kind(failed.notes, "explain.none")] == [
         "no expected step to set this traced run against: planning its step failed (RuntimeError: boom)"]
+
+
+def test_a_profiled_block_with_a_plan_shows_its_line_and_bad_plans_are_refused_before_it():
+    import torch
+
+    w = torch.randn(64, 64, requires_grad=True)
+    with tunekit.profile(name="mm", flops="never", trace=True, plan=EXPECTED, steps=2) as rec:
+        for _ in range(2):
+            (torch.randn(32, 64) @ w).sum().backward()
+    assert rec.explained == tunekit.explain(rec, EXPECTED, steps=2).line
+    assert rec.explained.startswith(f"{fmt_ms(rec.trace.wall_s / 2)} per step, ")    # two steps in the block
+    assert "(5.0 ms expected)" in rec.explained and "  vs plan" in repr(rec)
+    for kw, words in ((dict(plan=EXPECTED), "add trace=True"), (dict(trace=True, plan=3), "int, not a Plan"),
+                      (dict(trace=True, plan=EXPECTED, steps=0), "steps is how many"), (dict(steps=2), "with plan")):
+        with pytest.raises(ValueError, match=words):
+            tunekit.profile(name="bad", **kw)

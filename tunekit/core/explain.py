@@ -215,5 +215,6 @@ def explain(result, plan=None, *, steps: int = 1) -> Explanation:
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
     name = getattr(result, "label", None) or getattr(result, "name", None) or "traced step"
-    return explain_trace(trace, expected, steps=steps, setting=getattr(result, "toggles", None),
+    setting = getattr(result, "toggles", None) or getattr(plan, "setting", None)   # a record's: the plan's
+    return explain_trace(trace, expected, steps=steps, setting=setting,
                          conditions=getattr(result, "conditions", None), label=str(name))
