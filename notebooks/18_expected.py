@@ -72,6 +72,14 @@ run_a = lab.run(steps=4, warmup=1, micro_batch=MB, seq_len=SEQ, trace=True, verb
 why_a = lab.explain()
 why_a
 
+# %% [markdown]
+# The run keeps the one-line version of it (`why_a.line`) as `run_a.explained`: the `traced` row of
+# `print(run_a)`, and what the dashboard shows after a run with its "trace (vs expected)" box ticked.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(run_a.explained)
+
 # %%
 fig = make_subplots(rows=1, cols=1)
 t = why_a.table

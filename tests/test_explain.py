@@ -9,6 +9,7 @@ from tunekit.core.breakdown import ATTENTION, ELEMENTWISE, MATMUL, OPTIMIZER, Br
 from tunekit.core.conditions import Conditions
 from tunekit.core.expected import Expected
 from tunekit.core.explain import explain_trace
+from tunekit.core.fmt import fmt_ms
 from tunekit.core.toggles import Toggles
 
 
@@ -50,7 +51,7 @@ def test_both_sides_are_grouped_alike_and_the_gaps_are_said_largest_first():
         "(a fused backend runs them in one kernel)",
         "the time between ops takes 10% of the step where none was expected: Python between ops: the step is "
         "host-bound (small ops or a small batch)"]
-    assert e.summary.splitlines()[0] == "run #3 (math): 10.0 ms per step, 50% of the expected speed (5.0 ms)"
+    assert e.summary.splitlines()[0] == "run #3 (math): 10.0 ms per step, 50% of the expected speed (5.0 ms expected)"
     assert list(e.op_table.op[:3]) == ["_softmax", "mm", "bmm"]        # lost 1.8, 1 and 0.6 ms
     assert e.notes == []
 
@@ -96,3 +97,89 @@ def test_a_lab_explains_its_traced_run_against_its_own_plan():
     assert lab.explain(r.run_id).rows == e.rows
     with pytest.raises(ValueError, match="no run #99"):
         lab.explain(99)
+
+
+def test_the_one_line_carries_the_largest_gap_and_what_the_figures_carry_besides():
+    busy = Conditions(verdict="busy", reason="other processes used 1.0 of 2 CPUs")
+    gap = ("the elementwise ops, norms and copies take 30% of the step at 23% of the expected speed: eager: each "
+           "elementwise op is a kernel of its own (torch.compile fuses them)")
+    head = "10.0 ms per step, 50% of the expected speed (5.0 ms expected)"
+    assert explain_trace(TRACE, EXPECTED).line == f"{head}; {gap}"
+    assert explain_trace(TRACE, EXPECTED, conditions=busy).line == f"{head}; {gap} · ⚠ taken on a busy machine"
+    slowed = _trace([("aten::mm", MATMUL, 0.004, 12)], wall_s=0.010)
+    slowed.overhead = 0.5                                  # the traced step took 1.5x the untraced one
+    e = explain_trace(slowed, EXPECTED)
+    assert e.line.endswith(" · the profiler slowed it by 50%") and [n.kind for n in e.notes] == ["explain.profiler"]
+    slowed.overhead = 0.04                                 # under 5%: neither said nor noted
+    assert " · " not in explain_trace(slowed, EXPECTED).line
+    quick = _trace([("aten::mm", MATMUL, 0.0034, 12)], wall_s=0.005)   # the matmuls as expected: no gap
+    assert explain_trace(quick, EXPECTED).line == "5.0 ms per step, 100% of the expected speed (5.0 ms expected)"
+
+
+def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(monkeypatch):
+    import dataclasses
+
+    from tunekit.core.efficiency import Figures
+    from tunekit.core.notes import of_kind
+    from tunekit.lab.explain import run_line
+
+    lab = tunekit.Lab(seq_len=32)
+
+    def no_plan(*a, **k):
+        raise AssertionError("an untraced run plans nothing")
+
+    monkeypatch.setattr(lab, "plan", no_plan)
+    plain = lab.run(steps=1, warmup=0, micro_batch=2, verbose=False)
+    assert plain.explained is None and of_kind(plain.notes, "explain.none") == []
+    assert not any(line.startswith("  traced") for line in repr(plain).splitlines())
+    monkeypatch.undo()
+
+    r = lab.run(steps=1, warmup=0, micro_batch=2, trace=True, verbose=False)
+    assert r.explained == lab.explain(r).line                  # the same plan, made after the steps
+    assert r.explained.startswith(f"{fmt_ms(r.trace.wall_s)} per step, ")
+    assert f"  traced   {r.explained}" in repr(r).splitlines()
+    assert lab.runs[-1].explained == r.explained               # kept in the log
+
+    # what cannot be planned is said in a note of its own kind, the run stands without its line
+    def why(run):
+        line, notes = run_line(lab, run)
+        assert line is None and [n.kind for n in notes] == ["explain.none"]
+        return str(notes[0]).removeprefix("no expected step to set this traced run against: ")
+
+    assert why(dataclasses.replace(r, parallel="ddp")) == ("lab.explain explains a one-process run (each "
+                                                          "rank's trace is its own)")
+    assert why(dataclasses.replace(r, device="NVIDIA Imaginary 9000")) == (
+        "no spec-table row for 'NVIDIA Imaginary 9000': nothing to expect this run's step on")
+    on_gpu = dataclasses.replace(r, device="NVIDIA H100 80GB HBM3", toggles=r.toggles.replace(precision="bf16"))
+    gpu, notes = run_line(lab, on_gpu)                         # planned on the spec table's bf16 figures
+    assert notes == [] and gpu.startswith(f"{fmt_ms(r.trace.wall_s)} per step, ")
+    bare = Figures(name="cpu", peak_tflops=None, mamf_tflops=None, mamf_source="", bandwidth_tbs=None,
+                   bandwidth_source="", launch_s=0.0, launch_source="", host_bound=True)
+    monkeypatch.setattr("tunekit.planning.expect.cpu_figures", lambda peak, compute: bare)   # a CPU with no figures
+    assert why(r).startswith("no expected step on cpu (fp32): tunekit has no figure for its maximum achievable "
+                             "matmul TFLOPS (MAMF)")
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(lab, "plan", boom)
+    failed = lab.run(steps=1, warmup=0, micro_batch=2, trace=True, verbose=False)
+    assert failed.status == "ok" and failed.explained is None and failed.trace is not None
+    assert [str(n) for n in of_kind(failed.notes, "explain.none")] == [
+        "no expected step to set this traced run against: planning its step failed (RuntimeError: boom)"]
+
+
+def test_a_profiled_block_with_a_plan_shows_its_line_and_bad_plans_are_refused_before_it():
+    import torch
+
+    w = torch.randn(64, 64, requires_grad=True)
+    with tunekit.profile(name="mm", flops="never", trace=True, plan=EXPECTED, steps=2) as rec:
+        for _ in range(2):
+            (torch.randn(32, 64) @ w).sum().backward()
+    assert rec.explained == tunekit.explain(rec, EXPECTED, steps=2).line
+    assert rec.explained.startswith(f"{fmt_ms(rec.trace.wall_s / 2)} per step, ")    # two steps in the block
+    assert "(5.0 ms expected)" in rec.explained and "  vs plan" in repr(rec)
+    for kw, words in ((dict(plan=EXPECTED), "add trace=True"), (dict(trace=True, plan=3), "int, not a Plan"),
+                      (dict(trace=True, plan=EXPECTED, steps=0), "steps is how many"), (dict(steps=2), "with plan")):
+        with pytest.raises(ValueError, match=words):
+            tunekit.profile(name="bad", **kw)

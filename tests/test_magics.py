@@ -369,3 +369,28 @@ def test_time_changed_note_says_slower_or_faster(run):
     run(cell)
     note = next(n for n in tunekit.last().notes if n.startswith("time changed"))
     assert re.match(r"time changed since the last run on this count \(\d+\.\dx slower\)", note), note
+
+
+def test_a_traced_cell_with_a_plan_shows_its_line_and_bad_plans_are_refused_before_the_cell(run):
+    from tunekit.core.fmt import fmt_ms
+
+    run("import tunekit, types\nfrom tunekit.core.notes import Note\n"
+        "lab = tunekit.Lab(seq_len=32, micro_batch=2); p = lab.plan('cpu'); t = lab.resolve(); lab.apply(t)\n"
+        "bare = types.SimpleNamespace(expected=None, notes=[Note('expected.missing', 'no figure for X')])")
+    r = run("%%gpuprofile -q -n two --trace --plan p --steps 2\nfor _ in range(2):\n    lab.train_step(t)")
+    assert r.error_in_exec is None
+    rec = tunekit.last()
+    assert rec.explained.startswith(f"{fmt_ms(rec.trace.wall_s / 2)} per step, ")   # two steps in the trace
+    assert rec.explained == tunekit.explain(rec, run("p").result, steps=2).line
+    assert f"  vs plan    {rec.explained}" in repr(rec).splitlines()
+    run("%%gpuprofile -q --trace\nlab.train_step(t)")
+    assert tunekit.last().explained is None                                          # no plan, no line
+    for bad, words in (("--trace --plan nope", "no variable 'nope' in the notebook"),
+                       ("--trace --plan batch_size", "batch_size is of type int, not a Plan"),
+                       ("--trace --plan bare", "has no expected step to set the run against: no figure for X"),
+                       ("--plan p", "add --trace"), ("--trace --plan p --steps 0", "--steps is how many"),
+                       ("--trace --steps 3", "give --plan NAME with it"), ("on --trace --plan p", "for one cell")):
+        n = len(tunekit.history())
+        r = run(f"%%gpuprofile -q {bad}\nran = True") if not bad.startswith("on") else run(f"%gpuprofile {bad}")
+        assert isinstance(r.error_in_exec, UsageError) and words in str(r.error_in_exec), bad
+        assert "ran" not in run("dir()").result and len(tunekit.history()) == n, bad   # the cell never ran

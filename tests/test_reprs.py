@@ -72,6 +72,16 @@ run #3 bf16 · GPT 426.6k params · cpu (2 threads)
     assert result_line(r) == "run #3 bf16 · FAILED: the loss of step 3 is not finite · quiet"
 
 
+def test_a_traced_run_shows_its_line_against_the_expected_step():
+    line = ("61.0 ms per step, 42% of the expected speed (25.7 ms expected); the matmuls take 70% of the step at "
+            "40% of the expected speed")
+    r = run(explained=line)
+    assert summary_lines(r)[5:7] == [f"  traced   {line}", "  machine  quiet: tasks waited for a CPU 1% of the time"]
+    assert line in r._repr_html_() and RunResult.from_dict(r.to_dict()).explained == line   # the log keeps it
+    assert result_line(r) == result_line(run())     # the line lab.run ends with stays one line
+    assert run().explained is None and not any(x.startswith("  traced") for x in summary_lines(run()))
+
+
 def test_a_log_written_before_the_unit_counted_tokens():
     old = {k: v for k, v in RUN.items()}
     assert RunResult.from_dict(old).throughput_unit == "tokens"

@@ -60,6 +60,18 @@ def test_run_button_adds_rows_and_charts(dash):
     assert "changed: precision fp32 -&gt; bf16, checkpointing False -&gt; True" in dash.message.value
 
 
+def test_a_traced_run_shows_its_line_against_the_expected_step(dash):
+    dash.run_button.click()                        # untraced: no line, nothing planned
+    assert dash.lab.runs[-1].explained is None and "traced step: " not in dash.message.value
+    dash.trace_box.value = True
+    dash.run_button.click()
+    r = dash.lab.runs[-1]
+    assert r.trace is not None and r.explained       # the run's own one line (tunekit.explain's .line) ...
+    shown = html.unescape(dash.message.value)
+    assert f"traced step: {r.explained}" in shown       # ... shown above the diff against the run before
+    assert shown.index("traced step: ") < shown.index(dash.last_diff.summary.splitlines()[0])
+
+
 @pytest.mark.parametrize("control,value,text", [
     ("precision", "fp16", "GradScaler"),
     ("attention", "flash", "CUDA"),

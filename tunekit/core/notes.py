@@ -32,6 +32,7 @@ KINDS = {
     "autotune.unconfirmed": "a candidate measured faster than the winner without winning its race",
     "explain.busy": "tunekit.explain: the traced run was measured on a busy machine",
     "explain.profiler": "tunekit.explain: the profiler's own overhead is part of the gaps",
+    "explain.none": "a traced run without its one line against the expected step, and why",
     "diff.failed_run": "tunekit.diff: a run that did not finish, its figures n/a",
     "diff.busy": "tunekit.diff: a side measured on a busy machine",
     "diff.one_trace": "tunekit.diff: one side traced, the other not",

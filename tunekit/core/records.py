@@ -57,6 +57,7 @@ class ProfileRecord:
     trace: object = None            # core.breakdown.Breakdown of a traced run (--trace)
     memory: object = None           # core.breakdown.MemoryTimeline (--memory)
     conditions: object = None       # core.conditions.Conditions: what else used the machine meanwhile
+    explained: str | None = None    # --trace --plan P: the traced step against P's expected step, one line
     notes: list = field(default_factory=list)
 
     def __repr__(self) -> str:  # a terminal: the summary the magic shows (core.summary.to_text)

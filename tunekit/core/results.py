@@ -93,6 +93,8 @@ class RunResult:
     session: str | None = None            # the Lab that ran it, where Labs share a day's log
     above_peak: str | None = None         # why MFU/HFU are past 100% (core.bounds); None when they are not
     throughput_unit: str = "tokens"       # what tokens_per_step counted: "tokens" | "samples" (no sequence dimension)
+    explained: str | None = None          # a traced run against its plan's expected step, in one line
+                                          # (tunekit.explain's .line); None: untraced, or a note says why
 
     def __repr__(self) -> str:  # a terminal: a few aligned lines (core.run_text), every field still one attribute away
         return "\n".join(summary_lines(self))

@@ -72,6 +72,8 @@ def run_rows(r) -> list[tuple[str, str]]:
                        f"{fmt_bytes(r.params_bytes)} · grads {fmt_bytes(r.grads_bytes)} · optimizer "
                        f"{fmt_bytes(r.optimizer_bytes)}"),
             ("loss", f"{formatted(r.loss_first, FORMATS['loss'])} -> {formatted(r.loss, FORMATS['loss'])}")]
+    if getattr(r, "explained", None):   # a traced run against its expected step (tunekit.explain's line)
+        rows.append(("traced", r.explained))
     if cond is not None:
         rows.append(("machine", f"{cond}" + ("; these figures measure the other work too: re-run when "
                                              "it is quiet" if cond.busy else "")))

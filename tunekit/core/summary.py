@@ -47,6 +47,8 @@ def rows(rec) -> list[tuple[str, str]]:
     if getattr(rec, "trace", None) is not None:
         t = rec.trace
         out.append(("trace", f"{t.short()} · profiler overhead {t.overhead_text()}"))
+    if getattr(rec, "explained", None):   # --plan: the traced step against the plan's expected step
+        out.append(("vs plan", rec.explained))
     if getattr(rec, "memory", None) is not None:
         out.append(("memory", rec.memory.short()))
     if not is_missing(getattr(rec, "energy_j", None)):

@@ -3,6 +3,7 @@
     >>> dash = lab.dashboard()            # display it in a notebook cell
     >>> dash.controls["precision"].value = "bf16"
     >>> dash.run_button.click()           # drivable from code: this is how it is tested
+    >>> dash.trace_box.value = True       # the next run traced: its line against the expected step
     >>> dash.table_df                     # the rows the table shows
     >>> dash.plan_picker.value = "H100 SXM"   # the plan of the controls' toggles on an H100
     >>> dash.last_plan.fits, dash.plan_html.value
@@ -84,6 +85,9 @@ class Dashboard(W.VBox):
         self.budget_mib = W.FloatText(value=1024.0 if cpu else 0.0, style=style,
                                       description="CPU budget MiB" if cpu else "budget MiB (0=none)")
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
+        self.trace_box = W.Checkbox(value=False, description="trace (vs expected)", indent=False,
+                                    tooltip="trace one more step and set it against the plan's expected step",
+                                    layout=W.Layout(width="150px"))
         self.find_button = W.Button(description="Find max batch", icon="search",
                                     layout=W.Layout(min_width="150px"))  # the whole label, not "Find ..."
         self.autotune_button = W.Button(description="Autotune", icon="magic", layout=W.Layout(min_width="120px"))
@@ -108,7 +112,7 @@ class Dashboard(W.VBox):
             grid_template_columns="repeat(3, 300px)"))
         for w in (self.max_batch, self.budget_mib):
             w.layout = W.Layout(width="250px")
-        buttons = W.HBox([self.run_button, self.progress, self.find_button, self.max_batch,
+        buttons = W.HBox([self.run_button, self.trace_box, self.progress, self.find_button, self.max_batch,
                           self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
         tune = W.HBox([self.autotune_button, self.autotune_budget, self.plan_picker])
         super().__init__([grid, buttons, tune, self.message, self.plan_html, self.autotune_out, self.autotune_chart,
@@ -192,7 +196,8 @@ class Dashboard(W.VBox):
 
         try:
             r = self._attempt("run", lambda: self.lab.run(steps=steps, warmup=self.controls["warmup"].value,
-                                                          progress=tick, verbose=False, **self.toggles()))
+                                                          progress=tick, verbose=False,
+                                                          trace=self.trace_box.value, **self.toggles()))
         finally:
             self.run_button.disabled = False
             self.progress.description = "done"
@@ -206,6 +211,8 @@ class Dashboard(W.VBox):
         if busy:  # in the colour and the words of the row's badge: these figures are not the change's
             head += _box("⚠ busy machine: " + html.escape(r.conditions.reason) + ". These figures measure "
                          "the other work too; re-run when the machine is quiet before comparing.", "#e65100")
+        if r.explained:   # a traced run against the expected step of its setting (tunekit.explain's line)
+            head += _box("traced step: " + html.escape(r.explained), "#1f77b4")
         self.message.value = head + self._diff_box(r) + notes
         self.refresh()
         if self.plan_picker.value:

@@ -1,9 +1,14 @@
 """``lab.explain``: a Lab's traced run against the expectation of its own step on its own device
-(``lab.plan`` under the run's toggles), op group by op group (core.explain)."""
+(``lab.plan`` under the run's toggles), op group by op group (core.explain); and its one line,
+which ``lab.run(trace=True)`` keeps in ``RunResult.explained`` (`run_line`).
+
+    >>> line, notes = run_line(lab, result)   # after the run's steps: its trace is taken already
+"""
 from __future__ import annotations
 
 from tunekit.core.breakdown import as_breakdown
 from tunekit.core.explain import Explanation, explain_trace
+from tunekit.core.notes import Note, of_kind
 from tunekit.core.specs import find_spec
 
 
@@ -30,10 +35,34 @@ def lab_explain(lab, run=None) -> Explanation:
         if not found:
             raise ValueError(f"no run #{run}: the runs are " + ", ".join(f"#{r.run_id}" for r in runs))
         run = found[-1]
+    return explained(lab, run, f"run #{run.run_id} ({run.label})")
+
+
+def explained(lab, run, label: str) -> Explanation:
+    """``run`` against ``lab.plan`` of its toggles on its device; a ValueError says why it cannot be
+    (a distributed run, a device without a spec row, a plan without an expected step)."""
     if run.parallel:
         raise ValueError("lab.explain explains a one-process run (each rank's trace is its own)")
     plan = lab.plan(plan_device(run.device), **run.toggles.asdict())
+    missing = of_kind(plan.notes, "expected.missing")
+    if plan.expected is None:
+        raise ValueError(str(missing[0]) if missing else "the plan of this run has no expected step")
     e = explain_trace(as_breakdown(run.trace), plan.expected, steps=1, setting=run.toggles,
-                      conditions=run.conditions, label=f"run #{run.run_id} ({run.label})")
-    e.notes += [n for n in plan.notes if getattr(n, "kind", None) == "expected.missing"]
+                      conditions=run.conditions, label=label)
+    e.notes += missing
     return e
+
+
+def run_line(lab, run) -> tuple[str | None, list]:
+    """(``Explanation.line``, []) of a traced run, or (None, [a Note of kind "explain.none" saying
+    why there is none]); (None, []) for a run with no trace. The plan is made here, after the run's
+    steps; whatever it cannot do is said, never raised: the run stands without its line."""
+    if run.trace is None or run.status != "ok":
+        return None, []
+    try:
+        return explained(lab, run, run.label).line, []
+    except ValueError as exc:
+        why = str(exc)
+    except Exception as exc:   # noqa: BLE001 - planning a model of the user's may fail in any way
+        why = f"planning its step failed ({type(exc).__name__}: {exc})"
+    return None, [Note("explain.none", f"no expected step to set this traced run against: {why}")]

@@ -8,6 +8,7 @@ import sys
 from tunekit.core.records import ProfileRecord
 from tunekit.measure.interrupts import closes_gate, deferred_interrupt
 from tunekit.profiling.fingerprint import describe, fingerprint, modules_seen, with_body_names
+from tunekit.profiling.options import explain_record, plan_error
 from tunekit.profiling.probe import Probe
 
 
@@ -22,7 +23,9 @@ class profile:
     pass `inputs=(...)` to say explicitly what the block depends on. ``trace=True`` adds the time
     by op category (``rec.trace``, a Breakdown) and a Chrome trace; ``memory=True`` the memory
     timeline (``rec.memory``), from the first run on; a traced run counts no FLOPs (it reuses a
-    count of the same inputs).
+    count of the same inputs). ``plan`` (a ``tunekit.plan`` of the step, with ``trace=True``):
+    the record's summary sets the traced block against the plan's expected step in one line
+    (``rec.explained``, ``tunekit.explain``'s), ``steps`` being how many training steps the block runs.
 
     One object measures one run at a time; entered again, it makes a new record (each run its
     own row in `history()`). As a decorator, each call of the function is one run:
@@ -33,7 +36,15 @@ class profile:
 
     def __init__(self, name: str | None = None, flops: str = "auto", model_flops: float | None = None,
                  peak: float | None = None, dtype: str | None = None, inputs=None, trace: bool = False,
-                 memory: bool = False):
+                 memory: bool = False, plan=None, steps: int = 1):
+        why = plan_error(plan) if plan is not None else None
+        if plan is not None and not trace:
+            why = "plan= sets the block's traced step against the plan's expected step: add trace=True"
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1 or (steps != 1 and plan is None):
+            why = f"steps is how many training steps the block runs (>= 1, with plan=...), got {steps!r}"
+        if why:
+            raise ValueError(f"tunekit.profile: {why}")
+        self.plan, self.steps = plan, steps
         frame = sys._getframe(1)
         self.where = where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         fp, models = (), None
@@ -100,6 +111,7 @@ class profile:
         self.shield.open = False
         try:
             self.probe.stop(exc)
+            explain_record(self.probe.record, self.plan, self.steps)  # after the probe: not measured
         finally:
             self.shield.__exit__(exc_type, exc, tb)  # raises a Ctrl-C that came meanwhile
         return False  # the exception, if any, reaches the caller unchanged

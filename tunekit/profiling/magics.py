@@ -5,7 +5,6 @@ Parse the options, hand the cell to a Probe, display the record. Nothing here me
 from __future__ import annotations
 
 import ast
-import math
 import types
 
 from IPython.core.displayhook import DisplayHook
@@ -20,6 +19,7 @@ from tunekit.measure.history import HISTORY, source_key
 from tunekit.measure.interrupts import closes_gate, deferred_interrupt, opens_gate
 from tunekit.profiling.cell_check import cell_syntax_error, install, uninstall
 from tunekit.profiling.fingerprint import fingerprint, modules_seen, names_read
+from tunekit.profiling.options import check, explain_record, planned
 from tunekit.profiling.probe import FLOPS_MODES, Probe
 
 # cells `%gpuprofile on` does not profile: the cell magic measures itself, on/off cells are not workload
@@ -62,6 +62,10 @@ class GpuProfileMagics(Magics):
     @argument("--memory", action="store_true",
               help="memory timeline by category (parameters, gradients, optimizer state, activations) "
                    "from torch.profiler's memory profiler; on CUDA also a memory_viz snapshot")
+    @argument("--plan", default=None, metavar="NAME",
+              help="with --trace: a Plan in the notebook (p = tunekit.plan(...)); the summary sets the traced "
+                   "step against its expected step in one line (tunekit.explain)")
+    @argument("--steps", type=int, default=1, help="with --plan: how many training steps the cell runs")
     @line_cell_magic
     def gpuprofile(self, line, cell=None):
         """Profile a cell: time, CPU/GPU memory, FLOPs, TFLOPS, MFU/HFU.
@@ -76,6 +80,7 @@ class GpuProfileMagics(Magics):
             %gpuprofile off
 
             %%gpuprofile --trace --memory  # why: time by op category, memory timeline
+            %%gpuprofile --trace --plan p  # and the step against p's expected step (p = tunekit.plan(...))
 
         Results: ``tunekit.history()`` (DataFrame), ``tunekit.last()`` (record).
         """
@@ -92,17 +97,12 @@ class GpuProfileMagics(Magics):
         args = self._args.get(line) or parse_argstring(self.gpuprofile, line)
         if len(self._args) > 256:  # bounded, like the compiled cells
             self._args.clear()
-        self._args[line] = args  # validated below; a bad line raises before it is reused
-        if args.model_flops is not None and not 0 <= args.model_flops < math.inf:
+        self._args[line] = args  # validated here; a bad line raises before it is reused
+        try:
+            check(args)
+        except UsageError:
             self._args.pop(line, None)
-            raise UsageError(f"--model-flops must be a finite FLOP count >= 0, got {args.model_flops!r}")
-        if args.peak is not None and not 0 < args.peak < math.inf:
-            self._args.pop(line, None)
-            raise UsageError(f"--peak must be a finite TFLOPS figure > 0, got {args.peak!r}")
-        if args.flops == "always" and (args.trace or args.memory):
-            self._args.pop(line, None)
-            raise UsageError("--flops always counts every run, and a traced run counts none (the counter "
-                             "would be traced as the work): use --trace/--memory with --flops auto or never")
+            raise
         if cell is None:
             return self._line(args)
         if args.mode:
@@ -128,6 +128,7 @@ class GpuProfileMagics(Magics):
         if error is not None:  # a cell that never ran is not a run: nothing recorded; shown as a
             raise cell_syntax_error(error) from None  # plain cell's (cell_check), no frames of ours
         ns = self.shell.user_ns
+        plan = planned(ns, args)  # --plan: looked up on every run, refused before the cell runs
         probe = self._probe_for(args, code, name)
         exp = self._start_experiment(name, args, probe)
         if exp is None:
@@ -137,9 +138,9 @@ class GpuProfileMagics(Magics):
                 exec(body, ns)
                 result = eval(tail, ns) if tail is not None else None
         except BaseException as e:  # KeyboardInterrupt too: recorded, then re-raised unchanged
-            self._finish(probe, exp, args, e)
+            self._finish(probe, exp, args, e, plan)
             raise
-        self._finish(probe, exp, args, None)
+        self._finish(probe, exp, args, None, plan)
         # IPython's displayhook sees only this magic's call, so it cannot tell that the cell ends
         # in `;`: hide the result here, as a plain cell would (no Out[N], `_` unchanged)
         return None if tail is not None and DisplayHook.semicolon_at_end_of_expression(code) else result
@@ -192,11 +193,12 @@ class GpuProfileMagics(Magics):
         # the experiment starts and stops the probe, so its record carries the leak check too
         return experiment(name, namespace=self.shell.user_ns, quiet=True, probe=probe).__enter__()
 
-    def _finish(self, probe, exp, args, error):
+    def _finish(self, probe, exp, args, error, plan=None):
         if exp is not None:
             exp.__exit__(type(error) if error else None, error, None)
         else:
             probe.stop(error)
+        explain_record(probe.record, plan, args.steps)  # after the probe stopped: nothing here is measured
         if not args.quiet:
             self._display(probe.record)
 
