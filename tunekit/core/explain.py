@@ -126,7 +126,7 @@ class Explanation:
         machine, a profiler that slowed the traced step by over 5%."""
         out = ["⚠ taken on a busy machine"] if self.busy else []
         if self.overhead == self.overhead and self.overhead > PROFILER_SHOWN:
-            out.append(f"the profiler slowed it by {fmt_pct(self.overhead, 0)}")
+            out.append(f"the profiler slowed the traced step by {fmt_pct(self.overhead, 0)}")
         return out
 
     @property
@@ -161,8 +161,10 @@ def _hint(group: str, setting) -> str:
 
 
 def explain_trace(trace: Breakdown, expected, *, steps: int = 1, setting=None, conditions=None,
-                  label: str = "run", top: int = 5) -> Explanation:
-    """A traced step (``steps`` steps in the trace) against an `Expected` (core.expected)."""
+                  label: str = "run", top: int = 5, step_s: float | None = None) -> Explanation:
+    """A traced step (``steps`` steps in the trace) against an `Expected` (core.expected).
+    ``step_s``: the same step timed without the profiler (a Lab run's), which the one line sets
+    against the expectation; the groups are the trace's, its shares of the traced step."""
     if trace is None:
         raise ValueError("nothing traced to explain: run it traced (lab.run(trace=True), %%gpuprofile --trace) "
                          "and explain that run")
@@ -172,6 +174,7 @@ def explain_trace(trace: Breakdown, expected, *, steps: int = 1, setting=None, c
     m_groups, m_ops = measured_groups(trace, steps)
     e_groups, e_ops = expected_groups(expected.rows)
     measured_s = trace.wall_s / steps
+    headline_s = step_s if step_s is not None and step_s > 0 else measured_s
     rows = []
     for g in GROUPS:
         m, e = m_groups.get(g, 0.0), e_groups.get(g, 0.0)
@@ -195,7 +198,7 @@ def explain_trace(trace: Breakdown, expected, *, steps: int = 1, setting=None, c
     if trace.overhead == trace.overhead and trace.overhead > PROFILER_SHOWN:
         notes.append(Note("explain.profiler", f"the profiler slowed the traced step by {fmt_pct(trace.overhead, 0)}: "
                                               "part of every gap is its own"))
-    return Explanation(label, measured_s, expected.step_s, rows, ops, gaps[:3], notes, busy, trace.overhead)
+    return Explanation(label, headline_s, expected.step_s, rows, ops, gaps[:3], notes, busy, trace.overhead)
 
 
 def explain(result, plan=None, *, steps: int = 1) -> Explanation:

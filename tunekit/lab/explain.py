@@ -47,8 +47,9 @@ def explained(lab, run, label: str) -> Explanation:
     missing = of_kind(plan.notes, "expected.missing")
     if plan.expected is None:
         raise ValueError(str(missing[0]) if missing else "the plan of this run has no expected step")
+    # the headline takes the run's own step (timed without the profiler); the groups, the trace's
     e = explain_trace(as_breakdown(run.trace), plan.expected, steps=1, setting=run.toggles,
-                      conditions=run.conditions, label=label)
+                      conditions=run.conditions, label=label, step_s=run.step_s)
     e.notes += missing
     return e
 
