@@ -17,6 +17,9 @@ _MAMF = "ml-engineering compute/accelerator MAMF table (bf16 8192-class matmuls,
 MAMF = {
     ("H100 SXM", "bf16"): (794.5, _MAMF), ("H100 SXM", "fp16"): (794.5, _MAMF + ", bf16's figure"),
     ("H100 SXM", "fp8"): (1402.6, _MAMF),
+    # torchtitan's 500 W, 96 GB HBM2e H100: no published MAMF; the 700 W SXM's, an upper bound
+    ("H100 SXM 96GB", "bf16"): (794.5, _MAMF + " (the 700 W SXM's: an upper bound for this 500 W card)"),
+    ("H100 SXM 96GB", "fp16"): (794.5, _MAMF + " (the 700 W SXM's bf16: an upper bound)"),
     ("H200 SXM", "bf16"): (794.5, _MAMF + " (H200: the H100's)"), ("H200 SXM", "fp16"): (794.5, _MAMF + ", bf16's"),
     ("H200 SXM", "fp8"): (1453.4, _MAMF),
     ("A100 80GB", "bf16"): (271.2, _MAMF), ("A100 80GB", "fp16"): (271.2, _MAMF + ", bf16's figure"),
@@ -30,14 +33,16 @@ MAMF = {
 # The share of the memory bandwidth a streaming kernel reaches (bytes read + written over time)
 BANDWIDTH_FRACTION = {
     "H100 SXM": (3.0 / 3.35, "device-to-device copies measured on this workplace's lent H100 (facts.md)"),
+    "H100 SXM 96GB": (3.0 / 3.35, "the HBM3 H100 SXM's share (copies measured on this workplace's lent H100, "
+                                  "facts.md) of its 2.4 TB/s HBM2e"),
     "H200 SXM": (4.3 / 4.8, "device-to-device copies measured on this workplace's lent H200 (facts.md)"),
     "A100 80GB": (1.80 / 2.04, "read kernel at 1.80 of 2.04 TB/s on an A100 80GB, NCU agreeing "
                           "(forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083)"),
 }
 
 # Streaming multiprocessors (the waves a tiled matmul fills): vendor data sheets
-SMS = {"H100 SXM": 132, "H200 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "A100 80GB": 108, "A100 40GB": 108,
-       "B200": 148}
+SMS = {"H100 SXM": 132, "H100 SXM 96GB": 132, "H200 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "A100 80GB": 108,
+       "A100 40GB": 108, "B200": 148}
 TILE = (128, 128)   # a CUTLASS/cuBLAS threadblock tile of a large half-precision GEMM
 WAVE_SOURCE = ("wave quantization over 128 x 128 tiles (NVIDIA Deep Learning Performance Guide, Matrix "
                "Multiplication Background)")
@@ -85,6 +90,9 @@ ATTENTION = {
     ("triton", "A100 80GB"): (_FA1_A100_ROWS, _FA1_A100), ("triton", "A100 40GB"): (_FA1_A100_ROWS, _FA1_A100),
     ("flash", "H100 SXM"): (_FA2_H100_ROWS, _FA2_H100), ("flash", "H200 SXM"): (_FA2_H100_ROWS, _FA2_H100),
     ("fa3", "H100 SXM"): (_FA3_H100_ROWS, _FA3_H100), ("fa3", "H200 SXM"): (_FA3_H100_ROWS, _FA3_H100),
+    # torchtitan's 500 W H100: the 700 W card's figures, upper bounds
+    ("flash", "H100 SXM 96GB"): (_FA2_H100_ROWS, _FA2_H100 + " (the 700 W card's: an upper bound)"),
+    ("fa3", "H100 SXM 96GB"): (_FA3_H100_ROWS, _FA3_H100 + " (the 700 W card's: an upper bound)"),
 }
 # the kernels `tunekit.plan(attention_kernel=...)` names (None: "flash", FA2-class, what torch's SDPA runs)
 ATTENTION_KERNELS = {"flash": "FlashAttention-2 (torch's SDPA flash kernel)", "fa3": "FlashAttention-3 (Hopper)",
