@@ -5,15 +5,19 @@ No figure here was fitted to these runs: the expectation's constants are core/ef
 (MAMF table, streaming bandwidth, FlashAttention papers, launch costs), each with its source.
 
 Runs (tokens/s per GPU as published; the software each ran on):
-- MosaicML llm-foundry, scripts/train/benchmarking/README.md (2023; Composer on torch 1.13/2.0,
-  triton/flash attention, FSDP FULL_SHARD over 8 GPUs, amp_bf16 on fp32 weights): MPT models,
+- MosaicML llm-foundry, scripts/train/benchmarking/README.md, the tables of commit b2a43a1
+  (2023-10-19). Its sweep.sh submits image mosaicml/pytorch:2.1.0_cu121 and passes no --attn_impl, so
+  submit_benchmarks.py's default ran: attn_impl="triton", llm-foundry's copy of HazyResearch's
+  FlashAttention-1-era flash_attn_triton.py (planned with attention_kernel="triton"). FSDP FULL_SHARD
+  over 8 GPUs, amp_bf16 on fp32 weights (Composer's DEFAULT mixed precision): MPT models,
   d_model x heads x layers 768x12x12 (125m), 1024x16x24 (350m), 1536x12x24 (760m), 2048x16x24 (1b),
   2560x20x32 (3b), 4096x32x32 (7b), 5120x40x40 (13b); vocab 50368, GELU MLP 4x, learned positions,
   no biases. Each row's micro-batch, sequence and activation checkpointing are the table's.
 - torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; torch nightly 2024-12-23):
   Llama 3.1 8B, FSDP over 8 / 128 H100s, local batch 2 x 8192, selective activation checkpointing,
-  with and without torch.compile. Their H100s are 96 GB HBM2e at 2.4 TB/s and 500 W, planned on
-  the spec table's H100 SXM (3.35 TB/s, 700 W): the expectation errs fast for them.
+  with and without torch.compile. Their H100s are 96 GB HBM2e at 2.4 TB/s and 500 W: the spec
+  table's "H100 SXM 96GB" (that bandwidth; the 700 W card's compute figures, upper bounds: torchtitan
+  says its peak is "between SXM and NVL" and unknown).
 - llm.c GPT-2 124M on an A100, "up to ~60%" MFU in llm.c's convention (6 x all parameters +
   6*L*C*T per token, 312 TFLOPS; 2024, its own CUDA kernels, fused everything): tokens/s derived
   from that MFU, planned as 64 x 1024 per GPU.
@@ -64,10 +68,10 @@ def runs():
         out.append((label, "llm-foundry 2023", tps,
                     lambda name=name, dev=dev, seq=seq, mb=mb, ck=ck: tunekit.plan(
                         mpt(name, seq), dev, precision="bf16", micro_batch=mb, seq_len=seq, checkpointing=ck,
-                        parallel="fsdp", world_size=8)))
+                        parallel="fsdp", world_size=8, attention_kernel="triton")))
     for gpus, compiled, tps in ((8, False, 5762), (8, True, 6667), (128, False, 5605), (128, True, 6514)):
         setting = tunekit.Setting(precision="bf16", micro_batch=2, seq_len=8192, parallel="fsdp", world_size=gpus,
-                                  nodes=gpus // 8, compile=compiled, device="H100 SXM")
+                                  nodes=gpus // 8, compile=compiled, device="H100 SXM 96GB")
         # selective (op) checkpointing: torchtitan's policy saves every other matmul's output and
         # recomputes the rest of the forward, half its matmuls: the step midway between none and full
         out.append((f"torchtitan Llama3-8B {gpus} H100s 2x8192 SAC" + (" compile" if compiled else ""),

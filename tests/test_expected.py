@@ -54,6 +54,9 @@ def test_a_cpu_adds_each_ops_dispatch_and_reads_bandwidth_by_size():
 def test_matmul_shape_efficiency():
     h100 = gpu_figures("H100 SXM", "bf16", 989, 3.35, compiled=False)
     assert h100.mamf_tflops == 794.5 and h100.bandwidth_tbs == pytest.approx(3.0)
+    # torchtitan's 500 W H100: its 2.4 TB/s HBM2e at the HBM3 card's measured share, 3.0 / 3.35
+    titan = gpu_figures("H100 SXM 96GB", "bf16", 989, 2.4, compiled=False)
+    assert titan.bandwidth_tbs == pytest.approx(2.4 * 3.0 / 3.35)
     # 8192 x 8192 in 128 x 128 tiles: 4096 tiles over 132 SMs = 32 waves (31.03): 4096 / (32 * 132) = 0.9697
     assert wave_efficiency(8192, 8192, 1, 132) == pytest.approx(4096 / 4224)
     assert wave_efficiency(256, 256, 1, 132) == 1.0   # 4 tiles: split along k
@@ -155,3 +158,76 @@ def test_the_a100_variants():
     assert not gpu_figures("A100 80GB", "bf16", 312, 2.0, compiled=False).missing()
     assert gpu_figures("A100 40GB", "bf16", 312, 1.555, compiled=False).missing() == [
         "the memory bandwidth a streaming kernel reaches"]
+
+
+def test_attention_share_by_head_dim_and_sequence():
+    from tunekit.core.efficiency import ATTENTION, attention_share
+
+    a100, _ = ATTENTION[("flash", "A100 80GB")]
+    # FA2 on an A100: 50% at seq 512, 73% at 16384, in log(seq): 2048 is 2 of 5 doublings in,
+    # 0.50 + 0.23 * 2 / 5 = 0.592; held flat outside the paper's sweep
+    assert attention_share(a100, 64, 2048) == pytest.approx(0.592)
+    assert attention_share(a100, 128, 256) == 0.50 and attention_share(a100, 128, 65536) == 0.73
+    # FA2 on Hopper, PR #1791 (hdim 128, seq 8192, causal): 3.5 x 284.1 x 1.935 / (1.935 + 4.788) = 286.19 TFLOPS
+    # fwd+bwd, / 989 = 0.289375; FA3: 3.5 x 630.0 x 0.873 / 3.458 = 556.67, / 989 = 0.562862
+    assert attention_share(ATTENTION[("flash", "H100 SXM")][0], 128, 8192) == pytest.approx(0.289375, abs=1e-6)
+    assert attention_share(ATTENTION[("fa3", "H100 SXM")][0], 128, 8192) == pytest.approx(0.562862, abs=1e-6)
+    # the Triton kernel on an A100 at 2048: 0.25 + 0.15 * 2 / 5 = 0.31; on Hopper FA2's 0.289375 x 0.31 / 0.592
+    assert attention_share(ATTENTION[("triton", "A100 80GB")][0], 64, 2048) == pytest.approx(0.31)
+    assert attention_share(ATTENTION[("triton", "H100 SXM")][0], 64, 2048) == pytest.approx(0.289375 * 0.31 / 0.592,
+                                                                                               abs=1e-6)
+    # the rows of the nearest head dim (a tie: the smaller), interpolated between two sequences
+    rows = ((64, 1000, 0.2), (128, 1000, 0.4), (128, 4000, 0.6))
+    assert attention_share(rows, 96, 1000) == 0.2 and attention_share(rows, 100, 1000) == 0.4
+    assert attention_share(rows, 128, 2000) == pytest.approx(0.5)   # 2000 is halfway from 1000 to 4000 in log
+
+
+def test_attention_op_at_its_shapes_share():
+    fig = _fig(attention={"flash": (((None, 512, 0.5), (None, 16384, 0.73)), "fa2")})
+    # (seq_q, seq_k, head_dim, batch x heads); 1e12 FLOPs at 0.592 x 100 TFLOPS = 0.016892 s
+    att = ("sdpa", "attention", "forward", 10**12, 0, (2048, 2048, 64, 8), 2)
+    e = expect([att], fig, tokens=1, model_flops=0, backend="flash", params=0, param_bytes=2, grad_bytes=2,
+               state_bytes=0, optimizer_kernels=0)
+    assert {r[0]: r[3] for r in e.rows}["sdpa"] == pytest.approx(1e12 / 59.2e12)
+
+
+def test_counter_keeps_an_attentions_shape():
+    q = torch.ones(2, 3, 16, 8, requires_grad=True)
+    with RooflineCounter() as c:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    att = [r for r in c.ops if r[1] == "attention"]
+    # forward and backward: seq_q 16, seq_k 16, head dim 8, batch x heads 2 x 3 = 6
+    assert len(att) == 2 and all(r[5] == (16, 16, 8, 6) for r in att)
+
+
+def test_overlapped_collectives_slow_the_compute():
+    from tunekit.core.efficiency import OVERLAP_SLOWDOWN
+
+    # FSDP over one unit: 10 ms of collectives, the first gather (10 / 2 = 5 ms) exposed before any
+    # compute, the other 5 ms hidden behind 1 s of compute (8e13 FLOPs at 80 TFLOPS)
+    big = ("mm", "matmul", "forward", 8 * 10**13, 0, (65536, 65536, 65536, 1), 2)
+    e = expect([big], _fig(sms=None), tokens=1, model_flops=0, backend=None, params=0, param_bytes=2,
+               grad_bytes=2, state_bytes=0, optimizer_kernels=0, comm={"all_gather/intra": 0.01}, parallel="fsdp",
+               units=1)
+    rows = {r[0]: r[3] for r in e.rows}
+    s = OVERLAP_SLOWDOWN[0]
+    assert s == 0.189
+    assert rows["collectives (exposed)"] == pytest.approx(0.005)
+    # the 5 ms hidden cost 0.005 x 0.189 / 1.189 = 0.000794785 s of slower compute
+    assert rows["compute slowed by overlapped collectives"] == pytest.approx(0.005 * 0.189 / 1.189)
+    assert e.step_s == pytest.approx(1.0 + 0.005 + 0.005 * 0.189 / 1.189)
+
+
+def test_plan_takes_the_attention_kernel():
+    cfg = tunekit.GPTConfig(n_layer=1, n_head=8, n_embd=512, vocab_size=256, block_size=512)
+    flash, triton = (tunekit.plan(cfg, "A100", precision="bf16", micro_batch=16, seq_len=512, attention_kernel=k)
+                     for k in (None, "triton"))
+
+    def attention_s(p):
+        return p.expected.by_op.query("category == 'attention'").expected_s.sum()
+    # seq 512, the sweep's first: FA2 at 50% and the Triton kernel at 25% of the A100, twice the time (the
+    # forward's 4 x 16 x 512^2 x 512 / 2 = 4.3 GFLOPs take 27.5 us at 156 TFLOPS: over the 5 us launch)
+    assert attention_s(triton) == pytest.approx(2 * attention_s(flash))
+    assert any("Triton" in n for n in triton.expected.notes)
+    with pytest.raises(ValueError, match="attention_kernel"):
+        tunekit.plan(cfg, "A100", precision="bf16", micro_batch=2, seq_len=64, attention_kernel="fa9")

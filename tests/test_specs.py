@@ -38,6 +38,14 @@ def test_short_names_do_not_match_longer_models():
     assert specs.find_spec("NVIDIA GH200 480GB") is None
 
 
+def test_torchtitans_h100_is_its_own_card():
+    # Grand Teton's 96 GB HBM2e H100 at 2.4 TB/s (torchtitan's benchmarks), the 700 W SXM's compute as an upper bound
+    card = specs.find_spec("H100 96GB")
+    assert card.name == "H100 SXM 96GB" and card.bandwidth_tbs == 2.4 and card.link_gbs == 450
+    assert card.tflops["bf16"] == 989 and "upper bound" in card.source
+    assert specs.find_spec("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+
+
 def test_missing_dtype_and_unknown_device():
     assert specs.spec_peak("NVIDIA A100-SXM4-80GB", "fp8")[0] is None  # Ampere has no fp8
     assert specs.spec_peak("Mystery Accelerator 9000")[0] is None

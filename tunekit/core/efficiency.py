@@ -7,6 +7,7 @@ A device without a figure gets no expectation for what needs it, and a note nami
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 _MAMF = "ml-engineering compute/accelerator MAMF table (bf16 8192-class matmuls, torch)"
@@ -16,6 +17,9 @@ _MAMF = "ml-engineering compute/accelerator MAMF table (bf16 8192-class matmuls,
 MAMF = {
     ("H100 SXM", "bf16"): (794.5, _MAMF), ("H100 SXM", "fp16"): (794.5, _MAMF + ", bf16's figure"),
     ("H100 SXM", "fp8"): (1402.6, _MAMF),
+    # torchtitan's 500 W, 96 GB HBM2e H100: no published MAMF; the 700 W SXM's, an upper bound
+    ("H100 SXM 96GB", "bf16"): (794.5, _MAMF + " (the 700 W SXM's: an upper bound for this 500 W card)"),
+    ("H100 SXM 96GB", "fp16"): (794.5, _MAMF + " (the 700 W SXM's bf16: an upper bound)"),
     ("H200 SXM", "bf16"): (794.5, _MAMF + " (H200: the H100's)"), ("H200 SXM", "fp16"): (794.5, _MAMF + ", bf16's"),
     ("H200 SXM", "fp8"): (1453.4, _MAMF),
     ("A100 80GB", "bf16"): (271.2, _MAMF), ("A100 80GB", "fp16"): (271.2, _MAMF + ", bf16's figure"),
@@ -29,14 +33,16 @@ MAMF = {
 # The share of the memory bandwidth a streaming kernel reaches (bytes read + written over time)
 BANDWIDTH_FRACTION = {
     "H100 SXM": (3.0 / 3.35, "device-to-device copies measured on this workplace's lent H100 (facts.md)"),
+    "H100 SXM 96GB": (3.0 / 3.35, "the HBM3 H100 SXM's share (copies measured on this workplace's lent H100, "
+                                  "facts.md) of its 2.4 TB/s HBM2e"),
     "H200 SXM": (4.3 / 4.8, "device-to-device copies measured on this workplace's lent H200 (facts.md)"),
     "A100 80GB": (1.80 / 2.04, "read kernel at 1.80 of 2.04 TB/s on an A100 80GB, NCU agreeing "
                           "(forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083)"),
 }
 
 # Streaming multiprocessors (the waves a tiled matmul fills): vendor data sheets
-SMS = {"H100 SXM": 132, "H200 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "A100 80GB": 108, "A100 40GB": 108,
-       "B200": 148}
+SMS = {"H100 SXM": 132, "H100 SXM 96GB": 132, "H200 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "A100 80GB": 108,
+       "A100 40GB": 108, "B200": 148}
 TILE = (128, 128)   # a CUTLASS/cuBLAS threadblock tile of a large half-precision GEMM
 WAVE_SOURCE = ("wave quantization over 128 x 128 tiles (NVIDIA Deep Learning Performance Guide, Matrix "
                "Multiplication Background)")
@@ -46,16 +52,83 @@ WAVE_SOURCE = ("wave quantization over 128 x 128 tiles (NVIDIA Deep Learning Per
 MISALIGNED = (272.7 / 398.4, "SwiGLU d_ff sweep on an H100 (10922: 272.7, 10944: 398.4 TFLOPS; the seeds)")
 ALIGN = 8
 
-# Fused attention (forward + backward, causal half counted as the kernels count it), share of the
-# dense peak, by backend and device
-_FA2 = "FlashAttention-2 README: up to 225 TFLOPS per A100 (72%)"
-_FA2_H100 = "FlashAttention-3 paper: FlashAttention-2 reaches ~35% of an H100"
-_FA3 = "FlashAttention-3 paper: 740 TFLOPS fp16 (75%) on an H100"
+# Fused attention, forward + backward, as a share of the dense peak, by backend, device, head dim
+# and sequence length. FLOPs as the kernels' benchmarks count them (and tunekit's counter): forward
+# 4*b*h*s^2*d, halved when causal, backward 2.5x the forward (it rebuilds QK^T). Each table holds
+# ((head_dim or None: any, seq, share), ...): the rows of the nearest head dim, interpolated in
+# log(seq) and held flat outside (`attention_share`). Backends: "flash" = FlashAttention-2 (torch's
+# SDPA flash kernel is FA2), "fa3" = FlashAttention-3 (Hopper), "triton" = the FlashAttention-1-era
+# Triton kernel (HazyResearch flash_attn_triton.py on triton 2.0.0.dev20221202, which llm-foundry's
+# attn_impl="triton" copied, its default until 2024).
+#
+# A100: the FlashAttention-2 paper (arXiv 2307.08691, abstract and section 4.1) gives ranges over its
+# sweep (sequence 512 to 16k, head dim 64 and 128, causal or not): FlashAttention-2 "50-73% of the
+# theoretical maximum FLOPs/s on A100", FlashAttention(-1) "25-40%". Its figures rise with the sequence
+# (more blocks per SM, fewer partial tiles), so each range's low end is placed at 512 and its high end
+# at 16k. The Triton kernel's own docstring: "Overall Triton forward + backward is slightly slower than
+# CUDA forward + backward" (the CUDA one being FlashAttention-1): the FA1 range, an upper bound.
+# Hopper (sm90): flash-attention PR #1791 (benchmark_attn.py, Hopper, head dim 128, seq 8192, causal):
+# FA2 forward 1.935 ms at 284.1 TFLOPS, backward 4.788 ms at 287.1 -> 3.5 x 284.1 x 1.935 / 6.723 ms =
+# 286.2 TFLOPS (28.9% of 989); FA3 forward 0.873 ms at 630.0, backward 2.585 ms at 531.6 -> 3.5 x 630.0
+# x 0.873 / 3.458 ms = 556.7 TFLOPS (56.3%). (FA3's "740 TFLOPS, 75%" is its best forward alone.)
+# The Triton kernel on Hopper: no published figure; it and FA2 both issue Ampere mma instructions there
+# (no wgmma), so FA2's Hopper figure is scaled by the two kernels' ratio on the A100 at the same
+# sequence (e.g. 2048: 31.0% / 59.2%).
+_FA2_A100 = "FlashAttention-2 paper (arXiv 2307.08691): FA2 50-73% of an A100 over seq 512-16k"
+_FA1_A100 = ("FlashAttention-2 paper: FlashAttention 25-40% of an A100 over seq 512-16k; the Triton kernel "
+             "'slightly slower than CUDA' (flash_attn_triton.py)")
+_HOPPER = "flash-attention PR #1791 benchmark_attn.py on Hopper (hdim 128, seq 8192, causal): "
+_FA2_H100 = _HOPPER + "FA2 286.2 TFLOPS fwd+bwd (28.9%)"
+_FA3_H100 = _HOPPER + "FA3 556.7 TFLOPS fwd+bwd (56.3%)"
+_SWEEP = (512, 16384)
+_FA2_A100_ROWS = ((None, _SWEEP[0], 0.50), (None, _SWEEP[1], 0.73))
+_FA1_A100_ROWS = ((None, _SWEEP[0], 0.25), (None, _SWEEP[1], 0.40))
+_FA2_H100_ROWS = ((128, 8192, 3.5 * 284.1 * 1.935 / (1.935 + 4.788) / 989),)
+_FA3_H100_ROWS = ((128, 8192, 3.5 * 630.0 * 0.873 / (0.873 + 2.585) / 989),)
 ATTENTION = {
-    ("flash", "A100 80GB"): (0.72, _FA2), ("flash", "A100 40GB"): (0.72, _FA2),
-    ("flash", "H100 SXM"): (0.35, _FA2_H100), ("flash", "H200 SXM"): (0.35, _FA2_H100),
-    ("fa3", "H100 SXM"): (0.75, _FA3), ("fa3", "H200 SXM"): (0.75, _FA3 + " (H200: the H100's)"),
+    ("flash", "A100 80GB"): (_FA2_A100_ROWS, _FA2_A100), ("flash", "A100 40GB"): (_FA2_A100_ROWS, _FA2_A100),
+    ("triton", "A100 80GB"): (_FA1_A100_ROWS, _FA1_A100), ("triton", "A100 40GB"): (_FA1_A100_ROWS, _FA1_A100),
+    ("flash", "H100 SXM"): (_FA2_H100_ROWS, _FA2_H100), ("flash", "H200 SXM"): (_FA2_H100_ROWS, _FA2_H100),
+    ("fa3", "H100 SXM"): (_FA3_H100_ROWS, _FA3_H100), ("fa3", "H200 SXM"): (_FA3_H100_ROWS, _FA3_H100),
+    # torchtitan's 500 W H100: the 700 W card's figures, upper bounds
+    ("flash", "H100 SXM 96GB"): (_FA2_H100_ROWS, _FA2_H100 + " (the 700 W card's: an upper bound)"),
+    ("fa3", "H100 SXM 96GB"): (_FA3_H100_ROWS, _FA3_H100 + " (the 700 W card's: an upper bound)"),
 }
+# the kernels `tunekit.plan(attention_kernel=...)` names (None: "flash", FA2-class, what torch's SDPA runs)
+ATTENTION_KERNELS = {"flash": "FlashAttention-2 (torch's SDPA flash kernel)", "fa3": "FlashAttention-3 (Hopper)",
+                     "triton": "the FlashAttention-1-era Triton kernel (llm-foundry attn_impl='triton', 2023)"}
+
+
+def attention_share(rows, head_dim: int | None, seq: int | None) -> float:
+    """The share of the peak a fused attention kernel reaches at this head dim and sequence: the
+    rows of the nearest head dim given (None rows: any), interpolated in log(seq), flat outside."""
+    dims = {d for d, _, _ in rows}
+    if head_dim is not None and dims - {None}:
+        near = min(dims - {None}, key=lambda d: (abs(d - head_dim), d))
+        rows = [r for r in rows if r[0] == near]
+    pts = sorted((s, v) for _, s, v in rows)
+    if seq is None or seq <= pts[0][0]:
+        return pts[0][1]
+    if seq >= pts[-1][0]:
+        return pts[-1][1]
+    for (s0, v0), (s1, v1) in zip(pts, pts[1:]):
+        if s0 <= seq <= s1:
+            f = math.log(seq / s0) / math.log(s1 / s0)
+            return v0 + f * (v1 - v0)
+    return pts[-1][1]
+
+
+def _scaled(rows_to, rows_a100, rows_a100_ref, seqs):
+    """``rows_to`` scaled at each sequence by the ratio of two kernels' A100 shares there."""
+    return tuple((None, s, attention_share(rows_to, None, s) * attention_share(rows_a100, None, s)
+                  / attention_share(rows_a100_ref, None, s)) for s in seqs)
+
+
+_TRITON_H100_ROWS = _scaled(_FA2_H100_ROWS, _FA1_A100_ROWS, _FA2_A100_ROWS, (512, 1024, 2048, 4096, 8192, 16384))
+_TRITON_H100 = ("the FA2 Hopper figure (" + _FA2_H100 + ") times the Triton / FA2 ratio on an A100 at the same "
+                "seq (FlashAttention-2 paper's ranges): both kernels issue Ampere mma there")
+ATTENTION[("triton", "H100 SXM")] = (_TRITON_H100_ROWS, _TRITON_H100)
+ATTENTION[("triton", "H200 SXM")] = (_TRITON_H100_ROWS, _TRITON_H100)
 
 # Host time per kernel: eager PyTorch dispatches each op through Python, autograd and the ATen
 # dispatcher before the launch (5-25 us together; the low end on a fast host), a compiled graph
@@ -65,6 +138,12 @@ LAUNCH_S = {"eager": (5e-6, _LAUNCH + ": 5-25 us per eager op"),
             "compiled": (3e-6, _LAUNCH + ": cudaLaunchKernel 1-3 us")}
 
 DDP_BUCKET_BYTES = (25 * 2**20, "torch DDP bucket_cap_mb=25 (its default)")
+
+# Compute that runs while a collective is in flight is slower than alone (NCCL's kernels hold SMs,
+# shared memory and HBM bandwidth): measured on 4 A100s, H100s, MI250s and MI210s training GPT and
+# LLaMA models, "an average computational slowdown of 18.9%, with a maximum of 40.0%" (the mean taken)
+OVERLAP_SLOWDOWN = (0.189, "compute overlapped with communication: 18.9% slower on average, 40.0% at most "
+                           "(Characterizing Compute-Communication Overlap, arXiv 2507.03114, A100/H100/MI250/MI210)")
 
 
 @dataclass(frozen=True)
@@ -81,7 +160,7 @@ class Figures:
     launch_source: str
     host_bound: bool                  # True: the host waits for each kernel (a CPU): launch adds to work
     sms: int | None = None
-    attention: dict | None = None     # backend -> (share of peak, source)
+    attention: dict | None = None     # backend -> (rows (head_dim, seq, share), source): attention_share
     mamf_sweep: tuple = ()            # ((size, tflops), ...): a calibration's sweep (a CPU)
     bandwidth_sweep: tuple = ()       # ((bytes, TB/s), ...): a measured copy sweep (a CPU)
     transcendental_rate: float | None = None   # elements/s of GELU-class ops (a CPU: compute-bound there)

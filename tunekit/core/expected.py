@@ -4,13 +4,15 @@ collectives less what overlaps. Pure: op records and figures in, an `Expected` o
 
 An op record is ``(name, kind, phase, flops, bytes, dims, itemsize[, io])`` as the plan's counter
 keeps it (planning/ops.RooflineCounter): ``kind`` "matmul", "attention", "flops" (another op
-with a FLOP formula) or "memory"; ``dims`` (m, k, n, batch) for a matmul; ``phase`` "forward" or
+with a FLOP formula) or "memory"; ``dims`` (m, k, n, batch) for a matmul, (seq_q, seq_k,
+head_dim, batch x heads) for an attention; ``phase`` "forward" or
 "backward"; ``io`` its inputs' and outputs' ((storage, bytes), ...), for a compiled step's fusion.
 
 - matmul: FLOPs at the device's MAMF, less the waves a tiled kernel leaves idle and the
   tensor-core loss of a dimension that is not a multiple of 8, or its bytes at the streaming
   bandwidth when that takes longer;
-- attention: FLOPs at the fused kernel's published share of the peak for the backend;
+- attention: FLOPs at the fused kernel's published share of the peak for the backend, by head dim
+  and sequence length (`core.efficiency.attention_share`);
 - every other op: its bytes (inputs read, outputs written) at the streaming bandwidth;
 - a compiled step (``fuse``): each run of memory-bound ops between two matmuls is one kernel that
   reads what the run did not make and writes what is read after it (or by nobody: a gradient);
@@ -19,14 +21,24 @@ with a FLOP formula) or "memory"; ``dims`` (m, k, n, batch) for a matmul; ``phas
 - the optimizer: its update reads and writes each parameter, gradient and state once;
 - collectives: at the links' bandwidth, hidden behind the compute they overlap with (DDP's
   buckets behind backward, FSDP's prefetched gathers behind forward and backward) but the last
-  bucket's or first unit's.
+  bucket's or first unit's; the compute they overlap with runs slower by a measured average
+  (`core.efficiency.OVERLAP_SLOWDOWN`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from tunekit.core.efficiency import ALIGN, MISALIGNED, TRANSCENDENTAL, WAVE_SOURCE, Figures, wave_efficiency
+from tunekit.core.efficiency import (
+    ALIGN,
+    MISALIGNED,
+    OVERLAP_SLOWDOWN,
+    TRANSCENDENTAL,
+    WAVE_SOURCE,
+    Figures,
+    attention_share,
+    wave_efficiency,
+)
 
 NaN = math.nan
 
@@ -87,7 +99,9 @@ def op_seconds(fig: Figures, rec, backend: str | None) -> tuple[float, str, str]
     if kind == "matmul" and dims:
         tflops, src = matmul_tflops(fig, dims, itemsize)
     elif kind == "attention" and fig.attention and backend in fig.attention:
-        share, src = fig.attention[backend]
+        rows, src = fig.attention[backend]
+        head_dim, seq = (dims[2], dims[1]) if dims else (None, None)
+        share = rows if isinstance(rows, (int, float)) else attention_share(rows, head_dim, seq)
         tflops = share * fig.peak_tflops
     elif kind in ("matmul", "flops", "attention") and fig.mamf_tflops:
         tflops, src = fig.mamf_tflops, fig.mamf_source + (" (no figure for this attention backend: a matmul's)"
@@ -139,10 +153,13 @@ def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str |
     launches = optimizer_kernels * fig.launch_s
     opt_s = opt_s + launches if fig.host_bound else max(opt_s, launches)
     rows.append(("optimizer step", "optimizer", optimizer_kernels, opt_s, "memory", fig.bandwidth_source))
-    exposed, notes = _exposed(comm or {}, phase_s, parallel, units)
+    exposed, interference, notes = _exposed(comm or {}, phase_s, parallel, units)
     if exposed:
         rows.append(("collectives (exposed)", "communication", sum(1 for _ in comm), exposed, "communication",
                      "the links' bandwidth (spec table), less what overlaps with compute"))
+    if interference:
+        rows.append(("compute slowed by overlapped collectives", "communication", sum(1 for _ in comm),
+                     interference, "communication", OVERLAP_SLOWDOWN[1]))
     step = sum(r[3] for r in rows)
     tps = tokens / step if step > 0 else NaN
     mfu = model_flops / step / 1e12 / fig.peak_tflops if (step > 0 and fig.peak_tflops) else NaN
@@ -208,19 +225,25 @@ def _category(kind: str) -> str:
     return {"matmul": "matmul", "attention": "attention", "flops": "compute"}.get(kind, "memory-bound")
 
 
-def _exposed(comm: dict, phase_s: dict, parallel: str | None, units: int) -> tuple[float, list]:
-    """Seconds of the collectives not hidden behind compute: DDP all-reduces bucket by bucket during
-    backward (the last bucket after it), FSDP's gathers prefetched during forward and backward and
-    its reduce-scatters during backward (the first gather before any compute)."""
+def _exposed(comm: dict, phase_s: dict, parallel: str | None, units: int) -> tuple[float, float, list]:
+    """(seconds of the collectives not hidden behind compute, seconds the compute they overlap with
+    loses, notes): DDP all-reduces bucket by bucket during backward (the last bucket after it), FSDP's
+    gathers prefetched during forward and backward and its reduce-scatters during backward (the first
+    gather before any compute). While a collective runs, its kernels hold SMs and memory bandwidth:
+    the compute beside it runs ``OVERLAP_SLOWDOWN`` slower, so the C seconds hidden cost
+    C * s / (1 + s) (the compute done in them is C / (1 + s) of its own time)."""
     total = sum(v for v in comm.values() if v == v)
     if not total or parallel is None:
-        return 0.0, []
+        return 0.0, 0.0, []
     if parallel == "ddp":
         hidden_by, first = phase_s.get("backward", 0.0), total / max(units, 1)
     else:
         hidden_by, first = phase_s.get("forward", 0.0) + phase_s.get("backward", 0.0), total / max(2 * units, 1)
     exposed = max(0.0, total - hidden_by) + min(first, total)
-    return exposed, ["collectives overlap with compute at full speed on both (the SMs NCCL takes are not modelled)"]
+    slow = OVERLAP_SLOWDOWN[0]
+    interference = max(0.0, total - exposed) * slow / (1 + slow)
+    return exposed, interference, [f"compute overlapped with collectives expected {slow:.1%} slower "
+                                   f"({OVERLAP_SLOWDOWN[1]})"]
 
 
 def agreement(expected_s: float, measured_s: float, verdict: str, tolerance: float = 0.2) -> str:

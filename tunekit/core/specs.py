@@ -14,6 +14,8 @@ _MLENG = "ml-engineering compute/accelerator dense table"
 _LIGHTNING = "Lightning fabric throughput.py _CUDA_FLOPS"
 _ADA = "NVIDIA Ada (AD102) whitepaper: tensor bf16/fp16 with fp32 accumulate"
 _AMPERE = "NVIDIA Ampere GA102 whitepaper: tensor bf16/fp16 with fp32 accumulate"
+_TITAN = ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 96GB HBM2e, 2.4 TB/s, 500 W; its peak 'between "
+          "SXM and NVL', exact value unknown: the SXM's dense table figures, an upper bound")
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,8 @@ class Spec:
 # NVLink 4 900 GB/s on H100/H200 SXM, NVLink 5 1.8 TB/s on B200, NVLink 3 600 GB/s on A100 SXM,
 # the H100 NVL pair bridge 600 GB/s, NVLink 2 300 GB/s on V100 SXM, Infinity Fabric 7 x 128 GB/s
 # on MI300X; cards without such links talk over PCIe x16 (Gen5 64, Gen4 32, Gen3 16 GB/s each way).
-LINKS = {"H100 NVL": 300, "H100 PCIe": 64, "H100 SXM": 450, "H200 SXM": 450, "B200": 900, "A100": 300,
-         "L40S": 32, "L4": 32, "A10G": 32, "V100 PCIe": 16, "V100 SXM": 150, "T4": 16, "RTX 4090": 32,
+LINKS = {"H100 NVL": 300, "H100 PCIe": 64, "H100 SXM": 450, "H100 SXM 96GB": 450, "H200 SXM": 450, "B200": 900,
+         "A100": 300, "L40S": 32, "L4": 32, "A10G": 32, "V100 PCIe": 16, "V100 SXM": 150, "T4": 16, "RTX 4090": 32,
          "RTX 3090": 32, "MI300X": 448}
 LINKS_SOURCE = "vendor data sheets (NVLink / Infinity Fabric / PCIe x16), each way per GPU"
 
@@ -74,6 +76,10 @@ SPECS: tuple[Spec, ...] = (
     Spec("H100 NVL", ("h100", "nvl"), {"fp32": 60, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}, 94, _MLENG, 3.9),
     Spec("H100 PCIe", ("h100", "pcie"), {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756, "fp8": 1513}, 80,
          _MLENG, 2.0),
+    # Meta's Grand Teton H100 (torchtitan's benchmarks): 96 GB HBM2e at 2.4 TB/s under a 500 W limit;
+    # its peak is "between SXM and NVL, and we don't know its exact value": the SXM's, an upper bound
+    Spec("H100 SXM 96GB", ("h100", "96gb"), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 96,
+         _TITAN, 2.4),
     Spec("H100 SXM", ("h100",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 80, _MLENG, 3.35),
     Spec("H200 SXM", ("h200",), {"fp32": 67, "tf32": 494.5, "bf16": 989, "fp16": 989, "fp8": 1979}, 141, _MLENG, 4.8),
     Spec("B200", ("b200",), {"fp32": 80, "tf32": 1125, "bf16": 2250, "fp16": 2250, "fp8": 4500}, 180, _MLENG, 8.0),

@@ -4,7 +4,14 @@ records of the plan's one counting pass (core.expected)."""
 from __future__ import annotations
 
 from tunekit.core import registry
-from tunekit.core.efficiency import DDP_BUCKET_BYTES, FOREACH_TENSORS, OPTIMIZER_OPS, Figures, gpu_figures
+from tunekit.core.efficiency import (
+    ATTENTION_KERNELS,
+    DDP_BUCKET_BYTES,
+    FOREACH_TENSORS,
+    OPTIMIZER_OPS,
+    Figures,
+    gpu_figures,
+)
 from tunekit.core.expected import expect
 from tunekit.core.notes import Note
 
@@ -31,8 +38,10 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                                       f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")})
 
 
-def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, layout: dict | None, units: int):
-    """(the Expected, or None, and the notes: what is missing or not modelled)."""
+def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, layout: dict | None, units: int,
+                kernel: str | None = None):
+    """(the Expected, or None, and the notes: what is missing or not modelled). ``kernel``: the fused
+    attention kernel on a GPU (core.efficiency.ATTENTION_KERNELS; None: "flash" at half precision)."""
     compute = setting.compute
     if dev["name"] == "cpu":
         fig = cpu_figures(dev["peak"], compute)
@@ -55,7 +64,7 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
     ops = step["ops"]
     backend = None
     if any(r[1] == "attention" for r in ops):
-        backend = "cpu" if fig.host_bound else "flash" if compute in ("bf16", "fp16") else "efficient"
+        backend = "cpu" if fig.host_bound else kernel or ("flash" if compute in ("bf16", "fp16") else "efficient")
     kind = layout["kind"] if layout else None
     buckets = int(params * grad_bytes // DDP_BUCKET_BYTES[0]) + 1
     out = expect(ops, fig, tokens=tokens, model_flops=step["model"], backend=backend, params=params / shard,
@@ -65,6 +74,9 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
     notes = list(out.notes)
     if backend and not fig.host_bound and backend not in (fig.attention or {}):
         notes.append(f"no published {backend} attention figure for {fig.name}: attention expected at its MAMF")
+    elif backend and not fig.host_bound:
+        notes.append(f"attention expected at {ATTENTION_KERNELS.get(backend, backend)}'s published throughput "
+                     f"by head dim and sequence ({fig.attention[backend][1]})")
     if setting.compile:
         notes.append("compile=True: each run of memory-bound ops between matmuls expected as one fused kernel "
                      "(what it reads from outside, what is read after it), at the compiled launch cost")

@@ -44,6 +44,16 @@ def matmul_dims(name: str, args) -> tuple | None:
     return int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1]), int(batch)
 
 
+def attention_dims(name: str, args) -> tuple | None:
+    """(seq_q, seq_k, head_dim, batch x heads) of a fused attention op (its backward takes the
+    output's gradient first)."""
+    i = 1 if "backward" in name else 0
+    q, k = (args[i], args[i + 1]) if len(args) > i + 1 else (None, None)
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.dim() < 3 or k.dim() < 3:
+        return None
+    return int(q.shape[-2]), int(k.shape[-2]), int(q.shape[-1]), int(q.numel() // (q.shape[-2] * q.shape[-1]))
+
+
 def _aliases(ins, outs) -> bool:
     held = {storage_id(t) for t in ins}
     return all(storage_id(t) in held for t in outs)
@@ -52,7 +62,7 @@ def _aliases(ins, outs) -> bool:
 class RooflineCounter(TunekitFlopCounter):
     """TunekitFlopCounter that also keeps each op that launches a kernel as an op record
     (core.expected): name, kind, phase, FLOPs (causal attention halved), the bytes of its inputs
-    read and outputs written, a matmul's dims, the itemsize of its first tensor and its inputs'
+    read and outputs written, a matmul's or an attention's dims, the itemsize of its first tensor and its inputs'
     and outputs' (storage, bytes), which tell a compiled step's fusion what stays on chip. Views and
     metadata ops make no kernel and are left out."""
 
@@ -76,7 +86,8 @@ class RooflineCounter(TunekitFlopCounter):
         tensors = ins + outs
         moved = sum(t.nbytes for t in tensors)
         kind = kind_of(name, flops)
-        dims = matmul_dims(name, args) if kind == "matmul" else None
+        dims = (matmul_dims(name, args) if kind == "matmul" else attention_dims(name, args)
+                if kind == "attention" else None)
         phase = "backward" if in_autograd_backward() else "forward"
         io = (tuple((storage_id(t), t.nbytes) for t in ins), tuple((storage_id(t), t.nbytes) for t in outs))
         self.ops.append((name, kind, phase, flops, moved, dims, tensors[0].element_size(), io))

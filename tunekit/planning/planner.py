@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from tunekit.core import registry, validate
 from tunekit.core.breakdown import by_category
 from tunekit.core.comm import layout_problems
+from tunekit.core.efficiency import ATTENTION_KERNELS
 from tunekit.core.setting import HALF, Setting, from_keywords
 from tunekit.measure.device import torch_dtype
 from tunekit.planning.advice import pruned_note, search_changes
@@ -43,7 +44,8 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
          micro_batch: int | None = None, seq_len: int | None = None, checkpointing: bool | None = None,
          optimizer: str | None = None, attention: str | None = None, parallel: str | None = None,
          world_size: int = 1, nodes: int = 1, search: bool = False, search_limit: int = 4096,
-         batch_fn=None, loss_fn=None, blocks=None, setting: Setting | None = None) -> Plan:
+         batch_fn=None, loss_fn=None, blocks=None, setting: Setting | None = None,
+         attention_kernel: str | None = None) -> Plan:
     """Plan one training step of ``target`` on ``device`` without running it.
 
     ``target``: a ``tunekit.GPTConfig``, a transformers config, an ``nn.Module`` (built on the
@@ -66,6 +68,10 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
 
     ``setting``: a ``tunekit.Setting`` instead of the step keywords (its ``device``, when set,
     instead of ``device``; ``grad_accum``, ``lr`` and ``compile`` are not planned).
+
+    ``attention_kernel``: which fused kernel the expectation takes attention at ("flash":
+    FlashAttention-2, torch's SDPA flash, the default; "fa3"; "triton": the 2023 FlashAttention-1-era
+    Triton kernel of llm-foundry's attn_impl="triton"); the memory plan is the same.
 
     ``plan.expected`` (core.expected.Expected): what a well-written run of this step reaches on the
     device, op by op over the same fake step (``.step_s``, ``.tokens_per_s`` per GPU, ``.mfu``,
@@ -100,6 +106,8 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
     optimizer = registry.optimizer(validate.text("optimizer", optimizer or toggles.get("optimizer", "adamw"))).name
     attention = attention if attention is not None else toggles.get("attention")
     layout = _layout(parallel, world_size, nodes)
+    if attention_kernel is not None:
+        validate.choice("attention_kernel", attention_kernel, tuple(ATTENTION_KERNELS))
     validate.flag("search", search)
     search_limit = validate.count("search_limit", search_limit)
     # the matmuls run in the weights' dtype when those are half (autocast or not): the peak is that dtype's
@@ -162,7 +170,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
             def expect(st, s, placed):
                 lay = _layout(s.parallel, s.world_size, s.nodes)
                 return expected_of(st, s, dev, amount(cfg, kind, s.micro_batch, seq_len)[0], models[s.weights],
-                                   placed["comm"], lay, len(st["units"]))[0]
+                                   placed["comm"], lay, len(st["units"]), kernel=attention_kernel)[0]
 
             tried, advice, pruned = search_changes(
                 setting, step, dev["memory"], fake=lambda s: run(s, count=False), place=place, expect=expect,
@@ -187,7 +195,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
         notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists and what the "
                      "caching allocator reserves beyond its 512-byte blocks are not modelled")
     expected, enotes = expected_of(step, setting, dev, tokens, models[setting.weights], placed["comm"], layout,
-                                   len(step["units"]))
+                                   len(step["units"]), kernel=attention_kernel)
     notes += enotes
     compute = step["bound_s"](dev["peak"], dev["bandwidth"])
     bound_by = step["top"](dev["peak"], dev["bandwidth"])
