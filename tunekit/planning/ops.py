@@ -7,7 +7,7 @@ import torch
 
 from tunekit.measure.flops import TunekitFlopCounter
 from tunekit.measure.model_flops import tensors_in
-from tunekit.measure.torch_private import in_autograd_backward, storage_id
+from tunekit.measure.torch_private import in_autograd_backward, storage_id, storage_weakref
 
 # ops that make no kernel: views, metadata, and what a fake step does for its own bookkeeping
 _FREE = {"detach", "alias", "lift_fresh", "_to_copy_meta", "sym_size", "sym_stride", "sym_numel", "empty",
@@ -68,7 +68,20 @@ class RooflineCounter(TunekitFlopCounter):
 
     def __enter__(self):
         self.ops = []
+        self._serials = {}   # a storage's address -> (its number, a weak reference to it)
+        self._count = 0
         return super().__enter__()
+
+    def _serial(self, t) -> int:
+        """A storage's number in order of first sight. An address freed and then reused by a new
+        storage gets a new number: two storages are never taken for one, so a plan's figures do
+        not depend on which addresses the allocator happened to reuse."""
+        key = storage_id(t)
+        seen = self._serials.get(key)
+        if seen is None or seen[1].expired():
+            self._count += 1
+            seen = self._serials[key] = (self._count, storage_weakref(t.untyped_storage()))
+        return seen[0]
 
     def _count_flops(self, func_packet, out, args, kwargs):
         before = self.get_total_flops()
@@ -89,6 +102,6 @@ class RooflineCounter(TunekitFlopCounter):
         dims = (matmul_dims(name, args) if kind == "matmul" else attention_dims(name, args)
                 if kind == "attention" else None)
         phase = "backward" if in_autograd_backward() else "forward"
-        io = (tuple((storage_id(t), t.nbytes) for t in ins), tuple((storage_id(t), t.nbytes) for t in outs))
+        io = (tuple((self._serial(t), t.nbytes) for t in ins), tuple((self._serial(t), t.nbytes) for t in outs))
         self.ops.append((name, kind, phase, flops, moved, dims, tensors[0].element_size(), io))
         return result
