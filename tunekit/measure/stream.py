@@ -3,11 +3,15 @@ TFLOPS, measured: what a CPU plan's expectation (core.expected) takes for memory
 op's dispatch and the matmuls below the calibrated MAMF sweep's sizes (measure.peaks), whose
 figures it takes for the larger ones. Measurement layer.
 
-A copy of n bytes reads n and writes n: its bandwidth is 2n over the best of a few tries (load
-only ever slows a try). The sizes run from cache-resident to beyond the last-level cache, since
-a small model's activations stay in cache. The sweep runs inside a `ConditionsMeter`; a busy
-sweep is kept but not trusted: the next process to ask measures again, once, and the faster
-stays. Cached as JSON beside the MAMF cache (core.paths.cache_dir), per machine, torch and threads.
+The bandwidth is a training step's, not a hot copy's: a chain of elementwise multiplies whose
+outputs autograd keeps for the backward, as a forward keeps its activations (each writes memory
+not yet in cache, often freshly mapped), then freed by the backward; each multiply reads 2n bytes
+and writes n, over the best of a few tries (load only ever slows a try). A hot ``copy_`` of the
+same size runs 2-3x faster on a CPU whose caches hold it, a rate no step's forward sees. The sizes
+run from cache-resident to beyond the last-level cache. The sweep runs inside a
+`ConditionsMeter`; a busy sweep is kept but not trusted: the next process to ask measures again,
+once, and the faster stays. Cached as JSON beside the MAMF cache (core.paths.cache_dir), per
+machine, torch and threads.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from tunekit.measure.conditions import ConditionsMeter
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 MATMUL_SIZES = (64, 128, 256)   # below the MAMF sweep's 512: a small model's matmuls
 CHAIN = 50
-VERSION = 3   # of what a sweep measures: an entry of another version is measured again
+VERSION = 5   # of what a sweep measures: an entry of another version is measured again
 _remeasured: set = set()
 
 
@@ -97,17 +101,7 @@ def measure_stream(force: bool = False) -> Stream:
         return old
     meter = ConditionsMeter().start()
     t0 = time.perf_counter()
-    sweep = []
-    for n in SIZES:
-        src, dst = torch.ones(n // 4), torch.empty(n // 4)
-        reps = max(3, min(200, 2**26 // n))
-        best = float("inf")
-        for _ in range(5):
-            s = time.perf_counter()
-            for _ in range(reps):
-                dst.copy_(src)
-            best = min(best, (time.perf_counter() - s) / reps)
-        sweep.append((n, 2 * n / best / 1e12))
+    sweep = [(n, 3 * n / _kept_op_s(n) / 1e12) for n in SIZES]
     # a training step's op is recorded by autograd and run again as a backward formula: time a
     # chain of CHAIN one-element multiplies forward and back (2 x CHAIN + 1 ops)
     x = torch.ones(1, requires_grad=True)
@@ -138,6 +132,30 @@ def measure_stream(force: bool = False) -> Stream:
     cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
     _save(cache)
     return new
+
+
+def _kept_op_s(nbytes: int, tries: int = 5) -> float:
+    """Seconds of one multiply of two fp32 tensors of ``nbytes`` whose output autograd keeps for
+    the backward: the forward of a chain of them (50, fewer past 4 MiB: at most 256 MiB kept), the
+    best of ``tries``, each followed by the backward that frees the chain."""
+    import torch
+
+    n, ops = nbytes // 4, max(2, min(50, 2**28 // nbytes))
+    # w needs a gradient too, so each multiply's backward needs its input: autograd keeps every output
+    x, w = torch.ones(n, requires_grad=True), torch.full((n,), 1.0001, requires_grad=True)
+
+    def forward_s():
+        t0 = time.perf_counter()
+        y = x
+        for _ in range(ops):
+            y = y * w
+        t = time.perf_counter() - t0
+        y.sum().backward()
+        x.grad = w.grad = None
+        return t
+
+    forward_s()
+    return min(forward_s() for _ in range(tries)) / ops
 
 
 def _matmul_tflops(n: int, dtype) -> float:

@@ -1,5 +1,5 @@
 """A plan's expectation: the device's figures (the spec table's and `core.efficiency`'s for a GPU,
-this machine's measured MAMF sweep, copy bandwidth and time per op for the CPU) put to the op
+this machine's measured MAMF sweep, step-like bandwidth and time per op for the CPU) put to the op
 records of the plan's one counting pass (core.expected)."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tunekit.core.notes import Note
 
 
 def cpu_figures(peak: float | None, compute: str) -> Figures:
-    """This CPU's figures: its calibrated MAMF sweep for the matmuls' dtype, its copy bandwidth by
+    """This CPU's figures: its calibrated MAMF sweep for the matmuls' dtype, its step-like bandwidth by
     size and its time per small op (measure.stream), each measured once and cached."""
     from tunekit.measure.peaks import calibrate
     from tunekit.measure.stream import measure_stream
@@ -30,7 +30,7 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
         best[m] = max(best.get(m, 0.0), t)
     return Figures(name="cpu", peak_tflops=peak, mamf_tflops=cal.tflops,
                    mamf_source=f"this CPU's calibrated {dtype} MAMF sweep ({cal.verdict})", bandwidth_tbs=None,
-                   bandwidth_source=f"this CPU's copy bandwidth by size, measured ({stream.verdict})",
+                   bandwidth_source=f"this CPU's bandwidth by size: multiplies whose outputs autograd keeps, measured ({stream.verdict})",
                    launch_s=stream.op_s, launch_source=f"this CPU's time per small op, measured ({stream.verdict})",
                    host_bound=True, mamf_sweep=tuple(sorted(best.items())), bandwidth_sweep=tuple(stream.sweep),
                    transcendental_rate=stream.gelu.get(dtype),
