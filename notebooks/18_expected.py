@@ -44,8 +44,8 @@ print(f"this machine's cpu ({torch.get_num_threads()} threads); the GPU plans ru
 # ## 1. Predict a run
 #
 # The Lab's tiny GPT on the CPU, planned on `"cpu"`: this machine's figures (its calibrated matmul sweep,
-# its copy bandwidth by size, its time per small op, its SDPA and GELU rates), each measured once
-# and cached. `by_op` says what each op is expected to cost, what bounds it and where its constant
+# its bandwidth by size as a step's elementwise ops see it, its time per small op, its SDPA and
+# GELU rates), each measured once and cached. `by_op` says what each op is expected to cost, what bounds it and where its constant
 # comes from.
 
 # %%

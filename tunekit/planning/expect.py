@@ -30,7 +30,8 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
         best[m] = max(best.get(m, 0.0), t)
     return Figures(name="cpu", peak_tflops=peak, mamf_tflops=cal.tflops,
                    mamf_source=f"this CPU's calibrated {dtype} MAMF sweep ({cal.verdict})", bandwidth_tbs=None,
-                   bandwidth_source=f"this CPU's bandwidth by size: multiplies whose outputs autograd keeps, measured ({stream.verdict})",
+                   bandwidth_source=f"this CPU's bandwidth by size: multiplies whose outputs autograd keeps, "
+                                    f"measured ({stream.verdict})",
                    launch_s=stream.op_s, launch_source=f"this CPU's time per small op, measured ({stream.verdict})",
                    host_bound=True, mamf_sweep=tuple(sorted(best.items())), bandwidth_sweep=tuple(stream.sweep),
                    transcendental_rate=stream.gelu.get(dtype),
