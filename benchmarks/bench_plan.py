@@ -136,8 +136,9 @@ def main():
       its attention term is tunekit's. Bound: the lower of GPT-2 124M at 16 x 1024 ({a100[16].bound_mfu:.1%}) and
       64 x 1024 ({a100[64].bound_mfu:.1%}) on an A100 (312 TFLOPS bf16).
   (e) nanochat's shapes are not in facts.md: the bound is GPT-2 124M's (12 x 768, 16 x 1024) on an H100 SXM; the
-      8B's is {none.bound_mfu:.1%}, so the shape moves it little. Their MFU counts the masked causal half (more
-      FLOPs than tunekit's convention), so their figure against this bound errs high, never low.
+      8B's is {none.bound_mfu:.1%}: a larger model's bound is higher (its elementwise traffic weighs less against
+      its matmuls), and their d18/d20 are larger than GPT-2 124M. Their MFU counts the masked causal half (more
+      FLOPs than tunekit's convention). Both make their figures against this bound err high, never low.
   modded-nanogpt's GPT-2 124M speedrun is left out: 1.765 min on 8xH100 is a wall time, and facts.md gives
   no token count to turn it into tokens/s.""")
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s, peak RSS {rss_mib():,.0f} MiB")
