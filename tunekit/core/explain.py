@@ -166,8 +166,8 @@ def explain_trace(trace: Breakdown, expected, *, steps: int = 1, setting=None, c
     ``step_s``: the same step timed without the profiler (a Lab run's), which the one line sets
     against the expectation; the groups are the trace's, its shares of the traced step."""
     if trace is None:
-        raise ValueError("nothing traced to explain: run it traced (lab.run(trace=True), %%gpuprofile --trace) "
-                         "and explain that run")
+        raise ValueError("nothing traced to explain: run it traced (lab.run(trace=True), %%gpuprofile --trace, "
+                         "tunekit.Monitor(model, trace=N)) and explain that run")
     if expected is None:
         raise ValueError("no expectation to explain it with: the plan lacks a figure its device needs "
                          "(its notes say which)")
@@ -202,9 +202,10 @@ def explain_trace(trace: Breakdown, expected, *, steps: int = 1, setting=None, c
 
 
 def explain(result, plan=None, *, steps: int = 1) -> Explanation:
-    """``result`` (a traced Lab `RunResult`, a traced `ProfileRecord` or a `Breakdown`) against
+    """``result`` (a traced Lab `RunResult`, a traced `ProfileRecord`: ``%%gpuprofile --trace``'s or
+    the record ``Monitor(trace=N).close()`` returns, or a `Breakdown`) against
     ``plan`` (a `Plan` of the same step on the same device, or its `Expected`); ``steps``: how many
-    training steps the traced block ran (a Lab's traced run: 1). For a Lab's run,
+    training steps the traced block ran (a Lab's traced run, a Monitor's: 1). For a Lab's run,
     ``lab.explain(run)`` plans the step itself.
 
     Example: ``tunekit.explain(tunekit.last(), lab.plan("cpu"), steps=5).summary``."""

@@ -33,6 +33,7 @@ KINDS = {
     "explain.busy": "tunekit.explain: the traced run was measured on a busy machine",
     "explain.profiler": "tunekit.explain: the profiler's own overhead is part of the gaps",
     "explain.none": "a traced run without its one line against the expected step, and why",
+    "monitor.untraced": "Monitor(trace=N): no step traced (the loop ended first, the step failed, no profiler)",
     "diff.failed_run": "tunekit.diff: a run that did not finish, its figures n/a",
     "diff.busy": "tunekit.diff: a side measured on a busy machine",
     "diff.one_trace": "tunekit.diff: one side traced, the other not",

@@ -12,8 +12,8 @@ device at the end of each step: the one place per step where the CPU waits for t
 work apart (``step_s``, from ``start_step``) and the wait for its batch (``wait_s``). FLOPs are
 counted on the first step of each input signature (`tap.StepTap`): that step is marked
 ``counted`` and carries no speed. Model FLOPs come from the model's shape where tunekit knows
-the family (the Lab's convention), else from the count. Warm-up steps are marked too; neither
-enters the summary (`monitor.steps.summarize`).
+the family (the Lab's convention), else from the count. Warm-up steps are marked too, and the
+step ``trace=N`` traces (`monitor.traced`); none of them enters the summary (`monitor.steps.summarize`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ import torch
 from tunekit.core import validate
 from tunekit.core.records import ProfileRecord
 from tunekit.core.setting import from_keywords
-from tunekit.core.summary import readable
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.device import synchronize
 from tunekit.measure.history import HISTORY
@@ -35,9 +34,10 @@ from tunekit.models.adapters import adapt
 from tunekit.monitor.gather import gather_ranks
 from tunekit.monitor.options import check_options
 from tunekit.monitor.rates import FlopRates
-from tunekit.monitor.rows import check_scalar, number, replace_monitor_of, summary_record
-from tunekit.monitor.steps import COLUMNS, CURATED, speed_column, steps_view, summarize, summary_line
+from tunekit.monitor.rows import check_scalar, number, replace_monitor_of, results_frame, sink_metrics, summary_record
+from tunekit.monitor.steps import COLUMNS, summarize, summary_line
 from tunekit.monitor.tap import StepTap
+from tunekit.monitor.traced import StepTrace
 
 NaN = math.nan
 clock = time.perf_counter
@@ -63,19 +63,22 @@ class Monitor:
     ``len(loader)``). ``live``: None shows the live view in a notebook or a terminal, True
     always, False never. ``log_to``: "tensorboard:DIR", "mlflow:URI", "jsonl:PATH" (or a list).
     ``setting``: the ``tunekit.Setting`` your loop trains under, instead of ``dtype`` (the peak is
-    that of the dtype its matmuls run in: ``Setting(precision="bf16")`` -> bf16).
+    that of the dtype its matmuls run in: ``Setting(precision="bf16")`` -> bf16). ``trace``: the
+    index (0, 1, ...) of one steady step to trace with torch.profiler: ``close()``'s record keeps its
+    Breakdown (``.trace``) for ``tunekit.explain(record, plan)``; that step carries no speed.
     """
 
     def __init__(self, model, *, name: str | None = None, tokens: int | None = None,
                  samples: int | None = None, flops: str = "auto", model_flops: float | None = None,
                  peak: float | None = None, dtype: str | None = None, warmup: int = 1,
-                 total: int | None = None, live: bool | None = None, log_to=(), setting=None):
+                 total: int | None = None, live: bool | None = None, log_to=(), setting=None,
+                 trace: int | None = None):
         validate.instance("model", model, torch.nn.Module, "a torch.nn.Module")
         s = from_keywords(setting, "Monitor", dtype=dtype)   # a Setting: the peak of the dtype it computes in
         dtype = s.compute if s is not None else dtype
         if next(model.parameters(), None) is None:
             raise ValueError(f"{type(model).__name__} has no parameters: there is no training to monitor")
-        o = check_options(name, tokens, samples, flops, model_flops, peak, dtype, warmup, total, live)
+        o = check_options(name, tokens, samples, flops, model_flops, peak, dtype, warmup, total, live, trace)
         self.name = o["name"] or f"monitor {type(model).__name__}"
         self.tokens, self.samples, self.flops = o["tokens"], o["samples"], o["flops"]
         self.model_flops, self.peak, self.dtype = o["model_flops"], o["peak"], o["dtype"]
@@ -88,6 +91,7 @@ class Monitor:
         self.device = cuda or next(model.parameters()).device   # a CUDA part means a CUDA sync
         self.cuda_index = None if cuda is None else cuda.index if cuda.index is not None else 0
         self.notes: list[str] = []
+        self.traced = StepTrace(o["trace"], self.name, self.cuda_index)
         self.flop_rates = FlopRates(self)
         self.flop_rates.prepare()   # a CPU's peak calibration, if one is due: before any step or hook
         replace_monitor_of(model, self)
@@ -185,11 +189,12 @@ class Monitor:
             cuda.start()
             if first:
                 self.alloc0 = float(cuda.alloc0)
-        self.tap.begin(count=self.flops == "auto")
+        self.tap.begin(count=self.flops == "auto" and not self.traced.due(len(self.rows)))  # never both
         if self._cond is None:  # the machine's windows: back to back from the first step on
             self._cond = ConditionsMeter(self.cuda_index).start()
+        traced = self.traced.begin(len(self.rows))   # the profiler on before the step's clock starts
         self._open = dict(t0=clock(), own=clock() - t, wait_s=NaN if wait_s is None else float(wait_s),
-                          cuda=cuda, tokens=tokens, samples=samples, step=step)
+                          cuda=cuda, tokens=tokens, samples=samples, step=step, traced=traced)
 
     def end_step(self, error: BaseException | str | None = None) -> dict:
         """End the step going: its row (a dict of `monitor.steps.COLUMNS` and the logged scalars)."""
@@ -201,6 +206,7 @@ class Monitor:
                 synchronize(self.device)
         finally:
             t1 = clock()
+            self.traced.end(t1 - s["t0"], error)   # the profiler off first, whatever happened
             info = self.tap.end()
         row = self._row(s, info, t1, error)
         self.rows.append(row)
@@ -297,23 +303,18 @@ class Monitor:
                    gpu_alloc_bytes=alloc0 + gpu.get("gpu_alloc_delta_bytes", NaN),
                    gpu_peak_bytes=alloc0 + gpu.get("gpu_peak_delta_bytes", NaN),
                    gpu_reserved_bytes=float(gpu.get("gpu_reserved_bytes", NaN)),
-                   warmup=warm or compiled, counted=count is not None, left=left,
+                   warmup=warm or compiled, counted=count is not None, traced=s["traced"], left=left,
                    machine=None, error=err)
-        if not row["warmup"] and not row["counted"] and err is None and not left:
+        if not row["warmup"] and not row["counted"] and not row["traced"] and err is None and not left:
             self.flop_rates.fill(row)
         row.update({k: number(v) for k, v in self._pending.items()})
         self._pending = {}
         return row
 
     def _write(self, row) -> None:
-        """A row to the sinks: its figures, what was logged, and whether it was a warm-up or a
-        FLOP-counted step (1/0: such a step's time is not a speed)."""
+        """A row to the sinks (`rows.sink_metrics`)."""
         if self.sinks:
-            metrics = {k: row[k] for k in ("wall_s", "wait_s", "tokens_per_s", "samples_per_s", "tflops", "mfu",
-                                            "hfu", "cpu_peak_bytes", "gpu_peak_bytes")}
-            metrics.update(warmup=float(row["warmup"]), counted=float(row["counted"]))
-            metrics.update({k: v for k, v in row.items() if k not in COLUMNS})
-            self.sinks.write(row["step"], metrics)
+            self.sinks.write(row["step"], sink_metrics(row))
 
     def _deliver(self, row) -> None:
         if self.view is not None:
@@ -342,6 +343,7 @@ class Monitor:
         peak = self.peak_tflops
         self.summary = summarize(self.rows, peak, uncounted="flops='never'" if self.flops == "never" else None)
         self.record = summary_record(self)
+        self.traced.attach(self.record, self.rows)   # the traced step's Breakdown, or why there is none
         self.ranks = gather_ranks(self.summary, self.rows)
         if self.ranks is not None:
             self.record.notes.append(self.ranks.line)
@@ -356,14 +358,7 @@ class Monitor:
         frame holds the raw numbers. ``all=True``: every column, a plain DataFrame.
 
         Example: ``mon.results().tail()``."""
-        import pandas as pd
-
-        df = pd.DataFrame(self.rows, columns=None if self.rows else list(COLUMNS))
-        if all or not self.rows:
-            return df
-        keep = list(CURATED[:3]) + [speed_column(self.rows)] + list(CURATED[3:])
-        keep += [c for c in df.columns if c not in COLUMNS]
-        return readable(df[keep], steps_view, "mon.results(all=True)")
+        return results_frame(self.rows, all)
 
     @property
     def peak_tflops(self) -> float | None:

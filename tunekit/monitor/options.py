@@ -8,7 +8,7 @@ DTYPES = tuple(registry.PRECISIONS)   # the dtypes a peak can be taken for: thos
 
 
 def check_options(name=None, tokens=None, samples=None, flops="auto", model_flops=None, peak=None,
-                  dtype=None, warmup=1, total=None, live=None) -> dict:
+                  dtype=None, warmup=1, total=None, live=None, trace=None) -> dict:
     """The options, checked and normalized (ints as int, numbers as float); a ValueError names
     the first bad one. Example: ``check_options(warmup=2, peak=989.0)``."""
     return dict(
@@ -21,4 +21,5 @@ def check_options(name=None, tokens=None, samples=None, flops="auto", model_flop
         dtype=None if dtype is None else validate.choice("dtype", dtype, DTYPES),
         warmup=validate.whole("warmup", warmup, minimum=0),
         total=None if total is None else validate.count("total", total),
-        live=None if live is None else validate.flag("live", live))
+        live=None if live is None else validate.flag("live", live),
+        trace=None if trace is None else validate.whole("trace", trace, minimum=0))

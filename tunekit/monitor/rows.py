@@ -12,7 +12,7 @@ import torch
 
 from tunekit.core.records import ProfileRecord
 from tunekit.measure.device import device_label
-from tunekit.monitor.steps import summary_line
+from tunekit.monitor.steps import COLUMNS, CURATED, speed_column, steps_view, summary_line
 
 NaN = math.nan
 
@@ -27,7 +27,8 @@ def summary_record(mon) -> ProfileRecord:
         rec.wall_s = sum(r["wall_s"] for r in rows)
         rec.conditions = mon._whole.stop(rec.wall_s) if mon._t_end is not None else None
     rec.tflops, rec.mfu, rec.hfu = s.tflops, s.mfu, s.hfu
-    kept = [i for i, r in enumerate(rows) if not r["warmup"] and not r["counted"] and r["error"] is None]
+    kept = [i for i, r in enumerate(rows)
+            if not r["warmup"] and not r["counted"] and not r.get("traced") and r["error"] is None]
     good = [rows[i] for i in kept]
     if good and all(r["flops"] == r["flops"] for r in good):
         rec.flops = sum(r["flops"] for r in good)
@@ -47,9 +48,34 @@ def summary_record(mon) -> ProfileRecord:
             rec.gpu_reserved_bytes = rows[-1]["gpu_reserved_bytes"]
     failed = [r["error"] for r in rows if r["error"] is not None]
     rec.error = failed[-1] if failed else mon.loader_error
-    rec.notes = [summary_line(s), "figures over the measured steps (not warm-up, not counted, "
+    rec.notes = [summary_line(s), "figures over the measured steps (not warm-up, not counted, not traced, "
                  "no error); TFLOPS/MFU from their time, data waits included"] + s.notes + mon.notes
     return rec
+
+
+def sink_metrics(row) -> dict:
+    """What a row sends to the sinks: its figures, what was logged, and whether it was a warm-up,
+    FLOP-counted or traced step (1/0: such a step's time is not a speed)."""
+    metrics = {k: row[k] for k in ("wall_s", "wait_s", "tokens_per_s", "samples_per_s", "tflops", "mfu",
+                                    "hfu", "cpu_peak_bytes", "gpu_peak_bytes")}
+    metrics.update(warmup=float(row["warmup"]), counted=float(row["counted"]), traced=float(row["traced"]))
+    metrics.update({k: v for k, v in row.items() if k not in COLUMNS})
+    return metrics
+
+
+def results_frame(rows, all: bool = False):
+    """``Monitor.results``: a DataFrame of the rows, shown formatted (`steps.steps_view`), or every
+    column plain (``all=True``). Example: ``results_frame(mon.rows).tail()``."""
+    import pandas as pd
+
+    from tunekit.core.summary import readable
+
+    df = pd.DataFrame(rows, columns=None if rows else list(COLUMNS))
+    if all or not rows:
+        return df
+    keep = list(CURATED[:3]) + [speed_column(rows)] + list(CURATED[3:])
+    keep += [c for c in df.columns if c not in COLUMNS]
+    return readable(df[keep], steps_view, "mon.results(all=True)")
 
 
 def peak_above(peak: float, start: float) -> float:

@@ -3,8 +3,8 @@ Pure: rows are plain dicts of numbers, no torch, no pandas at import.
 
 A step's speed comes from its ``wall_s``: the time from the previous step's end to its own end,
 so waiting for the next batch (``wait_s``) and whatever the loop does between steps count, as
-they do for the run. Steps that are warm-up, FLOP-counted (the counter slows them) or failed
-carry no speed and are left out of the summary.
+they do for the run. Steps that are warm-up, FLOP-counted (the counter slows them), traced
+(the profiler slows them: ``Monitor(trace=N)``) or failed carry no speed and are left out of the summary.
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ NaN = math.nan
 COLUMNS = ("step", "wall_s", "step_s", "wait_s", "monitor_s", "tokens", "samples", "tokens_per_s",
            "samples_per_s", "flops", "model_flops", "flops_source", "tflops", "mfu", "hfu",
            "cpu_rss_bytes", "cpu_peak_bytes", "gpu_alloc_bytes", "gpu_peak_bytes", "gpu_reserved_bytes",
-           "warmup", "counted", "left", "machine", "error")
+           "warmup", "counted", "traced", "left", "machine", "error")
 # what `mon.results()` shows by default (the speed column is tokens/s or samples/s)
 CURATED = ("step", "wall_s", "wait_s", "tflops", "mfu", "cpu_peak_bytes", "gpu_peak_bytes",
-           "machine", "warmup", "counted", "left", "error")
+           "machine", "warmup", "counted", "traced", "left", "error")
 
 
 def speed_column(rows) -> str:
@@ -32,9 +32,10 @@ def speed_column(rows) -> str:
 
 
 def measured(row) -> bool:
-    """A step whose time measures the loop: not warm-up, not slowed by the FLOP counter, not left
-    half-way (a break), no error."""
-    return not row["warmup"] and not row["counted"] and not row.get("left") and row["error"] is None
+    """A step whose time measures the loop: not warm-up, not slowed by the FLOP counter or the
+    profiler, not left half-way (a break), no error."""
+    return (not row["warmup"] and not row["counted"] and not row.get("traced") and not row.get("left")
+            and row["error"] is None)
 
 
 def quantile(values, q: float) -> float:
@@ -67,6 +68,7 @@ class StepSummary:
     gpu_peak_bytes: float = NaN
     warmup: int = 0
     counted: int = 0
+    traced: int = 0
     left: int = 0
     failed: int = 0
     notes: list = field(default_factory=list)
@@ -85,13 +87,14 @@ def summarize(rows, peak_tflops: float | None = None, uncounted: str | None = No
     s = StepSummary(steps=len(rows), measured=len(good), unit=amount + "/s",
                     warmup=sum(1 for r in rows if r["warmup"]),
                     counted=sum(1 for r in rows if r["counted"] and not r["warmup"]),
+                    traced=sum(1 for r in rows if r.get("traced")),
                     left=sum(1 for r in rows if r.get("left")),
                     failed=sum(1 for r in rows if r["error"] is not None))
     s.cpu_peak_bytes = _max(r["cpu_peak_bytes"] for r in rows)
     s.gpu_peak_bytes = _max(r["gpu_peak_bytes"] for r in rows)
     if not good:
         s.notes.append("no step ran" if not rows else
-                       "no measured step: every step was warm-up, FLOP-counted, left or failed")
+                       "no measured step: every step was warm-up, FLOP-counted, traced, left or failed")
         return s
     walls = [r["wall_s"] for r in good]
     total = sum(walls)
@@ -117,7 +120,7 @@ def summarize(rows, peak_tflops: float | None = None, uncounted: str | None = No
 def summary_line(s: StepSummary) -> str:
     """One line: ``12 steps (2 warm-up, 1 counted): 31.6 ms/step median, p90 35.0 ms, 32,407 tokens/s, ...``."""
     extra = ", ".join(f"{n} {w}" for n, w in ((s.warmup, "warm-up"), (s.counted, "counted"),
-                                              (s.left, "left"), (s.failed, "failed")) if n)
+                                              (s.traced, "traced"), (s.left, "left"), (s.failed, "failed")) if n)
     head = f"{s.steps} steps" + (f" ({extra})" if extra else "")
     if not s.measured:
         return head + ": no measured step"
@@ -146,7 +149,7 @@ def status(row) -> str:
     """A step's one word in a table: why it has no speed, or "ok"."""
     if row.get("error") is not None and row["error"] == row["error"]:
         return f"error: {row['error']}"
-    for flag, word in (("counted", "FLOP count"), ("warmup", "warm-up"), ("left", "left")):
+    for flag, word in (("counted", "FLOP count"), ("warmup", "warm-up"), ("traced", "traced"), ("left", "left")):
         if row.get(flag) is True:
             return word
     return "ok"
