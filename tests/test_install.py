@@ -64,7 +64,8 @@ def test_a_checkout_run_from_elsewhere_writes_only_to_the_user_folders(tmp_path)
     out = _run_outside([sys.executable, "-c", SCRIPT], tmp_path, ROOT)
     assert f"from {ROOT / 'tunekit' / '__init__.py'}" in out.stdout
     assert (_tree(ROOT / "tunekit"), sorted(os.listdir(ROOT))) == before
-    assert _user_files(tmp_path / "home") == _expected_user_files()
+    # a traced run sets its step against the expected one: this CPU's calibrations are cached (.json)
+    assert _user_files(tmp_path / "home") == _expected_user_files(cache=(".bin", ".json"))
     assert sorted(os.listdir(tmp_path / "work")) == []
 
 

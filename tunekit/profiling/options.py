@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 
-from IPython.core.error import UsageError
-
 from tunekit.core.expected import Expected
 from tunekit.core.notes import Note, of_kind
 
 
 def check(args) -> None:
     """Refuse an option line that cannot be run as it says (a UsageError naming the option)."""
+    from IPython.core.error import UsageError  # the magic's; tunekit.profile runs without IPython
+
     if args.model_flops is not None and not 0 <= args.model_flops < math.inf:
         raise UsageError(f"--model-flops must be a finite FLOP count >= 0, got {args.model_flops!r}")
     if args.peak is not None and not 0 < args.peak < math.inf:
@@ -38,6 +38,8 @@ def planned(ns: dict, args):
     """The Plan (or its `Expected`) that ``--plan NAME`` names in the notebook ``ns`` (None without
     --plan); a UsageError, before the cell runs, for a name that is not there, is not a Plan, or is
     a plan without an expected step (its note says which figure the device lacks)."""
+    from IPython.core.error import UsageError
+
     name = args.plan
     if name is None:
         return None
