@@ -21,6 +21,7 @@ import time
 from tunekit.measure import nvml
 from tunekit.measure.device import cuda_device_index
 from tunekit.measure.history import HISTORY
+from tunekit.measure.meters import cpu_rss_bytes
 from tunekit.profiling.probe import Probe
 
 
@@ -76,6 +77,11 @@ def _backend(shell, gpu_index):
             self.var_names_start = self.get_var_names()
             self.backend_init()
             self.start()
+
+        def cpu_ram_used(self):
+            # this process's RSS as it is now: ipyexperiments reads a psutil.Process made at its
+            # import, whose pid is another process's in a child forked after that import
+            return cpu_rss_bytes()
 
         def gpu_ram(self):
             self.gpu_clear_cache()
