@@ -3,30 +3,13 @@ Breakdown on the summary record for ``tunekit.explain``. Timings are never compa
 counts, the record's fields and whether a profiler is left running."""
 import pytest
 import torch
+from test_monitor import batches, tiny, train  # the same tiny loop
 
 import tunekit
 from tunekit.core.breakdown import Breakdown
 from tunekit.core.fmt import fmt_ms
 from tunekit.core.notes import kind_of
 from tunekit.measure.flops import counting_active
-
-
-def tiny():
-    torch.manual_seed(0)
-    model = tunekit.GPT(tunekit.GPTConfig.preset("cpu-tiny"))
-    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
-
-
-def batches(n, b=2, s=32):
-    return [torch.randint(0, 256, (2, b, s)) for _ in range(n)]
-
-
-def train(model, opt, x, y):
-    _, loss = model(x, y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
 
 
 def profiling() -> bool:
