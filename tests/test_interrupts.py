@@ -141,7 +141,8 @@ def timings(dry, n):
 def sweep(case, n, double=True):
     """``case(injector) -> [problems]`` at n line events spread over the path, each once with one
     SIGINT and (``double``) once with a second 1-4 line events after the first; returns what went
-    wrong."""
+    wrong. A dense sweep (over 100 line events) sends one Ctrl-C or two at each line, by turns:
+    every line still takes a first Ctrl-C, in half the time."""
     for _ in range(2):  # the first run warms caches (compiled cells, options): count the second
         dry = Injector()
         assert case(dry) == []
@@ -160,8 +161,10 @@ def _deliver(case, n, dry, before, failed, double):
     total = dry.n
     ks = timings(dry, n)
     print(f"{total} line events, {len(dry.entries)} entries, {len(dry.changes)} changes, SIGINT at {len(ks)}")
+    by_turns = len(ks) > 100
     for i, k in enumerate(ks):
-        for second in (None, k + 1 + i % 4) if double else (None,):
+        seconds = (None, k + 1 + i % 4) if double else (None,)
+        for second in seconds[i % 2:i % 2 + 1] if by_turns and double else seconds:
             inj = Injector(k, second)
             problems = case(inj)
             after = state(case.models)
@@ -173,7 +176,8 @@ def _deliver(case, n, dry, before, failed, double):
             if problems:
                 failed.append(f"SIGINT at {inj.fired}: {problems}")
     if failed:
-        failed.insert(0, f"{len(failed)} of {(1 + double) * len(ks)} deliveries left something behind:")
+        sent = len(ks) if by_turns or not double else 2 * len(ks)
+        failed.insert(0, f"{len(failed)} of {sent} deliveries left something behind:")
 
 
 def _one_record(caught, inj, records):

@@ -16,6 +16,7 @@ KINDS = {
     "ckpt.not_applied": "checkpointing was asked for, but tunekit does not know the model's blocks",
     "memory.cpu": "measure_memory ran without CUDA: the allocator's figures are not measured",
     "memory.shadow_optimizer": "measure_memory stepped a stand-in optimizer at lr=0",
+    "memory.rss_unseen": "a block's allocations moved by more than RSS shows (memory reused or kept by the allocator)",
     "device.assumed": "estimate_memory planned for this machine's device, none being named",
     "activations.unknown": "estimate_memory has no shape to count the activations with",
     "flops.uncounted": "ops without a FLOP formula, left out of the count",

@@ -37,7 +37,7 @@ def is_oom(exc: BaseException | None) -> bool:
 _libc = None
 
 
-def _malloc_trim() -> bool:
+def malloc_trim() -> bool:
     """Ask glibc to return freed heap pages to the OS; without it RSS stays at its high mark."""
     global _libc
     if _libc is None:
@@ -62,7 +62,7 @@ def free_memory(device=None, collect: bool = True) -> None:
     if torch is not None and (kind == "cuda" or (kind is None and cuda_device_index() is not None)):
         torch.cuda.empty_cache()
     if kind in (None, "cpu"):
-        _malloc_trim()
+        malloc_trim()
 
 
 def memory_now_bytes(device) -> int:

@@ -22,6 +22,7 @@ from tunekit.measure import nvml
 from tunekit.measure.device import cuda_device_index
 from tunekit.measure.history import HISTORY
 from tunekit.measure.meters import cpu_rss_bytes
+from tunekit.measure.oom import malloc_trim
 from tunekit.profiling.probe import Probe
 
 
@@ -80,7 +81,10 @@ def _backend(shell, gpu_index):
 
         def cpu_ram_used(self):
             # this process's RSS as it is now: ipyexperiments reads a psutil.Process made at its
-            # import, whose pid is another process's in a child forked after that import
+            # import, whose pid is another process's in a child forked after that import. Freed
+            # heap memory is handed back first (malloc_trim, ~ms): else an allocation that reuses
+            # a hole in the heap is not consumed, and a freed one is not reclaimed, as RSS sees it
+            malloc_trim()
             return cpu_rss_bytes()
 
         def gpu_ram(self):

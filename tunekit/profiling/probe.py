@@ -253,8 +253,7 @@ class Probe:
     def _read_memory(self, rec, exc) -> None:
         rss_delta, peak_delta = self.cpu.stop()
         rec.cpu_rss_delta_bytes, rec.cpu_peak_delta_bytes = float(rss_delta), float(peak_delta)
-        if self.cpu.note:
-            rec.notes.append(self.cpu.note)
+        rec.notes.extend(n for n in (self.cpu.note, self.cpu.unseen) if n)
         gpu = self.cuda.stop()
         self.index = gpu.pop("index", None)
         for k, v in gpu.items():
