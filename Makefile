@@ -40,9 +40,11 @@ lint: install
 # Lint, the docs site built strictly, unit tests (magics in a real IPython shell, notebook pairs in
 # sync), and every notebook executed by nbval in a kernel. The notebooks run beside the unit tests
 # (two cores, two suites; each must hold on a busy machine anyway); their report follows the tests'.
+# The notebooks' kernels get one OpenMP thread: two suites of two threads each on two cores made
+# both crawl (21m40s in all, where one after the other took ~16 min).
 test: lint docs
 	@mkdir -p build
-	@$(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb > build/nbval.log 2>&1 & nb=$$!; \
+	@OMP_NUM_THREADS=1 $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb > build/nbval.log 2>&1 & nb=$$!; \
 	$(PY) -m pytest -q -m "not gpu" --durations=25 tests; tests=$$?; \
 	wait $$nb; notebooks=$$?; echo "== notebooks (nbval)"; cat build/nbval.log; \
 	exit $$(( tests != 0 || notebooks != 0 ))
