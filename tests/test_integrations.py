@@ -69,11 +69,33 @@ def test_transformers_trainer_figures_reach_every_reporter(tmp_path):
         assert log["tunekit/tokens_per_s"] * log["tunekit/wall_s"] == pytest.approx(64)
 
 
+def test_the_trainer_traces_the_step_asked_for_and_explain_reads_it(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    from tunekit.core.breakdown import Breakdown
+    from tunekit.integrations.transformers import TunekitCallback
+
+    ids = torch.randint(0, 256, (8, 16))
+    cb = TunekitCallback(live=False, trace=2)   # step 0 counted, 1 warm-up, 2 traced, 3 measured
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2,
+                             logging_steps=2, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+    model = llama()
+    Trainer(model=model, args=args, train_dataset=[{"input_ids": i, "labels": i} for i in ids], callbacks=[cb]).train()
+    rows, rec = cb.monitor.rows, cb.monitor.record
+    assert [r["traced"] for r in rows] == [False, False, True, False]
+    assert isinstance(rec.trace, Breakdown) and rec.trace.wall_s == rows[2]["step_s"]
+    assert not torch._C._autograd._profiler_enabled()
+    e = tunekit.explain(rec, tunekit.plan(model, "cpu", micro_batch=2, seq_len=16))
+    assert e.measured_s == rec.trace.wall_s and e.expected_s > 0
+
+
 def test_transformers_callback_refuses_bad_options_when_built():
     from tunekit.integrations.transformers import TunekitCallback, front
 
     with pytest.raises(ValueError, match="warmup"):
         TunekitCallback(warmup=-1)
+    with pytest.raises(ValueError, match="trace must be a whole number >= 0"):
+        TunekitCallback(trace=-1)
     with pytest.warns(RuntimeWarning, match="callback list"):
         assert front(object(), None) is False
 
@@ -110,13 +132,13 @@ class _Module(lightning.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
 
-def _fit(tmp_path, module, steps=6, accumulate=1):
+def _fit(tmp_path, module, steps=6, accumulate=1, trace=None):
     from lightning.pytorch.loggers import CSVLogger
 
     from tunekit.integrations.lightning import TunekitCallback
 
     data = [tuple(torch.randint(0, 256, (2, 2, 32))) for _ in range(steps * accumulate)]
-    cb = TunekitCallback(live=False, log_every=2)
+    cb = TunekitCallback(live=False, log_every=2, trace=trace)
     trainer = lightning.Trainer(max_steps=steps, callbacks=[cb], logger=CSVLogger(str(tmp_path)),
                                 accumulate_grad_batches=accumulate, enable_progress_bar=False,
                                 enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")
@@ -125,9 +147,11 @@ def _fit(tmp_path, module, steps=6, accumulate=1):
 
 
 def test_lightning_steps_and_loggers(tmp_path):
-    cb, trainer = _fit(tmp_path, _Module(), steps=4, accumulate=2)
+    cb, trainer = _fit(tmp_path, _Module(), steps=4, accumulate=2, trace=3)
     rows = cb.monitor.rows
     assert len(rows) == 4 and rows[0]["counted"] and not any(r["counted"] for r in rows[1:])
+    assert [r["traced"] for r in rows] == [False, False, False, True]   # both micro-batches of step 3
+    assert cb.monitor.record.trace.wall_s == rows[3]["step_s"] and not torch._C._autograd._profiler_enabled()
     assert [r["step"] for r in rows] == [1, 2, 3, 4]     # trainer.global_step once each step ended
     assert all(r["tokens"] == 2 * 2 * 32 for r in rows)           # 2 micro-batches of 2 x 32
     assert all(isinstance(r["loss"], float) and not math.isnan(r["loss"]) for r in rows)

@@ -36,14 +36,16 @@ class TunekitCallback(Callback):
     """Example: ``L.Trainer(max_steps=50, callbacks=[TunekitCallback(log_to="jsonl:run.jsonl")])``.
 
     Options as `tunekit.Monitor` (``name``, ``peak``, ``dtype``, ``warmup``, ``live``,
-    ``log_to``, ``flops``); ``log_every``: steps between two sends to the Trainer's loggers
-    (default: the Trainer's ``log_every_n_steps``). The Monitor of the latest fit is
-    ``callback.monitor``."""
+    ``log_to``, ``flops``, ``trace``: the step traced, which
+    ``tunekit.explain(callback.monitor.record, plan)`` sets against a plan); ``log_every``: steps
+    between two sends to the Trainer's loggers (default: the Trainer's ``log_every_n_steps``).
+    The Monitor of the latest fit is ``callback.monitor``."""
 
     def __init__(self, *, name: str | None = None, peak: float | None = None, dtype: str | None = None,
                  warmup: int = 1, live: bool | None = None, log_to=(), flops: str = "auto",
-                 log_every: int | None = None):
-        self.options = dict(name=name, peak=peak, dtype=dtype, warmup=warmup, live=live, log_to=log_to, flops=flops)
+                 trace: int | None = None, log_every: int | None = None):
+        self.options = dict(name=name, peak=peak, dtype=dtype, warmup=warmup, live=live, log_to=log_to, flops=flops,
+                            trace=trace)
         check_options(**{k: v for k, v in self.options.items() if k != "log_to"})
         self.log_every = None if log_every is None else check_options(total=log_every)["total"]
         self.monitor = None

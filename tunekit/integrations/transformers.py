@@ -44,11 +44,15 @@ class TunekitCallback(TrainerCallback):
     """Example: ``Trainer(..., callbacks=[TunekitCallback(log_to="jsonl:run.jsonl")])``.
 
     Options as `tunekit.Monitor` (``name``, ``peak``, ``dtype``, ``warmup``, ``live``,
-    ``log_to``, ``flops``); the Monitor of the latest run is ``callback.monitor``."""
+    ``log_to``, ``flops``, ``trace``: the step traced, which
+    ``tunekit.explain(callback.monitor.record, plan)`` sets against a plan); the Monitor of the
+    latest run is ``callback.monitor``."""
 
     def __init__(self, *, name: str | None = None, peak: float | None = None, dtype: str | None = None,
-                 warmup: int = 1, live: bool | None = None, log_to=(), flops: str = "auto"):
-        self.options = dict(name=name, peak=peak, dtype=dtype, warmup=warmup, live=live, log_to=log_to, flops=flops)
+                 warmup: int = 1, live: bool | None = None, log_to=(), flops: str = "auto",
+                 trace: int | None = None):
+        self.options = dict(name=name, peak=peak, dtype=dtype, warmup=warmup, live=live, log_to=log_to, flops=flops,
+                            trace=trace)
         check_options(**{k: v for k, v in self.options.items() if k != "log_to"})  # refused before the Trainer runs
         self.monitor = None
         self._logged = 0      # rows already summarized into a log
