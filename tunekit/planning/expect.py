@@ -17,19 +17,23 @@ from tunekit.core.notes import Note
 
 
 def cpu_figures(peak: float | None, compute: str) -> Figures:
-    """This CPU's figures: its calibrated MAMF sweep for the matmuls' dtype, its step-like bandwidth by
-    size and its time per small op (measure.stream), each measured once and cached."""
+    """This CPU's figures: its matmuls as a step runs them by size (measure.stream; the calibrated
+    MAMF sweep above those sizes), its step-like bandwidth by size and its time per small op, each
+    measured once and cached."""
     from tunekit.measure.peaks import calibrate
     from tunekit.measure.stream import measure_stream
 
     dtype = compute if compute in ("fp32", "bf16") else "fp32"
     cal = calibrate(dtype, "cpu")
     stream = measure_stream()
-    best = dict(stream.matmuls.get(dtype, []))   # the small sizes: the three layouts a step runs
-    for m, _, _, t in cal.sweep:
-        best[m] = max(best.get(m, 0.0), t)
+    # step-like matmuls (operands from memory, outputs kept) up to the stream's largest size; the
+    # MAMF sweep's (hot, repeated) only above it, where compute outweighs the trips to memory
+    best = dict(stream.matmuls.get(dtype, []))
+    top = max(best, default=0)
+    best.update({m: t for m, _, _, t in cal.sweep if m > top})
     return Figures(name="cpu", peak_tflops=peak, mamf_tflops=cal.tflops,
-                   mamf_source=f"this CPU's calibrated {dtype} MAMF sweep ({cal.verdict})", bandwidth_tbs=None,
+                   mamf_source=f"this CPU's {dtype} matmuls as a step runs them, measured ({stream.verdict}), "
+                               f"and its calibrated MAMF sweep above {top} ({cal.verdict})", bandwidth_tbs=None,
                    bandwidth_source=f"this CPU's bandwidth by size: multiplies whose outputs autograd keeps, "
                                     f"measured ({stream.verdict})",
                    launch_s=stream.op_s, launch_source=f"this CPU's time per small op, measured ({stream.verdict})",
