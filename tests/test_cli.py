@@ -73,6 +73,19 @@ def test_run_on_cpu_tiny_writes_a_log_line_and_a_report(tmp_path):
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=['\"]?https?:", page)   # self-contained
 
 
+def test_run_with_trace_prints_the_traced_line_and_logs_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path / "data"))   # the Chrome trace
+    log = tmp_path / "runs.jsonl"
+    assert cli.main(["run", "--steps", "2", "--warmup", "1", "--micro-batch", "2", "--seq-len", "16", "--trace",
+                     "--log", str(log), "--report", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    traced = [line for line in out if line.split()[:1] == ["traced"]]
+    rec = read_records(log)[0][0]
+    # the run's step against its plan, in one line, printed and logged
+    assert len(traced) == 1 and "per step" in traced[0] and "of the expected speed" in traced[0], out
+    assert rec["explained"] and rec["explained"] in traced[0]
+
+
 def _refused(argv, capsys, monkeypatch, env=None):
     for k in TORCHRUN:
         monkeypatch.delenv(k, raising=False)
@@ -105,6 +118,7 @@ def _refused(argv, capsys, monkeypatch, env=None):
     (["--parallel", "fsdp", "--link-bandwidth", "50mbit"], "need --nodes >= 2"),
     (["--log", "/proc/no/such/log.jsonl"], "cannot be written"),
     (["--no-such-option"], "unrecognized arguments"),
+    (["--trace", "--parallel", "ddp", "--nproc", "2"], "--trace traces one process's step"),
 ])
 def test_bad_options_one_line_exit_2_before_any_work(argv, match, capsys, monkeypatch):
     assert match in _refused(argv, capsys, monkeypatch)

@@ -81,6 +81,9 @@ def run_parser() -> argparse.ArgumentParser:
     d.add_argument("--link-latency", default=None,
                    help="one-way latency of that link, e.g. 1ms; None: 1ms when a link is emulated")
     o = p.add_argument_group("output")
+    o.add_argument("--trace", action="store_true",
+                   help="one more step under torch.profiler after the timed ones, set against the run's "
+                        "plan: its `traced` line says how far from the expected step and where (one process)")
     # --log-path too: torchrun's own parser stops at --log (a prefix of its --log-dir and --logs-specs)
     o.add_argument("--log", "--log-path", dest="log", default=LOG,
                    help="JSONL run log, appended to (under torchrun write --log-path)")
@@ -196,6 +199,9 @@ def check(args, env=None) -> tuple:
             raise Refused(f"--{name} must be >= {low}, got {getattr(args, name)}")
     source = model_source(args.model)
     nproc, nodes, link = layout(args, env)
+    if getattr(args, "trace", False) and (args.parallel != "none" or nproc * nodes > 1 or under_torchrun(env)):
+        raise Refused("--trace traces one process's step: not with --parallel, --nproc/--nodes or under "
+                      "torchrun (trace a one-process run of the same toggles instead)")
     from tunekit.measure.device import default_device
 
     t = tg.Toggles().replace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(tg.Toggles)})
@@ -292,7 +298,7 @@ def main(argv=None) -> int:
             model = lab_model(source, distributed)
             lab = Lab(model, preset=source[1] if source[0] == "preset" else "cpu-tiny", log_path=args.log)
             kw = dict(steps=args.steps, warmup=args.warmup, progress=_progress, verbose=False,
-                      **changed_toggles(args))
+                      trace=args.trace, **changed_toggles(args))
             if distributed:
                 kw.update(parallel=args.parallel, nproc=nproc, nodes=nodes, link=link)
             result = lab.run(**kw)
