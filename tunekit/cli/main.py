@@ -298,7 +298,7 @@ def main(argv=None) -> int:
             model = lab_model(source, distributed)
             lab = Lab(model, preset=source[1] if source[0] == "preset" else "cpu-tiny", log_path=args.log)
             kw = dict(steps=args.steps, warmup=args.warmup, progress=_progress, verbose=False,
-                      trace=args.trace, **changed_toggles(args))
+                      **changed_toggles(args), **({"trace": True} if args.trace else {}))
             if distributed:
                 kw.update(parallel=args.parallel, nproc=nproc, nodes=nodes, link=link)
             result = lab.run(**kw)
