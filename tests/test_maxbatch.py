@@ -219,3 +219,14 @@ def test_a_lab_search_off_a_terminal_prints_its_line_only_and_nothing_when_quiet
     assert text == "" and found.best == 4 and len(seen) == 6
     with pytest.raises(ValueError, match="verbose must be True or False"):
         _shown_search(monkeypatch, tmp_path, tty=False, verbose="yes")
+
+
+def test_a_prediction_never_refuses_a_size_below_every_measured_one():
+    MiB = 2**20
+    over = Note("trial.over_available", "over available")
+    trials = [Trial(9, False, 40 * MiB, over, 0.1), Trial(4, False, 36 * MiB, over, 0.1)]
+    # between and above the measured sizes: the line through them, 36 + (40 - 36) / 5 per sample
+    assert maxbatch._predict_used(6, trials) == pytest.approx(36 * MiB + 2 * 0.8 * MiB)
+    assert maxbatch._predict_used(14, trials) == pytest.approx(40 * MiB + 5 * 0.8 * MiB)
+    # below both (noisy RSS peaks drawn downward said 34.4 and 33.6 MiB: over a 32 MiB limit): run it
+    assert maxbatch._predict_used(2, trials) is None and maxbatch._predict_used(1, trials) is None

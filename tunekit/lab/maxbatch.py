@@ -239,10 +239,13 @@ def _search(attempt, start: int, limit: int, result, budget_s: float | None = No
 
 
 def _predict_used(b: int, trials: list) -> float | None:
-    # used ~ fixed + b * per_sample: fit the two nearest measured trials (one: proportional)
+    # used ~ fixed + b * per_sample: fit the two nearest measured trials (one: proportional).
+    # Never below the smallest measured size: memory grows with the micro-batch, so only a
+    # measurement refuses a smaller one (a line through two noisy RSS peaks, drawn downward,
+    # once refused micro-batch 1 after 29 had fit)
     ok = sorted((t.micro_batch, t.used_bytes) for t in trials
                 if t.used_bytes is not None and t.used_bytes > 0)
-    if not ok:
+    if not ok or b < ok[0][0]:
         return None
     if len(ok) == 1:
         return ok[0][1] * b / ok[0][0]
@@ -257,7 +260,8 @@ def _trial(lab, t, baseline: int, budget, trials, history: bool = False, availab
            shield=None) -> Trial:
     dev = lab.device
     predicted = _predict_used(t.micro_batch, trials)
-    if predicted is None and t.micro_batch > 4:   # a first trial far up: estimated, not guessed
+    measured = any(x.used_bytes is not None for x in trials)
+    if predicted is None and t.micro_batch > 4 and not measured:   # a first trial far up: estimated, not guessed
         predicted = fit.estimate(lab, t).need_bytes
     # no margin here: past the available memory a CPU trial is not refused, the kernel kills
     if predicted is not None and available is not None and predicted > available:
