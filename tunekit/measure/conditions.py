@@ -18,6 +18,7 @@ import time
 from tunekit.core.conditions import Conditions, judge
 from tunekit.core.validate import flag, whole
 from tunekit.measure.device import existing_device, torch_if_loaded
+from tunekit.measure.meters import libc
 
 _TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 _CPUS = os.cpu_count()  # once: os.cpu_count() costs ~10 µs a call here, a fifth of the budget
@@ -28,16 +29,11 @@ class _Counters:
     """The kernel files, opened once per process, read by pread with the GIL held."""
 
     def __init__(self):
-        self.pid, self.fds, self.libc = None, {}, None
-        try:
+        self.pid, self.fds, self.libc = None, {}, libc()
+        if self.libc is not None:
             import ctypes
 
-            libc = ctypes.PyDLL(None)
-            libc.pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
-            libc.pread.restype = ctypes.c_ssize_t
-            self.libc, self.buf = libc, ctypes.create_string_buffer(512)
-        except (OSError, AttributeError):
-            pass
+            self.buf = ctypes.create_string_buffer(512)
 
     def _open(self):
         if self.pid != os.getpid():  # a forked child must not read its parent's descriptors

@@ -15,6 +15,27 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _HAS_PROC = os.path.exists("/proc/self/statm")
 
 
+_LIBC: list = []
+
+
+def libc():
+    """This process's C library (``ctypes.PyDLL``: its calls keep the GIL), pread and write typed;
+    None where it cannot be opened. One handle for every caller in tunekit."""
+    if not _LIBC:
+        try:
+            import ctypes
+
+            lib = ctypes.PyDLL(None)
+            lib.pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
+            lib.pread.restype = ctypes.c_ssize_t
+            lib.write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+            lib.write.restype = ctypes.c_ssize_t
+            _LIBC.append(lib)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    return _LIBC[0]
+
+
 # --- CPU memory --------------------------------------------------------------------------------
 
 
@@ -28,19 +49,11 @@ class _Proc:
     """
 
     def __init__(self):
-        self.pid = None
-        self.libc = None
-        try:
+        self.pid, self.libc = None, libc()
+        if self.libc is not None:
             import ctypes
 
-            libc = ctypes.PyDLL(None)
-            libc.pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
-            libc.pread.restype = ctypes.c_ssize_t
-            libc.write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-            libc.write.restype = ctypes.c_ssize_t
-            self.libc, self.buf = libc, ctypes.create_string_buffer(8192)
-        except (OSError, AttributeError):
-            pass
+            self.buf = ctypes.create_string_buffer(8192)
 
     def _fds(self):
         if self.pid != os.getpid():  # opened by a parent before fork(): those are its files

@@ -6,14 +6,12 @@ that say "out of memory".
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import os
 import traceback
 
 from tunekit.measure.device import cuda_device_index, torch_if_loaded
-from tunekit.measure.meters import cpu_rss_bytes
+from tunekit.measure.meters import cpu_rss_bytes, libc
 
 ADVICE = ("Try a smaller micro batch with gradient accumulation, bf16, activation checkpointing "
           "or a lighter optimizer")
@@ -34,21 +32,10 @@ def is_oom(exc: BaseException | None) -> bool:
                                               or "not enough memory" in text)
 
 
-_libc = None
-
-
 def malloc_trim() -> bool:
     """Ask glibc to return freed heap pages to the OS; without it RSS stays at its high mark."""
-    global _libc
-    if _libc is None:
-        name = ctypes.util.find_library("c")
-        try:
-            _libc = ctypes.CDLL(name) if name else False
-        except OSError:
-            _libc = False
-    if _libc and hasattr(_libc, "malloc_trim"):
-        return bool(_libc.malloc_trim(0))
-    return False
+    lib = libc()
+    return bool(lib.malloc_trim(0)) if lib is not None and hasattr(lib, "malloc_trim") else False
 
 
 def free_memory(device=None, collect: bool = True) -> None:

@@ -28,7 +28,7 @@ from tunekit.core.setting import from_keywords
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.device import synchronize
 from tunekit.measure.history import HISTORY
-from tunekit.measure.meters import CudaMeter, PeakWindows, cpu_rss_bytes
+from tunekit.measure.meters import CudaMeter, PeakWindows, cpu_rss_bytes, malloc_in_use_bytes
 from tunekit.measure.torch_private import compiled_graphs
 from tunekit.models.adapters import adapt
 from tunekit.monitor.gather import gather_ranks
@@ -108,6 +108,7 @@ class Monitor:
         self._graphs = compiled_graphs()   # graphs Dynamo compiled so far (None: never used)
         self._total_from_len = False
         self.rss0 = self.alloc0 = NaN   # CPU RSS and GPU allocated bytes as the first step starts
+        self.heap0 = self.heap = None   # glibc's bytes in use then and at the last window (None: unknown)
         self.loader_error = None
         self.summary = self.record = self.ranks = None
         self.closed = False
@@ -183,6 +184,7 @@ class Monitor:
             self._t_end = _t0 if _t0 is not None else t
             self._whole.start()
             self.rss0 = float(cpu_rss_bytes())   # the run's start: what its memory figures are above
+            self.heap0 = malloc_in_use_bytes()   # what RSS may not show (meters.rss_blind_note)
         cuda = None
         if self.cuda_index is not None:   # the allocator's figures of the model's GPU
             cuda = CudaMeter(self.cuda_index)
@@ -227,6 +229,7 @@ class Monitor:
             return
         c = cond.stop(t1 - cond.t0)
         peak, rss = self._cpu.peak(), float(cpu_rss_bytes())
+        self.heap = malloc_in_use_bytes()
         for r in self._judged:
             r["machine"] = None if c is None else c.verdict
             r["cpu_peak_bytes"], r["cpu_rss_bytes"] = peak, rss

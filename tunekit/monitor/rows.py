@@ -12,6 +12,7 @@ import torch
 
 from tunekit.core.records import ProfileRecord
 from tunekit.measure.device import device_label
+from tunekit.measure.meters import rss_blind_note
 from tunekit.monitor.steps import COLUMNS, CURATED, speed_column, steps_view, summary_line
 
 NaN = math.nan
@@ -42,6 +43,8 @@ def summary_record(mon) -> ProfileRecord:
     if rows:   # above the run's start (the first step's, read before it): a peak never below it
         rec.cpu_rss_delta_bytes = rows[-1]["cpu_rss_bytes"] - mon.rss0
         rec.cpu_peak_delta_bytes = peak_above(s.cpu_peak_bytes, mon.rss0)
+        heap = None if mon.heap is None or mon.heap0 is None else mon.heap - mon.heap0
+        unseen = rss_blind_note(rec.cpu_rss_delta_bytes, heap)
         if s.gpu_peak_bytes == s.gpu_peak_bytes:  # a CUDA model: its allocator's figures
             rec.gpu_alloc_delta_bytes = rows[-1]["gpu_alloc_bytes"] - mon.alloc0
             rec.gpu_peak_delta_bytes = peak_above(s.gpu_peak_bytes, mon.alloc0)
@@ -50,6 +53,8 @@ def summary_record(mon) -> ProfileRecord:
     rec.error = failed[-1] if failed else mon.loader_error
     rec.notes = [summary_line(s), "figures over the measured steps (not warm-up, not counted, not traced, "
                  "no error); TFLOPS/MFU from their time, data waits included"] + s.notes + mon.notes
+    if rows and unseen is not None:
+        rec.notes.append(unseen)
     return rec
 
 
