@@ -104,15 +104,15 @@ def cpu_rows():
     from tunekit.measure.peaks import calibrate
     from tunekit.measure.stream import measure_stream
 
-    # the sweeps the expectation takes, measured again now: this VM's speed drifts by 20% over an
-    # hour under a "quiet" verdict, so figures cached hours ago would judge today's runs
-    fresh = measure_stream(force=True)
-    print(f"\nthe step-like sweeps measured again now ({fresh.verdict})")
+    # the sweeps the expectation takes, measured again just before each row's plan and run: this
+    # VM's speed drifts by 20% within minutes under a "quiet" verdict (no steal, no load: nothing a
+    # verdict reads), so figures taken even minutes apart from a run would judge another machine
     print(f"{'on this CPU':<34}{'expected ms':>12}{'measured ms':>12}{'exp/meas':>9}{'fastest ms':>11}"
           f"{'exp/fast':>9}  verdict")
     for name, lab in cpu_labs():
         for precision in ("fp32", "bf16"):
             for ck in (False, True):
+                measure_stream(force=True)
                 p = tunekit.plan(lab, "cpu", precision=precision, checkpointing=ck)
                 r = lab.run(steps=20, precision=precision, checkpointing=ck, verbose=False)
                 verdicts = {r.conditions.verdict if r.conditions else "unknown", measure_stream().verdict,

@@ -51,6 +51,49 @@ def test_a_cpu_adds_each_ops_dispatch_and_reads_bandwidth_by_size():
     assert fig.tbs_at(999) == 0.5 and fig.tbs_at(5000) == 0.5 and fig.tbs_at(10**7) == 0.1
 
 
+def test_a_cpu_adds_the_hosts_time_for_views_and_module_calls():
+    fig = _fig(host_bound=True, view_s=1e-6, module_s=2e-6, host_source="h")
+    e = expect([ADD], fig, tokens=1, model_flops=0, backend=None, params=0, param_bytes=4, grad_bytes=4,
+               state_bytes=0, optimizer_kernels=0, host_calls=(300, 40))
+    # 300 views at 1 us + 40 module calls at 2 us = 3.8e-04 s, one row of its own
+    host = [r for r in e.rows if r[1] == "host"]
+    assert host == [("views, metadata ops, module calls", "host", 340, pytest.approx(3.8e-4), "launch", "h")]
+    # the add: 1e6 bytes at 1 TB/s = 1e-06 s plus its 5e-06 s dispatch; then the host's 3.8e-04 s
+    assert e.step_s == pytest.approx(6e-6 + 3.8e-4)
+    # a GPU's host runs ahead of its kernels: no such row
+    gpu = expect([ADD], _fig(view_s=1e-6, module_s=2e-6), tokens=1, model_flops=0, backend=None, params=0,
+                 param_bytes=4, grad_bytes=4, state_bytes=0, optimizer_kernels=0, host_calls=(300, 40))
+    assert [r[1] for r in gpu.rows] == ["memory-bound", "optimizer"]
+
+
+def test_the_plan_counts_a_steps_module_calls_and_views():
+    cfg = tunekit.GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16)
+    plain = tunekit.plan(cfg, "cpu", micro_batch=2, seq_len=16).expected
+    ck = tunekit.plan(cfg, "cpu", micro_batch=2, seq_len=16, checkpointing=True).expected
+    calls = {r[1]: r[2] for r in plain.rows}["host"], {r[1]: r[2] for r in ck.rows}["host"]
+    assert 0 < calls[0] < calls[1]   # the recompute calls the blocks' modules and views again
+
+
+def test_an_op_reads_cold_what_the_cache_no_longer_holds():
+    from tunekit.core.expected import cold_reads
+
+    a = ("a", "memory", "forward", 0, 10, None, 4, ((), ((1, 10),)))               # writes storage 1
+    b = ("b", "memory", "forward", 0, 20, None, 4, (((1, 10),), ((2, 10),)))      # reads it next: 0 bytes between
+    c = ("c", "memory", "forward", 0, 100, None, 4, (((3, 50),), ((4, 50),)))     # 3: never touched in the step
+    d = ("d", "memory", "backward", 0, 20, None, 4, (((1, 10),), ((5, 10),)))     # 1 again, after c's 100 bytes
+    # the step moves 10 + 20 + 100 + 20 = 150 bytes: storage 3 counts as touched 150 bytes ago
+    assert cold_reads([a, b, c, d], 50) == [False, False, True, True]
+    assert cold_reads([a, b, c, d], 200) == [False, False, False, False]   # all of it in the cache
+    assert cold_reads([a, b, c, d], None) == [False] * 4
+    # on a CPU with a cold sweep: d's 20 bytes at 0.01 TB/s (cold) instead of 0.1 (in cache)
+    fig = _fig(host_bound=True, bandwidth_tbs=None, bandwidth_sweep=((1, 0.1),), cold_sweep=((1, 0.01),),
+               cold_source="cold", cache_bytes=50, launch_s=0.0)
+    rows = {r[0]: r for r in expect([a, b, c, d], fig, tokens=1, model_flops=0, backend=None, params=0,
+                                    param_bytes=4, grad_bytes=4, state_bytes=0, optimizer_kernels=0).rows}
+    assert rows["d"][3] == pytest.approx(20 / 0.01e12) and rows["d"][5] == "cold"
+    assert rows["b"][3] == pytest.approx(20 / 0.1e12) and rows["b"][5] == "b"
+
+
 def test_matmul_shape_efficiency():
     h100 = gpu_figures("H100 SXM", "bf16", 989, 3.35, compiled=False)
     assert h100.mamf_tflops == 794.5 and h100.bandwidth_tbs == pytest.approx(3.0)
@@ -75,6 +118,7 @@ def test_counter_keeps_kernels_not_views():
         y.t()
         torch.relu(y)
     assert [r[0] for r in c.ops] == ["mm", "relu"]
+    assert (c.no_kernel, c.module_calls) == (2, 0)   # view, t: counted, not kept
     # mm: reads 64*32*4 + 32*16*4 = 10240 bytes, writes 64*16*4 = 4096: 14336; its dims (m, k, n, batch)
     assert c.ops[0][3:6] == (2 * 64 * 32 * 16, 14336, (64, 32, 16, 1))
     assert c.ops[1][4] == 2 * 64 * 16 * 4
@@ -255,7 +299,8 @@ def test_a_cpu_plan_takes_step_like_matmuls_and_the_mamf_sweep_only_above_them(m
 
     cal = SimpleNamespace(tflops=0.5, verdict="quiet", sweep=[(512, 0, 0, 0.45), (1024, 0, 0, 0.48), (2048, 0, 0, 0.5)])
     st = SimpleNamespace(verdict="quiet", op_s=4e-6, sweep=[(2**20, 0.05)], gelu={"fp32": 1e9},
-                         attention={"fp32": 0.1}, matmuls={"fp32": [(256, 0.15), (512, 0.17), (1024, 0.18)]})
+                         attention={"fp32": 0.1}, view_s=1e-6, module_s=1e-6, cold=[(2**20, 0.02)],
+                         matmuls={"fp32": [(256, 0.15), (512, 0.17), (1024, 0.18)]})
     monkeypatch.setattr(peaks, "calibrate", lambda dtype, device: cal)
     monkeypatch.setattr(stream, "measure_stream", lambda: st)
     fig = cpu_figures(0.6, "fp32")

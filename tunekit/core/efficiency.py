@@ -162,8 +162,14 @@ class Figures:
     sms: int | None = None
     attention: dict | None = None     # backend -> (rows (head_dim, seq, share), source): attention_share
     mamf_sweep: tuple = ()            # ((size, tflops), ...): a calibration's sweep (a CPU)
-    bandwidth_sweep: tuple = ()       # ((bytes, TB/s), ...): a measured copy sweep (a CPU)
+    bandwidth_sweep: tuple = ()       # ((bytes an op moves, TB/s), ...): its inputs in cache (a CPU, measured)
+    cold_sweep: tuple = ()            # the same for ops that read what was written long before (a CPU)
+    cold_source: str = ""
+    cache_bytes: float | None = None  # the last-level cache: a tensor touched longer ago is read cold
     transcendental_rate: float | None = None   # elements/s of GELU-class ops (a CPU: compute-bound there)
+    view_s: float | None = None       # host time of an op that makes no kernel (a view); None: not counted
+    module_s: float | None = None     # host time of an nn.Module call around its forward
+    host_source: str = ""
 
     def missing(self) -> list:
         out = []
@@ -173,13 +179,15 @@ class Figures:
             out.append("the memory bandwidth a streaming kernel reaches")
         return out
 
-    def tbs_at(self, nbytes: float) -> float:
+    def tbs_at(self, nbytes: float, cold: bool = False) -> float:
         """The bandwidth an op moving ``nbytes`` reaches: the sweep's at the largest size not above
-        them (a working set in cache runs faster), else the one figure."""
-        if not self.bandwidth_sweep:
+        them (a working set in cache runs faster), else the one figure. ``cold``: an op reading a
+        tensor written long before (a backward's, an optimizer's), where such a sweep was measured."""
+        sweep = self.cold_sweep if cold and self.cold_sweep else self.bandwidth_sweep
+        if not sweep:
             return self.bandwidth_tbs
-        below = [t for s, t in self.bandwidth_sweep if s <= nbytes]
-        return below[-1] if below else self.bandwidth_sweep[0][1]
+        below = [t for s, t in sweep if s <= nbytes]
+        return below[-1] if below else sweep[0][1]
 
 
 # elementwise ops whose transcendentals (tanh, erf, exp) a CPU computes slower than it streams bytes

@@ -13,11 +13,15 @@ head_dim, batch x heads) for an attention; ``phase`` "forward" or
   bandwidth when that takes longer;
 - attention: FLOPs at the fused kernel's published share of the peak for the backend, by head dim
   and sequence length (`core.efficiency.attention_share`);
-- every other op: its bytes (inputs read, outputs written) at the streaming bandwidth;
+- every other op: its bytes (inputs read, outputs written) at the streaming bandwidth; on a CPU,
+  by size, and slower where it reads a tensor the last-level cache no longer holds (its reuse
+  distance over the step's op records, `cold_reads`);
 - a compiled step (``fuse``): each run of memory-bound ops between two matmuls is one kernel that
   reads what the run did not make and writes what is read after it (or by nobody: a gradient);
 - each kernel at least the host's time to launch it (a GPU: the longer of the two, the host
   runs ahead; a CPU: the two add up, the host is the device);
+- on a CPU, the host's time for what launches no kernel: each view or metadata op and each module
+  call at its measured time (the model's other Python is not modelled);
 - the optimizer: its update reads and writes each parameter, gradient and state once;
 - collectives: at the links' bandwidth, hidden behind the compute they overlap with (DDP's
   buckets behind backward, FSDP's prefetched gathers behind forward and backward) but the last
@@ -103,10 +107,36 @@ def matmul_tflops(fig: Figures, dims, itemsize: int) -> tuple[float, str]:
     return tflops, src
 
 
-def op_seconds(fig: Figures, rec, backend: str | None) -> tuple[float, str, str]:
-    """(seconds, bound, source) of one op record on the device, its launch aside."""
+def cold_reads(ops, cache_bytes: float | None) -> list:
+    """Per op record: whether it reads a tensor last touched more than ``cache_bytes`` ago (the
+    bytes the ops between moved: its reuse distance), so from memory rather than the last-level
+    cache; a tensor first read in the step (a parameter, the batch) counts as touched a whole step
+    ago. All False without a cache size or without the records' ``io``."""
+    if not cache_bytes:
+        return [False] * len(ops)
+    step_bytes = sum(rec[4] for rec in ops)
+    touched: dict = {}
+    moved, out = 0.0, []
+    for rec in ops:
+        if len(rec) <= 7:
+            out.append(False)
+            moved += rec[4]
+            continue
+        ins, outs = rec[7]
+        out.append(any(moved - touched.get(sid, moved - step_bytes) > cache_bytes for sid, _ in ins))
+        moved += rec[4]
+        for sid, _ in ins + outs:
+            touched[sid] = moved
+    return out
+
+
+def op_seconds(fig: Figures, rec, backend: str | None, cold: bool = False) -> tuple[float, str, str]:
+    """(seconds, bound, source) of one op record on the device, its launch aside. ``cold``: it reads
+    from memory what the cache no longer holds (`cold_reads`), at the cold sweep where there is one."""
     name, kind, _phase, flops, moved, dims, itemsize = rec[:7]
-    mem_s = moved / (fig.tbs_at(moved) * 1e12)
+    cold = cold and bool(fig.cold_sweep)
+    mem_s = moved / (fig.tbs_at(moved, cold) * 1e12)
+    mem_src = fig.cold_source if cold else fig.bandwidth_source
     if kind == "matmul" and dims:
         tflops, src = matmul_tflops(fig, dims, itemsize)
     elif kind == "attention" and fig.attention and backend in fig.attention:
@@ -123,9 +153,9 @@ def op_seconds(fig: Figures, rec, backend: str | None) -> tuple[float, str, str]
             compute_s = elements / fig.transcendental_rate
             if compute_s > mem_s:
                 return compute_s, "compute", "this CPU's GELU rate, measured (transcendental ops)"
-        return mem_s, "memory", fig.bandwidth_source
+        return mem_s, "memory", mem_src
     flop_s = flops / (tflops * 1e12)
-    return (flop_s, "compute", src) if flop_s >= mem_s else (mem_s, "memory", fig.bandwidth_source)
+    return (flop_s, "compute", src) if flop_s >= mem_s else (mem_s, "memory", mem_src)
 
 
 def optimizer_bytes(params: float, param_bytes: int, grad_bytes: int, state_bytes: float) -> float:
@@ -135,17 +165,19 @@ def optimizer_bytes(params: float, param_bytes: int, grad_bytes: int, state_byte
 
 def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str | None, params: float,
            param_bytes: int, grad_bytes: int, state_bytes: float, optimizer_kernels: int, comm: dict | None = None,
-           parallel: str | None = None, units: int = 1, fuse: bool = False) -> Expected | None:
+           parallel: str | None = None, units: int = 1, fuse: bool = False,
+           host_calls: tuple = (0, 0)) -> Expected | None:
     """The expected step; None when the figures the ops need are missing (`Figures.missing`).
-    ``fuse``: a compiled step, its memory-bound ops fused (`fused`)."""
+    ``fuse``: a compiled step, its memory-bound ops fused (`fused`). ``host_calls``: (ops that make
+    no kernel, module calls) of the step, the host's own time on a device the host waits for."""
     if fig.missing():
         return None
     if fuse:
         ops = fused(ops)
     table: dict = {}
     phase_s = {"forward": 0.0, "backward": 0.0}
-    for rec in ops:
-        work, bound, src = op_seconds(fig, rec, backend)
+    for rec, cold in zip(ops, cold_reads(ops, fig.cache_bytes if fig.cold_sweep else None)):
+        work, bound, src = op_seconds(fig, rec, backend, cold)
         t = work + fig.launch_s if fig.host_bound else max(work, fig.launch_s)
         if not fig.host_bound and fig.launch_s > work:
             bound, src = "launch", fig.launch_source
@@ -159,11 +191,17 @@ def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str |
     for (op, cat), (calls, secs, by_bound) in table.items():
         bound = max(by_bound, key=lambda b: by_bound[b][0])   # what bounds most of its time, and its source
         rows.append((op, cat, calls, secs, bound, by_bound[bound][1]))
+    views, modules = host_calls
+    if fig.host_bound and fig.view_s is not None and fig.module_s is not None and views + modules:
+        rows.append((HOST, "host", views + modules, views * fig.view_s + modules * fig.module_s, "launch",
+                     fig.host_source))
     moved = optimizer_bytes(params, param_bytes, grad_bytes, state_bytes)
-    opt_s = moved / (fig.tbs_at(moved) * 1e12)
+    opt_cold = bool(fig.cold_sweep and fig.cache_bytes and moved > fig.cache_bytes)   # its state: from memory
+    opt_s = moved / (fig.tbs_at(moved, cold=opt_cold) * 1e12)
     launches = optimizer_kernels * fig.launch_s
     opt_s = opt_s + launches if fig.host_bound else max(opt_s, launches)
-    rows.append(("optimizer step", "optimizer", optimizer_kernels, opt_s, "memory", fig.bandwidth_source))
+    rows.append(("optimizer step", "optimizer", optimizer_kernels, opt_s, "memory",
+                 fig.cold_source if opt_cold else fig.bandwidth_source))
     exposed, interference, notes = _exposed(comm or {}, phase_s, parallel, units)
     if exposed:
         rows.append(("collectives (exposed)", "communication", sum(1 for _ in comm), exposed, "communication",
@@ -178,6 +216,7 @@ def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str |
 
 
 FUSED = "fused elementwise/reductions"
+HOST = "views, metadata ops, module calls"   # the host's time with no kernel of its own (a CPU)
 
 
 def fused(ops) -> list:

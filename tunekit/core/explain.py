@@ -29,7 +29,7 @@ GROUPS = ("matmul", "attention", "elementwise, norms, copies", "optimizer", "com
 _MEASURED = {MATMUL: "matmul", ATTENTION: "attention", OPTIMIZER: "optimizer", COMM: "communication",
              DATA: "data loading", UNTRACED: "no op running"}
 _EXPECTED = {"matmul": "matmul", "attention": "attention", "optimizer": "optimizer",
-             "communication": "communication"}
+             "communication": "communication", "host": "no op running"}
 # each group in a sentence: its words and their verb
 WORDS = {"matmul": "the matmuls take", "attention": "the attention ops take",
          "elementwise, norms, copies": "the elementwise ops, norms and copies take",
@@ -75,7 +75,7 @@ def expected_groups(rows) -> tuple[dict, dict]:
     for op, cat, _calls, secs, _bound, _src in rows:
         group = _EXPECTED.get(cat, "elementwise, norms, copies")
         groups[group] = groups.get(group, 0.0) + secs
-        if cat not in ("optimizer", "communication"):
+        if cat not in ("optimizer", "communication", "host"):
             ops[_op_name(op)] = ops.get(_op_name(op), 0.0) + secs
     return groups, ops
 

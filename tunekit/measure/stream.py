@@ -1,7 +1,8 @@
-"""This machine's memory bandwidth by working-set size, its time per op and its matmuls' TFLOPS as
-a step runs them, measured: what a CPU plan's expectation (core.expected) takes for memory-bound
-ops, each op's dispatch and the matmuls up to 1024-cubes; above those it takes the calibrated MAMF
-sweep's (measure.peaks), where compute outweighs the operands' trips to memory. Measurement layer.
+"""This machine's memory bandwidth by working-set size, its time per op, per view and per module
+call, and its matmuls' TFLOPS as a step runs them, measured: what a CPU plan's expectation
+(core.expected) takes for memory-bound ops, each op's dispatch, the host's time for what launches
+no kernel and the matmuls up to 1024-cubes; above those it takes the calibrated MAMF sweep's
+(measure.peaks), where compute outweighs the operands' trips to memory. Measurement layer.
 
 The bandwidth is a training step's, not a hot copy's: a chain of elementwise multiplies whose
 outputs autograd keeps for the backward, as a forward keeps its activations (each writes memory
@@ -28,20 +29,26 @@ from tunekit.measure.conditions import ConditionsMeter
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
 CHAIN = 50
-VERSION = 6   # of what a sweep measures: an entry of another version is measured again
+VERSION = 7   # of what a sweep measures: an entry of another version is measured again
 _remeasured: set = set()
 
 
 @dataclass
 class Stream:
-    """A bandwidth sweep ((bytes, TB/s), ...), the seconds one small op takes, and how it was taken."""
+    """Bandwidth sweeps ((bytes one op moves, TB/s), ...), the seconds one small op takes, and how
+    it was taken. ``sweep``: ops whose inputs are in cache (a forward's chain); ``cold``: ops that
+    read a tensor written long before (a backward reading what the forward saved, an optimizer
+    reading its state)."""
 
     device: str
     sweep: list
+    cold: list
     op_s: float
     matmuls: dict      # dtype -> [(n, TFLOPS of an n x n x n matmul, its layouts' mean time)]
     attention: dict    # dtype -> TFLOPS of causal SDPA forward + backward (7 b h s^2 d FLOPs)
     gelu: dict         # dtype -> elements per second of GELU (tanh) forward + backward, per pass
+    view_s: float      # one view op's dispatch (no kernel): a chain of them forward and back, per op
+    module_s: float    # one nn.Module call's own time, around what its forward runs
     torch_version: str
     threads: int
     taken_at: float
@@ -50,11 +57,6 @@ class Stream:
     @property
     def verdict(self) -> str:
         return self.conditions.verdict if self.conditions is not None else "unknown"
-
-    def tbs_at(self, nbytes: float) -> float:
-        """The bandwidth of the largest swept size not above ``nbytes`` (the smallest below it)."""
-        below = [t for s, t in self.sweep if s <= nbytes]
-        return below[-1] if below else self.sweep[0][1]
 
 
 def _path():
@@ -78,7 +80,8 @@ def _load() -> dict:
 
 def _from(entry: dict) -> Stream:
     cond = Conditions.from_dict(entry.get("conditions")) if entry.get("conditions") else None
-    return Stream(**{**entry, "sweep": [tuple(x) for x in entry["sweep"]], "conditions": cond,
+    return Stream(**{**entry, "sweep": [tuple(x) for x in entry["sweep"]], "cold": [tuple(x) for x in entry["cold"]],
+                     "conditions": cond,
                      "matmuls": {k: [tuple(x) for x in v] for k, v in entry["matmuls"].items()},
                      "attention": dict(entry["attention"]), "gelu": dict(entry["gelu"])})
 
@@ -101,7 +104,11 @@ def measure_stream(force: bool = False) -> Stream:
         return old
     meter = ConditionsMeter().start()
     t0 = time.perf_counter()
-    sweep = [(n, 3 * n / _kept_op_s(n) / 1e12) for n in SIZES]
+    # each multiply reads two tensors of n bytes and writes one: 3n bytes moved
+    sweep = [(3 * n, 3 * n / _kept_op_s(n) / 1e12) for n in SIZES]
+    flush = torch.empty(_flush_bytes() // 4)
+    cold = [(3 * n, 3 * n / _cold_op_s(n, flush) / 1e12) for n in SIZES]
+    del flush
     # a training step's op is recorded by autograd and run again as a backward formula: time a
     # chain of CHAIN one-element multiplies forward and back (2 x CHAIN + 1 ops)
     x = torch.ones(1, requires_grad=True)
@@ -118,10 +125,11 @@ def measure_stream(force: bool = False) -> Stream:
         s = time.perf_counter()
         chain()
         best_op = min(best_op, (time.perf_counter() - s) / (2 * CHAIN + 1))
+    view_s, module_s = _view_s(), _module_s()
     matmuls = {d: [(n, _matmul_tflops(n, dt)) for n in MATMUL_SIZES]
                for d, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
-    new = Stream(device=name, sweep=sweep, op_s=best_op, matmuls=matmuls,
+    new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
                  attention={d: _attention_tflops(dt) for d, dt in kinds},
                  gelu={d: _gelu_rate(dt) for d, dt in kinds}, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),
@@ -156,6 +164,84 @@ def _kept_op_s(nbytes: int, tries: int = 5) -> float:
 
     forward_s()
     return min(forward_s() for _ in range(tries)) / ops
+
+
+def cache_bytes() -> int | None:
+    """The largest CPU cache sysfs lists (the last-level cache), None where it lists none."""
+    try:
+        base = "/sys/devices/system/cpu/cpu0/cache"
+        sizes = []
+        for index in sorted(i for i in os.listdir(base) if i.startswith("index")):
+            with open(f"{base}/{index}/size") as f:
+                text = f.read().strip()
+            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG"
+                         else int(text))
+        return max(sizes, default=None)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _flush_bytes() -> int:
+    """Bytes whose writing evicts the last-level cache: four times its size, 64-512 MiB."""
+    return min(max(4 * (cache_bytes() or 32 * 2**20), 64 * 2**20), 512 * 2**20)
+
+
+def _cold_op_s(nbytes: int, flush, tries: int = 5) -> float:
+    """Seconds of one multiply as a backward runs it: a chain (its running tensor in cache, like
+    the gradient) times tensors written before the cache was flushed (like the activations the
+    forward saved), every output kept; the best of ``tries``."""
+    import torch
+
+    n, ops = nbytes // 4, max(2, min(50, 2**28 // nbytes))
+    x = torch.ones(n, requires_grad=True)
+    saved = [torch.full((n,), 1.0001) for _ in range(ops)]
+    times = []
+    for _ in range(tries + 1):   # the first a warm-up
+        flush.fill_(0.0)
+        t0 = time.perf_counter()
+        y, kept = x, []
+        for s in saved:
+            y = y * s
+            kept.append(y)
+        times.append(time.perf_counter() - t0)
+        del kept, y
+    return min(times[1:]) / ops
+
+
+def _view_s() -> float:
+    """Seconds of one view op (a reshape that moves no data, as a model's ``view``, ``transpose``
+    and slices): a chain of CHAIN views of a tensor that needs a gradient, and the backward that
+    runs each one's view of the gradient (2 x CHAIN dispatches), per dispatch, the best of 20."""
+    import torch
+
+    x = torch.ones(4, 8, requires_grad=True)
+
+    def chain():
+        y = x * 1.0
+        for i in range(CHAIN):
+            y = y.view(32) if i % 2 == 0 else y.view(4, 8)
+        y.sum().backward()
+
+    return _best_s(chain, 20) / (2 * CHAIN)
+
+
+def _module_s() -> float:
+    """Seconds of one ``nn.Module`` call around its forward: CHAIN modules whose forward returns
+    its input, called in turn, per call, the best of 20."""
+    import torch
+
+    class Same(torch.nn.Module):
+        def forward(self, z):
+            return z
+
+    mods, x = [Same() for _ in range(CHAIN)], torch.ones(1)
+
+    def chain():
+        y = x
+        for m in mods:
+            y = m(y)
+
+    return _best_s(chain, 20) / CHAIN
 
 
 def _matmul_tflops(n: int, dtype) -> float:

@@ -21,7 +21,7 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
     MAMF sweep above those sizes), its step-like bandwidth by size and its time per small op, each
     measured once and cached."""
     from tunekit.measure.peaks import calibrate
-    from tunekit.measure.stream import measure_stream
+    from tunekit.measure.stream import cache_bytes, measure_stream
 
     dtype = compute if compute in ("fp32", "bf16") else "fp32"
     cal = calibrate(dtype, "cpu")
@@ -38,7 +38,11 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                                     f"measured ({stream.verdict})",
                    launch_s=stream.op_s, launch_source=f"this CPU's time per small op, measured ({stream.verdict})",
                    host_bound=True, mamf_sweep=tuple(sorted(best.items())), bandwidth_sweep=tuple(stream.sweep),
-                   transcendental_rate=stream.gelu.get(dtype),
+                   cold_sweep=tuple(stream.cold), cache_bytes=cache_bytes(),
+                   cold_source=f"this CPU's bandwidth by size: multiplies reading tensors written before the cache "
+                               f"was flushed, as a backward reads what the forward saved, measured ({stream.verdict})",
+                   transcendental_rate=stream.gelu.get(dtype), view_s=stream.view_s, module_s=stream.module_s,
+                   host_source=f"this CPU's time per view op and per module call, measured ({stream.verdict})",
                    attention={"cpu": (stream.attention[dtype] / peak if peak else 0.0,
                                       f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")})
 
@@ -75,7 +79,7 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
     out = expect(ops, fig, tokens=tokens, model_flops=step["model"], backend=backend, params=params / shard,
                  param_bytes=param_bytes, grad_bytes=grad_bytes, state_bytes=state / shard,
                  optimizer_kernels=kernels, comm=comm, parallel=kind, units=buckets if kind == "ddp" else units,
-                 fuse=bool(setting.compile))
+                 fuse=bool(setting.compile), host_calls=step.get("host", (0, 0)))
     notes = list(out.notes)
     if backend and not fig.host_bound and backend not in (fig.attention or {}):
         notes.append(f"no published {backend} attention figure for {fig.name}: attention expected at its MAMF")

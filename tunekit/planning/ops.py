@@ -64,13 +64,27 @@ class RooflineCounter(TunekitFlopCounter):
     (core.expected): name, kind, phase, FLOPs (causal attention halved), the bytes of its inputs
     read and outputs written, a matmul's or an attention's dims, the itemsize of its first tensor and its inputs'
     and outputs' (storage, bytes), which tell a compiled step's fusion what stays on chip. Views and
-    metadata ops make no kernel and are left out."""
+    metadata ops make no kernel: they are only counted (``no_kernel``), as the module calls are
+    (``module_calls``, a recomputing backward's included): a CPU's host spends time on each."""
 
     def __enter__(self):
         self.ops = []
         self._serials = {}   # a storage's address -> (its number, a weak reference to it)
         self._count = 0
-        return super().__enter__()
+        self.no_kernel = self.module_calls = 0
+        self._calls = torch.nn.modules.module.register_module_forward_pre_hook(self._called)
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._calls.remove()
+            raise
+
+    def __exit__(self, *exc):
+        self._calls.remove()
+        return super().__exit__(*exc)
+
+    def _called(self, module, args):
+        self.module_calls += 1
 
     def _serial(self, t) -> int:
         """A storage's number in order of first sight. An address freed and then reused by a new
@@ -88,13 +102,17 @@ class RooflineCounter(TunekitFlopCounter):
         result = super()._count_flops(func_packet, out, args, kwargs)
         flops = self.get_total_flops() - before
         name = str(func_packet)
-        if not name.startswith("aten.") or name[5:] in _FREE or (not flops and is_view(func_packet)):
-            return result   # prims and metadata make no kernel
+        if not name.startswith("aten."):
+            return result   # prims: the fake step's own
+        if name[5:] in _FREE or (not flops and is_view(func_packet)):
+            self.no_kernel += 1   # metadata and views make no kernel
+            return result
         name = name[5:]
         ins, outs = list(tensors_in((args, kwargs), levels=3)), list(tensors_in(out, levels=2))
         if not outs:
             return result
         if not flops and not name.endswith("_") and _aliases(ins, outs):
+            self.no_kernel += 1
             return result   # a view by its result (_unsafe_view, split): no data moved
         tensors = ins + outs
         moved = sum(t.nbytes for t in tensors)
