@@ -54,7 +54,7 @@ def test_a_cpu_adds_each_ops_dispatch_and_reads_bandwidth_by_size():
 def test_a_cpu_adds_the_hosts_time_for_views_and_module_calls():
     fig = _fig(host_bound=True, view_s=1e-6, module_s=2e-6, host_source="h")
     e = expect([ADD], fig, tokens=1, model_flops=0, backend=None, params=0, param_bytes=4, grad_bytes=4,
-               state_bytes=0, optimizer_kernels=0, host_calls=(300, 40))
+               state_bytes=0, optimizer_kernels=0, host_calls=dict(no_kernel=300, modules=40))
     # 300 views at 1 us + 40 module calls at 2 us = 3.8e-04 s, one row of its own
     host = [r for r in e.rows if r[1] == "host"]
     assert host == [("views, metadata ops, module calls", "host", 340, pytest.approx(3.8e-4), "launch", "h")]
@@ -62,7 +62,8 @@ def test_a_cpu_adds_the_hosts_time_for_views_and_module_calls():
     assert e.step_s == pytest.approx(6e-6 + 3.8e-4)
     # a GPU's host runs ahead of its kernels: no such row
     gpu = expect([ADD], _fig(view_s=1e-6, module_s=2e-6), tokens=1, model_flops=0, backend=None, params=0,
-                 param_bytes=4, grad_bytes=4, state_bytes=0, optimizer_kernels=0, host_calls=(300, 40))
+                 param_bytes=4, grad_bytes=4, state_bytes=0, optimizer_kernels=0,
+                 host_calls=dict(no_kernel=300, modules=40))
     assert [r[1] for r in gpu.rows] == ["memory-bound", "optimizer"]
 
 
@@ -70,8 +71,22 @@ def test_the_plan_counts_a_steps_module_calls_and_views():
     cfg = tunekit.GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16)
     plain = tunekit.plan(cfg, "cpu", micro_batch=2, seq_len=16).expected
     ck = tunekit.plan(cfg, "cpu", micro_batch=2, seq_len=16, checkpointing=True).expected
-    calls = {r[1]: r[2] for r in plain.rows}["host"], {r[1]: r[2] for r in ck.rows}["host"]
-    assert 0 < calls[0] < calls[1]   # the recompute calls the blocks' modules and views again
+    host = {r[0]: r[2] for r in plain.rows if r[1] == "host"}, {r[0]: r[2] for r in ck.rows if r[1] == "host"}
+    views = "views, metadata ops, module calls"
+    assert 0 < host[0][views] < host[1][views]   # the recompute calls the blocks' modules and views again
+    assert list(host[0]) == [views]               # nothing checkpointed: no checkpoint row
+    # two blocks checkpointed: two segments recomputed, and the tensors their recompute saves (26
+    # per block: what a block's forward saves for its backward); calls = 2 segments + 52 tensors
+    assert host[1]["checkpoint: saving, recomputing, unpacking"] == 2 + 2 * 26
+
+
+def test_checkpoint_costs_per_segment_and_saved_tensor():
+    fig = _fig(host_bound=True, checkpoint_s=(80e-6, 10e-6), checkpoint_source="c")
+    e = expect([ADD], fig, tokens=1, model_flops=0, backend=None, params=0, param_bytes=4, grad_bytes=4,
+               state_bytes=0, optimizer_kernels=0, host_calls=dict(segments=4, saved=120))
+    # 4 segments at 80 us + 120 saved tensors at 10 us = 3.2e-04 + 1.2e-03 = 1.52e-03 s
+    assert [r for r in e.rows if r[1] == "host"] == [
+        ("checkpoint: saving, recomputing, unpacking", "host", 124, pytest.approx(1.52e-3), "launch", "c")]
 
 
 def test_an_op_reads_cold_what_the_cache_no_longer_holds():
@@ -300,6 +315,7 @@ def test_a_cpu_plan_takes_step_like_matmuls_and_the_mamf_sweep_only_above_them(m
     cal = SimpleNamespace(tflops=0.5, verdict="quiet", sweep=[(512, 0, 0, 0.45), (1024, 0, 0, 0.48), (2048, 0, 0, 0.5)])
     st = SimpleNamespace(verdict="quiet", op_s=4e-6, sweep=[(2**20, 0.05)], gelu={"fp32": 1e9},
                          attention={"fp32": 0.1}, view_s=1e-6, module_s=1e-6, cold=[(2**20, 0.02)],
+                         checkpoint_s=(1e-5, 1e-6),
                          matmuls={"fp32": [(256, 0.15), (512, 0.17), (1024, 0.18)]})
     monkeypatch.setattr(peaks, "calibrate", lambda dtype, device: cal)
     monkeypatch.setattr(stream, "measure_stream", lambda: st)

@@ -170,6 +170,8 @@ class Figures:
     view_s: float | None = None       # host time of an op that makes no kernel (a view); None: not counted
     module_s: float | None = None     # host time of an nn.Module call around its forward
     host_source: str = ""
+    checkpoint_s: tuple | None = None  # (per checkpointed segment, per saved tensor): torch's checkpoint's own time
+    checkpoint_source: str = ""
 
     def missing(self) -> list:
         out = []

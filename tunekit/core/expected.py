@@ -166,10 +166,11 @@ def optimizer_bytes(params: float, param_bytes: int, grad_bytes: int, state_byte
 def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str | None, params: float,
            param_bytes: int, grad_bytes: int, state_bytes: float, optimizer_kernels: int, comm: dict | None = None,
            parallel: str | None = None, units: int = 1, fuse: bool = False,
-           host_calls: tuple = (0, 0)) -> Expected | None:
+           host_calls: dict | None = None) -> Expected | None:
     """The expected step; None when the figures the ops need are missing (`Figures.missing`).
-    ``fuse``: a compiled step, its memory-bound ops fused (`fused`). ``host_calls``: (ops that make
-    no kernel, module calls) of the step, the host's own time on a device the host waits for."""
+    ``fuse``: a compiled step, its memory-bound ops fused (`fused`). ``host_calls``: the step's
+    counts of what the host spends time on without a kernel of its own (`HostCalls`), on a device
+    the host waits for."""
     if fig.missing():
         return None
     if fuse:
@@ -191,10 +192,7 @@ def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str |
     for (op, cat), (calls, secs, by_bound) in table.items():
         bound = max(by_bound, key=lambda b: by_bound[b][0])   # what bounds most of its time, and its source
         rows.append((op, cat, calls, secs, bound, by_bound[bound][1]))
-    views, modules = host_calls
-    if fig.host_bound and fig.view_s is not None and fig.module_s is not None and views + modules:
-        rows.append((HOST, "host", views + modules, views * fig.view_s + modules * fig.module_s, "launch",
-                     fig.host_source))
+    rows += host_rows(fig, host_calls or {})
     moved = optimizer_bytes(params, param_bytes, grad_bytes, state_bytes)
     opt_cold = bool(fig.cold_sweep and fig.cache_bytes and moved > fig.cache_bytes)   # its state: from memory
     opt_s = moved / (fig.tbs_at(moved, cold=opt_cold) * 1e12)
@@ -217,6 +215,28 @@ def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str |
 
 FUSED = "fused elementwise/reductions"
 HOST = "views, metadata ops, module calls"   # the host's time with no kernel of its own (a CPU)
+CHECKPOINT = "checkpoint: saving, recomputing, unpacking"
+
+
+def host_rows(fig: Figures, calls: dict) -> list:
+    """The rows of a host-bound device's time with no kernel running, from the step's counts
+    (planning/ops.RooflineCounter): ``no_kernel`` views and metadata ops and ``modules`` module
+    calls at their measured times; ``segments`` checkpointed segments recomputed in the backward
+    and the ``saved`` tensors their recompute saves, at the measured cost of torch's checkpoint per
+    segment and per saved tensor (its hooks packing and unpacking each, beside the ops themselves)."""
+    if not fig.host_bound:
+        return []
+    rows = []
+    views, modules = calls.get("no_kernel", 0), calls.get("modules", 0)
+    if fig.view_s is not None and fig.module_s is not None and views + modules:
+        rows.append((HOST, "host", views + modules, views * fig.view_s + modules * fig.module_s, "launch",
+                     fig.host_source))
+    segments, saved = calls.get("segments", 0), calls.get("saved", 0)
+    if fig.checkpoint_s is not None and segments:
+        per_segment, per_tensor = fig.checkpoint_s
+        rows.append((CHECKPOINT, "host", segments + saved, segments * per_segment + saved * per_tensor,
+                     "launch", fig.checkpoint_source))
+    return rows
 
 
 def fused(ops) -> list:

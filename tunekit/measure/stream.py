@@ -49,6 +49,7 @@ class Stream:
     gelu: dict         # dtype -> elements per second of GELU (tanh) forward + backward, per pass
     view_s: float      # one view op's dispatch (no kernel): a chain of them forward and back, per op
     module_s: float    # one nn.Module call's own time, around what its forward runs
+    checkpoint_s: tuple  # torch's non-reentrant checkpoint's own time: (per segment, per tensor it saves)
     torch_version: str
     threads: int
     taken_at: float
@@ -81,7 +82,7 @@ def _load() -> dict:
 def _from(entry: dict) -> Stream:
     cond = Conditions.from_dict(entry.get("conditions")) if entry.get("conditions") else None
     return Stream(**{**entry, "sweep": [tuple(x) for x in entry["sweep"]], "cold": [tuple(x) for x in entry["cold"]],
-                     "conditions": cond,
+                     "conditions": cond, "checkpoint_s": tuple(entry["checkpoint_s"]),
                      "matmuls": {k: [tuple(x) for x in v] for k, v in entry["matmuls"].items()},
                      "attention": dict(entry["attention"]), "gelu": dict(entry["gelu"])})
 
@@ -125,11 +126,12 @@ def measure_stream(force: bool = False) -> Stream:
         s = time.perf_counter()
         chain()
         best_op = min(best_op, (time.perf_counter() - s) / (2 * CHAIN + 1))
-    view_s, module_s = _view_s(), _module_s()
+    view_s, module_s, checkpoint_s = _view_s(), _module_s(), _checkpoint_s()
     matmuls = {d: [(n, _matmul_tflops(n, dt)) for n in MATMUL_SIZES]
                for d, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
     new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
+                 checkpoint_s=checkpoint_s,
                  attention={d: _attention_tflops(dt) for d, dt in kinds},
                  gelu={d: _gelu_rate(dt) for d, dt in kinds}, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),
@@ -242,6 +244,48 @@ def _module_s() -> float:
             y = m(y)
 
     return _best_s(chain, 20) / CHAIN
+
+
+def _checkpoint_s(blocks: int = 20) -> tuple:
+    """(seconds per segment, per saved tensor) of torch's non-reentrant checkpoint beyond the ops
+    it recomputes: ``blocks`` segments of k one-element multiplies (each saves one tensor), forward
+    and backward, checkpointed less plain less the recompute (their forward), per segment, at k = 1
+    and k = 20, solved for the two costs; the best of 20 each."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    w = torch.full((1,), 1.0001)
+
+    def per_segment(k: int) -> float:
+        x = torch.ones(1, requires_grad=True)
+
+        def block(y):
+            for _ in range(k):
+                y = y * w
+            return y
+
+        def plain():
+            y = x
+            for _ in range(blocks):
+                y = block(y)
+            y.sum().backward()
+
+        def checkpointed():
+            y = x
+            for _ in range(blocks):
+                y = checkpoint(block, y, use_reentrant=False)
+            y.sum().backward()
+
+        def forward():
+            y = x
+            for _ in range(blocks):
+                y = block(y)
+
+        return (_best_s(checkpointed, 20) - _best_s(plain, 20) - _best_s(forward, 20)) / blocks
+
+    one, twenty = per_segment(1), per_segment(20)
+    per_tensor = max(0.0, (twenty - one) / 19)
+    return max(0.0, one - per_tensor), per_tensor
 
 
 def _matmul_tflops(n: int, dtype) -> float:

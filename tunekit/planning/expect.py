@@ -43,6 +43,9 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                                f"was flushed, as a backward reads what the forward saved, measured ({stream.verdict})",
                    transcendental_rate=stream.gelu.get(dtype), view_s=stream.view_s, module_s=stream.module_s,
                    host_source=f"this CPU's time per view op and per module call, measured ({stream.verdict})",
+                   checkpoint_s=stream.checkpoint_s,
+                   checkpoint_source=f"this CPU's time of torch's non-reentrant checkpoint per segment and per "
+                                     f"tensor its recompute saves, measured ({stream.verdict})",
                    attention={"cpu": (stream.attention[dtype] / peak if peak else 0.0,
                                       f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")})
 
@@ -79,7 +82,7 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
     out = expect(ops, fig, tokens=tokens, model_flops=step["model"], backend=backend, params=params / shard,
                  param_bytes=param_bytes, grad_bytes=grad_bytes, state_bytes=state / shard,
                  optimizer_kernels=kernels, comm=comm, parallel=kind, units=buckets if kind == "ddp" else units,
-                 fuse=bool(setting.compile), host_calls=step.get("host", (0, 0)))
+                 fuse=bool(setting.compile), host_calls=step.get("host"))
     notes = list(out.notes)
     if backend and not fig.host_bound and backend not in (fig.attention or {}):
         notes.append(f"no published {backend} attention figure for {fig.name}: attention expected at its MAMF")

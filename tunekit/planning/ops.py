@@ -65,13 +65,17 @@ class RooflineCounter(TunekitFlopCounter):
     read and outputs written, a matmul's or an attention's dims, the itemsize of its first tensor and its inputs'
     and outputs' (storage, bytes), which tell a compiled step's fusion what stays on chip. Views and
     metadata ops make no kernel: they are only counted (``no_kernel``), as the module calls are
-    (``module_calls``, a recomputing backward's included): a CPU's host spends time on each."""
+    (``module_calls``, a recomputing backward's included), the tensors a backward's recompute
+    saves (``saved``: a checkpoint's hook detaches each, grad off, amid the recompute) and the
+    runs of recomputed ops (``segments``: one per checkpointed segment): a CPU's host spends time
+    on each (`host_calls`)."""
 
     def __enter__(self):
         self.ops = []
         self._serials = {}   # a storage's address -> (its number, a weak reference to it)
         self._count = 0
-        self.no_kernel = self.module_calls = 0
+        self.no_kernel = self.module_calls = self.saved = self.segments = 0
+        self._recomputing = False
         self._calls = torch.nn.modules.module.register_module_forward_pre_hook(self._called)
         try:
             return super().__enter__()
@@ -85,6 +89,10 @@ class RooflineCounter(TunekitFlopCounter):
 
     def _called(self, module, args):
         self.module_calls += 1
+
+    def host_calls(self) -> dict:
+        """What the step's host does with no kernel of its own (core.expected.host_rows)."""
+        return dict(no_kernel=self.no_kernel, modules=self.module_calls, saved=self.saved, segments=self.segments)
 
     def _serial(self, t) -> int:
         """A storage's number in order of first sight. An address freed and then reused by a new
@@ -104,6 +112,13 @@ class RooflineCounter(TunekitFlopCounter):
         name = str(func_packet)
         if not name.startswith("aten."):
             return result   # prims: the fake step's own
+        backward, grad = in_autograd_backward(), torch.is_grad_enabled()
+        if self._recomputing and backward and not grad and name == "aten.detach":
+            self.saved += 1   # a checkpoint's hook saving a recomputed tensor (its cost): the recompute goes on
+            return result
+        recomputing = backward and grad   # a checkpoint's recompute
+        self.segments += recomputing and not self._recomputing
+        self._recomputing = recomputing
         if name[5:] in _FREE or (not flops and is_view(func_packet)):
             self.no_kernel += 1   # metadata and views make no kernel
             return result

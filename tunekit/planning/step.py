@@ -130,7 +130,7 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
             if (peak or bw) else []
 
     return dict(executed=float(count.executed), model=float(model_flops), bound_s=bound_s, top=top,
-                count_notes=count_notes, ops=ops, host=(counter.no_kernel, counter.module_calls))
+                count_notes=count_notes, ops=ops, host=counter.host_calls())
 
 
 def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
