@@ -62,8 +62,10 @@ class Expected:
 
     @property
     def by_op(self):
-        """A DataFrame: op (or category), category, calls, expected_s, share of the step, what bounds it
-        (compute / memory / launch / communication) and the source of its constant."""
+        """A DataFrame: op (or category), category (matmul, attention, compute, memory-bound,
+        optimizer, communication; host: a CPU's time with no kernel running), calls, expected_s,
+        share of the step, what bounds it (compute / memory / launch / communication) and the
+        source of its constant."""
         import pandas as pd
 
         df = pd.DataFrame(self.rows, columns=["op", "category", "calls", "expected_s", "bound", "source"])
