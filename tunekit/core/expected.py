@@ -21,7 +21,8 @@ head_dim, batch x heads) for an attention; ``phase`` "forward" or
 - each kernel at least the host's time to launch it (a GPU: the longer of the two, the host
   runs ahead; a CPU: the two add up, the host is the device);
 - on a CPU, the host's time for what launches no kernel: each view or metadata op and each module
-  call at its measured time (the model's other Python is not modelled);
+  call at its measured time, and torch's checkpoint per recomputed segment and saved tensor (the
+  model's other Python is not modelled);
 - the optimizer: its update reads and writes each parameter, gradient and state once;
 - collectives: at the links' bandwidth, hidden behind the compute they overlap with (DDP's
   buckets behind backward, FSDP's prefetched gathers behind forward and backward) but the last
@@ -171,8 +172,8 @@ def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str |
            host_calls: dict | None = None) -> Expected | None:
     """The expected step; None when the figures the ops need are missing (`Figures.missing`).
     ``fuse``: a compiled step, its memory-bound ops fused (`fused`). ``host_calls``: the step's
-    counts of what the host spends time on without a kernel of its own (`HostCalls`), on a device
-    the host waits for."""
+    counts of what the host spends time on without a kernel of its own (`host_rows`), on a
+    device the host waits for."""
     if fig.missing():
         return None
     if fuse:
