@@ -168,8 +168,11 @@ def test_max_batch_search_stops_at_the_memory_available(tmp_path, monkeypatch):
     assert found.available_bytes == 32 * MiB and any("above the memory available" in n for n in found.notes)
     ran = [t for t in found.trials if t.used_bytes is not None]
     assert found.best and all(t.used_bytes <= 32 * MiB for t in ran if t.fits)
-    assert any(t.reason == "predicted over available" and t.reason.kind == "trial.predicted_over_available"
-               for t in found.trials)
+    # every size refused was refused for the memory available: predicted over it from the trials
+    # measured below (a line through their RSS peaks), or run and measured over it when RSS noise
+    # (a loaded machine) put the line under the limit; which one is the noise's, not the search's
+    why = {t.reason.kind for t in found.trials if not t.fits}
+    assert why and why <= {"trial.predicted_over_available", "trial.over_available"}, why
     assert peak < 32 * MiB + 16 * MiB, fmt_bytes(peak)     # no trial ran far past the limit
     # from far up: the first trials are estimated (tunekit.lab.fit) and refused, not run, until
     # the bisection comes down to sizes that fit
