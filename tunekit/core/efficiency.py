@@ -172,6 +172,7 @@ class Figures:
     host_source: str = ""
     checkpoint_s: tuple | None = None  # (per checkpointed segment, per saved tensor): torch's checkpoint's own time
     checkpoint_source: str = ""
+    busy: tuple = ()                  # the calibrations these figures come from that were taken on a busy machine
 
     def missing(self) -> list:
         out = []
