@@ -22,7 +22,9 @@ def _hf(kind):
     return GPT2Config(vocab_size=512, n_embd=128, n_layer=2, n_head=4, n_positions=256)   # GPT-2-class
 
 
-MODELS = [*PRESETS, "llama", "gpt2"]
+# the presets of GPT-2's and a 1B body's depth take minutes of fake steps on 2 loaded cores: slow
+BIG = ("gpt2-124m", "gpt2-350m", "gpt-1b")
+MODELS = [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n for n in PRESETS] + ["llama", "gpt2"]
 
 
 def _target(name):
