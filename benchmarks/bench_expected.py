@@ -112,7 +112,7 @@ def cpu_rows():
     for name, lab in cpu_labs():
         for precision in ("fp32", "bf16"):
             for ck in (False, True):
-                measure_stream(force=True)
+                measure_stream(refresh=True)
                 p = tunekit.plan(lab, "cpu", precision=precision, checkpointing=ck)
                 r = lab.run(steps=20, precision=precision, checkpointing=ck, verbose=False)
                 verdicts = {r.conditions.verdict if r.conditions else "unknown", measure_stream().verdict,

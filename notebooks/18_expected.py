@@ -45,8 +45,15 @@ print(f"this machine's cpu ({torch.get_num_threads()} threads); the GPU plans ru
 #
 # The Lab's tiny GPT on the CPU, planned on `"cpu"`: this machine's figures (its calibrated matmul sweep,
 # its bandwidth by size as a step's elementwise ops see it, its time per small op, its SDPA and
-# GELU rates), each measured once and cached. `by_op` says what each op is expected to cost, what bounds it and where its constant
-# comes from.
+# GELU rates). They are a calibration, taken as timing tools take one: each figure the fastest of
+# repeated trials (load only ever slows a trial), measured once per machine, torch version and
+# thread count, cached with the conditions they were taken under, and read from the cache ever
+# after. So the expectation is a function of the setting, the device and that record, not of
+# the load at the moment you plan: the same plan twice is the same to the digit. A record taken
+# on a busy machine says so, and so does every plan made from it (a note of kind
+# `expected.busy_figures`); `measure_stream(refresh=True)` and `calibrate(dtype, "cpu", force=True)`
+# measure them again, at a quiet moment of your choosing. `by_op` says what each op is expected to
+# cost, what bounds it and where its constant comes from.
 
 # %%
 lab = tunekit.Lab(preset="cpu-tiny", device="cpu")   # on the CPU even where a GPU is: its figures are measured here
@@ -57,6 +64,10 @@ exp_a, exp_b = plan_a.expected, plan_b.expected
 print(f"expected: {exp_a.step_s * 1e3:.2f} ms per step, {exp_a.tokens_per_s:,.0f} tokens/s; with checkpointing "
       f"{exp_b.step_s * 1e3:.2f} ms ({exp_b.step_s / exp_a.step_s - 1:+.0%}: the recomputed forward)")
 assert exp_b.step_s > exp_a.step_s   # the same ops and more: every op costs a positive time
+again = lab.plan("cpu", micro_batch=MB, seq_len=SEQ).expected
+assert again.step_s == exp_a.step_s   # planned again: the same figures, to the digit
+print(f"this CPU's figures calibrated {measure_stream().verdict} (MAMF sweep: {calibrate('fp32', 'cpu').verdict}); "
+      f"planned again: {again.step_s * 1e3:.2f} ms, the same")
 exp_a.by_op.head(8).style.format({"expected_s": "{:.2e}", "share": "{:.1%}"})
 
 # %% [markdown]

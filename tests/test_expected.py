@@ -48,7 +48,10 @@ def test_a_cpu_adds_each_ops_dispatch_and_reads_bandwidth_by_size():
                state_bytes=0, optimizer_kernels=0)
     # 1e6 bytes at the 1e6-byte size's 0.1 TB/s = 1e-05 s, plus the 5e-06 s dispatch
     assert {r[0]: r[3] for r in e.rows}["add"] == pytest.approx(1.5e-5)
-    assert fig.tbs_at(999) == 0.5 and fig.tbs_at(5000) == 0.5 and fig.tbs_at(10**7) == 0.1
+    # between the sizes in log-log: 5000 bytes is log(5)/log(1000) = 0.233 of the way, 0.5 x 0.2^0.233 = 0.34365
+    assert fig.tbs_at(999) == 0.5 and fig.tbs_at(10**7) == 0.1
+    assert fig.tbs_at(5000) == pytest.approx(0.5 * 0.2 ** (math.log(5) / math.log(1000)))
+    assert fig.tbs_at(5000) == pytest.approx(0.34365, abs=1e-5)
 
 
 def test_a_cpu_adds_the_hosts_time_for_views_and_module_calls():
@@ -298,13 +301,22 @@ def test_plan_takes_the_attention_kernel():
         tunekit.plan(cfg, "A100", precision="bf16", micro_batch=2, seq_len=64, attention_kernel="fa9")
 
 
-def test_a_cpu_sweep_is_read_between_its_sizes_in_log_size():
-    from tunekit.core.expected import _interpolated
+def test_a_cpu_sweep_is_read_between_its_sizes_in_log_log():
+    from tunekit.core.efficiency import log_interpolated
 
     sweep = ((256, 0.1), (512, 0.2), (1024, 0.4))
-    assert _interpolated(sweep, 256 * 2**0.5) == pytest.approx(0.15)   # halfway in log size: halfway in figure
-    assert _interpolated(sweep, 724.08) == pytest.approx(0.3, abs=1e-5)  # 512 * 2**0.5 = 724.077
-    assert _interpolated(sweep, 64) == 0.1 and _interpolated(sweep, 4096) == 0.4   # each end beyond it
+    assert log_interpolated(sweep, 256 * 2**0.5) == pytest.approx(0.1 * 2**0.5)   # halfway in log size: x sqrt(2)
+    assert log_interpolated(sweep, 512 * 2**0.5) == pytest.approx(0.2 * 2**0.5)
+    assert log_interpolated(sweep, 64) == 0.1 and log_interpolated(sweep, 4096) == 0.4   # each end beyond it
+    # a rate 3.5x higher at 4x the size: at 1.41x the size 3.5^0.25 = 1.368x, a time 1.41 / 1.368 = 1.034x, not
+    # the 1.41 / 1.625 = 0.87x a rate linear in log size gave; times by size never fall (sizes 1 .. 8 by 1/8)
+    steep = ((1, 1.0), (4, 3.5))
+    assert log_interpolated(steep, 2**0.5) == pytest.approx(3.5**0.25)
+    times = [s / log_interpolated(steep, s) for s in (1 + i / 8 for i in range(57))]
+    assert times == sorted(times)
+    # a cold read is never faster than the same op from cache, whatever the two sweeps measured
+    fig = _fig(host_bound=True, bandwidth_tbs=None, bandwidth_sweep=((1, 0.1),), cold_sweep=((1, 0.2),))
+    assert fig.tbs_at(100, cold=True) == 0.1
 
 
 def test_a_cpu_plan_takes_step_like_matmuls_and_the_mamf_sweep_only_above_them(monkeypatch):

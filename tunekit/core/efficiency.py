@@ -172,6 +172,7 @@ class Figures:
     host_source: str = ""
     checkpoint_s: tuple | None = None  # (per checkpointed segment, per saved tensor): torch's checkpoint's own time
     checkpoint_source: str = ""
+    busy: tuple = ()                  # the calibrations these figures come from that were taken on a busy machine
 
     def missing(self) -> list:
         out = []
@@ -182,14 +183,32 @@ class Figures:
         return out
 
     def tbs_at(self, nbytes: float, cold: bool = False) -> float:
-        """The bandwidth an op moving ``nbytes`` reaches: the sweep's at the largest size not above
-        them (a working set in cache runs faster), else the one figure. ``cold``: an op reading a
-        tensor written long before (a backward's, an optimizer's), where such a sweep was measured."""
-        sweep = self.cold_sweep if cold and self.cold_sweep else self.bandwidth_sweep
-        if not sweep:
+        """The bandwidth an op moving ``nbytes`` reaches: a CPU's sweep read between its sizes in
+        log-log (`log_interpolated`), else the one figure. ``cold``: an op reading a tensor written
+        long before (a backward's, an optimizer's), where such a sweep was measured: never faster
+        than the same op with its inputs in cache (a read from memory cannot beat one from cache)."""
+        if not self.bandwidth_sweep:
             return self.bandwidth_tbs
-        below = [t for s, t in sweep if s <= nbytes]
-        return below[-1] if below else sweep[0][1]
+        hot = log_interpolated(self.bandwidth_sweep, nbytes)
+        return min(hot, log_interpolated(self.cold_sweep, nbytes)) if cold and self.cold_sweep else hot
+
+
+def log_interpolated(sweep, size: float) -> float:
+    """A sweep's ((size, rate), ...) rate at ``size``: a straight line in log size and log rate
+    between the two swept sizes around it (the time, size / rate, a power of the size between
+    them), each end's rate beyond it. The rate of the swept size below made an op one byte past a
+    swept size jump to its higher rate, and a rate linear in log size made a bigger op take less
+    time wherever the rate climbs steeply: 3.5x higher at 4x the size read as 1.63x at 1.41x the
+    size, a time 0.87x the smaller op's (log-log: 1.37x, a time 1.03x). Read this way an op's time
+    never falls as it grows between two sizes whose swept times do not."""
+    (s0, r0), *rest = sweep
+    if size <= s0:
+        return r0
+    for s1, r1 in rest:
+        if size <= s1:
+            return r0 * (r1 / r0) ** (math.log(size / s0) / math.log(s1 / s0))
+        s0, r0 = s1, r1
+    return r0
 
 
 # elementwise ops whose transcendentals (tanh, erf, exp) a CPU computes slower than it streams bytes

@@ -42,6 +42,7 @@ from tunekit.core.efficiency import (
     WAVE_SOURCE,
     Figures,
     attention_share,
+    log_interpolated,
     wave_efficiency,
 )
 
@@ -83,24 +84,11 @@ class Expected:
                 f"MFU {fmt_pct(self.mfu)}; most: " + ", ".join(f"{r[0]} {fmt_ms(r[3], us_below_ms=True)}" for r in top))
 
 
-def _interpolated(sweep, size: float) -> float:
-    """A sweep's ((size, figure), ...) figure at ``size``: linear in log(size) between the two swept
-    sizes around it, the end's figure beyond either end."""
-    (s0, t0), *rest = sweep
-    if size <= s0:
-        return t0
-    for s1, t1 in rest:
-        if size <= s1:
-            return t0 + (t1 - t0) * math.log(size / s0) / math.log(s1 / s0)
-        s0, t0 = s1, t1
-    return t0
-
-
 def matmul_tflops(fig: Figures, dims, itemsize: int) -> tuple[float, str]:
     """(TFLOPS one matmul of these dims reaches, where the figure comes from)."""
     m, k, n, batch = dims
-    if fig.mamf_sweep:   # a calibrated device: its sweep at the shape's cube-root size, log-interpolated
-        return _interpolated(fig.mamf_sweep, (m * k * n) ** (1 / 3)), fig.mamf_source
+    if fig.mamf_sweep:   # a calibrated device: its sweep at the shape's cube-root size, read in log-log
+        return log_interpolated(fig.mamf_sweep, (m * k * n) ** (1 / 3)), fig.mamf_source
     tflops, src = fig.mamf_tflops * wave_efficiency(m, n, batch, fig.sms), fig.mamf_source
     if fig.sms:
         src += "; " + WAVE_SOURCE

@@ -24,6 +24,7 @@ KINDS = {
     "rates.none": "why a run reports no TFLOPS/MFU (its time is slowed, or no peak is known)",
     "trace.snapshot": "the allocator snapshot: not written, or older ones pruned",
     "expected.missing": "a plan's device lacks a figure its expected step needs: the bound stands alone",
+    "expected.busy_figures": "a plan's expected step comes from figures calibrated on a busy machine",
     "advice.numerics": "a planned change that changes the numerics (pure half weights, half AdamW states)",
     "advice.optimizer": "a planned change of optimizer: other hyperparameters and convergence",
     "advice.accumulation": "a planned micro-batch split over accumulation steps (same global batch)",

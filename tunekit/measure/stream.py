@@ -7,12 +7,17 @@ no kernel and the matmuls up to 1024-cubes; above those it takes the calibrated 
 The bandwidth is a training step's, not a hot copy's: a chain of elementwise multiplies whose
 outputs autograd keeps for the backward, as a forward keeps its activations (each writes memory
 not yet in cache, often freshly mapped), then freed by the backward; each multiply reads 2n bytes
-and writes n, over the best of a few tries (load only ever slows a try). A hot ``copy_`` of the
-same size runs 2-3x faster on a CPU whose caches hold it, a rate no step's forward sees. The sizes
-run from cache-resident to beyond the last-level cache. The sweep runs inside a
-`ConditionsMeter`; a busy sweep is kept but not trusted: the next process to ask measures again,
-once, and the faster stays. Cached as JSON beside the MAMF cache (core.paths.cache_dir), per
-machine, torch and threads.
+and writes n. A hot ``copy_`` of the same size runs 2-3x faster on a CPU whose caches hold it, a
+rate no step's forward sees. The sizes run from cache-resident to beyond the last-level cache.
+
+A calibration, as timing tools take one: every figure is the fastest of repeated trials (`fastest`:
+load only ever slows a trial, so the best one is the machine's, and more trials are taken while
+they still find a faster one). Measured once per machine, torch and thread count (the cache key)
+and cached as JSON beside the MAMF cache (core.paths.cache_dir); read from the cache ever after,
+whatever the load, so a plan is a function of its setting, its device and this record. Measured
+again only on request (``measure_stream(refresh=True)``) or for a new key. The sweep runs inside a
+`ConditionsMeter`: a record taken on a busy machine says so (``conditions``), and a plan made from it
+carries a note of kind ``expected.busy_figures``.
 """
 from __future__ import annotations
 
@@ -24,13 +29,15 @@ from dataclasses import asdict, dataclass
 
 from tunekit.core import paths
 from tunekit.core.conditions import Conditions
+from tunekit.core.validate import flag
 from tunekit.measure.conditions import ConditionsMeter
 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
 CHAIN = 50
-VERSION = 7   # of what a sweep measures: an entry of another version is measured again
-_remeasured: set = set()
+VERSION = 8   # of what a sweep measures: an entry of another version is measured again
+TRIES = 5      # trials of each figure at least; more while one still finds a faster time (`fastest`)
+MAX_TRIES = 60
 
 
 @dataclass
@@ -87,22 +94,24 @@ def _from(entry: dict) -> Stream:
                      "attention": dict(entry["attention"]), "gelu": dict(entry["gelu"])})
 
 
-def measure_stream(force: bool = False) -> Stream:
-    """This CPU's bandwidth sweep and time per op, from the cache unless ``force`` or the cached one was busy
-    (then measured once more in this process, the faster kept)."""
+def measure_stream(refresh: bool = False) -> Stream:
+    """This CPU's figures: from the cache when it holds this machine's, torch's and thread count's
+    (whatever the load it was taken under: its ``conditions`` say), else measured once and cached.
+    ``refresh=True`` measures them again and replaces the cached record (say at a quiet moment,
+    after a busy first calibration)."""
     import torch
 
     from tunekit.measure.peaks import device_name
 
+    flag("refresh", refresh)
     name = device_name("cpu")
     key = _key(name)
     cache = _load()
-    try:
-        old = _from(cache[key]) if key in cache else None
-    except (KeyError, TypeError, ValueError):   # an entry of another tunekit's making: measured again
-        old = None
-    if old is not None and not force and (old.verdict == "quiet" or key in _remeasured):
-        return old
+    if key in cache and not refresh:
+        try:
+            return _from(cache[key])
+        except (KeyError, TypeError, ValueError):   # an entry of another tunekit's making: measured again
+            pass
     meter = ConditionsMeter().start()
     t0 = time.perf_counter()
     # each multiply reads two tensors of n bytes and writes one: 3n bytes moved
@@ -120,12 +129,7 @@ def measure_stream(force: bool = False) -> Stream:
             y = y * 1.0001
         y.backward()
 
-    chain()
-    best_op = float("inf")
-    for _ in range(20):
-        s = time.perf_counter()
-        chain()
-        best_op = min(best_op, (time.perf_counter() - s) / (2 * CHAIN + 1))
+    best_op = _best_s(chain, 20) / (2 * CHAIN + 1)
     view_s, module_s, checkpoint_s = _view_s(), _module_s(), _checkpoint_s()
     matmuls = {d: [(n, _matmul_tflops(n, dt)) for n in MATMUL_SIZES]
                for d, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
@@ -136,18 +140,15 @@ def measure_stream(force: bool = False) -> Stream:
                  gelu={d: _gelu_rate(dt) for d, dt in kinds}, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),
                  conditions=meter.stop(time.perf_counter() - t0))
-    _remeasured.add(key)
-    if old is not None and new.verdict == "busy" and old.sweep[-1][1] > new.sweep[-1][1]:
-        return old   # load only ever slows a sweep: a busy one never replaces a faster one
     cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
     _save(cache)
     return new
 
 
-def _kept_op_s(nbytes: int, tries: int = 5) -> float:
+def _kept_op_s(nbytes: int, tries: int = TRIES) -> float:
     """Seconds of one multiply of two fp32 tensors of ``nbytes`` whose output autograd keeps for
     the backward: the forward of a chain of them (50, fewer past 4 MiB: at most 256 MiB kept), the
-    best of ``tries``, each followed by the backward that frees the chain."""
+    fastest of ``tries`` or more (`fastest`), each followed by the backward that frees the chain."""
     import torch
 
     n, ops = nbytes // 4, max(2, min(50, 2**28 // nbytes))
@@ -165,7 +166,7 @@ def _kept_op_s(nbytes: int, tries: int = 5) -> float:
         return t
 
     forward_s()
-    return min(forward_s() for _ in range(tries)) / ops
+    return fastest(forward_s, tries) / ops
 
 
 def cache_bytes() -> int | None:
@@ -188,32 +189,35 @@ def _flush_bytes() -> int:
     return min(max(4 * (cache_bytes() or 32 * 2**20), 64 * 2**20), 512 * 2**20)
 
 
-def _cold_op_s(nbytes: int, flush, tries: int = 5) -> float:
+def _cold_op_s(nbytes: int, flush, tries: int = TRIES) -> float:
     """Seconds of one multiply as a backward runs it: a chain (its running tensor in cache, like
     the gradient) times tensors written before the cache was flushed (like the activations the
-    forward saved), every output kept; the best of ``tries``."""
+    forward saved), every output kept; the fastest of ``tries`` or more (`fastest`)."""
     import torch
 
     n, ops = nbytes // 4, max(2, min(50, 2**28 // nbytes))
     x = torch.ones(n, requires_grad=True)
     saved = [torch.full((n,), 1.0001) for _ in range(ops)]
-    times = []
-    for _ in range(tries + 1):   # the first a warm-up
+
+    def trial():
         flush.fill_(0.0)
         t0 = time.perf_counter()
         y, kept = x, []
         for s in saved:
             y = y * s
             kept.append(y)
-        times.append(time.perf_counter() - t0)
+        t = time.perf_counter() - t0
         del kept, y
-    return min(times[1:]) / ops
+        return t
+
+    trial()   # a warm-up
+    return fastest(trial, tries) / ops
 
 
 def _view_s() -> float:
     """Seconds of one view op (a reshape that moves no data, as a model's ``view``, ``transpose``
     and slices): a chain of CHAIN views of a tensor that needs a gradient, and the backward that
-    runs each one's view of the gradient (2 x CHAIN dispatches), per dispatch, the best of 20."""
+    runs each one's view of the gradient (2 x CHAIN dispatches), per dispatch, the fastest of 20 or more."""
     import torch
 
     x = torch.ones(4, 8, requires_grad=True)
@@ -229,7 +233,7 @@ def _view_s() -> float:
 
 def _module_s() -> float:
     """Seconds of one ``nn.Module`` call around its forward: CHAIN modules whose forward returns
-    its input, called in turn, per call, the best of 20."""
+    its input, called in turn, per call, the fastest of 20 or more."""
     import torch
 
     class Same(torch.nn.Module):
@@ -250,7 +254,7 @@ def _checkpoint_s(blocks: int = 20) -> tuple:
     """(seconds per segment, per saved tensor) of torch's non-reentrant checkpoint beyond the ops
     it recomputes: ``blocks`` segments of k one-element multiplies (each saves one tensor), forward
     and backward, checkpointed less plain less the recompute (their forward), per segment, at k = 1
-    and k = 20, solved for the two costs; the best of 20 each."""
+    and k = 20, solved for the two costs; the fastest of 20 or more each."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -292,7 +296,7 @@ def _matmul_tflops(n: int, dtype) -> float:
     """An n-cube matmul's TFLOPS as a training step runs it: over the three layouts (forward
     A @ W.T, backward G @ W and G.T @ A), operands rotated over copies that together exceed a
     core's L2 (8 MiB), every output kept until the round ends, as autograd keeps a step's; the
-    best round of five. Repeating one matmul on the same operands instead reads them from cache
+    fastest round of five or more. Repeating one matmul on the same operands instead reads them from cache
     and reuses its output's memory: 13.1 ms against 15.9 ms for the Lab GPT's matmuls, which
     took 16.1 ms inside its step (2026-11-27)."""
     import torch
@@ -314,15 +318,31 @@ def _matmul_tflops(n: int, dtype) -> float:
     return 2 * n**3 * 3 / total / 1e12
 
 
-def _best_s(fn, tries: int = 5) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(tries):
+def fastest(trial, tries: int = TRIES) -> float:
+    """The fastest of repeated trials (``trial()`` returns its own seconds), as timing tools take a
+    figure: ``tries`` at least, then more until ``tries`` in a row find none faster by 1%, at most
+    ``max(MAX_TRIES, 3 x tries)``. Load only ever slows a trial: on a busy machine the fastest is
+    found among more of them, so a calibration taken beside other work lands near a quiet one's."""
+    best, since, n = float("inf"), 0, 0
+    while n < max(MAX_TRIES, 3 * tries) and (n < tries or since < tries):
+        t = trial()
+        n += 1
+        since = 0 if t < 0.99 * best else since + 1
+        best = min(best, t)
+    return best
+
+
+def _best_s(fn, tries: int = TRIES) -> float:
+    """``fn``'s time, warmed up once: the fastest of ``tries`` or more (`fastest`)."""
+    def trial():
         s = time.perf_counter()
         out = fn()
-        best = min(best, time.perf_counter() - s)
+        t = time.perf_counter() - s
         del out   # what fn keeps is freed outside its time
-    return best
+        return t
+
+    fn()
+    return fastest(trial, tries)
 
 
 def _attention_tflops(dtype, b=8, h=4, s=128, d=32) -> float:

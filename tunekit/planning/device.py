@@ -27,9 +27,11 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
     if name.strip().lower() == "cpu":
         import psutil
 
-        from tunekit.measure.peaks import resolve_peak
+        from tunekit.measure.peaks import calibrate, resolve_peak
 
-        peak = resolve_peak("cpu", dtype if dtype in ("fp32", "bf16") else "fp32")
+        dtype = dtype if dtype in ("fp32", "bf16") else "fp32"
+        calibrate(dtype, "cpu")   # the cached calibration as it is (measured where none is), never re-measured
+        peak = resolve_peak("cpu", dtype, allow_calibration=False)
         return dict(name="cpu", memory=float(psutil.virtual_memory().total), peak=peak.tflops, bandwidth=None,
                     link=None, round_to=1, fixed={},
                     notes=[f"peak {peak.source}; no memory bandwidth known for this CPU: the bound counts FLOPs only"])

@@ -19,7 +19,9 @@ from tunekit.core.notes import Note
 def cpu_figures(peak: float | None, compute: str) -> Figures:
     """This CPU's figures: its matmuls as a step runs them by size (measure.stream; the calibrated
     MAMF sweep above those sizes), its step-like bandwidth by size and its time per small op, each
-    measured once and cached."""
+    measured once and cached, and read from the cache as they are (``busy`` names those taken on a
+    busy machine): a plan is a function of its setting and these records, whatever the load now.
+    ``measure_stream(refresh=True)`` and ``calibrate(dtype, "cpu", force=True)`` measure them again."""
     from tunekit.measure.peaks import calibrate
     from tunekit.measure.stream import cache_bytes, measure_stream
 
@@ -47,7 +49,9 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                    checkpoint_source=f"this CPU's time of torch's non-reentrant checkpoint per segment and per "
                                      f"tensor its recompute saves, measured ({stream.verdict})",
                    attention={"cpu": (stream.attention[dtype] / peak if peak else 0.0,
-                                      f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")})
+                                      f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")},
+                   busy=tuple(what for what, c in (("measure_stream()", stream), (f"calibrate({dtype!r}, 'cpu')", cal))
+                              if c.verdict == "busy"))
 
 
 def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, layout: dict | None, units: int,
@@ -93,4 +97,11 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
         notes.append("compile=True: each run of memory-bound ops between matmuls expected as one fused kernel "
                      "(what it reads from outside, what is read after it), at the compiled launch cost")
     out.notes = notes
-    return out, []
+    return out, [busy_note(fig)] if fig.busy else []
+
+
+def busy_note(fig: Figures) -> Note:
+    """The note of an expectation made from calibrations taken on a busy machine (``fig.busy``)."""
+    return Note("expected.busy_figures", f"expected from this CPU's figures as calibrated on a busy machine "
+                                         f"({', '.join(fig.busy)}: their records' conditions say so), so possibly "
+                                         "slow; measure them again at a quiet moment with refresh=True / force=True")
