@@ -37,6 +37,7 @@ KINDS = {
     "explain.none": "a traced run without its one line against the expected step, and why",
     "monitor.untraced": "Monitor(trace=N): no step traced (the loop ended first, the step failed, no profiler)",
     "diff.failed_run": "tunekit.diff: a run that did not finish, its figures n/a",
+    "diff.peaks": "tunekit.diff: the two sides' MFUs are against different peaks (their own dtypes')",
     "diff.busy": "tunekit.diff: a side measured on a busy machine",
     "diff.one_trace": "tunekit.diff: one side traced, the other not",
     "diff.devices": "tunekit.diff: traces from two kinds of device",
