@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 
 from tunekit.core.breakdown import short
 from tunekit.core.conditions import Conditions
-from tunekit.core.fmt import fmt_tflops
 from tunekit.core.notes import decoded, from_json
 from tunekit.core.run_text import common_unit, run_html, summary_lines
-from tunekit.core.summary import mark_rates, readable
+from tunekit.core.summary import mark_rates, mfu_peaks, readable
 from tunekit.core.toggles import Toggles
-from tunekit.core.units import MiB, is_missing
+from tunekit.core.units import MiB
 
 
 @dataclass
@@ -212,8 +211,7 @@ def runs_view(df):
     if "conditions" in df:
         view = view.assign(conditions=df["conditions"].map(machine_word))
     if "peak_tflops" in df and "compute_dtype" in df:
-        view = view.assign(mfu_peak=[f"{d} {fmt_tflops(p)}" if not is_missing(p) else "n/a"
-                                     for d, p in zip(df["compute_dtype"], df["peak_tflops"])])
+        view = view.assign(mfu_peak=mfu_peaks(df["compute_dtype"], df["peak_tflops"]))
     view = mark_rates(view, df["above_peak"] if "above_peak" in df else [None] * len(df))
     unit = common_unit(df["throughput_unit"]) if "throughput_unit" in df else "tokens"
     return view[[c for c in _VIEW if c in view]].rename(columns={**_VIEW, "tokens_per_s": f"{unit}/s"})
