@@ -170,6 +170,9 @@ def test_the_history_table_says_which_times_were_slowed():
     view = history_view(df.assign(dtype=["fp32", "bf16"], peak_tflops=[math.nan, 0.2]))
     assert view["MFU/HFU of"].tolist() == ["n/a", "bf16 0.2 TFLOPS"]
     assert list(view.columns[view.columns.get_loc("HFU"):][:2]) == ["HFU", "MFU/HFU of"]
+    from tunekit.core.summary import mfu_peaks
+
+    assert mfu_peaks([None, math.nan], [1.0, 2.0]) == ["1 TFLOPS", "2 TFLOPS"]   # a peak whose dtype is unknown
 
 
 def _history_with_every_slower():

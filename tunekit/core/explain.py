@@ -95,8 +95,8 @@ class Explanation:
     """A measured step beside its expectation. ``rows``: (group, measured s, expected s, efficiency,
     share of the measured step, foreseen); ``ops``: (op, measured s, expected s, efficiency, calls,
     foreseen) of the ops that lost the most time; ``unforeseen``: (op, measured s, calls) of every
-    op that ran which the plan's step does not make, most time first. Not foreseen: expected and
-    efficiency NaN."""
+    op that ran which the plan's step does not make (or makes in no time), most time first. Not
+    foreseen: expected and efficiency NaN."""
 
     label: str
     measured_s: float

@@ -249,10 +249,9 @@ _HISTORY = {"name": "cell", "wall_s": "time (s)", "gflop": "GFLOP", "flops_sourc
 
 # what tunekit.history() holds unless asked for every column: what ran, its time, FLOPs and rates
 # (HFU judges TFLOPS against its bound), memory, the machine and the error (flops_source,
-# above_peak and slowed_by: the view's marks)
+# above_peak and slowed_by: the view's marks; dtype and peak_tflops: the peak each row's MFU/HFU is against)
 HISTORY_COLUMNS = ("name", "wall_s", "flops", "flops_source", "tflops", "mfu", "hfu", "dtype", "peak_tflops",
-                   "cpu_peak_delta_bytes",
-                   "gpu_peak_delta_bytes", "conditions", "error", "above_peak", "slowed_by")
+                   "cpu_peak_delta_bytes", "gpu_peak_delta_bytes", "conditions", "error", "above_peak", "slowed_by")
 
 
 def history_view(df):
@@ -277,7 +276,8 @@ def history_view(df):
 def mfu_peaks(dtypes, peaks) -> list:
     """A table's 'MFU/HFU of' column: the peak each row's MFU and HFU are against, its own dtype's
     ('bf16 65 TFLOPS'; 'n/a' without one), so rows of several dtypes say what each figure means."""
-    return [f"{d or ''} {fmt_tflops(p)}".strip() if not is_missing(p) else "n/a" for d, p in zip(dtypes, peaks)]
+    return [f"{d if isinstance(d, str) else ''} {fmt_tflops(p)}".strip() if not is_missing(p) else "n/a"
+            for d, p in zip(dtypes, peaks)]
 
 
 _RATES = (("mfu", "mfu", "MFU"), ("hfu", "hfu", "HFU"), ("tflops", "hfu", "TFLOPS"))  # column, judged by, format
