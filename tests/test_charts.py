@@ -165,6 +165,14 @@ def test_the_history_table_says_which_times_were_slowed():
     view = history_view(df)
     assert view["time (s)"].tolist() == ["2.9 (slowed: FLOP counting)", 0.32]
     assert view["GFLOP"].tolist() == [8.56, 8.56] and view["machine"].tolist() == ["quiet", "⚠ busy"]
+    assert "MFU/HFU of" not in view                    # no peak column in the frame: nothing said
+    # cells of two dtypes: each MFU against its own dtype's peak, which the table says per row
+    view = history_view(df.assign(dtype=["fp32", "bf16"], peak_tflops=[math.nan, 0.2]))
+    assert view["MFU/HFU of"].tolist() == ["n/a", "bf16 0.2 TFLOPS"]
+    assert list(view.columns[view.columns.get_loc("HFU"):][:2]) == ["HFU", "MFU/HFU of"]
+    from tunekit.core.summary import mfu_peaks
+
+    assert mfu_peaks([None, math.nan], [1.0, 2.0]) == ["1 TFLOPS", "2 TFLOPS"]   # a peak whose dtype is unknown
 
 
 def _history_with_every_slower():

@@ -58,6 +58,23 @@ def test_two_runs_say_what_changed_and_what_moved_the_step_most():
     assert list(fig.data[1].y) == pytest.approx([12.0, 10.0, 3.0])
 
 
+def test_mfus_against_different_peaks_say_each_peak():
+    # fp32 at 1.0% of a T4's 8.1 TFLOPS, bf16 at 8.1% of its 65: each against its own dtype's peak
+    a, b = _run(0, step_s=0.040), _run(1, "bf16", step_s=0.050, precision="bf16")
+    a.mfu, a.peak_tflops, a.compute_dtype = 0.01, 8.1, "fp32"
+    b.mfu, b.peak_tflops, b.compute_dtype = 0.081, 65.0, "bf16"
+    d = tunekit.diff(a, b)
+    peak = d.table[d.table.what == "MFU's peak"].iloc[0]
+    assert (peak.a, peak.b, peak.unit) == (8.1, 65.0, "tflops")
+    assert list(d.table.what[:4]) == ["step time", "tokens/s", "MFU", "MFU's peak"]   # no fastest step, TFLOPS here
+    [note] = [n for n in d.notes if n.kind == "diff.peaks"]
+    assert note == ("each side's MFU is against its own peak (fp32 8.1 TFLOPS -> bf16 65 TFLOPS): the MFUs do not "
+                    "compare, the step times do")
+    assert "MFU's peak" in d.text() and "8.1 TFLOPS" in d.text()
+    b.peak_tflops, b.compute_dtype = 8.1, "fp32"                     # one peak: nothing to say
+    assert not [n for n in tunekit.diff(a, b).notes if n.kind == "diff.peaks"]
+
+
 def test_runs_read_back_from_the_log_diff_like_the_live_ones():
     a, b = _run(0, step_s=0.040), _run(1, "mb=16", step_s=0.080, micro_batch=16)
     assert tunekit.diff(a.to_dict(), b.to_dict()).summary == tunekit.diff(a, b).summary

@@ -36,10 +36,14 @@ def test_both_sides_are_grouped_alike_and_the_gaps_are_said_largest_first():
     e = explain_trace(TRACE, EXPECTED, setting=Toggles(attention="math"), label="run #3 (math)")
     t = e.table.set_index("group")
     # grouped by op name on both sides: bmm is a matmul, softmax elementwise, wherever they ran
-    assert t.loc["matmul"].tolist() == pytest.approx([0.005, 0.0034, 0.68, 0.5])            # 4+1 ms, 3+0.4 ms
-    assert t.loc["elementwise, norms, copies"].tolist() == pytest.approx([0.003, 0.0007, 0.7 / 3, 0.3])
-    assert t.loc["optimizer"].tolist() == pytest.approx([0.001, 0.0009, 0.9, 0.1])
-    assert t.loc["no op running", "measured_s"] == pytest.approx(0.001)     # 1 ms between ops, 0 expected
+    figures = ["measured_s", "expected_s", "efficiency", "share"]
+    assert t.loc["matmul", figures].tolist() == pytest.approx([0.005, 0.0034, 0.68, 0.5])   # 4+1 ms, 3+0.4 ms
+    assert t.loc["elementwise, norms, copies", figures].tolist() == pytest.approx([0.003, 0.0007, 0.7 / 3, 0.3])
+    assert t.loc["optimizer", figures].tolist() == pytest.approx([0.001, 0.0009, 0.9, 0.1])
+    # 1 ms between ops where the plan foresaw none: not foreseen, no expected time nor efficiency (not 0)
+    between = t.loc["no op running"]
+    assert between.measured_s == pytest.approx(0.001) and math.isnan(between.expected_s)
+    assert math.isnan(between.efficiency) and not between.foreseen and t.foreseen.sum() == 3
     assert "attention" not in t.index                                      # no fused attention kernel ran
     assert e.efficiency == pytest.approx(0.5)                              # 5 ms expected of 10 measured
     # gaps over 5% of the step (0.5 ms): elementwise 2.3 ms, matmul 1.6 ms, between ops 1 ms; the
@@ -49,11 +53,42 @@ def test_both_sides_are_grouped_alike_and_the_gaps_are_said_largest_first():
         "elementwise op is a kernel of its own (torch.compile fuses them)",
         "the matmuls take 50% of the step at 68% of the expected speed: with the math attention's score matmuls "
         "(a fused backend runs them in one kernel)",
-        "the time between ops takes 10% of the step where none was expected: Python between ops: the step is "
+        "the time between ops takes 10% of the step, not foreseen by the plan: Python between ops: the step is "
         "host-bound (small ops or a small batch)"]
     assert e.summary.splitlines()[0] == "run #3 (math): 10.0 ms per step, 50% of the expected speed (5.0 ms expected)"
     assert list(e.op_table.op[:3]) == ["_softmax", "mm", "bmm"]        # lost 1.8, 1 and 0.6 ms
     assert e.notes == []
+
+
+def test_an_op_the_plan_did_not_foresee_is_said_so_never_given_an_expected_time_of_0():
+    # TRACE plus 1.5 ms of copy_ (6 calls) and 0.2 ms of clone: ops the expected step does not make
+    copies = _trace([(o["op"], o["category"], o["self_s"], o["calls"]) for o in TRACE.top_ops]
+                    + [("aten::copy_", ELEMENTWISE, 0.0015, 6), ("aten::clone", ELEMENTWISE, 0.0002, 2)],
+                    wall_s=0.0117, untraced_s=0.001)
+    e = explain_trace(copies, EXPECTED, top=10)
+    ops = e.op_table.set_index("op")
+    copy = ops.loc["copy_"]
+    assert copy.measured_s == pytest.approx(0.0015) and copy.calls == 6 and not copy.foreseen
+    assert math.isnan(copy.expected_s) and math.isnan(copy.efficiency)       # neither 0 nor 0.0
+    assert ops.foreseen.tolist() == [o in ("_softmax", "mm", "bmm", "mul") for o in ops.index]
+    assert not (ops.expected_s == 0).any() and not (ops.efficiency == 0).any()
+    assert [(op, round(s, 6), c) for op, s, c in e.unforeseen] == [("copy_", 0.0015, 6), ("clone", 0.0002, 2)]
+    assert "- ops the plan did not foresee: copy_ 1.5 ms (6 calls), clone 0.2 ms (2 calls)" in e.summary.splitlines()
+    # the elementwise group still has its foreseen ops' expectation: 0.7 ms against 4.7 ms measured (3 + 1.5 + 0.2)
+    assert e.table.set_index("group").loc["elementwise, norms, copies", "efficiency"] == pytest.approx(0.7 / 4.7)
+
+
+def test_a_speed_is_never_said_as_0_percent_for_a_group_that_ran():
+    from tunekit.core.explain import speed_pct
+
+    assert [speed_pct(x) for x in (0.404, 0.01, 0.004, 0.0004)] == ["40%", "1%", "0.4%", "under 0.1%"]
+    # 40 ms of optimizer against 0.12 ms expected: 0.3%
+    slow = _trace([("aten::mm", MATMUL, 0.003, 12), ("aten::mul_", OPTIMIZER, 0.040, 14)], wall_s=0.043)
+    expected = Expected(step_s=0.00312, tokens_per_s=0.0, mfu=0.0, rows=[
+        ("mm", "matmul", 12, 0.003, "compute", "MAMF"), ("optimizer step", "optimizer", 14, 0.00012, "memory", "bw")])
+    e = explain_trace(slow, expected)
+    assert e.gaps == ["the optimizer step takes 93% of the step at 0.3% of the expected speed"]
+    assert e.head == "43.0 ms per step, 7% of the expected speed (3.1 ms expected)"   # 3.12 / 43 ms
 
 
 def test_a_fused_attention_kernel_is_its_own_group_and_several_steps_are_divided():

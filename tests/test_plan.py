@@ -2,6 +2,7 @@
 real step. On the CPU its components equal a real step's to the byte; on a GPU of the spec table
 it is placed against the card's memory and roofline. No timing is compared."""
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -71,6 +72,34 @@ def test_what_does_not_fit_says_so_and_the_search_finds_the_largest_that_does():
     if p.max_micro_batch < 64:
         over = tunekit.plan(cfg, "T4", micro_batch=p.max_micro_batch + 1, seq_len=cfg.block_size)
         assert not over.fits and "does NOT fit" in repr(over)
+
+
+def test_a_dtype_the_card_has_no_peak_for_gets_no_bound_and_says_what_the_card_runs_instead(capsys):
+    from tunekit.cli.main import main
+    from tunekit.core.notes import of_kind
+
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    p = tunekit.plan(cfg, "T4", precision="bf16", micro_batch=2, seq_len=64)
+    # no bound from the bytes alone nor from fp16's peak: none, and no expected step
+    assert p.peak_tflops is None and math.isnan(p.bound_step_s) and math.isnan(p.compute_bound_s)
+    assert math.isnan(p.bound_tokens_per_s) and p.bound_by == [] and p.expected is None
+    [note] = of_kind(p.notes, "device.no_peak")
+    assert note == ("T4 lists no bf16 peak: no speed bound, no expected step; T4 has no bf16 tensor cores (they came "
+                    "with Ampere, compute capability 8.0): its half precision is fp16 with a gradient scaler "
+                    "(precision='fp16')")
+    text = repr(p)
+    assert "  bound      none: T4 lists no bf16 peak (the notes say what it runs instead)" in text
+    assert "upper bounds" not in text
+    half = tunekit.plan(cfg, "T4", precision="fp16", micro_batch=2, seq_len=64)   # what it runs instead: bounded
+    assert half.peak_tflops == 65 and half.bound_step_s > 0 and not of_kind(half.notes, "device.no_peak")
+    # the command prints the same plan
+    assert main(["plan", "--model", "cpu-tiny", "--device", "T4", "--precision", "bf16", "--micro-batch", "2",
+                 "--seq-len", "64"]) == 0
+    out = capsys.readouterr().out
+    assert note in out and "bound      none: T4 lists no bf16 peak" in out and "upper bounds" not in out
+    amd = tunekit.plan(cfg, "MI250X", precision="tf32", micro_batch=2, seq_len=64)   # CDNA2: no TF32
+    assert math.isnan(amd.bound_step_s) and of_kind(amd.notes, "device.no_peak")[0].endswith(
+        "MI250X (one GCD) has no TF32 (CDNA2; CDNA 3 added it): tf32 leaves its matmuls in fp32 (precision='fp32')")
 
 
 @pytest.mark.parametrize("call, error, match", [

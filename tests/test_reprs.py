@@ -93,11 +93,22 @@ def test_a_log_written_before_the_unit_counted_tokens():
 def test_results_show_the_columns_read_first_and_keep_raw_numbers():
     df = readable(results_frame([run()])[list(RESULT_COLUMNS)], runs_view, "lab.results(all=True)")
     assert repr(df) == """\
- #  run tokens/s step (ms) TFLOPS   MFU   HFU peak (MiB) machine status
- 3 bf16   20,480      50.0  0.024 20.0% 24.0%      400.0   quiet     ok
+ #  run tokens/s step (ms) TFLOPS   MFU   HFU      MFU/HFU of peak (MiB) machine status
+ 3 bf16   20,480      50.0  0.024 20.0% 24.0% bf16 0.1 TFLOPS      400.0   quiet     ok
 [1 row; numbers formatted for reading, the DataFrame holds them raw; lab.results(all=True) has every column]"""
     assert df["step_s"].iloc[0] == 0.05 and df["peak_mem_bytes"].iloc[0] == 400 * MiB
     assert "lab.results(all=True) has every column" in df._repr_html_()
+
+
+def test_rows_of_several_dtypes_say_the_peak_each_mfu_is_against():
+    # bf16 at 8.1% of a T4's 65 TFLOPS beside fp32 at 1.0% of its 8.1: each MFU is against its own
+    # dtype's peak, which the table names per row (a run without a peak: n/a)
+    rows = [run(run_id=0, label="fp32", compute_dtype="fp32", peak_tflops=8.1, mfu=0.01, hfu=0.01),
+            run(run_id=1, label="bf16", compute_dtype="bf16", peak_tflops=65.0, mfu=0.081, hfu=0.081),
+            run(run_id=2, label="tf32", compute_dtype="tf32", peak_tflops=None, mfu=math.nan, hfu=math.nan)]
+    df = readable(results_frame(rows)[list(RESULT_COLUMNS)], runs_view)
+    assert runs_view(df)["MFU/HFU of"].tolist() == ["fp32 8.1 TFLOPS", "bf16 65 TFLOPS", "n/a"]
+    assert df["peak_tflops"].tolist()[:2] == [8.1, 65.0] and df["compute_dtype"].tolist() == ["fp32", "bf16", "tf32"]
 
 
 def test_load_results_shows_what_lab_results_shows(tmp_path, monkeypatch):
@@ -110,8 +121,9 @@ def test_load_results_shows_what_lab_results_shows(tmp_path, monkeypatch):
     df, every = Lab.load_results(log.path), Lab.load_results(log.path, all=True)
     assert list(df.columns) == list(RESULT_COLUMNS)        # the curated set, as lab.results()
     assert "Lab.load_results(all=True) has every column" in repr(df)
-    assert repr(df).splitlines()[1].split() == ["0", "bf16", "20,480", "50.0", "0.024", "20.0%", "24.0%",
-                                                "400.0", "quiet", "ok"]  # run ids renumbered from 0 by the log
+    assert repr(df).splitlines()[1].split() == ["0", "bf16", "20,480", "50.0", "0.024", "20.0%", "24.0%", "bf16",
+                                                "0.1", "TFLOPS", "400.0", "quiet",
+                                                "ok"]  # run ids renumbered from 0 by the log
     assert "session" in every.columns and "notes" in every.columns and type(every).__name__ == "DataFrame"
     assert df["tokens_per_s"].tolist() == every["tokens_per_s"].tolist() == [20480.0, 20480.0]  # raw numbers
     monkeypatch.setenv("TUNEKIT_DATA_DIR", str(tmp_path))   # path=None: the newest lab-*.jsonl

@@ -53,6 +53,25 @@ def test_missing_dtype_and_unknown_device():
         specs.spec_peak("NVIDIA H100", "int4")
 
 
+def test_every_card_without_a_training_dtypes_peak_says_what_it_runs_instead():
+    from tunekit.core.registry import PRECISIONS
+
+    trained = {p.compute for p in PRECISIONS.values()}       # the dtypes a training step's matmuls run in
+    assert trained == {"fp32", "tf32", "bf16", "fp16"}
+    lacking = {(s.name, d): specs.runs_instead(s, d) for s in specs.SPECS for d in sorted(trained) if d not in s.tflops}
+    # the cards before Ampere (no bf16/TF32 tensor cores) and CDNA2 (no TF32): nothing else lacks one
+    assert sorted(lacking) == [("MI250X (one GCD)", "tf32"), ("T4", "bf16"), ("T4", "tf32"), ("V100 PCIe", "bf16"),
+                               ("V100 PCIe", "tf32"), ("V100 SXM", "bf16"), ("V100 SXM", "tf32")]
+    assert all(v is not None for v in lacking.values())     # each says what it runs instead ...
+    for (name, _), (instead, _why) in lacking.items():       # ... a dtype the card has a peak for
+        assert instead in specs.find_spec(name).tflops
+    t4 = specs.find_spec("T4")
+    assert specs.runs_instead(t4, "bf16") == ("fp16", "no bf16 tensor cores (they came with Ampere, compute "
+                                                      "capability 8.0): its half precision is fp16 with a gradient "
+                                                      "scaler (precision='fp16')")
+    assert specs.runs_instead(t4, "fp16") is None             # listed: nothing instead
+
+
 def test_peak_tflops_unknown_gives_none_and_one_notice():
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

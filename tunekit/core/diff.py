@@ -28,12 +28,14 @@ MODULE = "nn.Module: "   # how torch.profiler names a module's scope
 # (field, what, format) per kind of record: the figures a diff shows, step first, then memory
 RUN_FIGURES = (("step_s", "step time", "s"), ("step_s_min", "fastest step", "s"), ("tokens_per_s", "tokens/s", "rate"),
                ("tflops", "TFLOPS", "tflops"),
-               ("mfu", "MFU", "pct"), ("flops_per_step", "FLOPs per step", "count"),
+               ("mfu", "MFU", "pct"), ("peak_tflops", "MFU's peak", "tflops"),
+               ("flops_per_step", "FLOPs per step", "count"),
                ("loss", "loss (last step)", "loss"), ("peak_mem_bytes", "peak memory", "bytes"),
                ("params_bytes", "parameters", "bytes"),
                ("grads_bytes", "gradients", "bytes"), ("optimizer_bytes", "optimizer states", "bytes"),
                ("saved_bytes", "saved activations", "bytes"), ("weight_cast_bytes", "weight casts", "bytes"))
 CELL_FIGURES = (("wall_s", "time", "s"), ("tflops", "TFLOPS", "tflops"), ("mfu", "MFU", "pct"),
+                ("peak_tflops", "MFU's peak", "tflops"),
                 ("flops", "FLOPs", "count"), ("cpu_peak_delta_bytes", "CPU peak", "bytes"),
                 ("gpu_peak_delta_bytes", "GPU peak", "bytes"), ("gpu_reserved_bytes", "GPU reserved", "bytes"))
 
@@ -192,6 +194,12 @@ def diff(a, b) -> Diff:
         section = "memory" if unit == "bytes" else "step"   # the loss is the step's too
         rows.append({"section": section, "what": what, "a": va, "b": vb,
                      "change": vb / va - 1 if va == va and vb == vb and va else NaN, "unit": unit})
+    peaks = [_number(getattr(r, "peak_tflops", None)) for r in (a, b)]
+    if all(p == p for p in peaks) and peaks[0] != peaks[1]:   # each MFU against its own dtype's peak
+        said = [f"{getattr(r, 'compute_dtype', None) or getattr(r, 'dtype', None) or 'its'} {fmt_tflops(p)}"
+                for r, p in zip((a, b), peaks)]
+        notes.append(Note("diff.peaks", f"each side's MFU is against its own peak ({said[0]} -> {said[1]}): the "
+                                        "MFUs do not compare, the step times do"))
     busy = [n for n, r in zip(names, (a, b)) if getattr(r.conditions, "busy", False) is True]
     if busy:
         notes.append(Note("diff.busy", f"{' and '.join(busy)} ran on a busy machine: a change in time may be "

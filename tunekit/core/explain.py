@@ -10,7 +10,9 @@ setting on the same device (`Plan.expected`: a time per op from the device's mea
 published figures). Both sides are grouped the same way, by op name (matmuls, attention, the
 optimizer, the elementwise/norm/copy ops, communication), and, on the measured side only, the
 time no op ran (Python between ops). ``efficiency`` = expected / measured: the share of the
-expected speed the run reached.
+expected speed the run reached. What ran where the plan foresaw nothing (an op its step does not
+make, a group it expects no time in) is *not foreseen*: ``foreseen`` False, its expected time
+and efficiency NaN, never 0, and said in words (``unforeseen``, the summary).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from tunekit.core.breakdown import ATTENTION, COMM, DATA, MATMUL, OPTIMIZER, UNTRACED, Breakdown, categorize
-from tunekit.core.fmt import fmt_ms, fmt_pct
+from tunekit.core.fmt import fmt_count, fmt_ms, fmt_pct
 from tunekit.core.notes import Note
 
 NaN = math.nan
@@ -80,10 +82,21 @@ def expected_groups(rows) -> tuple[dict, dict]:
     return groups, ops
 
 
+def speed_pct(x: float) -> str:
+    """A share of the expected speed in words that never read 0% for a run that ran: 0.404 -> '40%',
+    0.004 -> '0.4%', under 0.1% -> 'under 0.1%'."""
+    if x != x or x >= 0.01:
+        return fmt_pct(x, 0)
+    return fmt_pct(x, 1) if x >= 0.001 else "under 0.1%"
+
+
 @dataclass
 class Explanation:
     """A measured step beside its expectation. ``rows``: (group, measured s, expected s, efficiency,
-    share of the measured step); ``ops``: the same for the ops that lost the most time."""
+    share of the measured step, foreseen); ``ops``: (op, measured s, expected s, efficiency, calls,
+    foreseen) of the ops that lost the most time; ``unforeseen``: (op, measured s, calls) of every
+    op that ran which the plan's step does not make (or makes in no time), most time first. Not
+    foreseen: expected and efficiency NaN."""
 
     label: str
     measured_s: float
@@ -94,6 +107,7 @@ class Explanation:
     notes: list = field(default_factory=list)
     busy: bool = False             # measured on a busy machine (a note says so too)
     overhead: float = NaN          # how much the profiler slowed the traced step (0.5: by 50%)
+    unforeseen: list = field(default_factory=list)
 
     @property
     def efficiency(self) -> float:
@@ -102,22 +116,24 @@ class Explanation:
 
     @property
     def table(self):
-        """pandas DataFrame: group, measured_s, expected_s, efficiency, share (of the measured step)."""
+        """pandas DataFrame: group, measured_s, expected_s, efficiency, share (of the measured step),
+        foreseen (False: the plan expects no time in it; expected_s and efficiency NaN)."""
         import pandas as pd
 
-        return pd.DataFrame(self.rows, columns=["group", "measured_s", "expected_s", "efficiency", "share"])
+        return pd.DataFrame(self.rows, columns=["group", "measured_s", "expected_s", "efficiency", "share", "foreseen"])
 
     @property
     def op_table(self):
-        """pandas DataFrame of the ops that lost the most time: op, measured_s, expected_s, efficiency, calls."""
+        """pandas DataFrame of the ops that lost the most time: op, measured_s, expected_s, efficiency, calls,
+        foreseen (False: an op the plan's step does not make; expected_s and efficiency NaN)."""
         import pandas as pd
 
-        return pd.DataFrame(self.ops, columns=["op", "measured_s", "expected_s", "efficiency", "calls"])
+        return pd.DataFrame(self.ops, columns=["op", "measured_s", "expected_s", "efficiency", "calls", "foreseen"])
 
     @property
     def head(self) -> str:
         """The step against its expectation: '77.4 ms per step, 4% of the expected speed (3.1 ms expected)'."""
-        return (f"{fmt_ms(self.measured_s)} per step, {fmt_pct(self.efficiency, 0)} of the expected speed "
+        return (f"{fmt_ms(self.measured_s)} per step, {speed_pct(self.efficiency)} of the expected speed "
                 f"({fmt_ms(self.expected_s)} expected)")
 
     @property
@@ -138,6 +154,10 @@ class Explanation:
     @property
     def summary(self) -> str:
         lines = [f"{self.label}: {self.head}"] + [f"- {g}" for g in self.gaps]
+        if self.unforeseen:
+            lines.append("- ops the plan did not foresee: " + ", ".join(
+                f"{op} {fmt_ms(s)} ({fmt_count(c)} calls)" for op, s, c in self.unforeseen[:3])
+                + (f" and {len(self.unforeseen) - 3} more" if len(self.unforeseen) > 3 else ""))
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def __repr__(self) -> str:
@@ -180,17 +200,20 @@ def explain_trace(trace: Breakdown, expected, *, steps: int = 1, setting=None, c
         m, e = m_groups.get(g, 0.0), e_groups.get(g, 0.0)
         if m == 0.0 and e == 0.0:
             continue
-        rows.append((g, m, e, e / m if m > 0 else NaN, m / measured_s if measured_s > 0 else NaN))
+        seen = e > 0                          # the plan foresaw time here
+        rows.append((g, m, e if seen else NaN, e / m if m > 0 and seen else NaN,
+                     m / measured_s if measured_s > 0 else NaN, seen))
     lost = sorted(((op, s, e_ops.get(op, 0.0), c) for op, (s, c) in m_ops.items()), key=lambda r: -(r[1] - r[2]))
-    ops = [(op, s, e, e / s if s > 0 else NaN, c) for op, s, e, c in lost[:top]]
+    ops = [(op, s, e if e > 0 else NaN, e / s if s > 0 and e > 0 else NaN, c, e > 0) for op, s, e, c in lost[:top]]
+    unforeseen = [(op, s, c) for op, s, e, c in lost if e == 0 and s > 0]
     busy = getattr(conditions, "busy", False) is True
     gaps = []
-    for g, m, e, eff, share in sorted(rows, key=lambda r: -(r[1] - r[2])):
-        if m - e <= 0.05 * measured_s:       # under 5% of the step: not a gap worth a sentence
+    for g, m, e, eff, share, seen in sorted(rows, key=lambda r: -(r[1] - (r[2] if r[5] else 0.0))):
+        if m - (e if seen else 0.0) <= 0.05 * measured_s:   # under 5% of the step: not a gap worth a sentence
             continue
-        speed = "where none was expected" if e == 0 else f"at {fmt_pct(eff, 0)} of the expected speed"
+        speed = ", not foreseen by the plan" if not seen else f" at {speed_pct(eff)} of the expected speed"
         hint = _hint(g, setting)
-        gaps.append(f"{WORDS[g]} {fmt_pct(share, 0)} of the step {speed}" + (f": {hint}" if hint else ""))
+        gaps.append(f"{WORDS[g]} {fmt_pct(share, 0)} of the step{speed}" + (f": {hint}" if hint else ""))
     notes = []
     if busy:
         notes.append(Note("explain.busy", "measured on a busy machine: other work took its share of every group, "
@@ -198,7 +221,8 @@ def explain_trace(trace: Breakdown, expected, *, steps: int = 1, setting=None, c
     if trace.overhead == trace.overhead and trace.overhead > PROFILER_SHOWN:
         notes.append(Note("explain.profiler", f"the profiler slowed the traced step by {fmt_pct(trace.overhead, 0)}: "
                                               "part of every gap is its own"))
-    return Explanation(label, headline_s, expected.step_s, rows, ops, gaps[:3], notes, busy, trace.overhead)
+    return Explanation(label, headline_s, expected.step_s, rows, ops, gaps[:3], notes, busy, trace.overhead,
+                       unforeseen)
 
 
 def explain(result, plan=None, *, steps: int = 1) -> Explanation:

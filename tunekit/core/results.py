@@ -18,7 +18,7 @@ from tunekit.core.breakdown import short
 from tunekit.core.conditions import Conditions
 from tunekit.core.notes import decoded, from_json
 from tunekit.core.run_text import common_unit, run_html, summary_lines
-from tunekit.core.summary import mark_rates, readable
+from tunekit.core.summary import mark_rates, mfu_peaks, readable
 from tunekit.core.toggles import Toggles
 from tunekit.core.units import MiB
 
@@ -176,9 +176,10 @@ def results_frame(runs: list[RunResult]):
 
 
 # what lab.results() holds unless asked for every column: what ran, its speed, step time, compute,
-# peak memory, the machine and the outcome (throughput_unit and above_peak: the view's header and marks)
+# peak memory, the machine and the outcome (throughput_unit and above_peak: the view's header and marks;
+# compute_dtype and peak_tflops: the peak each row's MFU/HFU is against, its own dtype's)
 RESULT_COLUMNS = ("run_id", "label", "tokens_per_s", "throughput_unit", "step_s", "tflops", "mfu", "hfu",
-                  "peak_mem_bytes", "conditions", "status", "above_peak")
+                  "compute_dtype", "peak_tflops", "peak_mem_bytes", "conditions", "status", "above_peak")
 
 
 def runs_table(runs: list[RunResult], all: bool = False, more: str = "lab.results(all=True)"):
@@ -192,7 +193,7 @@ def runs_table(runs: list[RunResult], all: bool = False, more: str = "lab.result
 
 
 _VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step (ms)",
-         "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "peak_mem_mib": "peak (MiB)",
+         "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "mfu_peak": "MFU/HFU of", "peak_mem_mib": "peak (MiB)",
          "saved_mib": "saved (MiB)", "loss": "loss", "attention_ran": "attn ran",
          "flops_source": "FLOPs", "conditions": "machine", "status": "status"}
 
@@ -200,7 +201,8 @@ _VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "
 def runs_view(df):
     """The columns a person reads first, with units in the headers (dashboard, report, and
     ``lab.results()``): those of them ``df`` has, the curated frame or every column. Throughput
-    is headed samples/s for runs that counted samples."""
+    is headed samples/s for runs that counted samples. MFU and HFU are each against the peak of
+    their row's own compute dtype, which the 'MFU/HFU of' column names ('bf16 65 TFLOPS')."""
     from tunekit.core.summary import machine_word
 
     derived = {"step_ms": ("step_s", 1e3), "peak_mem_mib": ("peak_mem_bytes", 1 / MiB),
@@ -208,6 +210,8 @@ def runs_view(df):
     view = df.assign(**{k: df[src].astype(float) * f for k, (src, f) in derived.items() if src in df})
     if "conditions" in df:
         view = view.assign(conditions=df["conditions"].map(machine_word))
+    if "peak_tflops" in df and "compute_dtype" in df:
+        view = view.assign(mfu_peak=mfu_peaks(df["compute_dtype"], df["peak_tflops"]))
     view = mark_rates(view, df["above_peak"] if "above_peak" in df else [None] * len(df))
     unit = common_unit(df["throughput_unit"]) if "throughput_unit" in df else "tokens"
     return view[[c for c in _VIEW if c in view]].rename(columns={**_VIEW, "tokens_per_s": f"{unit}/s"})

@@ -149,3 +149,30 @@ def spec_peak(device_name: str | None, dtype: str = "bf16") -> tuple[float | Non
     if value is None:
         return None, f"{spec.name} has no dense {dtype} figure in the table"
     return float(value), f"spec sheet: {spec.name} dense {dtype} ({spec.source})"
+
+
+# What a card runs a training dtype as where the table lists no peak for it (no tensor-core rate
+# for it). bf16 and TF32 tensor cores arrive with Ampere, compute capability 8.0 (NVIDIA A100
+# Tensor Core GPU Architecture whitepaper; torch.cuda.is_bf16_supported(including_emulation=False)
+# is False below it): on a V100 or T4 half precision is fp16 with a gradient scaler, and tf32
+# leaves the matmuls in fp32. CDNA2 has no TF32 (the AMD Instinct MI250X data sheet lists none;
+# CDNA 3, the MI300's, adds it).
+_BEFORE_AMPERE = {"bf16": ("fp16", "no bf16 tensor cores (they came with Ampere, compute capability 8.0): its "
+                                   "half precision is fp16 with a gradient scaler (precision='fp16')"),
+                  "tf32": ("fp32", "no TF32 tensor cores (they came with Ampere, compute capability 8.0): tf32 "
+                                   "leaves its matmuls in fp32 (precision='fp32')")}
+RUNS_INSTEAD = {"V100 PCIe": _BEFORE_AMPERE, "V100 SXM": _BEFORE_AMPERE, "T4": _BEFORE_AMPERE,
+                "MI250X (one GCD)": {"tf32": ("fp32", "no TF32 (CDNA2; CDNA 3 added it): tf32 leaves its matmuls "
+                                                      "in fp32 (precision='fp32')")}}
+
+
+def runs_instead(spec: Spec, dtype: str) -> tuple[str, str] | None:
+    """(the dtype training runs instead, what the card has: words after its name) for a dtype
+    ``spec`` lists no peak for; None where it lists one or the table does not say.
+
+    >>> runs_instead(find_spec("T4"), "bf16")[0]
+    'fp16'
+    """
+    if dtype in spec.tflops:
+        return None
+    return RUNS_INSTEAD.get(spec.name, {}).get(dtype)

@@ -243,15 +243,15 @@ TABLE_CSS = ("<style>table.tk{border-collapse:collapse}table.tk th,table.tk td{t
 
 
 _HISTORY = {"name": "cell", "wall_s": "time (s)", "gflop": "GFLOP", "flops_source": "FLOPs",
-            "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "cpu_peak_mib": "CPU peak (MiB)",
+            "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "mfu_peak": "MFU/HFU of", "cpu_peak_mib": "CPU peak (MiB)",
             "gpu_peak_mib": "GPU peak (MiB)", "conditions": "machine", "error": "error"}
 
 
 # what tunekit.history() holds unless asked for every column: what ran, its time, FLOPs and rates
 # (HFU judges TFLOPS against its bound), memory, the machine and the error (flops_source,
-# above_peak and slowed_by: the view's marks)
-HISTORY_COLUMNS = ("name", "wall_s", "flops", "flops_source", "tflops", "mfu", "hfu", "cpu_peak_delta_bytes",
-                   "gpu_peak_delta_bytes", "conditions", "error", "above_peak", "slowed_by")
+# above_peak and slowed_by: the view's marks; dtype and peak_tflops: the peak each row's MFU/HFU is against)
+HISTORY_COLUMNS = ("name", "wall_s", "flops", "flops_source", "tflops", "mfu", "hfu", "dtype", "peak_tflops",
+                   "cpu_peak_delta_bytes", "gpu_peak_delta_bytes", "conditions", "error", "above_peak", "slowed_by")
 
 
 def history_view(df):
@@ -262,6 +262,8 @@ def history_view(df):
                "cpu_peak_mib": ("cpu_peak_delta_bytes", lambda c: c.astype(float) / MiB),
                "gpu_peak_mib": ("gpu_peak_delta_bytes", lambda c: c.astype(float) / MiB)}
     view = df.assign(**{k: f(df[src]) for k, (src, f) in derived.items() if src in df})
+    if "peak_tflops" in df and "dtype" in df:
+        view = view.assign(mfu_peak=mfu_peaks(df["dtype"], df["peak_tflops"]))
     view = mark_rates(view, df["above_peak"] if "above_peak" in df else [None] * len(df))
     if "wall_s" in view:
         slowed = [slowed_by(r) for r in df.to_dict("records")]  # the counter/profiler ran in the timed cell
@@ -269,6 +271,13 @@ def history_view(df):
                                    for t, s in zip(view["wall_s"], slowed)])
     shown = [c for c in _HISTORY if c in view]
     return view[shown].rename(columns=_HISTORY)
+
+
+def mfu_peaks(dtypes, peaks) -> list:
+    """A table's 'MFU/HFU of' column: the peak each row's MFU and HFU are against, its own dtype's
+    ('bf16 65 TFLOPS'; 'n/a' without one), so rows of several dtypes say what each figure means."""
+    return [f"{d if isinstance(d, str) else ''} {fmt_tflops(p)}".strip() if not is_missing(p) else "n/a"
+            for d, p in zip(dtypes, peaks)]
 
 
 _RATES = (("mfu", "mfu", "MFU"), ("hfu", "hfu", "HFU"), ("tflops", "hfu", "TFLOPS"))  # column, judged by, format

@@ -44,7 +44,7 @@ def explained(lab, run, label: str) -> Explanation:
     if run.parallel:
         raise ValueError("lab.explain explains a one-process run (each rank's trace is its own)")
     plan = lab.plan(plan_device(run.device), **run.toggles.asdict())
-    missing = of_kind(plan.notes, "expected.missing")
+    missing = of_kind(plan.notes, "expected.missing", "device.no_peak")
     if plan.expected is None:
         raise ValueError(str(missing[0]) if missing else "the plan of this run has no expected step")
     # the headline takes the run's own step (timed without the profiler); the groups, the trace's

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from tunekit.core import validate
-from tunekit.core.specs import SPECS, find_spec
+from tunekit.core.notes import Note
+from tunekit.core.specs import SPECS, find_spec, runs_instead
 from tunekit.measure.live import CUDA_BLOCK
 from tunekit.planning.shard import NCCL_BUFFERS
 
@@ -52,8 +53,10 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
                                                                   "it to plan for it)" if others else ""))
     memory, memory_source = spec.usable
     peak = spec.tflops.get(dtype)
-    if peak is None:
-        notes.append(f"{spec.name} lists no {dtype} peak: no speed bound")
+    if peak is None:   # no bound at all: one from another dtype's peak or from the bytes alone would be a guess
+        instead = runs_instead(spec, dtype)
+        notes.append(Note("device.no_peak", f"{spec.name} lists no {dtype} peak: no speed bound, no expected step"
+                          + (f"; {spec.name} has {instead[1]}" if instead else "")))
     workspace = next((b for k, b in WORKSPACES.items() if spec.name.startswith(k)), WORKSPACE_BEFORE_HOPPER)
     if spec.name.startswith("MI"):   # ROCm: the same costs under HIP's names, CUDA's figure for the context
         fixed = {"hip_context": (CUDA_CONTEXT[0], "HIP context: CUDA's figure (none published for ROCm)"),

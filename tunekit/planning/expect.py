@@ -59,6 +59,8 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
     """(the Expected, or None, and the notes: what is missing or not modelled). ``kernel``: the fused
     attention kernel on a GPU (core.efficiency.ATTENTION_KERNELS; None: "flash" at half precision)."""
     compute = setting.compute
+    if dev["peak"] is None and dev["name"] != "cpu":   # no peak for the dtype: its device.no_peak note says so
+        return None, []
     if dev["name"] == "cpu":
         fig = cpu_figures(dev["peak"], compute)
     else:

@@ -12,6 +12,7 @@ cuBLAS workspaces) is not modelled and the plan says so.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -197,10 +198,12 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
     expected, enotes = expected_of(step, setting, dev, tokens, models[setting.weights], placed["comm"], layout,
                                    len(step["units"]), kernel=attention_kernel)
     notes += enotes
-    compute = step["bound_s"](dev["peak"], dev["bandwidth"])
-    bound_by = step["top"](dev["peak"], dev["bandwidth"])
-    if dev["name"] != "cpu":   # a GPU's kernels are not the fake step's CPU ops: their categories
-        bound_by = by_category(step["top"](dev["peak"], dev["bandwidth"], None))[:6]
+    # no peak for the dtype: no bound (a note of kind device.no_peak says so), not the bytes' time alone
+    peak = dev["peak"]
+    compute = step["bound_s"](peak, dev["bandwidth"]) if peak else math.nan
+    bound_by = step["top"](peak, dev["bandwidth"]) if peak else []
+    if dev["name"] != "cpu" and peak:   # a GPU's kernels are not the fake step's CPU ops: their categories
+        bound_by = by_category(step["top"](peak, dev["bandwidth"], None))[:6]
     if placed["comm_s"] > compute:
         bound_by = [("communication", placed["comm_s"])] + bound_by
     return Plan(model=model_name(cfg, kind), device=dev["name"], device_memory_bytes=dev["memory"],

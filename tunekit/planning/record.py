@@ -183,6 +183,8 @@ def to_text(p: Plan) -> str:
                      f"<= {fmt_rate(p.bound_tokens_per_s, f'{p.unit}/s')}{per_gpu}"
                      + (f", MFU <= {fmt_pct(p.bound_mfu)}" if p.bound_mfu == p.bound_mfu else "")
                      + " (upper bounds, not predictions)")
+    elif p.peak_tflops is None:
+        lines.append(f"  bound      none: {p.device} lists no {s.compute} peak (the notes say what it runs instead)")
     e = p.expected
     if e is not None:
         rate = fmt_rate(e.tokens_per_s, f"{p.unit}/s")
