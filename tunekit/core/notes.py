@@ -23,6 +23,7 @@ KINDS = {
     "flops.mask_unread": "attention masks without values (fake tensors): counted model FLOPs may keep a masked half",
     "rates.none": "why a run reports no TFLOPS/MFU (its time is slowed, or no peak is known)",
     "trace.snapshot": "the allocator snapshot: not written, or older ones pruned",
+    "plan.attention_kernel": "which of torch's CUDA SDPA kernels a GPU plan names for attention, by what rule",
     "expected.missing": "a plan's device lacks a figure its expected step needs: the bound stands alone",
     "advice.numerics": "a planned change that changes the numerics (pure half weights, half AdamW states)",
     "advice.optimizer": "a planned change of optimizer: other hyperparameters and convergence",
