@@ -33,6 +33,7 @@ CAPABILITY = {"H100 NVL": (9, 0), "H100 PCIe": (9, 0), "H100 SXM 96GB": (9, 0), 
               "H200 SXM": (9, 0), "B200": (10, 0), "A100 40GB": (8, 0), "A100 80GB": (8, 0), "L40S": (8, 9),
               "L4": (8, 9), "A10G": (8, 6), "V100 PCIe": (7, 0), "V100 SXM": (7, 0), "T4": (7, 5),
               "RTX 4090": (8, 9), "RTX 3090": (8, 6)}
+# the rule's source: sdp_utils.cpp as read at pytorch commit 001f694aef6f (select_sdp_backend, can_use_*)
 SDP_UTILS = "torch's SDPA dispatch (pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, select_sdp_backend)"
 # the CUDA ops of each backend: (forward, backward); the math path is a composite of matmuls and a softmax
 KERNELS = {"flash": (aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward),
@@ -56,7 +57,7 @@ def sdpa_backend(capability, dtype: str, d_qk: int, d_v: int, *, mask: bool, cau
     sm80 to sm121, fp16 or bf16, no causal flag over unequal sequences, and on sm86-89/sm120-121 a
     trained head dim up to 192 (or over 224 without dropout). efficient: sm50 to sm121, head dims
     a multiple of the GEMM alignment (8 at half precision; 4 in fp32 from sm80, 1 before), fp16,
-    fp32 or bf16 (no bf16 before sm80). cuDNN: sm80 to sm121, fp16 or bf16, head dims multiples
+    fp32 or bf16 (no bf16 before sm80), up to 512 on ROCm. cuDNN: sm80 to sm121, fp16 or bf16, head dims multiples
     of 8 up to 128 (192 with 128 on sm90/sm10x), dropout a multiple of 1/16, a key longer than 1.
     Tensors are taken as dense and laid out as the kernels need (unit last stride, aligned)."""
     major = capability[0]
@@ -74,8 +75,8 @@ def sdpa_backend(capability, dtype: str, d_qk: int, d_v: int, *, mask: bool, cau
         half = dtype in ("fp16", "bf16")
         align = (8 if half else 4) if rocm or major >= 8 else (8 if half else 1) if major >= 7 else 1
         dtypes = ("fp16", "fp32", "bf16") if rocm or major >= 8 else ("fp16", "fp32")
-        return (rocm or (5, 0) <= tuple(capability) <= (12, 1)) and d_qk % align == 0 and d_v % align == 0 \
-            and dtype in dtypes
+        fits = max(d_qk, d_v) <= 512 if rocm else (5, 0) <= tuple(capability) <= (12, 1)
+        return fits and d_qk % align == 0 and d_v % align == 0 and dtype in dtypes
 
     def cudnn():
         wide = (major == 9 and capability[1] == 0) or major == 10
@@ -107,7 +108,7 @@ class GpuKernels(TorchFunctionMode):
         super().__init__()
         self.device = device
         self.rocm = device.startswith("MI")
-        self.capability = CAPABILITY.get(device, (9, 4) if self.rocm else None)
+        self.capability = CAPABILITY.get(device, (0, 0) if self.rocm else None)   # ROCm's rule reads none
         self.seen = False
         self.chosen = {}   # backend -> (dtype, head dim, mask) of its first call
         self._saved = None
