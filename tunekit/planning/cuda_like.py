@@ -124,8 +124,9 @@ class GpuKernels(TorchFunctionMode):
         dropout, sdpa = self._saved
         F.dropout = lambda *a, **k: self._call(dropout, a, k)
         F.scaled_dot_product_attention = lambda *a, **k: self._call(sdpa, a, k)
+        entered = super().__enter__()
         GpuKernels._entered.append(self)
-        return super().__enter__()
+        return entered
 
     def __exit__(self, *exc):
         F.dropout, F.scaled_dot_product_attention = self._saved
