@@ -63,6 +63,11 @@ def test_a_gpu_counts_its_kernel_by_torchs_formula_and_the_cpu_keeps_its_own():
         ("_scaled_dot_product_flash_attention_backward", "attention", 41_943_040)]
     assert not any("cpu" in str(n).lower() for n in result.notes)
     assert [n.kind for n in gpu.notes()] == ["plan.attention_kernel"]
+    # where a plan's peak is: the op named as the GPU runs it (measure.live.LiveBytes's op_name)
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.bfloat16)
+    cpu_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert gpu.op_name(cpu_op, (q, q, q), {"is_causal": True}) == "_scaled_dot_product_flash_attention.default"
+    assert gpu.op_name(torch.ops.aten.mm.default, (q, q), {}) == "mm.default"
     on_cpu = _counted(None).result()
     assert on_cpu.by_op == {"aten._scaled_dot_product_flash_attention_for_cpu": 16_777_216,
                             "aten._scaled_dot_product_flash_attention_for_cpu_backward": 41_943_040}
