@@ -15,6 +15,7 @@ records, FLOP count and peak name the GPU's op and count it with torch's formula
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import torch
@@ -34,7 +35,7 @@ CAPABILITY = {"H100 NVL": (9, 0), "H100 PCIe": (9, 0), "H100 SXM 96GB": (9, 0), 
               "L4": (8, 9), "A10G": (8, 6), "V100 PCIe": (7, 0), "V100 SXM": (7, 0), "T4": (7, 5),
               "RTX 4090": (8, 9), "RTX 3090": (8, 6)}
 # the rule's source: sdp_utils.cpp as read at pytorch commit 001f694aef6f (select_sdp_backend, can_use_*)
-SDP_UTILS = "torch's SDPA dispatch (pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, select_sdp_backend)"
+SDP_UTILS = "pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, select_sdp_backend"
 # the CUDA ops of each backend: (forward, backward); the math path is a composite of matmuls and a softmax
 KERNELS = {"flash": (aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward),
            "efficient": (aten._scaled_dot_product_efficient_attention,
@@ -164,19 +165,15 @@ class GpuKernels(TorchFunctionMode):
         given = dict(zip(op_argument_names(packet), args), **kwargs)
         q, k, v = given["query"], given["key"], given["value"]
         dtype, mask = dtype_name(q.dtype) or str(q.dtype), given.get("attn_mask") is not None
-        backend = sdpa_backend(self.capability, dtype, q.shape[-1], v.shape[-1], mask=mask,
-                               causal=bool(given.get("is_causal")), seq_q=q.shape[-2], seq_k=k.shape[-2],
-                               dropout=self._dropout, rocm=self.rocm)
+        pick = functools.partial(sdpa_backend, self.capability, dtype, q.shape[-1], v.shape[-1], mask=mask,
+                                 causal=bool(given.get("is_causal")), seq_q=q.shape[-2], seq_k=k.shape[-2],
+                                 dropout=self._dropout, rocm=self.rocm)
+        backend = pick()
         if backend not in self.chosen:
-            self.chosen[backend] = (dtype, int(q.shape[-1]), mask, self._prefers_cudnn(dtype, q, k, v, given))
+            self.chosen[backend] = (dtype, int(q.shape[-1]), mask, pick(prefer_cudnn=True) == "cudnn")
         counted = KERNELS.get(backend, KERNELS["efficient"])[phase]
         name = str(counted)[5:] if backend in KERNELS else "_scaled_dot_product_attention_math"
         return name, counted, tuple(given.get(_SAME.get(n, n)) for n in op_argument_names(counted))
-
-    def _prefers_cudnn(self, dtype, q, k, v, given) -> bool:
-        return sdpa_backend(self.capability, dtype, q.shape[-1], v.shape[-1], mask=given.get("attn_mask") is not None,
-                            causal=bool(given.get("is_causal")), seq_q=q.shape[-2], seq_k=k.shape[-2],
-                            dropout=self._dropout, rocm=self.rocm, prefer_cudnn=True) == "cudnn"
 
     def op_name(self, func, args, kwargs) -> str:
         """An op's name as the GPU runs it (``func`` an overload: its name without "aten.")."""
@@ -191,12 +188,13 @@ class GpuKernels(TorchFunctionMode):
             if backend == "math":
                 out.append(Note("plan.attention_kernel", f"attention: no fused SDPA kernel of torch takes {what} on "
                                 f"{self.device}: it runs the math path (matmuls and a softmax, the S x S weights "
-                                f"kept), planned as one fused op ({SDP_UTILS})"))
+                                "kept), planned as one fused op: its FLOPs a fused kernel's, those weights not in "
+                                f"the memory (torch's SDPA dispatch: {SDP_UTILS})"))
                 continue
             also = (f"; a torch whose cuDNN is newer than 9.15 runs cuDNN's kernel first on {self.device} "
                     "(check_prefer_cudnn_attention)" if cudnn and backend != "cudnn" else "")
             out.append(Note("plan.attention_kernel", f"attention planned as torch's {backend} SDPA kernel for "
-                            f"{what} on {self.device} ({SDP_UTILS}){also}"))
+                            f"{what} on {self.device} (torch's SDPA dispatch: {SDP_UTILS}){also}"))
         return out
 
     NOTE = ("dropout planned as CUDA runs it: a 1-byte mask for each dropout, attention's inside the fused "
