@@ -158,7 +158,8 @@ class GpuKernels(TorchFunctionMode):
         """(the op's name on the GPU, the CUDA op whose FLOP formula counts it, its arguments in
         that op's order) for a CPU SDPA op; None for any other op or without a known device. The
         math path is a composite (its matmuls, softmax and mask), named as torch names it and
-        counted by the fused kernels' formula, which is the same sum of matmuls."""
+        counted by the efficient kernel's formula, the same sum of matmuls (a FLOP count's
+        ``by_op`` keys it under that kernel)."""
         phase = _CPU_SDPA.get(packet)
         if phase is None or self.capability is None:
             return None
