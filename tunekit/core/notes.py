@@ -24,6 +24,7 @@ KINDS = {
     "rates.none": "why a run reports no TFLOPS/MFU (its time is slowed, or no peak is known)",
     "trace.snapshot": "the allocator snapshot: not written, or older ones pruned",
     "device.no_peak": "a plan's device lists no peak for its dtype: no speed bound, and what the card runs instead",
+    "plan.attention_kernel": "which of torch's CUDA SDPA kernels a GPU plan names for attention, by what rule",
     "expected.missing": "a plan's device lacks a figure its expected step needs: the bound stands alone",
     "expected.busy_figures": "a plan's expected step comes from figures calibrated on a busy machine",
     "advice.numerics": "a planned change that changes the numerics (pure half weights, half AdamW states)",

@@ -41,15 +41,17 @@ class LiveBytes(TorchDispatchMode):
     """Context manager: bytes alive over a step, from ``base`` (what lives before it: weights,
     optimizer state, the batch). ``peak``, ``peak_at`` (phase, module, op), ``phase_peaks``
     (phase -> (bytes, module, op, what ``on_peak()`` returned there)) and ``samples`` (phase,
-    live bytes) after each new storage, for a chart."""
+    live bytes) after each new storage, for a chart. ``op_name(func, args, kwargs)``: an op's name
+    where it is not its own (a GPU plan's CPU-device step names the GPU's op); None: ``func`` less "aten."."""
 
     def __init__(self, model: torch.nn.Module | None = None, base: float = 0.0, round_to: int = 1,
-                 on_peak=None):
+                 on_peak=None, op_name=None):
         super().__init__()
         self.round_to = max(1, int(round_to))
         self.live = self.peak = float(base)
         self.phase, self.peak_at, self.samples, self.phase_peaks = "start", ("start", "", ""), [], {}
         self.on_peak = on_peak
+        self.op_name = op_name
         self._refs = {}     # storage identity -> (weak ref, bytes)
         self._stack, self._backward_module = [], ""
         self._names = {id(m): n or type(m).__name__ for n, m in model.named_modules()} if model is not None else {}
@@ -123,7 +125,7 @@ class LiveBytes(TorchDispatchMode):
             self.samples.append((self.phase, self.live))
             best = self.phase_peaks.get(self.phase)
             if best is None or self.live > best[0]:
-                op = str(func).removeprefix("aten.")
+                op = self.op_name(func, args, kwargs) if self.op_name else str(func).removeprefix("aten.")
                 extra = self.on_peak() if self.on_peak is not None else None
                 self.phase_peaks[self.phase] = (self.live, self.where(), op, extra)
                 if self.live > self.peak:

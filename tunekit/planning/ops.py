@@ -68,7 +68,12 @@ class RooflineCounter(TunekitFlopCounter):
     (``module_calls``, a recomputing backward's included), the tensors a backward's recompute
     saves (``saved``: a checkpoint's hook detaches each, grad off, amid the recompute) and the
     runs of recomputed ops (``segments``: one per checkpointed segment): a CPU's host spends time
-    on each (`host_calls`)."""
+    on each (`host_calls`). ``kernels`` (a GPU plan's `cuda_like.GpuKernels`): an op the GPU runs
+    another kernel for (CPU's SDPA) is recorded and counted as that kernel, by torch's formula for it."""
+
+    def __init__(self, kernels=None):
+        super().__init__()
+        self._kernels = kernels
 
     def __enter__(self):
         self.ops = []
@@ -106,10 +111,13 @@ class RooflineCounter(TunekitFlopCounter):
         return seen[0]
 
     def _count_flops(self, func_packet, out, args, kwargs):
+        gpu = self._kernels.kernel(func_packet, args, kwargs) if self._kernels is not None else None
+        name = str(func_packet)
+        if gpu is not None:   # the GPU's kernel: its name, and its FLOPs by torch's formula, from its arguments
+            name, func_packet, args, kwargs = "aten." + gpu[0], gpu[1], gpu[2], {}
         before = self.get_total_flops()
         result = super()._count_flops(func_packet, out, args, kwargs)
         flops = self.get_total_flops() - before
-        name = str(func_packet)
         if not name.startswith("aten."):
             return result   # prims: the fake step's own
         backward, grad = in_autograd_backward(), torch.is_grad_enabled()

@@ -131,7 +131,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
                                            attention=attention, parallel=parallel, world_size=world_size,
                                            nodes=nodes, device=dev["name"])
     notes = []
-    gpu = GpuKernels() if dev["name"] != "cpu" else contextlib.nullcontext()
+    gpu = GpuKernels(dev["name"]) if dev["name"] != "cpu" else contextlib.nullcontext()
     # a module's batch_fn may hand back real tensors and a module real constants: taken as fakes
     with FakeTensorMode(allow_non_fake_inputs=isinstance(cfg, ModuleTarget)), warnings.catch_warnings(), \
             masks_as_in_eager(kind), quiet_fake_logs(), gpu:
@@ -181,6 +181,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
     placed = _placed(step, setting, layout, dev)
     if getattr(gpu, "seen", False):
         notes.append(GpuKernels.NOTE)
+    notes += gpu.notes() if dev["name"] != "cpu" else []
     notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"]
              + dev["notes"] + placed["notes"] + pruned_note(pruned))   # a batch of samples: seq_len unused
     if found is not None and found >= search_limit:

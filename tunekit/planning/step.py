@@ -20,6 +20,7 @@ from tunekit.measure.tally import storage_key
 from tunekit.models.adapters import adapt, fsdp_units, step_loss
 from tunekit.models.optimizers import build_optimizer
 from tunekit.planning.analytic import FakeStepError, fake_failure
+from tunekit.planning.cuda_like import GpuKernels
 from tunekit.planning.module import ModuleTarget
 from tunekit.planning.ops import RooflineCounter
 from tunekit.planning.record import COMPONENTS
@@ -93,7 +94,7 @@ def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count) -> di
 def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
     """The step's FLOPs, counted op by op: executed, the MFU convention's, and the roofline."""
     before = adapter.checkpointing
-    counter = RooflineCounter()
+    counter = RooflineCounter(GpuKernels.current())   # a GPU plan's: the GPU's kernels
     try:
         if adapter.can_checkpoint:
             adapter.set_checkpointing(setting.checkpointing)
@@ -154,7 +155,8 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
         def grads_now():
             return None if live.phase == "forward" else rounded([p.grad for p in params])
 
-        live = LiveBytes(model, base, round_to, on_peak=grads_now)
+        gpu = GpuKernels.current()   # a GPU plan's: where the peak is, named by the GPU's op
+        live = LiveBytes(model, base, round_to, on_peak=grads_now, op_name=gpu.op_name if gpu else None)
         if adapter.can_checkpoint:
             adapter.set_checkpointing(setting.checkpointing)
         run_step(lambda b: _loss(model, kind, b), lambda i: (batch,), autocast=_autocast(setting), optimizer=opt,
