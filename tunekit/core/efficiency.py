@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-_MAMF = "ml-engineering compute/accelerator MAMF table (bf16 8192-class matmuls, torch)"
+_MAMF = ("stas00/ml-engineering compute/accelerator/README.md, Maximum Achievable Matmul FLOPS comparison table "
+         "(swept bf16/fp8 matmuls through torch)")
 
 # Maximum achievable matmul TFLOPS (MAMF), dense, by device and dtype: the best a swept matmul
 # reached through torch. H200 shares H100's compute (its bf16 is given as the same figure).
@@ -30,12 +31,15 @@ MAMF = {
     ("MI300X", "bf16"): (668.4, _MAMF), ("MI300X", "fp16"): (668.4, _MAMF + ", bf16's figure"),
 }
 
-# The share of the memory bandwidth a streaming kernel reaches (bytes read + written over time)
+# The share of the memory bandwidth a streaming kernel reaches (bytes read + written over time).
+# The H100's and H200's: the project's own measurements (benchmarks/RESULTS.md, with card, date, torch)
+_COPIES = ("measured 2026-11 on an {card}, torch 2.11.0+cu130 (driver CUDA 13): device-to-device copies ~{tbs} TB/s "
+           "counting bytes read and written (benchmarks/RESULTS.md)")
+_H100_COPIES = _COPIES.format(card="H100 80GB HBM3 (SXM)", tbs="3.0")
 BANDWIDTH_FRACTION = {
-    "H100 SXM": (3.0 / 3.35, "device-to-device copies measured on this workplace's lent H100 (facts.md)"),
-    "H100 SXM 96GB": (3.0 / 3.35, "the HBM3 H100 SXM's share (copies measured on this workplace's lent H100, "
-                                  "facts.md) of its 2.4 TB/s HBM2e"),
-    "H200 SXM": (4.3 / 4.8, "device-to-device copies measured on this workplace's lent H200 (facts.md)"),
+    "H100 SXM": (3.0 / 3.35, _H100_COPIES),
+    "H100 SXM 96GB": (3.0 / 3.35, f"the HBM3 H100 SXM's share ({_H100_COPIES}) of its 2.4 TB/s HBM2e"),
+    "H200 SXM": (4.3 / 4.8, _COPIES.format(card="H200 141GB", tbs="4.3")),
     "A100 80GB": (1.80 / 2.04, "read kernel at 1.80 of 2.04 TB/s on an A100 80GB, NCU agreeing "
                           "(forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083)"),
 }
@@ -48,8 +52,9 @@ WAVE_SOURCE = ("wave quantization over 128 x 128 tiles (NVIDIA Deep Learning Per
                "Multiplication Background)")
 
 # A matmul dimension that is not a multiple of 8 halves leaves tensor-core-friendly kernels: the
-# seeds' SwiGLU sweep on an H100 at h=4096 ran d_ff=10922 at 272.7 TFLOPS and 10944 at 398.4
-MISALIGNED = (272.7 / 398.4, "SwiGLU d_ff sweep on an H100 (10922: 272.7, 10944: 398.4 TFLOPS; the seeds)")
+# SwiGLU sweep of stas00/ml-engineering on an H100 at h=4096 ran d_ff=10922 at 272.7 TFLOPS and 10944 at 398.4
+MISALIGNED = (272.7 / 398.4, "SwiGLU d_ff sweep on an H100, h=4096 (10922: 272.7, 10944: 398.4 TFLOPS; "
+                             "stas00/ml-engineering training/performance/README.md, SwiGLU-based MLP)")
 ALIGN = 8
 
 # Fused attention, forward + backward, as a share of the dense peak, by backend, device, head dim

@@ -364,7 +364,9 @@ def _beside_lines(comps, forms, o: MemoryOptions, device: str, world: int) -> No
     comps["temporary"] = o.overhead_fraction * known
     forms["temporary"] = f"{fmt_pct(o.overhead_fraction, 0)} of the above (temporary buffers, fragmentation)"
     on_cuda, context = str(device).startswith("cuda"), o.cuda_context_bytes
-    if context is None:  # seeds: torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100
+    # torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100 (stas00/ml-engineering
+    # training/performance/README.md, Preloaded CUDA kernels memory usage)
+    if context is None:
         context = 0.5 * GiB if on_cuda else 0.0
     if on_cuda or context:   # a line that does not exist on this device is left out, not 0 bytes
         comps["cuda_context"] = float(context)
