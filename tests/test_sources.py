@@ -75,7 +75,7 @@ def _sourced():
     yield "LINKS_SOURCE", specs.LINKS_SOURCE
     yield "DRIVER_SOURCE", specs.DRIVER_SOURCE
     yield from ((f"MEMORY_RULES {k}", why) for k, (_, why) in specs.MEMORY_RULES.items())
-    for name in ("MAMF", "BANDWIDTH_FRACTION", "ATTENTION", "LAUNCH_S"):
+    for name in ("MAMF", "BANDWIDTH_FRACTION", "ATTENTION", "LAUNCH_S", "BORROWED"):
         yield from ((f"{name} {k}", v[-1]) for k, v in getattr(efficiency, name).items())
     for name in ("MISALIGNED", "DDP_BUCKET_BYTES", "OVERLAP_SLOWDOWN"):
         yield name, getattr(efficiency, name)[1]

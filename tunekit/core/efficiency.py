@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tunekit.core.specs import SPECS
+
 _MAMF = ("stas00/ml-engineering compute/accelerator/README.md, Maximum Achievable Matmul FLOPS comparison table "
          "(swept bf16/fp8 matmuls through torch)")
 
@@ -24,9 +26,6 @@ MAMF = {
     ("H200 SXM", "bf16"): (794.5, _MAMF + " (H200: the H100's)"), ("H200 SXM", "fp16"): (794.5, _MAMF + ", bf16's"),
     ("H200 SXM", "fp8"): (1453.4, _MAMF),
     ("A100 80GB", "bf16"): (271.2, _MAMF), ("A100 80GB", "fp16"): (271.2, _MAMF + ", bf16's figure"),
-    # the 40 GB card has the same GA100 compute (SMs, clocks) as the 80 GB one the table measured
-    ("A100 40GB", "bf16"): (271.2, _MAMF + " (the 80 GB card's: same GA100 compute)"),
-    ("A100 40GB", "fp16"): (271.2, _MAMF + " (the 80 GB card's bf16)"),
     ("B200", "bf16"): (1745.0, _MAMF), ("B200", "fp16"): (1745.0, _MAMF + ", bf16's figure"),
     ("MI300X", "bf16"): (668.4, _MAMF), ("MI300X", "fp16"): (668.4, _MAMF + ", bf16's figure"),
 }
@@ -43,6 +42,13 @@ BANDWIDTH_FRACTION = {
     "A100 80GB": (1.80 / 2.04, "read kernel at 1.80 of 2.04 TB/s on an A100 80GB, NCU agreeing "
                           "(forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083)"),
 }
+
+# A card without a measured figure of its own borrows the nearest measured card's, of the same chip
+# and kind of memory, as a share: the MAMF's share of the dense peak and the bandwidth fraction, put
+# to its own peak and bandwidth (a note of kind expected.borrowed says which figure, from which card).
+# No GDDR card (L4, L40S, A10G, T4, RTX 4090/3090) nor a V100 has a measured card of its kind here.
+BORROWED = {"A100 40GB": ("A100 80GB", "the same GA100 chip and clocks (NVIDIA A100 data sheet), HBM2 against "
+                                       "the 80 GB card's HBM2e")}
 
 # Streaming multiprocessors (the waves a tiled matmul fills): vendor data sheets
 SMS = {"H100 SXM": 132, "H100 SXM 96GB": 132, "H200 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "A100 80GB": 108,
@@ -177,6 +183,7 @@ class Figures:
     host_source: str = ""
     checkpoint_s: tuple | None = None  # (per checkpointed segment, per saved tensor): torch's checkpoint's own time
     checkpoint_source: str = ""
+    borrowed: tuple = ()              # words: which figure came from which measured card, and why that one
 
     def missing(self) -> list:
         out = []
@@ -213,12 +220,26 @@ def gpu_figures(name: str, dtype: str, peak: float | None, bandwidth_tbs: float 
     """A spec-table GPU's figures for ``dtype`` (fp32 matmuls run on the CUDA cores at the peak's share)."""
     mamf, src = MAMF.get((name, dtype), (None, f"no MAMF figure for {name} {dtype}"))
     frac, bsrc = BANDWIDTH_FRACTION.get(name, (None, f"no measured bandwidth fraction for {name}"))
+    lender, why = BORROWED.get(name, (None, ""))
+    borrowed = []
+    their_peak = next((s.tflops.get(dtype) for s in SPECS if s.name == lender), None)
+    if mamf is None and (lender, dtype) in MAMF and peak and their_peak:
+        theirs, lsrc = MAMF[(lender, dtype)]
+        mamf, src = peak * theirs / their_peak, f"{lender}'s MAMF share, {theirs:g} of {their_peak:g} TFLOPS ({lsrc})"
+        borrowed.append(f"its MAMF from the {lender} ({theirs:g} of {their_peak:g} TFLOPS {dtype}: {mamf:.1f} of its "
+                        f"{peak:g})")
+    if frac is None and lender in BANDWIDTH_FRACTION and bandwidth_tbs:
+        frac, lsrc = BANDWIDTH_FRACTION[lender]
+        bsrc = f"{lender}'s share, {frac:.1%} ({lsrc})"
+        borrowed.append(f"its streaming bandwidth from the {lender} ({frac:.1%} of the data sheet's: "
+                        f"{bandwidth_tbs * frac:.2f} of its {bandwidth_tbs:g} TB/s)")
     launch, lsrc = LAUNCH_S["compiled" if compiled else "eager"]
     att = {b: v for (b, dev), v in ATTENTION.items() if dev == name}
     return Figures(name=name, peak_tflops=peak, mamf_tflops=mamf, mamf_source=src,
                    bandwidth_tbs=bandwidth_tbs * frac if (frac and bandwidth_tbs) else None,
                    bandwidth_source=bsrc, launch_s=launch, launch_source=lsrc, host_bound=False,
-                   sms=SMS.get(name), attention=att)
+                   sms=SMS.get(name), attention=att,
+                   borrowed=(f"{'; '.join(borrowed)}: {why}",) if borrowed else ())
 
 
 def wave_efficiency(m: int, n: int, batch: int, sms: int | None) -> float:
