@@ -166,3 +166,23 @@ def test_a_plan_that_does_not_fit_ranks_what_fits_by_its_own_expected_speed():
 
     shown = advice_lines(p)   # the dashboard's "Plan for" panel: the best three, each with its caveats
     assert len(shown) == 2 and shown[0].startswith(f"try 1: <code>{best.label}</code>")
+
+
+@pytest.mark.slow   # the 8B's fake steps: 206 s on 2 cores under a load of ~14 (other sessions' tests)
+def test_the_8b_on_h100s_keeps_fsdp_8_beside_its_tight_fsdp_4():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
+    p = tunekit.plan(cfg, "H100 SXM", precision="bf16", micro_batch=1, seq_len=8192)
+    free = {o.label: round((p.device_memory_bytes - o.total_bytes) / 2**30, 2) for o in p.advice}
+    # bf16 weights over FSDP 4 leaves 0.67 GiB of 79.6 (tight): FSDP 8 (6.28 GiB free) and bf16 + SGD over
+    # FSDP 4 (4.41 GiB, 5.5%) are tried beside it, and both expected faster per GPU
+    four, eight = "weights='bf16', parallel='fsdp', world_size=4", "weights='bf16', parallel='fsdp', world_size=8"
+    assert (free[four], free[eight], free["weights='bf16', optimizer='sgd', parallel='fsdp', world_size=4"]) == (
+        0.67, 6.28, 4.41)
+    rank = [o.label for o in p.advice]
+    assert rank.index(eight) < rank.index(four)
+    assert [kind_of(n) for n in p.advice[rank.index(four)].notes][-1] == "advice.tight"
+    assert p.not_tried and all(k.why in ("adds_to_fit", "more_gpus") for k in p.not_tried)
+    assert len(of_kind(p.notes, "advice.pruned")) == 1
