@@ -140,7 +140,7 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
     Optimizer("sgd", "torch.optim:SGD", (("momentum", 0.9),), 1,
               aliases=("sgd-momentum", "sgd_momentum"), doc="one momentum buffer: 4 B/param"),
     Optimizer("adafactor", "torch.optim:Adafactor", (), 1,
-              doc="the documents' ~4 B/param; torch's factored moments are far smaller"),
+              doc="ml-engineering's ~4 B/param; torch's factored moments are far smaller"),
     Optimizer("lion", "lion_pytorch:Lion", _WD, 1, package="lion-pytorch",
               doc="one momentum: 4 B/param"),
     Optimizer("adamw_8bit", "bitsandbytes.optim:AdamW8bit", _WD, 2, state_bytes=1,

@@ -147,7 +147,7 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
     `model` is a parameter count, a config (tunekit's GPTConfig, or a transformers decoder
     config: Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, ...), or a model with such a `.config`.
     The keyword parameters are the fields of `MemoryOptions` (tests/test_anatomy.py keeps the
-    two equal). `activations`: "korthikanti" (the documents' formula), "gpt" (tensor-by-tensor
+    two equal). `activations`: "korthikanti" (Korthikanti et al., arXiv 2205.05198), "gpt" (tensor-by-tensor
     count for tunekit's GPT), "hf" (transformers' Llama-style and GPT-2 layers), or "auto" (the
     one that fits the config). `attention` ("sdpa", "math"/"eager", "flash") defaults to the
     config's. `optimizer_bytes` / `grad_bytes` override the per-param figures (to replay a
