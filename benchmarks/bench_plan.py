@@ -12,7 +12,7 @@ published measurements (issue 23).
    in one convention first (tunekit's: 6 x matmul weights + attention with its causal half
    removed; the peak the same dense 989 / 312 TFLOPS the publishers used).
 
-Sources (../shared/facts.md, and the publishers' own pages for what facts.md leaves out):
+Sources (the publishers' own pages):
 - torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (Table 1): Llama 3.1 8B, 8 H100s, FSDP,
   local batch 2, selective (op) activation checkpointing, 5,762 tokens/s/GPU (82.4 GiB),
   6,667 with torch.compile (77.0 GiB); "33% to 39% MFU" without Float8, against the SXM peak,
@@ -23,8 +23,8 @@ Sources (../shared/facts.md, and the publishers' own pages for what facts.md lea
   (gpt2_estimate_mfu), against 312 TFLOPS bf16.
 - nanochat (dev/LOG.md): d12 ~41%, d18 ~46% MFU on H100s; d20 (561M) 48.65% on 8xH100 against
   989 TFLOPS; its MFU: 6 x non-embedding params + 12*h*q*t per layer, no causal discount
-  (nanochat/gpt.py estimate_flops). Their shapes are not in facts.md.
-- modded-nanogpt's GPT-2 124M speedrun, 1.765 min on 8xH100: a wall time; facts.md has no token
+  (nanochat/gpt.py estimate_flops). Their shapes are not read here.
+- modded-nanogpt's GPT-2 124M speedrun, 1.765 min on 8xH100: a wall time; its record gives no token
   count for it, so no tokens/s is derived and it is left out.
 
     .venv/bin/python benchmarks/bench_plan.py
@@ -42,7 +42,7 @@ warnings.filterwarnings("ignore")
 GiB = 2**30
 LLAMA3_8B = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
-H100_BF16, A100_BF16 = 989e12, 312e12   # the dense peaks the publishers divided by (facts.md)
+H100_BF16, A100_BF16 = 989e12, 312e12   # the dense peaks the publishers divided by (H100 SXM, A100)
 
 
 def rss_mib() -> float:
@@ -135,11 +135,11 @@ def main():
   (d) llm.c counts every parameter in 6N ({1 / llmc_to_tunekit:.4f}x tunekit's FLOPs per token for GPT-2 124M);
       its attention term is tunekit's. Bound: the lower of GPT-2 124M at 16 x 1024 ({a100[16].bound_mfu:.1%}) and
       64 x 1024 ({a100[64].bound_mfu:.1%}) on an A100 (312 TFLOPS bf16).
-  (e) nanochat's shapes are not in facts.md: the bound is GPT-2 124M's (12 x 768, 16 x 1024) on an H100 SXM; the
+  (e) nanochat's shapes are not read here: the bound is GPT-2 124M's (12 x 768, 16 x 1024) on an H100 SXM; the
       8B's is {none.bound_mfu:.1%}: a larger model's bound is higher (its elementwise traffic weighs less against
       its matmuls), and their d18/d20 are larger than GPT-2 124M. Their MFU counts the masked causal half (more
       FLOPs than tunekit's convention). Both make their figures against this bound err high, never low.
-  modded-nanogpt's GPT-2 124M speedrun is left out: 1.765 min on 8xH100 is a wall time, and facts.md gives
+  modded-nanogpt's GPT-2 124M speedrun is left out: 1.765 min on 8xH100 is a wall time, and its record gives
   no token count to turn it into tokens/s.""")
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s, peak RSS {rss_mib():,.0f} MiB")
 

@@ -222,10 +222,27 @@ def test_a_compiled_step_fuses_memory_bound_runs():
 def test_the_a100_variants():
     from tunekit.core.efficiency import gpu_figures
 
-    # "A100" names the 80 GB card: every figure; the 40 GB card shares its compute, not a measured bandwidth
-    assert not gpu_figures("A100 80GB", "bf16", 312, 2.0, compiled=False).missing()
-    assert gpu_figures("A100 40GB", "bf16", 312, 1.555, compiled=False).missing() == [
-        "the memory bandwidth a streaming kernel reaches"]
+    # "A100" names the 80 GB card: every figure measured; the 40 GB card borrows both as shares of its own
+    assert not gpu_figures("A100 80GB", "bf16", 312, 2.0, compiled=False).borrowed
+    small = gpu_figures("A100 40GB", "bf16", 312, 1.555, compiled=False)
+    assert small.missing() == []
+    # MAMF: 312 x 271.2 / 312 = 271.2 (the same peak); bandwidth: 1.555 TB/s x 1.80 / 2.04 = 1.372059 TB/s
+    assert small.mamf_tflops == pytest.approx(271.2) and small.bandwidth_tbs == pytest.approx(1.372059, abs=1e-6)
+    (words,) = small.borrowed
+    assert words.startswith("its MAMF from the A100 80GB (271.2 of 312 TFLOPS bf16: 271.2 of its 312); its streaming "
+                            "bandwidth from the A100 80GB (88.2% of the data sheet's: 1.37 of its 1.555 TB/s)")
+
+
+def test_a_card_without_a_measured_figure_borrows_one_or_says_what_to_do():
+    cfg = tunekit.GPTConfig()
+    small = tunekit.plan(cfg, "A100 40GB", precision="bf16", micro_batch=2, seq_len=64)
+    (note,) = of_kind(small.notes, "expected.borrowed")
+    assert small.expected is not None and "from the A100 80GB" in note and not of_kind(small.notes, "expected.missing")
+    for card in ("L4", "T4", "RTX 4090"):
+        p = tunekit.plan(cfg, card, precision="fp16", micro_batch=2, seq_len=64)
+        (note,) = of_kind(p.notes, "expected.missing")
+        assert p.expected is None and not of_kind(p.notes, "expected.borrowed")
+        assert "MAMF" in note and "tunekit.calibrate('fp16')" in note and "BANDWIDTH_FRACTION" in note
 
 
 def test_attention_share_by_head_dim_and_sequence():

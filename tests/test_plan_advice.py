@@ -48,7 +48,14 @@ def test_combinations_are_searched_supersets_of_what_fits_pruned_and_placement_n
     # The plan over FSDP 2 fits (150 / 2 + 5 = 80): from then on no combination is placed on 2 or more.
     # Checkpointing alone fits (90): its 11 supersets are pruned; bf16+mb2 (90) and bf16+sgd (100) fit:
     # bf16+mb1, bf16+sgd+mb2 and bf16+sgd+mb1 are pruned. 14 pruned, 9 faked (the plan's own step is given).
-    assert len(pruned) == 14 and len(faked) == 9 and "checkpointing=True, weights='bf16'" in pruned
+    adds = [k for k in pruned if k.why == "adds_to_fit"]
+    assert len(adds) == 14 and len(faked) == 9 and "checkpointing=True, weights='bf16'" in [k.changes for k in adds]
+    assert str(adds[0]) == ("checkpointing=True, micro_batch=2, grad_accum=2 on one GPU or FSDP over 2, 4, 8: adds "
+                            "changes to checkpointing=True, which fits with room (each costs speed, numerics or "
+                            "convergence)")
+    # the 10 combinations tried: none on more GPUs than a fit with room of it or of a subset (the plan over 2)
+    more = {k.changes: k.gpus for k in pruned if k.why == "more_gpus"}
+    assert len(more) == 10 and more[""] == (4, 8) and more["checkpointing=True"] == (2, 4, 8)
     assert all("parallel" not in o.label for o in tried[4:])   # the FSDP placements are the plan's own step's
     assert [o.label for o in tried[:3]] == ["parallel='fsdp', world_size=2", "micro_batch=2, grad_accum=2",
                                             "optimizer='sgd'"]
@@ -56,12 +63,64 @@ def test_combinations_are_searched_supersets_of_what_fits_pruned_and_placement_n
     assert len(counted) == 4 and all(o.fits == (o.flops_per_token == o.flops_per_token) for o in tried[1:])
     # ranked by expected tokens/s per GPU over an optimizer step: accum x 1,000 tokens over
     # accum x 0.8 s + 0.2 s: 4,000 / 3.4 = 1,176.5 (mb 1 x 4), 2,000 / 1.8 = 1,111.1 (mb 2 x 2), then
-    # 1,000 each: one GPU before two, fewer bytes first (90, 100)
+    # 1,000 each: with room before tight (checkpointing 90, FSDP 2 80 before bf16+sgd's 100 of 100), one
+    # GPU before two; the fastest is tight (100 of 100) and first: no fit with room is as fast
     assert [o.label for o in ranked] == ["optimizer='sgd', micro_batch=1, grad_accum=4",
                                          "weights='bf16', micro_batch=2, grad_accum=2", "checkpointing=True",
-                                         "weights='bf16', optimizer='sgd'", "parallel='fsdp', world_size=2"]
+                                         "parallel='fsdp', world_size=2", "weights='bf16', optimizer='sgd'"]
     assert ranked[0].tokens_per_s == pytest.approx(4000 / 3.4) and ranked[1].tokens_per_s == pytest.approx(2000 / 1.8)
     assert ranked[2].flops_per_token == 1.5 and ranked[2].setting == setting.replace(checkpointing=True)
+
+
+def _tight_search(faster_on_more: bool):
+    """The 8B's shape in small (fp32 weights, no checkpointing, SGD, micro-batch 1, a 100-byte card):
+    the weights and optimizer state shard over FSDP, the activations do not. State 200 bytes (fp32
+    weights), 90 (bf16); activations 76, 16 with checkpointing. An expected micro-step of 0.8 s +
+    0.8 s / GPUs (the update over each GPU's shard; ``faster_on_more`` False: 1 s everywhere) + 0.3 s
+    of recompute with checkpointing, 1,000 tokens each."""
+    setting = Setting(precision="bf16", micro_batch=1, seq_len=8, optimizer="sgd")
+
+    def place(step, s):
+        state = 90 if s.weights == "bf16" else 200
+        return {"total": state / (s.world_size if s.parallel else 1) + (16 if s.checkpointing else 76)}
+
+    def expect(step, s, placed):
+        n = s.world_size if s.parallel else 1
+        step_s = (0.8 + 0.8 / n if faster_on_more else 1.0) + 0.3 * s.checkpointing
+        return Expected(step_s=step_s, tokens_per_s=1000 / step_s, mfu=0.5, rows=[])
+
+    def count(s, step):
+        step.update(ops=[], executed=10.0)
+
+    return search_changes(setting, {"executed": 10.0, "ops": []}, 100.0, fake=lambda s: {}, count=count,
+                          place=place, expect=expect, sharding=True)
+
+
+def test_a_tight_fit_keeps_its_neighbours_and_a_fit_with_room_as_fast_comes_first():
+    tried, ranked, skipped = _tight_search(faster_on_more=True)
+    fits = {o.label: o.total_bytes for o in tried if o.fits}
+    # bf16 weights: 90/4 + 76 = 98.5 over FSDP 4 (1.5% free: tight) does not stop the search: FSDP 8 is
+    # tried, 90/8 + 76 = 87.25 (12.75% free). The plan itself never fits (200/8 + 76 = 101).
+    # Checkpointing: 200/4 + 16 = 66 over FSDP 4; both: 90/2 + 16 = 61 over FSDP 2 (under checkpointing's 4)
+    assert fits == {"weights='bf16', parallel='fsdp', world_size=4": 98.5,
+                    "weights='bf16', parallel='fsdp', world_size=8": 87.25,
+                    "checkpointing=True, parallel='fsdp', world_size=4": 66.0,
+                    "checkpointing=True, weights='bf16', parallel='fsdp', world_size=2": 61.0}
+    # tokens/s per GPU: 1,000 / (0.8 + 0.8/8) = 1,111.1 over FSDP 8, 1,000 / 1.0 over 4, 1,000 / 1.3 =
+    # 769.2 (checkpointing over 4), 1,000 / 1.5 = 666.7 (both over 2)
+    assert [round(o.tokens_per_s, 1) for o in ranked] == [1111.1, 1000.0, 769.2, 666.7]
+    assert ranked[0].label == "weights='bf16', parallel='fsdp', world_size=8" and ranked[0].notes[-1].kind == \
+        "advice.gpus"
+    assert [n.kind for n in ranked[1].notes] == ["advice.numerics", "advice.gpus", "advice.tight"]
+    # what was not tried, and why: more GPUs than a fit with room (its own or a subset's)
+    assert [(k.changes, k.gpus, k.why, k.by) for k in skipped] == [
+        ("checkpointing=True", (8,), "more_gpus", "checkpointing=True, parallel='fsdp', world_size=4"),
+        ("checkpointing=True, weights='bf16'", (4, 8), "more_gpus",
+         "checkpointing=True, weights='bf16', parallel='fsdp', world_size=2")]
+    # at equal speed (the update not sharded), the fit with room comes first, on more GPUs
+    *_, (first, second, *_), _ = _tight_search(faster_on_more=False)
+    assert first.tokens_per_s == second.tokens_per_s == 1000.0
+    assert (first.total_bytes, second.total_bytes) == (87.25, 98.5)
 
 
 def test_each_option_says_its_caveats_by_kind():
@@ -72,8 +131,8 @@ def test_each_option_says_its_caveats_by_kind():
         "optimizer='sgd', micro_batch=1, grad_accum=4": ["advice.optimizer", "advice.accumulation", "advice.tight"],
         "weights='bf16', micro_batch=2, grad_accum=2": ["advice.numerics", "advice.accumulation"],   # 10% free
         "checkpointing=True": [],
-        "weights='bf16', optimizer='sgd'": ["advice.numerics", "advice.optimizer", "advice.tight"],
-        "parallel='fsdp', world_size=2": ["advice.gpus"]}
+        "parallel='fsdp', world_size=2": ["advice.gpus"],
+        "weights='bf16', optimizer='sgd'": ["advice.numerics", "advice.optimizer", "advice.tight"]}
     s = Setting(precision="bf16", micro_batch=4, seq_len=8)
     tight = ranked[2].__class__(("checkpointing=True",), s.replace(checkpointing=True), 96.0, True)
     assert [kind_of(n) for n in caveats(s, tight, 100.0)] == ["advice.tight"]          # 4% free
@@ -107,3 +166,23 @@ def test_a_plan_that_does_not_fit_ranks_what_fits_by_its_own_expected_speed():
 
     shown = advice_lines(p)   # the dashboard's "Plan for" panel: the best three, each with its caveats
     assert len(shown) == 2 and shown[0].startswith(f"try 1: <code>{best.label}</code>")
+
+
+@pytest.mark.slow   # the 8B's fake steps: 206 s on 2 cores under a load of ~14 (other sessions' tests)
+def test_the_8b_on_h100s_keeps_fsdp_8_beside_its_tight_fsdp_4():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
+    p = tunekit.plan(cfg, "H100 SXM", precision="bf16", micro_batch=1, seq_len=8192)
+    free = {o.label: round((p.device_memory_bytes - o.total_bytes) / 2**30, 2) for o in p.advice}
+    # bf16 weights over FSDP 4 leaves 0.67 GiB of 79.6 (tight): FSDP 8 (6.28 GiB free) and bf16 + SGD over
+    # FSDP 4 (4.41 GiB, 5.5%) are tried beside it, and both expected faster per GPU
+    four, eight = "weights='bf16', parallel='fsdp', world_size=4", "weights='bf16', parallel='fsdp', world_size=8"
+    assert (free[four], free[eight], free["weights='bf16', optimizer='sgd', parallel='fsdp', world_size=4"]) == (
+        0.67, 6.28, 4.41)
+    rank = [o.label for o in p.advice]
+    assert rank.index(eight) < rank.index(four)
+    assert [kind_of(n) for n in p.advice[rank.index(four)].notes][-1] == "advice.tight"
+    assert p.not_tried and all(k.why in ("adds_to_fit", "more_gpus") for k in p.not_tried)
+    assert len(of_kind(p.notes, "advice.pruned")) == 1

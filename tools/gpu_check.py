@@ -50,7 +50,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_PACKAGES = ("IPython", "ipywidgets", "plotly")
-MAMF_EXPECTED = 790.0   # TFLOPS, bf16 8192-cube on these H100/H200 (device README: 769-798 measured)
+# TFLOPS: an 8192-cube bf16 matmul measured 2026-11 on an H100 80GB HBM3 (SXM) and an H200 141GB, torch
+# 2.11.0+cu130, ran at 769-798 TFLOP/s (benchmarks/RESULTS.md)
+MAMF_EXPECTED = 790.0
 SECTIONS = ("device", "profile", "monitor", "conditions", "fsdp", "plan", "lab")
 LIMITS_S = dict(device=35, profile=40, monitor=35, conditions=35, fsdp=60, plan=150, lab=180)   # CUDA, seconds
 BUDGET_S = 430.0   # the whole run: the watchdog ends it 25 s later at most, inside 8 minutes

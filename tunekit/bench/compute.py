@@ -120,8 +120,9 @@ def swiglu_dff_search(h: int = 256, tokens: int = 256, span: int = 64, step: int
 
     Candidates: int(8/3*h) (the baseline), every `step` in +-`span` around it, and the x64/x128/
     x256 roundings. FLOPs: 3 GEMMs of 2*tokens*h*d_ff. Returns all candidates, fastest first,
-    with `is_baseline`; the documents' H100 run (h=4096) found 10944 46% faster than 10922.
-    dtype None: bf16 on CUDA (tensor cores, as in the documents' run), fp32 elsewhere.
+    with `is_baseline`; the H100 run of stas00/ml-engineering training/performance/README.md
+    (h=4096) found 10944 46% faster than 10922.
+    dtype None: bf16 on CUDA (tensor cores, as in that run), fp32 elsewhere.
 
     Example: ``bench.swiglu_dff_search(h=4096, tokens=4096)`` on a GPU.
     """

@@ -53,7 +53,8 @@ def dataloader_workers(num_workers=(0, 1, 2, 3, 4), n_items: int = 32, batch_siz
     max, and ``times``: every timed pass, what `tunekit.verdict` compares).
 
     Workers persist across passes and the warm-up pass starts them, so the timed passes show
-    the steady state of a long training run. The documents' run (5.39, 3.90, 1.33, 0.84, 0.88 s
+    the steady state of a long training run. The run of stas00/ml-engineering training/performance/README.md
+    (DataLoader: 5.39, 3.90, 1.33, 0.84, 0.88 s
     for 0..4 workers) shows the gain flattening once the workers outpace the consumer; a
     sleep-like transform overlaps even on few cores.
 

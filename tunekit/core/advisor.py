@@ -29,7 +29,8 @@ def pow2_factor(n: int) -> int:
 
 def swiglu_dff_candidates(h: int) -> dict:
     """d_ff near 8/3*h on multiples of 64, 128 and 256 (h=4096: 10944, 10880, 11008 for
-    8/3*h = 10922.67; the documents' H100 search found 10944 fastest, Llama-2-7B uses 11008)."""
+    8/3*h = 10922.67; the H100 search of stas00/ml-engineering training/performance/README.md
+    found 10944 fastest, Llama-2-7B uses 11008)."""
     target = 8 * h / 3
     out = {"8/3*h": target}
     for m in (64, 128, 256):

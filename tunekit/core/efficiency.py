@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-_MAMF = "ml-engineering compute/accelerator MAMF table (bf16 8192-class matmuls, torch)"
+from tunekit.core.specs import SPECS
+
+_MAMF = ("stas00/ml-engineering compute/accelerator/README.md, Maximum Achievable Matmul FLOPS comparison table "
+         "(swept bf16/fp8 matmuls through torch)")
 
 # Maximum achievable matmul TFLOPS (MAMF), dense, by device and dtype: the best a swept matmul
 # reached through torch. H200 shares H100's compute (its bf16 is given as the same figure).
@@ -23,22 +26,29 @@ MAMF = {
     ("H200 SXM", "bf16"): (794.5, _MAMF + " (H200: the H100's)"), ("H200 SXM", "fp16"): (794.5, _MAMF + ", bf16's"),
     ("H200 SXM", "fp8"): (1453.4, _MAMF),
     ("A100 80GB", "bf16"): (271.2, _MAMF), ("A100 80GB", "fp16"): (271.2, _MAMF + ", bf16's figure"),
-    # the 40 GB card has the same GA100 compute (SMs, clocks) as the 80 GB one the table measured
-    ("A100 40GB", "bf16"): (271.2, _MAMF + " (the 80 GB card's: same GA100 compute)"),
-    ("A100 40GB", "fp16"): (271.2, _MAMF + " (the 80 GB card's bf16)"),
     ("B200", "bf16"): (1745.0, _MAMF), ("B200", "fp16"): (1745.0, _MAMF + ", bf16's figure"),
     ("MI300X", "bf16"): (668.4, _MAMF), ("MI300X", "fp16"): (668.4, _MAMF + ", bf16's figure"),
 }
 
-# The share of the memory bandwidth a streaming kernel reaches (bytes read + written over time)
+# The share of the memory bandwidth a streaming kernel reaches (bytes read + written over time).
+# The H100's and H200's: the project's own measurements (benchmarks/RESULTS.md, with card, date, torch)
+_COPIES = ("measured 2026-11 on an {card}, torch 2.11.0+cu130 (driver CUDA 13): device-to-device copies ~{tbs} TB/s "
+           "counting bytes read and written (benchmarks/RESULTS.md)")
+_H100_COPIES = _COPIES.format(card="H100 80GB HBM3 (SXM)", tbs="3.0")
 BANDWIDTH_FRACTION = {
-    "H100 SXM": (3.0 / 3.35, "device-to-device copies measured on this workplace's lent H100 (facts.md)"),
-    "H100 SXM 96GB": (3.0 / 3.35, "the HBM3 H100 SXM's share (copies measured on this workplace's lent H100, "
-                                  "facts.md) of its 2.4 TB/s HBM2e"),
-    "H200 SXM": (4.3 / 4.8, "device-to-device copies measured on this workplace's lent H200 (facts.md)"),
+    "H100 SXM": (3.0 / 3.35, _H100_COPIES),
+    "H100 SXM 96GB": (3.0 / 3.35, f"the HBM3 H100 SXM's share ({_H100_COPIES}) of its 2.4 TB/s HBM2e"),
+    "H200 SXM": (4.3 / 4.8, _COPIES.format(card="H200 141GB", tbs="4.3")),
     "A100 80GB": (1.80 / 2.04, "read kernel at 1.80 of 2.04 TB/s on an A100 80GB, NCU agreeing "
                           "(forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083)"),
 }
+
+# A card without a measured figure of its own borrows the nearest measured card's, of the same chip
+# and kind of memory, as a share: the MAMF's share of the dense peak and the bandwidth fraction, put
+# to its own peak and bandwidth (a note of kind expected.borrowed says which figure, from which card).
+# No GDDR card (L4, L40S, A10G, T4, RTX 4090/3090) nor a V100 has a measured card of its kind here.
+BORROWED = {"A100 40GB": ("A100 80GB", "the same GA100 chip and clocks (NVIDIA A100 data sheet), HBM2 against "
+                                       "the 80 GB card's HBM2e")}
 
 # Streaming multiprocessors (the waves a tiled matmul fills): vendor data sheets
 SMS = {"H100 SXM": 132, "H100 SXM 96GB": 132, "H200 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "A100 80GB": 108,
@@ -48,8 +58,9 @@ WAVE_SOURCE = ("wave quantization over 128 x 128 tiles (NVIDIA Deep Learning Per
                "Multiplication Background)")
 
 # A matmul dimension that is not a multiple of 8 halves leaves tensor-core-friendly kernels: the
-# seeds' SwiGLU sweep on an H100 at h=4096 ran d_ff=10922 at 272.7 TFLOPS and 10944 at 398.4
-MISALIGNED = (272.7 / 398.4, "SwiGLU d_ff sweep on an H100 (10922: 272.7, 10944: 398.4 TFLOPS; the seeds)")
+# SwiGLU sweep of stas00/ml-engineering on an H100 at h=4096 ran d_ff=10922 at 272.7 TFLOPS and 10944 at 398.4
+MISALIGNED = (272.7 / 398.4, "SwiGLU d_ff sweep on an H100, h=4096 (10922: 272.7, 10944: 398.4 TFLOPS; "
+                             "stas00/ml-engineering training/performance/README.md, SwiGLU-based MLP)")
 ALIGN = 8
 
 # Fused attention, forward + backward, as a share of the dense peak, by backend, device, head dim
@@ -173,6 +184,7 @@ class Figures:
     checkpoint_s: tuple | None = None  # (per checkpointed segment, per saved tensor): torch's checkpoint's own time
     checkpoint_source: str = ""
     busy: tuple = ()                  # the calibrations these figures come from that were taken on a busy machine
+    borrowed: tuple = ()              # words: which figure came from which measured card, and why that one
 
     def missing(self) -> list:
         out = []
@@ -227,12 +239,26 @@ def gpu_figures(name: str, dtype: str, peak: float | None, bandwidth_tbs: float 
     """A spec-table GPU's figures for ``dtype`` (fp32 matmuls run on the CUDA cores at the peak's share)."""
     mamf, src = MAMF.get((name, dtype), (None, f"no MAMF figure for {name} {dtype}"))
     frac, bsrc = BANDWIDTH_FRACTION.get(name, (None, f"no measured bandwidth fraction for {name}"))
+    lender, why = BORROWED.get(name, (None, ""))
+    borrowed = []
+    their_peak = next((s.tflops.get(dtype) for s in SPECS if s.name == lender), None)
+    if mamf is None and (lender, dtype) in MAMF and peak and their_peak:
+        theirs, lsrc = MAMF[(lender, dtype)]
+        mamf, src = peak * theirs / their_peak, f"{lender}'s MAMF share, {theirs:g} of {their_peak:g} TFLOPS ({lsrc})"
+        borrowed.append(f"its MAMF from the {lender} ({theirs:g} of {their_peak:g} TFLOPS {dtype}: {mamf:.1f} of its "
+                        f"{peak:g})")
+    if frac is None and lender in BANDWIDTH_FRACTION and bandwidth_tbs:
+        frac, lsrc = BANDWIDTH_FRACTION[lender]
+        bsrc = f"{lender}'s share, {frac:.1%} ({lsrc})"
+        borrowed.append(f"its streaming bandwidth from the {lender} ({frac:.1%} of the data sheet's: "
+                        f"{bandwidth_tbs * frac:.2f} of its {bandwidth_tbs:g} TB/s)")
     launch, lsrc = LAUNCH_S["compiled" if compiled else "eager"]
     att = {b: v for (b, dev), v in ATTENTION.items() if dev == name}
     return Figures(name=name, peak_tflops=peak, mamf_tflops=mamf, mamf_source=src,
                    bandwidth_tbs=bandwidth_tbs * frac if (frac and bandwidth_tbs) else None,
                    bandwidth_source=bsrc, launch_s=launch, launch_source=lsrc, host_bound=False,
-                   sms=SMS.get(name), attention=att)
+                   sms=SMS.get(name), attention=att,
+                   borrowed=(f"{'; '.join(borrowed)}: {why}",) if borrowed else ())
 
 
 def wave_efficiency(m: int, n: int, batch: int, sms: int | None) -> float:

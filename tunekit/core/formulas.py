@@ -44,7 +44,8 @@ def train_flops_per_token(n_params: float, n_layer: int, d_model: int, seq_len: 
     """Model FLOPs per trained token: 6N for the weights (2N forward, 4N backward) + attention.
 
     With full activation recomputation the forward runs twice: 8N and 4/3 of the attention
-    term (the documents' factor 4 instead of 3). Those are hardware FLOPs (HFU); MFU uses
+    term (the factor 4 instead of 3 of stas00/ml-engineering training/performance/README.md, TFLOPS
+    as a performance metric). Those are hardware FLOPs (HFU); MFU uses
     `recompute=False` whatever the run did.
     """
     weights = (8 if recompute else 6) * n_params
@@ -66,7 +67,8 @@ def inference_flops_per_layer(batch: int, seq_len: int, d_model: int) -> int:
 
 def estimate_tflops(model_size_b: float, seq_len: int, global_batch: int, step_s: float,
                     n_gpus: int = 1, recompute: bool = True) -> float:
-    """The documents' per-GPU estimate `model_size_in_B * (4|3) * 2 * seqlen * gbs / (t * gpus * 1e3)`.
+    """The per-GPU estimate `model_size_in_B * (4|3) * 2 * seqlen * gbs / (t * gpus * 1e3)`
+    (stas00/ml-engineering training/performance/README.md, TFLOPS as a performance metric).
 
     model_size_b is in billions, so 1e9 / 1e12 leaves the 1e3. Factor 4 with activation
     checkpointing (an extra forward), 3 without. It slightly under-reports: no attention term.

@@ -90,7 +90,8 @@ MEMORY_LAYOUTS: dict[str, MemoryLayout] = {
     "bf16": MemoryLayout(2, 0, 2, 2, 2, 0, "pure bf16: weights, grads and optimizer states in bf16"),
     "fp16": MemoryLayout(2, 0, 2, 2, 2, 0, "pure fp16: weights, grads and optimizer states in fp16"),
     # Megatron/DeepSpeed-style mixed precision: persistent half weights + fp32 master + fp32 grads
-    # (the seeds: "6 bytes ... maintains a model in fp32 and one in fp16/bf16", 4-byte grads).
+    # (stas00/ml-engineering training/performance/README.md: "6 bytes ... maintains a model in fp32 and
+    # one in fp16/bf16", 4-byte grads).
     "mixed": MemoryLayout(2, 4, 4, 4, 2, 0, "half weights + fp32 master copy + fp32 grads"),
     # torch.autocast: the fp32 params are the master; half copies of the matmul weights are made
     # in the forward and saved for backward, so they live per step, not persistently.
@@ -139,7 +140,7 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
     Optimizer("sgd", "torch.optim:SGD", (("momentum", 0.9),), 1,
               aliases=("sgd-momentum", "sgd_momentum"), doc="one momentum buffer: 4 B/param"),
     Optimizer("adafactor", "torch.optim:Adafactor", (), 1,
-              doc="the documents' ~4 B/param; torch's factored moments are far smaller"),
+              doc="ml-engineering's ~4 B/param; torch's factored moments are far smaller"),
     Optimizer("lion", "lion_pytorch:Lion", _WD, 1, package="lion-pytorch",
               doc="one momentum: 4 B/param"),
     Optimizer("adamw_8bit", "bitsandbytes.optim:AdamW8bit", _WD, 2, state_bytes=1,

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 # A100 tensor cores are fully used when GEMM dims are multiples of 128 bytes: 64 fp16/bf16
-# elements (V100: 16 bytes = 8 elements). The documents recommend 64.
+# elements (V100: 16 bytes = 8 elements). stas00/ml-engineering training/performance/README.md
+# (Vector and matrix size divisibility) recommends 64.
 TENSOR_CORE_MULTIPLE = 64
 
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, replace
 
 from tunekit.core.registry import DTYPES
 
-_MLENG = "ml-engineering compute/accelerator dense table"
-_LIGHTNING = "Lightning fabric throughput.py _CUDA_FLOPS"
+_MLENG = "stas00/ml-engineering compute/accelerator/README.md, TFLOPS comparison table (dense)"
+_LIGHTNING = "Lightning-AI/pytorch-lightning src/lightning/fabric/utilities/throughput.py _CUDA_FLOPS"
 _ADA = "NVIDIA Ada (AD102) whitepaper: tensor bf16/fp16 with fp32 accumulate"
 _AMPERE = "NVIDIA Ampere GA102 whitepaper: tensor bf16/fp16 with fp32 accumulate"
-_TITAN = ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 96GB HBM2e, 2.4 TB/s, 500 W; its peak 'between "
-          "SXM and NVL', exact value unknown: the SXM's dense table figures, an upper bound")
+_TITAN = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 96GB HBM2e, 2.4 TB/s, 500 W; its peak "
+          "'between SXM and NVL', exact value unknown: the SXM's dense table figures, an upper bound")
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,14 @@ batch, FSDP over 2/4/8 GPUs), each tried over the plan's fake steps, and those t
 their EXPECTED tokens/s per GPU, each with its caveats (`core.notes.Note`, kinds ``advice.*``).
 
 Reuse: the planner caches a model per weight dtype; a change that only moves the placement (FSDP
-over N) places a step already faked (no fake step more); a combination that adds changes to one
-that already fits is not tried (pruned, and said): it could only cost more. A step is counted op
-by op (for its expected speed and its FLOPs per token) only when it fits somewhere: an option that
-does not fit has no FLOPs per token (NaN).
+over N) places a step already faked (no fake step more). A combination that fits WITH ROOM (at
+least `TIGHT` of the card free) prunes what could only cost more: the combinations adding changes
+to it (each costs speed, numerics or convergence) and more GPUs for it (more to rent). A TIGHT fit
+prunes nothing: its neighbours (more GPUs, checkpointing, ...) are tried, since the allocator's
+fragmentation may not leave it its last few percent. What was not tried is listed (`Skipped`: which
+combination, on how many GPUs, why, and the fit that made it pointless). A step is counted op by op
+(for its expected speed and its FLOPs per token) only when it fits somewhere: an option that does
+not fit has no FLOPs per token (NaN).
 
 The search itself is pure: the planner hands it callables that fake, count, place and expect.
 """
@@ -74,33 +78,67 @@ def dimensions(setting) -> list:
     return dims
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A combination of changes not tried, on ``gpus`` (1: one GPU, N: FSDP over N), and why:
+    ``why`` one of `SKIPPED` (a code), ``by`` the label of what made it pointless."""
+
+    changes: str
+    gpus: tuple
+    why: str
+    by: str = ""
+
+    def __str__(self) -> str:
+        many = ", ".join(str(g) for g in self.gpus if g > 1)
+        on = " or ".join(x for x in ("one GPU" if 1 in self.gpus else "", f"FSDP over {many}" if many else "") if x)
+        return f"{self.changes or 'the plan'} on {on}: {SKIPPED[self.why].format(by=self.by)}"
+
+
+SKIPPED = {"adds_to_fit": "adds changes to {by}, which fits with room (each costs speed, numerics or convergence)",
+           "more_gpus": "{by} already fits with room on as many GPUs or fewer (more GPUs: more to rent)",
+           "not_faked": "a fake step cannot take it ({by})"}
+
+
+def roomy(total: float, memory: float) -> bool:
+    """Fits with at least `TIGHT` of the card free (what prunes other combinations)."""
+    return memory - total >= TIGHT * memory
+
+
 def search_changes(setting, base_step, memory: float, *, fake, count, place, expect, sharding: bool):
-    """(every Option tried, the Options that fit best first, the labels pruned).
+    """(every Option tried, the Options that fit best first, the `Skipped`).
 
     ``fake(s) -> step``, not counted (raises ValueError for a step it cannot fake); ``count(s, step)``:
     the step counted op by op; ``place(step, s) -> dict`` (``total``, ...) with ``s.parallel`` the
-    layout; ``expect(step, s, placed) -> Expected | None``. ``sharding``: also FSDP over `GPUS`."""
+    layout; ``expect(step, s, placed) -> Expected | None``. ``sharding``: also FSDP over `GPUS`.
+
+    The ranking: expected tokens/s per GPU, fastest first; at equal speed a fit with room before a
+    tight one, then fewer GPUs, then fewer bytes. So the first pick is tight only when it is faster
+    than every fit with room; one with room that is as fast or faster comes first. Options without
+    an expectation come last."""
     dims = dimensions(setting)
     gpus = (1,) + (GPUS if sharding else ())
     base = (0,) * len(dims)
     combos = [base] + sorted((c for c in itertools.product(*(range(len(d)) for d in dims)) if c != base),
                              key=lambda c: (sum(c), c))
-    fitting, tried, pruned, steps = [], [], [], {}
+    roomy_fits, tried, skipped, names = [], [], [], {}
     per_token = base_step["executed"] / setting.micro_batch
     for combo in combos:
         labels = sum((dims[i][lv][0] for i, lv in enumerate(combo)), ())
+        label = names[combo] = ", ".join(labels)
         change = {k: v for i, lv in enumerate(combo) for k, v in dims[i][lv][1].items()}
-        # the fewest GPUs at which a subset of these changes already fits: more is not tried
-        cap = min((g for c, g in fitting if c != combo and all(a <= b for a, b in zip(c, combo))), default=len(gpus))
+        # the fewest GPUs at which a subset of these changes already fits with room: more is not tried
+        cap, by = min(((g, c) for c, g in roomy_fits if c != combo and all(a <= b for a, b in zip(c, combo))),
+                      default=(len(gpus), None))
         if cap == 0:
-            pruned.append(", ".join(labels))
+            skipped.append(Skipped(label, gpus, "adds_to_fit", names[by]))
             continue
         s = setting.replace(**change)
         try:
             step = base_step if combo == base else fake(s)
-        except ValueError:   # a change that cannot be faked is not offered
+        except ValueError as e:   # a change that cannot be faked is not offered
+            skipped.append(Skipped(label, gpus[:cap], "not_faked", str(e)))
             continue
-        steps[combo] = step
+        own = None   # the fewest GPUs at which this combination fits with room
         for g in range(cap):
             if combo == base and g == 0:
                 continue   # the plan itself
@@ -116,14 +154,25 @@ def search_changes(setting, base_step, memory: float, *, fake, count, place, exp
             if fits:
                 _expected(opt, expect(step, sg, placed))
                 opt.notes = caveats(setting, opt, memory)
-                fitting.append((combo, g))
             tried.append(opt)
-            if fits:
+            if fits and roomy(opt.total_bytes, memory):
+                roomy_fits.append((combo, g))
+                own = opt.label
                 break
+        if own is not None and g + 1 < len(gpus):
+            skipped.append(Skipped(label, gpus[g + 1:], "more_gpus", own))
+        elif own is None and cap < len(gpus):
+            skipped.append(Skipped(label, gpus[cap:], "more_gpus", _on(names[by], gpus[cap])))
     ranked = sorted((o for o in tried if o.fits),
-                    key=lambda o: (-(o.tokens_per_s if o.tokens_per_s == o.tokens_per_s else -1.0), o.gpus,
-                                   o.total_bytes))
-    return tried, ranked, pruned
+                    key=lambda o: (-(o.tokens_per_s if o.tokens_per_s == o.tokens_per_s else -1.0),
+                                   not roomy(o.total_bytes, memory), o.gpus, o.total_bytes))
+    return tried, ranked, skipped
+
+
+def _on(label: str, gpus: int) -> str:
+    """An option's label on ``gpus`` GPUs (FSDP over them beyond one)."""
+    extra = "" if gpus == 1 else f"parallel='fsdp', world_size={gpus}"
+    return ", ".join(x for x in (label, extra) if x)
 
 
 def _expected(opt: Option, expected) -> None:
@@ -160,10 +209,9 @@ def caveats(plan_setting, opt: Option, memory: float) -> list:
     return out
 
 
-def pruned_note(pruned: list) -> list:
-    """The note saying which combinations were not tried, or none."""
-    if not pruned:
+def pruned_note(skipped: list) -> list:
+    """The note saying what was not tried and why (`Skipped`), or none."""
+    if not skipped:
         return []
-    shown = "; ".join(pruned[:3]) + (f"; and {len(pruned) - 3} more" if len(pruned) > 3 else "")
-    return [Note("advice.pruned", f"{len(pruned)} combination(s) not tried, each adding changes to one that "
-                                  f"already fits (it could only cost more): {shown}")]
+    shown = "; ".join(map(str, skipped[:3])) + (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+    return [Note("advice.pruned", f"{len(skipped)} combination(s) not tried (plan.not_tried): {shown}")]

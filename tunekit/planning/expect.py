@@ -67,8 +67,14 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
         fig = gpu_figures(dev["name"], compute, dev["peak"], dev["bandwidth"], bool(setting.compile))
     missing = fig.missing()
     if missing:
+        todo = "" if fig.host_bound else (
+            ". No measured card of its chip and memory kind to borrow from: measure them on the card "
+            f"(tunekit.calibrate({compute!r}) for the MAMF, a large device-to-device copy's bytes read and written "
+            "over its time for the bandwidth) and add them with their source to tunekit/core/efficiency.py "
+            "(MAMF, BANDWIDTH_FRACTION)")
         return None, [Note("expected.missing", f"no expected step on {fig.name} ({compute}): tunekit has no figure "
-                                               f"for {' nor '.join(missing)}; the bound stands alone")]
+                                               f"for {' nor '.join(missing)}; the bound stands alone{todo}")]
+    borrowed = [Note("expected.borrowed", f"{fig.name} has no measurement of its own: {b}") for b in fig.borrowed]
     trained = [p for p in model.parameters() if p.requires_grad]
     params = sum(p.numel() for p in trained)
     param_bytes = trained[0].element_size() if trained else 4
@@ -99,7 +105,7 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
         notes.append("compile=True: each run of memory-bound ops between matmuls expected as one fused kernel "
                      "(what it reads from outside, what is read after it), at the compiled launch cost")
     out.notes = notes
-    return out, [busy_note(fig)] if fig.busy else []
+    return out, borrowed + ([busy_note(fig)] if fig.busy else [])
 
 
 def busy_note(fig: Figures) -> Note:

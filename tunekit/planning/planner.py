@@ -214,7 +214,8 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
                 bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
                 peak_bytes=placed["peak"], peak_at=placed["peak_at"], phase_peaks=step["phase_peaks"],
                 timeline=_thin(step["timeline"]), parallel=layout, compute_bound_s=compute,
-                comm_s=placed["comm_s"], comm=placed["comm"], expected=expected, advice=advice)
+                comm_s=placed["comm_s"], comm=placed["comm"], expected=expected, advice=advice,
+                not_tried=pruned)
 
 
 def _layout(parallel, world_size, nodes) -> dict | None:

@@ -73,6 +73,8 @@ class Plan(MemoryAnswer):
     expected: object = None             # core.expected.Expected: what a good run reaches (None: a figure missing)
     # when it does not fit: the combinations of changes that fit (planning.advice.Option), best expected tokens/s first
     advice: list = field(default_factory=list)
+    # and the combinations not tried, each with why (planning.advice.Skipped)
+    not_tried: list = field(default_factory=list)
 
     @property
     def fixed_bytes(self) -> float:

@@ -26,7 +26,7 @@ from tunekit.core.units import GiB
 INTER_NODE_GBS = 50.0
 INTER_NODE_SOURCE = "400 Gb/s InfiniBand NDR per GPU (DGX H100: 8 x ConnectX-7)"
 NCCL_BUFFERS = (1.5 * GiB, "torch.distributed/NCCL buffers after the first barrier, ~1.5 GiB per GPU "
-                           "(ml-engineering training/performance)")
+                           "(stas00/ml-engineering training/performance/README.md, torch.distributed memory usage)")
 
 
 def shard_count(parallel: str, world: int, nodes: int) -> int:

@@ -147,7 +147,7 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
     `model` is a parameter count, a config (tunekit's GPTConfig, or a transformers decoder
     config: Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, ...), or a model with such a `.config`.
     The keyword parameters are the fields of `MemoryOptions` (tests/test_anatomy.py keeps the
-    two equal). `activations`: "korthikanti" (the documents' formula), "gpt" (tensor-by-tensor
+    two equal). `activations`: "korthikanti" (Korthikanti et al., arXiv 2205.05198), "gpt" (tensor-by-tensor
     count for tunekit's GPT), "hf" (transformers' Llama-style and GPT-2 layers), or "auto" (the
     one that fits the config). `attention` ("sdpa", "math"/"eager", "flash") defaults to the
     config's. `optimizer_bytes` / `grad_bytes` override the per-param figures (to replay a
@@ -364,7 +364,9 @@ def _beside_lines(comps, forms, o: MemoryOptions, device: str, world: int) -> No
     comps["temporary"] = o.overhead_fraction * known
     forms["temporary"] = f"{fmt_pct(o.overhead_fraction, 0)} of the above (temporary buffers, fragmentation)"
     on_cuda, context = str(device).startswith("cuda"), o.cuda_context_bytes
-    if context is None:  # seeds: torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100
+    # torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100 (stas00/ml-engineering
+    # training/performance/README.md, Preloaded CUDA kernels memory usage)
+    if context is None:
         context = 0.5 * GiB if on_cuda else 0.0
     if on_cuda or context:   # a line that does not exist on this device is left out, not 0 bytes
         comps["cuda_context"] = float(context)
