@@ -118,8 +118,6 @@ def test_no_text_cites_a_file_outside_the_repository_or_a_private_machine(where)
     assert found == []
 
 
-@pytest.mark.xfail(strict=True, reason="benchmarks/RESULTS.md has no section of the H100/H200 measurements yet: the "
-                                       "lead adds it (issue 39's report gives the lines), then drops this mark")
 def test_every_measurement_cited_is_recorded_in_results_md():
     results = (REPO / "benchmarks" / "RESULTS.md").read_text()
     cited = {m.group(1, 2) for _, src in _sourced() for m in RECORDED.finditer(src)}
