@@ -172,8 +172,12 @@ def test_the_advice_fakes_single_gpu_options_without_the_components_pass(monkeyp
     monkeypatch.setattr(plan_step, "_components", counted)
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100 SXM", precision="bf16", micro_batch=48000,
                      seq_len=128, verbose=False)
-    # only the plan's own step is measured by component: every option tried reads its peak alone
-    assert calls == [(48000, False, None, "adamw")] and len(p.alternatives) > 1
+    # the plan's own step is measured by component, and the options that fit no single GPU, placed over
+    # FSDP (rank 0's share of each component): SGD, bf16 weights, both. Those that fit one GPU (the
+    # micro-batch halved, checkpointing) and every superset of them are placed by their peak alone
+    assert calls == [(48000, False, None, "adamw"), (48000, False, None, "sgd"), (48000, False, "bf16", "adamw"),
+                     (48000, False, "bf16", "sgd")]
+    assert [o.label for o in p.advice] == ["micro_batch=24000, grad_accum=2", "checkpointing=True"]
     # an option's total is that of the plan of its setting, whose components are measured
     best = p.advice[0]
     assert tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100 SXM", setting=best.setting,
