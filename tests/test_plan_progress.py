@@ -182,3 +182,62 @@ def test_the_advice_fakes_single_gpu_options_without_the_components_pass(monkeyp
     best = p.advice[0]
     assert tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100 SXM", setting=best.setting,
                         verbose=False).total_bytes == best.total_bytes
+
+
+def test_the_plan_and_its_micro_batch_search_share_one_fake_step_per_shape(monkeypatch):
+    from tunekit.planning import planner
+
+    faked = []
+    original = planner.fake_step
+
+    def counted(model, kind, cfg, setting, micro_batch, *args):
+        faked.append(micro_batch)
+        return original(model, kind, cfg, setting, micro_batch, *args)
+
+    monkeypatch.setattr(planner, "fake_step", counted)
+    p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "T4", micro_batch=1, seq_len=32, search=True,
+                     search_limit=4, verbose=False)
+    # the search doubles from 1 up to the limit, all fitting: 1 (the plan's own step, not faked again), 2, 4
+    assert faked == [1, 2, 4] and p.max_micro_batch == 4
+
+
+def test_a_wait_in_a_notebook_is_one_display_updated_and_the_heartbeat_draws_a_silent_phase(monkeypatch):
+    import threading
+
+    import IPython
+    import IPython.display
+
+    shown, drawn = [], threading.Event()
+
+    class Handle:
+        def update(self, obj):
+            shown.append(obj.data)
+            drawn.set()
+
+    class Shell:
+        execution_count = 3
+        kernel = object()
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: Handle())
+    monkeypatch.setattr(progress._NotebookView, "_cell", {})
+    now = [0.0]
+    monkeypatch.setattr(progress, "clock", lambda: now[0])
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 1e9)
+    with progress.WaitProgress("tunekit.plan") as w:
+        w.at("advice: combination 1 of at most 4 (optimizer='sgd')", 0.25)
+        assert shown == []                       # 0 s in: under SHOW_AFTER_S, nothing yet
+        now[0] = 2.5
+        w.say("live bytes, backward")
+    assert ("tunekit.plan: advice: combination 1 of at most 4 (optimizer=&#x27;sgd&#x27;): live bytes, backward"
+            " · 2.5 s <progress value='0.250'") in shown[0]
+    assert "tunekit.plan: done in 2.5 s" in shown[-1] and len(shown) == 2
+    # no news for a while: the heartbeat thread draws the phase with the time gone
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.01)
+    now[0], shown[:] = 0.0, []
+    drawn.clear()
+    with progress.WaitProgress("tunekit.plan") as w:
+        w.at("the plan's fake step")
+        now[0] = 7.0
+        assert drawn.wait(30)
+    assert "tunekit.plan: the plan&#x27;s fake step · 7.0 s" in shown[0]
