@@ -138,6 +138,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
                                            attention=attention, parallel=parallel, world_size=world_size,
                                            nodes=nodes, device=dev["name"])
     with wait_progress("tunekit.plan", verbose) as shown:
+        shown.at("starting torch's fake-tensor mode (its first use in a process imports torch._dynamo)")
         notes = []
         gpu = GpuKernels() if dev["name"] != "cpu" else contextlib.nullcontext()
         # a module's batch_fn may hand back real tensors and a module real constants: taken as fakes
