@@ -1,6 +1,15 @@
 """tunekit.plan: how long a plan takes, how much real memory it uses, and its bounds beside
 published measurements (issue 23).
 
+0. The two waits a newcomer meets (issue 39), side by side, each with the machine's conditions
+   over it (tunekit.watch_conditions: a busy verdict means the time is not the plan's own):
+   GPT-2 124M on a T4 (target: at most 3 s on a quiet 2-core machine), its first plan in the
+   process (torch's lazy imports included) and a second one; the 8B below with fp32 weights and
+   checkpointing, which does not fit an H100 and so searches its advice (target: at most 30 s).
+   ``--targets`` runs only these. Beside each wall time, the CPU time the process took (all its
+   threads): on a busy machine the wall time is mostly waiting, and the CPU time says what the
+   plan itself cost (a plan is mostly one thread of Python; the verdict is the wall time's).
+
 1. An 8B Llama-3-shaped config (vocab 128,256, hidden 4,096, 32 layers, 32 heads, 8 KV heads,
    d_ff 14,336) planned for one H100 SXM, bf16 weights + AdamW, micro-batch 1 x 8192, with full
    checkpointing: wall time and the process's peak RSS (target: under a minute, little memory).
@@ -27,12 +36,15 @@ Sources (the publishers' own pages):
 - modded-nanogpt's GPT-2 124M speedrun, 1.765 min on 8xH100: a wall time; its record gives no token
   count for it, so no tokens/s is derived and it is left out.
 
-    .venv/bin/python benchmarks/bench_plan.py
+    .venv/bin/python benchmarks/bench_plan.py [--targets]
 """
+import argparse
+import os
 import resource
 import time
 import warnings
 
+import torch
 from transformers import LlamaConfig
 
 import tunekit
@@ -58,7 +70,40 @@ def row(what, published, bound, ratio):
     print(f"  {what:<44} {published:>22} {bound:>14} {ratio:>8}")
 
 
+def timed(what, target_s, fn):
+    """``fn()`` timed under the conditions meter: one line, the time against its target."""
+    with tunekit.watch_conditions() as w:
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        spent, cpu = time.perf_counter() - t0, time.process_time() - c0
+    verdict = "within" if spent <= target_s else "OVER"
+    print(f"  {what:<58} {spent:6.1f} s (CPU {cpu:5.1f} s)  target <= {target_s:g} s: {verdict:<6}  "
+          f"machine {w.conditions}")
+    return out, spent, w.conditions
+
+
+def targets():
+    """Section 0: the 124M plan and the 8B plan with its advice, side by side."""
+    print(f"0. the waits of issue 39 (torch {torch.__version__}, {os.cpu_count()} CPUs, load "
+          f"{os.getloadavg()[0]:.1f} at the start; the targets hold on a quiet machine):")
+    gpt2 = tunekit.GPTConfig.preset("gpt2-124m")
+    timed("GPT-2 124M on a T4, the process's first plan", 3, lambda: tunekit.plan(gpt2, "T4", verbose=False))
+    timed("GPT-2 124M on a T4, again", 3, lambda: tunekit.plan(gpt2, "T4", verbose=False))
+    over, _, _ = timed("8B, fp32 weights + bf16 autocast, checkpointing, with advice", 30,
+                       lambda: tunekit.plan(LLAMA3_8B, "H100 SXM", precision="bf16", micro_batch=1, seq_len=8192,
+                                            checkpointing=True, verbose=False))
+    print(f"  the 8B: {over.total_bytes / GiB:.2f} GiB, does not fit; its advice: "
+          + "; ".join(f"{a.label} ({a.tokens_per_s:,.0f} tokens/s)" for a in over.advice)
+          + f"; peak RSS {rss_mib():,.0f} MiB\n")
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--targets", action="store_true", help="only section 0: the two waits of issue 39")
+    if ap.parse_args().targets:
+        targets()
+        return
+    targets()
     t_all = time.perf_counter()
     t0 = time.perf_counter()
     p = tunekit.plan(LLAMA3_8B, "H100 SXM", precision="bf16", weights="bf16", micro_batch=1, seq_len=8192,

@@ -23,7 +23,7 @@ from tunekit.core.comm import layout_problems
 from tunekit.core.efficiency import ATTENTION_KERNELS
 from tunekit.core.setting import HALF, Setting, from_keywords
 from tunekit.measure.device import torch_dtype
-from tunekit.planning.advice import pruned_note, search_changes
+from tunekit.planning.advice import dimensions, pruned_note, search_changes
 from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
 from tunekit.planning.cuda_like import GpuKernels, quiet_fake_logs
 from tunekit.planning.device import device_figures
@@ -31,8 +31,9 @@ from tunekit.planning.expect import expected_of
 from tunekit.planning.module import ModuleTarget, Stepped
 from tunekit.planning.record import Plan
 from tunekit.planning.shard import INTER_NODE_GBS, INTER_NODE_SOURCE, comm_seconds, rank_peak, shard_count
-from tunekit.planning.step import count_into, fake_step, search_micro_batch
+from tunekit.planning.step import complete, fake_step, search_micro_batch
 from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name
+from tunekit.view.progress import wait_progress
 
 COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled step often saves fewer activations); "
                         "plan.expected fuses the memory-bound ops")
@@ -46,7 +47,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
          optimizer: str | None = None, attention: str | None = None, parallel: str | None = None,
          world_size: int = 1, nodes: int = 1, search: bool = False, search_limit: int = 4096,
          batch_fn=None, loss_fn=None, blocks=None, setting: Setting | None = None,
-         attention_kernel: str | None = None) -> Plan:
+         attention_kernel: str | None = None, verbose: bool = True) -> Plan:
     """Plan one training step of ``target`` on ``device`` without running it.
 
     ``target``: a ``tunekit.GPTConfig``, a transformers config, an ``nn.Module`` (built on the
@@ -77,6 +78,11 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
     ``plan.expected`` (core.expected.Expected): what a well-written run of this step reaches on the
     device, op by op over the same fake step (``.step_s``, ``.tokens_per_s`` per GPU, ``.mfu``,
     ``.by_op``); None, with a note saying which figure is missing, for a device tunekit lacks one for.
+
+    ``verbose`` (default): a plan that takes over 2 s says what it is doing (the fake step, its pass
+    and phase, the advice's combination k of n) on one line that updates (tunekit.view.progress:
+    stderr in a terminal, a display in a notebook), then how long it took; ``verbose=False`` nothing.
+    Ctrl-C stops it: the KeyboardInterrupt reaches you, with nothing of yours changed.
 
     Example: ``tunekit.plan(LlamaConfig(...), "H100 SXM", weights="bf16", micro_batch=1, seq_len=8192)``."""
     given = dict(precision=precision, weights=weights, micro_batch=micro_batch, seq_len=seq_len,
@@ -110,6 +116,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
     if attention_kernel is not None:
         validate.choice("attention_kernel", attention_kernel, tuple(ATTENTION_KERNELS))
     validate.flag("search", search)
+    validate.flag("verbose", verbose)
     search_limit = validate.count("search_limit", search_limit)
     # the matmuls run in the weights' dtype when those are half (autocast or not): the peak is that dtype's
     compute = Setting(precision=precision, weights=weights).compute
@@ -130,92 +137,130 @@ def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, 
                                            seq_len=seq_len, checkpointing=checkpointing, optimizer=optimizer,
                                            attention=attention, parallel=parallel, world_size=world_size,
                                            nodes=nodes, device=dev["name"])
-    notes = []
-    gpu = GpuKernels(dev["name"]) if dev["name"] != "cpu" else contextlib.nullcontext()
-    # a module's batch_fn may hand back real tensors and a module real constants: taken as fakes
-    with FakeTensorMode(allow_non_fake_inputs=isinstance(cfg, ModuleTarget)), warnings.catch_warnings(), \
-            masks_as_in_eager(kind), quiet_fake_logs(), gpu:
-        warnings.simplefilter("ignore")   # transformers' init notices; nothing here runs for real
-        models = {}
+    with wait_progress("tunekit.plan", verbose) as shown:
+        shown.at("starting torch's fake-tensor mode (its first use in a process imports torch._dynamo)")
+        notes = []
+        gpu = GpuKernels(dev["name"]) if dev["name"] != "cpu" else contextlib.nullcontext()
+        # a module's batch_fn may hand back real tensors and a module real constants: taken as fakes
+        with FakeTensorMode(allow_non_fake_inputs=isinstance(cfg, ModuleTarget)), warnings.catch_warnings(), \
+                masks_as_in_eager(kind), quiet_fake_logs(), gpu:
+            warnings.simplefilter("ignore")   # transformers' init notices; nothing here runs for real
+            models = {}
 
-        def run(s, count=True):
-            if s.weights not in models:
-                models[s.weights] = build(cfg, kind, torch_dtype(s.weights) if s.weights else None)
-                _set_attention(models[s.weights], attention, notes)
-            return fake_step(models[s.weights], kind, cfg, s, s.micro_batch, dev["round_to"], count)
+            steps = {}   # one fake step per shape: the search, the plan and its advice share it
 
-        def total_of(step, s):
-            return _placed(step, s, layout, dev)["total"]
+            def run(s, count=True, components=True):
+                if s.weights not in models:
+                    shown.say(f"building the model ({s.weights or 'fp32'} weights, fake)")
+                    models[s.weights] = build(cfg, kind, torch_dtype(s.weights) if s.weights else None)
+                    _set_attention(models[s.weights], attention, notes)
+                key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.optimizer, s.attention)
+                step = steps.get(key)
+                if step is None:
+                    step = fake_step(models[s.weights], kind, cfg, s, s.micro_batch, dev["round_to"], count,
+                                     components, shown.say)
+                else:   # what this use reads that the first did not
+                    need = tuple(p for p in ("components",) * components + ("ops",) * count if p not in step)
+                    if need:
+                        completed(step, s, need)
+                steps[key] = step
+                return step
 
-        tokens, unit = micro_batch, "samples"   # until the batch says
-        try:
-            tokens, unit = amount(cfg, kind, micro_batch, seq_len)
-            step = run(setting)
-        except Exception as e:   # what a fake tensor cannot take is planned analytically, and said
-            reason = e.reason if isinstance(e, FakeStepError) else fake_failure(e)
-            if reason is None:
-                raise
-            planned = analytic_plan(models.get(weights), cfg, kind, setting, dev, layout,
-                                    reason, model_name(cfg, kind), tokens, unit)
-            planned.notes[1:1] = (seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes))
-            return planned
-        found = (search_micro_batch(setting, lambda s: run(s, count=False), total_of, dev["memory"], search_limit)
-                 if search else None)
-        tried, advice, pruned = [], [], []
-        if total_of(step, setting) > dev["memory"]:   # combinations of changes, ranked by expected tokens/s
-            sharded = dict(dev, fixed=device_figures(dev["name"], setting.precision, world_size=2)["fixed"])
+            def completed(st, s, parts):   # what a step faked without it lacks, read only where needed
+                return complete(models[s.weights], kind, cfg, s, s.micro_batch, st, parts, shown.say)
 
-            def place(st, s):
-                return _placed(st, s, _layout(s.parallel, s.world_size, s.nodes), sharded if s.parallel else dev)
+            def total_of(step, s):
+                return _placed(step, s, layout, dev)["total"]
 
-            def expect(st, s, placed):
-                lay = _layout(s.parallel, s.world_size, s.nodes)
-                return expected_of(st, s, dev, amount(cfg, kind, s.micro_batch, seq_len)[0], models[s.weights],
-                                   placed["comm"], lay, len(st["units"]), kernel=attention_kernel)[0]
+            def trial(s):   # the search's steps: single-GPU totals read the peak alone
+                shown.at(f"largest micro-batch: a fake step at micro_batch={s.micro_batch}")
+                return run(s, count=False, components=layout is not None)
 
-            tried, advice, pruned = search_changes(
-                setting, step, dev["memory"], fake=lambda s: run(s, count=False), place=place, expect=expect,
-                count=lambda s, st: count_into(models[s.weights], kind, cfg, s, s.micro_batch, st),
-                sharding=layout is None and dev["name"] != "cpu")
-        tries = sorted((o.as_alternative() for o in tried if len(o.changes) == 1), key=lambda a: a[1])
-    placed = _placed(step, setting, layout, dev)
-    if getattr(gpu, "seen", False):
-        notes.append(GpuKernels.NOTE)
-    notes += gpu.notes() if dev["name"] != "cpu" else []
-    notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes)) + step["notes"] + step["count_notes"]
-             + dev["notes"] + placed["notes"] + pruned_note(pruned))   # a batch of samples: seq_len unused
-    if found is not None and found >= search_limit:
-        notes.append(f"the micro-batch search stopped at search_limit={search_limit}: a larger one may fit too")
-    if kind == "hf" and getattr(cfg, "is_encoder_decoder", False):
-        notes.insert(0, "an encoder-decoder (AutoModelForSeq2SeqLM), trained on labels of seq_len tokens as the "
-                        "inputs: tokens count the encoder's micro_batch x seq_len")
-    if asked is not None and asked.compile:
-        notes.append(COMPILE_NOT_MODELLED)
-    notes.append("peak: every tensor the step's ops make, alive until freed; scratch a kernel allocates for "
-                 "itself is not seen (within 2% of torch.profiler's reading of a real CPU step)")
-    if dev["name"] != "cpu":
-        notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists and what the "
-                     "caching allocator reserves beyond its 512-byte blocks are not modelled")
-    expected, enotes = expected_of(step, setting, dev, tokens, models[setting.weights], placed["comm"], layout,
-                                   len(step["units"]), kernel=attention_kernel)
-    notes += enotes
-    # no peak for the dtype: no bound (a note of kind device.no_peak says so), not the bytes' time alone
-    peak = dev["peak"]
-    compute = step["bound_s"](peak, dev["bandwidth"]) if peak else math.nan
-    bound_by = step["top"](peak, dev["bandwidth"]) if peak else []
-    if dev["name"] != "cpu" and peak:   # a GPU's kernels are not the fake step's CPU ops: their categories
-        bound_by = by_category(step["top"](peak, dev["bandwidth"], None))[:6]
-    if placed["comm_s"] > compute:
-        bound_by = [("communication", placed["comm_s"])] + bound_by
-    return Plan(model=model_name(cfg, kind), device=dev["name"], device_memory_bytes=dev["memory"],
-                setting=setting, components=placed["components"], fixed=dev["fixed"],
-                tokens=tokens, unit=unit, executed_flops=step["executed"], model_flops=step["model"],
-                bound_step_s=max(compute, placed["comm_s"]), peak_tflops=dev["peak"], bandwidth_tbs=dev["bandwidth"],
-                bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
-                peak_bytes=placed["peak"], peak_at=placed["peak_at"], phase_peaks=step["phase_peaks"],
-                timeline=_thin(step["timeline"]), parallel=layout, compute_bound_s=compute,
-                comm_s=placed["comm_s"], comm=placed["comm"], expected=expected, advice=advice,
-                not_tried=pruned)
+            tokens, unit = micro_batch, "samples"   # until the batch says
+            try:
+                tokens, unit = amount(cfg, kind, micro_batch, seq_len)
+                shown.at("the plan's fake step")
+                step = run(setting)
+            except Exception as e:   # what a fake tensor cannot take is planned analytically, and said
+                reason = e.reason if isinstance(e, FakeStepError) else fake_failure(e)
+                if reason is None:
+                    raise
+                planned = analytic_plan(models.get(weights), cfg, kind, setting, dev, layout,
+                                        reason, model_name(cfg, kind), tokens, unit)
+                planned.notes[1:1] = (seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes))
+                return planned
+            found = search_micro_batch(setting, trial, total_of, dev["memory"], search_limit) if search else None
+            tried, advice, pruned = [], [], []
+            if total_of(step, setting) > dev["memory"]:   # combinations of changes, ranked by expected tokens/s
+                sharded = dict(dev, fixed=device_figures(dev["name"], setting.precision, world_size=2)["fixed"])
+
+                def place(st, s):
+                    if s.parallel:
+                        completed(st, s, ("components",))
+                    return _placed(st, s, _layout(s.parallel, s.world_size, s.nodes), sharded if s.parallel else dev)
+
+                combos, tried_at = math.prod(len(d) for d in dimensions(setting)) - 1, []
+
+                def fake(s):
+                    tried_at.append(s)
+                    shown.at(f"advice: combination {len(tried_at)} of at most {combos} ({_changes(setting, s)})",
+                             len(tried_at) / combos)
+                    return run(s, count=False, components=False)
+
+                def count(s, st):
+                    shown.at(f"advice: the FLOPs of {_changes(setting, s)}, which fits")
+                    return completed(st, s, ("ops",))
+
+                def expect(st, s, placed):
+                    lay = _layout(s.parallel, s.world_size, s.nodes)
+                    return expected_of(st, s, dev, amount(cfg, kind, s.micro_batch, seq_len)[0], models[s.weights],
+                                       placed["comm"], lay, len(st["units"]), kernel=attention_kernel)[0]
+
+                tried, advice, pruned = search_changes(
+                    setting, step, dev["memory"], fake=fake, place=place, expect=expect, count=count,
+                    sharding=layout is None and dev["name"] != "cpu")
+            tries = sorted((o.as_alternative() for o in tried if len(o.changes) == 1), key=lambda a: a[1])
+        placed = _placed(step, setting, layout, dev)
+        if getattr(gpu, "seen", False):
+            notes.append(GpuKernels.NOTE)
+        notes += gpu.notes() if dev["name"] != "cpu" else []
+        notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(notes)) + step["notes"]
+                 + step["count_notes"] + dev["notes"] + placed["notes"] + pruned_note(pruned))   # samples: no seq_len
+        if found is not None and found >= search_limit:
+            notes.append(f"the micro-batch search stopped at search_limit={search_limit}: a larger one may fit too")
+        if kind == "hf" and getattr(cfg, "is_encoder_decoder", False):
+            notes.insert(0, "an encoder-decoder (AutoModelForSeq2SeqLM), trained on labels of seq_len tokens as the "
+                            "inputs: tokens count the encoder's micro_batch x seq_len")
+        if asked is not None and asked.compile:
+            notes.append(COMPILE_NOT_MODELLED)
+        notes.append("peak: every tensor the step's ops make, alive until freed; scratch a kernel allocates for "
+                     "itself is not seen (within 2% of torch.profiler's reading of a real CPU step)")
+        if dev["name"] != "cpu":
+            notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists and what the "
+                         "caching allocator reserves beyond its 512-byte blocks are not modelled")
+        shown.at("the expected step" + (": this CPU's figures (measured once, then cached)" if dev["name"] == "cpu"
+                                        else ""))
+        expected, enotes = expected_of(step, setting, dev, tokens, models[setting.weights], placed["comm"], layout,
+                                       len(step["units"]), kernel=attention_kernel)
+        notes += enotes
+        # no peak for the dtype: no bound (a note of kind device.no_peak says so), not the bytes' time alone
+        peak = dev["peak"]
+        compute = step["bound_s"](peak, dev["bandwidth"]) if peak else math.nan
+        bound_by = step["top"](peak, dev["bandwidth"]) if peak else []
+        if dev["name"] != "cpu" and peak:   # a GPU's kernels are not the fake step's CPU ops: their categories
+            bound_by = by_category(step["top"](peak, dev["bandwidth"], None))[:6]
+        if placed["comm_s"] > compute:
+            bound_by = [("communication", placed["comm_s"])] + bound_by
+        return Plan(model=model_name(cfg, kind), device=dev["name"], device_memory_bytes=dev["memory"],
+                    setting=setting, components=placed["components"], fixed=dev["fixed"],
+                    tokens=tokens, unit=unit, executed_flops=step["executed"], model_flops=step["model"],
+                    bound_step_s=max(compute, placed["comm_s"]), peak_tflops=dev["peak"],
+                    bandwidth_tbs=dev["bandwidth"],
+                    bound_by=bound_by, notes=notes, max_micro_batch=found, alternatives=tries,
+                    peak_bytes=placed["peak"], peak_at=placed["peak_at"], phase_peaks=step["phase_peaks"],
+                    timeline=_thin(step["timeline"]), parallel=layout, compute_bound_s=compute,
+                    comm_s=placed["comm_s"], comm=placed["comm"], expected=expected, advice=advice,
+                    not_tried=pruned)
 
 
 def _layout(parallel, world_size, nodes) -> dict | None:
@@ -242,7 +287,8 @@ def _placed(step, setting, layout, dev) -> dict:
     # ranks ask for reduce_dtype=float32), bf16/fp16 over half weights
     grads = registry.dtype(setting.grads).bytes
     if layout is None:
-        comps, peak, peak_at, comm_s, comm, notes = dict(step["components"]), step["peak"], step["peak_at"], 0.0, {}, []
+        comps = dict(step["components"]) if "components" in step else None   # the advice's totals: the peak alone
+        peak, peak_at, comm_s, comm, notes = step["peak"], step["peak_at"], 0.0, {}, []
     else:
         kind, world, nodes = layout["kind"], layout["world_size"], layout["nodes"]
         units = step["units"] if kind != "ddp" else [[s for u in step["units"] for s in u]]
@@ -260,6 +306,12 @@ def _placed(step, setting, layout, dev) -> dict:
             notes.append(f"no link bandwidth listed for {dev['name']}: no communication time")
     return dict(components=comps, peak=peak, peak_at=peak_at, total=peak + sum(b for b, _ in dev["fixed"].values()),
                 comm_s=comm_s if comm_s == comm_s else 0.0, comm=comm, notes=notes)
+
+
+def _changes(plan_setting, s) -> str:
+    """What a combination the advice tries changes, in ``plan``'s keywords."""
+    return ", ".join(f"{f}={getattr(s, f)!r}" for f in ("checkpointing", "weights", "optimizer", "micro_batch",
+                                                       "grad_accum") if getattr(s, f) != getattr(plan_setting, f))
 
 
 def _set_attention(model, attention, notes) -> None:

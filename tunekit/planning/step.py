@@ -15,7 +15,7 @@ from tunekit.core.search import largest_fitting
 from tunekit.measure.live import LiveBytes
 from tunekit.measure.memory import autocast_torch, measure_memory
 from tunekit.measure.model_flops import tensors_in
-from tunekit.measure.step import Watch, run_step
+from tunekit.measure.step import Observer, Watch, run_step
 from tunekit.measure.tally import storage_key
 from tunekit.models.adapters import adapt, fsdp_units, step_loss
 from tunekit.models.optimizers import build_optimizer
@@ -36,12 +36,42 @@ def batch_of(cfg, kind, micro_batch, seq_len):
     return x, (torch.randint(0, vocab, (micro_batch, seq_len)) if kind == "gpt" else x)
 
 
-def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: bool = True) -> dict:
-    """One planned step: its components (measure_memory's code), its steady peak and where
-    (a second step, tracked by LiveBytes) and, with ``count``, its FLOPs op by op for the
-    roofline (a third: torch's FLOP counter keeps tensors alive, so it never runs beside the
-    live-bytes tracking; on an 8B Llama it would add 20 GB to the peak). `FakeStepError` (a
-    ValueError) saying why when a fake tensor cannot take it (a value read, a value-dependent shape)."""
+def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: bool = True,
+              components: bool = True, say=None) -> dict:
+    """One planned step: with ``components``, its components (measure_memory's code); its steady
+    peak and where (a second step, tracked by LiveBytes) and, with ``count``, its FLOPs op by op
+    for the roofline (a third: torch's FLOP counter keeps tensors alive, so it never runs beside
+    the live-bytes tracking; on an 8B Llama it would add 20 GB to the peak). A step left without
+    its components or its count gets them later (`complete`), only where they are read: the
+    advice's single-GPU totals read the peak alone. ``say(text)``: told each pass and phase (the
+    plan's progress). `FakeStepError` (a ValueError) saying why when a fake tensor cannot take it
+    (a value read, a value-dependent shape)."""
+    say = say or _quiet
+    return _guarded(model, kind, setting, lambda: _fake_step_of(model, kind, cfg, setting, micro_batch, round_to,
+                                                                count, components, say))
+
+
+def complete(model, kind, cfg, setting, micro_batch, step: dict, parts=("components", "ops"), say=None) -> dict:
+    """``step`` (a `fake_step` run without its components or its count) with those of ``parts`` it
+    lacks added: "components" (measure_memory's pass), "ops" (the count, FLOPs op by op)."""
+    say = say or _quiet
+
+    def missing():
+        batch, out = batch_of(cfg, kind, micro_batch, setting.seq_len), {}
+        if "components" in parts and "components" not in step:
+            out.update(_components(model, batch, setting, say))
+        if "ops" in parts and "ops" not in step:
+            adapter = model.adapter if kind == "module" else adapt(model)
+            out.update(_counted(model, adapter, kind, batch, setting, micro_batch, say))
+        return out
+
+    step.update(_guarded(model, kind, setting, missing))
+    return step
+
+
+def _guarded(model, kind, setting, passes) -> dict:
+    """``passes()`` with a module's blocks checkpointed as ``setting`` says (and put back), what a
+    fake tensor cannot take raised as `FakeStepError`."""
     ck = model.adapter if kind == "module" else None   # a module's blocks (plan.module.Stepped): checkpointed here
     if ck is not None and setting.checkpointing and not ck.can_checkpoint:
         raise ValueError(f"checkpointing needs the blocks to recompute: tunekit.plan(..., blocks='layers') "
@@ -49,7 +79,7 @@ def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: 
     try:
         if ck is not None:
             ck.set_checkpointing(setting.checkpointing)
-        step = _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count)
+        step = passes()
     except Exception as e:
         reason = fake_failure(e)
         if reason is None:
@@ -58,40 +88,45 @@ def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: 
     finally:
         if ck is not None and ck.checkpointing:
             ck.set_checkpointing(False)
-    if ck is not None:   # measure_memory's adapter does not know the blocks checkpointed here
+    if ck is not None and "notes" in step:   # measure_memory's adapter does not know the blocks checkpointed here
         step["notes"] = without(step["notes"], "ckpt.not_applied")
     return step
 
 
-def count_into(model, kind, cfg, setting, micro_batch, step: dict) -> dict:
-    """``step`` (a `fake_step` run with ``count=False``) with its counting pass added: FLOPs op by op."""
-    adapter = model.adapter if kind == "module" else adapt(model)
-    try:
-        step.update(_counted(model, adapter, kind, batch_of(cfg, kind, micro_batch, setting.seq_len), setting,
-                             micro_batch))
-    except Exception as e:
-        reason = fake_failure(e)
-        if reason is None:
-            raise
-        raise FakeStepError(reason) from e
-    return step
+def _quiet(_text) -> None:
+    pass
 
 
-def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count) -> dict:
+class _Phases(Observer):
+    """Tells ``say`` each phase of a pass: the plan's progress within a fake step."""
+
+    def __init__(self, say, what):
+        self.say, self.what = say, what
+
+    def phase(self, name: str) -> None:
+        self.say(f"{self.what}, {name}")
+
+
+def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count, components, say) -> dict:
     batch = batch_of(cfg, kind, micro_batch, setting.seq_len)
+    out = _components(model, batch, setting, say) if components else {}
+    adapter = model.adapter if kind == "module" else adapt(model)   # a module's: its twin's blocks
+    out.update(_timeline(model, adapter, kind, batch, setting, round_to, say), units=fsdp_units(model, adapter, "fsdp"))
+    return dict(out, **_counted(model, adapter, kind, batch, setting, micro_batch, say)) if count else out
+
+
+def _components(model, batch, setting, say) -> dict:
+    """The step's components and notes, by measure_memory (its tally of saved activations)."""
+    say("components (saved activations, gradients, optimizer state)")
     report = measure_memory(model, batch, optimizer=setting.optimizer, precision=setting.precision,
                             checkpointing=setting.checkpointing, estimate=False)
     components = {k: float(report.measured.get(k, 0.0)) for k in COMPONENTS}
     if any(math.isnan(v) for v in components.values()):
         raise ValueError(f"the fake step left a component unmeasured: {components}")
-    adapter = model.adapter if kind == "module" else adapt(model)   # a module's: its twin's blocks
-    live = _timeline(model, adapter, kind, batch, setting, round_to)
-    out = dict(components=components, notes=without(report.notes, "memory.cpu", "memory.shadow_optimizer"),
-               units=fsdp_units(model, adapter, "fsdp"), **live)
-    return dict(out, **_counted(model, adapter, kind, batch, setting, micro_batch)) if count else out
+    return dict(components=components, notes=without(report.notes, "memory.cpu", "memory.shadow_optimizer"))
 
 
-def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
+def _counted(model, adapter, kind, batch, setting, micro_batch, say=_quiet) -> dict:
     """The step's FLOPs, counted op by op: executed, the MFU convention's, and the roofline."""
     before = adapter.checkpointing
     counter = RooflineCounter(GpuKernels.current())   # a GPU plan's: the GPU's kernels
@@ -99,7 +134,7 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
         if adapter.can_checkpoint:
             adapter.set_checkpointing(setting.checkpointing)
         run_step(lambda b: _loss(model, kind, b), lambda i: (batch,), autocast=_autocast(setting), keep_loss=False,
-                 observers=[Watch(counter)])
+                 observers=[Watch(counter), _Phases(say, "FLOPs op by op")])
     finally:
         if adapter.can_checkpoint:
             adapter.set_checkpointing(before)
@@ -134,7 +169,7 @@ def _counted(model, adapter, kind, batch, setting, micro_batch) -> dict:
                 count_notes=count_notes, ops=ops, host=counter.host_calls())
 
 
-def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
+def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dict:
     """A steady step, its live bytes tracked (`measure.live.LiveBytes`): its peak, where it
     happens, and the gradients alive there. The optimizer's state is made first (one update
     from zero gradients: it allocates what a first step would), so it lives from the start as it
@@ -160,7 +195,8 @@ def _timeline(model, adapter, kind, batch, setting, round_to) -> dict:
         if adapter.can_checkpoint:
             adapter.set_checkpointing(setting.checkpointing)
         run_step(lambda b: _loss(model, kind, b), lambda i: (batch,), autocast=_autocast(setting), optimizer=opt,
-                 keep_loss=False, observers=[Watch(live, span=("forward", "optimizer step"), on_phase=live.set_phase)])
+                 keep_loss=False, observers=[Watch(live, span=("forward", "optimizer step"), on_phase=live.set_phase),
+                                             _Phases(say, "live bytes")])
         scalars = _rounded_bytes(1)([v for v in state if v.dim() == 0], params)   # AdamW's steps: never sharded
     finally:
         if adapter.can_checkpoint:

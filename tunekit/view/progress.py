@@ -1,10 +1,12 @@
-"""What ``lab.run``, ``lab.find_max_batch_size`` and ``lab.autotune`` show while they work: the
-steps or the trial going, then one line with the result.
+"""What ``lab.run``, ``lab.find_max_batch_size``, ``lab.autotune`` and ``tunekit.plan`` show while
+they work: the steps, the trial or the fake step going, then one line with the result.
 
     >>> with RunProgress(steps, progress=None) as shown:      # lab.lab.Lab.run, verbose=True
     ...     shown.result = run(..., progress=shown.tick)
     >>> with SearchProgress("autotune", budget_s) as shown:   # Lab.autotune / find_max_batch_size
     ...     shown.result = autotune(..., progress=shown.tick)
+    >>> with WaitProgress("tunekit.plan") as shown:           # planning.planner.plan, verbose=True
+    ...     shown.at("the plan's fake step"); shown.say("live bytes, backward")
 
 In a notebook (a Jupyter kernel) one HTML display per cell, updated in place: the steps as a bar,
 then the run's line (``core.run_text.result_line``); further runs of the same cell add their line
@@ -15,7 +17,9 @@ only the line at the end. A ``progress`` callback given to ``lab.run`` is still 
 from __future__ import annotations
 
 import html
+import math
 import sys
+import threading
 import time
 
 from tunekit.core.fmt import fmt_elapsed
@@ -24,6 +28,8 @@ from tunekit.core.run_text import autotune_line, result_line
 
 SHOWN_PER_CELL = 4     # a cell's runs listed in its block (the newest), the earlier ones counted
 EVERY_S = 0.1          # at most ten redraws a second, whatever the step time
+SHOW_AFTER_S = 2.0     # a wait shorter than this shows nothing (issue 39: over ~2 s, say what and how far)
+HEARTBEAT_S = 0.25     # a long wait's redraw: its time moves in a phase that gives no news
 BAR = 20               # characters of the text bar
 clock = time.perf_counter   # a search's clock (tests put a fake one here)
 
@@ -113,6 +119,86 @@ class SearchProgress:
             spent = clock() - self.t0
             self.view.end(f"{self.what} stopped after {fmt_elapsed(spent)}: {kind.__name__}", failed=True)
         return False
+
+
+class WaitProgress:
+    """A long wait's display (``tunekit.plan``): shown once ``SHOW_AFTER_S`` have passed, then the
+    stage (``at(stage, fraction)``: "the plan's fake step", "advice: combination 2 of at most 7")
+    and what it is doing in it (``say(text)``: a pass and its phase), with the time spent; at the
+    end one line with the time taken, or where it stopped (a KeyboardInterrupt). A wait that ends
+    before anything was shown ends without a line. A daemon thread redraws it every ``HEARTBEAT_S``
+    too: it shows at 2 s and its time moves even inside a long phase that gives no news."""
+
+    def __init__(self, what: str):
+        self.what, self.stage, self.text, self.fraction, self.view = what, "", "", None, None
+        self.t0, self._drawn = clock(), -math.inf
+        self._lock, self._stop, self._thread = threading.Lock(), threading.Event(), None
+
+    def __enter__(self) -> "WaitProgress":
+        self._thread = threading.Thread(target=self._beat, name="tunekit-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self.draw()
+
+    def at(self, stage: str, fraction: float | None = None) -> None:
+        self.stage, self.text, self.fraction = stage, "", fraction
+        self.draw(news=True)
+
+    def say(self, text: str) -> None:
+        self.text = text
+        self.draw(news=False)
+
+    def draw(self, news: bool = False) -> None:
+        """Redraw, once ``SHOW_AFTER_S`` have passed: a new stage at once, a phase or the heartbeat
+        at most every ``EVERY_S``."""
+        now = clock()
+        if now - self.t0 < SHOW_AFTER_S or (not news and now - self._drawn < EVERY_S):
+            return
+        with self._lock:
+            if self.view is None:
+                self.view = _NotebookView() if _in_notebook() else _TextView(sys.stderr)
+            self._drawn = now
+            stage, text = self.stage, self.text
+            doing = f"{stage}: {text}" if stage and text else stage or text
+            self.view.draw(f"{self.what}: {doing} · {fmt_elapsed(now - self.t0)}", self.fraction)
+
+    def __exit__(self, kind, exc, _tb) -> bool:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.view is None:
+            return False   # nothing was shown: nothing to end
+        spent = fmt_elapsed(clock() - self.t0)
+        if exc is None:
+            self.view.end(f"{self.what}: done in {spent}", failed=False)
+        else:
+            self.view.end(f"{self.what} stopped after {spent}, at {self.stage or 'the start'}: {kind.__name__}",
+                          failed=True)
+        return False
+
+
+class _Quiet:
+    """WaitProgress's stand-in when the caller asked for nothing (``verbose=False``)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+    def at(self, stage: str, fraction: float | None = None) -> None:
+        pass
+
+    def say(self, text: str) -> None:
+        pass
+
+
+def wait_progress(what: str, verbose: bool):
+    """A `WaitProgress` for ``what``, or a silent stand-in for ``verbose=False``."""
+    return WaitProgress(what) if verbose else _Quiet()
 
 
 def _in_notebook() -> bool:
