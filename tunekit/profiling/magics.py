@@ -252,20 +252,21 @@ class GpuProfileMagics(Magics):
         raw = getattr(info, "raw_cell", "") or ""
         try:
             if self.auto_opts is not None and not raw.lstrip().startswith(_NOT_PROFILED):
-                self._probe = self._start_probe(raw)
+                self._probe = self._start_probe(raw, getattr(info, "transformed_cell", None))
         finally:
             shield.open = True  # the cell runs interruptible, also when its probe could not start
         if shield.pending:  # a Ctrl-C from the lines above: IPython shows it, then runs the cell
             shield.pending = False
             raise KeyboardInterrupt
 
-    def _start_probe(self, raw):
+    def _start_probe(self, raw, code=None):
         a = self.auto_opts
-        code = raw if not raw.lstrip().startswith("%") else ""
-        try:
-            code = self.shell.transform_cell(raw)
-        except Exception:
-            pass
+        if code is None:  # IPython < 9 does not hand the hook the cell it transformed
+            code = raw if not raw.lstrip().startswith("%") else ""
+            try:
+                code = self.shell.transform_cell(raw)
+            except Exception:
+                pass
         names = names_read(code)
         fp = lambda: fingerprint(self.shell.user_ns, names)  # noqa: E731
         models = lambda: modules_seen(self.shell.user_ns, names)  # noqa: E731

@@ -148,7 +148,7 @@ class Probe:
         self._start_tracer(rec)
         self.energy = EnergyMeter(self.cuda.index).start()
         synchronize()
-        self.conditions = ConditionsMeter(self.cuda.index).start()  # reads counters: no state to undo
+        self.conditions = ConditionsMeter(self.cuda.index, lean=True).start()  # reads counters: no state to undo
         self.t0 = time.perf_counter()
 
     def _start_tap(self, rec):
