@@ -118,24 +118,65 @@ def test_a_profiled_cells_work_is_the_same_after_10_and_after_1000_history_rows(
         def fill_to(rows):
             i = len(history.HISTORY)
             while len(history.HISTORY) < rows:
-                ip.run_cell(f"fill_{i} = {i}", store_history=True)
+                ip.run_cell(f"fill_{i} = {i} + 0", store_history=True)  # an operator: counted
                 i += 1
 
-        def work(tag):
+        def work(tag, code):
             # the cell with the least work of five: a cell now and then resets the CPU peak
             # (memory was freed since the last one), the same few calls at any history length
-            cells = [_cell_work(ip, f"probe_{tag}_{k} = {k}") for k in range(5)]
+            cells = [_cell_work(ip, f"probe_{tag}_{k} = {k}{code}") for k in range(5)]
             return min(cells, key=lambda c: (sum(c[0].values()), c[1]))
 
         fill_to(10)
-        early = work("early")
-        assert len(history.HISTORY) == 15 and sum(early[0].values()) > 0  # the cells were profiled
+        # a cell counted (an operator), and one that binds a name only (0 FLOPs without a counter)
+        early = work("early", " + 0"), work("early_inert", "")
+        assert len(history.HISTORY) == 20 and sum(early[0][0].values()) > 0  # the cells were profiled
         fill_to(1000)
-        late = work("late")
-        assert len(history.HISTORY) == 1005
+        late = work("late", " + 0"), work("late_inert", "")
+        assert len(history.HISTORY) == 1010
         assert len(history.FLOP_COUNTS) == history.FLOP_CACHE_SIZE  # full: each new count evicts one
     finally:
         ip.run_cell("%gpuprofile off")
-    assert late[0] == early[0], {k: (early[0][k], late[0][k]) for k in early[0] | late[0]
-                                 if early[0][k] != late[0][k]}
-    assert early[1] == late[1] == 0  # no record and no cached count is read for a new cell
+    for (calls0, reads0), (calls1, reads1) in zip(early, late):
+        assert calls1 == calls0, {k: (calls0[k], calls1[k]) for k in calls0 | calls1 if calls0[k] != calls1[k]}
+        assert reads0 == reads1 == 0  # no record and no cached count is read for a new cell
+
+
+@pytest.fixture
+def counters_made(monkeypatch):
+    """How many FLOP counters were built so far (a list: one entry per counter)."""
+    from tunekit.measure import flops
+
+    made, real = [], flops.TunekitFlopCounter
+
+    class Counted(real):
+        def __init__(self):
+            made.append(1)
+            super().__init__()
+
+    monkeypatch.setattr(flops, "TunekitFlopCounter", Counted)
+    return made
+
+
+def test_a_block_that_runs_nothing_gets_the_counters_zero_without_a_counter(counters_made):
+    keys = ("flops", "flops_source", "model_flops", "recompute_flops", "mfu_convention", "tflops", "mfu",
+            "hfu", "notes")
+    counted = probe.Probe("counted", key="k-counted").start().stop()   # a counter ran; nothing ran under it
+    assert counters_made == [1]
+    inert = probe.Probe("inert", key="k-inert", inert=True).start().stop()
+    assert counters_made == [1]  # none built for it
+    assert {k: getattr(inert, k) for k in keys} == {k: getattr(counted, k) for k in keys}
+    assert (inert.flops, inert.flops_source, inert.tflops) == (0.0, "counted", 0.0)  # 0 FLOPs in any time
+
+
+def test_on_counts_a_cell_unless_its_code_can_run_nothing(ip, counters_made):
+    ip.run_cell("%gpuprofile on -q")
+    try:
+        ip.run_cell("lr = 3e-4\nsizes = (batch_size, 128)", store_history=True)  # binds names only
+        assert counters_made == [] and tunekit.last().flops_source == "counted" and tunekit.last().flops == 0
+        ip.run_cell("y = lr * 2", store_history=True)  # an operator: may run anything, so counted
+        assert counters_made == [1]
+        ip.run_cell("out = model(torch.ones(2, 128))", store_history=True)
+        assert counters_made == [1, 1] and tunekit.last().flops == 2 * 2 * 128 * 128  # 2 rows x 2 FLOPs per weight
+    finally:
+        ip.run_cell("%gpuprofile off")

@@ -288,6 +288,34 @@ def names_read(source: str) -> frozenset:
     return frozenset(inputs | (v.aug_only & v.read_elsewhere))
 
 
+@functools.lru_cache(maxsize=512)
+def runs_nothing(source: str) -> bool:
+    """Whether a block's code can run no operation: it only binds names to literals or to what
+    other names hold (``lr = 3e-4``, ``steps = n``, ``pass``, comments). It does 0 FLOPs, known
+    without a counter. Anything else may run code and is False: a call, an operator, an
+    attribute or a subscript (both can be properties or ``__getitem__``), an unpacking (it
+    iterates), an expression statement (IPython displays its value), a comprehension.
+
+    >>> runs_nothing("lr = 3e-4\nsizes = (n, 2)"), runs_nothing("y = x * 2")
+    (True, False)
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Assign) and _literal_or_name(s.value)
+                                           and all(isinstance(t, ast.Name) for t in s.targets))
+               for s in tree.body)
+
+
+def _literal_or_name(node) -> bool:
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return all(_literal_or_name(e) for e in node.elts)
+    if isinstance(node, ast.UnaryOp):  # -1: folded into a constant when compiled
+        return isinstance(node.operand, ast.Constant)
+    return isinstance(node, (ast.Constant, ast.Name))
+
+
 @functools.lru_cache(maxsize=256)
 def with_body_names(filename: str, lineno: int) -> frozenset | None:
     """Inputs of the `with` block starting at `lineno` of `filename` (None without source)."""
