@@ -18,7 +18,7 @@ import time
 from tunekit.core.conditions import Conditions, judge, resolved
 from tunekit.core.validate import flag, whole
 from tunekit.measure.device import existing_device, torch_if_loaded
-from tunekit.measure.meters import libc
+from tunekit.measure.meters import after_fork, libc
 
 _TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 _CPUS = os.cpu_count()  # once: os.cpu_count() costs ~10 µs a call here, a fifth of the budget
@@ -34,9 +34,10 @@ class _Counters:
             import ctypes
 
             self.buf = ctypes.create_string_buffer(512)
+        after_fork(self)
 
     def _open(self):
-        if self.pid != os.getpid():  # a forked child must not read its parent's descriptors
+        if self.pid is None:  # first read in this process (a forked child must not read its parent's)
             self.fds = {}
             for name, path in _PATHS.items():
                 try:

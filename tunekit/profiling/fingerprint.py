@@ -268,6 +268,16 @@ class _FirstUse(ast.NodeVisitor):
     visit_ImportFrom = visit_Import
 
 
+@functools.lru_cache(maxsize=4)
+def _parsed(source: str):
+    """The AST of a block's source (None: not Python), parsed once for `names_read` and
+    `runs_nothing`, which a profiled cell asks in turn. Read only, never changed."""
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None
+
+
 @functools.lru_cache(maxsize=512)
 def names_read(source: str) -> frozenset:
     """Names a block reads before (or without) assigning them: its inputs.
@@ -278,9 +288,8 @@ def names_read(source: str) -> frozenset:
     >>> sorted(names_read("for i in range(n): y = f(x, i)"))
     ['f', 'n', 'range', 'x']
     """
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+    tree = _parsed(source)
+    if tree is None:
         return frozenset()
     v = _FirstUse()
     v.visit(tree)
@@ -299,11 +308,8 @@ def runs_nothing(source: str) -> bool:
     >>> runs_nothing("lr = 3e-4\nsizes = (n, 2)"), runs_nothing("y = x * 2")
     (True, False)
     """
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return False
-    return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Assign) and _literal_or_name(s.value)
+    tree = _parsed(source)
+    return tree is not None and all(isinstance(s, ast.Pass) or (isinstance(s, ast.Assign) and _literal_or_name(s.value)
                                            and all(isinstance(t, ast.Name) for t in s.targets))
                for s in tree.body)
 
