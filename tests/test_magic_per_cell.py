@@ -172,8 +172,11 @@ def test_a_block_that_runs_nothing_gets_the_counters_zero_without_a_counter(coun
 def test_on_counts_a_cell_unless_its_code_can_run_nothing(ip, counters_made):
     ip.run_cell("%gpuprofile on -q")
     try:
-        ip.run_cell("lr = 3e-4\nsizes = (batch_size, 128)", store_history=True)  # binds names only
+        described = []
+        ip.user_ns["watched"] = type("Watched", (), {"__getattribute__": lambda o, k: described.append(k)})()
+        ip.run_cell("lr = 3e-4\nsizes = (batch_size, 128)\nw = watched", store_history=True)  # binds names only
         assert counters_made == [] and tunekit.last().flops_source == "counted" and tunekit.last().flops == 0
+        assert described == []  # its inputs decide nothing: not fingerprinted
         ip.run_cell("y = lr * 2", store_history=True)  # an operator: may run anything, so counted
         assert counters_made == [1]
         ip.run_cell("out = model(torch.ones(2, 128))", store_history=True)

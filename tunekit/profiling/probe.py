@@ -117,8 +117,9 @@ class Probe:
         rec.started_at = time.time()
         torch = torch_if_loaded()
         cached = FLOP_COUNTS.get(self.key)
-        self.fp = (self._fp() if callable(self._fp) else self._fp) if self.mode == "auto" else ()
-        stale = self.mode == "auto" and cached is not None and cached.fingerprint != self.fp
+        auto = self.mode == "auto" and not self.inert  # an inert block's inputs decide nothing
+        self.fp = (self._fp() if callable(self._fp) else self._fp) if auto else ()
+        stale = auto and cached is not None and cached.fingerprint != self.fp
         self.count_now = torch is not None and not self.inert and (
             self.mode == "always" or (self.mode == "auto" and (cached is None or stale)))
         self.stale = stale
