@@ -94,9 +94,18 @@ def test_round_trip_through_a_log_line():
 # --- the meter, on injected counters --------------------------------------------------------------
 
 
-def _fake(monkeypatch, samples):
+def _fake(monkeypatch, samples, asked=None):
     it = iter(samples)
-    monkeypatch.setattr(mc._COUNTERS, "sample", lambda with_sched: dict(next(it)))
+
+    def sample(with_sched, with_stat=True):
+        s = dict(next(it))
+        if asked is not None:
+            asked.append(with_stat)
+        if not with_stat:  # /proc/stat left unread
+            s.pop("busy_s", None), s.pop("steal_s", None)
+        return s
+
+    monkeypatch.setattr(mc._COUNTERS, "sample", sample)
 
 
 def test_meter_turns_counter_deltas_into_a_verdict(monkeypatch):
@@ -110,6 +119,30 @@ def test_meter_turns_counter_deltas_into_a_verdict(monkeypatch):
     assert m.raw == {"own_cpu_s": 1.0, "cpu_wait_s": pytest.approx(0.9), "wait_source": "psi",
                      "busy_cpu_s": 2.0, "steal_s": 0.0}
     assert c.busy and c.others_cpus == pytest.approx(1.0)   # (502 - 500) - (11 - 10) over 1 s
+
+
+def test_a_lean_meter_reads_proc_stat_at_stop_only_for_a_block_long_enough_for_its_ticks(monkeypatch):
+    # 2 CPUs, 10 ms ticks: /proc/stat resolves blocks of >= 10 x 0.01 x 2 = 0.2 s
+    monkeypatch.setattr(mc, "_CPUS", 2)
+    monkeypatch.setattr(mc, "_TICK_S", 0.01)
+    two = [{"own_cpu_s": 0.0, "wait_s": 0.0, "wait_source": "psi", "busy_s": 500.0, "steal_s": 1.0},
+           {"own_cpu_s": 0.1, "wait_s": 0.0, "wait_source": "psi", "busy_s": 501.0, "steal_s": 1.0}]
+    asked = []
+    _fake(monkeypatch, two, asked)
+    m = mc.ConditionsMeter(lean=True).start()
+    c = m.stop(0.1, threads=1)  # 0.1 s < 0.2 s: the stop leaves /proc/stat unread
+    assert asked == [True, False]
+    assert "busy_cpu_s" not in m.raw and "steal_s" not in m.raw
+    assert c.verdict == QUIET and math.isnan(c.others_cpus) and math.isnan(c.steal)
+    assert c.cpu_wait == 0.0  # PSI is read at both ends: 0 s waited of 0.1 s
+    with pytest.raises(ValueError):
+        m.follow()
+    asked.clear()
+    _fake(monkeypatch, two, asked)
+    m = mc.ConditionsMeter(lean=True).start()
+    c = m.stop(0.2, threads=1)  # resolved: read, as a plain meter does
+    assert asked == [True, True] and m.raw["busy_cpu_s"] == 1.0
+    assert c.others_cpus == pytest.approx(4.5)  # (501 - 500 - 0.1) CPU-s over 0.2 s
 
 
 def test_meter_without_psi_falls_back_to_this_threads_wait(monkeypatch):

@@ -247,7 +247,7 @@ def test_ctrl_c_between_the_set_up_and_the_clock_leaves_nothing_installed(monkey
     from torch.nn.modules import module as M
 
     class Interrupted:   # the conditions meter starts last, just before the clock
-        def __init__(self, *args):
+        def __init__(self, *args, **kwargs):
             pass
 
         def start(self):

@@ -86,6 +86,12 @@ class Conditions:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+def resolved(wall_s: float, cpus: int | None, tick_s: float = 0.01) -> bool:
+    """Whether a block of ``wall_s`` is long enough for /proc/stat's clock ticks to say what
+    other processes used (its error at most 0.1 CPU): shorter, `judge` leaves them out."""
+    return cpus is not None and wall_s >= 10 * tick_s * cpus
+
+
 def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
           cpu_wait_s: float | None = None, wait_source: str | None = None,
           busy_cpu_s: float | None = None, own_cpu_s: float | None = None,
@@ -112,7 +118,7 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
     wait = NaN if cpu_wait_s is None else min(1.0, max(0.0, cpu_wait_s / wall_s))
     share = NaN if own_cpu_s is None or not threads else own_cpu_s / (wall_s * threads)
     others = steal = NaN
-    resolved = cpus is not None and wall_s >= 10 * tick_s * cpus  # /proc/stat error <= 0.1 CPU
+    long_enough = resolved(wall_s, cpus, tick_s)
     group = own_cpu_s if group_cpu_s is None else group_cpu_s
     if busy_cpu_s is not None and group is not None:
         others = max(0.0, (busy_cpu_s - group) / wall_s)
@@ -124,13 +130,13 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
     who = "tasks" if wait_source == "psi" else "this thread"
     # With a long enough window /proc/stat says who used the CPUs: a wait while other processes
     # stayed near idle is this work's own threads queueing (more threads than CPUs), not a busy machine.
-    own_wait = resolved and not _nan(others) and others < OTHERS_BUSY_CPUS / 2
+    own_wait = long_enough and not _nan(others) and others < OTHERS_BUSY_CPUS / 2
     if not _nan(wait) and wait >= CPU_WAIT_BUSY and cpu_wait_s >= CPU_WAIT_MIN_S and not own_wait:
         busy.append(f"{'tasks' if wait_source == 'psi' else 'this thread'} waited for a CPU "
                     f"{fmt_pct(wait, 0)} of the time")
-    if resolved and not _nan(others) and others >= OTHERS_BUSY_CPUS:
+    if long_enough and not _nan(others) and others >= OTHERS_BUSY_CPUS:
         busy.append(f"other processes used {others:.1f} of {cpus} CPUs")
-    if resolved and not _nan(steal) and steal >= STEAL_BUSY:
+    if long_enough and not _nan(steal) and steal >= STEAL_BUSY:
         busy.append(f"the hypervisor took {fmt_pct(steal, 0)} of the CPU time (steal)")
     if gpu_other_processes:
         busy.append(f"{gpu_other_processes} other process{'es' if gpu_other_processes > 1 else ''} "
@@ -143,7 +149,7 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
             busy.append(f"this process got {fmt_pct(share, 0)} of its "
                         + (f"{threads} threads' time" if threads != 1 else "1 thread's time"))
         return Conditions(BUSY, "; ".join(busy), **kw)
-    if _nan(wait) and not resolved and gpu_other_processes is None:
+    if _nan(wait) and not long_enough and gpu_other_processes is None:
         return Conditions(UNKNOWN, "no CPU-wait counter here (Linux PSI or schedstat) and the block "
                                    "was too short for /proc/stat", **kw)
     said = []
@@ -151,7 +157,7 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
         said.append(f"{who} waited for a CPU {fmt_pct(wait, 0)} of the time")
         if own_wait and wait >= CPU_WAIT_BUSY:
             said[-1] += " (this work's own threads: more threads than free CPUs)"
-    if resolved and not _nan(others):
+    if long_enough and not _nan(others):
         said.append(f"other processes used {others:.2f} CPUs")
     return Conditions(QUIET, "; ".join(said) or "nothing else used the machine", **kw)
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import time
 
-from tunekit.core.conditions import Conditions, judge
+from tunekit.core.conditions import Conditions, judge, resolved
 from tunekit.core.validate import flag, whole
 from tunekit.measure.device import existing_device, torch_if_loaded
-from tunekit.measure.meters import libc
+from tunekit.measure.meters import after_fork, libc
 
 _TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 _CPUS = os.cpu_count()  # once: os.cpu_count() costs ~10 µs a call here, a fifth of the budget
@@ -34,9 +34,10 @@ class _Counters:
             import ctypes
 
             self.buf = ctypes.create_string_buffer(512)
+        after_fork(self)
 
     def _open(self):
-        if self.pid != os.getpid():  # a forked child must not read its parent's descriptors
+        if self.pid is None:  # first read in this process (a forked child must not read its parent's)
             self.fds = {}
             for name, path in _PATHS.items():
                 try:
@@ -58,8 +59,9 @@ class _Counters:
         except OSError:
             return None
 
-    def sample(self, with_sched: bool) -> dict:
-        """The counters now: CPU wait (s), machine busy and steal time (s), own CPU time (s)."""
+    def sample(self, with_sched: bool, with_stat: bool = True) -> dict:
+        """The counters now: CPU wait (s), machine busy and steal time (s; not read without
+        ``with_stat``), own CPU time (s)."""
         out = {"own_cpu_s": time.process_time()}
         psi = self.read("psi")
         if psi:  # "some avg10=0.00 avg60=0.00 avg300=0.00 total=123456" (µs)
@@ -68,7 +70,7 @@ class _Counters:
             sched = self.read("sched")  # "run_ns wait_ns slices" of this thread
             if sched:
                 out["wait_s"], out["wait_source"] = int(sched.split()[1]) / 1e9, "schedstat"
-        stat = self.read("stat")
+        stat = self.read("stat") if with_stat else None
         if stat and stat.startswith(b"cpu "):
             v = [int(x) for x in stat[4:stat.index(b"\n")].split()]
             # user nice system idle iowait irq softirq steal ...: busy = all but idle, iowait, steal
@@ -102,14 +104,19 @@ class ConditionsMeter:
     """Readings at `start()` and `stop()`; `stop()` returns the `Conditions` of the window.
 
     ``cuda_index``: the torch CUDA device in use (NVML is asked about it at stop), or None.
+    ``lean``: `stop()` leaves /proc/stat unread when the block was too short for its clock ticks
+    (`core.conditions.resolved`: the verdict leaves other processes and steal out there, and the
+    record has them as NaN): the kernel renders the whole file, every CPU's and interrupt's
+    line, for each read, which is most of what a meter costs a trivial cell. A lean meter's
+    windows do not `follow()` one another.
     """
 
-    def __init__(self, cuda_index: int | None = None, children: bool = False):
-        self.cuda_index, self.children = cuda_index, children
+    def __init__(self, cuda_index: int | None = None, children: bool = False, lean: bool = False):
+        self.cuda_index, self.children, self.lean = cuda_index, children, lean
         self.s0 = self.raw = None
 
-    def _sample(self) -> dict:
-        s = _COUNTERS.sample(with_sched=True)
+    def _sample(self, with_stat: bool = True) -> dict:
+        s = _COUNTERS.sample(with_sched=True, with_stat=with_stat)
         if self.children:  # the CPU time of child processes that ended and were waited for
             import resource
 
@@ -125,6 +132,8 @@ class ConditionsMeter:
     def follow(self) -> "ConditionsMeter":
         """A meter whose window starts where this one stopped (back-to-back windows, one reading
         per boundary: a monitored loop's steps). Call after `stop()`."""
+        if self.lean:
+            raise ValueError("a lean ConditionsMeter's stop may leave /proc/stat unread: it cannot be followed")
         nxt = ConditionsMeter(self.cuda_index, self.children)
         nxt.s0, nxt.t0 = self.s1, self.t1
         return nxt
@@ -133,10 +142,11 @@ class ConditionsMeter:
         """The window's conditions (``wall_s``: the measured block's time, else start..stop)."""
         if self.s0 is None:
             return None
-        s1 = self._sample()
-        self.s1, self.t1 = s1, time.perf_counter()
+        t1 = time.perf_counter()
         if wall_s is None or wall_s != wall_s:
-            wall_s = self.t1 - self.t0
+            wall_s = t1 - self.t0
+        s1 = self._sample(with_stat=not self.lean or resolved(wall_s, _CPUS, _TICK_S))
+        self.s1, self.t1 = s1, t1
         self.raw = delta(self.s0, s1)
         gpu = gpu_readings(self.cuda_index)
         return judge(wall_s, _CPUS, threads or threads_in_use(), tick_s=_TICK_S,

@@ -22,7 +22,8 @@ def torch_if_loaded():
 def cuda_device_index():
     """The current CUDA device index if CUDA is initialized in this process, else None."""
     torch = torch_if_loaded()
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    # initialized implies available; is_available() asks the driver on CUDA builds, every call
+    if torch is None or not torch.cuda.is_initialized():
         return None
     return torch.cuda.current_device()
 

@@ -76,7 +76,7 @@ class EnergyMeter:
     """Energy of a block from every counter readable here (GPU ``cuda_index`` and CPU packages)."""
 
     def __init__(self, cuda_index: int | None = None, powercap=POWERCAP):
-        self.index, self.root = cuda_index, Path(powercap)
+        self.index, self.root = cuda_index, powercap if isinstance(powercap, Path) else Path(powercap)
 
     def start(self) -> "EnergyMeter":
         self.notes = []

@@ -36,6 +36,7 @@ default (a debugger's, the user's own, SIG_IGN), a shield does nothing.
 """
 from __future__ import annotations
 
+import _signal  # signal's own calls without the enum round trips (see innermost)
 import os
 import signal
 import sys
@@ -79,8 +80,13 @@ def _shield_of(handler):
 
 
 def innermost():
-    """The innermost active shield (its handler is SIGINT's), or None."""
-    return _shield_of(signal.getsignal(signal.SIGINT))
+    """The innermost active shield (its handler is SIGINT's), or None.
+
+    Shields call `_signal`, which `signal.getsignal`/`signal.signal` wrap: those turn every
+    handler they take or return into a Handlers enum, which fails (raising inside) for a Python
+    handler, several µs a call and a dozen calls a profiled cell. `_signal` returns the handler
+    as is (SIG_DFL/SIG_IGN as the ints the enums equal)."""
+    return _shield_of(_signal.getsignal(signal.SIGINT))
 
 
 class deferred_interrupt:
@@ -102,11 +108,11 @@ class deferred_interrupt:
     def __enter__(self) -> "deferred_interrupt":
         if threading.current_thread() is not threading.main_thread():
             return self
-        now = signal.getsignal(signal.SIGINT)
+        now = _signal.getsignal(signal.SIGINT)
         if now is not signal.default_int_handler and _shield_of(now) is None:
             return self  # someone else's handler (a debugger's, the user's, SIG_IGN): leave SIGINT alone
         self.active = True
-        self.previous = signal.signal(signal.SIGINT, self._handle)  # a SIGINT before the switch is `now`'s
+        self.previous = _signal.signal(signal.SIGINT, self._handle)  # a SIGINT before the switch is `now`'s
         return self
 
     @closes_gate  # called with the gate open (an IPython hook's shield): shut it before a Ctrl-C can cut in
@@ -115,8 +121,8 @@ class deferred_interrupt:
             return False
         self.active = self.open = False
         outer = self.outer
-        if signal.getsignal(signal.SIGINT) == self._handle:
-            signal.signal(signal.SIGINT, self.previous)  # a SIGINT before the switch lands in self.pending
+        if _signal.getsignal(signal.SIGINT) == self._handle:
+            _signal.signal(signal.SIGINT, self.previous)  # a SIGINT before the switch lands in self.pending
         else:  # ended out of order (an IPython hook's shield), or the user's code replaced the handler
             self._splice()
         if self.pending:

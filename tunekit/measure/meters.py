@@ -18,6 +18,16 @@ _HAS_PROC = os.path.exists("/proc/self/statm")
 _LIBC: list = []
 
 
+def after_fork(files) -> None:
+    """Forget ``files.pid`` in a child forked from this process, so that ``files`` opens the
+    child's own /proc files on its next read (kept open otherwise: one check, no system call)."""
+    def forget():
+        files.pid = None
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=forget)
+
+
 def libc():
     """This process's C library (``ctypes.PyDLL``: its calls keep the GIL), pread and write typed;
     None where it cannot be opened. One handle for every caller in tunekit."""
@@ -45,7 +55,8 @@ class _Proc:
     A plain file read releases the GIL, and in IPython that lets the history thread run its
     sqlite write in the middle of the cell (~0.5 ms per cell measured with `%gpuprofile on`),
     work it otherwise does while the kernel waits for input. libc's pread/write called through
-    ctypes.PyDLL keep the GIL (these calls take microseconds). The files stay open per process.
+    ctypes.PyDLL keep the GIL (these calls take microseconds). The files stay open per process:
+    a forked child opens its own (`after_fork`), without a getpid() system call per read.
     """
 
     def __init__(self):
@@ -54,9 +65,10 @@ class _Proc:
             import ctypes
 
             self.buf = ctypes.create_string_buffer(8192)
+        after_fork(self)
 
     def _fds(self):
-        if self.pid != os.getpid():  # opened by a parent before fork(): those are its files
+        if self.pid is None:  # first read in this process (the parent's files are not a child's)
             self.fd = {n: os.open(f"/proc/self/{n}", os.O_RDONLY) for n in ("statm", "status")}
             try:
                 self.fd["clear_refs"] = os.open("/proc/self/clear_refs", os.O_WRONLY)

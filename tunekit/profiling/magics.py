@@ -18,7 +18,7 @@ from tunekit.core.summary import Summary
 from tunekit.measure.history import HISTORY, source_key
 from tunekit.measure.interrupts import closes_gate, deferred_interrupt, opens_gate
 from tunekit.profiling.cell_check import cell_syntax_error, install, uninstall
-from tunekit.profiling.fingerprint import fingerprint, modules_seen, names_read
+from tunekit.profiling.fingerprint import fingerprint, modules_seen, names_read, runs_nothing
 from tunekit.profiling.options import check, explain_record, planned
 from tunekit.profiling.probe import FLOPS_MODES, Probe
 
@@ -252,26 +252,27 @@ class GpuProfileMagics(Magics):
         raw = getattr(info, "raw_cell", "") or ""
         try:
             if self.auto_opts is not None and not raw.lstrip().startswith(_NOT_PROFILED):
-                self._probe = self._start_probe(raw)
+                self._probe = self._start_probe(raw, getattr(info, "transformed_cell", None))
         finally:
             shield.open = True  # the cell runs interruptible, also when its probe could not start
         if shield.pending:  # a Ctrl-C from the lines above: IPython shows it, then runs the cell
             shield.pending = False
             raise KeyboardInterrupt
 
-    def _start_probe(self, raw):
+    def _start_probe(self, raw, code=None):
         a = self.auto_opts
-        code = raw if not raw.lstrip().startswith("%") else ""
-        try:
-            code = self.shell.transform_cell(raw)
-        except Exception:
-            pass
+        if code is None:  # IPython < 9 does not hand the hook the cell it transformed
+            code = raw if not raw.lstrip().startswith("%") else ""
+            try:
+                code = self.shell.transform_cell(raw)
+            except Exception:
+                pass
         names = names_read(code)
         fp = lambda: fingerprint(self.shell.user_ns, names)  # noqa: E731
         models = lambda: modules_seen(self.shell.user_ns, names)  # noqa: E731
         return Probe(f"In[{self.shell.execution_count}]", key=source_key(code), fingerprint=fp,
                      flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype,
-                     models=models).start()
+                     models=models, inert=runs_nothing(code)).start()
 
     def _close_left(self, shield):
         probe, self._probe = self._probe, None

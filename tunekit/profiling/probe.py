@@ -63,11 +63,14 @@ class Probe:
     `models`: None, or a zero-argument callable returning the (name, module) pairs the block reads
     (`fingerprint.modules_seen`); a counted run watches their forward calls, and a model whose
     shape tunekit knows gives the model FLOPs as the Lab computes them (`measure.model_flops`).
+    `inert`: the block's code can run no operation (`fingerprint.runs_nothing`: ``lr = 3e-4``):
+    its count is 0, the one a counter would give, taken without installing one.
     """
 
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
-                 history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None):
+                 history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None,
+                 inert: bool = False):
         validate.text("name", name)
         validate.optional_callable("models", models, "(name, module) pairs")
         validate.choice("flops", flops, FLOPS_MODES)
@@ -79,6 +82,7 @@ class Probe:
             validate.choice("dtype", dtype, DTYPES)
         validate.flag("trace", trace)
         validate.flag("memory", memory)
+        validate.flag("inert", inert)
         if flops == "always" and (trace or memory):
             raise ValueError("flops='always' counts every run, and a traced run counts none (the counter "
                              "would be traced as the work): use trace/memory with flops='auto' or 'never'")
@@ -86,7 +90,7 @@ class Probe:
         self.trace, self.memory, self.tracer, self.energy = trace, memory, None, None
         self._fp, self._models, self.tap = fingerprint, models, None
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
-        self.history = history
+        self.history, self.inert = history, inert
         self.counter, self.stale = None, False
         self.conditions = self.t0 = None
         self.running = False
@@ -113,9 +117,10 @@ class Probe:
         rec.started_at = time.time()
         torch = torch_if_loaded()
         cached = FLOP_COUNTS.get(self.key)
-        self.fp = (self._fp() if callable(self._fp) else self._fp) if self.mode == "auto" else ()
-        stale = self.mode == "auto" and cached is not None and cached.fingerprint != self.fp
-        self.count_now = torch is not None and (
+        auto = self.mode == "auto" and not self.inert  # an inert block's inputs decide nothing
+        self.fp = (self._fp() if callable(self._fp) else self._fp) if auto else ()
+        stale = auto and cached is not None and cached.fingerprint != self.fp
+        self.count_now = torch is not None and not self.inert and (
             self.mode == "always" or (self.mode == "auto" and (cached is None or stale)))
         self.stale = stale
         # what is asked for comes first: a traced run traces, and counts nothing (the counter's
@@ -148,7 +153,7 @@ class Probe:
         self._start_tracer(rec)
         self.energy = EnergyMeter(self.cuda.index).start()
         synchronize()
-        self.conditions = ConditionsMeter(self.cuda.index).start()  # reads counters: no state to undo
+        self.conditions = ConditionsMeter(self.cuda.index, lean=True).start()  # reads counters: no state to undo
         self.t0 = time.perf_counter()
 
     def _start_tap(self, rec):
@@ -283,6 +288,10 @@ class Probe:
                 remember(FLOP_COUNTS, self.key, CachedCount(self.fp, counted, rec.name, shaped=shaped))
             else:
                 rec.notes.append("the block failed: FLOPs counted up to the failure")
+        elif self.inert and self.mode != "never" and torch_if_loaded() is not None:
+            # what a counter reports for a block that runs no op (`_flops_of` of an empty count)
+            rec.flops_source, rec.mfu_convention = "counted", formulas.MFU_COUNTED
+            rec.flops = rec.model_flops = rec.recompute_flops = 0.0
         elif self.mode == "auto" and self.key in FLOP_COUNTS and not self.stale:
             c = FLOP_COUNTS[self.key]
             FLOP_COUNTS.move_to_end(self.key)
