@@ -21,13 +21,13 @@ from tunekit.core import registry
 from tunekit.core.paths import runs_dir
 from tunekit.core.results import RunResult, results_frame
 from tunekit.core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
-from tunekit.core.validate import flag, function, instance, is_whole, real, whole
+from tunekit.core.validate import flag, function, instance, is_whole, keywords_checked, real, whole
 from tunekit.lab import run as single
 from tunekit.lab.distributed import run_distributed
 from tunekit.lab.plan import lab_plan, show_plan_keywords
 from tunekit.lab.results import LabResults
 from tunekit.lab.runlog import RunLog, check_log_path
-from tunekit.lab.setting import lab_keywords
+from tunekit.lab.setting import LAB_CHOICES, lab_keywords
 from tunekit.measure.device import default_device, existing_device
 from tunekit.models.adapters import adapt
 from tunekit.models.dry_step import dry_step
@@ -70,6 +70,7 @@ class Lab(LabResults):
     were), a batch the loss cannot take or a loss that is not one number.
     """
 
+    @keywords_checked(LAB_CHOICES)
     @toggle_keywords
     def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
                  config: GPTConfig | None = None, data="corpus", device=None, log_path=None,
