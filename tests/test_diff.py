@@ -58,6 +58,28 @@ def test_two_runs_say_what_changed_and_what_moved_the_step_most():
     assert list(fig.data[1].y) == pytest.approx([12.0, 10.0, 3.0])
 
 
+def test_the_table_shows_the_rows_that_changed_most_and_says_how_to_see_the_rest():
+    ops_a = [(f"op{i}", 0.001, 1) for i in range(20)]
+    ops_b = [(f"op{i}", 0.001 + 0.0001 * i, 1) for i in range(20)]      # op i moved by i * 0.1 ms
+    a = _run(0, step_s=0.040, trace=_trace({"matmul/linear": 0.030, "optimizer": 0.010}, ops_a))
+    b = _run(1, "b", step_s=0.020, trace=_trace({"matmul/linear": 0.010, "optimizer": 0.010}, ops_b))
+    d = tunekit.diff(a, b)
+    # 28 rows: 6 figures (step time, tokens/s, peak memory, parameters, gradients, optimizer
+    # states: the others measured on neither side), 2 categories, 20 ops
+    assert len(d.table_all) == 28 and len(d.table) == 15
+    # weights: tokens/s 800 -> 1600 is +100%; step time 40 -> 20 ms is -50%; matmul moved 20 ms of
+    # the 40 ms traced step (0.5); op i moved i * 0.1 ms of 40 ms (op19 0.0475 ... op8 0.02, op7
+    # 0.0175 is the 16th); memory and the optimizer did not move (0)
+    assert list(d.table.what) == ["step time", "tokens/s", "matmul/linear"] + [f"op{i}" for i in range(19, 7, -1)]
+    assert "13 more rows left out" in repr(d.table) and ".table_all" in repr(d.table)
+    assert d.table.loc[0, "change"] == pytest.approx(-0.5)      # the DataFrame keeps raw numbers
+    everything = tunekit.diff(a, b, rows=None).table
+    assert len(everything) == 28 and "left out" not in repr(everything)
+    assert len(tunekit.diff(a, b, rows=3).table) == 3
+    with pytest.raises(ValueError, match="rows must be a whole number >= 1, got 0"):
+        tunekit.diff(a, b, rows=0)
+
+
 def test_runs_read_back_from_the_log_diff_like_the_live_ones():
     a, b = _run(0, step_s=0.040), _run(1, "mb=16", step_s=0.080, micro_batch=16)
     assert tunekit.diff(a.to_dict(), b.to_dict()).summary == tunekit.diff(a, b).summary
@@ -112,7 +134,7 @@ def test_a_real_bf16_toggle_adds_casts_to_the_trace():
     # autocast casts weights and activations to bf16: copy ops run that the fp32 step has not
     assert any("ToCopy" in o["op"] or "_to_copy" in o["op"] for o in d.added) or \
         any(r["what"] == "aten::_to_copy" and r["calls_b"] > r["calls_a"] for r in d.rows if r["section"] == "ops")
-    t = d.table
+    t = d.table_all     # every row: the unchanged ones (parameters) too
     assert t[t.what == "weight casts"].iloc[0].b > 0 and t[t.what == "parameters"].iloc[0].change == 0.0
     # the model's module scopes, where the profiler records them (not once torch._dynamo is loaded in
     # the process, as after test_bench's compile run): one step of one model, as many calls each
