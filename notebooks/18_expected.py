@@ -124,7 +124,7 @@ d
 d.figure()
 
 # %%
-tab = d.table
+tab = d.table_all   # every row (d.table shows the 15 that changed most)
 mm = tab[(tab.section == "ops") & (tab.what == "aten::mm")].iloc[0]
 flops = tab[tab.what == "FLOPs per step"].iloc[0]
 saved = tab[tab.what == "saved activations"].iloc[0]
