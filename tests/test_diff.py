@@ -161,6 +161,25 @@ def test_the_command_diffs_two_runs_of_a_log_and_refuses_what_it_cannot_read(tmp
     assert "none.jsonl: no such log file" in capsys.readouterr().err
 
 
+def test_a_run_id_that_several_sessions_of_a_shared_log_hold_is_refused_with_a_name_for_each(tmp_path, capsys):
+    from tunekit.cli.main import main
+    from tunekit.lab.runlog import RunLog
+
+    log = tmp_path / "lab-2026-12-06.jsonl"     # the day's log: each Lab a session numbering from 0
+    for session, step_s in (("s1", 0.040), ("s2", 0.020)):
+        r = _run(0, f"from {session}", step_s=step_s)
+        r.time = "2026-12-06T08:00:00"
+        RunLog(log, session=session).add(r)
+    assert main(["diff", f"{log}#0", str(log)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tunekit diff: error: {log}#0 could be any of 2 runs, one per Lab session that shared the log: name one "
+        f"as {log}#s1/0 (from s1, 2026-12-06T08:00:00); {log}#s2/0 (from s2, 2026-12-06T08:00:00)")
+    assert main(["diff", f"{log}#s1/0", f"{log}#s2/0"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "step 40.0 ms -> 20.0 ms (2.00x faster)"   # no setting changed
+    assert main(["diff", f"{log}#s3/0", str(log)]) == 2
+    assert "no run #0 of session 's3' in the log (its runs: #s1/0, #s2/0)" in capsys.readouterr().err
+
+
 def test_the_summary_takes_the_fastest_steps_where_both_runs_have_them():
     a, b = _run(0, step_s=0.050), _run(1, "bf16", step_s=0.040, precision="bf16")
     a.step_s_min, b.step_s_min = 0.030, 0.020        # load slowed b's mean: its fastest step says more
