@@ -32,8 +32,9 @@ import time
 import pandas as pd
 import torch
 from plotly.subplots import make_subplots
-from transformers import LlamaConfig
 import tunekit
+with tunekit.needs_extra("chapter 18"):   # names the pip extra where transformers is missing
+    from transformers import LlamaConfig
 from tunekit.core.expected import agreement
 from tunekit.measure.peaks import calibrate
 from tunekit.measure.stream import measure_stream

@@ -47,3 +47,30 @@ def test_the_planned_times_add_up_to_the_tables():
         assert part == int(hours or 0) * 60 + int(mins), (first, last, part)
     covered = [n for n in minutes if any(a <= n[:2] <= b for a, b, _, _ in spans)]
     assert covered == list(minutes)      # the sessions cover every notebook
+
+
+def test_a_missing_extra_in_a_chapter_names_its_pip_command():
+    import pytest
+
+    import tunekit
+
+    with pytest.raises(ModuleNotFoundError) as info:
+        with tunekit.needs_extra("chapter 16"):
+            raise ModuleNotFoundError("No module named 'transformers'", name="transformers")   # what import says
+    assert str(info.value) == "chapter 16 needs transformers, which is not installed: pip install 'tunekit[hf]'"
+    with pytest.raises(ModuleNotFoundError, match="No module named 'numpy_x'"):   # no extra brings it: as is
+        with tunekit.needs_extra("chapter 16"):
+            raise ModuleNotFoundError("No module named 'numpy_x'", name="numpy_x")
+
+
+def test_every_chapter_imports_an_extras_package_under_needs_extra():
+    from tunekit.core.extras import EXTRAS
+
+    optional = "|".join(sorted(EXTRAS)) + "|tunekit.integrations"
+    for name in NOTEBOOKS:
+        lines = (ROOT / "notebooks" / f"{name}.py").read_text().splitlines()
+        for i, line in enumerate(lines):
+            if re.match(rf"\s*(import|from) ({optional})\b", line):
+                # inside the with block: indented, under a `with tunekit.needs_extra(...)` line
+                opener = next(prev for prev in reversed(lines[:i]) if not prev.startswith((" ", "#")) and prev)
+                assert line.startswith("    ") and opener.startswith("with tunekit.needs_extra("), (name, line)
