@@ -208,7 +208,7 @@ def keywords_checked(choices: dict | None = None):
     def wrap(fn):
         sig = inspect.signature(fn)
         params = sig.parameters
-        names = [n for n, p in params.items() if n != "self"
+        names = [key for key, p in params.items() if key != "self"
                  and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)]
         open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
         where = fn.__qualname__.removesuffix(".__init__")
