@@ -170,6 +170,8 @@ def test_lab_follows_changes_made_by_hand_and_says_when_a_given_toggle_replaces_
     assert given.attention_ran == "math" and given.checkpointing is True
     assert [n.kind for n in of_kind(given.notes, "toggle.over_hand_change")] == ["toggle.over_hand_change"]
     assert "attention" in of_kind(given.notes, "toggle.over_hand_change")[0]
+    back = hf_lab.run(steps=1, warmup=0)    # left out again: the model as it was set by hand, nothing to say
+    assert (back.attention, back.checkpointing) == ("sdpa", True) and not of_kind(back.notes, "toggle.over_hand_change")
     hf_lab.model.eval()                  # another mode (dropout, caches) may change the work
     assert hf_lab.run(steps=1, warmup=0).flops_source == "counted"
     hf_lab.model.train()
