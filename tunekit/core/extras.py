@@ -34,12 +34,11 @@ def missing_extra(e: BaseException, needs: str) -> ModuleNotFoundError | None:
 @contextlib.contextmanager
 def needs_extra(needs: str):
     """Imports under it that fail for a package an extra brings say what needs it and the pip
-    command (`missing_extra`); any other error passes unchanged. A notebook's imports:
+    command (`missing_extra`); any other error passes unchanged.
 
-        with tunekit.needs_extra("chapter 16"):
-            from transformers import Trainer    # ModuleNotFoundError: chapter 16 needs transformers,
-                                                # which is not installed: pip install 'tunekit[hf]'
-    """
+    Example: a notebook's imports, ``with tunekit.needs_extra("chapter 16"): from transformers import
+    Trainer`` (without transformers: ``ModuleNotFoundError: chapter 16 needs transformers, which is
+    not installed: pip install 'tunekit[hf]'``)."""
     try:
         yield
     except ModuleNotFoundError as e:

@@ -184,7 +184,9 @@ class Lab(LabResults):
         """``t`` with the attention and checkpointing it leaves None taken from the model's own
         state (`TrainStep.own`): as it was given to the Lab, or as last changed by hand
         (``model.gradient_checkpointing_enable()``, ``model.set_attn_implementation("eager")``);
-        the run uses and records them."""
+        the run uses and records them.
+
+        Example: ``lab.model_state(lab.defaults).checkpointing`` (what a run leaving it out takes)."""
         return self.trainer.own(t)
 
     def check(self, t: Toggles, steps: int = 1, warmup: int = 0) -> list[str]:
