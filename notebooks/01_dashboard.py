@@ -132,7 +132,8 @@ found.table()
 # attention (`"math"` is transformers' `"eager"`) on the live model.
 
 # %%
-from transformers import AutoModelForCausalLM, LlamaConfig
+with tunekit.needs_extra("this part of chapter 01"):   # names the pip extra where transformers is missing
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
 cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

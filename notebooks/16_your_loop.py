@@ -33,11 +33,12 @@ import plotly.graph_objects as go
 import pandas as pd
 import torch
 import tunekit
-from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
-from transformers.utils import logging as hf_logging
-import lightning as L
-from tunekit.integrations.lightning import TunekitCallback as LightningCallback
-from tunekit.integrations.transformers import TunekitCallback as TrainerCallback
+with tunekit.needs_extra("chapter 16"):   # names the pip extra where transformers or lightning is missing
+    from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+    import lightning as L
+    from tunekit.integrations.lightning import TunekitCallback as LightningCallback
+    from tunekit.integrations.transformers import TunekitCallback as TrainerCallback
 
 tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 hf_logging.set_verbosity_error()

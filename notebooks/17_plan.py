@@ -28,8 +28,9 @@ import time
 import pandas as pd
 import torch
 from plotly.subplots import make_subplots
-from transformers import LlamaConfig
 import tunekit
+with tunekit.needs_extra("chapter 17"):   # names the pip extra where transformers is missing
+    from transformers import LlamaConfig
 from tunekit.core.memory import estimate as anatomy
 from tunekit.core.specs import SPECS
 tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer

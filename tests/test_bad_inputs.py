@@ -102,6 +102,48 @@ def test_a_lab_refuses_bad_inputs_before_any_training(tmp_path, kw, error, messa
     assert not (tmp_path / "r.jsonl").exists()   # nothing ran, nothing was logged
 
 
+# every constructor names the keyword a user probably meant: a misspelled one (the closest name), or
+# a value its keyword refuses and another takes (the keyword that takes it)
+MEANT = [
+    (lambda: Lab("gpt2-124m"), ValueError,
+     "Lab(): model='gpt2-124m' is not what model takes: did you mean preset='gpt2-124m'?"),
+    (lambda: Lab(presett="gpt2-124m"), TypeError,
+     "Lab() got an unexpected keyword argument 'presett': did you mean preset='gpt2-124m'?"),
+    (lambda: Lab(device="bf16"), ValueError,
+     "Lab(): device='bf16' is not what device takes: did you mean precision='bf16'?"),
+    (lambda: Lab(dtype="bf16"), TypeError,    # no name close to dtype: the value says which
+     "Lab() got an unexpected keyword argument 'dtype': did you mean precision='bf16'?"),
+    (lambda: tunekit.Monitor(MLP(), precision="bf16"), TypeError,
+     "Monitor() got an unexpected keyword argument 'precision': did you mean dtype='bf16'?"),
+    (lambda: tunekit.plan("cpu-tiny", "cpu", precison="bf16"), TypeError,
+     "plan() got an unexpected keyword argument 'precison': did you mean precision='bf16'?"),
+    (lambda: tunekit.plan("cpu-tiny", "cpu", attention="bf16"), ValueError,
+     "plan(): attention='bf16' is not what attention takes: did you mean precision='bf16'?"),
+    (lambda: tunekit.Setting(weights="tf32"), ValueError,
+     "Setting(): weights='tf32' is not what weights takes: did you mean precision='tf32'?"),
+    (lambda: tunekit.Setting(micro_bach=4), TypeError,
+     "Setting() got an unexpected keyword argument 'micro_bach': did you mean micro_batch=4?"),
+    (lambda: tunekit.Setting(colour=4), TypeError,      # nothing close, no keyword takes 4 by its choices
+     "Setting() got an unexpected keyword argument 'colour'; it takes precision, checkpointing, micro_batch, "),
+    (lambda: tunekit.Setting().replace(precison="bf16"), TypeError,
+     "unknown toggle(s) ['precison']: did you mean precision='bf16'?"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", MEANT)
+def test_every_constructor_names_the_keyword_meant(call, error, message):
+    with pytest.raises(error) as info:
+        call()
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_a_value_its_own_keyword_takes_gets_no_help():
+    # "bf16" is both a precision and a weights dtype; "fp32" weights are taken though the dropdown lacks them
+    assert tunekit.Setting(precision="bf16", weights="fp32").weights == "fp32"
+    from tunekit.core.validate import meant
+    assert meant("precision", "bf16", ("precision", "weights"), {"precision": ("bf16",), "weights": ("bf16",)}) == ""
+
+
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 MISSING = "this machine has no CUDA device (torch sees none); use 'cpu' here, or run where one is"
 

@@ -75,6 +75,28 @@ def test_mfus_against_different_peaks_say_each_peak():
     assert not [n for n in tunekit.diff(a, b).notes if n.kind == "diff.peaks"]
 
 
+def test_the_table_shows_the_rows_that_changed_most_and_says_how_to_see_the_rest():
+    ops_a = [(f"op{i}", 0.001, 1) for i in range(20)]
+    ops_b = [(f"op{i}", 0.001 + 0.0001 * i, 1) for i in range(20)]      # op i moved by i * 0.1 ms
+    a = _run(0, step_s=0.040, trace=_trace({"matmul/linear": 0.030, "optimizer": 0.010}, ops_a))
+    b = _run(1, "b", step_s=0.020, trace=_trace({"matmul/linear": 0.010, "optimizer": 0.010}, ops_b))
+    d = tunekit.diff(a, b)
+    # 28 rows: 6 figures (step time, tokens/s, peak memory, parameters, gradients, optimizer
+    # states: the others measured on neither side), 2 categories, 20 ops
+    assert len(d.table_all) == 28 and len(d.table) == 15
+    # weights: tokens/s 800 -> 1600 is +100%; step time 40 -> 20 ms is -50%; matmul moved 20 ms of
+    # the 40 ms traced step (0.5); op i moved i * 0.1 ms of 40 ms (op19 0.0475 ... op8 0.02, op7
+    # 0.0175 is the 16th); memory and the optimizer did not move (0)
+    assert list(d.table.what) == ["step time", "tokens/s", "matmul/linear"] + [f"op{i}" for i in range(19, 7, -1)]
+    assert "13 more rows left out" in repr(d.table) and ".table_all" in repr(d.table)
+    assert d.table.loc[0, "change"] == pytest.approx(-0.5)      # the DataFrame keeps raw numbers
+    everything = tunekit.diff(a, b, rows=None).table
+    assert len(everything) == 28 and "left out" not in repr(everything)
+    assert len(tunekit.diff(a, b, rows=3).table) == 3
+    with pytest.raises(ValueError, match="rows must be a whole number >= 1, got 0"):
+        tunekit.diff(a, b, rows=0)
+
+
 def test_runs_read_back_from_the_log_diff_like_the_live_ones():
     a, b = _run(0, step_s=0.040), _run(1, "mb=16", step_s=0.080, micro_batch=16)
     assert tunekit.diff(a.to_dict(), b.to_dict()).summary == tunekit.diff(a, b).summary
@@ -129,7 +151,7 @@ def test_a_real_bf16_toggle_adds_casts_to_the_trace():
     # autocast casts weights and activations to bf16: copy ops run that the fp32 step has not
     assert any("ToCopy" in o["op"] or "_to_copy" in o["op"] for o in d.added) or \
         any(r["what"] == "aten::_to_copy" and r["calls_b"] > r["calls_a"] for r in d.rows if r["section"] == "ops")
-    t = d.table
+    t = d.table_all     # every row: the unchanged ones (parameters) too
     assert t[t.what == "weight casts"].iloc[0].b > 0 and t[t.what == "parameters"].iloc[0].change == 0.0
     # the model's module scopes, where the profiler records them (not once torch._dynamo is loaded in
     # the process, as after test_bench's compile run): one step of one model, as many calls each
@@ -154,6 +176,25 @@ def test_the_command_diffs_two_runs_of_a_log_and_refuses_what_it_cannot_read(tmp
     assert "no run #9 in the log (its runs: #0, #1)" in capsys.readouterr().err
     assert main(["diff", str(tmp_path / "none.jsonl"), str(log)]) == 2
     assert "none.jsonl: no such log file" in capsys.readouterr().err
+
+
+def test_a_run_id_that_several_sessions_of_a_shared_log_hold_is_refused_with_a_name_for_each(tmp_path, capsys):
+    from tunekit.cli.main import main
+    from tunekit.lab.runlog import RunLog
+
+    log = tmp_path / "lab-2026-12-06.jsonl"     # the day's log: each Lab a session numbering from 0
+    for session, step_s in (("s1", 0.040), ("s2", 0.020)):
+        r = _run(0, f"from {session}", step_s=step_s)
+        r.time = "2026-12-06T08:00:00"
+        RunLog(log, session=session).add(r)
+    assert main(["diff", f"{log}#0", str(log)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tunekit diff: error: {log}#0 could be any of 2 runs, one per Lab session that shared the log: name one "
+        f"as {log}#s1/0 (from s1, 2026-12-06T08:00:00); {log}#s2/0 (from s2, 2026-12-06T08:00:00)")
+    assert main(["diff", f"{log}#s1/0", f"{log}#s2/0"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "step 40.0 ms -> 20.0 ms (2.00x faster)"   # no setting changed
+    assert main(["diff", f"{log}#s3/0", str(log)]) == 2
+    assert "no run #0 of session 's3' in the log (its runs: #s1/0, #s2/0)" in capsys.readouterr().err
 
 
 def test_the_summary_takes_the_fastest_steps_where_both_runs_have_them():

@@ -1,6 +1,7 @@
 """tunekit.explain: a traced step against its expectation, from records built by hand (exact
 numbers) and from a real Lab run (only what holds on a busy machine is asserted)."""
 import math
+import pickle
 
 import pytest
 
@@ -113,6 +114,8 @@ def test_a_busy_run_is_said_and_what_cannot_be_explained_is_refused():
         explain_trace(TRACE, None)
     with pytest.raises(ValueError, match="needs the plan"):
         tunekit.explain(TRACE)
+    with pytest.raises(TypeError, match=r"explains a traced run: a Lab's RunResult .* or a Breakdown; got int 42"):
+        tunekit.explain(42)      # not a run: said so, not that a plan is missing
     with pytest.raises(ValueError, match="steps must be a whole number"):
         tunekit.explain(TRACE, EXPECTED, steps=0)
     assert tunekit.explain(TRACE, EXPECTED).efficiency == pytest.approx(0.5)
@@ -132,6 +135,12 @@ def test_a_lab_explains_its_traced_run_against_its_own_plan():
     assert lab.explain(r.run_id).rows == e.rows
     with pytest.raises(ValueError, match="no run #99"):
         lab.explain(99)
+    # the run plans itself through the Lab that ran it: its model, setting and device
+    assert tunekit.explain(r).rows == e.rows and tunekit.explain(r).label == e.label
+    back = pickle.loads(pickle.dumps(r))          # saved or read back: no Lab to plan with, said
+    assert back.explainer is None
+    with pytest.raises(ValueError, match="needs the plan"):
+        tunekit.explain(back)
 
 
 def test_the_one_line_carries_the_largest_gap_and_what_the_figures_carry_besides():

@@ -142,12 +142,36 @@ def test_mfu_is_the_same_for_sdpa_and_eager(hf_lab):
     assert ckpt.hfu > ckpt.mfu and ckpt.saved_bytes < 0.5 * sdpa.saved_bytes
 
 
-def test_lab_notices_changes_made_by_hand(hf_lab):
+def _checkpoint_by_hand(model):
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):   # transformers >= 5.2x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def test_lab_follows_changes_made_by_hand_and_says_when_a_given_toggle_replaces_one(hf_lab):
+    from tunekit.core.notes import of_kind
+
     first = hf_lab.run(steps=1, warmup=0)
+    assert (first.attention, first.checkpointing) == ("sdpa", False)
     hf_lab.model.set_attn_implementation("eager")          # by hand, outside the Lab
-    again = hf_lab.run(steps=1, warmup=0)
-    assert any("changed outside the Lab" in n for n in again.notes)
-    assert again.attention_ran == "sdpa" and again.flops_per_step == first.flops_per_step
+    _checkpoint_by_hand(hf_lab.model)
+    # attention and checkpointing left out: the run takes the model as it is, and records it
+    followed = hf_lab.run(steps=1, warmup=0)
+    assert (followed.attention, followed.attention_ran, followed.checkpointing) == ("math", "math", True)
+    assert followed.flops_per_step > first.flops_per_step   # eager computes the masked half; the blocks recompute
+    assert followed.saved_bytes < first.saved_bytes          # checkpointing keeps only the blocks' inputs
+    assert not of_kind(followed.notes, "toggle.over_hand_change")
+    assert hf_lab.resolve().checkpointing is True and hf_lab.defaults.checkpointing is None
+    # a toggle given explicitly replaces a hand change, and the run says so in a note of its own kind
+    hf_lab.model.config._attn_implementation = "sdpa"      # by hand again, through the config
+    given = hf_lab.run(steps=1, warmup=0, attention="math", checkpointing=True)   # checkpointing: as it is
+    assert given.attention_ran == "math" and given.checkpointing is True
+    assert [n.kind for n in of_kind(given.notes, "toggle.over_hand_change")] == ["toggle.over_hand_change"]
+    assert "attention" in of_kind(given.notes, "toggle.over_hand_change")[0]
+    back = hf_lab.run(steps=1, warmup=0)    # left out again: the model as it was set by hand, nothing to say
+    assert (back.attention, back.checkpointing) == ("sdpa", True) and not of_kind(back.notes, "toggle.over_hand_change")
     hf_lab.model.eval()                  # another mode (dropout, caches) may change the work
     assert hf_lab.run(steps=1, warmup=0).flops_source == "counted"
     hf_lab.model.train()

@@ -114,6 +114,20 @@ def test_checkpointing_reduces_saved_activations(lab):
     assert lab.model.checkpointing is False  # each run starts from the defaults
 
 
+def test_a_hand_change_is_followed_and_a_given_toggle_over_it_says_so(lab):
+    from tunekit.core.notes import of_kind
+
+    lab.model.set_checkpointing(True)            # by hand, outside the Lab
+    followed = lab.run(steps=1, warmup=0)        # checkpointing left out: the model as it was set
+    assert followed.checkpointing is True and not of_kind(followed.notes, "toggle.over_hand_change")
+    given = lab.run(steps=1, warmup=0, checkpointing=False)
+    assert given.checkpointing is False and lab.model.checkpointing is False
+    assert [n.kind for n in given.notes if getattr(n, "kind", None) == "toggle.over_hand_change"] == \
+        ["toggle.over_hand_change"]
+    again = lab.run(steps=1, warmup=0)           # left out again: back to the hand change, nothing to say
+    assert again.checkpointing is True and not of_kind(again.notes, "toggle.over_hand_change")
+
+
 def test_bf16_changes_autocast_dtype(lab):
     seen = []
     lab.model.blocks[0].mlp.up.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))

@@ -62,6 +62,7 @@ _EXPORTS = {
     "plan": ("planning.planner", "plan"),
     "Plan": ("planning.record", "Plan"),
     "Setting": ("core.setting", "Setting"),
+    "needs_extra": ("core.extras", "needs_extra"),
 }
 # public namespaces: `from tunekit import bench` (the documents' microbenchmarks and bench.plot)
 _NAMESPACES = {"bench": "bench"}

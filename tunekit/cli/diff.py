@@ -3,8 +3,11 @@
     tunekit diff runs.jsonl#0 runs.jsonl#3     # run 0 and run 3 of one log
     tunekit diff before.jsonl after.jsonl      # the last run of each log
 
-A side is ``PATH`` (a JSONL run log: its last run) or ``PATH#ID`` (run ID of that log). Exit 0, or 2
-when a side cannot be read or the two runs cannot be compared (different models), before any work.
+A side is ``PATH`` (a JSONL run log: its last run), ``PATH#ID`` (run ID of that log) or
+``PATH#SESSION/ID`` (run ID of one Lab's session, where the day's shared log holds several Labs' runs
+numbered from 0 each: ``PATH#ID`` then names no run, and the refusal lists each candidate by this
+name). Exit 0, or 2 when a side cannot be read, names no run or more than one, or the two runs
+cannot be compared (different models), before any work.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ def diff_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFor
                                  "memory, and where both were traced the time by op category and the ops "
                                  "added or removed (tunekit.diff).")
     p.add_argument("-h", "--help", action="help", help="show this help message and exit")
-    p.add_argument("a", help="the run to compare from: LOG.jsonl (its last run) or LOG.jsonl#ID")
+    p.add_argument("a", help="the run to compare from: LOG.jsonl (its last run), LOG.jsonl#ID or, where "
+                             "several Labs' runs share the log, LOG.jsonl#SESSION/ID")
     p.add_argument("b", help="the run to compare with it, the same way")
     p.add_argument("--ops", type=int, default=10, help="how many ops to list (those that moved most)")
     return p
@@ -39,11 +43,20 @@ def read_side(spec: str):
         raise Refused(f"{spec}: the log holds no run")
     if not run_id:
         return runs[-1]
-    found = [r for r in runs if str(r.run_id) == run_id.strip()]
+    session, by_session, run_id = run_id.strip().rpartition("/")
+    found = [r for r in runs if str(r.run_id) == run_id and (not by_session or r.session == (session or None))]
     if not found:
-        raise Refused(f"{spec}: no run #{run_id} in the log (its runs: "
-                      + ", ".join(f"#{r.run_id}" for r in runs[:20]) + ("..." if len(runs) > 20 else "") + ")")
+        raise Refused(f"{spec}: no run #{run_id}{f' of session {session!r}' if by_session else ''} in the log "
+                      "(its runs: " + ", ".join(_name(r) for r in runs[:20]) + ("..." if len(runs) > 20 else "") + ")")
+    if len({r.session for r in found}) > 1:
+        raise Refused(f"{spec} could be any of {len(found)} runs, one per Lab session that shared the log: name one "
+                      "as " + "; ".join(f"{path}#{r.session or ''}/{r.run_id} ({r.label}, {r.time})" for r in found))
     return found[-1]
+
+
+def _name(r) -> str:
+    """A run of a log as a side names it: ``#ID``, or ``#SESSION/ID`` for a Lab session's run."""
+    return f"#{r.session}/{r.run_id}" if r.session else f"#{r.run_id}"
 
 
 def diff_main(args) -> int:

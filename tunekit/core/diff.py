@@ -3,7 +3,7 @@ inside the methods that draw.
 
     >>> d = tunekit.diff(lab.runs[-2], lab.runs[-1])     # two Lab runs (or two profiled records)
     >>> print(d.summary)     # the setting that changed, the step time, and what moved it most
-    >>> d.table              # per figure, category and op: a, b and the change
+    >>> d.table              # the rows that changed most: a, b and the change (d.table_all: every row)
     >>> d.figure()           # time by op category, side by side
 
 Two Lab runs (`RunResult`, or their log records) or two profiled cells/blocks/Monitor summaries
@@ -16,14 +16,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tunekit.core import validate
 from tunekit.core.breakdown import TOP_OPS, UNTRACED, Breakdown, as_breakdown
 from tunekit.core.fmt import FORMATS, fmt_bytes, fmt_count, fmt_ms, fmt_pct, fmt_tflops, formatted
 from tunekit.core.notes import Note
 from tunekit.core.records import ProfileRecord
 from tunekit.core.results import RunResult
+from tunekit.core.summary import readable
 
 NaN = math.nan
 MODULE = "nn.Module: "   # how torch.profiler names a module's scope
+SHOWN = 15               # rows `Diff.table` shows by default: what a reader takes in at a glance
+_TRACED = ("time by category", "modules", "ops")   # rows of the traced step, in seconds of it
+COLUMNS = ["section", "what", "a", "b", "change", "unit", "calls_a", "calls_b"]
 
 # (field, what, format) per kind of record: the figures a diff shows, step first, then memory
 RUN_FIGURES = (("step_s", "step time", "s"), ("step_s_min", "fastest step", "s"), ("tokens_per_s", "tokens/s", "rate"),
@@ -66,14 +71,35 @@ class Diff:
     added: list = field(default_factory=list)
     removed: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    shown: int | None = SHOWN   # rows `table` shows (those that changed most); None: every row
+
+    @property
+    def table_all(self):
+        """pandas DataFrame, every row: section, what, a, b, change (relative; NaN where either side
+        is unknown), unit, and for an op its calls on each side."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=COLUMNS)
+
+    def weight(self, row: dict) -> float:
+        """How much a row changed, as a share: a figure's relative change; a traced category's,
+        module's or op's change in seconds over the traced step (the longer side's sum of
+        categories), so that a rare op doubling from 1 µs weighs what it cost. 0 where unknown."""
+        if row["section"] in _TRACED:
+            step = max((sum(r[s] for r in self.rows if r["section"] == "time by category") for s in "ab"),
+                       default=0.0)
+            return abs(row["b"] - row["a"]) / step if step > 0 else 0.0
+        return abs(row["change"]) if row["change"] == row["change"] else 0.0
 
     @property
     def table(self):
-        """pandas DataFrame: section, what, a, b, change (relative; NaN where either side is unknown),
-        unit, and for an op its calls on each side."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows, columns=["section", "what", "a", "b", "change", "unit", "calls_a", "calls_b"])
+        """`table_all`'s ``shown`` rows that changed most (`weight`), in its order, a DataFrame shown
+        formatted with a line saying how many rows are left out and how to see them."""
+        keep = sorted(sorted(range(len(self.rows)), key=lambda i: -self.weight(self.rows[i]))[:self.shown])
+        left = len(self.rows) - len(keep)
+        rest = (f"{left} more rows left out (those shown changed most): .table_all, or "
+                "tunekit.diff(a, b, rows=None), has every row") if left else None
+        return readable(self.table_all.iloc[keep].reset_index(drop=True), _view, rest=rest)
 
     def _row(self, section: str, what: str) -> dict | None:
         return next((r for r in self.rows if r["section"] == section and r["what"] == what), None)
@@ -149,6 +175,13 @@ class Diff:
         return fig
 
 
+def _view(df):
+    """The table as read: a and b in their units, the change in %."""
+    cells = {side: [_fmt(v, u) for v, u in zip(df[side], df["unit"])] for side in ("a", "b")}
+    change = ["n/a" if c != c else fmt_pct(c, signed=True) for c in df["change"]]
+    return df.assign(**cells, change=change).drop(columns=["unit"])
+
+
 def _side(x):
     if isinstance(x, dict):
         return RunResult.from_dict(x)
@@ -158,12 +191,14 @@ def _side(x):
                     f"records (ProfileRecord: tunekit.last(), a Monitor's summary); got {type(x).__name__}")
 
 
-def diff(a, b) -> Diff:
+def diff(a, b, rows: int | None = SHOWN) -> Diff:
     """What changed from run ``a`` to run ``b`` (see the module's docstring). Refused before any
-    work: two records of different kinds, or Lab runs of different models.
+    work: two records of different kinds, or Lab runs of different models. ``rows``: how many rows
+    ``.table`` shows, those that changed most (None: every row, as ``.table_all``).
 
     Example: ``print(tunekit.diff(lab.runs[-2], lab.runs[-1]).summary)``."""
     a, b = _side(a), _side(b)
+    shown = None if rows is None else validate.whole("rows", rows)
     if type(a) is not type(b):
         raise TypeError(f"tunekit.diff compares records of one kind: got a {type(a).__name__} and a "
                         f"{type(b).__name__}")
@@ -205,7 +240,7 @@ def diff(a, b) -> Diff:
         notes.append(Note("diff.busy", f"{' and '.join(busy)} ran on a busy machine: a change in time may be "
                                        "the machine, not the setting"))
     added, removed = _traces(as_breakdown(a.trace), as_breakdown(b.trace), rows, notes)
-    return Diff(names[0], names[1], kind, changed, rows, added, removed, notes)
+    return Diff(names[0], names[1], kind, changed, rows, added, removed, notes, shown)
 
 
 def _by_op(top_ops) -> dict:

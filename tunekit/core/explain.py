@@ -229,12 +229,18 @@ def explain(result, plan=None, *, steps: int = 1) -> Explanation:
     """``result`` (a traced Lab `RunResult`, a traced `ProfileRecord`: ``%%gpuprofile --trace``'s or
     the record ``Monitor(trace=N).close()`` returns, or a `Breakdown`) against
     ``plan`` (a `Plan` of the same step on the same device, or its `Expected`); ``steps``: how many
-    training steps the traced block ran (a Lab's traced run, a Monitor's: 1). For a Lab's run,
-    ``lab.explain(run)`` plans the step itself.
+    training steps the traced block ran (a Lab's traced run, a Monitor's: 1). A Lab's run without
+    a plan is planned by the Lab that ran it (its model, setting and device: ``lab.explain(run)``).
 
     Example: ``tunekit.explain(tunekit.last(), lab.plan("cpu"), steps=5).summary``."""
     from tunekit.core.breakdown import as_breakdown
 
+    if not isinstance(result, Breakdown) and not hasattr(result, "trace"):
+        raise TypeError("tunekit.explain explains a traced run: a Lab's RunResult (lab.run(trace=True)), a "
+                        "ProfileRecord (%%gpuprofile --trace, Monitor(trace=N).close()) or a Breakdown; got "
+                        f"{type(result).__name__} {result!r:.80}")
+    if plan is None and callable(getattr(result, "explainer", None)):
+        return result.explainer()   # a Lab's run: its Lab plans its step (RunResult.explainer)
     if plan is None:
         raise ValueError("tunekit.explain needs the plan of the step the result ran: tunekit.explain(result, "
                          "tunekit.plan(model, 'cpu', ...)), or lab.explain(run) for a Lab's run")

@@ -2,6 +2,8 @@
 names its extra (pyproject's ``[project.optional-dependencies]``). Pure: no imports tried here."""
 from __future__ import annotations
 
+import contextlib
+
 # top-level import name -> the extra that installs it
 EXTRAS = {"transformers": "hf", "accelerate": "hf", "tensorboard": "tensorboard", "mlflow": "mlflow",
           "lightning": "lightning", "pytorch_lightning": "lightning", "ipyexperiments": "experiments",
@@ -27,3 +29,17 @@ def missing_extra(e: BaseException, needs: str) -> ModuleNotFoundError | None:
     if not isinstance(e, ModuleNotFoundError) or command is None:
         return None
     return ModuleNotFoundError(f"{needs} needs {name}, which is not installed: {command}", name=name)
+
+
+@contextlib.contextmanager
+def needs_extra(needs: str):
+    """Imports under it that fail for a package an extra brings say what needs it and the pip
+    command (`missing_extra`); any other error passes unchanged.
+
+    Example: a notebook's imports, ``with tunekit.needs_extra("chapter 16"): from transformers import
+    Trainer`` (without transformers: ``ModuleNotFoundError: chapter 16 needs transformers, which is
+    not installed: pip install 'tunekit[hf]'``)."""
+    try:
+        yield
+    except ModuleNotFoundError as e:
+        raise (missing_extra(e, needs) or e) from None

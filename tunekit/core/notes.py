@@ -34,6 +34,7 @@ KINDS = {
     "advice.gpus": "a planned change that shards the step over several GPUs",
     "advice.tight": "a planned setting leaving under 5% of the card free: fragmentation is not modelled",
     "advice.pruned": "combinations of changes not tried, and why: each adds changes or GPUs to one that fits with room",
+    "toggle.over_hand_change": "a toggle given explicitly replaced a change made to the model by hand",
     "autotune.unconfirmed": "a candidate measured faster than the winner without winning its race",
     "explain.busy": "tunekit.explain: the traced run was measured on a busy machine",
     "explain.profiler": "tunekit.explain: the profiler's own overhead is part of the gaps",

@@ -96,6 +96,13 @@ class RunResult:
     explained: str | None = None          # a traced run against its plan's expected step, in one line
                                           # (tunekit.explain's .line); None: untraced, or a note says why
 
+    # () -> the run's Explanation, planned by the Lab that ran it (tunekit.explain(run) without a
+    # plan); set by the Lab on its live runs, never saved: a run read back from a log has none
+    explainer = None
+
+    def __getstate__(self) -> dict:   # pickled without the explainer (it holds its Lab)
+        return {k: v for k, v in self.__dict__.items() if k != "explainer"}
+
     def __repr__(self) -> str:  # a terminal: a few aligned lines (core.run_text), every field still one attribute away
         return "\n".join(summary_lines(self))
 

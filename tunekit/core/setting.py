@@ -64,10 +64,12 @@ class Toggles:
     lr: float = toggle(1e-3, "learning rate")
 
     def replace(self, **changes) -> "Toggles":
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        names = [f.name for f in dataclasses.fields(self)]
+        unknown = sorted(set(changes) - set(names))
         if unknown:
-            raise TypeError(f"unknown toggle(s) {sorted(unknown)}; "
-                            f"valid: {[f.name for f in dataclasses.fields(self)]}")
+            hints = [h for h in (validate.meant(k, changes[k], names, choices_of(type(self))) for k in unknown) if h]
+            raise TypeError(f"unknown toggle(s) {unknown}"
+                            + (f": {'; '.join(hints)}" if hints else f"; valid: {names}"))
         return dataclasses.replace(self, **changes)
 
     def asdict(self) -> dict:
@@ -219,6 +221,18 @@ class Setting(Toggles):
 
 
 STEP_WORDS = tuple(f.name for f in fields(Setting))   # the keywords that describe a step, in every API
+
+
+def choices_of(cls) -> dict:
+    """Each field of a Toggles/Setting class with declared choices -> them (what `validate.meant`
+    reads to name the keyword a value belongs to)."""
+    return {f.name: f.metadata["choices"] for f in fields(cls) if f.metadata.get("choices")}
+
+
+# what a step's keywords take (weights also "fp32", which its dropdown leaves out): a keyword Setting
+# (or plan) lacks, or a value its keyword refuses and another takes, is refused naming that one
+SETTING_CHOICES = {**choices_of(Setting), "weights": (None, "fp32") + HALF}
+Setting.__init__ = validate.keywords_checked(SETTING_CHOICES)(Setting.__init__)
 
 
 def from_keywords(setting: Setting | None, api: str, **given) -> Setting | None:

@@ -307,7 +307,7 @@ def _readable_class():
         and a terminal show it as tunekit's readable table: thousands separators, MFU/HFU in %,
         units in the headers. Anything derived from it is a plain DataFrame."""
 
-        _metadata = ["_tk_view", "_tk_more"]
+        _metadata = ["_tk_view", "_tk_more", "_tk_rest"]
 
         @property
         def _constructor(self):
@@ -316,8 +316,9 @@ def _readable_class():
         def _footer(self) -> str:
             n = f"{len(self)} row" + ("" if len(self) == 1 else "s")
             more = getattr(self, "_tk_more", None)
+            rest = getattr(self, "_tk_rest", None)
             return f"{n}; numbers formatted for reading, the DataFrame holds them raw" + \
-                (f"; {more} has every column" if more else "")
+                (f"; {more} has every column" if more else "") + (f"; {rest}" if rest else "")
 
         def _repr_html_(self) -> str:
             view = self._tk_view(pd.DataFrame(self))
@@ -335,9 +336,10 @@ def _readable_class():
     return ReadableFrame
 
 
-def readable(df, view, more: str | None = None):
+def readable(df, view, more: str | None = None, rest: str | None = None):
     """``df`` displayed in notebooks and terminals through ``view`` (e.g. ``history_view``), data
-    unchanged; ``more``: the call that gives every column (said under the table)."""
+    unchanged; ``more``: the call that gives every column (said under the table); ``rest``: what
+    is left out and how to see it, in words (said under it too)."""
     out = _readable_class()(df)
-    out._tk_view, out._tk_more = view, more
+    out._tk_view, out._tk_more, out._tk_rest = view, more, rest
     return out

@@ -9,6 +9,9 @@ Each returns the value in its plain Python type (a numpy or torch integer scalar
 """
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import math
 import numbers
 
@@ -163,6 +166,74 @@ def device(name: str, v, counts: dict | None = None) -> str:
             raise ValueError(f"{name}={v!r}: this machine has {n} {kind.upper()} device(s), "
                              f"indices 0 to {n - 1}")
     return text
+
+
+def _fits(allowed, v) -> bool:
+    """Whether ``v`` is one of ``allowed`` (a tuple of plain values, or a predicate)."""
+    try:
+        return bool(allowed(v)) if callable(allowed) else v in tuple(allowed)
+    except TypeError:   # an unhashable value, a predicate that cannot take it
+        return False
+
+
+def meant(name: str, v, names, choices: dict | None = None) -> str:
+    """The keyword a user probably meant by ``name=v``, as help to end a message with: the closest
+    of ``names`` where ``name`` is a misspelling of one, else a keyword whose ``choices`` (name ->
+    allowed values or a predicate) take ``v``; "" when none. ``choices[name]``, where given, is
+    what ``name`` takes: a value it takes gets no help.
+
+    >>> meant("presett", "gpt2-124m", ("preset", "device"))
+    "did you mean preset='gpt2-124m'?"
+    >>> meant("model", "gpt2-124m", ("model", "preset"), {"preset": ("gpt2-124m",)})
+    "did you mean preset='gpt2-124m'?"
+    """
+    choices = choices or {}
+    if name in choices and _fits(choices[name], v):
+        return ""
+    close = difflib.get_close_matches(name, [n for n in names if n != name], n=1, cutoff=0.6)
+    fits = [n for n, allowed in choices.items() if n != name and _fits(allowed, v)]
+    if close and (close[0] in fits or close[0] not in choices or not fits):
+        return f"did you mean {close[0]}={v!r}?"
+    return f"did you mean {fits[0]}={v!r}?" if fits else ""
+
+
+def keywords_checked(choices: dict | None = None):
+    """Decorate a function (or ``__init__``) so that a keyword it does not take is refused with
+    the one the user probably meant (`meant`): ``plan(cfg, precison="bf16")`` raises
+    ``TypeError: plan() got an unexpected keyword argument 'precison': did you mean
+    precision='bf16'?``; and, for ``choices`` (keyword -> allowed values or a predicate), a value
+    its own keyword refuses and another takes is refused with that keyword (ValueError). The
+    signature read is the one ``inspect.signature`` shows (a ``__signature__`` set before
+    this decorator counts); a function taking ``**kwargs`` there is left to refuse its own."""
+    def wrap(fn):
+        sig = inspect.signature(fn)
+        params = sig.parameters
+        names = [key for key, p in params.items() if key != "self"
+                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)]
+        open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        where = fn.__qualname__.removesuffix(".__init__")
+
+        @functools.wraps(fn)
+        def checked(*args, **kwargs):
+            if not open_ended:
+                for k, v in kwargs.items():
+                    if k not in params:
+                        hint = meant(k, v, names, choices)
+                        raise TypeError(f"{where}() got an unexpected keyword argument {k!r}"
+                                        + (f": {hint}" if hint else f"; it takes {', '.join(names)}"))
+            if choices:
+                try:
+                    given = sig.bind_partial(*args, **kwargs).arguments
+                except TypeError:
+                    given = {}      # too many positionals: the call itself says so
+                for k, v in given.items():
+                    if k in choices and isinstance(v, str) and not _fits(choices[k], v):
+                        hint = meant(k, v, (), choices)
+                        if hint:
+                            raise ValueError(f"{where}(): {k}={v!r} is not what {k} takes: {hint}")
+            return fn(*args, **kwargs)
+        return checked
+    return wrap
 
 
 def _what(v) -> str:

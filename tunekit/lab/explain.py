@@ -6,6 +6,8 @@ which ``lab.run(trace=True)`` keeps in ``RunResult.explained`` (`run_line`).
 """
 from __future__ import annotations
 
+import weakref
+
 from tunekit.core.breakdown import as_breakdown
 from tunekit.core.explain import Explanation, explain_trace
 from tunekit.core.notes import Note, of_kind
@@ -36,6 +38,21 @@ def lab_explain(lab, run=None) -> Explanation:
             raise ValueError(f"no run #{run}: the runs are " + ", ".join(f"#{r.run_id}" for r in runs))
         run = found[-1]
     return explained(lab, run, f"run #{run.run_id} ({run.label})")
+
+
+def explainer(lab, run):
+    """What a Lab's run keeps as ``RunResult.explainer``: () -> ``lab.explain(run)``, so that
+    ``tunekit.explain(run)`` plans the step itself. The Lab is held weakly (a run kept after its
+    Lab does not keep the model alive)."""
+    ref = weakref.ref(lab)
+
+    def explain_run() -> Explanation:
+        lab = ref()
+        if lab is None:
+            raise ValueError("the Lab that ran this run is gone, and with it the model to plan: "
+                             "tunekit.explain(run, tunekit.plan(model, device, ...)) takes the plan")
+        return lab_explain(lab, run)
+    return explain_run
 
 
 def explained(lab, run, label: str) -> Explanation:

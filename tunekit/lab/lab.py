@@ -21,13 +21,13 @@ from tunekit.core import registry
 from tunekit.core.paths import runs_dir
 from tunekit.core.results import RunResult, results_frame
 from tunekit.core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
-from tunekit.core.validate import flag, function, instance, is_whole, real, whole
+from tunekit.core.validate import flag, function, instance, is_whole, keywords_checked, real, whole
 from tunekit.lab import run as single
 from tunekit.lab.distributed import run_distributed
 from tunekit.lab.plan import lab_plan, show_plan_keywords
 from tunekit.lab.results import LabResults
 from tunekit.lab.runlog import RunLog, check_log_path
-from tunekit.lab.setting import lab_keywords
+from tunekit.lab.setting import LAB_CHOICES, lab_keywords
 from tunekit.measure.device import default_device, existing_device
 from tunekit.models.adapters import adapt
 from tunekit.models.dry_step import dry_step
@@ -70,6 +70,7 @@ class Lab(LabResults):
     were), a batch the loss cannot take or a loss that is not one number.
     """
 
+    @keywords_checked(LAB_CHOICES)
     @toggle_keywords
     def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
                  config: GPTConfig | None = None, data="corpus", device=None, log_path=None,
@@ -102,10 +103,9 @@ class Lab(LabResults):
         if loss_fn is None and adapter.kind == "module":
             adapter.check_default_loss()
         self.trainer = TrainStep(model, adapter, self.device, batch_fn or self.batcher.get, loss_fn or adapter.loss)
-        self.defaults = Toggles().replace(**defaults)
-        if self.defaults.attention is None and adapter.attentions:
-            # every run starts from the model's initial attention unless told otherwise
-            self.defaults = self.defaults.replace(attention=adapter.attention)
+        # attention and checkpointing left out are the model's own (as given, or as changed by hand
+        # since): None, filled in by `resolve`
+        self.defaults = Toggles().replace(**{"checkpointing": None, **defaults})
         self._check_inputs(loss_fn is None)
         self.peaks = Peaks(self.device, peak_tflops)  # compute dtype -> the peak its MFU is measured against
         self.last_autotune = None  # the latest lab.autotune result (kept also after Ctrl-C)
@@ -171,7 +171,7 @@ class Lab(LabResults):
         """The full toggles a run with ``changes`` would use (defaults filled in).
 
         Example: ``lab.resolve(precision="bf16").seq_len``."""
-        t = self.defaults.replace(**changes)
+        t = self.model_state(self.defaults.replace(**changes))
         if t.seq_len is None:
             # a model of tokens: its position limit; your own batch_fn: 1 (its runs count samples)
             t = t.replace(seq_len=self.adapter.default_seq_len(self.device.type)
@@ -179,6 +179,15 @@ class Lab(LabResults):
         if isinstance(t.attention, str) and t.attention in registry.ATTENTION_ALIASES:
             t = t.replace(attention=registry.attention(t.attention).name)  # "eager" is math
         return t
+
+    def model_state(self, t: Toggles) -> Toggles:
+        """``t`` with the attention and checkpointing it leaves None taken from the model's own
+        state (`TrainStep.own`): as it was given to the Lab, or as last changed by hand
+        (``model.gradient_checkpointing_enable()``, ``model.set_attn_implementation("eager")``);
+        the run uses and records them.
+
+        Example: ``lab.model_state(lab.defaults).checkpointing`` (what a run leaving it out takes)."""
+        return self.trainer.own(t)
 
     def check(self, t: Toggles, steps: int = 1, warmup: int = 0) -> list[str]:
         """Why ``t`` cannot run here (empty list: it can). Example: ``lab.check(lab.resolve(precision="fp16"))``."""
@@ -234,7 +243,7 @@ class Lab(LabResults):
         Example: ``tunekit.measure_memory(lab)`` calls it."""
         from tunekit.measure.memory import StepTarget
 
-        t = self.defaults
+        t = self.model_state(self.defaults)
         micro_batch = micro_batch or t.micro_batch or 4
         seq_len = seq_len or t.seq_len or self.adapter.default_seq_len("cpu") or 64
         batch = batch if batch is not None else self.batch(micro_batch, seq_len)

@@ -172,8 +172,10 @@ def _record(lab, t, warmup, m: Steps, probe, flops_source, notes, snap=None) -> 
         grads_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         optimizer_bytes=state_bytes(lab.optimizer), model=type(lab.model).__name__,
         n_params=sum(p.numel() for p in params), guard_s=snap.seconds if snap is not None else None)
+    from tunekit.lab.explain import explainer, run_line
+
+    result.explainer = explainer(lab, result)   # tunekit.explain(result): planned by this Lab
     if result.trace is not None:   # planned now, after the steps: an untraced run plans nothing
-        from tunekit.lab.explain import run_line
         result.explained, why = run_line(lab, result)
         result.notes += why
     return lab.log.add(result)

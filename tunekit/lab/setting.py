@@ -7,11 +7,18 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from tunekit.core.setting import Setting, Toggles, from_keywords
+from tunekit.core.setting import Setting, Toggles, choices_of, from_keywords
 from tunekit.core.toggles import ToggleError
+from tunekit.core.validate import DEVICE_TYPES
 from tunekit.measure.device import weights_dtype
+from tunekit.models.gpt import PRESETS
 
 TOGGLES = tuple(f.name for f in fields(Toggles))
+# what the Lab's keywords take, for the help a value given to the wrong one gets (validate.meant):
+# ``Lab("gpt2-124m")`` -> did you mean preset='gpt2-124m'?
+LAB_CHOICES = {"model": lambda v: not isinstance(v, str) or ":" in v, "preset": tuple(PRESETS),
+               "device": lambda v: isinstance(v, str) and v.partition(":")[0] in DEVICE_TYPES,
+               **choices_of(Toggles)}
 
 
 def lab_keywords(lab, setting: Setting, changes: dict, layout: tuple, parallel: bool = True,

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from tunekit.core import validate
+from tunekit.core import registry, validate
 from tunekit.core.records import ProfileRecord
 from tunekit.core.setting import from_keywords
 from tunekit.measure.conditions import ConditionsMeter
@@ -68,6 +68,7 @@ class Monitor:
     Breakdown (``.trace``) for ``tunekit.explain(record, plan)``; that step carries no speed.
     """
 
+    @validate.keywords_checked({"dtype": tuple(registry.DTYPES)})
     def __init__(self, model, *, name: str | None = None, tokens: int | None = None,
                  samples: int | None = None, flops: str = "auto", model_flops: float | None = None,
                  peak: float | None = None, dtype: str | None = None, warmup: int = 1,

@@ -21,7 +21,7 @@ from tunekit.core import registry, validate
 from tunekit.core.breakdown import by_category
 from tunekit.core.comm import layout_problems
 from tunekit.core.efficiency import ATTENTION_KERNELS
-from tunekit.core.setting import HALF, Setting, from_keywords
+from tunekit.core.setting import HALF, SETTING_CHOICES, Setting, from_keywords
 from tunekit.measure.device import torch_dtype
 from tunekit.planning.advice import dimensions, pruned_note, search_changes
 from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
@@ -42,6 +42,7 @@ COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled
 DEFAULT_DEVICE = "H100 SXM"   # plan's device when none is named (a Setting whose device is None is planned for it)
 
 
+@validate.keywords_checked(SETTING_CHOICES)
 def plan(target, device: str = DEFAULT_DEVICE, *, precision: str | None = None, weights: str | None = None,
          micro_batch: int | None = None, seq_len: int | None = None, checkpointing: bool | None = None,
          optimizer: str | None = None, attention: str | None = None, parallel: str | None = None,

@@ -17,6 +17,7 @@ import contextlib
 
 import torch
 
+from tunekit.core.notes import Note
 from tunekit.core.toggles import Toggles
 from tunekit.measure.step import Observer, ProbeResult, add_flash_flops, per_sample, probe_step, run_step
 from tunekit.models.data import Batcher
@@ -58,7 +59,11 @@ class TrainStep:
         self.scaler = None         # fp16's GradScaler: kept across runs, like the optimizer state
         self.compiled = None       # torch.compile(forward), made at the first compiled run
         self.grads_bytes = None    # this process's gradients at the first step's update
-        self._applied: dict = {}   # what apply() last set on the model
+        # the model's attention and checkpointing as apply() last left them, and its own (`own`):
+        # both as given at first
+        self._applied: dict = {"attention": adapter.attention, "checkpointing": adapter.checkpointing}
+        self._own = dict(self._applied)
+        self._by_hand: set = set()   # which of them the user has set by hand since
         self._probes: dict[tuple, ProbeResult] = {}
 
     # --- toggles ----------------------------------------------------------------------------
@@ -72,16 +77,39 @@ class TrainStep:
             self.compiled = torch.compile(self.forward)
         return notes
 
+    def own(self, t: Toggles) -> Toggles:
+        """``t`` with the attention and checkpointing it leaves None filled with the model's own: as
+        the model was given, or as changed by hand since (a state ``apply`` did not leave, followed
+        from then on); a run's own toggles are for that run."""
+        a = self.adapter
+        self._see_hand_changes()
+        if t.attention is None and a.attentions:
+            t = t.replace(attention=self._own["attention"])
+        if t.checkpointing is None:
+            t = t.replace(checkpointing=bool(a.can_checkpoint and self._own["checkpointing"]))
+        return t
+
+    def _see_hand_changes(self) -> None:
+        """A state of the model ``apply`` did not leave was set by hand: the model's own from now on."""
+        a = self.adapter
+        for what, now in (("attention", a.attention), ("checkpointing", a.checkpointing)):
+            if now != self._applied[what]:
+                self._own[what] = now
+                self._by_hand.add(what)
+
     def apply_model(self, t: Toggles, notes: list | None = None) -> list:
         """Attention kind and checkpointing: what a rank sets before it shards the model."""
         notes = [] if notes is None else notes
         a = self.adapter
-        for what, now, wanted in (("attention", a.attention, t.attention),
-                                  ("checkpointing", a.checkpointing, t.checkpointing)):
-            applied = self._applied.get(what)
-            if applied is not None and now != applied and now != wanted:
-                notes.append(f"{what} was {now!r} on the model (changed outside the Lab): "
-                             f"set to this run's {wanted!r}")
+        self._see_hand_changes()
+        for what, wanted in (("attention", t.attention), ("checkpointing", t.checkpointing)):
+            own = self._own[what]
+            if what in self._by_hand and wanted is not None and wanted != own:
+                # a toggle left out is the model's own (`own`): this one was given, over a hand change
+                notes.append(Note("toggle.over_hand_change",
+                                  f"{what} was set to {own!r} on the model by hand; this run's {what}={wanted!r}, "
+                                  f"given explicitly, replaced it for this run (leave {what} out to run the "
+                                  "model as it was set)"))
         if t.attention is not None and a.attentions and t.attention != a.attention:
             a.set_attention(t.attention)
         if a.can_checkpoint and t.checkpointing != a.checkpointing:
