@@ -50,7 +50,8 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                                      f"tensor its recompute saves, measured ({stream.verdict})",
                    attention={"cpu": (stream.attention[dtype] / peak if peak else 0.0,
                                       f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")},
-                   busy=tuple(what for what, c in (("measure_stream()", stream), (f"calibrate({dtype!r}, 'cpu')", cal))
+                   busy=tuple(what for what, c in (("tunekit.measure.stream.measure_stream(refresh=True)", stream),
+                                                   (f"tunekit.calibrate({dtype!r}, 'cpu', force=True)", cal))
                               if c.verdict == "busy"))
 
 
@@ -110,6 +111,6 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
 
 def busy_note(fig: Figures) -> Note:
     """The note of an expectation made from calibrations taken on a busy machine (``fig.busy``)."""
-    return Note("expected.busy_figures", f"expected from this CPU's figures as calibrated on a busy machine "
-                                         f"({', '.join(fig.busy)}: their records' conditions say so), so possibly "
-                                         "slow; measure them again at a quiet moment with refresh=True / force=True")
+    return Note("expected.busy_figures", "expected from this CPU's figures as calibrated on a busy machine (their "
+                                         "records' conditions say so), so possibly slow: at a quiet moment, run "
+                                         f"{' and '.join(fig.busy)}, then plan again")
