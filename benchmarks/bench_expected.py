@@ -38,8 +38,8 @@ Left out (they name what tunekit does not model):
 - torchtitan's Float8 rows (Tables 1-6), its context-parallel rows (Tables 2, 6), its 2D/3D/4D rows
   (tensor and pipeline parallel, Tables 4-6): no fp8 training, no CP, TP or PP in plan.
 - H200: none of these sources publishes an H200 training run.
-The llm-foundry tables hold more rows than are here (204 bf16 rows in all); those here cover each
-table's sequence lengths (512 to 65536), every model size and the GPU counts 8 to 128.
+The llm-foundry bf16 tables hold 191 rows (H100 52, A100 80GB 61, A100 40GB 78); the 69 here span
+each table's sequence lengths (512 to 65536), every model size (125m to 70b) and 8 to 128 GPUs.
 
     .venv/bin/python benchmarks/bench_expected.py          # the published runs
     .venv/bin/python benchmarks/bench_expected.py --cpu    # the Lab's GPT on this CPU, expected vs measured
@@ -138,12 +138,24 @@ def cpu_rows():
                       f"{r.conditions.verdict if r.conditions else '?'})", flush=True)
 
 
+# the categories shown (core.expected's rows) and their column heads
+SHOWN = {"matmul": "matmul", "attention": "attn", "memory-bound": "memory", "optimizer": "optim",
+         "communication": "comm"}
+
+
+def shares(planned) -> list[float]:
+    """The share of the expected step (the plans' mean) each category of SHOWN takes."""
+    step = sum(p.expected.step_s for p in planned)
+    return [sum(r[3] for p in planned for r in p.expected.rows if r[1] == c) / step for c in SHOWN]
+
+
 def main():
     t_all = time.perf_counter()
     if "--cpu" in sys.argv:
         cpu_rows()
         return
-    print(f"{'run':<52}{'software':<20}{'published':>11}{'expected':>11}{'exp/pub':>9}{'plan s':>8}", flush=True)
+    print(f"{'run':<52}{'software':<20}{'published':>11}{'expected':>11}{'exp/pub':>9}{'plan s':>8}  "
+          + " ".join(f"{c:>6}" for c in SHOWN.values()) + "  (share of the expected step)", flush=True)
     errors = []
     for row in read_runs():
         label, era, tps = row["label"], row["software"], row["published_tokens_per_s_per_gpu"]
@@ -156,7 +168,8 @@ def main():
         expected = planned[0].tokens / statistics.mean(p.expected.step_s for p in planned)
         ratio = expected / tps
         errors.append((abs(ratio - 1), label))
-        print(f"{label:<52}{era:<20}{tps:>11,}{expected:>11,.0f}{ratio:>9.2f}{took:>8.1f}", flush=True)
+        print(f"{label:<52}{era:<20}{tps:>11,}{expected:>11,.0f}{ratio:>9.2f}{took:>8.1f}  "
+              + " ".join(f"{x:>6.0%}" for x in shares(planned)), flush=True)
     errs = sorted(x for x, _ in errors)
     worst = max(errors)
     print(f"\n{len(errors)} runs: median |error| {statistics.median(errs):.1%}, worst {worst[0]:.1%} ({worst[1]}); "
