@@ -1,9 +1,12 @@
 """data/published_runs.csv, the published training runs benchmarks/bench_expected.py plans (issue 39):
-its schema, that every row names its source, and that the bench reads it. Fast: no plan is made."""
+its schema, that every row names its source, and that the bench reads it. No plan is made; reading
+it through the bench (which imports transformers and the planner) is marked slow."""
 import csv
 import importlib.util
 import re
 from pathlib import Path
+
+import pytest
 
 from tunekit.core.efficiency import ATTENTION_KERNELS
 from tunekit.core.registry import PRECISIONS
@@ -76,6 +79,7 @@ def test_regimes_covered():
     assert max(int(r["gpus"]) for r in runs) >= 128
 
 
+@pytest.mark.slow   # imports the bench: transformers and tunekit's planner (15 s on 2 busy cores)
 def test_the_bench_reads_it():
     spec = importlib.util.spec_from_file_location("bench_expected", ROOT / "benchmarks" / "bench_expected.py")
     bench = importlib.util.module_from_spec(spec)
