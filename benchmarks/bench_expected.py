@@ -37,7 +37,9 @@ Left out (they name what tunekit does not model):
   fp8 training precision.
 - torchtitan's Float8 rows (Tables 1-6), its context-parallel rows (Tables 2, 6), its 2D/3D/4D rows
   (tensor and pipeline parallel, Tables 4-6): no fp8 training, no CP, TP or PP in plan.
-- H200: none of these sources publishes an H200 training run.
+- H200: the one published H200 training run found, torchtitan
+  benchmarks/llama3_8b_h200_2025-06_torchtitan.md at bcdeaa3 (Llama 3.1 8B, 32 and 64 H200s, 10938 and
+  10753 tokens/s per GPU), trains in Float8 (--model.converters="float8", fp8 all-gathers): no H200 row.
 The llm-foundry bf16 tables hold 191 rows (H100 52, A100 80GB 61, A100 40GB 78); the 69 here span
 each table's sequence lengths (512 to 65536), every model size (125m to 70b) and 8 to 128 GPUs.
 
