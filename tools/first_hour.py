@@ -25,6 +25,14 @@ What it does, each step timed on one line, then a summary (exit 1 if any finding
    - `tunekit plan --model cfg.json` with the `hf` extra (an H100 plan: no CPU kernel named) and
      without it (a sitecustomize hides transformers and accelerate from the import system, as if
      never installed: the command must name `pip install 'tunekit[hf]'`);
+   - two plans of a small Llama read as a person would (issue 39): on an H100 in bf16 (no CPU kernel
+     named, no CPU FLOP correction, flash attention, an expected step) and on a T4 in bf16 (no bound
+     and no expected step from another dtype's figures; fp16 named as what the card runs instead);
+   - the Lab's first runs (fp32 and bf16, traced): `lab.results()` names each row's MFU peak,
+     `tunekit.explain` shows no 0% for an op that ran, `diff(a, b).table` holds the few rows that
+     matter, `tunekit.explain(42)` and `tunekit.Lab('gpt2-124m')` are refused in words that help;
+   - chapter 18 under nbval three times, each with a cache of its own (the CPU calibrated afresh):
+     its conclusions must hold every time;
    - a notebook with `%load_ext tunekit` and `%%gpuprofile` cells executed by `python -m nbconvert
      --execute` (`jupyter nbconvert`: the venv has no `jupyter-nbconvert` script of its own), with
      a cell that is a SyntaxError (no run in `history()`, no tunekit frame in its traceback) and a
@@ -160,6 +168,50 @@ print(tunekit.measure_memory(model, (torch.randint(0, 256, (2, 32)),)))
 print("=== advise")
 print(tunekit.advise(LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
                                  num_attention_heads=4, max_position_embeddings=512)))
+"""
+
+# Two plans of one small Llama, read as a person would (issue 39): the H100's names the GPU's
+# kernels and none of the CPU's; the T4 in bf16 (no bf16 tensor cores) prints no bound and names
+# what the card runs instead
+PLANS = """\
+import tunekit
+from transformers import LlamaConfig
+
+print("tunekit from", tunekit.__file__)
+cfg = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)
+for device in ("H100 SXM", "T4"):
+    p = tunekit.plan(cfg, device, precision="bf16", micro_batch=2, seq_len=256)
+    print(f"=== plan {device}")
+    print(p)
+    if p.expected is not None:
+        print(p.expected)
+        print(p.expected.by_op[["op", "category", "calls", "expected_s"]].to_string())
+"""
+
+# The Lab's first runs read as a person would: two traced runs of the built-in GPT (fp32, bf16), their
+# table, explain and diff, and two mistakes a newcomer makes (issue 39)
+LAB = """\
+import tunekit
+
+print("tunekit from", tunekit.__file__)
+lab = tunekit.Lab()
+a = lab.run(steps=3, trace=True, verbose=False)
+b = lab.run(steps=3, precision="bf16", trace=True, verbose=False)
+print("=== results")
+print(lab.results())
+print("=== explain")
+print(tunekit.explain(b))
+d = tunekit.diff(a, b)
+print("=== diff")
+print(d.summary)
+print(f"diff table rows: {len(d.table)} of {len(d.table_all)}")
+for wrong in ("tunekit.explain(42)", "tunekit.Lab('gpt2-124m')"):
+    try:
+        eval(wrong)
+        print(f"=== {wrong} raised nothing")
+    except (TypeError, ValueError) as e:
+        print(f"=== {wrong} refused with {type(e).__name__} saying: {e}")
 """
 
 PLAN_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
@@ -366,6 +418,64 @@ class Session:
             if line.strip().startswith("bound by") and re.search(r"_for_cpu|\bcpu\b", line, re.I):
                 self.find("CPU kernels in a GPU plan", line.strip()[:200])
 
+    def plans_read(self) -> None:
+        (self.work / "plans.py").write_text(PLANS)
+        out = self.run(["python", "plans.py"])
+        text = out.stdout + out.stderr
+        self.from_wheel(text, "plans.py")
+        self.scan(text, "plans.py")
+        h100, _, t4 = out.stdout.partition("=== plan T4")
+        h100 = h100.partition("=== plan H100 SXM")[2]
+        # a GPU plan shows the GPU's ops: no CPU kernel, no CPU FLOP correction (the notes that
+        # say the fake step itself ran on the CPU are about the method, and allowed)
+        for line in h100.splitlines():
+            if re.search(r"_for_cpu|CPU SDPA|\bcpu\b", line, re.I) and "CPU-device fake step" not in line \
+                    and "real CPU step" not in line:
+                self.find("CPU internals in a GPU plan", line.strip()[:200])
+        if "_scaled_dot_product_flash_attention" not in h100:
+            self.find("missing", "the H100 plan in bf16 names no flash attention kernel")
+        if not re.search(r"^\s*expected\s+step", h100, re.M):
+            self.find("missing", "the H100 plan has no expected step")
+        # T4 in bf16: no bound from another dtype's figures, and what the card runs instead
+        if re.search(r"^\s*bound\s+step", t4, re.M) or re.search(r"^\s*expected\s+step", t4, re.M):
+            self.find("contradiction", "the T4 plan in bf16 prints a bound or an expected step (no bf16 peak)")
+        if "precision='fp16'" not in t4:
+            self.find("missing", "the T4 plan in bf16 does not name fp16 (what the card runs instead)")
+
+    def lab_read(self) -> None:
+        (self.work / "lab.py").write_text(LAB)
+        out = self.run(["python", "lab.py"])
+        text = out.stdout + out.stderr
+        self.from_wheel(text, "lab.py")
+        refusals = "\n".join(line for line in out.stdout.splitlines() if line.startswith("=== tunekit."))
+        self.scan(text.replace(refusals, ""), "lab.py")
+        results = out.stdout.partition("=== results")[2].partition("=== explain")[0]
+        if "MFU/HFU of" not in results:
+            self.find("MFU without its peak", "lab.results() mixes fp32 and bf16 MFUs and names no peak per row")
+        explained = out.stdout.partition("=== explain")[2].partition("=== diff")[0]
+        for pattern in (r"efficiency 0\.0\b", r"\bat 0% of\b", r"\b0\.0% of the expected"):
+            m = re.search(pattern, explained)
+            if m:
+                self.find("0% for an op that ran", f"explain: {m.group(0)!r}")
+        m = re.search(r"diff table rows: (\d+) of (\d+)", out.stdout)
+        if m is None or int(m.group(1)) > 20:
+            self.find("long table", f"diff(a, b).table: {m.group(0) if m else 'not printed'} (the few that matter)")
+        said = dict(re.findall(r"^=== (tunekit\.\S+) (.*)$", out.stdout, re.M))
+        # 42 is not a run (not: "no plan"); a preset's name where a model goes names preset=
+        for call, must, mustnt in (("tunekit.explain(42)", "refused", "plan"),
+                                   ("tunekit.Lab('gpt2-124m')", "preset='gpt2-124m'", None)):
+            words = said.get(call, "")
+            if must not in words or (mustnt and mustnt in words):
+                self.find("unclear refusal", f"{call}: {words!r}")
+
+    def chapter_fresh(self, n: int) -> None:
+        """Chapter 18 under nbval with a cache made for this run alone: the CPU calibrated afresh."""
+        cache = self.tmp / f"cache-{n}"
+        out = self.run(["python", "-m", "pytest", "-q", "--nbval-lax", "-p", "no:cacheprovider",
+                        ROOT / "notebooks" / "18_expected.ipynb"], check=False, TUNEKIT_CACHE=str(cache))
+        if out.returncode != 0:
+            self.find("chapter failed", f"18_expected with a fresh cache (run {n}): {tail(out)}")
+
     def plan_no_hf(self) -> None:
         hide = self.tmp / "no_hf"
         hide.mkdir(exist_ok=True)
@@ -470,6 +580,10 @@ def main(argv=None) -> int:
             s.step("Trainer + TunekitCallback", s.trainer)
             s.step("tunekit plan (hf extra)", s.plan_hf)
             s.step("tunekit plan (no transformers)", s.plan_no_hf)
+            s.step("two plans read (H100, T4 bf16)", s.plans_read)
+            s.step("Lab: results, explain, diff", s.lab_read)
+            for n in range(1, 4):
+                s.step(f"chapter 18, fresh cache ({n} of 3)", lambda n=n: s.chapter_fresh(n))
             s.step("notebook: %%gpuprofile (nbconvert)", s.notebook)
             s.step("nothing written into the package", s.package_untouched)
     finally:

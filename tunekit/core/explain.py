@@ -156,7 +156,7 @@ class Explanation:
         lines = [f"{self.label}: {self.head}"] + [f"- {g}" for g in self.gaps]
         if self.unforeseen:
             lines.append("- ops the plan did not foresee: " + ", ".join(
-                f"{op} {fmt_ms(s)} ({fmt_count(c)} calls)" for op, s, c in self.unforeseen[:3])
+                f"{op} {fmt_ms(s)} ({fmt_count(c)} call{'' if c == 1 else 's'})" for op, s, c in self.unforeseen[:3])
                 + (f" and {len(self.unforeseen) - 3} more" if len(self.unforeseen) > 3 else ""))
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
