@@ -50,6 +50,9 @@ def _session(tmp_path):
     ("  machine    run 2026-11-27 15:30, 1.5 of 2 CPUs", None),   # a date is no negative figure
     ("  memory     17.38 GiB of 79.2 GiB: fits (61.82 GiB free)", None),
     ("  MFU 0.0% · HFU 0.0% of 0.04379 TFLOPS", None),
+    ("moved most: matmul/linear 83.3 ms -> 25.6 ms (-57.6 ms)", None),   # tunekit.diff's change: a reading
+    ("peak memory 100.0 MiB -> 120.0 MiB (-20.0 MiB)", None),
+    ("step 40.0 ms -> -25.0 ms (-15.0 ms)", "negative figure"),         # a side below zero is still wrong
 ])
 def test_the_scan_finds_what_a_user_should_not_see_and_only_that(tmp_path, line, found):
     s = _session(tmp_path)

@@ -71,10 +71,12 @@ WARNING = re.compile(r"\b\w*Warning\b|^\s*warn(ing)?\b", re.M | re.I)
 UNITS = r"(?:[KMGTP]i?B|B|bytes?|µs|us|ms|s|%|[KMGTP]?FLOPS?|FLOP|tok(?:ens)?/s|samples?/s|steps?/s|/s)"
 NEGATIVE = re.compile(r"(?<![\w.\-])[-\u2212]\s?\d[\d,]*(?:\.\d+)?\s?" + UNITS + r"(?![\w])")
 # Signed differences, where a minus is a reading and not a wrong figure: "RSS +14.9 MiB", the
-# resident set's change over the run ("+" on growth), and the last column of a table headed
-# "... error" (measured vs estimated). Peaks, times, rates and sizes are never below zero, and a
-# negative zero ("-0%") is wrong anywhere.
-SIGNED_CHANGE = re.compile(r"\bRSS\s+[-+\u2212]\s?\d[\d,.]*\s?[KMGT]?i?B\b")
+# resident set's change over the run ("+" on growth), a diff's change after its two sides, and the
+# last column of a table headed "... error" (measured vs estimated). Peaks, times, rates and sizes
+# are never below zero, and a negative zero ("-0%") is wrong anywhere.
+SIGNED_CHANGE = re.compile(r"\bRSS\s+[-+\u2212]\s?\d[\d,.]*\s?[KMGT]?i?B\b"
+                           # a diff's "a -> b (change)": "matmul/linear 83.3 ms -> 25.6 ms (-57.6 ms)"
+                           r"|->\s*[\d,.]+\s?\S+\s+\([-+\u2212]\s?\d[\d,.]*\s?" + UNITS + r"\)")
 ERROR_HEADER = re.compile(r"\s{2,}error\s*$")
 ERROR_CELL = re.compile(r"\s[-+\u2212]\d+(?:\.\d+)?%\s*$")
 NEGATIVE_ZERO = re.compile(r"(?<![\w.\-])[-\u2212]\s?0(?:\.0+)?\s?" + UNITS + r"(?![\w])")
