@@ -40,7 +40,8 @@ def child() -> None:
     took = time.perf_counter() - t0
     lab = tunekit.Lab(preset="cpu-tiny", device="cpu")
     steps = {k: lab.plan("cpu", micro_batch=4, seq_len=64, **kw).expected.step_s for k, kw in SETTINGS.items()}
-    verdicts = {"stream": str(stream.conditions), **{d: str(c.conditions) for d, c in cals.items()}}
+    verdicts = {"stream": f"[{stream.priority}] {stream.conditions}",
+                **{d: f"[{c.priority}] {c.conditions}" for d, c in cals.items()}}
     print(json.dumps(dict(steps=steps, verdicts=verdicts, seconds=took)))
 
 

@@ -89,13 +89,16 @@ def calibrations(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from tunekit.core.conditions import Conditions
-    from tunekit.measure import peaks
+    from tunekit.measure import peaks, priority
 
     monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
     monkeypatch.setattr(peaks, "default_sizes", lambda kind: [32])
     for memo in ("_resolved", "_rechecked"):
         monkeypatch.setattr(peaks, memo, {})
     monkeypatch.setattr(peaks, "_remeasured", set())
+    # trials at normal priority, as a user without CAP_SYS_NICE runs them (root here would run them
+    # ahead of the load, and a busy verdict would then not be distrusted: tests/test_priority.py)
+    monkeypatch.setattr(priority, "_denied", {priority.REALTIME, priority.NICE})
     state = SimpleNamespace(verdicts=[], sweeps=0)
 
     class Meter:

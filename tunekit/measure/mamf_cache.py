@@ -17,6 +17,7 @@ from pathlib import Path
 from tunekit.core import paths
 from tunekit.core.conditions import Conditions
 from tunekit.core.registry import DTYPES
+from tunekit.measure.priority import shielded_verdict
 
 
 @dataclass
@@ -36,10 +37,11 @@ class Calibration:
     busy: float = math.nan  # caches before `conditions`: other runnable tasks per CPU (1-min load average)
     conditions: Conditions | None = None  # what else used the machine during the sweep (None: older cache)
     raised: str | None = None  # a re-check's faster matmul replaced the swept peak: from what, when
+    priority: str = "normal"   # what its CPU trials ran at (measure.priority): "realtime" ones are load-proof
 
     @property
     def verdict(self) -> str:
-        return self.conditions.verdict if self.conditions is not None else "unknown"
+        return shielded_verdict(self.conditions, self.priority)
 
 
 def cache_path() -> Path:

@@ -17,6 +17,7 @@ import functools
 import platform
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from tunekit.measure import mamf_cache
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.device import default_device, existing_device, torch_dtype
 from tunekit.measure.mamf_cache import Calibration
+from tunekit.measure.priority import NORMAL, ahead, level
 from tunekit.measure.timing import time_repeats
 
 _warned: set = set()
@@ -148,7 +150,9 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         """(n, n, n, TFLOPS) of each timed n x n matmul; the operands live only in here."""
         a, b = (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
         b = b.t() if layout == "nt" else b
-        times = time_repeats(lambda: torch.mm(a, b), dev, warmup=warmup, repeats=repeats)
+        # on a CPU the tries run ahead of the machine's other work where the user may ask it
+        with ahead() if dev.type == "cpu" else nullcontext():
+            times = time_repeats(lambda: torch.mm(a, b), dev, warmup=warmup, repeats=repeats)
         return [(n, n, n, 2 * n**3 / t / 1e12) for t in times]
 
     first = (sizes or default_sizes(dev.type))[0]
@@ -178,7 +182,8 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     seconds = time.perf_counter() - t_start
     cal = Calibration(device=name, dtype=dtype, tflops=top, best_shape=(m, k, n), sweep=sweep,
                       seconds=seconds, torch_version=torch.__version__, threads=torch.get_num_threads(),
-                      taken_at=time.time(), layout=layout, conditions=meter.stop(seconds))
+                      taken_at=time.time(), layout=layout, conditions=meter.stop(seconds),
+                      priority=level() if dev.type == "cpu" else NORMAL)
     if sizes is None:
         _store(key, cal)
         _remeasured.add(key)  # this process's one measurement: a busy one is not re-done at once
@@ -281,7 +286,7 @@ def _distrust(cal: Calibration) -> str | None:
     if _stale(cal):
         return f"older than {STALE_DAYS} days"
     if cal.conditions is not None:
-        return f"it was taken on a busy machine ({cal.conditions.reason})" if cal.conditions.busy else None
+        return f"it was taken on a busy machine ({cal.conditions.reason})" if cal.verdict == "busy" else None
     if not is_missing(cal.busy) and cal.busy > BUSY_LIMIT:  # an older cache's load-average reading
         return f"it was taken under load ({cal.busy:.1f} other tasks per CPU)"
     return None

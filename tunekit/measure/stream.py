@@ -31,11 +31,12 @@ from tunekit.core import paths
 from tunekit.core.conditions import Conditions
 from tunekit.core.validate import flag
 from tunekit.measure.conditions import ConditionsMeter
+from tunekit.measure.priority import NORMAL, ahead, level, shielded_verdict
 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
 CHAIN = 50
-VERSION = 8   # of what a sweep measures: an entry of another version is measured again
+VERSION = 9   # of what a sweep measures (9: trials ahead of the load): an entry of another version is measured again
 TRIES = 5      # trials of each figure at least; more while one still finds a faster time (`fastest`)
 MAX_TRIES = 60
 
@@ -61,10 +62,12 @@ class Stream:
     threads: int
     taken_at: float
     conditions: Conditions | None = None
+    priority: str = NORMAL   # what its trials ran at (measure.priority): "realtime" ones are load-proof
 
     @property
     def verdict(self) -> str:
-        return self.conditions.verdict if self.conditions is not None else "unknown"
+        return shielded_verdict(self.conditions, self.priority)
+
 
 
 def _path():
@@ -139,7 +142,7 @@ def measure_stream(refresh: bool = False) -> Stream:
                  attention={d: _attention_tflops(dt) for d, dt in kinds},
                  gelu={d: _gelu_rate(dt) for d, dt in kinds}, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),
-                 conditions=meter.stop(time.perf_counter() - t0))
+                 conditions=meter.stop(time.perf_counter() - t0), priority=level())
     cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
     _save(cache)
     return new
@@ -322,10 +325,14 @@ def fastest(trial, tries: int = TRIES) -> float:
     """The fastest of repeated trials (``trial()`` returns its own seconds), as timing tools take a
     figure: ``tries`` at least, then more until ``tries`` in a row find none faster by 1%, at most
     ``max(MAX_TRIES, 3 x tries)``. Load only ever slows a trial: on a busy machine the fastest is
-    found among more of them, so a calibration taken beside other work lands near a quiet one's."""
+    found among more of them, so a calibration taken beside other work lands near a quiet one's.
+    Each trial runs ahead of the machine's other work where the user may ask for it
+    (`measure.priority.ahead`): on two cores beside two busy processes the fastest trial alone
+    stayed 2-7x the quiet one."""
     best, since, n = float("inf"), 0, 0
     while n < max(MAX_TRIES, 3 * tries) and (n < tries or since < tries):
-        t = trial()
+        with ahead():
+            t = trial()
         n += 1
         since = 0 if t < 0.99 * best else since + 1
         best = min(best, t)

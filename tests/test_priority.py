@@ -1,0 +1,97 @@
+"""Calibration trials run ahead of the machine's other work where the user may ask for it
+(tunekit.measure.priority), and every thread's scheduling is put back afterwards."""
+import os
+import threading
+
+import pytest
+
+from tunekit.core.conditions import Conditions
+from tunekit.measure import peaks, priority
+from tunekit.measure.priority import NICE, NORMAL, REALTIME, ahead, shielded_verdict
+
+
+def _policies():
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+    return {t: (os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) for t in tids}
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    monkeypatch.setattr(priority, "_denied", set())
+
+
+def test_every_thread_is_put_back_as_it_was(fresh):
+    before = _policies()
+    started = threading.Event()
+    with ahead() as got:
+        # a thread started inside the block inherits the block's priority; it is put back as well
+        t = threading.Thread(target=started.wait)
+        t.start()
+        inside = _policies()
+    after = _policies()
+    started.set()
+    t.join()
+    assert got in (REALTIME, NICE, NORMAL)
+    if got == REALTIME:
+        assert {p for p, _ in inside.values()} == {os.SCHED_FIFO}
+    if got == NICE:
+        assert {n for _, n in inside.values()} == {-20}
+    assert {t: after[t] for t in before} == before
+    assert set(after.values()) <= set(before.values())   # the new thread too: the caller's policy and nice
+
+
+def test_an_exception_inside_still_puts_everything_back(fresh):
+    before = _policies()
+    with pytest.raises(KeyError), ahead():
+        raise KeyError("trial failed")
+    assert _policies() == before
+
+
+def test_a_refusal_is_not_asked_again(monkeypatch, fresh):
+    calls = []
+
+    def refuse(*args):
+        calls.append(args)
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    monkeypatch.setattr(os, "setpriority", refuse)
+    with ahead() as got:
+        pass
+    # one refused real-time call, then one refused nice call: the same for every later trial
+    assert (got, len(calls), priority.level()) == (NORMAL, 2, NORMAL)
+    with ahead() as again:
+        pass
+    assert (again, len(calls)) == (NORMAL, 2)
+
+
+def test_nice_when_real_time_is_refused(monkeypatch, fresh):
+    seen = {}
+
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    monkeypatch.setattr(os, "getpriority", lambda which, tid: 0)
+    monkeypatch.setattr(os, "setpriority", lambda which, tid, v: seen.__setitem__(tid, v))
+    with ahead() as got:
+        during = dict(seen)
+    assert got == NICE == priority.level() and set(during.values()) == {-20} and set(seen.values()) == {0}
+
+
+@pytest.mark.parametrize("verdict,prio,said", [
+    ("busy", REALTIME, "busy, measured ahead of it"),   # ran before the load: trusted
+    ("busy", NICE, "busy"),                              # ~87x the share, still not load-proof
+    ("busy", NORMAL, "busy"),
+    ("quiet", REALTIME, "quiet"),
+])
+def test_verdict(verdict, prio, said):
+    assert shielded_verdict(Conditions(verdict, "injected"), prio) == said
+    assert shielded_verdict(None, prio) == "unknown"
+
+
+def test_a_busy_calibration_taken_ahead_of_the_load_is_trusted(calibrations):
+    calibrations.cache(conditions={"verdict": "busy", "reason": "tasks waited for a CPU 97% of the time"},
+                       priority=REALTIME)
+    peak = peaks.resolve_peak("cpu", "fp32")
+    assert "re-measured" not in peak.source and "busy" not in peak.source and calibrations.sweeps == 0
