@@ -73,7 +73,10 @@ def _munge() -> None:
 
 def config(folder: Path, cpus: int, memory_mb: int, ports: tuple[int, int]) -> str:
     host = socket.gethostname()
-    return "\n".join([
+    # more CPUs than the machine has (tests that need two jobs side by side): slurmd takes the
+    # configured count instead of draining the node for "Low socket*core*thread count"
+    overrides = ["SlurmdParameters=config_overrides"] if cpus > (os.cpu_count() or 1) else []
+    return "\n".join([*overrides,
         "ClusterName=tunekit",
         f"SlurmctldHost={host}(127.0.0.1)",
         "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge",
@@ -84,6 +87,7 @@ def config(folder: Path, cpus: int, memory_mb: int, ports: tuple[int, int]) -> s
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",
         "MpiDefault=none", "ReturnToService=2", "MinJobAge=600",
+        f"DefMemPerCPU={memory_mb // cpus}",   # else a job takes the whole node's memory, and no job runs beside it
         "SlurmctldTimeout=30", "SlurmdTimeout=30", "InactiveLimit=0", "KillWait=5",
         f"NodeName={NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN",
         f"PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
@@ -91,9 +95,10 @@ def config(folder: Path, cpus: int, memory_mb: int, ports: tuple[int, int]) -> s
     ])
 
 
-def up(folder, timeout_s: float = 30.0) -> dict:
+def up(folder, cpus: int | None = None, timeout_s: float = 30.0) -> dict:
     """Start a one-node cluster whose files live in ``folder``; returns the environment its clients
-    need (``{"SLURM_CONF": ...}``) once the node is idle."""
+    need (``{"SLURM_CONF": ...}``) once the node is idle. ``cpus``: the node's CPUs as Slurm
+    allocates them (default this machine's; more lets tests run jobs side by side)."""
     why = missing()
     if why:
         raise RuntimeError(why)
@@ -101,7 +106,7 @@ def up(folder, timeout_s: float = 30.0) -> dict:
     (folder / "state").mkdir(parents=True, exist_ok=True)
     memory_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
     conf = folder / "slurm.conf"
-    conf.write_text(config(folder, os.cpu_count() or 1, memory_mb, (_free_port(), _free_port())))
+    conf.write_text(config(folder, cpus or os.cpu_count() or 1, memory_mb, (_free_port(), _free_port())))
     env = {"SLURM_CONF": str(conf)}
     _munge()
     full = {**os.environ, **env}
@@ -146,10 +151,10 @@ def down(folder) -> None:
 
 
 @contextmanager
-def cluster(folder):
+def cluster(folder, cpus: int | None = None):
     """``up`` on entry, ``down`` on exit (also after an error or Ctrl-C)."""
     try:
-        yield up(folder)
+        yield up(folder, cpus)
     finally:
         down(folder)
 

@@ -35,6 +35,7 @@ KINDS = {
     "advice.tight": "a planned setting leaving under 5% of the card free: fragmentation is not modelled",
     "advice.pruned": "combinations of changes not tried, and why: each adds changes or GPUs to one that fits with room",
     "toggle.over_hand_change": "a toggle given explicitly replaced a change made to the model by hand",
+    "conditions.shared_node": "a cluster run's nodes ran other jobs while it measured (the scheduler said so)",
     "autotune.unconfirmed": "a candidate measured faster than the winner without winning its race",
     "explain.busy": "tunekit.explain: the traced run was measured on a busy machine",
     "explain.profiler": "tunekit.explain: the profiler's own overhead is part of the gaps",

@@ -95,6 +95,8 @@ class RunResult:
     throughput_unit: str = "tokens"       # what tokens_per_step counted: "tokens" | "samples" (no sequence dimension)
     explained: str | None = None          # a traced run against its plan's expected step, in one line
                                           # (tunekit.explain's .line); None: untraced, or a note says why
+    job: dict | None = None               # the cluster job that ran it (engine, id, partition, nodes, state,
+                                          # exit code, folder, jobs that shared its nodes); None: run here
 
     # () -> the run's Explanation, planned by the Lab that ran it (tunekit.explain(run) without a
     # plan); set by the Lab on its live runs, never saved: a run read back from a log has none

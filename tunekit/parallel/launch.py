@@ -93,7 +93,7 @@ def _poll(path: Path, progress, stop: threading.Event) -> None:
         except OSError:
             continue
         for line in lines[seen:]:
-            done, total = (int(v) for v in line.split())
+            done, total = (int(v) for v in line.split()[:2])   # then that step's seconds
             progress(done, total)
         seen = len(lines)
 

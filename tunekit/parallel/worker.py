@@ -51,6 +51,7 @@ from tunekit.models.adapters import adapt, fsdp_units
 from tunekit.models.optimizers import unavailable_optimizers
 from tunekit.models.spec import build_model
 from tunekit.parallel.aggregate import aggregate
+from tunekit.parallel.slurm import from_slurm_env, write_rank_error
 from tunekit.train.step import TrainStep, local_bytes, token_batcher
 
 
@@ -234,11 +235,11 @@ def join(spec: dict) -> RunResult | None:
 def _progress(spec, rank):
     path = spec.get("progress_file")
     if rank != 0 or not path:
-        return lambda done, total: None
+        return lambda done, total, seconds=None: None
 
-    def report(done, total):
+    def report(done, total, seconds=None):   # "done total [seconds of that step]" per line
         with open(path, "a") as f:
-            f.write(f"{done} {total}\n")
+            f.write(f"{done} {total}\n" if seconds is None else f"{done} {total} {seconds:.9f}\n")
     return report
 
 
@@ -273,8 +274,8 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
         else:
             losses.append(trainer.step())
 
-    def after(i, _s):
-        progress(i + 1, steps)
+    def after(i, s):
+        progress(i + 1, steps, s)
 
     cuda_index = device.index if device.type == "cuda" else None
     meter = DeviceMeter(device, cuda_index).start()
@@ -314,7 +315,19 @@ def main(argv=None) -> int:
     if len(argv) != 1:
         print("usage: python -m tunekit.parallel.worker SPEC.json", file=sys.stderr)
         return 2
-    record(join)(json.loads(Path(argv[0]).read_text()))
+    spec = json.loads(Path(argv[0]).read_text())
+    if "SLURM_PROCID" not in os.environ:
+        record(join)(spec)
+        return 0
+    from_slurm_env()    # a rank srun started: its rank from Slurm's variables, its error to the job's folder
+    try:
+        join(spec)
+    except BaseException:
+        import traceback
+
+        if spec.get("error_dir"):
+            write_rank_error(spec["error_dir"], int(os.environ["RANK"]), traceback.format_exc())
+        raise
     return 0
 
 
