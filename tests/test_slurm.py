@@ -130,8 +130,8 @@ def test_a_rank_exception_names_node_rank_and_traceback(cluster, tmp_path):
         "    return GPT(GPTConfig(vocab_size=255, n_layer=2, n_head=4, n_embd=64, block_size=32))\n")
     sys.path.insert(0, str(tmp_path))     # the ranks import what this process can (PYTHONPATH)
     try:
-        job = Slurm(ntasks_per_node=2, time="5").submit(spec(model={"kind": "factory", "factory": "failing_model:build", "kwargs": {}}),
-                                                        tmp_path / "job")
+        failing = {"kind": "factory", "factory": "failing_model:build", "kwargs": {}}
+        job = Slurm(ntasks_per_node=2, time="5").submit(spec(model=failing), tmp_path / "job")
         with pytest.raises(JobFailed) as e:
             job.wait()
     finally:
