@@ -2,6 +2,7 @@
 a DDP run comes home as a RunResult with its job, and every way a job ends without a result is a
 JobFailed with the cause in words; bad input is refused before anything is submitted."""
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -193,3 +194,26 @@ def test_a_node_shared_with_another_job_marks_the_run_busy(cluster, tmp_path):
     assert r.job["shared_with"] == [other]
     assert r.conditions.busy and r.conditions.reason.startswith(f"node(s) n0 shared with job(s) {other}")
     assert [n.kind for n in r.notes if getattr(n, "kind", "") == "conditions.shared_node"] == ["conditions.shared_node"]
+
+
+@needs_cluster
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nsenter") is None, reason="needs root and nsenter")
+def test_a_two_node_fsdp_run_goes_through_the_scheduler(tmp_path):
+    from tunekit.parallel.netns import check
+
+    if check():
+        pytest.skip(check())
+    with slurm_cluster.cluster(tmp_path / "slurm", nodes=2) as env:
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            target = Slurm(nodes=2, ntasks_per_node=1, time="5", env={"GLOO_SOCKET_IFNAME": "tk0"})
+            r = target.submit({**spec(), "parallel": "fsdp", "comm": True}, tmp_path / "job").wait()
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    # FSDP2 over 2 ranks on 2 nodes: every all-gather and reduce-scatter crosses the emulated link
+    assert (r.status, r.world_size, r.nodes, r.parallel, r.job["nodes"]) == ("ok", 2, 2, "fsdp", "n[0-1]")
+    assert set(r.comm["by_kind"]) >= {"all_gather", "reduce_scatter"}
+    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"tk-{os.getpid()}-" not in leftover     # this process's namespaces are gone
