@@ -217,3 +217,50 @@ def test_a_two_node_fsdp_run_goes_through_the_scheduler(tmp_path):
     assert set(r.comm["by_kind"]) >= {"all_gather", "reduce_scatter"}
     leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"tk-{os.getpid()}-" not in leftover     # this process's namespaces are gone
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    import tunekit
+
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    return cfg, tunekit.plan(cfg, device="cpu", micro_batch=2, seq_len=32, parallel="ddp", world_size=2)
+
+
+def test_a_plan_script_asks_for_the_setting_s_layout(tiny_plan, tmp_path):
+    cfg, plan = tiny_plan
+    text = plan.sbatch(Slurm(partition="debug", time="5"), tmp_path, model=cfg, steps=3).read_text()
+    assert "#SBATCH --nodes=1" in text and "#SBATCH --ntasks-per-node=2" in text
+    expected = plan.expected.step_s * 1e3
+    assert f"# expected step {expected:.1f} ms" in text     # the plan's own figure, as a comment
+    spec = __import__("json").loads((tmp_path / "spec.json").read_text())
+    assert (spec["parallel"], spec["nproc"], spec["nodes"], spec["steps"], spec["toggles"]["micro_batch"]) == \
+        ("ddp", 2, 1, 3, 2)
+    with pytest.raises(ValueError, match=r"the target asks for ntasks_per_node=4 \(the setting needs 2\)"):
+        plan.sbatch(Slurm(ntasks_per_node=4), tmp_path / "x", model=cfg)
+    with pytest.raises(IndexError):
+        plan.sbatch(Slurm(), tmp_path / "y", model=cfg, option=len(plan.advice))
+
+
+@needs_cluster
+def test_a_plan_script_runs_as_written(cluster, tiny_plan, tmp_path):
+    cfg, plan = tiny_plan
+    path = plan.sbatch(Slurm(time="5"), tmp_path / "job", model=cfg, steps=2)
+    job_id = _sbatch(str(path))       # submitted by hand, as a person would
+    r = Slurm().follow(job_id, tmp_path / "job", steps=2).wait()
+    assert (r.status, r.world_size, r.parallel, r.job["state"]) == ("ok", 2, "ddp", "COMPLETED")
+
+
+@needs_cluster
+def test_a_plan_script_runs_your_own_script_with_its_rank(cluster, tiny_plan, tmp_path):
+    cfg, plan = tiny_plan
+    (tmp_path / "train.py").write_text("import os\nopen(os.path.join(os.path.dirname(__file__), "
+                                       "'rank-' + os.environ['RANK']), 'w').write(os.environ['WORLD_SIZE'] + "
+                                       "' ' + os.environ['LOCAL_RANK'] + ' ' + os.environ['MASTER_PORT'])\n")
+    path = plan.sbatch(Slurm(time="5"), tmp_path / "job", script=f"{sys.executable} {tmp_path / 'train.py'}")
+    assert "tunekit.Monitor(model, log_to=[...])" in path.read_text()
+    job = Slurm().follow(_sbatch(str(path)), tmp_path / "job")
+    with pytest.raises(JobFailed, match="the job completed without a tunekit result"):
+        job.wait()
+    got = sorted((tmp_path / f"rank-{r}").read_text().split()[:2] for r in (0, 1))
+    assert got == [["2", "0"], ["2", "1"]]

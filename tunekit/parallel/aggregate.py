@@ -63,7 +63,8 @@ def aggregate(spec, rank, gathered, losses, warmup, first_step_at, meter_source,
     # a step ends when its slowest rank ends: the max over ranks of each step's time
     per_step = [max(g["times"][i] for g in gathered) for i in range(steps)]
     peaks = [g["peak"] for g in gathered]
-    notes = [f"{spec['parallel']} over {rank.nodes} node(s) x {rank.nproc} rank(s); "
+    kind = spec["parallel"] or "one process"
+    notes = [f"{kind} over {rank.nodes} node(s) x {rank.nproc} rank(s); "
              f"global batch {t.micro_batch * world} x grad_accum {t.grad_accum}",
              f"comm_wait_s {NO_WAIT}"]
     launched = spec.get("launched_at")
@@ -82,7 +83,8 @@ def aggregate(spec, rank, gathered, losses, warmup, first_step_at, meter_source,
     # no matmul re-checks a calibrated peak here: the Lab does once the run is back
     result, _ = run_result(
         t, m, rank.probe, rank.adapter, _peak(spec, device, t.compute_on(device.type)), device,
-        label=f"{spec['parallel']} {rank.nodes}x{rank.nproc} " + label(t, Toggles()), warmup=warmup,
+        label=(f"{spec['parallel']} {rank.nodes}x{rank.nproc} " if spec["parallel"] else "") + label(t, Toggles()),
+        warmup=warmup,
         notes=notes, cuda_index=device.index if device.type == "cuda" else None, world=world, recheck=False,
         params_bytes=max(g["params_bytes"] for g in gathered), grads_bytes=max(g["grads_bytes"] for g in gathered),
         optimizer_bytes=max(g["optimizer_bytes"] for g in gathered), model=rank.model_name,

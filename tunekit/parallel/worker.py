@@ -10,6 +10,7 @@ attention, micro_batch and grad_accum (gradient sync only on the last micro-step
     ddp           DistributedDataParallel
     fsdp          fully_shard(block, reshard_after_forward=True) per block + root, 1-D mesh
     fsdp_grad_op  the same with reshard_after_forward=False (SHARD_GRAD_OP)
+    None          one process, the model as it is (a cluster job of one device)
     hsdp          2-D mesh (nodes, nproc) = ("replicate", "shard"): shard within a node,
                   replicate across nodes
 
@@ -80,7 +81,7 @@ class Rank:
         self.batcher = token_batcher(self.adapter, spec.get("data", "corpus"), device, spec.get("seed", 0))
         # the sharded kinds cast through their MixedPrecisionPolicy, DDP under autocast
         self.trainer = TrainStep(self.model, self.adapter, device, self._batch, self.adapter.loss,
-                                 cast=self.parallel == "ddp")
+                                 cast=self.parallel in ("ddp", None))
         self.trainer.apply_model(t)
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.units = fsdp_units(self.model, self.adapter, self.parallel)
@@ -105,6 +106,8 @@ class Rank:
         return MixedPrecisionPolicy(param_dtype=torch_dtype(half), reduce_dtype=torch_dtype(self.t.grads))
 
     def _wrap(self):
+        if self.parallel is None:    # one process (a cluster job of one GPU): the model as it is
+            return self.model
         if self.parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -135,6 +138,8 @@ class Rank:
 
     def _sync(self, last: bool):
         """The gradients are reduced on the last micro-step only."""
+        if self.parallel is None:
+            return contextlib.nullcontext()
         if self.parallel == "ddp":
             return contextlib.nullcontext() if last else self.trainer.forward.no_sync()
         self.model.set_requires_gradient_sync(last)
@@ -146,6 +151,8 @@ class Rank:
 
     def expected_comm(self) -> dict:
         """What tunekit.core.comm predicts one step sends (the sharded kinds gather half weights)."""
+        if self.parallel is None:
+            return {}
         half = self.t.autocast if self.parallel != "ddp" else None
         param_bytes = registry.dtype(half or self.t.compute_on(self.device.type)).bytes
         return expected_comm(self.parallel, self.units, self.world, self.nodes, param_bytes,
@@ -177,7 +184,8 @@ def check_spec(spec: dict) -> list[str]:
     out = []
     if not isinstance(spec, dict):
         return [f"a spec is a dict, got {type(spec).__name__}"]
-    out += layout_problems(spec.get("parallel"), spec.get("nproc", 1), spec.get("nodes", 1))
+    if spec.get("parallel") is not None or spec.get("nproc", 1) * spec.get("nodes", 1) != 1:
+        out += layout_problems(spec.get("parallel"), spec.get("nproc", 1), spec.get("nodes", 1))
     for name, low in (("steps", 1), ("warmup", 0)):
         v = spec.get(name, low)
         if isinstance(v, bool) or not isinstance(v, int) or v < low:

@@ -76,6 +76,14 @@ class Plan(MemoryAnswer):
     # and the combinations not tried, each with why (planning.advice.Skipped)
     not_tried: list = field(default_factory=list)
 
+    def sbatch(self, target, folder, **kw):
+        """Write the batch script that runs this setting (or ``option=``, an index into ``advice``)
+        on ``target`` (a ``tunekit.Slurm``) into ``folder``, the expected step as a comment; returns
+        its path (``sbatch PATH`` submits it). Keywords: ``model`` (what to train, default what was
+        planned), ``script`` (your own command instead of tunekit's worker), ``steps``, ``warmup``
+        (tunekit.parallel.slurm.plan_script)."""
+        return target.plan_script(self, folder, **kw)
+
     @property
     def fixed_bytes(self) -> float:
         return sum(b for b, _ in self.fixed.values())
