@@ -264,3 +264,48 @@ def test_a_plan_script_runs_your_own_script_with_its_rank(cluster, tiny_plan, tm
         job.wait()
     got = sorted((tmp_path / f"rank-{r}").read_text().split()[:2] for r in (0, 1))
     assert got == [["2", "0"], ["2", "1"]]
+
+
+@needs_cluster
+def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    target = Slurm(ntasks_per_node=2, time="5", folder=str(tmp_path / "jobs"))
+    r = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target, verbose=False)
+    assert (r.status, r.world_size, r.job["state"], r.label.split()[:2]) == ("ok", 2, "COMPLETED", ["ddp", "1x2"])
+    assert r.job["folder"].startswith(str(tmp_path / "jobs"))
+    one = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, on=Slurm(time="5", folder=str(tmp_path / "jobs")),
+                  verbose=False)          # one rank: one process, the model as it is
+    assert (one.status, one.world_size, one.parallel, one.job["state"]) == ("ok", 1, None, "COMPLETED")
+    assert [x.run_id for x in lab.log.runs] == [r.run_id, one.run_id]
+
+
+@needs_cluster
+def test_a_lab_run_that_fails_on_the_cluster_is_recorded_and_raised(cluster, tmp_path):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    target = Slurm(ntasks_per_node=2, time="5", folder=str(tmp_path / "jobs"))
+    job_ids = []
+
+    def cancel_after_two(done, total):
+        if done == 2 and not job_ids:
+            job_ids.append(subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split())
+            subprocess.run(["scancel", *job_ids[0]], check=True)
+    with pytest.raises(JobFailed, match="the job was cancelled"):
+        lab.run(steps=10_000, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target,
+                progress=cancel_after_two, verbose=False)
+    failed = lab.log.runs[-1]
+    assert failed.status == "failed" and failed.error.startswith("the job was cancelled")
+    assert failed.job["state"] == "CANCELLED" and failed.step_s > 0   # the steps measured before, kept
+
+
+def test_a_lab_refuses_a_cluster_run_it_cannot_make(tmp_path):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    with pytest.raises(ValueError, match="on= is a cluster target"):
+        lab.run(steps=2, on="slurm", verbose=False)
+    with pytest.raises(ValueError, match="takes its layout from the target"):
+        lab.run(steps=2, on=Slurm(), nproc=2, verbose=False)

@@ -71,6 +71,12 @@ def traces_dir() -> Path:
     return data_dir() / "traces"
 
 
+def jobs_dir() -> Path:
+    """Cluster jobs' folders (spec, batch script, progress, result, logs): every node of the
+    cluster must see them (a shared home does; else pass ``Slurm(folder=...)``)."""
+    return data_dir() / "jobs"
+
+
 def figures_dir() -> Path:
     """Charts written as HTML files where no notebook can show them (a terminal, a script)."""
     return data_dir() / "figures"

@@ -23,6 +23,7 @@ from tunekit.core.results import RunResult, results_frame
 from tunekit.core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
 from tunekit.core.validate import flag, function, instance, is_whole, keywords_checked, real, whole
 from tunekit.lab import run as single
+from tunekit.lab.cluster import submitted
 from tunekit.lab.distributed import run_distributed
 from tunekit.lab.plan import lab_plan, show_plan_keywords
 from tunekit.lab.results import LabResults
@@ -255,7 +256,7 @@ class Lab(LabResults):
     @toggle_keywords
     def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
             trace: bool = False, memory: bool = False, parallel: str | None = None, nproc: int = 1,
-            nodes: int = 1, link=None, verbose: bool = True, setting=None, **changes) -> RunResult:
+            nodes: int = 1, link=None, verbose: bool = True, setting=None, on=None, **changes) -> RunResult:
         """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
 
         Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
@@ -276,9 +277,15 @@ class Lab(LabResults):
         Ctrl-C stops a run in its steps; while it sets up, records or cleans up it waits. An
         interrupted run is not recorded, is undone (with ``guard``), and its tensors are freed.
         ``setting``: a ``tunekit.Setting`` instead of the toggles and the parallel layout
-        (``lab.run(setting=tunekit.Setting(precision="bf16", parallel="ddp", world_size=2))``)."""
+        (``lab.run(setting=tunekit.Setting(precision="bf16", parallel="ddp", world_size=2))``).
+        ``on=tunekit.Slurm(...)`` runs it as a cluster job instead (its nodes x GPUs ranks, one
+        process where that is one; tunekit.lab.cluster): the job's state is shown as it changes,
+        Ctrl-C cancels it, and ``result.job`` says where it ran."""
         if setting is not None:
             changes, (parallel, nproc, nodes) = lab_keywords(self, setting, changes, (parallel, nproc, nodes))
+        if on is not None:   # a cluster job (tunekit.lab.cluster)
+            return submitted(self, on, steps, warmup, progress, parallel, changes, verbose,
+                             trace or memory or link is not None or nproc != 1 or nodes != 1)
         if not flag("verbose", verbose):
             return self._run(steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes)
         from tunekit.view.progress import RunProgress  # the view that shows it; chosen per frontend there

@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -52,7 +54,6 @@ from tunekit.models.adapters import adapt, fsdp_units
 from tunekit.models.optimizers import unavailable_optimizers
 from tunekit.models.spec import build_model
 from tunekit.parallel.aggregate import aggregate
-from tunekit.parallel.slurm import from_slurm_env, write_rank_error
 from tunekit.train.step import TrainStep, local_bytes, token_batcher
 
 
@@ -314,6 +315,31 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
         out = Path(spec["out_dir"]) / "result.json"
         out.write_text(json.dumps(encoded(result.to_dict())))   # notes keep their kinds (core.notes)
     return result
+
+
+# --- a rank srun started (tunekit.parallel.slurm) ---------------------------------------------
+
+
+def from_slurm_env() -> None:
+    """Under srun: the rank variables torch.distributed reads, from Slurm's (nothing set twice)."""
+    if "SLURM_PROCID" not in os.environ or "RANK" in os.environ:
+        return
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    per_node = re.match(r"\d+", os.environ.get("SLURM_NTASKS_PER_NODE", "")
+                        or os.environ.get("SLURM_TASKS_PER_NODE", ""))
+    if per_node:
+        os.environ["LOCAL_WORLD_SIZE"] = per_node.group(0)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+
+
+def write_rank_error(folder, rank: int, traceback: str) -> None:
+    """A rank's traceback with its node, for the job's owner (read by SlurmJob's cause)."""
+    Path(folder, f"error-rank{rank}.json").write_text(json.dumps(
+        {"rank": rank, "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+         "traceback": traceback, "at": time.time()}))
 
 
 def main(argv=None) -> int:
