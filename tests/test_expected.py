@@ -242,24 +242,28 @@ def test_a_card_without_a_measured_figure_borrows_one_or_says_what_to_do():
         p = tunekit.plan(cfg, card, precision="fp16", micro_batch=2, seq_len=64)
         (note,) = of_kind(p.notes, "expected.missing")
         assert p.expected is None and not of_kind(p.notes, "expected.borrowed")
-        assert "MAMF" in note and "tunekit.calibrate('fp16')" in note and "BANDWIDTH_FRACTION" in note
+        assert "MAMF" in note and "tunekit.calibrate('fp16')" in note and "bandwidth_share" in note
 
 
 def test_attention_share_by_head_dim_and_sequence():
-    from tunekit.core.efficiency import ATTENTION, attention_share
+    from tunekit.core.efficiency import attention_share
+    from tunekit.core.specs import gpu
 
-    a100, _ = ATTENTION[("flash", "A100 80GB")]
+    def rows_of(kernel, card):   # the card's row's figure for the kernel
+        return gpu(card).attention[kernel].value
+
+    a100 = rows_of("flash", "A100 80GB")
     # FA2 on an A100: 50% at seq 512, 73% at 16384, in log(seq): 2048 is 2 of 5 doublings in,
     # 0.50 + 0.23 * 2 / 5 = 0.592; held flat outside the paper's sweep
     assert attention_share(a100, 64, 2048) == pytest.approx(0.592)
     assert attention_share(a100, 128, 256) == 0.50 and attention_share(a100, 128, 65536) == 0.73
     # FA2 on Hopper, PR #1791 (hdim 128, seq 8192, causal): 3.5 x 284.1 x 1.935 / (1.935 + 4.788) = 286.19 TFLOPS
     # fwd+bwd, / 989 = 0.289375; FA3: 3.5 x 630.0 x 0.873 / 3.458 = 556.67, / 989 = 0.562862
-    assert attention_share(ATTENTION[("flash", "H100 SXM")][0], 128, 8192) == pytest.approx(0.289375, abs=1e-6)
-    assert attention_share(ATTENTION[("fa3", "H100 SXM")][0], 128, 8192) == pytest.approx(0.562862, abs=1e-6)
+    assert attention_share(rows_of("flash", "H100 SXM"), 128, 8192) == pytest.approx(0.289375, abs=1e-6)
+    assert attention_share(rows_of("fa3", "H100 SXM"), 128, 8192) == pytest.approx(0.562862, abs=1e-6)
     # the Triton kernel on an A100 at 2048: 0.25 + 0.15 * 2 / 5 = 0.31; on Hopper FA2's 0.289375 x 0.31 / 0.592
-    assert attention_share(ATTENTION[("triton", "A100 80GB")][0], 64, 2048) == pytest.approx(0.31)
-    assert attention_share(ATTENTION[("triton", "H100 SXM")][0], 64, 2048) == pytest.approx(0.289375 * 0.31 / 0.592,
+    assert attention_share(rows_of("triton", "A100 80GB"), 64, 2048) == pytest.approx(0.31)
+    assert attention_share(rows_of("triton", "H100 SXM"), 64, 2048) == pytest.approx(0.289375 * 0.31 / 0.592,
                                                                                                abs=1e-6)
     # the rows of the nearest head dim (a tie: the smaller), interpolated between two sequences
     rows = ((64, 1000, 0.2), (128, 1000, 0.4), (128, 4000, 0.6))

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import tunekit
-from tunekit.core import efficiency, specs
+from tunekit.core import efficiency, gpus, specs
+from tunekit.core.gpu import MEMORY_RULES
 from tunekit.planning import device, shard
 
 PACKAGE = Path(tunekit.__file__).parent
@@ -44,7 +45,7 @@ def test_the_rule_refuses_what_cannot_be_opened():
     assert refusal("copies measured on an H100 (benchmarks/RESULTS.md)")        # no date, no torch
     assert refusal("copies measured on our H100")                               # recorded nowhere
     assert refusal("see /home/ada/notes.txt")
-    assert refusal(efficiency.BANDWIDTH_FRACTION["H100 SXM"][1]) is None
+    assert refusal(specs.gpu("H100 SXM").bandwidth_share.source) is None
     assert refusal("FlashAttention-2 paper (arXiv 2307.08691)") is None
     assert refusal("read kernel measured at 1.80 TB/s (forums.developer.nvidia.com/t/339083)") is None
 
@@ -72,12 +73,9 @@ def _strings(value, seen=None):
 
 def _sourced():
     """(where, source) of every figure the sourced tables hold."""
-    yield from ((f"SPECS {s.name}", s.source) for s in specs.SPECS)
-    yield "LINKS_SOURCE", specs.LINKS_SOURCE
-    yield "DRIVER_SOURCE", specs.DRIVER_SOURCE
-    yield from ((f"MEMORY_RULES {k}", why) for k, (_, why) in specs.MEMORY_RULES.items())
-    for name in ("MAMF", "BANDWIDTH_FRACTION", "ATTENTION", "LAUNCH_S", "BORROWED"):
-        yield from ((f"{name} {k}", v[-1]) for k, v in getattr(efficiency, name).items())
+    yield from ((f"GPU {g.name} {field}", fig.source) for g in gpus.GPUS for field, fig in g.figures())
+    yield from ((f"MEMORY_RULES {k}", why) for k, (_, why) in MEMORY_RULES.items())
+    yield from ((f"LAUNCH_S {k}", v[-1]) for k, v in efficiency.LAUNCH_S.items())
     for name in ("MISALIGNED", "DDP_BUCKET_BYTES", "OVERLAP_SLOWDOWN"):
         yield name, getattr(efficiency, name)[1]
     yield "WAVE_SOURCE", efficiency.WAVE_SOURCE

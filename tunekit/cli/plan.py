@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 
 from tunekit.cli.model import Refused, model_source
-from tunekit.core import registry
+from tunekit.core import gpus, registry, specs
 from tunekit.core.extras import missing_extra
 from tunekit.core.setting import HALF, PARALLEL, Setting
-from tunekit.core.specs import SPECS
 
 
 def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFormatter) -> argparse.ArgumentParser:
@@ -25,8 +24,9 @@ def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFor
     p.add_argument("-h", "--help", action="help", help="show this help message and exit")
     p.add_argument("--model", default="cpu-tiny",
                    help="a GPT preset or a transformers config JSON file")
-    p.add_argument("--device", default="H100 SXM",
-                   help="a device of the spec table (" + ", ".join(s.name for s in SPECS) + ") or cpu")
+    p.add_argument("--device", default=gpus.DEFAULT_DEVICE,
+                   help="a GPU of the table (" + ", ".join(specs.names()) + "), a short name ("
+                        + ", ".join(gpus.ALIASES) + ") or cpu")
     p.add_argument("--precision", choices=tuple(registry.PRECISIONS), default="bf16",
                    help="training precision; bf16/fp16 under autocast")
     p.add_argument("--weights", choices=("fp32",) + HALF, default=None,

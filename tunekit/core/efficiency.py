@@ -1,5 +1,7 @@
 """What a well-written kernel reaches on a device, with the source of each figure: the figures
-`core.expected` turns a fake step's ops into an expected step time with. Pure data, no torch.
+`core.expected` turns a fake step's ops into an expected step time with. A GPU's own figures (MAMF,
+the share of its bandwidth a streaming kernel reaches, SMs, fused attention's share) are its row's
+(core.gpus); here are the rules that read them and the figures that belong to no one card. Pure, no torch.
 
 Nothing here is fitted to the training runs a prediction is judged against (benchmarks/
 bench_expected.py): each figure is a microbenchmark or a kernel paper's, named beside it.
@@ -10,49 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tunekit.core.specs import SPECS
+from tunekit.core import specs
+from tunekit.core.gpu import ATTENTION_KERNELS, attention_share  # noqa: F401  (read from here by planning, expected)
 
-_MAMF = ("stas00/ml-engineering compute/accelerator/README.md, Maximum Achievable Matmul FLOPS comparison table "
-         "(swept bf16/fp8 matmuls through torch)")
-
-# Maximum achievable matmul TFLOPS (MAMF), dense, by device and dtype: the best a swept matmul
-# reached through torch. H200 shares H100's compute (its bf16 is given as the same figure).
-MAMF = {
-    ("H100 SXM", "bf16"): (794.5, _MAMF), ("H100 SXM", "fp16"): (794.5, _MAMF + ", bf16's figure"),
-    ("H100 SXM", "fp8"): (1402.6, _MAMF),
-    # torchtitan's 500 W, 96 GB HBM2e H100: no published MAMF; the 700 W SXM's, an upper bound
-    ("H100 SXM 96GB", "bf16"): (794.5, _MAMF + " (the 700 W SXM's: an upper bound for this 500 W card)"),
-    ("H100 SXM 96GB", "fp16"): (794.5, _MAMF + " (the 700 W SXM's bf16: an upper bound)"),
-    ("H200 SXM", "bf16"): (794.5, _MAMF + " (H200: the H100's)"), ("H200 SXM", "fp16"): (794.5, _MAMF + ", bf16's"),
-    ("H200 SXM", "fp8"): (1453.4, _MAMF),
-    ("A100 80GB", "bf16"): (271.2, _MAMF), ("A100 80GB", "fp16"): (271.2, _MAMF + ", bf16's figure"),
-    ("B200", "bf16"): (1745.0, _MAMF), ("B200", "fp16"): (1745.0, _MAMF + ", bf16's figure"),
-    ("MI300X", "bf16"): (668.4, _MAMF), ("MI300X", "fp16"): (668.4, _MAMF + ", bf16's figure"),
-}
-
-# The share of the memory bandwidth a streaming kernel reaches (bytes read + written over time).
-# The H100's and H200's: the project's own measurements (benchmarks/RESULTS.md, with card, date, torch)
-_COPIES = ("measured 2026-11 on an {card}, torch 2.11.0+cu130 (driver CUDA 13): device-to-device copies ~{tbs} TB/s "
-           "counting bytes read and written (benchmarks/RESULTS.md)")
-_H100_COPIES = _COPIES.format(card="H100 80GB HBM3 (SXM)", tbs="3.0")
-BANDWIDTH_FRACTION = {
-    "H100 SXM": (3.0 / 3.35, _H100_COPIES),
-    "H100 SXM 96GB": (3.0 / 3.35, f"the HBM3 H100 SXM's share ({_H100_COPIES}) of its 2.4 TB/s HBM2e"),
-    "H200 SXM": (4.3 / 4.8, _COPIES.format(card="H200 141GB", tbs="4.3")),
-    "A100 80GB": (1.80 / 2.04, "read kernel at 1.80 of 2.04 TB/s on an A100 80GB, NCU agreeing "
-                          "(forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083)"),
-}
-
-# A card without a measured figure of its own borrows the nearest measured card's, of the same chip
-# and kind of memory, as a share: the MAMF's share of the dense peak and the bandwidth fraction, put
-# to its own peak and bandwidth (a note of kind expected.borrowed says which figure, from which card).
-# No GDDR card (L4, L40S, A10G, T4, RTX 4090/3090) nor a V100 has a measured card of its kind here.
-BORROWED = {"A100 40GB": ("A100 80GB", "the same GA100 chip and clocks (NVIDIA A100 data sheet), HBM2 against "
-                                       "the 80 GB card's HBM2e")}
-
-# Streaming multiprocessors (the waves a tiled matmul fills): vendor data sheets
-SMS = {"H100 SXM": 132, "H100 SXM 96GB": 132, "H200 SXM": 132, "H100 PCIe": 114, "H100 NVL": 132, "A100 80GB": 108,
-       "A100 40GB": 108, "B200": 148}
 TILE = (128, 128)   # a CUTLASS/cuBLAS threadblock tile of a large half-precision GEMM
 WAVE_SOURCE = ("wave quantization over 128 x 128 tiles (NVIDIA Deep Learning Performance Guide, Matrix "
                "Multiplication Background)")
@@ -62,84 +24,6 @@ WAVE_SOURCE = ("wave quantization over 128 x 128 tiles (NVIDIA Deep Learning Per
 MISALIGNED = (272.7 / 398.4, "SwiGLU d_ff sweep on an H100, h=4096 (10922: 272.7, 10944: 398.4 TFLOPS; "
                              "stas00/ml-engineering training/performance/README.md, SwiGLU-based MLP)")
 ALIGN = 8
-
-# Fused attention, forward + backward, as a share of the dense peak, by backend, device, head dim
-# and sequence length. FLOPs as the kernels' benchmarks count them (and tunekit's counter): forward
-# 4*b*h*s^2*d, halved when causal, backward 2.5x the forward (it rebuilds QK^T). Each table holds
-# ((head_dim or None: any, seq, share), ...): the rows of the nearest head dim, interpolated in
-# log(seq) and held flat outside (`attention_share`). Backends: "flash" = FlashAttention-2 (torch's
-# SDPA flash kernel is FA2), "fa3" = FlashAttention-3 (Hopper), "triton" = the FlashAttention-1-era
-# Triton kernel (HazyResearch flash_attn_triton.py on triton 2.0.0.dev20221202, which llm-foundry's
-# attn_impl="triton" copied, its default until 2024).
-#
-# A100: the FlashAttention-2 paper (arXiv 2307.08691, abstract and section 4.1) gives ranges over its
-# sweep (sequence 512 to 16k, head dim 64 and 128, causal or not): FlashAttention-2 "50-73% of the
-# theoretical maximum FLOPs/s on A100", FlashAttention(-1) "25-40%". Its figures rise with the sequence
-# (more blocks per SM, fewer partial tiles), so each range's low end is placed at 512 and its high end
-# at 16k. The Triton kernel's own docstring: "Overall Triton forward + backward is slightly slower than
-# CUDA forward + backward" (the CUDA one being FlashAttention-1): the FA1 range, an upper bound.
-# Hopper (sm90): flash-attention PR #1791 (benchmark_attn.py, Hopper, head dim 128, seq 8192, causal):
-# FA2 forward 1.935 ms at 284.1 TFLOPS, backward 4.788 ms at 287.1 -> 3.5 x 284.1 x 1.935 / 6.723 ms =
-# 286.2 TFLOPS (28.9% of 989); FA3 forward 0.873 ms at 630.0, backward 2.585 ms at 531.6 -> 3.5 x 630.0
-# x 0.873 / 3.458 ms = 556.7 TFLOPS (56.3%). (FA3's "740 TFLOPS, 75%" is its best forward alone.)
-# The Triton kernel on Hopper: no published figure; it and FA2 both issue Ampere mma instructions there
-# (no wgmma), so FA2's Hopper figure is scaled by the two kernels' ratio on the A100 at the same
-# sequence (e.g. 2048: 31.0% / 59.2%).
-_FA2_A100 = "FlashAttention-2 paper (arXiv 2307.08691): FA2 50-73% of an A100 over seq 512-16k"
-_FA1_A100 = ("FlashAttention-2 paper: FlashAttention 25-40% of an A100 over seq 512-16k; the Triton kernel "
-             "'slightly slower than CUDA' (flash_attn_triton.py)")
-_HOPPER = "flash-attention PR #1791 benchmark_attn.py on Hopper (hdim 128, seq 8192, causal): "
-_FA2_H100 = _HOPPER + "FA2 286.2 TFLOPS fwd+bwd (28.9%)"
-_FA3_H100 = _HOPPER + "FA3 556.7 TFLOPS fwd+bwd (56.3%)"
-_SWEEP = (512, 16384)
-_FA2_A100_ROWS = ((None, _SWEEP[0], 0.50), (None, _SWEEP[1], 0.73))
-_FA1_A100_ROWS = ((None, _SWEEP[0], 0.25), (None, _SWEEP[1], 0.40))
-_FA2_H100_ROWS = ((128, 8192, 3.5 * 284.1 * 1.935 / (1.935 + 4.788) / 989),)
-_FA3_H100_ROWS = ((128, 8192, 3.5 * 630.0 * 0.873 / (0.873 + 2.585) / 989),)
-ATTENTION = {
-    ("flash", "A100 80GB"): (_FA2_A100_ROWS, _FA2_A100), ("flash", "A100 40GB"): (_FA2_A100_ROWS, _FA2_A100),
-    ("triton", "A100 80GB"): (_FA1_A100_ROWS, _FA1_A100), ("triton", "A100 40GB"): (_FA1_A100_ROWS, _FA1_A100),
-    ("flash", "H100 SXM"): (_FA2_H100_ROWS, _FA2_H100), ("flash", "H200 SXM"): (_FA2_H100_ROWS, _FA2_H100),
-    ("fa3", "H100 SXM"): (_FA3_H100_ROWS, _FA3_H100), ("fa3", "H200 SXM"): (_FA3_H100_ROWS, _FA3_H100),
-    # torchtitan's 500 W H100: the 700 W card's figures, upper bounds
-    ("flash", "H100 SXM 96GB"): (_FA2_H100_ROWS, _FA2_H100 + " (the 700 W card's: an upper bound)"),
-    ("fa3", "H100 SXM 96GB"): (_FA3_H100_ROWS, _FA3_H100 + " (the 700 W card's: an upper bound)"),
-}
-# the kernels `tunekit.plan(attention_kernel=...)` names (None: "flash", FA2-class, what torch's SDPA runs)
-ATTENTION_KERNELS = {"flash": "FlashAttention-2 (torch's SDPA flash kernel)", "fa3": "FlashAttention-3 (Hopper)",
-                     "triton": "the FlashAttention-1-era Triton kernel (llm-foundry attn_impl='triton', 2023)"}
-
-
-def attention_share(rows, head_dim: int | None, seq: int | None) -> float:
-    """The share of the peak a fused attention kernel reaches at this head dim and sequence: the
-    rows of the nearest head dim given (None rows: any), interpolated in log(seq), flat outside."""
-    dims = {d for d, _, _ in rows}
-    if head_dim is not None and dims - {None}:
-        near = min(dims - {None}, key=lambda d: (abs(d - head_dim), d))
-        rows = [r for r in rows if r[0] == near]
-    pts = sorted((s, v) for _, s, v in rows)
-    if seq is None or seq <= pts[0][0]:
-        return pts[0][1]
-    if seq >= pts[-1][0]:
-        return pts[-1][1]
-    for (s0, v0), (s1, v1) in zip(pts, pts[1:]):
-        if s0 <= seq <= s1:
-            f = math.log(seq / s0) / math.log(s1 / s0)
-            return v0 + f * (v1 - v0)
-    return pts[-1][1]
-
-
-def _scaled(rows_to, rows_a100, rows_a100_ref, seqs):
-    """``rows_to`` scaled at each sequence by the ratio of two kernels' A100 shares there."""
-    return tuple((None, s, attention_share(rows_to, None, s) * attention_share(rows_a100, None, s)
-                  / attention_share(rows_a100_ref, None, s)) for s in seqs)
-
-
-_TRITON_H100_ROWS = _scaled(_FA2_H100_ROWS, _FA1_A100_ROWS, _FA2_A100_ROWS, (512, 1024, 2048, 4096, 8192, 16384))
-_TRITON_H100 = ("the FA2 Hopper figure (" + _FA2_H100 + ") times the Triton / FA2 ratio on an A100 at the same "
-                "seq (FlashAttention-2 paper's ranges): both kernels issue Ampere mma there")
-ATTENTION[("triton", "H100 SXM")] = (_TRITON_H100_ROWS, _TRITON_H100)
-ATTENTION[("triton", "H200 SXM")] = (_TRITON_H100_ROWS, _TRITON_H100)
 
 # Host time per kernel: eager PyTorch dispatches each op through Python, autograd and the ATen
 # dispatcher before the launch (5-25 us together; the low end on a fast host), a compiled graph
@@ -236,29 +120,36 @@ FOREACH_TENSORS = 36
 
 
 def gpu_figures(name: str, dtype: str, peak: float | None, bandwidth_tbs: float | None, compiled: bool) -> Figures:
-    """A spec-table GPU's figures for ``dtype`` (fp32 matmuls run on the CUDA cores at the peak's share)."""
-    mamf, src = MAMF.get((name, dtype), (None, f"no MAMF figure for {name} {dtype}"))
-    frac, bsrc = BANDWIDTH_FRACTION.get(name, (None, f"no measured bandwidth fraction for {name}"))
-    lender, why = BORROWED.get(name, (None, ""))
+    """A GPU row's figures for ``dtype`` (fp32 matmuls run on the CUDA cores at the peak's share).
+    A row without a measured MAMF or bandwidth share of its own takes the one of the card it
+    `borrows` from (the same chip and kind of memory), as a share, put to its own peak and
+    bandwidth (a note of kind expected.borrowed says which figure, from which card)."""
+    row = specs.gpu(name)
+    mamf, src = (row.mamf[dtype].value, row.mamf[dtype].source) if dtype in row.mamf else (
+        None, f"no MAMF figure for {name} {dtype}")
+    share = row.bandwidth_share
+    frac, bsrc = (share.value, share.source) if share else (None, f"no measured bandwidth fraction for {name}")
+    lender = specs.gpu(row.borrows.value) if row.borrows else None
     borrowed = []
-    their_peak = next((s.tflops.get(dtype) for s in SPECS if s.name == lender), None)
-    if mamf is None and (lender, dtype) in MAMF and peak and their_peak:
-        theirs, lsrc = MAMF[(lender, dtype)]
-        mamf, src = peak * theirs / their_peak, f"{lender}'s MAMF share, {theirs:g} of {their_peak:g} TFLOPS ({lsrc})"
-        borrowed.append(f"its MAMF from the {lender} ({theirs:g} of {their_peak:g} TFLOPS {dtype}: {mamf:.1f} of its "
-                        f"{peak:g})")
-    if frac is None and lender in BANDWIDTH_FRACTION and bandwidth_tbs:
-        frac, lsrc = BANDWIDTH_FRACTION[lender]
-        bsrc = f"{lender}'s share, {frac:.1%} ({lsrc})"
-        borrowed.append(f"its streaming bandwidth from the {lender} ({frac:.1%} of the data sheet's: "
+    their_peak = lender.tflops.get(dtype) if lender else None
+    if mamf is None and lender and dtype in lender.mamf and peak and their_peak:
+        theirs, lsrc = lender.mamf[dtype].value, lender.mamf[dtype].source
+        mamf = peak * theirs / their_peak
+        src = f"{lender.name}'s MAMF share, {theirs:g} of {their_peak:g} TFLOPS ({lsrc})"
+        borrowed.append(f"its MAMF from the {lender.name} ({theirs:g} of {their_peak:g} TFLOPS {dtype}: {mamf:.1f} "
+                        f"of its {peak:g})")
+    if frac is None and lender and lender.bandwidth_share and bandwidth_tbs:
+        frac, lsrc = lender.bandwidth_share.value, lender.bandwidth_share.source
+        bsrc = f"{lender.name}'s share, {frac:.1%} ({lsrc})"
+        borrowed.append(f"its streaming bandwidth from the {lender.name} ({frac:.1%} of the data sheet's: "
                         f"{bandwidth_tbs * frac:.2f} of its {bandwidth_tbs:g} TB/s)")
     launch, lsrc = LAUNCH_S["compiled" if compiled else "eager"]
-    att = {b: v for (b, dev), v in ATTENTION.items() if dev == name}
+    att = {kernel: (fig.value, fig.source) for kernel, fig in row.attention.items()}
     return Figures(name=name, peak_tflops=peak, mamf_tflops=mamf, mamf_source=src,
                    bandwidth_tbs=bandwidth_tbs * frac if (frac and bandwidth_tbs) else None,
                    bandwidth_source=bsrc, launch_s=launch, launch_source=lsrc, host_bound=False,
-                   sms=SMS.get(name), attention=att,
-                   borrowed=(f"{'; '.join(borrowed)}: {why}",) if borrowed else ())
+                   sms=row.sms.value if row.sms else None, attention=att,
+                   borrowed=(f"{'; '.join(borrowed)}: {row.borrows.source}",) if borrowed else ())
 
 
 def wave_efficiency(m: int, n: int, batch: int, sms: int | None) -> float:

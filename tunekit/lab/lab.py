@@ -18,6 +18,7 @@ import time
 import torch
 
 from tunekit.core import registry
+from tunekit.core.gpus import DEFAULT_DEVICE
 from tunekit.core.paths import runs_dir
 from tunekit.core.results import RunResult, results_frame
 from tunekit.core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
@@ -335,8 +336,8 @@ class Lab(LabResults):
         return shown.result
 
     @show_plan_keywords
-    def plan(self, device: str = "H100 SXM", **overrides):
-        """``tunekit.plan`` of this Lab's model on ``device`` (a spec-table name or "cpu"): memory,
+    def plan(self, device: str = DEFAULT_DEVICE, **overrides):
+        """``tunekit.plan`` of this Lab's model on ``device`` (a GPU row's name or "cpu"): memory,
         whether it fits and the speed-of-light bound of one step under the toggles a run would
         start from (``lab.resolve()``), without running it. ``overrides`` are plan's keywords
         (precision, weights, micro_batch, seq_len, checkpointing, optimizer, search, ...) and the

@@ -23,17 +23,12 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from tunekit.core.notes import Note
+from tunekit.core.specs import find_spec
 from tunekit.measure.device import dtype_name
 from tunekit.measure.torch_private import op_argument_names
 
 aten = torch.ops.aten
 
-# compute capability of each CUDA card of the spec table (core.specs), from NVIDIA's list
-# (developer.nvidia.com/cuda-gpus): what torch's SDPA dispatch checks; the MI cards run ROCm
-CAPABILITY = {"H100 NVL": (9, 0), "H100 PCIe": (9, 0), "H100 SXM 96GB": (9, 0), "H100 SXM": (9, 0),
-              "H200 SXM": (9, 0), "B200": (10, 0), "A100 40GB": (8, 0), "A100 80GB": (8, 0), "L40S": (8, 9),
-              "L4": (8, 9), "A10G": (8, 6), "V100 PCIe": (7, 0), "V100 SXM": (7, 0), "T4": (7, 5),
-              "RTX 4090": (8, 9), "RTX 3090": (8, 6)}
 # the rule's source: sdp_utils.cpp as read at pytorch commit 001f694aef6f (select_sdp_backend, can_use_*)
 SDP_UTILS = "pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, select_sdp_backend"
 # the CUDA ops of each backend: (forward, backward); the math path is a composite of matmuls and a softmax
@@ -108,8 +103,9 @@ class GpuKernels(TorchFunctionMode):
     def __init__(self, device: str):
         super().__init__()
         self.device = device
-        self.rocm = device.startswith("MI")
-        self.capability = CAPABILITY.get(device, (0, 0) if self.rocm else None)   # ROCm's rule reads none
+        row = find_spec(device)   # its GPU row: the compute capability torch's SDPA dispatch checks
+        self.rocm = row is not None and row.platform == "rocm"
+        self.capability = (0, 0) if self.rocm else row.capability.value if row is not None else None
         self.seen = False
         self.chosen = {}   # backend -> (dtype, head dim, mask) of its first call
         self._saved = None

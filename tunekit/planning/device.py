@@ -1,12 +1,12 @@
-"""The device a plan is placed on: memory, dense peak, bandwidth and fixed costs, from the spec
-table (`core.specs`) or this machine."""
+"""The device a plan is placed on: memory, dense peak, bandwidth and fixed costs, from its GPU row
+(`core.gpus`, read through `core.specs`) or this machine."""
 from __future__ import annotations
 
 import re
 
-from tunekit.core import validate
+from tunekit.core import specs, validate
 from tunekit.core.notes import Note
-from tunekit.core.specs import SPECS, find_spec, runs_instead
+from tunekit.core.specs import find_spec, runs_instead
 from tunekit.measure.live import CUDA_BLOCK
 from tunekit.planning.shard import NCCL_BUFFERS
 
@@ -14,10 +14,19 @@ CUDA_CONTEXT = (0.47 * 2**30, ("CUDA context, lazy loading (torch 2.1 on an A100
                                  "training/performance/README.md, Preloaded CUDA kernels memory usage)"))
 # torch's cuBLAS workspace, one per (handle, stream), from its caching allocator
 # (aten/src/ATen/cuda/CublasHandlePool.cpp): 32 MiB on compute capability 9.x-12.x
-# (":4096:8"), 4096 KiB x 2 + 16 KiB x 8 before; hipBLASLt on MI300 (gfx94x) 128 MiB
+# (":4096:8"), 4096 KiB x 2 + 16 KiB x 8 before; a row's own figure where the rule is not torch's
+# CUDA one (hipBLASLt on MI300: its row's blas_workspace)
 _CUBLAS = "torch's cuBLAS workspace for one stream (CublasHandlePool.cpp)"
-WORKSPACES = {"H100": 32 * 2**20, "H200": 32 * 2**20, "B200": 32 * 2**20, "MI300X": 128 * 2**20}
+WORKSPACE_FROM_HOPPER = 32 * 2**20
 WORKSPACE_BEFORE_HOPPER = 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def workspace_bytes(gpu) -> float:
+    """One BLAS workspace on ``gpu`` (a `core.gpu.GPU` row), by torch's rule or the row's figure."""
+    if gpu.blas_workspace is not None:
+        return gpu.blas_workspace.value
+    cc = gpu.capability.value if gpu.capability is not None else (0, 0)
+    return WORKSPACE_FROM_HOPPER if (9, 0) <= tuple(cc) < (13, 0) else WORKSPACE_BEFORE_HOPPER
 
 
 def device_figures(name, precision, world_size: int = 1) -> dict:
@@ -39,7 +48,7 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
                     notes=[f"peak {peak.source}; no memory bandwidth known for this CPU: the bound counts FLOPs only"])
     spec = find_spec(name)
     if spec is None:
-        raise ValueError(f"unknown device {name!r}: one of {', '.join(s.name for s in SPECS)}, or 'cpu'")
+        raise ValueError(f"unknown device {name!r}: one of {', '.join(specs.names())}, or 'cpu'")
     if spec.memory_gb is None:
         raise ValueError(f"the spec table has no memory size for {spec.name}: plan for another device")
     named = re.search(r"(\d+)\s*gb", name.lower())   # "A100 40GB": the table's A100 is another card
@@ -49,7 +58,7 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
                          "card's memory, or pick a device of the table")
     notes = [] if spec.bandwidth_tbs else [f"no memory bandwidth listed for {spec.name}: the bound counts FLOPs only"]
     if name.strip().lower() != spec.name.lower():   # an alias or a driver's name: say which card it was read as
-        others = [s.name for s in SPECS if s is not spec and s.name.split()[0] == spec.name.split()[0]]
+        others = [n for n in specs.names() if n != spec.name and n.split()[0] == spec.name.split()[0]]
         notes.append(f"device {name!r} read as {spec.name}" + (f" (the table also has {', '.join(others)}: name "
                                                                   "it to plan for it)" if others else ""))
     memory, memory_source = spec.usable
@@ -58,8 +67,8 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
         instead = runs_instead(spec, dtype)
         notes.append(Note("device.no_peak", f"{spec.name} lists no {dtype} peak: no speed bound, no expected step"
                           + (f"; {spec.name} has {instead[1]}" if instead else "")))
-    workspace = next((b for k, b in WORKSPACES.items() if spec.name.startswith(k)), WORKSPACE_BEFORE_HOPPER)
-    if spec.name.startswith("MI"):   # ROCm: the same costs under HIP's names, CUDA's figure for the context
+    workspace = workspace_bytes(spec)
+    if spec.platform == "rocm":   # ROCm: the same costs under HIP's names, CUDA's figure for the context
         fixed = {"hip_context": (CUDA_CONTEXT[0], "HIP context: CUDA's figure (none published for ROCm)"),
                  "hipblaslt_workspace": (float(workspace), _CUBLAS.replace("cuBLAS", "hipBLASLt"))}
         if world_size > 1:

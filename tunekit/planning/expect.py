@@ -1,4 +1,4 @@
-"""A plan's expectation: the device's figures (the spec table's and `core.efficiency`'s for a GPU,
+"""A plan's expectation: the device's figures (its GPU row's, read by `core.efficiency`, for a GPU,
 this machine's measured MAMF sweep, step-like bandwidth and time per op for the CPU) put to the op
 records of the plan's one counting pass (core.expected)."""
 from __future__ import annotations
@@ -71,8 +71,8 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
         todo = "" if fig.host_bound else (
             ". No measured card of its chip and memory kind to borrow from: measure them on the card "
             f"(tunekit.calibrate({compute!r}) for the MAMF, a large device-to-device copy's bytes read and written "
-            "over its time for the bandwidth) and add them with their source to tunekit/core/efficiency.py "
-            "(MAMF, BANDWIDTH_FRACTION)")
+            "over its time for the bandwidth) and add them with their source to its row in tunekit/core/gpus.py "
+            "(mamf, bandwidth_share)")
         return None, [Note("expected.missing", f"no expected step on {fig.name} ({compute}): tunekit has no figure "
                                                f"for {' nor '.join(missing)}; the bound stands alone{todo}")]
     borrowed = [Note("expected.borrowed", f"{fig.name} has no measurement of its own: {b}") for b in fig.borrowed]

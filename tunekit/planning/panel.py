@@ -12,8 +12,9 @@ import html
 
 import ipywidgets as W
 
+from tunekit.core import specs
 from tunekit.core.fmt import fmt_gib, fmt_pct, fmt_rate, fmt_tflops
-from tunekit.core.specs import SPECS, find_spec
+from tunekit.core.specs import find_spec
 from tunekit.core.units import is_missing
 from tunekit.planning.record import Plan, to_text
 
@@ -24,9 +25,9 @@ NO_PLAN = "—"
 
 
 def plan_devices() -> list:
-    """The picker's options: none (no plan), this machine, then every spec-table device with a
+    """The picker's options: none (no plan), this machine, then every GPU row (core.gpus) with a
     memory size (a plan needs one)."""
-    return [(NO_PLAN, None), ("cpu", "cpu")] + [(s.name, s.name) for s in SPECS if s.memory_gb]
+    return [(NO_PLAN, None), ("cpu", "cpu")] + [(g.name, g.name) for g in specs.rows() if g.memory_gb]
 
 
 def measured_on(run_device: str, plan_device: str) -> bool:

@@ -21,6 +21,7 @@ from tunekit.core import registry, validate
 from tunekit.core.breakdown import by_category
 from tunekit.core.comm import layout_problems
 from tunekit.core.efficiency import ATTENTION_KERNELS
+from tunekit.core.gpus import DEFAULT_DEVICE  # a Setting whose device is None is planned for it
 from tunekit.core.setting import HALF, SETTING_CHOICES, Setting, from_keywords
 from tunekit.measure.device import torch_dtype
 from tunekit.planning.advice import dimensions, pruned_note, search_changes
@@ -37,9 +38,6 @@ from tunekit.view.progress import wait_progress
 
 COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled step often saves fewer activations); "
                         "plan.expected fuses the memory-bound ops")
-
-
-DEFAULT_DEVICE = "H100 SXM"   # plan's device when none is named (a Setting whose device is None is planned for it)
 
 
 @validate.keywords_checked(SETTING_CHOICES)

@@ -1,0 +1,223 @@
+"""Every GPU tunekit knows, one `GPU` row each (core.gpu), every figure with its source; the alias
+table beside them and the default device. Pure data, no torch.
+
+Adding a card is adding one row to `GPUS` (docs/ARCHITECTURE.md, "a GPU"): the plan, its
+expectation, the peaks, the dashboard's picker and ``tunekit plan --device`` read it from there.
+Read the table as ``gpus.GPUS`` at call time (never ``from ... import GPUS``): a test adds a row by
+replacing it (tests/test_gpu_row.py). Order matters: the first row whose `match` substrings are all
+in a driver's name wins, so a variant comes before its base card ("H100 SXM 96GB" before "H100 SXM").
+
+Dense peaks are vendor figures as collected in stas00/ml-engineering compute/accelerator/README.md
+("ml-eng" below) and, for the consumer/inference cards, Lightning's throughput.py `_CUDA_FLOPS`.
+"""
+from __future__ import annotations
+
+from tunekit.core.gpu import GPU, Sourced, attention_share, check_table
+
+DEFAULT_DEVICE = "H100 SXM"   # a plan's device when none is named (tunekit.plan, lab.plan, `tunekit plan`)
+
+_MLENG = "stas00/ml-engineering compute/accelerator/README.md, TFLOPS comparison table (dense)"
+_LIGHTNING = "Lightning-AI/pytorch-lightning src/lightning/fabric/utilities/throughput.py _CUDA_FLOPS"
+_ADA = "NVIDIA Ada (AD102) whitepaper: tensor bf16/fp16 with fp32 accumulate"
+_AMPERE = "NVIDIA Ampere GA102 whitepaper: tensor bf16/fp16 with fp32 accumulate"
+_TITAN = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 96GB HBM2e, 2.4 TB/s, 500 W; its peak "
+          "'between SXM and NVL', exact value unknown: the SXM's dense table figures, an upper bound")
+_CC = "developer.nvidia.com/cuda-gpus (compute capability)"
+_SMS = "NVIDIA data sheet (streaming multiprocessors)"
+
+
+def _sheet(card: str) -> str:
+    return f"{card} data sheet (memory bandwidth)"
+
+
+# Links inside one node, GB/s each way for one GPU (vendor data sheets give both ways summed);
+# cards without NVLink / Infinity Fabric talk over PCIe x16 (Gen5 64, Gen4 32, Gen3 16 GB/s each way)
+LINKS_SOURCE = "vendor data sheets (NVLink / Infinity Fabric / PCIe x16), each way per GPU"
+
+
+def _link(gbs: float, what: str) -> Sourced:
+    return Sourced(gbs, f"{LINKS_SOURCE}: {what}")
+
+
+_NVLINK4 = _link(450, "NVLink 4, 900 GB/s both ways")
+_GEN4, _GEN3 = _link(32, "PCIe Gen4 x16"), _link(16, "PCIe Gen3 x16")
+
+# What nvidia-smi / NVML report as a card's total memory (what a process can ever hold, the CUDA
+# context included): modal-labs/modal-client PR #2797 lists H100 81559, A100 80GB 81920, A100 40GB
+# 40960, A10 23028, L40S 46068, L4 23034 and T4 15360 MiB (the GDDR cards with ECC on: below their
+# nominal 48/24/16 GiB); an H100 NVL reports 99,961,274,368 bytes (fastfetch issue #1658)
+DRIVER_SOURCE = "nvidia-smi totals: modal-labs/modal-client #2797, fastfetch-cli/fastfetch #1658"
+
+
+def _driver(mib: float) -> Sourced:
+    return Sourced(mib * 2**20, DRIVER_SOURCE)
+
+
+# Maximum achievable matmul TFLOPS (MAMF), dense: the best a swept matmul reached through torch
+_MAMF = ("stas00/ml-engineering compute/accelerator/README.md, Maximum Achievable Matmul FLOPS comparison table "
+         "(swept bf16/fp8 matmuls through torch)")
+
+
+def _mamf(bf16: float, fp8: float | None = None, note: str = "") -> dict:
+    """bf16's figure (and fp16's: the same tensor-core rate), fp8's where the table has one."""
+    out = {"bf16": Sourced(bf16, _MAMF + note), "fp16": Sourced(bf16, _MAMF + note + ", bf16's figure")}
+    return out | ({"fp8": Sourced(fp8, _MAMF)} if fp8 else {})
+
+
+# The share of the memory bandwidth a streaming kernel reaches (bytes read + written over time).
+# The H100's and H200's: the project's own measurements (benchmarks/RESULTS.md, with card, date, torch)
+_COPIES = ("measured 2026-11 on an {card}, torch 2.11.0+cu130 (driver CUDA 13): device-to-device copies ~{tbs} TB/s "
+           "counting bytes read and written (benchmarks/RESULTS.md)")
+_H100_COPIES = _COPIES.format(card="H100 80GB HBM3 (SXM)", tbs="3.0")
+
+# Fused attention, forward + backward, as a share of the dense peak, by kernel, head dim and
+# sequence length. FLOPs as the kernels' benchmarks count them (and tunekit's counter): forward
+# 4*b*h*s^2*d, halved when causal, backward 2.5x the forward (it rebuilds QK^T). Each figure holds
+# ((head_dim or None: any, seq, share), ...): the rows of the nearest head dim, interpolated in
+# log(seq) and held flat outside (`attention_share`). Kernels (core.gpu.ATTENTION_KERNELS): "flash"
+# = FlashAttention-2 (torch's SDPA flash kernel is FA2), "fa3" = FlashAttention-3 (Hopper),
+# "triton" = the FlashAttention-1-era Triton kernel (HazyResearch flash_attn_triton.py on triton
+# 2.0.0.dev20221202, which llm-foundry's attn_impl="triton" copied, its default until 2024).
+#
+# A100: the FlashAttention-2 paper (arXiv 2307.08691, abstract and section 4.1) gives ranges over its
+# sweep (sequence 512 to 16k, head dim 64 and 128, causal or not): FlashAttention-2 "50-73% of the
+# theoretical maximum FLOPs/s on A100", FlashAttention(-1) "25-40%". Its figures rise with the sequence
+# (more blocks per SM, fewer partial tiles), so each range's low end is placed at 512 and its high end
+# at 16k. The Triton kernel's own docstring: "Overall Triton forward + backward is slightly slower than
+# CUDA forward + backward" (the CUDA one being FlashAttention-1): the FA1 range, an upper bound.
+# Hopper (sm90): flash-attention PR #1791 (benchmark_attn.py, Hopper, head dim 128, seq 8192, causal):
+# FA2 forward 1.935 ms at 284.1 TFLOPS, backward 4.788 ms at 287.1 -> 3.5 x 284.1 x 1.935 / 6.723 ms =
+# 286.2 TFLOPS (28.9% of 989); FA3 forward 0.873 ms at 630.0, backward 2.585 ms at 531.6 -> 3.5 x 630.0
+# x 0.873 / 3.458 ms = 556.7 TFLOPS (56.3%). (FA3's "740 TFLOPS, 75%" is its best forward alone.)
+# The Triton kernel on Hopper: no published figure; it and FA2 both issue Ampere mma instructions there
+# (no wgmma), so FA2's Hopper figure is scaled by the two kernels' ratio on the A100 at the same
+# sequence (e.g. 2048: 31.0% / 59.2%).
+_SWEEP = (512, 16384)
+_FA2_A100 = Sourced(((None, _SWEEP[0], 0.50), (None, _SWEEP[1], 0.73)),
+                    "FlashAttention-2 paper (arXiv 2307.08691): FA2 50-73% of an A100 over seq 512-16k")
+_FA1_A100 = Sourced(((None, _SWEEP[0], 0.25), (None, _SWEEP[1], 0.40)),
+                    "FlashAttention-2 paper: FlashAttention 25-40% of an A100 over seq 512-16k; the Triton kernel "
+                    "'slightly slower than CUDA' (flash_attn_triton.py)")
+_HOPPER = "flash-attention PR #1791 benchmark_attn.py on Hopper (hdim 128, seq 8192, causal): "
+_FA2_H100 = Sourced(((128, 8192, 3.5 * 284.1 * 1.935 / (1.935 + 4.788) / 989),),
+                    _HOPPER + "FA2 286.2 TFLOPS fwd+bwd (28.9%)")
+_FA3_H100 = Sourced(((128, 8192, 3.5 * 630.0 * 0.873 / (0.873 + 2.585) / 989),),
+                    _HOPPER + "FA3 556.7 TFLOPS fwd+bwd (56.3%)")
+_TRITON_H100 = Sourced(
+    tuple((None, s, attention_share(_FA2_H100.value, None, s) * attention_share(_FA1_A100.value, None, s)
+           / attention_share(_FA2_A100.value, None, s)) for s in (512, 1024, 2048, 4096, 8192, 16384)),
+    "the FA2 Hopper figure (" + _FA2_H100.source + ") times the Triton / FA2 ratio on an A100 at the same seq "
+    "(FlashAttention-2 paper's ranges): both kernels issue Ampere mma there")
+_UPPER = " (the 700 W card's: an upper bound)"   # torchtitan's 500 W H100 takes the 700 W card's figures
+
+# What a card runs a training dtype as where it lists no peak for it (no tensor-core rate for it).
+# bf16 and TF32 tensor cores arrive with Ampere, compute capability 8.0 (NVIDIA A100 Tensor Core GPU
+# Architecture whitepaper; torch.cuda.is_bf16_supported(including_emulation=False) is False below it):
+# on a V100 or T4 half precision is fp16 with a gradient scaler, and tf32 leaves the matmuls in fp32.
+# CDNA2 has no TF32 (the AMD Instinct MI250X data sheet lists none; CDNA 3, the MI300's, adds it).
+_BEFORE_AMPERE = {"bf16": ("fp16", "no bf16 tensor cores (they came with Ampere, compute capability 8.0): its "
+                                   "half precision is fp16 with a gradient scaler (precision='fp16')"),
+                  "tf32": ("fp32", "no TF32 tensor cores (they came with Ampere, compute capability 8.0): tf32 "
+                                   "leaves its matmuls in fp32 (precision='fp32')")}
+
+
+def _peaks(source, fp32, tf32=None, half=None, fp8=None, bf16=True) -> Sourced:
+    """Dense peaks: fp32, tf32, bf16 and fp16 (``half``, the same rate; fp16 alone where not
+    ``bf16``) and fp8, each where the card has it."""
+    out = {"fp32": fp32, "tf32": tf32, "bf16": half if bf16 else None, "fp16": half, "fp8": fp8}
+    return Sourced({k: v for k, v in out.items() if v is not None}, source)
+
+
+_HOPPER_PEAKS = dict(fp32=67, tf32=494.5, half=989, fp8=1979)
+
+GPUS: tuple[GPU, ...] = (
+    GPU("H100 NVL", ("h100", "nvl"), _peaks(_MLENG, 60, 417.5, 835.5), Sourced(94, _MLENG),
+        driver_total=Sourced(99961274368, DRIVER_SOURCE), bandwidth=Sourced(3.9, _sheet("NVIDIA H100 NVL")),
+        sms=Sourced(132, _SMS), link=_link(300, "the H100 NVL pair bridge, 600 GB/s both ways"),
+        capability=Sourced((9, 0), _CC)),
+    GPU("H100 PCIe", ("h100", "pcie"), _peaks(_MLENG, 51, 378, 756, 1513), Sourced(80, _MLENG),
+        bandwidth=Sourced(2.0, _sheet("NVIDIA H100 PCIe")), sms=Sourced(114, _SMS), link=_link(64, "PCIe Gen5 x16"),
+        capability=Sourced((9, 0), _CC)),
+    # Meta's Grand Teton H100 (torchtitan's benchmarks): 96 GB HBM2e at 2.4 TB/s under a 500 W limit;
+    # its peak is "between SXM and NVL, and we don't know its exact value": the SXM's, an upper bound
+    GPU("H100 SXM 96GB", ("h100", "96gb"), _peaks(_TITAN, **_HOPPER_PEAKS), Sourced(96, _TITAN),
+        bandwidth=Sourced(2.4, _TITAN),
+        bandwidth_share=Sourced(3.0 / 3.35, f"the HBM3 H100 SXM's share ({_H100_COPIES}) of its 2.4 TB/s HBM2e"),
+        mamf={"bf16": Sourced(794.5, _MAMF + " (the 700 W SXM's: an upper bound for this 500 W card)"),
+              "fp16": Sourced(794.5, _MAMF + " (the 700 W SXM's bf16: an upper bound)")},
+        sms=Sourced(132, _SMS), attention={"flash": Sourced(_FA2_H100.value, _FA2_H100.source + _UPPER),
+                                           "fa3": Sourced(_FA3_H100.value, _FA3_H100.source + _UPPER)},
+        link=_NVLINK4, capability=Sourced((9, 0), _CC)),
+    GPU("H100 SXM", ("h100",), _peaks(_MLENG, **_HOPPER_PEAKS), Sourced(80, _MLENG), driver_total=_driver(81559),
+        bandwidth=Sourced(3.35, _sheet("NVIDIA H100 SXM")), bandwidth_share=Sourced(3.0 / 3.35, _H100_COPIES),
+        mamf=_mamf(794.5, 1402.6), sms=Sourced(132, _SMS),
+        attention={"flash": _FA2_H100, "fa3": _FA3_H100, "triton": _TRITON_H100}, link=_NVLINK4,
+        capability=Sourced((9, 0), _CC)),
+    # H200 shares H100's compute (its bf16 MAMF is given as the same figure)
+    GPU("H200 SXM", ("h200",), _peaks(_MLENG, **_HOPPER_PEAKS), Sourced(141, _MLENG),
+        bandwidth=Sourced(4.8, _sheet("NVIDIA H200")),
+        bandwidth_share=Sourced(4.3 / 4.8, _COPIES.format(card="H200 141GB", tbs="4.3")),
+        mamf=_mamf(794.5, note=" (H200: the H100's)") | {"fp16": Sourced(794.5, _MAMF + ", bf16's"),
+                                                          "fp8": Sourced(1453.4, _MAMF)},
+        sms=Sourced(132, _SMS), attention={"flash": _FA2_H100, "fa3": _FA3_H100, "triton": _TRITON_H100},
+        link=_NVLINK4, capability=Sourced((9, 0), _CC)),
+    GPU("B200", ("b200",), _peaks(_MLENG, 80, 1125, 2250, 4500), Sourced(180, _MLENG),
+        bandwidth=Sourced(8.0, _sheet("NVIDIA B200")), mamf=_mamf(1745.0), sms=Sourced(148, _SMS),
+        link=_link(900, "NVLink 5, 1.8 TB/s both ways"), capability=Sourced((10, 0), _CC)),
+    GPU("A100 40GB", ("a100", "40gb"), _peaks(_MLENG, 19.5, 156, 312), Sourced(40, _MLENG),
+        driver_total=_driver(40960),
+        bandwidth=Sourced(1.555, "NVIDIA A100 data sheet: 1,555 GB/s for the 40GB (the 80GB SXM: 2,039 GB/s)"),
+        sms=Sourced(108, _SMS), attention={"flash": _FA2_A100, "triton": _FA1_A100},
+        link=_link(300, "NVLink 3, 600 GB/s both ways on A100 SXM"), capability=Sourced((8, 0), _CC),
+        # no measurement of its own: the 80 GB card's MAMF and bandwidth, as shares of its own figures
+        borrows=Sourced("A100 80GB", "the same GA100 chip and clocks (NVIDIA A100 data sheet), HBM2 against the "
+                                     "80 GB card's HBM2e")),
+    GPU("A100 80GB", ("a100",), _peaks(_MLENG, 19.5, 156, 312), Sourced(80, _MLENG), driver_total=_driver(81920),
+        bandwidth=Sourced(2.0, _sheet("NVIDIA A100 80GB")),
+        bandwidth_share=Sourced(1.80 / 2.04, "read kernel at 1.80 of 2.04 TB/s on an A100 80GB, NCU agreeing "
+                                             "(forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/"
+                                             "339083)"),
+        mamf=_mamf(271.2), sms=Sourced(108, _SMS), attention={"flash": _FA2_A100, "triton": _FA1_A100},
+        link=_link(300, "NVLink 3, 600 GB/s both ways on A100 SXM"), capability=Sourced((8, 0), _CC)),
+    GPU("L40S", ("l40s",), _peaks(_MLENG, 91.6, 183, 362, 733), Sourced(48, _MLENG), memory_kind="gddr-ecc",
+        driver_total=_driver(46068), bandwidth=Sourced(0.86, _sheet("NVIDIA L40S")), link=_GEN4,
+        capability=Sourced((8, 9), _CC)),
+    # L4's 242 is an int8 figure in the source, so it is not listed as fp8.
+    GPU("L4", ("l4",), _peaks(_LIGHTNING, 30.3, 60, 121), Sourced(24, _LIGHTNING), memory_kind="gddr-ecc",
+        driver_total=_driver(23034), bandwidth=Sourced(0.3, _sheet("NVIDIA L4")), link=_GEN4,
+        capability=Sourced((8, 9), _CC)),
+    GPU("A10G", ("a10",), _peaks(_LIGHTNING, 31.2, 62.5, 125), Sourced(24, _LIGHTNING), memory_kind="gddr-ecc",
+        driver_total=_driver(23028), bandwidth=Sourced(0.6, _sheet("NVIDIA A10G")), link=_GEN4,
+        capability=Sourced((8, 6), _CC)),
+    GPU("V100 PCIe", ("v100", "pcie"), _peaks(_LIGHTNING, 14, half=112, bf16=False), link=_GEN3,
+        capability=Sourced((7, 0), _CC), runs_instead=_BEFORE_AMPERE),
+    GPU("V100 SXM", ("v100",), _peaks(_LIGHTNING, 15.7, half=125, bf16=False),
+        link=_link(150, "NVLink 2, 300 GB/s both ways"), capability=Sourced((7, 0), _CC), runs_instead=_BEFORE_AMPERE),
+    GPU("T4", ("t4",), _peaks(_LIGHTNING, 8.1, half=65, bf16=False), Sourced(16, _LIGHTNING), memory_kind="gddr-ecc",
+        driver_total=_driver(15360), bandwidth=Sourced(0.32, _sheet("NVIDIA T4")), link=_GEN3,
+        capability=Sourced((7, 5), _CC), runs_instead=_BEFORE_AMPERE),
+    # GeForce cards: the tensor cores' bf16/fp16 rate with fp32 accumulation (what training uses),
+    # half their fp16-accumulate rate; Lightning's table lists the CUDA cores' fp32 figure for
+    # every dtype, which a bf16 run can beat (a "peak" below a measurement)
+    GPU("RTX 4090", ("4090",), _peaks(_ADA, 82.6, 82.6, 165.2), Sourced(24, _ADA), memory_kind="gddr",
+        bandwidth=Sourced(1.008, _sheet("NVIDIA GeForce RTX 4090")), link=_GEN4, capability=Sourced((8, 9), _CC)),
+    GPU("RTX 3090", ("3090",), _peaks(_AMPERE, 35.6, 35.6, 71), Sourced(24, _AMPERE), memory_kind="gddr",
+        bandwidth=Sourced(0.936, _sheet("NVIDIA GeForce RTX 3090")), link=_GEN4, capability=Sourced((8, 6), _CC)),
+    # Per GCD, which is what one torch device is on an MI250X: half the package figures.
+    GPU("MI250X (one GCD)", ("mi250",), _peaks(_MLENG, 47.9 / 2, half=383 / 2), Sourced(64, _MLENG),
+        bandwidth=Sourced(3.2 / 2, "AMD Instinct MI250X data sheet (memory bandwidth): half the package's 3.2 TB/s"),
+        platform="rocm", runs_instead={"tf32": ("fp32", "no TF32 (CDNA2; CDNA 3 added it): tf32 leaves its matmuls "
+                                                        "in fp32 (precision='fp32')")}),
+    GPU("MI300X", ("mi300",), _peaks(_MLENG, 163.4, 653.7, 1300, 2610), Sourced(192, _MLENG),
+        bandwidth=Sourced(5.3, _sheet("AMD Instinct MI300X")), mamf=_mamf(668.4),
+        link=_link(448, "Infinity Fabric, 7 x 128 GB/s both ways"), platform="rocm",
+        blas_workspace=Sourced(128 * 2**20, "torch's hipBLASLt workspace for one stream on MI300 (gfx94x) "
+                                            "(CublasHandlePool.cpp)")),
+)
+
+# Short names a person types, each the row the driver-name matching reads it as (tests/test_gpu_row.py)
+ALIASES = {"h100": "H100 SXM", "h200": "H200 SXM", "b200": "B200", "a100": "A100 80GB", "a10": "A10G",
+           "v100": "V100 SXM", "4090": "RTX 4090", "3090": "RTX 3090", "mi250x": "MI250X (one GCD)",
+           "mi300": "MI300X"}
+
+check_table(GPUS, ALIASES, DEFAULT_DEVICE)
