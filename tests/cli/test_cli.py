@@ -320,7 +320,7 @@ def test_every_optional_package_names_its_extra_from_pyproject():
 
     from tunekit.core.extras import EXTRAS, missing_extra, pip_command
 
-    extras = tomllib.loads(open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")).read())
+    extras = tomllib.loads(open(os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml")).read())
     declared = extras["project"]["optional-dependencies"]
     for package, extra in EXTRAS.items():   # each names an extra that exists and lists a package of that name
         assert any(re.match(package.replace("_", "[-_]"), d) for d in declared[extra]) or package in (

@@ -10,7 +10,7 @@ import pytest
 
 from tunekit.cli.report_html import PLOTLY, SUMMARY_ROLE, build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # tags that would fetch something: a report must load nothing from anywhere
 EXTERNAL = re.compile(r"<(script|img|iframe)[^>]+src=['\"]?(https?:)?//|<link[^>]+href=['\"]?(https?:)?//"
                       r"|@import\s+url\(['\"]?(https?:)?//", re.I)

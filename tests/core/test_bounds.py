@@ -1,6 +1,6 @@
 """No figure past its physical bound unflagged (issue 18): MFU/HFU/TFLOPS against the peak, the
 re-check of a calibrated peak, and the views that show a flagged figure. The trace's shares and
-the profiler's overhead are in test_trace.py."""
+the profiler's overhead are in tests/measure/test_trace.py."""
 import math
 from types import SimpleNamespace
 

@@ -13,7 +13,7 @@ from tunekit.core.notes import KINDS, Note, decoded, encoded, from_json, kind_of
 from tunekit.core.results import RunResult
 from tunekit.lab.runlog import RunLog, append_record
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "tunekit"
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "tunekit"
 
 
 # --- the type ----------------------------------------------------------------------------------------

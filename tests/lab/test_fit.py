@@ -1,6 +1,6 @@
 """Refuse what cannot fit, before allocating: lab.run, the max-batch search and distributed runs
 refused for three kinds of model under an injected memory limit, and out-of-memory errors that
-still happen leaving the model usable. The memory-available readers: test_memavail.py."""
+still happen leaving the model usable. The memory-available readers: tests/measure/test_memavail.py."""
 import subprocess
 import sys
 import textwrap
@@ -20,7 +20,7 @@ from tunekit.measure.memavail import Available
 from tunekit.measure.meters import CpuPeak
 from tunekit.measure.oom import free_memory
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 256 * MiB
 
 

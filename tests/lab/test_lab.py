@@ -16,7 +16,7 @@ from tunekit.core.toggles import FP16_ON_CPU, Env, ToggleError, Toggles, label, 
 from tunekit.lab import runlog
 from tunekit.lab.lab import Lab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
 
 

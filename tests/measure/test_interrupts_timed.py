@@ -1,6 +1,6 @@
 """Real Ctrl-Cs at swept delays in a profiled cell leave nothing behind (issue 30, item 5).
 
-tests/test_interrupts.py delivers SIGINT at line events of tunekit's own frames. A real signal
+tests/measure/test_interrupts.py delivers SIGINT at line events of tunekit's own frames. A real signal
 lands anywhere: between two bytecodes of torch's code that the FLOP counter runs inside the
 user's forward, in C calls, while a first KeyboardInterrupt unwinds. Here the kernel delivers it:
 a POSIX timer sends SIGINT to the main thread at a delay after the cell starts (two timers for a

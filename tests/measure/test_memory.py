@@ -71,7 +71,7 @@ def tiny_cfg():
 
 def test_gpt_fp32_measured_equals_hand_count(tiny_cfg):
     rep = measure_memory(GPT(tiny_cfg), micro_batch=2, seq_len=64)
-    # see tests/test_anatomy.py::test_gpt_activation_whole_model_and_checkpointing
+    # see tests/core/test_anatomy.py::test_gpt_activation_whole_model_and_checkpointing
     assert rep.measured["activations"] == 2957828
     assert rep.measured["buffers"] == 32768           # rotary tables 2 * 128 * 32 * 4
     n = sum(p.numel() for p in GPT(tiny_cfg).parameters())

@@ -15,8 +15,8 @@ from tunekit.models.adapters import adapt
 from tunekit.models.gpt import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
-from test_model_flops import llama as tiny_llama  # noqa: E402
-from test_model_flops import tokens as ids  # noqa: E402
+from tests.measure.test_model_flops import llama as tiny_llama  # noqa: E402
+from tests.measure.test_model_flops import tokens as ids  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 

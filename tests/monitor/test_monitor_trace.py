@@ -3,9 +3,9 @@ Breakdown on the summary record for ``tunekit.explain``. Timings are never compa
 counts, the record's fields and whether a profiler is left running."""
 import pytest
 import torch
-from test_monitor import batches, tiny, train  # the same tiny loop
 
 import tunekit
+from tests.monitor.test_monitor import batches, tiny, train  # the same tiny loop
 from tunekit.core.breakdown import Breakdown
 from tunekit.core.fmt import fmt_ms
 from tunekit.core.notes import kind_of

@@ -1,4 +1,4 @@
-"""Model factories the distributed tests hand to worker processes ("dist_factories:NAME")."""
+"""Model factories the distributed tests hand to worker processes ("tests.parallel.dist_factories:NAME")."""
 import os
 
 from tunekit.models.gpt import GPT, GPTConfig

@@ -23,12 +23,12 @@ from tunekit.models.spec import build_model, factory_spec, model_spec
 from tunekit.parallel import launch as launch_mod
 from tunekit.parallel.launch import DistRunError, launch
 
-HERE = os.path.dirname(__file__)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `tests` imports from here
 MB, T, STEPS, WARMUP = 2, 32, 2, 3  # 3: DDP's second iteration has one-off broadcasts
 LAYOUTS = {"ddp": (2, 1), "fsdp": (2, 1), "fsdp_grad_op": (2, 1), "hsdp": (2, 2)}  # nproc, nodes
 
 
-def spec(parallel, factory="dist_factories:tiny_gpt", **extra):
+def spec(parallel, factory="tests.parallel.dist_factories:tiny_gpt", **extra):
     return {"model": factory_spec(factory), "parallel": parallel, "steps": STEPS, "warmup": WARMUP,
             "seed": 0, "toggles": {"micro_batch": MB, "seq_len": T}, "peak_tflops": 1.0, **extra}
 # Per step, FSDP2's gathered units: 2 x 49,280 + 16,448 = 115,008 elements (see EXPECTED)
@@ -54,7 +54,7 @@ def run(parallel):
 def single_process_losses(world, steps, grad_accum=1):
     """The same model, seed and global batch (MB x world samples per micro-step) in this process."""
     torch.manual_seed(0)
-    model = build_model(factory_spec("dist_factories:tiny_gpt"), seed=0)
+    model = build_model(factory_spec("tests.parallel.dist_factories:tiny_gpt"), seed=0)
     batcher = Batcher("synthetic", seed=0, vocab_size=255)  # vocab < 256: synthetic, as the Lab
     opt = build_optimizer("adamw", model.parameters(), 1e-3)
     out = []
@@ -89,7 +89,7 @@ def test_same_losses_as_one_process_on_the_same_global_batch(parallel):
 def test_per_rank_params_grads_optimizer_within_10pct_of_the_estimate(parallel):
     r = run(parallel)
     nproc, nodes = LAYOUTS[parallel]
-    est = estimate_memory(build_model(factory_spec("dist_factories:tiny_gpt")).config, precision="fp32",
+    est = estimate_memory(build_model(factory_spec("tests.parallel.dist_factories:tiny_gpt")).config, precision="fp32",
                           optimizer="adamw", device="cpu", parallel=parallel,
                           world_size=nproc * nodes, nodes=nodes)
     measured = r.params_bytes + r.grads_bytes + r.optimizer_bytes
@@ -107,7 +107,7 @@ def test_a_plan_gives_rank_0_the_bytes_its_run_measured(parallel):
 
     r = run(parallel)
     nproc, nodes = LAYOUTS[parallel]
-    cfg = build_model(factory_spec("dist_factories:tiny_gpt")).config
+    cfg = build_model(factory_spec("tests.parallel.dist_factories:tiny_gpt")).config
     p = tunekit.plan(cfg, "cpu", precision="fp32", optimizer="adamw", micro_batch=MB, seq_len=T,
                      parallel=parallel, world_size=nproc * nodes, nodes=nodes)
     # DDP: 114,944 params x 4 B; sharded over 2: (128 x 64 + 49,280 + 32) x 4 = 230,016; AdamW:
@@ -200,7 +200,7 @@ def test_formulas_pad_dim0_and_drop_nothing():
 
 def test_a_failing_rank_comes_back_with_its_traceback_and_nothing_is_left():
     with pytest.raises(DistRunError) as info:
-        launch(spec("ddp", factory="dist_factories:fails_on_rank_1"), nproc=2)
+        launch(spec("ddp", factory="tests.parallel.dist_factories:fails_on_rank_1"), nproc=2)
     assert info.value.rank == 1
     assert "rank 1 was told to fail" in info.value.traceback
     assert "Traceback" in info.value.traceback and "fails_on_rank_1" in info.value.traceback
@@ -257,7 +257,7 @@ def test_lab_refuses_before_launch(monkeypatch):
                       loss_fn=lambda m, x, y: ((m(x) - y) ** 2).mean(), log_path=os.devnull)
     with pytest.raises(ValueError, match="factory"):
         lab.run(parallel="ddp", nproc=2, seq_len=1)
-    gpt = tunekit.Lab(config=build_model(factory_spec("dist_factories:tiny_gpt")).config,
+    gpt = tunekit.Lab(config=build_model(factory_spec("tests.parallel.dist_factories:tiny_gpt")).config,
                       log_path=os.devnull)
     with pytest.raises(ValueError, match="needs nodes >= 2"):
         gpt.run(parallel="hsdp", nproc=2)
@@ -271,7 +271,7 @@ def test_lab_refuses_before_launch(monkeypatch):
 def test_the_lab_runs_and_logs_a_distributed_run(tmp_path):
     import tunekit
 
-    lab = tunekit.Lab(model="dist_factories:tiny_gpt", log_path=tmp_path / "runs.jsonl", peak_tflops=1.0)
+    lab = tunekit.Lab(model="tests.parallel.dist_factories:tiny_gpt", log_path=tmp_path / "runs.jsonl", peak_tflops=1.0)
     seen = []
     r = lab.run(steps=STEPS, warmup=WARMUP, micro_batch=MB, seq_len=T, parallel="fsdp", nproc=2,
                 progress=lambda done, total: seen.append((done, total)))
@@ -333,10 +333,10 @@ def test_ctrl_c_leaves_no_rank_behind(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {HERE!r})
+        sys.path.insert(0, {ROOT!r})
         from tunekit.parallel.launch import launch
         from tunekit.models.spec import factory_spec
-        spec = {{"model": factory_spec("dist_factories:tiny_gpt"), "parallel": "fsdp", "steps": 500,
+        spec = {{"model": factory_spec("tests.parallel.dist_factories:tiny_gpt"), "parallel": "fsdp", "steps": 500,
                  "warmup": 0, "toggles": {{"micro_batch": 2, "seq_len": 32}}, "peak_tflops": 1.0}}
         try:
             launch(spec, nproc=2, progress=lambda d, t: print("step", d, flush=True))
@@ -470,10 +470,10 @@ def test_the_agents_log_lines_stay_off_the_callers_stderr(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {HERE!r})
+        sys.path.insert(0, {ROOT!r})
         from tunekit.parallel.launch import DistRunError, launch
         from tunekit.models.spec import factory_spec
-        spec = {{"model": factory_spec("dist_factories:fails_on_rank_1"), "parallel": "ddp", "steps": 1,
+        spec = {{"model": factory_spec("tests.parallel.dist_factories:fails_on_rank_1"), "parallel": "ddp", "steps": 1,
                  "warmup": 0, "toggles": {{"micro_batch": 2, "seq_len": 32}}, "peak_tflops": 1.0}}
         try:
             launch(spec, nproc=2)

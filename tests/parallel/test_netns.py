@@ -18,7 +18,7 @@ from tunekit.measure.conditions import ConditionsMeter
 from tunekit.parallel import netns
 from tunekit.parallel.netns import EmulatedNodes, parse_bandwidth, parse_latency
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _namespaces() -> set:

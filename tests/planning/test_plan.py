@@ -174,7 +174,7 @@ def test_the_command_reads_a_transformers_config_and_refuses_bad_input(tmp_path,
     assert "from a config" in capsys.readouterr().err
 
 
-@pytest.mark.slow   # ~25 s: seven fake steps of a 1B GPT (the search itself: tests/test_plan_advice.py, fast)
+@pytest.mark.slow   # ~25 s: seven fake steps of a 1B GPT (the search itself: tests/planning/test_plan_advice.py, fast)
 def test_what_to_change_when_it_does_not_fit_is_tried_and_ranked():
     # gpt-1b, bf16 autocast over fp32 weights, 4 x 512 on a T4: ~22.7 GiB of 15.8
     p = tunekit.plan(tunekit.GPTConfig.preset("gpt-1b"), "T4", precision="bf16", micro_batch=4, seq_len=512)
@@ -188,7 +188,7 @@ def test_what_to_change_when_it_does_not_fit_is_tried_and_ranked():
     assert totals == sorted(totals) and all(t < p.total_bytes for t in totals)   # each saves, most first
     bf16 = next(a for a in p.alternatives if a[0] == "weights='bf16'")
     assert bf16[2] and bf16[3] == 1.0 and "try        weights='bf16'" in repr(p)
-    # what fits is in plan.advice (tests/test_plan_advice.py), the best three shown; a single change
+    # what fits is in plan.advice (tests/planning/test_plan_advice.py), the best three shown; a single change
     # that fits tight (under 5% free) prunes nothing: what adds to it is tried too, and two fit
     fits = {a[0] for a in p.alternatives if a[2]}
     advised = {o.label: o for o in p.advice}
@@ -201,7 +201,7 @@ def test_what_to_change_when_it_does_not_fit_is_tried_and_ranked():
 
 def test_a_step_that_reads_values_is_planned_analytically_and_says_why():
     # Adafactor's step reads a value (.item()): no fake step, the analytic estimate instead
-    # (exact figures: tests/test_plan_modules.py)
+    # (exact figures: tests/planning/test_plan_modules.py)
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "cpu", optimizer="adafactor", micro_batch=2, seq_len=32)
     assert p.method == "analytic" and p.notes[0].startswith("analytic estimate: the fake step failed because the "
                                                             "step reads a tensor's value")

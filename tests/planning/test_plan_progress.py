@@ -8,9 +8,9 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from test_maxbatch import _Tty  # stderr: what is written, a terminal or not
 
 import tunekit
+from tests.lab.test_maxbatch import _Tty  # stderr: what is written, a terminal or not
 from tunekit.planning import step as plan_step
 from tunekit.view import progress
 

@@ -12,7 +12,7 @@ from tunekit.core.efficiency import ATTENTION_KERNELS
 from tunekit.core.registry import PRECISIONS
 from tunekit.core.specs import find_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CSV = ROOT / "data" / "published_runs.csv"
 COLUMNS = ["label", "software", "source", "table", "model", "arch", "d_model", "n_heads", "n_kv_heads", "n_layers",
            "d_ff", "vocab", "device", "gpus", "nodes", "micro_batch", "grad_accum", "seq_len", "checkpointing",

@@ -12,7 +12,7 @@ def test_experiment_in_a_script_namespace_frees_new_names_and_keeps_old_ones():
     ns = {"before": 1}
     with tunekit.experiment("script", namespace=ns, quiet=True) as exp:
         # 128 MiB: RSS sees it even where it reuses a hole in the heap, since the leak check
-        # hands freed heap pages back before each reading (tests/test_cpu_memory.py builds the hole)
+        # hands freed heap pages back before each reading (tests/measure/test_cpu_memory.py builds the hole)
         ns["tmp"] = torch.ones(32 * 2**20)
         ns["result"] = 3
         ns["before"] = 2                      # existed before: not deleted

@@ -140,7 +140,7 @@ def test_a_llama_cell_gets_model_flops_from_its_shape_when_counted_reused_and_un
         "max_position_embeddings=128, attn_implementation='eager'))\n"
         "xl = torch.randint(0, 256, (2, 64))\n"
         "def train_step():\n    llm(input_ids=xl, labels=xl).loss.backward()")
-    # N = 107008 matmul weights, L = 2, width 64 (tests/test_model_flops.py): per trained token
+    # N = 107008 matmul weights, L = 2, width 64 (tests/measure/test_model_flops.py): per trained token
     # 6*107008 + 12*2*64*64/2 = 691200; x 2*64 tokens = 88473600, as the Lab counts it
     for _ in range(2):
         run("%%gpuprofile -q -n llama\nllm(input_ids=xl, labels=xl).loss.backward()")

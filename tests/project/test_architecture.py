@@ -1,12 +1,12 @@
 """docs/ARCHITECTURE.md against the code: its folder map is the modules as they are (generated
-from the tree: ``python tests/test_architecture.py`` prints the block to paste), and the walk of
+from the tree: ``python tests/project/test_architecture.py`` prints the block to paste), and the walk of
 one setting from the dashboard to the step names functions that exist where it says.
 """
 import pathlib
 import re
 import textwrap
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 PACKAGE = ROOT / "tunekit"
 
@@ -36,7 +36,7 @@ def _section(title: str) -> str:
 def test_the_folder_map_is_the_tree():
     block = re.search(r"```\n(.*?)\n```", _section("Folder map"), re.S).group(1)
     assert block == folder_map(), ("docs/ARCHITECTURE.md's folder map is not the tree: paste the output of "
-                                   "`python tests/test_architecture.py`")
+                                   "`python tests/project/test_architecture.py`")
 
 
 def test_the_walk_of_one_setting_names_what_exists():

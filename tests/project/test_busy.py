@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "busy.py"
+TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "busy.py"
 _spec = importlib.util.spec_from_file_location("busy", TOOL)
 busy = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(busy)

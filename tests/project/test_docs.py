@@ -3,7 +3,7 @@
 Every page in mkdocs.yml's nav exists and every page and chapter notebook is in the nav; every
 public name of tunekit has an API entry (``::: tunekit.NAME`` in docs/api/), and every entry names
 a public name; every relative link in docs/ and in the README resolves, anchors included. The
-pages' code blocks run in tests/test_readme.py.
+pages' code blocks run in tests/project/test_readme.py.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import yaml
 
 import tunekit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 CONFIG = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
 

@@ -16,7 +16,7 @@ import pytest
 
 import tunekit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # a Lab run traced with its memory timeline, its chart shown: every kind of file tunekit writes
 SCRIPT = """\
 import tunekit

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "tunekit"
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "tunekit"
 SHARED = ("core", "models", "measure", "train", "view")
 # each product and the products it builds on: the Lab plans, autotunes and runs over ranks; the
 # all-reduce benchmark starts ranks as parallel does; the trainer callbacks are Monitors; the

@@ -9,7 +9,7 @@ jupytext = pytest.importorskip(
     "jupytext", reason="jupytext is not installed (pip install -e '.[dev]'); notebook pairs not checked")
 nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed")
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SCRIPTS = sorted(NOTEBOOKS.glob("*.py"))
 IPYNBS = sorted(NOTEBOOKS.glob("*.ipynb"))
 

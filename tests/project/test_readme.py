@@ -19,7 +19,7 @@ a block:
   saves it next to the notebook (a later block imports it).
 
 Shell blocks (```` ```bash ````) are not run; the ``make`` targets and ``tunekit`` options they
-name are checked to exist (tests/test_docs.py checks the docs site's structure). The dashboard
+name are checked to exist (tests/project/test_docs.py checks the docs site's structure). The dashboard
 picture's caption (tools/screenshot_dashboard.py) is tested here too: it says how the machine was
 while the runs in it were measured.
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # the docs pages with code (docs/notebooks links to the notebooks, which nbval runs)
 PAGES = sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "docs" / "api").glob("*.md"))

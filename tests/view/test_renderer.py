@@ -14,7 +14,7 @@ import pytest
 from tunekit.core import paths
 from tunekit.view import renderer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _default_renderer(code, plotly_renderer=None):
