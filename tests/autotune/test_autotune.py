@@ -13,7 +13,6 @@ import torch
 from tunekit.autotune import LabTrials, autotune
 from tunekit.core.conditions import Conditions
 from tunekit.core.toggles import Env, ToggleError
-from tunekit.lab.lab import Lab
 
 SEQ = 128
 # tokens/s = 1000 x one factor per toggle; the fastest legal CPU configuration is
@@ -64,8 +63,8 @@ class FakeTrials:
 
 
 @pytest.fixture
-def lab(tmp_path):
-    return Lab(log_path=tmp_path / "runs.jsonl")  # cpu-tiny, micro_batch 8, sdpa, adamw, fp32
+def lab(make_lab):
+    return make_lab()  # cpu-tiny, micro_batch 8, sdpa, adamw, fp32
 
 
 def rows(found, **where):
@@ -387,9 +386,9 @@ def test_ctrl_c_raises_and_keeps_what_was_measured(lab):
     assert sum(kept.evidence["repeats"]) == 2 and kept.toggles.precision == "fp32"
 
 
-def test_real_search_leaves_weights_as_before_and_applies_the_winner(tmp_path, capsys):
+def test_real_search_leaves_weights_as_before_and_applies_the_winner(make_lab, capsys):
     # micro-batch 2 vs 4 only, one timed step each: a real search of a few seconds
-    lab = Lab(log_path=tmp_path / "runs.jsonl", micro_batch=2, seq_len=32)
+    lab = make_lab(micro_batch=2, seq_len=32)
     lab.run(steps=1, warmup=0)
     capsys.readouterr()
     before = [p.detach().clone() for p in lab.model.parameters()]

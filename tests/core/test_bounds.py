@@ -108,14 +108,14 @@ def test_a_profiled_block_above_a_calibrated_peak_is_flagged_where_it_is_read(ca
     assert view["MFU"].iloc[-1].endswith("% ⚠") and view["TFLOPS"].iloc[-1].endswith(" ⚠")
 
 
-def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibrations, matmul_in, tmp_path):
+def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibrations, matmul_in, make_lab):
     # the user's case: a peak calibrated low (here 1e-9 TFLOPS), a Lab run on a quiet machine
     from tunekit.core.results import runs_view
     from tunekit.core.run_text import summary_lines
 
     calibrations.cache(tflops=1e-9)
     matmul_in.s = 1.0
-    lab = tunekit.Lab(log_path=tmp_path / "runs.jsonl", micro_batch=2, seq_len=32)
+    lab = make_lab(micro_batch=2, seq_len=32)
     r = lab.run(steps=1, warmup=0)
     assert r.mfu > 1 and r.peak_tflops == 6.5536e-08 and lab.peaks["fp32"].tflops == 6.5536e-08
     assert r.above_peak.startswith("MFU ") and "a re-check at 32x32x32 reached 6.55e-08 TFLOPS" in r.above_peak
@@ -128,7 +128,7 @@ def test_a_lab_run_above_a_calibrated_peak_is_rechecked_then_flagged(calibration
 
 
 @pytest.mark.parametrize("matmul_s", [1e-6, 1.0])   # the re-check beats the peak / does not
-def test_a_distributed_run_is_rechecked_and_flagged_by_the_lab(calibrations, matmul_in, tmp_path, monkeypatch,
+def test_a_distributed_run_is_rechecked_and_flagged_by_the_lab(calibrations, matmul_in, make_lab, monkeypatch,
                                                               matmul_s):
     from tunekit.core.results import RunResult
     from tunekit.parallel import launch
@@ -140,7 +140,7 @@ def test_a_distributed_run_is_rechecked_and_flagged_by_the_lab(calibrations, mat
     sent = {"label": "ddp", "flops_per_step": 1.2e9, "model_flops_per_step": 1.2e9, "step_s": 0.01,
             "world_size": 2, "mfu": 1.2, "hfu": 1.2, "above_peak": "judged by the worker", "notes": []}
     monkeypatch.setattr(launch, "launch", lambda spec, nproc, **kw: RunResult.from_dict(sent))
-    lab = tunekit.Lab(log_path=tmp_path / "runs.jsonl", micro_batch=2, seq_len=32)
+    lab = make_lab(micro_batch=2, seq_len=32)
     r = lab.run(steps=1, warmup=0, parallel="ddp", nproc=2)
     if matmul_s == 1e-6:  # 0.065536 TFLOPS per device now: 0.06 / 0.065536 = 91.6%
         assert r.peak_tflops == 0.065536 and r.mfu == pytest.approx(0.06 / 0.065536) and r.above_peak is None

@@ -20,10 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
 
 
-@pytest.fixture
-def lab(tmp_path):
-    # small shapes keep each step at a few ms on 2 cores; a given peak skips MAMF calibration
-    return Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=64)
+# `lab` (a fresh cpu-tiny Lab of 4 x 64) comes from conftest.py
 
 
 # --- pure rules ---------------------------------------------------------------------------

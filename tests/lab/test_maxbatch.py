@@ -6,6 +6,7 @@ is doing.
 """
 import pytest
 
+from tests.helpers import Tty  # stderr: what is written, a terminal or not
 from tunekit.core.notes import Note
 from tunekit.core.toggles import ToggleError
 from tunekit.lab import maxbatch
@@ -128,11 +129,9 @@ def test_not_even_the_first_size_fits(monkeypatch):
     assert found.verdict == "not even micro-batch 1 fits (OOM) (3 trials, 3.0 s)"
 
 
-def test_a_lab_search_stops_on_its_budget_and_says_so(monkeypatch, tmp_path):
+def test_a_lab_search_stops_on_its_budget_and_says_so(monkeypatch, make_lab):
     # the public path: the Lab's search with a fake trial and a fake clock
-    from tunekit.lab.lab import Lab
-
-    lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=16)
+    lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=16)
     clock = FakeClock()
     monkeypatch.setattr(maxbatch, "clock", clock)
 
@@ -149,28 +148,10 @@ def test_a_lab_search_stops_on_its_budget_and_says_so(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("budget_s", [0, -1, float("nan"), "60", True])
-def test_a_bad_budget_is_refused(budget_s, tmp_path):
-    from tunekit.lab.lab import Lab
-
-    lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=16)
+def test_a_bad_budget_is_refused(budget_s, make_lab):
+    lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=16)
     with pytest.raises(ToggleError, match="budget_s must be a finite number > 0"):
         lab.find_max_batch_size(budget_s=budget_s)
-
-
-class _Tty:
-    """stderr on a terminal: what is written, and isatty() True."""
-
-    def __init__(self, tty=True):
-        self.text, self.tty = "", tty
-
-    def write(self, s):
-        self.text += s
-
-    def flush(self):
-        pass
-
-    def isatty(self):
-        return self.tty
 
 
 def _shown_search(monkeypatch, tmp_path, tty: bool, **kwargs):
@@ -192,7 +173,7 @@ def _shown_search(monkeypatch, tmp_path, tty: bool, **kwargs):
         return Trial(b, b <= 4, 1.0, Note("trial.ok", "ok") if b <= 4 else Note("trial.oom", "CUDA out of memory"), 2.0)
 
     monkeypatch.setattr(maxbatch, "_trial", trial)
-    stream = _Tty(tty)
+    stream = Tty(tty)
     monkeypatch.setattr(progress.sys, "stderr", stream)
     seen = []
     found = lab.find_max_batch_size(limit=64, budget_s=60, memory_budget_bytes=2**30, progress=seen.append,

@@ -235,12 +235,12 @@ def test_a_quiet_block_carries_no_badge(monkeypatch):
     assert "busy" not in to_line(rec) and "tk-busy" not in to_html(rec)
 
 
-def test_a_busy_lab_run_says_so_in_results_cli_and_report(busy, tmp_path):
+def test_a_busy_lab_run_says_so_in_results_cli_and_report(busy, tmp_path, make_lab):
     import tunekit
     from tunekit.cli.report_html import runs_report
     from tunekit.core.run_text import summary_lines
 
-    lab = tunekit.Lab(log_path=tmp_path / "runs.jsonl")
+    lab = make_lab()
     r = lab.run(steps=1, warmup=0)
     assert r.conditions == BUSY_NOW
     assert summary_lines(r)[0].endswith("⚠ BUSY MACHINE")

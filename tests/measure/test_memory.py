@@ -123,10 +123,8 @@ def test_report_frame_and_figure(tiny_cfg):
         assert rep.cuda == {} and any("CUDA" in n for n in rep.notes)
 
 
-def test_measure_a_lab(tmp_path):
-    from tunekit.lab.lab import Lab
-
-    lab = Lab(preset="cpu-tiny", micro_batch=2, seq_len=32, log_path=tmp_path / "runs.jsonl")
+def test_measure_a_lab(make_lab):
+    lab = make_lab(preset="cpu-tiny", micro_batch=2, seq_len=32)
     rep = measure_memory(lab)
     assert rep.precision == "fp32" and rep.measured["activations"] > 0
     assert lab.optimizer is None          # the Lab's own optimizer was not created or stepped
@@ -198,11 +196,9 @@ def test_rng_state_is_not_advanced():
 
 @pytest.mark.parametrize("precision,checkpointing,attention",
                          [(p, c, a) for p in ("fp32", "bf16") for c in (False, True) for a in ("sdpa", "math")])
-def test_lab_and_measure_memory_share_one_saved_activation_tally(tmp_path, precision, checkpointing, attention):
-    from tunekit.lab.lab import Lab
-
-    lab = Lab(preset="cpu-tiny", log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=2,
-              seq_len=32, precision=precision, checkpointing=checkpointing, attention=attention)
+def test_lab_and_measure_memory_share_one_saved_activation_tally(make_lab, precision, checkpointing, attention):
+    lab = make_lab(preset="cpu-tiny", peak_tflops=1.0, micro_batch=2,
+                   seq_len=32, precision=precision, checkpointing=checkpointing, attention=attention)
     run = lab.run(steps=1, warmup=0)
     measured = measure_memory(lab).measured
     # the same tally on the same shapes: equal to the byte, weight casts kept apart

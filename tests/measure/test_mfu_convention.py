@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 import tunekit
 from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED
-from tunekit.lab.lab import Lab
 from tunekit.models.adapters import adapt
 from tunekit.models.gpt import GPT, GPTConfig
 
@@ -147,9 +146,9 @@ def test_eager_causal_attention_by_hand_and_a_mask_without_values_is_noted():
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_lab_monitor_and_profile_give_the_convention_for_both_attentions(tmp_path, attention):
+def test_lab_monitor_and_profile_give_the_convention_for_both_attentions(make_lab, attention):
     s = 64
-    lab = Lab(llama("sdpa"), log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=2, seq_len=s)
+    lab = make_lab(llama("sdpa"), peak_tflops=1.0, micro_batch=2, seq_len=s)
     r = lab.run(steps=1, warmup=0, attention=attention)
     assert (r.model_flops_per_step, r.mfu_convention) == (LLAMA[s], MFU_ANALYTIC)
     model, x = llama(attention), ids(2, s)
@@ -175,7 +174,7 @@ class Wrapped(torch.nn.Module):
         return self.inner(input_ids=x, labels=x).loss
 
 
-def test_a_model_of_unknown_shape_counts_the_convention_for_eager_attention(tmp_path):
+def test_a_model_of_unknown_shape_counts_the_convention_for_eager_attention(make_lab):
     s, x = 64, ids(2, 64)
     net = Wrapped(llama("eager"))
     mon = tunekit.Monitor(net, live=False, warmup=0, tokens=2 * s)
@@ -188,8 +187,8 @@ def test_a_model_of_unknown_shape_counts_the_convention_for_eager_attention(tmp_
     with tunekit.profile(name="wrapped", flops="always") as rec:
         net(x).backward()
     assert (rec.model_flops, rec.mfu_convention) == (LLAMA[s], MFU_COUNTED)
-    lab = Lab(Wrapped(llama("eager")), log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=2,
-              seq_len=s, batch_fn=lambda b, n: (ids(b, n), None), loss_fn=lambda m, x, y: m(x))
+    lab = make_lab(Wrapped(llama("eager")), peak_tflops=1.0, micro_batch=2,
+                   seq_len=s, batch_fn=lambda b, n: (ids(b, n), None), loss_fn=lambda m, x, y: m(x))
     r = lab.run(steps=1, warmup=0)
     assert (r.model_flops_per_step, r.mfu_convention) == (LLAMA[s], MFU_COUNTED)
     assert math.isfinite(r.mfu)

@@ -113,13 +113,12 @@ def test_gpt2_training_step_flops_by_hand(b, s, ckpt):
 
 
 @pytest.fixture
-def hf_lab(tmp_path):
-    return Lab(build(llama()), log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=2,
-               seq_len=32)
+def hf_lab(make_lab):
+    return make_lab(build(llama()), peak_tflops=1.0, micro_batch=2, seq_len=32)
 
 
-def test_lab_runs_a_transformers_model_without_batch_or_loss_functions(tmp_path):
-    lab = Lab(build(llama()), log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=2)
+def test_lab_runs_a_transformers_model_without_batch_or_loss_functions(make_lab):
+    lab = make_lab(build(llama()), peak_tflops=1.0, micro_batch=2)
     t = lab.resolve()
     assert (t.seq_len, t.attention) == (128, "sdpa")   # within max_position_embeddings=128
     r = lab.run(steps=2, warmup=1)

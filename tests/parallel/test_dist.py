@@ -268,10 +268,8 @@ def test_lab_refuses_before_launch(monkeypatch):
     assert model_spec(gpt.model)["kind"] == "gpt"
 
 
-def test_the_lab_runs_and_logs_a_distributed_run(tmp_path):
-    import tunekit
-
-    lab = tunekit.Lab(model="tests.parallel.dist_factories:tiny_gpt", log_path=tmp_path / "runs.jsonl", peak_tflops=1.0)
+def test_the_lab_runs_and_logs_a_distributed_run(tmp_path, make_lab):
+    lab = make_lab(model="tests.parallel.dist_factories:tiny_gpt", peak_tflops=1.0)
     seen = []
     r = lab.run(steps=STEPS, warmup=WARMUP, micro_batch=MB, seq_len=T, parallel="fsdp", nproc=2,
                 progress=lambda done, total: seen.append((done, total)))

@@ -20,9 +20,7 @@ FP32_WEIGHTS = 4 * N_PARAMS                  # 1706496
 ADAMW_STATES = 2 * FP32_WEIGHTS + 14 * 4     # exp_avg + exp_avg_sq, and one fp32 step per tensor: 3413048
 
 
-@pytest.fixture
-def lab(tmp_path):
-    return Lab(log_path=tmp_path / "runs.jsonl")
+# `lab`: a fresh cpu-tiny Lab, from conftest.py
 
 
 def test_lab_plan_is_tunekit_plan_of_the_lab_under_its_defaults(lab):
@@ -38,8 +36,8 @@ def test_lab_plan_is_tunekit_plan_of_the_lab_under_its_defaults(lab):
     assert p.components["optimizer_states"] == ADAMW_STATES
 
 
-def test_overrides_are_plans_keywords_and_the_labs_toggles(tmp_path):
-    lab = Lab(log_path=tmp_path / "runs.jsonl", micro_batch=4, seq_len=64)
+def test_overrides_are_plans_keywords_and_the_labs_toggles(make_lab):
+    lab = make_lab(micro_batch=4, seq_len=64)
     assert lab.plan("cpu").setting.micro_batch == 4 and lab.plan("cpu").tokens == 4 * 64   # its defaults
     kw = dict(precision="bf16", micro_batch=2, seq_len=32, checkpointing=True)
     p = lab.plan("H100 SXM", **kw)
@@ -103,9 +101,9 @@ def test_what_the_plan_does_not_model_is_in_its_notes(lab):
     assert not any(n.startswith("attention=") for n in lab.plan("cpu", attention="sdpa").notes)
 
 
-def test_a_model_kept_in_bf16_is_planned_in_bf16(tmp_path):
+def test_a_model_kept_in_bf16_is_planned_in_bf16(make_lab):
     model = tunekit.GPT(tunekit.GPTConfig.preset("cpu-tiny")).to(torch.bfloat16)
-    lab = Lab(model, log_path=tmp_path / "runs.jsonl")
+    lab = make_lab(model)
     p = lab.plan("cpu")
     assert p.setting.weights == "bf16" and p.components["weights"] == 2 * N_PARAMS   # 853248
     assert lab.plan("cpu", weights="fp32").components["weights"] == FP32_WEIGHTS   # said: as said

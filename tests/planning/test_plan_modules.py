@@ -368,15 +368,15 @@ class TokenNet(nn.Module):
         return F.cross_entropy(self.head(self.embed(x)).flatten(0, 1), y.flatten())
 
 
-def test_a_lab_on_a_custom_module_with_the_built_in_batches_plans_them(tmp_path):
-    lab = tunekit.Lab(TokenNet(), log_path=tmp_path / "runs.jsonl", micro_batch=2, seq_len=8)
+def test_a_lab_on_a_custom_module_with_the_built_in_batches_plans_them(make_lab):
+    lab = make_lab(TokenNet(), micro_batch=2, seq_len=8)
     p = tunekit.plan(lab, "cpu")
     real = {k: float(v) for k, v in tunekit.measure_memory(lab).measured.items() if k in COMPONENTS}
     assert planned(p) == real and (p.tokens, p.unit) == (16, "tokens")
 
 
-def test_a_lab_on_tunekits_gpt_plans_its_config(tmp_path):
-    lab = tunekit.Lab(log_path=tmp_path / "runs.jsonl", micro_batch=2, seq_len=32)
+def test_a_lab_on_tunekits_gpt_plans_its_config(make_lab):
+    lab = make_lab(micro_batch=2, seq_len=32)
     p = tunekit.plan(lab, "cpu")
     assert p.model == "GPT (n_layer=2, n_embd=128)" and (p.tokens, p.setting.micro_batch) == (64, 2)
     assert planned(p) == planned(tunekit.plan(lab.config, "cpu", micro_batch=2, seq_len=32))

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import tunekit
-from tests.lab.test_maxbatch import _Tty  # stderr: what is written, a terminal or not
+from tests.helpers import Tty  # stderr: what is written, a terminal or not
 from tunekit.planning import step as plan_step
 from tunekit.view import progress
 
@@ -31,7 +31,7 @@ def _shown(monkeypatch, tty, step_s, **kw):
     heartbeat thread held off: only the plan's own news draws)."""
     monkeypatch.setattr(progress, "clock", _Ticking(step_s))
     monkeypatch.setattr(progress, "HEARTBEAT_S", 1e9)
-    err = _Tty(tty)
+    err = Tty(tty)
     monkeypatch.setattr(progress.sys, "stderr", err)
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "T4", micro_batch=2, seq_len=32, **kw)
     return p, err.text
@@ -66,7 +66,7 @@ def test_the_advice_says_which_combination_of_how_many(monkeypatch):
     # cpu-tiny at 48,000 x 128 under bf16 does not fit an H100: the advice tries combinations
     monkeypatch.setattr(progress, "clock", _Ticking(1.0))
     monkeypatch.setattr(progress, "HEARTBEAT_S", 1e9)
-    err = _Tty(True)
+    err = Tty(True)
     monkeypatch.setattr(progress.sys, "stderr", err)
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100 SXM", precision="bf16", micro_batch=48000,
                      seq_len=128)
@@ -99,7 +99,7 @@ def test_ctrl_c_in_any_phase_reaches_the_caller_and_leaves_nothing_half_made(mon
     monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(progress, "clock", _Ticking(1.0))
     monkeypatch.setattr(progress, "HEARTBEAT_S", 1e9)
-    err = _Tty(True)
+    err = Tty(True)
     monkeypatch.setattr(progress.sys, "stderr", err)
     # Ctrl-C as the phase's forward ends: its observers (the tally, LiveBytes, the FLOP counter) and
     # the plan's CUDA-like kernels are installed, the checkpointed blocks' activations saved

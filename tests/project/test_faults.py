@@ -22,9 +22,8 @@ from tunekit.train.guard import NonFiniteRunError
 
 
 @pytest.fixture
-def lab(tmp_path):
-    return Lab(preset="cpu-tiny", log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=2,
-               seq_len=32)
+def lab(make_lab):
+    return make_lab(preset="cpu-tiny", peak_tflops=1.0, micro_batch=2, seq_len=32)
 
 
 def _weights(lab):

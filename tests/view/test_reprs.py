@@ -333,10 +333,8 @@ def test_a_notebook_gets_one_updating_display_per_cell(monkeypatch):
 
 
 @pytest.mark.slow
-def test_lab_run_shows_one_line_and_results_show_the_columns_read_first(tmp_path, capsys):
-    import tunekit
-
-    lab = tunekit.Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=2, seq_len=16)
+def test_lab_run_shows_one_line_and_results_show_the_columns_read_first(make_lab, capsys):
+    lab = make_lab(peak_tflops=1.0, micro_batch=2, seq_len=16)
     r = lab.run(steps=2, warmup=0)
     assert capsys.readouterr().err == result_line(r) + "\n"
     lab.run(steps=1, warmup=0, verbose=False)
