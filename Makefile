@@ -74,7 +74,7 @@ gpu-check:
 # The docs site (mkdocs.yml): the pages in docs/, the API reference from the docstrings of every
 # public name, the chapter notebooks as pages; built into build/site/ with --strict (a broken link
 # or an API entry that does not resolve fails). Needs no network once the [docs] extra is in.
-# `make test` builds it too (12 s of CPU; 15-30 s on 2 busy cores; tests/test_docs.py checks its
+# `make test` builds it too (12 s of CPU; 15-30 s on 2 busy cores; tests/project/test_docs.py checks its
 # structure in a few seconds without building).
 $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
 	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[docs]'

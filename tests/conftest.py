@@ -97,7 +97,7 @@ def calibrations(monkeypatch, tmp_path):
         monkeypatch.setattr(peaks, memo, {})
     monkeypatch.setattr(peaks, "_remeasured", set())
     # trials at normal priority, as a user without CAP_SYS_NICE runs them (root here would run them
-    # ahead of the load, and a busy verdict would then not be distrusted: tests/test_priority.py)
+    # ahead of the load, and a busy verdict would then not be distrusted: tests/measure/test_priority.py)
     monkeypatch.setattr(priority, "_denied", {priority.REALTIME, priority.NICE})
     state = SimpleNamespace(verdicts=[], sweeps=0)
 
@@ -136,13 +136,25 @@ def calibrations(monkeypatch, tmp_path):
     return state
 
 
+# --- Labs of the tiny CPU GPT (a folder's own `lab` fixture is in its conftest.py) -----------------
+
+
 @pytest.fixture
-def dash(tmp_path):
-    """A dashboard over a cpu-tiny Lab of 4 x 64 whose runs take two steps, no warm-up."""
+def make_lab(tmp_path):
+    """``make_lab(model=None, **kw)``: a new Lab (the cpu-tiny GPT unless a model is given) that logs
+    its runs to this test's ``tmp_path / "runs.jsonl"``; each call builds a fresh one."""
     from tunekit.lab.lab import Lab
 
-    lab = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, micro_batch=4, seq_len=64)
-    d = lab.dashboard()
+    def make(model=None, **kw):
+        return Lab(model, **{"log_path": tmp_path / "runs.jsonl", **kw})
+
+    return make
+
+
+@pytest.fixture
+def dash(make_lab):
+    """A dashboard over a cpu-tiny Lab of 4 x 64 whose runs take two steps, no warm-up."""
+    d = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64).dashboard()
     d.controls["steps"].value = 2
     d.controls["warmup"].value = 0
     return d
@@ -159,60 +171,3 @@ def reworded(monkeypatch):
             monkeypatch.setattr(m, "Note", lambda kind, text: Note(kind, f"REWORDED {kind}"))
 
     return reword
-
-
-@pytest.fixture
-def fixed_cpu(monkeypatch, tmp_path):
-    """A calibration cache in tmp_path holding fixed CPU figures (the stream record and the fp32 and
-    bf16 MAMF sweeps of this machine's key), so a CPU plan's expectation is exact and measures
-    nothing: every sweep function raises. The figures are of the order a 2-core EPYC VM measured
-    quiet (benchmarks/RESULTS.md, 2026-11-28: 50-75 GB/s in cache, 16-45 GB/s cold, 2.15 us per
-    view, 0.76 us per module call, 76 us per checkpointed segment and 11 us per saved tensor).
-    ``fixed_cpu(verdict)`` rewrites both records as taken under that verdict; returns the cache folder."""
-    import dataclasses
-    import json
-    import time
-
-    import torch
-
-    from tunekit.core.conditions import Conditions
-    from tunekit.measure import peaks, stream
-
-    monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
-    for memo in ("_resolved", "_rechecked"):
-        monkeypatch.setattr(peaks, memo, {})
-    monkeypatch.setattr(peaks, "_remeasured", set())
-
-    def measured(*a, **k):
-        raise AssertionError("a CPU figure was measured: the cached calibration should have been read")
-
-    for fn in ("_kept_op_s", "_cold_op_s", "_view_s", "_module_s", "_checkpoint_s", "_matmul_tflops"):
-        monkeypatch.setattr(stream, fn, measured)
-    monkeypatch.setattr(peaks, "time_repeats", measured)
-    name, version, threads = peaks.device_name("cpu"), torch.__version__, torch.get_num_threads()
-
-    def write(verdict="quiet"):
-        cond = Conditions(verdict, f"injected {verdict}")
-        sizes = [3 * n for n in stream.SIZES]
-        st = stream.Stream(
-            device=name, sweep=list(zip(sizes, (0.045, 0.060, 0.065, 0.050, 0.030, 0.025))),
-            cold=list(zip(sizes, (0.020, 0.030, 0.040, 0.035, 0.020, 0.016))), op_s=4e-6,
-            matmuls={"fp32": [(64, 0.03), (128, 0.08), (256, 0.12), (512, 0.15), (1024, 0.17)],
-                     "bf16": [(64, 0.02), (128, 0.05), (256, 0.09), (512, 0.12), (1024, 0.14)]},
-            attention={"fp32": 0.02, "bf16": 0.015}, gelu={"fp32": 6e8, "bf16": 4e8}, view_s=2.15e-6,
-            module_s=0.76e-6, checkpoint_s=(76e-6, 11e-6), torch_version=version, threads=threads,
-            taken_at=time.time(), conditions=cond)
-        (tmp_path / "stream.json").write_text(json.dumps(
-            {stream._key(name): {**dataclasses.asdict(st), "conditions": cond.to_dict()}}))
-        cals = {}
-        for dtype, top in (("fp32", 0.2), ("bf16", 0.16)):
-            sweep = [(n, n, n, top * f) for n, f in ((512, 0.8), (1024, 0.9), (1536, 1.0), (2048, 1.0))]
-            cal = peaks.Calibration(name, dtype, top, (1536, 1536, 1536), sweep, 1.0, version, threads,
-                                    layout="nt", taken_at=time.time(), conditions=cond)
-            cals[peaks._cache_key(name, dtype)] = dataclasses.asdict(cal)
-        (tmp_path / "mamf.json").write_text(json.dumps(cals))
-        peaks._resolved.clear()
-        return tmp_path
-
-    write()
-    return write

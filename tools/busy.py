@@ -1,7 +1,7 @@
 """Keep N cores busy for a while: the load that tests and timings must hold up under.
 
     python tools/busy.py --cores 2 --seconds 600     # 2 spinning processes for 10 minutes
-    python tools/busy.py --cores 2 -- pytest -q tests/test_trace.py   # a command beside the load
+    python tools/busy.py --cores 2 -- pytest -q tests/measure/test_trace.py   # a command beside the load
 
     from busy import busy                             # tools/ on sys.path, or load the file
     with busy(cores=2, seconds=600):                  # stopped on leaving the block

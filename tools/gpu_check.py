@@ -26,7 +26,7 @@ is measured vs expected, pass/fail, with its figures. Sections:
 - lab:         every toggle on CUDA (the ladder in one table), then ``find_max_batch_size`` to a real OOM
 
 ``--dry-run`` runs every step it can on the CPU with small shapes (what needs CUDA is recorded as
-skipped, with why); ``make test`` runs it (tests/test_gpu_check.py). IPython, ipywidgets and
+skipped, with why); ``make test`` runs it (tests/project/test_gpu_check.py). IPython, ipywidgets and
 plotly are blocked from import here, as on the device image, which has none of them.
 Exit status: 0 all passed or skipped, 1 a check failed, 2 a section raised, 3 the watchdog ended it.
 """
@@ -590,7 +590,7 @@ def section_fsdp(run, sec):
     sec.check("the rank's device", r.device, run.dev, str(r.device).startswith(run.dev))
     sec.check("first loss vs the one-process run's", r.loss_first, one.loss_first,
               within(r.loss_first, one.loss_first, 0.05), "within 5%: the same weights; the rank draws its own "
-              "batches (tests/test_dist.py checks the losses exactly on the CPU)")
+              "batches (tests/parallel/test_dist.py checks the losses exactly on the CPU)")
     sec.tables.append(dict(title="one process vs fsdp x 1", header=("run", "step_s", "tokens_per_s", "peak_mem_bytes",
                                                                     "loss_first", "loss"),
                            rows=[(x, y.step_s, y.tokens_per_s, y.peak_mem_bytes, y.loss_first, y.loss)

@@ -158,7 +158,7 @@ class GPU:
         return self.memory.value * 2**30 * factor, f"{self.name}: {self.memory.value:g} GiB nominal, {why}"
 
     def figures(self):
-        """(field, Sourced) of every figure the row holds: what tests/test_sources.py reads."""
+        """(field, Sourced) of every figure the row holds: what tests/project/test_sources.py reads."""
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, Sourced):

@@ -4,7 +4,7 @@ table beside them and the default device. Pure data, no torch.
 Adding a card is adding one row to `GPUS` (docs/ARCHITECTURE.md, "a GPU"): the plan, its
 expectation, the peaks, the dashboard's picker and ``tunekit plan --device`` read it from there.
 Read the table as ``gpus.GPUS`` at call time (never ``from ... import GPUS``): a test adds a row by
-replacing it (tests/test_gpu_row.py). Order matters: the first row whose `match` substrings are all
+replacing it (tests/core/test_gpu_row.py). Order matters: the first row whose `match` substrings are all
 in a driver's name wins, so a variant comes before its base card ("H100 SXM 96GB" before "H100 SXM").
 
 Dense peaks are vendor figures as collected in stas00/ml-engineering compute/accelerator/README.md
@@ -215,7 +215,7 @@ GPUS: tuple[GPU, ...] = (
                                             "(CublasHandlePool.cpp)")),
 )
 
-# Short names a person types, each the row the driver-name matching reads it as (tests/test_gpu_row.py)
+# Short names a person types, each the row the driver-name matching reads it as (tests/core/test_gpu_row.py)
 ALIASES = {"h100": "H100 SXM", "h200": "H200 SXM", "b200": "B200", "a100": "A100 80GB", "a10": "A10G",
            "v100": "V100 SXM", "4090": "RTX 4090", "3090": "RTX 3090", "mi250x": "MI250X (one GCD)",
            "mi300": "MI300X"}

@@ -1,7 +1,7 @@
 """Every private torch API tunekit relies on, in one place. Measurement layer.
 
 torch offers no public way to do these few things; each is wrapped here so that a torch upgrade
-that changes one breaks exactly one function, and tests/test_canaries.py (the canary) fails
+that changes one breaks exactly one function, and tests/measure/test_canaries.py (the canary) fails
 loudly naming it, instead of a measurement going silently wrong.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ def masks_as_in_eager(kind):
     packs one sequence per row, builds an explicit causal mask and repeats the KV heads where an
     eager run passes ``is_causal`` and GQA to SDPA (other saved tensors). While the plan steps,
     its packed-sequence finder answers what it answers for such a batch: none packed.
-    tests/test_plan.py's byte-exact transformers test is the canary."""
+    tests/planning/test_plan.py's byte-exact transformers test is the canary."""
     utils = None
     if kind == "hf":
         import importlib

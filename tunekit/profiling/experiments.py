@@ -68,7 +68,7 @@ def _backend(shell, gpu_index):
             # reads `.kernel.shell`, which exists only in a Jupyter kernel. Rather than patch that
             # module global (process-wide, not thread-safe), we let the base class set up its
             # logger fields with the experiment disabled (it then touches no shell) and do its
-            # remaining five assignments with the shell we have. tests/test_experiments.py has a
+            # remaining five assignments with the shell we have. tests/profiling/test_experiments.py has a
             # canary that fails if a release renames what we set here.
             super().__init__(exp_enable=False, cl_enable=False)  # its cell logger: ~100 ms a cell
             self.enable, self.reclaimed, self.var_names_keep = True, False, []

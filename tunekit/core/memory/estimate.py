@@ -85,7 +85,7 @@ class MemoryEstimate(MemoryAnswer):
     take" share ``components`` (the same names) and say how they were found in ``method``:
     ``estimate_memory`` "analytic" (formulas, instant, known families), ``tunekit.plan`` "fake step"
     (the step under fake tensors: any model, any device), ``measure_memory`` "measured" (a real
-    step here); on one Setting they agree (tests/test_setting.py).
+    step here); on one Setting they agree (tests/core/test_setting.py).
     """
 
     components: dict
@@ -146,7 +146,7 @@ def estimate_memory(model=None, *, n_params: float | None = None, precision: str
 
     `model` is a parameter count, a config (tunekit's GPTConfig, or a transformers decoder
     config: Llama, Mistral, Qwen2, GPT-2, GPT-NeoX, ...), or a model with such a `.config`.
-    The keyword parameters are the fields of `MemoryOptions` (tests/test_anatomy.py keeps the
+    The keyword parameters are the fields of `MemoryOptions` (tests/core/test_anatomy.py keeps the
     two equal). `activations`: "korthikanti" (Korthikanti et al., arXiv 2205.05198), "gpt" (tensor-by-tensor
     count for tunekit's GPT), "hf" (transformers' Llama-style and GPT-2 layers), or "auto" (the
     one that fits the config). `attention` ("sdpa", "math"/"eager", "flash") defaults to the

@@ -2,7 +2,7 @@
 
 The config is duck-typed on GPTConfig's attribute names (or a dict with them), so nothing here
 imports tunekit.models.gpt or torch. Counts follow what torch autograd actually saves for the model in
-tunekit/models/gpt.py (checked tensor by tensor with saved_tensors_hooks in tests/test_memory.py):
+tunekit/models/gpt.py (checked tensor by tensor with saved_tensors_hooks in tests/measure/test_memory.py):
 
 * RMSNorm computes in fp32: it keeps an fp32 view of its input, the fp32 rsqrt (one per token),
   the normalized tensor before the weight (fp32 when the residual stream is fp32, else the cast

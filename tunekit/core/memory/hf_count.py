@@ -3,7 +3,7 @@ layer. Pure: no torch.
 
 The coefficients are bytes per element of what transformers' modeling code (5.x) keeps for
 backward, read off tensor by tensor with tunekit's SavedTensorTally on CPU and written here per
-element kind; tests/test_hf_models.py and benchmarks/bench_memory_estimate.py check the totals
+element kind; tests/models/test_hf_models.py and benchmarks/bench_memory_estimate.py check the totals
 against measure_memory. T = b*s tokens, h hidden, f MLP width, kv the k/v projection width.
 
 Llama-style layer, fp32 (sdpa): two RMSNorms keep input, fp32 rsqrt and output (3 x 4 B x Th

@@ -1,0 +1,311 @@
+"""Runs on a real Slurm cluster (tools/slurm_cluster.py: Debian's slurmctld/slurmd on this machine):
+a DDP run comes home as a RunResult with its job, and every way a job ends without a result is a
+JobFailed with the cause in words; bad input is refused before anything is submitted."""
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tunekit.models.gpt import GPT, GPTConfig
+from tunekit.models.spec import model_spec
+from tunekit.parallel.slurm import JobFailed, Slurm, time_seconds
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import slurm_cluster  # noqa: E402
+
+needs_cluster = pytest.mark.skipif(slurm_cluster.missing() is not None,
+                                   reason=f"no test cluster here: {slurm_cluster.missing()}")
+TINY = model_spec(GPT(GPTConfig(vocab_size=255, n_layer=2, n_head=4, n_embd=64, block_size=32)))
+
+
+def spec(steps=2, model=TINY):
+    return {"model": model, "parallel": "ddp", "steps": steps, "warmup": 1, "seed": 0,
+            "toggles": {"micro_batch": 2, "seq_len": 32}, "peak_tflops": 1.0, "comm": False}
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("30", 1800),              # minutes
+    ("05:30", 330),            # MM:SS
+    ("00:30:00", 1800),        # HH:MM:SS
+    ("1-12", 129600),          # D-HH: 36 h
+    ("1-00:01", 86460),        # D-HH:MM
+    ("2-01:00:05", 176405),    # D-HH:MM:SS: 2 x 86400 + 3600 + 5
+])
+def test_time_seconds(text, seconds):
+    assert time_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("kw,words", [
+    ({"time": "half an hour"}, "time is a Slurm time limit"),
+    ({"nodes": 0}, "nodes"),
+    ({"partition": "gpu nodes"}, "partition is a Slurm name without spaces"),
+    ({"gpus_per_node": 8, "ntasks_per_node": 4}, "one rank per GPU"),
+    ({"env": {"1BAD": "x"}}, "env maps variable names"),
+])
+def test_a_target_is_checked_as_it_is_made(kw, words):
+    with pytest.raises(ValueError, match=words):
+        Slurm(**kw)
+
+
+def test_the_script_asks_for_what_the_target_says(tmp_path):
+    text = Slurm(partition="gpu", nodes=2, gpus_per_node=8, time="00:20:00", account="ml", setup=("module load cuda",),
+                 env={"NCCL_DEBUG": "WARN"}).script(["python", "-m", "tunekit.parallel.worker", "spec.json"],
+                                                    tmp_path, comment=["expected step 120 ms"])
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --gres-flags=enforce-binding", "#SBATCH --exclusive", "#SBATCH --partition=gpu",
+                 "#SBATCH --account=ml", "#SBATCH --time=00:20:00", "# expected step 120 ms", "module load cuda",
+                 "export NCCL_DEBUG=WARN", "srun --kill-on-bad-exit=1 python -m tunekit.parallel.worker spec.json"):
+        assert line in text.splitlines(), line
+
+
+def test_no_sbatch_is_said_before_anything(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert Slurm().check() == ["no sbatch on the PATH: run where Slurm's commands are (a login node), or install "
+                               "the client (Debian: apt-get install slurm-client)"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("slurm")
+    # 4 CPUs on this 2-core machine: a run of 2 ranks and a job beside it fit together
+    with slurm_cluster.cluster(folder, cpus=4) as env:
+        old = os.environ.get("SLURM_CONF")
+        os.environ.update(env)
+        yield folder
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+
+
+def _ours():
+    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+
+
+def _sbatch(*args):
+    return subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@needs_cluster
+@pytest.mark.parametrize("kw,expected_s,words", [
+    ({"partition": "gpuq"}, None, "no partition 'gpuq' on this cluster; it has ['debug']"),
+    ({"nodes": 3}, None, "partition debug has 1 node(s), the run asks for 3: nodes<=1"),
+    ({"gpus_per_node": 1}, None, "partition debug lists no GPUs (gres): leave gpus_per_node out"),
+    ({"ntasks_per_node": 8}, None, "partition debug has 4 CPUs per node, the run asks for 8"),
+    ({"time": "10"}, 900.0, "time=10 (600 s) is shorter than the run is expected to take (900 s)"),
+])
+def test_bad_input_is_refused_before_anything_is_submitted(cluster, tmp_path, kw, expected_s, words):
+    target = Slurm(**({"ntasks_per_node": 2, **kw} if "gpus_per_node" not in kw else kw))
+    assert any(words in p for p in target.check(expected_s))
+    if expected_s is None:
+        with pytest.raises(ValueError, match="partition|node|CPUs"):
+            target.submit(spec(), tmp_path / "job")
+    assert _ours() == [] and not (tmp_path / "job" / "job.sh").exists()
+
+
+@needs_cluster
+def test_a_ddp_run_comes_home_with_its_job(cluster, tmp_path):
+    steps = []
+    states = []
+    job = Slurm(partition="debug", ntasks_per_node=2, time="5").submit(spec(steps=3), tmp_path / "job")
+    r = job.wait(progress=lambda done, total: steps.append((done, total)),
+                 on_state=lambda state, info: states.append(state))
+    assert (r.status, r.world_size, r.parallel, len(r.losses)) == ("ok", 2, "ddp", 4)   # 1 warm-up + 3 timed
+    assert steps == [(1, 3), (2, 3), (3, 3)] and "RUNNING" in states
+    assert {k: r.job[k] for k in ("engine", "id", "partition", "nodes", "state", "exit_code")} == \
+        {"engine": "slurm", "id": job.job_id, "partition": "debug", "nodes": "n0", "state": "COMPLETED",
+         "exit_code": "0:0"}
+    assert r.job["shared_with"] == [] and _ours() == []
+
+
+@needs_cluster
+def test_a_rank_exception_names_node_rank_and_traceback(cluster, tmp_path):
+    (tmp_path / "failing_model.py").write_text(
+        "import os\nfrom tunekit.models.gpt import GPT, GPTConfig\n"
+        "def build():\n    if os.environ.get('RANK') == '1':\n        raise RuntimeError('rank 1 was told to fail')\n"
+        "    return GPT(GPTConfig(vocab_size=255, n_layer=2, n_head=4, n_embd=64, block_size=32))\n")
+    sys.path.insert(0, str(tmp_path))     # the ranks import what this process can (PYTHONPATH)
+    try:
+        failing = {"kind": "factory", "factory": "failing_model:build", "kwargs": {}}
+        job = Slurm(ntasks_per_node=2, time="5").submit(spec(model=failing), tmp_path / "job")
+        with pytest.raises(JobFailed) as e:
+            job.wait()
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert "rank 1 on node n0 failed" in e.value.cause and "RuntimeError: rank 1 was told to fail" in e.value.cause
+    assert e.value.job["state"] == "FAILED" and _ours() == []
+
+
+@needs_cluster
+def test_ctrl_c_while_waiting_cancels_the_job(cluster, tmp_path):
+    job = Slurm(ntasks_per_node=2, time="5").submit(spec(steps=10_000), tmp_path / "job")
+
+    def interrupt(done, total):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        job.wait(progress=interrupt)
+    assert _ours() == []
+
+
+@needs_cluster
+def test_a_job_cancelled_from_outside_is_a_failure_with_its_steps_kept(cluster, tmp_path):
+    job = Slurm(ntasks_per_node=2, time="5").submit(spec(steps=10_000), tmp_path / "job")
+    cancelled = threading.Event()
+
+    def progress(done, total):
+        if done >= 2 and not cancelled.is_set():
+            cancelled.set()
+            subprocess.run(["scancel", job.job_id], check=True)
+    with pytest.raises(JobFailed) as e:
+        job.wait(progress=progress)
+    assert e.value.cause.startswith("the job was cancelled (scancel, by you or an administrator)")
+    assert len(e.value.step_s) >= 2 and all(s > 0 for s in e.value.step_s)
+    assert "steps measured" in e.value.cause and _ours() == []
+
+
+@needs_cluster
+def test_a_job_that_never_starts_is_cancelled_and_said(cluster, tmp_path):
+    blocker = _sbatch("--exclusive", "-o", "/dev/null", "--wrap", "sleep 120")
+    try:
+        job = Slurm(ntasks_per_node=2, time="5", start_timeout_s=3).submit(spec(), tmp_path / "job")
+        with pytest.raises(JobFailed, match=r"the job never started: pending \((Resources|Priority)\) for 3 s, "
+                                            r"then cancelled"):
+            job.wait()
+    finally:
+        subprocess.run(["scancel", blocker])
+    deadline = time.monotonic() + 30
+    while _ours() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _ours() == []
+
+
+@needs_cluster
+def test_a_node_shared_with_another_job_marks_the_run_busy(cluster, tmp_path):
+    other = _sbatch("-n", "1", "-o", "/dev/null", "--wrap", "sleep 120")
+    try:
+        r = Slurm(ntasks_per_node=2, time="5", exclusive=False).submit(spec(), tmp_path / "job").wait()
+    finally:
+        subprocess.run(["scancel", other])
+    assert r.job["shared_with"] == [other]
+    assert r.conditions.busy and r.conditions.reason.startswith(f"node(s) n0 shared with job(s) {other}")
+    assert [n.kind for n in r.notes if getattr(n, "kind", "") == "conditions.shared_node"] == ["conditions.shared_node"]
+
+
+@needs_cluster
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nsenter") is None, reason="needs root and nsenter")
+def test_a_two_node_fsdp_run_goes_through_the_scheduler(tmp_path):
+    from tunekit.parallel.netns import check
+
+    if check():
+        pytest.skip(check())
+    with slurm_cluster.cluster(tmp_path / "slurm", nodes=2) as env:
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            target = Slurm(nodes=2, ntasks_per_node=1, time="5", env={"GLOO_SOCKET_IFNAME": "tk0"})
+            r = target.submit({**spec(), "parallel": "fsdp", "comm": True}, tmp_path / "job").wait()
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    # FSDP2 over 2 ranks on 2 nodes: every all-gather and reduce-scatter crosses the emulated link
+    assert (r.status, r.world_size, r.nodes, r.parallel, r.job["nodes"]) == ("ok", 2, 2, "fsdp", "n[0-1]")
+    assert set(r.comm["by_kind"]) >= {"all_gather", "reduce_scatter"}
+    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"tk-{os.getpid()}-" not in leftover     # this process's namespaces are gone
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    import tunekit
+
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    return cfg, tunekit.plan(cfg, device="cpu", micro_batch=2, seq_len=32, parallel="ddp", world_size=2)
+
+
+def test_a_plan_script_asks_for_the_setting_s_layout(tiny_plan, tmp_path):
+    cfg, plan = tiny_plan
+    text = plan.sbatch(Slurm(partition="debug", time="5"), tmp_path, model=cfg, steps=3).read_text()
+    assert "#SBATCH --nodes=1" in text and "#SBATCH --ntasks-per-node=2" in text
+    expected = plan.expected.step_s * 1e3
+    assert f"# expected step {expected:.1f} ms" in text     # the plan's own figure, as a comment
+    spec = __import__("json").loads((tmp_path / "spec.json").read_text())
+    assert (spec["parallel"], spec["nproc"], spec["nodes"], spec["steps"], spec["toggles"]["micro_batch"]) == \
+        ("ddp", 2, 1, 3, 2)
+    with pytest.raises(ValueError, match=r"the target asks for ntasks_per_node=4 \(the setting needs 2\)"):
+        plan.sbatch(Slurm(ntasks_per_node=4), tmp_path / "x", model=cfg)
+    with pytest.raises(IndexError):
+        plan.sbatch(Slurm(), tmp_path / "y", model=cfg, option=len(plan.advice))
+
+
+@needs_cluster
+def test_a_plan_script_runs_as_written(cluster, tiny_plan, tmp_path):
+    cfg, plan = tiny_plan
+    path = plan.sbatch(Slurm(time="5"), tmp_path / "job", model=cfg, steps=2)
+    job_id = _sbatch(str(path))       # submitted by hand, as a person would
+    r = Slurm().follow(job_id, tmp_path / "job", steps=2).wait()
+    assert (r.status, r.world_size, r.parallel, r.job["state"]) == ("ok", 2, "ddp", "COMPLETED")
+
+
+@needs_cluster
+def test_a_plan_script_runs_your_own_script_with_its_rank(cluster, tiny_plan, tmp_path):
+    cfg, plan = tiny_plan
+    (tmp_path / "train.py").write_text("import os\nopen(os.path.join(os.path.dirname(__file__), "
+                                       "'rank-' + os.environ['RANK']), 'w').write(os.environ['WORLD_SIZE'] + "
+                                       "' ' + os.environ['LOCAL_RANK'] + ' ' + os.environ['MASTER_PORT'])\n")
+    path = plan.sbatch(Slurm(time="5"), tmp_path / "job", script=f"{sys.executable} {tmp_path / 'train.py'}")
+    assert "tunekit.Monitor(model, log_to=[...])" in path.read_text()
+    job = Slurm().follow(_sbatch(str(path)), tmp_path / "job")
+    with pytest.raises(JobFailed, match="the job completed without a tunekit result"):
+        job.wait()
+    got = sorted((tmp_path / f"rank-{r}").read_text().split()[:2] for r in (0, 1))
+    assert got == [["2", "0"], ["2", "1"]]
+
+
+@needs_cluster
+def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    target = Slurm(ntasks_per_node=2, time="5", folder=str(tmp_path / "jobs"))
+    r = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target, verbose=False)
+    assert (r.status, r.world_size, r.job["state"], r.label.split()[:2]) == ("ok", 2, "COMPLETED", ["ddp", "1x2"])
+    assert r.job["folder"].startswith(str(tmp_path / "jobs"))
+    one = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, on=Slurm(time="5", folder=str(tmp_path / "jobs")),
+                  verbose=False)          # one rank: one process, the model as it is
+    assert (one.status, one.world_size, one.parallel, one.job["state"]) == ("ok", 1, None, "COMPLETED")
+    assert [x.run_id for x in lab.log.runs] == [r.run_id, one.run_id]
+
+
+@needs_cluster
+def test_a_lab_run_that_fails_on_the_cluster_is_recorded_and_raised(cluster, tmp_path):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    target = Slurm(ntasks_per_node=2, time="5", folder=str(tmp_path / "jobs"))
+    job_ids = []
+
+    def cancel_after_two(done, total):
+        if done == 2 and not job_ids:
+            job_ids.append(subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split())
+            subprocess.run(["scancel", *job_ids[0]], check=True)
+    with pytest.raises(JobFailed, match="the job was cancelled"):
+        lab.run(steps=10_000, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target,
+                progress=cancel_after_two, verbose=False)
+    failed = lab.log.runs[-1]
+    assert failed.status == "failed" and failed.error.startswith("the job was cancelled")
+    assert failed.job["state"] == "CANCELLED" and failed.step_s > 0   # the steps measured before, kept
+
+
+def test_a_lab_refuses_a_cluster_run_it_cannot_make(tmp_path):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    with pytest.raises(ValueError, match="on= is a cluster target"):
+        lab.run(steps=2, on="slurm", verbose=False)
+    with pytest.raises(ValueError, match="takes its layout from the target"):
+        lab.run(steps=2, on=Slurm(), nproc=2, verbose=False)

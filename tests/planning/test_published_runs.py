@@ -1,0 +1,91 @@
+"""data/published_runs.csv, the published training runs benchmarks/bench_expected.py plans (issue 39):
+its schema, that every row names its source, and that the bench reads it. No plan is made; reading
+it through the bench (which imports transformers and the planner) is marked slow."""
+import csv
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from tunekit.core.efficiency import ATTENTION_KERNELS
+from tunekit.core.registry import PRECISIONS
+from tunekit.core.specs import find_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+CSV = ROOT / "data" / "published_runs.csv"
+COLUMNS = ["label", "software", "source", "table", "model", "arch", "d_model", "n_heads", "n_kv_heads", "n_layers",
+           "d_ff", "vocab", "device", "gpus", "nodes", "micro_batch", "grad_accum", "seq_len", "checkpointing",
+           "published_precision", "precision", "weights", "attention_kernel", "compile",
+           "published_tokens_per_s_per_gpu"]
+INTS = ["d_model", "n_heads", "n_kv_heads", "n_layers", "d_ff", "vocab", "gpus", "nodes", "micro_batch",
+        "grad_accum", "seq_len", "published_tokens_per_s_per_gpu"]
+# MPT shapes (d_model, n_heads, n_layers): mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml
+# at commit b2a43a1 (each: vocab_size 50368, expansion_ratio 4)
+MPT = {"MPT-125m": (768, 12, 12), "MPT-350m": (1024, 16, 24), "MPT-760m": (1536, 12, 24),
+       "MPT-1b": (2048, 16, 24), "MPT-3b": (2560, 20, 32), "MPT-7b": (4096, 32, 32), "MPT-13b": (5120, 40, 40),
+       "MPT-30b": (7168, 56, 48), "MPT-70b": (8192, 64, 80)}
+# a source is a repository file at a commit ("owner/name path @ 40 hex digits") or a web address
+SOURCE = re.compile(r"^([\w.-]+/[\w.-]+ \S+ @ [0-9a-f]{40}|https://\S+( .*)?)$")
+
+
+def rows():
+    with open(CSV, newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == COLUMNS
+        return list(reader)
+
+
+def test_schema_and_values():
+    runs = rows()
+    assert len(runs) >= 60 + 16          # 60 compared at least, beside the 16 A100 40GB rows (no expectation yet)
+    assert len({r["label"] for r in runs}) == len(runs)          # a label names one run
+    for r in runs:
+        assert all(r[c].strip() for c in COLUMNS), r["label"]     # no empty field
+        assert all(int(r[c]) > 0 for c in INTS), r["label"]
+        assert r["checkpointing"] in ("none", "full", "selective"), r["label"]
+        assert r["precision"] in PRECISIONS and r["weights"] in ("fp32", "bf16", "fp16"), r["label"]
+        assert r["attention_kernel"] in ATTENTION_KERNELS and r["compile"] in ("true", "false"), r["label"]
+        spec = find_spec(r["device"])
+        assert spec is not None and spec.name == r["device"], r["label"]   # the spec table's own name
+        gpus, nodes = int(r["gpus"]), int(r["nodes"])
+        assert nodes == max(1, gpus // 8) and gpus <= 8 * nodes, r["label"]   # 8 GPUs a node
+
+
+def test_every_row_names_its_source():
+    for r in rows():
+        assert SOURCE.match(r["source"]), (r["label"], r["source"])
+        assert r["table"].strip() and r["software"].strip(), r["label"]
+
+
+def test_mpt_shapes_are_llm_foundrys():
+    mpt = [r for r in rows() if r["arch"] == "mpt"]
+    assert {r["model"] for r in mpt} == set(MPT)                  # every size, 125m to 70b
+    for r in mpt:
+        d, h, n = MPT[r["model"]]
+        assert (int(r["d_model"]), int(r["n_heads"]), int(r["n_kv_heads"]), int(r["n_layers"])) == (d, h, h, n)
+        assert (int(r["d_ff"]), int(r["vocab"])) == (4 * d, 50368)
+        assert r["source"].startswith("mosaicml/llm-foundry scripts/train/benchmarking/README.md @ b2a43a1")
+        assert r["attention_kernel"] == "triton"                  # every MPT yaml's attn_impl
+        # "amp_bf16 DEFAULT" is autocast on fp32 weights, "bf16 PURE" pure bf16
+        assert r["weights"] == {"amp_bf16 DEFAULT": "fp32", "bf16 PURE": "bf16"}[r["published_precision"]]
+
+
+def test_regimes_covered():
+    runs = rows()
+    seqs = {int(r["seq_len"]) for r in runs}
+    assert min(seqs) == 512 and max(seqs) == 65536
+    assert {"A100 40GB", "A100 80GB", "H100 SXM"} <= {r["device"] for r in runs}
+    assert max(int(r["gpus"]) for r in runs) >= 128
+
+
+@pytest.mark.slow   # imports the bench: transformers and tunekit's planner (15 s on 2 busy cores)
+def test_the_bench_reads_it():
+    spec = importlib.util.spec_from_file_location("bench_expected", ROOT / "benchmarks" / "bench_expected.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    runs = bench.read_runs()
+    assert len(runs) == len(rows())
+    for r in runs:
+        assert isinstance(r["seq_len"], int) and isinstance(r["compile"], bool)
+        bench.model(r)                                            # a config each, built without planning

@@ -1,0 +1,1 @@
+"""Repository-level checks: the layers and folder map, imports, docs, README, notebooks, install, tools."""
