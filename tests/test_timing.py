@@ -1,7 +1,8 @@
 """The timing helpers' verdict: helped / hurt / within noise from repeated measurements."""
 import pytest
 
-from tunekit import conclude, time_records, verdict
+from tunekit import verdict
+from tunekit.measure import conclude, time_records
 from tunekit.core.conditions import Conditions
 from tunekit.core.records import ProfileRecord
 from tunekit.core.results import RunResult

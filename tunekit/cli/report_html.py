@@ -2,7 +2,7 @@
 
     python -m tunekit.cli.report_html build/00_tour.ipynb build/tour.html
 
-At the top, the session summary the notebook displayed with `tunekit.show_summary(lab)` (device,
+At the top, the session summary the notebook displayed with `tunekit.cli.show_summary(lab)` (device,
 the peak MFU is measured against and its source, the profiled cells, the Lab's runs); then every
 cell: its source, and its outputs with each plotly figure drawn by plotly.js inlined once, widgets
 shown through the static HTML snapshot they carry (the dashboard's table and charts), images
@@ -85,7 +85,7 @@ def busy_banner(verdicts) -> str:
 def show_summary(lab=None) -> None:
     """Display the session summary in a notebook, marked so that the report puts it on top.
 
-    Example: ``tunekit.show_summary(lab)`` in a notebook's last cell."""
+    Example: ``tunekit.cli.show_summary(lab)`` in a notebook's last cell."""
     from IPython.display import display
 
     display(SessionSummary(lab), metadata={"tunekit": {"role": SUMMARY_ROLE}})

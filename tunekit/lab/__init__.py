@@ -4,3 +4,7 @@ refuses a step before allocating (`fit`), the max-batch search (`maxbatch`), the
 (`runlog`), ``lab.plan`` (`plan`), what a Lab has recorded (`results`) and how it is shown: the
 dashboard (`dashboard`) and its charts (`plots`).
 """
+from tunekit.core.toggles import ToggleError, Toggles
+from tunekit.lab.runlog import repeat_agreement
+
+__all__ = ["Toggles", "ToggleError", "repeat_agreement"]

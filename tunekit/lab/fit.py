@@ -51,7 +51,7 @@ class WontFitError(ToggleError):
     """A step refused because its estimated peak memory exceeds the memory available; nothing
     was allocated for it. ``.estimate`` is the FitEstimate behind the message.
 
-    Example: ``except tunekit.WontFitError as e: e.estimate.need_bytes``."""
+    Example: ``except tunekit.lab.fit.WontFitError as e: e.estimate.need_bytes``."""
 
     def __init__(self, estimate: "FitEstimate", what: str = "this run"):
         super().__init__([estimate.message(what)])

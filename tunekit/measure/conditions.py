@@ -156,7 +156,7 @@ class ConditionsMeter:
 class watch:
     """The conditions over a ``with`` block, for scripts and benchmarks:
 
-    >>> with tunekit.watch_conditions() as w:
+    >>> with tunekit.measure.watch_conditions() as w:
     ...     run_my_benchmark()
     >>> print(w.conditions)        # e.g. "quiet: tasks waited for a CPU 0% of the time; ..."
 

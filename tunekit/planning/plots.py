@@ -1,7 +1,7 @@
 """A plan drawn: what the step holds against the device's memory, and the bytes alive over the
 step with its peak. (plotly)
 
-    >>> tunekit.plot_plan(tunekit.plan(cfg, "H100 SXM", precision="bf16")).show()
+    >>> tunekit.planning.plot_plan(tunekit.plan(cfg, "H100 SXM", precision="bf16")).show()
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def plot_plan(plan: Plan, title: str | None = None):
     live bytes over the step (one device, in allocation order, by phase) with the peak marked.
     Bytes in GiB, axes from zero.
 
-    Example: ``tunekit.plot_plan(tunekit.plan(cfg, "A100", precision="bf16")).show()``."""
+    Example: ``tunekit.planning.plot_plan(tunekit.plan(cfg, "A100", precision="bf16")).show()``."""
     from plotly.subplots import make_subplots
 
     if not isinstance(plan, Plan):

@@ -1,7 +1,7 @@
 """Figures of a traced run: the time breakdown and the memory timeline. Never measures.
 
     >>> rec = tunekit.last()                       # after %%gpuprofile --trace --memory
-    >>> tunekit.plot_breakdown(rec.trace).show(); tunekit.plot_memory_timeline(rec.memory).show()
+    >>> tunekit.view.plot_breakdown(rec.trace).show(); tunekit.view.plot_memory_timeline(rec.memory).show()
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def plot_breakdown(breakdown, title: str | None = None):
 
     Takes a Breakdown or a record that has one (``rec.trace``).
 
-    Example: ``tunekit.plot_breakdown(lab.run(steps=5, trace=True).trace)``."""
+    Example: ``tunekit.view.plot_breakdown(lab.run(steps=5, trace=True).trace)``."""
     import plotly.graph_objects as go
 
     b = _part(breakdown, Breakdown, "trace")
@@ -53,7 +53,7 @@ def plot_memory_timeline(timeline, title: str | None = None):
 
     Takes a MemoryTimeline or a record that has one (``rec.memory``).
 
-    Example: ``tunekit.plot_memory_timeline(lab.run(steps=5, memory=True).memory)``."""
+    Example: ``tunekit.view.plot_memory_timeline(lab.run(steps=5, memory=True).memory)``."""
     import plotly.graph_objects as go
 
     tl = _part(timeline, MemoryTimeline, "memory")
