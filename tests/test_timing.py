@@ -2,10 +2,10 @@
 import pytest
 
 from tunekit import verdict
-from tunekit.measure import conclude, time_records
 from tunekit.core.conditions import Conditions
 from tunekit.core.records import ProfileRecord
 from tunekit.core.results import RunResult
+from tunekit.measure import conclude, time_records
 
 
 def test_verdict_compares_best_repeats_against_the_noise_band():

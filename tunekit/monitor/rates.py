@@ -8,6 +8,7 @@ import time
 
 from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED, tflops, utilization
 from tunekit.core.notes import Note
+from tunekit.core.units import is_missing
 from tunekit.measure.device import dtype_name
 from tunekit.measure.peaks import cached_calibration, rates, resolve_peak
 from tunekit.monitor.tap import dominant_dtype
@@ -30,7 +31,7 @@ class FlopRates:
         (never above what the count says ran), else the count's; called for the next row, whose
         convention it keeps in ``conventions``."""
         flops, convention = self._model_flops(info, cached)
-        self.conventions[len(self.mon.rows)] = convention if flops == flops else None
+        self.conventions[len(self.mon.rows)] = convention if not is_missing(flops) else None
         return flops
 
     def _model_flops(self, info, cached) -> tuple:
@@ -81,9 +82,9 @@ class FlopRates:
         """tokens/s or samples/s, TFLOPS, MFU and HFU of a measured row, from its wall time."""
         wall = row["wall_s"]
         for amount in ("tokens", "samples"):
-            if row[amount] == row[amount]:
+            if not is_missing(row[amount]):
                 row[amount + "_per_s"] = row[amount] / wall
-        if row["flops"] != row["flops"] and row["model_flops"] != row["model_flops"]:
+        if is_missing(row["flops"]) and is_missing(row["model_flops"]):
             return
         dtype = self.mon.dtype or self.mon.tap.dtype or "fp32"
         if dtype not in self.peaks:  # once per dtype; a CPU calibration runs here, untimed
