@@ -141,7 +141,7 @@ def main():
     ap.add_argument("--cells", type=int, default=5)
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {__import__('os').cpu_count()} CPUs")
-    with tunekit.watch_conditions() as w:
+    with tunekit.measure.watch_conditions() as w:
         cost()
     print(f"   machine during the cost rounds: {w.conditions}")
     detection(args.rounds, args.runs, args.cells)

@@ -2,7 +2,7 @@
 published measurements (issue 23).
 
 0. The two waits a newcomer meets (issue 39), side by side, each with the machine's conditions
-   over it (tunekit.watch_conditions: a busy verdict means the time is not the plan's own):
+   over it (tunekit.measure.watch_conditions: a busy verdict means the time is not the plan's own):
    GPT-2 124M on a T4 (target: at most 3 s on a quiet 2-core machine), its first plan in the
    process (torch's lazy imports included) and a second one; the 8B below with fp32 weights and
    checkpointing, which does not fit an H100 and so searches its advice (target: at most 30 s).
@@ -72,7 +72,7 @@ def row(what, published, bound, ratio):
 
 def timed(what, target_s, fn):
     """``fn()`` timed under the conditions meter: one line, the time against its target."""
-    with tunekit.watch_conditions() as w:
+    with tunekit.measure.watch_conditions() as w:
         t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
         spent, cpu = time.perf_counter() - t0, time.process_time() - c0

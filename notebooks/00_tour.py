@@ -79,7 +79,7 @@ assert h.flops.iloc[-1] == 2 * h.flops.iloc[-2]   # the recount saw the bigger b
 h   # the columns read first, formatted; h holds them as raw numbers, tunekit.history(all=True) every column
 
 # %%
-tunekit.plot_history()
+tunekit.profiling.plot_history()
 
 # %% [markdown]
 # On CPU the peak behind MFU is a **measured** one: the best matmul TFLOPS this machine reached
@@ -140,5 +140,5 @@ lab.dashboard()
 # on top.
 
 # %%
-tunekit.show_summary(lab)
+tunekit.cli.show_summary(lab)
 

@@ -132,7 +132,7 @@ found.table()
 # attention (`"math"` is transformers' `"eager"`) on the live model.
 
 # %%
-with tunekit.needs_extra("this part of chapter 01"):   # names the pip extra where transformers is missing
+with tunekit.core.needs_extra("this part of chapter 01"):   # names the pip extra where transformers is missing
     from transformers import AutoModelForCausalLM, LlamaConfig
 
 cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=2,

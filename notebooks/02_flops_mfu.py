@@ -180,7 +180,7 @@ def fetch():   # a stand-in data pipeline: tokens built on the host, copied to t
     return xb, torch.roll(xb, -1, 1)
 def step_with_data():
     xb, yb = fetch(); _, loss = net(xb, yb); loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-step_times, iter_times = tunekit.time_repeats(step), tunekit.time_repeats(step_with_data)   # 5 repeats each
+step_times, iter_times = tunekit.measure.time_repeats(step), tunekit.measure.time_repeats(step_with_data)   # 5 repeats each
 t_step, t_iter = statistics.median(step_times), statistics.median(iter_times)
 peak = rec.peak_tflops          # the same peak the profile used
 tok = batch * seq

@@ -69,7 +69,7 @@ for (mb, ga), rs in runs.items():
                      tokens_per_s=rs[0].tokens_per_step / min(r.step_s_min for r in rs),   # best step of 6
                      saved_MiB=rs[-1].saved_bytes / 2**20,
                      static_MiB=(rs[-1].params_bytes + rs[-1].grads_bytes + rs[-1].optimizer_bytes) / 2**20))
-print(tunekit.repeat_agreement(runs.values())[1])
+print(tunekit.lab.repeat_agreement(runs.values())[1])
 df = pd.DataFrame(rows)
 assert (df.gbs == GBS).all() and (df.tokens_per_s > 0).all()
 df.round(2)

@@ -51,7 +51,7 @@ table = pd.DataFrame({'checkpointing': ['off', 'on'], 'best step_s': [t_base, t_
                       'saved activations MiB': [base.saved_bytes / 2**20, ckpt.saved_bytes / 2**20],
                       'executed GFLOP/step': [base.flops_per_step / 1e9, ckpt.flops_per_step / 1e9],
                       'HFU/MFU': [base.hfu / base.mfu, ckpt.hfu / ckpt.mfu]})
-print(tunekit.repeat_agreement(res.values())[1])
+print(tunekit.lab.repeat_agreement(res.values())[1])
 assert ckpt.saved_bytes < base.saved_bytes and ckpt.flops_per_step > base.flops_per_step
 table.round(4)
 
@@ -77,7 +77,7 @@ expected = ('within the 20-25% (up to 30-40%) the documents expect' if 0.2 <= ti
             'the logits and loss outside the checkpointed blocks are not redone' if time_paid < 0.2 else
             'more than the 20-40% the documents expect: a tiny model spends relatively more time outside matmuls')
 # the timing conclusion only from quiet runs: on a busy machine it says it is uncertain instead
-print('step time: ' + tunekit.conclude(f'{time_paid:+.0%}, {expected}', res[False] + res[True]))
+print('step time: ' + tunekit.measure.conclude(f'{time_paid:+.0%}, {expected}', res[False] + res[True]))
 
 # %% [markdown]
 # The extra FLOPs are below 33% (a full second forward) because torch's non-reentrant checkpoint
@@ -125,7 +125,7 @@ best = {k: math.inf for k in ks}
 for _ in range(4):   # interleave the variants so a burst of load hits them all; keep each one's fastest
     for k in ks:
         m = Segmented(k)
-        best[k] = min(best[k], tunekit.median_s(lambda: m(xin).sum().backward(), repeats=1))
+        best[k] = min(best[k], tunekit.measure.median_s(lambda: m(xin).sum().backward(), repeats=1))
 seg = pd.DataFrame(seg).assign(step_ms=[best[k] * 1e3 for k in ks])
 seg.round(2)
 

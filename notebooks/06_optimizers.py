@@ -63,7 +63,7 @@ n_params = res['adamw'][-1].n_params
 df = pd.DataFrame([dict(optimizer=o, state_bytes_per_param=rs[-1].optimizer_bytes / n_params,
                         step_ms=1e3 * min(r.step_s_min for r in rs),   # best of 6: contention only adds time
                         loss_drop=rs[-1].loss_first - rs[-1].loss) for o, rs in res.items()])
-print(tunekit.repeat_agreement(res.values())[1])
+print(tunekit.lab.repeat_agreement(res.values())[1])
 assert abs(df.set_index('optimizer').loc['adamw', 'state_bytes_per_param'] - 8) < 0.01
 df.round(3)
 

@@ -132,7 +132,7 @@ reps = {V: [] for V in (50257, 50304)}
 ws = {V: torch.randn(hid, V, device=device, dtype=dt) for V in (50257, 50304)}
 for _ in range(3):   # alternate the two: each repeat is a median of 5
     for V, w in ws.items():
-        reps[V].append(tunekit.median_s(lambda: xh @ w, repeats=5))
+        reps[V].append(tunekit.measure.median_s(lambda: xh @ w, repeats=5))
 times = {V: min(r) for V, r in reps.items()}
 speed = {V: 2 * toks * hid * V / t / 1e12 for V, t in times.items()}
 print(f'lm_head GEMM: vocab 50257 {speed[50257]:.4f} TFLOPS, padded 50304 {speed[50304]:.4f} TFLOPS '

@@ -49,7 +49,7 @@ assert 8 * 32 * 4096**2 * 4 == 17_179_869_184   # 16 GiB: one layer at T=4096 wo
 # The same small GPT runs with `attention='math'` and `'sdpa'` (and `'flash'` where flash-attn and a
 # GPU exist). For each length: activation bytes saved for backward (`tunekit.measure_memory`) and
 # the median forward+backward time, from 3 repeats that each carry the machine's condition
-# (`tunekit.time_records`), so that a repeat slowed by other work can be told apart.
+# (`tunekit.measure.time_records`), so that a repeat slowed by other work can be told apart.
 
 # %%
 seqs = [256, 512, 1024, 2048] if GPU else [128, 256, 512, 1024]
@@ -69,7 +69,7 @@ for T in seqs:
             with amp:
                 loss = net(x, x)[1]
             loss.backward(); net.zero_grad(set_to_none=True)
-        repeats = tunekit.time_records(fb, repeats=3, name=f'{impl} T={T}')
+        repeats = tunekit.measure.time_records(fb, repeats=3, name=f'{impl} T={T}')
         rows.append(dict(seq=T, impl=impl, ran=net.attention_ran, saved_MiB=saved / 2**20,
                          fwd_bwd_ms=sorted(r.wall_s for r in repeats)[1] * 1e3, repeats=repeats))
 df = pd.DataFrame(rows)

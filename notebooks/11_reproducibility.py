@@ -102,7 +102,7 @@ model, opt = lab.model, torch.optim.AdamW(lab.model.parameters(), lr=1e-3)
 def step():
     _, loss = model(x, y); loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
 def block(n):   # n step times in seconds, each clocked with the device synchronized
-    return tunekit.time_repeats(step, warmup=0, repeats=n)
+    return tunekit.measure.time_repeats(step, warmup=0, repeats=n)
 block(3)   # warm-up
 a = block(20); time.sleep(0.5); b = block(20)
 times = a + b

@@ -110,7 +110,7 @@ fig
 for i in range(1, len(df)):
     print(f'{df.rung[i]:<22} {verdicts[i]} vs the previous rung; {df.vs_fp32[i]:5.2f}x fp32; activations {df.saved_MiB[i]:7.1f} MiB')
 top = df.loc[df.tokens_per_s.idxmax()]
-print('\nbest rung here: ' + tunekit.conclude(f'{top.rung} at {top.vs_fp32:.2f}x the fp32 start',
+print('\nbest rung here: ' + tunekit.measure.conclude(f'{top.rung} at {top.vs_fp32:.2f}x the fp32 start',
                                              [r for rs in runs.values() for r in rs]))
 print('the documents climbed 16x, mostly from communication (one node, then HYBRID_SHARD: no single device can show '
       'those; they are measured on two emulated nodes below) and from FlashAttention-2 (rung 5 here).')
@@ -163,7 +163,7 @@ assert df.saved_MiB.iloc[3] < df.saved_MiB.iloc[2]
 # across both nodes (only the gradient all-reduce crosses; with 1 rank per node a node's shard is
 # its whole model). Each run times 2 steps: to keep the chapter short they are the 2 repeats
 # `tunekit.verdict` compares (steps of one run agree more than separate runs do, so the noise band
-# is narrower than a rerun would show), and `tunekit.conclude` puts the runs' machine condition
+# is narrower than a rerun would show), and `tunekit.measure.conclude` puts the runs' machine condition
 # beside each conclusion, or says it is uncertain when the machine was busy.
 
 # %%
@@ -204,15 +204,15 @@ if comm is not None:
     display(fig)
     fs, one, hy = cdf.iloc[0], cdf.iloc[1], cdf.iloc[2]
     r_fs, r_one, r_hy = comm.values()
-    one_node = tunekit.conclude(f'one node vs FULL_SHARD across the link: {cv[1]}', [r_fs, r_one])
+    one_node = tunekit.measure.conclude(f'one node vs FULL_SHARD across the link: {cv[1]}', [r_fs, r_one])
     print(one_node + '; documents 8,000 / 1,500 = 5.3x (with checkpointing to fit, on half the GPUs).')
-    hybrid = tunekit.conclude(f'HYBRID_SHARD vs FULL_SHARD, same link: {cv[3]}', [r_fs, r_hy])
+    hybrid = tunekit.measure.conclude(f'HYBRID_SHARD vs FULL_SHARD, same link: {cv[3]}', [r_fs, r_hy])
     print(f'{hybrid}: {hy.MB_across_nodes:.2f} MB cross the link per step instead of '
           f'{fs.MB_across_nodes:.2f} ({fs.MB_across_nodes / hy.MB_across_nodes:.0f}x fewer bytes: one all-reduce of each shard '
           'instead of two all-gathers and a reduce-scatter).')
     same_ranks = ('In the documents the second node doubled the GPUs, enough compute to hide a 7B shard all-reduce; '
                   'here both rungs have the same 2 ranks, so the second node adds no compute to hide it.')
-    print(tunekit.conclude('HYBRID_SHARD vs one node: ' + cv[2].conclusion(
+    print(tunekit.measure.conclude('HYBRID_SHARD vs one node: ' + cv[2].conclusion(
         helped='the second node paid for its link here.',
         within_noise='no difference beyond the noise. ' + same_ranks,
         hurt='the all-reduce over 50 Mbit/s costs more than the second node adds. ' + same_ranks)

@@ -98,7 +98,7 @@ b.frame().round(4)
 # One trace is one sample, and on shared cores a burst of load can land on any op. Trace the step
 # three more times. Contention only ever adds time, so each category's fastest time over the
 # traces is the best estimate of its own cost; then check how often single traces agree. Each
-# traced record carries the machine's condition: `tunekit.conclude` prints it beside the
+# traced record carries the machine's condition: `tunekit.measure.conclude` prints it beside the
 # conclusion, or says the conclusion is uncertain when other work was using the machine meanwhile.
 
 # %%
@@ -113,7 +113,7 @@ fastest = per_trace.min()
 shares = (fastest / fastest.sum()).sort_values(ascending=False)
 top = shares.index[0]
 held = sum(t.dominant() == top for t in traces)
-print("largest category by its fastest time: " + tunekit.conclude(
+print("largest category by its fastest time: " + tunekit.measure.conclude(
     f"{top} ({shares[top]:.0%} of the step); largest in {held} of {len(traces)} single traces -> "
     + ("the verdict holds run after run." if held >= len(traces) - 1 else "single traces disagree: trust the fastest times."),
     records))
@@ -138,7 +138,7 @@ else:
         said += f"On this CPU the matmuls are not the largest category: {top} is. " + small_ops
 said += (f"The optimizer ({opt:.0%}) is AdamW touching every parameter several times per step: "
          "memory-bound work that a fused or foreach optimizer batches.")
-print("where the step's time goes: " + tunekit.conclude(said, records))
+print("where the step's time goes: " + tunekit.measure.conclude(said, records))
 
 # %% [markdown]
 # The top ops name the kernels behind the categories; `aten::mm` covers the forward matmuls *and*

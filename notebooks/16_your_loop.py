@@ -33,7 +33,7 @@ import plotly.graph_objects as go
 import pandas as pd
 import torch
 import tunekit
-with tunekit.needs_extra("chapter 16"):   # names the pip extra where transformers or lightning is missing
+with tunekit.core.needs_extra("chapter 16"):   # names the pip extra where transformers or lightning is missing
     from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
     from transformers.utils import logging as hf_logging
     import lightning as L

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from plotly.subplots import make_subplots
 import tunekit
-with tunekit.needs_extra("chapter 17"):   # names the pip extra where transformers is missing
+with tunekit.core.needs_extra("chapter 17"):   # names the pip extra where transformers is missing
     from transformers import LlamaConfig
 from tunekit.core.memory import estimate as anatomy
 from tunekit.core.specs import SPECS
@@ -205,12 +205,12 @@ assert ratio <= 1, "a measurement above its speed of light: the plan's bound is 
 # ## 4. Where in the step the memory peaks
 #
 # The plan also tracks the bytes alive over a steady step (optimizer state already made), storage by
-# storage. `tunekit.plot_plan` draws them beside the components; here the 147M GPT on the H100 SXM
+# storage. `tunekit.planning.plot_plan` draws them beside the components; here the 147M GPT on the H100 SXM
 # of section 1.
 
 # %%
 p = plans["H100 SXM"]
-tunekit.plot_plan(p)
+tunekit.planning.plot_plan(p)
 
 # %%
 held = sum(p.components.values())

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from plotly.subplots import make_subplots
 import tunekit
-with tunekit.needs_extra("chapter 18"):   # names the pip extra where transformers is missing
+with tunekit.core.needs_extra("chapter 18"):   # names the pip extra where transformers is missing
     from transformers import LlamaConfig
 from tunekit.core.expected import agreement
 from tunekit.measure.peaks import calibrate
@@ -119,7 +119,7 @@ print(f"fastest step {run_a.step_s_min * 1e3:.2f} ms against {exp_a.step_s * 1e3
       f"({run_a.step_s_min / exp_a.step_s:.2f}x): {word_a} (machine {verdict_a})")
 lost = t.measured_s - t.expected_s.fillna(0.0)   # a group the plan foresaw no time in: NaN expected, all lost
 top_gap = t.loc[lost.idxmax()]
-print("largest gap: " + tunekit.conclude(f"{top_gap.group}, {top_gap.share:.0%} of the traced step", run_a))
+print("largest gap: " + tunekit.measure.conclude(f"{top_gap.group}, {top_gap.share:.0%} of the traced step", run_a))
 
 # %% [markdown]
 # ## 3. Flip a toggle, read the diff
@@ -149,7 +149,7 @@ print(f"changed: {', '.join(f'{n} {a} -> {b}' for n, a, b in d.changed)}")
 print(f"aten::mm calls {mm.calls_a:.0f} -> {mm.calls_b:.0f} (+{linears}: the {linears} linear layers of the "
       f"blocks run forward again); executed FLOPs {flops.change:+.0%}; saved activations {saved.change:+.0%}")
 step_change = run_b.step_s_min / run_a.step_s_min - 1
-print("step time: " + tunekit.conclude(f"{step_change:+.0%} measured against {exp_b.step_s / exp_a.step_s - 1:+.0%} "
+print("step time: " + tunekit.measure.conclude(f"{step_change:+.0%} measured against {exp_b.step_s / exp_a.step_s - 1:+.0%} "
                                        "expected", [run_a, run_b]))
 
 # %% [markdown]
@@ -232,7 +232,7 @@ print(f"1. Predicted {exp_a.step_s * 1e3:.1f} ms per step for the tiny GPT on th
       f"took {run_a.step_s_min / exp_a.step_s:.2f}x that: {word_a} (machine {verdict_a}).")
 print(f"2. Checkpointing: {mm.calls_b - mm.calls_a:.0f} more matmul calls, {flops.change:+.0%} executed FLOPs, "
       f"{saved.change:+.0%} saved activations (exact, from the diff); expected {exp_b.step_s / exp_a.step_s - 1:+.0%}"
-      " in step time; measured step time: " + tunekit.conclude(f"{step_change:+.0%}", [run_a, run_b]) + ".")
+      " in step time; measured step time: " + tunekit.measure.conclude(f"{step_change:+.0%}", [run_a, run_b]) + ".")
 print(f"3. The documents' 147M GPT at 64 x 512: expected {a100.tokens_per_s:,.0f} tokens/s on an A100 and "
       f"{h100.tokens_per_s:,.0f} on an H100 SXM ({h100.tokens_per_s / a100.tokens_per_s:.1f}x), "
       f"{gpu['expected / bound'].iloc[:2].min():.2f}-{gpu['expected / bound'].iloc[:2].max():.2f} of the bound.")

@@ -17,7 +17,7 @@ What it does, each step timed on one line, then a summary (exit 1 if any finding
    display nor BROWSER (headless, as CI and a server are):
    - `tunekit --version`;
    - a plain `python script.py`: `tunekit.profile` and `tunekit.Monitor` on a small torch model,
-     `tunekit.plot_history().show()` (the chart must land in a file whose path is printed) and
+     `tunekit.profiling.plot_history().show()` (the chart must land in a file whose path is printed) and
      `tunekit.estimate_memory` (no cuda_context row on a CPU machine);
    - a transformers `Trainer` with `TunekitCallback` on a random-init tiny Llama (built from a
      config, nothing downloaded), then `tunekit.measure_memory(model, (input_ids,))` on it and
@@ -130,7 +130,7 @@ mon = tunekit.Monitor(model, name="my loop")
 for x, y in mon.iter([batch() for _ in range(12)]):
     mon.log(loss=train_step(x, y))
 print(mon.close())
-tunekit.plot_history().show()   # headless: no browser, no display; the chart must land somewhere it says
+tunekit.profiling.plot_history().show()   # headless: no browser, no display; the chart must land somewhere it says
 print("=== estimate")
 print(tunekit.estimate_memory(tunekit.GPTConfig.preset("cpu-tiny"), micro_batch=2, seq_len=16))
 """
@@ -394,7 +394,7 @@ class Session:
                       "cuda_context row")
         chart = re.search(r"chart: (\S+\.html)", out.stdout)
         if chart is None or not Path(chart.group(1)).is_file():
-            self.find("fig.show() did nothing", "script.py: headless, `tunekit.plot_history().show()` "
+            self.find("fig.show() did nothing", "script.py: headless, `tunekit.profiling.plot_history().show()` "
                       + (f"printed {chart.group(1)}, which does not exist" if chart else "printed no path"))
 
     def trainer(self) -> None:

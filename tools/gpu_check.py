@@ -760,7 +760,7 @@ def _lab_run(run, sec, lab, label, toggles, backend, done):
         with ctx:
             r = lab.run(steps=run.steps, warmup=(3 if toggles.get("compile") else 2) if run.cuda else 1,
                         verbose=False, **toggles)
-    except run.tk.ToggleError as e:
+    except run.tk.lab.ToggleError as e:
         sec.skip(f"lab: {label}", "refused: " + str(e)[:200])
         return
     except Exception as e:   # on CUDA a finding; on the CPU a kernel it lacks (a bug is no RuntimeError)

@@ -5,71 +5,131 @@
     tunekit.history()       # every profiled cell as a DataFrame
     lab = tunekit.Lab()     # a live demo model; lab.run(precision="bf16"); lab.dashboard()
 
+The top-level names, by product (each resolves on first use; `help(tunekit.NAME)` says more):
+
+Profile a cell or a block
+    load_ipython_extension    ``%load_ext tunekit``: the %%gpuprofile magic and tunekit's renderer
+    unload_ipython_extension  ``%unload_ext tunekit``: both removed
+    profile                   ``with tunekit.profile(name=...) as rec:`` the magic's measurement, outside IPython
+    history                   every profiled cell or block as a pandas DataFrame
+    last                      the latest record
+    clear_history             forget every record and every cached FLOP count
+    ProfileRecord             one profiled cell or block (a dataclass)
+    experiment                a block whose variables are freed at its end, with what it leaked
+
+Peaks, FLOPs and verdicts
+    peak_tflops               the spec sheet's dense peak of a device, or None
+    calibrate                 the measured max achievable matmul TFLOPS (MAMF)
+    count_flops               the FLOPs one call executes
+    verdict                   faster, slower or within noise, from repeated timings
+
+The Lab and its runs
+    Lab                       a live model trained under toggles you flip; lab.dashboard()
+    RunResult                 one lab.run: its toggles and what was measured
+    explain                   a measured run against its expectation, op by op, in words
+    diff                      what changed between two runs
+    GPT                       tunekit's demo decoder-only transformer
+    GPTConfig                 the demo GPT's shape
+
+Plan a step
+    Setting                   one training step described completely (frozen)
+    plan                      one step under fake tensors on any device: memory, fit, bound
+    Plan                      what plan returns
+    estimate_memory           the analytic memory breakdown of a training step
+    measure_memory            the same breakdown measured on this machine
+    advise                    sizing recommendations for a model config
+
+Your own loop
+    Monitor                   per-step figures inside your own training loop
+
+Microbenchmarks and display
+    bench                     the documents' microbenchmarks (a namespace)
+    use_renderer              which plotly renderer shows tunekit's figures
+
+Everything else lives in its product's module: ``tunekit.measure`` (timing, conditions),
+``tunekit.lab`` (toggles, run log), ``tunekit.planning``, ``tunekit.profiling``, ``tunekit.view``,
+``tunekit.autotune``, ``tunekit.integrations`` (the trainer callbacks). Names that left the top
+level after 0.2 (``MOVED``) still resolve there with a DeprecationWarning naming their new home.
+
 Importing tunekit is cheap and changes nothing: torch, pandas, plotly and ipywidgets load when a
-name below is first used. Layout (docs/ARCHITECTURE.md): shared layers core/ (pure), models/,
+name is first used. Layout (docs/ARCHITECTURE.md): shared layers core/ (pure), models/,
 measure/, train/, view/, and a folder per product over them: profiling/, planning/, monitor/,
 parallel/, autotune/, bench/, lab/, integrations/, cli/.
 """
 from __future__ import annotations
 
 import importlib
+import warnings
 
 __version__ = "0.2.0"
 
-# public name -> (module, attribute); resolved on first access (PEP 562)
+# public name -> (module, attribute); resolved on first access (PEP 562). Grouped as __doc__ is.
 _EXPORTS = {
+    # profile a cell or a block
     "profile": ("profiling.block", "profile"),
     "history": ("measure.history", "history"),
     "last": ("measure.history", "last"),
     "clear_history": ("measure.history", "clear_history"),
     "ProfileRecord": ("core.records", "ProfileRecord"),
+    "experiment": ("profiling.experiments", "experiment"),
+    # peaks, FLOPs and verdicts
     "peak_tflops": ("measure.peaks", "peak_tflops"),
     "calibrate": ("measure.peaks", "calibrate"),
-    "resolve_peak": ("measure.peaks", "resolve_peak"),
     "count_flops": ("measure.flops", "count_flops"),
-    "time_repeats": ("measure.timing", "time_repeats"),
-    "median_s": ("measure.timing", "median_s"),
-    "time_records": ("measure.timing", "time_records"),
     "verdict": ("measure.timing", "verdict"),
-    "Verdict": ("measure.timing", "Verdict"),
-    "Conditions": ("core.conditions", "Conditions"),
-    "watch_conditions": ("measure.conditions", "watch"),
-    "conclude": ("core.conditions", "conclude"),
-    "experiment": ("profiling.experiments", "experiment"),
-    "plot_history": ("profiling.plots", "plot_history"),
-    "plot_breakdown": ("view.trace_plots", "plot_breakdown"),
-    "plot_memory_timeline": ("view.trace_plots", "plot_memory_timeline"),
-    "plot_plan": ("planning.plots", "plot_plan"),
-    "show_summary": ("cli.report_html", "show_summary"),
-    "use_renderer": ("view.renderer", "use_renderer"),
+    # the Lab and its runs
     "Lab": ("lab.lab", "Lab"),
-    "Monitor": ("monitor.monitor", "Monitor"),
     "RunResult": ("core.results", "RunResult"),
-    "Toggles": ("core.toggles", "Toggles"),
-    "ToggleError": ("core.toggles", "ToggleError"),
-    "repeat_agreement": ("lab.runlog", "repeat_agreement"),
-    "AutotuneResult": ("autotune", "AutotuneResult"),
-    "find_max_batch_size": ("lab.maxbatch", "find_max_batch_size"),
-    "WontFitError": ("lab.fit", "WontFitError"),
+    "explain": ("core.explain", "explain"),
+    "diff": ("core.diff", "diff"),
     "GPT": ("models.gpt", "GPT"),
     "GPTConfig": ("models.gpt", "GPTConfig"),
-    "estimate_memory": ("core.memory.estimate", "estimate_memory"),
-    "measure_memory": ("measure.memory", "measure_memory"),
-    "MemoryAnswer": ("core.memory.answer", "MemoryAnswer"),
-    "advise": ("core.advisor", "advise"),
-    "diff": ("core.diff", "diff"),
-    "explain": ("core.explain", "explain"),
+    # plan a step
+    "Setting": ("core.setting", "Setting"),
     "plan": ("planning.planner", "plan"),
     "Plan": ("planning.record", "Plan"),
-    "Setting": ("core.setting", "Setting"),
-    "needs_extra": ("core.extras", "needs_extra"),
+    "estimate_memory": ("core.memory.estimate", "estimate_memory"),
+    "measure_memory": ("measure.memory", "measure_memory"),
+    "advise": ("core.advisor", "advise"),
+    # your own loop
+    "Monitor": ("monitor.monitor", "Monitor"),
+    # display
+    "use_renderer": ("view.renderer", "use_renderer"),
 }
 # public namespaces: `from tunekit import bench` (the documents' microbenchmarks and bench.plot)
 _NAMESPACES = {"bench": "bench"}
+# names that left the top level after 0.2 -> their home (a module that re-exports them); each still
+# resolves here for one release, with a DeprecationWarning naming the home
+MOVED = {
+    "median_s": "tunekit.measure", "time_repeats": "tunekit.measure", "time_records": "tunekit.measure",
+    "Verdict": "tunekit.measure", "conclude": "tunekit.measure", "Conditions": "tunekit.measure",
+    "watch_conditions": "tunekit.measure", "resolve_peak": "tunekit.measure",
+    "plot_history": "tunekit.profiling", "show_summary": "tunekit.cli",
+    "plot_breakdown": "tunekit.view", "plot_memory_timeline": "tunekit.view",
+    "Toggles": "tunekit.lab", "ToggleError": "tunekit.lab", "repeat_agreement": "tunekit.lab",
+    "find_max_batch_size": "tunekit.lab.maxbatch", "WontFitError": "tunekit.lab.fit",
+    "AutotuneResult": "tunekit.autotune",
+    "plot_plan": "tunekit.planning", "MemoryAnswer": "tunekit.planning",
+    "needs_extra": "tunekit.core",
+}
 _FOLDERS = ("core", "models", "measure", "train", "view", "profiling", "planning", "monitor", "parallel",
             "autotune", "bench", "lab", "integrations", "cli")
 
-__all__ = sorted(_EXPORTS) + sorted(_NAMESPACES) + ["load_ipython_extension", "unload_ipython_extension"]
+__all__ = [
+    # profile a cell or a block
+    "load_ipython_extension", "unload_ipython_extension", "profile", "history", "last", "clear_history",
+    "ProfileRecord", "experiment",
+    # peaks, FLOPs and verdicts
+    "peak_tflops", "calibrate", "count_flops", "verdict",
+    # the Lab and its runs
+    "Lab", "RunResult", "explain", "diff", "GPT", "GPTConfig",
+    # plan a step
+    "Setting", "plan", "Plan", "estimate_memory", "measure_memory", "advise",
+    # your own loop
+    "Monitor",
+    # microbenchmarks and display
+    "bench", "use_renderer",
+]
 
 
 def __getattr__(name):
@@ -80,6 +140,11 @@ def __getattr__(name):
         value = importlib.import_module(f".{_NAMESPACES[name]}", __name__)
     elif name in _FOLDERS:
         return importlib.import_module(f".{name}", __name__)
+    elif name in MOVED:
+        # not cached in globals(): every caller's line is told, once each (the warnings filter)
+        warnings.warn(f"tunekit.{name} moved to {MOVED[name]}.{name}; the top-level name goes in the "
+                      "next release", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(MOVED[name]), name)
     else:
         raise AttributeError(f"module 'tunekit' has no attribute {name!r}")
     globals()[name] = value

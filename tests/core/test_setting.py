@@ -42,8 +42,8 @@ def test_tf32_is_fp32_off_cuda_and_a_setting_is_frozen_and_hashable():
 
 def test_a_setting_is_toggles_plus_what_a_lab_cannot_change():
     s = Setting(precision="bf16", micro_batch=4, parallel="fsdp", world_size=8)
-    assert isinstance(s, tunekit.Toggles)
-    assert s.toggles == tunekit.Toggles(precision="bf16", micro_batch=4)
+    assert isinstance(s, tunekit.lab.Toggles)
+    assert s.toggles == tunekit.lab.Toggles(precision="bf16", micro_batch=4)
     assert Setting.of(s.toggles, parallel="ddp").parallel == "ddp"
 
 
@@ -119,7 +119,7 @@ def test_lab_run_takes_a_setting_and_refuses_what_a_live_model_cannot_be():
     before = [p.detach().clone() for p in lab.model.parameters()]
     for bad, why in ((s.replace(weights="bf16"), "round its weights"), (s.replace(device="cuda"), "on cpu"),
                      (s.replace(model="gpt-small"), "the model it was made with")):
-        with pytest.raises(tunekit.ToggleError, match=why):
+        with pytest.raises(tunekit.lab.ToggleError, match=why):
             lab.run(setting=bad, steps=1, verbose=False)
     assert all((a == b).all() for a, b in zip(before, lab.model.parameters()))   # nothing ran
     with pytest.raises(ValueError, match="not both"):
@@ -142,7 +142,7 @@ def test_find_max_batch_size_takes_a_setting():
     s = Setting(micro_batch=1, seq_len=16)
     found = lab.find_max_batch_size(limit=4, budget_s=None, verbose=False, setting=s)
     assert found.best == 4   # cpu-tiny at 4 x 16 fits in any budget this machine has
-    with pytest.raises(tunekit.ToggleError, match="searches one process"):
+    with pytest.raises(tunekit.lab.ToggleError, match="searches one process"):
         lab.find_max_batch_size(limit=4, verbose=False, setting=s.replace(parallel="ddp", world_size=2))
 
 
@@ -167,7 +167,7 @@ def test_the_three_memory_answers_agree_on_one_setting(s):
     planned = tunekit.plan(model, setting=s)
     real = tunekit.measure_memory(model, setting=s.replace(device=None), estimate=False)
     assert (est.method, planned.method, real.method) == ("analytic", "fake step", "measured")
-    assert all(isinstance(a, tunekit.MemoryAnswer) for a in (est, planned, real))   # one report type
+    assert all(isinstance(a, tunekit.planning.MemoryAnswer) for a in (est, planned, real))   # one report type
     assert all(a.static_bytes == sum(a[k] for k in STATIC) for a in (est, planned, real))
     for name in ("weights", "gradients", "weight_casts", "activations"):
         assert est.components[name] == planned.components[name] == real.components[name], name

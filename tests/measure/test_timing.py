@@ -1,10 +1,11 @@
 """The timing helpers' verdict: helped / hurt / within noise from repeated measurements."""
 import pytest
 
-from tunekit import conclude, time_records, verdict
+from tunekit import verdict
 from tunekit.core.conditions import Conditions
 from tunekit.core.records import ProfileRecord
 from tunekit.core.results import RunResult
+from tunekit.measure import conclude, time_records
 
 
 def test_verdict_compares_best_repeats_against_the_noise_band():

@@ -90,7 +90,7 @@ def lab(tmp_path_factory):
 def _traced_step(lab, tmp_path, memory=False, tracer=False, **changes):
     t = lab.resolve(**changes)
     tr = Tracer("step", trace=True, memory=memory, folder=tmp_path).start()
-    wall = tunekit.time_repeats(lambda: lab.train_step(t), warmup=0, repeats=1)[0]
+    wall = tunekit.measure.time_repeats(lambda: lab.train_step(t), warmup=0, repeats=1)[0]
     out = tr.stop(wall)
     return (*out, tr) if tracer else out
 
@@ -190,7 +190,7 @@ def test_overhead_is_measured_against_the_last_untraced_run(lab, untraced_s):
         assert math.isnan(rec.trace.overhead) and "faster than the untraced one" in " ".join(rec.trace.notes)
         assert rec.trace.overhead_text() == "lost in noise (the traced run was the faster)"
         assert "profiler overhead lost in noise" in to_text(rec)
-        assert "-" not in tunekit.plot_breakdown(rec).layout.title.text
+        assert "-" not in tunekit.view.plot_breakdown(rec).layout.title.text
 
 
 def test_trace_arguments_are_checked_before_any_work():
@@ -490,17 +490,17 @@ def test_gpu_records_carry_allocator_retries_and_ooms_over_the_block(monkeypatch
 def test_breakdown_and_timeline_figures_draw_what_the_records_hold():
     b = bd.Breakdown("cpu", wall_s=0.010, seconds={bd.MATMUL: 0.006, bd.OPTIMIZER: 0.003, bd.OTHER: 0.0},
                      untraced_s=0.001, overhead=0.05)
-    fig = tunekit.plot_breakdown(b)
+    fig = tunekit.view.plot_breakdown(b)
     # one bar per category with time, then the gap between ops: 6 + 3 + 1 = 10 ms
     assert [(t.name, t.x[0]) for t in fig.data] == [(bd.MATMUL, 6.0), (bd.OPTIMIZER, 3.0),
                                                     ("between ops (Python)", 1.0)]
     assert "+5%" in fig.layout.title.text
     tl = bd.MemoryTimeline("cpu", [0.0, 0.5, 1.0], {c: [0, 2**20, 0] for c in bd.MEMORY_CATEGORIES})
-    fig = tunekit.plot_memory_timeline(tl)
+    fig = tunekit.view.plot_memory_timeline(tl)
     assert [t.name for t in fig.data] == list(bd.MEMORY_CATEGORIES) and list(fig.data[0].y) == [0, 1, 0]
     assert tl.peak() == (0.5, 5.0 * 2**20, {c: 2**20 for c in bd.MEMORY_CATEGORIES})  # 5 categories x 1 MiB
     with pytest.raises(ValueError, match="--trace"):
-        tunekit.plot_breakdown(tunekit.ProfileRecord(name="untraced"))
+        tunekit.view.plot_breakdown(tunekit.ProfileRecord(name="untraced"))
 
 
 def test_no_module_hooks_once_torch_compile_is_in_use(monkeypatch, tmp_path):
@@ -599,6 +599,6 @@ def test_profiler_overhead_is_never_negative():
     assert b.notes == ["the traced run was 20.0% faster than the untraced one: run-to-run noise hides the "
                        "profiler's overhead"]
     assert b.overhead_text() == "lost in noise (the traced run was the faster)"
-    assert "profiler overhead lost in noise" in tunekit.plot_breakdown(b).layout.title.text
+    assert "profiler overhead lost in noise" in tunekit.view.plot_breakdown(b).layout.title.text
     b.compare_with(0.5)
     assert b.overhead == pytest.approx(0.6) and b.overhead_text() == "+60%"   # 0.8 / 0.5 - 1

@@ -93,7 +93,7 @@ def _printed(p) -> str:
     parts = [str(p), repr(p), p._repr_html_(), repr(p.expected), p.expected.by_op.to_string(), p.to_frame().to_string(),
              "\n".join(map(str, p.notes)), p.peak_at, " ".join(op for op, _ in p.bound_by)]
     try:
-        parts.append(tunekit.plot_plan(p).to_json())
+        parts.append(tunekit.planning.plot_plan(p).to_json())
     except ImportError:   # plotly is an extra
         pass
     return "\n".join(parts)

@@ -232,7 +232,7 @@ def test_a_ranks_static_lines_agree_with_estimate_memory(parallel, world, nodes)
 
 def test_a_plan_drawn_stacks_what_a_device_holds_and_marks_the_steps_peak():
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "T4", precision="fp16", micro_batch=2, seq_len=64)
-    fig = tunekit.plot_plan(p)
+    fig = tunekit.planning.plot_plan(p)
     bars = [t for t in fig.data if t.type == "bar"]
     # every non-zero component and the fixed costs, stacked to the sum of the components + fixed
     assert {t.name for t in bars} >= {"weights", "gradients", "optimizer states", "activations", "cuda context",
@@ -243,7 +243,7 @@ def test_a_plan_drawn_stacks_what_a_device_holds_and_marks_the_steps_peak():
     assert fig.layout.yaxis.range[0] == 0 and fig.layout.yaxis2.range[0] == 0
     assert "fits" in fig.layout.title.text
     with pytest.raises(TypeError, match="tunekit.Plan"):
-        tunekit.plot_plan({"peak": 1})
+        tunekit.planning.plot_plan({"peak": 1})
 
 
 def test_half_weights_reduce_half_gradients():

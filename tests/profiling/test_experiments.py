@@ -56,7 +56,7 @@ def test_plot_history_has_three_panels():
         x = torch.randn(bs, 8)
         with tunekit.profile(name="p", inputs=(x,)):
             (x @ x.T).sum()
-    fig = tunekit.plot_history()
+    fig = tunekit.profiling.plot_history()
     names = [t.name for t in fig.data]
     assert names[:2] == ["wall time", "CPU RSS peak"] and "TFLOPS" in names
     assert len(fig.data[0].x) == 2

@@ -472,11 +472,11 @@ BAD_CALLS = {
                                     "zero_stage must be 0, 1, 2 or 3, got True"),
     "estimate: checkpointing a word": (lambda: tunekit.estimate_memory(1e9, checkpointing="yes"),
                                        "checkpointing must be True or False, got 'yes'"),
-    "resolve_peak: negative given": (lambda: tunekit.resolve_peak("cpu", given=-1),
+    "resolve_peak: negative given": (lambda: tunekit.measure.resolve_peak("cpu", given=-1),
                                      "given must be a finite number > 0, got -1"),
-    "resolve_peak: NaN given": (lambda: tunekit.resolve_peak("cpu", given=NAN),
+    "resolve_peak: NaN given": (lambda: tunekit.measure.resolve_peak("cpu", given=NAN),
                                 "given must be a finite number > 0, got nan"),
-    "resolve_peak: allow_calibration a word": (lambda: tunekit.resolve_peak("cpu", allow_calibration="no"),
+    "resolve_peak: allow_calibration a word": (lambda: tunekit.measure.resolve_peak("cpu", allow_calibration="no"),
                                                "allow_calibration must be True or False, got 'no'"),
     "calibrate: the meta device": (lambda: tunekit.calibrate("fp32", device="meta"),
                                    "device must be one of ('cpu', 'cuda', 'mps'), optionally with an index "
@@ -485,7 +485,7 @@ BAD_CALLS = {
                                   "device='cpu:1': this machine has 1 CPU device(s), indices 0 to 0; to read a "
                                   "device's spec sheet from anywhere, give its name: "
                                   "peak_tflops('NVIDIA H100 80GB HBM3')"),
-    "time_repeats: unknown device": (lambda: tunekit.time_repeats(lambda: None, device="gpu"),
+    "time_repeats: unknown device": (lambda: tunekit.measure.time_repeats(lambda: None, device="gpu"),
                                      "device must be one of ('cpu', 'cuda', 'mps'), optionally with an index "
                                      "('cuda:1'), or a torch.device, got 'gpu'"),
     "verdict: negative floor": (lambda: tunekit.verdict([1, 1.1], [1, 1.1], floor=-0.1),
@@ -494,14 +494,14 @@ BAD_CALLS = {
                                 "floor must be a finite number >= 0 and < 1, got inf"),
     "verdict: a time that is no number": (lambda: tunekit.verdict([1, "x"], [1, 1.1]),
                                           "before must hold at least 2 positive finite times (got [1, 'x'])"),
-    "watch_conditions: negative index": (lambda: tunekit.watch_conditions(cuda_index=-1),
+    "watch_conditions: negative index": (lambda: tunekit.measure.watch_conditions(cuda_index=-1),
                                          "cuda_index must be a whole number >= 0, got -1"),
-    "watch_conditions: children a word": (lambda: tunekit.watch_conditions(children="yes"),
+    "watch_conditions: children a word": (lambda: tunekit.measure.watch_conditions(children="yes"),
                                           "children must be True or False, got 'yes'"),
-    "repeat_agreement: no groups": (lambda: tunekit.repeat_agreement([]),
+    "repeat_agreement: no groups": (lambda: tunekit.lab.repeat_agreement([]),
                                     "repeat_agreement needs, for each setting, a list of its RunResults (at least "
                                     "one setting, each with a run), got []"),
-    "repeat_agreement: an empty group": (lambda: tunekit.repeat_agreement([[]]), "repeat_agreement needs"),
+    "repeat_agreement: an empty group": (lambda: tunekit.lab.repeat_agreement([[]]), "repeat_agreement needs"),
     "GPTConfig: no layers": (lambda: tunekit.GPTConfig(n_layer=0), "n_layer must be a whole number >= 1, got 0"),
     "GPTConfig: no heads": (lambda: tunekit.GPTConfig(n_head=0), "n_head must be a whole number >= 1, got 0"),
     "GPTConfig: dropout 1": (lambda: tunekit.GPTConfig(dropout=1.0),
@@ -535,9 +535,9 @@ def test_count_flops_refuses_what_it_cannot_run():
 @NO_CUDA
 @pytest.mark.parametrize("call,given", [
     (lambda: tunekit.calibrate("fp32", device="cuda"), "device='cuda'"),
-    (lambda: tunekit.resolve_peak("cuda:0"), "device='cuda:0'"),
-    (lambda: tunekit.median_s(lambda: None, device=torch.device("cuda")), "device=device(type='cuda')"),
-    (lambda: tunekit.watch_conditions(cuda_index=0), "cuda_index=0"),
+    (lambda: tunekit.measure.resolve_peak("cuda:0"), "device='cuda:0'"),
+    (lambda: tunekit.measure.median_s(lambda: None, device=torch.device("cuda")), "device=device(type='cuda')"),
+    (lambda: tunekit.measure.watch_conditions(cuda_index=0), "cuda_index=0"),
     (lambda: tunekit.peak_tflops(torch.device("cuda", 1), "bf16"), "device=device(type='cuda', index=1)"),
 ])
 def test_a_missing_cuda_device_is_a_clear_error_never_an_assertion(call, given):

@@ -55,11 +55,11 @@ def test_a_missing_extra_in_a_chapter_names_its_pip_command():
     import tunekit
 
     with pytest.raises(ModuleNotFoundError) as info:
-        with tunekit.needs_extra("chapter 16"):
+        with tunekit.core.needs_extra("chapter 16"):
             raise ModuleNotFoundError("No module named 'transformers'", name="transformers")   # what import says
     assert str(info.value) == "chapter 16 needs transformers, which is not installed: pip install 'tunekit[hf]'"
     with pytest.raises(ModuleNotFoundError, match="No module named 'numpy_x'"):   # no extra brings it: as is
-        with tunekit.needs_extra("chapter 16"):
+        with tunekit.core.needs_extra("chapter 16"):
             raise ModuleNotFoundError("No module named 'numpy_x'", name="numpy_x")
 
 
@@ -71,6 +71,6 @@ def test_every_chapter_imports_an_extras_package_under_needs_extra():
         lines = (ROOT / "notebooks" / f"{name}.py").read_text().splitlines()
         for i, line in enumerate(lines):
             if re.match(rf"\s*(import|from) ({optional})\b", line):
-                # inside the with block: indented, under a `with tunekit.needs_extra(...)` line
+                # inside the with block: indented, under a `with tunekit.core.needs_extra(...)` line
                 opener = next(prev for prev in reversed(lines[:i]) if not prev.startswith((" ", "#")) and prev)
-                assert line.startswith("    ") and opener.startswith("with tunekit.needs_extra("), (name, line)
+                assert line.startswith("    ") and opener.startswith("with tunekit.core.needs_extra("), (name, line)

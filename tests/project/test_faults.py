@@ -403,9 +403,9 @@ def test_bad_blocks_and_a_missing_loss_are_refused_at_construction(tmp_path):
 
 def test_timing_helper_and_log_loading_refuse_nonsense(tmp_path):
     with pytest.raises(ValueError, match="repeats must be a whole number >= 1"):
-        tunekit.median_s(lambda: None, repeats=0)
+        tunekit.measure.median_s(lambda: None, repeats=0)
     with pytest.raises(ValueError, match="warmup must be a whole number >= 0"):
-        tunekit.time_repeats(lambda: None, warmup=-1)
+        tunekit.measure.time_repeats(lambda: None, warmup=-1)
     with pytest.raises(FileNotFoundError, match="no run log"):
         Lab.load_results(tmp_path / "nope.jsonl")
     with pytest.raises(ValueError, match="advise needs a model config"):

@@ -107,7 +107,7 @@ def test_terminal_ipython_prints_chart_paths_and_never_waits(tmp_path):
     code = ("%load_ext tunekit\n"
             "get_ipython().run_cell('%%gpuprofile --trace --memory --flops never --peak 1 -n step\\n"
             "x = torch.randn(64, 64, requires_grad=True)\\n(x @ x).sum().backward()')\n"
-            "display(tunekit.plot_history())\n" + LAB + "display(lab.compare())\nfound.figure\n")
+            "display(tunekit.profiling.plot_history())\n" + LAB + "display(lab.compare())\nfound.figure\n")
     out, charts = _run([sys.executable, "-m", "IPython", "--no-banner", "--colors=nocolor", "-c"],
                        "import torch, tunekit\n" + code, tmp_path)
     assert len(charts) == len(CHARTS) and all(map(str.startswith, charts, CHARTS)), out
@@ -123,8 +123,8 @@ def test_plain_python_returns_figures_and_show_writes_them(tmp_path):
         """ + LAB.replace("\n", "\n        ") + """
         said = io.StringIO()
         with contextlib.redirect_stdout(said):  # building a figure shows nothing
-            figs = [tunekit.plot_breakdown(rec.trace), tunekit.plot_memory_timeline(rec.memory),
-                    tunekit.plot_history(), lab.compare(), found.figure]
+            figs = [tunekit.view.plot_breakdown(rec.trace), tunekit.view.plot_memory_timeline(rec.memory),
+                    tunekit.profiling.plot_history(), lab.compare(), found.figure]
         assert said.getvalue() == "", said.getvalue()
         for fig in figs:
             fig.show()

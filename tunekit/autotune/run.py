@@ -27,7 +27,7 @@ more (one ``lab.run`` of ``steps`` timed steps); from the second round on (one t
 a burst of load) the better half goes on and a candidate slower than the leader beyond the noise
 band drops out, so weak candidates get two trials and the close ones ``repeats``. A repeat's
 score is ``tokens_per_step / step_s_min`` and a candidate's the best of its repeats: contention
-on a shared machine only ever adds time (the reading of ``tunekit.repeat_agreement``). A
+on a shared machine only ever adds time (the reading of ``tunekit.lab.repeat_agreement``). A
 challenger replaces the incumbent only if it beats it beyond the noise band: ``max(noise, how far
 the two fastest repeats of either disagree)``. The evidence also gives each candidate's median.
 

@@ -14,6 +14,7 @@ from tunekit.core.fmt import fmt_pct, fmt_rate
 from tunekit.core.notes import Note
 from tunekit.core.run_text import unit_of
 from tunekit.core.toggles import ToggleError, Toggles, label
+from tunekit.core.units import is_missing
 from tunekit.measure.oom import is_oom
 
 TIEBREAK_ROUNDS = 2    # x repeats: the most extra repeats inseparable top candidates get
@@ -163,7 +164,7 @@ class Search:
         again = ", measured again: the machine was busy" if attempt else ""
         text = f"{stage} · trial {self.n_trials}: {label(c.toggles, self.start)} (repeat {c.repeats + 1}{again})"
         best = self.incumbent.score if self.incumbent.runs else math.nan
-        if best == best:
+        if not is_missing(best):
             text += f" · best {fmt_rate(best, unit_of(self.incumbent.runs[-1]) + '/s')}"
         return text
 

@@ -2,3 +2,6 @@
 model named on the command line (`model`), and the offline HTML report of an executed notebook
 (`report_html`).
 """
+from tunekit.cli.report_html import show_summary
+
+__all__ = ["show_summary"]

@@ -2,7 +2,7 @@
 
     python -m tunekit.cli.report_html build/00_tour.ipynb build/tour.html
 
-At the top, the session summary the notebook displayed with `tunekit.show_summary(lab)` (device,
+At the top, the session summary the notebook displayed with `tunekit.cli.show_summary(lab)` (device,
 the peak MFU is measured against and its source, the profiled cells, the Lab's runs); then every
 cell: its source, and its outputs with each plotly figure drawn by plotly.js inlined once, widgets
 shown through the static HTML snapshot they carry (the dashboard's table and charts), images
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from tunekit.core.units import MiB
+from tunekit.core.units import MiB, is_missing
 
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -52,7 +52,7 @@ class SessionSummary:
                                   (runs, "peak_tflops", "peak_tflops_source")):
             if df is not None and len(df):
                 for v, src in zip(df[value], df[source]):
-                    if isinstance(src, str) and v == v and v is not None:
+                    if isinstance(src, str) and not is_missing(v):
                         peaks[src] = float(v)
         listed = "".join(f"<li>{v:.4g} TFLOPS: {html.escape(src)}</li>" for src, v in peaks.items())
         parts.append(f"<p><b>device</b> {html.escape(devices[-1] if devices else 'n/a')}</p>"
@@ -85,7 +85,7 @@ def busy_banner(verdicts) -> str:
 def show_summary(lab=None) -> None:
     """Display the session summary in a notebook, marked so that the report puts it on top.
 
-    Example: ``tunekit.show_summary(lab)`` in a notebook's last cell."""
+    Example: ``tunekit.cli.show_summary(lab)`` in a notebook's last cell."""
     from IPython.display import display
 
     display(SessionSummary(lab), metadata={"tunekit": {"role": SUMMARY_ROLE}})
@@ -188,7 +188,7 @@ def runs_report(runs, out, title: str = "tunekit runs", baseline: int | None = N
     df = results_frame(runs)
     devices = sorted({d for d in df["device"] if isinstance(d, str)})
     peaks = {s: float(v) for v, s in zip(df["peak_tflops"], df["peak_tflops_source"])
-             if isinstance(s, str) and v is not None and v == v}
+             if isinstance(s, str) and not is_missing(v)}
     listed = "".join(f"<li>{v:.4g} TFLOPS: {html.escape(s)}</li>" for s, v in peaks.items())
     parts = [f"<div class='summary'><p><b>device</b> {html.escape(', '.join(devices) or 'n/a')}</p>"
              f"<p><b>peaks MFU is measured against</b></p><ul>{listed or '<li>none</li>'}</ul>"
@@ -224,8 +224,8 @@ def runs_table(runs, base: int):
     view = runs_view(df)
     ref = runs[base].tokens_per_s
     view["run"] = [difference(r, runs[base]) for r in runs]
-    view.insert(3, "vs baseline", [f"{r.tokens_per_s / ref:.2f}x" if ref == ref and ref and
-                                   r.tokens_per_s == r.tokens_per_s else "n/a" for r in runs])
+    view.insert(3, "vs baseline", [f"{r.tokens_per_s / ref:.2f}x" if not is_missing(ref) and ref and
+                                   not is_missing(r.tokens_per_s) else "n/a" for r in runs])
     if any(r.world_size for r in runs):
         view["layout"] = [layout(r) for r in runs]
         view["comm/step (MiB)"] = [comm_total(r.comm) / MiB for r in runs]

@@ -16,11 +16,12 @@ import math
 
 from tunekit.core.fmt import fmt_bytes
 from tunekit.core.toggles import Toggles, label
+from tunekit.core.units import is_missing
 
 
 def _get(run, name, default=None):
     v = run.get(name, default) if isinstance(run, dict) else getattr(run, name, default)
-    return None if isinstance(v, float) and math.isnan(v) else v
+    return None if is_missing(v) else v
 
 
 def toggles_of(run) -> Toggles:

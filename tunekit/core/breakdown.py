@@ -26,6 +26,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from tunekit.core.fmt import fmt_mib, fmt_pct
+from tunekit.core.units import is_missing
 
 NaN = math.nan
 
@@ -139,13 +140,13 @@ class Breakdown:
     def parts(self) -> dict:
         """What the wall time splits into, in seconds: the categories and, on CPU, `UNTRACED`."""
         out = dict(self.seconds)
-        if self.untraced_s is not None and self.untraced_s == self.untraced_s:
+        if not is_missing(self.untraced_s):
             out[UNTRACED] = max(0.0, self.untraced_s)
         return out
 
     def shares(self) -> dict:
         """part -> share of the wall time, largest first; they add up to 100% ({} without a wall time)."""
-        if not (self.wall_s == self.wall_s and self.wall_s > 0):
+        if is_missing(self.wall_s) or not self.wall_s > 0:
             return {}
         return {c: s / self.wall_s for c, s in sorted(self.parts().items(), key=lambda kv: -kv[1])}
 
@@ -173,9 +174,9 @@ class Breakdown:
 
     def overhead_text(self) -> str:
         """The profiler's overhead in words: '+12%', 'lost in noise (...)' or 'unknown'; never negative."""
-        if self.overhead == self.overhead:
+        if not is_missing(self.overhead):
             return fmt_pct(self.overhead, 0, signed=True)
-        if self.untimed_wall_s == self.untimed_wall_s and self.wall_s < self.untimed_wall_s:
+        if not is_missing(self.untimed_wall_s) and self.wall_s < self.untimed_wall_s:
             return "lost in noise (the traced run was the faster)"
         return "unknown"
 
@@ -183,7 +184,7 @@ class Breakdown:
         """The profiler's overhead against an untraced run of ``untimed_wall_s`` seconds."""
         self.untimed_wall_s = untimed_wall_s
         self.overhead = profiler_overhead(self.wall_s, untimed_wall_s)
-        if self.overhead != self.overhead and self.wall_s < untimed_wall_s:
+        if is_missing(self.overhead) and self.wall_s < untimed_wall_s:
             self.notes.append(f"the traced run was {fmt_pct(1 - self.wall_s / untimed_wall_s)} faster than the "
                               "untraced one: run-to-run noise hides the profiler's overhead")
 
@@ -210,7 +211,7 @@ def as_breakdown(t) -> "Breakdown | None":
 def profiler_overhead(traced_s: float, untraced_s: float) -> float:
     """traced / untraced - 1; NaN when either is unknown or the traced run was the faster (a
     profiler only adds work: a faster traced run is noise, never a negative overhead)."""
-    if not (traced_s == traced_s and untraced_s == untraced_s and untraced_s > 0) or traced_s < untraced_s:
+    if is_missing(traced_s) or is_missing(untraced_s) or not untraced_s > 0 or traced_s < untraced_s:
         return NaN
     return traced_s / untraced_s - 1
 

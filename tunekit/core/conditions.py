@@ -26,6 +26,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from tunekit.core.fmt import fmt_pct
+from tunekit.core.units import is_missing
 
 NaN = math.nan
 QUIET, BUSY, UNKNOWN = "quiet", "busy", "unknown"
@@ -37,10 +38,6 @@ OTHERS_BUSY_CPUS = 0.5    # other processes used >= half a CPU on average (beyon
 STEAL_BUSY = 0.05         # the hypervisor took >= 5% of this VM's CPU time
 # GPU clock slowdowns that come from outside the workload (NVML clocks-event reasons)
 GPU_THROTTLE_BUSY = ("thermal", "hw slowdown", "hw thermal", "power brake")
-
-
-def _nan(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
 
 
 @dataclass(frozen=True)
@@ -113,7 +110,7 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
               load_avg=NaN if load_avg is None else float(load_avg),
               gpu_other_processes=gpu_other_processes,
               gpu_throttle=", ".join(gpu_throttle) or None)
-    if _nan(wall_s) or wall_s <= 0:
+    if is_missing(wall_s) or wall_s <= 0:
         return Conditions(UNKNOWN, "no time was measured", **kw)
     wait = NaN if cpu_wait_s is None else min(1.0, max(0.0, cpu_wait_s / wall_s))
     share = NaN if own_cpu_s is None or not threads else own_cpu_s / (wall_s * threads)
@@ -130,13 +127,13 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
     who = "tasks" if wait_source == "psi" else "this thread"
     # With a long enough window /proc/stat says who used the CPUs: a wait while other processes
     # stayed near idle is this work's own threads queueing (more threads than CPUs), not a busy machine.
-    own_wait = long_enough and not _nan(others) and others < OTHERS_BUSY_CPUS / 2
-    if not _nan(wait) and wait >= CPU_WAIT_BUSY and cpu_wait_s >= CPU_WAIT_MIN_S and not own_wait:
+    own_wait = long_enough and not is_missing(others) and others < OTHERS_BUSY_CPUS / 2
+    if not is_missing(wait) and wait >= CPU_WAIT_BUSY and cpu_wait_s >= CPU_WAIT_MIN_S and not own_wait:
         busy.append(f"{'tasks' if wait_source == 'psi' else 'this thread'} waited for a CPU "
                     f"{fmt_pct(wait, 0)} of the time")
-    if long_enough and not _nan(others) and others >= OTHERS_BUSY_CPUS:
+    if long_enough and not is_missing(others) and others >= OTHERS_BUSY_CPUS:
         busy.append(f"other processes used {others:.1f} of {cpus} CPUs")
-    if long_enough and not _nan(steal) and steal >= STEAL_BUSY:
+    if long_enough and not is_missing(steal) and steal >= STEAL_BUSY:
         busy.append(f"the hypervisor took {fmt_pct(steal, 0)} of the CPU time (steal)")
     if gpu_other_processes:
         busy.append(f"{gpu_other_processes} other process{'es' if gpu_other_processes > 1 else ''} "
@@ -145,19 +142,19 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
     if slow:
         busy.append(f"GPU clocks slowed ({', '.join(slow)})")
     if busy:
-        if not _nan(share) and share < 0.9:
+        if not is_missing(share) and share < 0.9:
             busy.append(f"this process got {fmt_pct(share, 0)} of its "
                         + (f"{threads} threads' time" if threads != 1 else "1 thread's time"))
         return Conditions(BUSY, "; ".join(busy), **kw)
-    if _nan(wait) and not long_enough and gpu_other_processes is None:
+    if is_missing(wait) and not long_enough and gpu_other_processes is None:
         return Conditions(UNKNOWN, "no CPU-wait counter here (Linux PSI or schedstat) and the block "
                                    "was too short for /proc/stat", **kw)
     said = []
-    if not _nan(wait):
+    if not is_missing(wait):
         said.append(f"{who} waited for a CPU {fmt_pct(wait, 0)} of the time")
         if own_wait and wait >= CPU_WAIT_BUSY:
             said[-1] += " (this work's own threads: more threads than free CPUs)"
-    if long_enough and not _nan(others):
+    if long_enough and not is_missing(others):
         said.append(f"other processes used {others:.2f} CPUs")
     return Conditions(QUIET, "; ".join(said) or "nothing else used the machine", **kw)
 
@@ -185,13 +182,13 @@ def combine(parts, labels=None) -> Conditions | None:
         verdict, reason = QUIET, next(p.reason for p in parts if p.verdict == QUIET)
 
     def worst(name):
-        vals = [getattr(p, name) for p in parts if not _nan(getattr(p, name))]
+        vals = [getattr(p, name) for p in parts if not is_missing(getattr(p, name))]
         return max(vals) if vals else None
 
-    share = [p.cpu_share for p in parts if not _nan(p.cpu_share)]
+    share = [p.cpu_share for p in parts if not is_missing(p.cpu_share)]
     throttles = sorted({t for p in parts if p.gpu_throttle for t in p.gpu_throttle.split(", ")})
     return Conditions(
-        verdict, reason, wall_s=sum(p.wall_s for p in parts if not _nan(p.wall_s)),
+        verdict, reason, wall_s=sum(p.wall_s for p in parts if not is_missing(p.wall_s)),
         cpus=parts[0].cpus, threads=parts[0].threads, wait_source=parts[0].wait_source,
         cpu_wait=_or_nan(worst("cpu_wait")), others_cpus=_or_nan(worst("others_cpus")),
         cpu_share=min(share) if share else NaN, steal=_or_nan(worst("steal")),

@@ -23,6 +23,7 @@ from tunekit.core.notes import Note
 from tunekit.core.records import ProfileRecord
 from tunekit.core.results import RunResult
 from tunekit.core.summary import readable
+from tunekit.core.units import is_missing
 
 NaN = math.nan
 MODULE = "nn.Module: "   # how torch.profiler names a module's scope
@@ -50,7 +51,7 @@ def _number(v) -> float:
 
 
 def _fmt(v: float, kind: str) -> str:
-    if v != v:
+    if is_missing(v):
         return "n/a"
     if kind in ("rate", "loss"):
         return formatted(v, FORMATS["tokens/s" if kind == "rate" else "loss"])
@@ -89,7 +90,7 @@ class Diff:
             step = max((sum(r[s] for r in self.rows if r["section"] == "time by category") for s in "ab"),
                        default=0.0)
             return abs(row["b"] - row["a"]) / step if step > 0 else 0.0
-        return abs(row["change"]) if row["change"] == row["change"] else 0.0
+        return abs(row["change"]) if not is_missing(row["change"]) else 0.0
 
     @property
     def table(self):
@@ -107,8 +108,8 @@ class Diff:
     @property
     def moved_most(self) -> dict | None:
         """The op category whose time changed the most, in seconds (None without two traces)."""
-        cats = [r for r in self.rows if r["section"] == "time by category" and r["a"] == r["a"]
-                and r["b"] == r["b"] and r["what"] != UNTRACED]
+        cats = [r for r in self.rows if r["section"] == "time by category" and not is_missing(r["a"])
+                and not is_missing(r["b"]) and r["what"] != UNTRACED]
         return max(cats, key=lambda r: abs(r["b"] - r["a"]), default=None)
 
     @property
@@ -120,14 +121,14 @@ class Diff:
         # the fastest steps where both runs have them: load only slows a step, so the fastest is the
         # least disturbed; else the mean
         word, step = "fastest step", self._row("step", "fastest step")
-        if not (step and step["a"] == step["a"] and step["b"] == step["b"]):
+        if not (step and not is_missing(step["a"]) and not is_missing(step["b"])):
             word, step = "step", self._row("step", "step time" if self.kind == "run" else "time")
-        if step and step["a"] == step["a"] and step["b"] == step["b"] and step["a"] > 0 and step["b"] > 0:
+        if step and not is_missing(step["a"]) and not is_missing(step["b"]) and step["a"] > 0 and step["b"] > 0:
             ratio = step["a"] / step["b"]
             how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
             lines.append(f"{word} {fmt_ms(step['a'])} -> {fmt_ms(step['b'])} ({how})")
         peak = self._row("memory", "peak memory" if self.kind == "run" else "CPU peak")
-        if peak and peak["a"] == peak["a"] and peak["b"] == peak["b"]:
+        if peak and not is_missing(peak["a"]) and not is_missing(peak["b"]):
             lines.append(f"peak memory {fmt_bytes(peak['a'])} -> {fmt_bytes(peak['b'])} "
                          f"({fmt_bytes(peak['b'] - peak['a'], signed=True)})")
         most = self.moved_most
@@ -151,7 +152,7 @@ class Diff:
         for section in ("modules", "ops"):
             rows += [r for r in self.rows if r["section"] == section][:ops]
         cells = [(r["section"], r["what"], _fmt(r["a"], r["unit"]), _fmt(r["b"], r["unit"]),
-                  "n/a" if r["change"] != r["change"] else fmt_pct(r["change"], signed=True)) for r in rows]
+                  "n/a" if is_missing(r["change"]) else fmt_pct(r["change"], signed=True)) for r in rows]
         head = ("", "", self.a, self.b, "change")
         widths = [max(len(c[i]) for c in cells + [head]) for i in range(5)]
         out = [self.summary, ""] + ["  ".join(c[i].ljust(widths[i]) if i < 2 else c[i].rjust(widths[i])
@@ -169,7 +170,7 @@ class Diff:
         fig = go.Figure()
         for side, name in (("a", self.a), ("b", self.b)):
             fig.add_bar(name=name, x=[r["what"] for r in cats],
-                        y=[(r[side] if r[side] == r[side] else 0.0) * 1e3 for r in cats])
+                        y=[(r[side] if not is_missing(r[side]) else 0.0) * 1e3 for r in cats])
         fig.update_layout(barmode="group", yaxis_title="ms per traced step",
                           title=title or "time by op category: " + self.summary.splitlines()[0])
         return fig
@@ -178,7 +179,7 @@ class Diff:
 def _view(df):
     """The table as read: a and b in their units, the change in %."""
     cells = {side: [_fmt(v, u) for v, u in zip(df[side], df["unit"])] for side in ("a", "b")}
-    change = ["n/a" if c != c else fmt_pct(c, signed=True) for c in df["change"]]
+    change = ["n/a" if is_missing(c) else fmt_pct(c, signed=True) for c in df["change"]]
     return df.assign(**cells, change=change).drop(columns=["unit"])
 
 
@@ -224,13 +225,13 @@ def diff(a, b, rows: int | None = SHOWN) -> Diff:
     rows = []
     for fname, what, unit in figures:
         va, vb = _number(getattr(a, fname, None)), _number(getattr(b, fname, None))
-        if va != va and vb != vb:
+        if is_missing(va) and is_missing(vb):
             continue      # measured on neither side: left out, not shown as 0
         section = "memory" if unit == "bytes" else "step"   # the loss is the step's too
         rows.append({"section": section, "what": what, "a": va, "b": vb,
-                     "change": vb / va - 1 if va == va and vb == vb and va else NaN, "unit": unit})
+                     "change": vb / va - 1 if not is_missing(va) and not is_missing(vb) and va else NaN, "unit": unit})
     peaks = [_number(getattr(r, "peak_tflops", None)) for r in (a, b)]
-    if all(p == p for p in peaks) and peaks[0] != peaks[1]:   # each MFU against its own dtype's peak
+    if all(not is_missing(p) for p in peaks) and peaks[0] != peaks[1]:   # each MFU against its own dtype's peak
         said = [f"{getattr(r, 'compute_dtype', None) or getattr(r, 'dtype', None) or 'its'} {fmt_tflops(p)}"
                 for r, p in zip((a, b), peaks)]
         notes.append(Note("diff.peaks", f"each side's MFU is against its own peak ({said[0]} -> {said[1]}): the "

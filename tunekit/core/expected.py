@@ -45,6 +45,7 @@ from tunekit.core.efficiency import (
     log_interpolated,
     wave_efficiency,
 )
+from tunekit.core.units import is_missing
 
 NaN = math.nan
 
@@ -293,7 +294,7 @@ def _exposed(comm: dict, phase_s: dict, parallel: str | None, units: int) -> tup
     gather before any compute). While a collective runs, its kernels hold SMs and memory bandwidth:
     the compute beside it runs ``OVERLAP_SLOWDOWN`` slower, so the C seconds hidden cost
     C * s / (1 + s) (the compute done in them is C / (1 + s) of its own time)."""
-    total = sum(v for v in comm.values() if v == v)
+    total = sum(v for v in comm.values() if not is_missing(v))
     if not total or parallel is None:
         return 0.0, 0.0, []
     if parallel == "ddp":

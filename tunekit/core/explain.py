@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from tunekit.core.breakdown import ATTENTION, COMM, DATA, MATMUL, OPTIMIZER, UNTRACED, Breakdown, categorize
 from tunekit.core.fmt import fmt_count, fmt_ms, fmt_pct
 from tunekit.core.notes import Note
+from tunekit.core.units import is_missing
 
 NaN = math.nan
 
@@ -65,7 +66,7 @@ def measured_groups(trace: Breakdown, steps: int = 1) -> tuple[dict, dict]:
             s, c = ops.get(_op_name(name), (0.0, 0))
             ops[_op_name(name)] = (s + secs, c + o["calls"] / steps)
         groups[group] = groups.get(group, 0.0) + secs
-    untraced = trace.untraced_s if trace.untraced_s == trace.untraced_s else 0.0
+    untraced = trace.untraced_s if not is_missing(trace.untraced_s) else 0.0
     groups["no op running"] = groups.get("no op running", 0.0) + max(0.0, untraced) / steps
     return groups, ops
 
@@ -85,7 +86,7 @@ def expected_groups(rows) -> tuple[dict, dict]:
 def speed_pct(x: float) -> str:
     """A share of the expected speed in words that never read 0% for a run that ran: 0.404 -> '40%',
     0.004 -> '0.4%', under 0.1% -> 'under 0.1%'."""
-    if x != x or x >= 0.01:
+    if is_missing(x) or x >= 0.01:
         return fmt_pct(x, 0)
     return fmt_pct(x, 1) if x >= 0.001 else "under 0.1%"
 
@@ -141,7 +142,7 @@ class Explanation:
         """What the figures carry besides the setting's own gaps, in a few words each: a busy
         machine, a profiler that slowed the traced step by over 5%."""
         out = ["⚠ taken on a busy machine"] if self.busy else []
-        if self.overhead == self.overhead and self.overhead > PROFILER_SHOWN:
+        if not is_missing(self.overhead) and self.overhead > PROFILER_SHOWN:
             out.append(f"the profiler slowed the traced step by {fmt_pct(self.overhead, 0)}")
         return out
 
@@ -218,7 +219,7 @@ def explain_trace(trace: Breakdown, expected, *, steps: int = 1, setting=None, c
     if busy:
         notes.append(Note("explain.busy", "measured on a busy machine: other work took its share of every group, "
                                           "so the gaps are not the setting's alone"))
-    if trace.overhead == trace.overhead and trace.overhead > PROFILER_SHOWN:
+    if not is_missing(trace.overhead) and trace.overhead > PROFILER_SHOWN:
         notes.append(Note("explain.profiler", f"the profiler slowed the traced step by {fmt_pct(trace.overhead, 0)}: "
                                               "part of every gap is its own"))
     return Explanation(label, headline_s, expected.step_s, rows, ops, gaps[:3], notes, busy, trace.overhead,

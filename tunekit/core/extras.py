@@ -36,7 +36,7 @@ def needs_extra(needs: str):
     """Imports under it that fail for a package an extra brings say what needs it and the pip
     command (`missing_extra`); any other error passes unchanged.
 
-    Example: a notebook's imports, ``with tunekit.needs_extra("chapter 16"): from transformers import
+    Example: a notebook's imports, ``with tunekit.core.needs_extra("chapter 16"): from transformers import
     Trainer`` (without transformers: ``ModuleNotFoundError: chapter 16 needs transformers, which is
     not installed: pip install 'tunekit[hf]'``)."""
     try:

@@ -121,7 +121,7 @@ def formatted(value, fmt: str) -> str:
     `core.summary.mark_rates` flagged) as it is."""
     if isinstance(value, str):
         return value
-    return NA if is_missing(value) or value != value else fmt.format(value)
+    return NA if is_missing(value) else fmt.format(value)
 
 
 def tick_label(v: float) -> str:

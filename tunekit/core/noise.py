@@ -1,5 +1,5 @@
 """Whether two timings differ beyond noise: the one judgement behind ``tunekit.verdict``,
-``tunekit.repeat_agreement`` and the autotune search. Pure.
+``tunekit.lab.repeat_agreement`` and the autotune search. Pure.
 
 Contention on a shared machine only ever adds time, so a setting is represented by its fastest
 repeat, and its noise by how far its repeats disagree (slowest over fastest, of its fastest few).

@@ -3,6 +3,8 @@
 """
 from __future__ import annotations
 
+from tunekit.core.units import is_missing
+
 _UNSET = object()
 # what makes a record's wall time incomparable: the measuring ran inside the timed block
 _SLOWERS = (("flops_source", "FLOP counting", lambda v: v == "counted"),   # FlopCounterMode's dispatch
@@ -27,4 +29,4 @@ def slowed_by(row) -> str | None:
 
 
 def _present(v) -> bool:
-    return v is not None and not (isinstance(v, float) and v != v) and v != ""
+    return not is_missing(v) and v != ""

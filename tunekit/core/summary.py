@@ -208,7 +208,7 @@ class Summary:
 
 def machine_word(verdict) -> str:
     """The 'machine' column of a table: '⚠ busy' stands out, quiet stays plain."""
-    if verdict is None or verdict != verdict:
+    if is_missing(verdict):
         return "n/a"
     return BUSY_CELL if verdict == BUSY else str(verdict)
 

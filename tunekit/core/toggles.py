@@ -124,7 +124,7 @@ class Env:
 class ToggleError(ValueError):
     """Raised by ``lab.run`` for a combination that cannot run; ``.problems`` lists why.
 
-    Example: ``try: lab.run(precision="fp16")`` / ``except tunekit.ToggleError as e: print(e.problems)``."""
+    Example: ``try: lab.run(precision="fp16")`` / ``except tunekit.lab.ToggleError as e: print(e.problems)``."""
 
     def __init__(self, problems: list[str]):
         super().__init__("; ".join(problems))

@@ -37,6 +37,7 @@ from tunekit.core import registry
 from tunekit.core.fmt import fmt_bytes
 from tunekit.core.search import largest_fitting
 from tunekit.core.toggles import ToggleError, Toggles
+from tunekit.core.units import is_missing
 from tunekit.measure import memavail
 from tunekit.measure.oom import free_memory, is_oom
 from tunekit.measure.step import step_peak
@@ -51,7 +52,7 @@ class WontFitError(ToggleError):
     """A step refused because its estimated peak memory exceeds the memory available; nothing
     was allocated for it. ``.estimate`` is the FitEstimate behind the message.
 
-    Example: ``except tunekit.WontFitError as e: e.estimate.need_bytes``."""
+    Example: ``except tunekit.lab.fit.WontFitError as e: e.estimate.need_bytes``."""
 
     def __init__(self, estimate: "FitEstimate", what: str = "this run"):
         super().__init__([estimate.message(what)])
@@ -211,7 +212,7 @@ def _analytic(lab, t: Toggles, **dist):
 
     per_sample = moving(two) - moving(one)
     fixed = moving(one) - per_sample + (one.static_bytes if dist else 0.0)
-    if math.isnan(per_sample) or math.isnan(fixed):
+    if is_missing(per_sample) or is_missing(fixed):
         return None
     how = (f"tunekit.estimate_memory's count of saved activations ({one.inputs['activations']}, "
            "tensor by tensor), plus gradients and the optimizer state a first step creates")
@@ -256,9 +257,9 @@ def _measured_line(lab, t: Toggles, fixed: float, limit: float) -> Line:
         b = nxt
     # the floor (batch + saved tensors) is exact: page-size noise never makes the line lower
     per_sample = max((f2 - f1) / b, 0.0)
-    if not math.isnan(p2 - p1):
+    if not is_missing(p2 - p1):
         per_sample = max(per_sample, (p2 - p1) / b)
-    base = max((f1 if math.isnan(p1) else p1) - per_sample * b, 0.0)
+    base = max((f1 if is_missing(p1) else p1) - per_sample * b, 0.0)
     return Line(fixed + base, per_sample, "measured",
                 f"a forward+backward at micro_batch={b} and {2 * b} (peaks from the exact meters), "
                 "extrapolated linearly in the micro-batch, plus the optimizer state a first step "

@@ -11,38 +11,28 @@ what it has recorded (results, compare, save/load, its repr) is ``lab.results.La
 
 from __future__ import annotations
 
-import itertools
-import os
-import time
-
 import torch
 
 from tunekit.core import registry
 from tunekit.core.gpus import DEFAULT_DEVICE
-from tunekit.core.paths import runs_dir
 from tunekit.core.results import RunResult, results_frame
 from tunekit.core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
-from tunekit.core.validate import flag, function, instance, is_whole, keywords_checked, real, whole
+from tunekit.core.validate import flag, is_whole, keywords_checked
 from tunekit.lab import run as single
+from tunekit.lab import searches
+from tunekit.lab.build import build
+from tunekit.lab.build import env as build_env
+from tunekit.lab.build import memory_target as build_target
 from tunekit.lab.cluster import submitted
 from tunekit.lab.distributed import run_distributed
 from tunekit.lab.plan import lab_plan, show_plan_keywords
 from tunekit.lab.results import LabResults
-from tunekit.lab.runlog import RunLog, check_log_path
 from tunekit.lab.setting import LAB_CHOICES, lab_keywords
-from tunekit.measure.device import default_device, existing_device
-from tunekit.models.adapters import adapt
-from tunekit.models.dry_step import dry_step
-from tunekit.models.gpt import GPT, GPTConfig
-from tunekit.models.optimizers import unavailable_optimizers
+from tunekit.models.gpt import GPTConfig
 from tunekit.train.guard import NonFiniteRunError
-from tunekit.train.precision import autocast, matmul_precision
-from tunekit.train.record import Peaks, Steps
-from tunekit.train.step import TrainStep, token_batcher
+from tunekit.train.record import Steps
 
 __all__ = ["Lab", "RunResult", "results_frame", "NonFiniteRunError"]
-
-_LAB_IDS = itertools.count()
 
 
 def _trainer_attribute(name: str, doc: str) -> property:
@@ -77,46 +67,9 @@ class Lab(LabResults):
     def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
                  config: GPTConfig | None = None, data="corpus", device=None, log_path=None,
                  peak_tflops: float | None = None, seed: int = 0, blocks=None, **defaults):
-        # every argument is checked before anything is built, moved or trained
-        if model is not None and not isinstance(model, str):
-            instance("model", model, torch.nn.Module,
-                     "None, an nn.Module instance or a factory 'package.module:function'")
-        for name, fn, takes in (("batch_fn", batch_fn, "(micro_batch, seq_len) -> (x, y)"),
-                                ("loss_fn", loss_fn, "(model, x, y) -> loss")):
-            if fn is not None:
-                function(name, fn, takes)
-        seed = whole("seed", seed, 0)
-        peak_tflops = real("peak_tflops", peak_tflops) if peak_tflops is not None else None
-        if log_path is not None:
-            check_log_path(log_path)
-        self.device = existing_device(device) if device is not None else default_device()
-        self.factory = model if isinstance(model, str) else None  # "package.module:function"
-        if self.factory is not None:
-            from tunekit.models.spec import build_model, factory_spec
-            model = build_model(factory_spec(self.factory), seed)
-        torch.manual_seed(seed)
-        self.seed, self.blocks, self.data = seed, blocks, data  # as given: distributed runs send them
-        model = model if model is not None else GPT(config or GPTConfig.preset(preset))
-        model.to(self.device).train()
-        self.config = getattr(model, "config", None)
-        adapter = adapt(model, blocks)
-        # the built-in batches (None: the Lab's own batch_fn draws them)
-        self.batcher = token_batcher(adapter, data, self.device, seed) if batch_fn is None else None
-        if loss_fn is None and adapter.kind == "module":
-            adapter.check_default_loss()
-        self.trainer = TrainStep(model, adapter, self.device, batch_fn or self.batcher.get, loss_fn or adapter.loss)
-        # attention and checkpointing left out are the model's own (as given, or as changed by hand
-        # since): None, filled in by `resolve`
-        self.defaults = Toggles().replace(**{"checkpointing": None, **defaults})
-        self._check_inputs(loss_fn is None)
-        self.peaks = Peaks(self.device, peak_tflops)  # compute dtype -> the peak its MFU is measured against
-        self.last_autotune = None  # the latest lab.autotune result (kept also after Ctrl-C)
-        # one log a day, shared: each Lab is a session in it (two Labs made in the same second of one
-        # process are two sessions), numbering its own runs from 0
-        session = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_LAB_IDS)}"
-        self.log = (RunLog(log_path) if log_path is not None else
-                    RunLog(runs_dir() / f"lab-{time.strftime('%Y-%m-%d')}.jsonl", session=session))
-        self.log_path, self.log_skipped = self.log.path, self.log.skipped
+        # every argument is checked before anything is built, moved or trained (lab.build)
+        build(self, model, batch_fn, loss_fn, preset, config, data, device, log_path, peak_tflops, seed, blocks,
+              defaults)
 
     model = _trainer_attribute("model", "The live nn.Module.")
     adapter = _trainer_attribute("adapter", "How tunekit drives the model (models.adapters).")
@@ -130,23 +83,6 @@ class Lab(LabResults):
         """The registry name of the live optimizer (None before the first run)."""
         return self.trainer.optimizer_name
 
-    def _check_inputs(self, own_loss: bool) -> None:
-        """Refuse, before any training, defaults no run could use, and a batch_fn/loss_fn pair
-        that does not make one loss: one tiny forward (dry_step), nothing of the model changed."""
-        t = self.resolve()
-        errors = problems(t, self.env())
-        if errors:
-            raise ToggleError([f"Lab(...) defaults: {e}" for e in errors])
-        # two samples (BatchNorm in training mode needs more than one); a short sequence of
-        # tokens, or the length the user's own batch_fn was set up for
-        own_batches = self.batcher is None
-        seq = t.seq_len if own_batches else min(t.seq_len or 16, 16)
-        gens = [self.batcher.generator] if not own_batches else []
-        with matmul_precision(t, self.device):
-            dry_step(self.model, self.batch_fn, self.loss_fn, min(2, t.micro_batch), seq,
-                     loss_name="the model's own loss" if own_loss else "loss_fn",
-                     context=lambda: autocast(t, self.device), generators=gens)
-
     # --- data -------------------------------------------------------------------------------
 
     def batch(self, micro_batch: int, seq_len: int):
@@ -159,14 +95,7 @@ class Lab(LabResults):
         """What this machine and model allow (used to explain refused toggles).
 
         Example: ``lab.env().bf16_supported``."""
-        cuda = self.device.type == "cuda"
-        return Env(device_type=self.device.type,
-                   bf16_supported=torch.cuda.is_bf16_supported() if cuda else True,
-                   flash_installed=registry.module_available("flash_attn"),
-                   unavailable_optimizers=unavailable_optimizers(self.device.type),
-                   block_size=self.adapter.max_seq_len,
-                   can_set_attention=bool(self.adapter.attentions),
-                   can_checkpoint=self.adapter.can_checkpoint, model=type(self.model).__name__)
+        return build_env(self)
 
     @toggle_keywords
     def resolve(self, **changes) -> Toggles:
@@ -243,14 +172,7 @@ class Lab(LabResults):
         loss under the default toggles, on ``batch`` or one of the Lab's batches.
 
         Example: ``tunekit.measure_memory(lab)`` calls it."""
-        from tunekit.measure.memory import StepTarget
-
-        t = self.model_state(self.defaults)
-        micro_batch = micro_batch or t.micro_batch or 4
-        seq_len = seq_len or t.seq_len or self.adapter.default_seq_len("cpu") or 64
-        batch = batch if batch is not None else self.batch(micro_batch, seq_len)
-        return StepTarget(self.model, self.adapter, batch, lambda m, b: self.loss_fn(m, *b), t.optimizer,
-                          t.precision, bool(t.checkpointing), t.attention)
+        return build_target(self, micro_batch, seq_len, batch)
 
     # --- the run (lab.run, lab.distributed) --------------------------------------------
 
@@ -325,15 +247,8 @@ class Lab(LabResults):
         ``verbose`` (default) shows the trial going and the verdict at the end (tunekit.view.progress),
         ``verbose=False`` nothing; ``setting``: a ``tunekit.Setting`` instead of the toggles (the
         search tries its own micro-batches). Example: ``found = lab.find_max_batch_size(limit=256, budget_s=30)``."""
-        from tunekit.lab.maxbatch import find_max_batch_size as find
-        changes = dict(changes, setting=setting) if setting is not None else changes
-        args = (self, start, limit, memory_budget_bytes, budget_fraction)
-        if not flag("verbose", verbose):
-            return find(*args, progress, snapshot_on_oom, budget_s, **changes)
-        from tunekit.view.progress import SearchProgress  # the view that shows it, as lab.run's
-        with SearchProgress("find_max_batch_size", budget_s, progress) as shown:
-            shown.result = find(*args, shown.tried, snapshot_on_oom, budget_s, trying=shown.trying, **changes)
-        return shown.result
+        return searches.find_max_batch(self, start, limit, memory_budget_bytes, budget_fraction, progress,
+                                       snapshot_on_oom, budget_s, verbose, setting, changes)
 
     @show_plan_keywords
     def plan(self, device: str = DEFAULT_DEVICE, **overrides):
@@ -372,19 +287,10 @@ class Lab(LabResults):
         ``verbose`` (default) shows the stage and trial going and the winner at the end
         (tunekit.view.progress; the runs inside are quiet), ``verbose=False`` nothing.
         Example: ``found = lab.autotune(budget_s=120, keep_global_batch=True)``."""
-        from tunekit.autotune import autotune
-
-        def search(tick):
-            return autotune(self, budget_s, objective, keep_global_batch=keep_global_batch,
-                            max_micro_batch=max_micro_batch, steps=steps, warmup=warmup, repeats=repeats,
-                            noise=noise, memory_budget_bytes=memory_budget_bytes, space=space, keep=keep,
-                            compile_s=compile_s, trial_s=trial_s, progress=tick, trials=trials)
-        if not flag("verbose", verbose) or (progress is not None and not callable(progress)):
-            return search(progress)   # quiet, or a bad progress the options' check refuses
-        from tunekit.view.progress import SearchProgress
-        with SearchProgress("autotune", budget_s, progress) as shown:
-            shown.result = search(shown.tick)
-        return shown.result
+        return searches.autotune(self, budget_s, objective, progress, verbose, dict(
+            keep_global_batch=keep_global_batch, max_micro_batch=max_micro_batch, steps=steps, warmup=warmup,
+            repeats=repeats, noise=noise, memory_budget_bytes=memory_budget_bytes, space=space, keep=keep,
+            compile_s=compile_s, trial_s=trial_s, trials=trials))
 
     def dashboard(self):
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts).

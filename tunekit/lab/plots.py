@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 from tunekit.core.baseline import difference, pick
 from tunekit.core.fmt import fmt_bytes
 from tunekit.core.run_text import common_unit
-from tunekit.core.units import MiB
+from tunekit.core.units import MiB, is_missing
 from tunekit.view.axes import BASE_COLOR, COMPONENTS, RUN_COLOR, value_range
 from tunekit.view.renderer import never_a_browser
 
@@ -43,7 +43,7 @@ def _peak_word(source) -> str:
 def _memory(fig, df, names, row=None, col=None, legend=True) -> None:
     """Stacked measured components per run; the measured peak as text above each bar."""
     rows = _rows(df)
-    tops = [sum(float(r[c] or 0) for c, _, _ in COMPONENTS if r[c] == r[c] and r[c] is not None) / MiB for r in rows]
+    tops = [sum(float(r[c] or 0) for c, _, _ in COMPONENTS if not is_missing(r[c])) / MiB for r in rows]
     for col_name, title, color in COMPONENTS:
         last = col_name == COMPONENTS[-1][0]
         peaks = [f"{_peak_word(r['peak_mem_source'])} {fmt_bytes(r['peak_mem_bytes'])}" for r in rows]
@@ -74,7 +74,7 @@ def compare_figure(df, baseline: int | None = 0) -> go.Figure:
     names, i, why = run_names(df, baseline if baseline in ids else None)
     colors = [BASE_COLOR if k == i else RUN_COLOR for k in range(len(df))]
     base_tps = float(df["tokens_per_s"].iloc[i])
-    ratios = [f"{v / base_tps:.2f}x" if base_tps == base_tps and base_tps and v == v else ""
+    ratios = [f"{v / base_tps:.2f}x" if not is_missing(base_tps) and base_tps and not is_missing(v) else ""
               for v in df["tokens_per_s"].astype(float)]
     fig.add_trace(go.Bar(x=names, y=df["tokens_per_s"], marker_color=colors, text=ratios,
                          textposition="outside", name=f"{unit}/s", showlegend=False,

@@ -26,13 +26,14 @@ from tunekit.core.conditions import Conditions
 from tunekit.core.fmt import fmt_pct
 from tunekit.core.notes import Note, is_json_note, to_json
 from tunekit.core.results import RECORD_TYPES, TOGGLE_TYPES, RunResult
+from tunekit.core.units import is_missing
 
 SCHEMA = 1
 
 
 def _clean(v):
     # JSON has no NaN: a figure that could not be measured is written as null
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+    if isinstance(v, float) and (is_missing(v) or math.isinf(v)):
         return None
     if isinstance(v, Note):  # its kind too: {"kind", "text"}
         return to_json(v)

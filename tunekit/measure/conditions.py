@@ -16,6 +16,7 @@ import os
 import time
 
 from tunekit.core.conditions import Conditions, judge, resolved
+from tunekit.core.units import is_missing
 from tunekit.core.validate import flag, whole
 from tunekit.measure.device import existing_device, torch_if_loaded
 from tunekit.measure.meters import after_fork, libc
@@ -143,7 +144,7 @@ class ConditionsMeter:
         if self.s0 is None:
             return None
         t1 = time.perf_counter()
-        if wall_s is None or wall_s != wall_s:
+        if is_missing(wall_s):
             wall_s = t1 - self.t0
         s1 = self._sample(with_stat=not self.lean or resolved(wall_s, _CPUS, _TICK_S))
         self.s1, self.t1 = s1, t1
@@ -156,7 +157,7 @@ class ConditionsMeter:
 class watch:
     """The conditions over a ``with`` block, for scripts and benchmarks:
 
-    >>> with tunekit.watch_conditions() as w:
+    >>> with tunekit.measure.watch_conditions() as w:
     ...     run_my_benchmark()
     >>> print(w.conditions)        # e.g. "quiet: tasks waited for a CPU 0% of the time; ..."
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from tunekit.core import paths
 from tunekit.core.conditions import Conditions
 from tunekit.core.registry import DTYPES
+from tunekit.core.units import is_missing
 from tunekit.measure.priority import shielded_verdict
 
 
@@ -107,7 +108,7 @@ def is_calibration(key, v) -> bool:
     if not isinstance(v, dict) or not _CAL_FIELDS <= set(v) <= _ALL_FIELDS:
         return False
     busy = v.get("busy")   # NaN or absent now; a load per CPU (>= 0) in caches written before `conditions`
-    if not (busy is None or (isinstance(busy, float) and math.isnan(busy))
+    if not (is_missing(busy)
             or (isinstance(busy, (int, float)) and not isinstance(busy, bool) and 0 <= busy < float("inf"))):
         return False
     if v.get("conditions") is not None and Conditions.from_dict(v["conditions"]) is None:

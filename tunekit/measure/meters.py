@@ -8,6 +8,7 @@ import os
 import resource
 import sys
 
+from tunekit.core.units import is_missing
 from tunekit.measure.device import cuda_device_index, torch_if_loaded
 
 NaN = math.nan
@@ -149,7 +150,7 @@ def rss_blind_note(rss_delta: float, alloc_delta: float | None):
     """A note (kind ``memory.rss_unseen``) when the block's allocations moved by more than 16 MiB
     that its RSS delta does not show; None when RSS tells the story. RSS may rise without
     allocations (Python's own arenas, libraries, stacks): only what it missed is said."""
-    if alloc_delta is None or rss_delta != rss_delta:
+    if alloc_delta is None or is_missing(rss_delta):
         return None
     from tunekit.core.fmt import fmt_bytes
     from tunekit.core.notes import Note
@@ -348,7 +349,7 @@ class DeviceMeter:
     def stop(self) -> float | None:
         if isinstance(self.meter, CpuPeak):
             _, above = self.meter.stop()
-            return None if math.isnan(above) else self.meter.rss0 + above
+            return None if is_missing(above) else self.meter.rss0 + above
         if self.meter is not None:
             g = self.last = self.meter.stop()
             return g["gpu_peak_delta_bytes"] + self.meter.alloc0 if g else None

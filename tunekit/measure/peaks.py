@@ -212,7 +212,7 @@ def resolve_peak(device=None, dtype: str = "bf16", given: float | None = None,
                  allow_calibration: bool = True) -> Peak:
     """The peak MFU is measured against: given > spec sheet > calibrated MAMF > unknown.
 
-    Example: ``tunekit.resolve_peak("cuda", "bf16").tflops``."""
+    Example: ``tunekit.measure.resolve_peak("cuda", "bf16").tflops``."""
     flag("allow_calibration", allow_calibration)
     if given is not None:
         return Peak(real("given", given), f"given: {given} TFLOPS", "given")

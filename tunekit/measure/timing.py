@@ -3,8 +3,8 @@
 Benchmarks, calibration, the Lab and the notebooks all time through `time_repeats`, so every
 clock read in tunekit follows the same rule: synchronize the device, then read the clock.
 
-    >>> tunekit.median_s(lambda: a @ b, repeats=5, warmup=1)     # seconds, median of 5
-    >>> tunekit.verdict(tunekit.time_records(old, repeats=3), tunekit.time_records(new, repeats=3))
+    >>> tunekit.measure.median_s(lambda: a @ b, repeats=5, warmup=1)     # seconds, median of 5
+    >>> tunekit.verdict(tunekit.measure.time_records(old, repeats=3), tunekit.measure.time_records(new, repeats=3))
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def time_repeats(fn, device=None, warmup: int = 1, repeats: int = 5, after_each=
     The device is synchronized before each clock read (``device=None``: CUDA if this process
     initialized it). ``after_each(i, seconds)`` runs after call i, outside its clock.
 
-    Example: ``tunekit.time_repeats(lambda: model(x), repeats=7)``.
+    Example: ``tunekit.measure.time_repeats(lambda: model(x), repeats=7)``.
     """
     warmup, repeats = whole("warmup", warmup, 0), whole("repeats", repeats)
     if device is not None:
@@ -54,7 +54,7 @@ def time_records(fn, repeats: int = 5, warmup: int = 1, device=None, name: str =
     ``conditions``, ``device``), what `verdict` needs to set busy repeats aside. Lighter than
     ``tunekit.profile`` (no memory or FLOPs) and not added to ``history()``.
 
-    Example: ``tunekit.verdict(tunekit.time_records(old, 3), tunekit.time_records(new, 3))``.
+    Example: ``tunekit.verdict(tunekit.measure.time_records(old, 3), tunekit.measure.time_records(new, 3))``.
     """
     warmup, repeats = whole("warmup", warmup, 0), whole("repeats", repeats)
     if not callable(fn):
@@ -78,7 +78,7 @@ def time_records(fn, repeats: int = 5, warmup: int = 1, device=None, name: str =
 def median_s(fn, repeats: int = 5, warmup: int = 1, device=None) -> float:
     """Median wall time of ``fn()`` in seconds over ``repeats`` calls after ``warmup``.
 
-    Example: ``tunekit.median_s(lambda: model(x).sum().backward(), repeats=5)``.
+    Example: ``tunekit.measure.median_s(lambda: model(x).sum().backward(), repeats=5)``.
     """
     return statistics.median(time_repeats(fn, device, warmup, repeats))
 

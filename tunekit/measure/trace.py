@@ -42,6 +42,7 @@ from tunekit.core.breakdown import (
 )
 from tunekit.core.notes import Note, of_kind
 from tunekit.core.paths import KEEP_SNAPSHOTS, KEEP_TRACES, prune, pruned_note, traces_dir
+from tunekit.core.units import is_missing
 
 NaN = math.nan
 MARK = "tunekit: trace start"  # a zero-length range on the tracing thread: names the block's thread
@@ -327,10 +328,10 @@ def breakdown_from_events(events, wall_s: float, device: str = "cpu", top: int =
                          f"(most: {most}): not part of its time, not in the shares")
         untraced = wall_s - sum(seconds.values())
     total = sum(seconds.values())
-    if wall_s == wall_s and total > wall_s > 0:  # the profiler's window is a hair wider than our clock
+    if not is_missing(wall_s) and total > wall_s > 0:  # the profiler's window is a hair wider than our clock
         notes.append(f"the ops' times add to {total / wall_s:.3f}x the measured wall time: scaled to it")
         seconds = {c: s * wall_s / total for c, s in seconds.items()}
-        untraced = 0.0 if untraced == untraced else untraced
+        untraced = 0.0 if not is_missing(untraced) else untraced
     rows = sorted(({"op": n, "category": c, "self_s": s, "calls": k} for (n, c), (s, k) in ops.items()),
                   key=lambda r: -r["self_s"])
     return Breakdown(device=device, wall_s=wall_s, seconds=seconds, top_ops=rows[:top], untraced_s=untraced,

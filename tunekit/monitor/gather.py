@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from tunekit.core.fmt import fmt_mib, fmt_ms, fmt_pct, fmt_rate
+from tunekit.core.units import is_missing
 from tunekit.monitor.steps import measured
 
 
@@ -30,9 +31,9 @@ def gather_ranks(summary, rows) -> Ranks | None:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
     good = [r for r in rows if measured(r)]
-    mine = dict(amount=sum(r["tokens"] if r["tokens"] == r["tokens"] else r["samples"] for r in good),
+    mine = dict(amount=sum(r["tokens"] if not is_missing(r["tokens"]) else r["samples"] for r in good),
                 seconds=sum(r["wall_s"] for r in good), mfu=summary.mfu,
-                peak=summary.gpu_peak_bytes if summary.gpu_peak_bytes == summary.gpu_peak_bytes
+                peak=summary.gpu_peak_bytes if not is_missing(summary.gpu_peak_bytes)
                 else summary.cpu_peak_bytes)
     t0 = time.perf_counter()
     every = [None] * dist.get_world_size()

@@ -14,6 +14,9 @@ counted on the first step of each input signature (`tap.StepTap`): that step is 
 ``counted`` and carries no speed. Model FLOPs come from the model's shape where tunekit knows
 the family (the Lab's convention), else from the count. Warm-up steps are marked too, and the
 step ``trace=N`` traces (`monitor.traced`); none of them enters the summary (`monitor.steps.summarize`).
+
+This class is the Monitor's I/O: the clocks, the meters, the FLOP tap, the sinks and the view. Its
+arithmetic (a step's amounts, row, rates, a window's figures) is `monitor.arithmetic`, pure.
 """
 from __future__ import annotations
 
@@ -31,6 +34,14 @@ from tunekit.measure.history import HISTORY
 from tunekit.measure.meters import CudaMeter, PeakWindows, cpu_rss_bytes, malloc_in_use_bytes
 from tunekit.measure.torch_private import compiled_graphs
 from tunekit.models.adapters import adapt
+from tunekit.monitor.arithmetic import (
+    amounts,
+    error_text,
+    speeds_measured,
+    step_row,
+    window_due,
+    window_figures,
+)
 from tunekit.monitor.gather import gather_ranks
 from tunekit.monitor.options import check_options
 from tunekit.monitor.rates import FlopRates
@@ -41,7 +52,6 @@ from tunekit.monitor.traced import StepTrace
 
 NaN = math.nan
 clock = time.perf_counter
-JUDGE_EVERY_S = 0.2   # the machine is judged over windows of one step, or of steps this long together
 LEFT = "left"   # end_step(LEFT): the loop was left during the step (a break or an exception)
 
 
@@ -221,19 +231,17 @@ class Monitor:
 
     def _judge(self, row, t1, last: bool = False) -> None:
         """The machine's verdict and the CPU memory (peak, RSS at its end) for the steps of a
-        window, at least ``JUDGE_EVERY_S`` long (their readings cost tens of microseconds: not one
+        window, at least ``arithmetic.JUDGE_EVERY_S`` long (their readings cost tens of microseconds: not one
         per millisecond-step), or up to the end: each step of a window gets the window's figures."""
         if row is not None:
             self._judged.append(row)
         cond = self._cond
-        if cond is None or not self._judged or (t1 - cond.t0 < JUDGE_EVERY_S and not last):
+        if cond is None or not self._judged or not window_due(cond.t0, t1, last):
             return
         c = cond.stop(t1 - cond.t0)
-        peak, rss = self._cpu.peak(), float(cpu_rss_bytes())
         self.heap = malloc_in_use_bytes()
+        window_figures(self._judged, None if c is None else c.verdict, self._cpu.peak(), float(cpu_rss_bytes()))
         for r in self._judged:
-            r["machine"] = None if c is None else c.verdict
-            r["cpu_peak_bytes"], r["cpu_rss_bytes"] = peak, rss
             self._write(r)   # each row reaches the sinks whole: its window's memory and machine in it
         self._judged, self._cond = [], cond.follow()
 
@@ -268,11 +276,9 @@ class Monitor:
         n = len(self.rows)
         gpu = s["cuda"].stop() if s["cuda"] is not None else {}
         alloc0 = float(s["cuda"].alloc0) if gpu else NaN
-        given = s["tokens"] or s["samples"] or self.tokens or self.samples
-        tokens = s["tokens"] or self.tokens or (None if given else info["tokens"])
-        samples = s["samples"] or self.samples or (None if given else info["samples"])
-        if info["unknown"] and not given:
-            tokens = samples = None   # part of the step could not be read: no guess
+        tokens, samples, given = amounts(s["tokens"], s["samples"], self.tokens, self.samples, info["tokens"],
+                                         info["samples"], info["unknown"])
+        if info["unknown"] and not given:   # part of the step could not be read: no guess
             self._note(f"tokens/samples unknown ({info['unknown']}): pass tokens= or samples=")
         elif info["token_ids"] and not given:   # said once (notes are kept once)
             b, seq = info["token_ids"]
@@ -294,22 +300,10 @@ class Monitor:
             error = None
         warm = count is None and not left and error is None and self._uncounted < self.warmup
         self._uncounted += count is None
-        err = None if error is None else error if isinstance(error, str) else (
-            type(error).__name__ + (f": {error}" if str(error) else ""))
-        row = dict(step=n if s["step"] is None else s["step"], wall_s=t1 - self._t_end, step_s=t1 - s["t0"],
-                   wait_s=s["wait_s"],
-                   monitor_s=NaN, tokens=float(tokens) if tokens else NaN,
-                   samples=float(samples) if samples else NaN, tokens_per_s=NaN, samples_per_s=NaN,
-                   flops=executed, model_flops=model,
-                   flops_source="counted" if count is not None else "cached" if cached is not None else "none",
-                   tflops=NaN, mfu=NaN, hfu=NaN,
-                   cpu_rss_bytes=NaN, cpu_peak_bytes=NaN,   # the window's (see _judge)
-                   gpu_alloc_bytes=alloc0 + gpu.get("gpu_alloc_delta_bytes", NaN),
-                   gpu_peak_bytes=alloc0 + gpu.get("gpu_peak_delta_bytes", NaN),
-                   gpu_reserved_bytes=float(gpu.get("gpu_reserved_bytes", NaN)),
-                   warmup=warm or compiled, counted=count is not None, traced=s["traced"], left=left,
-                   machine=None, error=err)
-        if not row["warmup"] and not row["counted"] and not row["traced"] and err is None and not left:
+        row = step_row(n, s["step"], t1 - self._t_end, t1 - s["t0"], s["wait_s"], tokens, samples, executed, model,
+                       "counted" if count is not None else "cached" if cached is not None else "none", gpu, alloc0,
+                       warm or compiled, count is not None, s["traced"], left, error_text(error))
+        if speeds_measured(row):
             self.flop_rates.fill(row)
         row.update({k: number(v) for k, v in self._pending.items()})
         self._pending = {}

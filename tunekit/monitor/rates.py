@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 import time
 
-from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED, tflops, utilization
 from tunekit.core.notes import Note
+from tunekit.core.units import is_missing
 from tunekit.measure.device import dtype_name
 from tunekit.measure.peaks import cached_calibration, rates, resolve_peak
+from tunekit.monitor.arithmetic import fill_rates, model_flops_of
 from tunekit.monitor.tap import dominant_dtype
 
 NaN = math.nan
@@ -30,22 +31,19 @@ class FlopRates:
         (never above what the count says ran), else the count's; called for the next row, whose
         convention it keeps in ``conventions``."""
         flops, convention = self._model_flops(info, cached)
-        self.conventions[len(self.mon.rows)] = convention if flops == flops else None
+        self.conventions[len(self.mon.rows)] = convention if not is_missing(flops) else None
         return flops
 
     def _model_flops(self, info, cached) -> tuple:
-        if self.mon.model_flops is not None:
-            return self.mon.model_flops, "given (model_flops=)"
-        calls = info["calls"]
-        if calls and not info["unknown"]:
-            per_token = [self.per_token(a, s, trained) for a, _, s, trained in calls]
-            if all(f is not None for f in per_token):
-                shaped = float(sum(f * n for f, (_, n, _, _) in zip(per_token, calls)))
-                if cached is None or shaped <= cached.executed:
-                    return shaped, MFU_ANALYTIC
-                self.mon._note("MFU from the count: the model's shape gives more FLOPs than ran (frozen "
+        calls = info["calls"] if self.mon.model_flops is None and not info["unknown"] else []
+        per_token = [self.per_token(a, s, trained) for a, _, s, trained in calls]
+        flops, convention, shaped_more = model_flops_of(
+            self.mon.model_flops, per_token, [n for _, n, _, _ in calls],
+            None if cached is None else cached.executed, None if cached is None else cached.model)
+        if shaped_more:
+            self.mon._note("MFU from the count: the model's shape gives more FLOPs than ran (frozen "
                            "weights get no weight gradients)")
-        return (NaN, None) if cached is None else (float(cached.model), MFU_COUNTED)
+        return flops, convention
 
     def per_token(self, adapter, seq, trained):
         """Model FLOPs per token from the shape (None: unknown), once per model, length and mode:
@@ -78,12 +76,10 @@ class FlopRates:
                       f"({time.perf_counter() - t0:.1f} s, once: cached for the next runs)")
 
     def fill(self, row) -> None:
-        """tokens/s or samples/s, TFLOPS, MFU and HFU of a measured row, from its wall time."""
-        wall = row["wall_s"]
-        for amount in ("tokens", "samples"):
-            if row[amount] == row[amount]:
-                row[amount + "_per_s"] = row[amount] / wall
-        if row["flops"] != row["flops"] and row["model_flops"] != row["model_flops"]:
+        """tokens/s or samples/s, TFLOPS, MFU and HFU of a measured row (`arithmetic.fill_rates`),
+        against the peak of the step's dtype, resolved here once per dtype."""
+        if is_missing(row["flops"]) and is_missing(row["model_flops"]):
+            fill_rates(row, None)   # the amounts per second only
             return
         dtype = self.mon.dtype or self.mon.tap.dtype or "fp32"
         if dtype not in self.peaks:  # once per dtype; a CPU calibration runs here, untimed
@@ -93,15 +89,10 @@ class FlopRates:
         self.peak_tflops, self.peak_source = peak.tflops, peak.source
         if peak.tflops is None:
             self.mon._note(Note("rates.none", f"no peak known ({peak.source}): pass peak= (TFLOPS) for MFU"))
-            row["tflops"] = row["flops"] / wall / 1e12
-            return
-        # formulas' arithmetic directly; peaks.rates (which also judges figures past the peak)
-        # only when one is: it costs tens of microseconds a step
-        row["tflops"] = tflops(row["flops"], wall)
-        row["mfu"] = utilization(row["model_flops"], wall, peak.tflops)
-        row["hfu"] = utilization(row["flops"], wall, peak.tflops)
-        if row["mfu"] > 1 or row["hfu"] > 1:
-            r = rates(row["flops"], row["model_flops"], wall, peak, self.mon.device, dtype, recheck=False)
+        # the arithmetic directly; peaks.rates (which also judges figures past the peak) only when
+        # one is: it costs tens of microseconds a step
+        if fill_rates(row, peak.tflops):
+            r = rates(row["flops"], row["model_flops"], row["wall_s"], peak, self.mon.device, dtype, recheck=False)
             row["tflops"], row["mfu"], row["hfu"] = r.tflops, r.mfu, r.hfu
             if r.above_peak:
                 self.mon._note(r.above_peak)

@@ -11,6 +11,7 @@ import weakref
 import torch
 
 from tunekit.core.records import ProfileRecord
+from tunekit.core.units import is_missing
 from tunekit.measure.device import device_label
 from tunekit.measure.meters import rss_blind_note
 from tunekit.monitor.steps import COLUMNS, CURATED, speed_column, steps_view, summary_line
@@ -31,7 +32,7 @@ def summary_record(mon) -> ProfileRecord:
     kept = [i for i, r in enumerate(rows)
             if not r["warmup"] and not r["counted"] and not r.get("traced") and r["error"] is None]
     good = [rows[i] for i in kept]
-    if good and all(r["flops"] == r["flops"] for r in good):
+    if good and all(not is_missing(r["flops"]) for r in good):
         rec.flops = sum(r["flops"] for r in good)
         rec.flops_source = "cached"
     rec.model_flops = sum(r["model_flops"] for r in good) if good else NaN
@@ -45,7 +46,7 @@ def summary_record(mon) -> ProfileRecord:
         rec.cpu_peak_delta_bytes = peak_above(s.cpu_peak_bytes, mon.rss0)
         heap = None if mon.heap is None or mon.heap0 is None else mon.heap - mon.heap0
         unseen = rss_blind_note(rec.cpu_rss_delta_bytes, heap)
-        if s.gpu_peak_bytes == s.gpu_peak_bytes:  # a CUDA model: its allocator's figures
+        if not is_missing(s.gpu_peak_bytes):  # a CUDA model: its allocator's figures
             rec.gpu_alloc_delta_bytes = rows[-1]["gpu_alloc_bytes"] - mon.alloc0
             rec.gpu_peak_delta_bytes = peak_above(s.gpu_peak_bytes, mon.alloc0)
             rec.gpu_reserved_bytes = rows[-1]["gpu_reserved_bytes"]
@@ -87,7 +88,7 @@ def peak_above(peak: float, start: float) -> float:
     """A peak over a run above the run's start, NaN where either was not read. The start is a
     point of the run, so the peak is never below it (a lagging RSS counter can read a few KiB
     under it: 0, never negative)."""
-    if peak != peak or start != start:
+    if is_missing(peak) or is_missing(start):
         return NaN
     return max(peak, start) - start
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from tunekit.core.fmt import fmt_ms, fmt_pct, fmt_rate, fmt_tflops
 from tunekit.core.notes import Note
+from tunekit.core.units import is_missing
 
 NaN = math.nan
 
@@ -147,7 +148,7 @@ def _max(values) -> float:
 
 def status(row) -> str:
     """A step's one word in a table: why it has no speed, or "ok"."""
-    if row.get("error") is not None and row["error"] == row["error"]:
+    if not is_missing(row.get("error")):
         return f"error: {row['error']}"
     for flag, word in (("counted", "FLOP count"), ("warmup", "warm-up"), ("traced", "traced"), ("left", "left")):
         if row.get(flag) is True:

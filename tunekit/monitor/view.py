@@ -14,6 +14,7 @@ import sys
 import time
 
 from tunekit.core.fmt import fmt_elapsed, fmt_pct, fmt_rate
+from tunekit.core.units import is_missing
 from tunekit.monitor.steps import measured, speed_column
 from tunekit.view.progress import _in_notebook, text_bar
 
@@ -98,11 +99,11 @@ def status(name: str, rows, total: int | None, elapsed_s: float, record=None) ->
         return head + (" · warm-up / FLOP count" if rows else "")
     col = speed_column(rows)
     parts = [head]
-    if last[col] == last[col]:
+    if not is_missing(last[col]):
         parts.append(fmt_rate(last[col], col.replace("_per_s", "/s")))
-    if last["mfu"] == last["mfu"]:
+    if not is_missing(last["mfu"]):
         parts.append(f"MFU {fmt_pct(last['mfu'])}")
-    if isinstance(last.get("loss"), float) and last["loss"] == last["loss"]:
+    if isinstance(last.get("loss"), float) and not is_missing(last["loss"]):
         parts.append(f"loss {last['loss']:.4g}")
     return " · ".join(parts)
 
@@ -119,11 +120,11 @@ def figure(rows, name: str) -> dict:
         out = []
         for r in shown:
             v = r.get(key)
-            ok = isinstance(v, float) and v == v and not (only_measured and not measured(r))
+            ok = isinstance(v, float) and not is_missing(v) and not (only_measured and not measured(r))
             out.append(v * scale if ok else None)
         return out
 
-    gpu = any(r["gpu_peak_bytes"] == r["gpu_peak_bytes"] for r in rows)
+    gpu = any(not is_missing(r["gpu_peak_bytes"]) for r in rows)
     mem_key, mem_name = ("gpu_peak_bytes", "GPU peak (MiB)") if gpu else ("cpu_peak_bytes", "CPU peak RSS (MiB)")
     panels = [(col, 1.0, col.replace("_per_s", "/s"), True), ("mfu", 100.0, "MFU (%)", True),
               (mem_key, 2.0**-20, mem_name, False), ("loss", 1.0, "loss", False)]

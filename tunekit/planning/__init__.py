@@ -3,3 +3,7 @@
 (`shard`), the analytic fallback (`analytic`), the `Plan` record (`record`), its chart (`plots`),
 the dashboard's "Plan for" panel (`panel`).
 """
+from tunekit.core.memory.answer import MemoryAnswer
+from tunekit.planning.plots import plot_plan
+
+__all__ = ["plot_plan", "MemoryAnswer"]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from tunekit.core.fmt import fmt_pct
 from tunekit.core.notes import Note
 from tunekit.core.setting import HALF
+from tunekit.core.units import is_missing
 
 NaN = math.nan
 GPUS = (2, 4, 8)     # FSDP over these many GPUs of the planned kind (one node)
@@ -164,7 +165,7 @@ def search_changes(setting, base_step, memory: float, *, fake, count, place, exp
         elif own is None and cap < len(gpus):
             skipped.append(Skipped(label, gpus[cap:], "more_gpus", _on(names[by], gpus[cap])))
     ranked = sorted((o for o in tried if o.fits),
-                    key=lambda o: (-(o.tokens_per_s if o.tokens_per_s == o.tokens_per_s else -1.0),
+                    key=lambda o: (-(o.tokens_per_s if not is_missing(o.tokens_per_s) else -1.0),
                                    not roomy(o.total_bytes, memory), o.gpus, o.total_bytes))
     return tried, ranked, skipped
 

@@ -16,6 +16,7 @@ import re
 from tunekit.core.memory.estimate import estimate_memory
 from tunekit.core.notes import without
 from tunekit.core.setting import HALF
+from tunekit.core.units import is_missing
 from tunekit.measure.device import weights_dtype
 from tunekit.measure.tally import storage_key, unique_bytes
 from tunekit.models.adapters import adapt
@@ -95,7 +96,7 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
                           **(dict(parallel=layout["kind"], world_size=layout["world_size"], nodes=layout["nodes"])
                              if layout else {}))
     components = {k: float(est.components[k]) for k in COMPONENTS}
-    if inner is not None and math.isnan(components["buffers"]):
+    if inner is not None and is_missing(components["buffers"]):
         components["buffers"] = float(unique_bytes(inner.buffers(), {storage_key(p) for p in params}))
     trainable = sum(p.numel() for p in params if p.requires_grad)
     if params and trainable < n_params:   # frozen parameters: no gradient, no optimizer state
@@ -103,10 +104,10 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
             components[k] *= trainable / n_params
         notes.append(f"{trainable:,} of {int(n_params):,} parameters are trained: gradients, master weights and "
                      "optimizer states counted for those")
-    if math.isnan(components["activations"]):
+    if is_missing(components["activations"]):
         notes.append(f"activations unknown (NaN): tunekit has no activation count for {name}; the memory shown "
                      "leaves them out")
-    if est.components["recompute"] == est.components["recompute"] and est.components["recompute"] > 0:
+    if not is_missing(est.components["recompute"]) and est.components["recompute"] > 0:
         notes.append(f"checkpointing rebuilds one block's activations in backward: about "
                      f"{est.components['recompute'] / 2**30:,.3f} GiB more at that moment (not in the sum)")
     notes += without(est.notes, "device.assumed", "activations.unknown")

@@ -23,6 +23,7 @@ from tunekit.core.comm import layout_problems
 from tunekit.core.efficiency import ATTENTION_KERNELS
 from tunekit.core.gpus import DEFAULT_DEVICE  # a Setting whose device is None is planned for it
 from tunekit.core.setting import HALF, SETTING_CHOICES, Setting, from_keywords
+from tunekit.core.units import is_missing
 from tunekit.measure.device import torch_dtype
 from tunekit.planning.advice import dimensions, pruned_note, search_changes
 from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
@@ -304,7 +305,7 @@ def _placed(step, setting, layout, dev) -> dict:
         if dev["link"] is None:
             notes.append(f"no link bandwidth listed for {dev['name']}: no communication time")
     return dict(components=comps, peak=peak, peak_at=peak_at, total=peak + sum(b for b, _ in dev["fixed"].values()),
-                comm_s=comm_s if comm_s == comm_s else 0.0, comm=comm, notes=notes)
+                comm_s=comm_s if not is_missing(comm_s) else 0.0, comm=comm, notes=notes)
 
 
 def _changes(plan_setting, s) -> str:

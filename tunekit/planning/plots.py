@@ -1,12 +1,12 @@
 """A plan drawn: what the step holds against the device's memory, and the bytes alive over the
 step with its peak. (plotly)
 
-    >>> tunekit.plot_plan(tunekit.plan(cfg, "H100 SXM", precision="bf16")).show()
+    >>> tunekit.planning.plot_plan(tunekit.plan(cfg, "H100 SXM", precision="bf16")).show()
 """
 from __future__ import annotations
 
 from tunekit.core.fmt import fmt_gib
-from tunekit.core.units import GiB
+from tunekit.core.units import GiB, is_missing
 from tunekit.planning.record import Plan
 from tunekit.view.axes import value_range
 from tunekit.view.renderer import never_a_browser
@@ -23,7 +23,7 @@ def plot_plan(plan: Plan, title: str | None = None):
     live bytes over the step (one device, in allocation order, by phase) with the peak marked.
     Bytes in GiB, axes from zero.
 
-    Example: ``tunekit.plot_plan(tunekit.plan(cfg, "A100", precision="bf16")).show()``."""
+    Example: ``tunekit.planning.plot_plan(tunekit.plan(cfg, "A100", precision="bf16")).show()``."""
     from plotly.subplots import make_subplots
 
     if not isinstance(plan, Plan):
@@ -42,7 +42,7 @@ def plot_plan(plan: Plan, title: str | None = None):
     fig.add_hline(y=memory, line_dash="dash", line_color="black", row=1, col=1,
                   annotation_text=f"{plan.device}: {fmt_gib(plan.device_memory_bytes, 1)}",
                   annotation_position="top left")
-    if plan.peak_bytes == plan.peak_bytes:
+    if not is_missing(plan.peak_bytes):
         fig.add_hline(y=plan.total_bytes / GiB, line_color="black", row=1, col=1,
                       annotation_text=f"peak + fixed {fmt_gib(plan.total_bytes)}",
                       annotation_position="bottom right")

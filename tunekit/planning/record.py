@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from tunekit.core.fmt import fmt_gib, fmt_ms, fmt_pct, fmt_rate
 from tunekit.core.memory.answer import MemoryAnswer
-from tunekit.core.units import GiB
+from tunekit.core.units import GiB, is_missing
 
 NaN = math.nan
 
@@ -93,8 +93,8 @@ class Plan(MemoryAnswer):
         """What the device must hold at the step's peak: the peak (the sum of the known components
         where no peak was measured: an analytic plan; `unknown` lists what is left out) plus the
         fixed costs."""
-        held = self.peak_bytes if self.peak_bytes == self.peak_bytes else \
-            sum(v for v in self.components.values() if v == v)
+        held = self.peak_bytes if not is_missing(self.peak_bytes) else \
+            sum(v for v in self.components.values() if not is_missing(v))
         return held + self.fixed_bytes
 
     @property
@@ -162,10 +162,10 @@ def to_text(p: Plan) -> str:
     if p.method != "fake step" and notes:   # how it was computed, first
         lines.insert(1, f"  method     {notes[0]}")
         notes = notes[1:]
-    if p.peak_bytes == p.peak_bytes:
+    if not is_missing(p.peak_bytes):
         lines.append(f"  peak       {fmt_gib(p.peak_bytes, 3)} at {p.peak_at} + fixed costs; the components:")
     for k, v in p.components.items():
-        if v != v:
+        if is_missing(v):
             lines.append(f"    {k:<17}{'unknown':>10}")
         elif v:
             lines.append(f"    {k:<17}{fmt_gib(v, 3):>14}")
@@ -179,7 +179,7 @@ def to_text(p: Plan) -> str:
         lines.append(f"  advice     {len(p.advice)} combination(s) that fit{best}, by expected tokens/s per GPU "
                      "(plan.advice):")
     for i, o in enumerate(p.advice[:3], 1):
-        rate = "no expectation" if o.tokens_per_s != o.tokens_per_s else \
+        rate = "no expectation" if is_missing(o.tokens_per_s) else \
             "expected " + fmt_rate(o.tokens_per_s, f"{p.unit}/s") + (" per GPU" if o.gpus > 1 else "")
         lines.append(f"    {i}. {o.label}: {fmt_gib(o.total_bytes)} ({fmt_gib(p.device_memory_bytes - o.total_bytes)}"
                      f" free), {rate}")
@@ -187,11 +187,11 @@ def to_text(p: Plan) -> str:
     if p.max_micro_batch is not None:
         lines.append(f"  largest micro-batch that fits: {p.max_micro_batch}" if p.max_micro_batch else
                      "  largest micro-batch that fits: none (not even 1)")
-    if p.bound_step_s == p.bound_step_s:
+    if not is_missing(p.bound_step_s):
         per_gpu = " per GPU" if p.parallel else ""
         lines.append(f"  bound      step >= {fmt_ms(p.bound_step_s, us_below_ms=True)}: "
                      f"<= {fmt_rate(p.bound_tokens_per_s, f'{p.unit}/s')}{per_gpu}"
-                     + (f", MFU <= {fmt_pct(p.bound_mfu)}" if p.bound_mfu == p.bound_mfu else "")
+                     + (f", MFU <= {fmt_pct(p.bound_mfu)}" if not is_missing(p.bound_mfu) else "")
                      + " (upper bounds, not predictions)")
     elif p.peak_tflops is None:
         lines.append(f"  bound      none: {p.device} lists no {s.compute} peak (the notes say what it runs instead)")
@@ -199,7 +199,7 @@ def to_text(p: Plan) -> str:
     if e is not None:
         rate = fmt_rate(e.tokens_per_s, f"{p.unit}/s")
         lines.append(f"  expected   step {fmt_ms(e.step_s, us_below_ms=True)}: {rate}"
-                     + (" per GPU" if p.parallel else "") + (f", MFU {fmt_pct(e.mfu)}" if e.mfu == e.mfu else "")
+                     + (" per GPU" if p.parallel else "") + (f", MFU {fmt_pct(e.mfu)}" if not is_missing(e.mfu) else "")
                      + " (what a well-written run reaches: plan.expected.by_op)")
     if p.comm:
         lines.append(f"  comm       {fmt_ms(p.comm_s, us_below_ms=True)} per step at the links' bandwidth ("

@@ -12,6 +12,7 @@ from tunekit.core.expected import fused
 from tunekit.core.formulas import MFU_ANALYTIC
 from tunekit.core.notes import without
 from tunekit.core.search import largest_fitting
+from tunekit.core.units import is_missing
 from tunekit.measure.live import LiveBytes
 from tunekit.measure.memory import autocast_torch, measure_memory
 from tunekit.measure.model_flops import tensors_in
@@ -121,7 +122,7 @@ def _components(model, batch, setting, say) -> dict:
     report = measure_memory(model, batch, optimizer=setting.optimizer, precision=setting.precision,
                             checkpointing=setting.checkpointing, estimate=False)
     components = {k: float(report.measured.get(k, 0.0)) for k in COMPONENTS}
-    if any(math.isnan(v) for v in components.values()):
+    if any(is_missing(v) for v in components.values()):
         raise ValueError(f"the fake step left a component unmeasured: {components}")
     return dict(components=components, notes=without(report.notes, "memory.cpu", "memory.shadow_optimizer"))
 

@@ -3,3 +3,6 @@
 since its FLOPs were counted (`fingerprint`), ``tunekit.experiment`` (`experiments`) and the
 charts of profiled cells (`plots`).
 """
+from tunekit.profiling.plots import plot_history
+
+__all__ = ["plot_history"]

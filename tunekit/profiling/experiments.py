@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from tunekit.core.units import is_missing
 from tunekit.measure import nvml
 from tunekit.measure.device import cuda_device_index
 from tunekit.measure.history import HISTORY
@@ -160,7 +161,7 @@ class experiment:
         if self.gpu_index is not None:
             rec.exp_gpu_consumed_bytes = float(data.gpu.consumed)
             rec.exp_gpu_reclaimed_bytes = float(data.gpu.reclaimed)
-            if math.isnan(rec.exp_gpu_consumed_bytes):
+            if is_missing(rec.exp_gpu_consumed_bytes):
                 rec.notes.append(f"GPU leak check n/a: {nvml.unavailable_reason() or 'NVML unavailable'}")
         deleted = [ln for ln in self.report_text.splitlines() if ln.startswith("Deleted:")]
         if deleted:

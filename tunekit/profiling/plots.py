@@ -25,7 +25,7 @@ def plot_history(df=None, title: str = "Profiled cells"):
     and named "slowed by ...": its time is not comparable with the others'. Every panel's axis
     starts at zero, also for a single point.
 
-    >>> tunekit.plot_history().show()
+    >>> tunekit.profiling.plot_history().show()
     """
     from plotly.subplots import make_subplots
 

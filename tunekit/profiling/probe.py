@@ -23,6 +23,7 @@ from tunekit.core import formulas, validate
 from tunekit.core.notes import Note
 from tunekit.core.records import History, ProfileRecord
 from tunekit.core.registry import DTYPES
+from tunekit.core.units import is_missing
 from tunekit.measure import nvml
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.device import device_label, synchronize, torch_if_loaded
@@ -111,7 +112,7 @@ class Probe:
             raise
 
     def _start(self) -> None:
-        if not math.isnan(self.record.started_at):  # a probe started again: a new run, a new record
+        if not is_missing(self.record.started_at):  # a probe started again: a new run, a new record
             self.record = ProfileRecord(name=self.name)
         rec = self.record
         rec.started_at = time.time()
@@ -238,7 +239,7 @@ class Probe:
 
     def _read_trace(self, rec, tracer, exc) -> None:
         if tracer is None:  # a clean run: what the next traced run's overhead is measured against
-            if exc is None and not self.count_now and not self.under_counter and rec.wall_s == rec.wall_s:
+            if exc is None and not self.count_now and not self.under_counter and not is_missing(rec.wall_s):
                 remember(LAST_WALLS, self.key, rec.wall_s)
             return
         rec.trace, rec.memory = tracer.stop(rec.wall_s)  # stops the profiler whatever happens
@@ -325,7 +326,7 @@ class Probe:
                 rec.notes.append("no count: executed FLOPs taken as the given model FLOPs")
 
     def _fill_rates(self, rec, traced: bool = False) -> None:
-        if rec.flops_source == "none" or rec.error is not None or math.isnan(rec.flops):
+        if rec.flops_source == "none" or rec.error is not None or is_missing(rec.flops):
             return
         if traced:
             rec.notes.append(Note("rates.none",

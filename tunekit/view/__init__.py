@@ -3,3 +3,6 @@ static SVG twin of a figure (`figure_svg`), which plotly renderer shows figures 
 progress lines and bars (`progress`) and the figures of a traced step (`trace_plots`). Draws
 records it is given; never measures.
 """
+from tunekit.view.trace_plots import plot_breakdown, plot_memory_timeline
+
+__all__ = ["plot_breakdown", "plot_memory_timeline"]

@@ -14,13 +14,17 @@ from __future__ import annotations
 import base64
 import html
 import math
+from typing import NamedTuple
 
 import numpy as np
 
+from tunekit.core.units import is_missing
 from tunekit.view.axes import tick_label
 
 COLORWAY = ["#636efa", "#EF553B", "#00cc96", "#ab63fa", "#FFA15A", "#19d3f3", "#FF6692", "#B6E880"]
 PLOTLY = "application/vnd.plotly.v1+json"
+HATCH = ('<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+         '<line x1="0" y1="0" x2="0" y2="6" stroke="#555" stroke-width="1.5"/></pattern></defs>')
 
 
 def _values(v) -> list:
@@ -89,7 +93,7 @@ class _Axis:
             if isinstance(v, str):
                 if v not in self.categories:
                     self.categories.append(v)
-            elif not math.isnan(_num(v)):
+            elif not is_missing(_num(v)):
                 self.values.append(_num(v))
         if is_bar_base and not self.log:
             self.values.append(0.0)
@@ -133,38 +137,58 @@ class _Axis:
         return self.px0 + (f - self.lo) / (self.hi - self.lo) * (self.px1 - self.px0)
 
 
-def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
-    """The figure (``fig.to_dict()``) as an SVG string."""
-    layout, traces = fig.get("layout", {}), fig.get("data", [])
-    width = int(layout.get("width") or width)
-    height = int(height or layout.get("height") or 450)
-    shown = [t for t in traces if t.get("showlegend", True) is not False and t.get("name")]
-    legend_h = 18 * math.ceil(len(shown) / 3) if shown else 0
-    ml, mr, mt, mb = 70, 70, 60 + (20 if layout.get("annotations") else 0), 70 + legend_h
-    pw, ph = width - ml - mr, height - mt - mb
-    colorway = (layout.get("colorway") or layout.get("template", {}).get("layout", {}).get("colorway")
-                or COLORWAY)
-    axes: dict[str, _Axis] = {}
+class _Canvas:
+    """The page: its size, the margins around the plot area (room for the legend's rows), and the
+    axes by name ("x", "x2", "y3"), each placed by its domain."""
 
-    def axis(name: str) -> _Axis:  # "x", "x2", "y3" -> its _Axis, placed by its domain
-        if name not in axes:
-            key = name[0] + "axis" + name[1:]
-            spec = layout.get(key, {})
+    def __init__(self, layout: dict, traces: list, width: int, height: int | None):
+        self.layout = layout
+        self.width = int(layout.get("width") or width)
+        self.height = int(height or layout.get("height") or 450)
+        self.shown = [t for t in traces if t.get("showlegend", True) is not False and t.get("name")]
+        self.legend_h = 18 * math.ceil(len(self.shown) / 3) if self.shown else 0
+        self.ml, mr, self.mt = 70, 70, 60 + (20 if layout.get("annotations") else 0)
+        self.pw, self.ph = self.width - self.ml - mr, self.height - self.mt - 70 - self.legend_h
+        self.axes: dict[str, _Axis] = {}
+
+    def axis(self, name: str) -> _Axis:
+        if name not in self.axes:
+            spec = self.layout.get(name[0] + "axis" + name[1:], {})
             if spec.get("overlaying"):
-                base = layout.get(spec["overlaying"][0] + "axis" + spec["overlaying"][1:], {})
+                base = self.layout.get(spec["overlaying"][0] + "axis" + spec["overlaying"][1:], {})
                 dom = base.get("domain", [0, 1])
             else:
                 dom = spec.get("domain", [0, 1])
             if name[0] == "x":
-                ax = _Axis(spec, True, ml + dom[0] * pw, ml + dom[1] * pw)
+                self.axes[name] = _Axis(spec, True, self.ml + dom[0] * self.pw, self.ml + dom[1] * self.pw)
             else:
-                ax = _Axis(spec, False, mt + (1 - dom[0]) * ph, mt + (1 - dom[1]) * ph)
-            axes[name] = ax
-        return axes[name]
+                self.axes[name] = _Axis(spec, False, self.mt + (1 - dom[0]) * self.ph, self.mt + (1 - dom[1]) * self.ph)
+        return self.axes[name]
 
+
+class _Trace(NamedTuple):
+    """A bar or scatter trace ready to draw: its axes, categories, values (stacked: on their lows)."""
+    t: dict
+    kind: str
+    horiz: bool
+    cat_ax: _Axis
+    val_ax: _Axis
+    cats: list
+    vals: list
+    lows: list
+    color: str
+    stacked: bool
+    bar_colors: list | None
+
+
+def _prepare(canvas: _Canvas, traces: list) -> list[_Trace]:
+    """The bar and scatter traces with their axes fed (then finished) and their colours chosen."""
+    layout = canvas.layout
+    colorway = (layout.get("colorway") or layout.get("template", {}).get("layout", {}).get("colorway")
+                or COLORWAY)
     barmode = layout.get("barmode", "group")
     stacks: dict = {}
-    prepared, bar_colors = [], {}
+    prepared = []
     for i, t in enumerate(traces):
         kind = t.get("type", "scatter")
         if kind not in ("bar", "scatter"):
@@ -175,14 +199,14 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
         if not ys and xs:
             ys = list(range(len(xs)))
         horiz = kind == "bar" and t.get("orientation") == "h"
-        xa, ya = axis(t.get("xaxis", "x")), axis(t.get("yaxis", "y"))
+        xa, ya = canvas.axis(t.get("xaxis", "x")), canvas.axis(t.get("yaxis", "y"))
         cat_ax, val_ax = (ya, xa) if horiz else (xa, ya)
         cats, vals = (ys, xs) if horiz else (xs, ys)
         group = t.get("stackgroup") if kind == "scatter" else ("bars" if barmode in ("stack", "relative") else None)
         if group:  # stacked: each value sits on the sum of the traces before it
             base = stacks.setdefault((id(val_ax), group), {})
             lows = [base.get(c, 0.0) for c in cats]
-            vals = [lo + (_num(v) if not math.isnan(_num(v)) else 0.0) for lo, v in zip(lows, vals)]
+            vals = [lo + (_num(v) if not is_missing(_num(v)) else 0.0) for lo, v in zip(lows, vals)]
             for c, v in zip(cats, vals):
                 base[c] = v
         else:
@@ -191,46 +215,42 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
         val_ax.add(vals, is_bar_base=kind == "bar" or bool(group))
         color = ((t.get("marker") or {}).get("color") if kind == "bar" else (t.get("line") or {}).get("color")) \
             or (t.get("marker") or {}).get("color") or colorway[i % len(colorway)]
+        per_bar = None
         if kind == "bar" and isinstance(color, (list, tuple)) and all(isinstance(c, str) for c in color):
-            bar_colors[id(t)] = list(color)  # one colour per bar (a baseline, a slowed cell)
+            per_bar = list(color)  # one colour per bar (a baseline, a slowed cell)
             color = color[0] if color else colorway[i % len(colorway)]
         if not isinstance(color, str):
             color = colorway[i % len(colorway)]
-        prepared.append((t, kind, horiz, cat_ax, val_ax, cats, vals, lows, color, bool(group)))
-    for ax in axes.values():
+        prepared.append(_Trace(t, kind, horiz, cat_ax, val_ax, cats, vals, lows, color, bool(group), per_bar))
+    for ax in canvas.axes.values():
         ax.finish()
+    return prepared
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="Arial, sans-serif">',
-           '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
-           'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#555" stroke-width="1.5"/>'
-           '</pattern></defs>',
-           f'<rect width="{width}" height="{height}" fill="white"/>']
-    # plot areas, grids, ticks, axis titles
+
+def _grids(axes: dict) -> list[str]:
+    """Plot areas, grid lines, tick labels and axis titles: x axes (with their anchor's area), then y."""
+    out = []
     for name, ax in axes.items():
         spec = ax.spec
-        if name[0] == "x":
-            ya = axes.get(spec.get("anchor", "y"))
-            if ya is None:
-                continue
-            y0, y1 = min(ya.px0, ya.px1), max(ya.px0, ya.px1)
-            out.append(_rect(ax.px0, y0, ax.px1 - ax.px0, y1 - y0, "#E5ECF6"))
-            rotate = len(ax.categories) > 4 or any(len(str(c)) > 12 for c in ax.categories)
-            for f, lab in ax.tick_marks():
-                x = ax.tick_pos(f)
-                out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0:.1f}" y2="{y1:.1f}" stroke="white"/>')
-                if spec.get("showticklabels") is not False:  # shared x: only the bottom panel labels
-                    out.append(_text(x, y1 + 14, str(lab)[:24], 10, "end" if rotate else "middle",
-                                     rotate=-30 if rotate else None))
-            if _title(spec.get("title")):
-                out.append(_text((ax.px0 + ax.px1) / 2, y1 + (52 if rotate else 34), _title(spec.get("title")), 11))
+        if name[0] != "x" or axes.get(spec.get("anchor", "y")) is None:
+            continue
+        ya = axes[spec.get("anchor", "y")]
+        y0, y1 = min(ya.px0, ya.px1), max(ya.px0, ya.px1)
+        out.append(_rect(ax.px0, y0, ax.px1 - ax.px0, y1 - y0, "#E5ECF6"))
+        rotate = len(ax.categories) > 4 or any(len(str(c)) > 12 for c in ax.categories)
+        for f, lab in ax.tick_marks():
+            x = ax.tick_pos(f)
+            out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0:.1f}" y2="{y1:.1f}" stroke="white"/>')
+            if spec.get("showticklabels") is not False:  # shared x: only the bottom panel labels
+                out.append(_text(x, y1 + 14, str(lab)[:24], 10, "end" if rotate else "middle",
+                                 rotate=-30 if rotate else None))
+        if _title(spec.get("title")):
+            out.append(_text((ax.px0 + ax.px1) / 2, y1 + (52 if rotate else 34), _title(spec.get("title")), 11))
     for name, ax in axes.items():
-        if name[0] != "y":
-            continue
         spec = ax.spec
-        xa = axes.get(spec.get("anchor", "x"))
-        if xa is None:
+        if name[0] != "y" or axes.get(spec.get("anchor", "x")) is None:
             continue
+        xa = axes[spec.get("anchor", "x")]
         right = spec.get("side") == "right"
         xe = xa.px1 if right else xa.px0
         for f, lab in ax.tick_marks():
@@ -241,52 +261,77 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
         if _title(spec.get("title")):
             x = xe + (50 if right else -50)
             out.append(_text(x, (ax.px0 + ax.px1) / 2, _title(spec.get("title")), 11, rotate=90 if right else -90))
-    # data
+    return out
+
+
+def _bars(p: _Trace, k: int, n: int) -> list[str]:
+    """One bar trace, the ``k``-th of ``n`` side by side in each category slot."""
+    t, cat_ax, val_ax, cats = p.t, p.cat_ax, p.val_ax, p.cats
+    slot = abs(cat_ax.pos(1) - cat_ax.pos(0)) if cat_ax.categories or len(cats) < 2 else \
+        abs(cat_ax.pos(cats[1]) - cat_ax.pos(cats[0]))
+    slot = slot or 20
+    w = 0.8 * slot / n
+    colors = p.bar_colors or [p.color] * len(cats)
+    shapes = _values(((t.get("marker") or {}).get("pattern") or {}).get("shape"))
+    shapes = shapes if isinstance(shapes, list) else [shapes] * len(cats)
+    texts = t.get("text") if isinstance(t.get("text"), list) else [t.get("text")] * len(cats)
+    out = []
+    for j, (c, v, lo) in enumerate(zip(cats, p.vals, p.lows)):
+        if is_missing(_num(v)):
+            continue
+        mid = cat_ax.pos(c) - 0.4 * slot + (k + 0.5) * w
+        a = val_ax.pos(lo if not val_ax.log else max(_num(v) * 1e-9, 10 ** val_ax.lo))
+        b = val_ax.pos(v)
+        box = (min(a, b), mid - w / 2, abs(b - a), w) if p.horiz else (mid - w / 2, min(a, b), w, abs(b - a))
+        out.append(_rect(*box, colors[j % len(colors)]))
+        if j < len(shapes) and shapes[j]:  # hatched: measured under a slowing instrument
+            out.append(_rect(*box, "url(#hatch)"))
+        text = texts[j] if j < len(texts) else None
+        if text and not p.horiz:
+            inside = t.get("textposition") == "inside"
+            out.append(_text(mid, (min(a, b) + 14) if inside else (min(a, b) - 4), text, 10))
+    return out
+
+
+def _lines(p: _Trace) -> list[str]:
+    """One scatter trace: a stacked area, a line and/or markers."""
+    pts = [(p.cat_ax.pos(c), p.val_ax.pos(v)) for c, v in zip(p.cats, p.vals)]
+    pts = [(x, y) for x, y in pts if not (is_missing(x) or is_missing(y))]
+    mode = p.t.get("mode") or ("lines" if p.stacked else "lines+markers")
+    out, color = [], p.color
+    if p.stacked and pts:
+        base = [(p.cat_ax.pos(c), p.val_ax.pos(lo)) for c, lo in zip(p.cats, p.lows)][::-1]
+        poly = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts + base)
+        out.append(f'<polygon points="{poly}" fill="{color}" fill-opacity="0.5" stroke="{color}"/>')
+    elif "lines" in mode and len(pts) > 1:
+        dash = ' stroke-dasharray="6,4"' if (p.t.get("line") or {}).get("dash") else ""
+        out.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in pts)}" fill="none" '
+                   f'stroke="{color}" stroke-width="2"{dash}/>')
+    if "markers" in mode:
+        out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}"/>' for x, y in pts]
+    return out
+
+
+def _data(prepared: list[_Trace], barmode: str) -> list[str]:
+    """Every trace; unstacked bars on one category axis share its slots (grouped) or overlap."""
     n_bars: dict = {}
     for p in prepared:
-        if p[1] == "bar" and not p[9]:
-            n_bars.setdefault(id(p[3]), []).append(id(p[0]))
-    for t, kind, horiz, cat_ax, val_ax, cats, vals, lows, color, stacked in prepared:
-        if kind == "bar":
-            group = n_bars.get(id(cat_ax), [id(t)])
-            k, n = (group.index(id(t)), len(group)) if not stacked and barmode == "group" else (0, 1)
-            slot = abs(cat_ax.pos(1) - cat_ax.pos(0)) if cat_ax.categories or len(cats) < 2 else \
-                abs(cat_ax.pos(cats[1]) - cat_ax.pos(cats[0]))
-            slot = slot or 20
-            w = 0.8 * slot / n
-            colors = bar_colors.get(id(t)) or [color] * len(cats)
-            shapes = _values(((t.get("marker") or {}).get("pattern") or {}).get("shape"))
-            shapes = shapes if isinstance(shapes, list) else [shapes] * len(cats)
-            texts = t.get("text") if isinstance(t.get("text"), list) else [t.get("text")] * len(cats)
-            for j, (c, v, lo) in enumerate(zip(cats, vals, lows)):
-                if math.isnan(_num(v)):
-                    continue
-                mid = cat_ax.pos(c) - 0.4 * slot + (k + 0.5) * w
-                a = val_ax.pos(lo if not val_ax.log else max(_num(v) * 1e-9, 10 ** val_ax.lo))
-                b = val_ax.pos(v)
-                box = (min(a, b), mid - w / 2, abs(b - a), w) if horiz else (mid - w / 2, min(a, b), w, abs(b - a))
-                out.append(_rect(*box, colors[j % len(colors)]))
-                if j < len(shapes) and shapes[j]:  # hatched: measured under a slowing instrument
-                    out.append(_rect(*box, "url(#hatch)"))
-                text = texts[j] if j < len(texts) else None
-                if text and not horiz:
-                    inside = t.get("textposition") == "inside"
-                    out.append(_text(mid, (min(a, b) + 14) if inside else (min(a, b) - 4), text, 10))
+        if p.kind == "bar" and not p.stacked:
+            n_bars.setdefault(id(p.cat_ax), []).append(id(p.t))
+    out = []
+    for p in prepared:
+        if p.kind == "bar":
+            group = n_bars.get(id(p.cat_ax), [id(p.t)])
+            k, n = (group.index(id(p.t)), len(group)) if not p.stacked and barmode == "group" else (0, 1)
+            out += _bars(p, k, n)
         else:
-            pts = [(cat_ax.pos(c), val_ax.pos(v)) for c, v in zip(cats, vals)]
-            pts = [(x, y) for x, y in pts if not (math.isnan(x) or math.isnan(y))]
-            mode = t.get("mode") or ("lines" if stacked else "lines+markers")
-            if stacked and pts:
-                base = [(cat_ax.pos(c), val_ax.pos(lo)) for c, lo in zip(cats, lows)][::-1]
-                poly = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts + base)
-                out.append(f'<polygon points="{poly}" fill="{color}" fill-opacity="0.5" stroke="{color}"/>')
-            elif "lines" in mode and len(pts) > 1:
-                dash = ' stroke-dasharray="6,4"' if (t.get("line") or {}).get("dash") else ""
-                out.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in pts)}" fill="none" '
-                           f'stroke="{color}" stroke-width="2"{dash}/>')
-            if "markers" in mode:
-                out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}"/>' for x, y in pts]
-    # reference lines (add_hline / add_vline) and subplot titles
+            out += _lines(p)
+    return out
+
+
+def _references(canvas: _Canvas) -> list[str]:
+    """Reference lines (add_hline / add_vline), subplot titles and the figure's title."""
+    layout, axes, out = canvas.layout, canvas.axes, []
     for s in layout.get("shapes", []):
         if s.get("type") != "line":
             continue
@@ -303,16 +348,35 @@ def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
                    'stroke-dasharray="5,4"/>')
     for a in layout.get("annotations", []):
         if a.get("xref") == "paper" and a.get("yref") == "paper" and a.get("text"):
-            out.append(_text(ml + a.get("x", 0.5) * pw, mt + (1 - a.get("y", 1)) * ph - 8, _title(a["text"]), 12))
+            out.append(_text(canvas.ml + a.get("x", 0.5) * canvas.pw, canvas.mt + (1 - a.get("y", 1)) * canvas.ph - 8,
+                             _title(a["text"]), 12))
     if _title(layout.get("title")):
-        out.append(_text(width / 2, 24, _title(layout.get("title")), 15, weight="bold"))
-    for j, t in enumerate(shown):  # the legend: three entries per row under the plot
-        x, y = ml + (j % 3) * (pw / 3), height - legend_h + 4 + 18 * (j // 3)
-        color = next(p[8] for p in prepared if p[0] is t) if any(p[0] is t for p in prepared) else "#888"
+        out.append(_text(canvas.width / 2, 24, _title(layout.get("title")), 15, weight="bold"))
+    return out
+
+
+def _legend(canvas: _Canvas, prepared: list[_Trace]) -> list[str]:
+    """Three entries per row under the plot, each in its trace's colour."""
+    out = []
+    for j, t in enumerate(canvas.shown):
+        x, y = canvas.ml + (j % 3) * (canvas.pw / 3), canvas.height - canvas.legend_h + 4 + 18 * (j // 3)
+        color = next((p.color for p in prepared if p.t is t), "#888")
         out.append(_rect(x, y - 9, 12, 10, color))
         out.append(_text(x + 18, y, str(t["name"])[:48], 11, "start"))
-    out.append("</svg>")
-    return "\n".join(out)
+    return out
+
+
+def to_svg(fig: dict, width: int = 900, height: int | None = None) -> str:
+    """The figure (``fig.to_dict()``) as an SVG string."""
+    layout, traces = fig.get("layout", {}), fig.get("data", [])
+    canvas = _Canvas(layout, traces, width, height)
+    prepared = _prepare(canvas, traces)
+    w, h = canvas.width, canvas.height
+    head = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+            f'viewBox="0 0 {w} {h}" font-family="Arial, sans-serif">', HATCH,
+            f'<rect width="{w}" height="{h}" fill="white"/>']
+    return "\n".join(head + _grids(canvas.axes) + _data(prepared, layout.get("barmode", "group"))
+                     + _references(canvas) + _legend(canvas, prepared) + ["</svg>"])
 
 
 def install() -> None:

@@ -1,6 +1,6 @@
 """Which plotly renderer shows figures, by frontend: never a browser, never a wait.
 
-    >>> tunekit.plot_history().show()     # in a terminal or a script:
+    >>> tunekit.profiling.plot_history().show()     # in a terminal or a script:
     chart: /home/ada/.local/share/tunekit/figures/profiled-cells-20250601-101500-4242-0.html
 
 Left alone, plotly picks ``"browser"`` outside a Jupyter kernel (terminal IPython, plain Python):

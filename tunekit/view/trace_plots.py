@@ -1,13 +1,13 @@
 """Figures of a traced run: the time breakdown and the memory timeline. Never measures.
 
     >>> rec = tunekit.last()                       # after %%gpuprofile --trace --memory
-    >>> tunekit.plot_breakdown(rec.trace).show(); tunekit.plot_memory_timeline(rec.memory).show()
+    >>> tunekit.view.plot_breakdown(rec.trace).show(); tunekit.view.plot_memory_timeline(rec.memory).show()
 """
 from __future__ import annotations
 
 from tunekit.core.breakdown import CATEGORIES, MEMORY_CATEGORIES, UNTRACED, Breakdown, MemoryTimeline
 from tunekit.core.fmt import fmt_mib, fmt_ms
-from tunekit.core.units import MiB
+from tunekit.core.units import MiB, is_missing
 from tunekit.view.renderer import never_a_browser
 
 _COLORS = dict(zip(CATEGORIES, ("#1f77b4", "#9467bd", "#2ca02c", "#ff7f0e", "#d62728", "#8c564b",
@@ -25,7 +25,7 @@ def plot_breakdown(breakdown, title: str | None = None):
 
     Takes a Breakdown or a record that has one (``rec.trace``).
 
-    Example: ``tunekit.plot_breakdown(lab.run(steps=5, trace=True).trace)``."""
+    Example: ``tunekit.view.plot_breakdown(lab.run(steps=5, trace=True).trace)``."""
     import plotly.graph_objects as go
 
     b = _part(breakdown, Breakdown, "trace")
@@ -53,7 +53,7 @@ def plot_memory_timeline(timeline, title: str | None = None):
 
     Takes a MemoryTimeline or a record that has one (``rec.memory``).
 
-    Example: ``tunekit.plot_memory_timeline(lab.run(steps=5, memory=True).memory)``."""
+    Example: ``tunekit.view.plot_memory_timeline(lab.run(steps=5, memory=True).memory)``."""
     import plotly.graph_objects as go
 
     tl = _part(timeline, MemoryTimeline, "memory")
@@ -66,7 +66,7 @@ def plot_memory_timeline(timeline, title: str | None = None):
         fig.add_scatter(x=ms, y=[v / MiB for v in tl.bytes[cat]], name=cat, stackgroup="mem", mode="lines",
                         line=dict(width=0.5, color=_MEM_COLORS[cat]))
     t_peak, peak, _ = tl.peak()
-    if peak == peak:
+    if not is_missing(peak):
         fig.add_vline(x=t_peak * 1e3, line_dash="dot", annotation_text=f"peak {fmt_mib(peak)}")
     fig.update_layout(title=title or f"Memory through the step on {tl.device} (MiB, 2^20 bytes)",
                       xaxis_title="ms since the run started", yaxis_title="MiB", height=380)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from tunekit.core.units import is_missing
+
 # every component any answer may name, in the order they are shown
 COMPONENTS = ("weights", "master_weights", "gradients", "optimizer_states", "buffers", "weight_casts",
               "activations", "recompute", "temporary", "cuda_context", "distributed")
@@ -43,14 +45,14 @@ class MemoryAnswer:
     @property
     def static_bytes(self) -> float:
         """Weights + master copy + gradients + optimizer states (the known ones)."""
-        return sum(v for k, v in self.components.items() if k in STATIC and v == v)
+        return sum(v for k, v in self.components.items() if k in STATIC and not is_missing(v))
 
     @property
     def unknown(self) -> list:
         """The components this method could not count (NaN): totals leave them out, and say so."""
-        return [k for k, v in self.components.items() if v != v]
+        return [k for k, v in self.components.items() if is_missing(v)]
 
     @property
     def known_bytes(self) -> float:
         """The sum of the components that were counted."""
-        return math.fsum(v for v in self.components.values() if v == v)
+        return math.fsum(v for v in self.components.values() if not is_missing(v))

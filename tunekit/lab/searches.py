@@ -1,0 +1,36 @@
+"""The Lab's two searches as ``lab.find_max_batch_size`` and ``lab.autotune`` run them: the search
+itself (`tunekit.lab.maxbatch`, `tunekit.autotune`), shown going by `tunekit.view.progress` unless
+``verbose=False``.
+"""
+from __future__ import annotations
+
+from tunekit.core.validate import flag
+
+
+def find_max_batch(lab, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
+                   budget_s, verbose, setting, changes: dict):
+    """``lab.find_max_batch_size``'s body: the search, shown unless ``verbose`` is False."""
+    from tunekit.lab.maxbatch import find_max_batch_size as find
+    changes = dict(changes, setting=setting) if setting is not None else changes
+    args = (lab, start, limit, memory_budget_bytes, budget_fraction)
+    if not flag("verbose", verbose):
+        return find(*args, progress, snapshot_on_oom, budget_s, **changes)
+    from tunekit.view.progress import SearchProgress  # the view that shows it, as lab.run's
+    with SearchProgress("find_max_batch_size", budget_s, progress) as shown:
+        shown.result = find(*args, shown.tried, snapshot_on_oom, budget_s, trying=shown.trying, **changes)
+    return shown.result
+
+
+def autotune(lab, budget_s, objective, progress, verbose, options: dict):
+    """``lab.autotune``'s body: the search (``options`` are `tunekit.autotune.autotune`'s keywords),
+    shown unless ``verbose`` is False."""
+    from tunekit.autotune import autotune as search_on
+
+    def search(tick):
+        return search_on(lab, budget_s, objective, progress=tick, **options)
+    if not flag("verbose", verbose) or (progress is not None and not callable(progress)):
+        return search(progress)   # quiet, or a bad progress the options' check refuses
+    from tunekit.view.progress import SearchProgress
+    with SearchProgress("autotune", budget_s, progress) as shown:
+        shown.result = search(shown.tick)
+    return shown.result
