@@ -56,7 +56,7 @@ def _lab(tmp_path, model=None, **kw):
      "batch_fn must be a function (micro_batch, seq_len) -> (x, y), got int 3"),
     ({"batch_fn": batches, "loss_fn": 4}, TypeError, "loss_fn must be a function (model, x, y) -> loss, got int 4"),
     ({"batch_fn": MLP, "loss_fn": mse}, TypeError, "batch_fn must be a function (micro_batch, seq_len) -> (x, y), "
-                                                   "got type <class 'test_bad_inputs.MLP'>"),
+                                                   f"got type {MLP}"),
     ({"batch_fn": lambda b: batches(b, 1), "loss_fn": mse}, TypeError,
      "batch_fn must take (micro_batch, seq_len); its signature is (b)"),
     ({"batch_fn": lambda b, s: torch.zeros(b, 16), "loss_fn": mse}, TypeError,

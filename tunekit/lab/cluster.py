@@ -12,7 +12,6 @@ cause in words and the steps it measured kept, and the JobFailed goes on to the 
 from __future__ import annotations
 
 import statistics
-import sys
 
 import torch
 
@@ -45,7 +44,7 @@ def submitted(lab, target, steps, warmup, progress, parallel, changes, verbose, 
 def run_on(lab, target, steps, warmup, progress, parallel, changes, on_state=None) -> RunResult:
     """``lab.run(on=target)`` (see its docstring): ``target.nodes`` x its ranks per node, each from
     the Lab's weights; ``on_state(state, info)`` on each change of the job's state (default: one
-    line per change on stderr)."""
+    line per change, printed)."""
     from tunekit.models.spec import factory_spec, model_spec
     from tunekit.parallel.slurm import JobFailed, job_folder
 
@@ -104,5 +103,5 @@ def _say(state: str, info: dict) -> None:
     said = {"PENDING": f"pending ({reason})" if reason and reason != "None" else "pending",
             "RUNNING": f"running on {info.get('NodeList')}"}.get(state, state.lower())
     job = info.get("JobId", "?")
-    print(f"slurm job {job}: {said}", file=sys.stderr, flush=True)
+    print(f"slurm job {job}: {said}", flush=True)   # output, not a warning: a notebook shows it plainly
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tunekit.core.toggles import Toggles
+from tunekit.core.units import is_missing
 from tunekit.core.validate import whole
 
 
@@ -77,7 +78,7 @@ def plan_script(target, plan, folder, model=None, script: str | None = None, opt
     folder.mkdir(parents=True, exist_ok=True)
     label = getattr(chosen, "label", "") or "as planned"
     comment = [f"tunekit plan: {plan.model} on {world} x {plan.device} ({nodes} node(s)), {label}"]
-    if expected is not None and expected.step_s == expected.step_s:
+    if expected is not None and not is_missing(expected.step_s):
         comment.append(f"expected step {expected.step_s * 1e3:.1f} ms, {expected.tokens_per_s:,.0f} tokens/s "
                        f"per {'GPU' if gpu else 'rank'}, MFU {expected.mfu:.0%} "
                        "(tunekit.plan's expectation: what a good run reaches)")
