@@ -46,8 +46,10 @@ HERE = Path(tempfile.mkdtemp(prefix="tunekit-ch19-"))   # job folders: every nod
 target = Slurm(ntasks_per_node=2, time="5", folder=str(HERE / "jobs"))   # 2 ranks on one node, 5 minutes
 problems = target.check()     # sbatch on the PATH, sinfo reaches a cluster, the partition can take it
 CLUSTER = not problems
+why = problems[0].splitlines() if problems else []
+why = why[0] if len(why) == 1 else f"{why[0].split(': ')[0]}: {why[-1]}" if why else ""   # sinfo's last word
 print("a cluster is configured: the runs below go through its scheduler" if CLUSTER else
-      f"no cluster configured here ({problems[0]}): this chapter shows the script it would submit")
+      f"no cluster configured here ({why}): this chapter shows the script it would submit")
 
 # %% [markdown]
 # ## 1. Plan the setting
