@@ -114,6 +114,7 @@ else:
 
 # %%
 fig = go.Figure()
+fig.add_bar(x=["plan"], y=[expected_s * 1e3], name="expected by the plan")
 if result is not None:
     steps_s = [float(p[2]) for p in (line.split() for line in
                (Path(result.job["folder"]) / "progress").read_text().splitlines()) if len(p) == 3]
