@@ -42,9 +42,21 @@ lint: install
 # (two cores, two suites; each must hold on a busy machine anyway); their report follows the tests'.
 # The notebooks' kernels get one OpenMP thread: two suites of two threads each on two cores made
 # both crawl (21m40s in all, where one after the other took ~16 min).
+# Chapter 19 submits to a real Slurm: where `tools/slurm_cluster.py check` passes (root, Debian's
+# slurmctld/slurmd/munge), a one-node test cluster runs in build/slurm for the notebooks (SLURM_CONF
+# in their environment only; the unit tests start their own) and is stopped at the end whatever
+# happens (a trap on exit, Ctrl-C and TERM); elsewhere the chapter says so and shows its script.
 test: lint docs
 	@mkdir -p build
-	@OMP_NUM_THREADS=1 $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb > build/nbval.log 2>&1 & nb=$$!; \
+	@cluster=""; \
+	if $(PY) tools/slurm_cluster.py check >/dev/null 2>&1; then \
+	  trap '$(PY) tools/slurm_cluster.py down --dir build/slurm >/dev/null 2>&1' EXIT; trap 'exit 130' INT TERM; \
+	  $(PY) tools/slurm_cluster.py down --dir build/slurm >/dev/null 2>&1; \
+	  if $(PY) tools/slurm_cluster.py up --dir build/slurm --cpus 4 > build/slurm-up.log 2>&1; \
+	  then cluster="SLURM_CONF=$$(pwd)/build/slurm/slurm.conf"; echo "test cluster up (build/slurm) for the notebooks"; \
+	  else echo "the test cluster did not start (build/slurm-up.log): chapter 19 shows its script only"; fi; \
+	else echo "no test cluster ($$($(PY) tools/slurm_cluster.py check)): chapter 19 shows its script only"; fi; \
+	env $$cluster OMP_NUM_THREADS=1 $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb > build/nbval.log 2>&1 & nb=$$!; \
 	$(PY) -m pytest -q -m "not gpu" --durations=25 tests; tests=$$?; \
 	wait $$nb; notebooks=$$?; echo "== notebooks (nbval)"; cat build/nbval.log; \
 	exit $$(( tests != 0 || notebooks != 0 ))

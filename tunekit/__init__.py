@@ -26,6 +26,7 @@ Peaks, FLOPs and verdicts
 The Lab and its runs
     Lab                       a live model trained under toggles you flip; lab.dashboard()
     RunResult                 one lab.run: its toggles and what was measured
+    Slurm                     a cluster target: lab.run(..., on=tunekit.Slurm(...)), plan.sbatch(...)
     explain                   a measured run against its expectation, op by op, in words
     diff                      what changed between two runs
     GPT                       tunekit's demo decoder-only transformer
@@ -80,6 +81,7 @@ _EXPORTS = {
     # the Lab and its runs
     "Lab": ("lab.lab", "Lab"),
     "RunResult": ("core.results", "RunResult"),
+    "Slurm": ("parallel.slurm", "Slurm"),
     "explain": ("core.explain", "explain"),
     "diff": ("core.diff", "diff"),
     "GPT": ("models.gpt", "GPT"),
@@ -122,7 +124,7 @@ __all__ = [
     # peaks, FLOPs and verdicts
     "peak_tflops", "calibrate", "count_flops", "verdict",
     # the Lab and its runs
-    "Lab", "RunResult", "explain", "diff", "GPT", "GPTConfig",
+    "Lab", "RunResult", "Slurm", "explain", "diff", "GPT", "GPTConfig",
     # plan a step
     "Setting", "plan", "Plan", "estimate_memory", "measure_memory", "advise",
     # your own loop
