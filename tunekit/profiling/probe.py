@@ -41,12 +41,8 @@ FLOPS_MODES = ("auto", "always", "never")
 _TORCH_SIDE: dict = {}  # functions of modules that import torch, bound once torch is loaded
 
 
-def _torch_side(module: str, name: str):
-    """``module.name``, imported on the first call (an import statement per call costs µs)."""
-    fn = _TORCH_SIDE.get(name)
-    if fn is None:
-        fn = _TORCH_SIDE[name] = getattr(importlib.import_module(module), name)
-    return fn
+def _torch_side(module: str, name: str):  # (an import statement per call costs µs)
+    return _TORCH_SIDE.get(name) or _TORCH_SIDE.setdefault(name, getattr(importlib.import_module(module), name))
 
 
 def _compiled_graphs():
@@ -63,9 +59,8 @@ def _counting_active() -> bool:
 
 
 def _held_already() -> bool:
-    """Whether an enclosing tunekit path holds Ctrl-C now (its shield active, its gate shut: the
-    magic's hooks, ``profile``'s enter and exit). A shield of the probe's own would only hand a
-    Ctrl-C on to it (`deferred_interrupt` nests so), at two signal-handler switches a call."""
+    """An enclosing tunekit path holds Ctrl-C (its shield active, gate shut: the magic's hooks,
+    `profile`): a shield of the probe's own would only hand a Ctrl-C on to it, at 2 syscalls."""
     shield = innermost()
     return shield is not None and shield.active and not shield.open
 
@@ -88,9 +83,8 @@ class Probe:
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None,
                  inert: bool = False):
         validate.text("name", name)
-        if models is not None:  # (the defaults need no check: a profiled cell makes a probe)
-            validate.optional_callable("models", models, "(name, module) pairs")
-        if flops != "auto":
+        validate.optional_callable("models", models, "(name, module) pairs")
+        if flops != "auto":  # (defaults need no check: every profiled cell makes a probe)
             validate.choice("flops", flops, FLOPS_MODES)
         if model_flops is not None:
             model_flops = validate.real("model_flops", model_flops, low=0.0, low_open=False)
