@@ -110,10 +110,13 @@ class ConditionsMeter:
     record has them as NaN): the kernel renders the whole file, every CPU's and interrupt's
     line, for each read, which is most of what a meter costs a trivial cell. A lean meter's
     windows do not `follow()` one another.
+    ``judged=False``: `stop()` takes every reading, and the verdict and its words are worked out
+    from them when the record is first read (`Deferred`), not in the measured path.
     """
 
-    def __init__(self, cuda_index: int | None = None, children: bool = False, lean: bool = False):
-        self.cuda_index, self.children, self.lean = cuda_index, children, lean
+    def __init__(self, cuda_index: int | None = None, children: bool = False, lean: bool = False,
+                 judged: bool = True):
+        self.cuda_index, self.children, self.lean, self.judged = cuda_index, children, lean, judged
         self.s0 = self.raw = None
 
     def _sample(self, with_stat: bool = True) -> dict:
@@ -135,7 +138,7 @@ class ConditionsMeter:
         per boundary: a monitored loop's steps). Call after `stop()`."""
         if self.lean:
             raise ValueError("a lean ConditionsMeter's stop may leave /proc/stat unread: it cannot be followed")
-        nxt = ConditionsMeter(self.cuda_index, self.children)
+        nxt = ConditionsMeter(self.cuda_index, self.children, judged=self.judged)
         nxt.s0, nxt.t0 = self.s1, self.t1
         return nxt
 
@@ -150,8 +153,36 @@ class ConditionsMeter:
         self.s1, self.t1 = s1, t1
         self.raw = delta(self.s0, s1)
         gpu = gpu_readings(self.cuda_index)
-        return judge(wall_s, _CPUS, threads or threads_in_use(), tick_s=_TICK_S,
-                     load_avg=_load1(), **self.raw, **gpu)
+        kw = dict(wall_s=wall_s, cpus=_CPUS, threads=threads or threads_in_use(), tick_s=_TICK_S,
+                  load_avg=_load1(), **self.raw, **gpu)
+        return judge(**kw) if self.judged else Deferred(kw)
+
+
+class Deferred(Conditions):
+    """A `Conditions` whose readings were all taken, judged (`core.conditions.judge`) when one
+    of its fields is first read; from then on it is a plain `Conditions`. A profiled cell's
+    record carries one: its verdict in words costs nothing until someone looks."""
+
+    def __init__(self, kw: dict):  # judge's arguments, not the dataclass's fields
+        self.__dict__["_judge"] = kw
+
+    def judged(self) -> Conditions:
+        kw = self.__dict__.pop("_judge", None)
+        if kw is not None:
+            self.__dict__.update(judge(**kw).__dict__)
+            object.__setattr__(self, "__class__", Conditions)
+        return self
+
+    def __getattr__(self, name):  # only what is not there yet: the fields before the verdict
+        if name.startswith("__") or "_judge" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.judged(), name)
+
+    def __eq__(self, other):
+        return self.judged() == other
+
+    def __hash__(self):
+        return hash(self.judged())
 
 
 class watch:
@@ -245,5 +276,5 @@ def gpu_readings(cuda_index: int | None, exclude_pids=()) -> dict:
         return {}
 
 
-__all__ = ["ConditionsMeter", "Conditions", "watch", "delta", "judge_rank", "rank_reading", "gpu_readings",
+__all__ = ["ConditionsMeter", "Conditions", "Deferred", "watch", "delta", "judge_rank", "rank_reading", "gpu_readings",
            "throttle_words", "threads_in_use"]

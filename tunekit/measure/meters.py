@@ -168,11 +168,20 @@ def rss_blind_note(rss_delta: float, alloc_delta: float | None):
 
 
 def _vm_hwm_bytes() -> int | None:
+    return _hwm_rss_bytes()[0]
+
+
+def _hwm_rss_bytes() -> tuple[int | None, int | None]:
+    """(VmHWM, VmRSS) in bytes from one read of /proc/self/status (None where a line is missing).
+    VmRSS there is statm's resident pages in kB: the same counters, so one read serves both."""
     text = _PROC.read("status")
     i = text.find(b"VmHWM:")
     if i < 0:
-        return None
-    return int(text[i + 6:text.index(b"kB", i)]) * 1024
+        return None, None
+    j = text.index(b"kB", i)
+    k = text.find(b"VmRSS:", j)
+    rss = int(text[k + 6:text.index(b"kB", k)]) * 1024 if k >= 0 else None
+    return int(text[i + 6:j]) * 1024, rss
 
 
 def _reset_hwm() -> bool:
@@ -206,13 +215,17 @@ class CpuPeak:
         self.hwm_seen = 0
 
     def start(self) -> int:
+        rss = None
         if self.exact:
             # Reset only when the high-water mark sits above the current RSS (memory was freed
             # since the last peak). When they are equal, any growth in the block raises it anyway,
             # and skipping the write matters: it can cost IPython ~0.5 ms a cell in its history
-            # thread, which is most of `%gpuprofile on`'s budget.
-            hwm = _vm_hwm_bytes()
-            if hwm is None or hwm > cpu_rss_bytes():
+            # thread, which is most of `%gpuprofile on`'s budget. One read gives both figures
+            # (and the start's RSS: resetting the mark leaves RSS as it is).
+            hwm, rss = _hwm_rss_bytes()
+            if rss is None:
+                rss = cpu_rss_bytes()
+            if hwm is None or hwm > rss:
                 for outer in _ACTIVE_CPU:  # hand the peak so far to the enclosing meters
                     outer.hwm_seen = max(outer.hwm_seen, hwm or 0)
                 self.exact = _reset_hwm()
@@ -220,7 +233,7 @@ class CpuPeak:
             self.note = "CPU peak is exact only where /proc/self/clear_refs works"
         self._maxrss0 = None if self.exact else _maxrss_bytes()
         self.alloc0 = malloc_in_use_bytes()
-        self.rss0 = cpu_rss_bytes()
+        self.rss0 = cpu_rss_bytes() if rss is None else rss
         _ACTIVE_CPU.append(self)
         return self.rss0
 
@@ -228,11 +241,14 @@ class CpuPeak:
         """(rss delta, peak above the start) in bytes."""
         if self in _ACTIVE_CPU:
             _ACTIVE_CPU.remove(self)
-        rss1 = cpu_rss_bytes()
+        hwm = rss1 = None
+        if self.exact:  # both from one read, taken at one instant
+            hwm, rss1 = _hwm_rss_bytes()
+        if rss1 is None:
+            rss1 = cpu_rss_bytes()
         alloc1 = malloc_in_use_bytes() if self.alloc0 is not None else None
         self.unseen = rss_blind_note(rss1 - self.rss0, None if alloc1 is None else alloc1 - self.alloc0)
         if self.exact:
-            hwm = _vm_hwm_bytes()
             # the start itself is a point of the block: the peak above it is never negative (the
             # kernel batches RSS counter updates per thread, so reads can lag by a few hundred KiB)
             peak = max(hwm, rss1, self.hwm_seen, self.rss0) - self.rss0 if hwm is not None else NaN

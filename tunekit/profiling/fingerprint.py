@@ -202,12 +202,41 @@ def _function_change(a, b) -> str | None:
 
 
 class _FirstUse(ast.NodeVisitor):
-    """Visit in evaluation order and note each name's first use: read or written."""
+    """Visit in evaluation order and note each name's first use: read or written.
+
+    `visit` and `generic_visit` do what ast.NodeVisitor's do (the same order: each node's
+    ``_fields``), with the method looked up once per node class and no generator per node: a
+    profiled cell is parsed and visited before it runs, on every new cell."""
+
+    _methods: dict = {}  # node class -> the method that visits it
 
     def __init__(self):
         self.first: dict[str, str] = {}
         self.aug_only: set[str] = set()
         self.read_elsewhere: set[str] = set()
+
+    def visit(self, node):
+        cls = node.__class__
+        method = _FirstUse._methods.get(cls)
+        if method is None:
+            method = _FirstUse._methods[cls] = getattr(_FirstUse, "visit_" + cls.__name__, _FirstUse.generic_visit)
+        return method(self, node)
+
+    def generic_visit(self, node):
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        self.visit(item)
+            elif isinstance(value, ast.AST):
+                self.visit(value)
+
+    def _leaf(self, node):  # nothing below it names anything
+        pass
+
+    # (NodeVisitor's own visit_Constant looks for the deprecated visit_Num, visit_Str, ...)
+    visit_Constant = visit_Load = visit_Store = visit_Del = _leaf
 
     def _use(self, name: str, kind: str) -> None:
         self.first.setdefault(name, kind)
@@ -276,6 +305,12 @@ def _parsed(source: str):
         return ast.parse(source)
     except SyntaxError:
         return None
+
+
+def inputs(source: str) -> tuple[frozenset, bool]:
+    """``(names_read(source), runs_nothing(source))``: what a profiled cell asks before it runs,
+    from one parse, and from the caches alone when the cell was seen (a re-run)."""
+    return names_read(source), runs_nothing(source)
 
 
 @functools.lru_cache(maxsize=512)

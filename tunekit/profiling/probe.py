@@ -15,6 +15,7 @@ block. Energy (`measure.energy`) is read on every run where a counter is readabl
 """
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 import time
@@ -29,7 +30,7 @@ from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.device import device_label, synchronize, torch_if_loaded
 from tunekit.measure.energy import EnergyMeter
 from tunekit.measure.history import FLOP_COUNTS, HISTORY, LAST_WALLS, CachedCount, remember
-from tunekit.measure.interrupts import deferred_interrupt, interrupt_pending
+from tunekit.measure.interrupts import deferred_interrupt, innermost, interrupt_pending
 from tunekit.measure.meters import CpuPeak, CudaMeter
 from tunekit.measure.oom import explain_and_free, is_oom
 from tunekit.profiling.fingerprint import changed_names
@@ -38,21 +39,31 @@ NaN = math.nan
 FLOPS_MODES = ("auto", "always", "never")
 
 
+_TORCH_SIDE: dict = {}  # functions of modules that import torch, bound once torch is loaded
+
+
+def _torch_side(module: str, name: str):  # (an import statement per call costs µs)
+    return _TORCH_SIDE.get(name) or _TORCH_SIDE.setdefault(name, getattr(importlib.import_module(module), name))
+
+
 def _compiled_graphs():
     if torch_if_loaded() is None:
         return None
-    from tunekit.measure.torch_private import compiled_graphs
-
-    return compiled_graphs()
+    return _torch_side("tunekit.measure.torch_private", "compiled_graphs")()
 
 
 def _counting_active() -> bool:
     torch = torch_if_loaded()
     if torch is None or "torch.utils.flop_counter" not in sys.modules:
         return False
-    from tunekit.measure.flops import counting_active
+    return _torch_side("tunekit.measure.flops", "counting_active")()
 
-    return counting_active()
+
+def _held_already() -> bool:
+    """An enclosing tunekit path holds Ctrl-C (its shield active, gate shut: the magic's hooks,
+    `profile`): a shield of the probe's own would only hand a Ctrl-C on to it, at 2 syscalls."""
+    shield = innermost()
+    return shield is not None and shield.active and not shield.open
 
 
 class Probe:
@@ -74,16 +85,17 @@ class Probe:
                  inert: bool = False):
         validate.text("name", name)
         validate.optional_callable("models", models, "(name, module) pairs")
-        validate.choice("flops", flops, FLOPS_MODES)
+        if flops != "auto":  # (defaults need no check: every profiled cell makes a probe)
+            validate.choice("flops", flops, FLOPS_MODES)
         if model_flops is not None:
             model_flops = validate.real("model_flops", model_flops, low=0.0, low_open=False)
         if peak is not None:
             peak = validate.real("peak", peak)
         if dtype is not None:
             validate.choice("dtype", dtype, DTYPES)
-        validate.flag("trace", trace)
-        validate.flag("memory", memory)
-        validate.flag("inert", inert)
+        for flag, value in (("trace", trace), ("memory", memory), ("inert", inert)):
+            if value is not False:
+                validate.flag(flag, value)
         if flops == "always" and (trace or memory):
             raise ValueError("flops='always' counts every run, and a traced run counts none (the counter "
                              "would be traced as the work): use trace/memory with flops='auto' or 'never'")
@@ -102,6 +114,9 @@ class Probe:
         """Start the meters, the counter and the clock. A Ctrl-C meanwhile waits until they are
         all on; if start() itself raises it (no enclosing tunekit path takes it), the probe is
         stopped first, the run recorded as interrupted: the caller never gets it to stop."""
+        if _held_already():
+            self._start()
+            return self
         try:
             with deferred_interrupt():
                 self._start()
@@ -154,7 +169,8 @@ class Probe:
         self._start_tracer(rec)
         self.energy = EnergyMeter(self.cuda.index).start()
         synchronize()
-        self.conditions = ConditionsMeter(self.cuda.index, lean=True).start()  # reads counters: no state to undo
+        # reads counters (no state to undo); the verdict is judged when the record is read
+        self.conditions = ConditionsMeter(self.cuda.index, lean=True, judged=False).start()
         self.t0 = time.perf_counter()
 
     def _start_tap(self, rec):
@@ -185,6 +201,8 @@ class Probe:
     def stop(self, exc: BaseException | None = None) -> ProfileRecord:
         """Read the clock, remove the counter and meters, fill and keep the record. Ctrl-C
         during these lines waits until they are done (then it is raised)."""
+        if _held_already():
+            return self._stop(exc)
         with deferred_interrupt():
             return self._stop(exc)
 
