@@ -38,7 +38,6 @@ from tunekit.profiling.fingerprint import changed_names
 NaN = math.nan
 FLOPS_MODES = ("auto", "always", "never")
 
-
 _TORCH_SIDE: dict = {}  # functions of modules that import torch, bound once torch is loaded
 
 
