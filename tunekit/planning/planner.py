@@ -294,8 +294,9 @@ def _placed(step, setting, layout, dev) -> dict:
         kind, world, nodes = layout["kind"], layout["world_size"], layout["nodes"]
         units = step["units"] if kind != "ddp" else [[s for u in step["units"] for s in u]]
         # each phase's peak on rank 0: the highest is the rank's
+        casts = step.get("casts_at", {})
         ranked = {ph: rank_peak(b, step["components"], g, units, kind, world, nodes, gathered, step["state_scalars"],
-                                grads, phase=ph) + (at,)
+                                grads, phase=ph, casts_at_peak=casts.get(ph)) + (at,)
                   for ph, (b, at, g) in step["phase_detail"].items()}
         comps, peak, peak_at = max(ranked.values(), key=lambda v: v[1])
         net = node_net(dev["name"])

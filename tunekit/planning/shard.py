@@ -142,13 +142,15 @@ def comm_seconds(parallel: str, units, world: int, nodes: int, gathered_bytes: i
 
 def rank_peak(peak: float, components: dict, grads_at_peak: float, units, parallel: str | None, world: int,
               nodes: int, gathered_bytes: int, state_scalars: float = 0.0, grad_bytes: int = 4,
-              phase: str = "backward") -> tuple[dict, float]:
+              phase: str = "backward", casts_at_peak: float | None = None) -> tuple[dict, float]:
     """(rank 0's components, its peak): one device's peak with its whole-model lines swapped for
     rank 0's. At the peak, weights, master weights and optimizer state are whole and gradients
     are ``grads_at_peak`` of them; sharding keeps ``shard_fraction`` of each. At a forward's or
     backward's peak autocast's weight copies are alive, and FSDP replaces them with gathered
     parameters (and, in backward, one unit's unsharded gradients); the optimizer's step runs on
-    the shards alone. DDP adds its buckets throughout."""
+    the shards alone. DDP adds its buckets throughout. ``casts_at_peak``: the weight casts alive at
+    this phase's peak where measured (autocast's cache holds every weight's copy until the forward
+    ends, checkpointed or not), else the step's ``weight_casts`` (those kept for backward)."""
     if parallel is None:
         return dict(components), peak
     comps, extra = per_rank(components, units, parallel, world, nodes, gathered_bytes, grad_bytes, state_scalars)
@@ -158,7 +160,8 @@ def rank_peak(peak: float, components: dict, grads_at_peak: float, units, parall
     whole = sum(components.get(k, 0.0) for k in ("weights", "master_weights", "optimizer_states")) - state_scalars
     out = peak - (whole + grads_at_peak) * (1 - f)
     if phase != "optimizer step":
-        out += extra["gathered_params"] - components.get("weight_casts", 0.0)
+        casts = components.get("weight_casts", 0.0) if casts_at_peak is None else casts_at_peak
+        out += extra["gathered_params"] - casts
     if phase == "backward":
         out += extra["unsharded_grads"]
     comps.update(extra)
