@@ -81,7 +81,8 @@ def _sourced():
     yield "WAVE_SOURCE", efficiency.WAVE_SOURCE
     yield "CUDA_CONTEXT", device.CUDA_CONTEXT[1]
     yield "NCCL_BUFFERS", shard.NCCL_BUFFERS[1]
-    yield "INTER_NODE_SOURCE", shard.INTER_NODE_SOURCE
+    yield from ((f"NODE_NETS {k}", v[-1]) for k, v in shard.NODE_NETS.items())
+    yield "ONE_NIC", shard.ONE_NIC[-1]
 
 
 def test_every_sourced_figure_names_a_source_anyone_can_open():

@@ -40,7 +40,9 @@ def _storages(value):
 class LiveBytes(TorchDispatchMode):
     """Context manager: bytes alive over a step, from ``base`` (what lives before it: weights,
     optimizer state, the batch). ``peak``, ``peak_at`` (phase, module, op), ``phase_peaks``
-    (phase -> (bytes, module, op, what ``on_peak()`` returned there)) and ``samples`` (phase,
+    (phase -> (bytes, module, op, what ``on_peak()`` returned there)), ``phase_casts`` (phase -> the
+    bytes of copies cast from the model's parameters alive at that peak: autocast's cache keeps
+    every weight it cast until its context exits, checkpointed or not) and ``samples`` (phase,
     live bytes) after each new storage, for a chart. ``op_name(func, args, kwargs)``: an op's name
     where it is not its own (a GPU plan's CPU-device step names the GPU's op); None: ``func`` less "aten."."""
 
@@ -50,6 +52,8 @@ class LiveBytes(TorchDispatchMode):
         self.round_to = max(1, int(round_to))
         self.live = self.peak = float(base)
         self.phase, self.peak_at, self.samples, self.phase_peaks = "start", ("start", "", ""), [], {}
+        self.casts, self.phase_casts, self._cast_keys = 0.0, {}, set()
+        self._params = {p.untyped_storage()._cdata for p in model.parameters()} if model is not None else set()
         self.on_peak = on_peak
         self.op_name = op_name
         self._refs = {}     # storage identity -> (weak ref, bytes)
@@ -108,18 +112,25 @@ class LiveBytes(TorchDispatchMode):
         entry = self._refs.pop(key, None)
         if entry is not None:
             self.live -= entry[1]
+            if key in self._cast_keys:
+                self._cast_keys.discard(key)
+                self.casts -= entry[1]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # torch.tensor(...) makes its storage outside the dispatcher and hands it to lift_fresh
         inputs = {} if func.__name__.startswith("lift_fresh") else _storages((args, kwargs))
         grew = False
+        cast = func.__name__.startswith("_to_copy") and not self._params.isdisjoint(inputs)   # a weight's copy
         for key, st in _storages(out).items():
             if key in inputs or key in self._refs:
                 continue
             n = self._rounded(st.nbytes())
             self._refs[key] = (weakref.ref(st, lambda _, k=key: self._freed(k)), n)
             self.live += n
+            if cast:
+                self._cast_keys.add(key)
+                self.casts += n
             grew = True
         if grew:
             self.samples.append((self.phase, self.live))
@@ -128,6 +139,7 @@ class LiveBytes(TorchDispatchMode):
                 op = self.op_name(func, args, kwargs) if self.op_name else str(func).removeprefix("aten.")
                 extra = self.on_peak() if self.on_peak is not None else None
                 self.phase_peaks[self.phase] = (self.live, self.where(), op, extra)
+                self.phase_casts[self.phase] = self.casts
                 if self.live > self.peak:
                     self.peak, self.peak_at = self.live, (self.phase, self.where(), op)
         return out

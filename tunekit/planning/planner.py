@@ -32,7 +32,7 @@ from tunekit.planning.device import device_figures
 from tunekit.planning.expect import expected_of
 from tunekit.planning.module import ModuleTarget, Stepped
 from tunekit.planning.record import Plan
-from tunekit.planning.shard import INTER_NODE_GBS, INTER_NODE_SOURCE, comm_seconds, rank_peak, shard_count
+from tunekit.planning.shard import comm_seconds, inter_node_gbs, node_net, rank_peak, shard_count
 from tunekit.planning.step import complete, fake_step, search_micro_batch
 from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name
 from tunekit.view.progress import wait_progress
@@ -293,15 +293,20 @@ def _placed(step, setting, layout, dev) -> dict:
         kind, world, nodes = layout["kind"], layout["world_size"], layout["nodes"]
         units = step["units"] if kind != "ddp" else [[s for u in step["units"] for s in u]]
         # each phase's peak on rank 0: the highest is the rank's
+        casts = step.get("casts_at", {})
         ranked = {ph: rank_peak(b, step["components"], g, units, kind, world, nodes, gathered, step["state_scalars"],
-                                grads, phase=ph) + (at,)
+                                grads, phase=ph, casts_at_peak=casts.get(ph)) + (at,)
                   for ph, (b, at, g) in step["phase_detail"].items()}
         comps, peak, peak_at = max(ranked.values(), key=lambda v: v[1])
-        comm_s, comm = comm_seconds(kind, units, world, nodes, gathered, dev["link"], grad_bytes=grads)
+        net = node_net(dev["name"])
+        comm_s, comm = comm_seconds(kind, units, world, nodes, gathered, dev["link"], grad_bytes=grads, net=net)
+        per_node = world // nodes
+        across = inter_node_gbs(net, dev["link"], per_node, per_node if kind == "hsdp" else 1)
         held = ("every rank holds the whole model, and DDP's Reducer a copy of its gradients in buckets"
                 if kind == "ddp" else f"FSDP2 gives it ceil(rows / {layout['shard']}) of each parameter")
         notes = [f"{kind}: rank 0's memory ({held}); collectives as ring algorithms at the links' bandwidth"
-                 + (f", {INTER_NODE_GBS:g} GB/s per GPU across nodes ({INTER_NODE_SOURCE})" if nodes > 1 else "")]
+                 + (f"; across nodes {across:g} GB/s bus bandwidth, a node's {net[0]} NIC(s) at {net[1]:g} GB/s "
+                    f"each ({net[2]})" if nodes > 1 else "")]
         if dev["link"] is None:
             notes.append(f"no link bandwidth listed for {dev['name']}: no communication time")
     return dict(components=comps, peak=peak, peak_at=peak_at, total=peak + sum(b for b, _ in dev["fixed"].values()),

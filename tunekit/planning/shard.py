@@ -22,9 +22,55 @@ from tunekit.core.comm import expected_comm, numel, unit_gathered_numel
 from tunekit.core.memory.answer import STATIC
 from tunekit.core.units import GiB
 
-# what one GPU reaches across nodes: 400 Gb/s = 50 GB/s each way (one ConnectX-7 NDR per GPU on a DGX H100)
-INTER_NODE_GBS = 50.0
-INTER_NODE_SOURCE = "400 Gb/s InfiniBand NDR per GPU (DGX H100: 8 x ConnectX-7)"
+# A node's network, what a collective whose ring crosses nodes runs at. NCCL builds one ring (channel)
+# per NIC: each leaves the node through its own NIC and the hops inside the node go over NVLink, so
+# the bus bandwidth (nccl-tests doc/PERFORMANCE.md: an all-gather of S bytes over n ranks takes
+# S (n-1)/n / busbw) of a collective over whole nodes is the node's NICs together or NVLink,
+# whichever is lower ("add more NICs ... you should get more bandwidth, up to ... the NVLink
+# intra-node bandwidth", NVIDIA/nccl#412). Measured: 2 HGX A100 nodes with 4 x 200 Gb/s HDR reach
+# 91 GB/s (NVIDIA/nccl-tests#100: 4 NICs x 23); 4 HGX H100 nodes with 8 x 400 Gb/s NDR reach 366 GB/s
+# (NVIDIA/nccl-tests#309: 8 x 46). Per NIC, what NCCL reaches: HDR 200 Gb/s 24 GB/s (NVIDIA/nccl#412),
+# NDR 400 Gb/s 46-48 GB/s, 47 taken (NVIDIA/nccl-tests#290, #267).
+# {card: (NICs per node, GB/s NCCL reaches per NIC, the node and its source)}
+NODE_NETS = {
+    "A100": (8, 24.0, "DGX A100: 8 x ConnectX-6 HDR 200 Gb/s, one per GPU (NVIDIA DGX A100 user guide; "
+                      "mosaicml/llm-foundry scripts/train/benchmarking/README.md: '1600 Gbps node-node "
+                      "interconnect'), 24 GB/s each (NVIDIA/nccl#412)"),
+    "H100 SXM": (8, 47.0, "DGX/HGX H100: 8 x ConnectX-7 NDR 400 Gb/s, one per GPU (NVIDIA DGX H100 user guide), "
+                          "46-48 GB/s each (NVIDIA/nccl-tests#290)"),
+    "H100 SXM 96GB": (8, 47.0, "Grand Teton: 400 Gb/s RoCE per GPU (engineering.fb.com 2024/03/12 'Building "
+                               "Meta's GenAI Infrastructure'), NDR's 46-48 GB/s each (NVIDIA/nccl-tests#290)"),
+    "H200 SXM": (8, 47.0, "DGX H200: 8 x ConnectX-7 400 Gb/s, one per GPU (NVIDIA DGX H200 data sheet), "
+                          "46-48 GB/s each (NVIDIA/nccl-tests#290)"),
+}
+# a node the table does not list: one 400 Gb/s NIC for the whole node
+ONE_NIC = (1, 47.0, "no node network listed for this card: one 400 Gb/s NIC per node assumed, 46-48 GB/s "
+                    "(NVIDIA/nccl-tests#290)")
+
+
+def node_net(device_name: str | None) -> tuple[int, float, str]:
+    """(NICs per node, GB/s NCCL reaches through each, the source) of ``device_name``'s node.
+
+    >>> node_net("A100 40GB")[:2]
+    (8, 24.0)
+    """
+    name = device_name or ""
+    key = "A100" if name.startswith("A100") else name
+    return NODE_NETS.get(key, ONE_NIC)
+
+
+def inter_node_gbs(net, link_gbs: float | None, gpus_per_node: int, groups_per_node: int = 1) -> float:
+    """Bus bandwidth of a collective across nodes: the node's NICs shared by the ``groups_per_node``
+    collectives that cross at once (HSDP's replicas: one per local rank, each with one GPU a node),
+    capped by NVLink where a ring also runs inside the node.
+    8 NICs at 47 GB/s, NVLink 450: one ring over whole nodes 376 GB/s; 8 replica groups 47 each."""
+    nics, per_nic, _ = net
+    gbs = nics * per_nic / groups_per_node
+    if gpus_per_node // groups_per_node > 1 and link_gbs:
+        gbs = min(gbs, link_gbs)
+    return gbs
+
+
 NCCL_BUFFERS = (1.5 * GiB, "torch.distributed/NCCL buffers after the first barrier, ~1.5 GiB per GPU "
                            "(stas00/ml-engineering training/performance/README.md, torch.distributed memory usage)")
 
@@ -68,34 +114,43 @@ def per_rank(components: dict, units, parallel: str, world: int, nodes: int, gat
 
 
 def comm_seconds(parallel: str, units, world: int, nodes: int, gathered_bytes: int, link_gbs: float | None,
-                 inter_gbs: float = INTER_NODE_GBS, grad_bytes: int = 4) -> tuple[float, dict]:
+                 inter_gbs: float | None = None, grad_bytes: int = 4, net=ONE_NIC) -> tuple[float, dict]:
     """(seconds, {"kind/scope": seconds}) one rank spends in one step's collectives at the links'
     bandwidth, ring algorithms: an all-gather or reduce-scatter of size S over n ranks moves
     S (n-1)/n through each rank's link, an all-reduce twice that (nccl-tests' bus bandwidth).
-    NaN when a link bandwidth is unknown."""
+    Across nodes at ``inter_gbs`` where given, else at what the node's network ``net`` gives
+    (`inter_node_gbs`). NaN when a link bandwidth is unknown."""
     comm = expected_comm(parallel, units, world, nodes, gathered_bytes if parallel != "ddp" else grad_bytes,
                          grad_bytes)
     shard = shard_count(parallel, world, nodes)
+    per_node = world // nodes
     out = {}
     for key, v in comm.items():
         kind, scope = key.split("/")
         n = nodes if (parallel == "hsdp" and scope == "inter") else (world if parallel == "ddp" else shard)
         passes = {"all_reduce": 2.0, "broadcast": 1.0}.get(kind, 1.0)
         share = passes * (n - 1) / n if kind != "broadcast" else 1.0
-        gbs = link_gbs if scope == "intra" else inter_gbs
+        if scope == "intra":
+            gbs = link_gbs
+        elif inter_gbs is not None:
+            gbs = inter_gbs
+        else:   # HSDP: each local rank's replicas all-reduce at once, one GPU a node each
+            gbs = inter_node_gbs(net, link_gbs, per_node, per_node if parallel == "hsdp" else 1)
         out[key] = (v["bytes"] * share / (gbs * 1e9)) if gbs else float("nan")
     return sum(out.values()), out
 
 
 def rank_peak(peak: float, components: dict, grads_at_peak: float, units, parallel: str | None, world: int,
               nodes: int, gathered_bytes: int, state_scalars: float = 0.0, grad_bytes: int = 4,
-              phase: str = "backward") -> tuple[dict, float]:
+              phase: str = "backward", casts_at_peak: float | None = None) -> tuple[dict, float]:
     """(rank 0's components, its peak): one device's peak with its whole-model lines swapped for
     rank 0's. At the peak, weights, master weights and optimizer state are whole and gradients
     are ``grads_at_peak`` of them; sharding keeps ``shard_fraction`` of each. At a forward's or
     backward's peak autocast's weight copies are alive, and FSDP replaces them with gathered
     parameters (and, in backward, one unit's unsharded gradients); the optimizer's step runs on
-    the shards alone. DDP adds its buckets throughout."""
+    the shards alone. DDP adds its buckets throughout. ``casts_at_peak``: the weight casts alive at
+    this phase's peak where measured (autocast's cache holds every weight's copy until the forward
+    ends, checkpointed or not), else the step's ``weight_casts`` (those kept for backward)."""
     if parallel is None:
         return dict(components), peak
     comps, extra = per_rank(components, units, parallel, world, nodes, gathered_bytes, grad_bytes, state_scalars)
@@ -105,7 +160,8 @@ def rank_peak(peak: float, components: dict, grads_at_peak: float, units, parall
     whole = sum(components.get(k, 0.0) for k in ("weights", "master_weights", "optimizer_states")) - state_scalars
     out = peak - (whole + grads_at_peak) * (1 - f)
     if phase != "optimizer step":
-        out += extra["gathered_params"] - components.get("weight_casts", 0.0)
+        casts = components.get("weight_casts", 0.0) if casts_at_peak is None else casts_at_peak
+        out += extra["gathered_params"] - casts
     if phase == "backward":
         out += extra["unsharded_grads"]
     comps.update(extra)

@@ -208,7 +208,10 @@ def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dic
     detail = {ph: (float(b), f"{ph}" + (f", in {where}" if where else "") + f" ({op})", float(grads or 0.0))
               for ph, (b, where, op, grads) in live.phase_peaks.items()}
     peak, at, grads = max(detail.values(), key=lambda v: v[0])
+    # phase -> the casts of weights alive at its peak (autocast's cache: every weight by the forward's end)
+    casts = {ph: float(c) for ph, c in live.phase_casts.items()}
     return dict(peak=peak, peak_at=at, grads_at_peak=grads, state_scalars=float(scalars), phase_detail=detail,
+                casts_at=casts,
                 phase_peaks={ph: v[0] for ph, v in detail.items()}, timeline=list(live.samples))
 
 
