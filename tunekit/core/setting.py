@@ -36,11 +36,51 @@ ATTENTIONS = tuple(registry.ATTENTIONS)
 HALF = tuple(d.name for d in registry.DTYPES.values() if d.bytes == 2)   # bf16, fp16: what half weights may be
 
 
-def toggle(default, help: str, choices: tuple | None = None, label: str | None = None):
+def best_precision(device: str | None, bf16: bool | None = None) -> str:
+    """The best precision ``device`` trains in: the one rule for the default precision where a
+    step is described by a device name without a Lab (``tunekit.plan``, ``tunekit plan``,
+    ``tunekit run``).
+
+    - a GPU of the spec table (`core.specs`): bf16 where the table lists its dense bf16 peak (Ampere
+      and newer, MI200/MI300); else the half precision it trains in instead (``specs.runs_instead``:
+      fp16 with a GradScaler on a V100 or T4); else fp32;
+    - ``"cuda"`` (this machine's GPU, by its type): bf16 when ``bf16`` (``torch.cuda.is_bf16_supported()``),
+      else fp16 with a GradScaler;
+    - ``"cpu"`` (or None): fp32, unless ``bf16`` says this CPU has fast bf16 (AMX / AVX512-BF16);
+      tunekit does not detect that, and bf16 elsewhere on a CPU runs slower than fp32.
+
+    A Lab's runs start from fp32 whatever the device (its baseline, the step every toggle is
+    compared against: ``Toggles.precision``'s declared default).
+
+    >>> best_precision("H100 SXM"), best_precision("T4"), best_precision("cpu")
+    ('bf16', 'fp16', 'fp32')
+    """
+    name = (device or "cpu").strip().lower()
+    if name.partition(":")[0] in ("cpu", "cuda", "mps"):
+        if name.startswith("cuda"):
+            return "bf16" if bf16 is not False else "fp16"
+        return "bf16" if bf16 else "fp32"
+    from tunekit.core.specs import find_spec, runs_instead, spec_peak
+
+    spec = find_spec(device)
+    if spec is None:
+        return "fp32"
+    if spec_peak(spec.name, "bf16")[0] is not None:
+        return "bf16"
+    instead = runs_instead(spec, "bf16")
+    return instead[0] if instead else "fp32"
+
+
+def toggle(default, help: str, choices: tuple | None = None, label: str | None = None,
+           device_default=None, tune: bool = False):
     """A field of `Toggles` with what the UIs show of it: ``help`` (the CLI option's, the
     dashboard control's tooltip), ``choices`` (a dropdown, the CLI's choices, the values autotune
-    tries), ``label`` (the dashboard's; default: the name with spaces)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "label": label})
+    tries), ``label`` (the dashboard's; default: the name with spaces). ``device_default``: a rule
+    ``(device name, bf16) -> value`` giving the default where a step is described by its device
+    (`best_precision`; the CLIs show it); ``tune``: autotune tries the toggle's values in a stage
+    of its own (`core.toggles.search_stages`) when no stage of ``SEARCH`` names it."""
+    return field(default=default, metadata={"help": help, "choices": choices, "label": label,
+                                            "device_default": device_default, "tune": tune})
 
 
 @dataclass(frozen=True)
@@ -53,7 +93,7 @@ class Toggles:
 
     Example: ``Toggles(precision="bf16", micro_batch=16).replace(checkpointing=True)``."""
 
-    precision: str = toggle("fp32", "training precision", PRECISIONS)
+    precision: str = toggle("fp32", "training precision", PRECISIONS, device_default=best_precision)
     checkpointing: bool = toggle(False, "recompute each block in backward")
     micro_batch: int = toggle(8, "samples per micro-step (per rank)")
     grad_accum: int = toggle(1, "micro-steps per optimizer step")
@@ -150,7 +190,8 @@ class Setting(Toggles):
 
     Example: ``tunekit.Setting(precision="bf16", micro_batch=16).replace(checkpointing=True)``."""
 
-    weights: str | None = _more(None, "parameter dtype; None: the model's own (fp32 from a config)", (None,) + HALF)
+    weights: str | None = _more(None, "parameter dtype; None: the model's own (fp32 from a config)",
+                                (None, "fp32") + HALF)
     parallel: str | None = _more(None, "ddp | fsdp | fsdp_grad_op | hsdp over world_size ranks", PARALLEL)
     world_size: int = _more(1, "ranks (GPUs) in all")
     nodes: int = _more(1, "machines the ranks are spread over")
@@ -223,15 +264,40 @@ class Setting(Toggles):
 STEP_WORDS = tuple(f.name for f in fields(Setting))   # the keywords that describe a step, in every API
 
 
+def step_words(cls: type | None = None) -> tuple:
+    """The names of ``cls``'s fields (default `Setting`) as declared now (`STEP_WORDS` at import)."""
+    return tuple(f.name for f in fields(cls or Setting))
+
+
+def step_keywords(fn):
+    """Show ``fn(target, device, ..., **step)``'s step keywords in its signature: ``**step``
+    becomes one keyword-only parameter per `Setting` field ``fn`` does not name itself (but
+    ``model``: the target is the model), default None (the target's, else ``fn``'s default);
+    ``help()`` and Jupyter's ``?`` list them. Calls are unchanged; a field declared after
+    import is taken too (``validate.keywords_checked`` reads ``fn._step_words``).
+
+    Example: ``@step_keywords`` over ``def plan(target, device="H100 SXM", *, setting=None, **step)``."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    kept = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    taken = {p.name for p in kept} | {"model"}
+    kept += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f.type)
+             for f in fields(Setting) if f.name not in taken]
+    fn.__signature__ = sig.replace(parameters=kept)
+    fn._step_words = lambda: set(step_words()) - taken
+    return fn
+
+
 def choices_of(cls) -> dict:
     """Each field of a Toggles/Setting class with declared choices -> them (what `validate.meant`
     reads to name the keyword a value belongs to)."""
     return {f.name: f.metadata["choices"] for f in fields(cls) if f.metadata.get("choices")}
 
 
-# what a step's keywords take (weights also "fp32", which its dropdown leaves out): a keyword Setting
-# (or plan) lacks, or a value its keyword refuses and another takes, is refused naming that one
-SETTING_CHOICES = {**choices_of(Setting), "weights": (None, "fp32") + HALF}
+# what a step's keywords take: a keyword Setting (or plan) lacks, or a value its keyword refuses and
+# another takes, is refused naming that one
+SETTING_CHOICES = choices_of(Setting)
 Setting.__init__ = validate.keywords_checked(SETTING_CHOICES)(Setting.__init__)
 
 

@@ -39,6 +39,8 @@ class Declared:
     help: str
     label: str
     choices: tuple | None  # None: any value of ``kind``
+    device_default: object = None   # (device, bf16) -> the default where a step is described by its device
+    tune: bool = False              # autotune tries its values in a stage of its own (`search_stages`)
 
     @property
     def control(self) -> str:
@@ -63,7 +65,8 @@ def declared(cls: type | None = None) -> tuple[Declared, ...]:
         kind = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
         meta = f.metadata
         out.append(Declared(f.name, kind, f.default, meta.get("help") or f"the Lab's {f.name} toggle",
-                            meta.get("label") or f.name.replace("_", " "), meta.get("choices")))
+                            meta.get("label") or f.name.replace("_", " "), meta.get("choices"),
+                            meta.get("device_default"), bool(meta.get("tune"))))
     return tuple(out)
 
 
@@ -92,6 +95,7 @@ def toggle_keywords(fn):
     kept += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=LAB_DEFAULT, annotation=f.type)
              for f in dataclasses.fields(Toggles) if f.name not in taken]
     fn.__signature__ = sig.replace(parameters=kept)
+    fn._step_words = lambda: {f.name for f in dataclasses.fields(Toggles)} - taken   # one declared after this
     return fn
 
 
@@ -105,6 +109,15 @@ SEARCH = (("precision", ("precision",)),       # first: it changes what fits
           ("micro_batch", ("checkpointing", "micro_batch")),  # checkpointing pays only through the batch
           ("final", ()),
           ("compile", ("compile",)))           # last: a first compile costs tens of seconds
+
+
+def search_stages() -> tuple:
+    """`SEARCH`, and a stage of its own before "final" for each toggle declared with ``tune=True``
+    that no stage names (it tries the toggle's `Declared.values`): what autotune runs."""
+    named = {n for _, names in SEARCH for n in names}
+    extra = tuple((t.name, (t.name,)) for t in declared() if t.tune and t.name not in named)
+    at = [name for name, _ in SEARCH].index("final")
+    return SEARCH[:at] + extra + SEARCH[at:]
 
 
 @dataclass
