@@ -169,9 +169,19 @@ def layout(args, env=None) -> tuple[int, int, dict | None]:
     return nproc, nodes, link
 
 
+def with_rules(args):
+    """``args`` with each toggle left at a rule of the device (`cli.options.DeviceRule`: the
+    precision) given the rule's value on this machine's default device (`here`)."""
+    for t in tg.declared(tg.Toggles):
+        if t.device_default:
+            setattr(args, t.name, resolved(getattr(args, t.name), t.device_default, *here()))
+    return args
+
+
 def changed_toggles(args) -> dict:
-    """The toggles given on the command line (the device's precision filled in by `check`) that
-    differ from Toggles' defaults."""
+    """The toggles given on the command line (the device's precision: `with_rules`) that differ
+    from Toggles' defaults."""
+    with_rules(args)
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(tg.Toggles)
             if getattr(args, f.name) != f.default}
 
@@ -188,9 +198,7 @@ def check(args, env=None) -> tuple:
                       "torchrun (trace a one-process run of the same toggles instead)")
     from tunekit.measure.device import default_device
 
-    for t in tg.declared(tg.Toggles):   # a default that is the device's rule: this machine's device's
-        if t.device_default:
-            setattr(args, t.name, resolved(getattr(args, t.name), t.device_default, *here()))
+    with_rules(args)
     t = tg.Toggles().replace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(tg.Toggles)})
     problems = tg.problems(t, tg.Env(device_type=default_device().type))
     if problems:

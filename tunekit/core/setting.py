@@ -8,8 +8,9 @@
 
 Every entry point takes one (``lab.run(setting=s)``, ``tunekit.plan(cfg, setting=s)``,
 ``tunekit.estimate_memory(cfg, setting=s)``, ``tunekit.measure_memory(model, batch, setting=s)``)
-and its keywords remain (each API's own spelling of a step, with its own defaults); a word means
-the same wherever it is written:
+and its keywords remain (each API's own spelling of a step, with its own defaults; the precision,
+where a step is described by its device, is one rule: `best_precision`); a word means the same
+wherever it is written:
 
 - ``precision``: the training precision, one of `registry.PRECISIONS`. ``"bf16"``/``"fp16"`` run
   the forward under ``torch.autocast`` to that dtype over the weights as they are; ``"tf32"``
@@ -162,6 +163,43 @@ class Toggles:
         return Toggles(**{f.name: getattr(self, f.name) for f in fields(Toggles)})
 
 
+# why a value a step word refuses would be wrong, said after the refusal (one wording per refusal)
+WHY = {"micro_batch": "a step needs at least one sample",
+       "grad_accum": "a step needs at least one sample per micro-step",
+       "lr": "0 trains nothing, and an infinite or NaN learning rate turns every weight into NaN",
+       "precision": "the training precision; weights= names the parameters' dtype"}
+
+
+def word_problems(t: Toggles) -> tuple[list[str], dict]:
+    """(a sentence per toggle of ``t`` holding what it cannot, its values in canonical form): the
+    one place each toggle's own rule is worded (a Setting raises them when made, the Lab's
+    `core.toggles.problems` lists them); a numpy int becomes an int, "adam" the registry's
+    "adamw", "eager" attention "math". What a machine or a model allows is not said here.
+
+    >>> word_problems(Toggles(micro_batch=0))[0]
+    ['micro_batch must be a whole number >= 1, got 0: a step needs at least one sample']
+    """
+    errors, fixed = [], {}
+    checks = [(n, validate.whole) for n in ("micro_batch", "grad_accum", "world_size", "nodes") if hasattr(t, n)]
+    checks += [("seq_len", validate.whole)] if t.seq_len is not None else []
+    checks += [("checkpointing", validate.flag), ("compile", validate.flag), ("lr", validate.real)]
+    for name, check in checks:
+        try:
+            fixed[name] = check(name, getattr(t, name))
+        except ValueError as e:
+            errors.append(f"{e}: {WHY[name]}" if name in WHY else str(e))
+    if t.precision not in PRECISIONS:
+        errors.append(f"precision must be one of {PRECISIONS}, got {t.precision!r}: {WHY['precision']}")
+    for name, resolve in (("optimizer", registry.optimizer), ("attention", registry.attention)):
+        value = getattr(t, name)
+        if value is not None:
+            try:
+                fixed[name] = resolve(value).name
+            except (ValueError, TypeError, AttributeError) as e:
+                errors.append(str(e))
+    return errors, fixed
+
+
 def _more(default, help: str, choices: tuple | None = None):
     """A field a Setting adds to the toggles (not a dashboard control)."""
     return field(default=default, metadata={"help": help, "choices": choices})
@@ -203,17 +241,7 @@ class Setting(Toggles):
         registry's "adamw", "eager" attention "math"); a ValueError lists every problem. What a
         machine or a model allows (fp16 on a CPU, a sequence past the model's positions) is for
         the API that runs it to refuse."""
-        errors, fixed = [], {}
-        checks = [(n, validate.whole) for n in ("micro_batch", "grad_accum", "world_size", "nodes")]
-        checks += [("seq_len", validate.whole)] if self.seq_len is not None else []
-        checks += [("checkpointing", validate.flag), ("compile", validate.flag), ("lr", validate.real)]
-        for name, check in checks:
-            value = validate.collect(errors, check, name, getattr(self, name))
-            if value is not None:
-                fixed[name] = value
-        if self.precision not in PRECISIONS:
-            errors.append(f"precision must be one of {PRECISIONS} (the training precision; weights= names the "
-                          f"parameters' dtype), got {self.precision!r}")
+        errors, fixed = word_problems(self)
         if self.weights not in (None, "fp32") + HALF:
             errors.append(f"weights must be None (the model's own), 'fp32', 'bf16' or 'fp16', got {self.weights!r}")
         for name, resolve in (("optimizer", registry.optimizer), ("attention", registry.attention)):

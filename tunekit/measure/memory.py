@@ -191,7 +191,8 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
         optimizer, precision, checkpointing = s.optimizer, s.precision, s.checkpointing
         micro_batch, seq_len = s.micro_batch, s.seq_len
     else:   # the words given, checked once by the Setting (None: left as the target has them)
-        given = dict(precision=None if isinstance(precision, torch.dtype) else precision, checkpointing=checkpointing, micro_batch=micro_batch, seq_len=seq_len,
+        given = dict(precision=None if isinstance(precision, torch.dtype) else precision,
+                     checkpointing=checkpointing, micro_batch=micro_batch, seq_len=seq_len,
                      optimizer=optimizer if isinstance(optimizer, str) else None)
         checked = Setting(**{k: v for k, v in given.items() if v is not None})
         precision, checkpointing, micro_batch, seq_len, optimizer = (
