@@ -133,7 +133,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
                     setting=s, components=placed.components, fixed=dev.fixed,
                     tokens=tokens, unit=unit, executed_flops=step.executed, model_flops=step.model_flops,
                     bound_step_s=max(compute, placed.comm_s), peak_tflops=dev.peak, bandwidth_tbs=dev.bandwidth,
-                    bound_by=bound_by, notes=notes + enotes, max_micro_batch=found, alternatives=tries,
+                    bound_by=bound_by, notes=notes + enotes + unmodelled(s), max_micro_batch=found, alternatives=tries,
                     peak_bytes=placed.peak, peak_at=placed.peak_at, phase_peaks=step.phase_peaks,
                     timeline=_thin(step.timeline), parallel=layout, compute_bound_s=compute,
                     comm_s=placed.comm_s, comm=placed.comm, expected=expected, advice=advice, not_tried=pruned)
@@ -280,7 +280,7 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
 def _notes(steps: _Steps, s: Setting, step: FakeStep, placed: Placed, cfg, kind, unit, seq_note, found,
            search_limit, pruned) -> list:
     """The plan's notes, in order: the sequence, the fake step's, the count's, the device's, the
-    placement's, the advice's, then what the plan does not model."""
+    placement's, the advice's (the expectation's and what the plan does not model follow)."""
     gpu, dev = steps.gpu, steps.dev
     if getattr(gpu, "seen", False):
         steps.notes.append(GpuKernels.NOTE)
@@ -297,7 +297,7 @@ def _notes(steps: _Steps, s: Setting, step: FakeStep, placed: Placed, cfg, kind,
     if dev.name != "cpu":
         notes.append("a CPU-device fake step placed on the GPU's figures: CUDA autocast's op lists and what the "
                      "caching allocator reserves beyond its 512-byte blocks are not modelled")
-    return notes + unmodelled(s)
+    return notes
 
 
 def unmodelled(s: Setting) -> list:
