@@ -200,6 +200,9 @@ def word_problems(t: Toggles) -> tuple[list[str], dict]:
     return errors, fixed
 
 
+REFUSED = "tunekit.Setting: "   # how a Setting's refusal starts
+
+
 def _more(default, help: str, choices: tuple | None = None):
     """A field a Setting adds to the toggles (not a dashboard control)."""
     return field(default=default, metadata={"help": help, "choices": choices})
@@ -244,13 +247,6 @@ class Setting(Toggles):
         errors, fixed = word_problems(self)
         if self.weights not in (None, "fp32") + HALF:
             errors.append(f"weights must be None (the model's own), 'fp32', 'bf16' or 'fp16', got {self.weights!r}")
-        for name, resolve in (("optimizer", registry.optimizer), ("attention", registry.attention)):
-            value = getattr(self, name)
-            if value is not None:
-                try:
-                    fixed[name] = resolve(value).name
-                except (ValueError, TypeError, AttributeError) as e:
-                    errors.append(str(e))
         if self.parallel not in (None,) + PARALLEL:
             errors.append(f"parallel must be None (one process) or one of {PARALLEL}, got {self.parallel!r}")
         elif self.parallel is None and (self.world_size, self.nodes) != (1, 1):
@@ -262,7 +258,7 @@ class Setting(Toggles):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 errors.append(f"{name} must be a name (a str) or None, got {getattr(self, name)!r}")
         if errors:
-            raise ValueError("tunekit.Setting: " + "; ".join(errors))
+            raise ValueError(REFUSED + "; ".join(errors))
         for name, value in fixed.items():
             object.__setattr__(self, name, value)
 
@@ -290,6 +286,15 @@ class Setting(Toggles):
 
 
 STEP_WORDS = tuple(f.name for f in fields(Setting))   # the keywords that describe a step, in every API
+
+
+def from_words(base: Toggles | None = None, **words) -> Setting:
+    """``Setting.of(base, **words)`` for an API's own keywords: refused as the Setting refuses
+    them, without naming the class its caller did not write (``micro_batch must be ...``)."""
+    try:
+        return Setting.of(base, **words)
+    except ValueError as e:
+        raise ValueError(str(e).removeprefix(REFUSED)) from None
 
 
 def step_words(cls: type | None = None) -> tuple:

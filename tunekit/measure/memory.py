@@ -23,7 +23,7 @@ from tunekit.core import registry
 from tunekit.core.memory.answer import COMPONENTS, MemoryAnswer
 from tunekit.core.memory.estimate import MemoryEstimate, estimate_memory
 from tunekit.core.notes import Note
-from tunekit.core.setting import HALF, Setting, from_keywords
+from tunekit.core.setting import HALF, Setting, from_keywords, from_words
 from tunekit.core.units import GiB, is_missing
 from tunekit.core.validate import flag
 from tunekit.measure import nvml
@@ -194,7 +194,7 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
         given = dict(precision=None if isinstance(precision, torch.dtype) else precision,
                      checkpointing=checkpointing, micro_batch=micro_batch, seq_len=seq_len,
                      optimizer=optimizer if isinstance(optimizer, str) else None)
-        checked = Setting(**{k: v for k, v in given.items() if v is not None})
+        checked = from_words(**{k: v for k, v in given.items() if v is not None})
         precision, checkpointing, micro_batch, seq_len, optimizer = (
             getattr(checked, k) if given[k] is not None else v for k, v in
             (("precision", precision), ("checkpointing", checkpointing), ("micro_batch", micro_batch),

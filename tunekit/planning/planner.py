@@ -22,7 +22,15 @@ from tunekit.core import registry, validate
 from tunekit.core.breakdown import by_category
 from tunekit.core.comm import layout_problems
 from tunekit.core.efficiency import ATTENTION_KERNELS
-from tunekit.core.setting import HALF, SETTING_CHOICES, Setting, best_precision, from_keywords, step_keywords
+from tunekit.core.setting import (
+    HALF,
+    SETTING_CHOICES,
+    Setting,
+    best_precision,
+    from_keywords,
+    from_words,
+    step_keywords,
+)
 from tunekit.measure.device import torch_dtype
 from tunekit.planning.advice import dimensions, pruned_note, search_changes
 from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
@@ -156,7 +164,7 @@ def planned_setting(setting, device, step: dict, brought: dict, cfg, kind) -> tu
     else:
         device = validate.text("device", device)
         words = {**PLAN_DEFAULTS, "precision": best_precision(device), **brought, **given, "device": device}
-        s = Setting.of(None, **{k: v for k, v in words.items() if v is not None})
+        s = from_words(**{k: v for k, v in words.items() if v is not None})
     limit = max_len(cfg, kind)   # None: a module without a position limit
     note = []
     if s.seq_len is None:
