@@ -37,11 +37,11 @@ from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
 from tunekit.planning.cuda_like import GpuKernels, quiet_fake_logs
 from tunekit.planning.device import device_figures
 from tunekit.planning.expect import expected_of
-from tunekit.planning.module import ModuleTarget, Stepped
+from tunekit.planning.module import ModuleTarget
 from tunekit.planning.record import Placed, Plan, PlanDevice
 from tunekit.planning.shard import INTER_NODE_GBS, INTER_NODE_SOURCE, comm_seconds, rank_peak, shard_count
 from tunekit.planning.step import FakeStep, complete, fake_step, search_micro_batch
-from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name
+from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name, set_attention
 from tunekit.view.progress import wait_progress
 
 COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled step often saves fewer activations); "
@@ -129,7 +129,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
             found = search_micro_batch(s, steps.trial, steps.total, dev.memory, search_limit) if search else None
             tried, advice, pruned = (_advise(steps, s, step, attention_kernel) if steps.total(step, s) > dev.memory
                                      else ([], [], []))
-        placed = steps.placed(step, s, layout, dev)
+        placed = _placed(step, s, layout, dev)
         notes = _notes(steps, s, step, placed, cfg, kind, unit, seq_note, found, search_limit, pruned)
         shown.at("the expected step" + (": this CPU's figures (measured once, then cached)" if dev.name == "cpu"
                                         else ""))
@@ -223,7 +223,7 @@ class _Steps:
         if s.weights not in self.models:
             self.shown.say(f"building the model ({s.weights or 'fp32'} weights, fake)")
             self.models[s.weights] = build(self.cfg, self.kind, torch_dtype(s.weights) if s.weights else None)
-            _set_attention(self.models[s.weights], self.setting.attention, self.notes)
+            set_attention(self.models[s.weights], self.setting.attention, self.notes)
         key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.optimizer, s.attention)
         step = self.steps.get(key)
         if step is None:
@@ -240,9 +240,6 @@ class _Steps:
         if parts:
             complete(self.models[s.weights], self.kind, self.cfg, s, s.micro_batch, step, parts, self.shown.say)
         return step
-
-    def placed(self, step: FakeStep, s: Setting, layout, dev: PlanDevice) -> Placed:
-        return _placed(step, s, layout, dev)
 
     def total(self, step: FakeStep, s: Setting) -> float:
         """The step's total on the plan's device and layout (the search's test)."""
@@ -377,22 +374,6 @@ def _changes(plan_setting, s) -> str:
     """What a combination the advice tries changes, in ``plan``'s keywords."""
     return ", ".join(f"{f}={getattr(s, f)!r}" for f in ("checkpointing", "weights", "optimizer", "micro_batch",
                                                        "grad_accum") if getattr(s, f) != getattr(plan_setting, f))
-
-
-def _set_attention(model, attention, notes) -> None:
-    if attention is None:
-        return
-    from tunekit.core.registry import attention as resolve
-    from tunekit.models.adapters import adapt
-
-    name = resolve(attention).name
-    adapter = model.adapter if isinstance(model, Stepped) else adapt(model)
-    if name == "flash":   # flash-attn needs CUDA: CPU's fused SDPA saves the same (output, logsumexp)
-        notes.append("attention='flash' planned as torch's fused SDPA, which saves the same tensors for backward")
-        name = "sdpa"
-    if name not in adapter.attentions:
-        raise ValueError(f"this model cannot switch its attention to {attention!r}: it offers {adapter.attentions}")
-    adapter.set_attention(name)
 
 
 def _thin(samples, most: int = 600) -> list:

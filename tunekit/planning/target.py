@@ -12,7 +12,7 @@ from tunekit.core import validate
 from tunekit.core.extras import missing_extra
 from tunekit.core.setting import HALF, Setting
 from tunekit.measure.device import weights_dtype
-from tunekit.planning.module import ModuleTarget
+from tunekit.planning.module import ModuleTarget, Stepped
 
 
 @contextlib.contextmanager
@@ -147,3 +147,21 @@ def build(cfg, kind, dtype):
         return auto.from_config(cfg, dtype=dtype or torch.float32)
     finally:
         torch.set_default_dtype(previous)
+
+
+def set_attention(model, attention, notes) -> None:
+    """The built model's attention switched to ``attention`` (None: its own); flash is planned as
+    torch's fused SDPA (said in ``notes``)."""
+    if attention is None:
+        return
+    from tunekit.core.registry import attention as resolve
+    from tunekit.models.adapters import adapt
+
+    name = resolve(attention).name
+    adapter = model.adapter if isinstance(model, Stepped) else adapt(model)
+    if name == "flash":   # flash-attn needs CUDA: CPU's fused SDPA saves the same (output, logsumexp)
+        notes.append("attention='flash' planned as torch's fused SDPA, which saves the same tensors for backward")
+        name = "sdpa"
+    if name not in adapter.attentions:
+        raise ValueError(f"this model cannot switch its attention to {attention!r}: it offers {adapter.attentions}")
+    adapter.set_attention(name)
