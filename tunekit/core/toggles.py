@@ -114,7 +114,8 @@ def search_stages() -> tuple:
     that no stage names (it tries the toggle's `Declared.values`): what autotune runs."""
     named = {n for _, names in SEARCH for n in names}
     extra = tuple((t.name, (t.name,)) for t in declared() if t.tune and t.name not in named)
-    at = [name for name, _ in SEARCH].index("final")
+    names = [name for name, _ in SEARCH]
+    at = names.index("final") if "final" in names else len(names)
     return SEARCH[:at] + extra + SEARCH[at:]
 
 

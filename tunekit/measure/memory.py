@@ -14,6 +14,7 @@ are added, with `other` = what the named components do not explain.
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -50,10 +51,7 @@ class MemoryReport(MemoryAnswer):
     @property
     def precision(self) -> str:
         """Deprecated: the memory layout, `layout` (a training precision is Setting.precision)."""
-        import warnings
-
-        warnings.warn("MemoryReport.precision is the memory layout: read MemoryReport.layout", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn("MemoryReport.precision is the memory layout: read MemoryReport.layout", DeprecationWarning, 2)
         return self.layout
 
     @property
@@ -123,8 +121,7 @@ def optimizer_name(opt) -> str | None:
 
 
 def autocast_torch(precision):
-    """The torch dtype a training precision autocasts to (`Setting.autocast`; the Setting refuses
-    a word that is none), None for none."""
+    """The torch dtype a training precision autocasts to (`Setting.autocast`, which checks it), or None."""
     if precision is None or isinstance(precision, torch.dtype):
         return precision
     ac = Setting(precision=precision).autocast
@@ -185,20 +182,15 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
 
     Example: ``tunekit.measure_memory(lab, precision="bf16").to_frame()``.
     """
-    s = from_keywords(setting, "measure_memory", optimizer=optimizer, precision=precision,
-                      checkpointing=checkpointing, micro_batch=micro_batch, seq_len=seq_len)
-    if s is not None:
-        optimizer, precision, checkpointing = s.optimizer, s.precision, s.checkpointing
-        micro_batch, seq_len = s.micro_batch, s.seq_len
-    else:   # the words given, checked once by the Setting (None: left as the target has them)
-        given = dict(precision=None if isinstance(precision, torch.dtype) else precision,
-                     checkpointing=checkpointing, micro_batch=micro_batch, seq_len=seq_len,
-                     optimizer=optimizer if isinstance(optimizer, str) else None)
-        checked = from_words(**{k: v for k, v in given.items() if v is not None})
-        precision, checkpointing, micro_batch, seq_len, optimizer = (
-            getattr(checked, k) if given[k] is not None else v for k, v in
-            (("precision", precision), ("checkpointing", checkpointing), ("micro_batch", micro_batch),
-             ("seq_len", seq_len), ("optimizer", optimizer)))
+    words = dict(optimizer=optimizer, precision=precision, checkpointing=checkpointing, micro_batch=micro_batch,
+                 seq_len=seq_len)
+    s = from_keywords(setting, "measure_memory", **words)
+    # else the words given, checked once by the Setting (None, a torch dtype, an optimizer object: as they are)
+    given = {k: v for k, v in words.items() if isinstance(v, str) or v is not None and k not in ("precision",
+                                                                                                  "optimizer")}
+    checked = s if s is not None else from_words(**given)
+    optimizer, precision, checkpointing, micro_batch, seq_len = (
+        getattr(checked, k) if s is not None or k in given else v for k, v in words.items())
     flag("estimate", estimate)
     tg = _unpack_target(target, batch, micro_batch, seq_len)
     if s is not None and s.attention is not None:
