@@ -12,6 +12,8 @@ import types
 import pytest
 
 from tunekit.cli import main as cli
+from tunekit.cli.options import DeviceRule
+from tunekit.cli.options import flag as option_flag
 from tunekit.core.results import RunResult
 from tunekit.core.toggles import Toggles
 from tunekit.lab.runlog import read_records
@@ -32,8 +34,9 @@ def test_help_lists_every_toggle_with_its_default(args):
     out = subprocess.run([sys.executable, "-m", "tunekit", *args], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     for f in dataclasses.fields(Toggles):
-        entry = _help_of(out.stdout, cli._flag(f.name))
-        assert f"(default: {f.default})" in entry, entry
+        entry = _help_of(out.stdout, option_flag(f.name))
+        # a default that is a rule of the device (the precision: core.setting.best_precision) says the rule
+        assert f"(default: {DeviceRule() if f.metadata.get('device_default') else f.default})" in entry, entry
     for flag, default in (("--steps", 20), ("--warmup", 2), ("--model", "cpu-tiny"), ("--parallel", "none"),
                           ("--nproc", None), ("--nodes", None), ("--link-bandwidth", None),
                           ("--link-latency", None), ("--log", "tunekit-runs.jsonl"),

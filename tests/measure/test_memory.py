@@ -33,7 +33,7 @@ def test_hand_mlp_fp32_adamw():
     # saved: the input x (5*8*4 = 160) for the first weight's grad, the ReLU output
     # (5*16*4 = 320) for ReLU and the second Linear (one storage) -> 480
     assert m["activations"] == 480 and m["weight_casts"] == 0
-    assert rep.precision == "fp32"
+    assert rep.layout == "fp32"
     # AdamW(lr=0) leaves the weights as they were; grads are dropped afterwards
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters())
@@ -46,7 +46,7 @@ def test_hand_mlp_sgd_momentum_under_autocast():
     opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9)
     rep = measure_memory(model, (x,), optimizer=opt, precision="bf16")
     m = rep.measured
-    assert rep.precision == "amp"
+    assert rep.layout == "amp"
     assert m["optimizer_states"] == 848                  # one momentum buffer per param
     assert rep.estimate["optimizer_states"] == 848       # the "sgd" (momentum) formula: 4 B/param
     # bf16 copies: x cast (5*8*2 = 80) + ReLU output (5*16*2 = 160) = 240; the second weight's
@@ -126,7 +126,7 @@ def test_report_frame_and_figure(tiny_cfg):
 def test_measure_a_lab(make_lab):
     lab = make_lab(preset="cpu-tiny", micro_batch=2, seq_len=32)
     rep = measure_memory(lab)
-    assert rep.precision == "fp32" and rep.measured["activations"] > 0
+    assert rep.layout == "fp32" and rep.measured["activations"] > 0
     assert lab.optimizer is None          # the Lab's own optimizer was not created or stepped
     # micro_batch=2, seq_len=32 from the Lab's defaults: the estimate uses the same shapes
     assert rep.estimate.inputs["micro_batch"] == 2 and rep.estimate.inputs["seq_len"] == 32
@@ -170,7 +170,7 @@ def test_half_weights_with_autocast_word_are_pure_half():
     model = nn.Linear(8, 8).to(torch.bfloat16)
     rep = measure_memory(model, (torch.randn(4, 8, dtype=torch.bfloat16),), precision="bf16")
     # 8*8 + 8 = 72 bf16 params = 144 bytes; the estimate must read pure bf16, not autocast's fp32
-    assert rep.precision == "bf16" and rep.measured["weights"] == 144
+    assert rep.layout == "bf16" and rep.measured["weights"] == 144
     assert rep.error("weights") == 0.0 and rep.error("gradients") == 0.0
 
 

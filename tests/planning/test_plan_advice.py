@@ -1,6 +1,8 @@
 """What a plan advises when a step does not fit (planning/advice.py): combinations of changes over
 fake steps, supersets of one that fits pruned, those that fit ranked by expected tokens/s per GPU,
 each with its caveats as Notes of declared kinds. No timing is compared."""
+import dataclasses
+
 import pytest
 
 import tunekit
@@ -8,6 +10,24 @@ from tunekit.core.expected import Expected
 from tunekit.core.notes import kind_of, of_kind
 from tunekit.core.setting import Setting
 from tunekit.planning.advice import caveats, search_changes
+
+
+@dataclasses.dataclass
+class _Step:
+    """A made-up step: what the search reads of a `planning.step.FakeStep` (its FLOPs, once counted)."""
+
+    executed: float | None = None
+    ops: list | None = None
+
+    def has(self, part: str) -> bool:
+        return getattr(self, part) is not None
+
+
+@dataclasses.dataclass
+class _Placed:
+    """A made-up placement: what the search reads of a `planning.record.Placed`."""
+
+    total: float
 
 
 def _search():
@@ -22,21 +42,21 @@ def _search():
 
     def fake(s):
         faked.append(s)
-        return {}
+        return _Step()
 
     def count(s, step):
         counted.append(s)
-        step.update(ops=[], executed=s.micro_batch * (15.0 if s.checkpointing else 10.0))
+        step.ops, step.executed = [], s.micro_batch * (15.0 if s.checkpointing else 10.0)
 
     def place(step, s):
-        return {"total": bytes_of(s) / s.world_size + 5 if s.parallel else bytes_of(s)}
+        return _Placed(bytes_of(s) / s.world_size + 5 if s.parallel else bytes_of(s))
 
     def expect(step, s, placed):   # 1,000 tokens/s over a 1 s micro-step, 0.2 s of it the update
         return Expected(step_s=1.0, tokens_per_s=1000.0, mfu=0.5,
                         rows=[("mm", "matmul", 1, 0.8, "compute", ""), ("optimizer step", "optimizer", 1, 0.2,
                                                                          "memory", "")])
 
-    base = {"executed": 40.0, "ops": []}
+    base = _Step(executed=40.0, ops=[])
     tried, ranked, pruned = search_changes(setting, base, 100.0, fake=fake, count=count, place=place,
                                            expect=expect, sharding=True)
     return setting, faked, counted, tried, ranked, pruned
@@ -82,7 +102,7 @@ def _tight_search(faster_on_more: bool):
 
     def place(step, s):
         state = 90 if s.weights == "bf16" else 200
-        return {"total": state / (s.world_size if s.parallel else 1) + (16 if s.checkpointing else 76)}
+        return _Placed(state / (s.world_size if s.parallel else 1) + (16 if s.checkpointing else 76))
 
     def expect(step, s, placed):
         n = s.world_size if s.parallel else 1
@@ -90,9 +110,9 @@ def _tight_search(faster_on_more: bool):
         return Expected(step_s=step_s, tokens_per_s=1000 / step_s, mfu=0.5, rows=[])
 
     def count(s, step):
-        step.update(ops=[], executed=10.0)
+        step.ops, step.executed = [], 10.0
 
-    return search_changes(setting, {"executed": 10.0, "ops": []}, 100.0, fake=lambda s: {}, count=count,
+    return search_changes(setting, _Step(executed=10.0, ops=[]), 100.0, fake=lambda s: _Step(), count=count,
                           place=place, expect=expect, sharding=True)
 
 

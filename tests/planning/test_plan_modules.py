@@ -312,7 +312,8 @@ def test_a_500mb_module_plans_without_its_memory():
         tunekit.plan(torch.nn.Linear(4, 4), "H100 SXM", batch_fn=lambda b, s: (torch.randn(b, 4),))   # imports
         open("/proc/self/clear_refs", "w").write("5")   # VmHWM from here
         start = status("VmRSS:")
-        p = tunekit.plan(net, "H100 SXM", batch_fn=lambda b, s: (torch.randn(b, 4096),), micro_batch=4)
+        p = tunekit.plan(net, "H100 SXM", batch_fn=lambda b, s: (torch.randn(b, 4096),), micro_batch=4,
+                         precision="fp32")   # an H100's own default is bf16 (core.setting.best_precision)
         print(json.dumps(dict(grew_kib=status("VmHWM:") - start, same=digest() == before,
                               weights=p.components["weights"], activations=p.components["activations"])))
     ''')

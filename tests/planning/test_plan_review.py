@@ -8,9 +8,9 @@ TINY = tunekit.GPTConfig.preset("cpu-tiny")
 
 
 def test_half_weights_without_autocast_are_bounded_at_the_half_peak():
-    # weights="bf16" with the default precision (fp32): the matmuls run in bf16, so the speed of
+    # weights="bf16" with precision fp32 (no autocast): the matmuls run in bf16, so the speed of
     # light is the bf16 peak, not fp32's 67 TFLOPS (a bound 15x too slow, which a real run beats)
-    pure = tunekit.plan(TINY, "H100 SXM", weights="bf16", micro_batch=4, seq_len=64)
+    pure = tunekit.plan(TINY, "H100 SXM", precision="fp32", weights="bf16", micro_batch=4, seq_len=64)
     both = tunekit.plan(TINY, "H100 SXM", precision="bf16", weights="bf16", micro_batch=4, seq_len=64)
     assert pure.peak_tflops == 989
     assert pure.bound_step_s == pytest.approx(both.bound_step_s, rel=0.05)

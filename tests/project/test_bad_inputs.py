@@ -80,7 +80,7 @@ def _lab(tmp_path, model=None, **kw):
     ({"batch_fn": batches, "loss_fn": lambda m, x, y: m(x).argmax()}, TypeError,
      "loss_fn returned a torch.int64 tensor: backward() needs a floating-point loss"),
     ({"batch_fn": batches, "loss_fn": mse, "micro_batch": 0}, ToggleError,
-     "Lab(...) defaults: micro_batch must be a whole number >= 1 (got 0): a step needs at least one sample."),
+     "Lab(...) defaults: micro_batch must be a whole number >= 1, got 0: a step needs at least one sample"),
     ({"batch_fn": batches, "loss_fn": mse, "lr": float("nan")}, ToggleError, "Lab(...) defaults: lr must be"),
     ({"batch_fn": batches, "loss_fn": mse, "seed": -1}, ValueError, "seed must be a whole number >= 0, got -1"),
     ({"batch_fn": batches, "loss_fn": mse, "peak_tflops": 0}, ValueError,

@@ -17,9 +17,9 @@ KEEP = ("winner", "start")
 
 def searched() -> dict:
     """Toggle -> the values ``space`` may hold for it (None: whole numbers >= 1), for every
-    toggle a stage of `core.toggles.SEARCH` changes."""
+    toggle a stage of `core.toggles.search_stages` changes."""
     decl = {t.name: t for t in tg.declared()}
-    return {name: decl[name].values for _, names in tg.SEARCH for name in names}
+    return {name: decl[name].values for _, names in tg.search_stages() for name in names}
 
 
 def check_space(name: str, space):

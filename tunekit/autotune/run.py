@@ -138,7 +138,7 @@ def finish(lab, search: Search, snap: Snapshot, status: str, keep: str) -> Autot
     """Weights back as before the search; the winner or the start applied; the result built."""
     if status != "complete":
         search.top_two()
-        undone = [s for s, _ in tg.SEARCH if s not in search.done]
+        undone = [s for s, _ in tg.search_stages() if s not in search.done]
         search.notes.append(f"stages not finished: {', '.join(undone)}")
         for c in search.order:
             if c.status == "waiting":

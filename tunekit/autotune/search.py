@@ -158,7 +158,7 @@ class Search:
     def trial_text(self, c: Candidate, attempt: int) -> str:
         """What the trial starting now is, for a display: 'stage 1/6 precision · trial 5: bf16
         (repeat 1) · best 41,200 tokens/s' (the incumbent's best, once measured)."""
-        names = [name for name, _ in tg.SEARCH]
+        names = [name for name, _ in tg.search_stages()]
         stage = f"stage {names.index(self.stage) + 1}/{len(names)} {self.stage}" if self.stage in names \
             else self.stage
         again = ", measured again: the machine was busy" if attempt else ""

@@ -14,7 +14,7 @@ from tunekit.core.toggles import TF32_ON_CPU, Toggles, label
 
 def run(s: Search) -> None:
     """Every stage in order, then the tiebreak and the judgement of the top two."""
-    for name, toggles in tg.SEARCH:
+    for name, toggles in tg.search_stages():
         s.stage = name
         RULES.get(name, try_values)(s, toggles)
         s.done.append(name)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from tunekit.cli.model import Refused, model_source
+from tunekit.cli.options import add_options, resolved
 from tunekit.core import comm
 from tunekit.core import toggles as tg
 from tunekit.core.run_text import summary_lines  # one builder: print(r) shows the same lines
@@ -39,24 +40,6 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
     pass
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _toggle_options(p: argparse.ArgumentParser) -> None:
-    """One option per declared toggle (`core.toggles.declared`): its type, default, help and choices."""
-    group = p.add_argument_group("toggles (tunekit.core.toggles.Toggles)")
-    for t in tg.declared(tg.Toggles):
-        kw = {"default": t.default, "help": t.help}
-        if t.kind is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            kw["type"], kw["metavar"] = t.kind, t.name.upper()
-        if t.choices is not None:
-            kw["choices"], kw["metavar"] = t.choices, "{" + ",".join(t.choices) + "}"
-        group.add_argument(_flag(t.name), dest=t.name, **kw)
-
-
 def run_parser() -> argparse.ArgumentParser:
     from tunekit.models.gpt import PRESETS
 
@@ -68,7 +51,7 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="cpu-tiny",
                    help=f"a GPT preset ({', '.join(PRESETS)}), a transformers config JSON file, or "
                         "'package.module:function' returning the model")
-    _toggle_options(p)
+    add_options(p, tg.Toggles, "toggles (tunekit.core.setting.Toggles)")
     d = p.add_argument_group("distributed (torch.distributed; under torchrun the job's layout is used)")
     d.add_argument("--parallel", choices=PARALLEL, default="none",
                    help="none: one process; ddp; fsdp (FULL_SHARD); fsdp_grad_op (SHARD_GRAD_OP); "
@@ -186,8 +169,19 @@ def layout(args, env=None) -> tuple[int, int, dict | None]:
     return nproc, nodes, link
 
 
+def with_rules(args):
+    """``args`` with each toggle left at a rule of the device (`cli.options.DeviceRule`: the
+    precision) given the rule's value on this machine's default device (`here`)."""
+    for t in tg.declared(tg.Toggles):
+        if t.device_default:
+            setattr(args, t.name, resolved(getattr(args, t.name), t.device_default, *here()))
+    return args
+
+
 def changed_toggles(args) -> dict:
-    """The toggles given on the command line that differ from Toggles' defaults."""
+    """The toggles given on the command line (the device's precision: `with_rules`) that differ
+    from Toggles' defaults."""
+    with_rules(args)
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(tg.Toggles)
             if getattr(args, f.name) != f.default}
 
@@ -204,6 +198,7 @@ def check(args, env=None) -> tuple:
                       "torchrun (trace a one-process run of the same toggles instead)")
     from tunekit.measure.device import default_device
 
+    with_rules(args)
     t = tg.Toggles().replace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(tg.Toggles)})
     problems = tg.problems(t, tg.Env(device_type=default_device().type))
     if problems:
@@ -218,6 +213,17 @@ def check(args, env=None) -> tuple:
         except OSError as e:
             raise Refused(str(e)) from None
     return source, nproc, nodes, link
+
+
+def here() -> tuple[str, bool | None]:
+    """This machine's default device type and whether it trains in bf16 (CUDA: torch says; a
+    CPU's fast bf16 is not detected): what a rule of the device is given (`core.setting.best_precision`)."""
+    import torch
+
+    from tunekit.measure.device import default_device
+
+    device = default_device()
+    return device.type, (torch.cuda.is_bf16_supported() if device.type == "cuda" else None)
 
 
 # --- the spec a torchrun rank joins with (tunekit.models.spec, as dist.worker reads it) --------

@@ -10,46 +10,42 @@ Exit 0: the step fits; 1: it does not (the plan says by how much); 2: refused be
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 
 from tunekit.cli.model import Refused, model_source
-from tunekit.core import gpus, registry, specs
+from tunekit.cli.options import add_options, resolved
+from tunekit.core import gpus, specs
 from tunekit.core.extras import missing_extra
-from tunekit.core.setting import HALF, PARALLEL, Setting
+from tunekit.core.setting import Setting
+from tunekit.core.toggles import declared
 
 
 def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFormatter) -> argparse.ArgumentParser:
+    """``tunekit plan``'s options: one per field of `core.setting.Setting` (cli.options), with
+    plan's own defaults (`planning.planner.PLAN_DEFAULTS`, its device; the precision: the device's)."""
+    from tunekit.planning.planner import DEFAULT_DEVICE, PLAN_DEFAULTS
+
     p = parser_class(prog="tunekit plan", add_help=False, formatter_class=formatter,
                      description="Plan one training step on a device without running it: memory per component, "
                                  "whether it fits, and a speed-of-light bound (tunekit.plan).")
     p.add_argument("-h", "--help", action="help", help="show this help message and exit")
     p.add_argument("--model", default="cpu-tiny",
                    help="a GPT preset or a transformers config JSON file")
-    p.add_argument("--device", default=gpus.DEFAULT_DEVICE,
+    p.add_argument("--device", default=DEFAULT_DEVICE,
                    help="a GPU of the table (" + ", ".join(specs.names()) + "), a short name ("
                         + ", ".join(gpus.ALIASES) + ") or cpu")
-    p.add_argument("--precision", choices=tuple(registry.PRECISIONS), default="bf16",
-                   help="training precision; bf16/fp16 under autocast")
-    p.add_argument("--weights", choices=("fp32",) + HALF, default=None,
-                   help="the parameters' dtype; none: fp32, with master weights under autocast")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per step")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence; none: the model's maximum")
-    p.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
-    p.add_argument("--optimizer", default="adamw", help="adamw | sgd | adafactor | ...")
-    p.add_argument("--attention", default=None, help="sdpa | math | flash; none: the model's own")
-    p.add_argument("--parallel", choices=PARALLEL, default=None,
-                   help="plan one rank of a sharded run; none: one device")
-    p.add_argument("--world-size", type=int, default=1, help="GPUs in all, with --parallel")
-    p.add_argument("--nodes", type=int, default=1, help="nodes they are spread over")
+    add_options(p, Setting, "the step (tunekit.Setting)", defaults=PLAN_DEFAULTS, skip=("model", "device"),
+                open_choices=("optimizer", "attention"))
     p.add_argument("--search", action="store_true", help="also find the largest micro-batch that fits")
     return p
 
 
 def setting_of(args) -> Setting:
-    """The step the command line describes, as every API takes it."""
-    return Setting(model=args.model, device=args.device, precision=args.precision, weights=args.weights,
-                   micro_batch=args.micro_batch, seq_len=args.seq_len, checkpointing=args.checkpointing,
-                   optimizer=args.optimizer, attention=args.attention, parallel=args.parallel,
-                   world_size=args.world_size, nodes=args.nodes)
+    """The step the command line describes, as every API takes it (the precision the device's
+    rule where none is given)."""
+    words = {f.name: getattr(args, f.name) for f in fields(Setting)}
+    rules = {t.name: t.device_default for t in declared(Setting) if t.device_default}
+    return Setting(**{k: resolved(v, rules.get(k), args.device) for k, v in words.items()})
 
 
 def plan_main(args) -> int:

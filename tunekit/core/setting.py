@@ -8,8 +8,9 @@
 
 Every entry point takes one (``lab.run(setting=s)``, ``tunekit.plan(cfg, setting=s)``,
 ``tunekit.estimate_memory(cfg, setting=s)``, ``tunekit.measure_memory(model, batch, setting=s)``)
-and its keywords remain (each API's own spelling of a step, with its own defaults); a word means
-the same wherever it is written:
+and its keywords remain (each API's own spelling of a step, with its own defaults; the precision,
+where a step is described by its device, is one rule: `best_precision`); a word means the same
+wherever it is written:
 
 - ``precision``: the training precision, one of `registry.PRECISIONS`. ``"bf16"``/``"fp16"`` run
   the forward under ``torch.autocast`` to that dtype over the weights as they are; ``"tf32"``
@@ -36,11 +37,51 @@ ATTENTIONS = tuple(registry.ATTENTIONS)
 HALF = tuple(d.name for d in registry.DTYPES.values() if d.bytes == 2)   # bf16, fp16: what half weights may be
 
 
-def toggle(default, help: str, choices: tuple | None = None, label: str | None = None):
+def best_precision(device: str | None, bf16: bool | None = None) -> str:
+    """The best precision ``device`` trains in: the one rule for the default precision where a
+    step is described by a device name without a Lab (``tunekit.plan``, ``tunekit plan``,
+    ``tunekit run``).
+
+    - a GPU of the spec table (`core.specs`): bf16 where the table lists its dense bf16 peak (Ampere
+      and newer, MI200/MI300); else the half precision it trains in instead (``specs.runs_instead``:
+      fp16 with a GradScaler on a V100 or T4); else fp32;
+    - ``"cuda"`` (this machine's GPU, by its type): bf16 when ``bf16`` (``torch.cuda.is_bf16_supported()``),
+      else fp16 with a GradScaler;
+    - ``"cpu"`` (or None): fp32, unless ``bf16`` says this CPU has fast bf16 (AMX / AVX512-BF16);
+      tunekit does not detect that, and bf16 elsewhere on a CPU runs slower than fp32.
+
+    A Lab's runs start from fp32 whatever the device (its baseline, the step every toggle is
+    compared against: ``Toggles.precision``'s declared default).
+
+    >>> best_precision("H100 SXM"), best_precision("T4"), best_precision("cpu")
+    ('bf16', 'fp16', 'fp32')
+    """
+    name = (device or "cpu").strip().lower()
+    if name.partition(":")[0] in ("cpu", "cuda", "mps"):
+        if name.startswith("cuda"):
+            return "bf16" if bf16 is not False else "fp16"
+        return "bf16" if bf16 else "fp32"
+    from tunekit.core.specs import find_spec, runs_instead, spec_peak
+
+    spec = find_spec(device)
+    if spec is None:
+        return "fp32"
+    if spec_peak(spec.name, "bf16")[0] is not None:
+        return "bf16"
+    instead = runs_instead(spec, "bf16")
+    return instead[0] if instead else "fp32"
+
+
+def toggle(default, help: str, choices: tuple | None = None, label: str | None = None,
+           device_default=None, tune: bool = False):
     """A field of `Toggles` with what the UIs show of it: ``help`` (the CLI option's, the
     dashboard control's tooltip), ``choices`` (a dropdown, the CLI's choices, the values autotune
-    tries), ``label`` (the dashboard's; default: the name with spaces)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "label": label})
+    tries), ``label`` (the dashboard's; default: the name with spaces). ``device_default``: a rule
+    ``(device name, bf16) -> value`` giving the default where a step is described by its device
+    (`best_precision`; the CLIs show it); ``tune``: autotune tries the toggle's values in a stage
+    of its own (`core.toggles.search_stages`) when no stage of ``SEARCH`` names it."""
+    return field(default=default, metadata={"help": help, "choices": choices, "label": label,
+                                            "device_default": device_default, "tune": tune})
 
 
 @dataclass(frozen=True)
@@ -53,7 +94,7 @@ class Toggles:
 
     Example: ``Toggles(precision="bf16", micro_batch=16).replace(checkpointing=True)``."""
 
-    precision: str = toggle("fp32", "training precision", PRECISIONS)
+    precision: str = toggle("fp32", "training precision", PRECISIONS, device_default=best_precision)
     checkpointing: bool = toggle(False, "recompute each block in backward")
     micro_batch: int = toggle(8, "samples per micro-step (per rank)")
     grad_accum: int = toggle(1, "micro-steps per optimizer step")
@@ -122,6 +163,46 @@ class Toggles:
         return Toggles(**{f.name: getattr(self, f.name) for f in fields(Toggles)})
 
 
+# why a value a step word refuses would be wrong, said after the refusal (one wording per refusal)
+WHY = {"micro_batch": "a step needs at least one sample",
+       "grad_accum": "a step needs at least one sample per micro-step",
+       "lr": "0 trains nothing, and an infinite or NaN learning rate turns every weight into NaN",
+       "precision": "the training precision; weights= names the parameters' dtype"}
+
+
+def word_problems(t: Toggles) -> tuple[list[str], dict]:
+    """(a sentence per toggle of ``t`` holding what it cannot, its values in canonical form): the
+    one place each toggle's own rule is worded (a Setting raises them when made, the Lab's
+    `core.toggles.problems` lists them); a numpy int becomes an int, "adam" the registry's
+    "adamw", "eager" attention "math". What a machine or a model allows is not said here.
+
+    >>> word_problems(Toggles(micro_batch=0))[0]
+    ['micro_batch must be a whole number >= 1, got 0: a step needs at least one sample']
+    """
+    errors, fixed = [], {}
+    checks = [(n, validate.whole) for n in ("micro_batch", "grad_accum", "world_size", "nodes") if hasattr(t, n)]
+    checks += [("seq_len", validate.whole)] if t.seq_len is not None else []
+    checks += [("checkpointing", validate.flag), ("compile", validate.flag), ("lr", validate.real)]
+    for name, check in checks:
+        try:
+            fixed[name] = check(name, getattr(t, name))
+        except ValueError as e:
+            errors.append(f"{e}: {WHY[name]}" if name in WHY else str(e))
+    if t.precision not in PRECISIONS:
+        errors.append(f"precision must be one of {PRECISIONS}, got {t.precision!r}: {WHY['precision']}")
+    for name, resolve in (("optimizer", registry.optimizer), ("attention", registry.attention)):
+        value = getattr(t, name)
+        if value is not None:
+            try:
+                fixed[name] = resolve(value).name
+            except (ValueError, TypeError, AttributeError) as e:
+                errors.append(str(e))
+    return errors, fixed
+
+
+REFUSED = "tunekit.Setting: "   # how a Setting's refusal starts
+
+
 def _more(default, help: str, choices: tuple | None = None):
     """A field a Setting adds to the toggles (not a dashboard control)."""
     return field(default=default, metadata={"help": help, "choices": choices})
@@ -150,7 +231,8 @@ class Setting(Toggles):
 
     Example: ``tunekit.Setting(precision="bf16", micro_batch=16).replace(checkpointing=True)``."""
 
-    weights: str | None = _more(None, "parameter dtype; None: the model's own (fp32 from a config)", (None,) + HALF)
+    weights: str | None = _more(None, "parameter dtype; None: the model's own (fp32 from a config)",
+                                (None, "fp32") + HALF)
     parallel: str | None = _more(None, "ddp | fsdp | fsdp_grad_op | hsdp over world_size ranks", PARALLEL)
     world_size: int = _more(1, "ranks (GPUs) in all")
     nodes: int = _more(1, "machines the ranks are spread over")
@@ -162,26 +244,9 @@ class Setting(Toggles):
         registry's "adamw", "eager" attention "math"); a ValueError lists every problem. What a
         machine or a model allows (fp16 on a CPU, a sequence past the model's positions) is for
         the API that runs it to refuse."""
-        errors, fixed = [], {}
-        checks = [(n, validate.whole) for n in ("micro_batch", "grad_accum", "world_size", "nodes")]
-        checks += [("seq_len", validate.whole)] if self.seq_len is not None else []
-        checks += [("checkpointing", validate.flag), ("compile", validate.flag), ("lr", validate.real)]
-        for name, check in checks:
-            value = validate.collect(errors, check, name, getattr(self, name))
-            if value is not None:
-                fixed[name] = value
-        if self.precision not in PRECISIONS:
-            errors.append(f"precision must be one of {PRECISIONS} (the training precision; weights= names the "
-                          f"parameters' dtype), got {self.precision!r}")
+        errors, fixed = word_problems(self)
         if self.weights not in (None, "fp32") + HALF:
             errors.append(f"weights must be None (the model's own), 'fp32', 'bf16' or 'fp16', got {self.weights!r}")
-        for name, resolve in (("optimizer", registry.optimizer), ("attention", registry.attention)):
-            value = getattr(self, name)
-            if value is not None:
-                try:
-                    fixed[name] = resolve(value).name
-                except (ValueError, TypeError, AttributeError) as e:
-                    errors.append(str(e))
         if self.parallel not in (None,) + PARALLEL:
             errors.append(f"parallel must be None (one process) or one of {PARALLEL}, got {self.parallel!r}")
         elif self.parallel is None and (self.world_size, self.nodes) != (1, 1):
@@ -193,7 +258,7 @@ class Setting(Toggles):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 errors.append(f"{name} must be a name (a str) or None, got {getattr(self, name)!r}")
         if errors:
-            raise ValueError("tunekit.Setting: " + "; ".join(errors))
+            raise ValueError(REFUSED + "; ".join(errors))
         for name, value in fixed.items():
             object.__setattr__(self, name, value)
 
@@ -223,15 +288,49 @@ class Setting(Toggles):
 STEP_WORDS = tuple(f.name for f in fields(Setting))   # the keywords that describe a step, in every API
 
 
+def from_words(base: Toggles | None = None, **words) -> Setting:
+    """``Setting.of(base, **words)`` for an API's own keywords: refused as the Setting refuses
+    them, without naming the class its caller did not write (``micro_batch must be ...``)."""
+    try:
+        return Setting.of(base, **words)
+    except ValueError as e:
+        raise ValueError(str(e).removeprefix(REFUSED)) from None
+
+
+def step_words(cls: type | None = None) -> tuple:
+    """The names of ``cls``'s fields (default `Setting`) as declared now (`STEP_WORDS` at import)."""
+    return tuple(f.name for f in fields(cls or Setting))
+
+
+def step_keywords(fn):
+    """Show ``fn(target, device, ..., **step)``'s step keywords in its signature: ``**step``
+    becomes one keyword-only parameter per `Setting` field ``fn`` does not name itself (but
+    ``model``: the target is the model), default None (the target's, else ``fn``'s default);
+    ``help()`` and Jupyter's ``?`` list them. Calls are unchanged; a field declared after
+    import is taken too (``validate.keywords_checked`` reads ``fn._step_words``).
+
+    Example: ``@step_keywords`` over ``def plan(target, device="H100 SXM", *, setting=None, **step)``."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    kept = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    taken = {p.name for p in kept} | {"model"}
+    kept += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f.type)
+             for f in fields(Setting) if f.name not in taken]
+    fn.__signature__ = sig.replace(parameters=kept)
+    fn._step_words = lambda: set(step_words()) - taken
+    return fn
+
+
 def choices_of(cls) -> dict:
     """Each field of a Toggles/Setting class with declared choices -> them (what `validate.meant`
     reads to name the keyword a value belongs to)."""
     return {f.name: f.metadata["choices"] for f in fields(cls) if f.metadata.get("choices")}
 
 
-# what a step's keywords take (weights also "fp32", which its dropdown leaves out): a keyword Setting
-# (or plan) lacks, or a value its keyword refuses and another takes, is refused naming that one
-SETTING_CHOICES = {**choices_of(Setting), "weights": (None, "fp32") + HALF}
+# what a step's keywords take: a keyword Setting (or plan) lacks, or a value its keyword refuses and
+# another takes, is refused naming that one
+SETTING_CHOICES = choices_of(Setting)
 Setting.__init__ = validate.keywords_checked(SETTING_CHOICES)(Setting.__init__)
 
 

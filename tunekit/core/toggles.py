@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
-import numbers
 import typing
 from dataclasses import dataclass, field
 
-from tunekit.core.setting import ATTENTIONS, HALF, OPTIMIZERS, PRECISIONS, Toggles, toggle  # noqa: F401  (declared with the Setting)
+from tunekit.core.setting import ATTENTIONS, HALF, OPTIMIZERS, PRECISIONS, Toggles, toggle, word_problems  # noqa: F401
 from tunekit.core.validate import is_whole
 
 # Why fp16 is refused on CPU (the Lab's decision, shown verbatim in the dashboard).
@@ -39,6 +37,8 @@ class Declared:
     help: str
     label: str
     choices: tuple | None  # None: any value of ``kind``
+    device_default: object = None   # (device, bf16) -> the default where a step is described by its device
+    tune: bool = False              # autotune tries its values in a stage of its own (`search_stages`)
 
     @property
     def control(self) -> str:
@@ -63,7 +63,8 @@ def declared(cls: type | None = None) -> tuple[Declared, ...]:
         kind = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
         meta = f.metadata
         out.append(Declared(f.name, kind, f.default, meta.get("help") or f"the Lab's {f.name} toggle",
-                            meta.get("label") or f.name.replace("_", " "), meta.get("choices")))
+                            meta.get("label") or f.name.replace("_", " "), meta.get("choices"),
+                            meta.get("device_default"), bool(meta.get("tune"))))
     return tuple(out)
 
 
@@ -92,6 +93,7 @@ def toggle_keywords(fn):
     kept += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=LAB_DEFAULT, annotation=f.type)
              for f in dataclasses.fields(Toggles) if f.name not in taken]
     fn.__signature__ = sig.replace(parameters=kept)
+    fn._step_words = lambda: {f.name for f in dataclasses.fields(Toggles)} - taken   # one declared after this
     return fn
 
 
@@ -105,6 +107,16 @@ SEARCH = (("precision", ("precision",)),       # first: it changes what fits
           ("micro_batch", ("checkpointing", "micro_batch")),  # checkpointing pays only through the batch
           ("final", ()),
           ("compile", ("compile",)))           # last: a first compile costs tens of seconds
+
+
+def search_stages() -> tuple:
+    """`SEARCH`, and a stage of its own before "final" for each toggle declared with ``tune=True``
+    that no stage names (it tries the toggle's `Declared.values`): what autotune runs."""
+    named = {n for _, names in SEARCH for n in names}
+    extra = tuple((t.name, (t.name,)) for t in declared() if t.tune and t.name not in named)
+    names = [name for name, _ in SEARCH]
+    at = names.index("final") if "final" in names else len(names)
+    return SEARCH[:at] + extra + SEARCH[at:]
 
 
 @dataclass
@@ -133,37 +145,22 @@ class ToggleError(ValueError):
 
 def problems(t: Toggles, env: Env) -> list[str]:
     """Sentences explaining why ``t`` cannot run in ``env``; empty when it can."""
-    out = []
+    out, fixed = word_problems(t)   # each toggle's own rule, worded once (core.setting)
     cuda = env.device_type == "cuda"
-    for name in ("micro_batch", "grad_accum"):
-        v = getattr(t, name)
-        if not is_whole(v) or v < 1:
-            out.append(f"{name} must be a whole number >= 1 (got {v!r}): "
-                       f"a step needs at least one sample{' per micro-step' if name == 'grad_accum' else ''}.")
-    for name in ("checkpointing", "compile"):
-        if not isinstance(getattr(t, name), bool):
-            out.append(f"{name} must be True or False (got {getattr(t, name)!r}).")
-    if t.seq_len is not None:
-        if not is_whole(t.seq_len) or t.seq_len < 1:
-            out.append(f"seq_len must be a whole number >= 1 (got {t.seq_len!r}).")
-        elif env.block_size is not None and t.seq_len > env.block_size:
-            out.append(f"seq_len={t.seq_len} is longer than the model's position limit "
-                       f"({env.block_size}: block_size / max_position_embeddings); pick seq_len <= "
-                       f"{env.block_size}.")
-    if t.precision not in PRECISIONS:
-        out.append(f"precision must be one of {PRECISIONS}, got {t.precision!r}.")
-    elif t.precision == "fp16" and not cuda:
+    if t.seq_len is not None and is_whole(t.seq_len) and env.block_size is not None and t.seq_len > env.block_size:
+        out.append(f"seq_len={t.seq_len} is longer than the model's position limit "
+                   f"({env.block_size}: block_size / max_position_embeddings); pick seq_len <= "
+                   f"{env.block_size}.")
+    if t.precision == "fp16" and not cuda:
         out.append(FP16_ON_CPU)
     elif t.precision == "bf16" and cuda and not env.bf16_supported:
         out.append("this GPU has no bf16 support (pre-Ampere): use fp16 (with its GradScaler) or fp32.")
-    if t.optimizer not in OPTIMIZERS:
-        out.append(f"optimizer must be one of {OPTIMIZERS}, got {t.optimizer!r}.")
+    if "optimizer" in fixed and t.optimizer not in OPTIMIZERS:   # the registry's, not one a Lab builds
+        out.append(f"optimizer must be one of {OPTIMIZERS} in a Lab (those it can build), got {t.optimizer!r}.")
     elif t.optimizer in env.unavailable_optimizers:
         out.append(f"optimizer {t.optimizer!r} is unavailable here: {env.unavailable_optimizers[t.optimizer]}")
-    if t.attention is not None:
-        if t.attention not in ATTENTIONS:
-            out.append(f"attention must be one of {ATTENTIONS}, got {t.attention!r}.")
-        elif not env.can_set_attention:
+    if t.attention in ATTENTIONS:
+        if not env.can_set_attention:
             out.append(f"{env.model} has no attention switch tunekit knows (tunekit's GPT and "
                        "transformers models have one); leave attention unset.")
         elif t.attention == "flash" and not cuda:
@@ -174,9 +171,6 @@ def problems(t: Toggles, env: Env) -> list[str]:
     if t.checkpointing and not env.can_checkpoint:
         out.append(f"tunekit does not know {env.model}'s blocks: name them to checkpoint them, "
                    "e.g. Lab(model, blocks='layers').")
-    if isinstance(t.lr, bool) or not isinstance(t.lr, numbers.Real) or not 0 < t.lr < math.inf:
-        out.append(f"lr must be a finite number > 0 (got {t.lr!r}): 0 trains nothing, and an "
-                   "infinite or NaN learning rate turns every weight into NaN.")
     return out
 
 

@@ -216,8 +216,9 @@ def keywords_checked(choices: dict | None = None):
         @functools.wraps(fn)
         def checked(*args, **kwargs):
             if not open_ended:
+                more = getattr(fn, "_step_words", lambda: ())()   # a step word declared after the decoration
                 for k, v in kwargs.items():
-                    if k not in params:
+                    if k not in params and k not in more:
                         hint = meant(k, v, names, choices)
                         raise TypeError(f"{where}() got an unexpected keyword argument {k!r}"
                                         + (f": {hint}" if hint else f"; it takes {', '.join(names)}"))

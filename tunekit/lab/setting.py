@@ -5,15 +5,12 @@ live model cannot be given.
 """
 from __future__ import annotations
 
-from dataclasses import fields
-
-from tunekit.core.setting import Setting, Toggles, choices_of, from_keywords
+from tunekit.core.setting import Setting, Toggles, choices_of, from_keywords, step_words
 from tunekit.core.toggles import ToggleError
 from tunekit.core.validate import DEVICE_TYPES
 from tunekit.measure.device import weights_dtype
 from tunekit.models.gpt import PRESETS
 
-TOGGLES = tuple(f.name for f in fields(Toggles))
 # what the Lab's keywords take, for the help a value given to the wrong one gets (validate.meant):
 # ``Lab("gpt2-124m")`` -> did you mean preset='gpt2-124m'?
 LAB_CHOICES = {"model": lambda v: not isinstance(v, str) or ":" in v, "preset": tuple(PRESETS),
@@ -47,5 +44,5 @@ def lab_keywords(lab, setting: Setting, changes: dict, layout: tuple, parallel: 
         why.append(f"parallel={s.parallel!r}: this searches one process; run the ranks with lab.run(setting=s).")
     if why:
         raise ToggleError(why)
-    toggles = {k: getattr(s, k) for k in TOGGLES if getattr(s, k) is not None}
+    toggles = {k: getattr(s, k) for k in step_words(Toggles) if getattr(s, k) is not None}
     return toggles, (s.parallel, s.world_size // s.nodes, s.nodes)

@@ -14,6 +14,7 @@ are added, with `other` = what the named components do not explain.
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -23,9 +24,9 @@ from tunekit.core import registry
 from tunekit.core.memory.answer import COMPONENTS, MemoryAnswer
 from tunekit.core.memory.estimate import MemoryEstimate, estimate_memory
 from tunekit.core.notes import Note
-from tunekit.core.setting import HALF, Setting, from_keywords
+from tunekit.core.setting import HALF, Setting, from_keywords, from_words
 from tunekit.core.units import GiB, is_missing
-from tunekit.core.validate import flag, whole
+from tunekit.core.validate import flag
 from tunekit.measure import nvml
 from tunekit.measure.device import torch_dtype, weights_dtype
 from tunekit.measure.step import Observer, Watch, run_step
@@ -42,10 +43,16 @@ class MemoryReport(MemoryAnswer):
     measured: dict
     estimate: MemoryEstimate | None
     device: str
-    precision: str
+    layout: str      # the memory layout measured (registry.MEMORY_LAYOUTS): "fp32", "amp", "bf16", "fp16"
     cuda: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     method: str = "measured"   # a real step here (core.memory.answer: the three answers)
+
+    @property
+    def precision(self) -> str:
+        """Deprecated: the memory layout, `layout` (a training precision is Setting.precision)."""
+        warnings.warn("MemoryReport.precision is the memory layout: read MemoryReport.layout", DeprecationWarning, 2)
+        return self.layout
 
     @property
     def components(self) -> dict:
@@ -102,7 +109,7 @@ class MemoryReport(MemoryAnswer):
         if "other" in self.cuda and not is_missing(self.cuda["other"]):
             fig.add_bar(name="other (unexplained)", x=["measured"], y=[self.cuda["other"] / GiB])
         fig.update_layout(barmode="stack", yaxis_title="GiB (2^30 bytes)",
-                          title=f"memory anatomy, {self.precision} on {self.device}")
+                          title=f"memory anatomy, {self.layout} on {self.device}")
         return fig
 
 
@@ -114,11 +121,9 @@ def optimizer_name(opt) -> str | None:
 
 
 def autocast_torch(precision):
-    """The torch dtype a training precision autocasts to (`Setting.autocast`), None for none."""
+    """The torch dtype a training precision autocasts to (`Setting.autocast`, which checks it), or None."""
     if precision is None or isinstance(precision, torch.dtype):
         return precision
-    if precision not in registry.PRECISIONS:
-        raise ValueError(f"precision must be one of {tuple(registry.PRECISIONS)}, got {precision!r}")
     ac = Setting(precision=precision).autocast
     return torch_dtype(ac) if ac else None
 
@@ -177,17 +182,16 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
 
     Example: ``tunekit.measure_memory(lab, precision="bf16").to_frame()``.
     """
-    s = from_keywords(setting, "measure_memory", optimizer=optimizer, precision=precision,
-                      checkpointing=checkpointing, micro_batch=micro_batch, seq_len=seq_len)
-    if s is not None:
-        optimizer, precision, checkpointing = s.optimizer, s.precision, s.checkpointing
-        micro_batch, seq_len = s.micro_batch, s.seq_len
-    for name, v in (("micro_batch", micro_batch), ("seq_len", seq_len)):
-        if v is not None:
-            whole(name, v)
-    for name, v in (("checkpointing", checkpointing), ("estimate", estimate)):
-        if v is not None:
-            flag(name, v)
+    words = dict(optimizer=optimizer, precision=precision, checkpointing=checkpointing, micro_batch=micro_batch,
+                 seq_len=seq_len)
+    s = from_keywords(setting, "measure_memory", **words)
+    # else the words given, checked once by the Setting (None, a torch dtype, an optimizer object: as they are)
+    given = {k: v for k, v in words.items() if isinstance(v, str) or v is not None and k not in ("precision",
+                                                                                                  "optimizer")}
+    checked = s if s is not None else from_words(**given)
+    optimizer, precision, checkpointing, micro_batch, seq_len = (
+        getattr(checked, k) if s is not None or k in given else v for k, v in words.items())
+    flag("estimate", estimate)
     tg = _unpack_target(target, batch, micro_batch, seq_len)
     if s is not None and s.attention is not None:
         tg.attention = s.attention
@@ -203,12 +207,12 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
     ac_dtype = autocast_torch(precision)
     half = weights_dtype(params)
     if half in HALF:
-        precision = half   # pure half weights: autocast to the same dtype casts nothing
+        layout = half   # pure half weights: autocast to the same dtype casts nothing
         if ac_dtype is not None and ac_dtype != autocast_torch(half):
             notes.append(f"weights are {half}; autocast to {ac_dtype} was not applied")
         ac_dtype = None
     else:
-        precision = "amp" if ac_dtype is not None else "fp32"
+        layout = "amp" if ac_dtype is not None else "fp32"
     ac = torch.autocast(dev.type, dtype=ac_dtype) if ac_dtype is not None else nullcontext()
     set_ck = checkpointing is not None and adapter.can_checkpoint
     set_attn = tg.attention is not None and bool(adapter.attentions)
@@ -240,9 +244,9 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
         notes.append(Note("memory.cpu", "no CUDA device: allocator peak, NVML total and 'other' are not measured here"))
     est = None
     if estimate:
-        est = _estimate_for(model, batch, optimizer or given, precision, dev, ck_used, attn_used,
+        est = _estimate_for(model, batch, optimizer or given, layout, dev, ck_used, attn_used,
                             adapter.shape, notes)
-    return MemoryReport(measured, est, str(dev), precision, cuda_info, notes)
+    return MemoryReport(measured, est, str(dev), layout, cuda_info, notes)
 
 
 def _setting_notes(s, params, dev) -> list:
@@ -377,9 +381,9 @@ def _cuda_readings(dev, measured, forward_growth) -> dict:
     return out
 
 
-def _estimate_for(model, batch, optimizer, precision, dev, checkpointing, attention, shape, notes):
+def _estimate_for(model, batch, optimizer, layout, dev, checkpointing, attention, shape, notes):
     name = optimizer_name(optimizer)
-    kw = dict(layout=precision, optimizer=name or "adamw", device=str(dev), cuda_context_bytes=0.0)
+    kw = dict(layout=layout, optimizer=name or "adamw", device=str(dev), cuda_context_bytes=0.0)
     x = batch[0] if isinstance(batch, (tuple, list)) else batch
     if shape is not None and x.dim() == 2:
         est = estimate_memory(model.config, n_params=float(sum(p.numel() for p in model.parameters())),

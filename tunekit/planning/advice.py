@@ -109,7 +109,7 @@ def search_changes(setting, base_step, memory: float, *, fake, count, place, exp
     """(every Option tried, the Options that fit best first, the `Skipped`).
 
     ``fake(s) -> step``, not counted (raises ValueError for a step it cannot fake); ``count(s, step)``:
-    the step counted op by op; ``place(step, s) -> dict`` (``total``, ...) with ``s.parallel`` the
+    the step counted op by op; ``place(step, s) -> Placed`` (``.total``, ...) with ``s.parallel`` the
     layout; ``expect(step, s, placed) -> Expected | None``. ``sharding``: also FSDP over `GPUS`.
 
     The ranking: expected tokens/s per GPU, fastest first; at equal speed a fit with room before a
@@ -122,7 +122,7 @@ def search_changes(setting, base_step, memory: float, *, fake, count, place, exp
     combos = [base] + sorted((c for c in itertools.product(*(range(len(d)) for d in dims)) if c != base),
                              key=lambda c: (sum(c), c))
     roomy_fits, tried, skipped, names = [], [], [], {}
-    per_token = base_step["executed"] / setting.micro_batch
+    per_token = base_step.executed / setting.micro_batch
     for combo in combos:
         labels = sum((dims[i][lv][0] for i, lv in enumerate(combo)), ())
         label = names[combo] = ", ".join(labels)
@@ -146,12 +146,12 @@ def search_changes(setting, base_step, memory: float, *, fake, count, place, exp
             sg, extra = (s, ()) if g == 0 else \
                 (s.replace(parallel="fsdp", world_size=gpus[g]), (f"parallel='fsdp', world_size={gpus[g]}",))
             placed = place(step, sg)
-            fits = placed["total"] <= memory
-            opt = Option(labels + extra, sg, placed["total"], fits)
-            if fits and "ops" not in step:
+            fits = placed.total <= memory
+            opt = Option(labels + extra, sg, placed.total, fits)
+            if fits and not step.has("ops"):
                 count(s, step)
-            if "executed" in step:
-                opt.flops_per_token = step["executed"] / s.micro_batch / per_token
+            if step.executed is not None:
+                opt.flops_per_token = step.executed / s.micro_batch / per_token
             if fits:
                 _expected(opt, expect(step, sg, placed))
                 opt.notes = caveats(setting, opt, memory)

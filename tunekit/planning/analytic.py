@@ -91,7 +91,7 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
     est = estimate_memory(config if config is not None else n_params, n_params=n_params, layout=bytes_layout,
                           optimizer=setting.optimizer, micro_batch=setting.micro_batch,
                           seq_len=setting.seq_len if config is not None else None,
-                          checkpointing=setting.checkpointing, device="cpu" if dev["name"] == "cpu" else "cuda",
+                          checkpointing=setting.checkpointing, device="cpu" if dev.name == "cpu" else "cuda",
                           cuda_context_bytes=0.0, attention=setting.attention if config is not None else None,
                           **(dict(parallel=layout["kind"], world_size=layout["world_size"], nodes=layout["nodes"])
                              if layout else {}))
@@ -114,10 +114,10 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
     if layout:
         notes.append(f"{layout['kind']}: rank 0's share as estimate_memory shards it; the collectives are not timed")
     model_flops, bound_s = _speed(inner, setting, tokens, unit, dev, notes)
-    return Plan(model=name, device=dev["name"], device_memory_bytes=dev["memory"], setting=setting,
-                components=components, fixed=dev["fixed"], tokens=tokens, executed_flops=NaN,
-                model_flops=model_flops, bound_step_s=bound_s, peak_tflops=dev["peak"],
-                bandwidth_tbs=dev["bandwidth"], notes=notes + dev["notes"], method="analytic", unit=unit,
+    return Plan(model=name, device=dev.name, device_memory_bytes=dev.memory, setting=setting,
+                components=components, fixed=dev.fixed, tokens=tokens, executed_flops=NaN,
+                model_flops=model_flops, bound_step_s=bound_s, peak_tflops=dev.peak,
+                bandwidth_tbs=dev.bandwidth, notes=notes + dev.notes, method="analytic", unit=unit,
                 parallel=layout, compute_bound_s=bound_s)
 
 
@@ -142,8 +142,8 @@ def _speed(inner, setting, tokens, unit, dev, notes) -> tuple[float, float]:
         notes.append("no speed bound: no op was counted and tunekit has no FLOP formula for this model")
         return NaN, NaN
     model_flops = adapter.model_flops(setting.seq_len, tokens, None)[0]
-    if not dev["peak"]:
+    if not dev.peak:
         return model_flops, NaN
     notes.append("bound: the MFU convention's FLOPs (6 x matmul weights x tokens + causal attention) at the dense "
                  "peak, with no memory traffic and no recompute: a looser lower bound than a fake step's roofline")
-    return model_flops, model_flops / (dev["peak"] * 1e12)
+    return model_flops, model_flops / (dev.peak * 1e12)

@@ -55,17 +55,17 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                               if c.verdict == "busy"))
 
 
-def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, layout: dict | None, units: int,
+def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict | None, units: int,
                 kernel: str | None = None):
     """(the Expected, or None, and the notes: what is missing or not modelled). ``kernel``: the fused
     attention kernel on a GPU (core.efficiency.ATTENTION_KERNELS; None: "flash" at half precision)."""
     compute = setting.compute
-    if dev["peak"] is None and dev["name"] != "cpu":   # no peak for the dtype: its device.no_peak note says so
+    if dev.peak is None and dev.name != "cpu":   # no peak for the dtype: its device.no_peak note says so
         return None, []
-    if dev["name"] == "cpu":
-        fig = cpu_figures(dev["peak"], compute)
+    if dev.name == "cpu":
+        fig = cpu_figures(dev.peak, compute)
     else:
-        fig = gpu_figures(dev["name"], compute, dev["peak"], dev["bandwidth"], bool(setting.compile))
+        fig = gpu_figures(dev.name, compute, dev.peak, dev.bandwidth, bool(setting.compile))
     missing = fig.missing()
     if missing:
         todo = "" if fig.host_bound else (
@@ -86,16 +86,16 @@ def expected_of(step: dict, setting, dev: dict, tokens: int, model, comm: dict, 
     per_tensor = OPTIMIZER_OPS.get(opt.name, OPTIMIZER_OPS["adamw"])
     # the CPU runs the single-tensor update; CUDA's foreach/fused launches take 36 tensors each
     kernels = per_tensor * (len(trained) if fig.host_bound else -(-len(trained) // FOREACH_TENSORS))
-    ops = step["ops"]
+    ops = step.ops
     backend = None
     if any(r[1] == "attention" for r in ops):
         backend = "cpu" if fig.host_bound else kernel or ("flash" if compute in ("bf16", "fp16") else "efficient")
     kind = layout["kind"] if layout else None
     buckets = int(params * grad_bytes // DDP_BUCKET_BYTES[0]) + 1
-    out = expect(ops, fig, tokens=tokens, model_flops=step["model"], backend=backend, params=params / shard,
+    out = expect(ops, fig, tokens=tokens, model_flops=step.model_flops, backend=backend, params=params / shard,
                  param_bytes=param_bytes, grad_bytes=grad_bytes, state_bytes=state / shard,
                  optimizer_kernels=kernels, comm=comm, parallel=kind, units=buckets if kind == "ddp" else units,
-                 fuse=bool(setting.compile), host_calls=step.get("host"))
+                 fuse=bool(setting.compile), host_calls=step.host)
     notes = list(out.notes)
     if backend and not fig.host_bound and backend not in (fig.attention or {}):
         notes.append(f"no published {backend} attention figure for {fig.name}: attention expected at its MAMF")

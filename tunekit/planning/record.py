@@ -25,8 +25,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tunekit.core.expected import Expected
 from tunekit.core.fmt import fmt_gib, fmt_ms, fmt_pct, fmt_rate
 from tunekit.core.memory.answer import MemoryAnswer
+from tunekit.core.setting import Setting
 from tunekit.core.units import GiB, is_missing
 
 NaN = math.nan
@@ -38,6 +40,37 @@ COMPONENTS = ("weights", "master_weights", "gradients", "optimizer_states", "wei
 
 
 @dataclass
+class PlanDevice:
+    """What a plan needs of a device (`planning.device.device_figures`, as the planner reads it):
+    its name, memory (bytes torch can use), dense peak for the step's compute dtype (TFLOPS, None: not listed), memory
+    bandwidth (TB/s), link (GB/s each way), the allocator's rounding, the fixed costs beside the
+    model (name -> (bytes, source)) and notes."""
+
+    name: str
+    memory: float
+    peak: float | None
+    bandwidth: float | None
+    link: float | None
+    round_to: int
+    fixed: dict
+    notes: list
+
+
+@dataclass
+class Placed:
+    """A fake step placed on a device: rank 0's components, its peak and where, the total with
+    the device's fixed costs, and the collectives' time (0 on one device)."""
+
+    components: dict | None   # None: a step faked without them (the advice's totals read the peak alone)
+    peak: float
+    peak_at: str
+    total: float
+    comm_s: float
+    comm: dict
+    notes: list
+
+
+@dataclass
 class Plan(MemoryAnswer):
     """What one training step needs on ``device`` and its speed-of-light bound.
 
@@ -46,7 +79,7 @@ class Plan(MemoryAnswer):
     model: str
     device: str
     device_memory_bytes: float          # what the device has (spec sheet, or this machine's RAM)
-    setting: object                     # the tunekit.Setting planned (core.setting)
+    setting: Setting                    # the step planned (core.setting)
     components: dict                    # component -> bytes (COMPONENTS)
     fixed: dict                         # fixed cost -> (bytes, source)
     tokens: int                         # of one micro-batch (samples where `unit` says so)
@@ -70,7 +103,7 @@ class Plan(MemoryAnswer):
     comm: dict = field(default_factory=dict)          # "kind/scope" -> seconds
     method: str = "fake step"           # how it was computed: "fake step", or "analytic" (estimate_memory)
     unit: str = "tokens"                # what `tokens` counts: "tokens", or "samples" (a batch without a sequence)
-    expected: object = None             # core.expected.Expected: what a good run reaches (None: a figure missing)
+    expected: Expected | None = None    # what a good run reaches (None: a figure missing)
     # when it does not fit: the combinations of changes that fit (planning.advice.Option), best expected tokens/s first
     advice: list = field(default_factory=list)
     # and the combinations not tried, each with why (planning.advice.Skipped)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,8 +38,55 @@ def batch_of(cfg, kind, micro_batch, seq_len):
     return x, (torch.randint(0, vocab, (micro_batch, seq_len)) if kind == "gpt" else x)
 
 
+@dataclass
+class FakeStep:
+    """One planned step's figures. The live-bytes pass always fills the first group; the
+    components (measure_memory's pass) and the count (FLOPs op by op) are None until a pass made
+    them (`fake_step` with them, or `complete`)."""
+
+    peak: float                       # the most bytes alive at once over a steady step
+    peak_at: str                      # where: phase, module, op
+    grads_at_peak: float              # the gradients' bytes alive there
+    state_scalars: float              # the optimizer's 0-dim states (AdamW's steps: never sharded)
+    phase_detail: dict                # phase -> (its peak bytes, where, the gradients alive there)
+    phase_peaks: dict                 # phase -> its peak bytes
+    timeline: list                    # (phase, live bytes) over the step
+    units: list                       # the FSDP units (lists of parameter names)
+    components: dict | None = None    # component -> bytes (planning.record.COMPONENTS)
+    notes: list = field(default_factory=list)
+    executed: float | None = None     # FLOPs executed (recompute included)
+    model_flops: float | None = None  # the MFU convention's
+    count_notes: list = field(default_factory=list)
+    ops: list | None = None           # the counted ops (planning.ops.RooflineCounter.ops)
+    host: object = None               # the host calls the count saw
+    casts_at: dict = field(default_factory=dict)   # phase -> autocast's weight copies alive at its peak
+
+    def has(self, part: str) -> bool:
+        """Whether the pass ``part`` ("components" or "ops") was made."""
+        return getattr(self, part) is not None
+
+    def per_op(self, peak, bw) -> dict:
+        """Each op's roofline seconds at ``peak`` TFLOPS and ``bw`` TB/s, over its fused traffic
+        (a bound holds for any implementation: a compiler's fused traffic, not eager's)."""
+        out = {}
+        for name, _kind, _phase, flops, moved, *_ in fused(self.ops):
+            t = max(flops / (peak * 1e12) if peak else 0.0, moved / (bw * 1e12) if bw else 0.0)
+            out[name] = out.get(name, 0.0) + t
+        return out
+
+    def bound_s(self, peak, bw) -> float:
+        """The roofline's lower bound on the step (NaN with neither figure)."""
+        return sum(self.per_op(peak, bw).values()) if (peak or bw) else math.nan
+
+    def top(self, peak, bw, n: int | None = 6) -> list:
+        """The ``n`` ops that take longest on the roofline, (op, seconds); n=None: every op."""
+        if not (peak or bw):
+            return []
+        return sorted([kv for kv in self.per_op(peak, bw).items() if kv[1] > 0], key=lambda kv: -kv[1])[:n]
+
+
 def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: bool = True,
-              components: bool = True, say=None) -> dict:
+              components: bool = True, say=None) -> FakeStep:
     """One planned step: with ``components``, its components (measure_memory's code); its steady
     peak and where (a second step, tracked by LiveBytes) and, with ``count``, its FLOPs op by op
     for the roofline (a third: torch's FLOP counter keeps tensors alive, so it never runs beside
@@ -48,25 +96,27 @@ def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: 
     plan's progress). `FakeStepError` (a ValueError) saying why when a fake tensor cannot take it
     (a value read, a value-dependent shape)."""
     say = say or _quiet
-    return _guarded(model, kind, setting, lambda: _fake_step_of(model, kind, cfg, setting, micro_batch, round_to,
-                                                                count, components, say))
+    return FakeStep(**_guarded(model, kind, setting, lambda: _fake_step_of(model, kind, cfg, setting, micro_batch,
+                                                                           round_to, count, components, say)))
 
 
-def complete(model, kind, cfg, setting, micro_batch, step: dict, parts=("components", "ops"), say=None) -> dict:
+def complete(model, kind, cfg, setting, micro_batch, step: FakeStep, parts=("components", "ops"),
+             say=None) -> FakeStep:
     """``step`` (a `fake_step` run without its components or its count) with those of ``parts`` it
     lacks added: "components" (measure_memory's pass), "ops" (the count, FLOPs op by op)."""
     say = say or _quiet
 
     def missing():
         batch, out = batch_of(cfg, kind, micro_batch, setting.seq_len), {}
-        if "components" in parts and "components" not in step:
+        if "components" in parts and not step.has("components"):
             out.update(_components(model, batch, setting, say))
-        if "ops" in parts and "ops" not in step:
+        if "ops" in parts and not step.has("ops"):
             adapter = model.adapter if kind == "module" else adapt(model)
             out.update(_counted(model, adapter, kind, batch, setting, micro_batch, say))
         return out
 
-    step.update(_guarded(model, kind, setting, missing))
+    for name, value in _guarded(model, kind, setting, missing).items():
+        setattr(step, name, step.notes + value if name == "notes" else value)
     return step
 
 
@@ -150,24 +200,8 @@ def _counted(model, adapter, kind, batch, setting, micro_batch, say=_quiet) -> d
     counted = convention != MFU_ANALYTIC
     count_notes = list(count.notes) + why if counted else without(count.notes, "flops.mask_unread")
 
-    least = fused(ops)   # a bound holds for any implementation: a compiler's fused traffic, not eager's
-
-    def per_op(peak, bw):
-        out = {}
-        for name, _kind, _phase, flops, moved, *_ in least:
-            t = max(flops / (peak * 1e12) if peak else 0.0, moved / (bw * 1e12) if bw else 0.0)
-            out[name] = out.get(name, 0.0) + t
-        return out
-
-    def bound_s(peak, bw):
-        return sum(per_op(peak, bw).values()) if (peak or bw) else math.nan
-
-    def top(peak, bw, n=6):   # n=None: every op
-        return sorted([kv for kv in per_op(peak, bw).items() if kv[1] > 0], key=lambda kv: -kv[1])[:n] \
-            if (peak or bw) else []
-
-    return dict(executed=float(count.executed), model=float(model_flops), bound_s=bound_s, top=top,
-                count_notes=count_notes, ops=ops, host=counter.host_calls())
+    return dict(executed=float(count.executed), model_flops=float(model_flops), count_notes=count_notes, ops=ops,
+                host=counter.host_calls())
 
 
 def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dict:

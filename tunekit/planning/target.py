@@ -10,7 +10,9 @@ import torch
 
 from tunekit.core import validate
 from tunekit.core.extras import missing_extra
-from tunekit.planning.module import ModuleTarget
+from tunekit.core.setting import HALF, Setting
+from tunekit.measure.device import weights_dtype
+from tunekit.planning.module import ModuleTarget, Stepped
 
 
 @contextlib.contextmanager
@@ -44,9 +46,10 @@ def masks_as_in_eager(kind):
 # --- the target ---------------------------------------------------------------------------------
 
 def config_of(target, batch_fn=None, loss_fn=None, blocks=None):
-    """(what to build, its kind, the toggles it brings): a config ("gpt", "hf") built as it is,
-    or a `ModuleTarget` for an nn.Module and a Lab on one of the user's own ("gpt", "hf" when it
-    trains as a config would, else "module"). Bad input is refused here, before any work."""
+    """(what to build, its kind, the step words it brings: Setting fields -> values): a config
+    ("gpt", "hf") built as it is, or a `ModuleTarget` for an nn.Module and a Lab on one of the
+    user's own ("gpt", "hf" when it trains as a config would, else "module"). Bad input is
+    refused here, before any work."""
     from tunekit.models.gpt import GPTConfig
 
     if isinstance(target, type):
@@ -75,21 +78,30 @@ def config_of(target, batch_fn=None, loss_fn=None, blocks=None):
 
 
 def _lab_target(lab, batch_fn, loss_fn, blocks):
-    """A Lab's model and default toggles: its config when it trains tunekit's GPT or a transformers
-    model on the built-in batches and loss, else its model with its batches (its own batch_fn, or
-    the built-in ones), loss_fn and blocks."""
-    t = lab.resolve()   # the toggles a run starts from, defaults filled in
-    toggles = dict(precision=t.precision, micro_batch=t.micro_batch, seq_len=t.seq_len,
-                   checkpointing=t.checkpointing, optimizer=t.optimizer, attention=t.attention)
+    """A Lab's model and the step its next run would take (`lab_setting`): its config when it
+    trains tunekit's GPT or a transformers model on the built-in batches and loss, else its model
+    with its batches (its own batch_fn, or the built-in ones), loss_fn and blocks."""
+    words = lab_setting(lab)
     own_loss = lab.loss_fn != lab.adapter.loss   # the Lab's default is its adapter's loss
     cfg = getattr(lab.model, "config", None)
     kind = {"tunekit-gpt": "gpt", "transformers": "hf"}.get(lab.adapter.kind)
     if kind and lab.batcher is not None and not own_loss and lab.blocks is None \
             and (batch_fn, loss_fn, blocks) == (None, None, None):
-        return cfg, kind, toggles
+        return cfg, kind, words
     module = ModuleTarget(lab.model, batch_fn or lab.batch_fn, loss_fn or (lab.loss_fn if own_loss else None),
                           blocks if blocks is not None else lab.blocks)
-    return module, module.kind, {**module.toggles(), **toggles}
+    return module, module.kind, {**module.toggles(), **words}
+
+
+def lab_setting(lab, **changes) -> dict:
+    """The step words (`core.setting.Setting`'s fields) of the run ``lab.run(**changes)`` would
+    take, those it leaves None left out: every declared toggle (``lab.resolve``), and the weights'
+    dtype where the live model keeps them in bf16/fp16."""
+    s = Setting.of(lab.resolve(**changes))
+    live = weights_dtype(lab.model.parameters())
+    if live in HALF:
+        s = s.replace(weights=live)
+    return {k: v for k, v in s.asdict().items() if v is not None}
 
 
 def max_len(cfg, kind) -> int | None:
@@ -135,3 +147,21 @@ def build(cfg, kind, dtype):
         return auto.from_config(cfg, dtype=dtype or torch.float32)
     finally:
         torch.set_default_dtype(previous)
+
+
+def set_attention(model, attention, notes) -> None:
+    """The built model's attention switched to ``attention`` (None: its own); flash is planned as
+    torch's fused SDPA (said in ``notes``)."""
+    if attention is None:
+        return
+    from tunekit.core.registry import attention as resolve
+    from tunekit.models.adapters import adapt
+
+    name = resolve(attention).name
+    adapter = model.adapter if isinstance(model, Stepped) else adapt(model)
+    if name == "flash":   # flash-attn needs CUDA: CPU's fused SDPA saves the same (output, logsumexp)
+        notes.append("attention='flash' planned as torch's fused SDPA, which saves the same tensors for backward")
+        name = "sdpa"
+    if name not in adapter.attentions:
+        raise ValueError(f"this model cannot switch its attention to {attention!r}: it offers {adapter.attentions}")
+    adapter.set_attention(name)

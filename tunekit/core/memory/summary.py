@@ -51,7 +51,7 @@ def estimate_html(est) -> str:
 
 
 def report_head(rep) -> str:
-    return f"memory of one training step · {rep.precision} on {rep.device} · measured vs estimated"
+    return f"memory of one training step · {rep.layout} on {rep.device} · measured vs estimated"
 
 
 def report_rows(rep) -> list[tuple[str, str]]:

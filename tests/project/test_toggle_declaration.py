@@ -1,0 +1,142 @@
+"""ARCHITECTURE.md's recipe "add a toggle", checked: a field added to the declaration of `Toggles`
+(core/setting.py), and nothing else, reaches every entry point. The fixture declares one more
+toggle in place, as a line in the class body would (`Toggles` and `Setting` rebuilt by
+``dataclasses.dataclass`` with the field added; every module holds the same class objects), and
+takes it out again after the test."""
+import argparse
+import dataclasses
+
+import pytest
+
+import tunekit
+from tunekit.core import setting as setting_module
+from tunekit.core import validate
+from tunekit.core.setting import Setting, Toggles, choices_of, toggle
+
+NAME = "fused_loss"
+FIELD = toggle(False, "compute the loss in one fused kernel (declared by the test)", tune=True)
+
+# what a dataclass generates, removed before it is made again
+_MADE = ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__", "__match_args__",
+         "__dataclass_fields__", "__dataclass_params__")
+
+
+def _redeclare(cls, add: tuple | None = None, remove: str | None = None) -> None:
+    """Make the frozen dataclass ``cls`` again, in place, with the field ``add`` = (name,
+    annotation, Field) added or the field ``remove`` removed; its own fields keep their Field
+    (default and metadata)."""
+    own = cls.__dict__.get("__annotations__", {})
+    for f in cls.__dataclass_fields__.values():
+        if f.name in own:
+            setattr(cls, f.name, f)
+    if add is not None:
+        name, annotation, fld = add
+        cls.__annotations__[name] = annotation
+        setattr(cls, name, fld)
+    if remove is not None:
+        del cls.__annotations__[remove]
+        delattr(cls, remove)
+    for attr in _MADE:
+        if attr in cls.__dict__:
+            delattr(cls, attr)
+    dataclasses.dataclass(frozen=True)(cls)
+
+
+def _setting_checked() -> None:
+    """Setting's __init__ refuses a misspelt keyword naming the one meant (as core/setting.py does)."""
+    Setting.__init__ = validate.keywords_checked(choices_of(Setting))(Setting.__init__)
+
+
+@pytest.fixture
+def declared_toggle():
+    """One more toggle in the declaration: ``fused_loss: bool = toggle(False, ..., tune=True)``."""
+    _redeclare(Toggles, add=(NAME, "bool", FIELD))
+    _redeclare(Setting)
+    _setting_checked()
+    try:
+        yield NAME
+    finally:
+        _redeclare(Toggles, remove=NAME)
+        _redeclare(Setting)
+        _setting_checked()
+        assert NAME not in {f.name for f in dataclasses.fields(Setting)}
+
+
+def test_the_fixture_declares_one_field_and_takes_it_back(declared_toggle):
+    names = [f.name for f in dataclasses.fields(Setting)]
+    # after Toggles' nine (lr the last), before what a Setting adds
+    assert names.index(NAME) == names.index("lr") + 1 == 9 and names[10] == "weights"
+    assert Setting(fused_loss=True).toggles.fused_loss is True
+    assert Setting.of(Toggles(fused_loss=True)).fused_loss is True
+    with pytest.raises(TypeError, match="did you mean fused_loss=True"):
+        Setting(fused_los=True)
+
+
+def test_a_declared_toggle_reaches_the_labs_run(declared_toggle, tmp_path):
+    lab = tunekit.Lab(fused_loss=True, micro_batch=2, seq_len=16, log_path=tmp_path / "runs.jsonl")
+    r = lab.run(steps=1, warmup=0, verbose=False)
+    assert r.toggles.fused_loss is True and r.label == "baseline"
+    r = lab.run(steps=1, warmup=0, verbose=False, fused_loss=False)
+    assert r.toggles.fused_loss is False and r.label == "fused_loss=False"
+    assert lab.run(steps=1, warmup=0, verbose=False, setting=Setting(micro_batch=2, seq_len=16)).toggles.fused_loss \
+        is False   # a Setting is complete: its declared default
+
+
+def test_a_declared_toggle_reaches_the_plans_setting(declared_toggle, tmp_path):
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    p = tunekit.plan(cfg, "H100 SXM", fused_loss=True, micro_batch=1, seq_len=16, verbose=False)
+    assert isinstance(p.setting, Setting) and p.setting.fused_loss is True
+    # the plan has no rule for it: it says so (the recipe's next step is its effect)
+    assert "fused_loss=True is not modelled: the plan is of a step without it" in p.notes
+    lab = tunekit.Lab(fused_loss=True, micro_batch=1, seq_len=16, log_path=tmp_path / "runs.jsonl")
+    assert lab.plan("H100 SXM", verbose=False).setting.fused_loss is True   # the Lab's run's Setting
+
+
+def test_a_declared_toggle_is_an_option_of_both_commands(declared_toggle):
+    from tunekit.cli.main import changed_toggles, parser
+    from tunekit.cli.plan import setting_of
+
+    run = parser().parse_args(["run", "--fused-loss"])
+    assert run.fused_loss is True and changed_toggles(run)[NAME] is True   # what tunekit run gives lab.run
+    planned = parser().parse_args(["plan", "--fused-loss"])
+    assert setting_of(planned).fused_loss is True
+    assert parser().parse_args(["plan"]).fused_loss is False   # its declared default
+    helps = {a.dest: a for a in _actions(parser(), "run") + _actions(parser(), "plan") if a.dest == NAME}
+    assert helps[NAME].help == FIELD.metadata["help"]
+
+
+def _actions(p: argparse.ArgumentParser, command: str) -> list:
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]._actions
+
+
+def test_a_declared_toggle_is_a_dashboard_control(declared_toggle, tmp_path):
+    pytest.importorskip("ipywidgets")
+    from tunekit.lab.dashboard import Dashboard
+
+    lab = tunekit.Lab(micro_batch=2, seq_len=16, log_path=tmp_path / "runs.jsonl")
+    dash = Dashboard(lab)
+    control = dash.controls[NAME]
+    assert control.value is False and control.description == "fused loss"   # a checkbox, labelled by its name
+    control.value = True
+    assert dash.toggles()[NAME] is True   # what Run gives lab.run
+
+
+def test_a_declared_toggle_is_one_of_autotunes_choices(declared_toggle):
+    from tunekit.autotune.options import check_space, searched
+    from tunekit.core.toggles import search_stages
+
+    assert searched()[NAME] == (False, True)   # a flag: both settings
+    assert check_space("space", {NAME: [True]}) == {NAME: [True]}   # lab.autotune(space=...) may restrict it
+    stages = [name for name, _ in search_stages()]
+    assert stages.index(NAME) == stages.index("final") - 1   # its own stage, before the final race
+
+
+def test_the_recipe_names_the_one_file():
+    """ARCHITECTURE.md's "add a toggle" row says what this file checks."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| a toggle |"))
+    assert "core/setting.py" in row and "tests/project/test_toggle_declaration.py" in row
+    assert setting_module.Toggles is Toggles
