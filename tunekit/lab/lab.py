@@ -364,20 +364,26 @@ class Lab(LabResults):
     def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
                  max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
                  memory_budget_bytes=None, space: dict | None = None, keep: str = "winner",
-                 compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, verbose: bool = True):
+                 compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, verbose: bool = True,
+                 on=None):
         """The fastest configuration that fits, searched within ``budget_s`` seconds; returns an
         ``AutotuneResult`` (winner, evidence table, figure). The options are
         ``tunekit.autotune.autotune``'s (each explained there; `AutotuneOptions` holds them);
         ``verbose`` (default) shows the stage and trial going and the winner at the end
         (tunekit.view.progress; the runs inside are quiet), ``verbose=False`` nothing.
+        ``on=tunekit.Slurm(...)``: each trial a cluster job (tunekit.lab.cluster.ClusterTrials).
         Example: ``found = lab.autotune(budget_s=120, keep_global_batch=True)``."""
         from tunekit.autotune import autotune
+
+        if on is not None and trials is None:   # each trial a job on the cluster
+            from tunekit.lab.cluster import ClusterTrials
+            trials = ClusterTrials(self, on, warmup, memory_budget_bytes, budget_s)
 
         def search(tick):
             return autotune(self, budget_s, objective, keep_global_batch=keep_global_batch,
                             max_micro_batch=max_micro_batch, steps=steps, warmup=warmup, repeats=repeats,
                             noise=noise, memory_budget_bytes=memory_budget_bytes, space=space, keep=keep,
-                            compile_s=compile_s, trial_s=trial_s, progress=tick, trials=trials)
+                            compile_s=compile_s, trial_s=trial_s, progress=tick, trials=trials, on=on)
         if not flag("verbose", verbose) or (progress is not None and not callable(progress)):
             return search(progress)   # quiet, or a bad progress the options' check refuses
         from tunekit.view.progress import SearchProgress

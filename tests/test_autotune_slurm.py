@@ -1,0 +1,126 @@
+"""``lab.autotune(..., on=Slurm(...))`` on a real Slurm cluster (tools/slurm_cluster.py): each trial is a
+job, at most ``max_jobs`` queued at once, the same AutotuneResult and the trials in the Lab's log with
+their job; a failed job is a failed trial; Ctrl-C cancels every job of the sweep. Each job here costs
+10-40 s (a torch import per rank), so the sweeps are two or three trials of a few steps."""
+import _thread
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tunekit.autotune import AutotuneResult
+from tunekit.parallel.slurm import Slurm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import slurm_cluster  # noqa: E402
+
+needs_cluster = pytest.mark.skipif(slurm_cluster.missing() is not None,
+                                   reason=f"no test cluster here: {slurm_cluster.missing()}")
+# only the micro-batch stage has more than one value: its candidates are the trials
+FIXED = {"precision": ["fp32"], "attention": ["sdpa"], "optimizer": ["adamw"], "checkpointing": [False],
+         "compile": [False]}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("slurm")
+    with slurm_cluster.cluster(folder, cpus=4) as env:
+        old = os.environ.get("SLURM_CONF")
+        os.environ.update(env)
+        yield folder
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+
+
+def _ours() -> list[str]:
+    return subprocess.run(["squeue", "-h", "-n", "tunekit-autotune", "-o", "%i"],
+                          capture_output=True, text=True).stdout.split()
+
+
+class QueueWatch(threading.Thread):
+    """Samples squeue every 0.2 s: the most jobs of the sweep queued (pending or running) at once."""
+
+    def __init__(self, then=None):
+        super().__init__(daemon=True)
+        self.most, self.then, self.done = 0, then, threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            n = len(_ours())
+            self.most = max(self.most, n)
+            if self.then is not None and n >= 2:
+                self.then()
+                self.then = None
+            time.sleep(0.2)
+
+
+def _lab(tmp_path):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    lab.defaults = lab.resolve(micro_batch=2, seq_len=32)
+    return lab
+
+
+@needs_cluster
+def test_a_sweep_on_the_cluster_keeps_max_jobs_queued_and_logs_every_trial(cluster, tmp_path):
+    lab = _lab(tmp_path)
+    # exclusive: one job at a time on the one node, the others pending; 3 candidates, max_jobs=2
+    target = Slurm(time="5", max_jobs=2, folder=str(tmp_path / "jobs"))
+    watch = QueueWatch()
+    watch.start()
+    try:
+        found = lab.autotune(budget_s=20, steps=2, warmup=1, repeats=1, max_micro_batch=4,
+                             space={**FIXED, "micro_batch": [1, 2, 4]}, on=target, verbose=False)
+    finally:
+        watch.done.set()
+        watch.join()
+    assert isinstance(found, AutotuneResult) and found.status == "complete"
+    assert found.toggles is not None and found.toggles.micro_batch in (1, 2, 4)
+    measured = {c.toggles.micro_batch: len(c.runs) for c in found.candidates if c.runs}
+    assert measured == {1: 1, 2: 1, 4: 1}   # round 1: one trial each; the budget (20 s) allowed no more
+    runs = lab.log.runs
+    assert len(runs) == 3 and all(r.status == "ok" and r.job["state"] == "COMPLETED" for r in runs)
+    assert all(r.job["folder"].startswith(str(tmp_path / "jobs")) for r in runs)
+    assert watch.most == 2   # 3 trials, never more than max_jobs=2 in the queue, and 2 at once
+    assert found.verdict and _ours() == []
+
+
+@needs_cluster
+def test_a_trial_whose_job_fails_is_a_failed_trial_and_the_search_goes_on(cluster, tmp_path):
+    lab = _lab(tmp_path)
+    # a job of micro-batch 4 exits before its ranks start (its spec says so: the folder's spec.json)
+    fail = ('d=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n "s|.*StdOut=\\([^ ]*\\)/slurm-.*|\\1|p"); '
+            'if grep -q \'"micro_batch": 4,\' "$d/spec.json"; then echo "no micro-batch 4 here" >&2; exit 3; fi')
+    target = Slurm(time="5", max_jobs=2, folder=str(tmp_path / "jobs"), setup=(fail,))
+    found = lab.autotune(budget_s=20, steps=2, warmup=1, repeats=1, max_micro_batch=4,
+                         space={**FIXED, "micro_batch": [2, 4]}, on=target, verbose=False)
+    four = next(c for c in found.candidates if c.toggles.micro_batch == 4)
+    assert four.status == "failed" and four.why.startswith("slurm job ")
+    assert "a rank exited with an error" in four.why and "no micro-batch 4 here" in four.why
+    assert found.toggles.micro_batch == 2 and found.status == "complete"
+    failed = [r for r in lab.log.runs if r.status == "failed"]
+    assert len(failed) == 1 and failed[0].job["state"] == "FAILED"
+
+
+@needs_cluster
+def test_ctrl_c_cancels_every_job_of_the_sweep(cluster, tmp_path):
+    lab = _lab(tmp_path)
+    target = Slurm(time="5", max_jobs=2, folder=str(tmp_path / "jobs"))
+    watch = QueueWatch(then=_thread.interrupt_main)   # Ctrl-C once two jobs are queued
+    watch.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            lab.autotune(budget_s=600, steps=10_000, warmup=1, repeats=1, max_micro_batch=4,
+                         space={**FIXED, "micro_batch": [2, 4]}, on=target, verbose=False)
+    finally:
+        watch.done.set()
+        watch.join()
+    assert _ours() == []
+    assert lab.last_autotune is not None and lab.last_autotune.status == "interrupted"
