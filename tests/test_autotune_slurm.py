@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tunekit.autotune import AutotuneResult
+from tunekit.autotune import AutotuneResult, autotune
+from tunekit.core.conditions import Conditions
 from tunekit.parallel.slurm import Slurm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -23,6 +24,62 @@ needs_cluster = pytest.mark.skipif(slurm_cluster.missing() is not None,
 # only the micro-batch stage has more than one value: its candidates are the trials
 FIXED = {"precision": ["fp32"], "attention": ["sdpa"], "optimizer": ["adamw"], "checkpointing": [False],
          "compile": [False]}
+
+
+SEQ = 32
+SPEED = {1: 500.0, 2: 700.0, 4: 850.0, 8: 1000.0}   # tokens/s by micro-batch: 8 is the fastest
+
+
+class Trials:
+    """Measurements from SPEED, one second a trial on a fake clock; with ``batched`` it also has
+    ``measure_many`` (as a cluster's trials do): a batch costs one second, its trials side by side."""
+
+    def __init__(self, batched: bool):
+        self.now, self.measured, self.batches = 0.0, [], []
+        if batched:
+            self.measure_many = self._many
+
+    def clock(self):
+        return self.now
+
+    def _run(self, t):
+        self.measured.append(t.micro_batch)
+        tokens = t.micro_batch * SEQ
+        from types import SimpleNamespace
+        return SimpleNamespace(tokens_per_step=tokens, step_s_min=tokens / SPEED[t.micro_batch], steps=3,
+                               warmup=0, step_s=1 / 3, conditions=Conditions("quiet", "nothing else ran"),
+                               peak_mem_bytes=1000.0, run_id=len(self.measured))
+
+    def measure(self, t, steps):
+        self.now += 1.0
+        return self._run(t)
+
+    def _many(self, trials):
+        self.now += 1.0
+        self.batches.append(sorted(t.micro_batch for t, _ in trials))
+        return [(self._run(t), 1.0) for t, _ in trials]
+
+    def max_batch(self, t, limit):
+        return limit
+
+
+def test_a_round_s_trials_go_together_and_the_search_is_the_same(tmp_path):
+    from tunekit.lab.lab import Lab
+
+    lab = Lab(log_path=tmp_path / "runs.jsonl")   # cpu-tiny, micro-batch 8
+    found = {}
+    for batched in (False, True):
+        trials = Trials(batched)
+        r = autotune(lab, budget_s=1000, repeats=2, max_micro_batch=8, space={**FIXED, "micro_batch": [1, 2, 4, 8]},
+                     trials=trials)
+        found[batched] = (r.toggles.micro_batch, r.status, sorted(trials.measured), trials)
+    one, many = found[False], found[True]
+    assert one[:3] == many[:3] and one[0] == 8      # the same winner from the same trials
+    # rounds 1 and 2 of the micro-batch race: the 4 candidates at once, twice; 8 beats each other
+    # beyond the 3% band (850/1000 is the closest), so the final race (repeats 2+2) and the tiebreak
+    # have nothing to settle
+    assert many[3].batches == [[1, 2, 4, 8], [1, 2, 4, 8]] and one[2] == [1, 1, 2, 2, 4, 4, 8, 8]
+    assert (one[3].now, many[3].now) == (8.0, 2.0)   # 8 trials of one second; 2 batches of one second
 
 
 @pytest.fixture(scope="module")
