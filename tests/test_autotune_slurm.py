@@ -141,9 +141,11 @@ def test_a_sweep_on_the_cluster_keeps_max_jobs_queued_and_logs_every_trial(clust
     assert isinstance(found, AutotuneResult) and found.status == "complete"
     assert found.toggles is not None and found.toggles.micro_batch in (1, 2, 4)
     measured = {c.toggles.micro_batch: len(c.runs) for c in found.candidates if c.runs}
-    assert measured == {1: 1, 2: 1, 4: 1}   # round 1: one trial each; the budget (20 s) allowed no more
-    runs = lab.log.runs
-    assert len(runs) == 3 and all(r.status == "ok" and r.job["state"] == "COMPLETED" for r in runs)
+    # round 1 measures each once (repeats=1); how many more the 20 s budget allows depends on the machine
+    assert sorted(measured) == [1, 2, 4] and min(measured.values()) >= 1
+    runs = lab.log.runs   # every trial is a job, in the Lab's log with it
+    assert len(runs) == sum(measured.values()) and all(r.status == "ok" and r.job["state"] == "COMPLETED"
+                                                       for r in runs)
     assert all(r.job["folder"].startswith(str(tmp_path / "jobs")) for r in runs)
     assert watch.most == 2   # 3 trials, never more than max_jobs=2 in the queue, and 2 at once
     assert found.verdict and _ours() == []
