@@ -126,6 +126,22 @@ def _lab(tmp_path):
 
 
 @needs_cluster
+@pytest.mark.parametrize("on,words", [
+    (Slurm(partition="gpuq"), "no partition 'gpuq' on this cluster; it has ['debug']"),
+    ("debug", "on= is a cluster target such as tunekit.Slurm(partition=...), got 'debug'."),
+])
+def test_bad_input_is_refused_before_any_job(cluster, tmp_path, on, words):
+    from tunekit.core.toggles import ToggleError
+
+    lab = _lab(tmp_path)
+    with pytest.raises(ToggleError) as e:
+        lab.autotune(budget_s="soon", space=FIXED, on=on, verbose=False)
+    # every problem at once: the bad budget and what the cluster (or the option's check) says
+    assert e.value.problems == ["budget_s must be a finite number > 0, got 'soon'", words]
+    assert _ours() == [] and lab.log.runs == []
+
+
+@needs_cluster
 def test_a_sweep_on_the_cluster_keeps_max_jobs_queued_and_logs_every_trial(cluster, tmp_path):
     lab = _lab(tmp_path)
     # exclusive: one job at a time on the one node, the others pending; 3 candidates, max_jobs=2

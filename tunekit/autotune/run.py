@@ -118,8 +118,8 @@ def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, ke
     errors += [f"the starting toggles cannot run: {p}" for p in lab.check(start, o.steps if is_whole(o.steps) else 1)]
     if o.on is not None and o.trials is None:
         errors.append("on= runs through lab.autotune(on=...), which makes the trials jobs (tunekit.lab.cluster)")
-    if o.on is not None and not errors:
-        errors += o.on.check()   # the cluster refuses before anything is submitted
+    if o.on is not None and hasattr(o.on, "check") and hasattr(o.on, "max_jobs"):
+        errors += o.on.check()   # what the cluster refuses, with the rest, before anything is submitted
     if errors:
         raise ToggleError(errors)
     start = normalized(start)

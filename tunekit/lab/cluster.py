@@ -170,7 +170,8 @@ class ClusterTrials(LabTrials):
 
     def __init__(self, lab, target, warmup: int, memory_budget_bytes=None, budget_s: float | None = None,
                  poll_s: float = 0.5):
-        super().__init__(lab, warmup, memory_budget_bytes, budget_s)
+        number = isinstance(budget_s, (int, float)) and not isinstance(budget_s, bool)
+        super().__init__(lab, warmup, memory_budget_bytes, budget_s if number else None)  # a bad one: refused later
         self.target, self.poll_s = target, poll_s
         self.jobs: list = []
         self.spans: list[tuple[str, float, float]] = []
