@@ -199,3 +199,22 @@ def test_ctrl_c_cancels_every_job_of_the_sweep(cluster, tmp_path):
         watch.join()
     assert _ours() == []
     assert lab.last_autotune is not None and lab.last_autotune.status == "interrupted"
+
+
+@needs_cluster
+def test_trials_that_never_start_are_failed_trials_and_cancelled(cluster, tmp_path):
+    lab = _lab(tmp_path)
+    # another job holds the one node: the sweep's jobs stay pending past start_timeout_s
+    blocker = subprocess.run(["sbatch", "--parsable", "--exclusive", f"--output={tmp_path}/blocker.out",
+                              "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        target = Slurm(time="5", max_jobs=2, start_timeout_s=3, folder=str(tmp_path / "jobs"))
+        found = lab.autotune(budget_s=60, steps=2, warmup=1, repeats=1, max_micro_batch=4,
+                             space={**FIXED, "micro_batch": [2, 4]}, on=target, verbose=False)
+    finally:
+        subprocess.run(["scancel", blocker], check=True)
+    tried = [c for c in found.candidates if c.toggles.micro_batch in (2, 4)]
+    assert [c.status for c in tried] == ["failed", "failed"]
+    assert all("the job never started: pending" in c.why and "for 3 s, then cancelled" in c.why for c in tried)
+    assert [r.status for r in lab.log.runs] == ["failed", "failed"] and found.toggles is None
+    assert _ours() == []

@@ -194,6 +194,7 @@ class ClusterTrials(LabTrials):
         """Each ``(toggles, steps)`` as one job, at most ``target.max_jobs`` queued at once;
         returns ``(RunResult or the exception, seconds from submission to end)`` for each, in order."""
         from tunekit.parallel.slurm_job import ENDED
+
         out: list = [None] * len(trials)
         waiting = list(enumerate(trials))
         live: dict[int, tuple] = {}   # index -> (job, what record needs, submitted at, seen by Slurm)
@@ -217,9 +218,12 @@ class ClusterTrials(LabTrials):
                     entry[3] = seen or bool(info)
                     if state == "RUNNING":
                         job._note_neighbours(info)
-                    if state in ENDED or (not info and seen):
+                    limit = self.target.start_timeout_s
+                    never = state == "PENDING" and limit is not None and self.clock() - t0 > limit
+                    if never or state in ENDED or (not info and seen):
                         del live[i]
-                        outcome, took = self._ended(job, sent, info), self.clock() - t0
+                        outcome = self._never(job, sent, info) if never else self._ended(job, sent, info)
+                        took = self.clock() - t0
                         out[i] = (outcome, took)
                         self.spans.append((job.job_id, t0, self.clock()))
                         if not isinstance(outcome, BaseException):
@@ -231,6 +235,16 @@ class ClusterTrials(LabTrials):
             cancel_all([entry[0] for entry in live.values()])
             raise
         return out
+
+    def _never(self, job, sent, info):
+        """A job pending past ``target.start_timeout_s``: cancelled, a failed run and trial (as `SlurmJob.wait`)."""
+        from tunekit.parallel.slurm import JobFailed
+
+        job.cancel()
+        e = JobFailed(f"the job never started: pending ({info.get('Reason', '?')}) for "
+                      f"{self.target.start_timeout_s:.0f} s, then cancelled", job._job(info), [])
+        record(self.lab, job, sent, e)
+        return TrialFailed(f"slurm job {job.job_id}: {e.cause}")
 
     def _ended(self, job, sent, info):
         from tunekit.parallel.slurm import JobFailed
