@@ -42,6 +42,13 @@ def check_space(name: str, space):
     return dict(space)
 
 
+def check_target(name: str, target):
+    """None, or a cluster target such as tunekit.Slurm(...) (anything that can ``submit`` a run)."""
+    if target is not None and not (hasattr(target, "submit") and hasattr(target, "max_jobs")):
+        raise ValueError(f"{name}= is a cluster target such as tunekit.Slurm(partition=...), got {target!r}.")
+    return target
+
+
 def option(default, check, *args):
     """A field with its default and its check: ``check(name, value, *args)`` returns the value
     in its plain type or raises ValueError/TypeError naming it (``core.validate``'s form)."""
@@ -67,6 +74,7 @@ class AutotuneOptions:
     trial_s: float = option(0.25, real, 0.0, math.inf, False)
     progress: object = option(None, optional(function), "(elapsed_s, budget_s, text)")
     trials: object = option(None, lambda name, v: v)   # an object like LabTrials; tests inject one
+    on: object = option(None, check_target)            # a cluster target: each trial a job (autotune.cluster)
 
     def checked(self) -> tuple[AutotuneOptions, list[str]]:
         """(these options with every value in its plain type, what is wrong with them: one

@@ -93,7 +93,7 @@ class LabTrials:
 def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
              max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
              memory_budget_bytes=None, space: dict | None = None, keep: str = "winner",
-             compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None) -> AutotuneResult:
+             compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, on=None) -> AutotuneResult:
     """Search the fastest legal configuration from ``lab``'s current toggles; see the module doc.
 
     ``budget_s``: seconds for the whole search. ``max_micro_batch``: the largest micro-batch tried
@@ -105,14 +105,21 @@ def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, ke
     toggle's values, e.g. ``{"precision": ["fp32", "bf16"], "compile": [False]}``. ``compile_s``:
     budget left that the compile stage needs to start. ``progress(elapsed_s, budget_s, text)``
     is called before each trial. ``trials``: an object like ``LabTrials`` (tests inject one).
+    ``on``: a cluster target (``tunekit.Slurm(...)``): each trial is a job, the independent trials
+    of a round at once, at most ``on.max_jobs`` queued (``trials``: a
+    ``tunekit.lab.cluster.ClusterTrials``, which ``lab.autotune(on=...)`` makes).
     The options and their checks are `AutotuneOptions`; this signature mirrors it.
     """
     o, errors = AutotuneOptions(
         budget_s, objective, keep_global_batch=keep_global_batch, max_micro_batch=max_micro_batch, steps=steps,
         warmup=warmup, repeats=repeats, noise=noise, memory_budget_bytes=memory_budget_bytes, space=space,
-        keep=keep, compile_s=compile_s, trial_s=trial_s, progress=progress, trials=trials).checked()
+        keep=keep, compile_s=compile_s, trial_s=trial_s, progress=progress, trials=trials, on=on).checked()
     start = lab.resolve()
     errors += [f"the starting toggles cannot run: {p}" for p in lab.check(start, o.steps if is_whole(o.steps) else 1)]
+    if o.on is not None and o.trials is None:
+        errors.append("on= runs through lab.autotune(on=...), which makes the trials jobs (tunekit.lab.cluster)")
+    if o.on is not None and hasattr(o.on, "check") and hasattr(o.on, "max_jobs"):
+        errors += o.on.check()   # what the cluster refuses, with the rest, before anything is submitted
     if errors:
         raise ToggleError(errors)
     start = normalized(start)

@@ -95,13 +95,17 @@ class Search:
     def _predicted_s(self, c: Candidate, per_step: bool = False) -> float:
         """What ``c``'s trial will cost in training steps (warm-up and timed), scaled from the
         fastest run so far of its precision by the samples per step; 0 with nothing to go by.
-        A first run's FLOP count and peak calibration are one-off costs and left out."""
+        A first run's FLOP count and peak calibration are one-off costs and left out; what every
+        trial costs besides its steps (a cluster job's queue and start: the trials object's
+        ``overhead_s``, 0 for a Lab's) is added."""
         size = c.toggles.micro_batch * c.toggles.grad_accum
         seen = [(1 if per_step else r.steps + r.warmup) * r.step_s * size
                 / (o.toggles.micro_batch * o.toggles.grad_accum)
                 for o in self.order if o.toggles.precision == c.toggles.precision
                 and o.toggles.compile == c.toggles.compile for r in o.runs]
-        return min(seen, default=0.0)
+        if per_step:
+            return min(seen, default=0.0)
+        return min(seen, default=0.0) + getattr(self.trials, "overhead_s", 0.0)
 
     def steps_for(self, c: Candidate) -> int:
         """Timed steps for ``c``'s next trial: enough to fill ``trial_s`` at the step time seen
@@ -129,29 +133,83 @@ class Search:
         c.repeats += 1
         return True
 
-    def trial(self, c: Candidate, attempt: int) -> bool:
-        """One ``lab.run`` of ``c``, added to its runs; False when it failed."""
+    def measure_all(self, cands: list[Candidate], stop_on_fail: bool = False) -> list[bool]:
+        """One more repeat of each of ``cands`` (independent trials: a round of a race, a pair
+        settled, a tiebreak round); whether each went well, in order. One at a time through
+        `measure` (``stop_on_fail``: none after the first that failed), unless the trials object
+        has ``measure_many`` (a cluster's: the trials run as jobs at once, up to its ``max_jobs``),
+        then all that fit the budget together, each measured busy again as `measure` does; Stop
+        after them when the budget did not allow them all."""
+        many = getattr(self.trials, "measure_many", None)
+        if many is None or len(cands) < 2:
+            out = []
+            for c in cands:
+                out.append(self.measure(c))
+                if stop_on_fail and not out[-1]:
+                    break
+            return out
+        go = []
+        for c in cands:
+            if not self.fits_budget(c):
+                break
+            go.append(c)
+        if not go:
+            raise Stop
+        ok, todo, attempt = [True] * len(go), list(range(len(go))), 0
+        while todo:
+            for i in todo:
+                self._announce(go[i], attempt)
+            outcomes = many([(go[i].toggles, self.steps_for(go[i])) for i in todo])
+            again = []
+            for i, (outcome, seconds) in zip(todo, outcomes):
+                c = go[i]
+                if not self._record(c, outcome, seconds):
+                    ok[i] = False
+                elif measured_busy(c.runs[-1]) and attempt < BUSY_RETRIES and self.fits_budget(c):
+                    again.append(i)
+            todo, attempt = again, attempt + 1
+        for c, good in zip(go, ok):
+            if good:
+                c.repeats += 1
+        if len(go) < len(cands):
+            raise Stop
+        return ok
+
+    def _announce(self, c: Candidate, attempt: int) -> None:
         self.n_trials += 1
         if self.progress is not None:
             self.progress(self.elapsed(), self.budget_s, self.trial_text(c, attempt))
+
+    def trial(self, c: Candidate, attempt: int) -> bool:
+        """One ``lab.run`` of ``c``, added to its runs; False when it failed."""
+        self._announce(c, attempt)
         t0 = self.trials.clock()
         try:
-            run = self.trials.measure(c.toggles, self.steps_for(c))
-        except ToggleError as e:
-            c.status, c.why = "pruned", "; ".join(e.problems)
-            return False
-        except TrialFailed as e:
-            c.status, c.why = "failed", str(e)
-            return False
+            outcome = self.trials.measure(c.toggles, self.steps_for(c))
         except Exception as e:  # noqa: BLE001 - one failed candidate must not end the search
-            if is_oom(e):
+            outcome = e
+        except BaseException:
+            c.seconds += self.trials.clock() - t0
+            raise
+        return self._record(c, outcome, self.trials.clock() - t0)
+
+    def _record(self, c: Candidate, outcome, seconds: float) -> bool:
+        """A trial's outcome (its RunResult, or the exception it raised) in ``c``; False when it failed."""
+        c.seconds += seconds
+        if isinstance(outcome, ToggleError):
+            c.status, c.why = "pruned", "; ".join(outcome.problems)
+            return False
+        if isinstance(outcome, TrialFailed):
+            c.status, c.why = "failed", str(outcome)
+            return False
+        if isinstance(outcome, Exception):
+            if is_oom(outcome):
                 c.status, c.why, c.fits = "failed", "out of memory", False
             else:
-                c.status, c.why = "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                text = str(outcome)
+                c.status, c.why = "failed", f"{type(outcome).__name__}: {text.splitlines()[0][:200] if text else ''}"
             return False
-        finally:
-            c.seconds += self.trials.clock() - t0
-        c.runs.append(run)
+        c.runs.append(outcome)
         c.fits = True
         return True
 
@@ -197,8 +255,9 @@ class Search:
         rnd = 0
         while alive:
             rnd += 1
-            for c in list(alive):
-                if c.repeats < rnd and not self.measure(c):
+            todo = [c for c in alive if c.repeats < rnd]
+            for c, ok in zip(todo, self.measure_all(todo)):
+                if not ok:
                     alive.remove(c)
             if not alive:
                 break
@@ -258,10 +317,12 @@ class Search:
         while (inc in alive and best is not inc and best.score > inc.score and not self.beats(best, inc)
                and best.repeats < 3 * self.repeats):
             try:
-                for c in (inc, best):
-                    if not self.measure(c):
-                        alive.remove(c)
-                        return
+                oks = self.measure_all([inc, best], stop_on_fail=True)
+                if not all(oks):
+                    for c, ok in zip((inc, best), oks):
+                        if not ok:
+                            alive.remove(c)
+                    return
             except Stop:
                 return  # the budget is spent: decide on what was measured
 
@@ -284,9 +345,8 @@ class Search:
             if not top:
                 return
             try:
-                for c in (self.incumbent, *top):
-                    if not self.measure(c):
-                        return
+                if not all(self.measure_all([self.incumbent, *top], stop_on_fail=True)):
+                    return
             except Stop:
                 self.notes.append("the tiebreak between the top candidates ran until the budget was spent")
                 return

@@ -8,13 +8,19 @@ Everything a local distributed run refuses is refused here too, and what the clu
 run) before anything is submitted. The job's folder (spec, weights, script, progress, result,
 logs) stays for the record. A job that ends without a result is a failed run in the log, its
 cause in words and the steps it measured kept, and the JobFailed goes on to the caller.
+
+``lab.autotune(..., on=target)``: `ClusterTrials`, below.
 """
 from __future__ import annotations
 
 import statistics
+import subprocess
+import time
 
 import torch
 
+from tunekit.autotune.run import LabTrials
+from tunekit.autotune.search import TrialFailed
 from tunekit.core.results import RunResult
 from tunekit.core.toggles import ToggleError, label, normalized
 from tunekit.lab import fit
@@ -23,11 +29,13 @@ from tunekit.measure.peaks import rates
 
 
 def submitted(lab, target, steps, warmup, progress, parallel, changes, verbose, local_layout) -> RunResult:
-    """``lab.run(on=target)``'s checks and display, then `run_on`. ``local_layout``: the call also
-    gave nproc/nodes/link/trace/memory, which a cluster run takes from its target or cannot do."""
+    """``lab.run(on=target)``'s checks and display, then `run_on`: the job's state shown as it
+    changes, Ctrl-C cancels it. ``local_layout``: the call's (trace, memory, link, nproc, nodes),
+    which a cluster run takes from its target or cannot do."""
     from tunekit.core.validate import flag
 
-    if local_layout:
+    trace, memory, link, nproc, nodes = local_layout
+    if trace or memory or link is not None or nproc != 1 or nodes != 1:
         raise ToggleError(["on=... takes its layout from the target (nodes, gpus_per_node or "
                            "ntasks_per_node): leave nproc, nodes, link, trace and memory out"])
     if not hasattr(target, "submit"):
@@ -45,8 +53,22 @@ def run_on(lab, target, steps, warmup, progress, parallel, changes, on_state=Non
     """``lab.run(on=target)`` (see its docstring): ``target.nodes`` x its ranks per node, each from
     the Lab's weights; ``on_state(state, info)`` on each change of the job's state (default: one
     line per change, printed)."""
+    from tunekit.parallel.slurm import JobFailed
+
+    job, sent = submit_run(lab, target, steps, warmup, parallel, changes)
+    try:
+        result = job.wait(progress=progress, on_state=on_state or _say)
+    except JobFailed as e:
+        record(lab, job, sent, e)
+        raise
+    return record(lab, job, sent, result)
+
+
+def submit_run(lab, target, steps, warmup, parallel, changes, name: str = "tunekit-run"):
+    """`run_on`'s checks (a ToggleError, nothing submitted) and its job submitted: (the SlurmJob,
+    what `record` needs). An autotune sweep on a cluster submits its trials this way, several at once."""
     from tunekit.models.spec import factory_spec, model_spec
-    from tunekit.parallel.slurm import JobFailed, job_folder
+    from tunekit.parallel.slurm import job_folder
 
     nproc, nodes = target.ranks_per_node, target.nodes
     t = lab.resolve(**changes)
@@ -67,28 +89,40 @@ def run_on(lab, target, steps, warmup, progress, parallel, changes, on_state=Non
     lab.log.check_writable()
     dtype = t.compute_on(lab.device.type)
     peak = lab.peaks[dtype]
-    folder = job_folder(target, "run")
+    folder = job_folder(target, name.removeprefix("tunekit-"))
     torch.save(getattr(lab.model, "_orig_mod", lab.model).state_dict(), folder / "weights.pt")
     spec = {"model": spec_model, "parallel": parallel, "toggles": t.asdict(), "steps": int(steps),
             "warmup": int(warmup), "seed": lab.seed, "data": lab.data, "weights": str(folder / "weights.pt"),
             "peak_tflops": peak.tflops, "peak_tflops_source": peak.source, "peak_kind": peak.kind,
             "device": "cuda" if target.gpus_per_node else "cpu", **({"blocks": lab.blocks} if lab.blocks else {})}
     where = f"{parallel + ' ' if parallel else ''}{nodes}x{nproc}"
-    job = target.submit(spec, folder, name="tunekit-run")
-    try:
-        result = job.wait(progress=progress, on_state=on_state or _say)
-    except JobFailed as e:
-        times = e.step_s
-        fields = {"job": e.job, "world_size": nproc * nodes, "parallel": parallel, "nodes": nodes}
+    job = target.submit(spec, folder, name=name)
+    return job, {"toggles": t, "where": where, "spec": spec, "dtype": dtype, "peak": peak,
+                 "world_size": nproc * nodes, "parallel": parallel, "nodes": nodes}
+
+
+def record(lab, job, sent: dict, outcome) -> RunResult:
+    """The end of a job `submit_run` sent, in the Lab's log: its RunResult (returned), or, for a
+    JobFailed ``outcome``, a failed run with the cause and the steps measured so far (returned too;
+    the caller raises)."""
+    from tunekit.parallel.slurm import JobFailed
+
+    t, where, steps = sent["toggles"], sent["where"], sent["spec"]["steps"]
+    if isinstance(outcome, JobFailed):
+        times = outcome.step_s
+        fields = {"job": outcome.job, "world_size": sent["world_size"], "parallel": sent["parallel"],
+                  "nodes": sent["nodes"]}
         if times:   # the steps measured before the end, kept
             fields.update(step_s=statistics.fmean(times), step_s_min=min(times), step_s_max=max(times))
-        lab.log.add(RunResult.failed(t, f"{where} {label(t, lab.resolve())} (slurm job {job.job_id})", e.cause,
-                                     [f"{len(times)} of {steps} timed steps measured before the job ended"],
-                                     **fields))
-        raise
+        return lab.log.add(RunResult.failed(t, f"{where} {label(t, lab.resolve())} (slurm job {job.job_id})",
+                                            outcome.cause,
+                                            [f"{len(times)} of {steps} timed steps measured before the job ended"],
+                                            **fields))
+    result = outcome
     result.label = f"{where} {label(t, lab.resolve())}"
     # the ranks took the peak as it was sent: a calibrated one is re-checked now they are done
-    if lab.device.type == spec["device"]:
+    dtype, peak = sent["dtype"], sent["peak"]
+    if lab.device.type == sent["spec"]["device"]:
         r = rates(result.flops_per_step, result.model_flops_per_step, result.step_s, peak, lab.device, dtype,
                   devices=result.world_size or 1)
         lab.peaks[dtype] = r.peak
@@ -105,3 +139,130 @@ def _say(state: str, info: dict) -> None:
     job = info.get("JobId", "?")
     print(f"slurm job {job}: {said}", flush=True)   # output, not a warning: a notebook shows it plainly
 
+
+# --- lab.autotune(on=target): the search's trials as jobs ------------------------------------------
+
+class ClusterTrials(LabTrials):
+    """``lab.autotune(..., on=tunekit.Slurm(...))``: `LabTrials` whose trials are jobs on ``target``.
+
+        >>> found = lab.autotune(budget_s=600, on=tunekit.Slurm(partition="gpu", gpus_per_node=1, max_jobs=4))
+
+    The search is the Lab's (tunekit.autotune.run): the same stages, races, noise band, busy
+    retries, tiebreak and verdicts, the same AutotuneResult. It is sequential by nature (a stage
+    starts from the winner of the one before, a race's next round from the last round's scores), so
+    what runs at once are the independent trials of one step of it: every candidate of a race's
+    round, the pair a close call settles, a tiebreak round (``Search.measure_all`` calls
+    ``measure_many``). Each trial is one job (`submit_run`: the Lab's weights and toggles, the layout
+    from the target), at most ``target.max_jobs`` in the queue at once, the next submitted as one
+    ends. Each job's result is in the Lab's log with ``result.job``; a job that ends without a
+    result is a failed run in the log and a failed trial (its cause in words), and the search goes
+    on. Ctrl-C cancels every job of the sweep still queued or running (squeue shows none of them
+    afterwards), then the search ends as it does locally (``lab.last_autotune``).
+
+    Jobs that share a node are measured busy (``SlurmJob.shared_with``), so their figures decide
+    nothing: keep ``exclusive=True`` (the default) and a partition with ``max_jobs`` free nodes for
+    the jobs to run side by side. The micro-batch stage's max-batch search runs on the Lab itself
+    when the jobs run on its kind of device (CPU jobs, a CPU Lab); for GPU jobs every micro-batch up
+    to ``max_micro_batch`` is tried as a job, and one that does not fit is a failed trial.
+
+    ``jobs``: every job of the sweep, in the order submitted; ``spans``: (job id, submitted,
+    ended) on ``clock``; ``overhead_s``: the least a trial cost besides its steps so far (queue,
+    start, the ranks' imports), which the search's budget check adds to each trial it predicts."""
+
+    def __init__(self, lab, target, warmup: int, memory_budget_bytes=None, budget_s: float | None = None,
+                 poll_s: float = 0.5):
+        number = isinstance(budget_s, (int, float)) and not isinstance(budget_s, bool)
+        super().__init__(lab, warmup, memory_budget_bytes, budget_s if number else None)  # a bad one: refused later
+        self.target, self.poll_s = target, poll_s
+        self.jobs: list = []
+        self.spans: list[tuple[str, float, float]] = []
+        self.overhead_s = 0.0
+        self._overheads: list[float] = []
+
+    def measure(self, t, steps: int):
+        (outcome, _), = self.measure_many([(t, steps)])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def max_batch(self, t, limit: int) -> int | None:
+        if not self.target.gpus_per_node and self.lab.device.type == "cpu":
+            return super().max_batch(t, limit)   # the jobs' kind of device: the Lab's search holds
+        self.last_search = None
+        return limit   # every micro-batch up to the limit is tried as a job; one that does not fit fails
+
+    def measure_many(self, trials: list) -> list[tuple]:
+        """Each ``(toggles, steps)`` as one job, at most ``target.max_jobs`` queued at once;
+        returns ``(RunResult or the exception, seconds from submission to end)`` for each, in order."""
+        from tunekit.parallel.slurm_job import ENDED
+
+        out: list = [None] * len(trials)
+        waiting = list(enumerate(trials))
+        live: dict[int, tuple] = {}   # index -> (job, what record needs, submitted at, seen by Slurm)
+        try:
+            while waiting or live:
+                while waiting and len(live) < self.target.max_jobs:
+                    i, (t, steps) = waiting.pop(0)
+                    t0 = self.clock()
+                    try:
+                        job, sent = submit_run(self.lab, self.target, steps, self.warmup, None, t.asdict(),
+                                               name="tunekit-autotune")
+                    except Exception as e:  # noqa: BLE001 - refused (ToggleError) or sbatch said no: this trial's
+                        out[i] = (e, self.clock() - t0)
+                        continue
+                    self.jobs.append(job)
+                    live[i] = [job, sent, t0, False]
+                for i, entry in list(live.items()):
+                    job, sent, t0, seen = entry
+                    info = job.info()
+                    state = info.get("JobState", "UNKNOWN")
+                    entry[3] = seen or bool(info)
+                    if state == "RUNNING":
+                        job._note_neighbours(info)
+                    limit = self.target.start_timeout_s
+                    never = state == "PENDING" and limit is not None and self.clock() - t0 > limit
+                    if never or state in ENDED or (not info and seen):
+                        del live[i]
+                        outcome = self._never(job, sent, info) if never else self._ended(job, sent, info)
+                        took = self.clock() - t0
+                        out[i] = (outcome, took)
+                        self.spans.append((job.job_id, t0, self.clock()))
+                        if not isinstance(outcome, BaseException):
+                            self._overheads.append(max(took - (outcome.steps + outcome.warmup) * outcome.step_s, 0.0))
+                            self.overhead_s = min(self._overheads)
+                if live:
+                    time.sleep(self.poll_s)
+        except KeyboardInterrupt:
+            cancel_all([entry[0] for entry in live.values()])
+            raise
+        return out
+
+    def _never(self, job, sent, info):
+        """A job pending past ``target.start_timeout_s``: cancelled, a failed run and trial (as `SlurmJob.wait`)."""
+        from tunekit.parallel.slurm import JobFailed
+
+        job.cancel()
+        e = JobFailed(f"the job never started: pending ({info.get('Reason', '?')}) for "
+                      f"{self.target.start_timeout_s:.0f} s, then cancelled", job._job(info), [])
+        record(self.lab, job, sent, e)
+        return TrialFailed(f"slurm job {job.job_id}: {e.cause}")
+
+    def _ended(self, job, sent, info):
+        from tunekit.parallel.slurm import JobFailed
+
+        try:
+            result = job._finish(info)
+        except JobFailed as e:
+            record(self.lab, job, sent, e)
+            return TrialFailed(f"slurm job {job.job_id}: {e.cause}")
+        result = record(self.lab, job, sent, result)
+        return result
+
+
+def cancel_all(jobs: list, wait_s: float = 30.0) -> None:
+    """scancel every job at once, then wait until squeue lists none of them."""
+    if not jobs:
+        return
+    subprocess.run(["scancel", *[j.job_id for j in jobs]], capture_output=True, text=True, timeout=30)
+    for job in jobs:
+        job.cancel(wait_s)

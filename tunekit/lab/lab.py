@@ -199,16 +199,13 @@ class Lab(LabResults):
         node in its own network namespace. The Lab's own model is not changed by such a run.
         Ctrl-C stops a run in its steps; while it sets up, records or cleans up it waits. An
         interrupted run is not recorded, is undone (with ``guard``), and its tensors are freed.
-        ``setting``: a ``tunekit.Setting`` instead of the toggles and the parallel layout
-        (``lab.run(setting=tunekit.Setting(precision="bf16", parallel="ddp", world_size=2))``).
-        ``on=tunekit.Slurm(...)`` runs it as a cluster job instead (its nodes x GPUs ranks, one
-        process where that is one; tunekit.lab.cluster): the job's state is shown as it changes,
-        Ctrl-C cancels it, and ``result.job`` says where it ran."""
+        ``setting``: a ``tunekit.Setting`` for the toggles and layout (``setting=Setting(parallel="ddp")``).
+        ``on=tunekit.Slurm(...)``: a cluster job instead (tunekit.lab.cluster; ``result.job``)."""
         if setting is not None:
             changes, (parallel, nproc, nodes) = lab_keywords(self, setting, changes, (parallel, nproc, nodes))
-        if on is not None:   # a cluster job (tunekit.lab.cluster)
-            return submitted(self, on, steps, warmup, progress, parallel, changes, verbose,
-                             trace or memory or link is not None or nproc != 1 or nodes != 1)
+        if on is not None:
+            return submitted(self, on, steps, warmup, progress, parallel, changes, verbose, (trace, memory, link,
+                                                                                              nproc, nodes))
         if not flag("verbose", verbose):
             return self._run(steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes)
         from tunekit.view.progress import RunProgress  # the view that shows it; chosen per frontend there
@@ -280,17 +277,19 @@ class Lab(LabResults):
     def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
                  max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
                  memory_budget_bytes=None, space: dict | None = None, keep: str = "winner",
-                 compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, verbose: bool = True):
+                 compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, verbose: bool = True,
+                 on=None):
         """The fastest configuration that fits, searched within ``budget_s`` seconds; returns an
         ``AutotuneResult`` (winner, evidence table, figure). The options are
         ``tunekit.autotune.autotune``'s (each explained there; `AutotuneOptions` holds them);
         ``verbose`` (default) shows the stage and trial going and the winner at the end
         (tunekit.view.progress; the runs inside are quiet), ``verbose=False`` nothing.
+        ``on=tunekit.Slurm(...)``: each trial a cluster job (tunekit.lab.cluster.ClusterTrials).
         Example: ``found = lab.autotune(budget_s=120, keep_global_batch=True)``."""
         return searches.autotune(self, budget_s, objective, progress, verbose, dict(
             keep_global_batch=keep_global_batch, max_micro_batch=max_micro_batch, steps=steps, warmup=warmup,
             repeats=repeats, noise=noise, memory_budget_bytes=memory_budget_bytes, space=space, keep=keep,
-            compile_s=compile_s, trial_s=trial_s, trials=trials))
+            compile_s=compile_s, trial_s=trial_s, trials=trials, on=on))
 
     def dashboard(self):
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts).

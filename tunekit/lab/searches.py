@@ -26,6 +26,10 @@ def autotune(lab, budget_s, objective, progress, verbose, options: dict):
     shown unless ``verbose`` is False."""
     from tunekit.autotune import autotune as search_on
 
+    if options.get("on") is not None and options.get("trials") is None:   # each trial a job on the cluster
+        from tunekit.lab.cluster import ClusterTrials
+        options = dict(options, trials=ClusterTrials(lab, options["on"], options["warmup"],
+                                                     options["memory_budget_bytes"], budget_s))
     def search(tick):
         return search_on(lab, budget_s, objective, progress=tick, **options)
     if not flag("verbose", verbose) or (progress is not None and not callable(progress)):
