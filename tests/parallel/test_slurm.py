@@ -309,3 +309,41 @@ def test_a_lab_refuses_a_cluster_run_it_cannot_make(tmp_path):
         lab.run(steps=2, on="slurm", verbose=False)
     with pytest.raises(ValueError, match="takes its layout from the target"):
         lab.run(steps=2, on=Slurm(), nproc=2, verbose=False)
+
+
+def test_tunekit_plan_writes_the_batch_script(tmp_path, capsys):
+    from tunekit.cli.main import main
+
+    code = main(["plan", "--model", "cpu-tiny", "--device", "cpu", "--micro-batch", "2", "--seq-len", "32",
+                 "--sbatch", str(tmp_path / "job"), "--time", "10"])
+    out = capsys.readouterr().out
+    text = (tmp_path / "job" / "job.sh").read_text()
+    assert code == 0 and f"batch script: {tmp_path / 'job' / 'job.sh'}" in out
+    assert "#SBATCH --time=10" in text and "# expected step " in text and "tunekit.parallel.worker" in text
+    assert main(["plan", "--model", "cpu-tiny", "--device", "cpu", "--sbatch", str(tmp_path / "x"),
+                 "--option", "3"]) == 2
+    assert "--option 3: the plan's advice has 0 option(s)" in capsys.readouterr().err
+
+
+def test_tunekit_run_slurm_refuses_what_cannot_go(monkeypatch, capsys):
+    from tunekit.cli.main import main
+
+    assert main(["run", "--slurm", "gpu", "--time", "half an hour"]) == 2
+    assert "--slurm: time is a Slurm time limit" in capsys.readouterr().err
+    assert main(["run", "--slurm", "gpu", "--trace"]) == 2
+    assert "--slurm submits the run to a cluster: not with --link-*, --trace" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main(["run", "--slurm", "gpu", "--steps", "1"]) == 2
+    assert "no sbatch on the PATH" in capsys.readouterr().err
+
+
+@needs_cluster
+def test_tunekit_run_slurm_runs_the_job(cluster, tmp_path, capsys):
+    from tunekit.cli.main import main
+
+    code = main(["run", "--slurm", "default", "--nproc", "2", "--parallel", "ddp", "--steps", "2", "--warmup", "1",
+                 "--micro-batch", "2", "--seq-len", "32", "--time", "5", "--log", str(tmp_path / "runs.jsonl"),
+                 "--report", str(tmp_path / "report.html")])
+    out = capsys.readouterr().out
+    assert code == 0 and "pending" in out and "slurm job" in out and "(partition debug): COMPLETED" in out
+    assert _ours() == []

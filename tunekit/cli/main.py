@@ -3,6 +3,7 @@
     tunekit run --precision bf16 --micro-batch 16 --steps 20          # one process, here
     tunekit run --parallel fsdp --nproc 2                              # 2 ranks on this machine
     tunekit run --parallel hsdp --nproc 2 --nodes 2 --link-bandwidth 50mbit   # emulated nodes
+    tunekit run --slurm gpu --gpus-per-node 8 --nodes 2 --parallel fsdp       # a job on a Slurm cluster
     torchrun --nnodes 2 --nproc-per-node 4 ... -m tunekit run --parallel hsdp --log-path runs.jsonl
     tunekit diff runs.jsonl#0 runs.jsonl#1                            # what changed between two runs
 
@@ -63,6 +64,14 @@ def run_parser() -> argparse.ArgumentParser:
                         "(needs root); None: no emulated link")
     d.add_argument("--link-latency", default=None,
                    help="one-way latency of that link, e.g. 1ms; None: 1ms when a link is emulated")
+    c = p.add_argument_group("cluster (Slurm: the run as a job, its ranks under srun; tunekit.Slurm)")
+    c.add_argument("--slurm", metavar="PARTITION", default=None,
+                   help="submit the run to this partition ('default': the cluster's); --nodes nodes, "
+                        "--nproc ranks per node (CPU) or --gpus-per-node")
+    c.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node, one rank each")
+    c.add_argument("--time", default="00:30:00", help="the job's time limit, in Slurm's words")
+    c.add_argument("--account", default=None, help="Slurm account")
+    c.add_argument("--qos", default=None, help="Slurm quality of service")
     o = p.add_argument_group("output")
     o.add_argument("--trace", action="store_true",
                    help="one more step under torch.profiler after the timed ones, set against the run's "
@@ -193,6 +202,13 @@ def check(args, env=None) -> tuple:
             raise Refused(f"--{name} must be >= {low}, got {getattr(args, name)}")
     source = model_source(args.model)
     nproc, nodes, link = layout(args, env)
+    if getattr(args, "slurm", None) is not None:
+        if link is not None or under_torchrun(env) or args.trace:
+            raise Refused("--slurm submits the run to a cluster: not with --link-*, --trace or under torchrun")
+        try:
+            slurm_target(args, nproc, nodes)
+        except ValueError as e:
+            raise Refused(f"--slurm: {e}") from None
     if getattr(args, "trace", False) and (args.parallel != "none" or nproc * nodes > 1 or under_torchrun(env)):
         raise Refused("--trace traces one process's step: not with --parallel, --nproc/--nodes or under "
                       "torchrun (trace a one-process run of the same toggles instead)")
@@ -255,6 +271,15 @@ def lab_model(source, distributed: bool):
 # --- display ------------------------------------------------------------------------------------
 
 
+def slurm_target(args, nproc: int, nodes: int):
+    """``--slurm PARTITION`` and its options as a tunekit.Slurm (a ValueError: refused)."""
+    from tunekit.parallel.slurm import Slurm
+
+    return Slurm(partition=None if args.slurm == "default" else args.slurm, nodes=nodes,
+                 gpus_per_node=args.gpus_per_node, ntasks_per_node=None if args.gpus_per_node else nproc,
+                 time=args.time, account=args.account, qos=args.qos)
+
+
 def _progress(done: int, total: int) -> None:
     if sys.stderr.isatty():
         sys.stderr.write(f"\rstep {done}/{total}" + ("\n" if done == total else ""))
@@ -307,6 +332,9 @@ def main(argv=None) -> int:
                       **changed_toggles(args), **({"trace": True} if args.trace else {}))
             if distributed:
                 kw.update(parallel=args.parallel, nproc=nproc, nodes=nodes, link=link)
+            if args.slurm is not None:
+                kw.pop("nproc", None), kw.pop("nodes", None), kw.pop("link", None)
+                kw["on"] = slurm_target(args, nproc, nodes)
             result = lab.run(**kw)
     except ToggleError as e:
         return _refuse(str(e))

@@ -37,6 +37,12 @@ def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFor
     add_options(p, Setting, "the step (tunekit.Setting)", defaults=PLAN_DEFAULTS, skip=("model", "device"),
                 open_choices=("optimizer", "attention"))
     p.add_argument("--search", action="store_true", help="also find the largest micro-batch that fits")
+    p.add_argument("--sbatch", metavar="FOLDER", default=None,
+                   help="also write the batch script that runs this setting on Slurm into FOLDER (job.sh)")
+    p.add_argument("--partition", default=None, help="with --sbatch: the Slurm partition (default: the cluster's)")
+    p.add_argument("--time", default="00:30:00", help="with --sbatch: the job's time limit")
+    p.add_argument("--option", type=int, default=None,
+                   help="with --sbatch: the advice's option N (0: the first) instead of the planned setting")
     return p
 
 
@@ -76,4 +82,19 @@ def plan_main(args) -> int:
         print(f"tunekit plan: error: {e}", file=sys.stderr)
         return 2
     print(p)
+    if args.sbatch is not None:
+        from tunekit.parallel.slurm import Slurm
+
+        try:
+            if args.option is not None and not 0 <= args.option < len(p.advice):
+                raise ValueError(f"--option {args.option}: the plan's advice has {len(p.advice)} option(s)"
+                                 + ("" if p.advice else " (it lists options only when the step does not fit)"))
+            path = p.sbatch(Slurm(partition=args.partition, time=args.time), args.sbatch, model=args.model,
+                            option=args.option)
+        except (ValueError, IndexError) as e:
+            import sys
+
+            print(f"tunekit plan: --sbatch: {e}", file=sys.stderr)
+            return 2
+        print(f"batch script: {path} (sbatch {path})")
     return 0 if p.fits else 1

@@ -79,6 +79,10 @@ def run_rows(r) -> list[tuple[str, str]]:
                                              "it is quiet" if cond.busy else "")))
     if getattr(r, "world_size", None):   # distributed runs only
         rows += [("layout", layout(r))] + [("comm", f"per step, {x}") for x in comm_lines(r.comm)]
+    job = getattr(r, "job", None)
+    if isinstance(job, dict):             # a cluster run: where it ran
+        rows.append(("job", f"{job.get('engine', 'cluster')} job {job.get('id')} on {job.get('nodes')} "
+                            f"(partition {job.get('partition')}): {job.get('state')}"))
     return with_notes(rows, r.notes, 1)
 
 
