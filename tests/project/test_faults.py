@@ -41,7 +41,8 @@ def _weights(lab):
     ({"steps": True}, "steps must be a whole number"), ({"steps": 0}, "steps must"),
     ({"warmup": -1}, "warmup must"), ({"micro_batch": 4.0}, "micro_batch must be a whole number"),
     ({"micro_batch": 0}, "micro_batch must"), ({"seq_len": 10**6}, "position limit"),
-    ({"precision": "fp64"}, "precision must be one of"), ({"optimizer": "rmsprop"}, "optimizer must"),
+    ({"precision": "fp64"}, "precision must be one of"),
+    ({"optimizer": "rmsprop"}, "unknown optimizer 'rmsprop'; one of"),
     ({"guard": "on"}, "guard must be True or False"),
 ])
 def test_bad_run_arguments_are_refused_before_any_work(lab, change, words):

@@ -133,8 +133,8 @@ def record(lab, job, sent: dict, outcome) -> RunResult:
 
 def _say(state: str, info: dict) -> None:
     """One line per change of the job's state: pending with its reason, running on its nodes."""
-    reason = info.get("Reason")
-    said = {"PENDING": f"pending ({reason})" if reason and reason != "None" else "pending",
+    waits_on = info.get("Reason")   # Slurm's word for what a pending job waits for ("None": nothing)
+    said = {"PENDING": f"pending ({waits_on})" if waits_on not in (None, "None") else "pending",
             "RUNNING": f"running on {info.get('NodeList')}"}.get(state, state.lower())
     job = info.get("JobId", "?")
     print(f"slurm job {job}: {said}", flush=True)   # output, not a warning: a notebook shows it plainly

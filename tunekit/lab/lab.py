@@ -277,8 +277,8 @@ class Lab(LabResults):
     def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
                  max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
                  memory_budget_bytes=None, space: dict | None = None, keep: str = "winner",
-                 compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, verbose: bool = True,
-                 on=None):
+                 compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, on=None,
+                 verbose: bool = True):
         """The fastest configuration that fits, searched within ``budget_s`` seconds; returns an
         ``AutotuneResult`` (winner, evidence table, figure). The options are
         ``tunekit.autotune.autotune``'s (each explained there; `AutotuneOptions` holds them);

@@ -102,7 +102,10 @@ class Slurm:
     ``env`` variables for every rank. ``max_jobs`` bounds how many jobs an autotune sweep keeps in
     the queue at once; ``start_timeout_s`` how long a job may wait to start before it is cancelled
     and recorded as never started (None: as long as Slurm keeps it). ``python`` the interpreter the
-    ranks run (default this one: a cluster whose nodes see this machine's paths)."""
+    ranks run (default this one: a cluster whose nodes see this machine's paths). ``folder``: where
+    job folders go, seen by every node (default tunekit's data folder, core.paths.jobs_dir).
+
+    Example: ``lab.run(steps=20, parallel="fsdp", on=tunekit.Slurm(partition="gpu", nodes=2, gpus_per_node=8))``."""
 
     partition: str | None = None
     nodes: int = 1
