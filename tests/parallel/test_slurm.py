@@ -347,3 +347,14 @@ def test_tunekit_run_slurm_runs_the_job(cluster, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "pending" in out and "slurm job" in out and "(partition debug): COMPLETED" in out
     assert _ours() == []
+
+
+@needs_cluster
+@pytest.mark.slow
+def test_a_job_past_its_time_limit_is_a_failure_with_its_steps_kept(cluster, tmp_path):
+    job = Slurm(ntasks_per_node=2, time="1").submit(spec(steps=1_000_000), tmp_path / "job")   # 1 minute
+    with pytest.raises(JobFailed) as e:
+        job.wait()
+    assert e.value.cause.startswith("the job hit its time limit (1)") and e.value.job["state"] == "TIMEOUT"
+    assert len(e.value.step_s) > 0 and f"{len(e.value.step_s)} of 1000000 steps measured" in e.value.cause
+    assert _ours() == []
