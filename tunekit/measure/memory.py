@@ -182,7 +182,6 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
 
     Example: ``tunekit.measure_memory(lab, precision="bf16").to_frame()``.
 
-
     long: its docstring says what every keyword means; the body is 65 lines."""
     words = dict(optimizer=optimizer, precision=precision, checkpointing=checkpointing, micro_batch=micro_batch,
                  seq_len=seq_len)
