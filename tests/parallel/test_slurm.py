@@ -358,3 +358,25 @@ def test_a_job_past_its_time_limit_is_a_failure_with_its_steps_kept(cluster, tmp
     assert e.value.cause.startswith("the job hit its time limit (1)") and e.value.job["state"] == "TIMEOUT"
     assert len(e.value.step_s) > 0 and f"{len(e.value.step_s)} of 1000000 steps measured" in e.value.cause
     assert _ours() == []
+
+
+def test_the_dashboard_runs_on_a_cluster_target_it_was_given(make_lab, monkeypatch):
+    lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64)
+    assert lab.dashboard().run_on.layout.display == "none"        # no target: no menu
+    target = Slurm(partition="gpu", nodes=2, gpus_per_node=4)
+    dash = lab.dashboard(on=target)
+    assert dash.run_on.options == (("this machine", None), ("slurm gpu 2x4", target))
+    seen = {}
+
+    def run(**kw):
+        seen.update(kw)
+        raise ValueError("stop here")        # the call is what this test reads
+    monkeypatch.setattr(lab, "run", run)
+    dash.controls["steps"].value, dash.trace_box.value = 2, True
+    dash.run_on.value = target
+    dash._on_run()
+    assert (seen["on"], seen["parallel"], seen["trace"]) == (target, "ddp", False)   # 8 ranks: ddp, no trace
+    seen.clear()
+    dash.run_on.value = None
+    dash._on_run()
+    assert "on" not in seen and "parallel" not in seen and seen["trace"] is True   # this machine, as before

@@ -40,6 +40,12 @@ def _plotly_output(fig) -> dict:
     data["text/plain"] = f"<plotly figure: {fig.layout.title.text or 'chart'}>"
     return {"output_type": "display_data", "data": data, "metadata": {}}
 
+def _target_name(target) -> str:
+    """A cluster target as the "Run on" menu names it: ``slurm gpu 2x8``."""
+    return (f"{type(target).__name__.lower()} {getattr(target, 'partition', None) or 'default'} "
+            f"{getattr(target, 'nodes', 1)}x{getattr(target, 'ranks_per_node', 1)}")
+
+
 def _box(text: str, color: str) -> str:
     return (f'<div style="border-left:4px solid {color};padding:4px 8px;margin:4px 0">'
             f"{text}</div>")
@@ -64,8 +70,13 @@ class Dashboard(W.VBox):
 
     Example: ``dash = lab.dashboard()`` (or ``Dashboard(lab, max_batch=128)``); see the module docstring."""
 
-    def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64):
+    def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64, on=None):
         self.lab = lab
+        # "Run on": this machine, or a cluster target (tunekit.Slurm) given as ``on`` (one, or {name: target})
+        targets = {} if on is None else on if isinstance(on, dict) else {_target_name(on): on}
+        self.run_on = W.Dropdown(options=[("this machine", None)] + list(targets.items()), value=None,
+                                 description="Run on",
+                                 layout=W.Layout(width="260px", display="" if targets else "none"))
         d, env = lab.resolve(), lab.env()
         style = {"description_width": "110px"}
         c = self.controls = {t.name: toggle_control(t, getattr(d, t.name, t.default), env)
@@ -112,8 +123,8 @@ class Dashboard(W.VBox):
             grid_template_columns="repeat(3, 300px)"))
         for w in (self.max_batch, self.budget_mib):
             w.layout = W.Layout(width="250px")
-        buttons = W.HBox([self.run_button, self.trace_box, self.progress, self.find_button, self.max_batch,
-                          self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
+        buttons = W.HBox([self.run_button, self.run_on, self.trace_box, self.progress, self.find_button,
+                          self.max_batch, self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
         tune = W.HBox([self.autotune_button, self.autotune_budget, self.plan_picker])
         super().__init__([grid, buttons, tune, self.message, self.plan_html, self.autotune_out, self.autotune_chart,
                           self.table, self.chart_out])
@@ -195,9 +206,13 @@ class Dashboard(W.VBox):
             self.progress.value, self.progress.description = done, f"step {done}/{total}"
 
         try:
+            where = self.run_on.value   # a cluster target: the run is a job there (trace: one process here)
+            place = {} if where is None else {"on": where, "parallel": "ddp" if where.ranks_per_node * where.nodes > 1
+                                              else None}
             r = self._attempt("run", lambda: self.lab.run(steps=steps, warmup=self.controls["warmup"].value,
                                                           progress=tick, verbose=False,
-                                                          trace=self.trace_box.value, **self.toggles()))
+                                                          trace=self.trace_box.value and where is None,
+                                                          **place, **self.toggles()))
         finally:
             self.run_button.disabled = False
             self.progress.description = "done"

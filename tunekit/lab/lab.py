@@ -291,9 +291,8 @@ class Lab(LabResults):
             repeats=repeats, noise=noise, memory_budget_bytes=memory_budget_bytes, space=space, keep=keep,
             compile_s=compile_s, trial_s=trial_s, trials=trials, on=on))
 
-    def dashboard(self):
-        """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts).
-
-        Example: ``lab.dashboard()`` as the last line of a notebook cell."""
+    def dashboard(self, on=None):
+        """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts); ``on``: a
+        cluster target (or {name: target}) its "Run on" menu offers. Example: ``lab.dashboard()``."""
         from tunekit.lab.dashboard import Dashboard
-        return Dashboard(self)
+        return Dashboard(self, on=on)
