@@ -36,7 +36,8 @@ def test_every_thread_is_put_back_as_it_was(fresh):
         assert {p for p, _ in inside.values()} == {os.SCHED_FIFO}
     if got == NICE:
         assert {n for _, n in inside.values()} == {-20}
-    assert {t: after[t] for t in before} == before
+    both = before.keys() & after.keys()    # a thread of the test run may end meanwhile
+    assert {t: after[t] for t in both} == {t: before[t] for t in both}
     assert set(after.values()) <= set(before.values())   # the new thread too: the caller's policy and nice
 
 
@@ -44,7 +45,10 @@ def test_an_exception_inside_still_puts_everything_back(fresh):
     before = _policies()
     with pytest.raises(KeyError), ahead():
         raise KeyError("trial failed")
-    assert _policies() == before
+    after = _policies()
+    both = before.keys() & after.keys()    # a thread of the test run may end meanwhile
+    assert {t: after[t] for t in both} == {t: before[t] for t in both}
+    assert set(after.values()) <= set(before.values())
 
 
 def test_a_refusal_is_not_asked_again(monkeypatch, fresh):
