@@ -11,8 +11,13 @@ from tunekit.measure.priority import NICE, NORMAL, REALTIME, ahead, shielded_ver
 
 
 def _policies():
-    tids = [int(t) for t in os.listdir("/proc/self/task")]
-    return {t: (os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) for t in tids}
+    out = {}
+    for t in (int(t) for t in os.listdir("/proc/self/task")):
+        try:
+            out[t] = (os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t))
+        except (ProcessLookupError, OSError):    # the thread ended meanwhile
+            pass
+    return out
 
 
 @pytest.fixture
