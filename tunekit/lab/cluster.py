@@ -24,8 +24,7 @@ from tunekit.autotune.search import TrialFailed
 from tunekit.core.results import RunResult
 from tunekit.core.toggles import ToggleError, label, normalized
 from tunekit.lab import fit
-from tunekit.lab.distributed import problems
-from tunekit.measure.peaks import rates
+from tunekit.lab.distributed import problems, recheck_rates
 
 
 def submitted(lab, target, steps, warmup, progress, parallel, changes, verbose, local_layout) -> RunResult:
@@ -120,14 +119,8 @@ def record(lab, job, sent: dict, outcome) -> RunResult:
                                             **fields))
     result = outcome
     result.label = f"{where} {label(t, lab.resolve())}"
-    # the ranks took the peak as it was sent: a calibrated one is re-checked now they are done
-    dtype, peak = sent["dtype"], sent["peak"]
-    if lab.device.type == sent["spec"]["device"]:
-        r = rates(result.flops_per_step, result.model_flops_per_step, result.step_s, peak, lab.device, dtype,
-                  devices=result.world_size or 1)
-        lab.peaks[dtype] = r.peak
-        result.mfu, result.hfu, result.above_peak = r.mfu, r.hfu, r.above_peak
-        result.peak_tflops, result.peak_tflops_source = r.peak.tflops, r.peak.source
+    if lab.device.type == sent["spec"]["device"]:   # the Lab's own kind of device: its peak re-checked
+        recheck_rates(lab, result, sent["peak"], sent["dtype"])
     return lab.log.add(result)
 
 

@@ -70,10 +70,15 @@ def run_distributed(lab, steps, warmup, progress, parallel, nproc, nodes, link, 
                 **({"blocks": lab.blocks} if lab.blocks else {})}
         result = launch(spec, nproc, nodes=nodes, link=link, progress=progress)
     result.label = f"{parallel} {nodes}x{nproc} {label(t, lab.resolve())}"
-    # the workers took the peak as it was sent: a calibrated one is re-checked now they are done
+    recheck_rates(lab, result, peak, dtype)
+    return lab.log.add(result)
+
+
+def recheck_rates(lab, result: RunResult, peak, dtype: str) -> None:
+    """The ranks took ``peak`` as it was sent: a calibrated one is re-checked now they are done, and
+    the result's MFU/HFU and peak follow it (a local distributed run's and a cluster job's)."""
     r = rates(result.flops_per_step, result.model_flops_per_step, result.step_s, peak, lab.device, dtype,
               devices=result.world_size or 1)
     lab.peaks[dtype] = r.peak
     result.mfu, result.hfu, result.above_peak = r.mfu, r.hfu, r.above_peak
     result.peak_tflops, result.peak_tflops_source = r.peak.tflops, r.peak.source
-    return lab.log.add(result)
