@@ -103,11 +103,12 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tunekit", formatter_class=_Formatter,
                 description="tunekit from a shell. Commands: run (train and measure; "
                             "`tunekit run --help`), plan (a step on a device without running it; "
-                            "`tunekit plan --help`), diff (two saved runs; `tunekit diff --help`). "
+                            "`tunekit plan --help`), diff (two saved runs; `tunekit diff --help`), doctor "
+                            "(is this machine ready: `tunekit doctor`). "
                             "The options of run, with their defaults:",
                 epilog=run.format_help())
     p.add_argument("--version", action="version", version=version_line())
-    sub = p.add_subparsers(dest="command", metavar="{run,plan,diff}", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="{run,plan,diff,doctor}", parser_class=_Parser)
     sub.add_parser("run", parents=[run], add_help=False, formatter_class=_Formatter,
                    description=run.description, help="train and measure one configuration")
     from tunekit.cli.plan import plan_parser
@@ -120,6 +121,11 @@ def parser() -> argparse.ArgumentParser:
     diffed = diff_parser(_Parser, _Formatter)
     sub.add_parser("diff", parents=[diffed], add_help=False, formatter_class=_Formatter,
                    description=diffed.description, help="what changed between two saved runs")
+    from tunekit.cli.doctor import doctor_parser
+
+    doc = doctor_parser(_Parser, _Formatter)
+    sub.add_parser("doctor", parents=[doc], add_help=True, formatter_class=_Formatter,
+                   description=doc.description, help="check this machine for tunekit (OK/WARN/FAIL lines)")
     return p
 
 
@@ -304,6 +310,10 @@ def main(argv=None) -> int:
         from tunekit.cli.diff import diff_main
 
         return diff_main(args)
+    if args.command == "doctor":
+        from tunekit.cli.doctor import doctor_main
+
+        return doctor_main(args)
     if args.command != "run":
         parser().print_help()
         return 2
