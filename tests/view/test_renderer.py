@@ -155,3 +155,19 @@ def test_a_tunekit_chart_on_a_headless_machine_is_written_and_said(monkeypatch, 
     fig.show()
     (path,) = re.findall(r"chart: (\S+\.html)", capsys.readouterr().out)
     assert Path(path).parent == tmp_path / "figures" and Path(path).is_file()
+
+
+def test_static_html_is_a_drawing_that_plotly_js_replaces():
+    import re
+
+    import plotly.graph_objects as go
+
+    from tunekit.view.renderer import static_html
+
+    page = static_html(go.Figure(go.Bar(x=["a", "b"], y=[1, 2]), layout={"title": "tokens/s"}))
+    box = re.search(r'<div id="(tk-svg-[0-9a-f]{12})"><svg ', page).group(1)
+    assert page.count("<svg ") == 1 and 'class="plotly-graph-div"' in page and "Plotly.newPlot(" in page
+    # the drawing comes first and is removed only where plotly.js is loaded; nothing is fetched
+    assert page.index(box) < page.index("Plotly.newPlot(")
+    assert f'if (window.Plotly) {{ document.getElementById("{box}").remove(); }}' in page
+    assert "src=" not in page

@@ -119,3 +119,21 @@ def never_a_browser() -> None:
     chosen = {r for r in str(pio.renderers.default or "").split("+") if r}
     if not chosen or chosen & BROWSERS:
         use_renderer()
+
+
+def static_html(fig) -> str:
+    """A plotly figure as HTML for a page that may have no plotly.js (a plain ``jupyter nbconvert
+    --to html``, an untrusted notebook): a static SVG drawing (`figure_svg.to_svg`), replaced by
+    the interactive chart where plotly.js is loaded (tunekit's offline report inlines it). Nothing
+    is fetched.
+
+    Example: ``Path("chart.html").write_text(static_html(fig))`` opens as a drawing anywhere."""
+    import uuid
+
+    from tunekit.view.figure_svg import to_svg
+
+    box = f"tk-svg-{uuid.uuid4().hex[:12]}"
+    chart = fig.to_html(full_html=False, include_plotlyjs=False)
+    # without plotly.js, plotly's own script stops at its first line: the drawing stays
+    return (f'<div class="tk-chart"><div id="{box}">{to_svg(fig.to_dict())}</div>{chart}'
+            f'<script>if (window.Plotly) {{ document.getElementById("{box}").remove(); }}</script></div>')
