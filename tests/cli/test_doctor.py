@@ -3,11 +3,14 @@ machines are played by replacing the module's readers (`_version`, `_spec`, `_wh
 `_nvml`); the exact lines are the contract a workshop's instructions quote."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tunekit.cli import doctor as d
 from tunekit.cli import main as cli
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CPU = {"cuda": None, "gpus": [], "bf16": False, "capability": None}
 H100 = {"cuda": "12.4", "gpus": ["NVIDIA H100 80GB HBM3"], "bf16": True, "capability": (9, 0)}
@@ -113,11 +116,29 @@ def test_plotly(machine):
 
 
 def test_extras_name_the_pip_command_for_the_missing_ones(monkeypatch):
-    have = {"transformers", "accelerate", "mlflow"}
-    monkeypatch.setattr(d, "_spec", lambda m: m in have)
+    monkeypatch.setattr(d, "_extras", lambda: {"hf": ["transformers", "accelerate"], "gpu": ["flash-attn"],
+                                              "browser": ["jupyterlab", "notebook"], "mlflow": ["mlflow-skinny"]})
+    have = {"transformers": "4.48.0", "accelerate": "1.1.0", "mlflow-skinny": "2.10.0", "jupyterlab": "4.3.0"}
+    monkeypatch.setattr(d, "_version", have.get)
+    # browser needs notebook too: an extra counts as installed only when all it brings is
     assert d.check_extras().lines() == [
-        "OK   extras: installed: hf, mlflow; not installed: experiments, gpu, lightning, tensorboard",
-        "     fix: only if you need them: pip install 'tunekit[experiments,gpu,lightning,tensorboard]'"]
+        "OK   extras: installed: hf, mlflow; not installed: browser, gpu",
+        "     fix: only if you need them: pip install 'tunekit[browser,gpu]'"]
+
+
+def test_the_extras_are_pyprojects(monkeypatch):
+    from importlib.metadata import PackageNotFoundError
+
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    try:
+        found = d._extras()
+    except PackageNotFoundError:
+        pytest.skip("tunekit is not installed here")
+    # an installed tunekit lists its own extras (an older install may lack one added since)
+    assert set(found) <= set(declared) and {"hf", "gpu"} <= set(found)
+    assert found["hf"] == ["transformers", "accelerate"]
 
 
 def test_a_read_only_data_folder_fails(monkeypatch, tmp_path):

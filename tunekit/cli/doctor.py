@@ -17,12 +17,13 @@ when a check FAILs (tunekit cannot work here as it is), else 0; a WARN is a feat
 work (flash attention, the widgets in some frontend) with what to do about it.
 
 Each probe is a function of this module returning one `Check`; tests replace the small readers
-they call (`_version`, `_spec`, `_which`, `_cuda`, `_nvml`) to play a broken machine.
+they call (`_version`, `_extras`, `_which`, `_cuda`, `_nvml`) to play a broken machine.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -211,13 +212,32 @@ def check_plotly() -> Check:
                  "drawn by JupyterLab 4, Notebook 7 and VS Code)")
 
 
+def _extras() -> dict[str, list[str]]:
+    """extra -> the distributions it brings: tunekit's installed metadata (pyproject's
+    ``[project.optional-dependencies]``); where tunekit runs from a checkout that was never
+    installed, `core.extras.EXTRAS` (import names, which are the distributions' names there)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        reqs = requires("tunekit") or []
+    except PackageNotFoundError:
+        reqs = []
+    out: dict[str, list[str]] = {}
+    for r in reqs:
+        extra = re.search(r"""extra\s*==\s*['"]([^'"]+)['"]""", r)
+        if extra:
+            out.setdefault(extra.group(1), []).append(re.match(r"[A-Za-z0-9_.\-]+", r).group(0))
+    if not out:
+        for module, extra in EXTRAS.items():
+            if module != "pytorch_lightning":   # lightning's old name: `lightning` says it
+                out.setdefault(extra, []).append(module)
+    return out
+
+
 def check_extras() -> Check:
-    """tunekit's extras (core.extras.EXTRAS: import name -> extra): which are installed."""
-    extras: dict[str, list[str]] = {}
-    for module, extra in EXTRAS.items():
-        if module != "pytorch_lightning":   # lightning's old name: `lightning` says it
-            extras.setdefault(extra, []).append(module)
-    have = sorted(e for e, mods in extras.items() if all(_spec(m) for m in mods))
+    """Which of tunekit's extras are installed (every distribution of the extra is)."""
+    extras = _extras()
+    have = sorted(e for e, dists in extras.items() if all(_version(d) for d in dists))
     missing = sorted(set(extras) - set(have))
     found = f"installed: {', '.join(have) or 'none'}; not installed: {', '.join(missing) or 'none'}"
     fix = f"only if you need them: pip install 'tunekit[{','.join(missing)}]'" if missing else ""
