@@ -106,8 +106,12 @@ async def drive(debug_port: int, url: str, seconds: float) -> dict:
                "const w = a.shell.currentWidget || [...a.shell.widgets('main')][0]; a.shell.activateById(w.id);"
                "a.commands.execute('notebook:run-all-cells'); })()")
     click = "[...document.querySelectorAll('.jp-OutputArea button')].find(b => b.textContent.trim() === 'Run')"
-    await p.until(f"!!{click} || !!document.querySelector('.jp-OutputArea-output[data-mime-type*=error]')"
-                  "|| document.body.innerText.includes('Error displaying widget')", end - time.time(), "the dashboard")
+    try:
+        await p.until(f"!!{click} || !!document.querySelector('.jp-OutputArea-output[data-mime-type*=error]')"
+                      "|| document.body.innerText.includes('Error displaying widget')", end - time.time(),
+                      "the dashboard")
+    except TimeoutError:   # never drawn: the page as it is says what is missing
+        return await p.js(STATE)
     await p.js(f"{click}?.click()")
     state = {}
     while time.time() < end:

@@ -33,10 +33,15 @@ from tunekit.planning.panel import PlanPanel
 
 def _plotly_output(fig) -> dict:
     """A display_data output holding the figure as plotly's own mimetype (JupyterLab, Notebook 7
-    and VS Code render it without fetching plotly.js)."""
+    and VS Code render it without fetching plotly.js) and as a static SVG drawing, for what draws
+    the widget without plotly (the widgets' HTML manager of an nbconvert export, nbviewer)."""
     import plotly.io as pio
 
-    data = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
+    from tunekit.view.figure_svg import to_svg
+
+    fig_dict = fig.to_dict()
+    data = pio.renderers["plotly_mimetype"].to_mimebundle(fig_dict)
+    data["image/svg+xml"] = to_svg(fig_dict)
     data["text/plain"] = f"<plotly figure: {fig.layout.title.text or 'chart'}>"
     return {"output_type": "display_data", "data": data, "metadata": {}}
 
