@@ -168,8 +168,11 @@ def check(frontend: str, seconds: float = 90) -> tuple[list[str], float]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("frontends", nargs="*", choices=[[], *FRONTENDS], default=list(FRONTENDS))
+    ap.add_argument("frontends", nargs="*", metavar="FRONTEND", help="lab, notebook (default: both)")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    unknown = [f for f in args.frontends if f not in FRONTENDS]
+    if unknown:
+        ap.error(f"unknown frontend {', '.join(unknown)}: choose from {', '.join(FRONTENDS)}")
     lacks = missing()
     if lacks:
         print(f"skipped: this machine lacks {lacks}")
