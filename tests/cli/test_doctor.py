@@ -108,11 +108,18 @@ def test_widgets_and_their_frontends(machine):
                                          "     fix: pip install 'ipywidgets>=8'"]
 
 
-def test_plotly(machine):
+def test_plotly(machine, monkeypatch):
     machine({})
     assert d.check_plotly().lines() == ["FAIL plotly: not installed: no charts", "     fix: pip install 'plotly>=5'"]
     machine({"plotly": "4.14.3"})
     assert d.check_plotly().status == d.FAIL
+    machine({"plotly": "5.24.1"})
+    monkeypatch.setenv("PLOTLY_RENDERER", "browser")
+    assert d.check_plotly().lines() == ["OK   plotly: 5.24.1, renderer 'browser' from $PLOTLY_RENDERER"]
+    monkeypatch.delenv("PLOTLY_RENDERER")
+    assert d.check_plotly().lines() == [
+        "OK   plotly: 5.24.1, in a notebook plotly's mimetype (JupyterLab 4, Notebook 7 and VS Code draw it; "
+        "%load_ext tunekit adds an SVG), outside one tunekit's charts go to HTML files"]
 
 
 def test_extras_name_the_pip_command_for_the_missing_ones(monkeypatch):

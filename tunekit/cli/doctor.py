@@ -2,7 +2,7 @@
 
     $ tunekit doctor
     OK   python: 3.11.7
-    OK   torch: 2.5.1+cu124, CUDA 12.4, driver 550.54.15, 1 GPU: NVIDIA H100 80GB HBM3
+    OK   torch: 2.5.1+cu124, CUDA 12.4, driver 550.54.15, 1 GPU(s): NVIDIA H100 80GB HBM3
     WARN flash-attn: not installed (attention='flash' falls back to torch SDPA)
          fix: pip install 'tunekit[gpu]'
     ...
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -205,11 +206,11 @@ def check_plotly() -> Check:
         return Check(FAIL, "plotly", "not installed: no charts", "pip install 'plotly>=5'")
     if _major_minor(v) < (5, 0):
         return Check(FAIL, "plotly", f"{v} (tunekit needs >= 5)", "pip install -U plotly")
-    import plotly.io as pio
-
-    renderer = f"renderer {pio.renderers.default!r}" if pio.renderers.default else "no renderer outside a notebook"
-    return Check(OK, "plotly", f"{v}, {renderer} (in a notebook the charts are plotly's own mimetype, "
-                 "drawn by JupyterLab 4, Notebook 7 and VS Code)")
+    chosen = os.environ.get("PLOTLY_RENDERER")   # read without importing plotly (half a second)
+    renderer = (f"renderer {chosen!r} from $PLOTLY_RENDERER" if chosen else
+                "in a notebook plotly's mimetype (JupyterLab 4, Notebook 7 and VS Code draw it; "
+                "%load_ext tunekit adds an SVG), outside one tunekit's charts go to HTML files")
+    return Check(OK, "plotly", f"{v}, {renderer}")
 
 
 def _extras() -> dict[str, list[str]]:
