@@ -113,17 +113,16 @@ async def drive(debug_port: int, url: str, seconds: float) -> dict:
     except TimeoutError:   # never drawn: the page as it is says what is missing
         return await p.js(STATE)
     await p.js(f"{click}?.click()")
-    state = {}
-    while time.time() < end:
+    while True:   # read at least once, however late the dashboard came
         state = await p.js(STATE)
-        if not problems(state) or state.get("error") or state.get("traceback"):
-            break
+        if not problems(state) or state.get("error") or state.get("traceback") or time.time() > end:
+            return state
         await _sleep(0.5)
-    return state
 
 
-def check(frontend: str, seconds: float = 90) -> tuple[list[str], float]:
-    """(problems, seconds taken) of one frontend ("lab" or "notebook")."""
+def check(frontend: str, seconds: float = 240) -> tuple[list[str], float]:
+    """(problems, seconds taken) of one frontend ("lab" or "notebook"); ``seconds`` for the page to
+    draw everything once opened (about 50 s on 2 quiet cores, twice that and more when busy)."""
     from tornado.ioloop import IOLoop
 
     _, command, app, path = FRONTENDS[frontend]
@@ -149,7 +148,7 @@ def check(frontend: str, seconds: float = 90) -> tuple[list[str], float]:
     try:
         _wait_http(f"http://127.0.0.1:{port}/api/status?token={token}", 60)
         url = f"http://127.0.0.1:{port}/{path}?token={token}" + ("&reset" if frontend == "lab" else "")
-        state = IOLoop.current().run_sync(lambda: drive(debug_port, url, seconds), timeout=seconds + 30)
+        state = IOLoop.current().run_sync(lambda: drive(debug_port, url, seconds), timeout=seconds + 60)
         found = problems(state)
     except (TimeoutError, RuntimeError, StopIteration, OSError) as e:
         found = [f"{type(e).__name__}: {e}"]
