@@ -74,12 +74,17 @@ def test_a_turing_gpu_has_no_bf16_nor_flash(machine):
                                           "flash-attn 2 does not run on it")
 
 
-def test_a_cpu_torch_on_a_gpu_machine_fails(machine):
+def test_a_cpu_torch_on_a_gpu_machine_fails(machine, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     machine(GOOD, cuda=CPU, nvml={"driver": "550.54.15", "gpus": 8})
     assert d.check_torch().lines() == [
         "FAIL torch: 2.5.1 sees no GPU, yet the NVIDIA driver 550.54.15 has 8 (a CPU-only build)",
         "     fix: install the torch build for this driver's CUDA (pytorch.org's install selector), "
         "and check nvidia-smi"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")   # hidden on purpose: said, not a failure
+    assert d.check_torch().lines() == [
+        "WARN torch: 2.5.1 sees no GPU: CUDA_VISIBLE_DEVICES='' hides the driver's 8",
+        "     fix: unset CUDA_VISIBLE_DEVICES (or name the GPUs to use)"]
 
 
 def test_missing_or_old_torch_fails(machine):

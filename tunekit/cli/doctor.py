@@ -133,6 +133,10 @@ def check_torch() -> Check:
     if cuda["gpus"]:
         names = sorted(set(cuda["gpus"]))
         return Check(OK, "torch", f"{v}, CUDA {cuda['cuda']}{driver}, {len(cuda['gpus'])} GPU(s): {', '.join(names)}")
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if nvml and nvml["gpus"] and hidden is not None:
+        return Check(WARN, "torch", f"{v} sees no GPU: CUDA_VISIBLE_DEVICES={hidden!r} hides the driver's "
+                     f"{nvml['gpus']}", "unset CUDA_VISIBLE_DEVICES (or name the GPUs to use)")
     if nvml and nvml["gpus"]:
         why = ("a CPU-only build" if cuda["cuda"] is None
                else f"built for CUDA {cuda['cuda']}, which this driver cannot run")
