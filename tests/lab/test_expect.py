@@ -157,3 +157,101 @@ def test_real_lab_expectation_cached_and_calibrated(lab):
     assert same.base_run == run.run_id and same.calibration == "step time"
     assert same.step_s == pytest.approx(run.step_s)
     assert not math.isnan(lab.expect(micro_batch=8).step_s)
+
+
+# --- the run log, the results table, the dashboard's line ----------------------------------------
+
+
+def test_a_run_keeps_the_expectation_of_its_setting(tmp_path):
+    from tunekit.core.results import RunResult, results_frame
+    from tunekit.lab.runlog import RunLog
+
+    log = RunLog(tmp_path / "runs.jsonl")
+    t = Toggles(micro_batch=4)
+    log.expecting(Setting.of(t), 0.040, 300 * MiB, 2)
+    log.expecting(Setting.of(t.replace(micro_batch=8)), 0.080, 400 * MiB, 2)   # another setting: not this run's
+    run = RunResult.from_dict({"label": "mb4", **t.asdict(), "step_s": 0.050})
+    log.add(run)
+    assert (run.expected_step_s, run.expected_peak_bytes, run.expected_from) == (0.040, 300 * MiB, 2)
+    assert log.expectations == {}     # the next run's answers come after this one
+    later = RunResult.from_dict({"label": "mb8", **t.replace(micro_batch=8).asdict(), "step_s": 0.1})
+    log.add(later)
+    df = results_frame(RunLog.load(log.path))     # read back from the file: the log kept both
+    # 40 ms expected / 50 ms measured - 1 = -20%; the second run had no expectation: NaN
+    assert df["expected_ms"].iloc[0] == pytest.approx(40.0) and df["expect_error"].iloc[0] == pytest.approx(-0.2)
+    assert math.isnan(df["expected_ms"].iloc[1]) and math.isnan(df["expect_error"].iloc[1])
+
+
+def test_results_columns_and_view(tmp_path):
+    from tunekit.core.results import RESULT_COLUMNS, RunResult, results_frame, runs_view
+
+    none = RunResult.from_dict({"label": "a", "step_s": 0.05})
+    assert {"expected_ms", "expect_error"} <= set(RESULT_COLUMNS)
+    assert "vs expected" not in runs_view(results_frame([none])).columns   # shown only where some run has one
+    some = RunResult.from_dict({"label": "b", "step_s": 0.05, "expected_step_s": 0.06})
+    # 60 / 50 - 1 = +20%
+    view = runs_view(results_frame([none, some]))
+    assert view["expected (ms)"].iloc[1] == pytest.approx(60.0) and view["vs expected"].iloc[1] == pytest.approx(0.2)
+
+
+def test_predicted_line_of_a_run():
+    from tunekit.core.results import RunResult
+    from tunekit.lab.expect_line import predicted_line
+
+    r = RunResult.from_dict({"label": "a", "step_s": 0.050, "expected_step_s": 0.040, "expected_from": 3})
+    # 40 / 50 - 1 = -20.0%
+    assert predicted_line(r) == "predicted 40.0 ms/step, measured 50.0 ms: -20.0% off (by run #3)"
+    assert predicted_line(RunResult.from_dict({"label": "b", "step_s": 0.05})) == ""
+
+
+def fake_answers(monkeypatch, lab, gate=None):
+    """lab.expect answering at once from made-up plans: step = micro_batch ms against a base of
+    4 ms (so a line says which request it answers); fp16 refused as lab.expect refuses it;
+    ``gate``: each answer waits on it. Returns the micro-batches answered, in order."""
+    asked = []
+
+    def answer(setting=None, base=None, **changes):
+        if gate is not None:
+            gate.wait(10)
+        if changes.get("precision") == "fp16":
+            raise ToggleError(["fp16 training is refused on CPU"])
+        mb = changes["micro_batch"]
+        asked.append(mb)
+        new, old = [("mm", "matmul", 1, mb / 1e3, "compute", "")], [("mm", "matmul", 1, 0.004, "compute", "")]
+        return ex.expectation(fake_lab(), Setting(), "cpu", fake_plan(new, mb * MiB), fake_plan(old, 4 * MiB), None)
+    monkeypatch.setattr(lab, "expect", answer)
+    return asked
+
+
+def test_dashboard_line_follows_the_controls_newest_wins(make_lab, monkeypatch):
+    import threading
+
+    lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64)
+    fake_answers(monkeypatch, lab)
+    d = lab.dashboard()
+    assert d.expect_line.wait(10)
+    # micro_batch 4: 4 ms, against the base plan's 4 ms and 4 MiB: +0%
+    assert "expected 4.0 ms/step (+0% vs the Lab&#x27;s setting), peak 4.0 MiB (+0%)" in d.expect_html.value
+    gate = threading.Event()
+    asked = fake_answers(monkeypatch, lab, gate)
+    for mb in (8, 16, 32):                      # three changes while the first is still being answered
+        d.controls["micro_batch"].value = mb
+    gate.set()
+    assert d.expect_line.wait(10)
+    # 32 / 4 - 1 = +700%, 32 MiB / 4 MiB - 1 = +700%: the newest answer shown, the last one computed,
+    # and not every request answered (one asked while another computes replaces the one waiting)
+    assert "expected 32.0 ms/step (+700% vs the Lab&#x27;s setting), peak 32.0 MiB (+700%)" in d.expect_html.value
+    assert asked[-1] == 32 and len(asked) < 3
+    d.controls["precision"].value = "fp16"      # refused: said in the line, never raised into the callback
+    assert d.expect_line.wait(10)
+    assert "expected: n/a (fp16 training is refused on CPU)" in d.expect_html.value
+    assert isinstance(d.expect_line.last_error, ToggleError)
+
+
+@pytest.mark.slow
+def test_dashboard_run_says_predicted_against_measured(dash):
+    assert dash.expect_line.wait(60)
+    dash.run_button.click()
+    r = dash.lab.runs[-1]
+    assert r.expected_step_s > 0 and "predicted" in dash.message.value
+    assert dash.lab.results()["expect_error"].notna().all()

@@ -27,6 +27,7 @@ but ``lr``), so asking again is instant.
 """
 from __future__ import annotations
 
+import html
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -105,7 +106,6 @@ class Expectation:
         return self.summary()
 
     def _repr_html_(self) -> str:
-        import html
         head, *rest = self.summary().split("\n")
         items = "".join(f"<li>{html.escape(x.lstrip('- '))}</li>" for x in rest)
         return f"<div><b>{html.escape(head)}</b><ul>{items}</ul></div>"
@@ -206,8 +206,8 @@ def trace_factors(lab, run, base_plan) -> tuple[dict, dict, dict, list]:
             carried[group] = m_left
     if carried:
         said = ", ".join(f"{g} {fmt_ms(s)}" for g, s in carried.items())
-        notes.append(Note("expect.not_carried", f"measured time the base plan foresaw nothing for, carried as measured: "
-                                                f"{said}"))
+        notes.append(Note("expect.not_carried", "measured time the base plan foresaw nothing for, carried as "
+                                                f"measured: {said}"))
     return by_op, rest, carried, notes
 
 
@@ -292,7 +292,9 @@ def lab_expect(lab, setting=None, base=None, **changes) -> Expectation:
         raise ValueError("lab.expect: the plan of this setting has no expected step on "
                          f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
     base_plan = cached_plan(lab, device, base_setting)
-    return expectation(lab, s, device, plan, base_plan, run)
+    e = expectation(lab, s, device, plan, base_plan, run)
+    lab.log.expecting(s, e.step_s, e.peak_bytes, e.base_run)   # the run of this setting keeps it (run log)
+    return e
 
 
 def expectation(lab, s, device, plan, base_plan, run) -> Expectation:
