@@ -59,6 +59,32 @@ lab = tunekit.Lab(preset='gpt2-124m' if GPU else 'cpu-tiny')
 GBS, seq = 8, (512 if GPU else 128)
 splits = [(1, 8), (2, 4), (4, 2), (8, 1)]
 lab.run(steps=1, warmup=1, micro_batch=2, grad_accum=1, seq_len=seq)   # warm caches, calibrate peak
+
+# %% [markdown]
+# ### Predict, then measure
+#
+# One optimizer step of 8 sequences, as 2 sequences × 4 accumulation steps, or as 8 × 1: the same
+# FLOPs, in bigger matmuls and fewer calls. How long will the 8 × 1 step take against the 2 × 4 one?
+# Write your guess as a ratio (1.0: the same; 0.5: half the time).
+
+# %%
+my_guess = 0.7   # your guess: step time of MBS 8 x GAS 1 / MBS 2 x GAS 4 (edit it, then run on)
+
+# %%
+base0 = lab.run(steps=3, warmup=1, micro_batch=2, grad_accum=4, seq_len=seq, trace=True)
+expected = lab.expect(micro_batch=8, grad_accum=1, seq_len=seq)   # before the 8 x 1 run is measured
+print(expected.line)
+run0 = lab.run(steps=3, warmup=1, micro_batch=8, grad_accum=1, seq_len=seq)
+check = tunekit.lab.check_guess(my_guess, expected, run0, base0, what='step time, MBS 8 x GAS 1 / MBS 2 x GAS 4')
+print(check)
+check.figure()
+
+# %% [markdown]
+# The expectation resized every op of the step from the base run's measured time per op; what it
+# cannot foresee (the cores busy with something else, a cache that a bigger batch no longer fits)
+# shows in the gap. Now the four splits, alternated and repeated:
+
+# %%
 runs = {s: [] for s in splits}
 for _ in range(2):
     for mb, ga in splits:

@@ -32,14 +32,42 @@ device = "cuda" if GPU else "cpu"
 print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_threads()} threads)")
 
 # %% [markdown]
-# ## 1. On the live GPT
+# ## 0. Predict, then measure
 #
-# Same model, same batch, checkpointing off and on, alternated and repeated.
+# Before anything is measured: how much longer will a training step take with checkpointing on?
+# Write your guess as a ratio (1.0: no change, 1.33: one more forward on top of forward + backward).
+
+# %%
+my_guess = 1.33   # your guess: step time with checkpointing / without (edit it, then run on)
+
+# %% [markdown]
+# The Lab measures one run without checkpointing (traced: time per op), then `lab.expect` says what
+# the change will do, op by op, calibrated by that run, *before* the run with it is measured.
 
 # %%
 lab = tunekit.Lab(preset='gpt2-124m' if GPU else 'cpu-small')
 mb, seq = (8, 512) if GPU else (4, 128)
 lab.run(steps=1, warmup=1, micro_batch=mb, seq_len=seq)   # warm-up + peak calibration
+base0 = lab.run(steps=3, warmup=1, micro_batch=mb, seq_len=seq, trace=True)
+expected = lab.expect(micro_batch=mb, seq_len=seq, checkpointing=True)
+expected
+
+# %%
+run0 = lab.run(steps=3, warmup=1, micro_batch=mb, seq_len=seq, checkpointing=True)
+check = tunekit.lab.check_guess(my_guess, expected, run0, base0, what='step time, checkpointing on / off')
+print(check)
+check.figure()
+
+# %% [markdown]
+# The expectation knew which ops the recompute adds (the checkpointed blocks' forward again, and
+# torch's saving and unpacking), each at the speed the base run measured for it; your guess had to
+# reason from the ~1/3 rule. A busy machine makes the check say "uncertain" rather than judge.
+#
+# ## 1. On the live GPT
+#
+# Same model, same batch, checkpointing off and on, alternated and repeated.
+
+# %%
 res = {False: [], True: []}
 for _ in range(2):
     for ck in (False, True):

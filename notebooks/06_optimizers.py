@@ -55,6 +55,31 @@ for k, why in missing.items():
     print(f'skipped {k}: {why}')
 opts = [o for o in ['adamw', 'adamw_fused', 'sgd', 'adafactor', 'lion', 'adamw_8bit'] if o not in missing]
 lab.run(steps=1, warmup=1, micro_batch=mb, seq_len=seq)
+
+# %% [markdown]
+# ### Predict, then measure
+#
+# SGD keeps no state and its update is one multiply-add per parameter; AdamW keeps two moments and
+# does about a dozen elementwise ops per parameter. How much shorter will a whole training step be
+# with SGD than with AdamW? Write your guess as a ratio (1.0: no change; 0.5: half the time).
+
+# %%
+my_guess = 0.8   # your guess: step time with SGD / with AdamW (edit it, then run on)
+
+# %%
+base0 = lab.run(steps=3, warmup=1, micro_batch=mb, seq_len=seq, optimizer='adamw', trace=True)
+expected = lab.expect(micro_batch=mb, seq_len=seq, optimizer='sgd')   # before the SGD run is measured
+print(expected.line)
+run0 = lab.run(steps=3, warmup=1, micro_batch=mb, seq_len=seq, optimizer='sgd')
+check = tunekit.lab.check_guess(my_guess, expected, run0, base0, what='step time, SGD / AdamW')
+print(check)
+check.figure()
+
+# %% [markdown]
+# The optimizer is a small share of a step on a model this size, so the ratio stays near 1: the
+# forward and backward matmuls dominate. Now every optimizer, alternated and repeated:
+
+# %%
 res = {o: [] for o in opts}
 for _ in range(2):
     for o in opts:

@@ -47,6 +47,12 @@ KINDS = {
     "diff.one_trace": "tunekit.diff: one side traced, the other not",
     "diff.devices": "tunekit.diff: traces from two kinds of device",
     "diff.top_ops": "tunekit.diff: added/removed ops are among the ops each trace kept",
+    "expect.uncalibrated": "lab.expect: no measured run of the Lab on its device, the device model alone",
+    "expect.step_only": "lab.expect: the base run calibrates by its step time alone (one ratio for the step)",
+    "expect.new_ops": "lab.expect: ops the base run did not have, at the device model uncalibrated",
+    "expect.not_carried": "lab.expect: measured time the base plan foresaw nothing for, carried as measured",
+    "expect.peak_uncalibrated": "lab.expect: the base run measured no peak, the plan's peak alone",
+    "expect.busy": "lab.expect: the base run was measured on a busy machine",
     # find_max_batch_size's trial reasons (Trial.reason)
     "trial.ok": "the trial fit",
     "trial.oom": "the trial ran out of memory",

@@ -20,7 +20,7 @@ from tunekit.core.notes import decoded, from_json
 from tunekit.core.run_text import common_unit, run_html, summary_lines
 from tunekit.core.summary import mark_rates, mfu_peaks, readable
 from tunekit.core.toggles import Toggles
-from tunekit.core.units import MiB
+from tunekit.core.units import MiB, is_missing
 
 
 @dataclass
@@ -94,6 +94,10 @@ class RunResult:
     above_peak: str | None = None         # why MFU/HFU are past 100% (core.bounds); None when they are not
     throughput_unit: str = "tokens"       # what tokens_per_step counted: "tokens" | "samples" (no sequence dimension)
     explained: str | None = None          # a traced run against its plan's expected step, in one line
+    # lab.expect's answer for this run's setting, made before it ran (NaN: none was asked)
+    expected_step_s: float = math.nan
+    expected_peak_bytes: float = math.nan
+    expected_from: int | None = None      # the run that calibrated that expectation (None: the device model)
                                           # (tunekit.explain's .line); None: untraced, or a note says why
     job: dict | None = None               # the cluster job that ran it (engine, id, partition, nodes, state,
                                           # exit code, folder, jobs that shared its nodes); None: run here
@@ -168,7 +172,7 @@ RECORD_TYPES = {**{f.name: f.type for f in dataclasses.fields(RunResult) if f.ty
                 **TOGGLE_TYPES}   # the log keeps the toggles flattened
 RECORD_TYPES.update({old: RECORD_TYPES[new] for new, old in OLD_KEYS.items()})
 _FLOAT_FIELDS = {"tokens_per_s", "step_s", "step_s_min", "step_s_max", "tflops", "mfu", "hfu",
-                 "loss", "loss_first", "energy_j", "mean_w", "j_per_token"}
+                 "loss", "loss_first", "energy_j", "mean_w", "j_per_token", "expected_step_s", "expected_peak_bytes"}
 
 
 def results_frame(runs: list[RunResult]):
@@ -179,16 +183,25 @@ def results_frame(runs: list[RunResult]):
              "conditions": None if r.conditions is None else r.conditions.verdict,
              "conditions_reason": None if r.conditions is None else r.conditions.reason}
             for r in runs]
+    for row in rows:   # lab.expect's answer against the measured step: expected / measured - 1
+        e, m = row["expected_step_s"], row["step_s"]
+        row["expected_ms"] = e * 1e3 if _number(e) else math.nan
+        row["expect_error"] = e / m - 1 if _number(e) and _number(m) and m > 0 else math.nan
     rest = [f.name for f in dataclasses.fields(RunResult) if f.name not in ("run_id", "label", "toggles")]
-    rest.append("conditions_reason")
+    rest += ["conditions_reason", "expected_ms", "expect_error"]
     return pd.DataFrame(rows, columns=["run_id", "label", *TOGGLE_FIELDS, *rest])
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not is_missing(v)
 
 
 # what lab.results() holds unless asked for every column: what ran, its speed, step time, compute,
 # peak memory, the machine and the outcome (throughput_unit and above_peak: the view's header and marks;
 # compute_dtype and peak_tflops: the peak each row's MFU/HFU is against, its own dtype's)
 RESULT_COLUMNS = ("run_id", "label", "tokens_per_s", "throughput_unit", "step_s", "tflops", "mfu", "hfu",
-                  "compute_dtype", "peak_tflops", "peak_mem_bytes", "conditions", "status", "above_peak")
+                  "compute_dtype", "peak_tflops", "peak_mem_bytes", "conditions", "status", "above_peak",
+                  "expected_ms", "expect_error")
 
 
 def runs_table(runs: list[RunResult], all: bool = False, more: str = "lab.results(all=True)"):
@@ -204,7 +217,9 @@ def runs_table(runs: list[RunResult], all: bool = False, more: str = "lab.result
 _VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "step (ms)",
          "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "mfu_peak": "MFU/HFU of", "peak_mem_mib": "peak (MiB)",
          "saved_mib": "saved (MiB)", "loss": "loss", "attention_ran": "attn ran",
-         "flops_source": "FLOPs", "conditions": "machine", "status": "status"}
+         "flops_source": "FLOPs", "conditions": "machine", "status": "status",
+         "expected_ms": "expected (ms)", "expect_error": "vs expected"}
+_SHOWN_IF_ANY = ("expected_ms", "expect_error")   # columns a view shows only where some row has one
 
 
 def runs_view(df):
@@ -223,4 +238,5 @@ def runs_view(df):
         view = view.assign(mfu_peak=mfu_peaks(df["compute_dtype"], df["peak_tflops"]))
     view = mark_rates(view, df["above_peak"] if "above_peak" in df else [None] * len(df))
     unit = common_unit(df["throughput_unit"]) if "throughput_unit" in df else "tokens"
-    return view[[c for c in _VIEW if c in view]].rename(columns={**_VIEW, "tokens_per_s": f"{unit}/s"})
+    shown = [c for c in _VIEW if c in view and (c not in _SHOWN_IF_ANY or view[c].notna().any())]
+    return view[shown].rename(columns={**_VIEW, "tokens_per_s": f"{unit}/s"})

@@ -27,6 +27,7 @@ from tunekit.core.run_text import rate
 from tunekit.core.summary import table_html
 from tunekit.core.toggles import Declared, Env, ToggleError, notices
 from tunekit.core.units import MiB
+from tunekit.lab.expect_line import EXPECT_WAIT_S, ExpectLine, predicted_line
 from tunekit.lab.plots import compare_figure
 from tunekit.planning.panel import PlanPanel
 
@@ -80,8 +81,11 @@ class Dashboard(W.VBox):
 
     Example: ``dash = lab.dashboard()`` (or ``Dashboard(lab, max_batch=128)``); see the module docstring."""
 
-    def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64, on=None):
+    def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64, on=None, expect: bool = True):
         self.lab = lab
+        # the line under the controls: lab.expect of their setting (ExpectLine; expect=False: none)
+        self.expect_html = W.HTML()
+        self.expect_line = ExpectLine(lab, self.expect_html) if expect else None
         # "Run on": this machine, or a cluster target (tunekit.Slurm) given as ``on`` (one, or {name: target})
         targets = {} if on is None else on if isinstance(on, dict) else {_target_name(on): on}
         self.run_on = W.Dropdown(options=[("this machine", None)] + list(targets.items()), value=None,
@@ -96,8 +100,9 @@ class Dashboard(W.VBox):
         for name, w in c.items():
             w.style = style
             w.observe(lambda _change: self.explain(), names="value")
-            if name not in ("steps", "warmup"):   # a plan shown follows the toggles
+            if name not in ("steps", "warmup"):   # a plan shown follows the toggles, and so does the expectation
                 w.observe(lambda _change: self.show_plan() if self.plan_picker.value else None, names="value")
+                w.observe(lambda _change: self.update_expectation(), names="value")
         self.plan_panel, self._plan_error = PlanPanel(style), ""   # "Plan for": lab.plan on a picked device
         self.plan_picker, self.plan_html = self.plan_panel.picker, self.plan_panel.html
         self.plan_picker.observe(lambda _change: self.show_plan(), names="value")
@@ -136,10 +141,11 @@ class Dashboard(W.VBox):
         buttons = W.HBox([self.run_button, self.run_on, self.trace_box, self.progress, self.find_button,
                           self.max_batch, self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
         tune = W.HBox([self.autotune_button, self.autotune_budget, self.plan_picker])
-        super().__init__([grid, buttons, tune, self.message, self.plan_html, self.autotune_out, self.autotune_chart,
-                          self.table, self.chart_out])
+        super().__init__([grid, self.expect_html, buttons, tune, self.message, self.plan_html, self.autotune_out,
+                          self.autotune_chart, self.table, self.chart_out])
         self.explain()
         self.refresh()
+        self.update_expectation()
 
     # --- reading the controls ------------------------------------------------------------
 
@@ -167,6 +173,14 @@ class Dashboard(W.VBox):
             self.message.value = "".join(_box(html.escape(n), "#999") for n in notes)
         return problems
 
+    def update_expectation(self) -> None:
+        """Ask for ``lab.expect`` of the controls' setting; the line under the controls shows it
+        when it comes (`ExpectLine`: a thread of its own, the newest request wins).
+
+        Example: ``dash.update_expectation(); dash.expect_line.wait(5); dash.expect_html.value``."""
+        if self.expect_line is not None:
+            self.expect_line.request(self.toggles())
+
     @property
     def last_plan(self):
         """The Plan the panel shows (None: no device picked, or the plan failed)."""
@@ -178,6 +192,8 @@ class Dashboard(W.VBox):
         message area, below what is there, and kept in ``last_error``).
 
         Example: ``dash.plan_picker.value = "A100"`` shows it; ``dash.show_plan()`` redoes it."""
+        if self.expect_line is not None:   # one fake step at a time
+            self.expect_line.wait(EXPECT_WAIT_S)
         self.message.value = self.message.value.replace(self._plan_error, "")   # the last plan's failure, if any
         self._plan_error = ""
         try:
@@ -193,7 +209,10 @@ class Dashboard(W.VBox):
 
     def _attempt(self, what: str, action):
         """``action()``, or None with its failure shown as a sentence (a refused toggle as the
-        Lab's reasons; anything else kept in ``last_error`` for debugging)."""
+        Lab's reasons; anything else kept in ``last_error`` for debugging). An expectation being
+        planned is let finish first: no fake step beside the live model's work."""
+        if self.expect_line is not None:
+            self.expect_line.wait(EXPECT_WAIT_S)
         try:
             return action()
         except ToggleError as exc:
@@ -236,10 +255,13 @@ class Dashboard(W.VBox):
         if busy:  # in the colour and the words of the row's badge: these figures are not the change's
             head += _box("⚠ busy machine: " + html.escape(r.conditions.reason) + ". These figures measure "
                          "the other work too; re-run when the machine is quiet before comparing.", "#e65100")
+        if predicted_line(r):   # lab.expect's answer, made before the run, against what it measured
+            head += _box(html.escape(predicted_line(r)), "#1f77b4")
         if r.explained:   # a traced run against the expected step of its setting (tunekit.explain's line)
             head += _box("traced step: " + html.escape(r.explained), "#1f77b4")
         self.message.value = head + self._diff_box(r) + notes
         self.refresh()
+        self.update_expectation()   # the next answer, calibrated by this run
         if self.plan_picker.value:
             self.show_plan()   # the bound beside the run just measured
 

@@ -55,12 +55,14 @@ def explainer(lab, run):
     return explain_run
 
 
-def explained(lab, run, label: str) -> Explanation:
-    """``run`` against ``lab.plan`` of its toggles on its device; a ValueError says why it cannot be
-    (a distributed run, a device without a spec row, a plan without an expected step)."""
+def explained(lab, run, label: str, plan=None) -> Explanation:
+    """``run`` against ``lab.plan`` of its toggles on its device (``plan``: that plan, made
+    already: lab.expect's cache); a ValueError says why it cannot be (a distributed run, a device
+    without a spec row, a plan without an expected step)."""
     if run.parallel:
         raise ValueError("lab.explain explains a one-process run (each rank's trace is its own)")
-    plan = lab.plan(plan_device(run.device), **run.toggles.asdict())
+    if plan is None:
+        plan = lab.plan(plan_device(run.device), **run.toggles.asdict())
     missing = of_kind(plan.notes, "expected.missing", "device.no_peak")
     if plan.expected is None:
         raise ValueError(str(missing[0]) if missing else "the plan of this run has no expected step")

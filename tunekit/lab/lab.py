@@ -269,6 +269,17 @@ class Lab(LabResults):
         from tunekit.lab.explain import lab_explain
         return lab_explain(self, run)
 
+    @toggle_keywords
+    def expect(self, setting=None, base=None, **changes):
+        """The expected step time, tokens/s, MFU and peak memory of the setting ``lab.run(setting=...,
+        **changes)`` would take, on this Lab's device, before running it: the plan's expected step,
+        calibrated by the Lab's last measured run here (``base``: a RunResult or run id instead);
+        ``.changes`` lists the ops the change adds, removes or resizes (tunekit.lab.expect).
+
+        Example: ``lab.run(trace=True); print(lab.expect(checkpointing=True).line)``."""
+        from tunekit.lab.expect import lab_expect
+        return lab_expect(self, setting, base, **changes)
+
     def reset_optimizer(self) -> None:
         """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one.
         Example: ``lab.reset_optimizer(); lab.run(steps=20)`` starts from empty optimizer state."""

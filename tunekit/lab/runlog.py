@@ -25,7 +25,7 @@ from tunekit.core.breakdown import short
 from tunekit.core.conditions import Conditions
 from tunekit.core.fmt import fmt_pct
 from tunekit.core.notes import Note, is_json_note, to_json
-from tunekit.core.results import RECORD_TYPES, TOGGLE_TYPES, RunResult
+from tunekit.core.results import RECORD_TYPES, TOGGLE_FIELDS, TOGGLE_TYPES, RunResult
 from tunekit.core.units import is_missing
 
 SCHEMA = 1
@@ -201,6 +201,11 @@ def _is_record(rec) -> bool:
 CONDITION_TYPES = {f.name: f.type for f in dataclasses.fields(Conditions)}
 
 
+def toggles_key(t) -> tuple:
+    """A setting's toggles as a key: the same for a run's Toggles and the Setting it ran."""
+    return tuple((k, getattr(t, k, None)) for k in TOGGLE_FIELDS)
+
+
 class RunLog:
     """The runs of one Lab: in memory, and appended to a JSONL file as each one finishes.
 
@@ -215,6 +220,8 @@ class RunLog:
         self.path, self.session = Path(path), session
         records, self.skipped = read_records(self.path) if session is None else ([], 0)
         self.runs: list[RunResult] = [RunResult.from_dict(r) for r in records]
+        # lab.expect's answers since the last run, by setting: the run of that setting keeps its answer
+        self.expectations: dict = {}
         if self.skipped:
             warnings.warn(f"tunekit: {self.skipped} line(s) of {self.path} are not run records (cut short by a "
                           "crash, not JSON, or a field of the wrong type): skipped", stacklevel=3)
@@ -222,7 +229,16 @@ class RunLog:
     def check_writable(self) -> None:
         check_writable(self.path)
 
+    def expecting(self, setting, step_s: float, peak_bytes: float, base_run: int | None) -> None:
+        """Keep lab.expect's answer for ``setting`` (a Toggles or Setting) until the next run: a
+        run of that setting records it beside what it measured (``RunResult.expected_step_s``)."""
+        self.expectations[toggles_key(setting)] = (step_s, peak_bytes, base_run)
+
     def add(self, result: RunResult) -> RunResult:
+        expected = self.expectations.pop(toggles_key(result.toggles), None)
+        self.expectations.clear()   # a new run calibrates the next answers: the older ones are not kept
+        if expected is not None and result.status == "ok":
+            result.expected_step_s, result.expected_peak_bytes, result.expected_from = expected
         mine = 1 + max((r.run_id for r in self.runs if isinstance(r.run_id, int)), default=-1)
 
         def numbered(next_in_log):

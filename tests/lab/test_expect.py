@@ -1,0 +1,257 @@
+"""lab.expect: the calibration's arithmetic on made-up plans and runs, its notes, its refusals, and
+one real (uncalibrated, then calibrated) expectation of the cpu-tiny Lab. No real timing is judged."""
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from tunekit.core.breakdown import Breakdown
+from tunekit.core.expected import Expected
+from tunekit.core.notes import of_kind
+from tunekit.core.setting import Setting
+from tunekit.core.toggles import ToggleError, Toggles
+from tunekit.lab import expect as ex
+
+MiB = 2**20
+HOST = "views, metadata ops, module calls"
+CKPT = "checkpoint: saving, recomputing, unpacking"
+
+# the base setting's expected step: 16 ms
+#   mm 10 ms, add 2 ms, mul 2 ms (elementwise), host 1 ms, optimizer 1 ms
+BASE_ROWS = [("mm", "matmul", 10, 0.010, "compute", ""), ("add", "memory-bound", 20, 0.002, "memory", ""),
+             ("mul", "memory-bound", 20, 0.002, "memory", ""), (HOST, "host", 100, 0.001, "launch", ""),
+             ("optimizer step", "optimizer", 5, 0.001, "memory", "")]
+# the new setting's: mm doubled (20 ms), add and mul doubled (4 ms each), host doubled (2 ms), the
+# optimizer the same (1 ms); new: torch's checkpoint (host, 1 ms) and gelu (1.5 ms). 33.5 ms in all.
+NEW_ROWS = [("mm", "matmul", 20, 0.020, "compute", ""), ("add", "memory-bound", 40, 0.004, "memory", ""),
+            ("mul", "memory-bound", 40, 0.004, "memory", ""), (HOST, "host", 200, 0.002, "launch", ""),
+            (CKPT, "host", 10, 0.001, "launch", ""), ("gelu", "memory-bound", 4, 0.0015, "memory", ""),
+            ("optimizer step", "optimizer", 5, 0.001, "memory", "")]
+
+
+def fake_plan(rows, total_bytes, tokens_per_s=2000.0, mfu=0.5):
+    step = sum(r[3] for r in rows)
+    return SimpleNamespace(expected=Expected(step, tokens_per_s, mfu, rows=list(rows)), total_bytes=total_bytes,
+                           notes=[])
+
+
+def trace():
+    """A traced base step of 40 ms wall: mm 20, add 6, copy_ 4 (no expected op of that name), the
+    optimizer 3, data loading 4 (nothing expected), and 40 - 37 = 3 ms with no op running."""
+    ops = [{"op": "aten::mm", "category": "matmul/linear", "self_s": 0.020, "calls": 10},
+           {"op": "aten::add", "category": "activation/elementwise", "self_s": 0.006, "calls": 20},
+           {"op": "aten::copy_", "category": "activation/elementwise", "self_s": 0.004, "calls": 5},
+           {"op": "Optimizer.step#AdamW.step", "category": "optimizer", "self_s": 0.003, "calls": 1},
+           {"op": "tunekit: data", "category": "data loading", "self_s": 0.004, "calls": 1}]
+    return Breakdown("cpu", 0.040, {}, ops, untraced_s=0.003)
+
+
+def fake_run(traced=True, step_s=0.020, peak=300 * MiB):
+    return SimpleNamespace(run_id=3, status="ok", parallel=None, device="cpu", toggles=Toggles(), label="run 3",
+                           trace=trace() if traced else None, step_s=step_s, conditions=None, peak_mem_bytes=peak)
+
+
+def fake_lab(device_type="cpu"):
+    return SimpleNamespace(device=SimpleNamespace(type=device_type))
+
+
+def expect_of(run, device_type="cpu"):
+    base, new = fake_plan(BASE_ROWS, 100 * MiB), fake_plan(NEW_ROWS, 150 * MiB)
+    return ex.expectation(fake_lab(device_type), Setting(), "cpu", new, base, run)
+
+
+def test_traced_base_run_calibrates_op_by_op():
+    e = expect_of(fake_run())
+    # the run's step is 20 ms, its trace 40 ms: every traced second counts 20/40 = 0.5
+    #   mm: 20 ms * 0.5 / 10 ms = 1.0; add: 6 * 0.5 / 2 = 1.5
+    #   elementwise rest: copy_ 4 * 0.5 = 2 ms measured over mul's 2 ms expected = 1.0
+    #   optimizer: 3 * 0.5 / 1 = 1.5; no op running: 3 * 0.5 / 1 (host) = 1.5
+    #   data loading: 4 * 0.5 = 2 ms, nothing expected: carried as measured
+    # new: mm 20*1 + add 4*1.5 + mul 4*1 + host 2*1.5 + optimizer 1*1.5 + new ckpt 1 + new gelu 1.5
+    #      + data loading 2 = 20 + 6 + 4 + 3 + 1.5 + 1 + 1.5 + 2 = 39 ms
+    assert e.step_s == pytest.approx(0.039)
+    by = {r[0]: (r[4], r[6]) for r in e.rows}
+    assert by["mm"] == (pytest.approx(1.0), "op")
+    assert by["add"] == (pytest.approx(1.5), "op")
+    assert by["mul"] == (pytest.approx(1.0), "group")
+    assert by[HOST] == (pytest.approx(1.5), "group")
+    assert by["optimizer step"] == (pytest.approx(1.5), "group")
+    assert by[CKPT] == (1.0, "device model") and by["gelu"] == (1.0, "device model")
+    assert e.calibration == "trace" and e.base_run == 3 and e.base_step_s == 0.020
+    # the plan's 33.5 ms became 39 ms: tokens/s and MFU scale by 33.5 / 39
+    assert e.plan_step_s == pytest.approx(0.0335)
+    assert e.tokens_per_s == pytest.approx(2000 * 0.0335 / 0.039)
+    assert e.mfu == pytest.approx(0.5 * 0.0335 / 0.039)
+    # CPU: the run measured 300 MiB against its plan's 100 (the process: +200 MiB); 150 + 200 = 350
+    assert e.peak_bytes == 350 * MiB and e.base_peak_bytes == 300 * MiB
+    assert of_kind(e.notes, "expect.new_ops") and of_kind(e.notes, "expect.not_carried")
+    # 39 / 20 - 1 = +95%; 350 / 300 - 1 = +17%
+    assert e.line == "expected 39.0 ms/step (+95% vs run #3), peak 350.0 MiB (+17%)"
+    changes = {op: what for op, _c, _b, _n, what in e.changes}
+    assert changes == {"mm": "resized", "add": "resized", "mul": "resized", HOST: "resized",
+                       CKPT: "added", "gelu": "added"}
+
+
+def test_base_setting_expected_as_its_run_measured():
+    base = fake_plan(BASE_ROWS, 100 * MiB)
+    e = ex.expectation(fake_lab(), Setting(), "cpu", base, base, fake_run())
+    # the base run's own setting: every measured second carried back: 10 + 3 + 2 + 1.5 + 1.5 + 2 = 20 ms
+    assert e.step_s == pytest.approx(0.020)
+    assert e.peak_bytes == 300 * MiB and e.changes == []
+
+
+def test_step_time_alone_is_one_ratio():
+    e = expect_of(fake_run(traced=False, step_s=0.032))
+    # 32 ms measured over 16 ms expected: 2.0 for the shared ops; new ckpt 1 ms and gelu 1.5 ms at 1
+    # (33.5 - 2.5) * 2 + 2.5 = 64.5 ms
+    assert e.step_s == pytest.approx(0.0645)
+    assert e.calibration == "step time" and of_kind(e.notes, "expect.step_only")
+
+
+def test_gpu_peak_is_a_ratio():
+    e = expect_of(fake_run(), device_type="cuda")
+    # 300 / 100 measured over planned: 150 MiB * 3 = 450 MiB
+    assert e.peak_bytes == 450 * MiB
+
+
+def test_nothing_to_carry_over_is_said():
+    e = expect_of(None)
+    assert e.step_s == pytest.approx(0.0335) and e.base_run is None and e.calibration == "none"
+    assert all(r[6] == "device model" for r in e.rows)
+    assert [n.kind for n in e.notes] == ["expect.uncalibrated"]
+    # against the base plan's 16 ms and 100 MiB: 33.5 / 16 - 1 = +109% (109.4), 150 / 100 - 1 = +50%
+    assert e.line == "expected 33.5 ms/step (+109% vs the Lab's setting), peak 150.0 MiB (+50%)"
+    no_peak = expect_of(fake_run(peak=None))
+    assert no_peak.peak_bytes == 150 * MiB and of_kind(no_peak.notes, "expect.peak_uncalibrated")
+
+
+def test_shape_key_leaves_out_lr():
+    a, b = Setting(lr=1e-3), Setting(lr=1e-4)
+    assert ex.shape_key("cpu", a) == ex.shape_key("cpu", b)
+    assert ex.shape_key("cpu", a) != ex.shape_key("cpu", a.replace(micro_batch=16))
+
+
+def test_bad_keywords_refused_before_any_plan(lab, monkeypatch):
+    def no_plan(*a, **k):
+        raise AssertionError("planned before refusing")
+    monkeypatch.setattr(ex, "cached_plan", no_plan)
+    with pytest.raises(TypeError, match="unknown keyword"):
+        lab.expect(micro_btach=8)
+    with pytest.raises(ToggleError):
+        lab.expect(precision="fp16")          # refused on CPU, as lab.run refuses it
+    with pytest.raises(ValueError, match="not both"):
+        lab.expect(setting=Setting(micro_batch=8), micro_batch=4)
+    with pytest.raises(ValueError, match="no run #7"):
+        ex.base_run(lab, "cpu", 7)
+
+
+@pytest.mark.slow
+def test_real_lab_expectation_cached_and_calibrated(lab):
+    first = lab.expect(micro_batch=8)
+    assert first.calibration == "none" and first.step_s > 0 and first.peak_bytes > 0
+    again = lab.expect(micro_batch=8, lr=0.5)        # lr leaves the step as it is: the same plan
+    assert again.plan_step_s == first.plan_step_s
+    run = lab.run(steps=1, warmup=0, verbose=False)
+    same = lab.expect()
+    # untraced: one ratio, so the run's own setting is expected at its measured step
+    assert same.base_run == run.run_id and same.calibration == "step time"
+    assert same.step_s == pytest.approx(run.step_s)
+    assert not math.isnan(lab.expect(micro_batch=8).step_s)
+
+
+# --- the run log, the results table, the dashboard's line ----------------------------------------
+
+
+def test_a_run_keeps_the_expectation_of_its_setting(tmp_path):
+    from tunekit.core.results import RunResult, results_frame
+    from tunekit.lab.runlog import RunLog
+
+    log = RunLog(tmp_path / "runs.jsonl")
+    t = Toggles(micro_batch=4)
+    log.expecting(Setting.of(t), 0.040, 300 * MiB, 2)
+    log.expecting(Setting.of(t.replace(micro_batch=8)), 0.080, 400 * MiB, 2)   # another setting: not this run's
+    run = RunResult.from_dict({"label": "mb4", **t.asdict(), "step_s": 0.050})
+    log.add(run)
+    assert (run.expected_step_s, run.expected_peak_bytes, run.expected_from) == (0.040, 300 * MiB, 2)
+    assert log.expectations == {}     # the next run's answers come after this one
+    later = RunResult.from_dict({"label": "mb8", **t.replace(micro_batch=8).asdict(), "step_s": 0.1})
+    log.add(later)
+    df = results_frame(RunLog.load(log.path))     # read back from the file: the log kept both
+    # 40 ms expected / 50 ms measured - 1 = -20%; the second run had no expectation: NaN
+    assert df["expected_ms"].iloc[0] == pytest.approx(40.0) and df["expect_error"].iloc[0] == pytest.approx(-0.2)
+    assert math.isnan(df["expected_ms"].iloc[1]) and math.isnan(df["expect_error"].iloc[1])
+
+
+def test_results_columns_and_view(tmp_path):
+    from tunekit.core.results import RESULT_COLUMNS, RunResult, results_frame, runs_view
+
+    none = RunResult.from_dict({"label": "a", "step_s": 0.05})
+    assert {"expected_ms", "expect_error"} <= set(RESULT_COLUMNS)
+    assert "vs expected" not in runs_view(results_frame([none])).columns   # shown only where some run has one
+    some = RunResult.from_dict({"label": "b", "step_s": 0.05, "expected_step_s": 0.06})
+    # 60 / 50 - 1 = +20%
+    view = runs_view(results_frame([none, some]))
+    assert view["expected (ms)"].iloc[1] == pytest.approx(60.0) and view["vs expected"].iloc[1] == pytest.approx(0.2)
+
+
+def test_predicted_line_of_a_run():
+    from tunekit.core.results import RunResult
+    from tunekit.lab.expect_line import predicted_line
+
+    r = RunResult.from_dict({"label": "a", "step_s": 0.050, "expected_step_s": 0.040, "expected_from": 3})
+    # 40 / 50 - 1 = -20.0%
+    assert predicted_line(r) == "predicted 40.0 ms/step, measured 50.0 ms: -20.0% off (by run #3)"
+    assert predicted_line(RunResult.from_dict({"label": "b", "step_s": 0.05})) == ""
+
+
+def fake_answers(monkeypatch, lab, gate=None):
+    """lab.expect answering at once from made-up plans: step = micro_batch ms against a base of
+    4 ms (so a line says which request it answers); fp16 refused as lab.expect refuses it;
+    ``gate``: each answer waits on it. Returns the micro-batches answered, in order."""
+    asked = []
+
+    def answer(setting=None, base=None, **changes):
+        if gate is not None:
+            gate.wait(10)
+        if changes.get("precision") == "fp16":
+            raise ToggleError(["fp16 training is refused on CPU"])
+        mb = changes["micro_batch"]
+        asked.append(mb)
+        new, old = [("mm", "matmul", 1, mb / 1e3, "compute", "")], [("mm", "matmul", 1, 0.004, "compute", "")]
+        return ex.expectation(fake_lab(), Setting(), "cpu", fake_plan(new, mb * MiB), fake_plan(old, 4 * MiB), None)
+    monkeypatch.setattr(lab, "expect", answer)
+    return asked
+
+
+def test_dashboard_line_follows_the_controls_newest_wins(make_lab, monkeypatch):
+    import threading
+
+    lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64)
+    fake_answers(monkeypatch, lab)
+    d = lab.dashboard()
+    assert d.expect_line.wait(10)
+    # micro_batch 4: 4 ms, against the base plan's 4 ms and 4 MiB: +0%
+    assert "expected 4.0 ms/step (+0% vs the Lab&#x27;s setting), peak 4.0 MiB (+0%)" in d.expect_html.value
+    gate = threading.Event()
+    asked = fake_answers(monkeypatch, lab, gate)
+    for mb in (8, 16, 32):                      # three changes while the first is still being answered
+        d.controls["micro_batch"].value = mb
+    gate.set()
+    assert d.expect_line.wait(10)
+    # 32 / 4 - 1 = +700%, 32 MiB / 4 MiB - 1 = +700%: the newest answer shown, the last one computed,
+    # and not every request answered (one asked while another computes replaces the one waiting)
+    assert "expected 32.0 ms/step (+700% vs the Lab&#x27;s setting), peak 32.0 MiB (+700%)" in d.expect_html.value
+    assert asked[-1] == 32 and len(asked) < 3
+    d.controls["precision"].value = "fp16"      # refused: said in the line, never raised into the callback
+    assert d.expect_line.wait(10)
+    assert "expected: n/a (fp16 training is refused on CPU)" in d.expect_html.value
+    assert isinstance(d.expect_line.last_error, ToggleError)
+
+
+@pytest.mark.slow
+def test_dashboard_run_says_predicted_against_measured(dash):
+    assert dash.expect_line.wait(60)
+    dash.run_button.click()
+    r = dash.lab.runs[-1]
+    assert r.expected_step_s > 0 and "predicted" in dash.message.value
+    assert dash.lab.results()["expect_error"].notna().all()

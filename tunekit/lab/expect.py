@@ -1,0 +1,328 @@
+"""``lab.expect``: a setting's expected step time, tokens/s, MFU and peak memory on the Lab's own
+device, before it runs, calibrated by the Lab's measured runs.
+
+    >>> e = lab.expect(checkpointing=True)   # what lab.run(checkpointing=True) would take here
+    >>> e.line                                # 'expected 31.2 ms/step (+24% vs run #3), peak 1.2 GiB (-38%)'
+    >>> e.changes                             # the ops the change adds, removes or resizes
+
+The device model is the plan's expected step (``lab.plan(device, setting=...)``: `Plan.expected`,
+each op of the fake step at the speed its kind reaches on the device) and the plan's peak. A
+measured run of the same Lab on the same device (the last one; ``base=run`` picks another)
+calibrates it, the way ``lab.explain`` sets a run against its plan (lab.explain.explained):
+
+- a traced run: each op the trace and the base plan share gets measured / expected of that op;
+  the other ops of a group (matmul, attention, elementwise, optimizer, the host's time) the
+  group's rest ratio; the new setting's rows take the factor of the same op, so an op the change
+  resizes keeps its measured efficiency. Ops new to the setting (in its plan, not in the base's)
+  get the device model uncalibrated; measured time the base plan foresaw nothing for is carried
+  as it was measured. The trace's seconds are scaled to the run's own step (timed without the
+  profiler), so the base setting's expectation is the base run's step exactly;
+- an untraced run: one ratio, measured / expected step, for the whole step;
+- memory: the plan's peak plus what the base run measured beyond its plan: on a CPU the meter is
+  the process's RSS (Python and torch themselves included: an offset, added), on a GPU the
+  allocator's (measured / planned, a ratio).
+
+Plans are cached per Lab by the device and the setting words that change the fake step (all
+but ``lr``), so asking again is instant.
+"""
+from __future__ import annotations
+
+import html
+import math
+import weakref
+from dataclasses import dataclass, field
+
+from tunekit.core.breakdown import as_breakdown
+from tunekit.core.explain import _op_name, measured_groups
+from tunekit.core.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
+from tunekit.core.notes import Note
+from tunekit.core.setting import Setting, from_keywords, step_words
+from tunekit.core.toggles import ToggleError, Toggles
+from tunekit.core.units import is_missing
+from tunekit.lab.explain import explained, plan_device
+from tunekit.planning.target import lab_setting
+
+NaN = math.nan
+GROUP_OF = {"matmul": "matmul", "attention": "attention", "optimizer": "optimizer",
+            "communication": "communication", "host": "no op running"}   # core.explain's groups
+OTHER = "elementwise, norms, copies"
+OWN_OPS = ("matmul", "attention", "compute", "memory-bound")   # categories a trace names op by op
+NOT_STEP = ("lr",)          # setting words that leave the fake step as it is
+CHANGED = 0.01              # an op whose expected time moves by more than this share is "resized"
+
+
+@dataclass
+class Expectation:
+    """A setting's expected step on the Lab's device. ``rows``: (op, category, calls, plan_s,
+    factor, expected_s, by) with ``by`` "op" / "group" (calibrated by the base run's op or its
+    group), "step" (by its step time alone), "device model" (uncalibrated) or "measured" (time the
+    base plan foresaw nothing for, carried as measured); ``changes``: (op, category, base_s,
+    expected_s, "added" | "removed" | "resized") against the base setting's expectation."""
+
+    setting: Setting
+    device: str
+    step_s: float
+    tokens_per_s: float
+    mfu: float
+    peak_bytes: float
+    plan_step_s: float                  # the device model's, uncalibrated
+    plan_peak_bytes: float
+    base_run: int | None                # the run that calibrated it (None: none)
+    base_step_s: float = NaN            # what it measured (or, with no run, the base plan's)
+    base_peak_bytes: float = NaN
+    calibration: str = "none"           # "trace" | "step time" | "none"
+    rows: list = field(default_factory=list)
+    changes: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    @property
+    def vs(self) -> str:
+        return f"run #{self.base_run}" if self.base_run is not None else "the Lab's setting"
+
+    @property
+    def line(self) -> str:
+        """'expected 31.2 ms/step (+24% vs run #3), peak 1.2 GiB (-38%)'."""
+        def delta(new, old):
+            return fmt_pct(new / old - 1, 0, signed=True) if old and not is_missing(old) else "n/a"
+        return (f"expected {fmt_ms(self.step_s)}/step ({delta(self.step_s, self.base_step_s)} vs {self.vs}), "
+                f"peak {fmt_bytes(self.peak_bytes)} ({delta(self.peak_bytes, self.base_peak_bytes)})")
+
+    @property
+    def table(self):
+        """pandas DataFrame of ``rows``."""
+        import pandas as pd
+        return pd.DataFrame(self.rows, columns=["op", "category", "calls", "plan_s", "factor", "expected_s", "by"])
+
+    def summary(self) -> str:
+        how = {"trace": f"calibrated op by op by {self.vs}'s trace",
+               "step time": f"calibrated by {self.vs}'s step time (one ratio)",
+               "none": "the device model alone (no measured run of this Lab here)"}[self.calibration]
+        lines = [self.line, f"{fmt_rate(self.tokens_per_s, 'tokens/s')}, MFU {fmt_pct(self.mfu)}; {how}"]
+        for op, _cat, base, new, what in self.changes[:6]:
+            lines.append(f"- {op}: {what} ({fmt_ms(base, True)} -> {fmt_ms(new, True)})")
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        head, *rest = self.summary().split("\n")
+        items = "".join(f"<li>{html.escape(x.lstrip('- '))}</li>" for x in rest)
+        return f"<div><b>{html.escape(head)}</b><ul>{items}</ul></div>"
+
+
+# --- the plans, cached by shape ----------------------------------------------------------------
+
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def shape_key(device: str, s: Setting) -> tuple:
+    """What a fake step depends on: the device and every setting word but ``NOT_STEP``."""
+    return (device,) + tuple((k, v) for k, v in sorted(s.asdict().items()) if k not in NOT_STEP)
+
+
+def cached_plan(lab, device: str, s: Setting):
+    """``lab.plan(device, setting=s)``, once per shape and live model."""
+    plans = _PLANS.setdefault(lab, {})
+    key = (id(lab.model),) + shape_key(device, s)
+    if key not in plans:
+        plans[key] = lab.plan(device, setting=s)
+    return plans[key]
+
+
+# --- the setting asked about, and the base run ----------------------------------------------------
+
+def asked_setting(lab, setting, changes: dict) -> Setting:
+    """The Setting ``lab.run(setting=..., **changes)`` would take; bad keywords and settings that
+    cannot run here are refused (ToggleError / TypeError / ValueError) before any planning."""
+    unknown = sorted(set(changes) - set(step_words(Toggles)))
+    if unknown:
+        raise TypeError(f"lab.expect: unknown keyword(s) {unknown}; it takes the toggles "
+                        f"{list(step_words(Toggles))} or setting=tunekit.Setting(...)")
+    if setting is not None:
+        s = from_keywords(setting, "lab.expect", **{k: v for k, v in changes.items() if k in step_words()})
+        changes = {k: v for k, v in s.asdict().items() if k in step_words(Toggles) and v is not None}
+    t = lab.resolve(**changes)
+    why = lab.check(t)
+    if why:
+        raise ToggleError(why)
+    return Setting(**lab_setting(lab, **changes))
+
+
+def base_run(lab, device: str, base=None):
+    """The run that calibrates: ``base`` (a RunResult or run id), else the Lab's last measured
+    one-process run on ``device`` (None: there is none)."""
+    runs = lab.runs
+    if isinstance(base, int) and not isinstance(base, bool):
+        found = [r for r in runs if r.run_id == base]
+        if not found:
+            raise ValueError(f"no run #{base}: the runs are " + ", ".join(f"#{r.run_id}" for r in runs))
+        return found[-1]
+    if base is not None:
+        return base
+    session = getattr(lab.log, "session", None)
+    for r in reversed(runs):
+        if (r.status == "ok" and not r.parallel and r.step_s and r.step_s > 0
+                and (session is None or r.session == session) and _device_of(r) == device):
+            return r
+    return None
+
+
+def _device_of(run) -> str | None:
+    try:
+        return plan_device(str(run.device).split(" ")[0])
+    except ValueError:
+        return None
+
+
+# --- the calibration --------------------------------------------------------------------------
+
+def trace_factors(lab, run, base_plan) -> tuple[dict, dict, dict, list]:
+    """From a traced run and its plan: ({op: factor}, {group: factor of its other ops},
+    {group: measured seconds nothing was expected for}, notes). The trace's seconds are scaled to
+    the run's own step (the profiler's overhead out), read by lab.explain's grouping."""
+    e = explained(lab, run, f"run #{run.run_id}", plan=base_plan)
+    trace = as_breakdown(run.trace)
+    _m_groups, m_ops = measured_groups(trace)
+    scale = run.step_s / trace.wall_s if trace.wall_s > 0 else 1.0
+    e_ops_by_group: dict = {}    # group -> {op: expected seconds} of the ops a trace names
+    for op, cat, _calls, secs, _b, _s in base_plan.expected.rows:
+        if cat in OWN_OPS:
+            ops = e_ops_by_group.setdefault(GROUP_OF.get(cat, OTHER), {})
+            ops[_op_name(op)] = ops.get(_op_name(op), 0.0) + secs
+    by_op, rest, carried, notes = {}, {}, {}, list(e.notes)
+    for group, m, exp, _eff, _share, seen in e.rows:
+        m_left, e_left = m * scale, (exp if seen else 0.0)
+        for name, e_o in e_ops_by_group.get(group, {}).items():
+            m_o = m_ops.get(name, (0.0, 0))[0] * scale
+            if m_o > 0 and e_o > 0:
+                by_op[name] = m_o / e_o
+                m_left, e_left = m_left - m_o, e_left - e_o
+        if e_left > 1e-12 and m_left > 0:
+            rest[group] = m_left / e_left
+        elif e_left > 1e-12:   # its other expected ops ran under names the trace did not show
+            rest[group] = (m * scale) / exp if seen and exp > 0 else 1.0
+        elif m_left > 1e-12:
+            carried[group] = m_left
+    if carried:
+        said = ", ".join(f"{g} {fmt_ms(s)}" for g, s in carried.items())
+        notes.append(Note("expect.not_carried", "measured time the base plan foresaw nothing for, carried as "
+                                                f"measured: {said}"))
+    return by_op, rest, carried, notes
+
+
+def traced_factors(lab, run, base_plan, notes: list):
+    """`trace_factors` as ``calibrated_rows`` takes them, its notes added to ``notes``; None (and
+    a note why) where the trace cannot be set against the plan: the step time calibrates then."""
+    try:
+        by_op, rest, carried, more = trace_factors(lab, run, base_plan)
+    except ValueError as exc:
+        notes.append(Note("expect.step_only", f"run #{run.run_id}'s trace was not set against its plan ({exc})"))
+        return None
+    notes += more
+    return by_op, rest, carried, "trace"
+
+
+def calibrated_rows(rows, base_rows, factors) -> tuple[list, list]:
+    """The new setting's expected rows, each with its factor and what gave it; and the names of its
+    ops the base plan did not have (new: the device model uncalibrated)."""
+    by_op, rest, carried, how = factors
+    base_names = {_op_name(r[0]) for r in base_rows}
+    out, new = [], []
+    for op, cat, calls, secs, _bound, _src in rows:
+        name, group = _op_name(op), GROUP_OF.get(cat, OTHER)
+        if how == "none":
+            f, by = 1.0, "device model"
+        elif name not in base_names:
+            f, by = 1.0, "device model"
+            new.append(op)
+        elif how == "step time":
+            f, by = rest, "step"
+        elif cat in OWN_OPS and name in by_op:
+            f, by = by_op[name], "op"
+        else:
+            f, by = rest.get(group, 1.0), "group"
+        out.append((op, cat, calls, secs, f, secs * f, by))
+    for group, secs in (carried.items() if how == "trace" else ()):
+        out.append((f"{group} (measured, not foreseen)", group, 0, 0.0, NaN, secs, "measured"))
+    return out, new
+
+
+def changes_of(rows, base_rows) -> list:
+    """(op, category, base_s, new_s, what) of the ops the setting adds, removes or resizes."""
+    def by_name(rs):
+        d: dict = {}
+        for r in rs:
+            d[r[0]] = (r[1], d.get(r[0], (None, 0.0))[1] + r[3])
+        return d
+    new, old = by_name(rows), by_name(base_rows)
+    out = []
+    for op in dict.fromkeys([*old, *new]):
+        (cat, b), (cat2, n) = old.get(op, (None, 0.0)), new.get(op, (None, 0.0))
+        what = "added" if op not in old else "removed" if op not in new else \
+            "resized" if abs(n - b) > CHANGED * max(b, n) else None
+        if what:
+            out.append((op, cat or cat2, b, n, what))
+    return sorted(out, key=lambda r: -abs(r[3] - r[2]))
+
+
+def peak_of(lab, plan, run, base_plan) -> tuple[float, float, list]:
+    """(expected peak bytes, the base's peak, notes): the plan's peak corrected by what the base
+    run measured beyond its plan (CPU: an offset, the process; GPU: a ratio, the allocator)."""
+    planned = plan.total_bytes
+    if run is None:
+        return planned, base_plan.total_bytes, []
+    measured = run.peak_mem_bytes
+    if measured is None or is_missing(measured) or not measured > 0 or not base_plan.total_bytes > 0:
+        return planned, NaN, [Note("expect.peak_uncalibrated", f"run #{run.run_id} measured no peak: the "
+                                                                "plan's fake-step peak alone")]
+    if lab.device.type == "cpu":
+        return planned + (measured - base_plan.total_bytes), measured, []
+    return planned * measured / base_plan.total_bytes, measured, []
+
+
+def lab_expect(lab, setting=None, base=None, **changes) -> Expectation:
+    """`Expectation` of the setting ``lab.run(setting=..., **changes)`` would take, on the Lab's device."""
+    s = asked_setting(lab, setting, changes)
+    device = plan_device(str(lab.device))
+    run = base_run(lab, device, base)
+    base_setting = Setting(**lab_setting(lab, **({} if run is None else run.toggles.asdict())))
+    plan = cached_plan(lab, device, s)
+    if plan.expected is None:
+        raise ValueError("lab.expect: the plan of this setting has no expected step on "
+                         f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
+    base_plan = cached_plan(lab, device, base_setting)
+    e = expectation(lab, s, device, plan, base_plan, run)
+    lab.log.expecting(s, e.step_s, e.peak_bytes, e.base_run)   # the run of this setting keeps it (run log)
+    return e
+
+
+def expectation(lab, s, device, plan, base_plan, run) -> Expectation:
+    """The Expectation of ``plan`` calibrated by ``run`` (None: uncalibrated) of ``base_plan``."""
+    notes: list = []
+    e, base_e = plan.expected, base_plan.expected
+    if run is None:
+        factors, base_step = ({}, {}, {}, "none"), base_e.step_s
+        notes.append(Note("expect.uncalibrated", "no measured run of this Lab on this device: the device "
+                                                 "model alone (lab.run once, traced, to calibrate it)"))
+    elif run.trace is not None and (traced := traced_factors(lab, run, base_plan, notes)) is not None:
+        factors, base_step = traced, run.step_s
+    else:
+        factors, base_step = ({}, run.step_s / base_e.step_s, {}, "step time"), run.step_s
+        if run.trace is None:
+            notes.append(Note("expect.step_only", f"run #{run.run_id} was not traced: one ratio (measured / "
+                                                  "expected step) for the whole step"))
+    rows, new = calibrated_rows(e.rows, base_e.rows, factors)
+    if new and run is not None:
+        notes.append(Note("expect.new_ops", "ops the measured run did not have, at the device model "
+                                            "uncalibrated: " + ", ".join(new[:5]) + (" ..." if len(new) > 5 else "")))
+    step = sum(r[5] for r in rows)
+    peak, base_peak, more = peak_of(lab, plan, run, base_plan)
+    busy = getattr(getattr(run, "conditions", None), "busy", False) is True
+    if busy:
+        notes.append(Note("expect.busy", f"run #{run.run_id} was measured on a busy machine: its calibration "
+                                         "carries the load"))
+    ratio = e.step_s / step if step > 0 else NaN
+    return Expectation(s, device, step, e.tokens_per_s * ratio, e.mfu * ratio, peak, e.step_s, plan.total_bytes,
+                       None if run is None else run.run_id, base_step, base_peak, factors[3], rows,
+                       changes_of(e.rows, base_e.rows), notes + more)

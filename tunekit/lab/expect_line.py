@@ -1,0 +1,88 @@
+"""The dashboard's line under its controls: ``lab.expect`` of the controls' setting, computed on a
+thread of its own (`ExpectLine`), and a run's prediction against what it measured (`predicted_line`).
+
+    >>> line = ExpectLine(lab, ipywidgets.HTML())
+    >>> line.request({"checkpointing": True}); line.wait(5); line.html.value
+"""
+from __future__ import annotations
+
+import html
+import threading
+
+from tunekit.core.fmt import fmt_ms, fmt_pct
+from tunekit.core.toggles import ToggleError
+from tunekit.core.units import is_missing
+
+
+def _box(text: str, color: str) -> str:
+    return f'<div style="border-left:4px solid {color};padding:4px 8px;margin:4px 0">{text}</div>'
+
+
+EXPECT_WAIT_S = 30.0   # how long Run waits for the expectation of its setting (then runs without it)
+
+
+class ExpectLine:
+    """The line under the controls: ``lab.expect`` of the controls' setting, computed on a thread
+    of its own so that the controls never wait; the newest request wins (one still computing
+    finishes, its answer is dropped if a newer one was asked). Errors are the line's text.
+
+    Example: ``line.request({"checkpointing": True}); line.wait(5); line.html.value``."""
+
+    def __init__(self, lab, widget):
+        self.lab, self.html = lab, widget
+        self.last = None           # the Expectation shown (None: none yet, or the last request failed)
+        self.last_error = None
+        self._cond = threading.Condition()
+        self._asked, self._done, self._want, self._thread = 0, 0, None, None
+
+    def request(self, toggles: dict) -> None:
+        """Ask for the expectation of ``toggles`` (lab.run's keywords); returns at once."""
+        with self._cond:
+            self._asked += 1
+            self._want = (self._asked, dict(toggles))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="tunekit-expect", daemon=True)
+                self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until the newest request is answered (False: ``timeout`` seconds passed first)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._done >= self._asked, timeout)
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if self._want is None:
+                    self._thread = None
+                    return
+                asked, toggles = self._want
+                self._want = None
+            text, e, err = self._answer(toggles)
+            with self._cond:
+                if asked == self._asked:   # still the newest: shown
+                    self.html.value, self.last, self.last_error = text, e, err
+                self._done = max(self._done, asked)
+                self._cond.notify_all()
+
+    def _answer(self, toggles: dict):
+        """(the line's HTML, the Expectation or None, the exception or None); never raises."""
+        try:
+            e = self.lab.expect(**toggles)
+        except ToggleError as exc:
+            return _box("expected: n/a (" + html.escape("; ".join(exc.problems))[:300] + ")", "#999"), None, exc
+        except Exception as exc:   # noqa: BLE001 - planning a model of the user's may fail in any way
+            return _box(f"expected: n/a ({html.escape(type(exc).__name__)}: {html.escape(str(exc))[:300]})",
+                        "#999"), None, exc
+        how = "" if e.base_run is not None else " · uncalibrated: no run measured yet"
+        return _box(html.escape(e.line + how), "#1f77b4"), e, None
+
+
+def predicted_line(r) -> str:
+    """A run's expectation (made before it ran) against what it measured, '' for none:
+    'predicted 31.2 ms/step, measured 33.0 ms: -5.5% off (by run #3)'."""
+    e = r.expected_step_s
+    if is_missing(e) or is_missing(r.step_s) or not r.step_s > 0:
+        return ""
+    by = f" (by run #{r.expected_from})" if r.expected_from is not None else " (device model, uncalibrated)"
+    return (f"predicted {fmt_ms(e)}/step, measured {fmt_ms(r.step_s)}: "
+            f"{fmt_pct(e / r.step_s - 1, 1, signed=True)} off{by}")
