@@ -29,3 +29,17 @@ def test_a_one_line_binding_is_answered_as_the_parse_answers(source, read, inert
         monkeypatch.setattr(fingerprint, "names_read", lambda s: pytest.fail(f"parsed {s!r}"))
         monkeypatch.setattr(fingerprint, "runs_nothing", lambda s: pytest.fail(f"parsed {s!r}"))
     assert fingerprint.inputs(source) == parsed
+
+
+@pytest.mark.parametrize("source, namespace, little", [
+    ("x = 1", {}, True),                            # a new name
+    ("x = 1", {"x": 2.5}, True),                     # a number released
+    ("x = y", {"x": "s", "y": [0] * 10}, True),      # y's list shared, not made
+    ("x = 1", {"x": [0]}, False),                    # a list released: may be large
+    ("x = 1", {"x": "s" * 2**20}, False),            # a string of 1 MiB released
+    ("x = 1", {"x": 1 << 2**25}, False),             # an int of 2**25 + 1 bits (4 MiB) released
+    ("x = f()", {}, False),                          # a call: anything
+    ("x = 1\ny = 2", {}, False),                     # not a one-line binding
+])
+def test_allocates_little_only_for_a_binding_that_makes_and_releases_nothing_large(source, namespace, little):
+    assert fingerprint.allocates_little(source, namespace) is little

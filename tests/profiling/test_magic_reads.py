@@ -5,8 +5,9 @@ high-water mark from getrusage (~1 us) at the start and at the stop (/proc/self/
 only when the bound does not settle the peak: memory freed since the last peak, a temporary in
 the block), the CPU-wait counter (PSI) at both ends, the machine's CPU counters (/proc/stat) at
 the start only (a short block leaves them unread at the stop: its clock ticks could not tell),
-glibc's allocation totals at both ends, and SIGINT's handler switched once in and once out for
-the whole cell. A one-line binding (`x = 1`) is not parsed (fingerprint.inputs).
+glibc's allocation totals at both ends (not for a one-line binding that makes nothing and releases
+nothing large: `fingerprint.allocates_little`), and SIGINT's handler switched once in and once
+out for the whole cell. A one-line binding (`x = 1`) is not parsed either (`fingerprint.inputs`).
 """
 import collections
 import os
@@ -68,8 +69,28 @@ def test_a_trivial_profiled_cell_reads_each_figure_once(ip, reads):
         ip.run_cell("%gpuprofile off")
     # getrusage then statm: start + stop = 2 each, no status (the bound is at RSS: hwm = RSS at
     # the start, and at the stop no peak above RSS); psi: start + stop = 2; stat: start only = 1;
-    # mallinfo2: start + stop = 2; SIGINT's handler: in at pre_run_cell, out at post_run_cell = 2
-    assert seen == {"getrusage": 2, "statm": 2, "psi": 2, "stat": 1, "mallinfo2": 2, "sigint switches": 2}
+    # no mallinfo2 (x = 1 makes and releases nothing large); SIGINT's handler: in at
+    # pre_run_cell, out at post_run_cell = 2
+    assert seen == {"getrusage": 2, "statm": 2, "psi": 2, "stat": 1, "sigint switches": 2}
+
+
+@pytest.mark.parametrize("held, cell, totals", [
+    ("[0] * 10", "x = 1", 2),      # x held a list: its release may be large
+    ("1", "x = 1; y = 2", 2),      # two statements: not a one-line binding
+    ("1", "x = y", 0),             # y's object is shared, x's 1 released: nothing large
+])
+def test_glibc_totals_are_read_unless_the_cell_allocates_little(ip, reads, held, cell, totals):
+    ip.run_cell(f"x = {held}\ny = 3")
+    ip.run_cell("%gpuprofile on -q")
+    try:
+        ip.run_cell("warm = 1", store_history=True)
+        reads.clear()
+        ip.run_cell(cell, store_history=True)
+        seen = dict(reads)
+    finally:
+        ip.run_cell("%gpuprofile off")
+    # mallinfo2 at the start and at the stop = 2, or not at all
+    assert seen.get("mallinfo2", 0) == totals
 
 
 def _rss():
@@ -91,7 +112,7 @@ def test_a_bound_above_rss_reads_status_at_both_ends(ip, reads, monkeypatch):
         ip.run_cell("%gpuprofile off")
     seen.pop("clear_refs", None)  # written only when the mark is above RSS
     # statm then status at each end: 2 + 2; the rest as above
-    assert seen == {"statm": 2, "status": 2, "psi": 2, "stat": 1, "mallinfo2": 2, "sigint switches": 2}
+    assert seen == {"statm": 2, "status": 2, "psi": 2, "stat": 1, "sigint switches": 2}
 
 
 def test_the_bound_is_the_mark_or_above():

@@ -12,6 +12,7 @@ import functools
 import keyword
 import linecache
 import re
+import sys
 import types
 
 from tunekit.core.records import ProfileRecord
@@ -316,16 +317,42 @@ _ONE_BINDING = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(?:(?:0|[1-9][0
 _CONSTANTS = frozenset({"True", "False", "None"})
 
 
+def _one_binding(source: str) -> tuple[str, str | None] | None:
+    """(the name bound, the name read or None) of a one-line binding (`_ONE_BINDING`), else None."""
+    m = _ONE_BINDING.fullmatch(source)
+    if m is None or keyword.iskeyword(m[1]):
+        return None
+    read = m[2]
+    if read is not None and (read in _CONSTANTS or keyword.iskeyword(read)):
+        return (m[1], None) if read in _CONSTANTS else None
+    return m[1], read
+
+
 def inputs(source: str) -> tuple[frozenset, bool]:
     """``(names_read(source), runs_nothing(source))``: what a profiled cell asks before it runs,
     from one parse, and from the caches alone when the cell was seen (a re-run). A one-line
     binding (`_ONE_BINDING`) is read off its text: the same answer, without the parse."""
-    m = _ONE_BINDING.fullmatch(source)
-    if m is not None and not keyword.iskeyword(m[1]) and (m[2] is None or m[2] in _CONSTANTS
-                                                           or not keyword.iskeyword(m[2])):
-        read = m[2]
-        return (frozenset() if read is None or read in _CONSTANTS else frozenset((read,))), True
+    one = _one_binding(source)
+    if one is not None:
+        return (frozenset() if one[1] is None else frozenset((one[1],))), True
     return names_read(source), runs_nothing(source)
+
+
+_SMALL_HELD = 2**20  # what a rebound name may have held for its release to be small
+
+
+def allocates_little(source: str, namespace) -> bool:
+    """Whether a block surely moves glibc's allocation totals by far less than the 16 MiB a
+    record's `memory.rss_unseen` note needs (`meters.rss_blind_note`), so they need not be read:
+    a one-line binding of a literal number or of what another name holds (nothing is made) to a
+    name that held nothing or a number or string under 1 MiB (nothing large is released). Any
+    other block, or other threads' allocations, may move them: False."""
+    one = _one_binding(source)
+    if one is None:
+        return False
+    held = namespace.get(one[0], None)
+    return held is None or (type(held) in (int, float, bool, complex, str, bytes)
+                            and sys.getsizeof(held) < _SMALL_HELD)
 
 
 @functools.lru_cache(maxsize=512)
