@@ -74,11 +74,8 @@ class Probe:
     `models`: None, or a zero-argument callable returning the (name, module) pairs the block reads
     (`fingerprint.modules_seen`); a counted run watches their forward calls, and a model whose
     shape tunekit knows gives the model FLOPs as the Lab computes them (`measure.model_flops`).
-    `inert`: the block's code can run no operation (`fingerprint.runs_nothing`: ``lr = 3e-4``):
-    its count is 0, the one a counter would give, taken without installing one.
-    `allocations`: False for a block that cannot move glibc's allocation totals by the 16 MiB a
-    `memory.rss_unseen` note needs (`fingerprint.allocates_little`): they are not read.
-    """
+    `inert`: the block's code can run no operation (`fingerprint.runs_nothing`: ``lr = 3e-4``): its
+    count is 0, as a counter's, without one. `allocations=False`: glibc's totals are not read."""
 
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
@@ -94,9 +91,9 @@ class Probe:
             peak = validate.real("peak", peak)
         if dtype is not None:
             validate.choice("dtype", dtype, DTYPES)
-        for flag, value, default in (("trace", trace, False), ("memory", memory, False), ("inert", inert, False),
-                                     ("allocations", allocations, True)):
-            if value is not default:  # (the defaults need no check)
+        for flag, value in (("trace", trace), ("memory", memory), ("inert", inert),
+                            ("allocations", allocations is not True and allocations)):  # (defaults: no check)
+            if value is not False:
                 validate.flag(flag, value)
         if flops == "always" and (trace or memory):
             raise ValueError("flops='always' counts every run, and a traced run counts none (the counter "
