@@ -13,9 +13,13 @@ Runs one Jupyter kernel and times, side by side in the same run:
   B. a small training-step cell re-run bare vs under `%%gpuprofile` after its FLOPs were counted
      (steady state: the count is reused, the fingerprint is checked each run).
 Prints per-cell overheads and ratios.
-Usage: python benchmarks/bench_magic_overhead.py [--quick] [N] [HISTORY]   (defaults 200 and 10000)
+Usage: python benchmarks/bench_magic_overhead.py [--quick] [--against DIR] [N] [HISTORY]   (defaults 200 and 10000)
   --quick: A2 alone (the kernel side, the 0.15 ms target), HISTORY 1000 unless given: a few minutes,
            for iterating; the figures to report come from a full run.
+  --against DIR: before/after, side by side: a second kernel imports tunekit from DIR (another
+           checkout, e.g. `git worktree add /tmp/base main`), and A2's window (cells ~20-220) is
+           taken in each kernel in turn, 5 times, so that the machine's load hits both alike;
+           prints each kernel's overhead per cell and their ratio. Nothing else is run.
 """
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ if "-h" in sys.argv or "--help" in sys.argv:
     print(__doc__)
     sys.exit(0)
 QUICK = "--quick" in sys.argv
-_ARGS = [a for a in sys.argv[1:] if a != "--quick"]
+AGAINST = sys.argv[sys.argv.index("--against") + 1] if "--against" in sys.argv else None
+_ARGS = [a for a in sys.argv[1:] if a not in ("--quick", "--against", AGAINST)]
 N = int(_ARGS[0]) if _ARGS else 200
 HISTORY = int(_ARGS[1]) if len(_ARGS) > 1 else 1_000 if QUICK else 10_000
 ROUNDS = 5
@@ -42,24 +47,29 @@ import statistics, time
 from tunekit.measure.conditions import watch
 from tunekit.measure.history import HISTORY
 
+def _t(cells):  # ms per cell: wall, and this thread's CPU time (less moved by other processes)
+    ip = get_ipython()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for c in cells:
+        ip.run_cell(c, store_history=True)
+    return (time.perf_counter() - t0) / len(cells) * 1e3, (time.thread_time() - c0) / len(cells) * 1e3
+
+def _window(tag, rows0, chunk=20, rounds=10):  # chunks alternated: drifts in load hit both alike; new sources
+    ip = get_ipython()
+    bare, prof = [], []
+    with watch(children=False) as w:
+        for r in range(rounds):
+            bare.append(_t([f"{tag}{r}b = {i}" for i in range(chunk)]))
+            ip.run_line_magic("gpuprofile", "on -q")
+            prof.append(_t([f"{tag}{r}p = {i}" for i in range(chunk)]))
+            ip.run_line_magic("gpuprofile", "off")
+    med = lambda xs, k: statistics.median(x[k] for x in xs)
+    return dict(bare=med(bare, 0), prof=med(prof, 0), bare_cpu=med(bare, 1), prof_cpu=med(prof, 1),
+                rows=(rows0, len(HISTORY)), conditions=str(w.conditions))
+
 def _kside(total, chunk=20, rounds=10):
     ip = get_ipython()
-    def t(cells):  # ms per cell: wall, and this thread's CPU time (less moved by other processes)
-        t0, c0 = time.perf_counter(), time.thread_time()
-        for c in cells:
-            ip.run_cell(c, store_history=True)
-        return (time.perf_counter() - t0) / len(cells) * 1e3, (time.thread_time() - c0) / len(cells) * 1e3
-    def window(tag):  # chunks alternated, so drifts in load hit both alike; each cell a new source
-        bare, prof = [], []
-        with watch(children=False) as w:
-            for r in range(rounds):
-                bare.append(t([f"{tag}{r}b = {i}" for i in range(chunk)]))
-                ip.run_line_magic("gpuprofile", "on -q")
-                prof.append(t([f"{tag}{r}p = {i}" for i in range(chunk)]))
-                ip.run_line_magic("gpuprofile", "off")
-        med = lambda xs, k: statistics.median(x[k] for x in xs)
-        return dict(bare=med(bare, 0), prof=med(prof, 0), bare_cpu=med(bare, 1), prof_cpu=med(prof, 1),
-                    rows=(rows0, len(HISTORY)), conditions=str(w.conditions))
+    window = lambda tag: _window(tag, rows0, chunk, rounds)
     ip.run_line_magic("gpuprofile", "on -q")
     while len(HISTORY) < 20:  # the window: cells ~20-220
         ip.run_cell(f"w = {len(HISTORY)}", store_history=True)
@@ -89,7 +99,58 @@ def time_cells(kc, cells):
     return time.perf_counter() - t0
 
 
+def _kernel(path=None):
+    """A started kernel (and its client) with tunekit loaded, from `path` when given."""
+    import os
+
+    env = {**os.environ, **({"PYTHONPATH": os.path.abspath(path)} if path is not None else {})}
+    km, kc = start_new_kernel(kernel_name="python3", env=env)
+    run(kc, "import torch, tunekit\n%load_ext tunekit")
+    time_cells(kc, [f"w = {i}" for i in range(20)])          # warm the kernel
+    run(kc, KERNEL_SIDE)
+    run(kc, "get_ipython().run_line_magic('gpuprofile', 'on -q')\n"
+            "for _i in range(20): get_ipython().run_cell(f'w = {_i}', store_history=True)\n"
+            "get_ipython().run_line_magic('gpuprofile', 'off')")   # the window: cells ~20-220, as A2's early one
+    out = []
+    kc.execute_interactive("print(tunekit.__file__)", timeout=60,
+                           output_hook=lambda m: out.append(m["content"].get("text", ""))
+                           if m["msg_type"] == "stream" else None)
+    return km, kc, "".join(out).strip()
+
+
+def side_by_side(other, times=5):
+    """A2's early window in this checkout's kernel and in `other`'s, alternated `times` times."""
+    kernels = [_kernel(), _kernel(other)]
+    try:
+        got = [[], []]
+        for r in range(times):
+            for k, (_, kc, _) in enumerate(kernels):
+                out = []
+                kc.execute_interactive(f"print(repr(_window('k{k}r{r}', len(HISTORY))))", timeout=600,
+                                       output_hook=lambda m: out.append(m["content"].get("text", ""))
+                                       if m["msg_type"] == "stream" else None)
+                got[k].append(ast.literal_eval("".join(out).strip()))
+        print(f"A2 side by side: {times} windows in each kernel, alternated (chunks of 20 cells bare and 20 "
+              "under `on -q`, medians of 10 chunks per window); overhead per cell, ms (the kernel thread's CPU time)")
+        over = []
+        for (_, _, where), ws in zip(kernels, got):
+            o = [w["prof"] - w["bare"] for w in ws]
+            c = [w["prof_cpu"] - w["bare_cpu"] for w in ws]
+            over.append((statistics.median(o), statistics.median(c)))
+            print(f"   {where}: median {over[-1][0]:.3f} ({over[-1][1]:.3f}); windows "
+                  + ", ".join(f"{a:.3f}" for a in o) + f"; last window {ws[-1]['conditions']}")
+        verdict = "PASS" if over[0][0] <= TARGET_MS else "FAIL"
+        print(f"   this checkout / the other: {over[0][0] / over[1][0]:.2f}x wall, {over[0][1] / over[1][1]:.2f}x CPU; "
+              f"target <= {TARGET_MS} ms: {verdict} ({over[0][0]:.3f}, this checkout)")
+    finally:
+        for km, kc, _ in kernels:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+
+
 def main():
+    if AGAINST is not None:
+        return side_by_side(AGAINST)
     km, kc = start_new_kernel(kernel_name="python3")
     try:
         run(kc, "import torch, tunekit\n%load_ext tunekit")

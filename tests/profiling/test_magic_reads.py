@@ -1,13 +1,17 @@
 """What `%gpuprofile on` reads from the kernel per trivial cell: counted, not timed (issue 39).
 
-Each figure a record carries comes from one read: /proc/self/status once at the start (VmHWM, to
-know whether to reset it, and VmRSS) and once at the stop (both again), the CPU-wait counter
-(PSI) at both ends, the machine's CPU counters (/proc/stat) at the start only (a short block
-leaves them unread at the stop: its clock ticks could not tell), glibc's allocation totals at both
-ends, and SIGINT's handler switched once in and once out for the whole cell.
+Each figure a record carries comes from one read: RSS from /proc/self/statm and a bound of its
+high-water mark from getrusage (~1 us) at the start and at the stop (/proc/self/status, ~25 us,
+only when the bound does not settle the peak: memory freed since the last peak, a temporary in
+the block), the CPU-wait counter (PSI) at both ends, the machine's CPU counters (/proc/stat) at
+the start only (a short block leaves them unread at the stop: its clock ticks could not tell),
+glibc's allocation totals at both ends (not for a one-line binding that makes nothing and releases
+nothing large: `fingerprint.allocates_little`), and SIGINT's handler switched once in and once
+out for the whole cell. A one-line binding (`x = 1`) is not parsed either (`fingerprint.inputs`).
 """
 import collections
 import os
+import resource
 
 import pytest
 
@@ -32,6 +36,10 @@ def reads(monkeypatch):
 
     monkeypatch.setattr(meters._PROC, "read", counted("proc", meters._PROC.read))
     monkeypatch.setattr(meters._PROC, "reset_hwm", counted("clear_refs", meters._PROC.reset_hwm))
+    # getrusage's bound of the high-water mark, as it reads when no memory was freed since the last
+    # peak and no parent's peak sits above (the usual case; whether it is, the load and the process
+    # that started this one decide): the mark's value, which is RSS then
+    monkeypatch.setattr(meters, "_mark_bound", counted("getrusage", _rss))
     monkeypatch.setattr(meters._MALLINFO, "in_use", counted("mallinfo2", meters._MALLINFO.in_use))
     monkeypatch.setattr(mc._COUNTERS, "read", counted("counters", mc._COUNTERS.read))
     # a cell is short: the stop leaves /proc/stat unread (held so, whatever the machine's load)
@@ -59,10 +67,60 @@ def test_a_trivial_profiled_cell_reads_each_figure_once(ip, reads):
         seen = dict(reads)
     finally:
         ip.run_cell("%gpuprofile off")
-    seen.pop("clear_refs", None)  # written only when memory was freed since the last peak
-    # status: start + stop = 2; psi: start + stop = 2; stat: start only = 1; mallinfo2: start + stop = 2;
-    # SIGINT's handler: in at pre_run_cell, out at post_run_cell = 2
-    assert seen == {"status": 2, "psi": 2, "stat": 1, "mallinfo2": 2, "sigint switches": 2}
+    # getrusage then statm: start + stop = 2 each, no status (the bound is at RSS: hwm = RSS at
+    # the start, and at the stop no peak above RSS); psi: start + stop = 2; stat: start only = 1;
+    # no mallinfo2 (x = 1 makes and releases nothing large); SIGINT's handler: in at
+    # pre_run_cell, out at post_run_cell = 2
+    assert seen == {"getrusage": 2, "statm": 2, "psi": 2, "stat": 1, "sigint switches": 2}
+
+
+@pytest.mark.parametrize("held, cell, totals", [
+    ("[0] * 10", "x = 1", 2),      # x held a list: its release may be large
+    ("1", "x = 1; y = 2", 2),      # two statements: not a one-line binding
+    ("1", "x = y", 0),             # y's object is shared, x's 1 released: nothing large
+])
+def test_glibc_totals_are_read_unless_the_cell_allocates_little(ip, reads, held, cell, totals):
+    ip.run_cell(f"x = {held}\ny = 3")
+    ip.run_cell("%gpuprofile on -q")
+    try:
+        ip.run_cell("warm = 1", store_history=True)
+        reads.clear()
+        ip.run_cell(cell, store_history=True)
+        seen = dict(reads)
+    finally:
+        ip.run_cell("%gpuprofile off")
+    # mallinfo2 at the start and at the stop = 2, or not at all
+    assert seen.get("mallinfo2", 0) == totals
+
+
+def _rss():
+    """RSS in bytes, read past the counter."""
+    return int(type(meters._PROC).read(meters._PROC, "statm").split()[1]) * meters._PAGE
+
+
+def test_a_bound_above_rss_reads_status_at_both_ends(ip, reads, monkeypatch):
+    # memory freed since the last peak (or a parent's peak inherited through exec): the bound
+    # settles nothing, so status is read at each end, as before the bound (1 MiB above RSS)
+    monkeypatch.setattr(meters, "_mark_bound", lambda: _rss() + 2**20)
+    ip.run_cell("%gpuprofile on -q")
+    try:
+        ip.run_cell("warm = 1", store_history=True)
+        reads.clear()
+        ip.run_cell("x = 1", store_history=True)
+        seen = dict(reads)
+    finally:
+        ip.run_cell("%gpuprofile off")
+    seen.pop("clear_refs", None)  # written only when the mark is above RSS
+    # statm then status at each end: 2 + 2; the rest as above
+    assert seen == {"statm": 2, "status": 2, "psi": 2, "stat": 1, "sigint switches": 2}
+
+
+def test_the_bound_is_the_mark_or_above():
+    # ru_maxrss (KiB) is computed as VmHWM is, or is the parent's peak when that is larger; read
+    # after status, it may lag the kernel's batched page counters (a few hundred KiB, 4 MiB allowed)
+    hwm, _ = meters._hwm_rss_bytes()
+    for who in (resource.RUSAGE_SELF, meters._RUSAGE):
+        assert resource.getrusage(who).ru_maxrss * 1024 >= hwm - 4 * 2**20
 
 
 def test_a_bare_cell_reads_nothing(ip, reads):

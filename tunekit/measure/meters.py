@@ -152,19 +152,20 @@ def rss_blind_note(rss_delta: float, alloc_delta: float | None):
     allocations (Python's own arenas, libraries, stacks): only what it missed is said."""
     if alloc_delta is None or is_missing(rss_delta):
         return None
+    grew = alloc_delta - max(rss_delta, 0) > _RSS_BLIND
+    if not grew and -alloc_delta - max(-rss_delta, 0) <= _RSS_BLIND:  # (no import statement run)
+        return None
     from tunekit.core.fmt import fmt_bytes
     from tunekit.core.notes import Note
 
-    if alloc_delta - max(rss_delta, 0) > _RSS_BLIND:
+    if grew:
         return Note("memory.rss_unseen",
                     f"RSS {fmt_bytes(rss_delta, True)}, but the block's allocations grew by "
                     f"{fmt_bytes(alloc_delta)}: the allocator reused memory this process already held, which "
                     "RSS does not count again (the CPU peak under-reads the same way)")
-    if -alloc_delta - max(-rss_delta, 0) > _RSS_BLIND:
-        return Note("memory.rss_unseen",
-                    f"RSS {fmt_bytes(rss_delta, True)}, but the block freed {fmt_bytes(-alloc_delta)} of "
-                    "allocations: glibc keeps freed heap memory for reuse, so RSS did not fall")
-    return None
+    return Note("memory.rss_unseen",
+                f"RSS {fmt_bytes(rss_delta, True)}, but the block freed {fmt_bytes(-alloc_delta)} of "
+                "allocations: glibc keeps freed heap memory for reuse, so RSS did not fall")
 
 
 def _vm_hwm_bytes() -> int | None:
@@ -182,6 +183,21 @@ def _hwm_rss_bytes() -> tuple[int | None, int | None]:
     k = text.find(b"VmRSS:", j)
     rss = int(text[k + 6:text.index(b"kB", k)]) * 1024 if k >= 0 else None
     return int(text[i + 6:j]) * 1024, rss
+
+
+_BOUND = {"parent": 0}  # getrusage's ru_maxrss inherited through exec (the parent's peak), once seen
+# this thread's usage: the same memory figure, without summing the CPU times of every thread
+_RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF) if sys.platform == "linux" else None
+
+
+def _mark_bound() -> int | None:
+    """VmHWM as getrusage gives it, in bytes (~1 us; status: ~25 us): ru_maxrss is computed as
+    VmHWM is (the larger of the stored mark and RSS now), or is the peak of what the process
+    replaced at exec (its parent's) when larger: then, once seen above this RSS, None (as off
+    Linux). Read before RSS: the stored mark only grows (tunekit alone resets it), so a bound at
+    most the RSS read after it says the mark is at RSS (to the counters' batching, as status)."""
+    bound = None if _RUSAGE is None else resource.getrusage(_RUSAGE).ru_maxrss * 1024
+    return None if bound is None or bound <= _BOUND["parent"] else bound
 
 
 def _reset_hwm() -> bool:
@@ -208,11 +224,12 @@ class CpuPeak:
     Meters nest: before an inner meter resets VmHWM, the peak so far is handed to the outer ones.
     """
 
-    def __init__(self):
+    def __init__(self, allocations: bool = True):
         self.exact = _HAS_PROC
         self.note = self.unseen = None  # unseen: what RSS missed (rss_blind_note)
         self.alloc0 = None
         self.hwm_seen = 0
+        self.allocations = allocations  # False: no mallinfo2 (2-40 us), no rss_unseen note
 
     def start(self) -> int:
         rss = None
@@ -220,19 +237,24 @@ class CpuPeak:
             # Reset only when the high-water mark sits above the current RSS (memory was freed
             # since the last peak). When they are equal, any growth in the block raises it anyway,
             # and skipping the write matters: it can cost IPython ~0.5 ms a cell in its history
-            # thread, which is most of `%gpuprofile on`'s budget. One read gives both figures
-            # (and the start's RSS: resetting the mark leaves RSS as it is).
-            hwm, rss = _hwm_rss_bytes()
-            if rss is None:
-                rss = cpu_rss_bytes()
-            if hwm is None or hwm > rss:
-                for outer in _ACTIVE_CPU:  # hand the peak so far to the enclosing meters
-                    outer.hwm_seen = max(outer.hwm_seen, hwm or 0)
-                self.exact = _reset_hwm()
+            # thread, which is most of `%gpuprofile on`'s budget. Equal when getrusage's bound is
+            # at most statm's RSS (hwm <= bound <= rss <= hwm), else one status read gives both
+            # figures (resetting the mark leaves RSS as it is).
+            bound = _mark_bound()
+            rss = None if bound is None else cpu_rss_bytes()  # after the bound: see _mark_bound
+            if rss is None or bound > rss:
+                hwm, rss = _hwm_rss_bytes()
+                if bound is not None and hwm is not None and bound > hwm + 2**20:  # (beyond the batching)
+                    _BOUND["parent"] = bound  # ru_maxrss = max(parent's, hwm) > hwm: the parent's
+                rss = cpu_rss_bytes() if rss is None else rss
+                if hwm is None or hwm > rss:
+                    for outer in _ACTIVE_CPU:  # hand the peak so far to the enclosing meters
+                        outer.hwm_seen = max(outer.hwm_seen, hwm or 0)
+                    self.exact = _reset_hwm()
         if not self.exact:
             self.note = "CPU peak is exact only where /proc/self/clear_refs works"
         self._maxrss0 = None if self.exact else _maxrss_bytes()
-        self.alloc0 = malloc_in_use_bytes()
+        self.alloc0 = malloc_in_use_bytes() if self.allocations else None
         self.rss0 = cpu_rss_bytes() if rss is None else rss
         _ACTIVE_CPU.append(self)
         return self.rss0
@@ -242,8 +264,14 @@ class CpuPeak:
         if self in _ACTIVE_CPU:
             _ACTIVE_CPU.remove(self)
         hwm = rss1 = None
-        if self.exact:  # both from one read, taken at one instant
-            hwm, rss1 = _hwm_rss_bytes()
+        if self.exact:
+            # bound first, RSS after: a bound at most what the block is known to have reached
+            # (RSS now or at the start, a nested meter's peak) is the peak; else read status
+            bound = _mark_bound()
+            rss1 = None if bound is None else cpu_rss_bytes()
+            hwm = bound if rss1 is not None and bound <= max(rss1, self.hwm_seen, self.rss0) else None
+            if hwm is None:
+                hwm, rss1 = _hwm_rss_bytes()
         if rss1 is None:
             rss1 = cpu_rss_bytes()
         alloc1 = malloc_in_use_bytes() if self.alloc0 is not None else None

@@ -7,6 +7,7 @@ loudly naming it, instead of a measurement going silently wrong.
 from __future__ import annotations
 
 import inspect
+import sys
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -24,11 +25,21 @@ def count_hook_signature() -> tuple:
     return tuple(inspect.signature(getattr(FlopCounterMode, COUNT_HOOK)).parameters)
 
 
-def dispatch_mode_stack() -> list:
-    """The torch dispatch modes now active (innermost last)."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+_STACK: list = []  # (its length, the stack): torch's functions, looked up once
 
-    return list(_get_current_dispatch_mode_stack())
+
+def dispatch_mode_stack() -> list:
+    """The torch dispatch modes now active (innermost last). Asked before and after every
+    profiled cell: an empty stack (the usual case) is told by its length alone, without an import
+    statement or a list per call."""
+    if not _STACK:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        _STACK.append((getattr(torch._C, "_len_torch_dispatch_stack", None), _get_current_dispatch_mode_stack))
+    length, stack = _STACK[0]
+    if length is not None and length() == 0:
+        return []
+    return list(stack())
 
 
 def is_flop_counter(mode) -> bool:
@@ -91,8 +102,6 @@ def op_argument_names(packet) -> list[str]:
 def compiled_graphs() -> int | None:
     """Graphs Dynamo has compiled in this process so far; None while Dynamo was never used.
     (Dynamo's own counters: the public API has no such count.)"""
-    import sys
-
     utils = sys.modules.get("torch._dynamo.utils")
     return None if utils is None else int(utils.counters["stats"]["unique_graphs"])
 

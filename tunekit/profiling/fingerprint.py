@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import keyword
 import linecache
+import re
+import sys
 import types
 
 from tunekit.core.records import ProfileRecord
@@ -307,10 +310,34 @@ def _parsed(source: str):
         return None
 
 
+# a one-line binding of a name to a number or a name (`lr = 3e-4`, `x = y`): read without a parse
+_ONE_BINDING = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?"
+                          r"|([A-Za-z_][A-Za-z0-9_]*))[ \t]*\n?")
+
+
+def _one_binding(source: str) -> tuple[str, str | None] | None:
+    """(the name bound, the name read or None) of a one-line binding (`_ONE_BINDING`), else None."""
+    m = _ONE_BINDING.fullmatch(source)
+    read = m and m[2]
+    bad = m is None or keyword.iskeyword(m[1]) or (read not in ("True", "False", "None") and keyword.iskeyword(read))
+    return None if bad else (m[1], None if read in ("True", "False", "None") else read)
+
+
 def inputs(source: str) -> tuple[frozenset, bool]:
-    """``(names_read(source), runs_nothing(source))``: what a profiled cell asks before it runs,
-    from one parse, and from the caches alone when the cell was seen (a re-run)."""
-    return names_read(source), runs_nothing(source)
+    """``(names_read(source), runs_nothing(source))``: what a profiled cell asks before it runs, from
+    one parse, from the caches on a re-run, from the text of a one-line binding (~15 us less)."""
+    one = _one_binding(source)
+    return (frozenset(one[1:]) - {None}, True) if one else (names_read(source), runs_nothing(source))
+
+
+def allocates_little(source: str, namespace) -> bool:
+    """Whether a block surely moves glibc's allocation totals by far less than a `memory.rss_unseen`
+    note's 16 MiB: a one-line binding (nothing made) to a name that held nothing, or a number or
+    string under 1 MiB (nothing large released). Anything else, or other threads, may: False."""
+    one = _one_binding(source)
+    held = None if one is None else namespace.get(one[0], None)
+    return one is not None and (held is None or (type(held) in (int, float, bool, complex, str, bytes)
+                                                 and sys.getsizeof(held) < 2**20))
 
 
 @functools.lru_cache(maxsize=512)

@@ -18,7 +18,7 @@ from tunekit.core.summary import Summary
 from tunekit.measure.history import HISTORY, source_key
 from tunekit.measure.interrupts import closes_gate, deferred_interrupt, opens_gate
 from tunekit.profiling.cell_check import cell_syntax_error, install, uninstall
-from tunekit.profiling.fingerprint import fingerprint, inputs, modules_seen, names_read
+from tunekit.profiling.fingerprint import allocates_little, fingerprint, inputs, modules_seen, names_read
 from tunekit.profiling.options import check, explain_record, planned
 from tunekit.profiling.probe import FLOPS_MODES, Probe
 
@@ -272,7 +272,8 @@ class GpuProfileMagics(Magics):
         models = lambda: modules_seen(self.shell.user_ns, names)  # noqa: E731
         return Probe(f"In[{self.shell.execution_count}]", key=source_key(code), fingerprint=fp,
                      flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype,
-                     models=models, inert=inert).start()
+                     models=models, inert=inert,
+                     allocations=not allocates_little(code, self.shell.user_ns)).start()
 
     def _close_left(self, shield):
         probe, self._probe = self._probe, None

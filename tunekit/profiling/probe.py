@@ -74,14 +74,13 @@ class Probe:
     `models`: None, or a zero-argument callable returning the (name, module) pairs the block reads
     (`fingerprint.modules_seen`); a counted run watches their forward calls, and a model whose
     shape tunekit knows gives the model FLOPs as the Lab computes them (`measure.model_flops`).
-    `inert`: the block's code can run no operation (`fingerprint.runs_nothing`: ``lr = 3e-4``):
-    its count is 0, the one a counter would give, taken without installing one.
-    """
+    `inert`: the block's code can run no operation (`fingerprint.runs_nothing`: ``lr = 3e-4``): its
+    count is 0, as a counter's, without one. `allocations=False`: glibc's totals are not read."""
 
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None,
-                 inert: bool = False):
+                 inert: bool = False, allocations: bool = True):
         validate.text("name", name)
         validate.optional_callable("models", models, "(name, module) pairs")
         if flops != "auto":  # (defaults need no check: every profiled cell makes a probe)
@@ -92,7 +91,8 @@ class Probe:
             peak = validate.real("peak", peak)
         if dtype is not None:
             validate.choice("dtype", dtype, DTYPES)
-        for flag, value in (("trace", trace), ("memory", memory), ("inert", inert)):
+        for flag, value in (("trace", trace), ("memory", memory), ("inert", inert),
+                            ("allocations", allocations is not True and allocations)):  # (defaults: no check)
             if value is not False:
                 validate.flag(flag, value)
         if flops == "always" and (trace or memory):
@@ -102,7 +102,7 @@ class Probe:
         self.trace, self.memory, self.tracer, self.energy = trace, memory, None, None
         self._fp, self._models, self.tap = fingerprint, models, None
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
-        self.history, self.inert = history, inert
+        self.history, self.inert, self.allocations = history, inert, allocations
         self.counter, self.stale = None, False
         self.conditions = self.t0 = None
         self.running = False
@@ -155,7 +155,7 @@ class Probe:
         # block, say) measures the counter too: such a run must not report TFLOPS.
         self.under_counter = _counting_active()
         self.graphs0 = _compiled_graphs()
-        self.cpu, self.cuda = CpuPeak(), CudaMeter()
+        self.cpu, self.cuda = CpuPeak(self.allocations), CudaMeter()
         self.cpu.start()
         self.cuda.start()
         if self.count_now:
