@@ -43,9 +43,8 @@ Left out (they name what tunekit does not model):
 The llm-foundry bf16 tables hold 191 rows (H100 52, A100 80GB 61, A100 40GB 78); the 77 here span
 each table's sequence lengths (512 to 65536), every model size (125m to 70b) and 8 to 128 GPUs.
 
-Not compared yet: the 16 A100 40GB rows print "none": core/efficiency.py has no streaming-bandwidth
-fraction for the A100 40GB (BANDWIDTH_FRACTION), so plan.expected is None there (its note says so).
-They stay in the data, planned as published, for when that figure has a source.
+The 16 A100 40GB rows have no measurement of their own card: its GPU row borrows the A100 80GB's
+matmul and streaming shares (core/gpus.py, `borrows`: the same GA100 chip), applied to its own figures.
 
 Not explained (issue 39 item 7): MPT-30b on 8 GPUs at 1 x 8192 (A100 80GB 1.46, H100 1.35; its 1 x 4096
 sibling 1.07 and 1.13). Looked at, and why none of it is the answer:
