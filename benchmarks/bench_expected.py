@@ -68,6 +68,10 @@ sibling 1.07 and 1.13). Looked at, and why none of it is the answer:
   allocator frees and re-reserves its cache (cudaMalloc retries). That has no public size, tunekit
   charges no time for a full card, and the plan's own memory does not single the row out: 13b at
   5 x 8192 plans at 0.93 (1.00 with accumulation's gradients) and matches its published run.
+- the published conditions: sweep.sh at b2a43a1 submits 30b at 8192 as micro-batch 2 x accumulation 1
+  (global batch 16), the table's row reads 1 x 21 (global 168, from the run's log): it came from a
+  submission the repository does not hold (its 4096 row matches sweep.sh's 1 x 21), so how it was run
+  beyond the table's columns is not known.
 So the row stays as published and planned, its error in the figures: a cost tunekit does not see.
 
     .venv/bin/python benchmarks/bench_expected.py          # the published runs
