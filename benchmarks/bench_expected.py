@@ -43,9 +43,36 @@ Left out (they name what tunekit does not model):
 The llm-foundry bf16 tables hold 191 rows (H100 52, A100 80GB 61, A100 40GB 78); the 77 here span
 each table's sequence lengths (512 to 65536), every model size (125m to 70b) and 8 to 128 GPUs.
 
-Not compared yet: the 16 A100 40GB rows print "none": core/efficiency.py has no streaming-bandwidth
-fraction for the A100 40GB (BANDWIDTH_FRACTION), so plan.expected is None there (its note says so).
-They stay in the data, planned as published, for when that figure has a source.
+The 16 A100 40GB rows have no measurement of their own card: its GPU row borrows the A100 80GB's
+matmul and streaming shares (core/gpus.py, `borrows`: the same GA100 chip), applied to its own figures.
+
+Not explained (issue 39 item 7): MPT-30b on 8 GPUs at 1 x 8192 (A100 80GB 1.46, H100 1.35; its 1 x 4096
+sibling 1.07 and 1.13). Looked at, and why none of it is the answer:
+- attention: the published table's own MFU (attention FLOPs counted) puts the loss in the run, not the
+  kernel: A100 30b 55.3% (2048), 51.4% (4096), 39.4% (8192), while 13b holds 56.1% at 5 x 8192 and 51.7%
+  at 1 x 32768 and 7b 54.5% at 8 x 8192 and 47.0% at 1 x 65536, all on the same yaml settings (attn_impl
+  triton, head dim 128, FULL_SHARD, checkpointing, amp_bf16 DEFAULT). 30b's attention share at a given
+  sequence is the smallest of the three (attention/matmul per token grows as seq/d_model), so no Triton
+  figure that keeps 13b and 7b where they are (1.03 at 8192) can slow 30b by 30%. The kernel autotunes
+  its backward between a grid of batch x heads and a sequence-parallel one (llm-foundry v0.3.0
+  flash_attn_triton.py, SEQUENCE_PARALLEL False/True), so 56 heads at micro-batch 1 leave no SMs idle.
+- the op table, A100, per micro-step 4096 -> 8192: matmul 3.36 -> 6.70 s, attention 0.49 -> 1.80,
+  memory-bound 0.70 -> 1.09, optimizer 0.06, collectives 0.12 (exposed + overlap slowdown) both:
+  4.72 -> 9.76 s for twice the tokens, 3% more per token; the published run 42% more (5.0 -> 14.3 s).
+- collectives and the optimizer do not grow with the sequence (FSDP gathers per micro-step), and gradient
+  accumulation (21 for every 30b row) amortizes the optimizer step in both rows alike.
+- memory: the 30b rows are the only ones whose sharded fp32 weights, gradients and AdamW states take
+  60 GB of the 80 GB card (16 B x 30.0e9 / 8), and under accumulation the sharded gradients stay live
+  through each micro-step's forward (not planned: one micro-step), so 8192 would sit at ~0.92 of the
+  card (static 55.9 GiB + activations 12.6 + gathered blocks 3.1 + fixed 2.0 of 80), where a caching
+  allocator frees and re-reserves its cache (cudaMalloc retries). That has no public size, tunekit
+  charges no time for a full card, and the plan's own memory does not single the row out: 13b at
+  5 x 8192 plans at 0.93 (1.00 with accumulation's gradients) and matches its published run.
+- the published conditions: sweep.sh at b2a43a1 submits 30b at 8192 as micro-batch 2 x accumulation 1
+  (global batch 16), the table's row reads 1 x 21 (global 168, from the run's log): it came from a
+  submission the repository does not hold (its 4096 row matches sweep.sh's 1 x 21), so how it was run
+  beyond the table's columns is not known.
+So the row stays as published and planned, its error in the figures: a cost tunekit does not see.
 
     .venv/bin/python benchmarks/bench_expected.py          # the published runs
     .venv/bin/python benchmarks/bench_expected.py 30b H100 # only the runs whose label holds one of these

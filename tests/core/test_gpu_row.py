@@ -69,6 +69,28 @@ def test_a_copy_of_a_row_under_another_name_plans_to_the_same_figures(monkeypatc
                                                                       a.expected.step_s)
 
 
+def test_a_cards_node_network_is_a_field_of_its_row(monkeypatch):
+    # the NICs a multi-node collective leaves by come from the row (no table keyed by card name):
+    # the H100 SXM's row renamed plans the same collectives over 2 nodes of 8
+    from tunekit.planning.shard import ONE_NIC, node_net
+
+    h100 = specs.gpu("H100 SXM")
+    twin = dataclasses.replace(h100, name="Twin GPU 80GB", match=("twin gpu",))
+    slow = dataclasses.replace(CARD, node_net=Sourced((2, 24.0), "two HDR NICs a node (test card)"))
+    monkeypatch.setattr(gpus, "GPUS", gpus.GPUS + (twin, slow))
+    assert node_net(twin.name) == (8, 47.0, h100.node_net.source) and dict(twin.figures())["node_net"].value[0] == 8
+    assert node_net(slow.name) == (2, 24.0, "two HDR NICs a node (test card)")
+    assert node_net("L4") == ONE_NIC and specs.gpu("L4").node_net is None   # a row without one: one NIC assumed
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    a, b = (tunekit.plan(cfg, name, precision="bf16", parallel="fsdp", world_size=16, nodes=2, **CFG, verbose=False)
+            for name in ("H100 SXM", twin.name))
+    assert set(a.comm) == {"all_gather/inter", "reduce_scatter/inter"} and b.comm == a.comm
+    with pytest.raises(ValueError, match=r"GPU 'Test GPU 48GB': node_net=8: \(NICs per node, GB/s NCCL reaches"):
+        dataclasses.replace(CARD, node_net=Sourced(8, "a data sheet"))
+    with pytest.raises(ValueError, match=r"GPU 'Test GPU 48GB': node_net GB/s per NIC=0: a positive number"):
+        dataclasses.replace(CARD, node_net=Sourced((8, 0), "a data sheet"))
+
+
 def test_the_row_is_in_the_dashboards_picker(card, tmp_path):
     from tunekit.lab.lab import Lab
 

@@ -81,7 +81,6 @@ def _sourced():
     yield "WAVE_SOURCE", efficiency.WAVE_SOURCE
     yield "CUDA_CONTEXT", device.CUDA_CONTEXT[1]
     yield "NCCL_BUFFERS", shard.NCCL_BUFFERS[1]
-    yield from ((f"NODE_NETS {k}", v[-1]) for k, v in shard.NODE_NETS.items())
     yield "ONE_NIC", shard.ONE_NIC[-1]
 
 

@@ -57,6 +57,8 @@ class GPU:
     sms: Sourced | None = None         # streaming multiprocessors (the waves a tiled matmul fills)
     attention: dict = field(default_factory=dict)   # {kernel: Sourced(((head_dim|None, seq, share), ...))}
     link: Sourced | None = None        # GPU-to-GPU inside a node, GB/s each way per GPU
+    node_net: Sourced | None = None    # (NICs per node, GB/s NCCL reaches through each) of the node the card
+                                       # ships in: what a collective across nodes leaves by (None: one NIC assumed)
     platform: Literal["cuda", "rocm"] = "cuda"
     capability: Sourced | None = None  # CUDA compute capability (major, minor): what torch's SDPA dispatch reads
     blas_workspace: Sourced | None = None   # bytes of one BLAS workspace where torch's CUDA rule does not give it
@@ -103,6 +105,11 @@ class GPU:
             fig = getattr(self, name)
             if fig is not None:
                 positive(name, fig.value)
+        if self.node_net is not None:
+            net = self.node_net.value
+            if not (isinstance(net, tuple) and len(net) == 2 and isinstance(net[0], int) and net[0] > 0):
+                refuse(f"node_net={net!r}: (NICs per node, GB/s NCCL reaches through each)")
+            positive("node_net GB/s per NIC", net[1])
         if self.bandwidth_share is not None and not 0 < self.bandwidth_share.value <= 1:
             refuse(f"bandwidth_share={self.bandwidth_share.value!r}: a share in (0, 1]")
         if self.memory_kind not in MEMORY_RULES:

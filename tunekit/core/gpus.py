@@ -42,6 +42,26 @@ def _link(gbs: float, what: str) -> Sourced:
 _NVLINK4 = _link(450, "NVLink 4, 900 GB/s both ways")
 _GEN4, _GEN3 = _link(32, "PCIe Gen4 x16"), _link(16, "PCIe Gen3 x16")
 
+# The node a card ships in, what a collective whose ring crosses nodes runs at (`node_net`: NICs per
+# node, GB/s NCCL reaches through each). NCCL builds one ring (channel) per NIC: each leaves the node
+# through its own NIC and the hops inside the node go over NVLink, so the bus bandwidth (nccl-tests
+# doc/PERFORMANCE.md: an all-gather of S bytes over n ranks takes S (n-1)/n / busbw) of a collective over
+# whole nodes is the node's NICs together or NVLink, whichever is lower ("add more NICs ... you should get
+# more bandwidth, up to ... the NVLink intra-node bandwidth", NVIDIA/nccl#412). Measured: 2 HGX A100
+# nodes with 4 x 200 Gb/s HDR reach 91 GB/s (NVIDIA/nccl-tests#100: 4 NICs x 23); 4 HGX H100 nodes with
+# 8 x 400 Gb/s NDR reach 366 GB/s (NVIDIA/nccl-tests#309: 8 x 46). Per NIC, what NCCL reaches: HDR
+# 200 Gb/s 24 GB/s (NVIDIA/nccl#412), NDR 400 Gb/s 46-48 GB/s, 47 taken (NVIDIA/nccl-tests#290, #267).
+# A card without one (PCIe and consumer cards, sold in any chassis): planning.shard.ONE_NIC.
+_NDR = "46-48 GB/s each (NVIDIA/nccl-tests#290)"
+_DGX_A100 = Sourced((8, 24.0), "DGX A100: 8 x ConnectX-6 HDR 200 Gb/s, one per GPU (NVIDIA DGX A100 user guide; "
+                               "mosaicml/llm-foundry scripts/train/benchmarking/README.md: '1600 Gbps node-node "
+                               "interconnect'), 24 GB/s each (NVIDIA/nccl#412)")
+_DGX_H100 = Sourced((8, 47.0), "DGX/HGX H100: 8 x ConnectX-7 NDR 400 Gb/s, one per GPU (NVIDIA DGX H100 user guide), "
+                               + _NDR)
+_GRAND_TETON = Sourced((8, 47.0), "Grand Teton: 400 Gb/s RoCE per GPU (engineering.fb.com 2024/03/12 'Building "
+                                  "Meta's GenAI Infrastructure'), NDR's " + _NDR)
+_DGX_H200 = Sourced((8, 47.0), "DGX H200: 8 x ConnectX-7 400 Gb/s, one per GPU (NVIDIA DGX H200 data sheet), " + _NDR)
+
 # What nvidia-smi / NVML report as a card's total memory (what a process can ever hold, the CUDA
 # context included): modal-labs/modal-client PR #2797 lists H100 81559, A100 80GB 81920, A100 40GB
 # 40960, A10 23028, L40S 46068, L4 23034 and T4 15360 MiB (the GDDR cards with ECC on: below their
@@ -147,12 +167,12 @@ GPUS: tuple[GPU, ...] = (
               "fp16": Sourced(794.5, _MAMF + " (the 700 W SXM's bf16: an upper bound)")},
         sms=Sourced(132, _SMS), attention={"flash": Sourced(_FA2_H100.value, _FA2_H100.source + _UPPER),
                                            "fa3": Sourced(_FA3_H100.value, _FA3_H100.source + _UPPER)},
-        link=_NVLINK4, capability=Sourced((9, 0), _CC)),
+        link=_NVLINK4, node_net=_GRAND_TETON, capability=Sourced((9, 0), _CC)),
     GPU("H100 SXM", ("h100",), _peaks(_MLENG, **_HOPPER_PEAKS), Sourced(80, _MLENG), driver_total=_driver(81559),
         bandwidth=Sourced(3.35, _sheet("NVIDIA H100 SXM")), bandwidth_share=Sourced(3.0 / 3.35, _H100_COPIES),
         mamf=_mamf(794.5, 1402.6), sms=Sourced(132, _SMS),
         attention={"flash": _FA2_H100, "fa3": _FA3_H100, "triton": _TRITON_H100}, link=_NVLINK4,
-        capability=Sourced((9, 0), _CC)),
+        node_net=_DGX_H100, capability=Sourced((9, 0), _CC)),
     # H200 shares H100's compute (its bf16 MAMF is given as the same figure)
     GPU("H200 SXM", ("h200",), _peaks(_MLENG, **_HOPPER_PEAKS), Sourced(141, _MLENG),
         bandwidth=Sourced(4.8, _sheet("NVIDIA H200")),
@@ -160,7 +180,7 @@ GPUS: tuple[GPU, ...] = (
         mamf=_mamf(794.5, note=" (H200: the H100's)") | {"fp16": Sourced(794.5, _MAMF + ", bf16's"),
                                                           "fp8": Sourced(1453.4, _MAMF)},
         sms=Sourced(132, _SMS), attention={"flash": _FA2_H100, "fa3": _FA3_H100, "triton": _TRITON_H100},
-        link=_NVLINK4, capability=Sourced((9, 0), _CC)),
+        link=_NVLINK4, node_net=_DGX_H200, capability=Sourced((9, 0), _CC)),
     GPU("B200", ("b200",), _peaks(_MLENG, 80, 1125, 2250, 4500), Sourced(180, _MLENG),
         bandwidth=Sourced(8.0, _sheet("NVIDIA B200")), mamf=_mamf(1745.0), sms=Sourced(148, _SMS),
         link=_link(900, "NVLink 5, 1.8 TB/s both ways"), capability=Sourced((10, 0), _CC)),
@@ -168,7 +188,8 @@ GPUS: tuple[GPU, ...] = (
         driver_total=_driver(40960),
         bandwidth=Sourced(1.555, "NVIDIA A100 data sheet: 1,555 GB/s for the 40GB (the 80GB SXM: 2,039 GB/s)"),
         sms=Sourced(108, _SMS), attention={"flash": _FA2_A100, "triton": _FA1_A100},
-        link=_link(300, "NVLink 3, 600 GB/s both ways on A100 SXM"), capability=Sourced((8, 0), _CC),
+        link=_link(300, "NVLink 3, 600 GB/s both ways on A100 SXM"), node_net=_DGX_A100,
+        capability=Sourced((8, 0), _CC),
         # no measurement of its own: the 80 GB card's MAMF and bandwidth, as shares of its own figures
         borrows=Sourced("A100 80GB", "the same GA100 chip and clocks (NVIDIA A100 data sheet), HBM2 against the "
                                      "80 GB card's HBM2e")),
@@ -178,7 +199,8 @@ GPUS: tuple[GPU, ...] = (
                                              "(forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/"
                                              "339083)"),
         mamf=_mamf(271.2), sms=Sourced(108, _SMS), attention={"flash": _FA2_A100, "triton": _FA1_A100},
-        link=_link(300, "NVLink 3, 600 GB/s both ways on A100 SXM"), capability=Sourced((8, 0), _CC)),
+        link=_link(300, "NVLink 3, 600 GB/s both ways on A100 SXM"), node_net=_DGX_A100,
+        capability=Sourced((8, 0), _CC)),
     GPU("L40S", ("l40s",), _peaks(_MLENG, 91.6, 183, 362, 733), Sourced(48, _MLENG), memory_kind="gddr-ecc",
         driver_total=_driver(46068), bandwidth=Sourced(0.86, _sheet("NVIDIA L40S")), link=_GEN4,
         capability=Sourced((8, 9), _CC)),

@@ -20,43 +20,29 @@ from __future__ import annotations
 
 from tunekit.core.comm import expected_comm, numel, unit_gathered_numel
 from tunekit.core.memory.answer import STATIC
+from tunekit.core.specs import find_spec
 from tunekit.core.units import GiB
 
-# A node's network, what a collective whose ring crosses nodes runs at. NCCL builds one ring (channel)
-# per NIC: each leaves the node through its own NIC and the hops inside the node go over NVLink, so
-# the bus bandwidth (nccl-tests doc/PERFORMANCE.md: an all-gather of S bytes over n ranks takes
-# S (n-1)/n / busbw) of a collective over whole nodes is the node's NICs together or NVLink,
-# whichever is lower ("add more NICs ... you should get more bandwidth, up to ... the NVLink
-# intra-node bandwidth", NVIDIA/nccl#412). Measured: 2 HGX A100 nodes with 4 x 200 Gb/s HDR reach
-# 91 GB/s (NVIDIA/nccl-tests#100: 4 NICs x 23); 4 HGX H100 nodes with 8 x 400 Gb/s NDR reach 366 GB/s
-# (NVIDIA/nccl-tests#309: 8 x 46). Per NIC, what NCCL reaches: HDR 200 Gb/s 24 GB/s (NVIDIA/nccl#412),
-# NDR 400 Gb/s 46-48 GB/s, 47 taken (NVIDIA/nccl-tests#290, #267).
-# {card: (NICs per node, GB/s NCCL reaches per NIC, the node and its source)}
-NODE_NETS = {
-    "A100": (8, 24.0, "DGX A100: 8 x ConnectX-6 HDR 200 Gb/s, one per GPU (NVIDIA DGX A100 user guide; "
-                      "mosaicml/llm-foundry scripts/train/benchmarking/README.md: '1600 Gbps node-node "
-                      "interconnect'), 24 GB/s each (NVIDIA/nccl#412)"),
-    "H100 SXM": (8, 47.0, "DGX/HGX H100: 8 x ConnectX-7 NDR 400 Gb/s, one per GPU (NVIDIA DGX H100 user guide), "
-                          "46-48 GB/s each (NVIDIA/nccl-tests#290)"),
-    "H100 SXM 96GB": (8, 47.0, "Grand Teton: 400 Gb/s RoCE per GPU (engineering.fb.com 2024/03/12 'Building "
-                               "Meta's GenAI Infrastructure'), NDR's 46-48 GB/s each (NVIDIA/nccl-tests#290)"),
-    "H200 SXM": (8, 47.0, "DGX H200: 8 x ConnectX-7 400 Gb/s, one per GPU (NVIDIA DGX H200 data sheet), "
-                          "46-48 GB/s each (NVIDIA/nccl-tests#290)"),
-}
-# a node the table does not list: one 400 Gb/s NIC for the whole node
+# A node's network, what a collective whose ring crosses nodes runs at: the card's row gives the node
+# it ships in (core.gpu.GPU.node_net: NICs per node, GB/s NCCL reaches through each, with its source;
+# the reasoning and measurements beside the rows in core/gpus.py)
+# a card whose row lists none: one 400 Gb/s NIC for the whole node
 ONE_NIC = (1, 47.0, "no node network listed for this card: one 400 Gb/s NIC per node assumed, 46-48 GB/s "
                     "(NVIDIA/nccl-tests#290)")
 
 
 def node_net(device_name: str | None) -> tuple[int, float, str]:
-    """(NICs per node, GB/s NCCL reaches through each, the source) of ``device_name``'s node.
+    """(NICs per node, GB/s NCCL reaches through each, the source) of ``device_name``'s node: its
+    GPU row's `node_net`, or `ONE_NIC` where the row lists none (or the device is no GPU row).
 
     >>> node_net("A100 40GB")[:2]
     (8, 24.0)
     """
-    name = device_name or ""
-    key = "A100" if name.startswith("A100") else name
-    return NODE_NETS.get(key, ONE_NIC)
+    row = find_spec(device_name)
+    if row is None or row.node_net is None:
+        return ONE_NIC
+    nics, per_nic = row.node_net.value
+    return nics, per_nic, row.node_net.source
 
 
 def inter_node_gbs(net, link_gbs: float | None, gpus_per_node: int, groups_per_node: int = 1) -> float:
