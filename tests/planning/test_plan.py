@@ -241,3 +241,14 @@ def test_a_gpu_plan_names_kernel_categories_a_cpu_plan_its_ops():
     # 2 + 1 matmul seconds, 0.5 attention: summed per category, the largest first
     assert by_category([("mm.default", 2.0), ("_scaled_dot_product_flash_attention_for_cpu_backward.default", 0.5),
                         ("bmm.default", 1.0)]) == [("matmul/linear", 3.0), ("attention", 0.5)]
+
+
+def test_accumulated_gradients_sit_beside_the_next_micro_steps_forward():
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    one, two = (tunekit.plan(cfg, "H100", precision="bf16", micro_batch=4, seq_len=64, grad_accum=g, verbose=False)
+                for g in (1, 2))
+    # micro-step 2's forward runs beside every gradient micro-step 1 left (fp32, as the weights):
+    # 4 bytes per parameter, each tensor rounded up to the CUDA allocator's 512-byte blocks
+    grads = sum(-(-p.numel() * 4 // 512) * 512 for p in tunekit.GPT(cfg).parameters())
+    assert two.phase_peaks["forward"] - one.phase_peaks["forward"] == grads
+    assert two.phase_peaks["backward"] == one.phase_peaks["backward"]

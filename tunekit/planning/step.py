@@ -216,6 +216,7 @@ def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dic
     try:
         for p in params:
             p.grad = torch.zeros_like(p) if p.requires_grad else None
+        all_grads = rounded([p.grad for p in params if p.grad is not None])
         opt.step()
         opt.zero_grad(set_to_none=True)
         state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
@@ -241,6 +242,13 @@ def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dic
     # phase -> (its peak bytes, where, the gradients alive there)
     detail = {ph: (float(b), f"{ph}" + (f", in {where}" if where else "") + f" ({op})", float(grads or 0.0))
               for ph, (b, where, op, grads) in live.phase_peaks.items()}
+    accum = setting.grad_accum or 1
+    if accum > 1 and "forward" in detail:
+        # micro-steps 2..accum run their forward beside the gradients the first ones left (they
+        # accumulate in place until the optimizer step): one more copy of every gradient there
+        b, where, _ = detail["forward"]
+        detail["forward"] = (b + float(all_grads), f"{where}, beside the gradients kept over grad_accum={accum}",
+                             float(all_grads))
     peak, at, grads = max(detail.values(), key=lambda v: v[0])
     # phase -> the casts of weights alive at its peak (autocast's cache: every weight by the forward's end)
     casts = {ph: float(c) for ph, c in live.phase_casts.items()}
