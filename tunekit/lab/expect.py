@@ -126,7 +126,7 @@ def cached_plan(lab, device: str, s: Setting):
     plans = _PLANS.setdefault(lab, {})
     key = (id(lab.model),) + shape_key(device, s)
     if key not in plans:
-        plans[key] = lab.plan(device, setting=s)
+        plans[key] = lab.plan(device, setting=s, verbose=False)   # quiet: the dashboard asks from a thread
     return plans[key]
 
 
