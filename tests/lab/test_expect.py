@@ -165,6 +165,9 @@ def test_bad_keywords_refused_before_any_plan(lab, monkeypatch):
         lab.expect(setting=Setting(parallel="ddp", world_size=2))
     with pytest.raises(ValueError, match="no run #7"):
         ex.base_run(lab, "cpu", 7)
+    with pytest.raises(ValueError, match="finished one-process run"):
+        ex.base_run(lab, "cpu", fake_run().__class__(status="failed", parallel=None, step_s=math.nan,
+                                                     device="cpu"))
 
 
 @pytest.mark.slow

@@ -171,8 +171,12 @@ def base_run(lab, device: str, base=None):
         found = [r for r in runs if r.run_id == base]
         if not found:
             raise ValueError(f"no run #{base}: the runs are " + ", ".join(f"#{r.run_id}" for r in runs))
-        return found[-1]
+        base = found[-1]
     if base is not None:
+        if not hasattr(base, "step_s") or getattr(base, "status", None) != "ok" or base.parallel \
+                or not base.step_s > 0 or _device_of(base) != device:
+            raise ValueError(f"lab.expect(base=...) takes a finished one-process run of this Lab on {device} "
+                             f"(a RunResult or its run id), got {base!r:.120}")
         return base
     session = getattr(lab.log, "session", None)
     for r in reversed(runs):
