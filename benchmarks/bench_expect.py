@@ -20,6 +20,7 @@ transformers model (GPT-2 small's config, random init).
     .venv/bin/python benchmarks/bench_expect.py            # the full ladder, three models (long)
     .venv/bin/python benchmarks/bench_expect.py --quick    # a small ladder on the built-in GPT
     .venv/bin/python benchmarks/bench_expect.py --speed    # answer times only
+    .venv/bin/python benchmarks/bench_expect.py --rebase   # the base measured again before each rung
 """
 import itertools
 import os
@@ -79,8 +80,10 @@ def ladder(lab, quick: bool) -> list:
     return singles + (pairs[:2] if quick else pairs)
 
 
-def judged_rows(name, lab, steps, warmup, quick):
-    """Run the base (traced), then for each rung: lab.expect first, the run after."""
+def judged_rows(name, lab, steps, warmup, quick, rebase=False):
+    """Run the base (traced), then for each rung: lab.expect first, the run after. ``rebase``: the
+    base measured again (traced) before each rung, so that a machine whose speed drifts over
+    minutes calibrates each expectation from a run just before it (still a run made before)."""
     base = lab.run(steps=steps, warmup=warmup, trace=True, verbose=False)
     print(f"\n{name}: base {base.label} {base.step_s * 1e3:.1f} ms, peak {base.peak_mem_bytes / MiB:.0f} MiB "
           f"({base.conditions.verdict if base.conditions else '?'})", flush=True)
@@ -88,6 +91,8 @@ def judged_rows(name, lab, steps, warmup, quick):
           f"{'answer s':>9}  machine")
     rows = []
     for label, changes in ladder(lab, quick):
+        if rebase:
+            base = lab.run(steps=steps, warmup=warmup, trace=True, verbose=False)
         t0 = time.perf_counter()
         try:
             e = lab.expect(base=base, **changes)
@@ -159,7 +164,7 @@ def main():
     steps, warmup = (5, 2) if quick else (15, 3)
     rows, verdicts = [], []
     for name, lab in labs(quick):
-        got, v = judged_rows(name, lab, steps, warmup, quick)
+        got, v = judged_rows(name, lab, steps, warmup, quick, "--rebase" in sys.argv)
         rows += got
         verdicts.append(v)
     judge(rows, verdicts)

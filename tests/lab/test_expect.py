@@ -131,6 +131,26 @@ def test_shape_key_leaves_out_lr():
     assert ex.shape_key("cpu", a) != ex.shape_key("cpu", a.replace(micro_batch=16))
 
 
+def test_plans_cached_by_shape(monkeypatch):
+    class Planner:
+        model = object()
+
+        def __init__(self):
+            self.planned = []
+
+        def plan(self, device, setting, verbose):
+            self.planned.append(setting.micro_batch)
+            return setting.micro_batch
+
+    monkeypatch.setattr(ex, "KEPT_PLANS", 2)
+    lab = Planner()
+    for mb, lr in ((4, 1e-3), (4, 1e-4), (8, 1e-3), (4, 1e-3), (16, 1e-3), (4, 1e-3)):
+        ex.cached_plan(lab, "cpu", Setting(micro_batch=mb, lr=lr))
+    # 4 planned; 4 again at another lr: cached; 8 planned; 4 cached (now the latest asked); 16
+    # planned, 8 (asked least recently of the two kept) dropped for it; 4 still cached
+    assert lab.planned == [4, 8, 16]
+
+
 def test_bad_keywords_refused_before_any_plan(lab, monkeypatch):
     def no_plan(*a, **k):
         raise AssertionError("planned before refusing")
@@ -141,8 +161,13 @@ def test_bad_keywords_refused_before_any_plan(lab, monkeypatch):
         lab.expect(precision="fp16")          # refused on CPU, as lab.run refuses it
     with pytest.raises(ValueError, match="not both"):
         lab.expect(setting=Setting(micro_batch=8), micro_batch=4)
+    with pytest.raises(ValueError, match="one-process step"):
+        lab.expect(setting=Setting(parallel="ddp", world_size=2))
     with pytest.raises(ValueError, match="no run #7"):
         ex.base_run(lab, "cpu", 7)
+    with pytest.raises(ValueError, match="finished one-process run"):
+        ex.base_run(lab, "cpu", fake_run().__class__(status="failed", parallel=None, step_s=math.nan,
+                                                     device="cpu"))
 
 
 @pytest.mark.slow

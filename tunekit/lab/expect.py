@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import html
 import math
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -48,6 +49,7 @@ GROUP_OF = {"matmul": "matmul", "attention": "attention", "optimizer": "optimize
 OTHER = "elementwise, norms, copies"
 OWN_OPS = ("matmul", "attention", "compute", "memory-bound")   # categories a trace names op by op
 NOT_STEP = ("lr",)          # setting words that leave the fake step as it is
+KEPT_PLANS = 64             # plans kept per Lab (each holds its op records, no tensors)
 CHANGED = 0.01              # an op whose expected time moves by more than this share is "resized"
 
 
@@ -114,6 +116,7 @@ class Expectation:
 # --- the plans, cached by shape ----------------------------------------------------------------
 
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PLANS_LOCK = threading.Lock()
 
 
 def shape_key(device: str, s: Setting) -> tuple:
@@ -122,12 +125,20 @@ def shape_key(device: str, s: Setting) -> tuple:
 
 
 def cached_plan(lab, device: str, s: Setting):
-    """``lab.plan(device, setting=s)``, once per shape and live model."""
-    plans = _PLANS.setdefault(lab, {})
+    """``lab.plan(device, setting=s)``, once per shape and live model (the dashboard's thread and
+    the kernel's may both ask: the cache is read and written under a lock, the planning outside it)."""
     key = (id(lab.model),) + shape_key(device, s)
-    if key not in plans:
-        plans[key] = lab.plan(device, setting=s)
-    return plans[key]
+    with _PLANS_LOCK:
+        plans = _PLANS.setdefault(lab, {})
+        if key in plans:
+            plans[key] = plans.pop(key)    # the latest asked: kept the longest
+            return plans[key]
+    planned = lab.plan(device, setting=s, verbose=False)   # quiet: the dashboard asks from a thread
+    with _PLANS_LOCK:
+        while len(plans) >= KEPT_PLANS:   # the shapes asked least recently go first
+            del plans[next(iter(plans))]
+        plans[key] = planned
+    return planned
 
 
 # --- the setting asked about, and the base run ----------------------------------------------------
@@ -141,6 +152,9 @@ def asked_setting(lab, setting, changes: dict) -> Setting:
                         f"{list(step_words(Toggles))} or setting=tunekit.Setting(...)")
     if setting is not None:
         s = from_keywords(setting, "lab.expect", **{k: v for k, v in changes.items() if k in step_words()})
+        if s.parallel is not None or s.world_size != 1 or s.nodes != 1:
+            raise ValueError("lab.expect expects a one-process step on the Lab's device; a sharded setting's "
+                             "step: lab.plan(device, setting=...).expected")
         changes = {k: v for k, v in s.asdict().items() if k in step_words(Toggles) and v is not None}
     t = lab.resolve(**changes)
     why = lab.check(t)
@@ -157,8 +171,12 @@ def base_run(lab, device: str, base=None):
         found = [r for r in runs if r.run_id == base]
         if not found:
             raise ValueError(f"no run #{base}: the runs are " + ", ".join(f"#{r.run_id}" for r in runs))
-        return found[-1]
+        base = found[-1]
     if base is not None:
+        if not hasattr(base, "step_s") or getattr(base, "status", None) != "ok" or base.parallel \
+                or not base.step_s > 0 or _device_of(base) != device:
+            raise ValueError(f"lab.expect(base=...) takes a finished one-process run of this Lab on {device} "
+                             f"(a RunResult or its run id), got {base!r:.120}")
         return base
     session = getattr(lab.log, "session", None)
     for r in reversed(runs):

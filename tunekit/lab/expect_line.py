@@ -41,7 +41,8 @@ class ExpectLine:
             self._asked += 1
             self._want = (self._asked, dict(toggles))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="tunekit-expect", daemon=True)
+                # not a daemon: the interpreter waits for the plan at exit rather than cutting it inside torch
+                self._thread = threading.Thread(target=self._work, name="tunekit-expect")
                 self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:
