@@ -177,6 +177,7 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--busy-first", action="store_true", help="calibrate beside the load first")
+    ap.add_argument("--runs", type=int, default=1, metavar="R", help="R pairs, alternating which goes first")
     ap.add_argument("--spread", type=int, metavar="N", help="N fresh caches in a row, as the machine is: "
                     "which figures vary, and how far each moves the expected step")
     args = ap.parse_args()
@@ -186,19 +187,28 @@ def main() -> None:
         return record_child()
     if args.spread:
         return show_spread(args.spread)
-    order = (True, False) if args.busy_first else (False, True)
-    got = {}
-    for load in order:
-        got[load] = calibrated(load)
-        print(f"{'beside busy.py --cores 2' if load else 'as the machine is':<26} calibrated in "
-              f"{got[load]['seconds']:.0f} s at {time.strftime('%H:%M UTC', time.gmtime())}", flush=True)
-        for what, v in got[load]["verdicts"].items():
-            print(f"  {what:<7} {v}")
-    print(f"\n{'expected step':<24}{'as is ms':>10}{'busy ms':>10}{'busy/as is':>12}")
-    for k in SETTINGS:
-        a, b = got[False]["steps"][k], got[True]["steps"][k]
-        print(f"{k:<24}{a * 1e3:>10.2f}{b * 1e3:>10.2f}{b / a:>12.3f}")
+    every = {}
+    for run in range(args.runs):
+        busy_first = args.busy_first != (run % 2 == 1)   # alternate which goes first
+        got = {}
+        for load in ((True, False) if busy_first else (False, True)):
+            got[load] = calibrated(load)
+            print(f"run {run + 1} {'beside busy.py --cores 2' if load else 'as the machine is':<26} calibrated in "
+                  f"{got[load]['seconds']:.0f} s at {time.strftime('%H:%M UTC', time.gmtime())}", flush=True)
+            for what, v in got[load]["verdicts"].items():
+                print(f"  {what:<7} {v}")
+        print(f"\n{'expected step':<24}{'as is ms':>10}{'busy ms':>10}{'busy/as is':>12}")
+        for k in SETTINGS:
+            a, b = got[False]["steps"][k], got[True]["steps"][k]
+            print(f"{k:<24}{a * 1e3:>10.2f}{b * 1e3:>10.2f}{b / a:>12.3f}")
+            every.setdefault(k, []).extend((a, b))
+        print()
+    if args.runs > 1:
+        from tunekit.measure.trials import spread
 
+        print(f"all {2 * args.runs} caches (busy and as is): expected step max/min")
+        for k, steps in every.items():
+            print(f"{k:<24}{min(steps) * 1e3:>10.2f}{max(steps) * 1e3:>10.2f}{spread(steps):>12.3f}")
 
 if __name__ == "__main__":
     main()
