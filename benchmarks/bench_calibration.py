@@ -6,10 +6,19 @@ cores). From each, the expected step of a few settings of the Lab's tiny GPT, th
 verdict and what it took; then the busy cache's expectation over the first's. Target (issue 39):
 within 10%, since every figure is the fastest of repeated trials and load only ever slows a trial.
 
-    .venv/bin/python benchmarks/bench_calibration.py [--busy-first]
+    .venv/bin/python benchmarks/bench_calibration.py [--busy-first] [--runs R]
 
 The first cache is only as quiet as the machine: its verdict is printed beside it (a machine shared
-with other work reads busy, and the ratio then compares two loaded calibrations).
+with other work reads busy, and the ratio then compares two loaded calibrations). ``--runs R`` does
+the pair R times, alternating which goes first, and prints the spread of all 2R caches.
+
+What varies between calibrations that no load explains (``--spread N``): N fresh caches in a row,
+all as the machine is; for every figure of the stream record (measure.stream) and of the MAMF
+sweep (measure.peaks), its max/min over the N caches, and how far it alone moves the expected step:
+the first cache's record with that one figure taken from each of the others, planned again (the
+step's max/min over those). Then each op category's expected ms over the N caches as they are.
+
+    .venv/bin/python benchmarks/bench_calibration.py --spread 3
 """
 import argparse
 import json
@@ -45,6 +54,110 @@ def child() -> None:
     print(json.dumps(dict(steps=steps, verdicts=verdicts, seconds=took)))
 
 
+def record_child() -> None:
+    """Calibrate into $TUNEKIT_CACHE (empty) and print its two cache files and what each took."""
+    from tunekit.core import paths
+    from tunekit.measure.peaks import calibrate
+    from tunekit.measure.stream import measure_stream
+
+    t0 = time.perf_counter()
+    measure_stream()
+    t1 = time.perf_counter()
+    for d in ("fp32", "bf16"):
+        calibrate(d, "cpu")
+    seconds = dict(stream=t1 - t0, mamf=time.perf_counter() - t1)
+    files = {f: (paths.cache_dir() / f).read_text() for f in ("stream.json", "mamf.json")}
+    print(json.dumps(dict(files=files, seconds=seconds)))
+
+
+def fresh_record() -> dict:
+    env = dict(os.environ, TUNEKIT_CACHE=tempfile.mkdtemp(prefix="tunekit-cal-"), PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, __file__, "--record"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def planned(files: dict, settings=SETTINGS) -> dict:
+    """Each setting's (expected step, {op category: seconds}) from these cache files (a new
+    folder as $TUNEKIT_CACHE: nothing is measured, every figure is read from them)."""
+    import tunekit
+
+    folder = Path(tempfile.mkdtemp(prefix="tunekit-spread-"))
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    os.environ["TUNEKIT_CACHE"] = str(folder)
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu")
+    out = {}
+    for k, kw in settings.items():
+        e = lab.plan("cpu", micro_batch=4, seq_len=64, **kw).expected
+        cats = {}
+        for row in e.rows:
+            cats[row[1]] = cats.get(row[1], 0.0) + row[3]
+        out[k] = (e.step_s, cats)
+    return out
+
+
+def with_group(base: dict, other: dict, group: str) -> dict:
+    """``base``'s cache files with one figure group of ``other``'s: a stream record's field, or the
+    whole MAMF cache ("mamf")."""
+    if group == "mamf":
+        return {**base, "mamf.json": other["mamf.json"]}
+    b, o = json.loads(base["stream.json"]), json.loads(other["stream.json"])
+    (key,) = b   # one entry: this machine's
+    b[key][group] = o[key][group]
+    return {**base, "stream.json": json.dumps(b)}
+
+
+GROUPS = ("sweep", "cold", "op_s", "view_s", "module_s", "checkpoint_s", "gelu", "attention", "matmuls", "mamf")
+
+
+def mamf_figures(text: str) -> dict:
+    """The MAMF cache as named numbers: each dtype's peak and its best TFLOPS at each size."""
+    out = {}
+    for c in json.loads(text).values():
+        out[f"mamf {c['dtype']}"] = c["tflops"]
+        for m, _, _, tf in c["sweep"]:
+            name = f"mamf {c['dtype']} {m}"
+            out[name] = max(out.get(name, 0.0), tf)
+    return out
+
+
+def show_spread(n: int) -> None:
+    """--spread N: which figures vary between N fresh calibrations, and what each does to the step."""
+    from tunekit.measure.stream import figures
+    from tunekit.measure.trials import spread, spreads
+
+    records = []
+    for i in range(n):
+        records.append(fresh_record())
+        s = records[-1]["seconds"]
+        print(f"cache {i + 1}: stream {s['stream']:.1f} s, MAMF {s['mamf']:.1f} s "
+              f"at {time.strftime('%H:%M:%S UTC', time.gmtime())}", flush=True)
+    files = [r["files"] for r in records]
+    figs = [{**figures(next(iter(json.loads(f["stream.json"]).values()))), **mamf_figures(f["mamf.json"])}
+            for f in files]
+    ratio = spreads(figs)
+    plans = [planned(f) for f in files]
+    first = next(iter(SETTINGS))
+    print(f"\n{'figure':<26}{'min':>12}{'max':>12}{'max/min':>9}")
+    for k, r in ratio.items():
+        vals = [f[k] for f in figs]
+        print(f"{k:<26}{min(vals):>12.4g}{max(vals):>12.4g}{r:>9.3f}{'  <-' if r > 1.05 else ''}")
+    print(f"\n{first!r}'s expected step with one figure group from each cache, the rest from cache 1:")
+    print(f"{'group':<16}{'min ms':>9}{'max ms':>9}{'max/min':>9}")
+    for g in GROUPS:
+        steps = [plans[0][first][0]] + [planned(with_group(files[0], f, g), {first: SETTINGS[first]})[first][0]
+                                        for f in files[1:]]
+        print(f"{g:<16}{min(steps) * 1e3:>9.2f}{max(steps) * 1e3:>9.2f}{spread(steps):>9.3f}")
+    for k in SETTINGS:
+        print(f"\n{k!r} by op category over the {n} caches as they are:")
+        print(f"{'category':<16}{'min ms':>9}{'max ms':>9}{'max/min':>9}")
+        cats = list(plans[0][k][1]) + ["step"]
+        for c in cats:
+            v = [p[k][0] if c == "step" else p[k][1].get(c, 0.0) for p in plans]
+            print(f"{c:<16}{min(v) * 1e3:>9.2f}{max(v) * 1e3:>9.2f}{spread(v):>9.3f}")
+
+
 def calibrated(load: bool) -> dict:
     env = dict(os.environ, TUNEKIT_CACHE=tempfile.mkdtemp(prefix="tunekit-cal-"), PYTHONPATH=str(ROOT))
     cmd = [sys.executable, __file__, "--child"]
@@ -62,23 +175,40 @@ def calibrated(load: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--busy-first", action="store_true", help="calibrate beside the load first")
+    ap.add_argument("--runs", type=int, default=1, metavar="R", help="R pairs, alternating which goes first")
+    ap.add_argument("--spread", type=int, metavar="N", help="N fresh caches in a row, as the machine is: "
+                    "which figures vary, and how far each moves the expected step")
     args = ap.parse_args()
     if args.child:
         return child()
-    order = (True, False) if args.busy_first else (False, True)
-    got = {}
-    for load in order:
-        got[load] = calibrated(load)
-        print(f"{'beside busy.py --cores 2' if load else 'as the machine is':<26} calibrated in "
-              f"{got[load]['seconds']:.0f} s at {time.strftime('%H:%M UTC', time.gmtime())}", flush=True)
-        for what, v in got[load]["verdicts"].items():
-            print(f"  {what:<7} {v}")
-    print(f"\n{'expected step':<24}{'as is ms':>10}{'busy ms':>10}{'busy/as is':>12}")
-    for k in SETTINGS:
-        a, b = got[False]["steps"][k], got[True]["steps"][k]
-        print(f"{k:<24}{a * 1e3:>10.2f}{b * 1e3:>10.2f}{b / a:>12.3f}")
+    if args.record:
+        return record_child()
+    if args.spread:
+        return show_spread(args.spread)
+    every = {}
+    for run in range(args.runs):
+        busy_first = args.busy_first != (run % 2 == 1)   # alternate which goes first
+        got = {}
+        for load in ((True, False) if busy_first else (False, True)):
+            got[load] = calibrated(load)
+            print(f"run {run + 1} {'beside busy.py --cores 2' if load else 'as the machine is':<26} calibrated in "
+                  f"{got[load]['seconds']:.0f} s at {time.strftime('%H:%M UTC', time.gmtime())}", flush=True)
+            for what, v in got[load]["verdicts"].items():
+                print(f"  {what:<7} {v}")
+        print(f"\n{'expected step':<24}{'as is ms':>10}{'busy ms':>10}{'busy/as is':>12}")
+        for k in SETTINGS:
+            a, b = got[False]["steps"][k], got[True]["steps"][k]
+            print(f"{k:<24}{a * 1e3:>10.2f}{b * 1e3:>10.2f}{b / a:>12.3f}")
+            every.setdefault(k, []).extend((a, b))
+        print()
+    if args.runs > 1:
+        from tunekit.measure.trials import spread
 
+        print(f"all {2 * args.runs} caches (busy and as is): expected step max/min")
+        for k, steps in every.items():
+            print(f"{k:<24}{min(steps) * 1e3:>10.2f}{max(steps) * 1e3:>10.2f}{spread(steps):>12.3f}")
 
 if __name__ == "__main__":
     main()

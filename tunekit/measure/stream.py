@@ -10,14 +10,12 @@ not yet in cache, often freshly mapped), then freed by the backward; each multip
 and writes n. A hot ``copy_`` of the same size runs 2-3x faster on a CPU whose caches hold it, a
 rate no step's forward sees. The sizes run from cache-resident to beyond the last-level cache.
 
-A calibration, as timing tools take one: every figure is the fastest of repeated trials (`fastest`:
-load only ever slows a trial, so the best one is the machine's, and more trials are taken while
-they still find a faster one). Measured once per machine, torch and thread count (the cache key)
-and cached as JSON beside the MAMF cache (core.paths.cache_dir); read from the cache ever after,
-whatever the load, so a plan is a function of its setting, its device and this record. Measured
-again only on request (``measure_stream(refresh=True)``) or for a new key. The sweep runs inside a
-`ConditionsMeter`: a record taken on a busy machine says so (``conditions``), and a plan made from it
-carries a note of kind ``expected.busy_figures``.
+Every figure is the fastest of repeated trials (measure.trials; the compute figures over warm rounds).
+Measured once per machine, torch and thread count (the cache key), cached as JSON beside the MAMF
+cache (core.paths.cache_dir) and read from it ever after, whatever the load: a plan is a function of
+its setting, its device and this record. Measured again only on request (``measure_stream(refresh=True)``)
+or for a new key. The sweep runs inside a `ConditionsMeter`: a record taken on a busy machine says so
+(``conditions``), and a plan made from it carries a note of kind ``expected.busy_figures``.
 """
 from __future__ import annotations
 
@@ -31,14 +29,15 @@ from tunekit.core import paths
 from tunekit.core.conditions import Conditions
 from tunekit.core.validate import flag
 from tunekit.measure.conditions import ConditionsMeter
-from tunekit.measure.priority import NORMAL, ahead, level, shielded_verdict
+from tunekit.measure.priority import NORMAL, level, shielded_verdict
+from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, rounds, timed  # noqa: F401 (MAX_TRIES, fastest: as before)
 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
 CHAIN = 50
-VERSION = 9   # of what a sweep measures (9: trials ahead of the load): an entry of another version is measured again
-TRIES = 5      # trials of each figure at least; more while one still finds a faster time (`fastest`)
-MAX_TRIES = 60
+VERSION = 10   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds):
+# an entry of another version is measured again
+COPIES_CAP = 16   # a matmul figure's operand copies at most (`_matmul_trials`)
 
 
 @dataclass
@@ -67,7 +66,6 @@ class Stream:
     @property
     def verdict(self) -> str:
         return shielded_verdict(self.conditions, self.priority)
-
 
 
 def _path():
@@ -132,15 +130,11 @@ def measure_stream(refresh: bool = False) -> Stream:
             y = y * 1.0001
         y.backward()
 
-    best_op = _best_s(chain, 20) / (2 * CHAIN + 1)
+    best_op = best_s(chain, 20) / (2 * CHAIN + 1)
     view_s, module_s, checkpoint_s = _view_s(), _module_s(), _checkpoint_s()
-    matmuls = {d: [(n, _matmul_tflops(n, dt)) for n in MATMUL_SIZES]
-               for d, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    matmuls, attention, gelu = _compute_figures((("fp32", torch.float32), ("bf16", torch.bfloat16)))
     new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
-                 checkpoint_s=checkpoint_s,
-                 attention={d: _attention_tflops(dt) for d, dt in kinds},
-                 gelu={d: _gelu_rate(dt) for d, dt in kinds}, torch_version=torch.__version__,
+                 checkpoint_s=checkpoint_s, attention=attention, gelu=gelu, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),
                  conditions=meter.stop(time.perf_counter() - t0), priority=level())
     cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
@@ -231,7 +225,7 @@ def _view_s() -> float:
             y = y.view(32) if i % 2 == 0 else y.view(4, 8)
         y.sum().backward()
 
-    return _best_s(chain, 20) / (2 * CHAIN)
+    return best_s(chain, 20) / (2 * CHAIN)
 
 
 def _module_s() -> float:
@@ -250,7 +244,7 @@ def _module_s() -> float:
         for m in mods:
             y = m(y)
 
-    return _best_s(chain, 20) / CHAIN
+    return best_s(chain, 20) / CHAIN
 
 
 def _checkpoint_s(blocks: int = 20) -> tuple:
@@ -288,96 +282,112 @@ def _checkpoint_s(blocks: int = 20) -> tuple:
             for _ in range(blocks):
                 y = block(y)
 
-        return (_best_s(checkpointed, 20) - _best_s(plain, 20) - _best_s(forward, 20)) / blocks
+        return (best_s(checkpointed, 20) - best_s(plain, 20) - best_s(forward, 20)) / blocks
 
     one, twenty = per_segment(1), per_segment(20)
     per_tensor = max(0.0, (twenty - one) / 19)
     return max(0.0, one - per_tensor), per_tensor
 
 
-def _matmul_tflops(n: int, dtype) -> float:
-    """An n-cube matmul's TFLOPS as a training step runs it: over the three layouts (forward
-    A @ W.T, backward G @ W and G.T @ A), operands rotated over copies that together exceed a
-    core's L2 (8 MiB), every output kept until the round ends, as autograd keeps a step's; the
-    fastest round of five or more. Repeating one matmul on the same operands instead reads them from cache
-    and reuses its output's memory: 13.1 ms against 15.9 ms for the Lab GPT's matmuls, which
-    took 16.1 ms inside its step (2026-11-27)."""
+def _matmul_trials(n: int, dtype) -> list:
+    """An n-cube matmul as a training step runs it: over the three layouts (forward A @ W.T,
+    backward G @ W and G.T @ A), operands rotated over copies that together exceed a core's L2
+    (8 MiB, at most COPIES_CAP copies), every output kept until the round ends, as autograd keeps a
+    step's. One trial per layout (each returns its seconds per matmul), its operands made here and
+    kept while they live. Repeating one matmul on the same operands instead reads them from cache
+    and reuses its output's memory: 13.1 ms against 15.9 ms for the Lab GPT's matmuls, which took
+    16.1 ms inside its step (2026-11-27)."""
     import torch
 
-    copies = max(2, min(16, -(-2**23 // (2 * n * n * 4))))
+    copies = max(2, min(COPIES_CAP, -(-2**23 // (2 * n * n * 4))))
     ops = [(torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)) for _ in range(copies)]
-    total = 0.0
+    rounds = max(1, 2**24 // (n**3 * copies))
+    trials = []
     for layout in ((lambda a, b: (a, b.t())), (lambda a, b: (a, b)), (lambda a, b: (a.t(), b))):
         pairs = [layout(a, b) for a, b in ops]
-        rounds = max(1, 2**24 // (n**3 * copies))
 
-        def run():
+        def run(pairs=pairs):
             kept = []
             for _ in range(rounds):
                 kept.extend(torch.mm(x, y) for x, y in pairs)
             return kept
 
-        total += _best_s(run) / (rounds * copies)
-    return 2 * n**3 * 3 / total / 1e12
+        trials.append(timed(run, rounds * copies))
+    return trials
 
 
-def fastest(trial, tries: int = TRIES) -> float:
-    """The fastest of repeated trials (``trial()`` returns its own seconds), as timing tools take a
-    figure: ``tries`` at least, then more until ``tries`` in a row find none faster by 1%, at most
-    ``max(MAX_TRIES, 3 x tries)``. Load only ever slows a trial: on a busy machine the fastest is
-    found among more of them, so a calibration taken beside other work lands near a quiet one's.
-    Each trial runs ahead of the machine's other work where the user may ask for it
-    (`measure.priority.ahead`): on two cores beside two busy processes the fastest trial alone
-    stayed 2-7x the quiet one."""
-    best, since, n = float("inf"), 0, 0
-    while n < max(MAX_TRIES, 3 * tries) and (n < tries or since < tries):
-        with ahead():
-            t = trial()
-        n += 1
-        since = 0 if t < 0.99 * best else since + 1
-        best = min(best, t)
-    return best
+def _matmul_tflops(n: int, dtype) -> float:
+    """An n-cube matmul's TFLOPS as a step runs it: its three layouts' fastest over `rounds`."""
+    best = rounds({layout: trial for layout, trial in enumerate(_matmul_trials(n, dtype))})
+    return 2 * n**3 * 3 / sum(best.values()) / 1e12
 
 
-def _best_s(fn, tries: int = TRIES) -> float:
-    """``fn``'s time, warmed up once: the fastest of ``tries`` or more (`fastest`)."""
-    def trial():
-        s = time.perf_counter()
-        out = fn()
-        t = time.perf_counter() - s
-        del out   # what fn keeps is freed outside its time
-        return t
+def _compute_figures(kinds) -> tuple:
+    """(matmuls, attention, gelu) of a record, for ``kinds`` ((name, torch dtype), ...), all taken
+    in one `rounds`: every matmul size and layout, SDPA and GELU in turn, a few warm trials each,
+    again, so each figure is the fastest over the whole span, not over one burst (issue 39: these
+    figures moved a quiet calibration's expected step most, by bench_calibration.py --spread)."""
+    trials = {}
+    for d, dt in kinds:
+        for n in MATMUL_SIZES:
+            trials.update({("mm", d, n, i): t for i, t in enumerate(_matmul_trials(n, dt))})
+        trials["attention", d] = timed(_attention_run(dt))
+        trials["gelu", d] = timed(_gelu_run(dt))
+    best = rounds(trials)
+    matmuls = {d: [(n, 2 * n**3 * 3 / sum(best["mm", d, n, i] for i in range(3)) / 1e12) for n in MATMUL_SIZES]
+               for d, _ in kinds}
+    attention = {d: ATTENTION_FLOPS / best["attention", d] / 1e12 for d, _ in kinds}
+    gelu = {d: 2 * GELU_N / best["gelu", d] for d, _ in kinds}
+    return matmuls, attention, gelu
 
-    fn()
-    return fastest(trial, tries)
+
+ATTN_SHAPE = (8, 4, 128, 32)   # b, h, s, d: a small model's attention
+ATTENTION_FLOPS = 7 * ATTN_SHAPE[0] * ATTN_SHAPE[1] * ATTN_SHAPE[2]**2 * ATTN_SHAPE[3]   # forward 4 b h s^2 d,
+# backward 10, causal halved: tunekit's count of its FLOPs
+GELU_N = 2**20
 
 
-def _attention_tflops(dtype, b=8, h=4, s=128, d=32) -> float:
-    """Causal SDPA forward and backward at a small model's shape: tunekit's count of its FLOPs
-    (forward 4 b h s^2 d, backward 10, causal halved: 7 b h s^2 d) over the best time."""
+def _attention_run(dtype):
+    """Causal SDPA forward and backward at a small model's shape (ATTN_SHAPE), as one callable."""
     import torch
     import torch.nn.functional as F
 
-    q, k, v = (torch.randn(b, h, s, d, dtype=dtype, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(*ATTN_SHAPE, dtype=dtype, requires_grad=True) for _ in range(3))
 
     def run():
         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
-    return 7 * b * h * s * s * d / _best_s(run) / 1e12
+    return run
 
 
-def _gelu_rate(dtype, n=2**20) -> float:
-    """Elements per second of one GELU pass (tanh; forward and backward timed together, halved):
-    transcendental, so compute-bound on a CPU where a copy's bandwidth would call it free."""
+def _gelu_run(dtype):
+    """One GELU (tanh) forward and backward of GELU_N elements, as one callable: transcendental, so
+    compute-bound on a CPU where a copy's bandwidth would call it free."""
     import torch
     import torch.nn.functional as F
 
-    x = torch.randn(n, dtype=dtype, requires_grad=True)
+    x = torch.randn(GELU_N, dtype=dtype, requires_grad=True)
 
     def run():
         F.gelu(x, approximate="tanh").sum().backward()
 
-    return 2 * n / _best_s(run)
+    return run
+
+
+def figures(entry: dict) -> dict:
+    """One stream record (a cache entry, as `measure_stream` writes it) as named numbers: every
+    figure a plan reads, one by one (each bandwidth by its size, each matmul by dtype and size), so
+    two calibrations can be compared figure by figure (benchmarks/bench_calibration.py --spread)."""
+    out = {}
+    for what in ("sweep", "cold"):
+        out.update({f"{what} {moved // 3 // 1024} KiB": tbs for moved, tbs in entry[what]})
+    out.update({k: entry[k] for k in ("op_s", "view_s", "module_s")})
+    out["checkpoint_s segment"], out["checkpoint_s tensor"] = entry["checkpoint_s"]
+    for what in ("gelu", "attention"):
+        out.update({f"{what} {d}": v for d, v in entry[what].items()})
+    for d, rows in entry["matmuls"].items():
+        out.update({f"matmuls {d} {row[0]}": row[1] for row in rows})
+    return out
 
 
 def _save(data: dict) -> None:

@@ -1,0 +1,78 @@
+"""The arithmetic of a CPU calibration's repeatability (issue 39): a record's figures by name, their
+spread over several calibrations (benchmarks/bench_calibration.py --spread), and the warm rounds
+the compute figures are taken in. Fake trials only: no real timing is compared."""
+import contextlib
+import math
+
+import pytest
+
+from tunekit.measure import stream, trials
+
+
+@pytest.fixture(autouse=True)
+def _no_priority(monkeypatch):
+    # the trials are fakes: nothing to run ahead of the machine's other work
+    monkeypatch.setattr(trials, "ahead", contextlib.nullcontext)
+
+
+def test_a_record_as_named_figures():
+    entry = {"sweep": [(3 * 65536, 0.04), (3 * 2**20, 0.06)], "cold": [(3 * 65536, 0.02)], "op_s": 4e-6,
+             "view_s": 2e-6, "module_s": 1e-6, "checkpoint_s": (8e-5, 1e-5), "gelu": {"fp32": 8e8},
+             "attention": {"fp32": 0.04}, "matmuls": {"fp32": [(64, 0.03), (128, 0.1)]}}
+    # bytes moved are 3n for n bytes per tensor: 3 x 65536 // 3 // 1024 = 64 KiB, 3 x 2^20 -> 1024 KiB
+    assert stream.figures(entry) == {
+        "sweep 64 KiB": 0.04, "sweep 1024 KiB": 0.06, "cold 64 KiB": 0.02, "op_s": 4e-6, "view_s": 2e-6,
+        "module_s": 1e-6, "checkpoint_s segment": 8e-5, "checkpoint_s tensor": 1e-5, "gelu fp32": 8e8,
+        "attention fp32": 0.04, "matmuls fp32 64": 0.03, "matmuls fp32 128": 0.1}
+
+
+def test_spread_is_the_largest_over_the_smallest():
+    assert trials.spread([0.12, 0.1, 0.15]) == pytest.approx(1.5)   # 0.15 / 0.1
+    assert trials.spread([2.0]) == 1.0
+    assert math.isnan(trials.spread([])) and math.isnan(trials.spread([0.0, 1.0]))   # no ratio of a zero
+
+
+def test_spreads_over_records_keep_the_names_all_have():
+    got = trials.spreads([{"x": 2.0, "y": 1.0}, {"x": 3.0, "y": 1.0, "z": 5.0}, {"x": 2.5, "y": 1.0}])
+    assert got == {"x": 1.5, "y": 1.0}   # x: 3 / 2; y: 1 / 1; z is in one record only: left out
+    assert trials.spreads([]) == {}
+
+
+def test_faster_by_is_the_mean_share_each_figure_gained():
+    # a: (2 - 1) / 2 = 0.5, b: (4 - 4) / 4 = 0: mean 0.25
+    assert trials.faster_by({"a": 2.0, "b": 4.0}, {"a": 1.0, "b": 4.0}) == 0.25
+    # a first round: inf before counts 1.0, b: (1 - 0.9) / 1 = 0.1: mean 0.55
+    assert trials.faster_by({"a": math.inf, "b": 1.0}, {"a": 3.0, "b": 0.9}) == pytest.approx(0.55)
+    assert trials.faster_by({}, {}) == 0.0
+
+
+def test_rounds_go_on_while_a_round_finds_the_figures_faster():
+    calls = []
+
+    def trial():   # 1.0 s in the first round's 6 calls, 0.9 s ever after
+        calls.append(1)
+        return 1.0 if len(calls) <= 6 else 0.9
+
+    # one round of a warm `fastest` with tries=2: timed trials 1, 2 (none faster: 1 in a row), 3 (2 in
+    # a row: done), each after an untimed one: 6 calls. Round 1: 1.0; round 2: 0.9, 10% faster than
+    # round 1 (>= 1%): a third; round 3: 0.9, 0% faster and at least 2 rounds done: stop. 3 x 6 calls.
+    assert trials.rounds({"a": trial}, tries=2, least=2, most=4) == {"a": 0.9}
+    assert len(calls) == 18
+
+
+def test_rounds_stop_at_most_and_take_each_trial_in_turn():
+    order = []
+
+    def trial(name, seconds):
+        def run():
+            order.append(name)
+            seconds[0] *= 0.5   # every call twice as fast: always faster, so only `most` stops it
+            return seconds[0]
+        return run
+
+    a, b = [1.0], [1.0]
+    got = trials.rounds({"a": trial("a", a), "b": trial("b", b)}, tries=1, least=1, most=2)
+    # fastest(tries=1, warm) of a halving trial never has one in a row "none faster", so it runs to its
+    # cap: max(MAX_TRIES, 3 x 1) = 60 timed trials, 120 calls, per trial and round; 2 rounds, a then b
+    assert order == ["a"] * 120 + ["b"] * 120 + ["a"] * 120 + ["b"] * 120
+    assert got == {"a": 0.5 ** 240, "b": 0.5 ** 240}
