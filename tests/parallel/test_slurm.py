@@ -196,27 +196,61 @@ def test_a_node_shared_with_another_job_marks_the_run_busy(cluster, tmp_path):
     assert [n.kind for n in r.notes if getattr(n, "kind", "") == "conditions.shared_node"] == ["conditions.shared_node"]
 
 
-@needs_cluster
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nsenter") is None, reason="needs root and nsenter")
-def test_a_two_node_fsdp_run_goes_through_the_scheduler(tmp_path):
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """A 2-node cluster (one slurmd per network namespace, joined by the emulated link), up for the
+    module; each test that takes it reaches it through `on_two_nodes`."""
     from tunekit.parallel.netns import check
 
+    if slurm_cluster.missing() is not None:
+        pytest.skip(f"no test cluster here: {slurm_cluster.missing()}")
+    if os.geteuid() != 0 or shutil.which("nsenter") is None:
+        pytest.skip("needs root and nsenter")
     if check():
         pytest.skip(check())
-    with slurm_cluster.cluster(tmp_path / "slurm", nodes=2) as env:
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            target = Slurm(nodes=2, ntasks_per_node=1, time="5", env={"GLOO_SOCKET_IFNAME": "tk0"})
-            r = target.submit({**spec(), "parallel": "fsdp", "comm": True}, tmp_path / "job").wait()
-        finally:
-            for k, v in old.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with slurm_cluster.cluster(tmp_path_factory.mktemp("slurm2"), nodes=2) as env:
+        yield env
+    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"tk-{os.getpid()}-" not in leftover     # this process's namespaces are gone
+
+
+@pytest.fixture
+def on_two_nodes(two_nodes, monkeypatch):
+    for k, v in two_nodes.items():
+        monkeypatch.setenv(k, v)     # this test's Slurm commands reach the 2-node cluster, the next ones not
+    return Slurm(nodes=2, ntasks_per_node=1, time="5", env={"GLOO_SOCKET_IFNAME": "tk0"})
+
+
+def test_a_two_node_fsdp_run_goes_through_the_scheduler(on_two_nodes, tmp_path):
+    r = on_two_nodes.submit({**spec(), "parallel": "fsdp", "comm": True}, tmp_path / "job").wait()
     # FSDP2 over 2 ranks on 2 nodes: every all-gather and reduce-scatter crosses the emulated link
     assert (r.status, r.world_size, r.nodes, r.parallel, r.job["nodes"]) == ("ok", 2, 2, "fsdp", "n[0-1]")
     assert set(r.comm["by_kind"]) >= {"all_gather", "reduce_scatter"}
-    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"tk-{os.getpid()}-" not in leftover     # this process's namespaces are gone
+
+
+def test_a_node_that_dies_mid_run_ends_it_as_a_failure_naming_the_node(on_two_nodes, tmp_path):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    downed = []
+
+    def node_dies(done, total):
+        if done == 2 and not downed:      # n1 taken down as an administrator (or a dead node) would be
+            downed.append(time.monotonic())
+            subprocess.run(["scontrol", "update", "nodename=n1", "state=down", "reason=tunekit-test"], check=True)
+    try:
+        with pytest.raises(JobFailed) as e:
+            lab.run(steps=10_000, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", progress=node_dies,
+                    on=Slurm(**{**on_two_nodes.__dict__, "folder": str(tmp_path / "jobs")}), verbose=False)
+        ended_s = time.monotonic() - downed[0]
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=n1", "state=resume"], capture_output=True)
+    assert e.value.cause.startswith("a node of the job failed: n1 down (tunekit-test)"), e.value.cause
+    assert e.value.job["state"] == "NODE_FAIL" and ended_s < 30           # no hang: Slurm ends it at once
+    failed = lab.log.runs[-1]
+    assert failed.status == "failed" and failed.error == e.value.cause and failed.job["nodes"] == "n[0-1]"
+    assert failed.step_s > 0 and len(e.value.step_s) >= 2                 # the steps measured before, kept
+    assert _ours() == []                                                   # nothing left queued (no requeue)
 
 
 @pytest.fixture(scope="module")
@@ -299,6 +333,66 @@ def test_a_lab_run_that_fails_on_the_cluster_is_recorded_and_raised(cluster, tmp
     failed = lab.log.runs[-1]
     assert failed.status == "failed" and failed.error.startswith("the job was cancelled")
     assert failed.job["state"] == "CANCELLED" and failed.step_s > 0   # the steps measured before, kept
+
+
+@needs_cluster
+def test_a_lab_run_not_waited_for_returns_at_once_and_comes_home_to_the_log(cluster, tmp_path, capsys):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    target = Slurm(ntasks_per_node=2, time="5", folder=str(tmp_path / "jobs"))
+    handle = lab.run(steps=3, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target, wait=False)
+    assert not handle.done() and lab.log.runs == []       # back before the ranks have even started
+    assert repr(handle).startswith(f"ClusterRun(slurm job {handle.job.job_id}: ")
+    r = handle.result(timeout=120)
+    assert (r.status, r.world_size, r.job["state"], r.label.split()[:2]) == ("ok", 2, "COMPLETED", ["ddp", "1x2"])
+    assert lab.log.runs == [r] and handle.result() is r and handle.steps_done == 3
+    out = capsys.readouterr().out.splitlines()   # not a notebook: a line per state, then the run's
+    assert f"slurm job {handle.job.job_id}: running on n0" in out
+    assert out[-1].startswith(f"slurm job {handle.job.job_id}: run #{r.run_id} ddp 1x2") and _ours() == []
+
+
+@needs_cluster
+def test_ctrl_c_in_a_not_waited_run_s_result_cancels_it_unrecorded(cluster, tmp_path):
+    import _thread
+
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    target = Slurm(ntasks_per_node=2, time="5", folder=str(tmp_path / "jobs"))
+    handle = lab.run(steps=10_000, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target, wait=False,
+                     verbose=False)
+    deadline = time.monotonic() + 60
+    while handle.steps_done < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)                 # the kernel is free meanwhile: this loop is the user's work
+    assert handle.steps_done >= 2 and handle.state == "RUNNING"
+    threading.Timer(0.5, _thread.interrupt_main).start()    # Ctrl-C while result() waits
+    with pytest.raises(KeyboardInterrupt):
+        handle.result()
+    assert _ours() == [] and handle.done() and lab.log.runs == []    # cancelled, as the waited form
+    with pytest.raises(JobFailed, match="the job was cancelled"):
+        handle.result()
+
+
+@needs_cluster
+def test_a_lab_run_refuses_a_time_limit_shorter_than_its_expected_run(cluster, tmp_path):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    target = Slurm(time="1", folder=str(tmp_path / "jobs"))      # 1 minute
+    with pytest.raises(ValueError, match=r"time=1 \(60 s\) is shorter than the run is expected to take \(\d+ s: "
+                                         r"100001 steps x [\d.e-]+ s, the plan's expected step \(lab.plan\)\)"):
+        lab.run(steps=100_000, warmup=1, micro_batch=2, seq_len=32, on=target, verbose=False)
+    measured = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, verbose=False)   # here, on this setting
+    measured.step_s = 0.5               # as if a step took 0.5 s: 199 steps + 1 warm-up = 100 s > 60 s
+    words = (f"time=1 (60 s) is shorter than the run is expected to take (100 s: 200 steps x 0.5 s, the step "
+             f"of run #{measured.run_id} on this setting): ask for more time")
+    with pytest.raises(ValueError) as e:
+        lab.run(steps=199, warmup=1, micro_batch=2, seq_len=32, on=target, verbose=False)
+    assert words in str(e.value)
+    assert _ours() == [] and not list((tmp_path / "jobs").glob("*"))   # nothing submitted
+    with pytest.raises(ValueError, match="wait=False is for a cluster run"):
+        lab.run(steps=2, wait=False, verbose=False)
 
 
 def test_a_lab_refuses_a_cluster_run_it_cannot_make(tmp_path):
