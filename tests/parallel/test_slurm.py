@@ -229,28 +229,24 @@ def test_a_two_node_fsdp_run_goes_through_the_scheduler(on_two_nodes, tmp_path):
 
 
 def test_a_node_that_dies_mid_run_ends_it_as_a_failure_naming_the_node(on_two_nodes, tmp_path):
-    import tunekit
-
-    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
     downed = []
 
     def node_dies(done, total):
         if done == 2 and not downed:      # n1 taken down as an administrator (or a dead node) would be
             downed.append(time.monotonic())
             subprocess.run(["scontrol", "update", "nodename=n1", "state=down", "reason=tunekit-test"], check=True)
+    job = on_two_nodes.submit(spec(steps=10_000), tmp_path / "job")
     try:
         with pytest.raises(JobFailed) as e:
-            lab.run(steps=10_000, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", progress=node_dies,
-                    on=Slurm(**{**on_two_nodes.__dict__, "folder": str(tmp_path / "jobs")}), verbose=False)
+            job.wait(progress=node_dies)
         ended_s = time.monotonic() - downed[0]
     finally:
         subprocess.run(["scontrol", "update", "nodename=n1", "state=resume"], capture_output=True)
-    assert e.value.cause.startswith("a node of the job failed: n1 down (tunekit-test)"), e.value.cause
-    assert e.value.job["state"] == "NODE_FAIL" and ended_s < 30           # no hang: Slurm ends it at once
-    failed = lab.log.runs[-1]
-    assert failed.status == "failed" and failed.error == e.value.cause and failed.job["nodes"] == "n[0-1]"
-    assert failed.step_s > 0 and len(e.value.step_s) >= 2                 # the steps measured before, kept
-    assert _ours() == []                                                   # nothing left queued (no requeue)
+    assert e.value.cause.startswith("a node of the job failed: n1 down (tunekit-test) (job "), e.value.cause
+    assert e.value.job["state"] == "NODE_FAIL" and e.value.job["nodes"] == "n[0-1]"
+    assert ended_s < 30                                    # no hang: Slurm ends the job at once
+    assert len(e.value.step_s) >= 2 and all(s > 0 for s in e.value.step_s)   # the steps measured before, kept
+    assert _ours() == []                                   # nothing left queued (--no-requeue)
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +297,7 @@ def test_a_plan_script_runs_your_own_script_with_its_rank(cluster, tiny_plan, tm
 
 
 @needs_cluster
-def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path):
+def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path, capsys):
     import tunekit
 
     lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
@@ -309,10 +305,18 @@ def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path):
     r = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target, verbose=False)
     assert (r.status, r.world_size, r.job["state"], r.label.split()[:2]) == ("ok", 2, "COMPLETED", ["ddp", "1x2"])
     assert r.job["folder"].startswith(str(tmp_path / "jobs"))
-    one = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, on=Slurm(time="5", folder=str(tmp_path / "jobs")),
-                  verbose=False)          # one rank: one process, the model as it is
+    # one rank (one process, the model as it is), not waited for: a handle at once, the kernel free
+    handle = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, on=Slurm(time="5", folder=str(tmp_path / "jobs")),
+                     wait=False)
+    assert not handle.done() and [x.run_id for x in lab.log.runs] == [r.run_id]   # back before the job ran
+    assert repr(handle).startswith(f"ClusterRun(slurm job {handle.job.job_id}: ")
+    one = handle.result(timeout=300)
     assert (one.status, one.world_size, one.parallel, one.job["state"]) == ("ok", 1, None, "COMPLETED")
-    assert [x.run_id for x in lab.log.runs] == [r.run_id, one.run_id]
+    assert [x.run_id for x in lab.log.runs] == [r.run_id, one.run_id]     # recorded as a waited run is
+    assert handle.result() is one and handle.steps_done == 2
+    out = capsys.readouterr().out.splitlines()   # not a notebook: a line per state, then the run's
+    assert f"slurm job {handle.job.job_id}: running on n0" in out
+    assert out[-1].startswith(f"slurm job {handle.job.job_id}: run #{one.run_id} 1x1 ") and _ours() == []
 
 
 @needs_cluster
@@ -333,23 +337,6 @@ def test_a_lab_run_that_fails_on_the_cluster_is_recorded_and_raised(cluster, tmp
     failed = lab.log.runs[-1]
     assert failed.status == "failed" and failed.error.startswith("the job was cancelled")
     assert failed.job["state"] == "CANCELLED" and failed.step_s > 0   # the steps measured before, kept
-
-
-@needs_cluster
-def test_a_lab_run_not_waited_for_returns_at_once_and_comes_home_to_the_log(cluster, tmp_path, capsys):
-    import tunekit
-
-    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
-    target = Slurm(ntasks_per_node=2, time="5", folder=str(tmp_path / "jobs"))
-    handle = lab.run(steps=3, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target, wait=False)
-    assert not handle.done() and lab.log.runs == []       # back before the ranks have even started
-    assert repr(handle).startswith(f"ClusterRun(slurm job {handle.job.job_id}: ")
-    r = handle.result(timeout=120)
-    assert (r.status, r.world_size, r.job["state"], r.label.split()[:2]) == ("ok", 2, "COMPLETED", ["ddp", "1x2"])
-    assert lab.log.runs == [r] and handle.result() is r and handle.steps_done == 3
-    out = capsys.readouterr().out.splitlines()   # not a notebook: a line per state, then the run's
-    assert f"slurm job {handle.job.job_id}: running on n0" in out
-    assert out[-1].startswith(f"slurm job {handle.job.job_id}: run #{r.run_id} ddp 1x2") and _ours() == []
 
 
 @needs_cluster
