@@ -23,6 +23,7 @@ from tunekit.autotune.run import LabTrials
 from tunekit.autotune.search import TrialFailed
 from tunekit.core.results import RunResult
 from tunekit.core.toggles import ToggleError, label, normalized
+from tunekit.core.units import is_missing
 from tunekit.lab import fit
 from tunekit.lab.distributed import problems, recheck_rates
 
@@ -123,7 +124,7 @@ def expected_run(lab, t, steps, warmup, parallel, world_size, device) -> tuple[f
     for r in reversed(lab.log.runs):
         on_cpu = str(getattr(r, "device", "") or "").startswith("cpu")
         if (r.status == "ok" and r.toggles == t and r.parallel == parallel and (r.world_size or 1) == world_size
-                and on_cpu == (device == "cpu") and r.step_s == r.step_s and r.step_s):
+                and on_cpu == (device == "cpu") and not is_missing(r.step_s) and r.step_s):
             return n * r.step_s, (f"{n} steps x {r.step_s:.3g} s, the step of run #{r.run_id} on this setting")
     if (lab.device.type == "cpu") != (device == "cpu"):
         return None
