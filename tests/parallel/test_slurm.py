@@ -373,7 +373,7 @@ def test_a_lab_run_refuses_a_time_limit_shorter_than_its_expected_run(cluster, t
     measured = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, verbose=False)   # here, on this setting
     measured.step_s = 0.5               # as if a step took 0.5 s: 199 steps + 1 warm-up = 100 s > 60 s
     words = (f"time=1 (60 s) is shorter than the run is expected to take (100 s: 200 steps x 0.5 s, the step "
-             f"of run #{measured.run_id} on this setting): ask for more time")
+             f"of run #{measured.run_id} on this setting here): ask for more time")
     with pytest.raises(ValueError) as e:
         lab.run(steps=199, warmup=1, micro_batch=2, seq_len=32, on=target, verbose=False)
     assert words in str(e.value)

@@ -91,7 +91,7 @@ def submit_run(lab, target, steps, warmup, parallel, changes, name: str = "tunek
     except ValueError as e:
         errors.insert(0, str(e))
     device = "cuda" if target.gpus_per_node else "cpu"
-    expected = expected_run(lab, normalized(t), steps, warmup, parallel, nproc * nodes, device) \
+    expected = expected_run(lab, target, normalized(t), steps, warmup, parallel, nproc * nodes) \
         if expect and not errors else None
     errors += target.check(*expected or (None,))
     if errors:
@@ -114,26 +114,29 @@ def submit_run(lab, target, steps, warmup, parallel, changes, name: str = "tunek
                  "world_size": nproc * nodes, "parallel": parallel, "nodes": nodes}
 
 
-def expected_run(lab, t, steps, warmup, parallel, world_size, device) -> tuple[float, str] | None:
+def expected_run(lab, target, t, steps, warmup, parallel, world_size) -> tuple[float, str] | None:
     """How long the run's steps are expected to take, and on what figure: (seconds, words) or None
-    (nothing to expect from). The step time of the last run measured on this setting (its toggles,
-    parallel and world size, on the job's kind of device), else the Lab's plan of it when the job
-    runs on the Lab's own kind of device (``lab.plan``: a speed-of-light bound, so a limit it finds
-    too short is too short). ``(warmup + steps)`` steps: the warm-up ones take a step's time too."""
-    n = int(steps) + int(warmup)
-    for r in reversed(lab.log.runs):
-        on_cpu = str(getattr(r, "device", "") or "").startswith("cpu")
-        if (r.status == "ok" and r.toggles == t and r.parallel == parallel and (r.world_size or 1) == world_size
-                and on_cpu == (device == "cpu") and not is_missing(r.step_s) and r.step_s):
-            return n * r.step_s, (f"{n} steps x {r.step_s:.3g} s, the step of run #{r.run_id} on this setting")
-    if (lab.device.type == "cpu") != (device == "cpu"):
+    (nothing to expect from). It refuses a time limit, so it must not guess high: the step of the
+    last run measured on this setting (its toggles, parallel and world size) on the target's
+    partition; for a CPU job from a CPU Lab, else the last such run here, else the Lab's plan of it
+    (``lab.plan``: a speed-of-light bound, so a limit it finds too short is too short). A GPU job
+    takes no figure of this machine's GPU, which may be slower than the cluster's.
+    ``(warmup + steps)`` steps: the warm-up ones take a step's time too."""
+    n, cpu = int(steps) + int(warmup), not target.gpus_per_node and lab.device.type == "cpu"
+    same = [r for r in lab.log.runs if r.status == "ok" and r.toggles == t and r.parallel == parallel
+            and (r.world_size or 1) == world_size and not is_missing(r.step_s) and r.step_s > 0
+            and str(getattr(r, "device", "") or "").startswith("cpu") == (not target.gpus_per_node)]
+    there = [r for r in same if (r.job or {}).get("engine") == "slurm"
+             and (target.partition is None or r.job.get("partition") == target.partition)]
+    r = there[-1] if there else same[-1] if cpu and same else None
+    if r is not None:
+        where = f"on partition {r.job['partition']}" if there else "here"
+        return n * r.step_s, f"{n} steps x {r.step_s:.3g} s, the step of run #{r.run_id} on this setting {where}"
+    if not cpu:
         return None
-    from tunekit.lab.explain import plan_device
-
     try:
         layout = {"parallel": parallel, "world_size": world_size} if parallel else {}
-        plan = lab.plan(plan_device(lab.device.type if device == "cpu" else torch.cuda.get_device_name(lab.device)),
-                        verbose=False, **layout, **t.asdict())
+        plan = lab.plan("cpu", verbose=False, **layout, **t.asdict())
     except Exception:  # noqa: BLE001 - no plan, no expectation: Slurm's limit alone holds the job
         return None
     if plan.expected is None or not plan.expected.step_s:
