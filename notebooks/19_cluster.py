@@ -25,7 +25,7 @@
 #
 # The loop of this chapter: plan a setting (`tunekit.plan`), write its batch script
 # (`plan.sbatch`), submit the Lab's run to the cluster, watch it, read it against the plan, and
-# cancel a job as Ctrl-C would. In CI it runs against the test cluster `make test` starts
+# submit one without waiting (`wait=False`: the kernel stays free) and cancel it as Ctrl-C would. In CI it runs against the test cluster `make test` starts
 # (`tools/slurm_cluster.py up`: Debian's slurmctld and slurmd on this machine); where no cluster
 # is configured it says so and shows the script it would submit.
 
@@ -36,8 +36,7 @@ import time
 from pathlib import Path
 import plotly.graph_objects as go
 import tunekit
-from tunekit.models.gpt import GPT, GPTConfig
-from tunekit.models.spec import model_spec
+from tunekit.models.gpt import GPTConfig
 tunekit.use_renderer()   # plotly figures also drawn as SVG, so they show on GitHub and nbviewer
 HERE = Path(tempfile.mkdtemp(prefix="tunekit-ch19-"))   # job folders: every node must see them
 target = tunekit.Slurm(ntasks_per_node=2, time="5", folder=str(HERE / "jobs"))   # 2 ranks on one node, 5 minutes
@@ -127,28 +126,29 @@ fig.update_layout(title="Steps on the cluster against the plan's expected step",
 fig
 
 # %% [markdown]
-# ## 5. Cancel a job
+# ## 5. Submit without waiting, then cancel
 #
-# A job asked for far more steps than we mean to wait for, cancelled once it runs: `job.cancel()`
-# (what Ctrl-C during `wait()` or `lab.run` calls) asks `scancel` and waits until `squeue` no longer
-# lists it. Nothing of ours is left in the queue.
+# `wait=False` returns at once with a handle: a thread follows the job while the kernel stays free
+# for other cells, and the line below updates in place (state, node, steps). `handle.result()`
+# waits for the RunResult, recorded in the Lab's log as a waited run is; Ctrl-C in it cancels the
+# job, as Ctrl-C in `lab.run` does. Here a job asked for far more steps than we mean to wait for is
+# cancelled once it runs: `handle.cancel()` asks `scancel` and waits until `squeue` no longer lists
+# it. A run cancelled this way is not recorded, and nothing of ours is left in the queue.
 
 # %%
 if CLUSTER:
-    spec = {"model": model_spec(GPT(GPTConfig.preset("cpu-tiny"))), "parallel": "ddp", "steps": 10_000,
-            "warmup": 1, "seed": 0, "toggles": {"micro_batch": MB, "seq_len": SEQ}, "peak_tflops": 1.0,
-            "comm": False}
-    long_job = target.submit(spec, HERE / "long")
-    deadline = time.monotonic() + 60
-    while long_job.state() == "PENDING" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    print(f"job {long_job.job_id}: {long_job.state()}; cancelling")
-    long_job.cancel()
+    handle = lab.run(steps=500, warmup=1, micro_batch=MB, seq_len=SEQ, parallel="ddp", on=target, wait=False)
+    deadline = time.monotonic() + 120
+    while handle.steps_done < 1 and not handle.done() and time.monotonic() < deadline:
+        time.sleep(0.2)        # the kernel is free meanwhile: any cell could run here
+    print(f"{handle!r}; cancelling")
+    runs_before = len(lab.log.runs)
+    handle.cancel()
     queue = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout.strip()
-    print(f"job {long_job.job_id}: {long_job.state() or 'forgotten'}; squeue now lists: {queue or 'nothing'}")
-    assert queue == ""
+    print(f"job {handle.job.job_id}: {handle.job.state() or 'forgotten'}; squeue now lists: {queue or 'nothing'}")
+    assert queue == "" and len(lab.log.runs) == runs_before
 else:
-    print("no cluster: nothing to cancel (job.cancel() is scancel, then waiting until squeue forgets the job)")
+    print("no cluster: nothing to cancel (handle.cancel() is scancel, then waiting until squeue forgets the job)")
 
 # %% [markdown]
 # ## Conclusion

@@ -92,7 +92,10 @@ def config(folder: Path, cpus: int, memory_mb: int, ports: tuple[int, int], addr
         f"SlurmctldLogFile={folder}/slurmctld.log", f"SlurmdLogFile={folder}/slurmd-%n.log",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",
-        "MpiDefault=none", "ReturnToService=2", "MinJobAge=600",
+        "MpiDefault=none", "MinJobAge=600",
+        # a node that stops answering comes back when its slurmd registers again; one an admin (or a
+        # test) sets down stays down, its reason said by sinfo, until `scontrol update state=resume`
+        "ReturnToService=1",
         f"DefMemPerCPU={memory_mb // cpus}",   # else a job takes the whole node's memory, and no job runs beside it
         "SlurmctldTimeout=30", "SlurmdTimeout=30", "InactiveLimit=0", "KillWait=5",
         *[f"NodeName={n} NodeHostname={h} NodeAddr={a} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN"

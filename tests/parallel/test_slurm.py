@@ -196,27 +196,57 @@ def test_a_node_shared_with_another_job_marks_the_run_busy(cluster, tmp_path):
     assert [n.kind for n in r.notes if getattr(n, "kind", "") == "conditions.shared_node"] == ["conditions.shared_node"]
 
 
-@needs_cluster
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nsenter") is None, reason="needs root and nsenter")
-def test_a_two_node_fsdp_run_goes_through_the_scheduler(tmp_path):
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """A 2-node cluster (one slurmd per network namespace, joined by the emulated link), up for the
+    module; each test that takes it reaches it through `on_two_nodes`."""
     from tunekit.parallel.netns import check
 
+    if slurm_cluster.missing() is not None:
+        pytest.skip(f"no test cluster here: {slurm_cluster.missing()}")
+    if os.geteuid() != 0 or shutil.which("nsenter") is None:
+        pytest.skip("needs root and nsenter")
     if check():
         pytest.skip(check())
-    with slurm_cluster.cluster(tmp_path / "slurm", nodes=2) as env:
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            target = Slurm(nodes=2, ntasks_per_node=1, time="5", env={"GLOO_SOCKET_IFNAME": "tk0"})
-            r = target.submit({**spec(), "parallel": "fsdp", "comm": True}, tmp_path / "job").wait()
-        finally:
-            for k, v in old.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with slurm_cluster.cluster(tmp_path_factory.mktemp("slurm2"), nodes=2) as env:
+        yield env
+    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"tk-{os.getpid()}-" not in leftover     # this process's namespaces are gone
+
+
+@pytest.fixture
+def on_two_nodes(two_nodes, monkeypatch):
+    for k, v in two_nodes.items():
+        monkeypatch.setenv(k, v)     # this test's Slurm commands reach the 2-node cluster, the next ones not
+    return Slurm(nodes=2, ntasks_per_node=1, time="5", env={"GLOO_SOCKET_IFNAME": "tk0"})
+
+
+def test_a_two_node_fsdp_run_goes_through_the_scheduler(on_two_nodes, tmp_path):
+    r = on_two_nodes.submit({**spec(), "parallel": "fsdp", "comm": True}, tmp_path / "job").wait()
     # FSDP2 over 2 ranks on 2 nodes: every all-gather and reduce-scatter crosses the emulated link
     assert (r.status, r.world_size, r.nodes, r.parallel, r.job["nodes"]) == ("ok", 2, 2, "fsdp", "n[0-1]")
     assert set(r.comm["by_kind"]) >= {"all_gather", "reduce_scatter"}
-    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"tk-{os.getpid()}-" not in leftover     # this process's namespaces are gone
+
+
+def test_a_node_that_dies_mid_run_ends_it_as_a_failure_naming_the_node(on_two_nodes, tmp_path):
+    downed = []
+
+    def node_dies(done, total):
+        if done == 2 and not downed:      # n1 taken down as an administrator (or a dead node) would be
+            downed.append(time.monotonic())
+            subprocess.run(["scontrol", "update", "nodename=n1", "state=down", "reason=tunekit-test"], check=True)
+    job = on_two_nodes.submit(spec(steps=10_000), tmp_path / "job")
+    try:
+        with pytest.raises(JobFailed) as e:
+            job.wait(progress=node_dies)
+        ended_s = time.monotonic() - downed[0]
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=n1", "state=resume"], capture_output=True)
+    assert e.value.cause.startswith("a node of the job failed: n1 down (tunekit-test) (job "), e.value.cause
+    assert e.value.job["state"] == "NODE_FAIL" and e.value.job["nodes"] == "n[0-1]"
+    assert ended_s < 30                                    # no hang: Slurm ends the job at once
+    assert len(e.value.step_s) >= 2 and all(s > 0 for s in e.value.step_s)   # the steps measured before, kept
+    assert _ours() == []                                   # nothing left queued (--no-requeue)
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +297,7 @@ def test_a_plan_script_runs_your_own_script_with_its_rank(cluster, tiny_plan, tm
 
 
 @needs_cluster
-def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path):
+def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path, capsys):
     import tunekit
 
     lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
@@ -275,10 +305,18 @@ def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path):
     r = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target, verbose=False)
     assert (r.status, r.world_size, r.job["state"], r.label.split()[:2]) == ("ok", 2, "COMPLETED", ["ddp", "1x2"])
     assert r.job["folder"].startswith(str(tmp_path / "jobs"))
-    one = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, on=Slurm(time="5", folder=str(tmp_path / "jobs")),
-                  verbose=False)          # one rank: one process, the model as it is
+    # one rank (one process, the model as it is), not waited for: a handle at once, the kernel free
+    handle = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, on=Slurm(time="5", folder=str(tmp_path / "jobs")),
+                     wait=False)
+    assert not handle.done() and [x.run_id for x in lab.log.runs] == [r.run_id]   # back before the job ran
+    assert repr(handle).startswith(f"ClusterRun(slurm job {handle.job.job_id}: ")
+    one = handle.result(timeout=300)
     assert (one.status, one.world_size, one.parallel, one.job["state"]) == ("ok", 1, None, "COMPLETED")
-    assert [x.run_id for x in lab.log.runs] == [r.run_id, one.run_id]
+    assert [x.run_id for x in lab.log.runs] == [r.run_id, one.run_id]     # recorded as a waited run is
+    assert handle.result() is one and handle.steps_done == 2
+    out = capsys.readouterr().out.splitlines()   # not a notebook: a line per state, then the run's
+    assert f"slurm job {handle.job.job_id}: running on n0" in out
+    assert out[-1].startswith(f"slurm job {handle.job.job_id}: run #{one.run_id} 1x1 ") and _ours() == []
 
 
 @needs_cluster
@@ -299,6 +337,49 @@ def test_a_lab_run_that_fails_on_the_cluster_is_recorded_and_raised(cluster, tmp
     failed = lab.log.runs[-1]
     assert failed.status == "failed" and failed.error.startswith("the job was cancelled")
     assert failed.job["state"] == "CANCELLED" and failed.step_s > 0   # the steps measured before, kept
+
+
+@needs_cluster
+def test_ctrl_c_in_a_not_waited_run_s_result_cancels_it_unrecorded(cluster, tmp_path):
+    import _thread
+
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    target = Slurm(ntasks_per_node=2, time="5", folder=str(tmp_path / "jobs"))
+    handle = lab.run(steps=10_000, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target, wait=False,
+                     verbose=False)
+    deadline = time.monotonic() + 60
+    while handle.steps_done < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)                 # the kernel is free meanwhile: this loop is the user's work
+    assert handle.steps_done >= 2 and handle.state == "RUNNING"
+    threading.Timer(0.5, _thread.interrupt_main).start()    # Ctrl-C while result() waits
+    with pytest.raises(KeyboardInterrupt):
+        handle.result()
+    assert _ours() == [] and handle.done() and lab.log.runs == []    # cancelled, as the waited form
+    with pytest.raises(JobFailed, match="the job was cancelled"):
+        handle.result()
+
+
+@needs_cluster
+def test_a_lab_run_refuses_a_time_limit_shorter_than_its_expected_run(cluster, tmp_path):
+    import tunekit
+
+    lab = tunekit.Lab(preset="cpu-tiny", device="cpu", log_path=tmp_path / "runs.jsonl")
+    target = Slurm(time="1", folder=str(tmp_path / "jobs"))      # 1 minute
+    with pytest.raises(ValueError, match=r"time=1 \(60 s\) is shorter than the run is expected to take \(\d+ s: "
+                                         r"100001 steps x [\d.e-]+ s, the plan's expected step \(lab.plan\)\)"):
+        lab.run(steps=100_000, warmup=1, micro_batch=2, seq_len=32, on=target, verbose=False)
+    measured = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, verbose=False)   # here, on this setting
+    measured.step_s = 0.5               # as if a step took 0.5 s: 199 steps + 1 warm-up = 100 s > 60 s
+    words = (f"time=1 (60 s) is shorter than the run is expected to take (100 s: 200 steps x 0.5 s, the step "
+             f"of run #{measured.run_id} on this setting here): ask for more time")
+    with pytest.raises(ValueError) as e:
+        lab.run(steps=199, warmup=1, micro_batch=2, seq_len=32, on=target, verbose=False)
+    assert words in str(e.value)
+    assert _ours() == [] and not list((tmp_path / "jobs").glob("*"))   # nothing submitted
+    with pytest.raises(ValueError, match="wait=False is for a cluster run"):
+        lab.run(steps=2, wait=False, verbose=False)
 
 
 def test_a_lab_refuses_a_cluster_run_it_cannot_make(tmp_path):

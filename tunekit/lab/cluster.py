@@ -23,14 +23,16 @@ from tunekit.autotune.run import LabTrials
 from tunekit.autotune.search import TrialFailed
 from tunekit.core.results import RunResult
 from tunekit.core.toggles import ToggleError, label, normalized
+from tunekit.core.units import is_missing
 from tunekit.lab import fit
 from tunekit.lab.distributed import problems, recheck_rates
 
 
-def submitted(lab, target, steps, warmup, progress, parallel, changes, verbose, local_layout) -> RunResult:
+def submitted(lab, target, steps, warmup, progress, parallel, changes, verbose, local_layout, wait=True):
     """``lab.run(on=target)``'s checks and display, then `run_on`: the job's state shown as it
     changes, Ctrl-C cancels it. ``local_layout``: the call's (trace, memory, link, nproc, nodes),
-    which a cluster run takes from its target or cannot do."""
+    which a cluster run takes from its target or cannot do. ``wait=False``: the job submitted and
+    followed by a thread; a `ClusterRun` returned at once (tunekit.lab.cluster_run)."""
     from tunekit.core.validate import flag
 
     trace, memory, link, nproc, nodes = local_layout
@@ -39,6 +41,14 @@ def submitted(lab, target, steps, warmup, progress, parallel, changes, verbose, 
                            "ntasks_per_node): leave nproc, nodes, link, trace and memory out"])
     if not hasattr(target, "submit"):
         raise ToggleError([f"on= is a cluster target such as tunekit.Slurm(partition=...), got {target!r}"])
+    if not flag("wait", wait):
+        from tunekit.lab.cluster_run import ClusterRun
+
+        if progress is not None:
+            raise ToggleError(["progress= is called as a waited run's steps go: with wait=False, read "
+                               "handle.steps_done (or leave wait=True)"])
+        job, sent = submit_run(lab, target, steps, warmup, parallel, changes, expect=True)
+        return ClusterRun(lab, job, sent, record, verbose=flag("verbose", verbose))
     if not flag("verbose", verbose):
         return run_on(lab, target, steps, warmup, progress, parallel, changes)
     from tunekit.view.progress import RunProgress
@@ -54,7 +64,7 @@ def run_on(lab, target, steps, warmup, progress, parallel, changes, on_state=Non
     line per change, printed)."""
     from tunekit.parallel.slurm import JobFailed
 
-    job, sent = submit_run(lab, target, steps, warmup, parallel, changes)
+    job, sent = submit_run(lab, target, steps, warmup, parallel, changes, expect=True)
     try:
         result = job.wait(progress=progress, on_state=on_state or _say)
     except JobFailed as e:
@@ -63,9 +73,10 @@ def run_on(lab, target, steps, warmup, progress, parallel, changes, on_state=Non
     return record(lab, job, sent, result)
 
 
-def submit_run(lab, target, steps, warmup, parallel, changes, name: str = "tunekit-run"):
+def submit_run(lab, target, steps, warmup, parallel, changes, name: str = "tunekit-run", expect: bool = False):
     """`run_on`'s checks (a ToggleError, nothing submitted) and its job submitted: (the SlurmJob,
-    what `record` needs). An autotune sweep on a cluster submits its trials this way, several at once."""
+    what `record` needs). An autotune sweep on a cluster submits its trials this way, several at once.
+    ``expect``: the target's time limit checked against the run's expected time (`expected_run`)."""
     from tunekit.models.spec import factory_spec, model_spec
     from tunekit.parallel.slurm import job_folder
 
@@ -79,7 +90,10 @@ def submit_run(lab, target, steps, warmup, parallel, changes, name: str = "tunek
         spec_model = factory_spec(lab.factory) if lab.factory else model_spec(lab.model)
     except ValueError as e:
         errors.insert(0, str(e))
-    errors += target.check()
+    device = "cuda" if target.gpus_per_node else "cpu"
+    expected = expected_run(lab, target, normalized(t), steps, warmup, parallel, nproc * nodes) \
+        if expect and not errors else None
+    errors += target.check(*expected or (None,))
     if errors:
         raise ToggleError(errors)
     t = normalized(t)
@@ -93,11 +107,42 @@ def submit_run(lab, target, steps, warmup, parallel, changes, name: str = "tunek
     spec = {"model": spec_model, "parallel": parallel, "toggles": t.asdict(), "steps": int(steps),
             "warmup": int(warmup), "seed": lab.seed, "data": lab.data, "weights": str(folder / "weights.pt"),
             "peak_tflops": peak.tflops, "peak_tflops_source": peak.source, "peak_kind": peak.kind,
-            "device": "cuda" if target.gpus_per_node else "cpu", **({"blocks": lab.blocks} if lab.blocks else {})}
+            "device": device, **({"blocks": lab.blocks} if lab.blocks else {})}
     where = f"{parallel + ' ' if parallel else ''}{nodes}x{nproc}"
     job = target.submit(spec, folder, name=name)
     return job, {"toggles": t, "where": where, "spec": spec, "dtype": dtype, "peak": peak,
                  "world_size": nproc * nodes, "parallel": parallel, "nodes": nodes}
+
+
+def expected_run(lab, target, t, steps, warmup, parallel, world_size) -> tuple[float, str] | None:
+    """How long the run's steps are expected to take, and on what figure: (seconds, words) or None
+    (nothing to expect from). It refuses a time limit, so it must not guess high: the step of the
+    last run measured on this setting (its toggles, parallel and world size) on the target's
+    partition; for a CPU job from a CPU Lab, else the last such run here, else the Lab's plan of it
+    (``lab.plan``: a speed-of-light bound, so a limit it finds too short is too short). A GPU job
+    takes no figure of this machine's GPU, which may be slower than the cluster's.
+    ``(warmup + steps)`` steps: the warm-up ones take a step's time too."""
+    n, cpu = int(steps) + int(warmup), not target.gpus_per_node and lab.device.type == "cpu"
+    same = [r for r in lab.log.runs if r.status == "ok" and r.toggles == t and r.parallel == parallel
+            and (r.world_size or 1) == world_size and not is_missing(r.step_s) and r.step_s > 0
+            and str(getattr(r, "device", "") or "").startswith("cpu") == (not target.gpus_per_node)]
+    there = [r for r in same if (r.job or {}).get("engine") == "slurm"
+             and (target.partition is None or r.job.get("partition") == target.partition)]
+    r = there[-1] if there else same[-1] if cpu and same else None
+    if r is not None:
+        where = f"on partition {r.job['partition']}" if there else "here"
+        return n * r.step_s, f"{n} steps x {r.step_s:.3g} s, the step of run #{r.run_id} on this setting {where}"
+    if not cpu:
+        return None
+    try:
+        layout = {"parallel": parallel, "world_size": world_size} if parallel else {}
+        plan = lab.plan("cpu", verbose=False, **layout, **t.asdict())
+    except Exception:  # noqa: BLE001 - no plan, no expectation: Slurm's limit alone holds the job
+        return None
+    if plan.expected is None or not plan.expected.step_s:
+        return None
+    step = plan.expected.step_s
+    return n * step, f"{n} steps x {step:.3g} s, the plan's expected step (lab.plan)"
 
 
 def record(lab, job, sent: dict, outcome) -> RunResult:

@@ -179,7 +179,7 @@ class Lab(LabResults):
     @toggle_keywords
     def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
             trace: bool = False, memory: bool = False, parallel: str | None = None, nproc: int = 1,
-            nodes: int = 1, link=None, verbose: bool = True, setting=None, on=None, **changes) -> RunResult:
+            nodes: int = 1, link=None, verbose: bool = True, setting=None, on=None, wait=True, **changes):
         """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
 
         Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
@@ -200,12 +200,15 @@ class Lab(LabResults):
         Ctrl-C stops a run in its steps; while it sets up, records or cleans up it waits. An
         interrupted run is not recorded, is undone (with ``guard``), and its tensors are freed.
         ``setting``: a ``tunekit.Setting`` for the toggles and layout (``setting=Setting(parallel="ddp")``).
-        ``on=tunekit.Slurm(...)``: a cluster job instead (tunekit.lab.cluster; ``result.job``)."""
+        ``on=tunekit.Slurm(...)``: a cluster job instead (tunekit.lab.cluster; ``result.job``); with
+        ``wait=False`` a handle at once, ``.result()`` later (tunekit.lab.cluster_run.ClusterRun)."""
         if setting is not None:
             changes, (parallel, nproc, nodes) = lab_keywords(self, setting, changes, (parallel, nproc, nodes))
+        if on is None and wait is not True:
+            raise ToggleError(["wait=False is for a cluster run (on=tunekit.Slurm(...)): a run here waits"])
         if on is not None:
             return submitted(self, on, steps, warmup, progress, parallel, changes, verbose, (trace, memory, link,
-                                                                                              nproc, nodes))
+                                                                                              nproc, nodes), wait)
         if not flag("verbose", verbose):
             return self._run(steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes)
         from tunekit.view.progress import RunProgress  # the view that shows it; chosen per frontend there

@@ -150,9 +150,10 @@ class Slurm:
     def ranks_per_node(self) -> int:
         return self.gpus_per_node or self.ntasks_per_node or 1
 
-    def check(self, expected_s: float | None = None) -> list[str]:
+    def check(self, expected_s: float | None = None, basis: str | None = None) -> list[str]:
         """Why this target cannot take a job now, with the fix in words (empty: it can).
-        ``expected_s``: the run's expected wall time (a plan's), which the time limit must cover."""
+        ``expected_s``: the run's expected wall time (a plan's), which the time limit must cover;
+        ``basis``: what that figure comes from, in words ("20 steps x 45 s, ...")."""
         if shutil.which("sbatch") is None:
             return ["no sbatch on the PATH: run where Slurm's commands are (a login node), or install "
                     "the client (Debian: apt-get install slurm-client)"]
@@ -182,7 +183,7 @@ class Slurm:
             out.append(f"time={self.time} is past partition {name}'s limit ({p.time_limit_s:.0f} s)")
         if expected_s is not None and expected_s > limit:
             out.append(f"time={self.time} ({limit} s) is shorter than the run is expected to take "
-                       f"({expected_s:.0f} s): ask for more time")
+                       f"({expected_s:.0f} s{': ' + basis if basis else ''}): ask for more time")
         return out
 
     def script(self, command: list[str], folder, name: str = "tunekit", comment: list[str] = ()) -> str:
@@ -199,6 +200,7 @@ class Slurm:
             opts.append("--gres-flags=enforce-binding")   # each task's CPUs on its GPU's NUMA node
         if self.exclusive:
             opts.append("--exclusive")
+        opts.append("--no-requeue")   # a node that fails ends the run, recorded: not started again later
         lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts], *[f"# {c}" for c in comment],
                  "set -eo pipefail", *self.setup]
         lines += [f"export {k}={shlex.quote(str(v))}" for k, v in (self.env or {}).items()]

@@ -137,9 +137,9 @@ class SlurmJob:
                                      replace(c, verdict=BUSY, reason=why + ("; " + c.reason if c.busy else "")))
                 result.notes = [*result.notes, _shared_note(job)]
             return result
-        raise JobFailed(self._cause(job), job, self.step_s())
+        raise JobFailed(self._cause(job, info.get("Reason")), job, self.step_s())
 
-    def _cause(self, job: dict) -> str:
+    def _cause(self, job: dict, reason: str | None = None) -> str:
         state = job["state"]
         if state == "COMPLETED":    # ended well, yet no result.json: not tunekit's worker
             return (f"the job completed without a tunekit result (a script of your own reports its own way: "
@@ -147,17 +147,42 @@ class SlurmJob:
         cause = CAUSES.get(state, f"the job ended {state}")
         if state == "TIMEOUT":
             cause += f" ({self.target.time})"
-        errors = sorted(self.folder.glob("error-rank*.json"))
+        failed = _failed_nodes(job["nodes"], drained=state == "NODE_FAIL") if state in ("NODE_FAIL", "FAILED") else []
+        if failed:   # the scheduler's word on the node, first: a rank's error after it is a consequence
+            cause = CAUSES["NODE_FAIL"] + ": " + ", ".join(failed)
+        elif state == "NODE_FAIL" and reason not in (None, "None"):   # back in service already: Slurm's word
+            cause += f" (Slurm: {reason})"
+        errors = [] if failed else sorted(self.folder.glob("error-rank*.json"))
         if errors:
             first = min((json.loads(p.read_text()) for p in errors), key=lambda e: e.get("at", 0))
             cause += f": rank {first['rank']} on node {first['node']} failed:\n{first['traceback']}"
-        elif state not in ("CANCELLED", "TIMEOUT", "PENDING"):
+        elif state not in ("CANCELLED", "TIMEOUT", "PENDING") and not failed:
             log = self.folder / f"slurm-{self.job_id}.out"
             tail = log.read_text().strip().splitlines()[-5:] if log.is_file() else []
             if tail:
                 cause += ": " + " / ".join(tail)
         done = len(self.step_s())
         return cause + f" (job {self.job_id} on {job['nodes']}; {done} of {self.steps} steps measured)"
+
+
+def _failed_nodes(nodes: str | None, drained: bool = False) -> list[str]:
+    """Which of a job's ``nodes`` (a Slurm host list, "n[0-1]") Slurm now holds down, failing or
+    not responding (``drained``: drained or draining too), each with its reason:
+    ["n1 down (Not responding)"]; [] when none or sinfo cannot say."""
+    if not nodes or nodes == "(null)":
+        return []
+    try:
+        out = _run(["sinfo", "-h", "-N", "-n", nodes, "-o", "%N|%T|%E"])
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for line in sorted(set(out.stdout.splitlines())):
+        name, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        word = state.rstrip("*~#!%$@^-")
+        if word.startswith(("down", "fail", "drain" if drained else "down")) or state.endswith("*"):
+            said = word if not state.endswith("*") else f"{word}, not responding"
+            found.append(f"{name} {said}" + (f" ({reason})" if reason and reason != "none" else ""))
+    return found
 
 
 def _shared_note(job: dict):
