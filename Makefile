@@ -5,18 +5,22 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CPU_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
+# The extras the set-up installs. `make test` (and the targets that run it) adds `docs` to the same
+# pip call on a fresh clone: one resolve and one editable build, not a second pip run for the docs.
+EXTRAS ?= dev,hf,tensorboard,mlflow,lightning
+test test-all test-under-load: EXTRAS := $(EXTRAS),docs
 
 .PHONY: install tour lab lint test test-slow test-all test-under-load test-fast test-gpu gpu-check bench docs clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[dev,hf,tensorboard,mlflow,lightning]'
+	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[$(EXTRAS)]'
 	# tunekit.experiment's ipyexperiments without the deprecated `pynvml` package it requires
 	# (its shim makes `import torch` warn); nvidia-ml-py, a tunekit dependency, provides pynvml
 	$(PY) -m pip install -q --no-deps 'ipyexperiments>=0.1.29'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
-	touch $@
+	touch $@ $(if $(findstring docs,$(EXTRAS)),$(VENV)/.docs-installed)
 
 install: $(VENV)/.installed
 
