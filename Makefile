@@ -5,18 +5,22 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CPU_CONSTRAINT := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu.txt)
+# The extras the set-up installs. `make test` (and the targets that run it) adds `docs` to the same
+# pip call on a fresh clone: one resolve and one editable build, not a second pip run for the docs.
+EXTRAS ?= dev,hf,tensorboard,mlflow,lightning
+test test-all test-under-load: EXTRAS := $(EXTRAS),docs
 
-.PHONY: install tour lab lint test test-under-load test-fast test-gpu gpu-check bench docs clean
+.PHONY: install tour lab lint test test-slow test-all test-under-load test-fast test-gpu gpu-check bench docs clean
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[dev,hf,tensorboard,mlflow,lightning]'
+	$(PY) -m pip install -q $(CPU_CONSTRAINT) -e '.[$(EXTRAS)]'
 	# tunekit.experiment's ipyexperiments without the deprecated `pynvml` package it requires
 	# (its shim makes `import torch` warn); nvidia-ml-py, a tunekit dependency, provides pynvml
 	$(PY) -m pip install -q --no-deps 'ipyexperiments>=0.1.29'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
-	touch $@
+	touch $@ $(if $(findstring docs,$(EXTRAS)),$(VENV)/.docs-installed)
 
 install: $(VENV)/.installed
 
@@ -37,8 +41,10 @@ lab: install
 lint: install
 	$(VENV)/bin/ruff check tunekit tests benchmarks notebooks tools
 
-# Lint, the docs site built strictly, unit tests (magics in a real IPython shell, notebook pairs in
-# sync), and every notebook executed by nbval in a kernel. The notebooks run beside the unit tests
+# Lint, the docs site built strictly, the unit tests but those marked `slow` (magics in a real IPython
+# shell, notebook pairs in sync), and every notebook executed by nbval in a kernel: under 15 minutes
+# from a fresh clone on 2 cores, install included. `make test-slow` runs the slow tests (each keeps a
+# fast test of its behaviour in this run), `make test-all` both. The notebooks run beside the unit tests
 # (two cores, two suites; each must hold on a busy machine anyway); their report follows the tests'.
 # The notebooks' kernels get one OpenMP thread: two suites of two threads each on two cores made
 # both crawl (21m40s in all, where one after the other took ~16 min).
@@ -57,9 +63,18 @@ test: lint docs
 	  else echo "the test cluster did not start (build/slurm-up.log): chapter 19 shows its script only"; fi; \
 	else echo "no test cluster ($$($(PY) tools/slurm_cluster.py check)): chapter 19 shows its script only"; fi; \
 	env $$cluster OMP_NUM_THREADS=1 $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks/*.ipynb > build/nbval.log 2>&1 & nb=$$!; \
-	$(PY) -m pytest -q -m "not gpu" --durations=25 tests; tests=$$?; \
+	$(PY) -m pytest -q -m "not gpu and not slow" --durations=25 tests; tests=$$?; \
 	wait $$nb; notebooks=$$?; echo "== notebooks (nbval)"; cat build/nbval.log; \
 	exit $$(( tests != 0 || notebooks != 0 ))
+
+# The tests marked `slow` (the first hour from a wheel, the longest docs pages, the dense Ctrl-C
+# sweeps, wheels and subprocess runs, 8B plans, a Slurm job past its time limit): ~15 minutes on 2
+# cores; they start their own Slurm test cluster where they need one. CI may run them after
+# `make test`; `make test-all` runs both, one after the other.
+test-slow: install
+	$(PY) -m pytest -q -m "slow and not gpu" --durations=25 tests
+
+test-all: test test-slow
 
 # `make test` beside two processes that keep both cores busy (tools/busy.py): tests must not
 # depend on a quiet machine. busy.py stops its spinners when `make test` ends, whatever the

@@ -1,7 +1,7 @@
 """The first hour of a new user (issue 33), replayed from a wheel: fails on anything that would make
 that user pause.
 
-    python tools/first_hour.py [--keep]       # tests/project/test_first_hour.py runs it under `make test`
+    python tools/first_hour.py [--keep]       # tests/project/test_first_hour.py runs it under `make test-slow`
 
 What it does, each step timed on one line, then a summary (exit 1 if any finding):
 

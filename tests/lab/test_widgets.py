@@ -94,7 +94,7 @@ def test_run_failure_is_a_sentence(dash, monkeypatch):
     assert isinstance(dash.last_error, RuntimeError)
 
 
-@pytest.mark.slow
+# not marked slow (three trials of 4 x 64 tokens): the find-max button's only test, kept in `make test`
 def test_find_max_button_reports_trials(dash):
     dash.max_batch.value = 4
     dash.budget_mib.value = 4096

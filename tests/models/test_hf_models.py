@@ -205,11 +205,13 @@ def test_measure_memory_of_a_causal_lm_given_only_its_inputs_trains_on_them_as_l
     assert torch.equal(step_loss(model, (x,), "transformers"), model(input_ids=x, labels=x).loss)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("cfg", [llama(L=3, h=128, f=344, nh=8, kv=2, V=512, P=256), gpt2(L=3, h=128, V=512, P=256)],
                          ids=["llama", "gpt2"])
-@pytest.mark.parametrize("precision,ckpt,attention", [("fp32", False, "sdpa"), ("bf16", False, "math"),
-                                                      ("bf16", True, "sdpa"), ("fp32", True, "math")])
+# bf16 with checkpointing under sdpa, both models, in `make test`; the other three settings in `make test-slow`
+@pytest.mark.parametrize("precision,ckpt,attention", [pytest.param("fp32", False, "sdpa", marks=pytest.mark.slow),
+                                                      pytest.param("bf16", False, "math", marks=pytest.mark.slow),
+                                                      ("bf16", True, "sdpa"),
+                                                      pytest.param("fp32", True, "math", marks=pytest.mark.slow)])
 def test_activation_estimate_within_ten_percent(tmp_path, cfg, precision, ckpt, attention):
     lab = Lab(build(cfg), log_path=tmp_path / "r.jsonl", peak_tflops=1.0, micro_batch=2, seq_len=96,
               precision=precision, checkpointing=ckpt, attention=attention)

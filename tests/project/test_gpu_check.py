@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "gpu_check.py"
 
@@ -21,7 +19,7 @@ def load():
     return mod
 
 
-@pytest.mark.slow
+# not marked slow (17-30 s on 2 busy cores): `make test` is what keeps a typo off the lent GPU
 def test_the_dry_run_reports_every_section_and_writes_both_files(tmp_path):
     # its own process, as `make gpu-check` runs it: IPython, ipywidgets and plotly are blocked there
     env = dict(os.environ, PYTHONPATH=str(ROOT))

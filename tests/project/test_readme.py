@@ -169,8 +169,13 @@ def shell(tmp_path, monkeypatch):
     ip.reset(new_session=False)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("section", RUN)
+# pages whose runs take 12-40 s each on 2 busy cores (CI's durations): `make test-slow` runs them; the
+# others run in `make test`, the README's first example and its Monitor among them (docs/profile.md,
+# docs/monitor.md); what the slow pages show is tested fast in tests/lab, tests/planning, tests/parallel
+SLOW_PAGES = {"docs/lab.md", "docs/parallel.md", "docs/plan.md", "docs/why-slow.md"}
+
+
+@pytest.mark.parametrize("section", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_PAGES else s for s in RUN])
 def test_readme_and_docs_section_runs_as_written(section, shell, tmp_path):
     skipped = []
     for b in (b for b in PY if b.section == section):
