@@ -50,6 +50,7 @@ STATE = ("(() => { const outs = [...%s]; const text = document.body.innerText;"
          "traceback: !!document.querySelector('.jp-OutputArea-output[data-mime-type*=error]'),"
          "rows: document.querySelectorAll('.jp-OutputArea table.tk tbody tr').length,"
          "charts: document.querySelectorAll('.jp-OutputArea .js-plotly-plot .main-svg').length,"
+         "expect: /expected [0-9.,]+ (µs|ms|s)\\/step/.test(text),"
          "outputs: outs.length}; })()") % OUT
 
 
@@ -82,6 +83,8 @@ def problems(state: dict) -> list[str]:
                    "the toggles' controls are missing")
     if state.get("rows", 0) < 1:
         out.append("no row in the runs table after Run")
+    if not state.get("expect"):
+        out.append("no expectation line ('expected ... ms/step') under the controls")
     if state.get("charts", 0) < 2:
         out.append(f"{state.get('charts', 0)} plotly SVG chart(s), expected the dashboard's and the figure's")
     return out

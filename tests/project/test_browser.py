@@ -14,7 +14,7 @@ _spec.loader.exec_module(bc)
 
 # what the page showed in JupyterLab 4.6 / Notebook 7.6 (one dashboard of 5 dropdowns, one run)
 DRAWN = {"run": True, "find": True, "selects": 5, "inputs": 12, "error": False, "fallback": False,
-         "traceback": False, "rows": 1, "charts": 6, "outputs": 3}
+         "traceback": False, "rows": 1, "charts": 6, "outputs": 3, "expect": True}
 
 
 def test_a_drawn_page_passes_and_each_lack_is_named():
@@ -22,11 +22,12 @@ def test_a_drawn_page_passes_and_each_lack_is_named():
     assert bc.problems({**DRAWN, "error": True}) == ["'Error displaying widget' on the page"]
     # no widget manager: the text fallback shows, and so no control, no run, no dashboard chart
     assert bc.problems({**DRAWN, "fallback": True, "run": False, "find": False, "selects": 0, "inputs": 0,
-                        "rows": 0, "charts": 1}) == [
+                        "rows": 0, "charts": 1, "expect": False}) == [
         "the dashboard's text fallback shows: no widget manager drew it",
         "no Run / Find max batch buttons",
         "0 dropdowns and 0 inputs: the toggles' controls are missing",
         "no row in the runs table after Run",
+        "no expectation line ('expected ... ms/step') under the controls",
         "1 plotly SVG chart(s), expected the dashboard's and the figure's"]
 
 
