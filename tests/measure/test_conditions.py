@@ -97,12 +97,14 @@ def test_round_trip_through_a_log_line():
 def _fake(monkeypatch, samples, asked=None):
     it = iter(samples)
 
-    def sample(with_sched, with_stat=True):
+    def sample(with_sched, with_stat=True, with_wait=True):
         s = dict(next(it))
         if asked is not None:
-            asked.append(with_stat)
+            asked.append(with_stat if with_wait else (with_stat, "no wait"))
         if not with_stat:  # /proc/stat left unread
             s.pop("busy_s", None), s.pop("steal_s", None)
+        if not with_wait:  # the CPU-wait counter left unread
+            s.pop("wait_s", None), s.pop("wait_source", None)
         return s
 
     monkeypatch.setattr(mc._COUNTERS, "sample", sample)
@@ -143,6 +145,43 @@ def test_a_lean_meter_reads_proc_stat_at_stop_only_for_a_block_long_enough_for_i
     c = m.stop(0.2, threads=1)  # resolved: read, as a plain meter does
     assert asked == [True, True] and m.raw["busy_cpu_s"] == 1.0
     assert c.others_cpus == pytest.approx(4.5)  # (501 - 500 - 0.1) CPU-s over 0.2 s
+
+
+def test_a_lean_meter_leaves_the_wait_unread_for_a_block_too_short_to_be_busy_by_it(monkeypatch):
+    # CPU_WAIT_MIN_S = 2 ms: a 1 ms block cannot wait 2 ms, so its stop reads no PSI (nor /proc/stat:
+    # 1 ms < 0.2 s); a plain meter reads both whatever the length
+    monkeypatch.setattr(mc, "_CPUS", 2)
+    monkeypatch.setattr(mc, "_TICK_S", 0.01)
+    two = [{"own_cpu_s": 0.0, "wait_s": 0.0, "wait_source": "psi", "busy_s": 500.0, "steal_s": 1.0},
+           {"own_cpu_s": 0.001, "wait_s": 0.001, "wait_source": "psi", "busy_s": 501.0, "steal_s": 1.0}]
+    asked = []
+    _fake(monkeypatch, two, asked)
+    m = mc.ConditionsMeter(lean=True).start()
+    c = m.stop(0.001, threads=1)
+    assert asked == [True, (False, "no wait")]
+    assert m.raw == {"own_cpu_s": 0.001, "wait_source": "psi"}  # the counter is there, unread
+    assert c.verdict == QUIET and math.isnan(c.cpu_wait) and c.wait_source == "psi"
+    assert c.reason == "CPU wait not read: a block under 2 ms is never busy by it"
+    assert math.isnan(c.load_avg)  # not read either: it never decides
+    asked.clear()
+    _fake(monkeypatch, two, asked)
+    c = mc.ConditionsMeter(lean=True).start().stop(0.002, threads=1)  # 2 ms: the wait can decide
+    assert asked == [True, False] and c.cpu_wait == 0.5  # 1 ms of 2 ms; < CPU_WAIT_MIN_S: quiet
+    assert c.verdict == QUIET and not math.isnan(c.load_avg)
+    asked.clear()
+    _fake(monkeypatch, two, asked)
+    mc.ConditionsMeter().start().stop(0.001, threads=1)
+    assert asked == [True, True]
+
+
+def test_an_unread_wait_is_said_so_only_where_it_could_not_decide():
+    # judged from raw readings: a counter named (wait_source) without a reading
+    assert judge(0.0001, 2, 1, wait_source="psi").reason == "CPU wait not read: a block under 2 ms is never busy by it"
+    # the GPU still decides a short block
+    assert judge(0.0001, 2, 1, wait_source="psi", gpu_other_processes=1).verdict == BUSY
+    # 2 ms and more without a reading, or no counter at all: unknown, as before
+    assert judge(0.002, 2, 1, wait_source="psi").verdict == UNKNOWN
+    assert judge(0.0001, 2, 1).verdict == UNKNOWN
 
 
 def test_meter_without_psi_falls_back_to_this_threads_wait(monkeypatch):

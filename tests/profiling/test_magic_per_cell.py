@@ -95,10 +95,10 @@ def _cell_work(ip, src):
     return calls, _Reads.n - reads0
 
 
-def _steady_counters(with_sched, with_stat=True):
+def _steady_counters(with_sched, with_stat=True, with_wait=True):
     """The machine's counters, never moving: a quiet verdict for every cell (a busy one words
     its reason with a few more calls, which is the load's doing, not the history's)."""
-    s = {"own_cpu_s": 0.0, "wait_s": 0.0, "wait_source": "psi"}
+    s = {"own_cpu_s": 0.0, **({"wait_s": 0.0, "wait_source": "psi"} if with_wait else {})}
     return {**s, "busy_s": 0.0, "steal_s": 0.0} if with_stat else s
 
 

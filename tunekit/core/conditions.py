@@ -11,7 +11,8 @@ are judged alike):
 - CPU wait: the time during which some runnable task waited for a CPU (Linux PSI
   ``/proc/pressure/cpu``, microsecond resolution; without PSI, this thread's run-queue wait from
   ``/proc/self/schedstat``). A quiet machine shows ~0; two busy processes beside a 2-thread
-  torch step show ~100%.
+  torch step show ~100%. It makes a block busy only from ``CPU_WAIT_MIN_S`` (2 ms) of wait on, so
+  a shorter block (a trivial profiled cell) may leave it unread: "CPU wait not read", NaN.
 - other processes' CPU use (``/proc/stat`` busy time minus this process's CPU time), trusted
   only when the block is long enough for /proc/stat's clock-tick resolution;
 - steal (``/proc/stat``): time the hypervisor gave this VM's CPUs to someone else;
@@ -58,7 +59,7 @@ class Conditions:
     others_cpus: float = NaN         # CPUs' worth of time other processes used, on average
     cpu_share: float = NaN           # CPU time this process got / (wall x threads)
     steal: float = NaN               # fraction of the CPUs' time taken by the hypervisor
-    load_avg: float = NaN            # 1-minute load average at the end (lags: never decides)
+    load_avg: float = NaN            # 1-minute load average at the end (never decides; NaN: a block < 2 ms)
     gpu_other_processes: int | None = None
     gpu_throttle: str | None = None  # NVML clocks-event reasons seen, comma-separated
 
@@ -146,10 +147,15 @@ def judge(wall_s: float, cpus: int | None = None, threads: int | None = None, *,
             busy.append(f"this process got {fmt_pct(share, 0)} of its "
                         + (f"{threads} threads' time" if threads != 1 else "1 thread's time"))
         return Conditions(BUSY, "; ".join(busy), **kw)
-    if is_missing(wait) and not long_enough and gpu_other_processes is None:
+    # a counter there but left unread (a lean meter's stop): below CPU_WAIT_MIN_S no wait could
+    # make the block busy, so nothing was lost; longer, the wait is simply missing
+    unread = cpu_wait_s is None and wait_source is not None and wall_s < CPU_WAIT_MIN_S
+    if is_missing(wait) and not unread and not long_enough and gpu_other_processes is None:
         return Conditions(UNKNOWN, "no CPU-wait counter here (Linux PSI or schedstat) and the block "
                                    "was too short for /proc/stat", **kw)
     said = []
+    if unread:
+        said.append(f"CPU wait not read: a block under {CPU_WAIT_MIN_S * 1e3:g} ms is never busy by it")
     if not is_missing(wait):
         said.append(f"{who} waited for a CPU {fmt_pct(wait, 0)} of the time")
         if own_wait and wait >= CPU_WAIT_BUSY:

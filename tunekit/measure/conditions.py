@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from tunekit.core.conditions import Conditions, judge, resolved
+from tunekit.core.conditions import CPU_WAIT_MIN_S, Conditions, judge, resolved
 from tunekit.core.units import is_missing
 from tunekit.core.validate import flag, whole
 from tunekit.measure.device import existing_device, torch_if_loaded
@@ -60,14 +60,14 @@ class _Counters:
         except OSError:
             return None
 
-    def sample(self, with_sched: bool, with_stat: bool = True) -> dict:
-        """The counters now: CPU wait (s), machine busy and steal time (s; not read without
-        ``with_stat``), own CPU time (s)."""
+    def sample(self, with_sched: bool, with_stat: bool = True, with_wait: bool = True) -> dict:
+        """The counters now: CPU wait (s; not read without ``with_wait``), machine busy and steal
+        time (s; not read without ``with_stat``), own CPU time (s)."""
         out = {"own_cpu_s": time.process_time()}
-        psi = self.read("psi")
+        psi = self.read("psi") if with_wait else None
         if psi:  # "some avg10=0.00 avg60=0.00 avg300=0.00 total=123456" (µs)
             out["wait_s"], out["wait_source"] = int(psi[psi.index(b"total=") + 6:psi.index(b"\n")]) / 1e6, "psi"
-        elif with_sched:
+        elif with_sched and with_wait:
             sched = self.read("sched")  # "run_ns wait_ns slices" of this thread
             if sched:
                 out["wait_s"], out["wait_source"] = int(sched.split()[1]) / 1e9, "schedstat"
@@ -94,6 +94,8 @@ def delta(s0: dict, s1: dict) -> dict:
     out = {"own_cpu_s": s1["own_cpu_s"] - s0["own_cpu_s"]}
     if "wait_s" in s0 and "wait_s" in s1:
         out["cpu_wait_s"], out["wait_source"] = s1["wait_s"] - s0["wait_s"], s1["wait_source"]
+    elif "wait_s" in s0:  # a counter there, left unread at the stop (a lean meter's short block)
+        out["wait_source"] = s0["wait_source"]
     if "busy_s" in s0 and "busy_s" in s1:
         out["busy_cpu_s"] = s1["busy_s"] - s0["busy_s"]
         if s0.get("steal_s") is not None and s1.get("steal_s") is not None:
@@ -108,8 +110,10 @@ class ConditionsMeter:
     ``lean``: `stop()` leaves /proc/stat unread when the block was too short for its clock ticks
     (`core.conditions.resolved`: the verdict leaves other processes and steal out there, and the
     record has them as NaN): the kernel renders the whole file, every CPU's and interrupt's
-    line, for each read, which is most of what a meter costs a trivial cell. A lean meter's
-    windows do not `follow()` one another.
+    line, for each read, which is most of what a meter costs a trivial cell. It leaves the
+    CPU-wait counter unread too when the block was shorter than ``CPU_WAIT_MIN_S`` (2 ms), where
+    no wait can make it busy (`judge` says "not read", the record has ``cpu_wait`` NaN), and the
+    load average (which never decides: NaN). A lean meter's windows do not `follow()` one another.
     ``judged=False``: `stop()` takes every reading, and the verdict and its words are worked out
     from them when the record is first read (`Deferred`), not in the measured path.
     """
@@ -119,8 +123,8 @@ class ConditionsMeter:
         self.cuda_index, self.children, self.lean, self.judged = cuda_index, children, lean, judged
         self.s0 = self.raw = None
 
-    def _sample(self, with_stat: bool = True) -> dict:
-        s = _COUNTERS.sample(with_sched=True, with_stat=with_stat)
+    def _sample(self, with_stat: bool = True, with_wait: bool = True) -> dict:
+        s = _COUNTERS.sample(with_sched=True, with_stat=with_stat, with_wait=with_wait)
         if self.children:  # the CPU time of child processes that ended and were waited for
             import resource
 
@@ -149,12 +153,13 @@ class ConditionsMeter:
         t1 = time.perf_counter()
         if is_missing(wall_s):
             wall_s = t1 - self.t0
-        s1 = self._sample(with_stat=not self.lean or resolved(wall_s, _CPUS, _TICK_S))
+        full = not self.lean or wall_s >= CPU_WAIT_MIN_S  # a lean meter's block under 2 ms: the least
+        s1 = self._sample(with_stat=not self.lean or resolved(wall_s, _CPUS, _TICK_S), with_wait=full)
         self.s1, self.t1 = s1, t1
         self.raw = delta(self.s0, s1)
         gpu = gpu_readings(self.cuda_index)
         kw = dict(wall_s=wall_s, cpus=_CPUS, threads=threads or threads_in_use(), tick_s=_TICK_S,
-                  load_avg=_load1(), **self.raw, **gpu)
+                  load_avg=_load1() if full else None, **self.raw, **gpu)
         return judge(**kw) if self.judged else Deferred(kw)
 
 

@@ -154,7 +154,7 @@ class Probe:
         # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
         # block, say) measures the counter too: such a run must not report TFLOPS.
         self.under_counter = _counting_active()
-        self.graphs0 = _compiled_graphs()
+        self.graphs0 = None if self.inert else _compiled_graphs()  # an inert block compiles nothing
         self.cpu, self.cuda = CpuPeak(self.allocations), CudaMeter()
         self.cpu.start()
         self.cuda.start()
@@ -354,7 +354,7 @@ class Probe:
             return
         # None: Dynamo never used so far (the same as none compiled); it may be first imported by
         # the block without compiling anything, which is no compile
-        compiled = (_compiled_graphs() or 0) - (self.graphs0 or 0)
+        compiled = 0 if self.inert else (_compiled_graphs() or 0) - (self.graphs0 or 0)
         if compiled > 0:
             rec.notes.append(Note("rates.none", f"torch.compile compiled {compiled} graph(s) "
                                   "during this run, so its time includes compiling: no TFLOPS/MFU; re-run"))
