@@ -280,3 +280,19 @@ def test_dashboard_run_says_predicted_against_measured(dash):
     r = dash.lab.runs[-1]
     assert r.expected_step_s > 0 and "predicted" in dash.message.value
     assert dash.lab.results()["expect_error"].notna().all()
+
+
+def test_only_a_run_of_this_model_calibrates():
+    import torch
+    model = torch.nn.Linear(2, 2)   # 2 x 2 weights + 2 biases = 6 parameters
+
+    def run(run_id, n_params):
+        return SimpleNamespace(run_id=run_id, status="ok", parallel=None, step_s=0.01, device="cpu",
+                               session=None, n_params=n_params)
+    # a resumed log: run #4 (the newest) is of another model, run #2 of this one
+    lab = SimpleNamespace(model=model, runs=[run(2, 6), run(4, 1_000)], log=SimpleNamespace(session=None))
+    assert ex.base_run(lab, "cpu").run_id == 2
+    with pytest.raises(ValueError, match=r"this Lab's model \(6 parameters\)"):
+        ex.base_run(lab, "cpu", base=4)
+    lab.runs = [run(4, 1_000)]
+    assert ex.base_run(lab, "cpu") is None

@@ -172,15 +172,17 @@ def base_run(lab, device: str, base=None):
         if not found:
             raise ValueError(f"no run #{base}: the runs are " + ", ".join(f"#{r.run_id}" for r in runs))
         base = found[-1]
+    # a log the Lab resumed may hold runs of other models: only a run of this model calibrates it
+    n_params = sum(p.numel() for p in lab.model.parameters())
     if base is not None:
         if not hasattr(base, "step_s") or getattr(base, "status", None) != "ok" or base.parallel \
-                or not base.step_s > 0 or _device_of(base) != device:
-            raise ValueError(f"lab.expect(base=...) takes a finished one-process run of this Lab on {device} "
-                             f"(a RunResult or its run id), got {base!r:.120}")
+                or not base.step_s > 0 or _device_of(base) != device or base.n_params != n_params:
+            raise ValueError(f"lab.expect(base=...) takes a finished one-process run of this Lab's model "
+                             f"({n_params:,} parameters) on {device} (a RunResult or its run id), got {base!r:.120}")
         return base
     session = getattr(lab.log, "session", None)
     for r in reversed(runs):
-        if (r.status == "ok" and not r.parallel and r.step_s and r.step_s > 0
+        if (r.status == "ok" and not r.parallel and r.step_s and r.step_s > 0 and r.n_params == n_params
                 and (session is None or r.session == session) and _device_of(r) == device):
             return r
     return None
