@@ -350,7 +350,8 @@ def test_the_signature_is_the_options_dataclass():
     from tunekit.autotune import AutotuneOptions
 
     params = list(inspect.signature(autotune).parameters.values())[1:]  # after the lab
-    assert [(p.name, p.default) for p in params] == \
+    assert params[-1].name == "setting" and params[-1].default is None   # where it starts (None: the Lab's)
+    assert [(p.name, p.default) for p in params[:-1]] == \
         [(f.name, f.default) for f in dataclasses.fields(AutotuneOptions)]
     options, problems = AutotuneOptions().checked()
     assert problems == [] and options == AutotuneOptions()  # the defaults pass their own checks
