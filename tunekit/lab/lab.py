@@ -114,13 +114,8 @@ class Lab(LabResults):
 
     @toggle_keywords
     def setting_of(self, setting: Setting | None = None, **changes) -> Setting:
-        """The one `tunekit.Setting` a call of this Lab with ``setting`` or the toggle keywords
-        ``changes`` describes: ``lab.resolve(**changes)`` (defaults and the model's own state filled in)
-        and the live weights' dtype; what every entry point (run, plan, find_max_batch_size, autotune)
-        makes at its edge and passes inward (tunekit.lab.setting). Words no Setting can hold raise
-        ``ToggleError``, an unknown keyword TypeError.
-
-        Example: ``lab.setting_of(precision="bf16").autocast`` is ``'bf16'``."""
+        """The one `tunekit.Setting` of a call with ``setting`` or toggle keywords, as every entry point
+        makes it at its edge (tunekit.lab.setting.setting_of). Example: ``lab.setting_of(precision="bf16")``."""
         return setting_of(self, setting, changes, api="lab.setting_of")
 
     def model_state(self, t: Toggles) -> Toggles:
@@ -294,9 +289,8 @@ class Lab(LabResults):
         """The fastest configuration that fits, searched within ``budget_s`` seconds; returns an
         ``AutotuneResult`` (winner, evidence table, figure). The options are
         ``tunekit.autotune.autotune``'s (each explained there; `AutotuneOptions` holds them);
-        the search starts from the Lab's toggles plus ``changes`` (or ``setting``, a ``tunekit.Setting``
-        of one process); ``verbose`` (default) shows the stage and trial going and the winner at the end
-        (tunekit.view.progress; the runs inside are quiet), ``verbose=False`` nothing.
+        it starts from the Lab's toggles plus ``changes`` (or ``setting``); ``verbose`` (default) shows the
+        stage and trial going and the winner at the end (tunekit.view.progress), ``verbose=False`` nothing.
         ``on=tunekit.Slurm(...)``: each trial a cluster job (tunekit.lab.cluster.ClusterTrials).
         Example: ``found = lab.autotune(budget_s=120, keep_global_batch=True)``."""
         s = setting_of(self, setting, changes, one_process=True, api="lab.autotune")
