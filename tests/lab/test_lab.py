@@ -425,7 +425,8 @@ def test_one_setting_at_the_labs_edge(lab, make_lab):
 
     s = lab.setting_of(precision="bf16")
     assert isinstance(s, Setting)
-    assert (s.precision, s.micro_batch, s.seq_len, s.weights, s.parallel, s.world_size) == ("bf16", 4, 64, None, None, 1)
+    assert (s.precision, s.micro_batch, s.seq_len, s.weights, s.parallel, s.world_size) == \
+        ("bf16", 4, 64, None, None, 1)
     assert s.autocast == "bf16"   # fp32 weights under bf16 autocast
     assert lab.setting_of(setting=Setting(micro_batch=2)).seq_len == 64   # None in a Setting keeps the Lab's
     with pytest.raises(ToggleError) as e:   # words no Setting can hold: every problem, as lab.run says them
