@@ -208,10 +208,12 @@ class Lab(LabResults):
         interrupted run is not recorded, is undone (with ``guard``), and its tensors are freed.
         ``setting``: a ``tunekit.Setting`` for the toggles and layout (``setting=Setting(parallel="ddp")``).
         ``on=tunekit.Slurm(...)``: a cluster job instead (tunekit.lab.cluster; ``result.job``)."""
-        s = setting_of(self, setting, changes, (parallel, nproc, nodes), steps=steps, warmup=warmup)
+        ranks = (1, 1) if on is not None and setting is None else (nproc, nodes)   # a job's: its target's
+        s = setting_of(self, setting, changes, (parallel, *ranks), steps=steps, warmup=warmup)
         if on is not None:   # tunekit.lab.cluster takes the toggles as keywords
+            ranks = (nproc, nodes) if setting is None else (s.world_size // s.nodes, s.nodes)
             return submitted(self, on, steps, warmup, progress, s.parallel, toggles_of(s), verbose,
-                             (trace, memory, link, s.world_size // s.nodes, s.nodes))
+                             (trace, memory, link, *ranks))
         if not flag("verbose", verbose):
             return self._run(steps, warmup, progress, guard, trace, memory, link, s)
         from tunekit.view.progress import RunProgress  # the view that shows it; chosen per frontend there
