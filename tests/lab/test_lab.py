@@ -435,6 +435,8 @@ def test_one_setting_at_the_labs_edge(lab, make_lab):
                                                           "lr must be a finite number > 0"]
     with pytest.raises(TypeError, match="unknown toggle"):
         lab.setting_of(micro_bach=2)
+    with pytest.raises(ToggleError, match="in a Lab .those it can build., got 'adam'"):
+        lab.setting_of(optimizer="adam")   # refused by name, as lab.run refused it (a Setting would say adamw)
     half = make_lab(model=torch.nn.Linear(4, 4).to(torch.bfloat16), batch_fn=lambda b, t: (torch.zeros(b, 4).bfloat16(),
                     torch.zeros(b, 4).bfloat16()), loss_fn=lambda m, x, y: (m(x) - y).float().pow(2).mean(), seq_len=1)
     assert half.setting_of().weights == "bf16"   # the live weights' dtype: what lab.plan plans

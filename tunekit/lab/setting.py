@@ -80,6 +80,8 @@ def setting_of(lab, setting: Setting | None = None, changes: dict | None = None,
         ranks = kind is not None or (nproc, nodes) != (1, 1)
         errors = (layout_problems(kind, nproc, nodes) if ranks else []) + lab.check(t, steps, warmup)
         raise ToggleError(errors or [str(e).removeprefix(REFUSED)]) from None
+    if refuse and s.optimizer != t.optimizer:   # an alias ("adam"): a Lab takes the names it builds (lab.check)
+        raise ToggleError(lab.check(t, steps, warmup))
     live = weights_dtype(lab.model.parameters())
     return s.replace(weights=live) if live in HALF and s.weights is None else s
 
