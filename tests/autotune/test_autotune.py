@@ -12,6 +12,7 @@ import torch
 
 from tunekit.autotune import LabTrials, autotune
 from tunekit.core.conditions import Conditions
+from tunekit.core.setting import Setting
 from tunekit.core.toggles import Env, ToggleError
 
 SEQ = 128
@@ -350,7 +351,8 @@ def test_the_signature_is_the_options_dataclass():
     from tunekit.autotune import AutotuneOptions
 
     params = list(inspect.signature(autotune).parameters.values())[1:]  # after the lab
-    assert [(p.name, p.default) for p in params] == \
+    assert params[-1].name == "setting" and params[-1].default is None   # where it starts (None: the Lab's)
+    assert [(p.name, p.default) for p in params[:-1]] == \
         [(f.name, f.default) for f in dataclasses.fields(AutotuneOptions)]
     options, problems = AutotuneOptions().checked()
     assert problems == [] and options == AutotuneOptions()  # the defaults pass their own checks
@@ -487,3 +489,18 @@ def test_lab_autotune_shows_stage_trial_and_best_then_one_line(lab, monkeypatch)
     monkeypatch.setattr(progress.sys, "stderr", _Tty())
     assert lab.autotune(budget_s=1000, trials=FakeTrials(), space={"compile": [False]}, verbose=False).toggles \
         == found.toggles and progress.sys.stderr.text == ""
+
+
+def test_the_search_starts_from_the_toggles_or_setting_it_is_given(lab):
+    """lab.autotune takes the start as lab.run does: toggle keywords or setting=, one Setting at its edge."""
+    found = lab.autotune(budget_s=10, trials=FakeTrials(), verbose=False, micro_batch=4, checkpointing=True)
+    assert (found.start.micro_batch, found.start.checkpointing) == (4, True)   # the Lab's own start: 8, False
+    found = lab.autotune(budget_s=10, trials=FakeTrials(), verbose=False,
+                         setting=Setting(micro_batch=2))   # seq_len None: the Lab's
+    assert found.start.micro_batch == 2
+    with pytest.raises(ValueError, match="either setting= or the step keywords"):
+        lab.autotune(budget_s=10, trials=FakeTrials(), setting=Setting(), micro_batch=2)
+    with pytest.raises(ToggleError, match="autotune searches one process|this searches one process"):
+        lab.autotune(budget_s=10, trials=FakeTrials(), setting=Setting(parallel="ddp", world_size=2))
+    with pytest.raises(ToggleError, match="micro_batch must be a whole number >= 1, got 0"):
+        lab.autotune(budget_s=10, trials=FakeTrials(), micro_batch=0)   # refused before any trial

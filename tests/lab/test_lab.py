@@ -417,3 +417,26 @@ def test_repeat_agreement_compares_the_best_steps_of_repeats():
     assert worst == 0.110 / 0.100 and "up to 10%" in verdict and "stable" in verdict  # 1.1 <= 1.2
     worst, verdict = repeat_agreement([[R(step_s_min=0.1), R(step_s_min=0.13)]])
     assert round(worst, 6) == 1.3 and "busy" in verdict
+
+
+def test_one_setting_at_the_labs_edge(lab, make_lab):
+    """lab.setting_of: the one Setting every entry point makes from setting= or the toggle keywords."""
+    from tunekit.core.setting import Setting
+
+    s = lab.setting_of(precision="bf16")
+    assert isinstance(s, Setting)
+    assert (s.precision, s.micro_batch, s.seq_len, s.weights, s.parallel, s.world_size) == \
+        ("bf16", 4, 64, None, None, 1)
+    assert s.autocast == "bf16"   # fp32 weights under bf16 autocast
+    assert lab.setting_of(setting=Setting(micro_batch=2)).seq_len == 64   # None in a Setting keeps the Lab's
+    with pytest.raises(ToggleError) as e:   # words no Setting can hold: every problem, as lab.run says them
+        lab.setting_of(micro_batch=0, lr=0)
+    assert [p.split(",")[0] for p in e.value.problems] == ["micro_batch must be a whole number >= 1",
+                                                          "lr must be a finite number > 0"]
+    with pytest.raises(TypeError, match="unknown toggle"):
+        lab.setting_of(micro_bach=2)
+    with pytest.raises(ToggleError, match="in a Lab .those it can build., got 'adam'"):
+        lab.setting_of(optimizer="adam")   # refused by name, as lab.run refused it (a Setting would say adamw)
+    half = make_lab(model=torch.nn.Linear(4, 4).to(torch.bfloat16), batch_fn=lambda b, t: (torch.zeros(b, 4).bfloat16(),
+                    torch.zeros(b, 4).bfloat16()), loss_fn=lambda m, x, y: (m(x) - y).float().pow(2).mean(), seq_len=1)
+    assert half.setting_of().weights == "bf16"   # the live weights' dtype: what lab.plan plans

@@ -99,9 +99,14 @@ def test_lab_autotune_takes_exactly_the_autotune_options():
 
     method = list(inspect.signature(Lab.autotune).parameters.values())[1:]   # after self
     function = list(inspect.signature(autotune).parameters.values())[1:]     # after the lab
+    toggles = [f.name for f in dataclasses.fields(Toggles)]
+    # the search's start: setting= or the toggle keywords, one Setting at the Lab's edge (lab.setting_of)
+    assert [p.name for p in method[-len(toggles):]] == toggles
+    method = method[:-len(toggles)]
     assert method[-1].name == "verbose" and method[-1].default is True   # the Lab's display (view.progress)
     method = method[:-1]
-    assert [(p.name, p.default) for p in method] == \
+    assert function[-1].name == method[-1].name == "setting"   # the starting Setting (None: the Lab's toggles)
+    assert [(p.name, p.default) for p in method[:-1]] == \
         [(f.name, f.default) for f in dataclasses.fields(AutotuneOptions)]
     assert [(p.name, p.kind, p.default) for p in method] == [(p.name, p.kind, p.default) for p in function]
 

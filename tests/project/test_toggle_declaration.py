@@ -82,6 +82,52 @@ def test_a_declared_toggle_reaches_the_labs_run(declared_toggle, tmp_path):
         is False   # a Setting is complete: its declared default
 
 
+def test_a_declared_toggle_is_in_the_signatures_help_shows(declared_toggle):
+    import inspect
+
+    from tunekit.lab.maxbatch import find_max_batch_size
+
+    lab_calls = (tunekit.Lab.run, tunekit.Lab.plan, tunekit.Lab.find_max_batch_size, tunekit.Lab.autotune,
+                 tunekit.Lab.setting_of, tunekit.Lab.resolve, find_max_batch_size)
+    for fn in (*lab_calls, tunekit.plan):
+        shown = inspect.signature(fn).parameters
+        assert NAME in shown and shown[NAME].kind is inspect.Parameter.KEYWORD_ONLY, fn.__qualname__
+        assert f"{NAME}: 'bool' = " in str(inspect.signature(fn))   # what help() and Jupyter's ? print
+    assert NAME in inspect.signature(tunekit.Lab(micro_batch=2, seq_len=16).run).parameters   # a bound method's
+
+
+def test_a_toggle_taken_back_leaves_the_signatures():
+    import inspect
+
+    assert NAME not in inspect.signature(tunekit.Lab.run).parameters
+    assert NAME not in inspect.signature(tunekit.plan).parameters
+
+
+def test_a_declared_toggle_is_a_column_of_the_results(declared_toggle, tmp_path):
+    lab = tunekit.Lab(micro_batch=2, seq_len=16, log_path=tmp_path / "runs.jsonl")
+    r = lab.run(steps=1, warmup=0, verbose=False, fused_loss=True)
+    assert r.fused_loss is True   # a record reads its toggles by name
+    frame = lab.results(all=True)
+    columns = list(frame.columns)
+    assert columns.index(NAME) == columns.index("lr") + 1   # after the nine toggles, in declared order
+    assert frame[NAME].tolist() == [True]
+
+
+def test_a_declared_toggle_is_one_the_plan_panel_compares(declared_toggle):
+    pytest.importorskip("ipywidgets")
+    from tunekit.planning.panel import planned_toggles
+
+    # the nine declared toggles and this one, but grad_accum, lr and compile (planner.SAME_STEP)
+    assert planned_toggles() == ("precision", "checkpointing", "micro_batch", "seq_len", "optimizer", "attention",
+                                 NAME)
+
+
+def test_the_one_setting_of_a_lab_call_carries_a_declared_toggle(declared_toggle, tmp_path):
+    lab = tunekit.Lab(fused_loss=True, micro_batch=2, seq_len=16, log_path=tmp_path / "runs.jsonl")
+    assert lab.setting_of().fused_loss is True and lab.setting_of(fused_loss=False).fused_loss is False
+    assert isinstance(lab.setting_of(), Setting)
+
+
 def test_a_declared_toggle_reaches_the_plans_setting(declared_toggle, tmp_path):
     cfg = tunekit.GPTConfig.preset("cpu-tiny")
     p = tunekit.plan(cfg, "H100 SXM", fused_loss=True, micro_batch=1, seq_len=16, verbose=False)

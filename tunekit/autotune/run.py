@@ -93,8 +93,10 @@ class LabTrials:
 def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
              max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
              memory_budget_bytes=None, space: dict | None = None, keep: str = "winner",
-             compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, on=None) -> AutotuneResult:
-    """Search the fastest legal configuration from ``lab``'s current toggles; see the module doc.
+             compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, on=None,
+             setting=None) -> AutotuneResult:
+    """Search the fastest legal configuration from ``lab``'s current toggles (``setting``: from
+    this `tunekit.Setting`'s, one process; ``lab.setting_of(setting)``); see the module doc.
 
     ``budget_s``: seconds for the whole search. ``max_micro_batch``: the largest micro-batch tried
     (default: the global batch with ``keep_global_batch``, else 8x the starting micro-batch).
@@ -114,7 +116,10 @@ def autotune(lab, budget_s: float = 60.0, objective: str = "tokens_per_s", *, ke
         budget_s, objective, keep_global_batch=keep_global_batch, max_micro_batch=max_micro_batch, steps=steps,
         warmup=warmup, repeats=repeats, noise=noise, memory_budget_bytes=memory_budget_bytes, space=space,
         keep=keep, compile_s=compile_s, trial_s=trial_s, progress=progress, trials=trials, on=on).checked()
-    start = lab.resolve()
+    s = lab.setting_of(setting)   # the one Setting of the call (tunekit.lab.setting)
+    if s.parallel is not None:
+        errors.append(f"parallel={s.parallel!r}: autotune searches one process; run the ranks with lab.run(setting=s).")
+    start = s.toggles
     errors += [f"the starting toggles cannot run: {p}" for p in lab.check(start, o.steps if is_whole(o.steps) else 1)]
     if o.on is not None and o.trials is None:
         errors.append("on= runs through lab.autotune(on=...), which makes the trials jobs (tunekit.lab.cluster)")

@@ -116,7 +116,7 @@ class RunResult:
         return run_html(self)
 
     def __getattr__(self, name):  # r.precision, r.micro_batch, ...: the toggles by name
-        if name in TOGGLE_FIELDS and "toggles" in self.__dict__:
+        if name in toggle_fields() and "toggles" in self.__dict__:
             return getattr(self.toggles, name)
         raise AttributeError(f"'RunResult' object has no attribute {name!r}")
 
@@ -140,7 +140,7 @@ class RunResult:
     def from_dict(cls, d: dict) -> "RunResult":
         """From a log record; a field it lacks (an older or newer tunekit wrote it) is None/NaN."""
         nested = d.get("toggles") if isinstance(d.get("toggles"), dict) else {}
-        known = {k: v for k, v in {**d, **nested}.items() if k in TOGGLE_FIELDS and v is not None}
+        known = {k: v for k, v in {**d, **nested}.items() if k in toggle_fields() and v is not None}
         kw = {"toggles": Toggles().replace(**known)}
         for f in dataclasses.fields(cls):
             if f.name == "toggles":
@@ -164,7 +164,12 @@ class RunResult:
         return cls(**kw)
 
 
-TOGGLE_FIELDS = tuple(f.name for f in dataclasses.fields(Toggles))
+def toggle_fields() -> tuple:
+    """The toggles as declared now (`Toggles`' fields): a record's attributes and the table's columns,
+    a toggle declared after import included."""
+    return tuple(f.name for f in dataclasses.fields(Toggles))
+
+
 TOGGLE_TYPES = {f.name: f.type for f in dataclasses.fields(Toggles)}
 # key in logs written before -> the field that holds it now (read by from_dict and the log's checks)
 OLD_KEYS = {"peak_mem_source": "peak_source"}
@@ -189,7 +194,7 @@ def results_frame(runs: list[RunResult]):
         row["expect_error"] = e / m - 1 if _number(e) and _number(m) and m > 0 else math.nan
     rest = [f.name for f in dataclasses.fields(RunResult) if f.name not in ("run_id", "label", "toggles")]
     rest += ["conditions_reason", "expected_ms", "expect_error"]
-    return pd.DataFrame(rows, columns=["run_id", "label", *TOGGLE_FIELDS, *rest])
+    return pd.DataFrame(rows, columns=["run_id", "label", *toggle_fields(), *rest])
 
 
 def _number(v) -> bool:

@@ -26,6 +26,7 @@ the device, the model).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field, fields
 
 from tunekit.core import registry, validate
@@ -310,14 +311,14 @@ def step_keywords(fn):
     import is taken too (``validate.keywords_checked`` reads ``fn._step_words``).
 
     Example: ``@step_keywords`` over ``def plan(target, device="H100 SXM", *, setting=None, **step)``."""
-    import inspect
-
     sig = inspect.signature(fn)
     kept = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
     taken = {p.name for p in kept} | {"model"}
-    kept += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f.type)
-             for f in fields(Setting) if f.name not in taken]
-    fn.__signature__ = sig.replace(parameters=kept)
+
+    def build():   # the step words as declared when the signature is read
+        return kept + [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f.type)
+                       for f in fields(Setting) if f.name not in taken]
+    validate.live_signature(fn, build)
     fn._step_words = lambda: set(step_words()) - taken
     return fn
 

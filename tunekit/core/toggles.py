@@ -14,8 +14,16 @@ import inspect
 import typing
 from dataclasses import dataclass, field
 
-from tunekit.core.setting import ATTENTIONS, HALF, OPTIMIZERS, PRECISIONS, Toggles, toggle, word_problems  # noqa: F401
-from tunekit.core.validate import is_whole
+from tunekit.core.setting import (  # noqa: F401
+    ATTENTIONS,
+    HALF,
+    OPTIMIZERS,
+    PRECISIONS,
+    Toggles,
+    toggle,
+    word_problems,
+)
+from tunekit.core.validate import is_whole, live_signature
 
 # Why fp16 is refused on CPU (the Lab's decision, shown verbatim in the dashboard).
 FP16_ON_CPU = (
@@ -90,9 +98,11 @@ def toggle_keywords(fn):
     if len(kept) == len(sig.parameters):
         raise TypeError(f"{fn.__qualname__} takes no **changes to show as toggles")
     taken = {p.name for p in kept}
-    kept += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=LAB_DEFAULT, annotation=f.type)
-             for f in dataclasses.fields(Toggles) if f.name not in taken]
-    fn.__signature__ = sig.replace(parameters=kept)
+
+    def build():   # the toggles as declared when the signature is read (help(), ?): one declared later too
+        return kept + [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=LAB_DEFAULT,
+                                         annotation=f.type) for f in dataclasses.fields(Toggles) if f.name not in taken]
+    live_signature(fn, build)
     fn._step_words = lambda: {f.name for f in dataclasses.fields(Toggles)} - taken   # one declared after this
     return fn
 

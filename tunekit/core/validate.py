@@ -14,6 +14,7 @@ import functools
 import inspect
 import math
 import numbers
+import types
 
 
 def is_whole(v) -> bool:
@@ -239,3 +240,31 @@ def keywords_checked(choices: dict | None = None):
 
 def _what(v) -> str:
     return f"{type(v).__name__} {v!r}"[:120]
+
+
+class LiveSignature(inspect.Signature):
+    """A signature whose parameters are listed when asked (``inspect.signature``, ``help()``,
+    Jupyter's ``?``): ``build()`` reads the declaration as it is then, so a toggle declared after
+    import is shown. Its copies (``replace``, a bound method's) are plain signatures.
+
+    Example: ``fn.__signature__ = LiveSignature(build(), build=build)``."""
+
+    __slots__ = ("_build",)
+
+    def __init__(self, parameters=None, *, return_annotation=inspect.Signature.empty,
+                 __validate_parameters__=True, build=None):
+        super().__init__(parameters, return_annotation=return_annotation,
+                         __validate_parameters__=__validate_parameters__)
+        self._build = build
+
+    @property
+    def parameters(self):
+        if self._build is None:
+            return super().parameters
+        return types.MappingProxyType({p.name: p for p in self._build()})
+
+
+def live_signature(fn, build) -> None:
+    """Give ``fn`` the signature ``build()`` lists, listed again whenever it is read (`LiveSignature`)."""
+    fn.__signature__ = LiveSignature(build(), return_annotation=inspect.signature(fn).return_annotation,
+                                     build=build)

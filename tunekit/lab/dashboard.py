@@ -160,12 +160,15 @@ class Dashboard(W.VBox):
         """Show why the current controls cannot run (red) or what will differ (grey).
 
         Example: ``dash.controls["precision"].value = "fp16"; dash.explain()``."""
-        try:
-            t = self.lab.resolve(**self.toggles())
+        steps, warmup = self.controls["steps"].value, self.controls["warmup"].value
+        try:   # the one Setting Run would make (lab.setting_of): words none can hold are its problems
+            t = self.lab.setting_of(**self.toggles()).toggles
+            problems = self.lab.check(t, steps, warmup)
+        except ToggleError as exc:
+            problems = self.lab.check(self.lab.resolve(**self.toggles()), steps, warmup) or exc.problems
         except (TypeError, ValueError) as exc:
             self.message.value = _box(html.escape(str(exc)), "#d62728")
             return [str(exc)]
-        problems = self.lab.check(t, self.controls["steps"].value, self.controls["warmup"].value)
         if problems:
             self.message.value = "".join(_box("⚠ " + html.escape(p), "#d62728") for p in problems)
         else:

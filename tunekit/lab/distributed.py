@@ -1,7 +1,7 @@
 """A ``lab.run(parallel=...)``: the Lab's model, weights and toggles sent to worker processes
 (parallel), and their RunResult measured against the Lab's peak.
 
-    >>> result = run_distributed(lab, 10, 1, None, "fsdp", nproc=2, nodes=1, link=None, changes={})
+    >>> result = run_distributed(lab, 10, 1, None, setting_of(lab, layout=("fsdp", 2, 1)), link=None)
 
 Everything that cannot travel to a worker (a batch_fn, a loss_fn, data as bytes, blocks as
 modules) and every size that cannot fit is refused before any rank starts. The Lab's own model
@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from tunekit.core.results import RunResult
+from tunekit.core.setting import Setting
 from tunekit.core.toggles import ToggleError, label, normalized
 from tunekit.lab import fit
 from tunekit.measure.peaks import rates
@@ -40,13 +41,15 @@ def problems(lab, t, steps, warmup, parallel, nproc, nodes) -> list[str]:
     return errors
 
 
-def run_distributed(lab, steps, warmup, progress, parallel, nproc, nodes, link, changes) -> RunResult:
-    """``lab.run(parallel=...)`` (see its docstring): ``nodes`` x ``nproc`` ranks, launched by
-    parallel.launch, each from the Lab's weights; the run is added to the Lab's log."""
+def run_distributed(lab, steps, warmup, progress, s: Setting, link) -> RunResult:
+    """``lab.run(parallel=...)`` (see its docstring) of the Setting ``s`` made at its edge: its
+    toggles over ``s.nodes`` x ``s.world_size // s.nodes`` ranks, launched by parallel.launch, each
+    from the Lab's weights; the run is added to the Lab's log."""
     from tunekit.models.spec import factory_spec, model_spec
     from tunekit.parallel.launch import launch
 
-    t = lab.resolve(**changes)
+    t, parallel, nodes = s.toggles, s.parallel, s.nodes
+    nproc = s.world_size // nodes
     errors = problems(lab, t, steps, warmup, parallel, nproc, nodes)
     spec_model = None
     try:

@@ -37,10 +37,11 @@ from tunekit.core.breakdown import as_breakdown
 from tunekit.core.explain import _op_name, measured_groups
 from tunekit.core.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 from tunekit.core.notes import Note
-from tunekit.core.setting import Setting, from_keywords, step_words
+from tunekit.core.setting import Setting, step_words
 from tunekit.core.toggles import ToggleError, Toggles
 from tunekit.core.units import is_missing
 from tunekit.lab.explain import explained, plan_device
+from tunekit.lab.setting import setting_of, toggles_of
 from tunekit.planning.target import lab_setting
 
 NaN = math.nan
@@ -150,17 +151,14 @@ def asked_setting(lab, setting, changes: dict) -> Setting:
     if unknown:
         raise TypeError(f"lab.expect: unknown keyword(s) {unknown}; it takes the toggles "
                         f"{list(step_words(Toggles))} or setting=tunekit.Setting(...)")
-    if setting is not None:
-        s = from_keywords(setting, "lab.expect", **{k: v for k, v in changes.items() if k in step_words()})
-        if s.parallel is not None or s.world_size != 1 or s.nodes != 1:
-            raise ValueError("lab.expect expects a one-process step on the Lab's device; a sharded setting's "
-                             "step: lab.plan(device, setting=...).expected")
-        changes = {k: v for k, v in s.asdict().items() if k in step_words(Toggles) and v is not None}
-    t = lab.resolve(**changes)
-    why = lab.check(t)
+    if isinstance(setting, Setting) and (setting.parallel is not None or setting.world_size not in (None, 1)):
+        raise ValueError("lab.expect expects a one-process step on the Lab's device; a sharded setting's "
+                         "step: lab.plan(device, setting=...).expected")
+    s = setting_of(lab, setting, changes, api="lab.expect", one_process=True)   # the Lab's edge, as lab.run's
+    why = lab.check(lab.resolve(**toggles_of(s)))
     if why:
         raise ToggleError(why)
-    return Setting(**lab_setting(lab, **changes))
+    return s
 
 
 def base_run(lab, device: str, base=None):

@@ -16,6 +16,7 @@ import torch
 from tunekit.core import registry
 from tunekit.core.gpus import DEFAULT_DEVICE
 from tunekit.core.results import RunResult, results_frame
+from tunekit.core.setting import Setting
 from tunekit.core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
 from tunekit.core.validate import flag, is_whole, keywords_checked
 from tunekit.lab import run as single
@@ -27,7 +28,7 @@ from tunekit.lab.cluster import submitted
 from tunekit.lab.distributed import run_distributed
 from tunekit.lab.plan import lab_plan, show_plan_keywords
 from tunekit.lab.results import LabResults
-from tunekit.lab.setting import LAB_CHOICES, lab_keywords
+from tunekit.lab.setting import LAB_CHOICES, setting_of, toggles_of
 from tunekit.models.gpt import GPTConfig
 from tunekit.train.guard import NonFiniteRunError
 from tunekit.train.record import Steps
@@ -110,6 +111,12 @@ class Lab(LabResults):
         if isinstance(t.attention, str) and t.attention in registry.ATTENTION_ALIASES:
             t = t.replace(attention=registry.attention(t.attention).name)  # "eager" is math
         return t
+
+    @toggle_keywords
+    def setting_of(self, setting: Setting | None = None, **changes) -> Setting:
+        """The one `tunekit.Setting` of a call with ``setting`` or toggle keywords, as every entry point
+        makes it at its edge (tunekit.lab.setting.setting_of). Example: ``lab.setting_of(precision="bf16")``."""
+        return setting_of(self, setting, changes, api="lab.setting_of")
 
     def model_state(self, t: Toggles) -> Toggles:
         """``t`` with the attention and checkpointing it leaves None taken from the model's own
@@ -202,29 +209,29 @@ class Lab(LabResults):
         ``setting``: a ``tunekit.Setting`` for the toggles and layout (``setting=Setting(parallel="ddp")``).
         ``on=tunekit.Slurm(...)``: a cluster job instead (tunekit.lab.cluster; ``result.job``); with
         ``wait=False`` a handle at once, ``.result()`` later (tunekit.lab.cluster_run.ClusterRun)."""
-        if setting is not None:
-            changes, (parallel, nproc, nodes) = lab_keywords(self, setting, changes, (parallel, nproc, nodes))
         if on is None and wait is not True:
             raise ToggleError(["wait=False is for a cluster run (on=tunekit.Slurm(...)): a run here waits"])
-        if on is not None:
-            return submitted(self, on, steps, warmup, progress, parallel, changes, verbose, (trace, memory, link,
-                                                                                              nproc, nodes), wait)
+        ranks = (1, 1) if on is not None and setting is None else (nproc, nodes)   # a job's: its target's
+        s = setting_of(self, setting, changes, (parallel, *ranks), steps=steps, warmup=warmup)
+        if on is not None:   # tunekit.lab.cluster takes the toggles as keywords
+            ranks = (nproc, nodes) if setting is None else (s.world_size // s.nodes, s.nodes)
+            return submitted(self, on, steps, warmup, progress, s.parallel, toggles_of(s), verbose,
+                             (trace, memory, link, *ranks), wait)
         if not flag("verbose", verbose):
-            return self._run(steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes)
+            return self._run(steps, warmup, progress, guard, trace, memory, link, s)
         from tunekit.view.progress import RunProgress  # the view that shows it; chosen per frontend there
         with RunProgress(steps, progress) as shown:
-            shown.result = self._run(steps, warmup, shown.tick, guard, trace, memory, parallel, nproc, nodes,
-                                     link, changes)
+            shown.result = self._run(steps, warmup, shown.tick, guard, trace, memory, link, s)
         return shown.result
 
-    def _run(self, steps, warmup, progress, guard, trace, memory, parallel, nproc, nodes, link, changes):
+    def _run(self, steps, warmup, progress, guard, trace, memory, link, s: Setting):
         """``run`` without its display: one process (lab.run) or ranks (lab.distributed)."""
-        if parallel is not None or nproc != 1 or nodes != 1 or link is not None:
+        if s.parallel is not None or s.world_size != 1 or link is not None:
             if trace or memory:
                 raise ToggleError(["trace/memory trace one process's step: not available with parallel=... "
                                    "(trace a single-process run of the same toggles instead)."])
-            return run_distributed(self, steps, warmup, progress, parallel, nproc, nodes, link, changes)
-        return single.run(self, steps, warmup, progress, guard, trace, memory, changes)
+            return run_distributed(self, steps, warmup, progress, s, link)
+        return single.run(self, steps, warmup, progress, guard, trace, memory, s)
 
     def measure_steps(self, t: Toggles, steps: int, progress=None) -> Steps:
         """``steps`` timed training steps under ``t`` (applied already); see ``lab.run``.
@@ -247,8 +254,9 @@ class Lab(LabResults):
         ``verbose`` (default) shows the trial going and the verdict at the end (tunekit.view.progress),
         ``verbose=False`` nothing; ``setting``: a ``tunekit.Setting`` instead of the toggles (the
         search tries its own micro-batches). Example: ``found = lab.find_max_batch_size(limit=256, budget_s=30)``."""
+        s = setting_of(self, setting, changes, one_process=True, api="find_max_batch_size")
         return searches.find_max_batch(self, start, limit, memory_budget_bytes, budget_fraction, progress,
-                                       snapshot_on_oom, budget_s, verbose, setting, changes)
+                                       snapshot_on_oom, budget_s, verbose, s)
 
     @show_plan_keywords
     def plan(self, device: str = DEFAULT_DEVICE, **overrides):
@@ -288,22 +296,24 @@ class Lab(LabResults):
         Example: ``lab.reset_optimizer(); lab.run(steps=20)`` starts from empty optimizer state."""
         self.trainer.reset_optimizer()
 
+    @toggle_keywords
     def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
                  max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
                  memory_budget_bytes=None, space: dict | None = None, keep: str = "winner",
                  compile_s: float = 60.0, trial_s: float = 0.25, progress=None, trials=None, on=None,
-                 verbose: bool = True):
+                 setting=None, verbose: bool = True, **changes):
         """The fastest configuration that fits, searched within ``budget_s`` seconds; returns an
         ``AutotuneResult`` (winner, evidence table, figure). The options are
         ``tunekit.autotune.autotune``'s (each explained there; `AutotuneOptions` holds them);
-        ``verbose`` (default) shows the stage and trial going and the winner at the end
-        (tunekit.view.progress; the runs inside are quiet), ``verbose=False`` nothing.
+        it starts from the Lab's toggles plus ``changes`` (or ``setting``); ``verbose`` (default) shows the
+        stage and trial going and the winner at the end (tunekit.view.progress), ``verbose=False`` nothing.
         ``on=tunekit.Slurm(...)``: each trial a cluster job (tunekit.lab.cluster.ClusterTrials).
         Example: ``found = lab.autotune(budget_s=120, keep_global_batch=True)``."""
+        s = setting_of(self, setting, changes, one_process=True, api="lab.autotune")
         return searches.autotune(self, budget_s, objective, progress, verbose, dict(
             keep_global_batch=keep_global_batch, max_micro_batch=max_micro_batch, steps=steps, warmup=warmup,
             repeats=repeats, noise=noise, memory_budget_bytes=memory_budget_bytes, space=space, keep=keep,
-            compile_s=compile_s, trial_s=trial_s, trials=trials, on=on))
+            compile_s=compile_s, trial_s=trial_s, trials=trials, on=on, setting=s))
 
     def dashboard(self, on=None):
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts); ``on``: a

@@ -39,10 +39,11 @@ from tunekit.core import validate
 from tunekit.core.fmt import fmt_pct
 from tunekit.core.notes import Note, kind_of
 from tunekit.core.search import largest_fitting
+from tunekit.core.setting import Setting
 from tunekit.core.toggles import ToggleError, normalized, toggle_keywords
 from tunekit.core.validate import is_whole
 from tunekit.lab import fit
-from tunekit.lab.setting import lab_keywords
+from tunekit.lab.setting import setting_of
 from tunekit.measure import memavail
 from tunekit.measure.device import now_s
 from tunekit.measure.interrupts import deferred_interrupt
@@ -140,17 +141,24 @@ def find_max_batch_size(lab, start: int = 1, limit: int = 1024, memory_budget_by
     Ctrl-C stops it: no gradients are left and its memory is freed, also what its traceback holds.
     ``setting``: a ``tunekit.Setting`` instead of the toggles (one process: no parallel layout).
     """
-    if setting is not None:
-        changes, _ = lab_keywords(lab, setting, changes, (None, 1, 1), parallel=False, api="find_max_batch_size")
+    s = setting_of(lab, setting, changes, one_process=True, api="find_max_batch_size")
+    return search(lab, s, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom, budget_s,
+                  trying)
+
+
+def search(lab, s: Setting, start: int = 1, limit: int = 1024, memory_budget_bytes=None, budget_fraction: float = 0.5,
+           progress=None, snapshot_on_oom: bool = True, budget_s: float | None = 60.0, trying=None) -> MaxBatchResult:
+    """`find_max_batch_size` of the Setting ``s`` made at its caller's edge (its toggles; its
+    micro-batch is the search's)."""
     # Ctrl-C waits while the search sets up and cleans up: only the trials' steps run in the gate
     with deferred_interrupt() as shield:
         return _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
-                     budget_s, trying, changes)
+                     budget_s, trying, s)
 
 
 def _find(lab, shield, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
-          budget_s, trying, changes) -> MaxBatchResult:
-    t = lab.resolve(**changes)
+          budget_s, trying, s: Setting) -> MaxBatchResult:
+    t = s.toggles
     errors = []
     if not (is_whole(start) and is_whole(limit)) or not 1 <= start <= limit:
         errors.append(f"need whole numbers 1 <= start <= limit, got start={start!r}, limit={limit!r}")

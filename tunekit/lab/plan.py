@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from tunekit.core.setting import Setting, from_keywords, step_words
+from tunekit.core.setting import from_keywords, step_words
 from tunekit.core.toggles import LAB_DEFAULT, Toggles
+from tunekit.core.validate import LiveSignature
+from tunekit.lab.setting import setting_of
 from tunekit.planning.planner import plan
 from tunekit.planning.record import Plan
-from tunekit.planning.target import lab_setting
 
 
 def plan_parameters() -> list:
@@ -26,24 +27,30 @@ def plan_parameters() -> list:
 def show_plan_keywords(method):
     """Give ``method(self, device, **overrides)`` the signature ``help()`` and Jupyter's ``?`` show:
     plan's own parameters, then the Lab's toggles plan does not take (their default: the Lab's)."""
-    params = plan_parameters()
-    taken = {p.name for p in params}
-    lab_only = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=LAB_DEFAULT, annotation=f.type)
-                for f in dataclasses.fields(Toggles) if f.name not in taken]
     me = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    method.__signature__ = inspect.Signature([me, *params, *lab_only], return_annotation="Plan")
+
+    def build():   # read when the signature is: a toggle declared after import is shown
+        params = plan_parameters()
+        taken = {p.name for p in params}
+        return [me, *params, *[inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=LAB_DEFAULT,
+                                                 annotation=f.type)
+                               for f in dataclasses.fields(Toggles) if f.name not in taken]]
+    method.__signature__ = LiveSignature(build(), return_annotation="Plan", build=build)
     return method
 
 
 def lab_plan(lab, device: str, overrides: dict) -> Plan:
     """The plan of ``lab``'s model on ``device``: the Setting of the run ``lab.run(**toggle
-    overrides)`` would take (`planning.target.lab_setting`), with plan's other step words and
-    options as given; one Setting goes to ``plan``. What plan refuses raises plan's own error."""
+    overrides)`` would take (`tunekit.lab.setting.setting_of`, the one every Lab entry point makes),
+    with plan's other step words and options as given; one Setting goes to ``plan``. What plan
+    refuses raises plan's own error."""
     words = set(step_words())
-    if overrides.get("setting") is not None:   # a complete Setting: planned as it is, beside plan's other keywords
-        from_keywords(overrides["setting"], "lab.plan", **{k: v for k, v in overrides.items() if k in words})
+    given = {k: v for k, v in overrides.items() if k in words}
+    rest = {k: v for k, v in overrides.items() if k not in words}
+    if rest.get("setting") is not None:   # a complete Setting: planned as it is, beside plan's other keywords
+        from_keywords(rest["setting"], "lab.plan", **given)
         return plan(lab, device, **overrides)
     toggles = set(step_words(Toggles))
-    s = Setting(**{**lab_setting(lab, **{k: v for k, v in overrides.items() if k in toggles}),
-                   **{k: v for k, v in overrides.items() if k in words - toggles and v is not None}})
-    return plan(lab, device, setting=s, **{k: v for k, v in overrides.items() if k not in words})
+    s = setting_of(lab, changes={k: v for k, v in given.items() if k in toggles}, api="lab.plan", refuse=False)
+    s = s.replace(**{k: v for k, v in given.items() if k not in toggles and v is not None})
+    return plan(lab, device, setting=s, **rest)

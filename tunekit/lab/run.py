@@ -2,7 +2,7 @@
 run that fails leaves behind.
 
     >>> result = run(lab, steps=20, warmup=2, progress=None, guard=True, trace=False, memory=False,
-    ...              changes={"precision": "bf16"})
+    ...              s=lab.setting_of(precision="bf16"))
 
 Ctrl-C waits while the run sets up, records or is undone: only its steps (the FLOP probe's, the
 warm-up, the timed and the traced ones) run in the shield's gate. A step whose loss or, at the
@@ -16,6 +16,7 @@ import time
 from statistics import median
 
 from tunekit.core.results import RunResult
+from tunekit.core.setting import Setting
 from tunekit.core.toggles import ToggleError, Toggles, label, normalized, notices
 from tunekit.lab import fit
 from tunekit.measure.conditions import ConditionsMeter
@@ -31,20 +32,21 @@ from tunekit.train.guard import NonFiniteRunError, Snapshot, _check, _NonFinite,
 from tunekit.train.record import Steps, run_result
 
 
-def run(lab, steps, warmup, progress, guard, trace, memory, changes) -> RunResult:
-    """``lab.run`` in this process (see its docstring); what an interrupted run's traceback held
-    is freed before the KeyboardInterrupt goes on."""
+def run(lab, steps, warmup, progress, guard, trace, memory, s: Setting) -> RunResult:
+    """``lab.run`` in this process (see its docstring) of the Setting ``s`` made at its edge
+    (``lab.setting_of``): its toggles; what an interrupted run's traceback held is freed before the
+    KeyboardInterrupt goes on."""
     with deferred_interrupt() as shield:
         try:
-            return _run(lab, shield, steps, warmup, progress, guard, trace, memory, changes)
+            return _run(lab, shield, steps, warmup, progress, guard, trace, memory, s)
         except KeyboardInterrupt as e:  # undone in _run; what its traceback held goes now
             drop_frames(e)
             free_memory(lab.device)
             raise
 
 
-def _run(lab, shield, steps, warmup, progress, guard, trace, memory, changes) -> RunResult:
-    t = lab.resolve(**changes)
+def _run(lab, shield, steps, warmup, progress, guard, trace, memory, s: Setting) -> RunResult:
+    t = s.toggles
     errors = lab.check(t, steps, warmup)
     for what, flag in (("guard", guard), ("trace", trace), ("memory", memory)):
         if not isinstance(flag, bool):

@@ -25,7 +25,7 @@ from tunekit.core.breakdown import short
 from tunekit.core.conditions import Conditions
 from tunekit.core.fmt import fmt_pct
 from tunekit.core.notes import Note, is_json_note, to_json
-from tunekit.core.results import RECORD_TYPES, TOGGLE_FIELDS, TOGGLE_TYPES, RunResult
+from tunekit.core.results import RECORD_TYPES, TOGGLE_TYPES, RunResult, toggle_fields
 from tunekit.core.units import is_missing
 
 SCHEMA = 1
@@ -203,7 +203,7 @@ CONDITION_TYPES = {f.name: f.type for f in dataclasses.fields(Conditions)}
 
 def toggles_key(t) -> tuple:
     """A setting's toggles as a key: the same for a run's Toggles and the Setting it ran."""
-    return tuple((k, getattr(t, k, None)) for k in TOGGLE_FIELDS)
+    return tuple((k, getattr(t, k, None)) for k in toggle_fields())
 
 
 class RunLog:

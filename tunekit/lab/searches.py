@@ -4,26 +4,27 @@ itself (`tunekit.lab.maxbatch`, `tunekit.autotune`), shown going by `tunekit.vie
 """
 from __future__ import annotations
 
+from tunekit.core.setting import Setting
 from tunekit.core.validate import flag
 
 
 def find_max_batch(lab, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
-                   budget_s, verbose, setting, changes: dict):
-    """``lab.find_max_batch_size``'s body: the search, shown unless ``verbose`` is False."""
-    from tunekit.lab.maxbatch import find_max_batch_size as find
-    changes = dict(changes, setting=setting) if setting is not None else changes
-    args = (lab, start, limit, memory_budget_bytes, budget_fraction)
+                   budget_s, verbose, s: Setting):
+    """``lab.find_max_batch_size``'s body: the search of the Setting ``s`` (made at its edge),
+    shown unless ``verbose`` is False."""
+    from tunekit.lab.maxbatch import search as find
+    args = (lab, s, start, limit, memory_budget_bytes, budget_fraction)
     if not flag("verbose", verbose):
-        return find(*args, progress, snapshot_on_oom, budget_s, **changes)
+        return find(*args, progress, snapshot_on_oom, budget_s)
     from tunekit.view.progress import SearchProgress  # the view that shows it, as lab.run's
     with SearchProgress("find_max_batch_size", budget_s, progress) as shown:
-        shown.result = find(*args, shown.tried, snapshot_on_oom, budget_s, trying=shown.trying, **changes)
+        shown.result = find(*args, shown.tried, snapshot_on_oom, budget_s, trying=shown.trying)
     return shown.result
 
 
 def autotune(lab, budget_s, objective, progress, verbose, options: dict):
-    """``lab.autotune``'s body: the search (``options`` are `tunekit.autotune.autotune`'s keywords),
-    shown unless ``verbose`` is False."""
+    """``lab.autotune``'s body: the search (``options`` are `tunekit.autotune.autotune`'s keywords,
+    ``start`` the Setting made at its edge), shown unless ``verbose`` is False."""
     from tunekit.autotune import autotune as search_on
 
     if options.get("on") is not None and options.get("trials") is None:   # each trial a job on the cluster

@@ -1,11 +1,13 @@
-"""A `tunekit.Setting` read by a Lab: the toggles of a run and its layout over ranks, and what a
-live model cannot be given.
+"""A Lab call's one `tunekit.Setting`, made at its edge (`setting_of`): the toggles of a run and
+its layout over ranks, and what a live model cannot be given.
 
+    >>> s = setting_of(lab, Setting(precision="bf16"))       # or setting_of(lab, changes={...})
     >>> changes, (parallel, nproc, nodes) = lab_keywords(lab, Setting(precision="bf16"), {}, (None, 1, 1))
 """
 from __future__ import annotations
 
-from tunekit.core.setting import Setting, Toggles, choices_of, from_keywords, step_words
+from tunekit.core.comm import layout_problems
+from tunekit.core.setting import HALF, REFUSED, Setting, Toggles, choices_of, from_keywords, step_words
 from tunekit.core.toggles import ToggleError
 from tunekit.core.validate import DEVICE_TYPES
 from tunekit.measure.device import weights_dtype
@@ -46,3 +48,45 @@ def lab_keywords(lab, setting: Setting, changes: dict, layout: tuple, parallel: 
         raise ToggleError(why)
     toggles = {k: getattr(s, k) for k in step_words(Toggles) if getattr(s, k) is not None}
     return toggles, (s.parallel, s.world_size // s.nodes, s.nodes)
+
+
+def setting_of(lab, setting: Setting | None = None, changes: dict | None = None, layout: tuple = (None, 1, 1), *,
+               api: str = "lab.run", one_process: bool = False, steps=1, warmup=0, refuse: bool = True) -> Setting:
+    """The one Setting of a Lab call: ``setting`` (checked against the live model: `lab_keywords`)
+    or the toggle keywords ``changes`` and ``layout`` = (parallel, nproc, nodes), with the Lab's
+    defaults and the model's own state filled in (``lab.resolve``) and the live model's weights'
+    dtype where it keeps them in bf16/fp16. Every Lab entry point (``lab.run``, ``lab.plan``,
+    ``lab.find_max_batch_size``, ``lab.autotune``, ``lab.setting_of``) makes its Setting here and
+    passes only it inward.
+
+    An unknown keyword raises TypeError (`Toggles.replace`); keywords no Setting can hold raise
+    ``ToggleError`` with what ``lab.check`` (and, for ranks, `layout_problems`) says of them, before
+    any work (``refuse=False``: the Setting's own ValueError, as ``lab.plan`` says it). What the
+    machine or the model refuses of a valid Setting is for the entry point to check (``lab.check``).
+
+    >>> setting_of(lab, changes={"precision": "bf16"}).precision
+    'bf16'
+    """
+    kind, nproc, nodes = layout
+    changes = dict(changes or {})
+    if setting is not None:
+        changes, (kind, nproc, nodes) = lab_keywords(lab, setting, changes, layout, not one_process, api)
+    t = lab.resolve(**changes)
+    try:
+        s = Setting.of(t, parallel=kind, world_size=nproc * nodes, nodes=nodes)
+    except (TypeError, ValueError) as e:
+        if not refuse:
+            raise
+        ranks = kind is not None or (nproc, nodes) != (1, 1)
+        errors = (layout_problems(kind, nproc, nodes) if ranks else []) + lab.check(t, steps, warmup)
+        raise ToggleError(errors or [str(e).removeprefix(REFUSED)]) from None
+    if refuse and s.optimizer != t.optimizer:   # an alias ("adam"): a Lab takes the names it builds (lab.check)
+        raise ToggleError(lab.check(t, steps, warmup))
+    live = weights_dtype(lab.model.parameters())
+    return s.replace(weights=live) if live in HALF and s.weights is None else s
+
+
+def toggles_of(s: Setting) -> dict:
+    """The toggles of ``s`` as keywords (what `tunekit.lab.cluster` takes): every declared toggle,
+    those it leaves None (the model's own) left out."""
+    return {k: v for k, v in s.toggles.asdict().items() if v is not None}

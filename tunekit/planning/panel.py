@@ -14,12 +14,19 @@ import ipywidgets as W
 
 from tunekit.core import specs
 from tunekit.core.fmt import fmt_gib, fmt_pct, fmt_rate, fmt_tflops
+from tunekit.core.setting import Toggles, step_words
 from tunekit.core.specs import find_spec
 from tunekit.core.units import is_missing
+from tunekit.planning.planner import SAME_STEP
 from tunekit.planning.record import Plan, to_text
 
-# the toggles a plan models: a run under other values of these is not the planned step
-PLANNED_TOGGLES = ("precision", "micro_batch", "seq_len", "checkpointing", "optimizer", "attention")
+
+def planned_toggles() -> tuple:
+    """The toggles whose values make the planned step, as declared now (`Toggles`): every one but
+    those the plan knows change nothing in its step (`planner.SAME_STEP`: grad_accum, lr, compile).
+    A run under other values of these is not the planned step (no ratio to the bound)."""
+    return tuple(n for n in step_words(Toggles) if n not in SAME_STEP)
+
 
 NO_PLAN = "—"
 
@@ -66,7 +73,7 @@ def plan_html(p: Plan, run=None) -> str:
                      + (f" · MFU {fmt_pct(run.mfu)} of {fmt_tflops(run.peak_tflops)}"
                         if here and not is_missing(run.mfu) and run.peak_tflops else "")
                      + (" · busy machine" if run.conditions is not None and run.conditions.busy else ""))
-        same = all(getattr(run.toggles, k) == getattr(p.setting, k) for k in PLANNED_TOGGLES)
+        same = all(getattr(run.toggles, k) == getattr(p.setting, k) for k in planned_toggles())
         if here and same and not is_missing(p.bound_tokens_per_s):
             lines.append(f"measured / bound: {fmt_pct(run.tokens_per_s / p.bound_tokens_per_s)} of the speed of light")
         elif here:

@@ -53,10 +53,12 @@ COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled
 # plan's own defaults where the Lab's differ: one sample a micro-batch (the other step words: the
 # target's, else the Setting's declaration, the precision by the device's rule, `best_precision`)
 PLAN_DEFAULTS = {"micro_batch": 1}
-# the step words the plan models, or knows change nothing in its step: gradients accumulate in
-# place (grad_accum), the optimizer's elementwise update is outside the bound (lr), compile: a note
+# the step words the plan knows change nothing in its step: gradients accumulate in place (grad_accum),
+# the optimizer's elementwise update is outside the bound (lr), compile: a note
+SAME_STEP = ("grad_accum", "lr", "compile")
+# the step words the plan models, or knows change nothing in its step
 PLANNED = ("precision", "weights", "micro_batch", "seq_len", "checkpointing", "optimizer", "attention", "parallel",
-           "world_size", "nodes", "device", "model", "grad_accum", "lr", "compile")
+           "world_size", "nodes", "device", "model", *SAME_STEP)
 
 
 @validate.keywords_checked(SETTING_CHOICES)

@@ -10,8 +10,6 @@ import torch
 
 from tunekit.core import validate
 from tunekit.core.extras import missing_extra
-from tunekit.core.setting import HALF, Setting
-from tunekit.measure.device import weights_dtype
 from tunekit.planning.module import ModuleTarget, Stepped
 
 
@@ -95,13 +93,10 @@ def _lab_target(lab, batch_fn, loss_fn, blocks):
 
 def lab_setting(lab, **changes) -> dict:
     """The step words (`core.setting.Setting`'s fields) of the run ``lab.run(**changes)`` would
-    take, those it leaves None left out: every declared toggle (``lab.resolve``), and the weights'
-    dtype where the live model keeps them in bf16/fp16."""
-    s = Setting.of(lab.resolve(**changes))
-    live = weights_dtype(lab.model.parameters())
-    if live in HALF:
-        s = s.replace(weights=live)
-    return {k: v for k, v in s.asdict().items() if v is not None}
+    take, those it leaves None left out: ``lab.setting_of(**changes)``, the one Setting every
+    entry point of the Lab makes (every declared toggle, and the weights' dtype where the live
+    model keeps them in bf16/fp16)."""
+    return {k: v for k, v in lab.setting_of(**changes).asdict().items() if v is not None}
 
 
 def max_len(cfg, kind) -> int | None:
