@@ -61,6 +61,7 @@ def reads(monkeypatch):
 
 
 def test_a_trivial_profiled_cell_reads_each_figure_once(ip, reads):
+    ip.user_ns.pop("x", None)   # the shell is shared: x = 1 below binds a name that held nothing
     ip.run_cell("%gpuprofile on -q")
     try:
         ip.run_cell("warm = 1", store_history=True)  # files opened, caches filled

@@ -27,6 +27,8 @@ from tunekit.core.run_text import rate
 from tunekit.core.summary import table_html
 from tunekit.core.toggles import Declared, Env, ToggleError, notices
 from tunekit.core.units import MiB
+from tunekit.lab import dashboard_static as static
+from tunekit.lab.dashboard_static import NO_FRONTEND  # noqa: F401 - its home's name, read here by tests
 from tunekit.lab.expect_line import EXPECT_WAIT_S, ExpectLine, predicted_line
 from tunekit.lab.plots import compare_figure
 from tunekit.planning.panel import PlanPanel
@@ -46,9 +48,6 @@ def _plotly_output(fig) -> dict:
     data["text/plain"] = f"<plotly figure: {fig.layout.title.text or 'chart'}>"
     return {"output_type": "display_data", "data": data, "metadata": {}}
 
-
-NO_FRONTEND = ("Lab dashboard: no widget frontend here to draw it (JupyterLab 4, Notebook 7 and VS Code have "
-               "one; Colab after google.colab.output.enable_custom_widget_manager()). The same from code:")
 
 
 def _target_name(target) -> str:
@@ -354,35 +353,19 @@ class Dashboard(W.VBox):
     # --- a static copy, for reports that cannot run widgets ---------------------------------
 
     def snapshot_html(self) -> str:
-        """The table and charts as they are now, as HTML: each chart a static drawing that
-        plotly.js, where the page has it, replaces by the interactive chart (`view.renderer.static_html`).
-
+        """The table and charts as they are now, as HTML (tunekit.lab.dashboard_static).
         Example: ``Path("dash.html").write_text(dash.snapshot_html())``."""
-        from tunekit.view.renderer import static_html
-
-        charts = "".join(static_html(f) for f in self.figures.values())
-        note = ("<p style='color:#666;font-size:12px'>a static copy of the dashboard as it was drawn: its "
-                "controls need a running kernel and a widget frontend (JupyterLab 4, Notebook 7, VS Code)</p>")
-        return f"<div class='tk-dashboard'><h4>Lab dashboard (snapshot)</h4>{note}{self.table.value}{charts}</div>"
+        return static.snapshot_html(self)
 
     def calls(self) -> list[str]:
-        """The Lab calls that do what the controls say, as text: what a place without widgets
-        shows instead (the toggles the controls changed from the Lab's, then the steps).
-
-        Example: ``["lab.run(steps=20, warmup=2, precision='bf16')", ...]``."""
-        base = self.lab.resolve()
-        changed = {k: v for k, v in self.toggles().items() if getattr(base, k, None) != v}
-        args = ", ".join(f"{k}={v!r}" for k, v in changed.items())
-        search = "".join(f", {k}={v!r}" for k, v in changed.items() if k != "micro_batch")
-        run = f"steps={self.controls['steps'].value}, warmup={self.controls['warmup'].value}"
-        out = [f"lab.expect({args})"] if callable(getattr(self.lab, "expect", None)) else []
-        return out + [f"lab.run({run}{', ' if args else ''}{args})",
-                      f"lab.find_max_batch_size(limit={self.max_batch.value}{search})", "lab.results()"]
+        """The Lab calls that do what the controls say, as text (tunekit.lab.dashboard_static).
+        Example: ``["lab.expect(precision='bf16')", "lab.run(steps=20, warmup=2, precision='bf16')", ...]``."""
+        return static.calls(self)
 
     def text_fallback(self) -> str:
-        """One line that says no widget can be drawn here, then `calls` (a terminal IPython, a
-        frontend without the widget manager: they show the text/plain of the display)."""
-        return "\n".join([NO_FRONTEND] + ["    " + c for c in self.calls()])
+        """One line that says no widget can be drawn here, then `calls`.
+        Example: ``print(dash.text_fallback())`` (what a terminal IPython shows)."""
+        return static.text_fallback(self)
 
     def _repr_mimebundle_(self, **kwargs):
         # Jupyter draws the live widget; a static HTML export (nbconvert, tunekit's report) shows the

@@ -177,11 +177,11 @@ def _failed_nodes(nodes: str | None, drained: bool = False) -> list[str]:
         return []
     found = []
     for line in sorted(set(out.stdout.splitlines())):
-        name, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        name, state, slurm_says = (line.split("|", 2) + ["", ""])[:3]   # sinfo's %E: the admin's words, or "none"
         word = state.rstrip("*~#!%$@^-")
         if word.startswith(("down", "fail", "drain" if drained else "down")) or state.endswith("*"):
             said = word if not state.endswith("*") else f"{word}, not responding"
-            found.append(f"{name} {said}" + (f" ({reason})" if reason and reason != "none" else ""))
+            found.append(f"{name} {said}" + (f" ({slurm_says})" if slurm_says not in ("", "none") else ""))
     return found
 
 
