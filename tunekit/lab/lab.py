@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from tunekit.core import registry
 from tunekit.core.gpus import DEFAULT_DEVICE
 from tunekit.core.results import RunResult, results_frame
 from tunekit.core.setting import Setting
-from tunekit.core.toggles import Env, ToggleError, Toggles, problems, toggle_keywords
-from tunekit.core.validate import flag, is_whole, keywords_checked
+from tunekit.core.toggles import Env, ToggleError, Toggles, toggle_keywords
+from tunekit.core.validate import flag, keywords_checked
 from tunekit.lab import run as single
 from tunekit.lab import searches
 from tunekit.lab.build import build
@@ -28,7 +27,7 @@ from tunekit.lab.cluster import submitted
 from tunekit.lab.distributed import run_distributed
 from tunekit.lab.plan import lab_plan, show_plan_keywords
 from tunekit.lab.results import LabResults
-from tunekit.lab.setting import LAB_CHOICES, setting_of, toggles_of
+from tunekit.lab.setting import LAB_CHOICES, check, resolve, setting_of, toggles_of
 from tunekit.models.gpt import GPTConfig
 from tunekit.train.guard import NonFiniteRunError
 from tunekit.train.record import Steps
@@ -94,23 +93,14 @@ class Lab(LabResults):
 
     def env(self) -> Env:
         """What this machine and model allow (used to explain refused toggles).
-
         Example: ``lab.env().bf16_supported``."""
         return build_env(self)
 
     @toggle_keywords
     def resolve(self, **changes) -> Toggles:
         """The full toggles a run with ``changes`` would use (defaults filled in).
-
         Example: ``lab.resolve(precision="bf16").seq_len``."""
-        t = self.model_state(self.defaults.replace(**changes))
-        if t.seq_len is None:
-            # a model of tokens: its position limit; your own batch_fn: 1 (its runs count samples)
-            t = t.replace(seq_len=self.adapter.default_seq_len(self.device.type)
-                          or (1 if self.batcher is None else None))
-        if isinstance(t.attention, str) and t.attention in registry.ATTENTION_ALIASES:
-            t = t.replace(attention=registry.attention(t.attention).name)  # "eager" is math
-        return t
+        return resolve(self, changes)
 
     @toggle_keywords
     def setting_of(self, setting: Setting | None = None, **changes) -> Setting:
@@ -123,61 +113,46 @@ class Lab(LabResults):
         state (`TrainStep.own`): as it was given to the Lab, or as last changed by hand
         (``model.gradient_checkpointing_enable()``, ``model.set_attn_implementation("eager")``);
         the run uses and records them.
-
         Example: ``lab.model_state(lab.defaults).checkpointing`` (what a run leaving it out takes)."""
         return self.trainer.own(t)
 
     def check(self, t: Toggles, steps: int = 1, warmup: int = 0) -> list[str]:
         """Why ``t`` cannot run here (empty list: it can). Example: ``lab.check(lab.resolve(precision="fp16"))``."""
-        out = problems(t, self.env())
-        if not is_whole(steps) or steps < 1:
-            out.append(f"steps must be a whole number >= 1 (got {steps!r}): nothing would be timed.")
-        if not is_whole(warmup) or warmup < 0:
-            out.append(f"warmup must be a whole number >= 0 (got {warmup!r}).")
-        if t.seq_len is None:
-            out.append(f"seq_len is needed: {type(self.model).__name__} has no known position "
-                       "limit to take it from (lab.run(seq_len=...) or Lab(..., seq_len=...)).")
-        return out
+        return check(self, t, steps, warmup)
 
     # --- the live model: toggles, one step, clean-up (train.TrainStep) ----------------
 
     def apply(self, t: Toggles, notes: list | None = None) -> list:
         """Put ``t`` on the live model and optimizer (attention, checkpointing, optimizer, lr,
         compile); returns ``notes`` with what changed beyond the toggles themselves.
-
         Example: ``lab.apply(lab.resolve(checkpointing=True))``."""
         return self.trainer.apply(t, notes)
 
     def train_step(self, t: Toggles):
         """One optimizer step under ``t`` (``apply(t)`` first): ``grad_accum`` micro-batches of
         forward and backward, then the optimizer. Returns the summed loss (a tensor).
-
         Example: ``t = lab.resolve(); lab.apply(t); loss = lab.train_step(t)``."""
         return self.trainer.step(t)
 
     def grad_scaler(self, t: Toggles):
         """The GradScaler for an fp16 run (None otherwise), kept as long as the optimizer.
-
         Example: ``lab.grad_scaler(lab.resolve(precision="fp16"))``."""
         return self.trainer.grad_scaler(t)
 
     def recover(self) -> None:
         """After a failed or interrupted step: no half-made gradients, no GradScaler mid-step.
-
         Example: ``lab.recover()`` after a step of your own raised."""
         self.trainer.recover()
 
     @property
     def cuda_index(self) -> int | None:
         """The CUDA index of the lab's device (None off CUDA)."""
-        if self.device.type != "cuda":
-            return None
-        return self.device.index if self.device.index is not None else torch.cuda.current_device()
+        on = self.device.type == "cuda"
+        return None if not on else self.device.index if self.device.index is not None else torch.cuda.current_device()
 
     def memory_target(self, micro_batch: int | None = None, seq_len: int | None = None, batch=None):
         """What ``measure_memory(lab)`` measures (a measure.memory.StepTarget): the live model and
         loss under the default toggles, on ``batch`` or one of the Lab's batches.
-
         Example: ``tunekit.measure_memory(lab)`` calls it."""
         return build_target(self, micro_batch, seq_len, batch)
 
@@ -188,7 +163,6 @@ class Lab(LabResults):
             trace: bool = False, memory: bool = False, parallel: str | None = None, nproc: int = 1,
             nodes: int = 1, link=None, verbose: bool = True, setting=None, on=None, wait=True, **changes):
         """Apply ``changes`` (toggles) to the live model and train ``steps`` timed steps.
-
         Example: ``lab.run(steps=20, precision="bf16", micro_batch=16)``. ``progress(done, total)``
         is called when the clock starts (done=0) and after each timed step; ``verbose`` (default)
         shows the steps and one line at the end (tunekit.view.progress), ``verbose=False`` nothing.
@@ -268,25 +242,20 @@ class Lab(LabResults):
         an attention it cannot switch to) is said in ``plan.notes``. The plan builds its own model
         under fake tensors (a model of your own: its fake twin, on the Lab's batch_fn, loss_fn and
         blocks): the live model, its weights and optimizer stay as they are.
-
         Example: ``p = lab.plan("H100 SXM", precision="bf16", micro_batch=32); p.fits, p.bound_tokens_per_s``."""
         return lab_plan(self, device, overrides)
 
     def explain(self, run=None):
         """The last traced run (or ``run``, a RunResult or run id) against the expected step of its
         setting on its device (``lab.plan``), group of ops by group: ``tunekit.core.explain``.
-
         Example: ``lab.run(trace=True); print(lab.explain().summary)``."""
         from tunekit.lab.explain import lab_explain
         return lab_explain(self, run)
 
     @toggle_keywords
     def expect(self, setting=None, base=None, **changes):
-        """The expected step time, tokens/s, MFU and peak memory of the setting ``lab.run(setting=...,
-        **changes)`` would take, on this Lab's device, before running it: the plan's expected step,
-        calibrated by the Lab's last measured run here (``base``: a RunResult or run id instead);
-        ``.changes`` lists the ops the change adds, removes or resizes (tunekit.lab.expect).
-
+        """Expected step time, tokens/s, MFU and peak memory of what ``lab.run(setting=..., **changes)`` would
+        run here, calibrated by the Lab's last measured run (``base``: another; tunekit.lab.expect).
         Example: ``lab.run(trace=True); print(lab.expect(checkpointing=True).line)``."""
         from tunekit.lab.expect import lab_expect
         return lab_expect(self, setting, base, **changes)

@@ -6,10 +6,11 @@ its layout over ranks, and what a live model cannot be given.
 """
 from __future__ import annotations
 
+from tunekit.core import registry
 from tunekit.core.comm import layout_problems
 from tunekit.core.setting import HALF, REFUSED, Setting, Toggles, choices_of, from_keywords, step_words
-from tunekit.core.toggles import ToggleError
-from tunekit.core.validate import DEVICE_TYPES
+from tunekit.core.toggles import ToggleError, problems
+from tunekit.core.validate import DEVICE_TYPES, is_whole
 from tunekit.measure.device import weights_dtype
 from tunekit.models.gpt import PRESETS
 
@@ -90,3 +91,28 @@ def toggles_of(s: Setting) -> dict:
     """The toggles of ``s`` as keywords (what `tunekit.lab.cluster` takes): every declared toggle,
     those it leaves None (the model's own) left out."""
     return {k: v for k, v in s.toggles.asdict().items() if v is not None}
+
+
+def resolve(lab, changes: dict) -> Toggles:
+    """``lab.resolve(**changes)``: the Lab's defaults with ``changes``, the model's own state for
+    what they leave None, the model's position limit for a None ``seq_len`` (your own batch_fn:
+    1, its runs count samples), an attention alias by its name ("eager" is math)."""
+    t = lab.model_state(lab.defaults.replace(**changes))
+    if t.seq_len is None:
+        t = t.replace(seq_len=lab.adapter.default_seq_len(lab.device.type) or (1 if lab.batcher is None else None))
+    if isinstance(t.attention, str) and t.attention in registry.ATTENTION_ALIASES:
+        t = t.replace(attention=registry.attention(t.attention).name)
+    return t
+
+
+def check(lab, t: Toggles, steps=1, warmup=0) -> list[str]:
+    """``lab.check(t)``: why ``t`` cannot run here (empty: it can)."""
+    out = problems(t, lab.env())
+    if not is_whole(steps) or steps < 1:
+        out.append(f"steps must be a whole number >= 1 (got {steps!r}): nothing would be timed.")
+    if not is_whole(warmup) or warmup < 0:
+        out.append(f"warmup must be a whole number >= 0 (got {warmup!r}).")
+    if t.seq_len is None:
+        out.append(f"seq_len is needed: {type(lab.model).__name__} has no known position "
+                   "limit to take it from (lab.run(seq_len=...) or Lab(..., seq_len=...)).")
+    return out
