@@ -64,3 +64,28 @@ def test_reentrant_checkpoint_recomputes_the_whole_forward():
     # the whole forward again: 2*N*tokens = 2*4096*8 = 65536
     fc = count_flops(_mlp("reentrant"))
     assert (fc.executed, fc.recompute, fc.model) == (196608 + 65536, 65536, 196608)
+
+
+def test_a_count_off_the_main_thread_leaves_torch_compile_s_stance_alone():
+    # the stance is one for the process: a count on the dashboard's expectation thread must not make
+    # the main thread's compiled code run eagerly, nor leave "force_eager" set when threads interleave
+    import threading
+
+    import torch._dynamo.eval_frame as ef
+
+    from tunekit.measure.flops import count_flops
+
+    seen = []
+
+    def on_a_thread():
+        def step():
+            seen.append(ef._stance.stance)
+            return torch.nn.Linear(4, 4)(torch.randn(2, 4)).sum()
+        count_flops(step)
+
+    t = threading.Thread(target=on_a_thread)
+    t.start()
+    t.join()
+    assert seen == ["default"] and ef._stance.stance == "default"
+    count_flops(lambda: seen.append(ef._stance.stance))   # on the main thread: compiled code counted eagerly
+    assert seen[-1] == "force_eager" and ef._stance.stance == "default"

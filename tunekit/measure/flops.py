@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -252,8 +253,15 @@ _COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global 
 
 
 def _eager_stance():
+    """torch.compiler's "force_eager" stance while a count runs, on the main thread only: the stance
+    is one for the whole process, so a count on another thread (the dashboard's expectation plans a
+    fake step there) would make the user's compiled code run eagerly meanwhile, and two threads
+    entering and leaving it out of order would leave it set. Off the main thread nothing compiled
+    is counted (a plan's fake twin is never compiled)."""
     set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)  # torch >= 2.6
-    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
+    if set_stance is None or threading.current_thread() is not threading.main_thread():
+        return contextlib.nullcontext()
+    return set_stance("force_eager")
 
 
 def _is_sdpa(packet) -> bool:
