@@ -24,6 +24,9 @@ is measured vs expected, pass/fail, with its figures. Sections:
 - plan:        ``tunekit.plan`` vs the real step: GPT-2 124M, a ~1B Llama, Llama-3 8B (checkpointing,
                1 x 8192): planned peak vs max_memory_allocated / reserved, bound (and expected) vs time
 - lab:         every toggle on CUDA (the ladder in one table), then ``find_max_batch_size`` to a real OOM
+- expect:      ``lab.expect`` calibrated by a traced bf16 base run, then each rung of a small ladder
+               (checkpointing, micro-batch x2, SGD, SDPA math) expected first and measured after:
+               step and peak error (CPU: judged by benchmarks/bench_expect.py instead)
 
 ``--dry-run`` runs every step it can on the CPU with small shapes (what needs CUDA is recorded as
 skipped, with why); ``make test`` runs it (tests/project/test_gpu_check.py). IPython, ipywidgets and
@@ -53,8 +56,8 @@ NOTEBOOK_PACKAGES = ("IPython", "ipywidgets", "plotly")
 # TFLOPS: an 8192-cube bf16 matmul measured 2026-11 on an H100 80GB HBM3 (SXM) and an H200 141GB, torch
 # 2.11.0+cu130, ran at 769-798 TFLOP/s (benchmarks/RESULTS.md)
 MAMF_EXPECTED = 790.0
-SECTIONS = ("device", "profile", "monitor", "conditions", "fsdp", "plan", "lab")
-LIMITS_S = dict(device=35, profile=40, monitor=35, conditions=35, fsdp=60, plan=150, lab=180)   # CUDA, seconds
+SECTIONS = ("device", "profile", "monitor", "conditions", "fsdp", "plan", "lab", "expect")
+LIMITS_S = dict(device=35, profile=40, monitor=35, conditions=35, fsdp=60, plan=150, lab=180, expect=90)   # CUDA, s
 BUDGET_S = 430.0   # the whole run: the watchdog ends it 25 s later at most, inside 8 minutes
 WATCHDOG_S = 25.0
 
@@ -846,8 +849,39 @@ def _max_batch(run, sec, lab):
               after_bytes=found.after_bytes, baseline_bytes=found.baseline_bytes)
 
 
+def section_expect(run, sec):
+    """lab.expect judged on the device: a traced base run calibrates, then each rung is expected
+    before it is measured (issue 42's ladder, a few rungs of it within the lease)."""
+    if not run.cuda:
+        sec.skip("lab.expect on the device", "the CPU's expectation is judged by benchmarks/bench_expect.py "
+                                              "(its calibration takes longer than a dry run)")
+        return
+    tk = run.tk
+    lab = tk.Lab(config=tk.GPTConfig.preset(run.gpt), device=run.dev, micro_batch=8, seq_len=run.gpt_seq,
+                 peak_tflops=run.peak, precision="bf16", attention="sdpa")
+    lab.run(steps=2, warmup=1, verbose=False)
+    base = lab.run(steps=5, warmup=1, trace=True, verbose=False)
+    rows = []
+    for label, change in (("checkpointing on", dict(checkpointing=True)), ("micro-batch x2", dict(micro_batch=16)),
+                          ("SGD", dict(optimizer="sgd")), ("SDPA math", dict(attention="math"))):
+        sec.doing = label
+        e = lab.expect(base=base, **change)          # made before the run it predicts
+        r = lab.run(steps=5, warmup=1, verbose=False, **change)
+        err = e.step_s / r.step_s - 1
+        peak_err = e.peak_bytes / r.peak_mem_bytes - 1 if r.peak_mem_bytes else math.nan
+        rows.append((label, e.step_s * 1e3, r.step_s * 1e3, err, e.peak_bytes / 2**30,
+                     (r.peak_mem_bytes or math.nan) / 2**30, peak_err, e.calibration))
+        sec.check(f"expected step of {label} within 20%", err, "|error| <= 0.20", abs(err) <= 0.20,
+                  f"expected {e.step_s * 1e3:.1f} ms, measured {r.step_s * 1e3:.1f} ms")
+        sec.check(f"expected peak of {label} within 5%", peak_err, "|error| <= 0.05", abs(peak_err) <= 0.05)
+    sec.doing = ""
+    sec.tables.append(dict(title="lab.expect, then the run (base: a traced bf16 run of the same Lab)", header=(
+        "change", "expected ms", "measured ms", "step error", "expected GiB", "measured GiB", "peak error",
+        "calibrated by"), rows=rows))
+
+
 FUNCS = dict(device=section_device, profile=section_profile, monitor=section_monitor, conditions=section_conditions,
-             fsdp=section_fsdp, plan=section_plan, lab=section_lab)
+             fsdp=section_fsdp, plan=section_plan, lab=section_lab, expect=section_expect)
 
 
 # --- the runner -------------------------------------------------------------------------------
