@@ -184,8 +184,12 @@ def test_what_to_change_when_it_does_not_fit_is_tried_and_ranked():
     assert set(changes) == {"weights='bf16'", "checkpointing=True", "optimizer='sgd'",
                             "micro_batch=2, grad_accum=2", "micro_batch=1, grad_accum=4",
                             "parallel='fsdp', world_size=2"}
-    totals = [a[1] for a in p.alternatives]
-    assert totals == sorted(totals) and all(t < p.total_bytes for t in totals)   # each saves, most first
+    totals = {a[0]: a[1] for a in p.alternatives}
+    assert list(totals.values()) == sorted(totals.values())   # the most saving first
+    # each change saves memory but accumulation: its gradients (1B fp32, ~4.4 GiB) sit beside every
+    # forward after the first micro-step, more than the halved activations give back on this model
+    accumulating = {"micro_batch=2, grad_accum=2", "micro_batch=1, grad_accum=4"}
+    assert all((t > p.total_bytes) == (c in accumulating) for c, t in totals.items())
     bf16 = next(a for a in p.alternatives if a[0] == "weights='bf16'")
     assert bf16[2] and bf16[3] == 1.0 and "try        weights='bf16'" in repr(p)
     # what fits is in plan.advice (tests/planning/test_plan_advice.py), the best three shown; a single change
@@ -194,9 +198,10 @@ def test_what_to_change_when_it_does_not_fit_is_tried_and_ranked():
     advised = {o.label: o for o in p.advice}
     assert fits <= set(advised) and len(fits) == 3
     extra = sorted(set(advised) - fits)
-    assert extra == ["checkpointing=True, optimizer='sgd'", "optimizer='sgd', micro_batch=2, grad_accum=2"]
+    # (SGD with micro_batch=2, grad_accum=2 no longer fits: the accumulated gradients beside the forward)
+    assert extra == ["checkpointing=True, optimizer='sgd'"]
     assert "advice.tight" in [kind_of(n) for n in advised["optimizer='sgd'"].notes]
-    assert "advice     5 combination(s) that fit, the best 3, by" in repr(p)
+    assert "advice     4 combination(s) that fit, the best 3, by" in repr(p)   # 3 single changes + ckpt with SGD
 
 
 def test_a_step_that_reads_values_is_planned_analytically_and_says_why():
