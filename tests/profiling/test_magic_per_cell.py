@@ -105,6 +105,9 @@ def _steady_counters(with_sched, with_stat=True, with_wait=True):
 @pytest.fixture
 def watched(monkeypatch):
     monkeypatch.setattr(mc._COUNTERS, "sample", _steady_counters)
+    # every lean block short (under 2 ms its stop reads no load average): a trivial cell preempted
+    # past 2 ms by a busy machine would read it, which is the load's doing, not the history's
+    monkeypatch.setattr(mc, "CPU_WAIT_MIN_S", float("inf"))
     monkeypatch.setattr(history.HISTORY, "_records", _WatchedList())
     for name in ("FLOP_COUNTS", "LAST_WALLS"):  # where they are kept, and where the probe reads them
         cache = _WatchedCache()
