@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from screenshot_dashboard import Page, _port, _sleep, _wait_http  # noqa: E402 - the tool beside this one
+from screenshot_dashboard import Page, _port, _sleep, _wait_http, stop  # noqa: E402 - the tool beside this one
 
 CELLS = ["import plotly.graph_objects as go\nimport tunekit\n"
          "lab = tunekit.Lab(peak_tflops=1.0, micro_batch=2, seq_len=32)\ndash = lab.dashboard()\n"
@@ -156,13 +156,7 @@ def check(frontend: str, seconds: float = 240) -> tuple[list[str], float]:
     except (TimeoutError, RuntimeError, StopIteration, OSError) as e:
         found = [f"{type(e).__name__}: {e}"]
     finally:
-        for proc in (chrome, server):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop((chrome, server), work)
     if found:
         print(frontend, state, flush=True)   # what the page showed, for a failure's report
     return found, time.perf_counter() - t0

@@ -93,6 +93,17 @@ async def _sleep(s):
 # --- the runs in the picture and their conditions ------------------------------------------------
 
 
+def stop(procs, work: Path) -> None:
+    """End the browser and the server (kill what does not stop within 10 s) and remove ``work``."""
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def logged_runs(data_dir: Path) -> list:
     """The runs the dashboard logged: every record of the Lab's day logs under ``data_dir``
     (the kernel's TUNEKIT_DATA_DIR), oldest first."""
@@ -247,13 +258,7 @@ def main(argv=None) -> int:
         print(f"failed: {e}")
         return 1
     finally:
-        for proc in (chrome, server):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop((chrome, server), work)
     alt, line, quiet = caption(runs)
     for r in runs:
         print(f"run #{r.get('run_id')} {r.get('label')}: {float(r['tokens_per_s']):,.0f} tokens/s, "
