@@ -63,6 +63,24 @@ def test_the_script_asks_for_what_the_target_says(tmp_path):
         assert line in text.splitlines(), line
 
 
+def test_the_master_port_is_one_free_on_the_head_node_not_one_derived_from_the_job_id(tmp_path):
+    # two clusters on one host both run a job 1: a port derived from the job id (20001) collides
+    # (CI failed so, EADDRINUSE); the script asks the head node for a free port as the job starts
+    import socket
+
+    line = next(ln for ln in Slurm().script(["true"], tmp_path).splitlines() if "MASTER_PORT=" in ln)
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("", 20001))
+        held.listen()
+        out = subprocess.run(["bash", "-c", line + "; echo $MASTER_PORT"], env={**os.environ, "SLURM_JOB_ID": "1"},
+                             capture_output=True, text=True, check=True).stdout.split()
+        port = int(out[-1])
+        assert port != 20001
+        with socket.socket() as s:    # free: a listener can take it
+            s.bind(("", port))
+
+
 def test_no_sbatch_is_said_before_anything(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert Slurm().check() == ["no sbatch on the PATH: run where Slurm's commands are (a login node), or install "

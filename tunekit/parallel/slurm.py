@@ -60,6 +60,8 @@ def time_seconds(text: str) -> int:
     return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
+_FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+
 @dataclass(frozen=True)
 class Partition:
     """What ``sinfo`` says of one partition."""
@@ -206,7 +208,10 @@ class Slurm:
         lines += [f"export {k}={shlex.quote(str(v))}" for k, v in (self.env or {}).items()]
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                   'export MASTER_ADDR=$(scontrol show node "$head" | sed -n "s/.*NodeAddr=\\([^ ]*\\).*/\\1/p")',
-                  "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+                  # a port free on the head node now (the batch step runs there): one derived from the
+                  # job id collides when two clusters' job 1 share a host (CI failed so once)
+                  f"export MASTER_PORT=$({shlex.quote(self.python)} -c {shlex.quote(_FREE_PORT)} 2>/dev/null"
+                  " || echo $((20000 + RANDOM % 20000)))",
                   "srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(c) for c in command), ""]
         return "\n".join(lines)
 
