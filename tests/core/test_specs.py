@@ -38,6 +38,18 @@ def test_short_names_do_not_match_longer_models():
     assert specs.find_spec("NVIDIA GH200 480GB") is None
 
 
+@pytest.mark.parametrize("typed,row", [
+    ("H100X", None), ("h1000", None), ("A100x 80GB", None), ("MI300A", None),   # typos and other cards: refused
+    ("NVIDIA A10G", "A10G"), ("NVIDIA A10", "A10G"), ("AMD Instinct MI300X", "MI300X"),
+    ("AMD Instinct MI250X", "MI250X (one GCD)"), ("Tesla V100-SXM2-16GB", "V100 SXM"), ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("Tesla T4", "T4")])
+def test_a_name_is_read_as_a_row_only_where_each_word_it_matched_is_the_row_s(typed, row):
+    # the word holding a match is the match itself or a word of the row's name: 'h100x' is no H100
+    # (the planner used to read it as H100 SXM, with only a note)
+    got = specs.find_spec(typed)
+    assert (got and got.name) == row
+
+
 def test_torchtitans_h100_is_its_own_card():
     # Grand Teton's 96 GB HBM2e H100 at 2.4 TB/s (torchtitan's benchmarks), the 700 W SXM's compute as an upper bound
     card = specs.find_spec("H100 96GB")

@@ -4,6 +4,8 @@ Pure, no torch.
 """
 from __future__ import annotations
 
+import re
+
 from tunekit.core import gpus
 from tunekit.core.gpu import GPU
 from tunekit.core.registry import DTYPES
@@ -49,21 +51,23 @@ def find_spec(device_name: str | None) -> GPU | None:
     alias = gpus.ALIASES.get(name.strip())
     if exact is not None or alias is not None:
         return exact or gpu(alias)
-    for spec in gpus.GPUS:
-        if all(_has_token(name, m) for m in spec.match):
-            return spec
-    return None
+    return next((spec for spec in gpus.GPUS if matches(name, spec)), None)
 
 
-def _has_token(name: str, needle: str) -> bool:
-    # 'l4' must not match 'l40s', nor 't4' 'rtx 4090'-style names: require a word boundary
-    # after short model numbers.
+def matches(name: str, spec: GPU) -> bool:
+    """Whether a driver's name (lower case, '-' as spaces) holds each of the row's ``match`` words."""
+    words = set(spec.name.lower().replace("-", " ").split())
+    return all(_has_token(name, m, words) for m in spec.match)
+
+
+def _has_token(name: str, needle: str, words: set) -> bool:
+    # a needle starts a word of the name, and that word is the needle itself or a word of the row's
+    # own name: 'l4' does not match 'l40s', 'a10' matches 'a10g' (the row A10G), 'mi300' 'mi300x',
+    # and a typo such as 'h100x' matches no row (it is refused, not read as an H100)
     i = name.find(needle)
     while i != -1:
-        end = i + len(needle)
-        before_ok = i == 0 or not name[i - 1].isalnum()
-        after_ok = len(needle) > 3 or end == len(name) or not name[end].isdigit()
-        if before_ok and after_ok:
+        word = re.match(r"[a-z0-9]*", name[i:]).group(0)
+        if (i == 0 or not name[i - 1].isalnum()) and (word == needle or word in words):
             return True
         i = name.find(needle, i + 1)
     return False

@@ -2,6 +2,8 @@
 (`core.gpus`, read through `core.specs`) or this machine."""
 from __future__ import annotations
 
+import difflib
+
 import re
 
 from tunekit.core import specs, validate
@@ -48,7 +50,9 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
                     notes=[f"peak {peak.source}; no memory bandwidth known for this CPU: the bound counts FLOPs only"])
     spec = find_spec(name)
     if spec is None:
-        raise ValueError(f"unknown device {name!r}: one of {', '.join(specs.names())}, or 'cpu'")
+        close = difflib.get_close_matches(name.strip(), [*specs.names(), "cpu"], n=1, cutoff=0.5)
+        raise ValueError(f"unknown device {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + f": one of {', '.join(specs.names())}, or 'cpu'")
     if spec.memory_gb is None:
         raise ValueError(f"the spec table has no memory size for {spec.name}: plan for another device")
     named = re.search(r"(\d+)\s*gb", name.lower())   # "A100 40GB": the table's A100 is another card
