@@ -108,6 +108,17 @@ def test_step_time_alone_is_one_ratio():
     assert e.calibration == "step time" and of_kind(e.notes, "expect.step_only")
 
 
+def test_the_median_step_calibrates_not_the_mean():
+    run = fake_run(traced=False, step_s=0.040)
+    run.step_s_median = 0.032    # one slow step pulled the mean to 40 ms; the steps settled at 32
+    e = expect_of(run)
+    # as test_step_time_alone_is_one_ratio: 32 / 16 = 2.0 for the shared ops: (33.5 - 2.5) * 2 + 2.5 = 64.5 ms
+    assert e.step_s == pytest.approx(0.0645) and e.base_step_s == 0.032
+    run.step_s_median = math.nan  # a log written before the median was kept: the mean
+    # 40 / 16 = 2.5: 31 * 2.5 + 2.5 = 80 ms
+    assert expect_of(run).step_s == pytest.approx(0.080)
+
+
 def test_gpu_peak_is_a_ratio():
     e = expect_of(fake_run(), device_type="cuda")
     # 300 / 100 measured over planned: 150 MiB * 3 = 450 MiB
@@ -220,13 +231,18 @@ def test_results_columns_and_view(tmp_path):
 
 
 def test_predicted_line_of_a_run():
-    from tunekit.core.results import RunResult
+    from tunekit.core.results import RunResult, results_frame
     from tunekit.lab.expect_line import predicted_line
 
     r = RunResult.from_dict({"label": "a", "step_s": 0.050, "expected_step_s": 0.040, "expected_from": 3})
     # 40 / 50 - 1 = -20.0%
     assert predicted_line(r) == "predicted 40.0 ms/step, measured 50.0 ms: -20.0% off (by run #3)"
     assert predicted_line(RunResult.from_dict({"label": "b", "step_s": 0.05})) == ""
+    # against the steady (median) step where the run has one: 40 / 45 - 1 = -11.1%
+    steady = RunResult.from_dict({"label": "c", "step_s": 0.050, "step_s_median": 0.045, "expected_step_s": 0.040})
+    assert steady.steady_step_s == 0.045
+    assert predicted_line(steady) == "predicted 40.0 ms/step, measured 45.0 ms: -11.1% off (device model, uncalibrated)"
+    assert results_frame([steady])["expect_error"].iloc[0] == pytest.approx(0.040 / 0.045 - 1)
 
 
 def fake_answers(monkeypatch, lab, gate=None):

@@ -15,9 +15,9 @@ calibrates it, the way ``lab.explain`` sets a run against its plan (lab.explain.
   group's rest ratio; the new setting's rows take the factor of the same op, so an op the change
   resizes keeps its measured efficiency. Ops new to the setting (in its plan, not in the base's)
   get the device model uncalibrated; measured time the base plan foresaw nothing for is carried
-  as it was measured. The trace's seconds are scaled to the run's own step (timed without the
-  profiler), so the base setting's expectation is the base run's step exactly;
-- an untraced run: one ratio, measured / expected step, for the whole step;
+  as it was measured. The trace's seconds are scaled to the run's own steady step (the median of its
+  timed steps, without the profiler), so the base setting's expectation is the base run's step exactly;
+- an untraced run: one ratio, measured (median) / expected step, for the whole step;
 - memory: the plan's peak plus what the base run measured beyond its plan: on a CPU the meter is
   the process's RSS (Python and torch themselves included: an offset, added), on a GPU the
   allocator's (measured / planned, a ratio).
@@ -195,6 +195,14 @@ def _device_of(run) -> str | None:
 
 # --- the calibration --------------------------------------------------------------------------
 
+def steady_s(run) -> float:
+    """The step ``run`` settled at: its timed steps' median (``RunResult.steady_step_s``), so that one
+    slow step (a burst of load, a page-fault storm) does not calibrate every expectation after it;
+    its mean ``step_s`` where it has no median (a log written before the median was kept)."""
+    median = getattr(run, "step_s_median", NaN)
+    return median if isinstance(median, (int, float)) and not is_missing(median) and median > 0 else run.step_s
+
+
 def trace_factors(lab, run, base_plan) -> tuple[dict, dict, dict, list]:
     """From a traced run and its plan: ({op: factor}, {group: factor of its other ops},
     {group: measured seconds nothing was expected for}, notes). The trace's seconds are scaled to
@@ -202,7 +210,7 @@ def trace_factors(lab, run, base_plan) -> tuple[dict, dict, dict, list]:
     e = explained(lab, run, f"run #{run.run_id}", plan=base_plan)
     trace = as_breakdown(run.trace)
     _m_groups, m_ops = measured_groups(trace)
-    scale = run.step_s / trace.wall_s if trace.wall_s > 0 else 1.0
+    scale = steady_s(run) / trace.wall_s if trace.wall_s > 0 else 1.0
     e_ops_by_group: dict = {}    # group -> {op: expected seconds} of the ops a trace names
     for op, cat, _calls, secs, _b, _s in base_plan.expected.rows:
         if cat in OWN_OPS:
@@ -324,9 +332,9 @@ def expectation(lab, s, device, plan, base_plan, run) -> Expectation:
         notes.append(Note("expect.uncalibrated", "no measured run of this Lab on this device: the device "
                                                  "model alone (lab.run once, traced, to calibrate it)"))
     elif run.trace is not None and (traced := traced_factors(lab, run, base_plan, notes)) is not None:
-        factors, base_step = traced, run.step_s
+        factors, base_step = traced, steady_s(run)
     else:
-        factors, base_step = ({}, run.step_s / base_e.step_s, {}, "step time"), run.step_s
+        factors, base_step = ({}, steady_s(run) / base_e.step_s, {}, "step time"), steady_s(run)
         if run.trace is None:
             notes.append(Note("expect.step_only", f"run #{run.run_id} was not traced: one ratio (measured / "
                                                   "expected step) for the whole step"))
