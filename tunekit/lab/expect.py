@@ -31,10 +31,10 @@ import html
 import math
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from tunekit.core.breakdown import as_breakdown
-from tunekit.core.explain import _op_name, measured_groups
+from tunekit.core.breakdown import Breakdown, as_breakdown
+from tunekit.core.explain import GROUPS, _op_name, expected_groups, measured_groups
 from tunekit.core.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 from tunekit.core.notes import Note
 from tunekit.core.setting import Setting, step_words
@@ -50,6 +50,7 @@ GROUP_OF = {"matmul": "matmul", "attention": "attention", "optimizer": "optimize
 OTHER = "elementwise, norms, copies"
 OWN_OPS = ("matmul", "attention", "compute", "memory-bound")   # categories a trace names op by op
 NOT_STEP = ("lr",)          # setting words that leave the fake step as it is
+ONCE_A_STEP = ("optimizer", "communication")   # categories (and groups) a step runs once, whatever its grad_accum
 KEPT_PLANS = 64             # plans kept per Lab (each holds its op records, no tensors)
 CHANGED = 0.01              # an op whose expected time moves by more than this share is "resized"
 
@@ -203,22 +204,47 @@ def steady_s(run) -> float:
     return median if isinstance(median, (int, float)) and not is_missing(median) and median > 0 else run.step_s
 
 
-def trace_factors(lab, run, base_plan) -> tuple[dict, dict, dict, list]:
+def untimed(trace: Breakdown, step_s: float) -> tuple[Breakdown, float]:
+    """The trace with the profiler's own time taken out, and the scale still left to ``step_s``.
+
+    torch.profiler's cost is per recorded op (its callbacks at each op's entry and exit), not per
+    second of work: a trace's wall over the untraced step, spread over its recorded op calls, is the
+    cost of one call, taken out of each op's self time by its calls. Scaling every op by traced /
+    untraced time instead would shrink the long ops (the matmuls a bigger batch grows) and keep the
+    many short ones' overhead, so a change that grows the long ops would be expected too small.
+    Where the traced step was no slower than the untraced (noise), nothing is taken out; what
+    remains is scaled to ``step_s`` either way (an op's time is never taken below nothing)."""
+    calls = sum(o["calls"] for o in trace.top_ops)
+    excess = trace.wall_s - step_s
+    per_call = excess / calls if excess > 0 and calls else 0.0
+    ops = [{**o, "self_s": max(0.0, o["self_s"] - o["calls"] * per_call)} for o in trace.top_ops]
+    untraced = trace.untraced_s if not is_missing(trace.untraced_s) else 0.0
+    wall = sum(o["self_s"] for o in ops) + max(0.0, untraced)
+    out = replace(trace, top_ops=ops, wall_s=wall)
+    return out, (step_s / wall if wall > 0 else 1.0)
+
+
+def trace_factors(lab, run, base_plan, base_rows=None) -> tuple[dict, dict, dict, list]:
     """From a traced run and its plan: ({op: factor}, {group: factor of its other ops},
-    {group: measured seconds nothing was expected for}, notes). The trace's seconds are scaled to
-    the run's own step (the profiler's overhead out), read by lab.explain's grouping."""
-    e = explained(lab, run, f"run #{run.run_id}", plan=base_plan)
-    trace = as_breakdown(run.trace)
-    _m_groups, m_ops = measured_groups(trace)
-    scale = steady_s(run) / trace.wall_s if trace.wall_s > 0 else 1.0
+    {group: measured seconds nothing was expected for}, notes). The profiler's own time is taken
+    out of the trace per recorded op (`untimed`) and the rest scaled to the run's own steady step,
+    read by lab.explain's grouping. ``base_rows``: the plan's rows for the run's whole step
+    (`per_step`; None: the plan's own, one micro-batch)."""
+    e = explained(lab, run, f"run #{run.run_id}", plan=base_plan)   # refuses what cannot be set against its plan
+    trace, scale = untimed(as_breakdown(run.trace), steady_s(run))
+    m_groups, m_ops = measured_groups(trace)
+    base_rows = base_plan.expected.rows if base_rows is None else base_rows
+    e_groups, _ = expected_groups(base_rows)
     e_ops_by_group: dict = {}    # group -> {op: expected seconds} of the ops a trace names
-    for op, cat, _calls, secs, _b, _s in base_plan.expected.rows:
+    for op, cat, _calls, secs, _b, _s in base_rows:
         if cat in OWN_OPS:
             ops = e_ops_by_group.setdefault(GROUP_OF.get(cat, OTHER), {})
             ops[_op_name(op)] = ops.get(_op_name(op), 0.0) + secs
     by_op, rest, carried, notes = {}, {}, {}, list(e.notes)
-    for group, m, exp, _eff, _share, seen in e.rows:
-        m_left, e_left = m * scale, (exp if seen else 0.0)
+    for group in GROUPS:
+        m, exp = m_groups.get(group, 0.0), e_groups.get(group, 0.0)
+        seen = exp > 0
+        m_left, e_left = m * scale, exp
         for name, e_o in e_ops_by_group.get(group, {}).items():
             m_o = m_ops.get(name, (0.0, 0))[0] * scale
             if m_o > 0 and e_o > 0:
@@ -227,7 +253,7 @@ def trace_factors(lab, run, base_plan) -> tuple[dict, dict, dict, list]:
         if e_left > 1e-12 and m_left > 0:
             rest[group] = m_left / e_left
         elif e_left > 1e-12:   # its other expected ops ran under names the trace did not show
-            rest[group] = (m * scale) / exp if seen and exp > 0 else 1.0
+            rest[group] = (m * scale) / exp if seen and m > 0 else 1.0
         elif m_left > 1e-12:
             carried[group] = m_left
     if carried:
@@ -237,11 +263,22 @@ def trace_factors(lab, run, base_plan) -> tuple[dict, dict, dict, list]:
     return by_op, rest, carried, notes
 
 
-def traced_factors(lab, run, base_plan, notes: list):
+def per_step(rows, accum) -> list:
+    """The plan's expected rows for a whole optimizer step of ``accum`` micro-batches: the plan's
+    fake step is one micro-batch's forward and backward and one update (planner.SAME_STEP:
+    grad_accum leaves it as it is), so every row but the update's and the collectives' runs
+    ``accum`` times (calls and seconds)."""
+    accum = int(accum or 1)
+    if accum <= 1:
+        return list(rows)
+    return [r if r[1] in ONCE_A_STEP else (r[0], r[1], r[2] * accum, r[3] * accum, *r[4:]) for r in rows]
+
+
+def traced_factors(lab, run, base_plan, notes: list, base_rows=None):
     """`trace_factors` as ``calibrated_rows`` takes them, its notes added to ``notes``; None (and
     a note why) where the trace cannot be set against the plan: the step time calibrates then."""
     try:
-        by_op, rest, carried, more = trace_factors(lab, run, base_plan)
+        by_op, rest, carried, more = trace_factors(lab, run, base_plan, base_rows)
     except ValueError as exc:
         notes.append(Note("expect.step_only", f"run #{run.run_id}'s trace was not set against its plan ({exc})"))
         return None
@@ -318,27 +355,37 @@ def lab_expect(lab, setting=None, base=None, **changes) -> Expectation:
         raise ValueError("lab.expect: the plan of this setting has no expected step on "
                          f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
     base_plan = cached_plan(lab, device, base_setting)
-    e = expectation(lab, s, device, plan, base_plan, run)
+    e = expectation(lab, s, device, plan, base_plan, run, base_setting.grad_accum or 1)
     lab.log.expecting(s, e.step_s, e.peak_bytes, e.base_run)   # the run of this setting keeps it (run log)
     return e
 
 
-def expectation(lab, s, device, plan, base_plan, run) -> Expectation:
-    """The Expectation of ``plan`` calibrated by ``run`` (None: uncalibrated) of ``base_plan``."""
+def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expectation:
+    """The Expectation of ``plan`` calibrated by ``run`` (None: uncalibrated) of ``base_plan``; each
+    for its whole step (`per_step`: ``s.grad_accum`` micro-batches; ``base_accum``, the base's,
+    None: the run's)."""
     notes: list = []
     e, base_e = plan.expected, base_plan.expected
+    if base_accum is None:
+        base_accum = getattr(getattr(run, "toggles", None), "grad_accum", None) or 1
+    accum = s.grad_accum or 1
+    e_rows, base_rows = per_step(e.rows, accum), per_step(base_e.rows, base_accum)
+    plan_step, base_plan_step = sum(r[3] for r in e_rows), sum(r[3] for r in base_rows)
     if run is None:
-        factors, base_step = ({}, {}, {}, "none"), base_e.step_s
+        factors, base_step = ({}, {}, {}, "none"), base_plan_step
         notes.append(Note("expect.uncalibrated", "no measured run of this Lab on this device: the device "
                                                  "model alone (lab.run once, traced, to calibrate it)"))
-    elif run.trace is not None and (traced := traced_factors(lab, run, base_plan, notes)) is not None:
-        factors, base_step = traced, steady_s(run)
+    elif run.trace is not None and (traced := traced_factors(lab, run, base_plan, notes, base_rows)) is not None:
+        by_op, rest, carried, how = traced
+        # what the base plan foresaw nothing for (data, unnamed copies) comes with each micro-batch
+        carried = {g: v if g in ONCE_A_STEP else v * accum / base_accum for g, v in carried.items()}
+        factors, base_step = (by_op, rest, carried, how), steady_s(run)
     else:
-        factors, base_step = ({}, steady_s(run) / base_e.step_s, {}, "step time"), steady_s(run)
+        factors, base_step = ({}, steady_s(run) / base_plan_step, {}, "step time"), steady_s(run)
         if run.trace is None:
             notes.append(Note("expect.step_only", f"run #{run.run_id} was not traced: one ratio (measured / "
                                                   "expected step) for the whole step"))
-    rows, new = calibrated_rows(e.rows, base_e.rows, factors)
+    rows, new = calibrated_rows(e_rows, base_rows, factors)
     if new and run is not None:
         notes.append(Note("expect.new_ops", "ops the measured run did not have, at the device model "
                                             "uncalibrated: " + ", ".join(new[:5]) + (" ..." if len(new) > 5 else "")))
@@ -348,7 +395,8 @@ def expectation(lab, s, device, plan, base_plan, run) -> Expectation:
     if busy:
         notes.append(Note("expect.busy", f"run #{run.run_id} was measured on a busy machine: its calibration "
                                          "carries the load"))
-    ratio = e.step_s / step if step > 0 else NaN
-    return Expectation(s, device, step, e.tokens_per_s * ratio, e.mfu * ratio, peak, e.step_s, plan.total_bytes,
+    # the plan's rates are one micro-batch's over its step: the whole step's tokens over the expected time
+    ratio = e.step_s * accum / step if step > 0 else NaN
+    return Expectation(s, device, step, e.tokens_per_s * ratio, e.mfu * ratio, peak, plan_step, plan.total_bytes,
                        None if run is None else run.run_id, base_step, base_peak, factors[3], rows,
-                       changes_of(e.rows, base_e.rows), notes + more)
+                       changes_of(e_rows, base_rows), notes + more)
