@@ -10,9 +10,11 @@ steps, with their spread (interquartile range over the median) beside it. A row 
 machine, or whose own spread is larger than the median error judged, says so and is left out of the
 judgement; a busy base judges nothing. Two "repeat" rows measure the base setting again, right after
 the base and at the end of the ladder, expected as the base measured: their error is the floor
-the model can be judged to (the run-to-run agreement, then the drift over the ladder). Nothing is fitted to these runs: each expectation takes the plan's device model
-(measured sweeps of this CPU, core/efficiency.py's constants with their sources) and the base run of
-the same Lab, nothing else; every judged run comes after its expectation.
+the model can be judged to (the run-to-run agreement, then the drift over the ladder).
+
+Nothing is fitted to these runs: each expectation takes the plan's device model (measured sweeps
+of this CPU, core/efficiency.py's constants with their sources) and the base run of the same Lab,
+nothing else; every judged run comes after its expectation.
 
 The ladder (each from the base setting): checkpointing flipped, micro-batch x2 and /2, sequence x2
 (within the model's positions), grad_accum x2, each other optimizer of adamw / sgd / adafactor,

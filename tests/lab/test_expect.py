@@ -11,6 +11,7 @@ from tunekit.core.notes import of_kind
 from tunekit.core.setting import Setting
 from tunekit.core.toggles import ToggleError, Toggles
 from tunekit.lab import expect as ex
+from tunekit.lab.expect_trace import untimed
 
 MiB = 2**20
 HOST = "views, metadata ops, module calls"
@@ -64,19 +65,19 @@ def test_profiler_time_taken_out_per_op_call():
     # the trace's 40 ms over a 36.3 ms step: 3.7 ms of profiler over 10 + 20 + 5 + 1 + 1 = 37 op calls,
     # 0.1 ms a call: mm 20 - 1 = 19, add 6 - 2 = 4, copy_ 4 - 0.5 = 3.5, optimizer 3 - 0.1 = 2.9,
     # data 4 - 0.1 = 3.9; with 3 ms untraced: 36.3 ms, the step: nothing left to scale (1.0)
-    out, scale = ex.untimed(trace(), 0.0363)
+    out, scale = untimed(trace(), 0.0363)
     assert [o["self_s"] for o in out.top_ops] == pytest.approx([0.019, 0.004, 0.0035, 0.0029, 0.0039])
     assert out.wall_s == pytest.approx(0.0363) and scale == pytest.approx(1.0)
     # a 26 ms step: 14 ms over 37 calls; add (20 calls, 20 * 14/37 = 7.6 ms of its 6) would go below
     # nothing: kept at 0, the rest scaled to the step: mm 20 - 10 * 14/37, copy_ 4 - 5 * 14/37,
     # optimizer and data 3 and 4 - 14/37
-    out, scale = ex.untimed(trace(), 0.026)
+    out, scale = untimed(trace(), 0.026)
     per = 0.014 / 37
     kept = [0.020 - 10 * per, 0.0, 0.004 - 5 * per, 0.003 - per, 0.004 - per]
     assert [o["self_s"] for o in out.top_ops] == pytest.approx(kept)
     assert scale == pytest.approx(0.026 / (sum(kept) + 0.003))
     # a traced step faster than the untraced (noise): nothing taken out, all scaled up: 44 / 40 = 1.1
-    out, scale = ex.untimed(trace(), 0.044)
+    out, scale = untimed(trace(), 0.044)
     assert out.top_ops == trace().top_ops and scale == pytest.approx(1.1)
 
 
