@@ -120,14 +120,14 @@ def spread(r) -> float:
 def row_line(label, exp_s, r, verdict, exp_peak=math.nan, answer_s=math.nan) -> tuple[float, float, str]:
     """Print one row: expected against the run's median step, its spread, the peak; returns
     (step error, peak error, what the row is: "judged" or why not)."""
-    meas = r.steady_step_s
-    err, perr = exp_s / meas - 1, exp_peak / r.peak_mem_bytes - 1 if r.peak_mem_bytes else math.nan
+    meas, peak = r.steady_step_s, r.peak_mem_bytes or math.nan   # a run with no peak meter: NaN
+    err, perr = exp_s / meas - 1, exp_peak / peak - 1
     sp = spread(r)
     status = ("judged" if verdict in JUDGED else "busy") if not sp > SPREAD_LIMIT else "noisy"
     why = {"judged": verdict, "busy": f"{verdict}: not judged",
            "noisy": f"{verdict}; spread {sp:.0%} > {SPREAD_LIMIT:.0%}: not judged"}[status]
     print(f"{label:<28}{exp_s * 1e3:>9.1f}{meas * 1e3:>9.1f}{sp:>8.1%}{err:>+8.1%}{exp_peak / MiB:>9.0f}"
-          f"{r.peak_mem_bytes / MiB:>9.0f}{perr:>+9.1%}{answer_s:>9.2f}  {why}", flush=True)
+          f"{peak / MiB:>9.0f}{perr:>+9.1%}{answer_s:>9.2f}  {why}", flush=True)
     return err, perr, status
 
 
