@@ -11,6 +11,7 @@ from tunekit.core.notes import of_kind
 from tunekit.core.setting import Setting
 from tunekit.core.toggles import ToggleError, Toggles
 from tunekit.lab import expect as ex
+from tunekit.lab.expect_trace import untimed
 
 MiB = 2**20
 HOST = "views, metadata ops, module calls"
@@ -46,7 +47,7 @@ def trace():
     return Breakdown("cpu", 0.040, {}, ops, untraced_s=0.003)
 
 
-def fake_run(traced=True, step_s=0.020, peak=300 * MiB):
+def fake_run(traced=True, step_s=0.0363, peak=300 * MiB):
     return SimpleNamespace(run_id=3, status="ok", parallel=None, device="cpu", toggles=Toggles(), label="run 3",
                            trace=trace() if traced else None, step_s=step_s, conditions=None, peak_mem_bytes=peak)
 
@@ -60,33 +61,54 @@ def expect_of(run, device_type="cpu"):
     return ex.expectation(fake_lab(device_type), Setting(), "cpu", new, base, run)
 
 
+def test_profiler_time_taken_out_per_op_call():
+    # the trace's 40 ms over a 36.3 ms step: 3.7 ms of profiler over 10 + 20 + 5 + 1 + 1 = 37 op calls,
+    # 0.1 ms a call: mm 20 - 1 = 19, add 6 - 2 = 4, copy_ 4 - 0.5 = 3.5, optimizer 3 - 0.1 = 2.9,
+    # data 4 - 0.1 = 3.9; with 3 ms untraced: 36.3 ms, the step: nothing left to scale (1.0)
+    out, scale = untimed(trace(), 0.0363)
+    assert [o["self_s"] for o in out.top_ops] == pytest.approx([0.019, 0.004, 0.0035, 0.0029, 0.0039])
+    assert out.wall_s == pytest.approx(0.0363) and scale == pytest.approx(1.0)
+    # a 26 ms step: 14 ms over 37 calls; add (20 calls, 20 * 14/37 = 7.6 ms of its 6) would go below
+    # nothing: kept at 0, the rest scaled to the step: mm 20 - 10 * 14/37, copy_ 4 - 5 * 14/37,
+    # optimizer and data 3 and 4 - 14/37
+    out, scale = untimed(trace(), 0.026)
+    per = 0.014 / 37
+    kept = [0.020 - 10 * per, 0.0, 0.004 - 5 * per, 0.003 - per, 0.004 - per]
+    assert [o["self_s"] for o in out.top_ops] == pytest.approx(kept)
+    assert scale == pytest.approx(0.026 / (sum(kept) + 0.003))
+    # a traced step faster than the untraced (noise): nothing taken out, all scaled up: 44 / 40 = 1.1
+    out, scale = untimed(trace(), 0.044)
+    assert out.top_ops == trace().top_ops and scale == pytest.approx(1.1)
+
+
 def test_traced_base_run_calibrates_op_by_op():
     e = expect_of(fake_run())
-    # the run's step is 20 ms, its trace 40 ms: every traced second counts 20/40 = 0.5
-    #   mm: 20 ms * 0.5 / 10 ms = 1.0; add: 6 * 0.5 / 2 = 1.5
-    #   elementwise rest: copy_ 4 * 0.5 = 2 ms measured over mul's 2 ms expected = 1.0
-    #   optimizer: 3 * 0.5 / 1 = 1.5; no op running: 3 * 0.5 / 1 (host) = 1.5
-    #   data loading: 4 * 0.5 = 2 ms, nothing expected: carried as measured
-    # new: mm 20*1 + add 4*1.5 + mul 4*1 + host 2*1.5 + optimizer 1*1.5 + new ckpt 1 + new gelu 1.5
-    #      + data loading 2 = 20 + 6 + 4 + 3 + 1.5 + 1 + 1.5 + 2 = 39 ms
-    assert e.step_s == pytest.approx(0.039)
+    # the trace less its profiler (test_profiler_time_taken_out_per_op_call): mm 19, add 4, copy_ 3.5,
+    # optimizer 2.9, data 3.9, no op running 3 ms: the step's 36.3 ms
+    #   mm: 19 / 10 = 1.9; add: 4 / 2 = 2.0
+    #   elementwise rest: copy_ 3.5 ms measured over mul's 2 ms expected = 1.75
+    #   optimizer: 2.9 / 1 = 2.9; no op running: 3 / 1 (host) = 3.0
+    #   data loading: 3.9 ms, nothing expected: carried as measured
+    # new: mm 20*1.9 + add 4*2 + mul 4*1.75 + host 2*3 + optimizer 1*2.9 + new ckpt 1 + new gelu 1.5
+    #      + data loading 3.9 = 38 + 8 + 7 + 6 + 2.9 + 1 + 1.5 + 3.9 = 68.3 ms
+    assert e.step_s == pytest.approx(0.0683)
     by = {r[0]: (r[4], r[6]) for r in e.rows}
-    assert by["mm"] == (pytest.approx(1.0), "op")
-    assert by["add"] == (pytest.approx(1.5), "op")
-    assert by["mul"] == (pytest.approx(1.0), "group")
-    assert by[HOST] == (pytest.approx(1.5), "group")
-    assert by["optimizer step"] == (pytest.approx(1.5), "group")
+    assert by["mm"] == (pytest.approx(1.9), "op")
+    assert by["add"] == (pytest.approx(2.0), "op")
+    assert by["mul"] == (pytest.approx(1.75), "group")
+    assert by[HOST] == (pytest.approx(3.0), "group")
+    assert by["optimizer step"] == (pytest.approx(2.9), "group")
     assert by[CKPT] == (1.0, "device model") and by["gelu"] == (1.0, "device model")
-    assert e.calibration == "trace" and e.base_run == 3 and e.base_step_s == 0.020
-    # the plan's 33.5 ms became 39 ms: tokens/s and MFU scale by 33.5 / 39
+    assert e.calibration == "trace" and e.base_run == 3 and e.base_step_s == 0.0363
+    # the plan's 33.5 ms became 68.3 ms: tokens/s and MFU scale by 33.5 / 68.3
     assert e.plan_step_s == pytest.approx(0.0335)
-    assert e.tokens_per_s == pytest.approx(2000 * 0.0335 / 0.039)
-    assert e.mfu == pytest.approx(0.5 * 0.0335 / 0.039)
+    assert e.tokens_per_s == pytest.approx(2000 * 0.0335 / 0.0683)
+    assert e.mfu == pytest.approx(0.5 * 0.0335 / 0.0683)
     # CPU: the run measured 300 MiB against its plan's 100 (the process: +200 MiB); 150 + 200 = 350
     assert e.peak_bytes == 350 * MiB and e.base_peak_bytes == 300 * MiB
     assert of_kind(e.notes, "expect.new_ops") and of_kind(e.notes, "expect.not_carried")
-    # 39 / 20 - 1 = +95%; 350 / 300 - 1 = +17%
-    assert e.line == "expected 39.0 ms/step (+95% vs run #3), peak 350.0 MiB (+17%)"
+    # 68.3 / 36.3 - 1 = +88%; 350 / 300 - 1 = +17%
+    assert e.line == "expected 68.3 ms/step (+88% vs run #3), peak 350.0 MiB (+17%)"
     changes = {op: what for op, _c, _b, _n, what in e.changes}
     assert changes == {"mm": "resized", "add": "resized", "mul": "resized", HOST: "resized",
                        CKPT: "added", "gelu": "added"}
@@ -95,8 +117,8 @@ def test_traced_base_run_calibrates_op_by_op():
 def test_base_setting_expected_as_its_run_measured():
     base = fake_plan(BASE_ROWS, 100 * MiB)
     e = ex.expectation(fake_lab(), Setting(), "cpu", base, base, fake_run())
-    # the base run's own setting: every measured second carried back: 10 + 3 + 2 + 1.5 + 1.5 + 2 = 20 ms
-    assert e.step_s == pytest.approx(0.020)
+    # the base run's own setting: every measured second carried back: 19 + 4 + 3.5 + 3 + 2.9 + 3.9 = 36.3 ms
+    assert e.step_s == pytest.approx(0.0363)
     assert e.peak_bytes == 300 * MiB and e.changes == []
 
 
@@ -106,6 +128,41 @@ def test_step_time_alone_is_one_ratio():
     # (33.5 - 2.5) * 2 + 2.5 = 64.5 ms
     assert e.step_s == pytest.approx(0.0645)
     assert e.calibration == "step time" and of_kind(e.notes, "expect.step_only")
+
+
+def test_grad_accum_repeats_the_micro_batch_not_the_update():
+    base = fake_plan(BASE_ROWS, 100 * MiB)
+    e = ex.expectation(fake_lab(), Setting(grad_accum=2), "cpu", base, base, fake_run())
+    # the base calibrated as in test_base_setting_expected_as_its_run_measured: mm 19, add 4, mul 3.5,
+    # host 3, optimizer 2.9, data 3.9 ms; two micro-batches, one update:
+    # (19 + 4 + 3.5 + 3 + 3.9) * 2 + 2.9 = 66.8 + 2.9 = 69.7 ms
+    assert e.step_s == pytest.approx(0.0697)
+    # the plan's step: (16 - 1) * 2 + 1 = 31 ms; tokens/s: the plan's micro-batch tokens (2000 / s over
+    # 16 ms = 32) twice over 69.7 ms
+    assert e.plan_step_s == pytest.approx(0.031)
+    assert e.tokens_per_s == pytest.approx(2000 * 0.016 * 2 / 0.0697)
+    assert {op: what for op, _c, _b, _n, what in e.changes} == {"mm": "resized", "add": "resized", "mul": "resized",
+                                                                 HOST: "resized"}
+    # measured with grad_accum=2 itself, the run's step is two micro-batches: back to one, (36.3 - 2.9) / 2 + 2.9
+    twice = fake_run()
+    twice.toggles = Toggles(grad_accum=2)
+    one = ex.expectation(fake_lab(), Setting(), "cpu", base, base, twice)
+    # factors against the doubled rows: mm 19 / 20, ...: every micro-batch second halved, the update kept
+    assert one.step_s == pytest.approx((0.0363 - 0.0029) / 2 + 0.0029)
+    # the step time alone: 32 ms over the plan's 16: 2.0; (16 - 1) * 2 * 2 + 1 * 2 = 62 ms
+    assert ex.expectation(fake_lab(), Setting(grad_accum=2), "cpu", base, base,
+                          fake_run(traced=False, step_s=0.032)).step_s == pytest.approx(0.062)
+
+
+def test_the_median_step_calibrates_not_the_mean():
+    run = fake_run(traced=False, step_s=0.040)
+    run.step_s_median = 0.032    # one slow step pulled the mean to 40 ms; the steps settled at 32
+    e = expect_of(run)
+    # as test_step_time_alone_is_one_ratio: 32 / 16 = 2.0 for the shared ops: (33.5 - 2.5) * 2 + 2.5 = 64.5 ms
+    assert e.step_s == pytest.approx(0.0645) and e.base_step_s == 0.032
+    run.step_s_median = math.nan  # a log written before the median was kept: the mean
+    # 40 / 16 = 2.5: 31 * 2.5 + 2.5 = 80 ms
+    assert expect_of(run).step_s == pytest.approx(0.080)
 
 
 def test_gpu_peak_is_a_ratio():
@@ -220,13 +277,18 @@ def test_results_columns_and_view(tmp_path):
 
 
 def test_predicted_line_of_a_run():
-    from tunekit.core.results import RunResult
+    from tunekit.core.results import RunResult, results_frame
     from tunekit.lab.expect_line import predicted_line
 
     r = RunResult.from_dict({"label": "a", "step_s": 0.050, "expected_step_s": 0.040, "expected_from": 3})
     # 40 / 50 - 1 = -20.0%
     assert predicted_line(r) == "predicted 40.0 ms/step, measured 50.0 ms: -20.0% off (by run #3)"
     assert predicted_line(RunResult.from_dict({"label": "b", "step_s": 0.05})) == ""
+    # against the steady (median) step where the run has one: 40 / 45 - 1 = -11.1%
+    steady = RunResult.from_dict({"label": "c", "step_s": 0.050, "step_s_median": 0.045, "expected_step_s": 0.040})
+    assert steady.steady_step_s == 0.045
+    assert predicted_line(steady) == "predicted 40.0 ms/step, measured 45.0 ms: -11.1% off (device model, uncalibrated)"
+    assert results_frame([steady])["expect_error"].iloc[0] == pytest.approx(0.040 / 0.045 - 1)
 
 
 def fake_answers(monkeypatch, lab, gate=None):

@@ -94,6 +94,8 @@ class RunResult:
     above_peak: str | None = None         # why MFU/HFU are past 100% (core.bounds); None when they are not
     throughput_unit: str = "tokens"       # what tokens_per_step counted: "tokens" | "samples" (no sequence dimension)
     explained: str | None = None          # a traced run against its plan's expected step, in one line
+    step_s_median: float = math.nan       # median of the timed steps: the steady step, a slow outlier aside
+    step_s_iqr: float = math.nan          # their interquartile range (seconds): the run's own spread
     # lab.expect's answer for this run's setting, made before it ran (NaN: none was asked)
     expected_step_s: float = math.nan
     expected_peak_bytes: float = math.nan
@@ -119,6 +121,13 @@ class RunResult:
         if name in toggle_fields() and "toggles" in self.__dict__:
             return getattr(self.toggles, name)
         raise AttributeError(f"'RunResult' object has no attribute {name!r}")
+
+    @property
+    def steady_step_s(self) -> float:
+        """The step a run settles at: the median of its timed steps (one slow step, a burst of load
+        or a first-step cost, aside), the mean where the record has no median (older logs)."""
+        m = self.step_s_median
+        return m if isinstance(m, (int, float)) and not is_missing(m) and m > 0 else self.step_s
 
     def to_dict(self) -> dict:
         """Flat: the toggles as top-level keys, in the order of the DataFrame's columns."""
@@ -177,7 +186,8 @@ RECORD_TYPES = {**{f.name: f.type for f in dataclasses.fields(RunResult) if f.ty
                 **TOGGLE_TYPES}   # the log keeps the toggles flattened
 RECORD_TYPES.update({old: RECORD_TYPES[new] for new, old in OLD_KEYS.items()})
 _FLOAT_FIELDS = {"tokens_per_s", "step_s", "step_s_min", "step_s_max", "tflops", "mfu", "hfu",
-                 "loss", "loss_first", "energy_j", "mean_w", "j_per_token", "expected_step_s", "expected_peak_bytes"}
+                 "loss", "loss_first", "energy_j", "mean_w", "j_per_token", "expected_step_s", "expected_peak_bytes",
+                 "step_s_median", "step_s_iqr"}
 
 
 def results_frame(runs: list[RunResult]):
@@ -188,8 +198,8 @@ def results_frame(runs: list[RunResult]):
              "conditions": None if r.conditions is None else r.conditions.verdict,
              "conditions_reason": None if r.conditions is None else r.conditions.reason}
             for r in runs]
-    for row in rows:   # lab.expect's answer against the measured step: expected / measured - 1
-        e, m = row["expected_step_s"], row["step_s"]
+    for row, r in zip(rows, runs):   # lab.expect's answer against the steady measured step: expected / measured - 1
+        e, m = row["expected_step_s"], r.steady_step_s
         row["expected_ms"] = e * 1e3 if _number(e) else math.nan
         row["expect_error"] = e / m - 1 if _number(e) and _number(m) and m > 0 else math.nan
     rest = [f.name for f in dataclasses.fields(RunResult) if f.name not in ("run_id", "label", "toggles")]

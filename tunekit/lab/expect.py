@@ -15,9 +15,9 @@ calibrates it, the way ``lab.explain`` sets a run against its plan (lab.explain.
   group's rest ratio; the new setting's rows take the factor of the same op, so an op the change
   resizes keeps its measured efficiency. Ops new to the setting (in its plan, not in the base's)
   get the device model uncalibrated; measured time the base plan foresaw nothing for is carried
-  as it was measured. The trace's seconds are scaled to the run's own step (timed without the
-  profiler), so the base setting's expectation is the base run's step exactly;
-- an untraced run: one ratio, measured / expected step, for the whole step;
+  as it was measured. The trace's seconds are scaled to the run's own steady step (the median of its
+  timed steps, without the profiler), so the base setting's expectation is the base run's step exactly;
+- an untraced run: one ratio, measured (median) / expected step, for the whole step;
 - memory: the plan's peak plus what the base run measured beyond its plan: on a CPU the meter is
   the process's RSS (Python and torch themselves included: an offset, added), on a GPU the
   allocator's (measured / planned, a ratio).
@@ -33,22 +33,18 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from tunekit.core.breakdown import as_breakdown
-from tunekit.core.explain import _op_name, measured_groups
+from tunekit.core.explain import _op_name
 from tunekit.core.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 from tunekit.core.notes import Note
 from tunekit.core.setting import Setting, step_words
 from tunekit.core.toggles import ToggleError, Toggles
 from tunekit.core.units import is_missing
-from tunekit.lab.explain import explained, plan_device
+from tunekit.lab.expect_trace import GROUP_OF, ONCE_A_STEP, OTHER, OWN_OPS, per_step, steady_s, traced_factors
+from tunekit.lab.explain import plan_device
 from tunekit.lab.setting import setting_of, toggles_of
 from tunekit.planning.target import lab_setting
 
 NaN = math.nan
-GROUP_OF = {"matmul": "matmul", "attention": "attention", "optimizer": "optimizer",
-            "communication": "communication", "host": "no op running"}   # core.explain's groups
-OTHER = "elementwise, norms, copies"
-OWN_OPS = ("matmul", "attention", "compute", "memory-bound")   # categories a trace names op by op
 NOT_STEP = ("lr",)          # setting words that leave the fake step as it is
 KEPT_PLANS = 64             # plans kept per Lab (each holds its op records, no tensors)
 CHANGED = 0.01              # an op whose expected time moves by more than this share is "resized"
@@ -195,52 +191,6 @@ def _device_of(run) -> str | None:
 
 # --- the calibration --------------------------------------------------------------------------
 
-def trace_factors(lab, run, base_plan) -> tuple[dict, dict, dict, list]:
-    """From a traced run and its plan: ({op: factor}, {group: factor of its other ops},
-    {group: measured seconds nothing was expected for}, notes). The trace's seconds are scaled to
-    the run's own step (the profiler's overhead out), read by lab.explain's grouping."""
-    e = explained(lab, run, f"run #{run.run_id}", plan=base_plan)
-    trace = as_breakdown(run.trace)
-    _m_groups, m_ops = measured_groups(trace)
-    scale = run.step_s / trace.wall_s if trace.wall_s > 0 else 1.0
-    e_ops_by_group: dict = {}    # group -> {op: expected seconds} of the ops a trace names
-    for op, cat, _calls, secs, _b, _s in base_plan.expected.rows:
-        if cat in OWN_OPS:
-            ops = e_ops_by_group.setdefault(GROUP_OF.get(cat, OTHER), {})
-            ops[_op_name(op)] = ops.get(_op_name(op), 0.0) + secs
-    by_op, rest, carried, notes = {}, {}, {}, list(e.notes)
-    for group, m, exp, _eff, _share, seen in e.rows:
-        m_left, e_left = m * scale, (exp if seen else 0.0)
-        for name, e_o in e_ops_by_group.get(group, {}).items():
-            m_o = m_ops.get(name, (0.0, 0))[0] * scale
-            if m_o > 0 and e_o > 0:
-                by_op[name] = m_o / e_o
-                m_left, e_left = m_left - m_o, e_left - e_o
-        if e_left > 1e-12 and m_left > 0:
-            rest[group] = m_left / e_left
-        elif e_left > 1e-12:   # its other expected ops ran under names the trace did not show
-            rest[group] = (m * scale) / exp if seen and exp > 0 else 1.0
-        elif m_left > 1e-12:
-            carried[group] = m_left
-    if carried:
-        said = ", ".join(f"{g} {fmt_ms(s)}" for g, s in carried.items())
-        notes.append(Note("expect.not_carried", "measured time the base plan foresaw nothing for, carried as "
-                                                f"measured: {said}"))
-    return by_op, rest, carried, notes
-
-
-def traced_factors(lab, run, base_plan, notes: list):
-    """`trace_factors` as ``calibrated_rows`` takes them, its notes added to ``notes``; None (and
-    a note why) where the trace cannot be set against the plan: the step time calibrates then."""
-    try:
-        by_op, rest, carried, more = trace_factors(lab, run, base_plan)
-    except ValueError as exc:
-        notes.append(Note("expect.step_only", f"run #{run.run_id}'s trace was not set against its plan ({exc})"))
-        return None
-    notes += more
-    return by_op, rest, carried, "trace"
-
-
 def calibrated_rows(rows, base_rows, factors) -> tuple[list, list]:
     """The new setting's expected rows, each with its factor and what gave it; and the names of its
     ops the base plan did not have (new: the device model uncalibrated)."""
@@ -310,27 +260,37 @@ def lab_expect(lab, setting=None, base=None, **changes) -> Expectation:
         raise ValueError("lab.expect: the plan of this setting has no expected step on "
                          f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
     base_plan = cached_plan(lab, device, base_setting)
-    e = expectation(lab, s, device, plan, base_plan, run)
+    e = expectation(lab, s, device, plan, base_plan, run, base_setting.grad_accum or 1)
     lab.log.expecting(s, e.step_s, e.peak_bytes, e.base_run)   # the run of this setting keeps it (run log)
     return e
 
 
-def expectation(lab, s, device, plan, base_plan, run) -> Expectation:
-    """The Expectation of ``plan`` calibrated by ``run`` (None: uncalibrated) of ``base_plan``."""
+def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expectation:
+    """The Expectation of ``plan`` calibrated by ``run`` (None: uncalibrated) of ``base_plan``; each
+    for its whole step (`per_step`: ``s.grad_accum`` micro-batches; ``base_accum``, the base's,
+    None: the run's)."""
     notes: list = []
     e, base_e = plan.expected, base_plan.expected
+    if base_accum is None:
+        base_accum = getattr(getattr(run, "toggles", None), "grad_accum", None) or 1
+    accum = s.grad_accum or 1
+    e_rows, base_rows = per_step(e.rows, accum), per_step(base_e.rows, base_accum)
+    plan_step, base_plan_step = sum(r[3] for r in e_rows), sum(r[3] for r in base_rows)
     if run is None:
-        factors, base_step = ({}, {}, {}, "none"), base_e.step_s
+        factors, base_step = ({}, {}, {}, "none"), base_plan_step
         notes.append(Note("expect.uncalibrated", "no measured run of this Lab on this device: the device "
                                                  "model alone (lab.run once, traced, to calibrate it)"))
-    elif run.trace is not None and (traced := traced_factors(lab, run, base_plan, notes)) is not None:
-        factors, base_step = traced, run.step_s
+    elif run.trace is not None and (traced := traced_factors(lab, run, base_plan, notes, base_rows)) is not None:
+        by_op, rest, carried, how = traced
+        # what the base plan foresaw nothing for (data, unnamed copies) comes with each micro-batch
+        carried = {g: v if g in ONCE_A_STEP else v * accum / base_accum for g, v in carried.items()}
+        factors, base_step = (by_op, rest, carried, how), steady_s(run)
     else:
-        factors, base_step = ({}, run.step_s / base_e.step_s, {}, "step time"), run.step_s
+        factors, base_step = ({}, steady_s(run) / base_plan_step, {}, "step time"), steady_s(run)
         if run.trace is None:
             notes.append(Note("expect.step_only", f"run #{run.run_id} was not traced: one ratio (measured / "
                                                   "expected step) for the whole step"))
-    rows, new = calibrated_rows(e.rows, base_e.rows, factors)
+    rows, new = calibrated_rows(e_rows, base_rows, factors)
     if new and run is not None:
         notes.append(Note("expect.new_ops", "ops the measured run did not have, at the device model "
                                             "uncalibrated: " + ", ".join(new[:5]) + (" ..." if len(new) > 5 else "")))
@@ -340,7 +300,8 @@ def expectation(lab, s, device, plan, base_plan, run) -> Expectation:
     if busy:
         notes.append(Note("expect.busy", f"run #{run.run_id} was measured on a busy machine: its calibration "
                                          "carries the load"))
-    ratio = e.step_s / step if step > 0 else NaN
-    return Expectation(s, device, step, e.tokens_per_s * ratio, e.mfu * ratio, peak, e.step_s, plan.total_bytes,
+    # the plan's rates are one micro-batch's over its step: the whole step's tokens over the expected time
+    ratio = e.step_s * accum / step if step > 0 else NaN
+    return Expectation(s, device, step, e.tokens_per_s * ratio, e.mfu * ratio, peak, plan_step, plan.total_bytes,
                        None if run is None else run.run_id, base_step, base_peak, factors[3], rows,
-                       changes_of(e.rows, base_e.rows), notes + more)
+                       changes_of(e_rows, base_rows), notes + more)

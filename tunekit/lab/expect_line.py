@@ -81,9 +81,9 @@ class ExpectLine:
 def predicted_line(r) -> str:
     """A run's expectation (made before it ran) against what it measured, '' for none:
     'predicted 31.2 ms/step, measured 33.0 ms: -5.5% off (by run #3)'."""
-    e = r.expected_step_s
-    if is_missing(e) or is_missing(r.step_s) or not r.step_s > 0:
+    e, m = r.expected_step_s, r.steady_step_s   # the steady step (median): what an expectation predicts
+    if is_missing(e) or is_missing(m) or not m > 0:
         return ""
     by = f" (by run #{r.expected_from})" if r.expected_from is not None else " (device model, uncalibrated)"
-    return (f"predicted {fmt_ms(e)}/step, measured {fmt_ms(r.step_s)}: "
-            f"{fmt_pct(e / r.step_s - 1, 1, signed=True)} off{by}")
+    return (f"predicted {fmt_ms(e)}/step, measured {fmt_ms(m)}: "
+            f"{fmt_pct(e / m - 1, 1, signed=True)} off{by}")

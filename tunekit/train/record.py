@@ -10,6 +10,7 @@ FLOPs in tunekit's one MFU convention (the adapter's), and TFLOPS/MFU/HFU from
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -51,6 +52,15 @@ class Peaks(dict):
         return self[dtype]
 
 
+def iqr(times) -> float:
+    """The interquartile range of ``times`` (seconds; quartiles as ``statistics.quantiles``'
+    "inclusive" method reads them: 0 for one time). Example: ``iqr([1, 2, 3, 4, 5]) == 2.0``."""
+    if len(times) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q3 - q1
+
+
 def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, label: str, warmup: int,
                notes: list, cuda_index: int | None = None, world: int = 1, flops_source: str = "counted",
                recheck: bool = True, **fields) -> tuple[RunResult, Peak]:
@@ -83,6 +93,7 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
         run_id=None, label=label, toggles=t.toggles,
         steps=len(m.times), warmup=warmup, tokens_per_step=tokens, tokens_per_s=tokens / step_s,
         step_s=step_s, step_s_min=min(m.times), step_s_max=max(m.times),
+        step_s_median=statistics.median(m.times), step_s_iqr=iqr(m.times),
         flops_per_step=executed, model_flops_per_step=model_flops,
         flops_source=flops_source if executed is not None else "none",
         tflops=r.tflops, mfu=r.mfu, hfu=r.hfu, above_peak=r.above_peak,

@@ -1,0 +1,113 @@
+"""What a traced base run says of each op and group for ``lab.expect`` (tunekit.lab.expect): the
+profiler's own time out (`untimed`), the run's steady step (`steady_s`), measured over expected per
+op and group (`trace_factors`), and the plan's rows for a whole step of ``grad_accum`` micro-batches
+(`per_step`).
+
+    >>> by_op, rest, carried, notes = trace_factors(lab, run, plan)   # {op: factor}, {group: factor}, ...
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from tunekit.core.breakdown import Breakdown, as_breakdown
+from tunekit.core.explain import GROUPS, _op_name, expected_groups, measured_groups
+from tunekit.core.fmt import fmt_ms
+from tunekit.core.notes import Note
+from tunekit.core.units import is_missing
+from tunekit.lab.explain import explained
+
+NaN = math.nan
+GROUP_OF = {"matmul": "matmul", "attention": "attention", "optimizer": "optimizer",
+            "communication": "communication", "host": "no op running"}   # core.explain's groups
+OTHER = "elementwise, norms, copies"
+OWN_OPS = ("matmul", "attention", "compute", "memory-bound")   # categories a trace names op by op
+ONCE_A_STEP = ("optimizer", "communication")   # categories (and groups) a step runs once, whatever its grad_accum
+
+
+def steady_s(run) -> float:
+    """The step ``run`` settled at: its timed steps' median (``RunResult.steady_step_s``: one slow step
+    calibrates nothing), its mean ``step_s`` where it has no median (a log from before)."""
+    median = getattr(run, "step_s_median", NaN)
+    return median if isinstance(median, (int, float)) and not is_missing(median) and median > 0 else run.step_s
+
+
+def untimed(trace: Breakdown, step_s: float) -> tuple[Breakdown, float]:
+    """The trace with the profiler's own time taken out, and the scale still left to ``step_s``.
+
+    torch.profiler's cost is per recorded op (its callbacks at each op's entry and exit), not per
+    second of work: a trace's wall over the untraced step, spread over its recorded op calls, is the
+    cost of one call, taken out of each op's self time by its calls. Scaling every op by traced /
+    untraced time instead would shrink the long ops (the matmuls a bigger batch grows) and keep the
+    many short ones' overhead, so a change that grows the long ops would be expected too small.
+    Where the traced step was no slower (noise), nothing is taken out; what remains is scaled to
+    ``step_s`` (an op's time is never taken below nothing)."""
+    calls = sum(o["calls"] for o in trace.top_ops)
+    excess = trace.wall_s - step_s
+    per_call = excess / calls if excess > 0 and calls else 0.0
+    ops = [{**o, "self_s": max(0.0, o["self_s"] - o["calls"] * per_call)} for o in trace.top_ops]
+    untraced = trace.untraced_s if not is_missing(trace.untraced_s) else 0.0
+    wall = sum(o["self_s"] for o in ops) + max(0.0, untraced)
+    out = replace(trace, top_ops=ops, wall_s=wall)
+    return out, (step_s / wall if wall > 0 else 1.0)
+
+
+def trace_factors(lab, run, base_plan, base_rows=None) -> tuple[dict, dict, dict, list]:
+    """From a traced run and its plan: ({op: factor}, {group: factor of its other ops},
+    {group: measured seconds nothing was expected for}, notes). The profiler's own time is taken
+    out of the trace per recorded op (`untimed`) and the rest scaled to the run's own steady step,
+    read by lab.explain's grouping. ``base_rows``: the plan's rows for the run's whole step
+    (`per_step`; None: the plan's own, one micro-batch)."""
+    e = explained(lab, run, f"run #{run.run_id}", plan=base_plan)   # refuses what cannot be set against its plan
+    trace, scale = untimed(as_breakdown(run.trace), steady_s(run))
+    m_groups, m_ops = measured_groups(trace)
+    base_rows = base_plan.expected.rows if base_rows is None else base_rows
+    e_groups, _ = expected_groups(base_rows)
+    e_ops_by_group: dict = {}    # group -> {op: expected seconds} of the ops a trace names
+    for op, cat, _calls, secs, _b, _s in base_rows:
+        if cat in OWN_OPS:
+            ops = e_ops_by_group.setdefault(GROUP_OF.get(cat, OTHER), {})
+            ops[_op_name(op)] = ops.get(_op_name(op), 0.0) + secs
+    by_op, rest, carried, notes = {}, {}, {}, list(e.notes)
+    for group in GROUPS:
+        m, exp = m_groups.get(group, 0.0), e_groups.get(group, 0.0)
+        seen = exp > 0
+        m_left, e_left = m * scale, exp
+        for name, e_o in e_ops_by_group.get(group, {}).items():
+            m_o = m_ops.get(name, (0.0, 0))[0] * scale
+            if m_o > 0 and e_o > 0:
+                by_op[name] = m_o / e_o
+                m_left, e_left = m_left - m_o, e_left - e_o
+        if e_left > 1e-12 and m_left > 0:
+            rest[group] = m_left / e_left
+        elif e_left > 1e-12:   # its other expected ops ran under names the trace did not show
+            rest[group] = (m * scale) / exp if seen and m > 0 else 1.0
+        elif m_left > 1e-12:
+            carried[group] = m_left
+    if carried:
+        said = ", ".join(f"{g} {fmt_ms(s)}" for g, s in carried.items())
+        notes.append(Note("expect.not_carried", "measured time the base plan foresaw nothing for, carried as "
+                                                f"measured: {said}"))
+    return by_op, rest, carried, notes
+
+
+def per_step(rows, accum) -> list:
+    """The plan's expected rows for a whole step of ``accum`` micro-batches: the fake step is one
+    micro-batch and one update (planner.SAME_STEP), so every row but the update's and the
+    collectives' runs ``accum`` times (calls and seconds)."""
+    accum = int(accum or 1)
+    if accum <= 1:
+        return list(rows)
+    return [r if r[1] in ONCE_A_STEP else (r[0], r[1], r[2] * accum, r[3] * accum, *r[4:]) for r in rows]
+
+
+def traced_factors(lab, run, base_plan, notes: list, base_rows=None):
+    """`trace_factors` as ``calibrated_rows`` takes them, its notes added to ``notes``; None (and
+    a note why) where the trace cannot be set against the plan: the step time calibrates then."""
+    try:
+        by_op, rest, carried, more = trace_factors(lab, run, base_plan, base_rows)
+    except ValueError as exc:
+        notes.append(Note("expect.step_only", f"run #{run.run_id}'s trace was not set against its plan ({exc})"))
+        return None
+    notes += more
+    return by_op, rest, carried, "trace"
