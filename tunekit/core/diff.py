@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from tunekit.core import validate
 from tunekit.core.breakdown import TOP_OPS, UNTRACED, Breakdown, as_breakdown
+from tunekit.core.explain import PROFILER_SHOWN
 from tunekit.core.fmt import FORMATS, fmt_bytes, fmt_count, fmt_ms, fmt_pct, fmt_tflops, formatted
 from tunekit.core.notes import Note
 from tunekit.core.records import ProfileRecord
@@ -275,6 +276,11 @@ def _traces(ta: Breakdown | None, tb: Breakdown | None, rows: list, notes: list)
     if ta.device != tb.device:
         notes.append(Note("diff.devices", f"traced on {ta.device} and {tb.device}: categories compare, "
                                           "op names do not"))
+    slowed = [o for o in (ta.overhead, tb.overhead) if not is_missing(o)]
+    if slowed and max(slowed) > PROFILER_SHOWN:
+        notes.append(Note("diff.profiler", "the profiler slowed the traced steps (by "
+                                           f"{' and '.join(fmt_pct(o, 0) for o in slowed)}): the time by category "
+                                           "is of those steps and need not add up to, or move with, the step time"))
     pa, pb = ta.parts(), tb.parts()
     for cat in sorted(set(pa) | set(pb), key=lambda c: -max(pa.get(c, 0.0), pb.get(c, 0.0))):
         va, vb = pa.get(cat, 0.0), pb.get(cat, 0.0)
