@@ -53,7 +53,7 @@ def test_make_tours_command_writes_the_report_without_a_warning(tmp_path):
     assert done.stdout.startswith(f"wrote {tmp_path / 'r.html'} (")
     import tunekit.cli
     from tunekit.cli.report_html import show_summary
-    assert tunekit.cli.show_summary is show_summary     # still re-exported, on first use
+    assert tunekit.cli.show_summary is show_summary     # its old home still has it
 
 
 @pytest.mark.slow
