@@ -180,8 +180,9 @@ def fetch():   # a stand-in data pipeline: tokens built on the host, copied to t
     return xb, torch.roll(xb, -1, 1)
 def step_with_data():
     xb, yb = fetch(); _, loss = net(xb, yb); loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-step_times, iter_times = tunekit.measure.time_repeats(step), tunekit.measure.time_repeats(step_with_data)   # 5 repeats each
-t_step, t_iter = statistics.median(step_times), statistics.median(iter_times)
+# 5 repeats each, with the machine's conditions, so that the verdict below can set busy repeats aside
+step_reps, iter_reps = tunekit.measure.time_records(step), tunekit.measure.time_records(step_with_data)
+t_step, t_iter = (statistics.median(r.wall_s for r in reps) for reps in (step_reps, iter_reps))
 peak = rec.peak_tflops          # the same peak the profile used
 tok = batch * seq
 fl_counted = rec.flops / 2      # one step
@@ -206,7 +207,7 @@ peak_ratio = h100_bf16 / h100_fp32
 print('The choice of peak moves it ' + ('even more' if peak_ratio > spread else 'too') +
       f': an H100 is {h100_bf16:.0f} TFLOPS in bf16 but {h100_fp32:.0f} in fp32 (spec sheet), so the fp32 parts '
       f'of a mixed-precision run, scored against the bf16 peak, look {peak_ratio:.0f}x less efficient than they are.')
-with_fetch = tunekit.verdict(step_times, iter_times)   # the compute step against the whole iteration
+with_fetch = tunekit.verdict(step_reps, iter_reps)   # the compute step against the whole iteration
 print(f'On this {device}, adding the fetch to the step: ' + with_fetch.conclusion(
       hurt='the whole-iteration clock sees the data pipeline, the compute clock does not.',
       within_noise='no cost this machine can measure, so here the clock choice barely matters; with a slow '

@@ -341,3 +341,12 @@ def test_the_trainer_callback_without_transformers_names_the_pip_command(monkeyp
     with pytest.raises(ModuleNotFoundError, match=r"^tunekit.integrations.transformers needs transformers, which is "
                                                   r"not installed: pip install 'tunekit\[hf\]'$"):
         importlib.import_module("tunekit.integrations.transformers")
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "diff", "doctor"])
+def test_no_option_states_its_default_twice(command, capsys):
+    # `tunekit plan --help` printed "--partition ... (default: the cluster's) (default: None)"
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())     # argparse wraps lines: one line of words
+    assert not re.search(r"\(default: [^()]*\) \(default: ", text), text

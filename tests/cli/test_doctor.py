@@ -49,8 +49,19 @@ def test_the_subcommand_is_listed_in_the_help():
 def test_a_cpu_machine(machine):
     machine(GOOD)
     assert d.check_torch().lines() == ["OK   torch: 2.5.1, no GPU: the Lab runs on the CPU"]
-    assert d.check_bf16().lines() == ["OK   bf16: on the CPU bf16 runs; it is fast only with AVX512-BF16/AMX"]
     assert d.check_flash().status == d.OK
+
+
+@pytest.mark.parametrize("flags, line", [
+    ({"avx512f", "avx512_bf16"}, "OK   bf16: on the CPU bf16 runs natively: this CPU has avx512_bf16"),
+    ({"avx2", "fma"}, "OK   bf16: on the CPU bf16 runs, emulated: this CPU has neither AVX512-BF16 nor AMX, "
+                      "so bf16 steps are usually slower than fp32 here"),
+    (None, "OK   bf16: on the CPU bf16 runs; it is fast only with AVX512-BF16/AMX (this CPU's flags are "
+           "unknown: no /proc/cpuinfo)")])
+def test_on_a_cpu_bf16_says_whether_this_cpu_runs_it_natively(machine, monkeypatch, flags, line):
+    machine(GOOD)
+    monkeypatch.setattr(d, "_cpu_flags", lambda: flags)
+    assert d.check_bf16().lines() == [line]
 
 
 def test_a_gpu_machine_without_flash_attn_warns(machine):

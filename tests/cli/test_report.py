@@ -44,6 +44,18 @@ def test_report_embeds_charts_once_and_puts_the_summary_first(tmp_path):
     assert not EXTERNAL.search(page)
 
 
+def test_make_tours_command_writes_the_report_without_a_warning(tmp_path):
+    # `python -m tunekit.cli.report_html` (make tour): tunekit.cli must not import the module first,
+    # else runpy warns "'tunekit.cli.report_html' found in sys.modules after import of package"
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "tunekit.cli.report_html",
+                           str(_nb(tmp_path)), str(tmp_path / "r.html")], capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith(f"wrote {tmp_path / 'r.html'} (")
+    import tunekit.cli
+    from tunekit.cli.report_html import show_summary
+    assert tunekit.cli.show_summary is show_summary     # its old home still has it
+
+
 @pytest.mark.slow
 def test_the_tour_report_has_every_chart_the_dashboard_and_the_summary(tmp_path):
     executed = tmp_path / "00_tour.ipynb"

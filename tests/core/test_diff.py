@@ -201,3 +201,31 @@ def test_the_summary_takes_the_fastest_steps_where_both_runs_have_them():
     a, b = _run(0, step_s=0.050), _run(1, "bf16", step_s=0.040, precision="bf16")
     a.step_s_min, b.step_s_min = 0.030, 0.020        # load slowed b's mean: its fastest step says more
     assert "fastest step 30.0 ms -> 20.0 ms (1.50x faster)" in tunekit.diff(a, b).summary
+
+
+def test_steps_of_different_sizes_are_compared_per_token():
+    # micro_batch 8 -> 16 doubles the tokens of a step (32 -> 64 here): a step 1.5x longer is
+    # 2 / 1.5 = 1.33x faster per token, not "1.50x slower"
+    a, b = _run(0, step_s=0.040), _run(1, "mb=16", step_s=0.060, micro_batch=16)
+    b.tokens_per_step, b.tokens_per_s = 64, 64 / 0.060
+    lines = tunekit.diff(a, b).summary.splitlines()
+    assert lines[2] == "step 40.0 ms -> 60.0 ms (32 -> 64 tokens a step: 1.33x faster per token)"
+    b.precision, b.peak_tflops, a.peak_tflops = "bf16", 65.0, 8.1
+    [note] = [n for n in tunekit.diff(a, b).notes if n.kind == "diff.peaks"]
+    assert note.endswith("the MFUs do not compare, the times per token do")
+    b.tokens_per_step = 32                            # same size: the step times compare as they are
+    assert tunekit.diff(a, b).summary.splitlines()[2] == "step 40.0 ms -> 60.0 ms (1.50x slower)"
+
+
+def test_traces_slowed_by_the_profiler_say_their_categories_are_not_the_step_times():
+    # a busy machine and the profiler made the traced steps 12x the timed ones: the matmuls' +2.5 s
+    # in the traces is not the step's, whose time fell
+    ta = _trace({"matmul/linear": 0.650, "optimizer": 0.800}, [("aten::mm", 0.650, 45)])
+    tb = _trace({"matmul/linear": 3.187, "optimizer": 0.451}, [("aten::mm", 3.187, 59)])
+    ta.overhead, tb.overhead = 1.34, 11.9
+    d = tunekit.diff(_run(0, step_s=0.620, trace=ta), _run(1, "ckpt", step_s=0.523, trace=tb, checkpointing=True))
+    [note] = [n for n in d.notes if n.kind == "diff.profiler"]
+    assert note == ("the profiler slowed the traced steps (by 134% and 1190%): the time by category is of those "
+                    "steps and need not add up to, or move with, the step time")
+    ta.overhead, tb.overhead = 0.03, math.nan      # within the 5% explain also leaves unsaid, and unknown
+    assert not [n for n in tunekit.diff(_run(0, trace=ta), _run(1, trace=tb)).notes if n.kind == "diff.profiler"]

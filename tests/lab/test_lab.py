@@ -440,3 +440,16 @@ def test_one_setting_at_the_labs_edge(lab, make_lab):
     half = make_lab(model=torch.nn.Linear(4, 4).to(torch.bfloat16), batch_fn=lambda b, t: (torch.zeros(b, 4).bfloat16(),
                     torch.zeros(b, 4).bfloat16()), loss_fn=lambda m, x, y: (m(x) - y).float().pow(2).mean(), seq_len=1)
     assert half.setting_of().weights == "bf16"   # the live weights' dtype: what lab.plan plans
+
+
+def test_checking_a_new_log_is_writable_leaves_no_empty_log(tmp_path):
+    # `tunekit run` checks its --log before training; a run refused or failed after that check left
+    # an empty tunekit-runs.jsonl in the current folder (one was committed to the repository)
+    from tunekit.lab.runlog import check_writable
+
+    log = tmp_path / "new" / "runs.jsonl"
+    check_writable(log)
+    assert log.parent.is_dir() and not log.exists()
+    log.write_text('{"run_id": 0}\n')
+    check_writable(log)
+    assert log.read_text() == '{"run_id": 0}\n'      # an existing log is left as it was

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from tunekit.core.extras import EXTRAS
 
@@ -87,6 +88,15 @@ def _cuda() -> dict:
     n = torch.cuda.device_count()
     return {"cuda": torch.version.cuda, "gpus": [torch.cuda.get_device_name(i) for i in range(n)],
             "bf16": torch.cuda.is_bf16_supported(), "capability": torch.cuda.get_device_capability(0)}
+
+
+def _cpu_flags() -> set | None:
+    """The CPU's feature flags as Linux lists them (/proc/cpuinfo); None where it does not."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
 
 
 def _nvml() -> dict | None:
@@ -152,7 +162,15 @@ def check_bf16() -> Check:
         return Check(WARN, "bf16", "unknown (no torch)")
     cuda = _cuda()
     if not cuda["gpus"]:
-        return Check(OK, "bf16", "on the CPU bf16 runs; it is fast only with AVX512-BF16/AMX")
+        flags = _cpu_flags()
+        native = sorted({"avx512_bf16", "amx_bf16"} & (flags or set()))
+        if flags is None:
+            return Check(OK, "bf16", "on the CPU bf16 runs; it is fast only with AVX512-BF16/AMX (this CPU's "
+                                     "flags are unknown: no /proc/cpuinfo)")
+        if native:
+            return Check(OK, "bf16", f"on the CPU bf16 runs natively: this CPU has {' and '.join(native)}")
+        return Check(OK, "bf16", "on the CPU bf16 runs, emulated: this CPU has neither AVX512-BF16 nor AMX, "
+                                 "so bf16 steps are usually slower than fp32 here")
     if cuda["bf16"]:
         return Check(OK, "bf16", f"supported by {cuda['gpus'][0]}")
     return Check(WARN, "bf16", f"not supported by {cuda['gpus'][0]} (before Ampere): precision "

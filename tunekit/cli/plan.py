@@ -39,7 +39,7 @@ def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFor
     p.add_argument("--search", action="store_true", help="also find the largest micro-batch that fits")
     p.add_argument("--sbatch", metavar="FOLDER", default=None,
                    help="also write the batch script that runs this setting on Slurm into FOLDER (job.sh)")
-    p.add_argument("--partition", default=None, help="with --sbatch: the Slurm partition (default: the cluster's)")
+    p.add_argument("--partition", default=None, help="with --sbatch: the Slurm partition; None: the cluster's default")
     p.add_argument("--time", default="00:30:00", help="with --sbatch: the job's time limit")
     p.add_argument("--option", type=int, default=None,
                    help="with --sbatch: the advice's option N (0: the first) instead of the planned setting")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from tunekit.core import validate
 from tunekit.core.breakdown import TOP_OPS, UNTRACED, Breakdown, as_breakdown
+from tunekit.core.explain import PROFILER_SHOWN
 from tunekit.core.fmt import FORMATS, fmt_bytes, fmt_count, fmt_ms, fmt_pct, fmt_tflops, formatted
 from tunekit.core.notes import Note
 from tunekit.core.records import ProfileRecord
@@ -73,6 +74,8 @@ class Diff:
     removed: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     shown: int | None = SHOWN   # rows `table` shows (those that changed most); None: every row
+    per_step: tuple | None = None   # Lab runs: (tokens per step of a, of b, their unit): a step of
+                                    # 2x the tokens is compared per token, not as a 2x slower step
 
     @property
     def table_all(self):
@@ -125,7 +128,13 @@ class Diff:
             word, step = "step", self._row("step", "step time" if self.kind == "run" else "time")
         if step and not is_missing(step["a"]) and not is_missing(step["b"]) and step["a"] > 0 and step["b"] > 0:
             ratio = step["a"] / step["b"]
+            sized = self.per_step and self.per_step[0] != self.per_step[1] and min(self.per_step[:2]) > 0
+            if sized:                                   # steps of different sizes: compare per token
+                ratio *= self.per_step[1] / self.per_step[0]
             how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+            if sized:
+                na, nb, unit = self.per_step
+                how = f"{na:,.0f} -> {nb:,.0f} {unit} a step: {how} per {unit.removesuffix('s')}"
             lines.append(f"{word} {fmt_ms(step['a'])} -> {fmt_ms(step['b'])} ({how})")
         peak = self._row("memory", "peak memory" if self.kind == "run" else "CPU peak")
         if peak and not is_missing(peak["a"]) and not is_missing(peak["b"]):
@@ -216,12 +225,13 @@ def diff(a, b, rows: int | None = SHOWN) -> Diff:
                    if getattr(ta, f) != getattr(tb, f)]
         changed += [(f, getattr(a, f), getattr(b, f)) for f in ("device", "parallel", "world_size")
                     if getattr(a, f) != getattr(b, f)]
+        per_step = (_number(a.tokens_per_step), _number(b.tokens_per_step), a.throughput_unit or "tokens")
         failed = [n for n, r in zip(names, (a, b)) if r.status != "ok"]
         if failed:
             notes.append(Note("diff.failed_run", f"{' and '.join(failed)} did not finish: its figures are n/a"))
     else:
         kind, figures = "record", CELL_FIGURES
-        names, changed = (a.name, b.name), []
+        names, changed, per_step = (a.name, b.name), [], None
     rows = []
     for fname, what, unit in figures:
         va, vb = _number(getattr(a, fname, None)), _number(getattr(b, fname, None))
@@ -234,14 +244,17 @@ def diff(a, b, rows: int | None = SHOWN) -> Diff:
     if all(not is_missing(p) for p in peaks) and peaks[0] != peaks[1]:   # each MFU against its own dtype's peak
         said = [f"{getattr(r, 'compute_dtype', None) or getattr(r, 'dtype', None) or 'its'} {fmt_tflops(p)}"
                 for r, p in zip((a, b), peaks)]
+        times = ("step times" if not per_step or per_step[0] == per_step[1]
+                 else f"times per {per_step[2].rstrip('s')}")
         notes.append(Note("diff.peaks", f"each side's MFU is against its own peak ({said[0]} -> {said[1]}): the "
-                                        "MFUs do not compare, the step times do"))
+                                        f"MFUs do not compare, the {times} do"))
     busy = [n for n, r in zip(names, (a, b)) if getattr(r.conditions, "busy", False) is True]
     if busy:
         notes.append(Note("diff.busy", f"{' and '.join(busy)} ran on a busy machine: a change in time may be "
                                        "the machine, not the setting"))
     added, removed = _traces(as_breakdown(a.trace), as_breakdown(b.trace), rows, notes)
-    return Diff(names[0], names[1], kind, changed, rows, added, removed, notes, shown)
+    return Diff(names[0], names[1], kind, changed, rows, added, removed, notes, shown,
+                per_step if per_step and not any(is_missing(n) for n in per_step[:2]) else None)
 
 
 def _by_op(top_ops) -> dict:
@@ -263,6 +276,11 @@ def _traces(ta: Breakdown | None, tb: Breakdown | None, rows: list, notes: list)
     if ta.device != tb.device:
         notes.append(Note("diff.devices", f"traced on {ta.device} and {tb.device}: categories compare, "
                                           "op names do not"))
+    slowed = [o for o in (ta.overhead, tb.overhead) if not is_missing(o)]
+    if slowed and max(slowed) > PROFILER_SHOWN:
+        notes.append(Note("diff.profiler", "the profiler slowed the traced steps (by "
+                                           f"{' and '.join(fmt_pct(o, 0) for o in slowed)}): the time by category "
+                                           "is of those steps and need not add up to, or move with, the step time"))
     pa, pb = ta.parts(), tb.parts()
     for cat in sorted(set(pa) | set(pb), key=lambda c: -max(pa.get(c, 0.0), pb.get(c, 0.0))):
         va, vb = pa.get(cat, 0.0), pb.get(cat, 0.0)

@@ -62,14 +62,18 @@ def check_log_path(path) -> Path:
 
 def check_writable(path) -> None:
     """Fail now, before any training, if the log cannot be appended to (a missing folder is
-    created). Raises OSError saying where and why."""
+    created; a missing log is not: a run that fails or is refused later leaves no empty log behind).
+    Raises OSError saying where and why."""
     path = Path(path)
     try:
         if _special(path) in ("a FIFO", "a socket"):  # opening a FIFO waits for a reader: never block on it
             raise OSError(errno.EINVAL, f"it is {_special(path)}, not a file")
         path.parent.mkdir(parents=True, exist_ok=True)
+        new = not path.exists()
         with open(path, "ab"):
             pass
+        if new:
+            path.unlink()
     except OSError as e:
         raise OSError(e.errno, f"the run log {path} cannot be written ({e.strerror or e}); "
                       "give the Lab a writable log_path=") from e

@@ -196,7 +196,10 @@ def to_text(p: Plan) -> str:
         lines.insert(1, f"  method     {notes[0]}")
         notes = notes[1:]
     if not is_missing(p.peak_bytes):
-        lines.append(f"  peak       {fmt_gib(p.peak_bytes, 3)} at {p.peak_at} + fixed costs; the components:")
+        # the components are not the peak's parts (gradients T4's gpt2-124m plan listed whole were
+        # partly made at its backward peak): said, so that their sum is not read as the peak
+        lines.append(f"  peak       {fmt_gib(p.peak_bytes, 3)} at {p.peak_at} + fixed costs; the components "
+                     "(each its largest over the step, not all alive at the peak):")
     for k, v in p.components.items():
         if is_missing(v):
             lines.append(f"    {k:<17}{'unknown':>10}")
