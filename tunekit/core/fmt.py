@@ -114,7 +114,7 @@ FORMATS = {"tokens/s": "{:,.0f}", "samples/s": "{:,.0f}", "tokens or samples/s":
            "MFU": "{:.1%}", "HFU": "{:.1%}", "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}",
            "CPU peak (MiB)": "{:,.1f}", "GPU peak (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
            "loss": "{:.3f}", "comm/step (MiB)": "{:,.2f}", "wait (ms)": "{:,.2f}",
-           "expected (ms)": "{:,.1f}", "vs expected": "{:+.1%}"}
+           "expected (ms)": "{:,.1f}", "expected vs measured": "{:+.1%}"}
 
 
 def formatted(value, fmt: str) -> str:
