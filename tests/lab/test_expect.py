@@ -30,9 +30,9 @@ NEW_ROWS = [("mm", "matmul", 20, 0.020, "compute", ""), ("add", "memory-bound", 
             ("optimizer step", "optimizer", 5, 0.001, "memory", "")]
 
 
-def fake_plan(rows, total_bytes, tokens_per_s=2000.0, mfu=0.5):
-    step = sum(r[3] for r in rows)
-    return SimpleNamespace(expected=Expected(step, tokens_per_s, mfu, rows=list(rows)), total_bytes=total_bytes,
+def fake_plan(rows, total_bytes, tokens=32, mfu=0.5):
+    step = sum(r[3] for r in rows)   # ``tokens`` a micro-batch: the plan's rate is tokens / step
+    return SimpleNamespace(expected=Expected(step, tokens / step, mfu, rows=list(rows)), total_bytes=total_bytes,
                            notes=[])
 
 
@@ -100,9 +100,9 @@ def test_traced_base_run_calibrates_op_by_op():
     assert by["optimizer step"] == (pytest.approx(2.9), "group")
     assert by[CKPT] == (1.0, "device model") and by["gelu"] == (1.0, "device model")
     assert e.calibration == "trace" and e.base_run == 3 and e.base_step_s == 0.0363
-    # the plan's 33.5 ms became 68.3 ms: tokens/s and MFU scale by 33.5 / 68.3
+    # the plan's 33.5 ms became 68.3 ms: tokens/s (32 tokens over the plan's 33.5 ms) and MFU scale by 33.5 / 68.3
     assert e.plan_step_s == pytest.approx(0.0335)
-    assert e.tokens_per_s == pytest.approx(2000 * 0.0335 / 0.0683)
+    assert e.tokens_per_s == pytest.approx(32 / 0.0683)
     assert e.mfu == pytest.approx(0.5 * 0.0335 / 0.0683)
     # CPU: the run measured 300 MiB against its plan's 100 (the process: +200 MiB); 150 + 200 = 350
     assert e.peak_bytes == 350 * MiB and e.base_peak_bytes == 300 * MiB
@@ -122,6 +122,22 @@ def test_base_setting_expected_as_its_run_measured():
     assert e.peak_bytes == 300 * MiB and e.changes == []
 
 
+def test_a_step_of_another_size_is_also_said_per_token_and_a_busy_base_as_uncertain():
+    from tunekit.measure.conditions import Conditions
+
+    run = fake_run()
+    run.tokens_per_step = 32
+    big = ex.expectation(fake_lab(), Setting(), "cpu", fake_plan(NEW_ROWS, 150 * MiB, tokens=64),
+                         fake_plan(BASE_ROWS, 100 * MiB), run)
+    # 68.3 ms (test_traced_base_run_calibrates_op_by_op) for 64 tokens against 36.3 ms for 32:
+    # +88% a step, (68.3 / 64) / (36.3 / 32) - 1 = -5.9% a token
+    assert big.line == "expected 68.3 ms/step (+88% vs run #3, -6% per token), peak 350.0 MiB (+17%)"
+    run.conditions = Conditions("busy", "load 9.0 on 2 CPUs")
+    e = expect_of(run)
+    assert e.base_busy and of_kind(e.notes, "expect.busy")
+    assert e.line == "expected 68.3 ms/step (+88% vs run #3; run #3 was busy: uncertain), peak 350.0 MiB (+17%)"
+
+
 def test_step_time_alone_is_one_ratio():
     e = expect_of(fake_run(traced=False, step_s=0.032))
     # 32 ms measured over 16 ms expected: 2.0 for the shared ops; new ckpt 1 ms and gelu 1.5 ms at 1
@@ -137,10 +153,9 @@ def test_grad_accum_repeats_the_micro_batch_not_the_update():
     # host 3, optimizer 2.9, data 3.9 ms; two micro-batches, one update:
     # (19 + 4 + 3.5 + 3 + 3.9) * 2 + 2.9 = 66.8 + 2.9 = 69.7 ms
     assert e.step_s == pytest.approx(0.0697)
-    # the plan's step: (16 - 1) * 2 + 1 = 31 ms; tokens/s: the plan's micro-batch tokens (2000 / s over
-    # 16 ms = 32) twice over 69.7 ms
+    # the plan's step: (16 - 1) * 2 + 1 = 31 ms; tokens/s: the plan's micro-batch tokens (32) twice over 69.7 ms
     assert e.plan_step_s == pytest.approx(0.031)
-    assert e.tokens_per_s == pytest.approx(2000 * 0.016 * 2 / 0.0697)
+    assert e.tokens_per_s == pytest.approx(32 * 2 / 0.0697)
     assert {op: what for op, _c, _b, _n, what in e.changes} == {"mm": "resized", "add": "resized", "mul": "resized",
                                                                  HOST: "resized"}
     # measured with grad_accum=2 itself, the run's step is two micro-batches: back to one, (36.3 - 2.9) / 2 + 2.9

@@ -73,6 +73,9 @@ class Expectation:
     rows: list = field(default_factory=list)
     changes: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    tokens_per_step: float = NaN        # the setting's, and the base's: a step of another size is also said per token
+    base_tokens_per_step: float = NaN
+    base_busy: bool = False             # the calibrating run was measured on a busy machine
 
     @property
     def vs(self) -> str:
@@ -83,8 +86,14 @@ class Expectation:
         """'expected 31.2 ms/step (+24% vs run #3), peak 1.2 GiB (-38%)'."""
         def delta(new, old):
             return fmt_pct(new / old - 1, 0, signed=True) if old and not is_missing(old) else "n/a"
-        return (f"expected {fmt_ms(self.step_s)}/step ({delta(self.step_s, self.base_step_s)} vs {self.vs}), "
-                f"peak {fmt_bytes(self.peak_bytes)} ({delta(self.peak_bytes, self.base_peak_bytes)})")
+        vs = f"{delta(self.step_s, self.base_step_s)} vs {self.vs}"
+        tokens, base_tokens = self.tokens_per_step, self.base_tokens_per_step
+        if tokens > 0 and base_tokens > 0 and tokens != base_tokens:
+            vs += f", {delta(self.step_s / tokens, self.base_step_s / base_tokens)} per token"
+        if self.base_busy:
+            vs += f"; {self.vs} was busy: uncertain"
+        return f"expected {fmt_ms(self.step_s)}/step ({vs}), peak {fmt_bytes(self.peak_bytes)} " \
+               f"({delta(self.peak_bytes, self.base_peak_bytes)})"
 
     @property
     def table(self):
@@ -302,6 +311,9 @@ def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expect
                                          "carries the load"))
     # the plan's rates are one micro-batch's over its step: the whole step's tokens over the expected time
     ratio = e.step_s * accum / step if step > 0 else NaN
+    tokens = e.tokens_per_s * e.step_s * accum    # a micro-batch's tokens (the plan's rate x its step), x accum
+    base_tokens = (run.tokens_per_step if run is not None and getattr(run, "tokens_per_step", 0)
+                   else base_e.tokens_per_s * base_e.step_s * base_accum)
     return Expectation(s, device, step, e.tokens_per_s * ratio, e.mfu * ratio, peak, plan_step, plan.total_bytes,
                        None if run is None else run.run_id, base_step, base_peak, factors[3], rows,
-                       changes_of(e_rows, base_rows), notes + more)
+                       changes_of(e_rows, base_rows), notes + more, tokens, base_tokens, busy)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-
 import re
 
 from tunekit.core import specs, validate
