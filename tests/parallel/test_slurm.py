@@ -474,8 +474,93 @@ def test_the_dashboard_runs_on_a_cluster_target_it_was_given(make_lab, monkeypat
     dash.controls["steps"].value, dash.trace_box.value = 2, True
     dash.run_on.value = target
     dash._on_run()
-    assert (seen["on"], seen["parallel"], seen["trace"]) == (target, "ddp", False)   # 8 ranks: ddp, no trace
+    # 8 ranks: ddp; not waited for (the kernel stays free); no trace (one process here, not a job)
+    assert (seen["on"], seen["parallel"], seen["wait"], "trace" in seen) == (target, "ddp", False, False)
+    assert not dash.run_button.disabled and dash.stop_button.layout.display == "none"   # refused: Run again
+    assert "stop here" in dash.message.value
     seen.clear()
     dash.run_on.value = None
     dash._on_run()
     assert "on" not in seen and "parallel" not in seen and seen["trace"] is True   # this machine, as before
+    assert "wait" not in seen
+
+
+def _text(value: str) -> str:
+    import re
+
+    return __import__("html").unescape(re.sub(r"<[^>]+>", "", value))
+
+
+def _until(test, what: str, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while not test():
+        assert time.monotonic() < deadline, f"no {what} in {timeout_s:.0f} s"
+        time.sleep(0.1)    # the kernel is free meanwhile: this loop is the user's work
+
+
+def _cluster_dash(make_lab, tmp_path, steps, **kw):
+    from tunekit.lab.dashboard import Dashboard
+
+    lab = make_lab(peak_tflops=1.0, micro_batch=2, seq_len=32)
+    target = Slurm(time="5", folder=str(tmp_path / "jobs"), **{"ntasks_per_node": 2, **kw})
+    dash = Dashboard(lab, on=target, expect=False)
+    dash.controls["steps"].value, dash.controls["warmup"].value = steps, 1
+    dash.run_on.value = target
+    lines = []
+    dash.job_line.observe(lambda change: lines.append(_text(change["new"])), names="value")
+    return lab, dash, lines
+
+
+@needs_cluster
+def test_the_dashboard_runs_on_the_cluster_without_blocking_and_logs_the_run(cluster, make_lab, tmp_path):
+    lab, dash, lines = _cluster_dash(make_lab, tmp_path, steps=2)
+    dash.run_button.click()
+    handle = dash.cluster_run
+    assert handle is not None and not handle.done() and lab.log.runs == []    # Run returned before the job ran
+    assert dash.run_button.disabled and dash.stop_button.layout.display == ""
+    r = handle.result(timeout=300)      # the dashboard has shown the end before result() returns
+    assert (r.status, r.world_size, r.job["state"]) == ("ok", 2, "COMPLETED") and lab.log.runs == [r]
+    job = handle.job.job_id
+    assert f"slurm job {job}: running on n0" in lines            # the status line followed the job
+    assert any(line.startswith(f"slurm job {job}: ") and "step 2/2" in line for line in lines)
+    assert lines[-1].startswith(f"slurm job {job}: run #{r.run_id} ddp 1x2 ")
+    assert f"run #{r.run_id} (ddp 1x2 " in _text(dash.message.value)   # shown as a run here is
+    assert (dash.progress.value, dash.progress.description, dash.run_button.disabled,
+            dash.stop_button.layout.display) == (2, "done", False, "none")
+    assert len(dash.table_df) == 1 and _ours() == []
+
+
+@needs_cluster
+def test_the_dashboard_stop_button_cancels_a_running_job_unrecorded(cluster, make_lab, tmp_path):
+    lab, dash, lines = _cluster_dash(make_lab, tmp_path, steps=10_000)
+    dash.run_button.click()
+    handle = dash.cluster_run
+    _until(lambda: handle.steps_done >= 2 and "step" in dash.progress.description, "step")
+    assert " step " in lines[-1] and lines[-1].endswith("/10000")    # "... running on n0, step 3/10000"
+    dash.stop_button.click()
+    assert _ours() == [] and handle.done() and handle.cancelled and lab.log.runs == []
+    assert _text(dash.message.value) == f"slurm job {handle.job.job_id} cancelled: not recorded"
+    assert (dash.progress.description, dash.run_button.disabled, dash.stop_button.layout.display) == \
+        ("cancelled", False, "none")
+
+
+@needs_cluster
+def test_the_dashboard_says_a_pending_job_s_reason_and_a_failure_s_cause(cluster, make_lab, tmp_path):
+    blocker = _sbatch("--exclusive", "-o", "/dev/null", "--wrap", "sleep 120")
+    try:
+        lab, dash, lines = _cluster_dash(make_lab, tmp_path, steps=2)
+        dash.run_button.click()
+        handle = dash.cluster_run
+        _until(lambda: handle.state == "PENDING" and handle.info.get("Reason") not in (None, "None"), "reason")
+        reason = handle.info["Reason"]     # Slurm's word: Resources (the blocker holds the node) or Priority
+        assert reason in ("Resources", "Priority")
+        _until(lambda: dash.progress.description == f"pending: {reason}", "pending in the progress bar", 10)
+        assert f"slurm job {handle.job.job_id}: pending ({reason})" in lines
+        subprocess.run(["scancel", handle.job.job_id], check=True)     # from outside: a failure, recorded
+        with pytest.raises(JobFailed):
+            handle.result(timeout=120)
+    finally:
+        subprocess.run(["scancel", blocker])
+    assert _text(dash.message.value).startswith("run on the cluster failed: the job was cancelled (scancel")
+    assert [x.status for x in lab.log.runs] == ["failed"] and dash.progress.description == "failed"
+    assert not dash.run_button.disabled and dash.stop_button.layout.display == "none"
