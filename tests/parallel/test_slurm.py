@@ -59,8 +59,21 @@ def test_the_script_asks_for_what_the_target_says(tmp_path):
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --gres-flags=enforce-binding", "#SBATCH --exclusive", "#SBATCH --partition=gpu",
                  "#SBATCH --account=ml", "#SBATCH --time=00:20:00", "# expected step 120 ms", "module load cuda",
-                 "export NCCL_DEBUG=WARN", "srun --kill-on-bad-exit=1 python -m tunekit.parallel.worker spec.json"):
+                 "export NCCL_DEBUG=WARN", "srun --kill-on-bad-exit=1 --cpus-per-task=$((SLURM_CPUS_ON_NODE / 8)) "
+                 "--cpu-bind=cores python -m tunekit.parallel.worker spec.json"):
         assert line in text.splitlines(), line
+    assert "--ntasks-per-socket" not in text     # sockets not known: not said
+
+
+@pytest.mark.parametrize("kw,sockets,socket_line,srun_cpus", [
+    ({"gpus_per_node": 8}, 2, "#SBATCH --ntasks-per-socket=4", "$((SLURM_CPUS_ON_NODE / 8))"),   # 8 ranks / 2
+    ({"ntasks_per_node": 3}, 2, "#SBATCH --ntasks-per-socket=2", "$((SLURM_CPUS_ON_NODE / 3))"),  # ceil(3 / 2)
+    ({"gpus_per_node": 4, "cpus_per_task": 6}, 1, None, "6"),    # one socket: nothing to spread over
+])
+def test_the_script_binds_each_rank_to_cores_of_its_own(tmp_path, kw, sockets, socket_line, srun_cpus):
+    lines = Slurm(**kw).script(["python", "w.py"], tmp_path, sockets=sockets).splitlines()
+    assert [ln for ln in lines if "ntasks-per-socket" in ln] == ([socket_line] if socket_line else [])
+    assert lines[-1] == f"srun --kill-on-bad-exit=1 --cpus-per-task={srun_cpus} --cpu-bind=cores python w.py"
 
 
 def test_the_master_port_is_one_free_on_the_head_node_not_one_derived_from_the_job_id(tmp_path):
@@ -68,7 +81,8 @@ def test_the_master_port_is_one_free_on_the_head_node_not_one_derived_from_the_j
     # (CI failed so, EADDRINUSE); the script asks the head node for a free port as the job starts
     import socket
 
-    line = next(ln for ln in Slurm().script(["true"], tmp_path).splitlines() if "MASTER_PORT=" in ln)
+    text = Slurm().script(["true"], tmp_path)
+    line = text[text.index("export MASTER_PORT="):text.index("\nsrun ")]
     with socket.socket() as held:
         held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         held.bind(("", 20001))
@@ -139,6 +153,29 @@ def test_a_ddp_run_comes_home_with_its_job(cluster, tmp_path):
         {"engine": "slurm", "id": job.job_id, "partition": "debug", "nodes": "n0", "state": "COMPLETED",
          "exit_code": "0:0"}
     assert r.job["shared_with"] == [] and _ours() == []
+    # the test cluster's node: CPUs=4 and no topology in slurm.conf, which Slurm reads as 4 sockets
+    # (scontrol show node: Sockets=4): the 2 ranks are spread one per socket, each bound to its cores
+    assert "#SBATCH --ntasks-per-socket=1" in (job.folder / "job.sh").read_text().splitlines()
+    assert [(x["rank"], x["node"]) for x in r.job["ranks"]] == [(0, "n0"), (1, "n0")]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU here: nothing to bind two ranks apart on")
+@needs_cluster
+def test_each_rank_is_bound_to_cores_of_its_own(cluster, tmp_path, monkeypatch):
+    # a cluster of this machine's own CPUs (the module's has more than there are, and so binds none):
+    # Slurm's task/affinity binds each rank to its share of them, srun --cpu-bind=cores
+    with slurm_cluster.cluster(tmp_path / "honest") as env:
+        monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+        job = Slurm(ntasks_per_node=2, time="5").submit(spec(), tmp_path / "job")
+        r = job.wait()
+    text = (job.folder / "job.sh").read_text()
+    assert text.splitlines()[-1].startswith("srun --kill-on-bad-exit=1 --cpus-per-task=$((SLURM_CPUS_ON_NODE / 2)) "
+                                            "--cpu-bind=cores ")
+    ranks = r.job["ranks"]
+    assert [x["rank"] for x in ranks] == [0, 1] and ranks[0]["cpus"] and ranks[1]["cpus"]
+    assert not set(ranks[0]["cpus"]) & set(ranks[1]["cpus"])      # disjoint: each rank its own cores
+    cpus = len(os.sched_getaffinity(0))
+    assert len(ranks[0]["cpus"]) == len(ranks[1]["cpus"]) == cpus // 2   # an equal share of the node's CPUs
 
 
 @needs_cluster
@@ -323,6 +360,16 @@ def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path, capsys)
     r = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target, verbose=False)
     assert (r.status, r.world_size, r.job["state"], r.label.split()[:2]) == ("ok", 2, "COMPLETED", ["ddp", "1x2"])
     assert r.job["folder"].startswith(str(tmp_path / "jobs"))
+    # tunekit.explain of the run that came home: its whole step against the Lab's plan of its setting and
+    # layout (2 ddp ranks on the CPU), where it ran said first
+    e = tunekit.explain(r)
+    plan = lab.plan("cpu", verbose=False, parallel="ddp", world_size=2, **r.toggles.asdict())
+    assert (e.label, e.measured_s, e.expected_s) == (f"run #{r.run_id} ({r.label})", r.step_s, plan.expected.step_s)
+    assert e.table.loc[0, ["group", "measured_s", "expected_s"]].tolist() == ["whole step", r.step_s,
+                                                                              plan.expected.step_s]
+    where = str(e.notes[0])
+    assert where.startswith(f"slurm job {r.job['id']} on n0 (partition debug, COMPLETED); rank 0 on n0 (CPUs ")
+    assert ", rank 1 on n0 (CPUs " in where and e.summary.startswith(f"run #{r.run_id} ({r.label}): ")
     # one rank (one process, the model as it is), not waited for: a handle at once, the kernel free
     handle = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, on=Slurm(time="5", folder=str(tmp_path / "jobs")),
                      wait=False)
