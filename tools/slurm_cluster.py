@@ -14,8 +14,11 @@ namespace each, joined by the project's emulated link; the Slurm commands then r
 namespace, as on a login node, through wrappers on the PATH it returns); one partition ``debug``. The
 daemons' ports are picked free, so two clusters (two test runs) do not meet; munged is shared (one
 per machine, started when absent, left running: other clusters may use it). What works here and
-why (``ProctrackType=proctrack/linuxproc``, ``TaskPlugin=task/none``: no systemd, no cgroup
-delegation in a container) follows Slurm's slurm.conf(5). Needs root and the packages:
+why (``ProctrackType=proctrack/linuxproc``: no systemd, no cgroup delegation in a container;
+``TaskPlugin=task/affinity``: srun's ``--cpu-bind`` binds with sched_setaffinity, no cgroup needed;
+``task/none`` where ``cpus`` is more than the machine has, since no task can be bound to a CPU
+that is not there: srun says "cluster configuration lacks support for cpu binding" and runs the
+tasks unbound) follows Slurm's slurm.conf(5). Needs root and the packages:
 ``apt-get install slurmctld slurmd slurm-client munge`` (Debian 12 ships Slurm 22.05).
 """
 from __future__ import annotations
@@ -80,6 +83,9 @@ def config(folder: Path, cpus: int, memory_mb: int, ports: tuple[int, int], addr
     # more CPUs than the machine has (tests that need two jobs side by side): slurmd takes the
     # configured count instead of draining the node for "Low socket*core*thread count"
     overrides = ["SlurmdParameters=config_overrides"] if cpus > (os.cpu_count() or 1) else []
+    # tasks bound to their cores (srun --cpu-bind) where the CPUs are real; CPUs the machine lacks
+    # cannot be bound to (srun: "Unable to layout tasks on given cpus"): there tasks run unbound
+    task = "task/none" if overrides else "task/affinity"
     names = [f"n{i}" for i in range(len(addresses))]
     hosts = [host] if len(addresses) == 1 else names
     return "\n".join([*overrides,
@@ -90,7 +96,7 @@ def config(folder: Path, cpus: int, memory_mb: int, ports: tuple[int, int], addr
         f"StateSaveLocation={folder}/state", f"SlurmdSpoolDir={folder}/spool-%n",
         f"SlurmctldPidFile={folder}/slurmctld.pid", f"SlurmdPidFile={folder}/slurmd-%n.pid",
         f"SlurmctldLogFile={folder}/slurmctld.log", f"SlurmdLogFile={folder}/slurmd-%n.log",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+        "ProctrackType=proctrack/linuxproc", f"TaskPlugin={task}",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",
         "MpiDefault=none", "MinJobAge=600",
         # a node that stops answering comes back when its slurmd registers again; one an admin (or a

@@ -228,3 +228,28 @@ def test_a_profiled_block_with_a_plan_shows_its_line_and_bad_plans_are_refused_b
                       (dict(trace=True, plan=EXPECTED, steps=0), "steps is how many"), (dict(steps=2), "with plan")):
         with pytest.raises(ValueError, match=words):
             tunekit.profile(name="bad", **kw)
+
+
+def test_an_untraced_cluster_run_is_its_whole_step_against_the_plan_and_says_where_it_ran():
+    from tunekit.core.explain import explain_step, job_words
+    from tunekit.core.results import RunResult
+
+    job = {"engine": "slurm", "id": "12", "nodes": "n[0-1]", "partition": "gpu", "state": "COMPLETED",
+           "ranks": [{"rank": 0, "node": "n0", "cpus": [0, 1, 2, 5]}, {"rank": 1, "node": "n1", "cpus": None}]}
+    words = job_words(job)
+    assert words == "slurm job 12 on n[0-1] (partition gpu, COMPLETED); rank 0 on n0 (CPUs 0-2,5), rank 1 on n1"
+    e = explain_step(EXPECTED, step_s=0.02, label="run #4 (ddp 2x1)", where=words)
+    # the whole step: 5 ms expected of 20 ms measured = 25% of the expected speed; the plan's groups
+    # beside it, their measured side unknown: matmul 3 + 0.4 ms, elementwise 0.2 + 0.5 ms, optimizer 0.9 ms
+    t = e.table
+    assert t.loc[0, ["group", "measured_s", "expected_s", "efficiency", "share"]].tolist() == \
+        pytest.approx(["whole step", 0.02, 0.005, 0.25, 1.0])
+    assert dict(zip(t["group"][1:], t["expected_s"][1:])) == pytest.approx(
+        {"matmul": 0.0034, "elementwise, norms, copies": 0.0007, "optimizer": 0.0009})
+    assert t["measured_s"][1:].isna().all()
+    assert e.summary.splitlines()[:2] == ["run #4 (ddp 2x1): 20.0 ms per step, 25% of the expected speed (5.0 ms "
+                                          "expected)", f"note: {words}"]
+    r = RunResult.from_dict({"label": "ddp 2x1", "step_s": 0.02, "job": job})    # read back from a log
+    assert str(tunekit.explain(r, EXPECTED).notes[0]) == words
+    with pytest.raises(ValueError, match="nothing traced to explain"):        # not a cluster run: as before
+        tunekit.explain(RunResult.from_dict({"label": "x", "step_s": 0.02}), EXPECTED)

@@ -1,6 +1,7 @@
 """ClusterRun (lab.run(on=..., wait=False)) without a cluster: a job that ends when the test says,
 the record step a list. The real job's side is tests/parallel/test_slurm.py's."""
 import threading
+import time
 
 import pytest
 
@@ -69,3 +70,34 @@ def test_a_cancelled_handle_is_not_recorded():
     assert handle.line() == "slurm job 7: cancelled (not recorded)"
     with pytest.raises(JobFailed, match="the job was cancelled"):
         handle.result()
+
+
+def test_a_watcher_hears_each_change_and_the_end_before_result_returns():
+    job = HeldJob(outcome=RunResult.from_dict({"label": "1x1 base", "status": "ok", "step_s": 0.5}))
+    handle, recorded = follow(job)
+    heard = []
+    deadline = time.monotonic() + 30
+    while handle.steps_done < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # registered while it runs: told the present at once (len(recorded): whether the end was recorded yet)
+    handle.watch(lambda h, ended: heard.append((h.line(), ended, len(recorded))))
+    assert heard == [("slurm job 7: running on n0, step 1/3", False, 0)]
+    job.go.set()
+    handle.result(timeout=30)
+    assert [h[1:] for h in heard] == [(False, 0), (True, 1)]   # the end: after the record, before result()
+    late = []
+    handle.watch(lambda h, ended: late.append(ended))   # after the end: told once, that it ended
+    assert late == [True] and handle.error is None and not handle.cancelled
+
+
+def test_a_watcher_that_raises_does_not_stop_the_job_being_followed():
+    job = HeldJob(outcome=JobFailed("the job hit its time limit (1)", {}, [0.2]))
+    handle, recorded = follow(job)
+
+    def broken(h, ended):
+        raise RuntimeError("a widget went away")
+    handle.watch(broken)
+    job.go.set()
+    with pytest.raises(JobFailed):
+        handle.result(timeout=30)
+    assert isinstance(handle.watch_error, RuntimeError) and handle.error is recorded[0]

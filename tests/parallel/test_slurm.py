@@ -59,8 +59,21 @@ def test_the_script_asks_for_what_the_target_says(tmp_path):
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --gres-flags=enforce-binding", "#SBATCH --exclusive", "#SBATCH --partition=gpu",
                  "#SBATCH --account=ml", "#SBATCH --time=00:20:00", "# expected step 120 ms", "module load cuda",
-                 "export NCCL_DEBUG=WARN", "srun --kill-on-bad-exit=1 python -m tunekit.parallel.worker spec.json"):
+                 "export NCCL_DEBUG=WARN", "srun --kill-on-bad-exit=1 --cpus-per-task=$((SLURM_CPUS_ON_NODE / 8)) "
+                 "--cpu-bind=cores python -m tunekit.parallel.worker spec.json"):
         assert line in text.splitlines(), line
+    assert "--ntasks-per-socket" not in text     # sockets not known: not said
+
+
+@pytest.mark.parametrize("kw,sockets,socket_line,srun_cpus", [
+    ({"gpus_per_node": 8}, 2, "#SBATCH --ntasks-per-socket=4", "$((SLURM_CPUS_ON_NODE / 8))"),   # 8 ranks / 2
+    ({"ntasks_per_node": 3}, 2, "#SBATCH --ntasks-per-socket=2", "$((SLURM_CPUS_ON_NODE / 3))"),  # ceil(3 / 2)
+    ({"gpus_per_node": 4, "cpus_per_task": 6}, 1, None, "6"),    # one socket: nothing to spread over
+])
+def test_the_script_binds_each_rank_to_cores_of_its_own(tmp_path, kw, sockets, socket_line, srun_cpus):
+    lines = Slurm(**kw).script(["python", "w.py"], tmp_path, sockets=sockets).splitlines()
+    assert [ln for ln in lines if "ntasks-per-socket" in ln] == ([socket_line] if socket_line else [])
+    assert lines[-1] == f"srun --kill-on-bad-exit=1 --cpus-per-task={srun_cpus} --cpu-bind=cores python w.py"
 
 
 def test_the_master_port_is_one_free_on_the_head_node_not_one_derived_from_the_job_id(tmp_path):
@@ -68,7 +81,8 @@ def test_the_master_port_is_one_free_on_the_head_node_not_one_derived_from_the_j
     # (CI failed so, EADDRINUSE); the script asks the head node for a free port as the job starts
     import socket
 
-    line = next(ln for ln in Slurm().script(["true"], tmp_path).splitlines() if "MASTER_PORT=" in ln)
+    text = Slurm().script(["true"], tmp_path)
+    line = text[text.index("export MASTER_PORT="):text.index("\nsrun ")]
     with socket.socket() as held:
         held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         held.bind(("", 20001))
@@ -139,6 +153,29 @@ def test_a_ddp_run_comes_home_with_its_job(cluster, tmp_path):
         {"engine": "slurm", "id": job.job_id, "partition": "debug", "nodes": "n0", "state": "COMPLETED",
          "exit_code": "0:0"}
     assert r.job["shared_with"] == [] and _ours() == []
+    # the test cluster's node: CPUs=4 and no topology in slurm.conf, which Slurm reads as 4 sockets
+    # (scontrol show node: Sockets=4): the 2 ranks are spread one per socket, each bound to its cores
+    assert "#SBATCH --ntasks-per-socket=1" in (job.folder / "job.sh").read_text().splitlines()
+    assert [(x["rank"], x["node"]) for x in r.job["ranks"]] == [(0, "n0"), (1, "n0")]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU here: nothing to bind two ranks apart on")
+@needs_cluster
+def test_each_rank_is_bound_to_cores_of_its_own(cluster, tmp_path, monkeypatch):
+    # a cluster of this machine's own CPUs (the module's has more than there are, and so binds none):
+    # Slurm's task/affinity binds each rank to its share of them, srun --cpu-bind=cores
+    with slurm_cluster.cluster(tmp_path / "honest") as env:
+        monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+        job = Slurm(ntasks_per_node=2, time="5").submit(spec(), tmp_path / "job")
+        r = job.wait()
+    text = (job.folder / "job.sh").read_text()
+    assert text.splitlines()[-1].startswith("srun --kill-on-bad-exit=1 --cpus-per-task=$((SLURM_CPUS_ON_NODE / 2)) "
+                                            "--cpu-bind=cores ")
+    ranks = r.job["ranks"]
+    assert [x["rank"] for x in ranks] == [0, 1] and ranks[0]["cpus"] and ranks[1]["cpus"]
+    assert not set(ranks[0]["cpus"]) & set(ranks[1]["cpus"])      # disjoint: each rank its own cores
+    cpus = len(os.sched_getaffinity(0))
+    assert len(ranks[0]["cpus"]) == len(ranks[1]["cpus"]) == cpus // 2   # an equal share of the node's CPUs
 
 
 @needs_cluster
@@ -323,6 +360,16 @@ def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path, capsys)
     r = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, parallel="ddp", on=target, verbose=False)
     assert (r.status, r.world_size, r.job["state"], r.label.split()[:2]) == ("ok", 2, "COMPLETED", ["ddp", "1x2"])
     assert r.job["folder"].startswith(str(tmp_path / "jobs"))
+    # tunekit.explain of the run that came home: its whole step against the Lab's plan of its setting and
+    # layout (2 ddp ranks on the CPU), where it ran said first
+    e = tunekit.explain(r)
+    plan = lab.plan("cpu", verbose=False, parallel="ddp", world_size=2, **r.toggles.asdict())
+    assert (e.label, e.measured_s, e.expected_s) == (f"run #{r.run_id} ({r.label})", r.step_s, plan.expected.step_s)
+    assert e.table.loc[0, ["group", "measured_s", "expected_s"]].tolist() == ["whole step", r.step_s,
+                                                                              plan.expected.step_s]
+    where = str(e.notes[0])
+    assert where.startswith(f"slurm job {r.job['id']} on n0 (partition debug, COMPLETED); rank 0 on n0 (CPUs ")
+    assert ", rank 1 on n0 (CPUs " in where and e.summary.startswith(f"run #{r.run_id} ({r.label}): ")
     # one rank (one process, the model as it is), not waited for: a handle at once, the kernel free
     handle = lab.run(steps=2, warmup=1, micro_batch=2, seq_len=32, on=Slurm(time="5", folder=str(tmp_path / "jobs")),
                      wait=False)
@@ -474,8 +521,93 @@ def test_the_dashboard_runs_on_a_cluster_target_it_was_given(make_lab, monkeypat
     dash.controls["steps"].value, dash.trace_box.value = 2, True
     dash.run_on.value = target
     dash._on_run()
-    assert (seen["on"], seen["parallel"], seen["trace"]) == (target, "ddp", False)   # 8 ranks: ddp, no trace
+    # 8 ranks: ddp; not waited for (the kernel stays free); no trace (one process here, not a job)
+    assert (seen["on"], seen["parallel"], seen["wait"], "trace" in seen) == (target, "ddp", False, False)
+    assert not dash.run_button.disabled and dash.stop_button.layout.display == "none"   # refused: Run again
+    assert "stop here" in dash.message.value
     seen.clear()
     dash.run_on.value = None
     dash._on_run()
     assert "on" not in seen and "parallel" not in seen and seen["trace"] is True   # this machine, as before
+    assert "wait" not in seen
+
+
+def _text(value: str) -> str:
+    import re
+
+    return __import__("html").unescape(re.sub(r"<[^>]+>", "", value))
+
+
+def _until(test, what: str, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while not test():
+        assert time.monotonic() < deadline, f"no {what} in {timeout_s:.0f} s"
+        time.sleep(0.1)    # the kernel is free meanwhile: this loop is the user's work
+
+
+def _cluster_dash(make_lab, tmp_path, steps, **kw):
+    from tunekit.lab.dashboard import Dashboard
+
+    lab = make_lab(peak_tflops=1.0, micro_batch=2, seq_len=32)
+    target = Slurm(time="5", folder=str(tmp_path / "jobs"), **{"ntasks_per_node": 2, **kw})
+    dash = Dashboard(lab, on=target, expect=False)
+    dash.controls["steps"].value, dash.controls["warmup"].value = steps, 1
+    dash.run_on.value = target
+    lines = []
+    dash.job_line.observe(lambda change: lines.append(_text(change["new"])), names="value")
+    return lab, dash, lines
+
+
+@needs_cluster
+def test_the_dashboard_runs_on_the_cluster_without_blocking_and_logs_the_run(cluster, make_lab, tmp_path):
+    lab, dash, lines = _cluster_dash(make_lab, tmp_path, steps=2)
+    dash.run_button.click()
+    handle = dash.cluster_run
+    assert handle is not None and not handle.done() and lab.log.runs == []    # Run returned before the job ran
+    assert dash.run_button.disabled and dash.stop_button.layout.display == ""
+    r = handle.result(timeout=300)      # the dashboard has shown the end before result() returns
+    assert (r.status, r.world_size, r.job["state"]) == ("ok", 2, "COMPLETED") and lab.log.runs == [r]
+    job = handle.job.job_id
+    assert f"slurm job {job}: running on n0" in lines            # the status line followed the job
+    assert any(line.startswith(f"slurm job {job}: ") and "step 2/2" in line for line in lines)
+    assert lines[-1].startswith(f"slurm job {job}: run #{r.run_id} ddp 1x2 ")
+    assert f"run #{r.run_id} (ddp 1x2 " in _text(dash.message.value)   # shown as a run here is
+    assert (dash.progress.value, dash.progress.description, dash.run_button.disabled,
+            dash.stop_button.layout.display) == (2, "done", False, "none")
+    assert len(dash.table_df) == 1 and _ours() == []
+
+
+@needs_cluster
+def test_the_dashboard_stop_button_cancels_a_running_job_unrecorded(cluster, make_lab, tmp_path):
+    lab, dash, lines = _cluster_dash(make_lab, tmp_path, steps=10_000)
+    dash.run_button.click()
+    handle = dash.cluster_run
+    _until(lambda: handle.steps_done >= 2 and "step" in dash.progress.description, "step")
+    assert " step " in lines[-1] and lines[-1].endswith("/10000")    # "... running on n0, step 3/10000"
+    dash.stop_button.click()
+    assert _ours() == [] and handle.done() and handle.cancelled and lab.log.runs == []
+    assert _text(dash.message.value) == f"slurm job {handle.job.job_id} cancelled: not recorded"
+    assert (dash.progress.description, dash.run_button.disabled, dash.stop_button.layout.display) == \
+        ("cancelled", False, "none")
+
+
+@needs_cluster
+def test_the_dashboard_says_a_pending_job_s_reason_and_a_failure_s_cause(cluster, make_lab, tmp_path):
+    blocker = _sbatch("--exclusive", "-o", "/dev/null", "--wrap", "sleep 120")
+    try:
+        lab, dash, lines = _cluster_dash(make_lab, tmp_path, steps=2)
+        dash.run_button.click()
+        handle = dash.cluster_run
+        _until(lambda: handle.state == "PENDING" and handle.info.get("Reason") not in (None, "None"), "reason")
+        reason = handle.info["Reason"]     # Slurm's word: Resources (the blocker holds the node) or Priority
+        assert reason in ("Resources", "Priority")
+        _until(lambda: dash.progress.description == f"pending: {reason}", "pending in the progress bar", 10)
+        assert f"slurm job {handle.job.job_id}: pending ({reason})" in lines
+        subprocess.run(["scancel", handle.job.job_id], check=True)     # from outside: a failure, recorded
+        with pytest.raises(JobFailed):
+            handle.result(timeout=120)
+    finally:
+        subprocess.run(["scancel", blocker])
+    assert _text(dash.message.value).startswith("run on the cluster failed: the job was cancelled (scancel")
+    assert [x.status for x in lab.log.runs] == ["failed"] and dash.progress.description == "failed"
+    assert not dash.run_button.disabled and dash.stop_button.layout.display == "none"

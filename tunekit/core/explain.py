@@ -226,6 +226,29 @@ def explain_trace(trace: Breakdown, expected, *, steps: int = 1, setting=None, c
                        unforeseen)
 
 
+def explain_step(expected, *, step_s: float, label: str = "run", conditions=None,
+                 where: str | None = None) -> Explanation:
+    """An untraced run's step (``step_s``, timed) against an `Expected`: the whole step measured
+    beside the expected one, then the plan's groups with their measured side unknown (NaN: nothing
+    traced them). ``where``: where it ran, in words (a cluster job's id and nodes), the first note."""
+    if expected is None or is_missing(expected.step_s):
+        raise ValueError("no expectation to explain it with: the plan lacks a figure its device needs "
+                         "(its notes say which)")
+    if is_missing(step_s) or step_s <= 0:
+        raise ValueError("no measured step to explain: the run ended before a timed step")
+    e_groups, _ = expected_groups(expected.rows)
+    rows = [("whole step", step_s, expected.step_s, expected.step_s / step_s, 1.0, True)]
+    rows += [(g, NaN, e_groups[g], NaN, NaN, True) for g in GROUPS if e_groups.get(g, 0.0) > 0]
+    busy = getattr(conditions, "busy", False) is True
+    notes = [Note("explain.where", where)] if where else []
+    notes.append(Note("explain.untraced", "untraced: the step as a whole against its expectation; the groups "
+                                          "show the plan's side only (a traced run sets each beside it)"))
+    if busy:
+        notes.append(Note("explain.busy", "measured on a busy machine: other work took its share of the step, "
+                                          "so the gap is not the setting's alone"))
+    return Explanation(label, step_s, expected.step_s, rows, [], [], notes, busy)
+
+
 def explain(result, plan=None, *, steps: int = 1) -> Explanation:
     """``result`` (a traced Lab `RunResult`, a traced `ProfileRecord`: ``%%gpuprofile --trace``'s or
     the record ``Monitor(trace=N).close()`` returns, or a `Breakdown`) against
@@ -247,9 +270,37 @@ def explain(result, plan=None, *, steps: int = 1) -> Explanation:
                          "tunekit.plan(model, 'cpu', ...)), or lab.explain(run) for a Lab's run")
     expected = getattr(plan, "expected", plan)
     trace = as_breakdown(result if isinstance(result, Breakdown) else getattr(result, "trace", None))
+    if trace is None and getattr(result, "job", None):   # a cluster run comes home untraced: its whole step
+        return explain_step(expected, step_s=result.step_s, label=str(result.label),
+                            conditions=result.conditions, where=job_words(result.job))
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
     name = getattr(result, "label", None) or getattr(result, "name", None) or "traced step"
     setting = getattr(result, "toggles", None) or getattr(plan, "setting", None)   # a record's: the plan's
     return explain_trace(trace, expected, steps=steps, setting=setting,
                          conditions=getattr(result, "conditions", None), label=str(name))
+
+
+def job_words(job: dict) -> str:
+    """Where a cluster run ran, in words: 'slurm job 12 on n[0-1] (partition debug, COMPLETED); rank 0
+    on n0 (CPUs 0-1), rank 1 on n1 (CPUs 0-1)' (``RunResult.job``)."""
+    text = (f"{job.get('engine', 'cluster')} job {job.get('id')} on {job.get('nodes')} "
+            f"(partition {job.get('partition')}, {job.get('state')})")
+    ranks = job.get("ranks") or []
+    if ranks:
+        text += "; " + ", ".join(f"rank {r['rank']} on {r['node']}" + (f" (CPUs {_cpu_list(r['cpus'])})"
+                                                                       if r.get("cpus") else "") for r in ranks)
+    return text
+
+
+def _cpu_list(cpus) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (the kernel's cpulist form)."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)

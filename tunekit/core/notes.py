@@ -40,6 +40,8 @@ KINDS = {
     "explain.busy": "tunekit.explain: the traced run was measured on a busy machine",
     "explain.profiler": "tunekit.explain: the profiler's own overhead is part of the gaps",
     "explain.none": "a traced run without its one line against the expected step, and why",
+    "explain.where": "tunekit.explain of a cluster run: the job, its nodes, each rank's node and CPUs",
+    "explain.untraced": "tunekit.explain of an untraced (cluster) run: the whole step only",
     "monitor.untraced": "Monitor(trace=N): no step traced (the loop ended first, the step failed, no profiler)",
     "diff.failed_run": "tunekit.diff: a run that did not finish, its figures n/a",
     "diff.peaks": "tunekit.diff: the two sides' MFUs are against different peaks (their own dtypes')",

@@ -158,15 +158,38 @@ def record(lab, job, sent: dict, outcome) -> RunResult:
                   "nodes": sent["nodes"]}
         if times:   # the steps measured before the end, kept
             fields.update(step_s=statistics.fmean(times), step_s_min=min(times), step_s_max=max(times))
-        return lab.log.add(RunResult.failed(t, f"{where} {label(t, lab.resolve())} (slurm job {job.job_id})",
-                                            outcome.cause,
-                                            [f"{len(times)} of {steps} timed steps measured before the job ended"],
-                                            **fields))
-    result = outcome
-    result.label = f"{where} {label(t, lab.resolve())}"
-    if lab.device.type == sent["spec"]["device"]:   # the Lab's own kind of device: its peak re-checked
-        recheck_rates(lab, result, sent["peak"], sent["dtype"])
+        result = RunResult.failed(t, f"{where} {label(t, lab.resolve())} (slurm job {job.job_id})", outcome.cause,
+                                  [f"{len(times)} of {steps} timed steps measured before the job ended"], **fields)
+    else:
+        result = outcome
+        result.label = f"{where} {label(t, lab.resolve())}"
+        if lab.device.type == sent["spec"]["device"]:   # the Lab's own kind of device: its peak re-checked
+            recheck_rates(lab, result, sent["peak"], sent["dtype"])
+    result.explainer = job_explainer(lab, result)   # tunekit.explain(result): the job's step against the plan
     return lab.log.add(result)
+
+
+def job_explainer(lab, run):
+    """``RunResult.explainer`` of a cluster run: () -> its whole step against ``lab.plan`` of its
+    setting and layout on its device (`tunekit.core.explain.explain_step`: a job is not traced),
+    where it ran said (the job, its nodes, each rank's node and CPUs). The Lab is held weakly."""
+    import weakref
+
+    ref = weakref.ref(lab)
+
+    def explain_run():
+        from tunekit.core.explain import explain_step, job_words
+        from tunekit.lab.explain import plan_device
+
+        lab = ref()
+        if lab is None:
+            raise ValueError("the Lab that ran this run is gone, and with it the model to plan: "
+                             "tunekit.explain(run, tunekit.plan(model, device, ...)) takes the plan")
+        layout = {"parallel": run.parallel, "world_size": run.world_size, "nodes": run.nodes} if run.parallel else {}
+        plan = lab.plan(plan_device(run.device), verbose=False, **layout, **run.toggles.asdict())
+        return explain_step(plan.expected, step_s=run.step_s, label=f"run #{run.run_id} ({run.label})",
+                            conditions=run.conditions, where=job_words(run.job))
+    return explain_run
 
 
 def _say(state: str, info: dict) -> None:

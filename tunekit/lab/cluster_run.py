@@ -14,6 +14,10 @@ raises what the waited form raises: the JobFailed of a job that ended without a 
 KeyboardInterrupt after cancelling the job when Ctrl-C stops the wait, as Ctrl-C does there (use
 ``result(timeout=...)`` to stop waiting without cancelling). ``cancel()`` cancels it; a run
 cancelled from here is not recorded (as an interrupted waited run is not).
+
+``watch(fn)``: ``fn(handle, ended)`` from the thread on each change of state, as steps come (at
+most every ``WATCH_EVERY_S``) and once at the end, after the end is recorded and before
+``result()`` returns it: how the dashboard shows the job in its status line.
 """
 from __future__ import annotations
 
@@ -24,10 +28,12 @@ import time
 
 from tunekit.core.results import RunResult
 
+WATCH_EVERY_S = 0.25   # steps reported to watchers at most this often (a state change at once)
+
 
 class ClusterRun:
     """A cluster job followed in the background: ``state``, ``steps_done``, ``done()``,
-    ``result(timeout=None)`` / ``wait``, ``cancel()``; ``job`` the SlurmJob."""
+    ``result(timeout=None)`` / ``wait``, ``cancel()``, ``watch(fn)``; ``job`` the SlurmJob."""
 
     def __init__(self, lab, job, sent: dict, record, verbose: bool = True, poll_s: float = 0.5):
         """``record(lab, job, sent, outcome)``: how the job's end goes into the Lab's log
@@ -35,8 +41,13 @@ class ClusterRun:
         self.job, self.lab, self._sent, self._record, self.poll_s = job, lab, sent, record, poll_s
         self.state, self.info, self.steps_done = "SUBMITTED", {}, 0
         self.recorded: RunResult | None = None    # what the Lab's log got, once the job ended
+        self.watch_error: Exception | None = None  # the last exception a watcher raised
         self._outcome: RunResult | BaseException | None = None
         self._ended, self._cancelled = threading.Event(), False
+        self._over = False            # the outcome is known (set with the watchers' list held)
+        self._watchers: list = []
+        self._lock = threading.Lock()
+        self._told = 0.0              # when watchers last heard of a step
         self._view = _view(verbose)
         self._view.show(self.line())
         self._thread = threading.Thread(target=self._follow, name=f"tunekit-slurm-{job.job_id}", daemon=True)
@@ -57,17 +68,46 @@ class ClusterRun:
                 self.recorded = self._record(self.lab, self.job, self._sent, outcome)
             except Exception as e:  # noqa: BLE001 - the log could not take it: result() raises it
                 outcome = e
-        self._outcome = outcome
-        self._ended.set()
+        with self._lock:
+            self._outcome, self._over = outcome, True
+            watchers = list(self._watchers)
         self._view.end(self.line(), failed=not isinstance(outcome, RunResult))
+        for fn in watchers:        # before result() returns: what it returns is shown everywhere
+            self._tell(fn, ended=True)
+        self._ended.set()
 
     def _changed(self, state: str, info: dict) -> None:
         self.state, self.info = state, info
         self._view.show(self.line(), new_state=True)
+        self._tell_all()
 
     def _stepped(self, done: int, total: int) -> None:
         self.steps_done = done
         self._view.show(self.line())
+        now = time.monotonic()
+        if now - self._told >= WATCH_EVERY_S or done == total:
+            self._told = now
+            self._tell_all()
+
+    def _tell_all(self) -> None:
+        with self._lock:
+            watchers = list(self._watchers)
+        for fn in watchers:
+            self._tell(fn, ended=False)
+
+    def _tell(self, fn, ended: bool) -> None:
+        try:
+            fn(self, ended)
+        except Exception as e:  # noqa: BLE001 - a watcher's failure is its own: the job is followed on
+            self.watch_error = e
+
+    def watch(self, fn) -> None:
+        """Call ``fn(handle, ended)`` now and on each change from here on (see the module docstring);
+        a job that already ended calls it once, ``ended=True``."""
+        with self._lock:
+            self._watchers.append(fn)
+            over = self._over
+        self._tell(fn, ended=over)
 
     # --- the caller's side -----------------------------------------------------------------------
     def done(self) -> bool:
@@ -92,6 +132,16 @@ class ClusterRun:
 
     wait = result
 
+    @property
+    def cancelled(self) -> bool:
+        """Whether ``cancel()`` stopped it (then nothing is recorded)."""
+        return self._cancelled
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the job ended without a result (the JobFailed, its failed run in the log), once it ended."""
+        return self._outcome if self._over and isinstance(self._outcome, BaseException) else None
+
     def cancel(self, wait_s: float = 30.0) -> None:
         """scancel the job and wait (up to ``wait_s``) until it is gone; not recorded."""
         if self._ended.is_set():
@@ -102,7 +152,7 @@ class ClusterRun:
 
     def line(self) -> str:
         """What the job is doing, in one line: "slurm job 812: running on n[0-1], step 40/200"."""
-        if self._ended.is_set() and self._outcome is not None:
+        if self._over:
             from tunekit.core.run_text import result_line
 
             if self._cancelled:

@@ -8,6 +8,7 @@
     >>> dash.plan_picker.value = "H100 SXM"   # the plan of the controls' toggles on an H100
     >>> dash.last_plan.fits, dash.plan_html.value
 
+"Run on" a cluster target submits a job and returns at once (tunekit.lab.cluster_panel).
 Refused combinations (fp16 on CPU, flash without CUDA, micro batch 0, ...) are explained in the
 message area; a run never shows a traceback here (``dash.last_error`` keeps the exception).
 """
@@ -28,6 +29,7 @@ from tunekit.core.summary import table_html
 from tunekit.core.toggles import Declared, Env, ToggleError, notices
 from tunekit.core.units import MiB
 from tunekit.lab import dashboard_static as static
+from tunekit.lab.cluster_panel import ClusterPanel
 from tunekit.lab.dashboard_static import NO_FRONTEND  # noqa: F401 - its home's name, read here by tests
 from tunekit.lab.expect_line import EXPECT_WAIT_S, ExpectLine, predicted_line
 from tunekit.lab.plots import compare_figure
@@ -110,6 +112,8 @@ class Dashboard(W.VBox):
         self.budget_mib = W.FloatText(value=1024.0 if cpu else 0.0, style=style,
                                       description="CPU budget MiB" if cpu else "budget MiB (0=none)")
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
+        self.cluster, self.cluster_run = ClusterPanel(self), None   # Run on a cluster: its job's line, Stop
+        self.stop_button, self.job_line = self.cluster.stop_button, self.cluster.line
         self.trace_box = W.Checkbox(value=False, description="trace (vs expected)", indent=False,
                                     tooltip="trace one more step and set it against the plan's expected step",
                                     layout=W.Layout(width="150px"))
@@ -137,11 +141,11 @@ class Dashboard(W.VBox):
             grid_template_columns="repeat(3, 300px)"))
         for w in (self.max_batch, self.budget_mib):
             w.layout = W.Layout(width="250px")
-        buttons = W.HBox([self.run_button, self.run_on, self.trace_box, self.progress, self.find_button,
-                          self.max_batch, self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
+        buttons = W.HBox([self.run_button, self.stop_button, self.run_on, self.trace_box, self.progress,
+                          self.find_button, self.max_batch, self.budget_mib], layout=W.Layout(flex_flow="row wrap"))
         tune = W.HBox([self.autotune_button, self.autotune_budget, self.plan_picker])
-        super().__init__([grid, self.expect_html, buttons, tune, self.message, self.plan_html, self.autotune_out,
-                          self.autotune_chart, self.table, self.chart_out])
+        super().__init__([grid, self.expect_html, buttons, self.job_line, tune, self.message, self.plan_html,
+                          self.autotune_out, self.autotune_chart, self.table, self.chart_out])
         self.explain()
         self.refresh()
         self.update_expectation()
@@ -230,6 +234,8 @@ class Dashboard(W.VBox):
             return  # the explanation is already on screen
         steps = self.controls["steps"].value
         self.progress.max, self.progress.value = steps, 0
+        if self.run_on.value is not None:   # a cluster target: the run is a job there, followed from a thread
+            return self.cluster.submit(self.run_on.value, steps)
         self.progress.description = "warm-up"  # and the FLOP count: untimed, before the clock
         self.run_button.disabled = True
 
@@ -237,18 +243,17 @@ class Dashboard(W.VBox):
             self.progress.value, self.progress.description = done, f"step {done}/{total}"
 
         try:
-            where = self.run_on.value   # a cluster target: the run is a job there (trace: one process here)
-            place = {} if where is None else {"on": where, "parallel": "ddp" if where.ranks_per_node * where.nodes > 1
-                                              else None}
             r = self._attempt("run", lambda: self.lab.run(steps=steps, warmup=self.controls["warmup"].value,
-                                                          progress=tick, verbose=False,
-                                                          trace=self.trace_box.value and where is None,
-                                                          **place, **self.toggles()))
+                                                          progress=tick, verbose=False, trace=self.trace_box.value,
+                                                          **self.toggles()))
         finally:
             self.run_button.disabled = False
             self.progress.description = "done"
-        if r is None:
-            return
+        if r is not None:
+            self._show_run(r)
+
+    def _show_run(self, r) -> None:
+        """A run just recorded: its line, busy warning, prediction, diff and notes; the table redrawn."""
         notes = "".join(_box(html.escape(n), "#999") for n in r.notes)
         busy = r.conditions is not None and r.conditions.busy
         head = _box(f"run #{r.run_id} ({html.escape(r.label)}): "

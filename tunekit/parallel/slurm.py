@@ -15,8 +15,10 @@ node), each task one rank of ``python -m tunekit.parallel.worker`` (the same wor
 starts), which reads its rank from Slurm's variables (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) and
 meets the others at the first node's address (MASTER_ADDR, from ``scontrol show node``). srun
 rather than torchrun per node: Slurm then knows every rank (accounting, signals, ``--kill-on-bad-exit``
-ends the job when one rank dies), and binds each task near its GPU (``--gres-flags=enforce-binding``),
-as the documents this project mirrors recommend.
+ends the job when one rank dies), and binds each task to cores of its own (``--cpu-bind=cores``),
+spread over the node's sockets (``--ntasks-per-socket``) and near its GPU
+(``--gres-flags=enforce-binding``), as the documents this project mirrors recommend (`Slurm.script`).
+Each rank's node and CPUs come home in ``result.job["ranks"]``.
 
 Another engine (Kubernetes, SkyPilot) is one more class with the same three methods: ``check``,
 ``script``/``submit``, and a job with ``info``, ``wait`` and ``cancel``.
@@ -60,7 +62,19 @@ def time_seconds(text: str) -> int:
     return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
-_FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+# a port free on the head node, below Linux's ephemeral range (ip_local_port_range, 32768-60999 by
+# default): one the kernel handed out for bind(0) is in that range, where any outgoing connection of
+# the node may take it before rank 0 listens (EADDRINUSE seen so on a busy machine)
+_FREE_PORT = """import random, socket
+for port in random.sample(range(20000, 32768), 500):
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            continue
+        print(port)
+        break
+"""
 
 @dataclass(frozen=True)
 class Partition:
@@ -72,16 +86,17 @@ class Partition:
     gpus_per_node: int          # 0: the partition's nodes list no GPU resource (gres)
     time_limit_s: float         # inf: no limit
     default: bool = False
+    sockets_per_node: int = 1   # sinfo's %X: where > 1, a job's tasks are spread over them (--ntasks-per-socket)
 
 
 def partitions() -> dict[str, Partition]:
     """Every partition of the cluster ``sinfo`` reaches (SLURM_CONF, else the machine's)."""
-    out = _run(["sinfo", "-h", "-o", "%P|%D|%c|%G|%l"])
+    out = _run(["sinfo", "-h", "-o", "%P|%D|%c|%G|%l|%X"])
     if out.returncode != 0:
         raise RuntimeError(f"sinfo could not reach the cluster: {out.stderr.strip() or out.stdout.strip()}")
     found = {}
     for line in out.stdout.splitlines():
-        name, nodes, cpus, gres, limit = line.split("|")
+        name, nodes, cpus, gres, limit, sockets = (line.split("|") + ["1"])[:6]
         default = name.endswith("*")
         name = name.rstrip("*")
         gpus = sum(int(n) for n in re.findall(r"gpu(?::[\w.-]+)?:(\d+)", gres))
@@ -89,7 +104,9 @@ def partitions() -> dict[str, Partition]:
         cpus = int(re.sub(r"\D.*", "", cpus) or 0)
         old = found.get(name)
         nodes_n = int(nodes) + (old.nodes if old else 0)   # one line per node state: summed
-        found[name] = Partition(name, nodes_n, cpus, gpus, seconds, default or (old.default if old else False))
+        sockets_n = int(re.sub(r"\D.*", "", sockets) or 1)   # "2+": nodes differ, the fewest said first
+        found[name] = Partition(name, nodes_n, cpus, gpus, seconds, default or (old.default if old else False),
+                                min(sockets_n, old.sockets_per_node) if old else sockets_n)
     return found
 
 
@@ -188,11 +205,33 @@ class Slurm:
                        f"({expected_s:.0f} s{': ' + basis if basis else ''}): ask for more time")
         return out
 
-    def script(self, command: list[str], folder, name: str = "tunekit", comment: list[str] = ()) -> str:
-        """The batch script that runs ``command`` once per rank under srun."""
+    def sockets(self) -> int | None:
+        """Sockets per node of the target's partition as ``sinfo`` says (None: no cluster reached)."""
+        if shutil.which("sinfo") is None:
+            return None
+        try:
+            parts = partitions()
+        except (RuntimeError, OSError, subprocess.TimeoutExpired):
+            return None
+        name = self.partition or next((p.name for p in parts.values() if p.default), None)
+        return parts[name].sockets_per_node if name in parts else None
+
+    def script(self, command: list[str], folder, name: str = "tunekit", comment: list[str] = (),
+               sockets: int | None = None) -> str:
+        """The batch script that runs ``command`` once per rank under srun. ``sockets``: the
+        partition's sockets per node (`sockets`); where more than one, the ranks of a node are
+        spread over them (``--ntasks-per-socket``).
+
+        NUMA binding, as srun(1) and sbatch(1) put it: each task gets an equal share of the CPUs the
+        job holds on its node (``--cpus-per-task``, unless the target sets it) and is bound to those
+        cores (``--cpu-bind=cores``; the task/affinity plugin applies it, a cluster without it runs
+        the tasks unbound); ``--ntasks-per-socket`` spreads a node's tasks over its sockets, and
+        with GPUs ``--gres-flags=enforce-binding`` gives the job only the CPUs bound to its GPUs."""
         folder = Path(folder)
         opts = [f"--job-name={name}", f"--nodes={self.nodes}", f"--ntasks-per-node={self.ranks_per_node}",
                 f"--time={self.time}", f"--output={folder}/slurm-%j.out"]
+        if sockets and sockets > 1:
+            opts.append(f"--ntasks-per-socket={-(-self.ranks_per_node // sockets)}")   # ceil: every rank placed
         for flag, v in (("partition", self.partition), ("gpus-per-node", self.gpus_per_node),
                         ("cpus-per-task", self.cpus_per_task), ("account", self.account), ("qos", self.qos),
                         ("constraint", self.constraint)):
@@ -203,6 +242,9 @@ class Slurm:
         if self.exclusive:
             opts.append("--exclusive")
         opts.append("--no-requeue")   # a node that fails ends the run, recorded: not started again later
+        # each task its share of the node's CPUs the job holds (srun does not take sbatch's --cpus-per-task
+        # from the environment in every Slurm release: said to srun itself)
+        cpus = self.cpus_per_task or f"$((SLURM_CPUS_ON_NODE / {self.ranks_per_node}))"
         lines = ["#!/bin/bash", *[f"#SBATCH {o}" for o in opts], *[f"# {c}" for c in comment],
                  "set -eo pipefail", *self.setup]
         lines += [f"export {k}={shlex.quote(str(v))}" for k, v in (self.env or {}).items()]
@@ -212,7 +254,8 @@ class Slurm:
                   # job id collides when two clusters' job 1 share a host (CI failed so once)
                   f"export MASTER_PORT=$({shlex.quote(self.python)} -c {shlex.quote(_FREE_PORT)} 2>/dev/null"
                   " || echo $((20000 + RANDOM % 20000)))",
-                  "srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(c) for c in command), ""]
+                  f"srun --kill-on-bad-exit=1 --cpus-per-task={cpus} --cpu-bind=cores "
+                  + " ".join(shlex.quote(c) for c in command), ""]
         return "\n".join(lines)
 
     def plan_script(self, plan, folder, **kw) -> Path:
@@ -243,7 +286,7 @@ class Slurm:
         (folder / "spec.json").write_text(json.dumps(spec))
         path = folder / "job.sh"
         path.write_text(self.script([self.python, "-m", "tunekit.parallel.worker", str(folder / "spec.json")],
-                                    folder, name, comment))
+                                    folder, name, comment, sockets=self.sockets()))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60, env=env)
         if out.returncode != 0:

@@ -129,6 +129,7 @@ class SlurmJob:
         out = self.folder / "result.json"
         if job["state"] == "COMPLETED" and out.is_file():
             data = json.loads(out.read_text())
+            job["ranks"] = data.pop("ranks", None)   # each rank's node and CPUs (worker: what srun bound it to)
             result = RunResult.from_dict({**data, "job": job})
             if self.shared_with:   # the scheduler knows: a shared node is a busy machine
                 why = f"node(s) {job['nodes']} shared with job(s) {', '.join(job['shared_with'])}"

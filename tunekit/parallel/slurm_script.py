@@ -99,5 +99,5 @@ def plan_script(target, plan, folder, model=None, script: str | None = None, opt
         (folder / "spec.json").write_text(json.dumps(spec))
         command = [target.python, "-m", "tunekit.parallel.worker", str(folder / "spec.json")]
     path = folder / "job.sh"
-    path.write_text(target.script(command, folder, "tunekit-plan", comment))
+    path.write_text(target.script(command, folder, "tunekit-plan", comment, sockets=target.sockets()))
     return path

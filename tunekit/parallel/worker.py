@@ -304,7 +304,7 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
     curve = torch.stack([v.float() for v in warm + losses]).to(device)
     dist.all_reduce(curve)
     mine = {"times": times, "peak": peak, "comm": tables, "counted": counted, "other": counter.other if counter else {},
-            "conditions": reading, **trainer.local_bytes()}
+            "conditions": reading, "where": _where(), **trainer.local_bytes()}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank != 0:
@@ -313,7 +313,8 @@ def _run(spec, rank, world, nproc, device) -> RunResult | None:
                        meter.source, device)
     if spec.get("out_dir"):
         out = Path(spec["out_dir"]) / "result.json"
-        out.write_text(json.dumps(encoded(result.to_dict())))   # notes keep their kinds (core.notes)
+        ranks = [{"rank": i, **g["where"]} for i, g in enumerate(gathered)]   # read by SlurmJob (job["ranks"])
+        out.write_text(json.dumps({**encoded(result.to_dict()), "ranks": ranks}))   # notes keep their kinds
     return result
 
 
@@ -333,6 +334,15 @@ def from_slurm_env() -> None:
         os.environ["LOCAL_WORLD_SIZE"] = per_node.group(0)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+
+
+def _where() -> dict:
+    """This rank's node and the CPUs it may run on (its affinity: what srun's --cpu-bind left it)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:    # no affinity call on this system (macOS)
+        cpus = None
+    return {"node": os.environ.get("SLURMD_NODENAME", socket.gethostname()), "cpus": cpus}
 
 
 def write_rank_error(folder, rank: int, traceback: str) -> None:
