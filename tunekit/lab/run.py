@@ -137,7 +137,8 @@ def measure_steps(lab, t: Toggles, steps: int, progress=None) -> Steps:
             used = energy.stop(wall)
         finally:
             peak = meter.stop()
-    return Steps(times, losses, peak, meter.source, slowed, used, meter.last, conditions=cond)
+    return Steps(times, losses, peak, meter.source, slowed, used, meter.last, conditions=cond,
+                 peak_mem_start_bytes=meter.start_bytes, peak_notes=meter.notes)
 
 
 def traced_step(lab, t: Toggles, step_s: float, trace: bool = True, memory: bool = False):
