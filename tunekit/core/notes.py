@@ -54,7 +54,7 @@ KINDS = {
     "expect.not_carried": "lab.expect: measured time the base plan foresaw nothing for, carried as measured",
     "expect.peak_uncalibrated": "lab.expect: the base run measured no peak, the plan's peak alone",
     "expect.busy": "lab.expect: the base run was measured on a busy machine",
-    "expect.peak_offset": "lab.expect: the CPU peak's calibration carried as one offset (no start reading, or no transient)",
+    "expect.peak_offset": "lab.expect: the CPU peak carried as one offset (no start reading)",
     # find_max_batch_size's trial reasons (Trial.reason)
     "trial.ok": "the trial fit",
     "trial.oom": "the trial ran out of memory",

@@ -97,7 +97,8 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
         loss=values[-1], loss_first=values[0], device=device_label(cuda_index),
         attention_ran=probe.attention_ran if probe is not None else adapter.attention_ran,
         compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
-        time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + (m.peak_notes or []) + (probe.notes if probe is not None else []),
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        notes=notes + (m.peak_notes or []) + (probe.notes if probe is not None else []),
         trace=m.trace, memory=m.memory, conditions=m.conditions, throughput_unit=unit, **fields)
     if m.energy is not None:
         e = m.energy
