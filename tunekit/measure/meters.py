@@ -379,6 +379,13 @@ def _retries_ooms(torch, index) -> dict:
 _ACTIVE_CUDA: list[CudaMeter] = []
 
 
+def settled_rss_bytes() -> int:
+    """This process's RSS once glibc has handed its heaps' freed pages back (``malloc_trim``, ~10 ms):
+    what a settled `DeviceMeter` reads at its start, were a block to start now."""
+    malloc_trim()
+    return cpu_rss_bytes()
+
+
 CPU_SOURCE = ("CPU process RSS peak (VmHWM), from a start with freed heap pages handed back (malloc_trim): "
               "includes Python and torch themselves")
 
