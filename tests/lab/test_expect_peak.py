@@ -9,7 +9,7 @@ import torch
 from tunekit.core.notes import of_kind
 from tunekit.core.setting import Setting
 from tunekit.lab import expect as ex
-from tunekit.measure import meters
+from tunekit.measure import device_meter
 
 MiB = 2**20
 
@@ -76,6 +76,6 @@ def test_the_lab_floor_leaves_out_the_tensors_the_lab_holds(monkeypatch):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.ones(1, 256)).sum().backward()
     opt.step()                              # momentum buffers: another 263,168 bytes; grads: 263,168
-    monkeypatch.setattr(meters, "settled_rss_bytes", lambda: 400 * MiB)
+    monkeypatch.setattr(device_meter, "settled_rss_bytes", lambda: 400 * MiB)
     floor = ex.lab_floor_bytes(SimpleNamespace(model=model, optimizer=opt))
     assert floor == 400 * MiB - 3 * 263_168

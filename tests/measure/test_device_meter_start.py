@@ -13,13 +13,14 @@ import sys
 import pytest
 
 from tunekit.core.notes import kind_of
-from tunekit.measure import meters
+from tunekit.measure import device_meter
 
 MiB = 2**20
 
 SCRIPT = r"""
 import json, torch
-from tunekit.measure.meters import DeviceMeter, cpu_rss_bytes
+from tunekit.measure.device_meter import DeviceMeter
+from tunekit.measure.meters import cpu_rss_bytes
 MiB = 2**20
 out = {}
 
@@ -77,13 +78,13 @@ def test_the_same_block_reads_the_same_peak_after_another(fresh):
 
 
 def test_without_malloc_trim_the_peak_says_it_cannot_be_trusted(monkeypatch):
-    monkeypatch.setattr(meters, "malloc_trim", lambda: None)   # a libc without it (musl, macOS)
-    m = meters.DeviceMeter("cpu").start()
+    monkeypatch.setattr(device_meter, "malloc_trim", lambda: None)   # a libc without it (musl, macOS)
+    m = device_meter.DeviceMeter("cpu").start()
     m.stop()
     assert [kind_of(n) for n in m.notes] == ["memory.untrimmed"]
 
 
 def test_the_record_names_the_settled_meter():
-    assert "malloc_trim" in meters.DeviceMeter("cpu").source
-    assert "malloc_trim" not in meters.DeviceMeter("cpu", settle=False).source
-    assert meters.DeviceMeter("meta").source == "not measured on meta"
+    assert "malloc_trim" in device_meter.DeviceMeter("cpu").source
+    assert "malloc_trim" not in device_meter.DeviceMeter("cpu", settle=False).source
+    assert device_meter.DeviceMeter("meta").source == "not measured on meta"

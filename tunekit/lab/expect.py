@@ -20,7 +20,7 @@ calibrates it, the way ``lab.explain`` sets a run against its plan (lab.explain.
 - an untraced run: one ratio, measured / expected step, for the whole step;
 - memory: the plan's peak plus what the base run measured beyond its plan: on a GPU the
   allocator's (measured / planned, a ratio); on a CPU the meter is the process's RSS from a
-  settled start (measure.meters.DeviceMeter): the process's floor as it is now, plus the plan's
+  settled start (measure.device_meter.DeviceMeter): the process's floor as it is now, plus the plan's
   peak, plus the base run's unplanned bytes scaled by the tokens of a micro-batch (`peak_of`).
 
 Plans are cached per Lab by the device and the setting words that change the fake step (all
@@ -301,7 +301,7 @@ def lab_floor_bytes(lab) -> float:
     """The process without the Lab's step: its RSS settled now (measure.meters: what a run's meter
     would read at its start) less the tensors the Lab holds (weights, buffers, gradients left,
     optimizer states): Python, torch, the data and whatever else the process keeps."""
-    from tunekit.measure.meters import settled_rss_bytes
+    from tunekit.measure.device_meter import settled_rss_bytes
     from tunekit.measure.tally import unique_bytes
 
     model, opt = lab.model, getattr(lab, "optimizer", None)

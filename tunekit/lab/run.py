@@ -21,10 +21,10 @@ from tunekit.core.toggles import ToggleError, Toggles, label, normalized, notice
 from tunekit.lab import fit
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.device import device_label
+from tunekit.measure.device_meter import DeviceMeter
 from tunekit.measure.energy import EnergyMeter
 from tunekit.measure.flops import counting_active
 from tunekit.measure.interrupts import deferred_interrupt
-from tunekit.measure.meters import DeviceMeter
 from tunekit.measure.oom import ADVICE, drop_frames, free_memory, is_oom
 from tunekit.measure.timing import time_repeats
 from tunekit.models.optimizers import state_bytes
