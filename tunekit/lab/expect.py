@@ -298,9 +298,10 @@ def held_bytes(plan) -> float:
 
 
 def lab_floor_bytes(lab) -> float:
-    """The process without the Lab's step: its RSS settled now (measure.meters: what a run's meter
-    would read at its start) less the tensors the Lab holds (weights, buffers, gradients left,
-    optimizer states): Python, torch, the data and whatever else the process keeps."""
+    """The process without the Lab's step: its RSS settled now (measure.device_meter: glibc hands its
+    freed heap pages back, ~10 ms, and RSS is what a run's meter would read at its start) less the
+    tensors the Lab holds (weights, buffers, gradients left, optimizer states): Python, torch, the
+    data and whatever else the process keeps. It grows over a session (a first traced run: ~20 MiB)."""
     from tunekit.measure.device_meter import settled_rss_bytes
     from tunekit.measure.tally import unique_bytes
 
@@ -318,9 +319,9 @@ def peak_of(lab, plan, run, base_plan, floor=None) -> tuple[float, float, list]:
     the setting keeps between steps (the plan's), plus what its steps add (the plan's transient:
     its peak less what is kept) and the base run's unplanned part of that, scaled by the tokens of
     one micro-batch: what the steps touched beyond the fake step's tensors (allocator holes and
-    pages no tensor accounts for) followed the tokens on cpu-tiny, not the activations: 20.6 MiB
-    at 1,024 tokens, 21 with checkpointing, 35 at 2,048 (benchmarks/bench_cpu_peak.py). Without
-    a start reading: one offset, measured - planned."""
+    pages no tensor accounts for) followed the tokens on cpu-tiny, not the activations: ~21 MiB at
+    1,024 tokens (24 with checkpointing, which drops 85% of the activations), 41-44 at 2,048, 12
+    at 512 (benchmarks/bench_cpu_peak.py). Without a start reading: one offset, measured - planned."""
     planned = plan.total_bytes
     if run is None:
         return planned, base_plan.total_bytes, []
@@ -336,7 +337,11 @@ def peak_of(lab, plan, run, base_plan, floor=None) -> tuple[float, float, list]:
         return planned + (measured - base_plan.total_bytes), measured, [Note(
             "expect.peak_offset", f"run #{run.run_id} kept no start reading of its peak meter: what it measured "
                                   "beyond its plan is carried as one offset")]
-    floor = lab_floor_bytes(lab) if floor is None else floor
+    if floor is None:
+        try:
+            floor = lab_floor_bytes(lab)
+        except RuntimeError:   # the optimizer's state changed under the reading (a step in another thread)
+            floor = start - base_kept   # the process as the base run found it
     unplanned = (measured - start) - (base_plan.total_bytes - base_kept)
     tokens = _tokens(plan) / _tokens(base_plan) if _tokens(base_plan) else 1.0
     return floor + planned + unplanned * tokens, measured, []
