@@ -17,6 +17,7 @@ KINDS = {
     "memory.cpu": "measure_memory ran without CUDA: the allocator's figures are not measured",
     "memory.shadow_optimizer": "measure_memory stepped a stand-in optimizer at lr=0",
     "memory.rss_unseen": "a block's allocations moved by more than RSS shows (memory reused or kept by the allocator)",
+    "memory.untrimmed": "a CPU peak measured from a start that kept freed heap memory (no glibc malloc_trim)",
     "device.assumed": "estimate_memory planned for this machine's device, none being named",
     "activations.unknown": "estimate_memory has no shape to count the activations with",
     "flops.uncounted": "ops without a FLOP formula, left out of the count",
@@ -56,6 +57,7 @@ KINDS = {
     "expect.not_carried": "lab.expect: measured time the base plan foresaw nothing for, carried as measured",
     "expect.peak_uncalibrated": "lab.expect: the base run measured no peak, the plan's peak alone",
     "expect.busy": "lab.expect: the base run was measured on a busy machine",
+    "expect.peak_offset": "lab.expect: the CPU peak carried as one offset (no start reading)",
     # find_max_batch_size's trial reasons (Trial.reason)
     "trial.ok": "the trial fit",
     "trial.oom": "the trial ran out of memory",

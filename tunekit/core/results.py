@@ -78,6 +78,9 @@ class RunResult:
     j_per_token: float = math.nan
     gpu_alloc_retries: int | None = None  # torch.cuda.memory_stats() over the timed steps
     gpu_ooms: int | None = None
+    # what the device held as the timed steps started (CPU: RSS once freed heap pages were handed
+    # back; CUDA: torch-allocated); peak_mem_bytes - this = what the steps themselves added
+    peak_mem_start_bytes: float | None = None
     trace: object = None                  # core.breakdown.Breakdown (run(trace=True)); a dict when read back
     memory: object = None                 # core.breakdown.MemoryTimeline (run(memory=True))
     # distributed runs (tunekit.parallel); None for a single-process run

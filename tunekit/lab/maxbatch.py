@@ -46,8 +46,8 @@ from tunekit.lab import fit
 from tunekit.lab.setting import setting_of
 from tunekit.measure import memavail
 from tunekit.measure.device import now_s
+from tunekit.measure.device_meter import DeviceMeter
 from tunekit.measure.interrupts import deferred_interrupt
-from tunekit.measure.meters import DeviceMeter
 from tunekit.measure.oom import drop_frames, free_memory, is_oom, memory_now_bytes
 from tunekit.measure.torch_private import cuda_memory_history
 from tunekit.measure.trace import prune_snapshots, save_snapshot

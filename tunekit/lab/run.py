@@ -21,10 +21,10 @@ from tunekit.core.toggles import ToggleError, Toggles, label, normalized, notice
 from tunekit.lab import fit
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.device import device_label
+from tunekit.measure.device_meter import DeviceMeter
 from tunekit.measure.energy import EnergyMeter
 from tunekit.measure.flops import counting_active
 from tunekit.measure.interrupts import deferred_interrupt
-from tunekit.measure.meters import DeviceMeter
 from tunekit.measure.oom import ADVICE, drop_frames, free_memory, is_oom
 from tunekit.measure.timing import time_repeats
 from tunekit.models.optimizers import state_bytes
@@ -137,7 +137,8 @@ def measure_steps(lab, t: Toggles, steps: int, progress=None) -> Steps:
             used = energy.stop(wall)
         finally:
             peak = meter.stop()
-    return Steps(times, losses, peak, meter.source, slowed, used, meter.last, conditions=cond)
+    return Steps(times, losses, peak, meter.source, slowed, used, meter.last, conditions=cond,
+                 peak_mem_start_bytes=meter.start_bytes, peak_notes=meter.notes)
 
 
 def traced_step(lab, t: Toggles, step_s: float, trace: bool = True, memory: bool = False):

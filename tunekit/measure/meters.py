@@ -1,5 +1,6 @@
-"""Memory meters: CPU RSS and its exact peak, torch's CUDA allocator, and one meter per torch
-device for the engine. Measurement layer; nothing here prints, nothing initializes CUDA.
+"""Memory meters: CPU RSS and its exact peak, glibc's allocator totals, torch's CUDA allocator
+(measure.device_meter wraps them in one meter per torch device for the engine). Measurement
+layer; nothing here prints, nothing initializes CUDA.
 """
 from __future__ import annotations
 
@@ -136,6 +137,16 @@ class _MallInfo2:
 
 
 _MALLINFO = _MallInfo2()
+
+
+def malloc_trim() -> bool | None:
+    """Ask glibc to hand the freed pages of every heap (each thread's arena) back to the OS
+    (``malloc_trim(0)``: the top of each heap and, since glibc 2.8, whole free pages inside it);
+    True when some were, False when none were, None without glibc's malloc_trim."""
+    lib = libc()
+    if lib is None or not hasattr(lib, "malloc_trim"):
+        return None
+    return bool(lib.malloc_trim(0))
 
 
 def malloc_in_use_bytes() -> int | None:
@@ -367,34 +378,3 @@ def _retries_ooms(torch, index) -> dict:
 
 
 _ACTIVE_CUDA: list[CudaMeter] = []
-
-
-class DeviceMeter:
-    """The peak memory of a block on one torch device, as one absolute figure.
-
-    CPU: the process RSS peak (VmHWM); CUDA: torch's allocated peak (tensors only, no context).
-    Other devices: not measured (None). Nests like the meters it wraps, so an enclosing
-    ``%%gpuprofile`` keeps its own peak. ``stop()`` returns the peak in bytes, or None.
-    """
-
-    def __init__(self, device, cuda_index: int | None = None):
-        kind = getattr(device, "type", str(device).split(":")[0])
-        self.meter = CpuPeak() if kind == "cpu" else CudaMeter(cuda_index) if kind == "cuda" else None
-        self.source = {"cpu": "CPU process RSS peak (VmHWM): includes Python and torch themselves",
-                       "cuda": "torch.cuda.max_memory_allocated (tensors only; no CUDA context)"
-                       }.get(kind, f"not measured on {kind}")
-        self.last = None  # CUDA: what the meter read at stop (allocator retries, OOMs, ...)
-
-    def start(self) -> "DeviceMeter":
-        if self.meter is not None:
-            self.meter.start()
-        return self
-
-    def stop(self) -> float | None:
-        if isinstance(self.meter, CpuPeak):
-            _, above = self.meter.stop()
-            return None if is_missing(above) else self.meter.rss0 + above
-        if self.meter is not None:
-            g = self.last = self.meter.stop()
-            return g["gpu_peak_delta_bytes"] + self.meter.alloc0 if g else None
-        return None

@@ -11,7 +11,7 @@ import os
 import traceback
 
 from tunekit.measure.device import cuda_device_index, torch_if_loaded
-from tunekit.measure.meters import cpu_rss_bytes, libc
+from tunekit.measure.meters import cpu_rss_bytes, malloc_trim
 
 ADVICE = ("Try a smaller micro batch with gradient accumulation, bf16, activation checkpointing "
           "or a lighter optimizer")
@@ -30,12 +30,6 @@ def is_oom(exc: BaseException | None) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text.lower()
                                               or "can't allocate memory" in text
                                               or "not enough memory" in text)
-
-
-def malloc_trim() -> bool:
-    """Ask glibc to return freed heap pages to the OS; without it RSS stays at its high mark."""
-    lib = libc()
-    return bool(lib.malloc_trim(0)) if lib is not None and hasattr(lib, "malloc_trim") else False
 
 
 def free_memory(device=None, collect: bool = True) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tunekit.core.notes import without
+from tunekit.measure.device_meter import DeviceMeter
 from tunekit.measure.flops import (
     FlopCount,
     TunekitFlopCounter,
@@ -29,7 +30,6 @@ from tunekit.measure.flops import (
     uncounted_notes,
 )
 from tunekit.measure.interrupts import deferred_interrupt
-from tunekit.measure.meters import DeviceMeter
 from tunekit.measure.oom import free_memory, memory_now_bytes
 from tunekit.measure.tally import SavedTensorTally, unique_bytes
 

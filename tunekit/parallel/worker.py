@@ -48,7 +48,7 @@ from tunekit.core.toggles import Env, Toggles, normalized, problems
 from tunekit.measure.comm import CommCounter
 from tunekit.measure.conditions import ConditionsMeter, rank_reading
 from tunekit.measure.device import torch_dtype
-from tunekit.measure.meters import DeviceMeter
+from tunekit.measure.device_meter import DeviceMeter
 from tunekit.measure.timing import time_repeats
 from tunekit.models.adapters import adapt, fsdp_units
 from tunekit.models.optimizers import unavailable_optimizers

@@ -37,6 +37,8 @@ class Steps:
     trace: object = None              # Breakdown of one extra traced step (run(trace=True))
     memory: object = None             # MemoryTimeline of it (run(memory=True))
     conditions: object = None         # core.conditions.Conditions over the timed steps
+    peak_mem_start_bytes: float | None = None   # the meter's reading at the start (DeviceMeter.start_bytes)
+    peak_notes: list | None = None    # what makes the peak less sure (DeviceMeter.notes)
 
 
 class Peaks(dict):
@@ -99,13 +101,15 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
         tflops=r.tflops, mfu=r.mfu, hfu=r.hfu, above_peak=r.above_peak,
         peak_tflops=r.peak.tflops, peak_tflops_source=r.peak.source,
         peak_mem_bytes=m.peak_mem_bytes, peak_mem_source=m.peak_mem_source,
+        peak_mem_start_bytes=m.peak_mem_start_bytes,
         mfu_convention=convention,
         saved_bytes=probe.saved_bytes if probe is not None else None,
         weight_cast_bytes=probe.cast_bytes if probe is not None else None,
         loss=values[-1], loss_first=values[0], device=device_label(cuda_index),
         attention_ran=probe.attention_ran if probe is not None else adapter.attention_ran,
         compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
-        time=time.strftime("%Y-%m-%dT%H:%M:%S"), notes=notes + (probe.notes if probe is not None else []),
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        notes=notes + (m.peak_notes or []) + (probe.notes if probe is not None else []),
         trace=m.trace, memory=m.memory, conditions=m.conditions, throughput_unit=unit, **fields)
     if m.energy is not None:
         e = m.energy
