@@ -67,9 +67,10 @@ print(f"planned: {plan.setting.parallel} over {plan.setting.world_size} ranks, e
 # ## 2. Write the batch script
 #
 # `plan.sbatch(target, folder)` writes what a person would submit by hand: the node and task
-# request the setting needs, `srun` starting one rank per task (on a GPU partition one per GPU,
-# with `--gres-flags=enforce-binding` for NUMA binding), tunekit's worker, and the plan's expected
-# step as a comment. `sbatch job.sh` runs it as written.
+# request the setting needs, `srun` starting one rank per task bound to its own cores
+# (`--cpus-per-task`, `--cpu-bind=cores`; on a GPU partition one rank per GPU with
+# `--gres-flags=enforce-binding`, so each rank's CPUs sit on its GPU's NUMA node), tunekit's worker,
+# and the plan's expected step as a comment. `sbatch job.sh` runs it as written.
 
 # %%
 script = plan.sbatch(tunekit.Slurm(time="5"), HERE / "by-hand", model=GPTConfig.preset("cpu-tiny"), steps=STEPS)
