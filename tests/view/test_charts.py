@@ -215,7 +215,7 @@ def test_plot_history_marks_traced_cells_from_the_default_history_view():
 
 
 def test_the_report_marks_a_traced_cell(monkeypatch):
-    from tunekit.cli.report_html import SessionSummary
+    from tunekit.cli.summary import SessionSummary
     from tunekit.core.breakdown import Breakdown
     from tunekit.core.records import History, ProfileRecord
     from tunekit.measure import history as hist

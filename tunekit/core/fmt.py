@@ -112,7 +112,8 @@ def fmt_rate(x, unit: str = "tokens/s") -> str:
 FORMATS = {"tokens/s": "{:,.0f}", "samples/s": "{:,.0f}", "tokens or samples/s": "{:,.0f}",
            "step (ms)": "{:,.1f}", "time (s)": "{:.3g}", "TFLOPS": "{:.3g}",
            "MFU": "{:.1%}", "HFU": "{:.1%}", "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}",
-           "CPU peak (MiB)": "{:,.1f}", "GPU peak (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
+           "GPU peak (MiB)": "{:,.1f}", "CPU peak RSS (MiB)": "{:,.1f}",
+           "CPU peak above start (MiB)": "{:,.1f}", "GPU peak above start (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
            "loss": "{:.3f}", "comm/step (MiB)": "{:,.2f}", "wait (ms)": "{:,.2f}",
            "expected (ms)": "{:,.1f}", "expected vs measured": "{:+.1%}"}
 

@@ -169,7 +169,7 @@ def steps_view(df):
     out = {"step": df["step"], "step (ms)": df["wall_s"] * 1e3, "wait (ms)": df["wait_s"] * 1e3}
     if col in df:
         out[unit] = df[col]
-    out.update({"TFLOPS": df["tflops"], "MFU": df["mfu"], "CPU peak (MiB)": df["cpu_peak_bytes"] / 2**20})
+    out.update({"TFLOPS": df["tflops"], "MFU": df["mfu"], "CPU peak RSS (MiB)": df["cpu_peak_bytes"] / 2**20})
     if df["gpu_peak_bytes"].notna().any():
         out["GPU peak (MiB)"] = df["gpu_peak_bytes"] / 2**20
     out["machine"] = df["machine"].map(machine_word)
