@@ -350,3 +350,12 @@ def test_no_option_states_its_default_twice(command, capsys):
         cli.main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())     # argparse wraps lines: one line of words
     assert not re.search(r"\(default: [^()]*\) \(default: ", text), text
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["plan", "--help"], ["run", "--help"]])
+def test_help_answers_without_importing_torch(argv):
+    # torch takes 1-2 s to import on a quiet 2-core machine (13 s on a busy one): help needs none of it
+    code = ("import sys\nfrom tunekit.cli.main import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')" % argv)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "no torch" and "usage: tunekit" in out

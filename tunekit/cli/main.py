@@ -42,7 +42,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 
 def run_parser() -> argparse.ArgumentParser:
-    from tunekit.models.gpt import PRESETS
+    from tunekit.models.gpt_config import PRESETS
 
     p = _Parser(prog="tunekit run", formatter_class=_Formatter,
                 description="Train a model for --steps timed steps under the given toggles; print "

@@ -15,7 +15,7 @@ class Refused(ValueError):
 
 def model_source(text: str) -> tuple[str, object]:
     """("preset", name) | ("transformers", config dict) | ("factory", "pkg.mod:fn")."""
-    from tunekit.models.gpt import PRESETS
+    from tunekit.models.gpt_config import PRESETS
 
     if text in PRESETS:
         return "preset", text

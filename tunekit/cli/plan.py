@@ -22,8 +22,9 @@ from tunekit.core.toggles import declared
 
 def plan_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFormatter) -> argparse.ArgumentParser:
     """``tunekit plan``'s options: one per field of `core.setting.Setting` (cli.options), with
-    plan's own defaults (`planning.planner.PLAN_DEFAULTS`, its device; the precision: the device's)."""
-    from tunekit.planning.planner import DEFAULT_DEVICE, PLAN_DEFAULTS
+    plan's own defaults (`core.setting.PLAN_DEFAULTS`, its device; the precision: the device's)."""
+    from tunekit.core.gpus import DEFAULT_DEVICE
+    from tunekit.core.setting import PLAN_DEFAULTS
 
     p = parser_class(prog="tunekit plan", add_help=False, formatter_class=formatter,
                      description="Plan one training step on a device without running it: memory per component, "

@@ -38,6 +38,11 @@ ATTENTIONS = tuple(registry.ATTENTIONS)
 HALF = tuple(d.name for d in registry.DTYPES.values() if d.bytes == 2)   # bf16, fp16: what half weights may be
 
 
+# what a plan takes where a word is not given (beside the device's precision, `best_precision`): one
+# sequence a step, the question a plan answers first (tunekit.plan and `tunekit plan` alike)
+PLAN_DEFAULTS = {"micro_batch": 1}
+
+
 def best_precision(device: str | None, bf16: bool | None = None) -> str:
     """The best precision ``device`` trains in: the one rule for the default precision where a
     step is described by a device name without a Lab (``tunekit.plan``, ``tunekit plan``,

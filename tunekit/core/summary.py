@@ -243,8 +243,9 @@ TABLE_CSS = ("<style>table.tk{border-collapse:collapse}table.tk th,table.tk td{t
 
 
 _HISTORY = {"name": "cell", "wall_s": "time (s)", "gflop": "GFLOP", "flops_source": "FLOPs",
-            "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "mfu_peak": "MFU/HFU of", "cpu_peak_mib": "CPU peak above start (MiB)",
-            "gpu_peak_mib": "GPU peak above start (MiB)", "conditions": "machine", "error": "error"}
+            "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "mfu_peak": "MFU/HFU of",
+            "cpu_peak_mib": "CPU peak above start (MiB)", "gpu_peak_mib": "GPU peak above start (MiB)",
+            "conditions": "machine", "error": "error"}
 
 
 # what tunekit.history() holds unless asked for every column: what ran, its time, FLOPs and rates

@@ -25,6 +25,7 @@ from tunekit.core.efficiency import ATTENTION_KERNELS
 from tunekit.core.gpus import DEFAULT_DEVICE  # a Setting whose device is None is planned for it
 from tunekit.core.setting import (
     HALF,
+    PLAN_DEFAULTS,
     SETTING_CHOICES,
     Setting,
     best_precision,
@@ -52,7 +53,6 @@ COMPILE_NOT_MODELLED = ("compile=True: the memory is an eager step's (a compiled
 
 # plan's own defaults where the Lab's differ: one sample a micro-batch (the other step words: the
 # target's, else the Setting's declaration, the precision by the device's rule, `best_precision`)
-PLAN_DEFAULTS = {"micro_batch": 1}
 # the step words the plan knows change nothing in its step: gradients accumulate in place (grad_accum),
 # the optimizer's elementwise update is outside the bound (lr), compile: a note
 SAME_STEP = ("grad_accum", "lr", "compile")
