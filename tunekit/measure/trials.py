@@ -43,6 +43,19 @@ def rounds(trials: dict, tries: int = ROUND_TRIES, least: int = ROUNDS, most: in
     return best
 
 
+def spanning(trials: dict, between, tries: int = ROUND_TRIES) -> tuple:
+    """(each trial's fastest time over two sessions of `rounds`, what ``between()`` returned): a
+    session, then ``between()`` (the calibration's other work), then a session of one round or more;
+    each trial's time is the faster of its two. The fastest is then taken over the whole span of a
+    calibration, so a state of the machine that lasts a few seconds (on a 2-vCPU VM, libgomp's idle
+    workers: 64-cube fp32 matmuls on 2 threads ran at 0.031-0.034 or 0.065-0.070 TFLOPS for seconds
+    at a time, in one process, 2026-12-06) slows one session, not both."""
+    first = rounds(trials, tries)
+    out = between()
+    second = rounds(trials, tries, least=1)
+    return {k: min(first[k], second[k]) for k in trials}, out
+
+
 def faster_by(before: dict, after: dict) -> float:
     """How much faster ``after``'s times are than ``before``'s, per figure on average: the mean of
     (before - after) / before over ``after``'s names (a figure with no time before, inf, counts 1.0:
