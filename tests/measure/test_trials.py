@@ -76,3 +76,73 @@ def test_rounds_stop_at_most_and_take_each_trial_in_turn():
     # cap: max(MAX_TRIES, 3 x 1) = 60 timed trials, 120 calls, per trial and round; 2 rounds, a then b
     assert order == ["a"] * 120 + ["b"] * 120 + ["a"] * 120 + ["b"] * 120
     assert got == {"a": 0.5 ** 240, "b": 0.5 ** 240}
+
+
+def test_spanning_takes_each_figure_at_its_faster_session_with_the_rest_between():
+    order, state = [], {"session": 1}
+
+    def trial(name, first, second):
+        def run():
+            order.append(name)
+            return first if state["session"] == 1 else second
+        return run
+
+    def between():
+        order.append("between")
+        state["session"] = 2
+        return "the other figures"
+
+    got, out = trials.spanning({"a": trial("a", 2.0, 1.0), "b": trial("b", 1.0, 3.0)}, between, tries=1)
+    # a: 2.0 before, 1.0 after -> 1.0; b: 1.0 before, 3.0 after (a slow spell) -> 1.0
+    assert got == {"a": 1.0, "b": 1.0} and out == "the other figures"
+    # session 1: rounds(least=2); a warm `fastest` with tries=1 of a constant trial takes 2 timed trials
+    # (the first, then one none faster), each after an untimed one: 4 calls each, a then b; round 2 no
+    # faster (0%): stop after 2 rounds. Session 2: rounds(least=1) from session 1's times: round 1 makes a
+    # (2.0 -> 1.0) 50% faster and b (1.0, 3.0 not faster) 0%: 25% on average, so a round 2; it gains 0: stop
+    assert order == (["a"] * 4 + ["b"] * 4) * 2 + ["between"] + (["a"] * 4 + ["b"] * 4) * 2
+
+
+def test_a_second_session_of_rounds_stops_after_one_round_that_finds_nothing_faster():
+    calls = []
+
+    def trial():
+        calls.append(1)
+        return 1.0
+
+    # from a start of 1.0 a round of 1.0 is 0% faster: one round (4 calls: 2 timed, each after an untimed)
+    assert trials.rounds({"a": trial}, tries=1, least=1, start={"a": 1.0}) == {"a": 1.0}
+    assert len(calls) == 4
+    # a start faster than any trial stays: the fastest over both sessions
+    assert trials.rounds({"a": trial}, tries=1, least=1, start={"a": 0.5}) == {"a": 0.5}
+
+
+def test_compute_figures_are_flops_over_the_fastest_seconds():
+    best = {("mm", "fp32", n, i): 1e-5 * (i + 1) for n in stream.MATMUL_SIZES for i in range(3)}
+    best.update({("attention", "fp32"): 1e-3, ("gelu", "fp32"): 2e-3})
+    matmuls, attention, gelu = stream._compute_figures(best, (("fp32", None),))
+    # n = 64: 2 x 64^3 FLOPs x 3 layouts = 1,572,864 over 1e-5 + 2e-5 + 3e-5 = 6e-5 s: 2.62144e10 FLOP/s
+    assert matmuls["fp32"][0] == (64, pytest.approx(0.0262144))
+    assert [n for n, _ in matmuls["fp32"]] == list(stream.MATMUL_SIZES)
+    # 7 b h s^2 d = 7 x 8 x 4 x 128^2 x 32 = 117,440,512 FLOPs in 1 ms: 0.117440512 TFLOPS
+    assert attention == {"fp32": pytest.approx(0.117440512)}
+    assert gelu == {"fp32": pytest.approx(2 * 2**20 / 2e-3)}   # forward + backward of 2^20 elements, per second
+
+
+def test_matmul_trials_write_every_output_into_buffers_made_before_them(monkeypatch):
+    import torch
+
+    made, runs = [], []
+    monkeypatch.setattr(stream, "timed", lambda fn, per=1: runs.append((fn, per)) or fn)
+    real = stream._out_buffers
+    monkeypatch.setattr(stream, "_out_buffers", lambda *a: made.append(real(*a)) or made[-1])
+    stream._matmul_trials(64, torch.float32)
+    (outs,) = made   # one set of buffers for the three layouts
+    # 64-cubes: copies = min(16, ceil(2^23 / (2 x 64^2 x 4)) = 256) = 16; rounds = 2^24 // (64^3 x 16) = 4
+    assert len(outs) == 16 * 4 and [per for _, per in runs] == [64] * 3
+    for run, _ in runs:
+        for o in outs:
+            o.fill_(float("nan"))
+        ptrs = [o.data_ptr() for o in outs]
+        run()
+        assert not any(o.isnan().any() for o in outs)   # every buffer written by its matmul
+        assert [o.data_ptr() for o in outs] == ptrs     # in place: nothing allocated in a trial

@@ -28,12 +28,14 @@ def timed(fn, per: int = 1):
     return trial
 
 
-def rounds(trials: dict, tries: int = ROUND_TRIES, least: int = ROUNDS, most: int = MAX_ROUNDS) -> dict:
+def rounds(trials: dict, tries: int = ROUND_TRIES, least: int = ROUNDS, most: int = MAX_ROUNDS,
+           start: dict | None = None) -> dict:
     """Each trial's fastest time (``trials``: name -> a trial returning its seconds) over rounds in a
     fixed order: each round takes the `fastest` (warm) of ``tries`` or more of every trial in turn; at least
     ``least`` rounds, then more while a round still makes them 1% faster on average (`faster_by`), at most
-    ``most``. A slow spell of the machine then slows one round, not every try of a figure."""
-    best = dict.fromkeys(trials, float("inf"))
+    ``most``. A slow spell of the machine then slows one round, not every try of a figure. ``start``:
+    each trial's fastest time before (another session's), which a round must beat to count as faster."""
+    best = {k: (start or {}).get(k, float("inf")) for k in trials}
     for done in range(1, most + 1):
         before = dict(best)
         for name, trial in trials.items():
@@ -46,14 +48,14 @@ def rounds(trials: dict, tries: int = ROUND_TRIES, least: int = ROUNDS, most: in
 def spanning(trials: dict, between, tries: int = ROUND_TRIES) -> tuple:
     """(each trial's fastest time over two sessions of `rounds`, what ``between()`` returned): a
     session, then ``between()`` (the calibration's other work), then a session of one round or more;
-    each trial's time is the faster of its two. The fastest is then taken over the whole span of a
+    the second goes on while its rounds find the first's times faster by 1% on average (`rounds`'
+    ``start``). The fastest is then taken over the whole span of a
     calibration, so a state of the machine that lasts a few seconds (on a 2-vCPU VM, libgomp's idle
     workers: 64-cube fp32 matmuls on 2 threads ran at 0.031-0.034 or 0.065-0.070 TFLOPS for seconds
     at a time, in one process, 2026-12-06) slows one session, not both."""
     first = rounds(trials, tries)
     out = between()
-    second = rounds(trials, tries, least=1)
-    return {k: min(first[k], second[k]) for k in trials}, out
+    return rounds(trials, tries, least=1, start=first), out
 
 
 def faster_by(before: dict, after: dict) -> float:
