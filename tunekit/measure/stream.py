@@ -10,7 +10,10 @@ not yet in cache, often freshly mapped), then freed by the backward; each multip
 and writes n. A hot ``copy_`` of the same size runs 2-3x faster on a CPU whose caches hold it, a
 rate no step's forward sees. The sizes run from cache-resident to beyond the last-level cache.
 
-Every figure is the fastest of repeated trials (measure.trials; the compute figures over warm rounds).
+Every figure is the fastest of repeated trials (measure.trials). The compute figures (matmuls, SDPA,
+GELU) are taken in warm rounds twice, before and after the others (`trials.spanning`), so each is the
+fastest over the whole calibration; a matmul trial writes into buffers faulted in before it, so its
+time does not follow the allocator's history (measure.step_compute).
 Measured once per machine, torch and thread count (the cache key), cached as JSON beside the MAMF
 cache (core.paths.cache_dir) and read from it ever after, whatever the load: a plan is a function of
 its setting, its device and this record. Measured again only on request (``measure_stream(refresh=True)``)
@@ -30,14 +33,13 @@ from tunekit.core.conditions import Conditions
 from tunekit.core.validate import flag
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.priority import NORMAL, level, shielded_verdict
-from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, spanning, timed  # noqa: F401 (MAX_TRIES, fastest: as before)
+from tunekit.measure.step_compute import MATMUL_SIZES, compute_figures, compute_trials  # noqa: F401 (MATMUL_SIZES: as before)
+from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, spanning  # noqa: F401 (MAX_TRIES, fastest: as before)
 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
-MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
 CHAIN = 50
 VERSION = 11   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
 # 11: matmul outputs in buffers faulted in before the trials): an entry of another version is measured again
-COPIES_CAP = 16   # a matmul figure's operand copies at most (`_matmul_trials`)
 
 
 @dataclass
@@ -118,8 +120,8 @@ def measure_stream(refresh: bool = False) -> Stream:
     kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
     # the compute figures' rounds before and after the others (`spanning`): the fastest of each over
     # the whole calibration, not over the few seconds one session of rounds lasts
-    best, (sweep, cold, best_op, view_s, module_s, checkpoint_s) = spanning(_compute_trials(kinds), _host_figures)
-    matmuls, attention, gelu = _compute_figures(best, kinds)
+    best, (sweep, cold, best_op, view_s, module_s, checkpoint_s) = spanning(compute_trials(kinds), _host_figures)
+    matmuls, attention, gelu = compute_figures(best, kinds)
     new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
                  checkpoint_s=checkpoint_s, attention=attention, gelu=gelu, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),
@@ -298,104 +300,6 @@ def _checkpoint_s(blocks: int = 20) -> tuple:
     one, twenty = per_segment(1), per_segment(20)
     per_tensor = max(0.0, (twenty - one) / 19)
     return max(0.0, one - per_tensor), per_tensor
-
-
-def _matmul_trials(n: int, dtype) -> list:
-    """An n-cube matmul as a training step runs it: over the three layouts (forward A @ W.T,
-    backward G @ W and G.T @ A), operands rotated over copies that together exceed a core's L2
-    (8 MiB, at most COPIES_CAP copies), each output written to memory of its own until the round
-    ends, as autograd keeps a step's. One trial per layout (each returns its seconds per matmul), its
-    operands made here and kept while they live. Repeating one matmul on the same operands instead
-    reads them from cache and reuses its output's memory: 13.1 ms against 15.9 ms for the Lab GPT's
-    matmuls, which took 16.1 ms inside its step (2026-11-27).
-
-    The outputs are `_out_buffers`, made and touched once here, not new tensors per trial: a new
-    tensor's pages are faulted in or not as glibc's malloc state has it (its mmap threshold moves
-    with what the process freed before, and it trims its heap), so one calibration's 256-cube trials
-    took ~416 page faults each and another's none, in one process: 0.137-0.143 against 0.180-0.183
-    TFLOPS (fp32, 2026-12-06, issue 39). Written here, each matmul's output still goes to memory
-    the others do not touch, and no trial's time depends on the allocator's history."""
-    import torch
-
-    copies = max(2, min(COPIES_CAP, -(-2**23 // (2 * n * n * 4))))
-    ops = [(torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)) for _ in range(copies)]
-    rounds = max(1, 2**24 // (n**3 * copies))
-    outs = _out_buffers(rounds * copies, n, dtype)
-    trials = []
-    for layout in ((lambda a, b: (a, b.t())), (lambda a, b: (a, b)), (lambda a, b: (a.t(), b))):
-        pairs = [layout(a, b) for a, b in ops] * rounds
-
-        def run(pairs=pairs):
-            for (x, y), out in zip(pairs, outs):
-                torch.mm(x, y, out=out)
-
-        trials.append(timed(run, rounds * copies))
-    return trials
-
-
-def _out_buffers(count: int, n: int, dtype) -> list:
-    """``count`` n x n tensors of ``dtype``, every page written once (faulted in now, not in a trial)."""
-    import torch
-
-    return [torch.zeros(n, n, dtype=dtype) for _ in range(count)]
-
-
-def _compute_trials(kinds) -> dict:
-    """The trials of a record's compute figures, for ``kinds`` ((name, torch dtype), ...), by name:
-    every matmul size and layout (("mm", dtype, n, layout)), SDPA (("attention", dtype)) and GELU
-    (("gelu", dtype)), in the order `rounds` takes them."""
-    trials = {}
-    for d, dt in kinds:
-        for n in MATMUL_SIZES:
-            trials.update({("mm", d, n, i): t for i, t in enumerate(_matmul_trials(n, dt))})
-        trials["attention", d] = timed(_attention_run(dt))
-        trials["gelu", d] = timed(_gelu_run(dt))
-    return trials
-
-
-def _compute_figures(best: dict, kinds) -> tuple:
-    """(matmuls, attention, gelu) of a record from each compute trial's fastest seconds (``best``, by
-    `_compute_trials`' names), taken in warm rounds in turn (`rounds`, `spanning`), so each figure is
-    the fastest over the whole span, not over one burst (issue 39: these figures moved a quiet
-    calibration's expected step most, by bench_calibration.py --spread)."""
-    matmuls = {d: [(n, 2 * n**3 * 3 / sum(best["mm", d, n, i] for i in range(3)) / 1e12) for n in MATMUL_SIZES]
-               for d, _ in kinds}
-    attention = {d: ATTENTION_FLOPS / best["attention", d] / 1e12 for d, _ in kinds}
-    gelu = {d: 2 * GELU_N / best["gelu", d] for d, _ in kinds}
-    return matmuls, attention, gelu
-
-
-ATTN_SHAPE = (8, 4, 128, 32)   # b, h, s, d: a small model's attention
-ATTENTION_FLOPS = 7 * ATTN_SHAPE[0] * ATTN_SHAPE[1] * ATTN_SHAPE[2]**2 * ATTN_SHAPE[3]   # forward 4 b h s^2 d,
-# backward 10, causal halved: tunekit's count of its FLOPs
-GELU_N = 2**20
-
-
-def _attention_run(dtype):
-    """Causal SDPA forward and backward at a small model's shape (ATTN_SHAPE), as one callable."""
-    import torch
-    import torch.nn.functional as F
-
-    q, k, v = (torch.randn(*ATTN_SHAPE, dtype=dtype, requires_grad=True) for _ in range(3))
-
-    def run():
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-
-    return run
-
-
-def _gelu_run(dtype):
-    """One GELU (tanh) forward and backward of GELU_N elements, as one callable: transcendental, so
-    compute-bound on a CPU where a copy's bandwidth would call it free."""
-    import torch
-    import torch.nn.functional as F
-
-    x = torch.randn(GELU_N, dtype=dtype, requires_grad=True)
-
-    def run():
-        F.gelu(x, approximate="tanh").sum().backward()
-
-    return run
 
 
 def figures(entry: dict) -> dict:
