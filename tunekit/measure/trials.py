@@ -50,9 +50,10 @@ def spanning(trials: dict, between, tries: int = ROUND_TRIES) -> tuple:
     session, then ``between()`` (the calibration's other work), then a session of one round or more;
     the second goes on while its rounds find the first's times faster by 1% on average (`rounds`'
     ``start``). The fastest is then taken over the whole span of a
-    calibration, so a state of the machine that lasts a few seconds (on a 2-vCPU VM, libgomp's idle
-    workers: 64-cube fp32 matmuls on 2 threads ran at 0.031-0.034 or 0.065-0.070 TFLOPS for seconds
-    at a time, in one process, 2026-12-06) slows one session, not both."""
+    calibration, so a state that lasts a few seconds slows one session, not both. Such a state, on
+    this 2-vCPU VM (2026-12-06): 64-cube fp32 matmuls on 2 threads ran at 0.031-0.036 or 0.065-0.074
+    TFLOPS, for seconds at a time, flipping within one process; libgomp's idle wait decides it
+    (GOMP_SPINCOUNT=1000: 0.069-0.076 in every try, 300000: 0.033-0.041 in every try)."""
     first = rounds(trials, tries)
     out = between()
     return rounds(trials, tries, least=1, start=first), out
