@@ -39,7 +39,8 @@ from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, spanning  
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 CHAIN = 50
 VERSION = 11   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
-# 11: matmul outputs in buffers faulted in before the trials): an entry of another version is measured again
+# 11: matmul outputs in buffers faulted in before the trials, compute rounds before and after the other
+# figures): an entry of another version is measured again
 
 
 @dataclass
