@@ -78,44 +78,6 @@ def test_rounds_stop_at_most_and_take_each_trial_in_turn():
     assert got == {"a": 0.5 ** 240, "b": 0.5 ** 240}
 
 
-def test_spanning_takes_each_figure_at_its_faster_session_with_the_rest_between():
-    order, state = [], {"session": 1}
-
-    def trial(name, first, second):
-        def run():
-            order.append(name)
-            return first if state["session"] == 1 else second
-        return run
-
-    def between():
-        order.append("between")
-        state["session"] = 2
-        return "the other figures"
-
-    got, out = trials.spanning({"a": trial("a", 2.0, 1.0), "b": trial("b", 1.0, 3.0)}, between, tries=1)
-    # a: 2.0 before, 1.0 after -> 1.0; b: 1.0 before, 3.0 after (a slow spell) -> 1.0
-    assert got == {"a": 1.0, "b": 1.0} and out == "the other figures"
-    # session 1: rounds(least=2); a warm `fastest` with tries=1 of a constant trial takes 2 timed trials
-    # (the first, then one none faster), each after an untimed one: 4 calls each, a then b; round 2 no
-    # faster (0%): stop after 2 rounds. Session 2: rounds(least=1) from session 1's times: round 1 makes a
-    # (2.0 -> 1.0) 50% faster and b (1.0, 3.0 not faster) 0%: 25% on average, so a round 2; it gains 0: stop
-    assert order == (["a"] * 4 + ["b"] * 4) * 2 + ["between"] + (["a"] * 4 + ["b"] * 4) * 2
-
-
-def test_a_second_session_of_rounds_stops_after_one_round_that_finds_nothing_faster():
-    calls = []
-
-    def trial():
-        calls.append(1)
-        return 1.0
-
-    # from a start of 1.0 a round of 1.0 is 0% faster: one round (4 calls: 2 timed, each after an untimed)
-    assert trials.rounds({"a": trial}, tries=1, least=1, start={"a": 1.0}) == {"a": 1.0}
-    assert len(calls) == 4
-    # a start faster than any trial stays: the fastest over both sessions
-    assert trials.rounds({"a": trial}, tries=1, least=1, start={"a": 0.5}) == {"a": 0.5}
-
-
 def test_compute_figures_are_flops_over_the_fastest_seconds():
     best = {("mm", "fp32", n, i): 1e-5 * (i + 1) for n in step_compute.MATMUL_SIZES for i in range(3)}
     best.update({("attention", "fp32"): 1e-3, ("gelu", "fp32"): 2e-3})

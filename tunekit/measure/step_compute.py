@@ -2,6 +2,13 @@
 a step's three layouts), a small model's causal SDPA forward and backward, and GELU: their trials
 (`compute_trials`) and the figures from each trial's fastest time (`compute_figures`), for the
 stream record (measure.stream). Measurement layer.
+
+Not yet repeatable by construction (issue 39): the small matmuls on 2 threads follow libgomp's idle
+wait, a state of the process. On the 2-vCPU VM (2026-12-06) 64-cube fp32 matmuls ran at
+0.031-0.036 or 0.065-0.074 TFLOPS, for seconds at a time, flipping within one process;
+GOMP_SPINCOUNT=1000 gave 0.069-0.076 in every try and 300000 0.033-0.041 (libgomp reads it as
+torch loads, so a running process cannot pin it). The calibration that caught the fast state had
+its one-thread host figures (op_s, view_s) 1.6x slower and a 256 KiB multiply 3x slower.
 """
 from __future__ import annotations
 
@@ -66,7 +73,7 @@ def compute_trials(kinds) -> dict:
 
 def compute_figures(best: dict, kinds) -> tuple:
     """(matmuls, attention, gelu) of a record from each compute trial's fastest seconds (``best``, by
-    `compute_trials`' names), taken in warm rounds in turn (`rounds`, `spanning`), so each figure is
+    `compute_trials`' names), taken in warm rounds in turn (`trials.rounds`), so each figure is
     the fastest over the whole span, not over one burst (issue 39: these figures moved a quiet
     calibration's expected step most, by bench_calibration.py --spread)."""
     matmuls = {d: [(n, 2 * n**3 * 3 / sum(best["mm", d, n, i] for i in range(3)) / 1e12) for n in MATMUL_SIZES]

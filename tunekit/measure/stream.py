@@ -10,10 +10,9 @@ not yet in cache, often freshly mapped), then freed by the backward; each multip
 and writes n. A hot ``copy_`` of the same size runs 2-3x faster on a CPU whose caches hold it, a
 rate no step's forward sees. The sizes run from cache-resident to beyond the last-level cache.
 
-Every figure is the fastest of repeated trials (measure.trials). The compute figures (matmuls, SDPA,
-GELU) are taken in warm rounds twice, before and after the others (`trials.spanning`), so each is the
-fastest over the whole calibration; a matmul trial writes into buffers faulted in before it, so its
-time does not follow the allocator's history (measure.step_compute).
+Every figure is the fastest of repeated trials (measure.trials; the compute figures over warm rounds,
+measure.step_compute, whose matmul trials write into buffers faulted in before them, so their time
+does not follow the allocator's history).
 Measured once per machine, torch and thread count (the cache key), cached as JSON beside the MAMF
 cache (core.paths.cache_dir) and read from it ever after, whatever the load: a plan is a function of
 its setting, its device and this record. Measured again only on request (``measure_stream(refresh=True)``)
@@ -34,13 +33,12 @@ from tunekit.core.validate import flag
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.priority import NORMAL, level, shielded_verdict
 from tunekit.measure.step_compute import MATMUL_SIZES, compute_figures, compute_trials  # noqa: F401 (MATMUL_SIZES: as before)
-from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, spanning  # noqa: F401 (MAX_TRIES, fastest: as before)
+from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, rounds  # noqa: F401 (MAX_TRIES, fastest: as before)
 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 CHAIN = 50
 VERSION = 11   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
-# 11: matmul outputs in buffers faulted in before the trials, compute rounds before and after the other
-# figures): an entry of another version is measured again
+# 11: matmul outputs in buffers faulted in before the trials): an entry of another version is measured again
 
 
 @dataclass
@@ -119,10 +117,8 @@ def measure_stream(refresh: bool = False) -> Stream:
     meter = ConditionsMeter().start()
     t0 = time.perf_counter()
     kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
-    # the compute figures' rounds before and after the others (`spanning`): the fastest of each over
-    # the whole calibration, not over the few seconds one session of rounds lasts
-    best, (sweep, cold, best_op, view_s, module_s, checkpoint_s) = spanning(compute_trials(kinds), _host_figures)
-    matmuls, attention, gelu = compute_figures(best, kinds)
+    sweep, cold, best_op, view_s, module_s, checkpoint_s = _host_figures()
+    matmuls, attention, gelu = compute_figures(rounds(compute_trials(kinds)), kinds)
     new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
                  checkpoint_s=checkpoint_s, attention=attention, gelu=gelu, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),

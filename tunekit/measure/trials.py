@@ -28,14 +28,12 @@ def timed(fn, per: int = 1):
     return trial
 
 
-def rounds(trials: dict, tries: int = ROUND_TRIES, least: int = ROUNDS, most: int = MAX_ROUNDS,
-           start: dict | None = None) -> dict:
+def rounds(trials: dict, tries: int = ROUND_TRIES, least: int = ROUNDS, most: int = MAX_ROUNDS) -> dict:
     """Each trial's fastest time (``trials``: name -> a trial returning its seconds) over rounds in a
     fixed order: each round takes the `fastest` (warm) of ``tries`` or more of every trial in turn; at least
     ``least`` rounds, then more while a round still makes them 1% faster on average (`faster_by`), at most
-    ``most``. A slow spell of the machine then slows one round, not every try of a figure. ``start``:
-    each trial's fastest time before (another session's), which a round must beat to count as faster."""
-    best = {k: (start or {}).get(k, float("inf")) for k in trials}
+    ``most``. A slow spell of the machine then slows one round, not every try of a figure."""
+    best = dict.fromkeys(trials, float("inf"))
     for done in range(1, most + 1):
         before = dict(best)
         for name, trial in trials.items():
@@ -43,20 +41,6 @@ def rounds(trials: dict, tries: int = ROUND_TRIES, least: int = ROUNDS, most: in
         if done >= least and faster_by(before, best) < 0.01:
             break
     return best
-
-
-def spanning(trials: dict, between, tries: int = ROUND_TRIES) -> tuple:
-    """(each trial's fastest time over two sessions of `rounds`, what ``between()`` returned): a
-    session, then ``between()`` (the calibration's other work), then a session of one round or more;
-    the second goes on while its rounds find the first's times faster by 1% on average (`rounds`'
-    ``start``). The fastest is then taken over the whole span of a
-    calibration, so a state that lasts a few seconds slows one session, not both. Such a state, on
-    this 2-vCPU VM (2026-12-06): 64-cube fp32 matmuls on 2 threads ran at 0.031-0.036 or 0.065-0.074
-    TFLOPS, for seconds at a time, flipping within one process; libgomp's idle wait decides it
-    (GOMP_SPINCOUNT=1000: 0.069-0.076 in every try, 300000: 0.033-0.041 in every try)."""
-    first = rounds(trials, tries)
-    out = between()
-    return rounds(trials, tries, least=1, start=first), out
 
 
 def faster_by(before: dict, after: dict) -> float:
