@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tunekit.measure import stream, trials
+from tunekit.measure import step_compute, stream, trials
 
 
 @pytest.fixture(autouse=True)
@@ -76,3 +76,35 @@ def test_rounds_stop_at_most_and_take_each_trial_in_turn():
     # cap: max(MAX_TRIES, 3 x 1) = 60 timed trials, 120 calls, per trial and round; 2 rounds, a then b
     assert order == ["a"] * 120 + ["b"] * 120 + ["a"] * 120 + ["b"] * 120
     assert got == {"a": 0.5 ** 240, "b": 0.5 ** 240}
+
+
+def test_compute_figures_are_flops_over_the_fastest_seconds():
+    best = {("mm", "fp32", n, i): 1e-5 * (i + 1) for n in step_compute.MATMUL_SIZES for i in range(3)}
+    best.update({("attention", "fp32"): 1e-3, ("gelu", "fp32"): 2e-3})
+    matmuls, attention, gelu = step_compute.compute_figures(best, (("fp32", None),))
+    # n = 64: 2 x 64^3 FLOPs x 3 layouts = 1,572,864 over 1e-5 + 2e-5 + 3e-5 = 6e-5 s: 2.62144e10 FLOP/s
+    assert matmuls["fp32"][0] == (64, pytest.approx(0.0262144))
+    assert [n for n, _ in matmuls["fp32"]] == list(step_compute.MATMUL_SIZES)
+    # 7 b h s^2 d = 7 x 8 x 4 x 128^2 x 32 = 117,440,512 FLOPs in 1 ms: 0.117440512 TFLOPS
+    assert attention == {"fp32": pytest.approx(0.117440512)}
+    assert gelu == {"fp32": pytest.approx(2 * 2**20 / 2e-3)}   # forward + backward of 2^20 elements, per second
+
+
+def test_matmul_trials_write_every_output_into_buffers_made_before_them(monkeypatch):
+    import torch
+
+    made, runs = [], []
+    monkeypatch.setattr(step_compute, "timed", lambda fn, per=1: runs.append((fn, per)) or fn)
+    real = step_compute._out_buffers
+    monkeypatch.setattr(step_compute, "_out_buffers", lambda *a: made.append(real(*a)) or made[-1])
+    step_compute._matmul_trials(64, torch.float32)
+    (outs,) = made   # one set of buffers for the three layouts
+    # 64-cubes: copies = min(16, ceil(2^23 / (2 x 64^2 x 4)) = 256) = 16; rounds = 2^24 // (64^3 x 16) = 4
+    assert len(outs) == 16 * 4 and [per for _, per in runs] == [64] * 3
+    for run, _ in runs:
+        for o in outs:
+            o.fill_(float("nan"))
+        ptrs = [o.data_ptr() for o in outs]
+        run()
+        assert not any(o.isnan().any() for o in outs)   # every buffer written by its matmul
+        assert [o.data_ptr() for o in outs] == ptrs     # in place: nothing allocated in a trial

@@ -10,7 +10,9 @@ not yet in cache, often freshly mapped), then freed by the backward; each multip
 and writes n. A hot ``copy_`` of the same size runs 2-3x faster on a CPU whose caches hold it, a
 rate no step's forward sees. The sizes run from cache-resident to beyond the last-level cache.
 
-Every figure is the fastest of repeated trials (measure.trials; the compute figures over warm rounds).
+Every figure is the fastest of repeated trials (measure.trials; the compute figures over warm rounds,
+measure.step_compute, whose matmul trials write into buffers faulted in before them, so their time
+does not follow the allocator's history).
 Measured once per machine, torch and thread count (the cache key), cached as JSON beside the MAMF
 cache (core.paths.cache_dir) and read from it ever after, whatever the load: a plan is a function of
 its setting, its device and this record. Measured again only on request (``measure_stream(refresh=True)``)
@@ -30,14 +32,13 @@ from tunekit.core.conditions import Conditions
 from tunekit.core.validate import flag
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.priority import NORMAL, level, shielded_verdict
-from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, rounds, timed  # noqa: F401 (MAX_TRIES, fastest: as before)
+from tunekit.measure.step_compute import MATMUL_SIZES, compute_figures, compute_trials  # noqa: F401 (MATMUL_SIZES: as before)
+from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, rounds  # noqa: F401 (MAX_TRIES, fastest: as before)
 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
-MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
 CHAIN = 50
-VERSION = 10   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds):
-# an entry of another version is measured again
-COPIES_CAP = 16   # a matmul figure's operand copies at most (`_matmul_trials`)
+VERSION = 11   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
+# 11: matmul outputs in buffers faulted in before the trials): an entry of another version is measured again
 
 
 @dataclass
@@ -115,6 +116,23 @@ def measure_stream(refresh: bool = False) -> Stream:
             pass
     meter = ConditionsMeter().start()
     t0 = time.perf_counter()
+    kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    sweep, cold, best_op, view_s, module_s, checkpoint_s = _host_figures()
+    matmuls, attention, gelu = compute_figures(rounds(compute_trials(kinds)), kinds)
+    new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
+                 checkpoint_s=checkpoint_s, attention=attention, gelu=gelu, torch_version=torch.__version__,
+                 threads=torch.get_num_threads(), taken_at=time.time(),
+                 conditions=meter.stop(time.perf_counter() - t0), priority=level())
+    cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
+    _save(cache)
+    return new
+
+
+def _host_figures() -> tuple:
+    """(sweep, cold, op_s, view_s, module_s, checkpoint_s) of a record: the bandwidth sweeps and the
+    host's times, measured in this order."""
+    import torch
+
     # each multiply reads two tensors of n bytes and writes one: 3n bytes moved
     sweep = [(3 * n, 3 * n / _kept_op_s(n) / 1e12) for n in SIZES]
     flush = torch.empty(_flush_bytes() // 4)
@@ -131,15 +149,7 @@ def measure_stream(refresh: bool = False) -> Stream:
         y.backward()
 
     best_op = best_s(chain, 20) / (2 * CHAIN + 1)
-    view_s, module_s, checkpoint_s = _view_s(), _module_s(), _checkpoint_s()
-    matmuls, attention, gelu = _compute_figures((("fp32", torch.float32), ("bf16", torch.bfloat16)))
-    new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
-                 checkpoint_s=checkpoint_s, attention=attention, gelu=gelu, torch_version=torch.__version__,
-                 threads=torch.get_num_threads(), taken_at=time.time(),
-                 conditions=meter.stop(time.perf_counter() - t0), priority=level())
-    cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
-    _save(cache)
-    return new
+    return sweep, cold, best_op, _view_s(), _module_s(), _checkpoint_s()
 
 
 def _kept_op_s(nbytes: int, tries: int = TRIES) -> float:
@@ -287,91 +297,6 @@ def _checkpoint_s(blocks: int = 20) -> tuple:
     one, twenty = per_segment(1), per_segment(20)
     per_tensor = max(0.0, (twenty - one) / 19)
     return max(0.0, one - per_tensor), per_tensor
-
-
-def _matmul_trials(n: int, dtype) -> list:
-    """An n-cube matmul as a training step runs it: over the three layouts (forward A @ W.T,
-    backward G @ W and G.T @ A), operands rotated over copies that together exceed a core's L2
-    (8 MiB, at most COPIES_CAP copies), every output kept until the round ends, as autograd keeps a
-    step's. One trial per layout (each returns its seconds per matmul), its operands made here and
-    kept while they live. Repeating one matmul on the same operands instead reads them from cache
-    and reuses its output's memory: 13.1 ms against 15.9 ms for the Lab GPT's matmuls, which took
-    16.1 ms inside its step (2026-11-27)."""
-    import torch
-
-    copies = max(2, min(COPIES_CAP, -(-2**23 // (2 * n * n * 4))))
-    ops = [(torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)) for _ in range(copies)]
-    rounds = max(1, 2**24 // (n**3 * copies))
-    trials = []
-    for layout in ((lambda a, b: (a, b.t())), (lambda a, b: (a, b)), (lambda a, b: (a.t(), b))):
-        pairs = [layout(a, b) for a, b in ops]
-
-        def run(pairs=pairs):
-            kept = []
-            for _ in range(rounds):
-                kept.extend(torch.mm(x, y) for x, y in pairs)
-            return kept
-
-        trials.append(timed(run, rounds * copies))
-    return trials
-
-
-def _matmul_tflops(n: int, dtype) -> float:
-    """An n-cube matmul's TFLOPS as a step runs it: its three layouts' fastest over `rounds`."""
-    best = rounds({layout: trial for layout, trial in enumerate(_matmul_trials(n, dtype))})
-    return 2 * n**3 * 3 / sum(best.values()) / 1e12
-
-
-def _compute_figures(kinds) -> tuple:
-    """(matmuls, attention, gelu) of a record, for ``kinds`` ((name, torch dtype), ...), all taken
-    in one `rounds`: every matmul size and layout, SDPA and GELU in turn, a few warm trials each,
-    again, so each figure is the fastest over the whole span, not over one burst (issue 39: these
-    figures moved a quiet calibration's expected step most, by bench_calibration.py --spread)."""
-    trials = {}
-    for d, dt in kinds:
-        for n in MATMUL_SIZES:
-            trials.update({("mm", d, n, i): t for i, t in enumerate(_matmul_trials(n, dt))})
-        trials["attention", d] = timed(_attention_run(dt))
-        trials["gelu", d] = timed(_gelu_run(dt))
-    best = rounds(trials)
-    matmuls = {d: [(n, 2 * n**3 * 3 / sum(best["mm", d, n, i] for i in range(3)) / 1e12) for n in MATMUL_SIZES]
-               for d, _ in kinds}
-    attention = {d: ATTENTION_FLOPS / best["attention", d] / 1e12 for d, _ in kinds}
-    gelu = {d: 2 * GELU_N / best["gelu", d] for d, _ in kinds}
-    return matmuls, attention, gelu
-
-
-ATTN_SHAPE = (8, 4, 128, 32)   # b, h, s, d: a small model's attention
-ATTENTION_FLOPS = 7 * ATTN_SHAPE[0] * ATTN_SHAPE[1] * ATTN_SHAPE[2]**2 * ATTN_SHAPE[3]   # forward 4 b h s^2 d,
-# backward 10, causal halved: tunekit's count of its FLOPs
-GELU_N = 2**20
-
-
-def _attention_run(dtype):
-    """Causal SDPA forward and backward at a small model's shape (ATTN_SHAPE), as one callable."""
-    import torch
-    import torch.nn.functional as F
-
-    q, k, v = (torch.randn(*ATTN_SHAPE, dtype=dtype, requires_grad=True) for _ in range(3))
-
-    def run():
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-
-    return run
-
-
-def _gelu_run(dtype):
-    """One GELU (tanh) forward and backward of GELU_N elements, as one callable: transcendental, so
-    compute-bound on a CPU where a copy's bandwidth would call it free."""
-    import torch
-    import torch.nn.functional as F
-
-    x = torch.randn(GELU_N, dtype=dtype, requires_grad=True)
-
-    def run():
-        F.gelu(x, approximate="tanh").sum().backward()
-
-    return run
 
 
 def figures(entry: dict) -> dict:
