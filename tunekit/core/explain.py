@@ -17,6 +17,7 @@ and efficiency NaN, never 0, and said in words (``unforeseen``, the summary).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from tunekit.core.breakdown import ATTENTION, COMM, DATA, MATMUL, OPTIMIZER, UNTRACED, Breakdown, categorize
@@ -40,6 +41,9 @@ WORDS = {"matmul": "the matmuls take", "attention": "the attention ops take",
          "data loading": "data loading takes", "no op running": "the time between ops takes"}
 _SCOPED = (OPTIMIZER, COMM, DATA)    # a trace knows these from the scope an op ran in, not its name
 MODULE = "nn.Module: "
+# the autograd engine's own time around the ops it calls (a node such as MmBackward0, its
+# evaluate_function range, AccumulateGrad's glue): time between ops, not an op a plan makes
+_AUTOGRAD = re.compile(r"^(autograd::engine::evaluate_function: .*|torch::autograd::.*|\w+Backward\d*)$")
 PROFILER_SHOWN = 0.05   # a profiler overhead above this is said (a note, and in the one line)
 
 
@@ -54,7 +58,7 @@ def measured_groups(trace: Breakdown, steps: int = 1) -> tuple[dict, dict]:
     ops: dict = {}
     for o in trace.top_ops:
         name, secs = o["op"], o["self_s"] / steps
-        if name.startswith(MODULE):                  # a module's own time: Python around its ops
+        if name.startswith(MODULE) or _AUTOGRAD.match(name):   # a module's or autograd's own time around ops
             group = "no op running"
         elif "#" in name:                            # a Python function's own time (Optimizer.step#...)
             group = _MEASURED.get(o["category"], "no op running")
