@@ -315,6 +315,7 @@ _ONE_BINDING = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(?:(?:0|[1-9][0
                           r"|([A-Za-z_][A-Za-z0-9_]*))[ \t]*\n?")
 
 
+@functools.lru_cache(maxsize=4)  # asked twice per profiled cell (`inputs`, `allocates_little`)
 def _one_binding(source: str) -> tuple[str, str | None] | None:
     """(the name bound, the name read or None) of a one-line binding (`_ONE_BINDING`), else None."""
     m = _ONE_BINDING.fullmatch(source)

@@ -81,9 +81,12 @@ class Probe:
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None,
                  inert: bool = False, allocations: bool = True):
-        validate.text("name", name)
-        validate.optional_callable("models", models, "(name, module) pairs")
-        if flops != "auto":  # (defaults need no check: every profiled cell makes a probe)
+        # (every profiled cell makes a probe: what it passes as usual is taken without a call)
+        if type(name) is not str:
+            validate.text("name", name)
+        if models is not None and not callable(models):
+            validate.optional_callable("models", models, "(name, module) pairs")
+        if flops != "auto":
             validate.choice("flops", flops, FLOPS_MODES)
         if model_flops is not None:
             model_flops = validate.real("model_flops", model_flops, low=0.0, low_open=False)
@@ -91,10 +94,11 @@ class Probe:
             peak = validate.real("peak", peak)
         if dtype is not None:
             validate.choice("dtype", dtype, DTYPES)
-        for flag, value in (("trace", trace), ("memory", memory), ("inert", inert),
-                            ("allocations", allocations is not True and allocations)):  # (defaults: no check)
-            if value is not False:
-                validate.flag(flag, value)
+        if not (trace is memory is False and type(inert) is bool and type(allocations) is bool):
+            for flag, value in (("trace", trace), ("memory", memory), ("inert", inert),
+                                ("allocations", allocations is not True and allocations)):  # (defaults: no check)
+                if value is not False:
+                    validate.flag(flag, value)
         if flops == "always" and (trace or memory):
             raise ValueError("flops='always' counts every run, and a traced run counts none (the counter "
                              "would be traced as the work): use trace/memory with flops='auto' or 'never'")
@@ -153,8 +157,8 @@ class Probe:
             rec.notes.append(f"recounted: {what} changed since the counted run")
         # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
         # block, say) measures the counter too: such a run must not report TFLOPS.
-        self.under_counter = _counting_active()
-        self.graphs0 = None if self.inert else _compiled_graphs()  # an inert block compiles nothing
+        self.under_counter = torch is not None and _counting_active()
+        self.graphs0 = None if self.inert or torch is None else _compiled_graphs()  # an inert block compiles nothing
         self.cpu, self.cuda = CpuPeak(self.allocations), CudaMeter()
         self.cpu.start()
         self.cuda.start()
@@ -167,7 +171,8 @@ class Probe:
         self.running = True
         self._start_tracer(rec)
         self.energy = EnergyMeter(self.cuda.index).start()
-        synchronize()
+        if self.cuda.index is not None:  # (synchronize(), without asking torch again whether CUDA is on)
+            synchronize()
         # reads counters (no state to undo); the verdict is judged when the record is read
         self.conditions = ConditionsMeter(self.cuda.index, lean=True, judged=False).start()
         self.t0 = time.perf_counter()
@@ -225,12 +230,11 @@ class Probe:
             if tap is not None:  # and the models' hooks
                 tap.stop()
         rec = self.record
-        for step in (lambda: self._read_conditions(rec), lambda: self._read_energy(rec),
-                     lambda: self._read_trace(rec, tracer, exc),
-                     lambda: self._read_memory(rec, exc), lambda: self._fill_flops(rec, counted, exc, tap),
-                     lambda: self._fill_rates(rec, traced=tracer is not None)):
+        for step, args in ((self._read_conditions, (rec,)), (self._read_energy, (rec,)),
+                           (self._read_trace, (rec, tracer, exc)), (self._read_memory, (rec, exc)),
+                           (self._fill_flops, (rec, counted, exc, tap)), (self._fill_rates, (rec, tracer is not None))):
             try:
-                step()
+                step(*args)
             except Exception as e:  # after the clock, a failing reading is a note, never an error
                 rec.notes.append(f"tunekit: {type(e).__name__}: {e}")
         if self.history is not None:
@@ -276,7 +280,8 @@ class Probe:
     def _read_memory(self, rec, exc) -> None:
         rss_delta, peak_delta = self.cpu.stop()
         rec.cpu_rss_delta_bytes, rec.cpu_peak_delta_bytes = float(rss_delta), float(peak_delta)
-        rec.notes.extend(n for n in (self.cpu.note, self.cpu.unseen) if n)
+        if self.cpu.note or self.cpu.unseen:
+            rec.notes.extend(n for n in (self.cpu.note, self.cpu.unseen) if n)
         gpu = self.cuda.stop()
         self.index = gpu.pop("index", None)
         for k, v in gpu.items():
