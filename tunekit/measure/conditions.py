@@ -159,8 +159,11 @@ class ConditionsMeter:
             s["own_cpu_s"] += ru.ru_utime + ru.ru_stime
         return s
 
-    def start(self) -> "ConditionsMeter":
-        self.s0 = self._sample()
+    def start(self, machine: bool = True) -> "ConditionsMeter":
+        """``machine=False``: /proc/stat is not read (nor at the stop): for a block whose code can
+        run nothing (`fingerprint.runs_nothing`), which only preemption can make last past the
+        file's resolution; its other processes and steal are then NaN, as a short block's."""
+        self.s0 = self._sample(with_stat=machine)
         self.t0 = time.perf_counter()
         return self
 
@@ -181,7 +184,8 @@ class ConditionsMeter:
         if is_missing(wall_s):
             wall_s = t1 - self.t0
         full = not self.lean or wall_s >= CPU_WAIT_MIN_S  # a lean meter's block under 2 ms: the least
-        s1 = self._sample(with_stat=not self.lean or resolved(wall_s, _CPUS, _TICK_S), with_wait=full)
+        stat = ("_stat" in self.s0 or "busy_s" in self.s0) and (not self.lean or resolved(wall_s, _CPUS, _TICK_S))
+        s1 = self._sample(with_stat=stat, with_wait=full)
         self.s1, self.t1 = s1, t1
         self.raw = delta(self.s0, s1)
         gpu = gpu_readings(self.cuda_index)

@@ -173,8 +173,10 @@ class Probe:
         self.energy = EnergyMeter(self.cuda.index).start()
         if self.cuda.index is not None:  # (synchronize(), without asking torch again whether CUDA is on)
             synchronize()
-        # reads counters (no state to undo); the verdict is judged when the record is read
-        self.conditions = ConditionsMeter(self.cuda.index, lean=True, judged=False).start()
+        # reads counters (no state to undo); the verdict is judged when the record is read. A block
+        # that can run nothing (`x = 1`) is short unless preempted, which PSI's wait tells: the
+        # machine's CPU counters (/proc/stat, ~16 us, most of what the meter costs) are left unread
+        self.conditions = ConditionsMeter(self.cuda.index, lean=True, judged=False).start(machine=not self.inert)
         self.t0 = time.perf_counter()
 
     def _start_tap(self, rec):
