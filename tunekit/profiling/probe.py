@@ -51,11 +51,8 @@ def _compiled_graphs():
     return _torch_side("tunekit.measure.torch_private", "compiled_graphs")()
 
 
-def _counting_active() -> bool:
-    torch = torch_if_loaded()
-    if torch is None or "torch.utils.flop_counter" not in sys.modules:
-        return False
-    return _torch_side("tunekit.measure.flops", "counting_active")()
+def _counting_active() -> bool:  # (torch's flop_counter module loaded: torch is)
+    return "torch.utils.flop_counter" in sys.modules and _torch_side("tunekit.measure.flops", "counting_active")()
 
 
 def _held_already() -> bool:
@@ -81,12 +78,9 @@ class Probe:
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None,
                  inert: bool = False, allocations: bool = True):
-        # (every profiled cell makes a probe: what it passes as usual is taken without a call)
-        if type(name) is not str:
-            validate.text("name", name)
-        if models is not None and not callable(models):
-            validate.optional_callable("models", models, "(name, module) pairs")
-        if flops != "auto":
+        validate.text("name", name)
+        validate.optional_callable("models", models, "(name, module) pairs")
+        if flops != "auto":  # (defaults need no check: every profiled cell makes a probe)
             validate.choice("flops", flops, FLOPS_MODES)
         if model_flops is not None:
             model_flops = validate.real("model_flops", model_flops, low=0.0, low_open=False)
@@ -94,11 +88,10 @@ class Probe:
             peak = validate.real("peak", peak)
         if dtype is not None:
             validate.choice("dtype", dtype, DTYPES)
-        if not (trace is memory is False and type(inert) is bool and type(allocations) is bool):
-            for flag, value in (("trace", trace), ("memory", memory), ("inert", inert),
-                                ("allocations", allocations is not True and allocations)):  # (defaults: no check)
-                if value is not False:
-                    validate.flag(flag, value)
+        for flag, value in (("trace", trace), ("memory", memory), ("inert", inert),
+                            ("allocations", allocations is not True and allocations)):  # (defaults: no check)
+            if value is not False:
+                validate.flag(flag, value)
         if flops == "always" and (trace or memory):
             raise ValueError("flops='always' counts every run, and a traced run counts none (the counter "
                              "would be traced as the work): use trace/memory with flops='auto' or 'never'")
@@ -157,7 +150,7 @@ class Probe:
             rec.notes.append(f"recounted: {what} changed since the counted run")
         # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
         # block, say) measures the counter too: such a run must not report TFLOPS.
-        self.under_counter = torch is not None and _counting_active()
+        self.under_counter = _counting_active()
         self.graphs0 = None if self.inert or torch is None else _compiled_graphs()  # an inert block compiles nothing
         self.cpu, self.cuda = CpuPeak(self.allocations), CudaMeter()
         self.cpu.start()
@@ -173,9 +166,8 @@ class Probe:
         self.energy = EnergyMeter(self.cuda.index).start()
         if self.cuda.index is not None:  # (synchronize(), without asking torch again whether CUDA is on)
             synchronize()
-        # reads counters (no state to undo); the verdict is judged when the record is read. A block
-        # that can run nothing (`x = 1`) is short unless preempted, which PSI's wait tells: the
-        # machine's CPU counters (/proc/stat, ~16 us, most of what the meter costs) are left unread
+        # reads counters (no state to undo), judged when the record is read; a block that can run
+        # nothing (`x = 1`) is short unless preempted (PSI tells): /proc/stat (~16 us) left unread
         self.conditions = ConditionsMeter(self.cuda.index, lean=True, judged=False).start(machine=not self.inert)
         self.t0 = time.perf_counter()
 
@@ -282,8 +274,7 @@ class Probe:
     def _read_memory(self, rec, exc) -> None:
         rss_delta, peak_delta = self.cpu.stop()
         rec.cpu_rss_delta_bytes, rec.cpu_peak_delta_bytes = float(rss_delta), float(peak_delta)
-        if self.cpu.note or self.cpu.unseen:
-            rec.notes.extend(n for n in (self.cpu.note, self.cpu.unseen) if n)
+        rec.notes.extend(n for n in (self.cpu.note, self.cpu.unseen) if n)
         gpu = self.cuda.stop()
         self.index = gpu.pop("index", None)
         for k, v in gpu.items():
