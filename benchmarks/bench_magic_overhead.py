@@ -13,9 +13,15 @@ Runs one Jupyter kernel and times, side by side in the same run:
   B. a small training-step cell re-run bare vs under `%%gpuprofile` after its FLOPs were counted
      (steady state: the count is reused, the fingerprint is checked each run).
 Prints per-cell overheads and ratios.
-Usage: python benchmarks/bench_magic_overhead.py [--quick] [--against DIR] [N] [HISTORY]   (defaults 200 and 10000)
+Usage: python benchmarks/bench_magic_overhead.py [--quick] [--cells HISTORY] [--against DIR] [N] [HISTORY]
+  (defaults N 200, HISTORY 10000)
   --quick: A2 alone (the kernel side, the 0.15 ms target), HISTORY 1000 unless given: a few minutes,
            for iterating; the figures to report come from a full run.
+  --cells HISTORY: A2's late window is the last 200 of HISTORY cells (the same as the second number);
+           `--quick --cells 10000`: A2 alone to 10,000 cells.
+Each window gives three figures per cell: wall, the kernel thread's CPU time, and the kernel
+process's CPU time (its history thread's sqlite writes too); on a busy machine the CPU times move
+least. The run's own length is printed last.
   --against DIR: before/after, side by side: a second kernel imports tunekit from DIR (another
            checkout, e.g. `git worktree add /tmp/base main`), and A2's window (cells ~20-220) is
            taken in each kernel in turn, 5 times, so that the machine's load hits both alike;
@@ -35,9 +41,11 @@ if "-h" in sys.argv or "--help" in sys.argv:
     sys.exit(0)
 QUICK = "--quick" in sys.argv
 AGAINST = sys.argv[sys.argv.index("--against") + 1] if "--against" in sys.argv else None
-_ARGS = [a for a in sys.argv[1:] if a not in ("--quick", "--against", AGAINST)]
+CELLS = sys.argv[sys.argv.index("--cells") + 1] if "--cells" in sys.argv else None
+_ARGS = [a for i, a in enumerate(sys.argv[1:], 1) if a not in ("--quick", "--against", "--cells")
+         and sys.argv[i - 1] not in ("--against", "--cells")]
 N = int(_ARGS[0]) if _ARGS else 200
-HISTORY = int(_ARGS[1]) if len(_ARGS) > 1 else 1_000 if QUICK else 10_000
+HISTORY = int(CELLS) if CELLS else int(_ARGS[1]) if len(_ARGS) > 1 else 1_000 if QUICK else 10_000
 ROUNDS = 5
 TARGET_MS = 0.15   # tunekit's own work per auto-profiled trivial cell (issue 39)
 
@@ -47,12 +55,13 @@ import statistics, time
 from tunekit.measure.conditions import watch
 from tunekit.measure.history import HISTORY
 
-def _t(cells):  # ms per cell: wall, and this thread's CPU time (less moved by other processes)
+def _t(cells):  # ms per cell: wall, this thread's CPU time and the process's (less moved by other processes)
     ip = get_ipython()
-    t0, c0 = time.perf_counter(), time.thread_time()
+    t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
     for c in cells:
         ip.run_cell(c, store_history=True)
-    return (time.perf_counter() - t0) / len(cells) * 1e3, (time.thread_time() - c0) / len(cells) * 1e3
+    n = len(cells) / 1e3
+    return (time.perf_counter() - t0) / n, (time.thread_time() - c0) / n, (time.process_time() - p0) / n
 
 def _window(tag, rows0, chunk=20, rounds=10):  # chunks alternated: drifts in load hit both alike; new sources
     ip = get_ipython()
@@ -65,7 +74,8 @@ def _window(tag, rows0, chunk=20, rounds=10):  # chunks alternated: drifts in lo
             ip.run_line_magic("gpuprofile", "off")
     med = lambda xs, k: statistics.median(x[k] for x in xs)
     return dict(bare=med(bare, 0), prof=med(prof, 0), bare_cpu=med(bare, 1), prof_cpu=med(prof, 1),
-                rows=(rows0, len(HISTORY)), conditions=str(w.conditions))
+                bare_proc=med(bare, 2), prof_proc=med(prof, 2), rows=(rows0, len(HISTORY)),
+                conditions=str(w.conditions))
 
 def _kside(total, chunk=20, rounds=10):
     ip = get_ipython()
@@ -131,14 +141,17 @@ def side_by_side(other, times=5):
                                        if m["msg_type"] == "stream" else None)
                 got[k].append(ast.literal_eval("".join(out).strip()))
         print(f"A2 side by side: {times} windows in each kernel, alternated (chunks of 20 cells bare and 20 "
-              "under `on -q`, medians of 10 chunks per window); overhead per cell, ms (the kernel thread's CPU time)")
+              "under `on -q`, medians of 10 chunks per window); overhead per cell, ms (the kernel thread's "
+              "CPU time; the kernel process's)")
         over = []
         for (_, _, where), ws in zip(kernels, got):
             o = [w["prof"] - w["bare"] for w in ws]
             c = [w["prof_cpu"] - w["bare_cpu"] for w in ws]
-            over.append((statistics.median(o), statistics.median(c)))
-            print(f"   {where}: median {over[-1][0]:.3f} ({over[-1][1]:.3f}); windows "
-                  + ", ".join(f"{a:.3f}" for a in o) + f"; last window {ws[-1]['conditions']}")
+            p = [w["prof_proc"] - w["bare_proc"] for w in ws]
+            over.append((statistics.median(o), statistics.median(c), statistics.median(p)))
+            print(f"   {where}: median {over[-1][0]:.3f} ({over[-1][1]:.3f}; {over[-1][2]:.3f}); windows "
+                  + ", ".join(f"{a:.3f}" for a in o) + " (thread CPU " + ", ".join(f"{a:.3f}" for a in c)
+                  + f"); last window {ws[-1]['conditions']}")
         verdict = "PASS" if over[0][0] <= TARGET_MS else "FAIL"
         print(f"   this checkout / the other: {over[0][0] / over[1][0]:.2f}x wall, {over[0][1] / over[1][1]:.2f}x CPU; "
               f"target <= {TARGET_MS} ms: {verdict} ({over[0][0]:.3f}, this checkout)")
@@ -169,7 +182,8 @@ def main():
         for tag, w in (("cells", early), ("cells", late)):
             print(f"   {tag} {w['rows'][0]:>5}-{w['rows'][1]:<5} bare {w['bare']:.3f} ms/cell, profiled "
                   f"{w['prof']:.3f}: overhead {w['prof'] - w['bare']:.3f} ms/cell (CPU time of the kernel's "
-                  f"thread: {w['prof_cpu'] - w['bare_cpu']:.3f}); {w['conditions']}")
+                  f"thread: {w['prof_cpu'] - w['bare_cpu']:.3f}, of its process: "
+                  f"{w['prof_proc'] - w['bare_proc']:.3f}); {w['conditions']}")
         over = [(w["prof"] - w["bare"], w["prof_cpu"] - w["bare_cpu"]) for w in (early, late)]
         print(f"   late/early per-cell cost: profiled {late['prof'] / early['prof']:.2f}x, bare "
               f"{late['bare'] / early['bare']:.2f}x; overhead {over[1][0]:.3f} / {over[0][0]:.3f} ms = "
@@ -236,6 +250,8 @@ def main():
 if __name__ == "__main__":
     from tunekit.measure.conditions import watch
 
+    began = time.perf_counter()
     with watch() as machine:  # what else used the machine meanwhile: a busy run is no measurement
         main()
     print(f"machine while this ran: {machine.conditions}")
+    print(f"this run took {time.perf_counter() - began:.0f} s")

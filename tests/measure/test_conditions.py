@@ -4,6 +4,7 @@ The verdict is a pure function of counters, tested on exact readings; the meters
 injected counter samples, so no test here depends on how busy the machine running it is.
 """
 import math
+import os
 
 import pytest
 
@@ -172,6 +173,37 @@ def test_a_lean_meter_leaves_the_wait_unread_for_a_block_too_short_to_be_busy_by
     _fake(monkeypatch, two, asked)
     mc.ConditionsMeter().start().stop(0.001, threads=1)
     assert asked == [True, True]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/pressure/cpu"), reason="Linux PSI")
+def test_a_lean_meter_parses_what_it_read_only_when_the_stop_reads_it_too(monkeypatch):
+    # the start keeps PSI's and /proc/stat's bytes; a short block's stop reads neither, so nothing
+    # is parsed; a block long enough for /proc/stat's ticks parses both files at both ends
+    monkeypatch.setattr(mc, "_CPUS", 2)
+    monkeypatch.setattr(mc, "_TICK_S", 0.01)  # resolved from 10 x 0.01 x 2 = 0.2 s
+    parsed = []
+    real = mc._cooked
+    monkeypatch.setattr(mc, "_cooked", lambda s: parsed.append(sorted(k for k in s if k.startswith("_"))) or real(s))
+    short = mc.ConditionsMeter(lean=True).start()
+    short.stop(0.001, threads=1)  # under 2 ms: neither PSI nor /proc/stat at the stop
+    assert parsed == [] and short.raw["wait_source"] == "psi" and "cpu_wait_s" not in short.raw
+    long_ = mc.ConditionsMeter(lean=True).start()
+    c = long_.stop(0.2, threads=1)
+    assert parsed == [["_psi", "_stat"], ["_psi", "_stat"]]  # start, stop
+    assert {"cpu_wait_s", "busy_cpu_s"} <= set(long_.raw) and not math.isnan(c.others_cpus)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc/stat")
+def test_a_meter_started_without_the_machines_counters_reads_them_at_neither_end(monkeypatch):
+    monkeypatch.setattr(mc, "_CPUS", 2)
+    monkeypatch.setattr(mc, "_TICK_S", 0.01)
+    files = []
+    real = mc._COUNTERS.read
+    monkeypatch.setattr(mc._COUNTERS, "read", lambda name: files.append(name) or real(name))
+    m = mc.ConditionsMeter(lean=True).start(machine=False)
+    c = m.stop(0.5, threads=1)  # long enough for /proc/stat's ticks, but its start was not read
+    assert "stat" not in files and "busy_cpu_s" not in m.raw
+    assert math.isnan(c.others_cpus) and math.isnan(c.steal) and c.verdict != UNKNOWN  # the wait still judges
 
 
 def test_an_unread_wait_is_said_so_only_where_it_could_not_decide():

@@ -4,11 +4,14 @@ Each figure a record carries comes from one read: RSS from /proc/self/statm and 
 high-water mark from getrusage (~1 us) at the start and at the stop (/proc/self/status, ~25 us,
 only when the bound does not settle the peak: memory freed since the last peak, a temporary in
 the block), the CPU-wait counter (PSI) at both ends, the machine's CPU counters (/proc/stat) at
-the start only (a short block leaves them unread at the stop: its clock ticks could not tell),
+the start only (a short block leaves them unread at the stop: its clock ticks could not tell;
+a cell whose code can run nothing, `x = 1`, not at all: only preemption makes it long, and PSI
+tells that),
 glibc's allocation totals at both ends (not for a one-line binding that makes nothing and releases
 nothing large: `fingerprint.allocates_little`), and SIGINT's handler switched once in and once
 out for the whole cell. A one-line binding (`x = 1`) is not parsed either (`fingerprint.inputs`).
 """
+import builtins
 import collections
 import os
 import resource
@@ -71,10 +74,41 @@ def test_a_trivial_profiled_cell_reads_each_figure_once(ip, reads):
     finally:
         ip.run_cell("%gpuprofile off")
     # getrusage then statm: start + stop = 2 each, no status (the bound is at RSS: hwm = RSS at
-    # the start, and at the stop no peak above RSS); psi: start only = 1; stat: start only = 1;
-    # no mallinfo2 (x = 1 makes and releases nothing large); SIGINT's handler: in at
+    # the start, and at the stop no peak above RSS); psi: start only = 1; no stat (x = 1 can run
+    # nothing); no mallinfo2 (x = 1 makes and releases nothing large); SIGINT's handler: in at
     # pre_run_cell, out at post_run_cell = 2
-    assert seen == {"getrusage": 2, "statm": 2, "psi": 1, "stat": 1, "sigint switches": 2}
+    assert seen == {"getrusage": 2, "statm": 2, "psi": 1, "sigint switches": 2}
+
+
+def test_a_cell_that_may_run_something_reads_the_machines_counters_at_its_start(ip, reads):
+    ip.run_cell("y = 2")
+    ip.run_cell("%gpuprofile on -q")
+    try:
+        ip.run_cell("warm = y + 0", store_history=True)
+        reads.clear()
+        ip.run_cell("x = y + 0", store_history=True)  # an operator: may run anything
+        seen = dict(reads)
+    finally:
+        ip.run_cell("%gpuprofile off")
+    # as x = 1, and /proc/stat once at the start (a short block leaves it unread at the stop);
+    # glibc's totals at both ends (not a one-line binding of a number or a name) = 2
+    assert seen == {"getrusage": 2, "statm": 2, "psi": 1, "stat": 1, "mallinfo2": 2, "sigint switches": 2}
+
+
+def test_a_trivial_cell_opens_no_file(ip, reads, monkeypatch):
+    opened = []
+    for where, name in ((os, "open"), (builtins, "open")):  # descriptors and file objects
+        real = getattr(where, name)
+        monkeypatch.setattr(where, name, lambda *a, real=real, **k: opened.append(a[0]) or real(*a, **k))
+    ip.run_cell("%gpuprofile on -q")
+    try:
+        ip.run_cell("warm = 1", store_history=True)  # files opened once per process, before
+        opened.clear()
+        ip.run_cell("x = 1", store_history=True)
+        ip.run_cell("x = y + 0", store_history=True)
+    finally:
+        ip.run_cell("%gpuprofile off")
+    assert opened == []  # every /proc file is read through a descriptor kept open
 
 
 @pytest.mark.parametrize("held, cell, totals", [
@@ -115,7 +149,7 @@ def test_a_bound_above_rss_reads_status_at_both_ends(ip, reads, monkeypatch):
         ip.run_cell("%gpuprofile off")
     seen.pop("clear_refs", None)  # written only when the mark is above RSS
     # statm then status at each end: 2 + 2; the rest as above
-    assert seen == {"statm": 2, "status": 2, "psi": 1, "stat": 1, "sigint switches": 2}
+    assert seen == {"statm": 2, "status": 2, "psi": 1, "sigint switches": 2}
 
 
 def test_the_bound_is_the_mark_or_above():

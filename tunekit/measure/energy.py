@@ -88,10 +88,11 @@ class EnergyMeter:
                     self.notes.append(f"GPU energy n/a: {nvml.unavailable_reason()}")
             except Exception as e:  # NVMLError_NotSupported before Volta, driver errors
                 self.notes.append(f"GPU energy n/a: NVML has no energy counter here ({e})")
-        if self.root not in _RAPL:  # which packages are readable does not change: look once
+        known = _RAPL.get(self.root)
+        if known is None:  # which packages are readable does not change: look once
             found = rapl_packages(self.root)
-            _RAPL[self.root] = found, None if found else f"CPU energy n/a: {rapl_reason(self.root)}"
-        self.packages, why = _RAPL[self.root]
+            known = _RAPL[self.root] = found, None if found else f"CPU energy n/a: {rapl_reason(self.root)}"
+        self.packages, why = known
         if why:
             self.notes.append(why)
         self.uj0 = [int((d / "energy_uj").read_text()) for d in self.packages]

@@ -315,10 +315,10 @@ _ONE_BINDING = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(?:(?:0|[1-9][0
                           r"|([A-Za-z_][A-Za-z0-9_]*))[ \t]*\n?")
 
 
+@functools.lru_cache(maxsize=4)  # asked twice per profiled cell (`inputs`, `allocates_little`)
 def _one_binding(source: str) -> tuple[str, str | None] | None:
     """(the name bound, the name read or None) of a one-line binding (`_ONE_BINDING`), else None."""
-    m = _ONE_BINDING.fullmatch(source)
-    read = m and m[2]
+    read = (m := _ONE_BINDING.fullmatch(source)) and m[2]
     bad = m is None or keyword.iskeyword(m[1]) or (read not in ("True", "False", "None") and keyword.iskeyword(read))
     return None if bad else (m[1], None if read in ("True", "False", "None") else read)
 

@@ -51,11 +51,8 @@ def _compiled_graphs():
     return _torch_side("tunekit.measure.torch_private", "compiled_graphs")()
 
 
-def _counting_active() -> bool:
-    torch = torch_if_loaded()
-    if torch is None or "torch.utils.flop_counter" not in sys.modules:
-        return False
-    return _torch_side("tunekit.measure.flops", "counting_active")()
+def _counting_active() -> bool:  # (torch's flop_counter module loaded: torch is)
+    return "torch.utils.flop_counter" in sys.modules and _torch_side("tunekit.measure.flops", "counting_active")()
 
 
 def _held_already() -> bool:
@@ -154,7 +151,7 @@ class Probe:
         # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
         # block, say) measures the counter too: such a run must not report TFLOPS.
         self.under_counter = _counting_active()
-        self.graphs0 = None if self.inert else _compiled_graphs()  # an inert block compiles nothing
+        self.graphs0 = None if self.inert or torch is None else _compiled_graphs()  # an inert block compiles nothing
         self.cpu, self.cuda = CpuPeak(self.allocations), CudaMeter()
         self.cpu.start()
         self.cuda.start()
@@ -167,9 +164,11 @@ class Probe:
         self.running = True
         self._start_tracer(rec)
         self.energy = EnergyMeter(self.cuda.index).start()
-        synchronize()
-        # reads counters (no state to undo); the verdict is judged when the record is read
-        self.conditions = ConditionsMeter(self.cuda.index, lean=True, judged=False).start()
+        if self.cuda.index is not None:  # (synchronize(), without asking torch again whether CUDA is on)
+            synchronize()
+        # reads counters (no state to undo), judged when the record is read; a block that can run
+        # nothing (`x = 1`) is short unless preempted (PSI tells): /proc/stat (~16 us) left unread
+        self.conditions = ConditionsMeter(self.cuda.index, lean=True, judged=False).start(machine=not self.inert)
         self.t0 = time.perf_counter()
 
     def _start_tap(self, rec):
@@ -225,12 +224,11 @@ class Probe:
             if tap is not None:  # and the models' hooks
                 tap.stop()
         rec = self.record
-        for step in (lambda: self._read_conditions(rec), lambda: self._read_energy(rec),
-                     lambda: self._read_trace(rec, tracer, exc),
-                     lambda: self._read_memory(rec, exc), lambda: self._fill_flops(rec, counted, exc, tap),
-                     lambda: self._fill_rates(rec, traced=tracer is not None)):
+        for step, args in ((self._read_conditions, (rec,)), (self._read_energy, (rec,)),
+                           (self._read_trace, (rec, tracer, exc)), (self._read_memory, (rec, exc)),
+                           (self._fill_flops, (rec, counted, exc, tap)), (self._fill_rates, (rec, tracer is not None))):
             try:
-                step()
+                step(*args)
             except Exception as e:  # after the clock, a failing reading is a note, never an error
                 rec.notes.append(f"tunekit: {type(e).__name__}: {e}")
         if self.history is not None:
