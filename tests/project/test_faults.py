@@ -250,7 +250,7 @@ def test_ctrl_c_between_the_set_up_and_the_clock_leaves_nothing_installed(monkey
         def __init__(self, *args, **kwargs):
             pass
 
-        def start(self):
+        def start(self, **kw):   # machine=False for a cell that can run nothing
             raise KeyboardInterrupt
 
     monkeypatch.setattr(probe, "ConditionsMeter", Interrupted)
