@@ -45,6 +45,33 @@ def _no_leaked_flop_counter():
         mode.counter.__exit__(None, None, None)
 
 
+def _main_thread_priority():
+    import threading
+
+    tid = threading.main_thread().native_id
+    return os.sched_getscheduler(tid) & ~getattr(os, "SCHED_RESET_ON_FORK", 0), os.getpriority(os.PRIO_PROCESS, tid)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_priority():
+    """The main thread starts every test's subprocesses: a real-time policy or a raised nice left on
+    it (a calibration trial's, measure.priority) would pass to them, and a child that spins would
+    starve the tests. Fail the test that left it, and put it back."""
+    if not hasattr(os, "sched_getscheduler"):   # not Linux
+        yield
+        return
+    before = _main_thread_priority()
+    yield
+    after = _main_thread_priority()
+    if after != before:
+        import threading
+
+        tid = threading.main_thread().native_id
+        os.sched_setscheduler(tid, before[0], os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, before[1])
+        pytest.fail(f"the main thread's (policy, nice) went {before} -> {after}")
+
+
 @pytest.fixture
 def flop_counters():
     """`flop_counters()`: the FLOP counters active now (a test asserts there are none left)."""

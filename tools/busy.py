@@ -89,6 +89,11 @@ class Busy:
         """How many spinners are still running."""
         return sum(p.poll() is None for p in self.procs)
 
+    def ended_early(self) -> list[str]:
+        """The spinners that have ended, each as "pid N: exit code C" (a negative code: killed by
+        signal -C), for the log when the load ended before its time."""
+        return [f"pid {p.pid}: exit code {p.returncode}" for p in self.procs if p.poll() is not None]
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every spinner has stopped (its time up); False if ``timeout`` passed first."""
         end = None if timeout is None else time.monotonic() + timeout
@@ -177,12 +182,17 @@ def main(argv=None) -> int:
                 why = f"{' '.join(command)} exited with {rc}"
                 rc = 128 - rc if rc < 0 else rc   # killed by signal N: exit 128 + N, as a shell does
             if b.running() < args.cores:
-                b.log(f"busy: the load ended before the command did ({args.seconds:g} s): raise --seconds")
+                b.log(f"busy: the load ended before the command did ({args.seconds:g} s; "
+                      f"{'; '.join(b.ended_early())}): raise --seconds")
         else:
+            told = False
             while not b.wait(timeout=1.0):
                 if os.getppid() != parent:   # no parent-death signal here (not Linux): poll
                     why = "stopped: the parent process is gone"
                     break
+                if not told and b.running() < args.cores:   # something else ended one: say what
+                    told = True
+                    b.log(f"busy: a spinner ended before its time ({'; '.join(b.ended_early())})")
     except KeyboardInterrupt:
         why = stopped["why"] or "stopped by SIGINT"
         rc = 130 if why.endswith("SIGINT") else 143

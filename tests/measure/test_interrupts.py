@@ -8,6 +8,7 @@ FLOP counter, module, global and autograd hooks, meters, a profiler, autocast, w
 a SIGINT handler, a shield) and each path must have recorded what it owes, once.
 """
 
+import ctypes
 import gc
 import math
 import os
@@ -31,6 +32,19 @@ from tunekit.profiling import probe
 TUNEKIT = os.path.dirname(os.path.abspath(tunekit.__file__)) + os.sep
 GLOBAL_HOOKS = [n for n in dir(M) if n.startswith("_global_") and n.endswith("hooks")]
 MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_exception():
+    """A KeyboardInterrupt raised from a trace function while a ``with`` block's ``__exit__`` runs
+    (where `Injector` delivers it) can stay behind as CPython 3.11's "exception being handled" after
+    every frame has returned: each later test's failure then reads "During handling of the above
+    exception (KeyboardInterrupt) ...". It is the interpreter's state, not tunekit's: cleared here
+    (``PyErr_SetHandledException``, CPython >= 3.11) so no later test inherits it."""
+    yield
+    if sys.exc_info()[1] is not None and hasattr(ctypes.pythonapi, "PyErr_SetHandledException"):
+        ctypes.pythonapi.PyErr_SetHandledException.argtypes = [ctypes.py_object]
+        ctypes.pythonapi.PyErr_SetHandledException(None)
 
 
 class Injector:

@@ -1,6 +1,8 @@
 """Calibration trials run ahead of the machine's other work where the user may ask for it
 (tunekit.measure.priority), and every thread's scheduling is put back afterwards."""
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -29,7 +31,8 @@ def test_every_thread_is_put_back_as_it_was(fresh):
     before = _policies()
     started = threading.Event()
     with ahead() as got:
-        # a thread started inside the block inherits the block's priority; it is put back as well
+        # a thread started inside the block inherits the block's nice value (under real time it
+        # starts at normal priority: SCHED_RESET_ON_FORK); it is put back as well
         t = threading.Thread(target=started.wait)
         t.start()
         inside = _policies()
@@ -38,7 +41,8 @@ def test_every_thread_is_put_back_as_it_was(fresh):
     t.join()
     assert got in (REALTIME, NICE, NORMAL)
     if got == REALTIME:
-        assert {p for p, _ in inside.values()} == {os.SCHED_FIFO}
+        raised = {p for tid, (p, _) in inside.items() if tid in before}
+        assert raised == {os.SCHED_FIFO | os.SCHED_RESET_ON_FORK} and inside[t.native_id][0] == os.SCHED_OTHER
     if got == NICE:
         assert {n for _, n in inside.values()} == {-20}
     both = before.keys() & after.keys()    # a thread of the test run may end meanwhile
@@ -54,6 +58,40 @@ def test_an_exception_inside_still_puts_everything_back(fresh):
     both = before.keys() & after.keys()    # a thread of the test run may end meanwhile
     assert {t: after[t] for t in both} == {t: before[t] for t in both}
     assert set(after.values()) <= set(before.values())
+
+
+def test_a_ctrl_c_while_priorities_are_raised_still_puts_everything_back(monkeypatch, fresh):
+    # the second thread's sched_setscheduler is interrupted: the first thread, raised already, goes back
+    before, real, calls = _policies(), os.sched_setscheduler, []
+
+    def interrupted(tid, policy, param):
+        calls.append(tid)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(tid, policy, param)
+
+    threading.Thread(target=lambda: None).start()   # whatever runs, make sure a second thread can exist
+    gate = threading.Event()
+    t = threading.Thread(target=gate.wait)
+    t.start()
+    monkeypatch.setattr(os, "sched_setscheduler", interrupted)
+    with pytest.raises(KeyboardInterrupt), ahead():
+        pass
+    monkeypatch.setattr(os, "sched_setscheduler", real)
+    after = _policies()
+    gate.set()
+    t.join()
+    both = before.keys() & after.keys()
+    assert len(calls) >= 2 and {t: after[t] for t in both} == {t: before[t] for t in both}
+
+
+def test_a_process_started_at_real_time_priority_starts_at_normal_priority(fresh):
+    code = "import os; print(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))"
+    with ahead() as got:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    if got != REALTIME:
+        pytest.skip(f"real-time priority not permitted here ({got})")
+    assert out.split() == [str(os.SCHED_OTHER), "0"]   # SCHED_RESET_ON_FORK: not inherited
 
 
 def test_a_refusal_is_not_asked_again(monkeypatch, fresh):

@@ -30,6 +30,7 @@ REALTIME, NICE, NORMAL = "realtime", "nice -20", "normal"
 PAUSE = 0.25      # under real-time priority, a pause of this share of each trial follows it
 
 _denied: set = set()   # what this process was refused once (not asked again)
+_RESET_ON_FORK = getattr(os, "SCHED_RESET_ON_FORK", 0)   # Linux: children do not inherit real time
 
 
 def _threads() -> list[int]:
@@ -43,47 +44,61 @@ def _threads() -> list[int]:
 def ahead():
     """Run the block with this process's threads ahead of the machine's other work, as far as the
     user may; yields which priority it got (``REALTIME``, ``NICE`` or ``NORMAL``). Every thread's
-    own policy and nice value are put back on exit, also on an exception."""
+    own policy and nice value are put back on exit, also on an exception or a Ctrl-C that lands
+    while they are being raised (each is saved before it is changed, inside the ``try``).
+
+    The real-time policy carries ``SCHED_RESET_ON_FORK``: a process started while it holds (a
+    subprocess another thread launches) starts at normal priority. Without it such a child kept
+    SCHED_FIFO for good, and a child that spins (a load generator) then starved its own parent and
+    everything of normal priority on the machine until it ended."""
     got, saved, nices = NORMAL, {}, {}
     tids, me = _threads(), threading.get_native_id()
-    if REALTIME not in _denied and hasattr(os, "sched_setscheduler"):
-        try:
-            for tid in tids:
-                try:
-                    was = (os.sched_getscheduler(tid), os.sched_getparam(tid))
-                    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
-                    saved[tid] = was      # only threads whose policy was changed are put back
-                except ProcessLookupError:   # the thread ended meanwhile
-                    pass
-            got = REALTIME
-        except OSError:    # not permitted (EPERM), or no real-time class here
-            _restore_policy(saved, saved.get(me))
-            saved = {}
-            _denied.add(REALTIME)
-    if got == NORMAL and NICE not in _denied and hasattr(os, "setpriority"):
-        try:
-            for tid in tids:
-                try:
-                    was = os.getpriority(os.PRIO_PROCESS, tid)
-                    os.setpriority(os.PRIO_PROCESS, tid, -20)
-                    nices[tid] = was
-                except ProcessLookupError:
-                    pass
-            got = NICE
-        except OSError:
-            _restore_nice(nices, nices.get(me, 0))
-            nices = {}
-            _denied.add(NICE)
     start = time.perf_counter()
     try:
+        if REALTIME not in _denied and hasattr(os, "sched_setscheduler"):
+            try:
+                for tid in tids:
+                    try:
+                        saved[tid] = (os.sched_getscheduler(tid), os.sched_getparam(tid))
+                        try:
+                            os.sched_setscheduler(tid, os.SCHED_FIFO | _RESET_ON_FORK, os.sched_param(1))
+                        except OSError:          # refused or gone: nothing changed to put back
+                            del saved[tid]
+                            raise
+                    except ProcessLookupError:   # the thread ended meanwhile
+                        pass
+                got = REALTIME
+            except OSError:    # not permitted (EPERM), or no real-time class here
+                _restore_policy(saved, saved.get(me))
+                saved = {}
+                _denied.add(REALTIME)
+        if got == NORMAL and NICE not in _denied and hasattr(os, "setpriority"):
+            try:
+                for tid in tids:
+                    try:
+                        nices[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+                        try:
+                            os.setpriority(os.PRIO_PROCESS, tid, -20)
+                        except OSError:
+                            del nices[tid]
+                            raise
+                    except ProcessLookupError:
+                        pass
+                got = NICE
+            except OSError:
+                _restore_nice(nices, nices.get(me, 0))
+                nices = {}
+                _denied.add(NICE)
+        start = time.perf_counter()
         yield got
     finally:
         took = time.perf_counter() - start
-        if got == REALTIME:
+        if saved:
             # threads started inside the block (a first parallel region) inherited the policy
             _restore_policy({**{t: None for t in _threads()}, **saved}, saved.get(me))
-            time.sleep(PAUSE * took)
-        elif got == NICE:
+            if got == REALTIME:
+                time.sleep(PAUSE * took)
+        if nices:
             _restore_nice({**{t: None for t in _threads()}, **nices}, nices.get(me, 0))
 
 
