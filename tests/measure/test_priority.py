@@ -94,6 +94,22 @@ def test_a_process_started_at_real_time_priority_starts_at_normal_priority(fresh
     assert out.split() == [str(os.SCHED_OTHER), "0"]   # SCHED_RESET_ON_FORK: not inherited
 
 
+def test_a_calibration_on_a_thread_of_its_own_leaves_the_main_thread_alone(fresh):
+    main = threading.main_thread().native_id
+    before, seen = _policies()[main], {}
+
+    def calibrate():   # as the dashboard's expectation line does
+        with ahead() as got:
+            seen.update(got=got, main=_policies()[main], me=_policies()[threading.get_native_id()])
+
+    t = threading.Thread(target=calibrate)
+    t.start()
+    t.join()
+    assert seen["main"] == before == _policies()[main]
+    if seen["got"] == REALTIME:
+        assert seen["me"][0] == os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+
+
 def test_a_refusal_is_not_asked_again(monkeypatch, fresh):
     calls = []
 

@@ -50,9 +50,14 @@ def ahead():
     The real-time policy carries ``SCHED_RESET_ON_FORK``: a process started while it holds (a
     subprocess another thread launches) starts at normal priority. Without it such a child kept
     SCHED_FIFO for good, and a child that spins (a load generator) then starved its own parent and
-    everything of normal priority on the machine until it ended."""
+    everything of normal priority on the machine until it ended.
+
+    The main thread is raised only when it is the caller: a calibration on a thread of its own (the
+    dashboard's expectation line) leaves the user's main thread, busy with the user's own work, at
+    the priority the user gave it."""
     got, saved, nices = NORMAL, {}, {}
-    tids, me = _threads(), threading.get_native_id()
+    me, main = threading.get_native_id(), threading.main_thread().native_id
+    tids = [t for t in _threads() if t == me or t != main]   # see "the main thread" in the docstring
     start = time.perf_counter()
     try:
         if REALTIME not in _denied and hasattr(os, "sched_setscheduler"):
@@ -95,11 +100,11 @@ def ahead():
         took = time.perf_counter() - start
         if saved:
             # threads started inside the block (a first parallel region) inherited the policy
-            _restore_policy({**{t: None for t in _threads()}, **saved}, saved.get(me))
+            _restore_policy({**{t: None for t in _threads() if t != main or t == me}, **saved}, saved.get(me))
             if got == REALTIME:
                 time.sleep(PAUSE * took)
         if nices:
-            _restore_nice({**{t: None for t in _threads()}, **nices}, nices.get(me, 0))
+            _restore_nice({**{t: None for t in _threads() if t != main or t == me}, **nices}, nices.get(me, 0))
 
 
 def level() -> str:
