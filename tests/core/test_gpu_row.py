@@ -91,10 +91,8 @@ def test_a_cards_node_network_is_a_field_of_its_row(monkeypatch):
         dataclasses.replace(CARD, node_net=Sourced((8, 0), "a data sheet"))
 
 
-def test_the_row_is_in_the_dashboards_picker(card, tmp_path):
-    from tunekit.lab.lab import Lab
-
-    dash = Lab(log_path=tmp_path / "runs.jsonl", peak_tflops=1.0, **CFG).dashboard()
+def test_the_row_is_in_the_dashboards_picker(card, make_lab):
+    dash = make_lab(peak_tflops=1.0, **CFG).dashboard()
     assert ("Test GPU 48GB", "Test GPU 48GB") in dash.plan_picker.options
     dash.plan_picker.value = "Test GPU 48GB"
     assert dash.last_plan.device == "Test GPU 48GB" and "✓ fits" in html.unescape(dash.plan_html.value)
@@ -106,6 +104,27 @@ def test_tunekit_plan_takes_the_row(card, capsys):
         assert main(["plan", "--model", "cpu-tiny", "--device", name, "--precision", "bf16", "--micro-batch", "2",
                      "--seq-len", "64"]) == 0
         assert "Test GPU 48GB" in capsys.readouterr().out
+
+
+def test_a_row_without_a_bf16_peak_sets_the_default_precision_by_its_rule(monkeypatch):
+    # a pre-Ampere card: what it trains instead of bf16 is a field of its row (runs_instead), and the
+    # one default rule (core.setting.best_precision) reads it for the plan and for `tunekit plan`
+    from tunekit.cli.main import parser
+    from tunekit.cli.plan import setting_of
+    from tunekit.core.setting import best_precision
+
+    old = dataclasses.replace(CARD, name="Old GPU 16GB", match=("old gpu",), memory=Sourced(16, SHEET),
+                              peaks=Sourced({"fp32": 10, "fp16": 80}, SHEET), mamf={},
+                              capability=Sourced((7, 0), SHEET),
+                              runs_instead={"bf16": ("fp16", "no bf16 tensor cores (the test card)")})
+    monkeypatch.setattr(gpus, "GPUS", gpus.GPUS + (old,))
+    assert (best_precision("Old GPU 16GB"), best_precision("Test GPU 48GB")) == ("fp16", "fp32")   # not a row yet
+    p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "Old GPU 16GB", **CFG, verbose=False)
+    assert p.setting.precision == "fp16" and p.peak_tflops == 80
+    assert setting_of(parser().parse_args(["plan", "--device", "Old GPU 16GB"])).precision == "fp16"
+    bf16 = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "Old GPU 16GB", precision="bf16", **CFG, verbose=False)
+    assert bf16.peak_tflops is None   # asked for anyway: no bound, and the row's words say why
+    assert any("no bf16 tensor cores (the test card)" in str(n) for n in bf16.notes)
 
 
 def test_the_table_is_unchanged_afterwards():
@@ -163,5 +182,6 @@ def test_the_architecture_recipe_says_what_this_file_does():
     doc = (Path(tunekit.__file__).parent.parent / "docs" / "ARCHITECTURE.md").read_text()
     recipe = next(line for line in doc.splitlines() if line.startswith("| a GPU |"))
     for words in ("one `GPU(...)` row in `GPUS` (`core/gpus.py`)", "`Sourced(value, source)`", "`ALIASES`",
-                  "refused at import", "`tunekit plan --device`", "tests/core/test_gpu_row.py"):
+                  "refused at import", "`tunekit plan --device`", "tests/core/test_gpu_row.py", "`runs_instead`",
+                  "`best_precision`"):
         assert words in recipe

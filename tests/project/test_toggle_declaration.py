@@ -72,8 +72,8 @@ def test_the_fixture_declares_one_field_and_takes_it_back(declared_toggle):
         Setting(fused_los=True)
 
 
-def test_a_declared_toggle_reaches_the_labs_run(declared_toggle, tmp_path):
-    lab = tunekit.Lab(fused_loss=True, micro_batch=2, seq_len=16, log_path=tmp_path / "runs.jsonl")
+def test_a_declared_toggle_reaches_the_labs_run(declared_toggle, make_lab):
+    lab = make_lab(fused_loss=True, micro_batch=2, seq_len=16)
     r = lab.run(steps=1, warmup=0, verbose=False)
     assert r.toggles.fused_loss is True and r.label == "baseline"
     r = lab.run(steps=1, warmup=0, verbose=False, fused_loss=False)
@@ -82,7 +82,7 @@ def test_a_declared_toggle_reaches_the_labs_run(declared_toggle, tmp_path):
         is False   # a Setting is complete: its declared default
 
 
-def test_a_declared_toggle_is_in_the_signatures_help_shows(declared_toggle):
+def test_a_declared_toggle_is_in_the_signatures_help_shows(declared_toggle, make_lab):
     import inspect
 
     from tunekit.lab.maxbatch import find_max_batch_size
@@ -93,7 +93,7 @@ def test_a_declared_toggle_is_in_the_signatures_help_shows(declared_toggle):
         shown = inspect.signature(fn).parameters
         assert NAME in shown and shown[NAME].kind is inspect.Parameter.KEYWORD_ONLY, fn.__qualname__
         assert f"{NAME}: 'bool' = " in str(inspect.signature(fn))   # what help() and Jupyter's ? print
-    assert NAME in inspect.signature(tunekit.Lab(micro_batch=2, seq_len=16).run).parameters   # a bound method's
+    assert NAME in inspect.signature(make_lab(micro_batch=2, seq_len=16).run).parameters   # a bound method's
 
 
 def test_a_toggle_taken_back_leaves_the_signatures():
@@ -103,8 +103,8 @@ def test_a_toggle_taken_back_leaves_the_signatures():
     assert NAME not in inspect.signature(tunekit.plan).parameters
 
 
-def test_a_declared_toggle_is_a_column_of_the_results(declared_toggle, tmp_path):
-    lab = tunekit.Lab(micro_batch=2, seq_len=16, log_path=tmp_path / "runs.jsonl")
+def test_a_declared_toggle_is_a_column_of_the_results(declared_toggle, make_lab):
+    lab = make_lab(micro_batch=2, seq_len=16)
     r = lab.run(steps=1, warmup=0, verbose=False, fused_loss=True)
     assert r.fused_loss is True   # a record reads its toggles by name
     frame = lab.results(all=True)
@@ -122,20 +122,59 @@ def test_a_declared_toggle_is_one_the_plan_panel_compares(declared_toggle):
                                  NAME)
 
 
-def test_the_one_setting_of_a_lab_call_carries_a_declared_toggle(declared_toggle, tmp_path):
-    lab = tunekit.Lab(fused_loss=True, micro_batch=2, seq_len=16, log_path=tmp_path / "runs.jsonl")
+def test_the_one_setting_of_a_lab_call_carries_a_declared_toggle(declared_toggle, make_lab):
+    lab = make_lab(fused_loss=True, micro_batch=2, seq_len=16)
     assert lab.setting_of().fused_loss is True and lab.setting_of(fused_loss=False).fused_loss is False
     assert isinstance(lab.setting_of(), Setting)
 
 
-def test_a_declared_toggle_reaches_the_plans_setting(declared_toggle, tmp_path):
+def test_a_declared_toggle_reaches_the_plans_setting(declared_toggle, make_lab):
     cfg = tunekit.GPTConfig.preset("cpu-tiny")
     p = tunekit.plan(cfg, "H100 SXM", fused_loss=True, micro_batch=1, seq_len=16, verbose=False)
     assert isinstance(p.setting, Setting) and p.setting.fused_loss is True
     # the plan has no rule for it: it says so (the recipe's next step is its effect)
     assert "fused_loss=True is not modelled: the plan is of a step without it" in p.notes
-    lab = tunekit.Lab(fused_loss=True, micro_batch=1, seq_len=16, log_path=tmp_path / "runs.jsonl")
+    lab = make_lab(fused_loss=True, micro_batch=1, seq_len=16)
     assert lab.plan("H100 SXM", verbose=False).setting.fused_loss is True   # the Lab's run's Setting
+
+
+def test_the_other_lab_entries_and_the_memory_answers_take_it(declared_toggle, make_lab):
+    from tunekit.lab.expect import asked_setting
+
+    lab = make_lab(micro_batch=2, seq_len=16)
+    s = asked_setting(lab, None, {NAME: True})   # lab.expect's edge (the dashboard's line before Run)
+    assert s == lab.setting_of(fused_loss=True) and s.fused_loss is True
+    report = tunekit.measure_memory(lab, setting=s, estimate=False)   # taken, not refused as unknown
+    assert report.measured["weights"] > 0
+    estimate = tunekit.estimate_memory(tunekit.GPTConfig.preset("cpu-tiny"), setting=Setting(fused_loss=True,
+                                                                                             micro_batch=2, seq_len=16))
+    assert estimate.total_bytes > 0
+
+
+class _Queue:
+    """A cluster target that keeps what it was sent (`tunekit.lab.cluster.submit_run` reads no more of one)."""
+
+    ranks_per_node, nodes, gpus_per_node, partition, max_jobs = 1, 1, None, None, 1
+
+    def __init__(self, folder):
+        self.folder, self.sent = str(folder), []
+
+    def check(self, *expected) -> list:
+        return []
+
+    def submit(self, spec, folder, name):
+        self.sent.append(spec)
+        return f"job {len(self.sent)}"
+
+
+def test_a_declared_toggle_reaches_a_cluster_jobs_spec(declared_toggle, make_lab, tmp_path):
+    from tunekit.lab.cluster import submit_run
+
+    lab = make_lab(micro_batch=2, seq_len=16)
+    queue = _Queue(tmp_path / "jobs")
+    job, sent = submit_run(lab, queue, 1, 0, lab.setting_of(fused_loss=True))   # lab.run(on=queue)'s Setting
+    assert job == "job 1" and sent["toggles"].fused_loss is True
+    assert queue.sent[0]["toggles"][NAME] is True   # what the rank worker on the cluster is given
 
 
 def test_a_declared_toggle_is_an_option_of_both_commands(declared_toggle):
@@ -149,18 +188,25 @@ def test_a_declared_toggle_is_an_option_of_both_commands(declared_toggle):
     assert parser().parse_args(["plan"]).fused_loss is False   # its declared default
     helps = {a.dest: a for a in _actions(parser(), "run") + _actions(parser(), "plan") if a.dest == NAME}
     assert helps[NAME].help == FIELD.metadata["help"]
+    for command in ("run", "plan"):   # what `tunekit run --help` / `tunekit plan --help` print
+        shown = " ".join(_command(parser(), command).format_help().split())
+        assert "--fused-loss, --no-fused-loss compute the loss in one fused kernel" in shown, command
+
+
+def _command(p: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
 
 
 def _actions(p: argparse.ArgumentParser, command: str) -> list:
-    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices[command]._actions
+    return _command(p, command)._actions
 
 
-def test_a_declared_toggle_is_a_dashboard_control(declared_toggle, tmp_path):
+def test_a_declared_toggle_is_a_dashboard_control(declared_toggle, make_lab):
     pytest.importorskip("ipywidgets")
     from tunekit.lab.dashboard import Dashboard
 
-    lab = tunekit.Lab(micro_batch=2, seq_len=16, log_path=tmp_path / "runs.jsonl")
+    lab = make_lab(micro_batch=2, seq_len=16)
     dash = Dashboard(lab)
     control = dash.controls[NAME]
     assert control.value is False and control.description == "fused loss"   # a checkbox, labelled by its name

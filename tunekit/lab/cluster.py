@@ -1,7 +1,8 @@
 """A ``lab.run(..., on=tunekit.Slurm(...))``: the Lab's model, weights and toggles sent to a cluster
 job (tunekit.parallel.slurm), and the job's RunResult in the Lab's log, where it ran said.
 
-    >>> result = run_on(lab, tunekit.Slurm(partition="gpu", gpus_per_node=8), 20, 2, None, "fsdp", {})
+    >>> result = run_on(lab, tunekit.Slurm(partition="gpu", gpus_per_node=8), 20, 2, None,
+    ...                 lab.setting_of(setting=tunekit.Setting(parallel="fsdp")))
 
 Everything a local distributed run refuses is refused here too, and what the cluster cannot take
 (no sbatch, an unknown partition, more nodes or GPUs than it has, a time limit shorter than the
@@ -22,15 +23,17 @@ import torch
 from tunekit.autotune.run import LabTrials
 from tunekit.autotune.search import TrialFailed
 from tunekit.core.results import RunResult
+from tunekit.core.setting import Setting
 from tunekit.core.toggles import ToggleError, label, normalized
 from tunekit.core.units import is_missing
 from tunekit.lab import fit
 from tunekit.lab.distributed import problems, recheck_rates
 
 
-def submitted(lab, target, steps, warmup, progress, parallel, changes, verbose, local_layout, wait=True):
+def submitted(lab, target, steps, warmup, progress, s: Setting, verbose, local_layout, wait=True):
     """``lab.run(on=target)``'s checks and display, then `run_on`: the job's state shown as it
-    changes, Ctrl-C cancels it. ``local_layout``: the call's (trace, memory, link, nproc, nodes),
+    changes, Ctrl-C cancels it. ``s``: the call's one Setting (`lab.setting_of`: its toggles and
+    ``parallel``; the ranks are the target's). ``local_layout``: the call's (trace, memory, link, nproc, nodes),
     which a cluster run takes from its target or cannot do. ``wait=False``: the job submitted and
     followed by a thread; a `ClusterRun` returned at once (tunekit.lab.cluster_run)."""
     from tunekit.core.validate import flag
@@ -47,24 +50,24 @@ def submitted(lab, target, steps, warmup, progress, parallel, changes, verbose, 
         if progress is not None:
             raise ToggleError(["progress= is called as a waited run's steps go: with wait=False, read "
                                "handle.steps_done (or leave wait=True)"])
-        job, sent = submit_run(lab, target, steps, warmup, parallel, changes, expect=True)
+        job, sent = submit_run(lab, target, steps, warmup, s, expect=True)
         return ClusterRun(lab, job, sent, record, verbose=flag("verbose", verbose))
     if not flag("verbose", verbose):
-        return run_on(lab, target, steps, warmup, progress, parallel, changes)
+        return run_on(lab, target, steps, warmup, progress, s)
     from tunekit.view.progress import RunProgress
 
     with RunProgress(steps, progress) as shown:
-        shown.result = run_on(lab, target, steps, warmup, shown.tick, parallel, changes)
+        shown.result = run_on(lab, target, steps, warmup, shown.tick, s)
     return shown.result
 
 
-def run_on(lab, target, steps, warmup, progress, parallel, changes, on_state=None) -> RunResult:
+def run_on(lab, target, steps, warmup, progress, s: Setting, on_state=None) -> RunResult:
     """``lab.run(on=target)`` (see its docstring): ``target.nodes`` x its ranks per node, each from
     the Lab's weights; ``on_state(state, info)`` on each change of the job's state (default: one
     line per change, printed)."""
     from tunekit.parallel.slurm import JobFailed
 
-    job, sent = submit_run(lab, target, steps, warmup, parallel, changes, expect=True)
+    job, sent = submit_run(lab, target, steps, warmup, s, expect=True)
     try:
         result = job.wait(progress=progress, on_state=on_state or _say)
     except JobFailed as e:
@@ -73,15 +76,16 @@ def run_on(lab, target, steps, warmup, progress, parallel, changes, on_state=Non
     return record(lab, job, sent, result)
 
 
-def submit_run(lab, target, steps, warmup, parallel, changes, name: str = "tunekit-run", expect: bool = False):
+def submit_run(lab, target, steps, warmup, s: Setting, name: str = "tunekit-run", expect: bool = False):
     """`run_on`'s checks (a ToggleError, nothing submitted) and its job submitted: (the SlurmJob,
-    what `record` needs). An autotune sweep on a cluster submits its trials this way, several at once.
+    what `record` needs). ``s``: the run's Setting, complete (its toggles, ``parallel``; the ranks
+    are the target's). An autotune sweep on a cluster submits its trials this way, several at once.
     ``expect``: the target's time limit checked against the run's expected time (`expected_run`)."""
     from tunekit.models.spec import factory_spec, model_spec
     from tunekit.parallel.slurm import job_folder
 
     nproc, nodes = target.ranks_per_node, target.nodes
-    t = lab.resolve(**changes)
+    t, parallel = s.toggles, s.parallel
     if nproc * nodes == 1 and parallel is None:
         errors = lab.check(t, steps, warmup)
     else:
@@ -266,7 +270,7 @@ class ClusterTrials(LabTrials):
                     i, (t, steps) = waiting.pop(0)
                     t0 = self.clock()
                     try:
-                        job, sent = submit_run(self.lab, self.target, steps, self.warmup, None, t.asdict(),
+                        job, sent = submit_run(self.lab, self.target, steps, self.warmup, Setting.of(t),
                                                name="tunekit-autotune")
                     except Exception as e:  # noqa: BLE001 - refused (ToggleError) or sbatch said no: this trial's
                         out[i] = (e, self.clock() - t0)

@@ -27,7 +27,7 @@ from tunekit.lab.cluster import submitted
 from tunekit.lab.distributed import run_distributed
 from tunekit.lab.plan import lab_plan, show_plan_keywords
 from tunekit.lab.results import LabResults
-from tunekit.lab.setting import LAB_CHOICES, check, resolve, setting_of, toggles_of
+from tunekit.lab.setting import LAB_CHOICES, check, resolve, setting_of
 from tunekit.models.gpt import GPTConfig
 from tunekit.train.guard import NonFiniteRunError
 from tunekit.train.record import Steps
@@ -187,10 +187,9 @@ class Lab(LabResults):
             raise ToggleError(["wait=False is for a cluster run (on=tunekit.Slurm(...)): a run here waits"])
         ranks = (1, 1) if on is not None and setting is None else (nproc, nodes)   # a job's: its target's
         s = setting_of(self, setting, changes, (parallel, *ranks), steps=steps, warmup=warmup)
-        if on is not None:   # tunekit.lab.cluster takes the toggles as keywords
+        if on is not None:   # a cluster job (tunekit.lab.cluster) of the same Setting; its ranks the target's
             ranks = (nproc, nodes) if setting is None else (s.world_size // s.nodes, s.nodes)
-            return submitted(self, on, steps, warmup, progress, s.parallel, toggles_of(s), verbose,
-                             (trace, memory, link, *ranks), wait)
+            return submitted(self, on, steps, warmup, progress, s, verbose, (trace, memory, link, *ranks), wait)
         if not flag("verbose", verbose):
             return self._run(steps, warmup, progress, guard, trace, memory, link, s)
         from tunekit.view.progress import RunProgress  # the view that shows it; chosen per frontend there

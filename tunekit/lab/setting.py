@@ -88,8 +88,8 @@ def setting_of(lab, setting: Setting | None = None, changes: dict | None = None,
 
 
 def toggles_of(s: Setting) -> dict:
-    """The toggles of ``s`` as keywords (what `tunekit.lab.cluster` takes): every declared toggle,
-    those it leaves None (the model's own) left out."""
+    """The toggles of ``s`` as keywords (``lab.resolve(**toggles_of(s))``, as `tunekit.lab.expect`
+    re-checks them): every declared toggle, those it leaves None (the model's own) left out."""
     return {k: v for k, v in s.toggles.asdict().items() if v is not None}
 
 

@@ -32,23 +32,23 @@ from tunekit.core.units import GB, GiB, is_missing
 NaN = math.nan
 
 
-def precision_layout(precision: str) -> MemoryLayout:
-    """Bytes per parameter of a training precision (see tunekit.core.registry.MEMORY_LAYOUTS)."""
-    return MEMORY_LAYOUTS[memory_layout_name(precision)]
+def layout_bytes(layout: str) -> MemoryLayout:
+    """Bytes per parameter of a memory layout (a key or alias of tunekit.core.registry.MEMORY_LAYOUTS:
+    "fp32", "amp", "mixed", "bf16", ...; a training precision's is `Setting.memory_layout`)."""
+    return MEMORY_LAYOUTS[memory_layout_name(layout)]
 
 
+def optimizer_bytes_per_param(optimizer: str, layout: str = "fp32") -> float:
+    """Optimizer-state bytes per parameter under a memory ``layout``: AdamW 8 (fp32), SGD-momentum/
+    Lion/Adafactor 4, 8-bit AdamW 2, bf16 AdamW 4; states follow the param dtype in pure half layouts."""
+    return registry.optimizer(optimizer).state_bytes_per_param(layout_bytes(layout).state)
 
-def optimizer_bytes_per_param(optimizer: str, precision: str = "fp32") -> float:
-    """Optimizer-state bytes per parameter: AdamW 8 (fp32), SGD-momentum/Lion/Adafactor 4,
-    8-bit AdamW 2, bf16 AdamW 4; states follow the param dtype in pure half precision."""
-    return registry.optimizer(optimizer).state_bytes_per_param(precision_layout(precision).state)
 
-
-def bytes_per_param(precision: str = "mixed", optimizer: str = "adamw") -> dict:
-    """Static bytes per parameter by component. mixed + AdamW: 2 + 4 + 4 + 8 = 18."""
-    p = precision_layout(precision)
+def bytes_per_param(layout: str = "mixed", optimizer: str = "adamw") -> dict:
+    """Static bytes per parameter by component under a memory ``layout``. mixed + AdamW: 2 + 4 + 4 + 8 = 18."""
+    p = layout_bytes(layout)
     return {"weights": p.weights, "master_weights": p.master, "gradients": p.grads,
-            "optimizer_states": optimizer_bytes_per_param(optimizer, precision)}
+            "optimizer_states": optimizer_bytes_per_param(optimizer, layout)}
 
 
 # --- activation formulas ------------------------------------------------------------------------
