@@ -36,8 +36,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+if __name__ == "__main__":   # a rank process tunekit starts: libgomp's wait policy set before torch loads
+    from tunekit.measure.conditions_gomp import pin  # (measure.conditions_gomp; imported, nothing is set)
+
+    pin()
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 from tunekit.core import registry
 from tunekit.core.comm import expected_comm, layout_problems
