@@ -5,15 +5,19 @@ torch's CPU build runs its intra-op pool on libgomp (``ldd libtorch_cpu.so``: it
 ``torch/lib/libgomp.so.1``). Between parallel regions a worker spins ``GOMP_SPINCOUNT`` times,
 then sleeps on a futex; the next region must wake it. libgomp reads ``OMP_WAIT_POLICY`` and
 ``GOMP_SPINCOUNT`` once, as it loads (GCC's libgomp manual, "OMP_WAIT_POLICY" and
-"GOMP_SPINCOUNT"): unset, 300,000 spins (and 100 while the process holds more libgomp threads
-than CPUs); ``ACTIVE``, 30 billion; ``PASSIVE``, none. On a 2-vCPU VM the 64-cube matmuls of a
-calibration ran at one of two speeds under the default (0.031-0.036 or 0.065-0.074 TFLOPS,
-flipping within one process), so two fresh calibrations disagreed by 1.2x (issue 39).
+"GOMP_SPINCOUNT"): unset, 300,000 spins, but 100 while the process holds more libgomp threads than
+CPUs (a second thread's parallel region adds a team: two states in one process); ``ACTIVE``, 30
+billion (1,000 in that state); ``GOMP_SPINCOUNT=N``, N (min(N, 100) in that state); ``PASSIVE``,
+none in either state. On a 2-vCPU VM the 64-cube matmuls of a calibration ran at one of two speeds
+under the default (0.031-0.036 or 0.065-0.074 TFLOPS, flipping within one process), so two fresh
+calibrations disagreed by 1.2x (issue 39); ``PASSIVE`` is the one policy with a single state, so it
+is tunekit's (`PINNED`): slower small matmuls, every time (benchmarks/RESULTS.md).
 
 A process's policy is fixed once torch has loaded: this module never changes a user's process.
 `pin` is for the processes tunekit owns (the ``tunekit`` command, a Slurm rank, the benchmark
 scripts), called before torch is imported; `policy` says what this process's libgomp read, for
-the calibration record (measure.stream) and the note a plan carries when it differs.
+the calibration record (measure.stream) and the note a CPU plan carries when its record was taken
+under a policy of two states (`repeatable`).
 
     >>> pin()            # in a process tunekit starts, before ``import torch``
     >>> policy()         # 'OMP_WAIT_POLICY=PASSIVE' (or 'default')
@@ -26,6 +30,7 @@ import sys
 VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 PINNED = {"OMP_WAIT_POLICY": "PASSIVE"}   # what tunekit's own processes run under (benchmarks/RESULTS.md)
 DEFAULT = "default"
+ONE_STATE = ("OMP_WAIT_POLICY=PASSIVE", "GOMP_SPINCOUNT=0", "OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=0")   # no spinning
 
 _at_load: str | None = None   # this process's policy, read before libgomp loaded (see `policy`)
 
@@ -74,8 +79,9 @@ def pin(environ=None) -> bool:
 
 def repeatable(recorded: str) -> bool:
     """Whether a calibration taken under the policy ``recorded`` (`policy`'s words) is one whose small
-    matmuls repeat between calibrations: tunekit's pinned one (benchmarks/bench_calibration.py)."""
-    return recorded == describe(PINNED)
+    matmuls repeat between calibrations: a policy of one state, no spinning (libgomp reads its
+    values case-blind)."""
+    return recorded.upper() in ONE_STATE
 
 
 def advice(recorded: str) -> str:
