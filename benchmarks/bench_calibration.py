@@ -20,10 +20,10 @@ step's max/min over those). Then each op category's expected ms over the N cache
 
     .venv/bin/python benchmarks/bench_calibration.py --spread 3
 
-libgomp's wait policy (measure.conditions_gomp): this script pins tunekit's (`pin`: OMP_WAIT_POLICY
-as tunekit's own processes run) unless the shell sets one; ``--policy P`` (repeatable: ``default``,
-``OMP_WAIT_POLICY=PASSIVE``, ``GOMP_SPINCOUNT=1000`` ...) does the pairs under each, alternated
-within each run, and prints each policy's ratios and spread side by side:
+libgomp's wait policy (measure.conditions_gomp): the children run under the shell's environment;
+``--policy P`` (repeatable: ``default``, ``OMP_WAIT_POLICY=PASSIVE``, ``GOMP_SPINCOUNT=1000`` ...)
+does the pairs under each, alternated within each run, and prints each policy's pair ratios, the
+spread of its caches and each cache's 64-cube fp32 matmul figure side by side:
 
     .venv/bin/python benchmarks/bench_calibration.py --runs 3 --policy default --policy OMP_WAIT_POLICY=PASSIVE
 """
@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tunekit.measure.conditions_gomp import VARS, pin  # noqa: E402 (tunekit imports no torch)
+from tunekit.measure.conditions_gomp import VARS  # noqa: E402 (tunekit imports no torch)
 
 SETTINGS = {   # the Lab's tiny GPT at 4 x 64 tokens, as notebooks/18_expected plans it
     "cpu-tiny fp32": dict(precision="fp32"),
@@ -171,7 +171,7 @@ def show_spread(n: int) -> None:
 
 def policy_env(chosen: str | None) -> dict:
     """The environment of a child calibrating under ``chosen`` (``"default"``: neither variable set;
-    ``"NAME=VALUE ..."``; None: this process's, as pinned)."""
+    ``"NAME=VALUE ..."``; None: this process's environment)."""
     env = dict(os.environ)
     if chosen is not None:
         for k in VARS:
@@ -201,13 +201,10 @@ def main() -> None:
     ap.add_argument("--busy-first", action="store_true", help="calibrate beside the load first")
     ap.add_argument("--runs", type=int, default=1, metavar="R", help="R pairs, alternating which goes first")
     ap.add_argument("--policy", action="append", metavar="P", help="libgomp wait policy of the children: "
-                    "'default' or 'NAME=VALUE' (repeat to compare; default: as pinned here, "
-                    "pinned unless the shell sets one)")
+                    "'default' or 'NAME=VALUE' (repeat to compare; default: the shell's environment)")
     ap.add_argument("--spread", type=int, metavar="N", help="N fresh caches in a row, as the machine is: "
                     "which figures vary, and how far each moves the expected step")
     args = ap.parse_args()
-    if not (args.child or args.record):
-        pin()   # before torch loads, here and in the children (they inherit the environment as chosen)
     if args.child:
         return child()
     if args.record:

@@ -12,11 +12,6 @@ HTML report (``--report``). The options of ``tunekit run`` are made from the dec
 ``tunekit.core.toggles.Toggles`` (type, default, help, choices), so a new toggle appears by itself.
 Bad options end with one line on stderr and exit code 2 before any work; a run that fails exits 1.
 Parse, call, display: the Lab and the distributed engine measure, this module only prints.
-
-The command is a process tunekit owns: before torch loads it sets libgomp's wait policy
-(``OMP_WAIT_POLICY=PASSIVE``, measure.conditions_gomp), unless the shell sets ``OMP_WAIT_POLICY`` or
-``GOMP_SPINCOUNT``, so its CPU calibrations repeat (under libgomp's default two fresh ones
-differed by 1.2x on a 2-core VM, issue 39); a notebook's kernel keeps its own.
 """
 from __future__ import annotations
 
@@ -306,9 +301,6 @@ def _refuse(message: str) -> int:
 
 
 def main(argv=None) -> int:
-    from tunekit.measure.conditions_gomp import pin
-
-    pin()   # before anything loads torch (a no-op once it has, as when main() is called from Python)
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.command == "plan":
         from tunekit.cli.plan import plan_main

@@ -28,7 +28,6 @@ KINDS = {
     "plan.attention_kernel": "which of torch's CUDA SDPA kernels a GPU plan names for attention, by what rule",
     "expected.missing": "a plan's device lacks a figure its expected step needs: the bound stands alone",
     "expected.busy_figures": "a plan's expected step comes from figures calibrated on a busy machine",
-    "expected.wait_policy": "a CPU plan's figures were calibrated under an OpenMP wait policy that does not repeat",
     "expected.borrowed": "a plan's device borrows a figure from the nearest measured card of its chip and memory",
     "advice.numerics": "a planned change that changes the numerics (pure half weights, half AdamW states)",
     "advice.optimizer": "a planned change of optimizer: other hyperparameters and convergence",

@@ -2,25 +2,25 @@
 condition of a CPU calibration like the load. Measurement layer.
 
 torch's CPU build runs its intra-op pool on libgomp (``ldd libtorch_cpu.so``: its own
-``torch/lib/libgomp.so.1``). Between parallel regions a worker spins ``GOMP_SPINCOUNT`` times,
-then sleeps on a futex; the next region must wake it. libgomp reads ``OMP_WAIT_POLICY`` and
-``GOMP_SPINCOUNT`` once, as it loads (GCC's libgomp manual, "OMP_WAIT_POLICY" and
-"GOMP_SPINCOUNT"): unset, 300,000 spins, but 100 while the process holds more libgomp threads than
-CPUs (a second thread's parallel region adds a team: two states in one process); ``ACTIVE``, 30
-billion (1,000 in that state); ``GOMP_SPINCOUNT=N``, N (min(N, 100) in that state); ``PASSIVE``,
-none in either state. On a 2-vCPU VM the 64-cube matmuls of a calibration ran at one of two speeds
-under the default (0.031-0.036 or 0.065-0.074 TFLOPS, flipping within one process), so two fresh
-calibrations disagreed by 1.2x (issue 39); ``PASSIVE`` is the one policy with a single state, so it
-is tunekit's (`PINNED`): slower small matmuls, every time (benchmarks/RESULTS.md).
+``torch/lib/libgomp.so.1``). Between parallel regions a worker spins, then sleeps on a futex; the
+next region must wake it. libgomp reads ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` once, as it
+loads (GCC's libgomp manual, "OMP_WAIT_POLICY" and "GOMP_SPINCOUNT"): unset, 300,000 spins (100
+while the process holds more libgomp threads than CPUs); ``ACTIVE``, 30 billion (1,000);
+``PASSIVE``, none. So a process's policy is fixed once torch has loaded, and tunekit never sets it
+in a user's process.
 
-A process's policy is fixed once torch has loaded: this module never changes a user's process.
-`pin` is for the processes tunekit owns (the ``tunekit`` command, a Slurm rank, the benchmark
-scripts), called before torch is imported; `policy` says what this process's libgomp read, for
-the calibration record (measure.stream) and the note a CPU plan carries when its record was taken
-under a policy of two states (`repeatable`).
+The policy changes what a calibration measures: on the 2-vCPU VM (2026-12-06, load 14-26,
+benchmarks/bench_calibration.py --policy) the stream record's 64-cube fp32 matmul read 0.032-0.074
+TFLOPS under the default and 0.007-0.024 under ``PASSIVE`` (each in two states: a worker still
+spinning or asleep as the next region comes under the default, a VM's wake-up latency under
+``PASSIVE``). So the stream record holds the policy its trials ran under (`policy`) and its cache
+key does too: a record taken under one policy is another calibration, never read under another.
+No policy made two fresh calibrations repeat: the cpu-tiny step's pairs (busy/as is) were
+1.019/1.203/1.049 under the default and 1.019/1.088/1.025 under ``PASSIVE``, six caches each
+1.20x and 1.18x apart, ``PASSIVE``'s steps 1.13x slower; tunekit's own processes keep the
+environment they were given (benchmarks/RESULTS.md).
 
-    >>> pin()            # in a process tunekit starts, before ``import torch``
-    >>> policy()         # 'OMP_WAIT_POLICY=PASSIVE' (or 'default')
+    >>> policy()         # 'default', or each variable set: 'OMP_WAIT_POLICY=PASSIVE'
 """
 from __future__ import annotations
 
@@ -28,9 +28,7 @@ import os
 import sys
 
 VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-PINNED = {"OMP_WAIT_POLICY": "PASSIVE"}   # what tunekit's own processes run under (benchmarks/RESULTS.md)
 DEFAULT = "default"
-ONE_STATE = ("OMP_WAIT_POLICY=PASSIVE", "GOMP_SPINCOUNT=0", "OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=0")   # no spinning
 
 _at_load: str | None = None   # this process's policy, read before libgomp loaded (see `policy`)
 
@@ -63,32 +61,3 @@ def policy() -> str:
     if not _loaded():
         _at_load = now
     return now
-
-
-def pin(environ=None) -> bool:
-    """Set `PINNED` in ``environ`` (``os.environ``) for a process tunekit owns, before torch is
-    imported; a variable the user set is left as set. Returns whether libgomp will read it
-    (False once libgomp has loaded: then nothing is changed)."""
-    environ = os.environ if environ is None else environ
-    if environ is os.environ and _loaded():
-        return False
-    if not any(environ.get(k, "").strip() for k in VARS):   # the user's own choice wins
-        environ.update(PINNED)
-    return True
-
-
-def repeatable(recorded: str) -> bool:
-    """Whether a calibration taken under the policy ``recorded`` (`policy`'s words) is one whose small
-    matmuls repeat between calibrations: a policy of one state, no spinning (libgomp reads its
-    values case-blind)."""
-    return recorded.upper() in ONE_STATE
-
-
-def advice(recorded: str) -> str:
-    """A note's words for a CPU calibration taken under the wait policy ``recorded``, not the pinned one."""
-    env = describe(PINNED)
-    return (f"this CPU's figures were calibrated under libgomp's wait policy {recorded!r}, under which its "
-            f"small matmuls run at one of two speeds (two calibrations may differ by 1.2x or more): for "
-            f"figures that repeat, start Python with {env} (a notebook: `%env {env}` in the first cell, "
-            "before torch is imported, or in the kernel's env), then plan again (a calibration is taken "
-            "once under that policy)")

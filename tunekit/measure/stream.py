@@ -132,15 +132,6 @@ def measure_stream(refresh: bool = False) -> Stream:
     return new
 
 
-def policy_note(record: Stream):
-    """The note (kind ``expected.wait_policy``) of a plan made from a record taken under a libgomp
-    wait policy whose figures do not repeat (measure.conditions_gomp), else None."""
-    from tunekit.core.notes import Note
-    from tunekit.measure.conditions_gomp import advice, repeatable
-
-    return None if repeatable(record.wait_policy) else Note("expected.wait_policy", advice(record.wait_policy))
-
-
 def _host_figures() -> tuple:
     """(sweep, cold, op_s, view_s, module_s, checkpoint_s) of a record: the bandwidth sweeps and the
     host's times, measured in this order."""

@@ -36,12 +36,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-if __name__ == "__main__":   # a rank process tunekit starts: libgomp's wait policy set before torch loads
-    from tunekit.measure.conditions_gomp import pin  # (measure.conditions_gomp; imported, nothing is set)
-
-    pin()
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 from tunekit.core import registry
 from tunekit.core.comm import expected_comm, layout_problems

@@ -106,18 +106,7 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
         notes.append("compile=True: each run of memory-bound ops between matmuls expected as one fused kernel "
                      "(what it reads from outside, what is read after it), at the compiled launch cost")
     out.notes = notes
-    return out, borrowed + ([busy_note(fig)] if fig.busy else []) + policy_notes(fig)
-
-
-def policy_notes(fig: Figures) -> list:
-    """A CPU plan's note where its stream record was taken under an OpenMP wait policy whose figures
-    do not repeat (measure.stream.policy_note); none for a GPU's."""
-    if fig.name != "cpu":
-        return []
-    from tunekit.measure.stream import measure_stream, policy_note
-
-    note = policy_note(measure_stream())
-    return [note] if note else []
+    return out, borrowed + ([busy_note(fig)] if fig.busy else [])
 
 
 def busy_note(fig: Figures) -> Note:
