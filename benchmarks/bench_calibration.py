@@ -19,6 +19,13 @@ the first cache's record with that one figure taken from each of the others, pla
 step's max/min over those). Then each op category's expected ms over the N caches as they are.
 
     .venv/bin/python benchmarks/bench_calibration.py --spread 3
+
+libgomp's wait policy (measure.conditions_gomp): the children run under the shell's environment;
+``--policy P`` (repeatable: ``default``, ``OMP_WAIT_POLICY=PASSIVE``, ``GOMP_SPINCOUNT=1000`` ...)
+does the pairs under each, alternated within each run, and prints each policy's pair ratios, the
+spread of its caches and each cache's 64-cube fp32 matmul figure side by side:
+
+    .venv/bin/python benchmarks/bench_calibration.py --runs 3 --policy default --policy OMP_WAIT_POLICY=PASSIVE
 """
 import argparse
 import json
@@ -30,6 +37,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tunekit.measure.conditions_gomp import VARS  # noqa: E402 (tunekit imports no torch)
+
 SETTINGS = {   # the Lab's tiny GPT at 4 x 64 tokens, as notebooks/18_expected plans it
     "cpu-tiny fp32": dict(precision="fp32"),
     "cpu-tiny fp32 + ckpt": dict(precision="fp32", checkpointing=True),
@@ -51,7 +61,8 @@ def child() -> None:
     steps = {k: lab.plan("cpu", micro_batch=4, seq_len=64, **kw).expected.step_s for k, kw in SETTINGS.items()}
     verdicts = {"stream": f"[{stream.priority}] {stream.conditions}",
                 **{d: f"[{c.priority}] {c.conditions}" for d, c in cals.items()}}
-    print(json.dumps(dict(steps=steps, verdicts=verdicts, seconds=took)))
+    print(json.dumps(dict(steps=steps, verdicts=verdicts, seconds=took, policy=stream.wait_policy,
+                          matmul64=stream.matmuls["fp32"][0][1])))
 
 
 def record_child() -> None:
@@ -158,8 +169,19 @@ def show_spread(n: int) -> None:
             print(f"{c:<16}{min(v) * 1e3:>9.2f}{max(v) * 1e3:>9.2f}{spread(v):>9.3f}")
 
 
-def calibrated(load: bool) -> dict:
-    env = dict(os.environ, TUNEKIT_CACHE=tempfile.mkdtemp(prefix="tunekit-cal-"), PYTHONPATH=str(ROOT))
+def policy_env(chosen: str | None) -> dict:
+    """The environment of a child calibrating under ``chosen`` (``"default"``: neither variable set;
+    ``"NAME=VALUE ..."``; None: this process's environment)."""
+    env = dict(os.environ)
+    if chosen is not None:
+        for k in VARS:
+            env.pop(k, None)
+        env.update(kv.split("=", 1) for kv in chosen.split() if kv != "default")
+    return env
+
+
+def calibrated(load: bool, chosen: str | None = None) -> dict:
+    env = dict(policy_env(chosen), TUNEKIT_CACHE=tempfile.mkdtemp(prefix="tunekit-cal-"), PYTHONPATH=str(ROOT))
     cmd = [sys.executable, __file__, "--child"]
     if load:
         sys.path.insert(0, str(ROOT / "tools"))
@@ -178,6 +200,8 @@ def main() -> None:
     ap.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--busy-first", action="store_true", help="calibrate beside the load first")
     ap.add_argument("--runs", type=int, default=1, metavar="R", help="R pairs, alternating which goes first")
+    ap.add_argument("--policy", action="append", metavar="P", help="libgomp wait policy of the children: "
+                    "'default' or 'NAME=VALUE' (repeat to compare; default: the shell's environment)")
     ap.add_argument("--spread", type=int, metavar="N", help="N fresh caches in a row, as the machine is: "
                     "which figures vary, and how far each moves the expected step")
     args = ap.parse_args()
@@ -187,28 +211,37 @@ def main() -> None:
         return record_child()
     if args.spread:
         return show_spread(args.spread)
+    policies = args.policy or [None]
     every = {}
     for run in range(args.runs):
         busy_first = args.busy_first != (run % 2 == 1)   # alternate which goes first
-        got = {}
-        for load in ((True, False) if busy_first else (False, True)):
-            got[load] = calibrated(load)
-            print(f"run {run + 1} {'beside busy.py --cores 2' if load else 'as the machine is':<26} calibrated in "
-                  f"{got[load]['seconds']:.0f} s at {time.strftime('%H:%M UTC', time.gmtime())}", flush=True)
-            for what, v in got[load]["verdicts"].items():
-                print(f"  {what:<7} {v}")
-        print(f"\n{'expected step':<24}{'as is ms':>10}{'busy ms':>10}{'busy/as is':>12}")
-        for k in SETTINGS:
-            a, b = got[False]["steps"][k], got[True]["steps"][k]
-            print(f"{k:<24}{a * 1e3:>10.2f}{b * 1e3:>10.2f}{b / a:>12.3f}")
-            every.setdefault(k, []).extend((a, b))
-        print()
-    if args.runs > 1:
-        from tunekit.measure.trials import spread
+        for chosen in (policies if run % 2 == 0 else policies[::-1]):   # and which policy
+            got = {}
+            for load in ((True, False) if busy_first else (False, True)):
+                got[load] = calibrated(load, chosen)
+                where = 'beside busy.py --cores 2' if load else 'as the machine is'
+                print(f"run {run + 1} [{got[load]['policy']}] {where:<26} "
+                      f"calibrated in {got[load]['seconds']:.0f} s at {time.strftime('%H:%M UTC', time.gmtime())}; "
+                      f"64-cube fp32 matmul {got[load]['matmul64']:.3f} TFLOPS", flush=True)
+                for what, v in got[load]["verdicts"].items():
+                    print(f"  {what:<7} {v}")
+            print(f"\n{'expected step':<24}{'as is ms':>10}{'busy ms':>10}{'busy/as is':>12}")
+            for k in SETTINGS:
+                a, b = got[False]["steps"][k], got[True]["steps"][k]
+                print(f"{k:<24}{a * 1e3:>10.2f}{b * 1e3:>10.2f}{b / a:>12.3f}")
+                every.setdefault(got[False]["policy"], {}).setdefault(k, []).extend((a, b))
+            every[got[False]["policy"]].setdefault("pairs", []).append(
+                got[True]["steps"][next(iter(SETTINGS))] / got[False]["steps"][next(iter(SETTINGS))])
+            print()
+    from tunekit.measure.trials import spread
 
-        print(f"all {2 * args.runs} caches (busy and as is): expected step max/min")
-        for k, steps in every.items():
-            print(f"{k:<24}{min(steps) * 1e3:>10.2f}{max(steps) * 1e3:>10.2f}{spread(steps):>12.3f}")
+    for pol, steps in every.items():
+        pairs = " ".join(f"{r:.3f}" for r in steps.pop("pairs"))
+        print(f"[{pol}] {len(pairs.split())} pair(s), busy/as is of {next(iter(SETTINGS))!r}: {pairs}")
+        print(f"[{pol}] all {2 * args.runs} caches (busy and as is): expected step max/min")
+        for k, v in steps.items():
+            print(f"{k:<24}{min(v) * 1e3:>10.2f}{max(v) * 1e3:>10.2f}{spread(v):>12.3f}")
+
 
 if __name__ == "__main__":
     main()

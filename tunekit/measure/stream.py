@@ -16,7 +16,9 @@ does not follow the allocator's history).
 Measured once per machine, torch and thread count (the cache key), cached as JSON beside the MAMF
 cache (core.paths.cache_dir) and read from it ever after, whatever the load: a plan is a function of
 its setting, its device and this record. Measured again only on request (``measure_stream(refresh=True)``)
-or for a new key. The sweep runs inside a `ConditionsMeter`: a record taken on a busy machine says so
+or for a new key. The key holds libgomp's wait policy (measure.conditions_gomp): its small matmuls run
+at another speed under another policy, so a record taken under one is another calibration, not this
+one's. The sweep runs inside a `ConditionsMeter`: a record taken on a busy machine says so
 (``conditions``), and a plan made from it carries a note of kind ``expected.busy_figures``.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tunekit.core import paths
 from tunekit.core.conditions import Conditions
 from tunekit.core.validate import flag
 from tunekit.measure.conditions import ConditionsMeter
+from tunekit.measure.conditions_gomp import DEFAULT, policy
 from tunekit.measure.priority import NORMAL, level, shielded_verdict
 from tunekit.measure.step_compute import MATMUL_SIZES, compute_figures, compute_trials  # noqa: F401 (MATMUL_SIZES: as before)
 from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, rounds  # noqa: F401 (MAX_TRIES, fastest: as before)
@@ -63,6 +66,7 @@ class Stream:
     taken_at: float
     conditions: Conditions | None = None
     priority: str = NORMAL   # what its trials ran at (measure.priority): "realtime" ones are load-proof
+    wait_policy: str = DEFAULT   # libgomp's, as its threads ran the trials (measure.conditions_gomp)
 
     @property
     def verdict(self) -> str:
@@ -76,7 +80,7 @@ def _path():
 def _key(name: str) -> str:
     import torch
 
-    return f"{name}|torch {torch.__version__}|{torch.get_num_threads()} threads|v{VERSION}"
+    return f"{name}|torch {torch.__version__}|{torch.get_num_threads()} threads|v{VERSION}|omp {policy()}"
 
 
 def _load() -> dict:
@@ -97,8 +101,8 @@ def _from(entry: dict) -> Stream:
 
 
 def measure_stream(refresh: bool = False) -> Stream:
-    """This CPU's figures: from the cache when it holds this machine's, torch's and thread count's
-    (whatever the load it was taken under: its ``conditions`` say), else measured once and cached.
+    """This CPU's figures: from the cache when it holds this machine's, torch's, thread count's and
+    OpenMP wait policy's (whatever the load it was taken under: its ``conditions`` say), else measured once and cached.
     ``refresh=True`` measures them again and replaces the cached record (say at a quiet moment,
     after a busy first calibration)."""
     import torch
@@ -122,7 +126,7 @@ def measure_stream(refresh: bool = False) -> Stream:
     new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
                  checkpoint_s=checkpoint_s, attention=attention, gelu=gelu, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),
-                 conditions=meter.stop(time.perf_counter() - t0), priority=level())
+                 conditions=meter.stop(time.perf_counter() - t0), priority=level(), wait_policy=policy())
     cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
     _save(cache)
     return new
