@@ -10,12 +10,15 @@ head_dim, batch x heads) for an attention; ``phase`` "forward" or
 
 - matmul: FLOPs at the device's MAMF, less the waves a tiled kernel leaves idle and the
   tensor-core loss of a dimension that is not a multiple of 8, or its bytes at the streaming
-  bandwidth when that takes longer;
+  bandwidth when that takes longer; on a CPU, a linear layer's matmul at its shape class's measured
+  rate (tokens x features, forward / input gradient / weight gradient: `shape_class`) inside the
+  measured grid, else the measured cube sweep at the cube root of m k n;
 - attention: FLOPs at the fused kernel's published share of the peak for the backend, by head dim
   and sequence length (`core.efficiency.attention_share`);
 - every other op: its bytes (inputs read, outputs written) at the streaming bandwidth; on a CPU,
-  by size, and slower where it reads a tensor the last-level cache no longer holds (its reuse
-  distance over the step's op records, `cold_reads`);
+  by size, and slower where it reads a tensor a core's L2 no longer holds (the L3 sweep) or the
+  last-level cache no longer holds (the cold sweep): its reuse distance over the step's op records
+  against the cache sizes (`reuse_bytes`, `cache_level`);
 - a compiled step (``fuse``): each run of memory-bound ops between two matmuls is one kernel that
   reads what the run did not make and writes what is read after it (or by nobody: a gradient);
 - each kernel at least the host's time to launch it (a GPU: the longer of the two, the host

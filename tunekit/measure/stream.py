@@ -9,6 +9,8 @@ outputs autograd keeps for the backward, as a forward keeps its activations (eac
 not yet in cache, often freshly mapped), then freed by the backward; each multiply reads 2n bytes
 and writes n. A hot ``copy_`` of the same size runs 2-3x faster on a CPU whose caches hold it, a
 rate no step's forward sees. The sizes run from cache-resident to beyond the last-level cache.
+Ops that read a tensor written long before are swept twice more: after the last-level cache was
+flushed (``cold``) and after only a core's L2 was (``warm``), the cache sizes as sysfs lists them.
 
 Every figure is the fastest of repeated trials (measure.trials; the compute figures over warm rounds,
 measure.step_compute, whose matmul trials write into buffers faulted in before them, so their time
