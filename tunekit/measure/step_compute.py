@@ -23,9 +23,9 @@ from tunekit.measure.trials import timed
 MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
 COPIES_CAP = 16   # a matmul figure's operand copies at most (`_matmul_trials`)
 # the tall-skinny shape classes (`_shape_trials`): tokens (the long dimension) by features (both
-# others), from a small micro-batch to a long one, a tiny model's width to a small one's; measured in
-# SHAPE_KINDS only (the Lab's CPU default), so the sweep adds ~12 trials to a calibration
-SHAPE_LONG = (512, 4096)
+# others), the Lab GPT's micro-batch 4 to 16 at 128 tokens, a tiny model's width to a small one's;
+# measured in SHAPE_KINDS only (the Lab's CPU default): 12 trials, the largest one 1 GFLOP matmul
+SHAPE_LONG = (512, 2048)
 SHAPE_WIDE = (128, 512)
 SHAPE_LAYOUTS = ("forward", "input", "weight")   # A @ W.T -> (L, W); G @ W -> (L, W); G.T @ A -> (W, W)
 SHAPE_KINDS = ("fp32",)
@@ -81,7 +81,9 @@ def _shape_trials(long: int, wide: int, dtype) -> dict:
     the trials (`_out_buffers`, as `_matmul_trials`). Each trial returns its seconds per matmul."""
     import torch
 
-    copies = max(2, min(COPIES_CAP, -(-2**23 // (2 * long * wide * 4))))
+    # one copy where its two activations alone exceed the L2s (2048 x 512: 8 MiB), so the largest
+    # shape's trial is one matmul of 2^29 m k n, not two
+    copies = max(1, min(COPIES_CAP, -(-2**23 // (2 * long * wide * 4))))
     acts = [(torch.randn(long, wide).to(dtype), torch.randn(long, wide).to(dtype)) for _ in range(copies)]
     w = torch.randn(wide, wide).to(dtype)
     reps = max(1, SHAPE_WORK // (long * wide * wide * copies))

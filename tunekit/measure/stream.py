@@ -45,9 +45,10 @@ from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, rounds  # 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 WARM_SIZES = SIZES[:4]   # the L2-evicted sweep's: up to 4 MiB an operand (its chain's saved tensors fit an L3)
 CHAIN = 50
-VERSION = 12   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
-# 11: matmul outputs in buffers faulted in before the trials; 12: tall-skinny matmul shapes, the
-# L2-evicted sweep): an entry of another version is measured again
+VERSION = 13   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
+# 11: matmul outputs in buffers faulted in before the trials; 12: tall-skinny matmul shapes, an
+# L2-evicted sweep whose saved tensors outgrew the L3; 13: those held within it): an entry of another
+# version is measured again
 
 
 @dataclass
@@ -156,9 +157,12 @@ def _host_figures() -> tuple:
     sweep = [(3 * n, 3 * n / _kept_op_s(n) / 1e12) for n in SIZES]
     flush = torch.empty(_flush_bytes() // 4)
     cold = [(3 * n, 3 * n / _cold_op_s(n, flush) / 1e12) for n in SIZES]
-    l2 = cache_levels().get(2)
+    levels = cache_levels()
+    l2, l3 = levels.get(2), max(levels.values(), default=None)
     flush = torch.empty(4 * l2 // 4) if l2 else None   # 4 x L2: out of a core's L2, well within the L3
-    warm = [(3 * n, 3 * n / _cold_op_s(n, flush) / 1e12) for n in WARM_SIZES] if l2 else []
+    # the saved tensors a quarter of the L3 at most (their outputs as much again): read from it, not memory
+    warm = [(3 * n, 3 * n / _cold_op_s(n, flush, ops=max(2, min(50, l3 // 4 // n))) / 1e12)
+            for n in WARM_SIZES] if l2 and l3 and l3 > 4 * l2 else []
     del flush
     # a training step's op is recorded by autograd and run again as a backward formula: time a
     # chain of CHAIN one-element multiplies forward and back (2 x CHAIN + 1 ops)
@@ -228,13 +232,14 @@ def _flush_bytes() -> int:
     return min(max(4 * (cache_bytes() or 32 * 2**20), 64 * 2**20), 512 * 2**20)
 
 
-def _cold_op_s(nbytes: int, flush, tries: int = TRIES) -> float:
+def _cold_op_s(nbytes: int, flush, tries: int = TRIES, ops: int | None = None) -> float:
     """Seconds of one multiply as a backward runs it: a chain (its running tensor in cache, like
     the gradient) times tensors written before the cache was flushed (like the activations the
-    forward saved), every output kept; the fastest of ``tries`` or more (`fastest`)."""
+    forward saved), every output kept; the fastest of ``tries`` or more (`fastest`). ``ops``: the
+    chain's length (None: 50, fewer past 4 MiB: at most 256 MiB saved)."""
     import torch
 
-    n, ops = nbytes // 4, max(2, min(50, 2**28 // nbytes))
+    n, ops = nbytes // 4, ops or max(2, min(50, 2**28 // nbytes))
     x = torch.ones(n, requires_grad=True)
     saved = [torch.full((n,), 1.0001) for _ in range(ops)]
 
