@@ -29,7 +29,7 @@ def cost(repeats: int) -> None:
     import torch
 
     from tunekit.measure import step_compute
-    from tunekit.measure.stream import WARM_SIZES, _cold_op_s, cache_levels
+    from tunekit.measure.stream import SIZES, WARM_SIZES, _cold_op_s, _flush_bytes, cache_levels
     from tunekit.measure.trials import rounds
 
     kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
@@ -41,15 +41,23 @@ def cost(repeats: int) -> None:
             t0 = time.perf_counter()
             rounds(step_compute.compute_trials(kinds))
             got[with_shapes] = time.perf_counter() - t0
-        l2 = cache_levels().get(2)
+        levels = cache_levels()
+        l2, l3 = levels.get(2), max(levels.values(), default=None)
         t0 = time.perf_counter()
-        if l2:
-            flush = torch.empty(l2)
+        if l2 and l3:
+            flush = torch.empty(l2)   # as measure.stream._host_figures: 4 x L2 bytes, the saved tensors <= L3 / 4
             for n in WARM_SIZES:
-                _cold_op_s(n, flush)
+                _cold_op_s(n, flush, ops=max(2, min(50, l3 // 4 // n)))
         warm_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        flush = torch.empty(_flush_bytes() // 4)
+        for n in SIZES:
+            _cold_op_s(n, flush)
+        del flush
+        cold_s = time.perf_counter() - t0
         print(f"  pair {i + 1}: without {got[False]:.1f} s, with {got[True]:.1f} s: the shapes add "
-              f"{got[True] - got[False]:.1f} s ({got[True] / got[False]:.2f}x); the L2-evicted sweep {warm_s:.1f} s; "
+              f"{got[True] - got[False]:.1f} s ({got[True] / got[False]:.2f}x); the L2-evicted sweep {warm_s:.1f} s "
+              f"beside the cold sweep's {cold_s:.1f} s ({warm_s / cold_s:.2f}x); "
               f"{load()}", flush=True)
     step_compute.SHAPE_KINDS = ("fp32",)
 
