@@ -76,14 +76,14 @@ def _shape_trials(long: int, wide: int, dtype) -> dict:
     """A linear layer's three matmuls at ``long`` tokens by ``wide`` features, as a step runs them, by
     layout (`SHAPE_LAYOUTS`): the forward A @ W.T and the input gradient G @ W, both (long x wide) @
     (wide x wide) into a tall output, and the weight gradient G.T @ A, reducing over the tokens into
-    a (wide x wide) one. Activations rotated over copies that together exceed a core's L2 (8 MiB,
+    a (wide x wide) one. Activations rotated over copies that together exceed the two cores' L2s (4 MiB,
     at most COPIES_CAP), the weight shared (as a layer's is), outputs into buffers faulted in before
     the trials (`_out_buffers`, as `_matmul_trials`). Each trial returns its seconds per matmul."""
     import torch
 
-    # one copy where its two activations alone exceed the L2s (2048 x 512: 8 MiB), so the largest
-    # shape's trial is one matmul of 2^29 m k n, not two
-    copies = max(1, min(COPIES_CAP, -(-2**23 // (2 * long * wide * 4))))
+    # activations over 4 MiB in all, twice the two cores' L2s (one copy from 512 x 512 up: the largest
+    # shape's trial is one matmul of 2^29 m k n), so the trials cost ~2^30 m k n a layout
+    copies = max(1, min(COPIES_CAP, -(-2**22 // (2 * long * wide * 4))))
     acts = [(torch.randn(long, wide).to(dtype), torch.randn(long, wide).to(dtype)) for _ in range(copies)]
     w = torch.randn(wide, wide).to(dtype)
     reps = max(1, SHAPE_WORK // (long * wide * wide * copies))

@@ -45,10 +45,9 @@ from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, rounds  # 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 WARM_SIZES = SIZES[:4]   # the L2-evicted sweep's: up to 4 MiB an operand (its chain's saved tensors fit an L3)
 CHAIN = 50
-VERSION = 13   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
-# 11: matmul outputs in buffers faulted in before the trials; 12: tall-skinny matmul shapes, an
-# L2-evicted sweep whose saved tensors outgrew the L3; 13: those held within it): an entry of another
-# version is measured again
+VERSION = 14   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
+# 11: matmul outputs in buffers faulted in before the trials; 14: a linear layer's matmul shapes and the
+# L2-evicted sweep; 12 and 13 were drafts of 14 on one machine): an entry of another version is measured again
 
 
 @dataclass
