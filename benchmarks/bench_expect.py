@@ -27,6 +27,7 @@ transformers model (GPT-2 small's config, random init).
 
     .venv/bin/python benchmarks/bench_expect.py            # the full ladder, three models (long)
     .venv/bin/python benchmarks/bench_expect.py --quick    # a small ladder on the built-in GPT
+    .venv/bin/python benchmarks/bench_expect.py --quick --mb   # the small ladder with mb /2 and adafactor too
     .venv/bin/python benchmarks/bench_expect.py --speed    # answer times only
     .venv/bin/python benchmarks/bench_expect.py --rebase   # the base measured again before each rung
     .venv/bin/python benchmarks/bench_expect.py --quick --priority   # each run ahead of the machine's
@@ -93,7 +94,7 @@ def ladder(lab, quick: bool) -> list:
     if env.bf16_supported and t.precision != "bf16":
         singles.append(("bf16", {"precision": "bf16"}))
     if quick:
-        keep = {"ckpt on", "ckpt off", "mb x2", "sgd"}
+        keep = {"ckpt on", "ckpt off", "mb x2", "sgd"} | ({"mb /2", "adafactor"} if "--mb" in sys.argv else set())
         singles = [s for s in singles if s[0] in keep]
     pairs = [(f"{a} + {b}", {**ca, **cb}) for (a, ca), (b, cb) in itertools.combinations(singles, 2)
              if not set(ca) & set(cb)]

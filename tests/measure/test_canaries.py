@@ -181,3 +181,20 @@ def test_dispatch_mode_sees_c10d_collectives_and_their_process_group():
         assert seen == [("allreduce_", [0])]
     finally:
         dist.destroy_process_group()
+
+
+def test_a_fake_tensors_item_reads_one_under_fake_scalar_reads_and_a_real_ones_its_value():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    real = torch.full((3,), 2.0)
+    with FakeTensorMode():
+        fake = torch.full((3,), 2.0)
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+        assert torch_private.has_fake_params(opt)
+        with torch_private.fake_scalar_reads():
+            # torch's own op for .item() (aten._local_scalar_dense) is the one answered
+            assert fake.sum().item() == 1.0 and fake.long().sum().item() == 1
+            assert (fake > 0).any().item() is True
+    with torch_private.fake_scalar_reads():
+        assert real.sum().item() == 6.0   # 2 + 2 + 2: a real tensor's value passes through
+    assert not torch_private.has_fake_params(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1))

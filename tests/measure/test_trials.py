@@ -108,3 +108,28 @@ def test_matmul_trials_write_every_output_into_buffers_made_before_them(monkeypa
         run()
         assert not any(o.isnan().any() for o in outs)   # every buffer written by its matmul
         assert [o.data_ptr() for o in outs] == ptrs     # in place: nothing allocated in a trial
+
+
+def test_shape_figures_are_a_linear_layers_flops_over_the_fastest_seconds():
+    best = {("shape", "fp32", "forward", 512, 128): 1e-4, ("shape", "fp32", "weight", 4096, 512): 2e-2,
+            ("mm", "fp32", 64, 0): 1.0}
+    # 2 x 512 x 128^2 = 16,777,216 FLOPs in 1e-4 s: 0.16777216 TFLOPS; 2 x 4096 x 512^2 = 2,147,483,648 in 2e-2 s
+    assert step_compute.shape_figures(best) == {"fp32": [("forward", 512, 128, pytest.approx(0.16777216)),
+                                                         ("weight", 4096, 512, pytest.approx(0.1073741824))]}
+
+
+def test_shape_trials_run_a_linear_layers_three_matmuls_into_buffers_made_before_them(monkeypatch):
+    import torch
+
+    runs = []
+    monkeypatch.setattr(step_compute, "timed", lambda fn, per=1: runs.append((fn, per)) or fn)
+    trials = step_compute._shape_trials(64, 16, torch.float32)
+    assert list(trials) == ["forward", "input", "weight"]
+    # copies = min(16, ceil(2^23 / (2 x 64 x 16 x 4))) = 16; reps = 2^23 // (64 x 16^2 x 16) = 32: 512 matmuls
+    assert [per for _, per in runs] == [512] * 3
+    for (run, _), shape in zip(runs, ((64, 16), (64, 16), (16, 16))):
+        outs = run.__defaults__[1]
+        assert {tuple(o.shape) for o in outs} == {shape}
+        ptrs = [o.data_ptr() for o in outs]
+        run()
+        assert [o.data_ptr() for o in outs] == ptrs   # in place: nothing allocated in a trial

@@ -67,6 +67,12 @@ class Figures:
     host_source: str = ""
     checkpoint_s: tuple | None = None  # (per checkpointed segment, per saved tensor): torch's checkpoint's own time
     checkpoint_source: str = ""
+    # ((layout, tokens, features, tflops), ...): a linear layer's matmuls measured by shape class (a CPU)
+    matmul_shapes: tuple = ()
+    shape_source: str = ""
+    warm_sweep: tuple = ()            # like cold_sweep, for ops reading what a core's L2 lost but the L3 holds
+    warm_source: str = ""
+    l2_bytes: float | None = None     # a core's L2: a tensor touched longer ago (and nearer than cache_bytes) is warm
     busy: tuple = ()                  # the calibrations these figures come from that were taken on a busy machine
     borrowed: tuple = ()              # words: which figure came from which measured card, and why that one
 
@@ -78,15 +84,30 @@ class Figures:
             out.append("the memory bandwidth a streaming kernel reaches")
         return out
 
-    def tbs_at(self, nbytes: float, cold: bool = False) -> float:
+    def tbs_at(self, nbytes: float, cold: bool = False, warm: bool = False) -> float:
         """The bandwidth an op moving ``nbytes`` reaches: a CPU's sweep read between its sizes in
         log-log (`log_interpolated`), else the one figure. ``cold``: an op reading a tensor written
         long before (a backward's, an optimizer's), where such a sweep was measured: never faster
-        than the same op with its inputs in cache (a read from memory cannot beat one from cache)."""
+        than the same op with its inputs in cache (a read from memory cannot beat one from cache).
+        ``warm``: one reading a tensor from the last-level cache (`warm_sweep`), the same way."""
         if not self.bandwidth_sweep:
             return self.bandwidth_tbs
         hot = log_interpolated(self.bandwidth_sweep, nbytes)
-        return min(hot, log_interpolated(self.cold_sweep, nbytes)) if cold and self.cold_sweep else hot
+        if cold and self.cold_sweep:
+            return min(hot, log_interpolated(self.cold_sweep, nbytes))
+        return min(hot, log_interpolated(self.warm_sweep, nbytes)) if warm and self.warm_sweep else hot
+
+    def shape_tflops(self, layout: str, tokens: float, features: float) -> float | None:
+        """The TFLOPS of a linear layer's matmul in ``layout`` at ``tokens`` by ``features`` from
+        `matmul_shapes` (`grid_interpolated`); None where its layout was not measured or the shape
+        lies outside the measured tokens and features (there the cube sweep speaks)."""
+        rows = [(t, f, r) for lay, t, f, r in self.matmul_shapes if lay == layout]
+        if not rows:
+            return None
+        ts, fs = sorted({t for t, _, _ in rows}), sorted({f for _, f, _ in rows})
+        if not (ts[0] <= tokens <= ts[-1] and fs[0] <= features <= fs[-1]):
+            return None
+        return grid_interpolated(rows, tokens, features)
 
 
 def log_interpolated(sweep, size: float) -> float:
@@ -107,6 +128,15 @@ def log_interpolated(sweep, size: float) -> float:
     return r0
 
 
+def grid_interpolated(rows, x: float, y: float) -> float:
+    """A rate measured on a grid ((x, y, rate), ...) at (x, y): read along x in log-log at each swept
+    y (`log_interpolated`), then along y between those: bilinear in log x, log y and log rate."""
+    by_y: dict = {}
+    for gx, gy, rate in rows:
+        by_y.setdefault(gy, []).append((gx, rate))
+    return log_interpolated(sorted((gy, log_interpolated(sorted(line), x)) for gy, line in by_y.items()), y)
+
+
 # elementwise ops whose transcendentals (tanh, erf, exp) a CPU computes slower than it streams bytes
 TRANSCENDENTAL = {"gelu", "gelu_backward", "tanh", "tanh_backward", "exp", "erf", "silu", "silu_backward",
                   "sigmoid", "sigmoid_backward", "_softmax", "_softmax_backward_data", "_log_softmax",
@@ -115,7 +145,10 @@ TRANSCENDENTAL = {"gelu", "gelu_backward", "tanh", "tanh_backward", "exp", "erf"
 # aten ops one optimizer update runs per parameter tensor (torch's single-tensor AdamW: mul, lerp,
 # addcmul, sqrt, div, add, addcdiv, ... ; SGD with momentum: mul, add, add) and how many tensors a
 # foreach/fused CUDA launch takes (MultiTensorApply.cuh, depth 4: 36 tensors)
-OPTIMIZER_OPS = {"adamw": 12, "adamw_fused": 1, "sgd": 3, "sgd_nomomentum": 1}
+OPTIMIZER_OPS = {"adamw": 12, "adamw_fused": 1, "sgd": 3, "sgd_nomomentum": 1,
+                 # torch's single-tensor Adafactor on a matrix: add_ (step), norm (alpha), two row/column
+                 # norm + square_ + div_ + lerp_, mm, mean, clamp_, div_, clamp_, rsqrt_, mul_, norm, add_
+                 "adafactor": 20}
 FOREACH_TENSORS = 36
 
 

@@ -10,12 +10,15 @@ head_dim, batch x heads) for an attention; ``phase`` "forward" or
 
 - matmul: FLOPs at the device's MAMF, less the waves a tiled kernel leaves idle and the
   tensor-core loss of a dimension that is not a multiple of 8, or its bytes at the streaming
-  bandwidth when that takes longer;
+  bandwidth when that takes longer; on a CPU, a linear layer's matmul at its shape class's measured
+  rate (tokens x features, forward / input gradient / weight gradient: `shape_class`) inside the
+  measured grid, else the measured cube sweep at the cube root of m k n;
 - attention: FLOPs at the fused kernel's published share of the peak for the backend, by head dim
   and sequence length (`core.efficiency.attention_share`);
 - every other op: its bytes (inputs read, outputs written) at the streaming bandwidth; on a CPU,
-  by size, and slower where it reads a tensor the last-level cache no longer holds (its reuse
-  distance over the step's op records, `cold_reads`);
+  by size, and slower where it reads a tensor a core's L2 no longer holds (the L3 sweep) or the
+  last-level cache no longer holds (the cold sweep): its reuse distance over the step's op records
+  against the cache sizes (`reuse_bytes`, `cache_level`);
 - a compiled step (``fuse``): each run of memory-bound ops between two matmuls is one kernel that
   reads what the run did not make and writes what is read after it (or by nobody: a gradient);
 - each kernel at least the host's time to launch it (a GPU: the longer of the two, the host
@@ -85,9 +88,28 @@ class Expected:
                 f"MFU {fmt_pct(self.mfu)}; most: " + ", ".join(f"{r[0]} {fmt_ms(r[3], us_below_ms=True)}" for r in top))
 
 
-def matmul_tflops(fig: Figures, dims, itemsize: int) -> tuple[float, str]:
-    """(TFLOPS one matmul of these dims reaches, where the figure comes from)."""
+def shape_class(dims, phase: str | None) -> tuple | None:
+    """(layout, tokens, features) of a linear layer's matmul (m, k, n, batch) in its step phase, as
+    measure.step_compute's shape trials name them: the forward's (tokens x in) @ (in x out) is
+    "forward" (tokens m); a backward matmul reducing over its longest dimension k is the weight's
+    gradient, "weight" (tokens k), else the input's, "input" (tokens m); the features are the other
+    two dimensions' geometric mean. None for a batched matmul (attention's) or an unknown phase."""
     m, k, n, batch = dims
+    if batch != 1 or phase not in ("forward", "backward"):
+        return None
+    if phase == "backward" and k > max(m, n):
+        return "weight", k, math.sqrt(m * n)
+    return ("forward" if phase == "forward" else "input"), m, math.sqrt(k * n)
+
+
+def matmul_tflops(fig: Figures, dims, itemsize: int, phase: str | None = None) -> tuple[float, str]:
+    """(TFLOPS one matmul of these dims reaches, where the figure comes from): a linear layer's shape
+    class where the device measured it (`Figures.shape_tflops`), else the cube sweep at the cube root."""
+    m, k, n, batch = dims
+    cls = shape_class(dims, phase) if fig.matmul_shapes else None
+    rate = fig.shape_tflops(*cls) if cls else None
+    if rate:
+        return rate, fig.shape_source
     if fig.mamf_sweep:   # a calibrated device: its sweep at the shape's cube-root size, read in log-log
         return log_interpolated(fig.mamf_sweep, (m * k * n) ** (1 / 3)), fig.mamf_source
     tflops, src = fig.mamf_tflops * wave_efficiency(m, n, batch, fig.sms), fig.mamf_source
@@ -101,36 +123,55 @@ def matmul_tflops(fig: Figures, dims, itemsize: int) -> tuple[float, str]:
 
 def cold_reads(ops, cache_bytes: float | None) -> list:
     """Per op record: whether it reads a tensor last touched more than ``cache_bytes`` ago (the
-    bytes the ops between moved: its reuse distance), so from memory rather than the last-level
-    cache; a tensor first read in the step (a parameter, the batch) counts as touched a whole step
-    ago. All False without a cache size or without the records' ``io``."""
+    bytes the ops between moved: its reuse distance, `reuse_bytes`), so from memory rather than the
+    last-level cache. All False without a cache size or without the records' ``io``."""
     if not cache_bytes:
         return [False] * len(ops)
+    return [d > cache_bytes for d in reuse_bytes(ops)]
+
+
+def reuse_bytes(ops) -> list:
+    """Per op record: the longest reuse distance of its inputs, the bytes the ops between moved since
+    each was last touched; a tensor first read in the step (a parameter, the batch) counts as touched
+    a whole step ago; 0 for a record without ``io``."""
     step_bytes = sum(rec[4] for rec in ops)
     touched: dict = {}
     moved, out = 0.0, []
     for rec in ops:
         if len(rec) <= 7:
-            out.append(False)
+            out.append(0.0)
             moved += rec[4]
             continue
         ins, outs = rec[7]
-        out.append(any(moved - touched.get(sid, moved - step_bytes) > cache_bytes for sid, _ in ins))
+        out.append(max((moved - touched.get(sid, moved - step_bytes) for sid, _ in ins), default=0.0))
         moved += rec[4]
         for sid, _ in ins + outs:
             touched[sid] = moved
     return out
 
 
-def op_seconds(fig: Figures, rec, backend: str | None, cold: bool = False) -> tuple[float, str, str]:
+def cache_level(fig: Figures, rec, distance: float) -> str:
+    """Where an op reads its inputs from, by their reuse distance: "cold" (memory) past the last-level
+    cache, where a cold sweep was measured; "warm" (the L3) past both a core's L2 and the op's own
+    bytes (the hot sweep's chain reads what the op before it wrote), where a warm sweep was; else "hot"."""
+    if fig.cold_sweep and fig.cache_bytes and distance > fig.cache_bytes:
+        return "cold"
+    if fig.warm_sweep and fig.l2_bytes and distance > max(fig.l2_bytes, rec[4]):
+        return "warm"
+    return "hot"
+
+
+def op_seconds(fig: Figures, rec, backend: str | None, cold: bool | str = False) -> tuple[float, str, str]:
     """(seconds, bound, source) of one op record on the device, its launch aside. ``cold``: it reads
-    from memory what the cache no longer holds (`cold_reads`), at the cold sweep where there is one."""
-    name, kind, _phase, flops, moved, dims, itemsize = rec[:7]
-    cold = cold and bool(fig.cold_sweep)
-    mem_s = moved / (fig.tbs_at(moved, cold) * 1e12)
-    mem_src = fig.cold_source if cold else fig.bandwidth_source
+    from memory what the cache no longer holds (`cold_reads`), at the cold sweep where there is one;
+    or where it reads from, by `cache_level` ("hot", "warm", "cold")."""
+    name, kind, phase, flops, moved, dims, itemsize = rec[:7]
+    level = cold if isinstance(cold, str) else ("cold" if cold else "hot")
+    cold, warm = level == "cold" and bool(fig.cold_sweep), level == "warm" and bool(fig.warm_sweep)
+    mem_s = moved / (fig.tbs_at(moved, cold, warm) * 1e12)
+    mem_src = fig.cold_source if cold else fig.warm_source if warm else fig.bandwidth_source
     if kind == "matmul" and dims:
-        tflops, src = matmul_tflops(fig, dims, itemsize)
+        tflops, src = matmul_tflops(fig, dims, itemsize, phase)
     elif kind == "attention" and fig.attention and backend in fig.attention:
         rows, src = fig.attention[backend]
         head_dim, seq = (dims[2], dims[1]) if dims else (None, None)
@@ -169,8 +210,8 @@ def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str |
         ops = fused(ops)
     table: dict = {}
     phase_s = {"forward": 0.0, "backward": 0.0}
-    for rec, cold in zip(ops, cold_reads(ops, fig.cache_bytes if fig.cold_sweep else None)):
-        work, bound, src = op_seconds(fig, rec, backend, cold)
+    for rec, distance in zip(ops, reuse_bytes(ops)):
+        work, bound, src = op_seconds(fig, rec, backend, cache_level(fig, rec, distance))
         t = work + fig.launch_s if fig.host_bound else max(work, fig.launch_s)
         if not fig.host_bound and fig.launch_s > work:
             bound, src = "launch", fig.launch_source

@@ -1,7 +1,13 @@
 """This CPU's compute figures as a training step runs them: its matmuls by size (64-1024 cubes, over
-a step's three layouts), a small model's causal SDPA forward and backward, and GELU: their trials
-(`compute_trials`) and the figures from each trial's fastest time (`compute_figures`), for the
-stream record (measure.stream). Measurement layer.
+a step's three layouts), its linear layers' tall-skinny matmuls by their shape class (`SHAPE_LONG`
+tokens by `SHAPE_WIDE` features, in each of the three layouts), a small model's causal SDPA forward
+and backward, and GELU: their trials (`compute_trials`) and the figures from each trial's fastest
+time (`compute_figures`), for the stream record (measure.stream). Measurement layer.
+
+Why the shapes (issue 42): a linear layer's matmuls are [tokens x hidden] @ [hidden x out] and its
+backward's transposes, and the cube sweep read at the cube root of m k n says a doubled token count
+grows them 1.94x, where they grew 2.07-2.32x inside a step: a cube's rate climbs with every
+dimension, a tall-skinny matmul's stays flat as only its token dimension grows.
 
 Not yet repeatable by construction (issue 39): the small matmuls on 2 threads follow libgomp's idle
 wait, a state of the process. On the 2-vCPU VM (2026-12-06) 64-cube fp32 matmuls ran at
@@ -16,6 +22,14 @@ from tunekit.measure.trials import timed
 
 MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
 COPIES_CAP = 16   # a matmul figure's operand copies at most (`_matmul_trials`)
+# the tall-skinny shape classes (`_shape_trials`): tokens (the long dimension) by features (both
+# others), the Lab GPT's micro-batch 4 to 16 at 128 tokens, a tiny model's width to a small one's;
+# measured in SHAPE_KINDS only (the Lab's CPU default): 12 trials, the largest one 1 GFLOP matmul
+SHAPE_LONG = (512, 2048)
+SHAPE_WIDE = (128, 512)
+SHAPE_LAYOUTS = ("forward", "input", "weight")   # A @ W.T -> (L, W); G @ W -> (L, W); G.T @ A -> (W, W)
+SHAPE_KINDS = ("fp32",)
+SHAPE_WORK = 2**23   # m k n of one trial at least: ~17 MFLOP, under a ms at this CPU's rate
 
 
 def _matmul_trials(n: int, dtype) -> list:
@@ -58,17 +72,61 @@ def _out_buffers(count: int, n: int, dtype) -> list:
     return [torch.zeros(n, n, dtype=dtype) for _ in range(count)]
 
 
+def _shape_trials(long: int, wide: int, dtype) -> dict:
+    """A linear layer's three matmuls at ``long`` tokens by ``wide`` features, as a step runs them, by
+    layout (`SHAPE_LAYOUTS`): the forward A @ W.T and the input gradient G @ W, both (long x wide) @
+    (wide x wide) into a tall output, and the weight gradient G.T @ A, reducing over the tokens into
+    a (wide x wide) one. Activations rotated over copies that together exceed the two cores' L2s (4 MiB,
+    at most COPIES_CAP), the weight shared (as a layer's is), outputs into buffers faulted in before
+    the trials (`_out_buffers`, as `_matmul_trials`). Each trial returns its seconds per matmul."""
+    import torch
+
+    # activations over 4 MiB in all, twice the two cores' L2s (one copy from 512 x 512 up: the largest
+    # shape's trial is one matmul of 2^29 m k n), so the trials cost ~2^30 m k n a layout
+    copies = max(1, min(COPIES_CAP, -(-2**22 // (2 * long * wide * 4))))
+    acts = [(torch.randn(long, wide).to(dtype), torch.randn(long, wide).to(dtype)) for _ in range(copies)]
+    w = torch.randn(wide, wide).to(dtype)
+    reps = max(1, SHAPE_WORK // (long * wide * wide * copies))
+    trials = {}
+    for layout, pick, rows in (("forward", lambda a, g: (a, w.t()), long), ("input", lambda a, g: (g, w), long),
+                               ("weight", lambda a, g: (g.t(), a), wide)):
+        pairs = [pick(a, g) for a, g in acts] * reps
+        outs = [torch.zeros(rows, wide, dtype=dtype) for _ in pairs]
+
+        def run(pairs=pairs, outs=outs):
+            for (x, y), out in zip(pairs, outs):
+                torch.mm(x, y, out=out)
+
+        trials[layout] = timed(run, len(pairs))
+    return trials
+
+
 def compute_trials(kinds) -> dict:
     """The trials of a record's compute figures, for ``kinds`` ((name, torch dtype), ...), by name:
-    every matmul size and layout (("mm", dtype, n, layout)), SDPA (("attention", dtype)) and GELU
-    (("gelu", dtype)), in the order `rounds` takes them."""
+    every matmul size and layout (("mm", dtype, n, layout)), the tall-skinny shapes of SHAPE_KINDS
+    (("shape", dtype, layout, long, wide)), SDPA (("attention", dtype)) and GELU (("gelu", dtype)),
+    in the order `rounds` takes them."""
     trials = {}
     for d, dt in kinds:
         for n in MATMUL_SIZES:
             trials.update({("mm", d, n, i): t for i, t in enumerate(_matmul_trials(n, dt))})
+        for long in SHAPE_LONG if d in SHAPE_KINDS else ():
+            for wide in SHAPE_WIDE:
+                trials.update({("shape", d, k, long, wide): t for k, t in _shape_trials(long, wide, dt).items()})
         trials["attention", d] = timed(_attention_run(dt))
         trials["gelu", d] = timed(_gelu_run(dt))
     return trials
+
+
+def shape_figures(best: dict) -> dict:
+    """A record's tall-skinny matmuls from the trials' fastest seconds (``best``, by `compute_trials`'
+    names): dtype -> [(layout, long, wide, TFLOPS), ...], each 2 x long x wide^2 FLOPs over its time."""
+    out: dict = {}
+    for key, t in best.items():
+        if key[0] == "shape":
+            _, d, layout, long, wide = key
+            out.setdefault(d, []).append((layout, long, wide, 2 * long * wide * wide / t / 1e12))
+    return out
 
 
 def compute_figures(best: dict, kinds) -> tuple:

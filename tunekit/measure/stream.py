@@ -9,6 +9,8 @@ outputs autograd keeps for the backward, as a forward keeps its activations (eac
 not yet in cache, often freshly mapped), then freed by the backward; each multiply reads 2n bytes
 and writes n. A hot ``copy_`` of the same size runs 2-3x faster on a CPU whose caches hold it, a
 rate no step's forward sees. The sizes run from cache-resident to beyond the last-level cache.
+Ops that read a tensor written long before are swept twice more: after the last-level cache was
+flushed (``cold``) and after only a core's L2 was (``warm``), the cache sizes as sysfs lists them.
 
 Every figure is the fastest of repeated trials (measure.trials; the compute figures over warm rounds,
 measure.step_compute, whose matmul trials write into buffers faulted in before them, so their time
@@ -27,7 +29,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from tunekit.core import paths
 from tunekit.core.conditions import Conditions
@@ -35,13 +37,20 @@ from tunekit.core.validate import flag
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.conditions_gomp import DEFAULT, policy
 from tunekit.measure.priority import NORMAL, level, shielded_verdict
-from tunekit.measure.step_compute import MATMUL_SIZES, compute_figures, compute_trials  # noqa: F401 (MATMUL_SIZES: as before)
+from tunekit.measure.step_compute import (  # noqa: F401 (MATMUL_SIZES: as before)
+    MATMUL_SIZES,
+    compute_figures,
+    compute_trials,
+    shape_figures,
+)
 from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, rounds  # noqa: F401 (MAX_TRIES, fastest: as before)
 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
+WARM_SIZES = SIZES[:4]   # the L2-evicted sweep's: up to 4 MiB an operand (its chain's saved tensors fit an L3)
 CHAIN = 50
-VERSION = 11   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
-# 11: matmul outputs in buffers faulted in before the trials): an entry of another version is measured again
+VERSION = 14   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
+# 11: matmul outputs in buffers faulted in before the trials; 14: a linear layer's matmul shapes and the
+# L2-evicted sweep; 12 and 13 were drafts of 14 on one machine): an entry of another version is measured again
 
 
 @dataclass
@@ -67,6 +76,10 @@ class Stream:
     conditions: Conditions | None = None
     priority: str = NORMAL   # what its trials ran at (measure.priority): "realtime" ones are load-proof
     wait_policy: str = DEFAULT   # libgomp's, as its threads ran the trials (measure.conditions_gomp)
+    # dtype -> [(layout, tokens, features, TFLOPS)]: a linear layer's matmuls (measure.step_compute.shape_figures)
+    shapes: dict = field(default_factory=dict)
+    # like ``cold``, for ops that read a tensor the core's L2 no longer holds but the last-level cache does
+    warm: list = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -97,7 +110,9 @@ def _from(entry: dict) -> Stream:
     return Stream(**{**entry, "sweep": [tuple(x) for x in entry["sweep"]], "cold": [tuple(x) for x in entry["cold"]],
                      "conditions": cond, "checkpoint_s": tuple(entry["checkpoint_s"]),
                      "matmuls": {k: [tuple(x) for x in v] for k, v in entry["matmuls"].items()},
-                     "attention": dict(entry["attention"]), "gelu": dict(entry["gelu"])})
+                     "attention": dict(entry["attention"]), "gelu": dict(entry["gelu"]),
+                     "shapes": {k: [tuple(x) for x in v] for k, v in entry.get("shapes", {}).items()},
+                     "warm": [tuple(x) for x in entry.get("warm", [])]})
 
 
 def measure_stream(refresh: bool = False) -> Stream:
@@ -121,26 +136,36 @@ def measure_stream(refresh: bool = False) -> Stream:
     meter = ConditionsMeter().start()
     t0 = time.perf_counter()
     kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
-    sweep, cold, best_op, view_s, module_s, checkpoint_s = _host_figures()
-    matmuls, attention, gelu = compute_figures(rounds(compute_trials(kinds)), kinds)
+    sweep, cold, warm, best_op, view_s, module_s, checkpoint_s = _host_figures()
+    best = rounds(compute_trials(kinds))
+    matmuls, attention, gelu = compute_figures(best, kinds)
     new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
                  checkpoint_s=checkpoint_s, attention=attention, gelu=gelu, torch_version=torch.__version__,
                  threads=torch.get_num_threads(), taken_at=time.time(),
-                 conditions=meter.stop(time.perf_counter() - t0), priority=level(), wait_policy=policy())
+                 conditions=meter.stop(time.perf_counter() - t0), priority=level(), wait_policy=policy(),
+                 shapes=shape_figures(best), warm=warm)
     cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
     _save(cache)
     return new
 
 
 def _host_figures() -> tuple:
-    """(sweep, cold, op_s, view_s, module_s, checkpoint_s) of a record: the bandwidth sweeps and the
-    host's times, measured in this order."""
+    """(sweep, cold, warm, op_s, view_s, module_s, checkpoint_s) of a record: the bandwidth sweeps and
+    the host's times, measured in this order. ``warm``: the cold sweep's multiplies with only a
+    core's L2 flushed (`WARM_SIZES`, whose saved tensors the last-level cache can hold), as a step's op
+    reads a tensor a few ops back; none where sysfs lists no L2."""
     import torch
 
     # each multiply reads two tensors of n bytes and writes one: 3n bytes moved
     sweep = [(3 * n, 3 * n / _kept_op_s(n) / 1e12) for n in SIZES]
     flush = torch.empty(_flush_bytes() // 4)
     cold = [(3 * n, 3 * n / _cold_op_s(n, flush) / 1e12) for n in SIZES]
+    levels = cache_levels()
+    l2, l3 = levels.get(2), max(levels.values(), default=None)
+    flush = torch.empty(4 * l2 // 4) if l2 else None   # 4 x L2: out of a core's L2, well within the L3
+    # the saved tensors a quarter of the L3 at most (their outputs as much again): read from it, not memory
+    warm = [(3 * n, 3 * n / _cold_op_s(n, flush, ops=max(2, min(50, l3 // 4 // n))) / 1e12)
+            for n in WARM_SIZES] if l2 and l3 and l3 > 4 * l2 else []
     del flush
     # a training step's op is recorded by autograd and run again as a backward formula: time a
     # chain of CHAIN one-element multiplies forward and back (2 x CHAIN + 1 ops)
@@ -153,7 +178,7 @@ def _host_figures() -> tuple:
         y.backward()
 
     best_op = best_s(chain, 20) / (2 * CHAIN + 1)
-    return sweep, cold, best_op, _view_s(), _module_s(), _checkpoint_s()
+    return sweep, cold, warm, best_op, _view_s(), _module_s(), _checkpoint_s()
 
 
 def _kept_op_s(nbytes: int, tries: int = TRIES) -> float:
@@ -182,17 +207,27 @@ def _kept_op_s(nbytes: int, tries: int = TRIES) -> float:
 
 def cache_bytes() -> int | None:
     """The largest CPU cache sysfs lists (the last-level cache), None where it lists none."""
+    return max(cache_levels().values(), default=None)
+
+
+def cache_levels() -> dict:
+    """{level: bytes} of cpu0's data and unified caches as sysfs lists them (the spec of this CPU:
+    on the 2-vCPU EPYC VM {1: 32 KiB, 2: 1 MiB, 3: 32 MiB}); {} where it lists none."""
     try:
         base = "/sys/devices/system/cpu/cpu0/cache"
-        sizes = []
+        out: dict = {}
         for index in sorted(i for i in os.listdir(base) if i.startswith("index")):
-            with open(f"{base}/{index}/size") as f:
-                text = f.read().strip()
-            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG"
-                         else int(text))
-        return max(sizes, default=None)
+            def read(what, index=index):
+                with open(f"{base}/{index}/{what}") as f:
+                    return f.read().strip()
+            if read("type") == "Instruction":
+                continue
+            text = read("size")
+            size = int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG" else int(text)
+            out[int(read("level"))] = max(size, out.get(int(read("level")), 0))
+        return out
     except (OSError, ValueError, KeyError):
-        return None
+        return {}
 
 
 def _flush_bytes() -> int:
@@ -200,13 +235,14 @@ def _flush_bytes() -> int:
     return min(max(4 * (cache_bytes() or 32 * 2**20), 64 * 2**20), 512 * 2**20)
 
 
-def _cold_op_s(nbytes: int, flush, tries: int = TRIES) -> float:
+def _cold_op_s(nbytes: int, flush, tries: int = TRIES, ops: int | None = None) -> float:
     """Seconds of one multiply as a backward runs it: a chain (its running tensor in cache, like
     the gradient) times tensors written before the cache was flushed (like the activations the
-    forward saved), every output kept; the fastest of ``tries`` or more (`fastest`)."""
+    forward saved), every output kept; the fastest of ``tries`` or more (`fastest`). ``ops``: the
+    chain's length (None: 50, fewer past 4 MiB: at most 256 MiB saved)."""
     import torch
 
-    n, ops = nbytes // 4, max(2, min(50, 2**28 // nbytes))
+    n, ops = nbytes // 4, ops or max(2, min(50, 2**28 // nbytes))
     x = torch.ones(n, requires_grad=True)
     saved = [torch.full((n,), 1.0001) for _ in range(ops)]
 
@@ -316,6 +352,9 @@ def figures(entry: dict) -> dict:
         out.update({f"{what} {d}": v for d, v in entry[what].items()})
     for d, rows in entry["matmuls"].items():
         out.update({f"matmuls {d} {row[0]}": row[1] for row in rows})
+    out.update({f"warm {moved // 3 // 1024} KiB": tbs for moved, tbs in entry.get("warm", [])})
+    for d, rows in entry.get("shapes", {}).items():
+        out.update({f"shape {d} {layout} {long}x{wide}": tflops for layout, long, wide, tflops in rows})
     return out
 
 

@@ -172,3 +172,31 @@ def dispatch_mode_class():
 def unbox_process_group(obj):
     """The ProcessGroup behind the script object a c10d op receives as its group argument."""
     return torch._C._distributed_c10d.ProcessGroup.unbox(obj)
+
+
+def has_fake_params(optimizer) -> bool:
+    """True when ``optimizer`` steps fake tensors (a plan's fake step), by its first parameter."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(p, FakeTensor) for g in getattr(optimizer, "param_groups", ())[:1] for p in g["params"][:1])
+
+
+def fake_scalar_reads():
+    """A context in which reading a fake tensor's value (``.item()``: aten._local_scalar_dense)
+    gives 1 of its dtype instead of raising: torch's Adafactor reads its step count and two norms
+    per parameter as Python numbers, which a fake tensor does not have. Only the values the
+    optimizer's arithmetic takes change (its learning-rate factors); what it allocates and the ops
+    it runs do not depend on them. Real tensors' reads pass through."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    mode_cls = dispatch_mode_class()
+    scalar = torch.ops.aten._local_scalar_dense.default
+
+    class FakeScalars(mode_cls):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is scalar and isinstance(args[0], FakeTensor):
+                dtype = args[0].dtype
+                return True if dtype == torch.bool else 1.0 if dtype.is_floating_point else 1
+            return func(*args, **(kwargs or {}))
+
+    return FakeScalars()

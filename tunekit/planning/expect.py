@@ -18,12 +18,14 @@ from tunekit.core.notes import Note
 
 def cpu_figures(peak: float | None, compute: str) -> Figures:
     """This CPU's figures: its matmuls as a step runs them by size (measure.stream; the calibrated
-    MAMF sweep above those sizes), its step-like bandwidth by size and its time per small op, each
+    MAMF sweep above those sizes) and a linear layer's by shape class (tokens x features, in its
+    three layouts), its step-like bandwidth by size (inputs in a core's cache, in the last-level
+    cache, in memory: by the cache sizes sysfs lists) and its time per small op, each
     measured once and cached, and read from the cache as they are (``busy`` names those taken on a
     busy machine): a plan is a function of its setting and these records, whatever the load now.
     ``measure_stream(refresh=True)`` and ``calibrate(dtype, "cpu", force=True)`` measure them again."""
     from tunekit.measure.peaks import calibrate
-    from tunekit.measure.stream import cache_bytes, measure_stream
+    from tunekit.measure.stream import cache_bytes, cache_levels, measure_stream
 
     dtype = compute if compute in ("fp32", "bf16") else "fp32"
     cal = calibrate(dtype, "cpu")
@@ -45,7 +47,12 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                                f"was flushed, as a backward reads what the forward saved, measured ({stream.verdict})",
                    transcendental_rate=stream.gelu.get(dtype), view_s=stream.view_s, module_s=stream.module_s,
                    host_source=f"this CPU's time per view op and per module call, measured ({stream.verdict})",
-                   checkpoint_s=stream.checkpoint_s,
+                   checkpoint_s=stream.checkpoint_s, matmul_shapes=tuple(stream.shapes.get(dtype, ())),
+                   shape_source=f"this CPU's {dtype} linear-layer matmuls by shape class (tokens x features, "
+                                f"forward, input and weight gradients), measured ({stream.verdict})",
+                   warm_sweep=tuple(stream.warm), l2_bytes=cache_levels().get(2),
+                   warm_source=f"this CPU's bandwidth by size: multiplies reading tensors a core's L2 no longer "
+                               f"holds (its L3 does), measured ({stream.verdict})",
                    checkpoint_source=f"this CPU's time of torch's non-reentrant checkpoint per segment and per "
                                      f"tensor its recompute saves, measured ({stream.verdict})",
                    attention={"cpu": (stream.attention[dtype] / peak if peak else 0.0,
@@ -82,7 +89,10 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
     grad_bytes = registry.dtype(setting.grads).bytes
     opt = registry.optimizer(setting.optimizer)
     shard = layout["shard"] if layout else 1
-    state = params * opt.state_bytes_per_param(param_bytes)
+    # the state the fake step's optimizer made (Adafactor's factored moments: far below a byte per
+    # parameter), else the registry's bytes per parameter
+    made = (getattr(step, "components", None) or {}).get("optimizer_states")
+    state = made if made is not None and made >= 0 else params * opt.state_bytes_per_param(param_bytes)
     per_tensor = OPTIMIZER_OPS.get(opt.name, OPTIMIZER_OPS["adamw"])
     # the CPU runs the single-tensor update; CUDA's foreach/fused launches take 36 tensors each
     kernels = per_tensor * (len(trained) if fig.host_bound else -(-len(trained) // FOREACH_TENSORS))
