@@ -43,7 +43,7 @@ from tunekit.planning.expect import expected_of
 from tunekit.planning.module import ModuleTarget
 from tunekit.planning.record import Placed, Plan, PlanDevice
 from tunekit.planning.shard import comm_seconds, inter_node_gbs, node_net, rank_peak, shard_count
-from tunekit.planning.step import FakeStep, complete, fake_step, search_micro_batch
+from tunekit.planning.step import COUNTED, FakeStep, complete, fake_step, search_micro_batch
 from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name, set_attention
 from tunekit.view.progress import wait_progress
 
@@ -240,7 +240,14 @@ class _Steps:
         return step
 
     def complete(self, step: FakeStep, s: Setting, parts) -> FakeStep:
-        """``step`` with the passes of ``parts`` it lacks made."""
+        """``step`` with the passes of ``parts`` it lacks made. The count (FLOPs op by op) steps no
+        optimizer: a step of the same shape under another optimizer lends its own."""
+        if "ops" in parts and not step.has("ops"):
+            key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.attention)
+            twin = next((t for k, t in self.steps.items() if k[:5] + k[6:] == key and t.has("ops")), None)
+            if twin is not None:
+                for name in COUNTED:
+                    setattr(step, name, getattr(twin, name))
         parts = tuple(p for p in parts if not step.has(p))
         if parts:
             complete(self.models[s.weights], self.kind, self.cfg, s, s.micro_batch, step, parts, self.shown.say)

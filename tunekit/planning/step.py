@@ -38,6 +38,10 @@ def batch_of(cfg, kind, micro_batch, seq_len):
     return x, (torch.randint(0, vocab, (micro_batch, seq_len)) if kind == "gpt" else x)
 
 
+# the count's fields of a FakeStep (`_counted`: a pass without the optimizer, the same under any)
+COUNTED = ("executed", "model_flops", "count_notes", "ops", "host")
+
+
 @dataclass
 class FakeStep:
     """One planned step's figures. The live-bytes pass always fills the first group; the
