@@ -168,6 +168,36 @@ def test_a_sharded_plan_just_over_gets_adamw_8bit_and_more_nodes():
         ("optimizer='sgd'", (8, 16, 32), "adds_to_fit")]
 
 
+def test_adamw_8bit_is_planned_and_an_optimizer_change_reuses_the_count(monkeypatch):
+    import torch
+
+    from tunekit.planning import step as plan_step
+
+    calls = []
+    original = plan_step._counted
+
+    def counted(model, adapter, kind, batch, setting, *args, **kw):
+        calls.append((setting.weights, setting.optimizer))
+        return original(model, adapter, kind, batch, setting, *args, **kw)
+
+    monkeypatch.setattr(plan_step, "_counted", counted)
+    with torch.device("meta"):
+        net = torch.nn.Sequential(*[torch.nn.Linear(16384, 16384, bias=False) for _ in range(4)])
+    kw = dict(batch_fn=lambda b, s: (torch.randn(b, 16384),), micro_batch=8, precision="fp16", verbose=False)
+    p = tunekit.plan(net, "T4", **kw)
+    # 4 x 16,384^2 = 2^30 fp32 weights: 4 GiB, gradients 4, AdamW's two moments 8: over a T4's 15 GiB
+    assert not p.fits and p.components["optimizer_states"] == 8 * 2**30 + 16   # + 4 fp32 step counts
+    # fp16 weights, 8-bit AdamW and FSDP over 4 fit; 8-bit AdamW's step is the plan's shape under another
+    # optimizer: it takes the plan's count (two counts: the plan's and the fp16 weights' model's)
+    assert [o.label for o in p.advice] == ["weights='fp16'", "optimizer='adamw_8bit'", "parallel='fsdp', world_size=4"]
+    assert calls == [(None, "adamw"), ("fp16", "adamw")] and p.advice[1].flops_per_token == 1.0
+    # 8-bit AdamW's state, as bitsandbytes allocates it: two uint8 moments, 2 x 2^30 bytes, and two fp32
+    # absmax per 256 elements, 2 x 4 x 2^30 / 256 = 32 MiB
+    eight = tunekit.plan(net, "T4", optimizer="adamw_8bit", **kw)
+    assert eight.components["optimizer_states"] == 2 * 2**30 + 32 * 2**20
+    assert eight.total_bytes == p.advice[1].total_bytes
+
+
 def test_adamw_8bit_is_planned_with_bitsandbytes_state():
     import torch
 

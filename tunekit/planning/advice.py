@@ -209,11 +209,11 @@ def search_changes(setting, base_step, memory: float, *, fake, count, place, exp
             continue
         s = setting.replace(**change)
         try:
-            faked += combo != base
             step = base_step if combo == base else fake(s)
-        except ValueError as e:   # a change that cannot be faked is not offered
+        except ValueError as e:   # a change that cannot be faked is not offered (refused before any pass)
             skipped.append(Skipped(label, tuple(places[:cap]), "not_faked", str(e)))
             continue
+        faked += combo != base
         own = _placed_options(setting, s, combo == base, labels, step, places[:cap], memory, per_token,
                               tried, fake=fake, count=count, place=place, expect=expect)
         if own is not None:
