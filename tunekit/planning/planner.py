@@ -242,12 +242,10 @@ class _Steps:
     def complete(self, step: FakeStep, s: Setting, parts) -> FakeStep:
         """``step`` with the passes of ``parts`` it lacks made. The count (FLOPs op by op) steps no
         optimizer: a step of the same shape under another optimizer lends its own."""
-        if "ops" in parts and not step.has("ops"):
-            key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.attention)
-            twin = next((t for k, t in self.steps.items() if k[:5] + k[6:] == key and t.has("ops")), None)
-            if twin is not None:
-                for name in COUNTED:
-                    setattr(step, name, getattr(twin, name))
+        key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.attention)
+        twin = next((t for k, t in self.steps.items() if k[:5] + k[6:] == key and t.has("ops")), None)
+        for name in COUNTED if "ops" in parts and not step.has("ops") and twin is not None else ():
+            setattr(step, name, getattr(twin, name))
         parts = tuple(p for p in parts if not step.has(p))
         if parts:
             complete(self.models[s.weights], self.kind, self.cfg, s, s.micro_batch, step, parts, self.shown.say)
