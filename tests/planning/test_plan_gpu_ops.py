@@ -134,3 +134,16 @@ def test_a_cpu_plan_keeps_the_cpus_kernel():
         <= set(p.expected.by_op.op)
     assert "added CPU SDPA FLOPs (torch counts 0 for them)" in p.notes
     assert not [n for n in p.notes if getattr(n, "kind", None) == "plan.attention_kernel"]
+
+
+def test_a_transformers_llamas_plan_names_silu_backward():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    by_op = tunekit.plan(cfg, "H100 SXM", precision="bf16", micro_batch=2, seq_len=64, verbose=False).expected.by_op
+    calls = dict(zip(by_op.op, by_op.calls))
+    # LlamaMLP's act_fn (transformers' SiLUActivation: F.silu) once a layer, 2 layers: 2 forward, 2 backward;
+    # its decomposition (sigmoid, fill_, sub_) is not what the GPU runs, and is gone
+    assert (calls["silu"], calls["silu_backward"]) == (2, 2)
+    assert not {"sigmoid", "fill_", "sub_"} & set(calls)

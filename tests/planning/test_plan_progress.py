@@ -71,13 +71,15 @@ def test_the_advice_says_which_combination_of_how_many(monkeypatch):
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100 SXM", precision="bf16", micro_batch=48000,
                      seq_len=128)
     assert not p.fits and p.advice
-    # checkpointing (2 levels) x bf16 weights (2) x SGD (2) x the micro-batch halved 0..7 times (8) = 64,
-    # less the plan's own: 63; the first tried halves the micro-batch, with a bar of 1/63 of 20 = 0.3 -> 0;
-    # the third, 3/63 of 20 = 0.95 -> 1
-    head = "\rtunekit.plan: advice: combination 1 of at most 63 (micro_batch=24000, grad_accum=2)"
-    assert head + ": live bytes, backward · " in err.text and "[....................]" in err.text
-    assert "\rtunekit.plan: advice: combination 3 of at most 63 (weights='bf16'): live bytes, forward · " in err.text
-    assert "[#...................]" in err.text
+    # checkpointing (2 levels) x bf16 weights (2) x AdamW, 8-bit AdamW, SGD (3) x the micro-batch halved 0..7
+    # times (8) = 96, less the plan's own: 95, more than the search's bound of 24 fake steps: "at most 24".
+    # The first tried halves the micro-batch, with a bar of 1/24 of 20 = 0.83 -> 1; the second, 8-bit AdamW,
+    # 2/24 of 20 = 1.67 -> 2
+    head = "\rtunekit.plan: advice: combination 1 of at most 24 (micro_batch=24000, grad_accum=2)"
+    assert head + ": live bytes, backward · " in err.text and "[#...................]" in err.text
+    assert "\rtunekit.plan: advice: combination 2 of at most 24 (optimizer='adamw_8bit'): live bytes, forward · " \
+        in err.text
+    assert "[##..................]" in err.text
     assert "advice: the FLOPs of micro_batch=24000, grad_accum=2, which fits: FLOPs op by op" in err.text
 
 
@@ -158,10 +160,12 @@ def test_the_advice_fakes_single_gpu_options_without_the_components_pass(monkeyp
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100 SXM", precision="bf16", micro_batch=48000,
                      seq_len=128, verbose=False)
     # the plan's own step is measured by component, and the options that fit no single GPU, placed over
-    # FSDP (rank 0's share of each component): SGD, bf16 weights, both. Those that fit one GPU (the
+    # FSDP (rank 0's share of each component), fewest changes first: 8-bit AdamW, bf16 weights, SGD (the
+    # optimizer's second level), bf16 with 8-bit AdamW, bf16 with SGD. Those that fit one GPU (the
     # micro-batch halved, checkpointing) and every superset of them are placed by their peak alone
-    assert calls == [(48000, False, None, "adamw"), (48000, False, None, "sgd"), (48000, False, "bf16", "adamw"),
-                     (48000, False, "bf16", "sgd")]
+    assert calls == [(48000, False, None, "adamw"), (48000, False, None, "adamw_8bit"),
+                     (48000, False, "bf16", "adamw"), (48000, False, None, "sgd"),
+                     (48000, False, "bf16", "adamw_8bit"), (48000, False, "bf16", "sgd")]
     assert [o.label for o in p.advice] == ["micro_batch=24000, grad_accum=2", "checkpointing=True"]
     # an option's total is that of the plan of its setting, whose components are measured
     best = p.advice[0]

@@ -35,6 +35,7 @@ KINDS = {
     "advice.gpus": "a planned change that shards the step over several GPUs",
     "advice.tight": "a planned setting leaving under 5% of the card free: fragmentation is not modelled",
     "advice.pruned": "combinations of changes not tried, and why: each adds changes or GPUs to one that fits with room",
+    "advice.not_searched": "what the advice never tries (other parallelisms, offload, fp8, more nodes, ...), in words",
     "toggle.over_hand_change": "a toggle given explicitly replaced a change made to the model by hand",
     "conditions.shared_node": "a cluster run's nodes ran other jobs while it measured (the scheduler said so)",
     "autotune.unconfirmed": "a candidate measured faster than the winner without winning its race",

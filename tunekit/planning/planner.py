@@ -35,7 +35,7 @@ from tunekit.core.setting import (
 )
 from tunekit.core.units import is_missing
 from tunekit.measure.device import torch_dtype
-from tunekit.planning.advice import dimensions, pruned_note, search_changes
+from tunekit.planning.advice import MAX_FAKED, dimensions, not_searched_note, placements, pruned_note, search_changes
 from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
 from tunekit.planning.cuda_like import GpuKernels, quiet_fake_logs
 from tunekit.planning.device import device_figures
@@ -43,7 +43,7 @@ from tunekit.planning.expect import expected_of
 from tunekit.planning.module import ModuleTarget
 from tunekit.planning.record import Placed, Plan, PlanDevice
 from tunekit.planning.shard import comm_seconds, inter_node_gbs, node_net, rank_peak, shard_count
-from tunekit.planning.step import FakeStep, complete, fake_step, search_micro_batch
+from tunekit.planning.step import COUNTED, FakeStep, complete, fake_step, search_micro_batch
 from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name, set_attention
 from tunekit.view.progress import wait_progress
 
@@ -240,7 +240,12 @@ class _Steps:
         return step
 
     def complete(self, step: FakeStep, s: Setting, parts) -> FakeStep:
-        """``step`` with the passes of ``parts`` it lacks made."""
+        """``step`` with the passes of ``parts`` it lacks made. The count (FLOPs op by op) steps no
+        optimizer: a step of the same shape under another optimizer lends its own."""
+        key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.attention)
+        twin = next((t for k, t in self.steps.items() if k[:5] + k[6:] == key and t.has("ops")), None)
+        for name in COUNTED if "ops" in parts and not step.has("ops") and twin is not None else ():
+            setattr(step, name, getattr(twin, name))
         parts = tuple(p for p in parts if not step.has(p))
         if parts:
             complete(self.models[s.weights], self.kind, self.cfg, s, s.micro_batch, step, parts, self.shown.say)
@@ -261,7 +266,7 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
     expected tokens/s) and those not tried (`planning.advice.search_changes`)."""
     dev, shown = steps.dev, steps.shown
     sharded = replace(dev, fixed=device_figures(dev.name, setting.precision, world_size=2)["fixed"])
-    combos, tried_at = math.prod(len(d) for d in dimensions(setting)) - 1, []
+    combos, tried_at = min(math.prod(len(d) for d in dimensions(setting)) - 1, MAX_FAKED), []
 
     def place(st, s):
         if s.parallel:
@@ -284,7 +289,7 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
                            kernel=kernel)[0]
 
     return search_changes(setting, step, dev.memory, fake=fake, place=place, expect=expect, count=count,
-                          sharding=steps.layout is None and dev.name != "cpu")
+                          places=placements(setting, sharding=dev.name != "cpu"))
 
 
 def _notes(steps: _Steps, s: Setting, step: FakeStep, placed: Placed, cfg, kind, unit, seq_note, found,
@@ -296,7 +301,8 @@ def _notes(steps: _Steps, s: Setting, step: FakeStep, placed: Placed, cfg, kind,
         steps.notes.append(GpuKernels.NOTE)
     steps.notes += gpu.notes() if dev.name != "cpu" else []
     notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(steps.notes)) + step.notes
-             + step.count_notes + dev.notes + placed.notes + pruned_note(pruned))   # samples: no seq_len
+             + step.count_notes + dev.notes + placed.notes + pruned_note(pruned)   # samples: no seq_len
+             + ([not_searched_note()] if placed.total > dev.memory else []))
     if found is not None and found >= search_limit:
         notes.append(f"the micro-batch search stopped at search_limit={search_limit}: a larger one may fit too")
     if kind == "hf" and getattr(cfg, "is_encoder_decoder", False):

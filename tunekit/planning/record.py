@@ -212,8 +212,10 @@ def to_text(p: Plan) -> str:
                      + (f", {fmt_pct(flops - 1, 0, signed=True)} FLOPs per token" if abs(flops - 1) > 0.005 else ""))
     if p.advice:
         best = ", the best 3" if len(p.advice) > 3 else ""
-        lines.append(f"  advice     {len(p.advice)} combination(s) that fit{best}, by expected tokens/s per GPU "
-                     "(plan.advice):")
+        order = "by expected tokens/s per GPU" if any(not is_missing(o.tokens_per_s) for o in p.advice) else \
+            (f"no expected speed on {p.device} (a note says which figure is missing): fits with room first, "
+             "then fewer GPUs")
+        lines.append(f"  advice     {len(p.advice)} combination(s) that fit{best}, {order} (plan.advice):")
     for i, o in enumerate(p.advice[:3], 1):
         rate = "no expectation" if is_missing(o.tokens_per_s) else \
             "expected " + fmt_rate(o.tokens_per_s, f"{p.unit}/s") + (" per GPU" if o.gpus > 1 else "")

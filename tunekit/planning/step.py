@@ -21,11 +21,11 @@ from tunekit.measure.step import Observer, Watch, run_step
 from tunekit.measure.tally import storage_key
 from tunekit.measure.torch_private import fake_scalar_reads, has_fake_params
 from tunekit.models.adapters import adapt, fsdp_units, step_loss
-from tunekit.models.optimizers import build_optimizer
 from tunekit.planning.analytic import FakeStepError, fake_failure
 from tunekit.planning.cuda_like import GpuKernels
 from tunekit.planning.module import ModuleTarget
 from tunekit.planning.ops import RooflineCounter
+from tunekit.planning.optimizer import STAND_INS, plan_optimizer
 from tunekit.planning.record import COMPONENTS
 
 
@@ -37,6 +37,10 @@ def batch_of(cfg, kind, micro_batch, seq_len):
     vocab = cfg.vocab_size
     x = torch.randint(0, vocab, (micro_batch, seq_len))
     return x, (torch.randint(0, vocab, (micro_batch, seq_len)) if kind == "gpt" else x)
+
+
+# the count's fields of a FakeStep (`_counted`: a pass without the optimizer, the same under any)
+COUNTED = ("executed", "model_flops", "count_notes", "ops", "host")
 
 
 @dataclass
@@ -170,7 +174,9 @@ def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count, compo
 def _components(model, batch, setting, say) -> dict:
     """The step's components and notes, by measure_memory (its tally of saved activations)."""
     say("components (saved activations, gradients, optimizer state)")
-    report = measure_memory(model, batch, optimizer=setting.optimizer, precision=setting.precision,
+    # the Lab's optimizer by name, a stand-in (an instance measure_memory steps a copy of) where it cannot run here
+    opt = plan_optimizer(setting.optimizer, model.parameters()) if setting.optimizer in STAND_INS else setting.optimizer
+    report = measure_memory(model, batch, optimizer=opt, precision=setting.precision,
                             checkpointing=setting.checkpointing, estimate=False)
     components = {k: float(report.measured.get(k, 0.0)) for k in COMPONENTS}
     if any(is_missing(v) for v in components.values()):
@@ -212,7 +218,7 @@ def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dic
     does in every step after the first."""
     params = list(model.parameters())
     before = adapter.checkpointing
-    opt = build_optimizer(setting.optimizer, params, lr=0.0)
+    opt = plan_optimizer(setting.optimizer, params)
     rounded = _rounded_bytes(round_to)
     try:
         for p in params:
