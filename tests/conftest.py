@@ -45,6 +45,34 @@ def _no_leaked_flop_counter():
         mode.counter.__exit__(None, None, None)
 
 
+def _realtime_threads() -> list[int]:
+    """This process's threads under a real-time policy (SCHED_FIFO/RR), as measure.priority.ahead sets them."""
+    out = []
+    if not hasattr(os, "sched_getscheduler"):
+        return out
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        try:
+            if os.sched_getscheduler(int(tid)) in (os.SCHED_FIFO, os.SCHED_RR):
+                out.append(int(tid))
+        except OSError:      # the thread ended meanwhile
+            pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_realtime_priority():
+    """A thread left at real-time priority (a Ctrl-C injected inside measure.priority.ahead's set-up)
+    makes every later child inherit it: tools/busy.py's two spinners at SCHED_FIFO then held both
+    cores, starving the suite, the notebooks beside it and busy.py itself (test_busy timed out in
+    CI). Put back to the normal policy after each test."""
+    yield
+    for tid in _realtime_threads():
+        try:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+
+
 @pytest.fixture
 def flop_counters():
     """`flop_counters()`: the FLOP counters active now (a test asserts there are none left)."""
