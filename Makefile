@@ -68,9 +68,11 @@ test: lint docs
 	exit $$(( tests != 0 || notebooks != 0 ))
 
 # The tests marked `slow` (the first hour from a wheel, the longest docs pages, the dense Ctrl-C
-# sweeps, wheels and subprocess runs, 8B plans, a Slurm job past its time limit): ~15 minutes on 2
-# cores; they start their own Slurm test cluster where they need one. CI may run them after
-# `make test`; `make test-all` runs both, one after the other.
+# sweeps, wheels and subprocess runs, 8B plans, every real Slurm job but the one `make test` submits,
+# the 2-node cluster, autotune sweeps on the cluster, SHARD_GRAD_OP's torchrun launch): ~20 minutes on
+# 2 cores; they start their own Slurm test cluster where they need one. Each keeps a fast test of its
+# behaviour in `make test`. CI may run them after `make test`; `make test-all` runs both, one after
+# the other.
 test-slow: install
 	$(PY) -m pytest -q -m "slow and not gpu" --durations=25 tests
 

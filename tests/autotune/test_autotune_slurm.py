@@ -141,6 +141,7 @@ def test_bad_input_is_refused_before_any_job(cluster, tmp_path, on, words):
     assert _ours() == [] and lab.log.runs == []
 
 
+@pytest.mark.slow   # three jobs (fast: test_a_round_s_trials_go_together_and_the_search_is_the_same)
 @needs_cluster
 def test_a_sweep_on_the_cluster_keeps_max_jobs_queued_and_logs_every_trial(cluster, tmp_path):
     lab = _lab(tmp_path)
@@ -167,6 +168,7 @@ def test_a_sweep_on_the_cluster_keeps_max_jobs_queued_and_logs_every_trial(clust
     assert found.verdict and _ours() == []
 
 
+@pytest.mark.slow   # two jobs
 @needs_cluster
 def test_a_trial_whose_job_fails_is_a_failed_trial_and_the_search_goes_on(cluster, tmp_path):
     lab = _lab(tmp_path)
@@ -184,6 +186,7 @@ def test_a_trial_whose_job_fails_is_a_failed_trial_and_the_search_goes_on(cluste
     assert len(failed) == 1 and failed[0].job["state"] == "FAILED"
 
 
+@pytest.mark.slow   # two jobs
 @needs_cluster
 def test_ctrl_c_cancels_every_job_of_the_sweep(cluster, tmp_path):
     lab = _lab(tmp_path)
@@ -201,6 +204,7 @@ def test_ctrl_c_cancels_every_job_of_the_sweep(cluster, tmp_path):
     assert lab.last_autotune is not None and lab.last_autotune.status == "interrupted"
 
 
+@pytest.mark.slow   # three jobs
 @needs_cluster
 def test_trials_that_never_start_are_failed_trials_and_cancelled(cluster, tmp_path):
     lab = _lab(tmp_path)

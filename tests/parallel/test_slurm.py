@@ -159,6 +159,7 @@ def test_a_ddp_run_comes_home_with_its_job(cluster, tmp_path):
     assert [(x["rank"], x["node"]) for x in r.job["ranks"]] == [(0, "n0"), (1, "n0")]
 
 
+@pytest.mark.slow   # a second cluster, a job (fast: test_the_script_binds_each_rank_to_cores_of_its_own)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU here: nothing to bind two ranks apart on")
 @needs_cluster
 def test_each_rank_is_bound_to_cores_of_its_own(cluster, tmp_path, monkeypatch):
@@ -178,6 +179,7 @@ def test_each_rank_is_bound_to_cores_of_its_own(cluster, tmp_path, monkeypatch):
     assert len(ranks[0]["cpus"]) == len(ranks[1]["cpus"]) == cpus // 2   # an equal share of the node's CPUs
 
 
+@pytest.mark.slow   # a job (the torchrun path's: tests/parallel/test_dist.py)
 @needs_cluster
 def test_a_rank_exception_names_node_rank_and_traceback(cluster, tmp_path):
     (tmp_path / "failing_model.py").write_text(
@@ -196,6 +198,7 @@ def test_a_rank_exception_names_node_rank_and_traceback(cluster, tmp_path):
     assert e.value.job["state"] == "FAILED" and _ours() == []
 
 
+@pytest.mark.slow   # a job (fast: tests/lab/test_cluster_run.py, a cancelled handle)
 @needs_cluster
 def test_ctrl_c_while_waiting_cancels_the_job(cluster, tmp_path):
     job = Slurm(ntasks_per_node=2, time="5").submit(spec(steps=10_000), tmp_path / "job")
@@ -207,6 +210,7 @@ def test_ctrl_c_while_waiting_cancels_the_job(cluster, tmp_path):
     assert _ours() == []
 
 
+@pytest.mark.slow   # a job
 @needs_cluster
 def test_a_job_cancelled_from_outside_is_a_failure_with_its_steps_kept(cluster, tmp_path):
     job = Slurm(ntasks_per_node=2, time="5").submit(spec(steps=10_000), tmp_path / "job")
@@ -223,6 +227,7 @@ def test_a_job_cancelled_from_outside_is_a_failure_with_its_steps_kept(cluster, 
     assert "steps measured" in e.value.cause and _ours() == []
 
 
+@pytest.mark.slow   # two jobs
 @needs_cluster
 def test_a_job_that_never_starts_is_cancelled_and_said(cluster, tmp_path):
     blocker = _sbatch("--exclusive", "-o", "/dev/null", "--wrap", "sleep 120")
@@ -239,6 +244,7 @@ def test_a_job_that_never_starts_is_cancelled_and_said(cluster, tmp_path):
     assert _ours() == []
 
 
+@pytest.mark.slow   # two jobs
 @needs_cluster
 def test_a_node_shared_with_another_job_marks_the_run_busy(cluster, tmp_path):
     other = _sbatch("-n", "1", "-o", "/dev/null", "--wrap", "sleep 120")
@@ -276,6 +282,7 @@ def on_two_nodes(two_nodes, monkeypatch):
     return Slurm(nodes=2, ntasks_per_node=1, time="5", env={"GLOO_SOCKET_IFNAME": "tk0"})
 
 
+@pytest.mark.slow   # a 2-node cluster and a job
 def test_a_two_node_fsdp_run_goes_through_the_scheduler(on_two_nodes, tmp_path):
     r = on_two_nodes.submit({**spec(), "parallel": "fsdp", "comm": True}, tmp_path / "job").wait()
     # FSDP2 over 2 ranks on 2 nodes: every all-gather and reduce-scatter crosses the emulated link
@@ -283,6 +290,7 @@ def test_a_two_node_fsdp_run_goes_through_the_scheduler(on_two_nodes, tmp_path):
     assert set(r.comm["by_kind"]) >= {"all_gather", "reduce_scatter"}
 
 
+@pytest.mark.slow   # a 2-node cluster and a job
 def test_a_node_that_dies_mid_run_ends_it_as_a_failure_naming_the_node(on_two_nodes, tmp_path):
     downed = []
 
@@ -327,6 +335,7 @@ def test_a_plan_script_asks_for_the_setting_s_layout(tiny_plan, tmp_path):
         plan.sbatch(Slurm(), tmp_path / "y", model=cfg, option=len(plan.advice))
 
 
+@pytest.mark.slow   # a job (fast: test_a_plan_script_asks_for_the_setting_s_layout)
 @needs_cluster
 def test_a_plan_script_runs_as_written(cluster, tiny_plan, tmp_path):
     cfg, plan = tiny_plan
@@ -336,6 +345,7 @@ def test_a_plan_script_runs_as_written(cluster, tiny_plan, tmp_path):
     assert (r.status, r.world_size, r.parallel, r.job["state"]) == ("ok", 2, "ddp", "COMPLETED")
 
 
+@pytest.mark.slow   # a job
 @needs_cluster
 def test_a_plan_script_runs_your_own_script_with_its_rank(cluster, tiny_plan, tmp_path):
     cfg, plan = tiny_plan
@@ -351,6 +361,7 @@ def test_a_plan_script_runs_your_own_script_with_its_rank(cluster, tiny_plan, tm
     assert got == [["2", "0"], ["2", "1"]]
 
 
+@pytest.mark.slow   # a job (fast: tests/lab/test_cluster_run.py)
 @needs_cluster
 def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path, capsys):
     import tunekit
@@ -384,6 +395,7 @@ def test_a_lab_run_on_the_cluster_is_in_the_lab_s_log(cluster, tmp_path, capsys)
     assert out[-1].startswith(f"slurm job {handle.job.job_id}: run #{one.run_id} 1x1 ") and _ours() == []
 
 
+@pytest.mark.slow   # a job (fast: tests/lab/test_cluster_run.py)
 @needs_cluster
 def test_a_lab_run_that_fails_on_the_cluster_is_recorded_and_raised(cluster, tmp_path):
     import tunekit
@@ -404,6 +416,7 @@ def test_a_lab_run_that_fails_on_the_cluster_is_recorded_and_raised(cluster, tmp
     assert failed.job["state"] == "CANCELLED" and failed.step_s > 0   # the steps measured before, kept
 
 
+@pytest.mark.slow   # a job (fast: tests/lab/test_cluster_run.py)
 @needs_cluster
 def test_ctrl_c_in_a_not_waited_run_s_result_cancels_it_unrecorded(cluster, tmp_path):
     import _thread
@@ -483,6 +496,7 @@ def test_tunekit_run_slurm_refuses_what_cannot_go(monkeypatch, capsys):
     assert "no sbatch on the PATH" in capsys.readouterr().err
 
 
+@pytest.mark.slow   # a job (fast: test_tunekit_run_slurm_refuses_what_cannot_go)
 @needs_cluster
 def test_tunekit_run_slurm_runs_the_job(cluster, tmp_path, capsys):
     from tunekit.cli.main import main
@@ -558,6 +572,7 @@ def _cluster_dash(make_lab, tmp_path, steps, **kw):
     return lab, dash, lines
 
 
+@pytest.mark.slow   # a job (fast: test_the_dashboard_runs_on_a_cluster_target_it_was_given)
 @needs_cluster
 def test_the_dashboard_runs_on_the_cluster_without_blocking_and_logs_the_run(cluster, make_lab, tmp_path):
     lab, dash, lines = _cluster_dash(make_lab, tmp_path, steps=2)
@@ -577,6 +592,7 @@ def test_the_dashboard_runs_on_the_cluster_without_blocking_and_logs_the_run(clu
     assert len(dash.table_df) == 1 and _ours() == []
 
 
+@pytest.mark.slow   # a job
 @needs_cluster
 def test_the_dashboard_stop_button_cancels_a_running_job_unrecorded(cluster, make_lab, tmp_path):
     lab, dash, lines = _cluster_dash(make_lab, tmp_path, steps=10_000)
@@ -591,6 +607,7 @@ def test_the_dashboard_stop_button_cancels_a_running_job_unrecorded(cluster, mak
         ("cancelled", False, "none")
 
 
+@pytest.mark.slow   # two jobs
 @needs_cluster
 def test_the_dashboard_says_a_pending_job_s_reason_and_a_failure_s_cause(cluster, make_lab, tmp_path):
     blocker = _sbatch("--exclusive", "-o", "/dev/null", "--wrap", "sleep 120")

@@ -169,10 +169,13 @@ def shell(tmp_path, monkeypatch):
     ip.reset(new_session=False)
 
 
-# pages whose runs take 12-40 s each on 2 busy cores (CI's durations): `make test-slow` runs them; the
-# others run in `make test`, the README's first example and its Monitor among them (docs/profile.md,
-# docs/monitor.md); what the slow pages show is tested fast in tests/lab, tests/planning, tests/parallel
-SLOW_PAGES = {"docs/lab.md", "docs/parallel.md", "docs/plan.md", "docs/why-slow.md"}
+# pages whose runs take 12-40 s each on 2 busy cores (CI's durations; own-model and memory: 10-20 s with
+# their set-up): `make test-slow` runs them; the README's first example and its Monitor run in `make
+# test` (docs/profile.md, docs/monitor.md); what the slow pages show is tested fast in tests/lab,
+# tests/planning, tests/parallel (own-model: tests/planning/test_plan_modules.py, tests/lab/test_lab.py;
+# memory: tests/measure/test_memory.py, tests/core/test_advisor.py)
+SLOW_PAGES = {"docs/lab.md", "docs/parallel.md", "docs/plan.md", "docs/why-slow.md", "docs/own-model.md",
+              "docs/memory.md"}
 
 
 @pytest.mark.parametrize("section", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_PAGES else s for s in RUN])
