@@ -110,6 +110,26 @@ def test_a_calibration_on_a_thread_of_its_own_leaves_the_main_thread_alone(fresh
         assert seen["me"][0] == os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
 
 
+def test_blocks_in_two_threads_take_turns_and_put_everything_back(fresh):
+    before, inside, both_in = _policies(), [], threading.Barrier(2, timeout=60)
+
+    def trial():
+        both_in.wait()   # both threads ask at once
+        with ahead():
+            inside.append(threading.get_native_id())
+            with ahead():   # nested in the same thread: runs as it is
+                pass
+
+    threads = [threading.Thread(target=trial) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = _policies()
+    common = before.keys() & after.keys()
+    assert len(inside) == 2 and {t: after[t] for t in common} == {t: before[t] for t in common}
+
+
 def test_a_refusal_is_not_asked_again(monkeypatch, fresh):
     calls = []
 

@@ -40,6 +40,10 @@ def _threads() -> list[int]:
         return [0]
 
 
+_one_at_a_time = threading.RLock()   # see "one block at a time" in ahead's docstring
+_inside = threading.local()
+
+
 @contextmanager
 def ahead():
     """Run the block with this process's threads ahead of the machine's other work, as far as the
@@ -54,7 +58,27 @@ def ahead():
 
     The main thread is raised only when it is the caller: a calibration on a thread of its own (the
     dashboard's expectation line) leaves the user's main thread, busy with the user's own work, at
-    the priority the user gave it."""
+    the priority the user gave it.
+
+    One block at a time: two threads' trials at once would each time the other's work too, and the
+    second to start would save the first's raised policy as the one to put back, leaving every
+    thread at real time for good. A block waits for another thread's to end; a block nested in one
+    of the same thread runs as it is, and the outer one puts everything back."""
+    with _one_at_a_time:
+        if getattr(_inside, "got", None) is not None:   # nested: already ahead (or as far as it got)
+            yield _inside.got
+            return
+        with _raised() as got:
+            _inside.got = got
+            try:
+                yield got
+            finally:
+                _inside.got = None
+
+
+@contextmanager
+def _raised():
+    """``ahead``'s body: raise the threads, yield the priority got, put them back."""
     got, saved, nices = NORMAL, {}, {}
     me, main = threading.get_native_id(), threading.main_thread().native_id
     tids = [t for t in _threads() if t == me or t != main]   # see "the main thread" in the docstring
