@@ -198,3 +198,17 @@ def test_a_fake_tensors_item_reads_one_under_fake_scalar_reads_and_a_real_ones_i
     with torch_private.fake_scalar_reads():
         assert real.sum().item() == 6.0   # 2 + 2 + 2: a real tensor's value passes through
     assert not torch_private.has_fake_params(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1))
+
+
+def test_fake_scalar_reads_for_answers_reads_only_around_a_fake_optimizer():
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    real_opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    with FakeTensorMode():
+        fake = torch.full((3,), 2.0)
+        fake_opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+        with torch_private.fake_scalar_reads_for(fake_opt):
+            assert fake.sum().item() == 1.0   # answered: the optimizer steps fake tensors
+        with torch_private.fake_scalar_reads_for(real_opt):
+            with pytest.raises(DataDependentOutputException):   # not answered: a fake tensor has no value to read
+                fake.sum().item()

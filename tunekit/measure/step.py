@@ -32,7 +32,7 @@ from tunekit.measure.flops import (
 from tunekit.measure.interrupts import deferred_interrupt
 from tunekit.measure.oom import free_memory, memory_now_bytes
 from tunekit.measure.tally import SavedTensorTally, unique_bytes
-from tunekit.measure.torch_private import fake_scalar_reads, has_fake_params
+from tunekit.measure.torch_private import fake_scalar_reads_for
 
 PHASES = ("forward", "backward", "optimizer step")
 
@@ -135,7 +135,7 @@ def _steps(loss_of, batch_of, accum, autocast, optimizer, scaler, sync, zero_gra
                 scaler.update()
             else:
                 # a fake step's optimizer may read a value (Adafactor's .item()): 1, see fake_scalar_reads
-                with fake_scalar_reads() if has_fake_params(optimizer) else contextlib.nullcontext():
+                with fake_scalar_reads_for(optimizer):
                     optimizer.step()
             if zero_grad:
                 optimizer.zero_grad(set_to_none=True)

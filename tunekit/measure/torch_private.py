@@ -6,6 +6,7 @@ loudly naming it, instead of a measurement going silently wrong.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 
@@ -200,3 +201,9 @@ def fake_scalar_reads():
             return func(*args, **(kwargs or {}))
 
     return FakeScalars()
+
+
+def fake_scalar_reads_for(optimizer):
+    """`fake_scalar_reads` around an ``optimizer.step()`` that steps fake tensors (Adafactor's
+    ``.item()`` in a plan's fake step); a real optimizer's step runs as it is."""
+    return fake_scalar_reads() if has_fake_params(optimizer) else contextlib.nullcontext()

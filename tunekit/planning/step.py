@@ -19,7 +19,7 @@ from tunekit.measure.memory import autocast_torch, measure_memory
 from tunekit.measure.model_flops import tensors_in
 from tunekit.measure.step import Observer, Watch, run_step
 from tunekit.measure.tally import storage_key
-from tunekit.measure.torch_private import fake_scalar_reads, has_fake_params
+from tunekit.measure.torch_private import fake_scalar_reads_for
 from tunekit.models.adapters import adapt, fsdp_units, step_loss
 from tunekit.planning.analytic import FakeStepError, fake_failure
 from tunekit.planning.cuda_like import GpuKernels
@@ -224,7 +224,7 @@ def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dic
         for p in params:
             p.grad = torch.zeros_like(p) if p.requires_grad else None
         all_grads = rounded([p.grad for p in params if p.grad is not None])
-        with fake_scalar_reads() if has_fake_params(opt) else contextlib.nullcontext():   # Adafactor's .item()
+        with fake_scalar_reads_for(opt):   # Adafactor's .item()
             opt.step()
         opt.zero_grad(set_to_none=True)
         state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
