@@ -9,12 +9,16 @@ backward's transposes, and the cube sweep read at the cube root of m k n says a 
 grows them 1.94x, where they grew 2.07-2.32x inside a step: a cube's rate climbs with every
 dimension, a tall-skinny matmul's stays flat as only its token dimension grows.
 
-Not yet repeatable by construction (issue 39): the small matmuls on 2 threads follow libgomp's idle
+Not repeatable by construction (issue 39): the small matmuls on 2 threads follow libgomp's idle
 wait, a state of the process. On the 2-vCPU VM (2026-12-06) 64-cube fp32 matmuls ran at
-0.031-0.036 or 0.065-0.074 TFLOPS, for seconds at a time, flipping within one process;
-GOMP_SPINCOUNT=1000 gave 0.069-0.076 in every try and 300000 0.033-0.041 (libgomp reads it as
-torch loads, so a running process cannot pin it). The calibration that caught the fast state had
-its one-thread host figures (op_s, view_s) 1.6x slower and a 256 KiB multiply 3x slower.
+0.031-0.036 or 0.065-0.074 TFLOPS, for seconds at a time, flipping within one process. Setting a
+wait policy before torch loads pins that one figure (GOMP_SPINCOUNT=1000: 0.069-0.076 in every
+try; 300000: 0.033-0.041) but did not steady what the figures are for: under GOMP_SPINCOUNT=1000
+the quick ladder's base step measured again was +27% and +39% off, and ``OMP_WAIT_POLICY=PASSIVE``
+left fresh calibrations as far apart and the steps 1.13x slower (benchmarks/RESULTS.md). So
+tunekit sets no wait policy; the stream record holds the one its trials ran under and its cache
+is keyed by it (measure.conditions_gomp). The calibration that caught the fast state had its
+one-thread host figures (op_s, view_s) 1.6x slower and a 256 KiB multiply 3x slower.
 """
 from __future__ import annotations
 
