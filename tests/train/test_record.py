@@ -20,3 +20,46 @@ def test_steady_step_is_the_median_where_kept():
     assert r.steady_step_s == 0.032 and r.step_s_iqr == 0.002
     old = RunResult.from_dict({"label": "b", "step_s": 0.040})   # a log line from before: the mean
     assert math.isnan(old.step_s_median) and old.steady_step_s == 0.040
+
+
+def test_a_cpu_run_records_its_openmp_wait_policy_in_the_log_the_table_and_its_lines(make_lab, monkeypatch):
+    from tunekit.lab.lab import Lab
+    from tunekit.train import record
+
+    # the reader is conditions_gomp.policy, the one a calibration's record and cache key use
+    monkeypatch.setattr(record, "policy", lambda: "OMP_WAIT_POLICY=PASSIVE")
+    lab = make_lab(peak_tflops=1.0, micro_batch=2, seq_len=16)
+    r = lab.run(steps=1, warmup=0)
+    assert r.wait_policy == "OMP_WAIT_POLICY=PASSIVE"
+    assert lab.results(all=True)["wait_policy"].tolist() == ["OMP_WAIT_POLICY=PASSIVE"]
+    back = Lab.load_results(lab.log.path, all=True)   # the run log keeps it
+    assert back["wait_policy"].tolist() == ["OMP_WAIT_POLICY=PASSIVE"]
+    machine = [line for line in str(r).splitlines() if line.lstrip().startswith("machine")]
+    assert len(machine) == 1 and machine[0].endswith("· OpenMP wait policy OMP_WAIT_POLICY=PASSIVE")
+
+
+def test_a_gpu_run_records_no_openmp_wait_policy(monkeypatch):
+    import torch
+
+    from tunekit.core.setting import Setting
+    from tunekit.measure.peaks import Peak
+    from tunekit.train import record
+
+    monkeypatch.setattr(record, "policy", lambda: "default")
+
+    class Adapter:   # no analytic shape: no model FLOPs, no rates to compute
+        attention_ran = None
+
+        def model_flops(self, seq_len, tokens, counted):
+            return None, None, []
+
+    def one(device):
+        m = record.Steps([0.01], [2.0], None, "none")
+        s, peak = Setting(micro_batch=1, seq_len=4), Peak(None, "none", None)
+        r, _ = record.run_result(s, m, None, Adapter(), peak, torch.device(device), label="a", warmup=0,
+                                 notes=[], recheck=False, params_bytes=0, grads_bytes=0, optimizer_bytes=0,
+                                 model="m", n_params=0)
+        return r.wait_policy
+
+    assert one("cpu") == "default" and one("cuda") is None   # the GPU's kernels wait on no libgomp pool
+    assert RunResult.from_dict({"label": "old"}).wait_policy is None   # a log line from before: not known

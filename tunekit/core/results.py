@@ -106,6 +106,9 @@ class RunResult:
                                           # (tunekit.explain's .line); None: untraced, or a note says why
     job: dict | None = None               # the cluster job that ran it (engine, id, partition, nodes, state,
                                           # exit code, folder, jobs that shared its nodes); None: run here
+    # libgomp's OpenMP wait policy a CPU run's threads ran under ('default', or the variables set:
+    # 'OMP_WAIT_POLICY=PASSIVE'; measure.conditions_gomp), as a calibration records it; None: a GPU run
+    wait_policy: str | None = None
 
     # () -> the run's Explanation, planned by the Lab that ran it (tunekit.explain(run) without a
     # plan); set by the Lab on its live runs, never saved: a run read back from a log has none

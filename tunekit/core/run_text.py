@@ -74,9 +74,12 @@ def run_rows(r) -> list[tuple[str, str]]:
             ("loss", f"{formatted(r.loss_first, FORMATS['loss'])} -> {formatted(r.loss, FORMATS['loss'])}")]
     if getattr(r, "explained", None):   # a traced run against its expected step (tunekit.explain's line)
         rows.append(("traced", r.explained))
-    if cond is not None:
-        rows.append(("machine", f"{cond}" + ("; these figures measure the other work too: re-run when "
-                                             "it is quiet" if cond.busy else "")))
+    machine = [] if cond is None else [f"{cond}" + ("; these figures measure the other work too: re-run "
+                                                     "when it is quiet" if cond.busy else "")]
+    if getattr(r, "wait_policy", None):   # a CPU run's: its small matmuls' speed follows it
+        machine.append(f"OpenMP wait policy {r.wait_policy}")
+    if machine:
+        rows.append(("machine", " · ".join(machine)))
     if getattr(r, "world_size", None):   # distributed runs only
         rows += [("layout", layout(r))] + [("comm", f"per step, {x}") for x in comm_lines(r.comm)]
     job = getattr(r, "job", None)

@@ -18,6 +18,7 @@ from tunekit.core import registry
 from tunekit.core.notes import Note
 from tunekit.core.results import RunResult
 from tunekit.core.toggles import Toggles
+from tunekit.measure.conditions_gomp import policy
 from tunekit.measure.device import device_label
 from tunekit.measure.energy import Energy
 from tunekit.measure.peaks import Peak, rates, resolve_peak
@@ -110,7 +111,8 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
         compute_dtype=dtype, autocast_dtype=registry.dtype(ac).torch_name if ac else None,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
         notes=notes + (m.peak_notes or []) + (probe.notes if probe is not None else []),
-        trace=m.trace, memory=m.memory, conditions=m.conditions, throughput_unit=unit, **fields)
+        trace=m.trace, memory=m.memory, conditions=m.conditions, throughput_unit=unit,
+        wait_policy=policy() if device.type == "cpu" else None, **fields)   # what this process's libgomp read
     if m.energy is not None:
         e = m.energy
         result.energy_j, result.energy_source, result.mean_w = e.joules, e.source, e.mean_w
