@@ -18,8 +18,9 @@
 # **Claim.** Training memory is weights + gradients + optimizer states (static, proportional to the
 # parameter count: 18 bytes/param for mixed precision with AdamW) plus activations saved for
 # backward (proportional to batch × sequence length) plus temporaries. On a GPU add the CUDA context
-# (0.5–2 GB that torch's allocator never sees), `torch.distributed` buffers (~1–2 GB) and
-# fragmentation. We estimate each line, then measure it on a live model.
+# and kernels (memory torch's allocator never sees; section 5 prints the figure tunekit charges),
+# `torch.distributed` buffers (~1–2 GB) and fragmentation. We estimate each line, then measure it
+# on a live model.
 
 # %%
 import torch
@@ -36,15 +37,17 @@ GiB = 2**30
 # %% [markdown]
 # ## 1. Bytes per parameter
 #
-# The static lines depend only on precision and optimizer:
+# The static lines depend only on the memory layout and the optimizer. A layout is where a step keeps
+# its bytes (a Setting derives it from its precision: `Setting(precision='bf16').memory_layout` is
+# `'amp'`); `mixed` keeps half weights beside fp32 master weights:
 
 # %%
 combos = [('fp32', 'adamw'), ('mixed', 'adamw'), ('amp', 'adamw'), ('bf16', 'adamw'),
           ('mixed', 'sgd'), ('mixed', 'adamw-8bit')]
-table = pd.DataFrame([{'precision': p, 'optimizer': o, **anatomy.bytes_per_param(p, o)} for p, o in combos])
+table = pd.DataFrame([{'memory_layout': m, 'optimizer': o, **anatomy.bytes_per_param(m, o)} for m, o in combos])
 table['total B/param'] = table[['weights', 'master_weights', 'gradients', 'optimizer_states']].sum(axis=1)
-assert table.set_index(['precision', 'optimizer']).loc[('mixed', 'adamw'), 'total B/param'] == 18   # 2+4+4+8
-assert table.set_index(['precision', 'optimizer']).loc[('fp32', 'adamw'), 'total B/param'] == 16   # 4+4+8
+assert table.set_index(['memory_layout', 'optimizer']).loc[('mixed', 'adamw'), 'total B/param'] == 18   # 2+4+4+8
+assert table.set_index(['memory_layout', 'optimizer']).loc[('fp32', 'adamw'), 'total B/param'] == 16   # 4+4+8
 table
 
 # %% [markdown]
@@ -136,14 +139,17 @@ assert abs(acts[-1] / acts[0] - mbs[-1] / mbs[0]) / (mbs[-1] / mbs[0]) < 0.15   
 # ## 5. What the allocator does not show: CUDA context, fragmentation
 #
 # On a GPU, `nvidia-smi` reports more than `torch.cuda.memory_allocated()`: the CUDA context and
-# kernels (0.5–2 GB, lazily loaded), NCCL buffers, and memory the caching allocator *reserved* but
-# split into pieces too small to reuse (fragmentation).
+# kernels, NCCL buffers, and memory the caching allocator *reserved* but split into pieces too
+# small to reuse (fragmentation). An estimate or a plan charges the context its published figure
+# for torch 2.1 on an A100 with kernels loaded lazily, torch's default (the cell prints it); loaded
+# eagerly (`CUDA_MODULE_LOADING=EAGER`) the same source measured about twice that.
 # `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` lets segments grow instead of fragmenting; it
 # must be set before the first CUDA allocation (in the shell, or `os.environ` before
 # `import torch`).
 
 # %%
 import os
+print(tunekit.estimate_memory(1e6, device='cuda').formulas['cuda_context'])   # the figure estimates and plans charge
 print('PYTORCH_CUDA_ALLOC_CONF =', os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '(unset: default allocator)'))
 if GPU:
     free, total = torch.cuda.mem_get_info()
