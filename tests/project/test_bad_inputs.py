@@ -553,8 +553,8 @@ def test_peak_of_a_missing_gpu_says_how_to_read_its_spec_sheet_and_the_name_work
     assert str(info.value) == (f"device='cuda': {MISSING}; to read a device's spec sheet from anywhere, give its "
                                "name: peak_tflops('NVIDIA H100 80GB HBM3')")
     assert tunekit.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
-    # planning for a GPU is what an estimate is for: the 0.5 GiB CUDA context line is there
-    assert tunekit.estimate_memory(1e6, device="cuda")["cuda_context"] == 0.5 * 2**30
+    # planning for a GPU is what an estimate is for: the 0.47 GiB CUDA context line is there
+    assert tunekit.estimate_memory(1e6, device="cuda")["cuda_context"] == 0.47 * 2**30
 
 
 @pytest.mark.parametrize("given, error, message", [

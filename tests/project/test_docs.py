@@ -130,3 +130,24 @@ def test_slug_is_mkdocs_toc_slug():
     assert slug("This site") == "this-site"
     assert slug("Will it fit? Is it shaped well?") == "will-it-fit-is-it-shaped-well"
     assert slug("Your own loop: tunekit.Monitor") == "your-own-loop-tunekitmonitor"
+
+
+def test_every_cuda_context_size_the_project_states_is_the_one_constant():
+    """The docs, README, notebooks and package state the CUDA context's size as the figure an
+    estimate and a plan charge (core.memory.options.CUDA_CONTEXT), never a copy that drifts."""
+    from tunekit.core.memory.options import CUDA_CONTEXT
+
+    said = f"{CUDA_CONTEXT[0] / 2**30:.2f} GiB"   # 0.47 * 2**30 bytes -> '0.47 GiB'
+    files = [ROOT / "README.md", *PAGES, *sorted((ROOT / "notebooks").glob("*.py")),
+             *sorted((ROOT / "tunekit").rglob("*.py"))]
+    # a size the CUDA context is given: 'CUDA context (0.5 GiB)', 'CUDA context and kernels (0.5–2 GB',
+    # '0.5-2 GB of CUDA context' (what these files said before they read the constant)
+    n = r"\d[\d.]*(?:\s*[–-]\s*\d[\d.]*)?\s*[GM]i?B"
+    sizes = [re.compile(r"CUDA context[^.;()]{0,60}\(\s*(" + n + ")"),
+             re.compile("(" + n + r") of (?:the )?CUDA context")]
+    stated = [(f.relative_to(ROOT).as_posix(), m.group(1)) for f in files for rx in sizes
+              for m in rx.finditer(f.read_text(encoding="utf-8"))]
+    assert [s for s in stated if s[1] != said] == []
+    assert ("docs/memory.md", said) in stated   # the check reads what it guards
+    before = "0.5-2 GB of CUDA context; the CUDA context\n# and kernels (0.5–2 GB, lazily"
+    assert [m.group(1) for rx in sizes for m in rx.finditer(before)] == ["0.5–2 GB", "0.5-2 GB"]

@@ -6,13 +6,12 @@ import difflib
 import re
 
 from tunekit.core import specs, validate
+from tunekit.core.memory.options import CUDA_CONTEXT
 from tunekit.core.notes import Note
 from tunekit.core.specs import find_spec, runs_instead
 from tunekit.measure.live import CUDA_BLOCK
 from tunekit.planning.shard import NCCL_BUFFERS
 
-CUDA_CONTEXT = (0.47 * 2**30, ("CUDA context, lazy loading (torch 2.1 on an A100: stas00/ml-engineering "
-                                 "training/performance/README.md, Preloaded CUDA kernels memory usage)"))
 # torch's cuBLAS workspace, one per (handle, stream), from its caching allocator
 # (aten/src/ATen/cuda/CublasHandlePool.cpp): 32 MiB on compute capability 9.x-12.x
 # (":4096:8"), 4096 KiB x 2 + 16 KiB x 8 before; a row's own figure where the rule is not torch's

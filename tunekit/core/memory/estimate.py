@@ -3,7 +3,7 @@ optimizer states, activations and what lives outside torch's allocator. Pure: no
 IPython; pandas and plotly are imported only by the methods that need them.
 
 Sources: the ml-engineering "Anatomy of Model's Memory Usage" section
-(18 bytes/param for mixed-precision AdamW, per-optimizer state sizes, 0.5-2 GB of CUDA context,
+(18 bytes/param for mixed-precision AdamW, per-optimizer state sizes, the CUDA context,
 ~1-2 GB for torch.distributed) and the large-scale-training notes (the activation formula of
 Korthikanti et al. 2022 and the 147M-parameter GPT worked example).
 
@@ -23,7 +23,7 @@ from tunekit.core.fmt import fmt_count, fmt_pct
 from tunekit.core.memory.answer import COMPONENTS, STATIC, MemoryAnswer
 from tunekit.core.memory.gpt_count import config_dims, gpt_activation_bytes
 from tunekit.core.memory.hf_count import GROUPS, hf_activation_bytes
-from tunekit.core.memory.options import MemoryOptions, setting_options
+from tunekit.core.memory.options import CUDA_CONTEXT, MemoryOptions, setting_options
 from tunekit.core.notes import Note
 from tunekit.core.registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
 from tunekit.core.shapes import model_shape
@@ -364,13 +364,12 @@ def _beside_lines(comps, forms, o: MemoryOptions, device: str, world: int) -> No
     comps["temporary"] = o.overhead_fraction * known
     forms["temporary"] = f"{fmt_pct(o.overhead_fraction, 0)} of the above (temporary buffers, fragmentation)"
     on_cuda, context = str(device).startswith("cuda"), o.cuda_context_bytes
-    # torch 2.1 used 0.47 GB lazily / 0.92 GB eagerly for its kernels on an A100 (stas00/ml-engineering
-    # training/performance/README.md, Preloaded CUDA kernels memory usage)
-    if context is None:
-        context = 0.5 * GiB if on_cuda else 0.0
+    if context is None:   # a plan's figure (options.CUDA_CONTEXT, with its source)
+        context = CUDA_CONTEXT[0] if on_cuda else 0.0
     if on_cuda or context:   # a line that does not exist on this device is left out, not 0 bytes
         comps["cuda_context"] = float(context)
-        forms["cuda_context"] = "CUDA context + kernels, outside torch's allocator (0.5-2 GB)"
+        forms["cuda_context"] = "CUDA context + kernels, outside torch's allocator" + (
+            f" ({CUDA_CONTEXT[0] / GiB:.2f} GiB: {CUDA_CONTEXT[1]})" if o.cuda_context_bytes is None else " (as given)")
     if on_cuda and world > 1:
         comps["distributed"] = 1.5 * GiB
         forms["distributed"] = "torch.distributed/NCCL buffers (~1-2 GB per GPU)"

@@ -17,6 +17,10 @@ from tunekit.core.setting import from_keywords, memory_layout
 from tunekit.core.specs import find_spec
 
 ACTIVATION_MODES = ("auto", "gpt", "hf", "korthikanti")
+# the CUDA context and the kernels torch loads, outside its allocator: the one figure an estimate
+# and a plan charge (0.92 GiB with CUDA_MODULE_LOADING=EAGER in the same source, 1.78 with torch 1.10)
+CUDA_CONTEXT = (0.47 * 2**30, ("CUDA context, lazy loading (torch 2.1 on an A100: stas00/ml-engineering "
+                               "training/performance/README.md, Preloaded CUDA kernels memory usage)"))
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class MemoryOptions:
     activations: str = "auto"               # "auto", "gpt", "hf" or "korthikanti"
     device: str | None = None               # the device planned for (it need not be on this machine);
                                             # None: this machine's (`this_machine_device`)
-    cuda_context_bytes: float | None = None  # default: 0.5 GiB on CUDA, 0 elsewhere
+    cuda_context_bytes: float | None = None  # default: CUDA_CONTEXT (0.47 GiB) on CUDA, 0 elsewhere
     overhead_fraction: float = 0.0          # temporary buffers and fragmentation, a share of the rest
     optimizer_bytes: float | None = None    # per-param optimizer state, overriding the optimizer's
     grad_bytes: float | None = None         # per-param gradient bytes, overriding the precision's
