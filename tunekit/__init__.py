@@ -60,6 +60,7 @@ parallel/, autotune/, bench/, lab/, integrations/, cli/.
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 
 __version__ = "0.2.0"
@@ -143,9 +144,13 @@ def __getattr__(name):
     elif name in _FOLDERS:
         return importlib.import_module(f".{name}", __name__)
     elif name in MOVED:
-        # not cached in globals(): every caller's line is told, once each (the warnings filter)
-        warnings.warn(f"tunekit.{name} moved to {MOVED[name]}.{name}; the top-level name goes in the "
-                      "next release", DeprecationWarning, stacklevel=2)
+        # not cached in globals(): every caller's line is told, once each (the warnings filter).
+        # `from tunekit import NAME` reads the name twice: importlib's hasattr probe
+        # (_handle_fromlist), then the statement's own read; only the second warns
+        caller = sys._getframe(1).f_code
+        if not (caller.co_name == "_handle_fromlist" and caller.co_filename.startswith("<frozen importlib")):
+            warnings.warn(f"tunekit.{name} moved to {MOVED[name]}.{name}; the top-level name goes in the "
+                          "next release", DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module(MOVED[name]), name)
     else:
         raise AttributeError(f"module 'tunekit' has no attribute {name!r}")

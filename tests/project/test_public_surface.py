@@ -70,6 +70,20 @@ def test_a_moved_name_warns_once_with_its_new_home(name):
     assert name not in dir(tunekit)
 
 
+def test_one_access_to_a_moved_name_warns_once_whatever_its_form():
+    # `from tunekit import NAME` reads the name twice (importlib's hasattr probe, then the
+    # statement's own read): one warning, at this line, as `tunekit.NAME` gives
+    for form in ("from", "attribute"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if form == "from":
+                from tunekit import Toggles as value
+            else:
+                value = tunekit.Toggles
+        assert [(w.category, w.filename) for w in caught] == [(DeprecationWarning, __file__)], form
+        assert value is importlib.import_module("tunekit.lab").Toggles
+
+
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'plot_plans'"):
         tunekit.plot_plans  # noqa: B018
