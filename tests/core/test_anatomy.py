@@ -279,3 +279,52 @@ def test_options_are_checked_when_made():
     with pytest.raises(ValueError, match="activations must be auto, gpt, hf or korthikanti, got 'x'"):
         MemoryOptions(activations="x")
     assert MemoryOptions(parallel="hsdp", world_size=8, nodes=2).sharded[:2] == (3, 4)
+
+
+def test_adafactor_state_is_what_torchs_adafactor_allocates_for_a_small_model():
+    import torch
+
+    from tunekit.core.shapes import model_shape
+    from tunekit.models.gpt import GPT, GPTConfig
+    from tunekit.models.optimizers import state_bytes
+
+    def real(model):   # the state torch's Adafactor makes at its first step
+        opt = torch.optim.Adafactor(model.parameters(), lr=1e-3)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        return state_bytes(opt)
+
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+    # per tensor a 4-byte step; conv weight (8, 3, 3, 3): rows (8, 3, 3, 1) 72 + columns (8, 3, 1, 3) 72;
+    # bias (8,) 8; linear weight (2, 8): 2 + 8; bias (2,) 2. 4 x 4 + 4 x (144 + 8 + 10 + 2) = 672
+    assert real(conv) == 672
+    assert estimate_memory(conv, optimizer="adafactor", layout="fp32", device="cpu")["optimizer_states"] == 672
+    cfg = GPTConfig.preset("cpu-tiny")
+    gpt = GPT(cfg)
+    assert sorted(model_shape(cfg).param_shapes()) == sorted(tuple(p.shape) for p in gpt.parameters())
+    made = real(gpt)
+    # 2 layers x (qkv 384 x 128, proj, up 512 x 128, down, 2 norms) + wte 256 x 128 + norm_f: 14 tensors,
+    # 14 x 4 + 4 x (2 x (512 + 256 + 640 + 640 + 2 x 128) + 384 + 128) = 56 + 20,480 = 20,536 (not 4 x 426,624)
+    assert made == 20_536
+    assert estimate_memory(gpt, optimizer="adafactor", layout="fp32", device="cpu")["optimizer_states"] == made
+    assert estimate_memory(cfg, optimizer="adafactor", layout="fp32", device="cpu")["optimizer_states"] == made
+    # the optimizer steps mixed precision's fp32 master weights: the same bytes
+    assert estimate_memory(cfg, optimizer="adafactor", layout="mixed", device="cpu")["optimizer_states"] == made
+    # a bare count has no shapes: the bound, and a note that says so
+    bare = estimate_memory(426_624, optimizer="adafactor", layout="fp32", device="cpu")
+    assert bare["optimizer_states"] == 4 * 426_624 and "optimizer.bound" in [n.kind for n in bare.notes]
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(model_type="gpt2", n_embd=64, n_head=4, n_layer=2, vocab_size=100, n_positions=32),
+    dict(model_type="llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+         vocab_size=100, intermediate_size=128, tie_word_embeddings=False),
+    dict(model_type="gpt_neox", hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=100,
+         intermediate_size=128, attention_bias=True, tie_word_embeddings=False),
+], ids=["gpt2", "llama", "gpt_neox"])
+def test_a_configs_parameter_shapes_add_up_to_its_count(cfg):
+    from tunekit.core.shapes import model_shape
+
+    s = model_shape(cfg)
+    assert sum(math.prod(t) for t in s.param_shapes()) == s.param_count()

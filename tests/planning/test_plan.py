@@ -214,11 +214,10 @@ def test_a_step_that_reads_values_is_planned_analytically_and_says_why(monkeypat
     # Adafactor's step reads a value (.item()); with the fake step's answer to it turned off
     # (measure.torch_private.fake_scalar_reads: tests/planning/test_plan_adafactor.py) there is no
     # fake step, the analytic estimate instead (exact figures: tests/planning/test_plan_modules.py)
-    from tunekit.measure import step as measure_step
-    from tunekit.planning import step as planning_step
+    from tunekit.measure import torch_private
 
-    for module in (measure_step, planning_step):
-        monkeypatch.setattr(module, "has_fake_params", lambda opt: False)
+    # the one check both steps ask (torch_private.fake_scalar_reads_for)
+    monkeypatch.setattr(torch_private, "has_fake_params", lambda opt: False)
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "cpu", optimizer="adafactor", micro_batch=2, seq_len=32)
     assert p.method == "analytic" and p.notes[0].startswith("analytic estimate: the fake step failed because the "
                                                             "step reads a tensor's value")

@@ -20,6 +20,7 @@ KINDS = {
     "memory.untrimmed": "a CPU peak measured from a start that kept freed heap memory (no glibc malloc_trim)",
     "device.assumed": "estimate_memory planned for this machine's device, none being named",
     "activations.unknown": "estimate_memory has no shape to count the activations with",
+    "optimizer.bound": "estimate_memory charged a shape-dependent optimizer state (Adafactor's) its per-param bound",
     "flops.uncounted": "ops without a FLOP formula, left out of the count",
     "flops.mask_unread": "attention masks without values (fake tensors): counted model FLOPs may keep a masked half",
     "rates.none": "why a run reports no TFLOPS/MFU (its time is slowed, or no peak is known)",

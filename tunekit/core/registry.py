@@ -14,6 +14,7 @@ a precision is one edit in this file plus its test.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # --- dtypes: names as users write them -> what torch calls them ---------------------------------
@@ -114,6 +115,9 @@ def memory_layout_name(name: str) -> str:
 # --- optimizers --------------------------------------------------------------------------------
 
 
+ADAFACTOR_STEP_BYTES = 4   # torch.optim.Adafactor's step: a 0-dim tensor of torch's scalar dtype (fp32)
+
+
 @dataclass(frozen=True)
 class Optimizer:
     name: str
@@ -125,9 +129,24 @@ class Optimizer:
     cuda_only: bool = False
     aliases: tuple = ()
     doc: str = ""
+    factored: bool = False      # torch's Adafactor: a matrix's second moment as a row and a column
 
     def state_bytes_per_param(self, param_bytes: int = 4) -> int:
+        """Bytes per parameter: `states` parameter-sized tensors (for a factored optimizer, its
+        bound: what a vector's full-size moment takes; `state_bytes_of` counts by shape)."""
         return self.states * (self.state_bytes or param_bytes)
+
+    def state_bytes_of(self, shapes, param_bytes: int = 4) -> int:
+        """Bytes of the state kept for parameters of ``shapes`` (tuples). A factored optimizer's as
+        torch.optim.Adafactor allocates it (torch/optim/_adafactor.py, ``_init_group``): per
+        parameter a 0-dim fp32 step, and for one of 2+ dims (..., r, c) a row variance (..., r, 1)
+        and a column variance (..., 1, c), for a vector a variance of its size, in its dtype.
+        ``optimizer("adafactor").state_bytes_of([(32, 64), (32,)]) == (4 + 4 * 96) + (4 + 4 * 32)``."""
+        if not self.factored:
+            return sum(self.state_bytes_per_param(param_bytes) * math.prod(s) for s in shapes)
+        elem = self.state_bytes or param_bytes
+        return sum(ADAFACTOR_STEP_BYTES + elem * (math.prod(s[:-1]) + math.prod(s[:-2]) * s[-1] if len(s) > 1
+                                                  else math.prod(s)) for s in shapes)
 
 
 _WD = (("weight_decay", 0.1),)  # GPT-2/3 practice for the AdamW family
@@ -139,8 +158,8 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
               doc="AdamW as one fused kernel"),
     Optimizer("sgd", "torch.optim:SGD", (("momentum", 0.9),), 1,
               aliases=("sgd-momentum", "sgd_momentum"), doc="one momentum buffer: 4 B/param"),
-    Optimizer("adafactor", "torch.optim:Adafactor", (), 1,
-              doc="ml-engineering's ~4 B/param; torch's factored moments are far smaller"),
+    Optimizer("adafactor", "torch.optim:Adafactor", (), 1, factored=True,
+              doc="ml-engineering's ~4 B/param bound; torch's factored moments are far smaller (by shape)"),
     Optimizer("lion", "lion_pytorch:Lion", _WD, 1, package="lion-pytorch",
               doc="one momentum: 4 B/param"),
     Optimizer("adamw_8bit", "bitsandbytes.optim:AdamW8bit", _WD, 2, state_bytes=1,

@@ -130,6 +130,22 @@ class ModelShape:
         return self.n_layer * layer + outside + (0 if self.tied else self.vocab * h)
 
 
+    def param_shapes(self) -> list:
+        """The shape of every parameter tensor, (out, in) for a matmul weight, laid out as the family
+        builds it (tunekit's GPT, GPT-2 and GPT-NeoX fuse q, k and v into one matrix); their sizes
+        add up to `param_count`. What a shape-dependent state (Adafactor's) is counted over."""
+        h, f, qkv = self.hidden, self.d_ff, (self.q_width, self.kv_width, self.kv_width)
+        fused = self.family in ("tunekit", "gpt2", "gpt_neox")
+        norm = [(h,)] if self.norm == "rms" else [(h,), (h,)]
+        attn = [(sum(qkv), h)] if fused else [(w, h) for w in qkv]
+        attn += ([(sum(qkv),)] if fused else [(w,) for w in qkv]) if self.qkv_bias else []
+        attn += [(h, self.q_width)] + ([(h,)] if self.o_bias else [])
+        mlp = [(f, h)] * (2 if self.gated else 1) + [(h, f)]
+        mlp += [(f,)] * (2 if self.gated else 1) + [(h,)] if self.mlp_bias else []
+        outside = [(self.vocab, h)] + ([(self.max_positions, h)] if self.learned_pos else []) + norm
+        return self.n_layer * (attn + mlp + 2 * norm) + outside + ([] if self.tied else [(self.vocab, h)])
+
+
 # The names a size goes by in tunekit's GPTConfig and in transformers' configs, first found wins.
 _NAMES = {
     "n_layer": ("num_hidden_layers", "n_layer"),

@@ -321,8 +321,8 @@ def _new_state_bytes(lab, t: Toggles) -> int:
     it lived beside the activations, though it comes after them: an estimate that errs high."""
     spec = registry.optimizer(t.optimizer)
     opt = lab.optimizer   # t is applied: this is the run's optimizer
-    return sum(spec.state_bytes_per_param(p.element_size()) * p.numel() for p in lab.model.parameters()
-               if p.requires_grad and not (opt is not None and opt.state.get(p)))
+    return sum(spec.state_bytes_of([tuple(p.shape)], p.element_size()) for p in lab.model.parameters()
+               if p.requires_grad and not (opt is not None and opt.state.get(p)))   # Adafactor's by shape
 
 
 def _advice(lab, t: Toggles, line: Line, limit, copies: int = 1) -> list:

@@ -90,9 +90,10 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
     opt = registry.optimizer(setting.optimizer)
     shard = layout["shard"] if layout else 1
     # the state the fake step's optimizer made (Adafactor's factored moments: far below a byte per
-    # parameter), else the registry's bytes per parameter
+    # parameter), else the registry's count over the parameters' shapes
     made = (getattr(step, "components", None) or {}).get("optimizer_states")
-    state = made if made is not None and made >= 0 else params * opt.state_bytes_per_param(param_bytes)
+    shapes = [tuple(p.shape) for p in trained]
+    state = made if made is not None and made >= 0 else opt.state_bytes_of(shapes, param_bytes)
     per_tensor = OPTIMIZER_OPS.get(opt.name, OPTIMIZER_OPS["adamw"])
     # the CPU runs the single-tensor update; CUDA's foreach/fused launches take 36 tensors each
     kernels = per_tensor * (len(trained) if fig.host_bound else -(-len(trained) // FOREACH_TENSORS))

@@ -39,8 +39,8 @@ def layout_bytes(layout: str) -> MemoryLayout:
 
 
 def optimizer_bytes_per_param(optimizer: str, layout: str = "fp32") -> float:
-    """Optimizer-state bytes per parameter under a memory ``layout``: AdamW 8 (fp32), SGD-momentum/
-    Lion/Adafactor 4, 8-bit AdamW 2, bf16 AdamW 4; states follow the param dtype in pure half layouts."""
+    """Optimizer-state bytes per parameter under a memory ``layout``: AdamW 8 (fp32), SGD-momentum/Lion 4,
+    Adafactor 4 (a bound: by shape far less), 8-bit AdamW 2, bf16 AdamW 4; states take a pure half dtype."""
     return registry.optimizer(optimizer).state_bytes_per_param(layout_bytes(layout).state)
 
 
@@ -187,7 +187,7 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
     m = _model_sizes(model, o)
     key = o.layout_key
     prec = MEMORY_LAYOUTS[key]
-    comps, forms = _static_lines(m.n_params, _bytes_per_param(o), o.tp * o.pp, dp, zero_stage)
+    comps, forms = _static_lines(m.n_params, _bytes_per_param(o, m, notes), o.tp * o.pp, dp, zero_stage)
     mode = _activation_mode(o.activations, m)
     notes.extend(m.shape.notes if m.shape is not None else ())
     if m.dims and mode == "gpt":
@@ -231,6 +231,7 @@ class _Sizes:
     n_head: int | None
     seq_len: int | None
     attention: str
+    shapes: list | None = None   # every parameter tensor's shape (a live module's, else the config's)
 
 
 def _model_sizes(model, o: MemoryOptions) -> _Sizes:
@@ -257,17 +258,26 @@ def _model_sizes(model, o: MemoryOptions) -> _Sizes:
     attention = o.attention
     if attention is None:
         attention = dims.get("attention") or getattr(cfg, "_attn_implementation", None) or "sdpa"
-    return _Sizes(cfg, shape, shape_error, dims, n_params,
+    shapes = ([tuple(p.shape) for p in model.parameters()] if hasattr(model, "parameters")
+              else shape.param_shapes() if shape is not None else None)
+    return _Sizes(cfg, shape, shape_error, dims, n_params, shapes=shapes,
                   n_layer=o.n_layer or (shape.n_layer if shape else None),
                   n_embd=o.n_embd or (shape.hidden if shape else None),
                   n_head=o.n_head or (shape.n_head if shape else None),
                   seq_len=o.seq_len or (shape.max_positions if shape else None), attention=attention)
 
 
-def _bytes_per_param(o: MemoryOptions) -> dict:
-    per = bytes_per_param(o.layout_key, o.optimizer)
+def _bytes_per_param(o: MemoryOptions, m: _Sizes, notes: list) -> dict:
+    per, opt = bytes_per_param(o.layout_key, o.optimizer), registry.optimizer(o.optimizer)
     if o.optimizer_bytes is not None:
         per["optimizer_states"] = o.optimizer_bytes
+    elif opt.factored and m.shapes is not None and sum(map(math.prod, m.shapes)) == m.n_params:
+        # torch's Adafactor by the tensors' shapes (registry.Optimizer.state_bytes_of), per parameter
+        per["optimizer_states"] = opt.state_bytes_of(m.shapes, layout_bytes(o.layout_key).state) / m.n_params
+    elif opt.factored:
+        notes.append(Note("optimizer.bound", f"{opt.name}: its factored state follows the tensors' shapes, "
+                          f"unknown here: charged {per['optimizer_states']:g} B/param, its bound (a model or "
+                          "config gives them)"))
     if o.grad_bytes is not None:
         per["gradients"] = o.grad_bytes
     return per
