@@ -129,7 +129,6 @@ class ModelShape:
         outside = self.vocab * h + norm + (self.max_positions * h if self.learned_pos else 0)
         return self.n_layer * layer + outside + (0 if self.tied else self.vocab * h)
 
-
     def param_shapes(self) -> list:
         """The shape of every parameter tensor, (out, in) for a matmul weight, laid out as the family
         builds it (tunekit's GPT, GPT-2 and GPT-NeoX fuse q, k and v into one matrix); their sizes
