@@ -4,7 +4,8 @@ the plan's matmul sweeps expect 1.93x. This traces real training steps at two mi
 preset bench_expect.py uses: cpu-tiny, seq 128; mb 8 and 16), alternating the two and repeating, and
 prints op by op the self CPU time per step at each size and its growth, with the step's untraced
 time and its minor page faults (the kernel handing the process fresh zeroed pages: what a working
-set that glibc's heap does not keep costs every step).
+set that glibc's heap does not keep costs every step). The timed steps start as lab.run's do, after
+the peak meter's malloc_trim.
 
     .venv/bin/python benchmarks/bench_mb_growth.py                 # mb 8 against 16, 4 rounds
     .venv/bin/python benchmarks/bench_mb_growth.py --mb 4 8 --rounds 6
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 import tunekit
+from tunekit.measure.meters import malloc_trim
 from tunekit.measure.priority import ahead
 
 warnings.filterwarnings("ignore")
@@ -48,14 +50,21 @@ def faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def untraced(lab, t, steps: int) -> tuple[float, float]:
-    """(median step seconds, minor page faults per step) of ``steps`` steps."""
-    times, f0 = [], faults()
+def untraced(lab, t, steps: int) -> tuple[float, float, float, float]:
+    """(median step seconds, minor page faults of the first step, per step of the rest, seconds per
+    page fault) of ``steps`` steps, started as lab.run's timed steps start: the heaps' freed pages
+    handed back (the peak meter's malloc_trim, measure.device_meter). The seconds a fault costs: the
+    first step's time beyond the median over its faults beyond the median (the same step, refaulting
+    the pages the trim handed back)."""
+    malloc_trim()
+    times, counts = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        f0, t0 = faults(), time.perf_counter()
         lab.train_step(t)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), (faults() - f0) / steps
+        counts.append(faults() - f0)
+    per_fault = (times[0] - statistics.median(times[1:])) / max(counts[0] - statistics.median(counts[1:]), 1)
+    return statistics.median(times), counts[0], statistics.mean(counts[1:]), per_fault
 
 
 def traced(lab, t, steps: int) -> dict:
@@ -79,6 +88,8 @@ def main():
         sizes = {mb: lab.resolve(micro_batch=mb) for mb in (small, big)}
         step = {mb: [] for mb in sizes}
         fault = {mb: [] for mb in sizes}
+        first_fault = {mb: [] for mb in sizes}
+        per_fault: list = []
         ops: dict = {mb: defaultdict(list) for mb in sizes}
         for r in range(rounds):
             for mb, t in (sizes.items() if r % 2 == 0 else reversed(sizes.items())):
@@ -86,15 +97,22 @@ def main():
                     lab.apply(t)
                     for _ in range(WARMUP):
                         lab.train_step(t)
-                    s, f = untraced(lab, t, STEPS)
+                    s, first, f, cost = untraced(lab, t, STEPS)
+                    per_fault.append(cost)
                     per_op = traced(lab, t, TRACED)
                 step[mb].append(s)
                 fault[mb].append(f)
+                first_fault[mb].append(first)
                 for op, secs in per_op.items():
                     ops[mb][op].append(secs)
-            print(f"round {r + 1}: " + ", ".join(f"mb {mb} {step[mb][-1] * 1e3:.1f} ms, {fault[mb][-1]:.0f} faults/step"
+            print(f"round {r + 1}: " + ", ".join(f"mb {mb} {step[mb][-1] * 1e3:.1f} ms, page faults first step "
+                                                  f"{first_fault[mb][-1]}, then {fault[mb][-1]:.0f}/step"
                                                   for mb in sizes), flush=True)
     report(small, big, step, fault, ops)
+    cost = statistics.median(per_fault)
+    print(f"a page fault costs {cost * 1e6:.2f} us (median over the blocks; the first step after the trim "
+          "against the rest): the faults after the first step cost "
+          + ", ".join(f"{statistics.median(fault[mb]) * cost * 1e3:.2f} ms/step at mb {mb}" for mb in sizes))
 
 
 def report(small, big, step, fault, ops) -> None:
