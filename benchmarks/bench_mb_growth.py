@@ -2,9 +2,10 @@
 (issue 42, item 3, part B): the measured step grew 2.07-2.32x per doubling of the micro-batch where
 the plan's matmul sweeps expect 1.93x. This traces real training steps at two micro-batches (the
 preset bench_expect.py uses: cpu-tiny, seq 128; mb 8 and 16), alternating the two and repeating, and
-prints op by op the self CPU time per step at each size and its growth, with the step's untraced
-time and its minor page faults (the kernel handing the process fresh zeroed pages: what a working
-set that glibc's heap does not keep costs every step). The timed steps start as lab.run's do, after
+prints op by op the self CPU time per step at each size and its growth (the matmuls also by shape,
+the token dimension written T), with the step's untraced time and its minor page faults (the kernel
+handing the process fresh zeroed pages: what a working set that glibc's heap does not keep costs
+every step). The timed steps start as lab.run's do, after
 the peak meter's malloc_trim.
 
     .venv/bin/python benchmarks/bench_mb_growth.py                 # mb 8 against 16, 4 rounds
@@ -71,10 +72,16 @@ def traced(lab, t, steps: int) -> dict:
     """Self CPU seconds per step of each op (by name) over ``steps`` profiled steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(steps):
             lab.train_step(t)
-    return {e.key: e.self_cpu_time_total / 1e6 / steps for e in prof.key_averages()}
+    out = {e.key: e.self_cpu_time_total / 1e6 / steps for e in prof.key_averages()}
+    tokens = str(t.micro_batch * t.seq_len)
+    for e in prof.key_averages(group_by_input_shape=True):   # each matmul shape, its tokens written T
+        if e.key == "aten::mm":
+            shapes = str(e.input_shapes).replace(tokens, "T").replace(" ", "")
+            out[f"mm {shapes}"] = e.self_cpu_time_total / 1e6 / steps
+    return out
 
 
 def main():
@@ -123,11 +130,11 @@ def report(small, big, step, fault, ops) -> None:
     for op in set(ops[small]) | set(ops[big]):
         x, y = min(ops[small].get(op, [0.0])), min(ops[big].get(op, [0.0]))
         rows.append((op, x, y))
-    total_x, total_y = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    total_x, total_y = (sum(r[i] for r in rows if not r[0].startswith("mm ")) for i in (1, 2))
     print(f"traced self CPU per step: mb {small} {total_x * 1e3:.1f} ms, mb {big} {total_y * 1e3:.1f} ms: "
           f"{total_y / total_x:.2f}x")
     print(f"{'op':<44}{f'mb {small} ms':>10}{f'mb {big} ms':>10}{'growth':>8}{'extra ms':>10}  (extra: beyond 2x)")
-    for op, x, y in sorted(rows, key=lambda r: -(r[2] - 2 * r[1]))[:25]:
+    for op, x, y in sorted(rows, key=lambda r: -(r[2] - 2 * r[1]))[:30]:
         print(f"{op[:43]:<44}{x * 1e3:>10.2f}{y * 1e3:>10.2f}{(y / x if x else float('nan')):>8.2f}"
               f"{(y - 2 * x) * 1e3:>+10.2f}")
     print(f"{'all ops':<44}{total_x * 1e3:>10.2f}{total_y * 1e3:>10.2f}{total_y / total_x:>8.2f}"
