@@ -41,7 +41,7 @@ transformers model (GPT-2 small's config, random init).
 
     .venv/bin/python benchmarks/bench_expect.py            # the full ladder, three models (long)
     .venv/bin/python benchmarks/bench_expect.py --quick    # a small ladder on the built-in GPT
-    .venv/bin/python benchmarks/bench_expect.py --quick --mb   # with mb /2 and adafactor too (~3-4 min quiet)
+    .venv/bin/python benchmarks/bench_expect.py --quick --mb   # with mb /2 and adafactor too (~2 min quiet)
     .venv/bin/python benchmarks/bench_expect.py --speed    # answer times only
     .venv/bin/python benchmarks/bench_expect.py --quick --rounds 8   # more rounds (default 6)
     .venv/bin/python benchmarks/bench_expect.py --quick --priority   # each block ahead of the machine's
