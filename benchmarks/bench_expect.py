@@ -1,21 +1,35 @@
 """lab.expect judged (issue 42): from one measured, traced base run, the calibrated expectation of
-each single change of the toggle ladder and of pairs of them, against the run of that setting
-measured AFTER the expectation was made, on the Lab's built-in GPT and two small transformers
-models (Llama-class, GPT-2-class; random init from a config).
+each single change of the toggle ladder and of pairs of them, against that setting measured AFTER
+the expectation was made, on the Lab's built-in GPT and two small transformers models (Llama-class,
+GPT-2-class; random init from a config).
 
 Goal on a quiet CPU: median |error| <= 7% and worst <= 20% for the step time; peak memory within
-5%. Each run takes warm-up steps after its toggle change (a new optimizer's first step makes its
-state; a new size's first steps grow the allocator) and is measured by the median of its timed
-steps, with their spread (interquartile range over the median) beside it. A row measured on a busy
-machine, or whose own spread is larger than the median error judged, says so and is left out of the
-judgement; a busy base judges nothing. Two "repeat" rows measure the base setting again, right after
-the base and at the end of the ladder, expected as the base measured: their error is the floor
-the model can be judged to (the run-to-run agreement, then the drift over the ladder); where either is
-off by more than the median error judged, none of that model's rows is judged.
+5%.
+
+The calibration: ONE traced base run, made before any judged run; every expectation is made from it
+(``lab.expect(base=run, ...)``) just before its setting's first measured block, nothing else.
+
+The measured side, made to hold on a shared VM whose speed moves by more than the goal within
+minutes (RESULTS.md: the base measured again at the end of a ladder was 22% off itself, quiet):
+
+- interleaved blocks: each round measures the base ("A"), the changed settings (their order turned
+  by one each round, so none always follows the same neighbour) and the base again ("A'") in the
+  middle of the round; ``ROUNDS`` rounds. Host drift over minutes lands on every setting alike;
+- each block is one ``lab.run``: ``WARMUP`` untimed steps after the toggle change (what a setting
+  change costs once: a new optimizer's state made at its first step, the allocator's growth to a new
+  size at the first two, the FLOP probe before them; the meter's malloc_trim refaults the freed heap
+  at the first timed step, which the median passes over), then ``BLOCK_STEPS`` timed ones, their median;
+- a setting's step time is the MINIMUM of its blocks' medians (a block is only ever slowed by the
+  machine's other work, never sped up);
+- judged as ratios to the base measured beside it: error = (expected / base expected) / (measured /
+  base measured) - 1, so the host's speed cancels; the base expected is the calibrating run's step;
+- the A/A check: the base against itself, min(A') / min(A), the same estimator over the same number
+  of blocks. A row is judged only when the A/A spread is below ``AA_LIMIT`` (half the median goal)
+  and the blocks its figures come from were measured quiet; otherwise it says "not judged (A/A
+  spread X%)" or "not judged (busy)".
 
 Nothing is fitted to these runs: each expectation takes the plan's device model (measured sweeps
-of this CPU, core/efficiency.py's constants with their sources) and the base run of the same Lab,
-nothing else; every judged run comes after its expectation.
+of this CPU, core/efficiency.py's constants with their sources) and the base run of the same Lab.
 
 The ladder (each from the base setting): checkpointing flipped, micro-batch x2 and /2, sequence x2
 (within the model's positions), grad_accum x2, each other optimizer of adamw / sgd / adafactor,
@@ -27,20 +41,24 @@ transformers model (GPT-2 small's config, random init).
 
     .venv/bin/python benchmarks/bench_expect.py            # the full ladder, three models (long)
     .venv/bin/python benchmarks/bench_expect.py --quick    # a small ladder on the built-in GPT
-    .venv/bin/python benchmarks/bench_expect.py --quick --mb   # the small ladder with mb /2 and adafactor too
+    .venv/bin/python benchmarks/bench_expect.py --quick --mb   # with mb /2 and adafactor too (~2 min quiet)
     .venv/bin/python benchmarks/bench_expect.py --speed    # answer times only
-    .venv/bin/python benchmarks/bench_expect.py --rebase   # the base measured again before each rung
-    .venv/bin/python benchmarks/bench_expect.py --quick --priority   # each run ahead of the machine's
+    .venv/bin/python benchmarks/bench_expect.py --quick --rounds 8   # more rounds (default 6)
+    .venv/bin/python benchmarks/bench_expect.py --quick --priority   # each block ahead of the machine's
                      # other work (measure.priority: real-time priority as root; judged as "busy, measured
                      # ahead of it" where the machine is busy)
+
+The runs' log goes to a temporary folder, removed at the end.
 """
 import itertools
 import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import tunekit
 from tunekit.core.registry import LAB_OPTIMIZERS
@@ -49,33 +67,31 @@ from tunekit.measure.priority import ahead, level, shielded_verdict
 warnings.filterwarnings("ignore")
 MiB = 2**20
 GOAL_MEDIAN, GOAL_WORST, GOAL_PEAK = 0.07, 0.20, 0.05
-# a run whose own steps spread (interquartile range over median) more than the median error judged
-# cannot judge it: said in its row and left out
-SPREAD_LIMIT = GOAL_MEDIAN
-# warm-up steps after each toggle change (a new optimizer's state is made at its first step, a new
-# size's buffers at the first two: measured, RESULTS.md), then timed steps: the median of them
-WARMUP, QUICK_STEPS, FULL_STEPS = 3, 15, 20
+# the base against itself may differ by at most half the median error judged: a measurement that
+# disagrees with itself by more cannot tell a 7% model error from its own noise
+AA_LIMIT = GOAL_MEDIAN / 2
+# per block: warm-up steps after its toggle change, then timed steps (their median); rounds of blocks
+WARMUP, BLOCK_STEPS, ROUNDS, BASE_STEPS = 3, 10, 6, 15
 JUDGED = ("quiet", "busy, measured ahead of it")   # a run at real-time priority ran ahead of the load
+A, A2 = "A", "A'"   # the base's two blocks of each round
 
 
-def labs(quick: bool):
+def labs(quick: bool, log_path: str):
     """(name, Lab) of the models judged: the built-in GPT; with the full ladder, a Llama-class and a
     GPT-2-class transformers model too (small, random init)."""
-    yield "GPT cpu-tiny", tunekit.Lab(micro_batch=8, seq_len=128, log_path="/tmp/bench_expect.jsonl")
+    yield "GPT cpu-tiny", tunekit.Lab(micro_batch=8, seq_len=128, log_path=log_path)
     if quick:
         return
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     llama = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    yield "Llama 4x128", tunekit.Lab(LlamaForCausalLM(llama), micro_batch=4, seq_len=64,
-                                     log_path="/tmp/bench_expect.jsonl")
+    yield "Llama 4x128", tunekit.Lab(LlamaForCausalLM(llama), micro_batch=4, seq_len=64, log_path=log_path)
     gpt2 = GPT2Config(vocab_size=512, n_embd=128, n_layer=4, n_head=4, n_positions=256)
-    yield "GPT-2 4x128", tunekit.Lab(GPT2LMHeadModel(gpt2), micro_batch=4, seq_len=64,
-                                     log_path="/tmp/bench_expect.jsonl")
+    yield "GPT-2 4x128", tunekit.Lab(GPT2LMHeadModel(gpt2), micro_batch=4, seq_len=64, log_path=log_path)
 
 
-def ladder(lab, quick: bool) -> list:
+def ladder(lab, quick: bool, mb: bool = False) -> list:
     """(label, changes) of each single change from the Lab's base setting, then pairs."""
     t, env = lab.resolve(), lab.env()
     singles = [("ckpt " + ("off" if t.checkpointing else "on"), {"checkpointing": not t.checkpointing}),
@@ -94,97 +110,151 @@ def ladder(lab, quick: bool) -> list:
     if env.bf16_supported and t.precision != "bf16":
         singles.append(("bf16", {"precision": "bf16"}))
     if quick:
-        keep = {"ckpt on", "ckpt off", "mb x2", "sgd"} | ({"mb /2", "adafactor"} if "--mb" in sys.argv else set())
+        keep = {"ckpt on", "ckpt off", "mb x2", "sgd"} | ({"mb /2", "adafactor"} if mb else set())
         singles = [s for s in singles if s[0] in keep]
     pairs = [(f"{a} + {b}", {**ca, **cb}) for (a, ca), (b, cb) in itertools.combinations(singles, 2)
              if not set(ca) & set(cb)]
     return singles + (pairs[:2] if quick else pairs)
 
 
-def measure(lab, steps, warmup, priority, **run_kw):
-    """``lab.run`` of one judged setting: ``warmup`` untimed steps after the toggle change (a new
-    optimizer's state, the allocator's growth to a new size), then ``steps`` timed ones; with
-    ``priority``, ahead of the machine's other work (measure.priority.ahead: real-time priority where
-    permitted, a pause of a quarter of the run after it). Returns (RunResult, machine verdict)."""
+# --- the measured side: interleaved blocks, pure (tests/project/test_bench_expect.py) -------------
+
+def schedule(n_changes: int, rounds: int) -> list[list]:
+    """The blocks of each round: the base ``A``, the changed settings 0..n-1 turned by one place each
+    round, the base again ``A'`` after the first half of them. E.g. 3 changes, 2 rounds:
+    [[A, 0, 1, A', 2], [A, 1, 2, A', 0]]."""
+    half = (n_changes + 1) // 2
+    out = []
+    for r in range(rounds):
+        turned = [(i + r) % n_changes for i in range(n_changes)] if n_changes else []
+        out.append([A, *turned[:half], A2, *turned[half:]])
+    return out
+
+
+def setting_time(medians) -> float:
+    """A setting's step time from its blocks' medians: the fastest (the machine's other work only
+    ever slows a block); NaN without blocks."""
+    return min(medians) if medians else math.nan
+
+
+def aa_spread(base_medians, again_medians) -> float:
+    """The A/A check: the base's two interleaved series, each by `setting_time`, larger over smaller
+    less one (NaN when either is missing)."""
+    a, b = setting_time(base_medians), setting_time(again_medians)
+    return max(a, b) / min(a, b) - 1 if a > 0 and b > 0 else math.nan
+
+
+def ratio_error(exp_s: float, exp_base_s: float, meas_s: float, meas_base_s: float) -> float:
+    """The expected ratio to the base against the measured ratio to the base measured beside it, less one."""
+    return (exp_s / exp_base_s) / (meas_s / meas_base_s) - 1
+
+
+def row_status(aa: float, verdicts, limit: float = AA_LIMIT) -> str:
+    """"judged", or why a row is not: the A/A spread at or over ``limit`` (or unknown), or a block
+    its figures come from measured busy."""
+    if not aa < limit:
+        return f"not judged (A/A spread {aa:.1%})"
+    busy = [v for v in verdicts if v not in JUDGED]
+    return f"not judged ({busy[0]})" if busy else "judged"
+
+
+# --- the runs -------------------------------------------------------------------------------------
+
+def block(lab, steps, warmup, priority, **changes):
+    """One block: ``lab.run`` of a setting, ``warmup`` untimed steps after its toggle change, then
+    ``steps`` timed ones; with ``priority``, ahead of the machine's other work (measure.priority).
+    Returns (RunResult, machine verdict)."""
     if not priority:
-        r = lab.run(steps=steps, warmup=warmup, verbose=False, **run_kw)
+        r = lab.run(steps=steps, warmup=warmup, verbose=False, **changes)
         return r, r.conditions.verdict if r.conditions else "unknown"
     with ahead() as got:
-        r = lab.run(steps=steps, warmup=warmup, verbose=False, **run_kw)
+        r = lab.run(steps=steps, warmup=warmup, verbose=False, **changes)
     return r, shielded_verdict(r.conditions, got)
 
 
-def spread(r) -> float:
-    """The run's own spread: its timed steps' interquartile range over their median."""
-    return r.step_s_iqr / r.steady_step_s if r.steady_step_s > 0 else math.nan
+def interleaved(lab, rungs, base, rounds, steps, warmup, priority) -> dict:
+    """Measure the base and every rung in interleaved rounds (`schedule`); each rung's expectation is
+    made (from ``base``, the one calibrating run) right before its first block. Returns per key (A, A',
+    rung index): {"medians": [...], "verdicts": [...], "first": first block's RunResult, "expect": ...,
+    "answer_s": ...}."""
+    got = {k: {"medians": [], "verdicts": []} for k in (A, A2, *range(len(rungs)))}
+    for r, order in enumerate(schedule(len(rungs), rounds)):
+        t0, line = time.perf_counter(), []
+        for key in order:
+            changes = rungs[key][1] if isinstance(key, int) else {}
+            g = got[key]
+            if "expect" not in g:
+                t1 = time.perf_counter()
+                try:
+                    g["expect"] = lab.expect(base=base, **changes)
+                except Exception as exc:   # noqa: BLE001 - a rung this model cannot take is said and skipped
+                    g["expect"] = exc
+                g["answer_s"] = time.perf_counter() - t1
+            if isinstance(g["expect"], Exception):
+                continue
+            run, verdict = block(lab, steps, warmup, priority, **changes)
+            g.setdefault("first", run)
+            g["medians"].append(run.steady_step_s)
+            g["verdicts"].append(verdict)
+            line.append(f"{key if isinstance(key, str) else rungs[key][0]} {run.steady_step_s * 1e3:.1f}")
+        print(f"  round {r + 1}/{rounds} ({time.perf_counter() - t0:.0f} s): " + ", ".join(line) + " ms", flush=True)
+    return got
 
 
-def row_line(label, exp_s, r, verdict, exp_peak=math.nan, answer_s=math.nan) -> tuple[float, float, str]:
-    """Print one row: expected against the run's median step, its spread, the peak; returns
-    (step error, peak error, what the row is: "judged" or why not)."""
-    meas, peak = r.steady_step_s, r.peak_mem_bytes or math.nan   # a run with no peak meter: NaN
-    err, perr = exp_s / meas - 1, exp_peak / peak - 1
-    sp = spread(r)
-    status = ("judged" if verdict in JUDGED else "busy") if not sp > SPREAD_LIMIT else "noisy"
-    why = {"judged": verdict, "busy": f"{verdict}: not judged",
-           "noisy": f"{verdict}; spread {sp:.0%} > {SPREAD_LIMIT:.0%}: not judged"}[status]
-    print(f"{label:<28}{exp_s * 1e3:>9.1f}{meas * 1e3:>9.1f}{sp:>8.1%}{err:>+8.1%}{exp_peak / MiB:>9.0f}"
-          f"{peak / MiB:>9.0f}{perr:>+9.1%}{answer_s:>9.2f}  {why}", flush=True)
-    return err, perr, status
+def fastest_verdict(g) -> str:
+    """The verdict of the block whose median is the setting's time."""
+    return g["verdicts"][g["medians"].index(setting_time(g["medians"]))] if g["medians"] else "unknown"
 
 
-def judged_rows(name, lab, steps, warmup, quick, rebase=False, priority=False):
-    """Run the base (traced), the base again (the "repeat" row: the floor any expectation can be
-    judged to), then for each rung: lab.expect first, the run after; the base once more at the end
-    (the machine's drift over the ladder). ``rebase``: the base measured again (traced) before each
-    rung, so that a machine whose speed drifts over minutes calibrates each expectation from a run
-    just before it (still a run made before). Returns (rows, floor rows, the base's verdict)."""
-    base, base_verdict = measure(lab, steps, warmup, priority, trace=True)
-    print(f"\n{name}: base {base.label} {base.steady_step_s * 1e3:.1f} ms (median of {base.steps}; mean "
-          f"{base.step_s * 1e3:.1f}, spread {spread(base):.1%}), peak {base.peak_mem_bytes / MiB:.0f} MiB "
-          f"({base_verdict})", flush=True)
-    print(f"{'change':<28}{'exp ms':>9}{'meas ms':>9}{'spread':>8}{'error':>8}{'exp MiB':>9}{'meas MiB':>9}"
-          f"{'peak err':>9}{'answer s':>9}  machine")
-    rows, floor = [], []
+HEAD = (f"{'change':<24}{'exp ms':>8}{'exp x':>7}{'meas ms':>9}{'meas x':>8}{'blocks':>8}{'error':>8}"
+        f"{'exp MiB':>9}{'meas MiB':>9}{'peak err':>9}{'answer s':>9}  status")
 
-    def repeat(label):   # the base setting again, expected from the base: its error is the floor
-        e = lab.expect(base=base)
-        r, verdict = measure(lab, steps, warmup, priority)
-        err, perr, status = row_line(label, e.step_s, r, verdict, e.peak_bytes)
-        floor.append((name, label, err, perr, status))
 
-    repeat("repeat (base again)")
-    for label, changes in ladder(lab, quick):
-        if rebase:
-            base, base_verdict = measure(lab, steps, warmup, priority, trace=True)
-        t0 = time.perf_counter()
-        try:
-            e = lab.expect(base=base, **changes)
-        except Exception as exc:   # noqa: BLE001 - a rung this model cannot take is said and skipped
-            print(f"{label:<28}expect failed: {type(exc).__name__}: {str(exc)[:80]}")
+def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
+    """The one calibrating run (traced), then the interleaved blocks; prints the A/A check and one row
+    per rung. Returns (rows: (model, label, step error, peak error, status), the A/A spread)."""
+    base, base_verdict = block(lab, BASE_STEPS, warmup, priority, trace=True)
+    print(f"\n{name}: calibrating run {base.label} {base.steady_step_s * 1e3:.1f} ms (median of {base.steps}), "
+          f"peak {base.peak_mem_bytes / MiB:.0f} MiB ({base_verdict})", flush=True)
+    rungs = ladder(lab, quick, mb)
+    got = interleaved(lab, rungs, base, rounds, steps, warmup, priority)
+    a, a2 = got[A], got[A2]
+    aa, meas_base = aa_spread(a["medians"], a2["medians"]), setting_time(a["medians"])
+    exp_base = a["expect"].step_s   # the calibrating run's step, as lab.expect carries it
+    print(f"A/A: the base's blocks {_ms(a['medians'])} and again {_ms(a2['medians'])} ms: fastest "
+          f"{meas_base * 1e3:.1f} and {setting_time(a2['medians']) * 1e3:.1f} ms, spread {aa:.1%} (bound "
+          f"{AA_LIMIT:.1%}); the calibrating run measured {base.steady_step_s / meas_base - 1:+.1%} off the "
+          f"interleaved base (drift, cancelled by the ratios)")
+    print(HEAD)
+    rows = []
+    for i, (label, _changes) in enumerate(rungs):
+        g = got[i]
+        if isinstance(g["expect"], Exception):
+            print(f"{label:<24}expect failed: {type(g['expect']).__name__}: {str(g['expect'])[:80]}")
             continue
-        answer_s = time.perf_counter() - t0
-        r, verdict = measure(lab, steps, warmup, priority, **changes)   # measured after the expectation
-        err, perr, status = row_line(label, e.step_s, r, verdict, e.peak_bytes, answer_s)
+        e, meas = g["expect"], setting_time(g["medians"])
+        err = ratio_error(e.step_s, exp_base, meas, meas_base)
+        peak = g["first"].peak_mem_bytes or math.nan   # a run with no peak meter: NaN
+        perr = e.peak_bytes / peak - 1
+        status = row_status(aa, [fastest_verdict(g), fastest_verdict(a)])
+        blocks = max(g["medians"]) / meas - 1
+        print(f"{label:<24}{e.step_s * 1e3:>8.1f}{e.step_s / exp_base:>7.2f}{meas * 1e3:>9.1f}{meas / meas_base:>8.2f}"
+              f"{blocks:>8.0%}{err:>+8.1%}{e.peak_bytes / MiB:>9.0f}{peak / MiB:>9.0f}{perr:>+9.1%}"
+              f"{g['answer_s']:>9.2f}  {status}", flush=True)
         rows.append((name, label, err, perr, status))
-    repeat("repeat (base at the end)")
-    off = [r for r in floor if abs(r[2]) > SPREAD_LIMIT]
-    if off:   # the base does not measure as itself: every expectation it calibrated carries that
-        print(f"the base setting measured again was {', '.join(f'{r[2]:+.1%}' for r in off)} off its base run "
-              f"(over {SPREAD_LIMIT:.0%}): {name}'s rows not judged")
-        rows = [(*r[:4], "drift" if r[4] == "judged" else r[4]) for r in rows]
-    return rows, floor, base_verdict
+    return rows, aa
 
 
-def judge(rows, floor, verdicts) -> None:
-    """The median and worst |error| of the judged rows against the goal; rows measured busy or
-    with a spread too large to judge are counted and left out; a busy base judges nothing."""
+def _ms(values) -> str:
+    return "/".join(f"{v * 1e3:.1f}" for v in values)
+
+
+def judge(rows, spreads) -> None:
+    """The median and worst |error| of the judged rows against the goal; the rest counted, with why."""
     if not rows:
         print("no rows")
         return
-    base_busy = any(v not in JUDGED for v in verdicts)
-    kept = [r for r in rows if r[4] == "judged"] if not base_busy else []
-    left = len(rows) - len(kept)
+    kept = [r for r in rows if r[4] == "judged"]
     for what, rs in (("all rows", rows), ("judged rows", kept)):
         if not rs:
             print(f"{what}: none")
@@ -194,32 +264,27 @@ def judge(rows, floor, verdicts) -> None:
               f"{max(errs):.1%} (goal <= {GOAL_WORST:.0%}); peak |error| median "
               f"{statistics.median(perrs) if perrs else math.nan:.1%}, worst {max(perrs, default=math.nan):.1%} "
               f"(goal <= {GOAL_PEAK:.0%}); {len(rs)} settings")
-    if floor:
-        print("floor (the base setting measured again, expected as the base measured): "
-              + ", ".join(f"{r[0]} {r[1]} {r[2]:+.1%}" for r in floor))
-    if base_busy:
-        print("machine: busy: not judged (a base was measured under load; rerun when quiet, or with --priority)")
-        return
+    print("A/A spread: " + ", ".join(f"{n} {s:.1%}" for n, s in spreads) + f" (bound {AA_LIMIT:.1%})")
     errs = [abs(r[2]) for r in kept]
-    perrs = [abs(r[3]) for r in kept if not math.isnan(r[3])]
+    perrs = [abs(r[3]) for r in rows if not math.isnan(r[3])]
     ok = bool(kept) and statistics.median(errs) <= GOAL_MEDIAN and max(errs) <= GOAL_WORST
     peak_ok = bool(perrs) and max(perrs) <= GOAL_PEAK
-    how = ", ".join(sorted({v for v in verdicts}))
-    print(f"machine: {how}; step time goal {'met' if ok else 'NOT met'}, peak goal {'met' if peak_ok else 'NOT met'}"
-          + (f"; {left} of {len(rows)} rows not judged (busy, noisy, or a base that did not repeat): rerun them "
-             "when quiet" if left else ""))
+    left = len(rows) - len(kept)
+    print(f"step time goal {'met' if ok else 'NOT met' if kept else 'not judged'}, peak goal "
+          f"{'met' if peak_ok else 'NOT met'}" + (f"; {left} of {len(rows)} rows not judged (A/A spread over "
+                                                  f"the bound, or busy): rerun them when quiet" if left else ""))
 
 
-def speed() -> None:
+def speed(log_path: str) -> None:
     """Seconds per lab.expect answer: the first (device figures read), a new shape, the same again."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    models = [("GPT cpu-tiny", lambda: tunekit.Lab(log_path="/tmp/bench_expect.jsonl")),
-              ("GPT cpu-small", lambda: tunekit.Lab(preset="cpu-small", log_path="/tmp/bench_expect.jsonl")),
+    models = [("GPT cpu-tiny", lambda: tunekit.Lab(log_path=log_path)),
+              ("GPT cpu-small", lambda: tunekit.Lab(preset="cpu-small", log_path=log_path)),
               ("GPT gpt2-124m", lambda: tunekit.Lab(preset="gpt2-124m", micro_batch=1, seq_len=128,
-                                                    log_path="/tmp/bench_expect.jsonl")),
+                                                    log_path=log_path)),
               ("HF GPT-2 124M (random init)", lambda: tunekit.Lab(GPT2LMHeadModel(GPT2Config()), micro_batch=1,
-                                                                  seq_len=128, log_path="/tmp/bench_expect.jsonl"))]
+                                                                  seq_len=128, log_path=log_path))]
     print(f"{'model':<30}{'first s':>9}{'new shape s':>13}{'again s':>9}  (target: new shape <= 1 s GPT, <= 3 s 100M)")
     for name, make in models:
         lab = make()
@@ -236,24 +301,34 @@ def machine_load() -> str:
     return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
 
 
+def option(name: str, default: int) -> int:
+    """``--name N`` from the command line, else ``default``."""
+    args = sys.argv
+    return int(args[args.index(name) + 1]) if name in args else default
+
+
 def main():
-    quick, priority = "--quick" in sys.argv, "--priority" in sys.argv
-    print(f"machine at start: {machine_load()}" + (f"; judged runs at {level()} priority" if priority else ""))
-    if "--speed" in sys.argv:
-        speed()
-        return
-    steps, warmup = (QUICK_STEPS, WARMUP) if quick else (FULL_STEPS, WARMUP)
-    print(f"each run: {warmup} warm-up steps after its toggle change, then {steps} timed; its median step is "
-          f"measured, its spread is the interquartile range over the median (over {SPREAD_LIMIT:.0%}: not judged)")
-    rows, floor, verdicts = [], [], []
-    for name, lab in labs(quick):
-        got, fl, v = judged_rows(name, lab, steps, warmup, quick, "--rebase" in sys.argv, priority)
-        rows += got
-        floor += fl
-        verdicts.append(v)
-    print()
-    judge(rows, floor, verdicts)
-    print(f"machine at end: {machine_load()}")
+    quick, priority, mb = "--quick" in sys.argv, "--priority" in sys.argv, "--mb" in sys.argv
+    rounds = option("--rounds", ROUNDS)
+    print(f"machine at start: {machine_load()}" + (f"; blocks at {level()} priority" if priority else ""))
+    with tempfile.TemporaryDirectory(prefix="bench_expect-") as folder:
+        log_path = str(Path(folder) / "runs.jsonl")
+        if "--speed" in sys.argv:
+            speed(log_path)
+            return
+        print(f"one calibrating run ({BASE_STEPS} timed steps, traced); then {rounds} rounds of interleaved blocks "
+              f"(the base twice, each change once), each block {WARMUP} warm-up steps after its toggle change and "
+              f"{BLOCK_STEPS} timed: its median; a setting's time is its fastest block's; judged as ratios to the "
+              f"interleaved base; a row is judged when the A/A spread is under {AA_LIMIT:.1%}")
+        t0 = time.perf_counter()
+        rows, spreads = [], []
+        for name, lab in labs(quick, log_path):
+            got, aa = judged_rows(name, lab, quick, mb, rounds, BLOCK_STEPS, WARMUP, priority)
+            rows += got
+            spreads.append((name, aa))
+        print()
+        judge(rows, spreads)
+        print(f"machine at end: {machine_load()}; {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+"""Why a bigger micro-batch grows the built-in GPT's CPU step by more than the matmul sweeps say
+(issue 42, item 3, part B): the measured step grew 2.07-2.32x per doubling of the micro-batch where
+the plan's matmul sweeps expect 1.93x. This traces real training steps at two micro-batches (the
+preset bench_expect.py uses: cpu-tiny, seq 128; mb 8 and 16), alternating the two and repeating, and
+prints op by op the self CPU time per step at each size and its growth (the matmuls also by shape,
+the token dimension written T), with the step's untraced time and its minor page faults (the kernel
+handing the process fresh zeroed pages: what a working set that glibc's heap does not keep costs
+every step). The timed steps start as lab.run's do, after
+the peak meter's malloc_trim.
+
+    .venv/bin/python benchmarks/bench_mb_growth.py                 # mb 8 against 16, 4 rounds
+    .venv/bin/python benchmarks/bench_mb_growth.py --mb 4 8 --rounds 6
+    .venv/bin/python benchmarks/bench_mb_growth.py --priority      # each size's block ahead of other work
+    MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 \\
+        .venv/bin/python benchmarks/bench_mb_growth.py             # glibc keeps every freed page
+
+Each round: for each size, ``WARMUP`` untraced steps, ``STEPS`` untraced timed steps (their median,
+and the page faults per step), then ``TRACED`` steps under torch.profiler. An op's time per size is
+its smallest over the rounds (the machine's other work only slows a round).
+"""
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+import tunekit
+from tunekit.measure.meters import malloc_trim
+from tunekit.measure.priority import ahead
+
+warnings.filterwarnings("ignore")
+WARMUP, STEPS, TRACED, ROUNDS = 3, 10, 3, 4
+
+
+def option(name: str, default):
+    args = sys.argv
+    if name not in args:
+        return default
+    i = args.index(name)
+    return [int(a) for a in args[i + 1:i + 3]] if isinstance(default, list) else int(args[i + 1])
+
+
+def faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def untraced(lab, t, steps: int) -> tuple[float, float, float, float]:
+    """(median step seconds, minor page faults of the first step, per step of the rest, seconds per
+    page fault) of ``steps`` steps, started as lab.run's timed steps start: the heaps' freed pages
+    handed back (the peak meter's malloc_trim, measure.device_meter). The seconds a fault costs: the
+    first step's time beyond the median over its faults beyond the median (the same step, refaulting
+    the pages the trim handed back)."""
+    malloc_trim()
+    times, counts = [], []
+    for _ in range(steps):
+        f0, t0 = faults(), time.perf_counter()
+        lab.train_step(t)
+        times.append(time.perf_counter() - t0)
+        counts.append(faults() - f0)
+    per_fault = (times[0] - statistics.median(times[1:])) / max(counts[0] - statistics.median(counts[1:]), 1)
+    return statistics.median(times), counts[0], statistics.mean(counts[1:]), per_fault
+
+
+def traced(lab, t, steps: int) -> dict:
+    """Self CPU seconds per step of each op (by name) over ``steps`` profiled steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(steps):
+            lab.train_step(t)
+    out = {e.key: e.self_cpu_time_total / 1e6 / steps for e in prof.key_averages()}
+    tokens = str(t.micro_batch * t.seq_len)
+    for e in prof.key_averages(group_by_input_shape=True):   # each matmul shape, its tokens written T
+        if e.key == "aten::mm":
+            shapes = str(e.input_shapes).replace(tokens, "T").replace(" ", "")
+            out[f"mm {shapes}"] = e.self_cpu_time_total / 1e6 / steps
+    return out
+
+
+def main():
+    small, big = option("--mb", [8, 16])
+    rounds = option("--rounds", ROUNDS)
+    env = {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "GOMP_", "OMP_"))}
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; {env or 'glibc and libgomp defaults'}")
+    with tempfile.TemporaryDirectory(prefix="bench_mb_growth-") as folder:
+        lab = tunekit.Lab(micro_batch=small, seq_len=128, log_path=str(Path(folder) / "runs.jsonl"))
+        sizes = {mb: lab.resolve(micro_batch=mb) for mb in (small, big)}
+        step = {mb: [] for mb in sizes}
+        fault = {mb: [] for mb in sizes}
+        first_fault = {mb: [] for mb in sizes}
+        per_fault: list = []
+        ops: dict = {mb: defaultdict(list) for mb in sizes}
+        for r in range(rounds):
+            for mb, t in (sizes.items() if r % 2 == 0 else reversed(sizes.items())):
+                with ahead() if "--priority" in sys.argv else nullcontext():
+                    lab.apply(t)
+                    for _ in range(WARMUP):
+                        lab.train_step(t)
+                    s, first, f, cost = untraced(lab, t, STEPS)
+                    per_fault.append(cost)
+                    per_op = traced(lab, t, TRACED)
+                step[mb].append(s)
+                fault[mb].append(f)
+                first_fault[mb].append(first)
+                for op, secs in per_op.items():
+                    ops[mb][op].append(secs)
+            print(f"round {r + 1}: " + ", ".join(f"mb {mb} {step[mb][-1] * 1e3:.1f} ms, page faults first step "
+                                                  f"{first_fault[mb][-1]}, then {fault[mb][-1]:.0f}/step"
+                                                  for mb in sizes), flush=True)
+    report(small, big, step, fault, ops)
+    cost = statistics.median(per_fault)
+    print(f"a page fault costs {cost * 1e6:.2f} us (median over the blocks; the first step after the trim "
+          "against the rest): the faults after the first step cost "
+          + ", ".join(f"{statistics.median(fault[mb]) * cost * 1e3:.2f} ms/step at mb {mb}" for mb in sizes))
+
+
+def report(small, big, step, fault, ops) -> None:
+    a, b = min(step[small]), min(step[big])
+    print(f"\nuntraced step (fastest round's median): mb {small} {a * 1e3:.1f} ms, mb {big} {b * 1e3:.1f} ms: "
+          f"{b / a:.2f}x; minor page faults per step {min(fault[small]):.0f} -> {min(fault[big]):.0f}")
+    rows = []
+    for op in set(ops[small]) | set(ops[big]):
+        x, y = min(ops[small].get(op, [0.0])), min(ops[big].get(op, [0.0]))
+        rows.append((op, x, y))
+    total_x, total_y = (sum(r[i] for r in rows if not r[0].startswith("mm ")) for i in (1, 2))
+    print(f"traced self CPU per step: mb {small} {total_x * 1e3:.1f} ms, mb {big} {total_y * 1e3:.1f} ms: "
+          f"{total_y / total_x:.2f}x")
+    print(f"{'op':<44}{f'mb {small} ms':>10}{f'mb {big} ms':>10}{'growth':>8}{'extra ms':>10}  (extra: beyond 2x)")
+    for op, x, y in sorted(rows, key=lambda r: -(r[2] - 2 * r[1]))[:30]:
+        print(f"{op[:43]:<44}{x * 1e3:>10.2f}{y * 1e3:>10.2f}{(y / x if x else float('nan')):>8.2f}"
+              f"{(y - 2 * x) * 1e3:>+10.2f}")
+    print(f"{'all ops':<44}{total_x * 1e3:>10.2f}{total_y * 1e3:>10.2f}{total_y / total_x:>8.2f}"
+          f"{(total_y - 2 * total_x) * 1e3:>+10.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""benchmarks/bench_expect.py's measured side (issue 42): the interleaving schedule, a setting's time
+from its blocks, the A/A check and the judged / not-judged rule, on fake timings (exact numbers)."""
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_expect", ROOT / "benchmarks" / "bench_expect.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_round_measures_the_base_twice_and_every_change_once_turned_by_one(bench):
+    A, A2 = bench.A, bench.A2
+    # 3 changes: the base again after the first ceil(3/2) = 2 of them; round r starts at change r
+    assert bench.schedule(3, 3) == [[A, 0, 1, A2, 2], [A, 1, 2, A2, 0], [A, 2, 0, A2, 1]]
+    # 4 changes: half = 2; round 1 turned by one: 1, 2 | 3, 0
+    assert bench.schedule(4, 2) == [[A, 0, 1, A2, 2, 3], [A, 1, 2, A2, 3, 0]]
+    assert bench.schedule(0, 2) == [[A, A2], [A, A2]]
+    assert bench.schedule(1, 1) == [[A, 0, A2]]
+
+
+def test_over_the_rounds_a_change_takes_every_place_once(bench):
+    # 4 changes x 4 rounds: change 0 comes first after A once, second once, ... (the order turns)
+    rounds = bench.schedule(4, 4)
+    positions = sorted(r.index(0) for r in rounds)
+    assert positions == [1, 2, 4, 5]   # slots after A: 1, 2; after A': 4, 5
+    assert all(r.count(bench.A) == r.count(bench.A2) == 1 for r in rounds)
+
+
+def test_a_setting_takes_its_fastest_block(bench):
+    assert bench.setting_time([0.052, 0.047, 0.049]) == 0.047
+    assert math.isnan(bench.setting_time([]))
+
+
+def test_the_aa_spread_is_the_larger_fastest_over_the_smaller(bench):
+    # A fastest 0.040, A' fastest 0.041: 0.041 / 0.040 - 1 = 0.025, whichever series is slower
+    assert bench.aa_spread([0.044, 0.040, 0.050], [0.041, 0.045]) == pytest.approx(0.025)
+    assert bench.aa_spread([0.041, 0.045], [0.044, 0.040, 0.050]) == pytest.approx(0.025)
+    assert math.isnan(bench.aa_spread([0.040], []))
+
+
+def test_the_error_is_the_expected_ratio_over_the_measured_ratio(bench):
+    # expected 60 / 40 = 1.5x the base; measured 66 / 48 = 1.375x its interleaved base; 1.5 / 1.375 - 1 = 0.0909..
+    assert bench.ratio_error(0.060, 0.040, 0.066, 0.048) == pytest.approx(1.5 / 1.375 - 1)
+    # a host 20% slower over the whole ladder moves both measured figures alike: the same error
+    assert bench.ratio_error(0.060, 0.040, 0.066 * 1.2, 0.048 * 1.2) == pytest.approx(1.5 / 1.375 - 1)
+
+
+def test_a_row_is_judged_only_under_the_aa_bound_and_quiet(bench):
+    assert bench.AA_LIMIT == pytest.approx(0.035)   # half the 7% median goal
+    assert bench.row_status(0.025, ["quiet", "quiet"]) == "judged"
+    assert bench.row_status(0.025, ["quiet", "busy, measured ahead of it"]) == "judged"
+    assert bench.row_status(0.048, ["quiet", "quiet"]) == "not judged (A/A spread 4.8%)"
+    assert bench.row_status(0.035, ["quiet", "quiet"]) == "not judged (A/A spread 3.5%)"   # at the bound: not under
+    assert bench.row_status(math.nan, ["quiet"]) == "not judged (A/A spread nan%)"
+    assert bench.row_status(0.01, ["quiet", "busy"]) == "not judged (busy)"
+
+
+def test_the_row_verdict_is_its_fastest_blocks(bench):
+    g = {"medians": [0.050, 0.045, 0.047], "verdicts": ["busy", "quiet", "busy"]}
+    assert bench.fastest_verdict(g) == "quiet"
+    assert bench.fastest_verdict({"medians": [], "verdicts": []}) == "unknown"
+
+
+def test_judge_counts_only_the_judged_rows(bench, capsys):
+    rows = [("m", "a", 0.04, 0.01, "judged"), ("m", "b", -0.08, 0.02, "judged"),
+            ("m", "c", 0.40, 0.03, "not judged (A/A spread 4.8%)")]
+    bench.judge(rows, [("m", 0.02)])
+    out = capsys.readouterr().out
+    # judged: |0.04|, |-0.08| -> median 6.0%, worst 8.0%; all: 4, 8, 40 -> median 8.0%, worst 40.0%
+    assert "all rows: step time |error| median 8.0% (goal <= 7%), worst 40.0%" in out
+    assert "judged rows: step time |error| median 6.0% (goal <= 7%), worst 8.0%" in out
+    assert "step time goal met, peak goal met; 1 of 3 rows not judged" in out
