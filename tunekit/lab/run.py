@@ -66,11 +66,12 @@ def _run(lab, shield, steps, warmup, progress, guard, trace, memory, s: Setting)
     try:
         probe, flops_source = lab.trainer.probe(t)
         warm = []
+        inside = 1 if warmup >= 2 else 0   # the last warm-up step runs inside the peak meter: see measure_steps
         with shield.gate():
-            for i in range(warmup):
+            for i in range(warmup - inside):
                 warm.append(lab.train_step(t))
                 _check(warm[-1], f"the loss of warm-up step {i + 1}")
-        measured = measure_steps(lab, t, steps, progress)
+        measured = measure_steps(lab, t, steps, progress, untimed=inside)
         if trace or memory:
             measured.trace, measured.memory = traced_step(lab, t, median(measured.times), trace, memory)
         if not weights_finite(lab.model):
@@ -108,15 +109,22 @@ def _undo(lab, e: BaseException, snap) -> None:
         snap.restore()
 
 
-def measure_steps(lab, t: Toggles, steps: int, progress=None) -> Steps:
+def measure_steps(lab, t: Toggles, steps: int, progress=None, untimed: int = 0) -> Steps:
     """``steps`` timed training steps under ``t`` (applied already), with the peak memory of
     the device over them. The peak meter always stops, also when a step fails; a step whose
-    loss is not finite stops the steps (``_NonFinite``)."""
+    loss is not finite stops the steps (``_NonFinite``).
+
+    ``untimed`` warm-up steps run first inside the meter, off the clock (their losses lead
+    ``losses``). On a CPU the meter's start hands glibc's freed heap pages back (``malloc_trim``),
+    and the next step faults them in again: ~1 us a page, 10-20 ms on the built-in GPT's
+    36 ms step (benchmarks/bench_mb_growth.py). ``lab.run`` with two or more warm-up steps runs
+    its last one here, so that cost lands before the clock, not in the first timed step.
+    """
     with deferred_interrupt() as shield:  # the meter goes on and off whole; the steps run in the gate
         meter = DeviceMeter(lab.device, lab.cuda_index).start()
         slowed = counting_active()  # an enclosing %%gpuprofile's first run is counting
         losses, peak = [], None
-        energy = EnergyMeter(lab.cuda_index).start()
+        energy = EnergyMeter(lab.cuda_index)   # started with the clock: over the timed steps only
         conditions = ConditionsMeter(lab.cuda_index)
 
         def tick(i, _s):  # after the step's clock: the finiteness check syncs, the clock did too
@@ -126,8 +134,12 @@ def measure_steps(lab, t: Toggles, steps: int, progress=None) -> Steps:
 
         try:
             with shield.gate():
+                for _ in range(untimed):
+                    losses.append(lab.train_step(t))
+                    _check(losses[-1], "the loss of the last warm-up step")
                 if progress is not None:
                     progress(0, steps)  # warm-up and FLOP count are done: the clock starts
+                energy.start()
                 conditions.start()
                 t0 = time.perf_counter()
                 times = time_repeats(lambda: losses.append(lab.train_step(t)), lab.device,
