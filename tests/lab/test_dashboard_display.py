@@ -56,18 +56,23 @@ def test_a_terminal_dashboard_plans_nothing_behind_its_text(make_lab, monkeypatc
     # (the interpreter waited for that fake-step plan at exit); plain Python (a script, these tests) asks
     from types import SimpleNamespace
 
+    import IPython
     from IPython.terminal.interactiveshell import TerminalInteractiveShell
 
     import tunekit.lab.dashboard as dmod
 
     lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64)
     monkeypatch.setattr(lab, "expect", lambda **changes: SimpleNamespace(line="expected (made up)", base_run=None))
-    monkeypatch.setattr(dmod, "get_ipython", lambda: object.__new__(TerminalInteractiveShell))
+    shell = object.__new__(TerminalInteractiveShell)   # what get_ipython() is in a terminal IPython
+    for module in (IPython, dmod):
+        monkeypatch.setattr(module, "get_ipython", lambda: shell)
     monkeypatch.setattr(dmod, "_plotly_output", lambda fig: {})   # the charts: no shell to draw on here
     terminal = lab.dashboard()
+    terminal.controls["micro_batch"].value = 8    # a change asks again where the line is shown
     assert terminal.expect_line._asked == 0 and terminal.expect_line._thread is None
-    assert _calls(terminal.text_fallback())[0] == "lab.expect()"   # the call is still given
-    monkeypatch.setattr(dmod, "get_ipython", lambda: None)
+    assert _calls(terminal.text_fallback())[0] == "lab.expect(micro_batch=8)"   # the call is still given
+    for module in (IPython, dmod):
+        monkeypatch.setattr(module, "get_ipython", lambda: None)
     script = lab.dashboard()
     assert script.expect_line.wait(10) and script.expect_line._asked == 1
     assert "expected (made up)" in script.expect_html.value

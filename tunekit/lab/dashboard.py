@@ -36,16 +36,6 @@ from tunekit.lab.plots import compare_figure
 from tunekit.planning.panel import PlanPanel
 
 
-def _text_only() -> bool:
-    """True in a terminal IPython: it shows the dashboard's text (`text_fallback`), never its widgets,
-    so nothing should compute the line under its controls (a fake-step plan on a thread of its own,
-    which the interpreter waits for at exit: 7-32 s after ``lab.dashboard()`` on a busy 2-core machine)."""
-    import sys
-
-    terminal = sys.modules.get("IPython.terminal.interactiveshell")
-    return terminal is not None and isinstance(get_ipython(), terminal.TerminalInteractiveShell)
-
-
 def _plotly_output(fig) -> dict:
     """A display_data output holding the figure as plotly's own mimetype (JupyterLab, Notebook 7
     and VS Code render it without fetching plotly.js) and as a static SVG drawing, for what draws
@@ -158,8 +148,7 @@ class Dashboard(W.VBox):
                           self.autotune_out, self.autotune_chart, self.table, self.chart_out])
         self.explain()
         self.refresh()
-        if not _text_only():   # a terminal shows the calls instead: no plan on a thread that exit would wait for
-            self.update_expectation()
+        self.update_expectation()
 
     # --- reading the controls ------------------------------------------------------------
 
@@ -195,7 +184,7 @@ class Dashboard(W.VBox):
         when it comes (`ExpectLine`: a thread of its own, the newest request wins).
 
         Example: ``dash.update_expectation(); dash.expect_line.wait(5); dash.expect_html.value``."""
-        if self.expect_line is not None:
+        if self.expect_line is not None and not static.text_only():   # a terminal shows no line: no plan
             self.expect_line.request(self.toggles())
 
     @property
