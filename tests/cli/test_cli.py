@@ -329,6 +329,9 @@ def test_every_optional_package_names_its_extra_from_pyproject():
         assert any(re.match(package.replace("_", "[-_]"), d) for d in declared[extra]) or package in (
             "pytorch_lightning",), (package, extra)
     assert pip_command("transformers.models") == "pip install 'tunekit[hf]'" and pip_command("numpy") is None
+    # the experiments extra's own command: without the deprecated pynvml (its shim makes `import torch` warn)
+    assert pip_command("ipyexperiments") == "pip install --no-deps 'ipyexperiments>=0.1.29'"
+    assert pip_command("ipyexperiments").endswith(f"'{declared['experiments'][0]}'")   # pyproject's pin
     assert missing_extra(ModuleNotFoundError("x", name="numpy"), "y") is None      # not an extra's: re-raised as is
     assert missing_extra(ImportError("x", name="transformers"), "y") is None       # installed but broken: as is
 

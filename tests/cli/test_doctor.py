@@ -149,6 +149,20 @@ def test_extras_name_the_pip_command_for_the_missing_ones(monkeypatch):
         "     fix: only if you need them: pip install 'tunekit[browser,gpu]'"]
 
 
+def test_the_experiments_extra_is_named_by_the_command_that_keeps_import_torch_quiet(monkeypatch):
+    # `pip install 'tunekit[experiments]'` brings the deprecated pynvml package, whose shim makes
+    # `import torch` warn: the fix names ipyexperiments without its dependencies, as make install does
+    monkeypatch.setattr(d, "_extras", lambda: {"hf": ["transformers"], "experiments": ["ipyexperiments"],
+                                              "docs": ["mkdocs"]})
+    monkeypatch.setattr(d, "_version", {"transformers": "4.48.0"}.get)
+    assert d.check_extras().lines() == [
+        "OK   extras: installed: hf; not installed: docs, experiments",
+        "     fix: only if you need them: pip install 'tunekit[docs]'; pip install --no-deps 'ipyexperiments>=0.1.29'"]
+    monkeypatch.setattr(d, "_version", {"transformers": "4.48.0", "mkdocs": "1.6.0"}.get)
+    fix = d.check_extras().lines()[1]
+    assert fix == "     fix: only if you need them: pip install --no-deps 'ipyexperiments>=0.1.29'"
+
+
 def test_the_extras_are_pyprojects(monkeypatch):
     from importlib.metadata import PackageNotFoundError
 

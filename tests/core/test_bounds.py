@@ -167,7 +167,7 @@ def test_a_flagged_figure_is_marked_in_every_view_of_a_record():
     assert text.splitlines()[0] == "⏱ step · cpu · ⚠ above the peak"
     assert "  speed      0.128 TFLOPS ⚠ · MFU 150.0% ⚠ · HFU 150.6% ⚠ of 0.085 TFLOPS [calibrated MAMF]" in text
     assert f"  bound      ⚠ above the peak: {CALIBRATED}" in text
-    assert f"0.128 TFLOPS ⚠ MFU 150.0% ⚠ · ⚠ above the peak ({CALIBRATED})" in to_line(rec)
+    assert f" · 1.3 GFLOP · 0.128 TFLOPS ⚠ · MFU 150.0% ⚠ · ⚠ above the peak ({CALIBRATED})" in to_line(rec)
     html = to_html(rec)
     assert "class='tk-bound'" in html and "MFU 150.0% ⚠" in html
     plain = _record(mfu=0.5, hfu=0.5, tflops=0.0425, above_peak=None)   # within the bound: no mark anywhere
@@ -180,7 +180,8 @@ def test_the_line_says_why_tflops_is_missing_from_the_note_of_that_kind():
     rec = _record(tflops=math.nan, mfu=math.nan, hfu=math.nan, above_peak=None,
                   notes=["CPU peak is exact only where /proc/self/clear_refs works",   # 'peak', not why
                          Note("rates.none", "slowed by something (any words)"), Note("rates.none", "a second")])
-    assert to_line(rec).endswith(" · slowed by something (any words)")
+    # 1.28e9 FLOPs -> '1.3 GFLOP'; each figure a part of its own, the missing rate named
+    assert to_line(rec).endswith(" · 1.3 GFLOP · TFLOPS n/a · MFU n/a · slowed by something (any words)")
     # no note of that kind: none shown (matching words, 'peak' showed this one)
     assert "clear_refs" not in to_line(_record(tflops=math.nan, above_peak=None, notes=rec.notes[:1]))
 

@@ -51,14 +51,43 @@ def test_a_text_only_frontend_gets_the_text():
     assert list(data) == ["text/plain"] and data["text/plain"].startswith(NO_FRONTEND)
 
 
+def test_a_terminal_dashboard_plans_nothing_behind_its_text(make_lab, monkeypatch):
+    # a terminal IPython shows the text, never the line under the controls: no lab.expect on a thread
+    # (the interpreter waited for that fake-step plan at exit); plain Python (a script, these tests) asks
+    from types import SimpleNamespace
+
+    import IPython
+    from IPython.terminal.interactiveshell import TerminalInteractiveShell
+
+    import tunekit.lab.dashboard as dmod
+
+    lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64)
+    monkeypatch.setattr(lab, "expect", lambda **changes: SimpleNamespace(line="expected (made up)", base_run=None))
+    shell = object.__new__(TerminalInteractiveShell)   # what get_ipython() is in a terminal IPython
+    for module in (IPython, dmod):
+        monkeypatch.setattr(module, "get_ipython", lambda: shell)
+    monkeypatch.setattr(dmod, "_plotly_output", lambda fig: {})   # the charts: no shell to draw on here
+    terminal = lab.dashboard()
+    terminal.controls["micro_batch"].value = 8    # a change asks again where the line is shown
+    assert terminal.expect_line._asked == 0 and terminal.expect_line._thread is None
+    assert _calls(terminal.text_fallback())[0] == "lab.expect(micro_batch=8)"   # the call is still given
+    for module in (IPython, dmod):
+        monkeypatch.setattr(module, "get_ipython", lambda: None)
+    script = lab.dashboard()
+    assert script.expect_line.wait(10) and script.expect_line._asked == 1
+    assert "expected (made up)" in script.expect_html.value
+
+
 @pytest.mark.slow
 def test_terminal_ipython_prints_the_text(tmp_path):
-    script = "import tunekit\nlab = tunekit.Lab(peak_tflops=1.0)\nlab.dashboard()\n"
+    script = ("import tunekit, threading\nlab = tunekit.Lab(peak_tflops=1.0)\nlab.dashboard()\n"
+              "print('threads:', sorted(t.name for t in threading.enumerate()))\n")
     out = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", "--simple-prompt"],
                          input=script, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={**os.environ, "TUNEKIT_DATA_DIR": str(tmp_path),   # this checkout's tunekit
                               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     assert NO_FRONTEND in out.stdout and "    lab.run(steps=20, warmup=2)" in out.stdout, out.stdout + out.stderr
+    assert "threads:" in out.stdout and "tunekit-expect" not in out.stdout, out.stdout   # no plan to wait for
 
 
 def _exported(dash, widget_state: bool) -> str:

@@ -326,6 +326,8 @@ def test_a_plan_script_asks_for_the_setting_s_layout(tiny_plan, tmp_path):
     assert "#SBATCH --nodes=1" in text and "#SBATCH --ntasks-per-node=2" in text
     expected = plan.expected.step_s * 1e3
     assert f"# expected step {expected:.1f} ms" in text     # the plan's own figure, as a comment
+    # its MFU as the plan's text rounds it (one decimal: a small model's 0.1% is not '0%')
+    assert f"MFU {100 * plan.expected.mfu:.1f}% (tunekit.plan's expectation" in text
     spec = __import__("json").loads((tmp_path / "spec.json").read_text())
     assert (spec["parallel"], spec["nproc"], spec["nodes"], spec["steps"], spec["toggles"]["micro_batch"]) == \
         ("ddp", 2, 1, 3, 2)

@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunekit.core.extras import EXTRAS
+from tunekit.core.extras import EXTRAS, extras_command
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 MIN_PYTHON = (3, 10)      # pyproject's requires-python
@@ -263,7 +263,7 @@ def check_extras() -> Check:
     have = sorted(e for e, dists in extras.items() if all(_version(d) for d in dists))
     missing = sorted(set(extras) - set(have))
     found = f"installed: {', '.join(have) or 'none'}; not installed: {', '.join(missing) or 'none'}"
-    fix = f"only if you need them: pip install 'tunekit[{','.join(missing)}]'" if missing else ""
+    fix = f"only if you need them: {extras_command(missing)}" if missing else ""
     return Check(OK, "extras", found, fix)
 
 

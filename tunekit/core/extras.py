@@ -10,10 +10,28 @@ EXTRAS = {"transformers": "hf", "accelerate": "hf", "tensorboard": "tensorboard"
           "flash_attn": "gpu"}
 
 
+# An extra installed by a command of its own: ipyexperiments requires the deprecated `pynvml`
+# package, whose shim makes `import torch` print a FutureWarning (nvidia-ml-py, a core dependency,
+# provides the module it imports), so it goes in without its dependencies, as `make install` does.
+OWN_COMMAND = {"experiments": "pip install --no-deps 'ipyexperiments>=0.1.29'"}
+
+
+def extras_command(extras) -> str:
+    """The pip command(s) that install ``extras``: ``pip install 'tunekit[hf,mlflow]'``, then the
+    command of an extra that has its own (`OWN_COMMAND`), joined by '; '.
+
+    >>> extras_command(["experiments", "hf", "mlflow"])
+    "pip install 'tunekit[hf,mlflow]'; pip install --no-deps 'ipyexperiments>=0.1.29'"
+    """
+    plain = [e for e in extras if e not in OWN_COMMAND]
+    own = [OWN_COMMAND[e] for e in extras if e in OWN_COMMAND]
+    return "; ".join(([f"pip install 'tunekit[{','.join(plain)}]'"] if plain else []) + own)
+
+
 def pip_command(package: str) -> str | None:
     """``pip install 'tunekit[hf]'`` for ``"transformers"``; None for a package no extra brings."""
     extra = EXTRAS.get(package.split(".")[0])
-    return None if extra is None else f"pip install 'tunekit[{extra}]'"
+    return None if extra is None else extras_command([extra])
 
 
 def missing_extra(e: BaseException, needs: str) -> ModuleNotFoundError | None:

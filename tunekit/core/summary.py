@@ -174,8 +174,9 @@ def to_line(rec) -> str:
                      f"(peak {fmt_bytes(rec.gpu_peak_delta_bytes, True)})")
     if rec.flops_source != "none" and rec.flops:
         bound = getattr(rec, "above_peak", None)
-        parts.append(f"{fmt_flops(rec.flops)} {mark(fmt_tflops(rec.tflops), rec.hfu, bound)} "
-                     f"{mark('MFU ' + fmt_pct(rec.mfu), rec.mfu, bound)}")
+        # each figure its own part, a missing rate named ('TFLOPS n/a', not a bare 'n/a' after the FLOPs)
+        speed = fmt_tflops(rec.tflops) if not is_missing(rec.tflops) else "TFLOPS " + fmt_tflops(rec.tflops)
+        parts += [fmt_flops(rec.flops), mark(speed, rec.hfu, bound), mark("MFU " + fmt_pct(rec.mfu), rec.mfu, bound)]
         if bound:
             parts.append(f"{WORDS} ({bound})")
     if rec.error:

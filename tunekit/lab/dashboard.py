@@ -184,7 +184,7 @@ class Dashboard(W.VBox):
         when it comes (`ExpectLine`: a thread of its own, the newest request wins).
 
         Example: ``dash.update_expectation(); dash.expect_line.wait(5); dash.expect_html.value``."""
-        if self.expect_line is not None:
+        if self.expect_line is not None and not static.text_only():   # a terminal shows no line: no plan
             self.expect_line.request(self.toggles())
 
     @property

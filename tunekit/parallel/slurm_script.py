@@ -9,6 +9,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from tunekit.core.fmt import fmt_ms, fmt_pct
 from tunekit.core.toggles import Toggles
 from tunekit.core.units import is_missing
 from tunekit.core.validate import whole
@@ -79,8 +80,9 @@ def plan_script(target, plan, folder, model=None, script: str | None = None, opt
     label = getattr(chosen, "label", "") or "as planned"
     comment = [f"tunekit plan: {plan.model} on {world} x {plan.device} ({nodes} node(s)), {label}"]
     if expected is not None and not is_missing(expected.step_s):
-        comment.append(f"expected step {expected.step_s * 1e3:.1f} ms, {expected.tokens_per_s:,.0f} tokens/s "
-                       f"per {'GPU' if gpu else 'rank'}, MFU {expected.mfu:.0%} "
+        # the figures as the plan's text rounds them (MFU to 0.1%: a small model's 0.1% is not '0%')
+        comment.append(f"expected step {fmt_ms(expected.step_s)}, {expected.tokens_per_s:,.0f} tokens/s "
+                       f"per {'GPU' if gpu else 'rank'}, MFU {fmt_pct(expected.mfu)} "
                        "(tunekit.plan's expectation: what a good run reaches)")
     else:
         comment.append("no expected step (a device figure is missing: see the plan's notes)")
