@@ -374,3 +374,57 @@ def test_only_a_run_of_this_model_calibrates():
         ex.base_run(lab, "cpu", base=4)
     lab.runs = [run(4, 1_000)]
     assert ex.base_run(lab, "cpu") is None
+
+
+class _Broken:
+    """An Expectation whose line cannot be built (a model of the user's may fail in any way)."""
+    base_run = None
+
+    @property
+    def line(self):
+        raise ValueError("no line")
+
+
+class _Widget:
+    def __init__(self, refuse=False):
+        self.refuse, self._value = refuse, ""
+
+    @property
+    def value(self):
+        return self._value
+
+    @value.setter
+    def value(self, v):
+        if self.refuse:
+            raise RuntimeError("widget closed")
+        self._value = v
+
+
+def test_the_expect_line_answers_when_building_its_text_fails():
+    from types import SimpleNamespace
+
+    from tunekit.lab.expect_line import ExpectLine
+
+    lab = SimpleNamespace(expect=lambda **kw: _Broken())
+    line = ExpectLine(lab, _Widget())
+    line.request({"checkpointing": True})
+    assert line.wait(30)
+    assert "ValueError: no line" in line.html.value and line.last is None
+    lab.expect = lambda **kw: SimpleNamespace(base_run=1, line="expected 31 ms/step")
+    line.request({})                       # a later request is still answered: the line is not stuck
+    assert line.wait(30) and "expected 31 ms/step" in line.html.value
+
+
+def test_the_expect_line_answers_when_the_widget_refuses_the_text():
+    from types import SimpleNamespace
+
+    from tunekit.lab.expect_line import ExpectLine
+
+    widget = _Widget(refuse=True)
+    line = ExpectLine(SimpleNamespace(expect=lambda **kw: SimpleNamespace(base_run=1, line="x")), widget)
+    line.request({})
+    assert line.wait(30)                   # wait() returns: the thread counted the request answered
+    assert isinstance(line.last_error, RuntimeError)
+    widget.refuse = False
+    line.request({})
+    assert line.wait(30) and "x" in widget.value

@@ -51,31 +51,41 @@ class ExpectLine:
             return self._cond.wait_for(lambda: self._done >= self._asked, timeout)
 
     def _work(self) -> None:
-        while True:
-            with self._cond:
-                if self._want is None:
-                    self._thread = None
-                    return
-                asked, toggles = self._want
-                self._want = None
-            text, e, err = self._answer(toggles)
-            with self._cond:
-                if asked == self._asked:   # still the newest: shown
-                    self.html.value, self.last, self.last_error = text, e, err
-                self._done = max(self._done, asked)
+        try:
+            while True:
+                with self._cond:
+                    if self._want is None:
+                        self._thread = None
+                        return
+                    asked, toggles = self._want
+                    self._want = None
+                text, e, err = self._answer(toggles)
+                with self._cond:
+                    try:
+                        if asked == self._asked:   # still the newest: shown
+                            self.html.value, self.last, self.last_error = text, e, err
+                    except Exception as exc:   # noqa: BLE001 - a closed widget: the error is kept, the line goes on
+                        self.last, self.last_error = None, exc
+                    finally:   # answered either way: wait() never hangs on it
+                        self._done = max(self._done, asked)
+                        self._cond.notify_all()
+        except BaseException:
+            with self._cond:   # the thread is gone: the next request starts another, no one waits on this one
+                self._thread, self._done = None, self._asked
                 self._cond.notify_all()
+            raise
 
     def _answer(self, toggles: dict):
         """(the line's HTML, the Expectation or None, the exception or None); never raises."""
         try:
             e = self.lab.expect(**toggles)
+            how = "" if e.base_run is not None else " · uncalibrated: no run measured yet"
+            return _box(html.escape(e.line + how), "#1f77b4"), e, None
         except ToggleError as exc:
             return _box("expected: n/a (" + html.escape("; ".join(exc.problems))[:300] + ")", "#999"), None, exc
         except Exception as exc:   # noqa: BLE001 - planning a model of the user's may fail in any way
             return _box(f"expected: n/a ({html.escape(type(exc).__name__)}: {html.escape(str(exc))[:300]})",
                         "#999"), None, exc
-        how = "" if e.base_run is not None else " · uncalibrated: no run measured yet"
-        return _box(html.escape(e.line + how), "#1f77b4"), e, None
 
 
 def predicted_line(r) -> str:
