@@ -78,8 +78,10 @@ class Probe:
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None,
                  inert: bool = False, allocations: bool = True):
-        validate.text("name", name)
-        validate.optional_callable("models", models, "(name, module) pairs")
+        if type(name) is not str:  # (the checks a profiled cell's probe passes cost no call)
+            validate.text("name", name)
+        if models is not None and not callable(models):
+            validate.optional_callable("models", models, "(name, module) pairs")
         if flops != "auto":  # (defaults need no check: every profiled cell makes a probe)
             validate.choice("flops", flops, FLOPS_MODES)
         if model_flops is not None:
@@ -102,7 +104,7 @@ class Probe:
         self.history, self.inert, self.allocations = history, inert, allocations
         self.counter, self.stale = None, False
         self.conditions = self.t0 = None
-        self.running = False
+        self.running = self.started = False
         self.record = ProfileRecord(name=name)
 
     # the clock covers exactly start() .. stop(): readings before and after are outside it
@@ -122,18 +124,25 @@ class Probe:
                 self.stop(e)
             raise
 
+    def start_held(self) -> "Probe":
+        """`start()` for a caller whose own shield holds Ctrl-C from here to `stop_held()` (the
+        magic's hooks): the same, without asking SIGINT's handler again."""
+        self._start()
+        return self
+
     def _start(self) -> None:
-        if not is_missing(self.record.started_at):  # a probe started again: a new run, a new record
+        if self.started:  # a probe started again: a new run, a new record
             self.record = ProfileRecord(name=self.name)
+        self.started = True
         rec = self.record
         rec.started_at = time.time()
-        torch = torch_if_loaded()
-        cached = FLOP_COUNTS.get(self.key)
+        torch = sys.modules.get("torch")  # (torch_if_loaded, without the call)
         auto = self.mode == "auto" and not self.inert  # an inert block's inputs decide nothing
+        cached = FLOP_COUNTS.get(self.key) if auto else None
         self.fp = (self._fp() if callable(self._fp) else self._fp) if auto else ()
         stale = auto and cached is not None and cached.fingerprint != self.fp
         self.count_now = torch is not None and not self.inert and (
-            self.mode == "always" or (self.mode == "auto" and (cached is None or stale)))
+            self.mode == "always" or (auto and (cached is None or stale)))
         self.stale = stale
         # what is asked for comes first: a traced run traces, and counts nothing (the counter's
         # dispatch would be traced as the work); a valid count of the same inputs is reused
@@ -162,7 +171,8 @@ class Probe:
             self.counter.__enter__()
             self.tap = self._start_tap(rec)
         self.running = True
-        self._start_tracer(rec)
+        if self.trace or self.memory:
+            self._start_tracer(rec)
         self.energy = EnergyMeter(self.cuda.index).start()
         if self.cuda.index is not None:  # (synchronize(), without asking torch again whether CUDA is on)
             synchronize()
@@ -183,8 +193,6 @@ class Probe:
             return None
 
     def _start_tracer(self, rec) -> None:
-        if not (self.trace or self.memory):
-            return
         if self.under_counter:
             rec.notes.append("not traced: an outer FLOP counter runs around this block, and it would be "
                              "traced as the work")
@@ -203,6 +211,10 @@ class Probe:
             return self._stop(exc)
         with deferred_interrupt():
             return self._stop(exc)
+
+    def stop_held(self, exc: BaseException | None = None) -> ProfileRecord:
+        """`stop()` for a caller whose own shield holds Ctrl-C (the magic's hooks)."""
+        return self._stop(exc)
 
     def _stop(self, exc):
         counted = sync_error = None
@@ -224,11 +236,9 @@ class Probe:
             if tap is not None:  # and the models' hooks
                 tap.stop()
         rec = self.record
-        for step, args in ((self._read_conditions, (rec,)), (self._read_energy, (rec,)),
-                           (self._read_trace, (rec, tracer, exc)), (self._read_memory, (rec, exc)),
-                           (self._fill_flops, (rec, counted, exc, tap)), (self._fill_rates, (rec, tracer is not None))):
+        for step in _STEPS:  # each reading in turn, whatever befell the one before
             try:
-                step(*args)
+                step(self, rec, exc, tracer, counted, tap)
             except Exception as e:  # after the clock, a failing reading is a note, never an error
                 rec.notes.append(f"tunekit: {type(e).__name__}: {e}")
         if self.history is not None:
@@ -240,19 +250,24 @@ class Probe:
             raise sync_error  # the block's own (asynchronous) error: recorded, then it reaches the user
         return rec
 
-    def _read_conditions(self, rec) -> None:
+    # the readings after the clock, in this order; each takes (self, rec, exc, tracer, counted, tap)
+
+    def _read_conditions(self, rec, *_) -> None:
         if self.conditions is not None:  # None: interrupted before the clock started
             rec.conditions = self.conditions.stop(rec.wall_s)
 
-    def _read_energy(self, rec) -> None:
+    def _read_energy(self, rec, *_) -> None:
         if self.energy is None:  # interrupted before the clock started
+            return
+        if self.energy.none is not None:  # no counter readable here: why, and nothing to read
+            rec.notes.append(self.energy.none)
             return
         e = self.energy.stop(rec.wall_s)
         rec.energy_j, rec.energy_source, rec.mean_w = e.joules, e.source, e.mean_w
         if e.note:
             rec.notes.append(e.note)
 
-    def _read_trace(self, rec, tracer, exc) -> None:
+    def _read_trace(self, rec, exc, tracer, *_) -> None:
         if tracer is None:  # a clean run: what the next traced run's overhead is measured against
             if exc is None and not self.count_now and not self.under_counter and not is_missing(rec.wall_s):
                 remember(LAST_WALLS, self.key, rec.wall_s)
@@ -271,27 +286,31 @@ class Probe:
             else:
                 rec.trace.compare_with(last)
 
-    def _read_memory(self, rec, exc) -> None:
-        rss_delta, peak_delta = self.cpu.stop()
+    def _read_memory(self, rec, exc, *_) -> None:
+        cpu = self.cpu
+        rss_delta, peak_delta = cpu.stop()
         rec.cpu_rss_delta_bytes, rec.cpu_peak_delta_bytes = float(rss_delta), float(peak_delta)
-        rec.notes.extend(n for n in (self.cpu.note, self.cpu.unseen) if n)
+        if cpu.note is not None or cpu.unseen is not None:
+            rec.notes.extend(n for n in (cpu.note, cpu.unseen) if n)
         gpu = self.cuda.stop()
         self.index = gpu.pop("index", None)
-        for k, v in gpu.items():
-            setattr(rec, k, float(v))
-        used, why = nvml.used_bytes(self.index)
-        rec.nvml_used_bytes = NaN if used is None else used
-        if self.index is None:
-            rec.notes.append("GPU figures n/a: no CUDA device in use")
-        elif why:
-            rec.notes.append(why)
-        rec.device = device_label(self.index)
+        if self.index is None:  # no CUDA device in use (nor first used in the block): nothing to ask NVML
+            rec.notes.append(_NO_CUDA)
+            rec.device = _cpu_label()
+        else:
+            for k, v in gpu.items():
+                setattr(rec, k, float(v))
+            used, why = nvml.used_bytes(self.index)
+            rec.nvml_used_bytes = NaN if used is None else used
+            if why:
+                rec.notes.append(why)
+            rec.device = device_label(self.index)
         if exc is not None:
             rec.error = type(exc).__name__ + (f": {exc}" if str(exc) else "")
             if is_oom(exc):
                 rec.notes.append(explain_and_free())
 
-    def _fill_flops(self, rec, counted, exc, tap=None) -> None:
+    def _fill_flops(self, rec, exc, tracer, counted, tap=None) -> None:
         if counted is not None:
             rec.flops_source, rec.mfu_convention = "counted", formulas.MFU_COUNTED
             rec.flops, rec.model_flops = _flops_of(counted)
@@ -340,10 +359,10 @@ class Probe:
                 rec.flops, rec.flops_source = float(self.model_flops), "given"
                 rec.notes.append("no count: executed FLOPs taken as the given model FLOPs")
 
-    def _fill_rates(self, rec, traced: bool = False) -> None:
+    def _fill_rates(self, rec, exc, tracer, *_) -> None:
         if rec.flops_source == "none" or rec.error is not None or is_missing(rec.flops):
             return
-        if traced:
+        if tracer is not None:
             rec.notes.append(Note("rates.none",
                                   "timed under torch.profiler, which slows it: no TFLOPS/MFU from this run"))
             return
@@ -381,6 +400,24 @@ class Probe:
         r = rates(rec.flops, rec.model_flops, rec.wall_s, peak, device, rec.dtype, recheck=self.index is None)
         rec.peak_tflops, rec.peak_tflops_source = r.peak.tflops, r.peak.source
         rec.hfu, rec.mfu, rec.above_peak = r.hfu, r.mfu, r.above_peak
+
+
+_STEPS = (Probe._read_conditions, Probe._read_energy, Probe._read_trace, Probe._read_memory, Probe._fill_flops,
+          Probe._fill_rates)
+
+
+_NO_CUDA = "GPU figures n/a: no CUDA device in use"
+_CPU_LABELS: dict = {}  # torch's thread count -> device_label(None)
+
+
+def _cpu_label() -> str:
+    """`device_label(None)`, one string per thread count (the same text, no formatting per record)."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    label = _CPU_LABELS.get(threads)
+    if label is None:
+        label = _CPU_LABELS[threads] = device_label(None)
+    return label
 
 
 def _use_shape(rec, shaped) -> None:
