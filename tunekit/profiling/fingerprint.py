@@ -315,7 +315,7 @@ _ONE_BINDING = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(?:(?:0|[1-9][0
                           r"|([A-Za-z_][A-Za-z0-9_]*))[ \t]*\n?")
 
 
-@functools.lru_cache(maxsize=4)  # asked twice per profiled cell (`inputs`, `allocates_little`)
+@functools.lru_cache(maxsize=4)  # (a cell's source, asked again when it is re-run or checked by hand)
 def _one_binding(source: str) -> tuple[str, str | None] | None:
     """(the name bound, the name read or None) of a one-line binding (`_ONE_BINDING`), else None."""
     read = (m := _ONE_BINDING.fullmatch(source)) and m[2]
@@ -326,18 +326,30 @@ def _one_binding(source: str) -> tuple[str, str | None] | None:
 def inputs(source: str) -> tuple[frozenset, bool]:
     """``(names_read(source), runs_nothing(source))``: what a profiled cell asks before it runs, from
     one parse, from the caches on a re-run, from the text of a one-line binding (~15 us less)."""
-    one = _one_binding(source)
-    return (frozenset(one[1:]) - {None}, True) if one else (names_read(source), runs_nothing(source))
+    return cell_inputs(source)[:2]
 
 
 def allocates_little(source: str, namespace) -> bool:
     """Whether a block surely moves glibc's allocation totals by far less than a `memory.rss_unseen`
     note's 16 MiB: a one-line binding (nothing made) to a name that held nothing, or a number or
     string under 1 MiB (nothing large released). Anything else, or other threads, may: False."""
+    return cell_inputs(source, namespace)[2]
+
+
+_NO_NAMES = frozenset()
+_SMALL_KINDS = (int, float, bool, complex, str, bytes)
+
+
+def cell_inputs(source: str, namespace=None) -> tuple[frozenset, bool, bool]:
+    """``(names_read, runs_nothing, allocates_little)`` of a block in one look (the last False
+    without ``namespace``): what a profiled cell asks before it runs. A one-line binding is read
+    from its text alone; anything else is parsed once (`names_read`, `runs_nothing`)."""
     one = _one_binding(source)
-    held = None if one is None else namespace.get(one[0], None)
-    return one is not None and (held is None or (type(held) in (int, float, bool, complex, str, bytes)
-                                                 and sys.getsizeof(held) < 2**20))
+    if one is None:
+        return names_read(source), runs_nothing(source), False
+    held = None if namespace is None else namespace.get(one[0], None)
+    little = namespace is not None and (held is None or (type(held) in _SMALL_KINDS and sys.getsizeof(held) < 2**20))
+    return _NO_NAMES if one[1] is None else frozenset((one[1],)), True, little
 
 
 @functools.lru_cache(maxsize=512)

@@ -18,7 +18,7 @@ from tunekit.core.summary import Summary
 from tunekit.measure.history import HISTORY, source_key
 from tunekit.measure.interrupts import closes_gate, deferred_interrupt, opens_gate
 from tunekit.profiling.cell_check import cell_syntax_error, install, uninstall
-from tunekit.profiling.fingerprint import allocates_little, fingerprint, inputs, modules_seen, names_read
+from tunekit.profiling.fingerprint import cell_inputs, fingerprint, modules_seen, names_read
 from tunekit.profiling.options import check, explain_record, planned
 from tunekit.profiling.probe import FLOPS_MODES, Probe
 
@@ -267,13 +267,13 @@ class GpuProfileMagics(Magics):
                 code = self.shell.transform_cell(raw)
             except Exception:
                 pass
-        names, inert = inputs(code)
         ns = self.shell.user_ns
+        names, inert, trivial = cell_inputs(code, ns)
         fp = lambda: fingerprint(ns, names)  # noqa: E731
         models = lambda: modules_seen(ns, names)  # noqa: E731
         probe = Probe(f"In[{self.shell.execution_count}]", key=source_key(code), fingerprint=fp,
                       flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype,
-                      models=models, inert=inert, allocations=not allocates_little(code, ns))
+                      models=models, inert=inert, trivial=trivial)
         return probe.start_held() if held else probe.start()  # held: the hook's own shield holds Ctrl-C
 
     def _close_left(self, shield):

@@ -27,7 +27,7 @@ from tunekit.core.registry import DTYPES
 from tunekit.core.units import is_missing
 from tunekit.measure import nvml
 from tunekit.measure.conditions import ConditionsMeter
-from tunekit.measure.device import device_label, synchronize, torch_if_loaded
+from tunekit.measure.device import cuda_device_index, device_label, synchronize, torch_if_loaded
 from tunekit.measure.energy import EnergyMeter
 from tunekit.measure.history import FLOP_COUNTS, HISTORY, LAST_WALLS, CachedCount, remember
 from tunekit.measure.interrupts import deferred_interrupt, innermost, interrupt_pending
@@ -72,12 +72,14 @@ class Probe:
     (`fingerprint.modules_seen`); a counted run watches their forward calls, and a model whose
     shape tunekit knows gives the model FLOPs as the Lab computes them (`measure.model_flops`).
     `inert`: the block's code can run no operation (`fingerprint.runs_nothing`: ``lr = 3e-4``): its
-    count is 0, as a counter's, without one. `allocations=False`: glibc's totals are not read."""
+    count is 0, as a counter's, without one. `trivial`: inert, and it makes and frees nothing large
+    (`fingerprint.allocates_little`: ``x = 1``): its memory is not read either (the CPU and GPU
+    memory figures NaN), and the record says what was skipped (a note of kind ``readings.trivial``)."""
 
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None,
-                 inert: bool = False, allocations: bool = True):
+                 inert: bool = False, trivial: bool = False):
         if type(name) is not str:  # (the checks a profiled cell's probe passes cost no call)
             validate.text("name", name)
         if models is not None and not callable(models):
@@ -90,9 +92,8 @@ class Probe:
             peak = validate.real("peak", peak)
         if dtype is not None:
             validate.choice("dtype", dtype, DTYPES)
-        for flag, value in (("trace", trace), ("memory", memory), ("inert", inert),
-                            ("allocations", allocations is not True and allocations)):  # (defaults: no check)
-            if value is not False:
+        if not (type(trace) is bool and type(memory) is bool and type(inert) is bool and type(trivial) is bool):
+            for flag, value in (("trace", trace), ("memory", memory), ("inert", inert), ("trivial", trivial)):
                 validate.flag(flag, value)
         if flops == "always" and (trace or memory):
             raise ValueError("flops='always' counts every run, and a traced run counts none (the counter "
@@ -101,7 +102,7 @@ class Probe:
         self.trace, self.memory, self.tracer, self.energy = trace, memory, None, None
         self._fp, self._models, self.tap = fingerprint, models, None
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
-        self.history, self.inert, self.allocations = history, inert, allocations
+        self.history, self.inert, self.trivial = history, inert or trivial, trivial
         self.counter, self.stale = None, False
         self.conditions = self.t0 = None
         self.running = self.started = False
@@ -161,9 +162,14 @@ class Probe:
         # block, say) measures the counter too: such a run must not report TFLOPS.
         self.under_counter = _counting_active()
         self.graphs0 = None if self.inert or torch is None else _compiled_graphs()  # an inert block compiles nothing
-        self.cpu, self.cuda = CpuPeak(self.allocations), CudaMeter()
-        self.cpu.start()
-        self.cuda.start()
+        if self.trivial:  # nothing made, nothing freed: no memory meters (what was skipped: _read_memory)
+            self.cpu = self.cuda = None
+            self.index = cuda_device_index()
+        else:
+            self.cpu, self.cuda = CpuPeak(), CudaMeter()
+            self.cpu.start()
+            self.cuda.start()
+            self.index = self.cuda.index
         if self.count_now:
             from tunekit.measure.flops import TunekitFlopCounter  # imports torch, loaded already
 
@@ -173,12 +179,12 @@ class Probe:
         self.running = True
         if self.trace or self.memory:
             self._start_tracer(rec)
-        self.energy = EnergyMeter(self.cuda.index).start()
-        if self.cuda.index is not None:  # (synchronize(), without asking torch again whether CUDA is on)
+        self.energy = EnergyMeter(self.index).start()
+        if self.index is not None:  # (synchronize(), without asking torch again whether CUDA is on)
             synchronize()
         # reads counters (no state to undo), judged when the record is read; a block that can run
         # nothing (`x = 1`) is short unless preempted (PSI tells): /proc/stat (~16 us) left unread
-        self.conditions = ConditionsMeter(self.cuda.index, lean=True, judged=False).start(machine=not self.inert)
+        self.conditions = ConditionsMeter(self.index, lean=True, judged=False).start(machine=not self.inert)
         self.t0 = time.perf_counter()
 
     def _start_tap(self, rec):
@@ -200,7 +206,7 @@ class Probe:
         from tunekit.measure.trace import Tracer
 
         try:
-            self.tracer = Tracer(self.name, self.trace, self.memory, self.cuda.index).start()
+            self.tracer = Tracer(self.name, self.trace, self.memory, self.index).start()
         except Exception as e:  # e.g. another torch.profiler already runs: measure without a trace
             rec.notes.append(f"not traced: torch.profiler could not start ({type(e).__name__}: {e})")
 
@@ -287,6 +293,14 @@ class Probe:
                 rec.trace.compare_with(last)
 
     def _read_memory(self, rec, exc, *_) -> None:
+        if exc is not None:
+            rec.error = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+        if self.trivial:
+            rec.notes.append(_TRIVIAL)
+            if self.index is None:
+                rec.notes.append(_NO_CUDA)
+            rec.device = _cpu_label() if self.index is None else device_label(self.index)
+            return
         cpu = self.cpu
         rss_delta, peak_delta = cpu.stop()
         rec.cpu_rss_delta_bytes, rec.cpu_peak_delta_bytes = float(rss_delta), float(peak_delta)
@@ -305,10 +319,8 @@ class Probe:
             if why:
                 rec.notes.append(why)
             rec.device = device_label(self.index)
-        if exc is not None:
-            rec.error = type(exc).__name__ + (f": {exc}" if str(exc) else "")
-            if is_oom(exc):
-                rec.notes.append(explain_and_free())
+        if exc is not None and is_oom(exc):
+            rec.notes.append(explain_and_free())
 
     def _fill_flops(self, rec, exc, tracer, counted, tap=None) -> None:
         if counted is not None:
@@ -407,6 +419,10 @@ _STEPS = (Probe._read_conditions, Probe._read_energy, Probe._read_trace, Probe._
 
 
 _NO_CUDA = "GPU figures n/a: no CUDA device in use"
+# what a trivial block's record skipped (one object for every such record)
+_TRIVIAL = Note("readings.trivial", "a block that runs nothing and makes or frees nothing large (a one-line "
+                "binding): 0 FLOPs without a counter; its memory (CPU RSS and peak, glibc's totals, GPU) and "
+                "the machine's CPU counters (/proc/stat) not read")
 _CPU_LABELS: dict = {}  # torch's thread count -> device_label(None)
 
 
