@@ -8,8 +8,8 @@ the start only (a short block leaves them unread at the stop: its clock ticks co
 a cell whose code can run nothing, `x = 1`, not at all: only preemption makes it long, and PSI
 tells that), glibc's allocation totals at both ends, and SIGINT's handler switched once in and
 once out for the whole cell. A trivial cell, a one-line binding that makes nothing and releases
-nothing large (`fingerprint.allocates_little`: `x = 1`), reads no memory at all (its record says
-so, note kind ``readings.trivial``) and is not parsed either (`fingerprint.inputs`).
+nothing large (`fingerprint.cell_inputs`: `x = 1`), reads no memory at all (its record says
+so, note kind ``readings.trivial``) and is not parsed either.
 """
 import builtins
 import collections

@@ -13,6 +13,7 @@ an unreadable counter is simply absent from the verdict.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from tunekit.core.conditions import CPU_WAIT_MIN_S, Conditions, judge, resolved
@@ -154,7 +155,7 @@ class ConditionsMeter:
         self.s0 = self.raw = None
 
     def _sample(self, with_stat: bool = True, with_wait: bool = True) -> dict:
-        s = _COUNTERS.sample(with_sched=True, with_stat=with_stat, with_wait=with_wait)
+        s = _COUNTERS.sample(True, with_stat, with_wait)
         if self.children:  # the CPU time of child processes that ended and were waited for
             import resource
 
@@ -198,7 +199,10 @@ class ConditionsMeter:
             if "wait_source" in s0:
                 raw["wait_source"] = s0["wait_source"]
         self.raw = raw
-        kw = dict(wall_s=wall_s, cpus=_CPUS, threads=threads or threads_in_use(), tick_s=_TICK_S,
+        if not threads:  # (threads_in_use(), without the call)
+            torch = sys.modules.get("torch")
+            threads = torch.get_num_threads() if torch is not None else 1
+        kw = dict(wall_s=wall_s, cpus=_CPUS, threads=threads, tick_s=_TICK_S,
                   load_avg=_load1() if full else None, **raw)
         if self.cuda_index is not None:
             kw.update(gpu_readings(self.cuda_index))

@@ -84,7 +84,8 @@ class _Proc:
                 import ctypes
 
                 size = ctypes.c_size_t(len(self.buf))
-                self.args = {n: (ctypes.c_int(self.fd[n]), self.buf, size, ctypes.c_long(0)) for n in ("statm", "status")}
+                self.args = {n: (ctypes.c_int(self.fd[n]), self.buf, size, ctypes.c_long(0))
+                             for n in ("statm", "status")}
             self.pid = os.getpid()
         return self.fd
 

@@ -15,45 +15,28 @@ block. Energy (`measure.energy`) is read on every run where a counter is readabl
 """
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 import time
 
-from tunekit.core import formulas, validate
+from tunekit.core import validate
 from tunekit.core.notes import Note
 from tunekit.core.records import History, ProfileRecord
 from tunekit.core.registry import DTYPES
 from tunekit.core.units import is_missing
 from tunekit.measure import nvml
 from tunekit.measure.conditions import ConditionsMeter
-from tunekit.measure.device import cuda_device_index, device_label, synchronize, torch_if_loaded
+from tunekit.measure.device import cuda_device_index, device_label, synchronize
 from tunekit.measure.energy import EnergyMeter
-from tunekit.measure.history import FLOP_COUNTS, HISTORY, LAST_WALLS, CachedCount, remember
+from tunekit.measure.history import FLOP_COUNTS, HISTORY, LAST_WALLS, remember
 from tunekit.measure.interrupts import deferred_interrupt, innermost, interrupt_pending
 from tunekit.measure.meters import CpuPeak, CudaMeter
 from tunekit.measure.oom import explain_and_free, is_oom
 from tunekit.profiling.fingerprint import changed_names
+from tunekit.profiling.probe_figures import compiled_graphs, counting_active, fill_flops, fill_rates
 
 NaN = math.nan
 FLOPS_MODES = ("auto", "always", "never")
-
-_TORCH_SIDE: dict = {}  # functions of modules that import torch, bound once torch is loaded
-
-
-def _torch_side(module: str, name: str):  # (an import statement per call costs µs)
-    return _TORCH_SIDE.get(name) or _TORCH_SIDE.setdefault(name, getattr(importlib.import_module(module), name))
-
-
-def _compiled_graphs():
-    if torch_if_loaded() is None:
-        return None
-    return _torch_side("tunekit.measure.torch_private", "compiled_graphs")()
-
-
-def _counting_active() -> bool:  # (torch's flop_counter module loaded: torch is)
-    return "torch.utils.flop_counter" in sys.modules and _torch_side("tunekit.measure.flops", "counting_active")()
-
 
 def _held_already() -> bool:
     """An enclosing tunekit path holds Ctrl-C (its shield active, gate shut: the magic's hooks,
@@ -73,7 +56,7 @@ class Probe:
     shape tunekit knows gives the model FLOPs as the Lab computes them (`measure.model_flops`).
     `inert`: the block's code can run no operation (`fingerprint.runs_nothing`: ``lr = 3e-4``): its
     count is 0, as a counter's, without one. `trivial`: inert, and it makes and frees nothing large
-    (`fingerprint.allocates_little`: ``x = 1``): its memory is not read either (the CPU and GPU
+    (`fingerprint.cell_inputs`: ``x = 1``): its memory is not read either (the CPU and GPU
     memory figures NaN), and the record says what was skipped (a note of kind ``readings.trivial``)."""
 
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
@@ -160,8 +143,8 @@ class Probe:
             rec.notes.append(f"recounted: {what} changed since the counted run")
         # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
         # block, say) measures the counter too: such a run must not report TFLOPS.
-        self.under_counter = _counting_active()
-        self.graphs0 = None if self.inert or torch is None else _compiled_graphs()  # an inert block compiles nothing
+        self.under_counter = counting_active()
+        self.graphs0 = None if self.inert or torch is None else compiled_graphs()  # an inert block compiles nothing
         if self.trivial:  # nothing made, nothing freed: no memory meters (what was skipped: _read_memory)
             self.cpu = self.cuda = None
             self.index = cuda_device_index()
@@ -225,7 +208,8 @@ class Probe:
     def _stop(self, exc):
         counted = sync_error = None
         try:
-            synchronize()
+            if not self.trivial:  # (a trivial block queued no device work: nothing to wait for)
+                synchronize()
             if self.t0 is not None:  # None: interrupted before the clock started (no time: NaN)
                 self.record.wall_s = time.perf_counter() - self.t0
         except Exception as e:  # an asynchronous device error from the block surfaces here
@@ -322,100 +306,8 @@ class Probe:
         if exc is not None and is_oom(exc):
             rec.notes.append(explain_and_free())
 
-    def _fill_flops(self, rec, exc, tracer, counted, tap=None) -> None:
-        if counted is not None:
-            rec.flops_source, rec.mfu_convention = "counted", formulas.MFU_COUNTED
-            rec.flops, rec.model_flops = _flops_of(counted)
-            rec.recompute_flops = float(counted.recompute)
-            rec.notes.extend(counted.notes)
-            # a failed run's calls are partial: its model FLOPs stay the count's
-            shaped = tap.result() if tap is not None and exc is None else (None, [])
-            _use_shape(rec, shaped)
-            if exc is None:  # an interrupted run's count is partial: never reuse it
-                remember(FLOP_COUNTS, self.key, CachedCount(self.fp, counted, rec.name, shaped=shaped))
-            else:
-                rec.notes.append("the block failed: FLOPs counted up to the failure")
-        elif self.inert and self.mode != "never" and torch_if_loaded() is not None:
-            # what a counter reports for a block that runs no op (`_flops_of` of an empty count)
-            rec.flops_source, rec.mfu_convention = "counted", formulas.MFU_COUNTED
-            rec.flops = rec.model_flops = rec.recompute_flops = 0.0
-        elif self.mode == "auto" and self.key in FLOP_COUNTS and not self.stale:
-            c = FLOP_COUNTS[self.key]
-            FLOP_COUNTS.move_to_end(self.key)
-            rec.flops_source, rec.mfu_convention = "cached", formulas.MFU_COUNTED
-            rec.flops, rec.model_flops = _flops_of(c.count)
-            rec.recompute_flops = float(c.count.recompute)
-            rec.notes.append(f"FLOPs reused from the counted run '{c.counted_in}' (same inputs)")
-            _use_shape(rec, c.shaped)
-            if c.count.uncounted_ops:
-                rec.notes.append(Note("flops.uncounted", "the count misses ops without a FLOP formula: "
-                                      + ", ".join(c.count.uncounted_ops)))
-            # a safety net for inputs the fingerprint cannot see: the time moved a lot
-            busy_now = rec.conditions is not None and rec.conditions.busy
-            last, c.last_wall_s = c.last_wall_s, rec.wall_s
-            busy_before, c.last_busy = c.last_busy, busy_now
-            if last > 0 and not 0.5 < rec.wall_s / last < 2:
-                ratio = rec.wall_s / last
-                # "0.0x" would say nothing: a faster run says how many times faster
-                moved = f"{ratio:.1f}x slower" if ratio > 1 else f"{1 / ratio:.1f}x faster"
-                if busy_now or busy_before:  # the load, not the work, can explain it: no recount advice
-                    which = "this run" if busy_now else "the last run"
-                    rec.notes.append(f"time changed since the last run on this count ({moved}), and "
-                                     f"{which} was taken on a busy machine: re-run when it is quiet")
-                else:
-                    rec.notes.append(f"time changed since the last run on this count ({moved}): "
-                                     "if the work changed, use --flops always")
-        if self.model_flops is not None:
-            rec.model_flops, rec.mfu_convention = float(self.model_flops), "given (--model-flops)"
-            if rec.flops_source == "none":
-                rec.flops, rec.flops_source = float(self.model_flops), "given"
-                rec.notes.append("no count: executed FLOPs taken as the given model FLOPs")
 
-    def _fill_rates(self, rec, exc, tracer, *_) -> None:
-        if rec.flops_source == "none" or rec.error is not None or is_missing(rec.flops):
-            return
-        if tracer is not None:
-            rec.notes.append(Note("rates.none",
-                                  "timed under torch.profiler, which slows it: no TFLOPS/MFU from this run"))
-            return
-        if self.under_counter:
-            rec.notes.append(Note("rates.none", "timed under an outer FLOP counter, which slows it: no TFLOPS/MFU"))
-            return
-        # None: Dynamo never used so far (the same as none compiled); it may be first imported by
-        # the block without compiling anything, which is no compile
-        compiled = 0 if self.inert else (_compiled_graphs() or 0) - (self.graphs0 or 0)
-        if compiled > 0:
-            rec.notes.append(Note("rates.none", f"torch.compile compiled {compiled} graph(s) "
-                                  "during this run, so its time includes compiling: no TFLOPS/MFU; re-run"))
-            return
-        if rec.flops == 0:  # exact whatever the counter cost: nothing ran
-            rec.tflops = 0.0
-            return
-        if rec.flops_source == "counted":
-            rec.notes.append(Note("rates.none",
-                                  "FLOPs counted in this run, which the counter slows: re-run for TFLOPS/MFU"))
-            return
-        rec.tflops = formulas.tflops(rec.flops, rec.wall_s)
-        from tunekit.measure.peaks import rates, resolve_peak
-
-        torch = torch_if_loaded()
-        device = torch.device("cuda", self.index) if self.index is not None else "cpu"
-        rec.dtype = self.dtype or ("bf16" if self.index is not None else "fp32")
-        # Measure a missing peak (or re-check one) only on CPU: on a GPU the matmuls would
-        # allocate GiBs and leave them reserved, changing what the next cells see.
-        peak = resolve_peak(device, rec.dtype, given=self.peak, allow_calibration=self.index is None)
-        rec.peak_tflops_source = peak.source
-        if peak.tflops is None:
-            rec.notes.append(Note("rates.none",
-                                  f"no peak known ({peak.source}): pass --peak or run tunekit.calibrate()"))
-            return
-        r = rates(rec.flops, rec.model_flops, rec.wall_s, peak, device, rec.dtype, recheck=self.index is None)
-        rec.peak_tflops, rec.peak_tflops_source = r.peak.tflops, r.peak.source
-        rec.hfu, rec.mfu, rec.above_peak = r.hfu, r.mfu, r.above_peak
-
-
-_STEPS = (Probe._read_conditions, Probe._read_energy, Probe._read_trace, Probe._read_memory, Probe._fill_flops,
-          Probe._fill_rates)
+_STEPS = (Probe._read_conditions, Probe._read_energy, Probe._read_trace, Probe._read_memory, fill_flops, fill_rates)
 
 
 _NO_CUDA = "GPU figures n/a: no CUDA device in use"
@@ -434,18 +326,3 @@ def _cpu_label() -> str:
     if label is None:
         label = _CPU_LABELS[threads] = device_label(None)
     return label
-
-
-def _use_shape(rec, shaped) -> None:
-    """Model FLOPs from the model's shape (`ModelTap.result()`) when it gave them, else the count's."""
-    flops, notes = shaped
-    if flops is not None:
-        rec.model_flops, rec.mfu_convention = float(flops), formulas.MFU_ANALYTIC
-    rec.notes.extend(notes)
-
-
-def _flops_of(count) -> tuple[float, float]:
-    """(executed, model) FLOPs; unknown (NaN), not 0, when only ops without a formula ran."""
-    if count.executed == 0 and count.uncounted_ops:
-        return NaN, NaN
-    return float(count.executed), float(count.model)
