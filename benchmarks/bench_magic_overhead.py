@@ -5,7 +5,8 @@ Runs one Jupyter kernel and times, side by side in the same run:
   A. N trivial cells bare, then N with `%gpuprofile on` (displayed), N with `-q`, and N under
      ipyexperiments' cell logger for scale (the client's round trip included);
   A2. inside the kernel (its own run_cell loop, no client): chunks of 20 trivial cells (`x = 1`:
-     a names-only cell, recorded with 0 FLOPs without a counter) bare and
+     a one-line binding, recorded with 0 FLOPs without a counter and no memory reading, its record
+     saying so: note kind readings.trivial) bare and
      20 under `%gpuprofile on -q`, alternated, over cells ~20-220 of the history, then again over
      the last 200 of HISTORY cells (the history filled with profiled cells in between): the
      overhead per cell at both, and the late/early ratios of a profiled and of a bare cell's
@@ -48,6 +49,7 @@ N = int(_ARGS[0]) if _ARGS else 200
 HISTORY = int(CELLS) if CELLS else int(_ARGS[1]) if len(_ARGS) > 1 else 1_000 if QUICK else 10_000
 ROUNDS = 5
 TARGET_MS = 0.15   # tunekit's own work per auto-profiled trivial cell (issue 39)
+CPU_AIM_MS = 0.10  # its thread CPU time: the wall moves with the host, so the CPU time aims below with margin
 
 
 KERNEL_SIDE = """
@@ -154,7 +156,8 @@ def side_by_side(other, times=5):
                   + f"); last window {ws[-1]['conditions']}")
         verdict = "PASS" if over[0][0] <= TARGET_MS else "FAIL"
         print(f"   this checkout / the other: {over[0][0] / over[1][0]:.2f}x wall, {over[0][1] / over[1][1]:.2f}x CPU; "
-              f"target <= {TARGET_MS} ms: {verdict} ({over[0][0]:.3f}, this checkout)")
+              f"target <= {TARGET_MS} ms: {verdict} ({over[0][0]:.3f}, this checkout; thread CPU {over[0][1]:.3f}, "
+              f"aim <= {CPU_AIM_MS}: {'met' if over[0][1] <= CPU_AIM_MS else 'not met'})")
     finally:
         for km, kc, _ in kernels:
             kc.stop_channels()
@@ -189,8 +192,10 @@ def main():
               f"{late['bare'] / early['bare']:.2f}x; overhead {over[1][0]:.3f} / {over[0][0]:.3f} ms = "
               f"{over[1][0] / over[0][0]:.2f}x (CPU time: {over[1][1] / over[0][1]:.2f}x)")
         worst = max(w["prof"] - w["bare"] for w in (early, late))
+        worst_cpu = max(o[1] for o in over)
         print(f"   target <= {TARGET_MS} ms/cell of tunekit's own work (kernel side, -q, worst window): "
-              f"{'PASS' if worst <= TARGET_MS else 'FAIL'} ({worst:.3f})")
+              f"{'PASS' if worst <= TARGET_MS else 'FAIL'} ({worst:.3f}); thread CPU, worst window: "
+              f"{worst_cpu:.3f} ms (aim <= {CPU_AIM_MS}: {'met' if worst_cpu <= CPU_AIM_MS else 'not met'})")
         if QUICK:
             return
         rounds = []
