@@ -14,7 +14,7 @@ Runs one Jupyter kernel and times, side by side in the same run:
   B. a small training-step cell re-run bare vs under `%%gpuprofile` after its FLOPs were counted
      (steady state: the count is reused, the fingerprint is checked each run).
 Prints per-cell overheads and ratios.
-Usage: python benchmarks/bench_magic_overhead.py [--quick] [--cells HISTORY] [--against DIR] [N] [HISTORY]
+Usage: python benchmarks/bench_magic_overhead.py [--quick] [--cells HISTORY] [--against DIR [--windows W]] [N] [HISTORY]
   (defaults N 200, HISTORY 10000)
   --quick: A2 alone (the kernel side, the 0.15 ms target), HISTORY 1000 unless given: a few minutes,
            for iterating; the figures to report come from a full run.
@@ -25,8 +25,8 @@ process's CPU time (its history thread's sqlite writes too); on a busy machine t
 least. The run's own length is printed last.
   --against DIR: before/after, side by side: a second kernel imports tunekit from DIR (another
            checkout, e.g. `git worktree add /tmp/base main`), and A2's window (cells ~20-220) is
-           taken in each kernel in turn, 5 times, so that the machine's load hits both alike;
-           prints each kernel's overhead per cell and their ratio. Nothing else is run.
+           taken in each kernel in turn, 5 times (`--windows N`: N times), so that the machine's load
+           hits both alike; prints each kernel's overhead per cell and their ratio. Nothing else is run.
 """
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ if "-h" in sys.argv or "--help" in sys.argv:
 QUICK = "--quick" in sys.argv
 AGAINST = sys.argv[sys.argv.index("--against") + 1] if "--against" in sys.argv else None
 CELLS = sys.argv[sys.argv.index("--cells") + 1] if "--cells" in sys.argv else None
-_ARGS = [a for i, a in enumerate(sys.argv[1:], 1) if a not in ("--quick", "--against", "--cells")
-         and sys.argv[i - 1] not in ("--against", "--cells")]
+WINDOWS = int(sys.argv[sys.argv.index("--windows") + 1]) if "--windows" in sys.argv else 5
+_ARGS = [a for i, a in enumerate(sys.argv[1:], 1) if a not in ("--quick", "--against", "--cells", "--windows")
+         and sys.argv[i - 1] not in ("--against", "--cells", "--windows")]
 N = int(_ARGS[0]) if _ARGS else 200
 HISTORY = int(CELLS) if CELLS else int(_ARGS[1]) if len(_ARGS) > 1 else 1_000 if QUICK else 10_000
 ROUNDS = 5
@@ -166,7 +167,7 @@ def side_by_side(other, times=5):
 
 def main():
     if AGAINST is not None:
-        return side_by_side(AGAINST)
+        return side_by_side(AGAINST, WINDOWS)
     km, kc = start_new_kernel(kernel_name="python3")
     try:
         run(kc, "import torch, tunekit\n%load_ext tunekit")
