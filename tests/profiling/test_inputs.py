@@ -1,4 +1,4 @@
-"""`fingerprint.inputs` answers a one-line binding from its text: the same answer as the parse."""
+"""`fingerprint.cell_inputs` answers a one-line binding from its text: the same answer as the parse."""
 import pytest
 
 from tunekit.profiling import fingerprint
@@ -28,7 +28,7 @@ def test_a_one_line_binding_is_answered_as_the_parse_answers(source, read, inert
     if fast:  # answered from the text: the parse, made to fail loudly, is never asked
         monkeypatch.setattr(fingerprint, "names_read", lambda s: pytest.fail(f"parsed {s!r}"))
         monkeypatch.setattr(fingerprint, "runs_nothing", lambda s: pytest.fail(f"parsed {s!r}"))
-    assert fingerprint.inputs(source) == parsed
+    assert fingerprint.cell_inputs(source)[:2] == parsed
 
 
 @pytest.mark.parametrize("source, namespace, little", [
@@ -42,4 +42,4 @@ def test_a_one_line_binding_is_answered_as_the_parse_answers(source, read, inert
     ("x = 1\ny = 2", {}, False),                     # not a one-line binding
 ])
 def test_allocates_little_only_for_a_binding_that_makes_and_releases_nothing_large(source, namespace, little):
-    assert fingerprint.allocates_little(source, namespace) is little
+    assert fingerprint.cell_inputs(source, namespace)[2] is little

@@ -17,7 +17,7 @@ import pytest
 import tunekit
 from tunekit.measure import conditions as mc
 from tunekit.measure import history
-from tunekit.profiling import probe
+from tunekit.profiling import probe, probe_figures
 
 TUNEKIT = os.path.dirname(tunekit.__file__) + os.sep
 
@@ -111,8 +111,9 @@ def watched(monkeypatch):
     monkeypatch.setattr(history.HISTORY, "_records", _WatchedList())
     for name in ("FLOP_COUNTS", "LAST_WALLS"):  # where they are kept, and where the probe reads them
         cache = _WatchedCache()
-        monkeypatch.setattr(history, name, cache)
-        monkeypatch.setattr(probe, name, cache)
+        for where in (history, probe, probe_figures):
+            if hasattr(where, name):
+                monkeypatch.setattr(where, name, cache)
 
 
 def test_a_profiled_cells_work_is_the_same_after_10_and_after_1000_history_rows(ip, watched):

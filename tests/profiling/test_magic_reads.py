@@ -6,10 +6,10 @@ only when the bound does not settle the peak: memory freed since the last peak, 
 the block), the CPU-wait counter (PSI) at both ends, the machine's CPU counters (/proc/stat) at
 the start only (a short block leaves them unread at the stop: its clock ticks could not tell;
 a cell whose code can run nothing, `x = 1`, not at all: only preemption makes it long, and PSI
-tells that),
-glibc's allocation totals at both ends (not for a one-line binding that makes nothing and releases
-nothing large: `fingerprint.allocates_little`), and SIGINT's handler switched once in and once
-out for the whole cell. A one-line binding (`x = 1`) is not parsed either (`fingerprint.inputs`).
+tells that), glibc's allocation totals at both ends, and SIGINT's handler switched once in and
+once out for the whole cell. A trivial cell, a one-line binding that makes nothing and releases
+nothing large (`fingerprint.cell_inputs`: `x = 1`), reads no memory at all (its record says
+so, note kind ``readings.trivial``) and is not parsed either.
 """
 import builtins
 import collections
@@ -73,11 +73,32 @@ def test_a_trivial_profiled_cell_reads_each_figure_once(ip, reads):
         seen = dict(reads)
     finally:
         ip.run_cell("%gpuprofile off")
-    # getrusage then statm: start + stop = 2 each, no status (the bound is at RSS: hwm = RSS at
-    # the start, and at the stop no peak above RSS); psi: start only = 1; no stat (x = 1 can run
-    # nothing); no mallinfo2 (x = 1 makes and releases nothing large); SIGINT's handler: in at
-    # pre_run_cell, out at post_run_cell = 2
-    assert seen == {"getrusage": 2, "statm": 2, "psi": 1, "sigint switches": 2}
+    # psi: start only = 1 (a short cell leaves it unread at the stop); no stat (x = 1 can run
+    # nothing); no memory read at all, getrusage, statm, status or mallinfo2 (x = 1 makes and
+    # releases nothing large); SIGINT's handler: in at pre_run_cell, out at post_run_cell = 2
+    assert seen == {"psi": 1, "sigint switches": 2}
+
+
+def test_a_trivial_cells_record_says_what_it_skipped(ip):
+    import math
+
+    import tunekit
+
+    ip.user_ns.pop("x", None)
+    ip.run_cell("%gpuprofile on -q")
+    try:
+        ip.run_cell("x = 1", store_history=True)
+        trivial = tunekit.last()
+        ip.run_cell("x = (1, 2)", store_history=True)  # a tuple: not a one-line binding of a number or name
+        other = tunekit.last()
+    finally:
+        ip.run_cell("%gpuprofile off")
+    kinds = [getattr(n, "kind", None) for n in trivial.notes]
+    assert kinds.count("readings.trivial") == 1
+    assert math.isnan(trivial.cpu_rss_delta_bytes) and math.isnan(trivial.cpu_peak_delta_bytes)
+    assert trivial.flops == 0 and trivial.flops_source == "counted" and trivial.wall_s > 0
+    assert "readings.trivial" not in [getattr(n, "kind", None) for n in other.notes]
+    assert other.cpu_peak_delta_bytes >= 0  # read: a number, not NaN
 
 
 def test_a_cell_that_may_run_something_reads_the_machines_counters_at_its_start(ip, reads):
@@ -114,7 +135,7 @@ def test_a_trivial_cell_opens_no_file(ip, reads, monkeypatch):
 @pytest.mark.parametrize("held, cell, totals", [
     ("[0] * 10", "x = 1", 2),      # x held a list: its release may be large
     ("1", "x = 1; y = 2", 2),      # two statements: not a one-line binding
-    ("1", "x = y", 0),             # y's object is shared, x's 1 released: nothing large
+    ("1", "x = y", 0),             # y's object is shared, x's 1 released: nothing large (no memory read)
 ])
 def test_glibc_totals_are_read_unless_the_cell_allocates_little(ip, reads, held, cell, totals):
     ip.run_cell(f"x = {held}\ny = 3")
@@ -141,15 +162,16 @@ def test_a_bound_above_rss_reads_status_at_both_ends(ip, reads, monkeypatch):
     monkeypatch.setattr(meters, "_mark_bound", lambda: _rss() + 2**20)
     ip.run_cell("%gpuprofile on -q")
     try:
-        ip.run_cell("warm = 1", store_history=True)
+        ip.run_cell("warm = (1, 2)", store_history=True)
         reads.clear()
-        ip.run_cell("x = 1", store_history=True)
+        ip.run_cell("x = (1, 2)", store_history=True)  # runs nothing, but not trivial: memory read
         seen = dict(reads)
     finally:
         ip.run_cell("%gpuprofile off")
     seen.pop("clear_refs", None)  # written only when the mark is above RSS
-    # statm then status at each end: 2 + 2; the rest as above
-    assert seen == {"statm": 2, "status": 2, "psi": 1, "sigint switches": 2}
+    # statm then status at each end: 2 + 2; glibc's totals at each end: 2; psi at the start: 1; no
+    # stat (a tuple of constants runs nothing); SIGINT's handler in and out: 2
+    assert seen == {"statm": 2, "status": 2, "mallinfo2": 2, "psi": 1, "sigint switches": 2}
 
 
 def test_the_bound_is_the_mark_or_above():

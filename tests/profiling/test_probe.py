@@ -6,7 +6,7 @@ import torch
 
 import tunekit
 from tunekit.core.records import COLUMNS
-from tunekit.profiling import probe
+from tunekit.profiling import probe, probe_figures
 
 MODEL = torch.nn.Linear(256, 256, bias=False)
 
@@ -212,12 +212,14 @@ def test_dynamo_first_imported_by_a_block_is_no_compile(monkeypatch):
     # Dynamo unused before the block (None), imported by it without compiling (0): the counted
     # run says it counted, not that it compiled 0 graph(s)
     graphs = iter([None, 0])
-    monkeypatch.setattr(probe, "_compiled_graphs", lambda: next(graphs))
+    for where in (probe, probe_figures):  # read at the start (the probe) and after the clock (its figures)
+        monkeypatch.setattr(where, "compiled_graphs", lambda: next(graphs))
     rec = _step(8, name="dynamo_imported")
     assert not any("compiled" in str(n) for n in rec.notes)
     assert "FLOPs counted in this run, which the counter slows: re-run for TFLOPS/MFU" in rec.notes
     graphs = iter([None, 2])   # two graphs compiled inside a block: said, with their number
-    monkeypatch.setattr(probe, "_compiled_graphs", lambda: next(graphs))
+    for where in (probe, probe_figures):
+        monkeypatch.setattr(where, "compiled_graphs", lambda: next(graphs))
     rec = _step(8, name="dynamo_imported")
     assert "torch.compile compiled 2 graph(s) during this run" in " ".join(map(str, rec.notes))
 

@@ -17,6 +17,7 @@ KINDS = {
     "memory.cpu": "measure_memory ran without CUDA: the allocator's figures are not measured",
     "memory.shadow_optimizer": "measure_memory stepped a stand-in optimizer at lr=0",
     "memory.rss_unseen": "a block's allocations moved by more than RSS shows (memory reused or kept by the allocator)",
+    "readings.trivial": "a block that runs and makes nothing (`x = 1`): the readings it skipped, its memory among them",
     "memory.untrimmed": "a CPU peak measured from a start that kept freed heap memory (no glibc malloc_trim)",
     "device.assumed": "estimate_memory planned for this machine's device, none being named",
     "activations.unknown": "estimate_memory has no shape to count the activations with",

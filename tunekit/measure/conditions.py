@@ -13,6 +13,7 @@ an unreadable counter is simply absent from the verdict.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from tunekit.core.conditions import CPU_WAIT_MIN_S, Conditions, judge, resolved
@@ -62,14 +63,17 @@ class _Counters:
         return self.fds
 
     def read(self, name: str) -> bytes | None:
-        fd = self._open().get(name)
+        if self.pid is None:
+            self._open()
+        args = self.args.get(name)
+        if args is not None:  # (libc's pread, its arguments built once)
+            n = self.pread(*args)  # /proc/stat's first line is within 512 bytes
+            return self.buf[:n] if n > 0 else None
+        fd = self.fds.get(name)
         if fd is None:
             return None
         try:
-            if self.libc is None:
-                return os.pread(fd, 512, 0)
-            n = self.pread(*self.args[name])  # /proc/stat's first line is within 512 bytes
-            return self.buf[:n] if n > 0 else None
+            return os.pread(fd, 512, 0)
         except OSError:
             return None
 
@@ -151,7 +155,7 @@ class ConditionsMeter:
         self.s0 = self.raw = None
 
     def _sample(self, with_stat: bool = True, with_wait: bool = True) -> dict:
-        s = _COUNTERS.sample(with_sched=True, with_stat=with_stat, with_wait=with_wait)
+        s = _COUNTERS.sample(True, with_stat, with_wait)
         if self.children:  # the CPU time of child processes that ended and were waited for
             import resource
 
@@ -178,19 +182,30 @@ class ConditionsMeter:
 
     def stop(self, wall_s: float | None = None, threads: int | None = None) -> Conditions | None:
         """The window's conditions (``wall_s``: the measured block's time, else start..stop)."""
-        if self.s0 is None:
+        s0 = self.s0
+        if s0 is None:
             return None
         t1 = time.perf_counter()
         if is_missing(wall_s):
             wall_s = t1 - self.t0
         full = not self.lean or wall_s >= CPU_WAIT_MIN_S  # a lean meter's block under 2 ms: the least
-        stat = ("_stat" in self.s0 or "busy_s" in self.s0) and (not self.lean or resolved(wall_s, _CPUS, _TICK_S))
+        stat = ("_stat" in s0 or "busy_s" in s0) and (not self.lean or resolved(wall_s, _CPUS, _TICK_S))
         s1 = self._sample(with_stat=stat, with_wait=full)
         self.s1, self.t1 = s1, t1
-        self.raw = delta(self.s0, s1)
-        gpu = gpu_readings(self.cuda_index)
-        kw = dict(wall_s=wall_s, cpus=_CPUS, threads=threads or threads_in_use(), tick_s=_TICK_S,
-                  load_avg=_load1() if full else None, **self.raw, **gpu)
+        if full or stat:
+            raw = delta(s0, s1)
+        else:  # a lean meter's short block: its own CPU time, and where its wait would have come from
+            raw = {"own_cpu_s": s1["own_cpu_s"] - s0["own_cpu_s"]}
+            if "wait_source" in s0:
+                raw["wait_source"] = s0["wait_source"]
+        self.raw = raw
+        if not threads:  # (threads_in_use(), without the call)
+            torch = sys.modules.get("torch")
+            threads = torch.get_num_threads() if torch is not None else 1
+        kw = dict(wall_s=wall_s, cpus=_CPUS, threads=threads, tick_s=_TICK_S,
+                  load_avg=_load1() if full else None, **raw)
+        if self.cuda_index is not None:
+            kw.update(gpu_readings(self.cuda_index))
         return judge(**kw) if self.judged else Deferred(kw)
 
 

@@ -79,6 +79,14 @@ class EnergyMeter:
         self.index, self.root = cuda_index, powercap if isinstance(powercap, Path) else Path(powercap)
 
     def start(self) -> "EnergyMeter":
+        """Read the counters. ``none``: why no counter is readable here (no CUDA device, no
+        readable RAPL package: nothing to read at `stop()`, whose Energy would say only that), else None."""
+        self.none = None
+        if self.index is None:  # (the CPU side alone, as found once: nothing per block where none is readable)
+            known = _RAPL.get(self.root)
+            if known is not None and not known[0]:
+                self.none, self.notes, self.mj0, self.packages, self.uj0 = known[1], [known[1]], None, [], []
+                return self
         self.notes = []
         self.mj0 = None
         if self.index is not None:

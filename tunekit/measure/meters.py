@@ -62,11 +62,15 @@ class _Proc:
     """
 
     def __init__(self):
-        self.pid, self.libc = None, libc()
+        self.pid, self.libc, self.args = None, libc(), {}
         if self.libc is not None:
             import ctypes
 
             self.buf = ctypes.create_string_buffer(8192)
+            # a function object of its own (the shared one has argtypes): called with arguments
+            # built once per file, ctypes converts none of them per call (as conditions._Counters)
+            self.pread = self.libc["pread"]
+            self.pread.restype = ctypes.c_ssize_t
         after_fork(self)
 
     def _fds(self):
@@ -76,6 +80,12 @@ class _Proc:
                 self.fd["clear_refs"] = os.open("/proc/self/clear_refs", os.O_WRONLY)
             except OSError:
                 self.fd["clear_refs"] = None
+            if self.libc is not None:
+                import ctypes
+
+                size = ctypes.c_size_t(len(self.buf))
+                self.args = {n: (ctypes.c_int(self.fd[n]), self.buf, size, ctypes.c_long(0))
+                             for n in ("statm", "status")}
             self.pid = os.getpid()
         return self.fd
 
@@ -83,10 +93,12 @@ class _Proc:
         if self.libc is None:
             with open(f"/proc/self/{name}", "rb") as f:
                 return f.read()
-        n = self.libc.pread(self._fds()[name], self.buf, len(self.buf), 0)
+        if self.pid is None:
+            self._fds()
+        n = self.pread(*self.args[name])
         if n < 0:
             raise OSError(f"cannot read /proc/self/{name}")
-        return self.buf.raw[:n]
+        return self.buf[:n]  # (the bytes read alone: `.raw` would copy the whole buffer first)
 
     def reset_hwm(self) -> bool:
         if self.libc is None:

@@ -18,7 +18,7 @@ from tunekit.core.summary import Summary
 from tunekit.measure.history import HISTORY, source_key
 from tunekit.measure.interrupts import closes_gate, deferred_interrupt, opens_gate
 from tunekit.profiling.cell_check import cell_syntax_error, install, uninstall
-from tunekit.profiling.fingerprint import allocates_little, fingerprint, inputs, modules_seen, names_read
+from tunekit.profiling.fingerprint import cell_inputs, fingerprint, modules_seen, names_read
 from tunekit.profiling.options import check, explain_record, planned
 from tunekit.profiling.probe import FLOPS_MODES, Probe
 
@@ -252,14 +252,14 @@ class GpuProfileMagics(Magics):
         raw = getattr(info, "raw_cell", "") or ""
         try:
             if self.auto_opts is not None and not raw.lstrip().startswith(_NOT_PROFILED):
-                self._probe = self._start_probe(raw, getattr(info, "transformed_cell", None))
+                self._probe = self._start_probe(raw, getattr(info, "transformed_cell", None), shield.active)
         finally:
             shield.open = True  # the cell runs interruptible, also when its probe could not start
         if shield.pending:  # a Ctrl-C from the lines above: IPython shows it, then runs the cell
             shield.pending = False
             raise KeyboardInterrupt
 
-    def _start_probe(self, raw, code=None):
+    def _start_probe(self, raw, code=None, held=False):
         a = self.auto_opts
         if code is None:  # IPython < 9 does not hand the hook the cell it transformed
             code = raw if not raw.lstrip().startswith("%") else ""
@@ -267,13 +267,14 @@ class GpuProfileMagics(Magics):
                 code = self.shell.transform_cell(raw)
             except Exception:
                 pass
-        names, inert = inputs(code)
-        fp = lambda: fingerprint(self.shell.user_ns, names)  # noqa: E731
-        models = lambda: modules_seen(self.shell.user_ns, names)  # noqa: E731
-        return Probe(f"In[{self.shell.execution_count}]", key=source_key(code), fingerprint=fp,
-                     flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype,
-                     models=models, inert=inert,
-                     allocations=not allocates_little(code, self.shell.user_ns)).start()
+        ns = self.shell.user_ns
+        names, inert, trivial = cell_inputs(code, ns)
+        fp = lambda: fingerprint(ns, names)  # noqa: E731
+        models = lambda: modules_seen(ns, names)  # noqa: E731
+        probe = Probe(f"In[{self.shell.execution_count}]", key=source_key(code), fingerprint=fp,
+                      flops=a.flops, model_flops=a.model_flops, peak=a.peak, dtype=a.dtype,
+                      models=models, inert=inert, trivial=trivial)
+        return probe.start_held() if held else probe.start()  # held: the hook's own shield holds Ctrl-C
 
     def _close_left(self, shield):
         probe, self._probe = self._probe, None
@@ -290,7 +291,7 @@ class GpuProfileMagics(Magics):
         shield.open = False
         error = None
         try:
-            self._record_cell(result)
+            self._record_cell(result, shield.active)
         except BaseException as e:
             error = e
             raise
@@ -298,7 +299,7 @@ class GpuProfileMagics(Magics):
             self._shield = None
             shield.__exit__(error and type(error), error, None)  # a Ctrl-C from meanwhile is raised (IPython shows it)
 
-    def _record_cell(self, result):
+    def _record_cell(self, result, held=False):
         probe, self._probe = self._probe, None
         began, self._began = self._began, False
         fresh, self._fresh = self._fresh, False
@@ -310,7 +311,7 @@ class GpuProfileMagics(Magics):
             if number:  # IPython 9 counted on before pre_run_cell
                 probe.record.name = f"In[{number}]"
             if probe.running:
-                rec = probe.stop(error)
+                rec = probe.stop_held(error) if held else probe.stop(error)  # held: by post_run_cell's shield
                 if self.auto_opts is not None and not self.auto_opts.quiet:
                     self._display(rec, compact=True)
         elif raw.startswith("%%gpuprofile") and not began and isinstance(error, KeyboardInterrupt):

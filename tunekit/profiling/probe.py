@@ -15,45 +15,28 @@ block. Energy (`measure.energy`) is read on every run where a counter is readabl
 """
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 import time
 
-from tunekit.core import formulas, validate
+from tunekit.core import validate
 from tunekit.core.notes import Note
 from tunekit.core.records import History, ProfileRecord
 from tunekit.core.registry import DTYPES
 from tunekit.core.units import is_missing
 from tunekit.measure import nvml
 from tunekit.measure.conditions import ConditionsMeter
-from tunekit.measure.device import device_label, synchronize, torch_if_loaded
+from tunekit.measure.device import cuda_device_index, device_label, synchronize
 from tunekit.measure.energy import EnergyMeter
-from tunekit.measure.history import FLOP_COUNTS, HISTORY, LAST_WALLS, CachedCount, remember
+from tunekit.measure.history import FLOP_COUNTS, HISTORY, LAST_WALLS, remember
 from tunekit.measure.interrupts import deferred_interrupt, innermost, interrupt_pending
 from tunekit.measure.meters import CpuPeak, CudaMeter
 from tunekit.measure.oom import explain_and_free, is_oom
 from tunekit.profiling.fingerprint import changed_names
+from tunekit.profiling.probe_figures import compiled_graphs, counting_active, fill_flops, fill_rates
 
 NaN = math.nan
 FLOPS_MODES = ("auto", "always", "never")
-
-_TORCH_SIDE: dict = {}  # functions of modules that import torch, bound once torch is loaded
-
-
-def _torch_side(module: str, name: str):  # (an import statement per call costs µs)
-    return _TORCH_SIDE.get(name) or _TORCH_SIDE.setdefault(name, getattr(importlib.import_module(module), name))
-
-
-def _compiled_graphs():
-    if torch_if_loaded() is None:
-        return None
-    return _torch_side("tunekit.measure.torch_private", "compiled_graphs")()
-
-
-def _counting_active() -> bool:  # (torch's flop_counter module loaded: torch is)
-    return "torch.utils.flop_counter" in sys.modules and _torch_side("tunekit.measure.flops", "counting_active")()
-
 
 def _held_already() -> bool:
     """An enclosing tunekit path holds Ctrl-C (its shield active, gate shut: the magic's hooks,
@@ -72,14 +55,18 @@ class Probe:
     (`fingerprint.modules_seen`); a counted run watches their forward calls, and a model whose
     shape tunekit knows gives the model FLOPs as the Lab computes them (`measure.model_flops`).
     `inert`: the block's code can run no operation (`fingerprint.runs_nothing`: ``lr = 3e-4``): its
-    count is 0, as a counter's, without one. `allocations=False`: glibc's totals are not read."""
+    count is 0, as a counter's, without one. `trivial`: inert, and it makes and frees nothing large
+    (`fingerprint.cell_inputs`: ``x = 1``): its memory is not read either (the CPU and GPU
+    memory figures NaN), and the record says what was skipped (a note of kind ``readings.trivial``)."""
 
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None,
-                 inert: bool = False, allocations: bool = True):
-        validate.text("name", name)
-        validate.optional_callable("models", models, "(name, module) pairs")
+                 inert: bool = False, trivial: bool = False):
+        if type(name) is not str:  # (the checks a profiled cell's probe passes cost no call)
+            validate.text("name", name)
+        if models is not None and not callable(models):
+            validate.optional_callable("models", models, "(name, module) pairs")
         if flops != "auto":  # (defaults need no check: every profiled cell makes a probe)
             validate.choice("flops", flops, FLOPS_MODES)
         if model_flops is not None:
@@ -88,9 +75,8 @@ class Probe:
             peak = validate.real("peak", peak)
         if dtype is not None:
             validate.choice("dtype", dtype, DTYPES)
-        for flag, value in (("trace", trace), ("memory", memory), ("inert", inert),
-                            ("allocations", allocations is not True and allocations)):  # (defaults: no check)
-            if value is not False:
+        if not (type(trace) is bool and type(memory) is bool and type(inert) is bool and type(trivial) is bool):
+            for flag, value in (("trace", trace), ("memory", memory), ("inert", inert), ("trivial", trivial)):
                 validate.flag(flag, value)
         if flops == "always" and (trace or memory):
             raise ValueError("flops='always' counts every run, and a traced run counts none (the counter "
@@ -99,10 +85,10 @@ class Probe:
         self.trace, self.memory, self.tracer, self.energy = trace, memory, None, None
         self._fp, self._models, self.tap = fingerprint, models, None
         self.mode, self.model_flops, self.peak, self.dtype = flops, model_flops, peak, dtype
-        self.history, self.inert, self.allocations = history, inert, allocations
+        self.history, self.inert, self.trivial = history, inert or trivial, trivial
         self.counter, self.stale = None, False
         self.conditions = self.t0 = None
-        self.running = False
+        self.running = self.started = False
         self.record = ProfileRecord(name=name)
 
     # the clock covers exactly start() .. stop(): readings before and after are outside it
@@ -122,18 +108,25 @@ class Probe:
                 self.stop(e)
             raise
 
+    def start_held(self) -> "Probe":
+        """`start()` for a caller whose own shield holds Ctrl-C from here to `stop_held()` (the
+        magic's hooks): the same, without asking SIGINT's handler again."""
+        self._start()
+        return self
+
     def _start(self) -> None:
-        if not is_missing(self.record.started_at):  # a probe started again: a new run, a new record
+        if self.started:  # a probe started again: a new run, a new record
             self.record = ProfileRecord(name=self.name)
+        self.started = True
         rec = self.record
         rec.started_at = time.time()
-        torch = torch_if_loaded()
-        cached = FLOP_COUNTS.get(self.key)
+        torch = sys.modules.get("torch")  # (torch_if_loaded, without the call)
         auto = self.mode == "auto" and not self.inert  # an inert block's inputs decide nothing
+        cached = FLOP_COUNTS.get(self.key) if auto else None
         self.fp = (self._fp() if callable(self._fp) else self._fp) if auto else ()
         stale = auto and cached is not None and cached.fingerprint != self.fp
         self.count_now = torch is not None and not self.inert and (
-            self.mode == "always" or (self.mode == "auto" and (cached is None or stale)))
+            self.mode == "always" or (auto and (cached is None or stale)))
         self.stale = stale
         # what is asked for comes first: a traced run traces, and counts nothing (the counter's
         # dispatch would be traced as the work); a valid count of the same inputs is reused
@@ -150,11 +143,16 @@ class Probe:
             rec.notes.append(f"recounted: {what} changed since the counted run")
         # A clock read while an outer FLOP counter runs (a first %%gpuprofile run around this
         # block, say) measures the counter too: such a run must not report TFLOPS.
-        self.under_counter = _counting_active()
-        self.graphs0 = None if self.inert or torch is None else _compiled_graphs()  # an inert block compiles nothing
-        self.cpu, self.cuda = CpuPeak(self.allocations), CudaMeter()
-        self.cpu.start()
-        self.cuda.start()
+        self.under_counter = counting_active()
+        self.graphs0 = None if self.inert or torch is None else compiled_graphs()  # an inert block compiles nothing
+        if self.trivial:  # nothing made, nothing freed: no memory meters (what was skipped: _read_memory)
+            self.cpu = self.cuda = None
+            self.index = cuda_device_index()
+        else:
+            self.cpu, self.cuda = CpuPeak(), CudaMeter()
+            self.cpu.start()
+            self.cuda.start()
+            self.index = self.cuda.index
         if self.count_now:
             from tunekit.measure.flops import TunekitFlopCounter  # imports torch, loaded already
 
@@ -162,13 +160,14 @@ class Probe:
             self.counter.__enter__()
             self.tap = self._start_tap(rec)
         self.running = True
-        self._start_tracer(rec)
-        self.energy = EnergyMeter(self.cuda.index).start()
-        if self.cuda.index is not None:  # (synchronize(), without asking torch again whether CUDA is on)
+        if self.trace or self.memory:
+            self._start_tracer(rec)
+        self.energy = EnergyMeter(self.index).start()
+        if self.index is not None:  # (synchronize(), without asking torch again whether CUDA is on)
             synchronize()
         # reads counters (no state to undo), judged when the record is read; a block that can run
         # nothing (`x = 1`) is short unless preempted (PSI tells): /proc/stat (~16 us) left unread
-        self.conditions = ConditionsMeter(self.cuda.index, lean=True, judged=False).start(machine=not self.inert)
+        self.conditions = ConditionsMeter(self.index, lean=True, judged=False).start(machine=not self.inert)
         self.t0 = time.perf_counter()
 
     def _start_tap(self, rec):
@@ -183,8 +182,6 @@ class Probe:
             return None
 
     def _start_tracer(self, rec) -> None:
-        if not (self.trace or self.memory):
-            return
         if self.under_counter:
             rec.notes.append("not traced: an outer FLOP counter runs around this block, and it would be "
                              "traced as the work")
@@ -192,7 +189,7 @@ class Probe:
         from tunekit.measure.trace import Tracer
 
         try:
-            self.tracer = Tracer(self.name, self.trace, self.memory, self.cuda.index).start()
+            self.tracer = Tracer(self.name, self.trace, self.memory, self.index).start()
         except Exception as e:  # e.g. another torch.profiler already runs: measure without a trace
             rec.notes.append(f"not traced: torch.profiler could not start ({type(e).__name__}: {e})")
 
@@ -204,10 +201,15 @@ class Probe:
         with deferred_interrupt():
             return self._stop(exc)
 
+    def stop_held(self, exc: BaseException | None = None) -> ProfileRecord:
+        """`stop()` for a caller whose own shield holds Ctrl-C (the magic's hooks)."""
+        return self._stop(exc)
+
     def _stop(self, exc):
         counted = sync_error = None
         try:
-            synchronize()
+            if not self.trivial:  # (a trivial block queued no device work: nothing to wait for)
+                synchronize()
             if self.t0 is not None:  # None: interrupted before the clock started (no time: NaN)
                 self.record.wall_s = time.perf_counter() - self.t0
         except Exception as e:  # an asynchronous device error from the block surfaces here
@@ -224,11 +226,9 @@ class Probe:
             if tap is not None:  # and the models' hooks
                 tap.stop()
         rec = self.record
-        for step, args in ((self._read_conditions, (rec,)), (self._read_energy, (rec,)),
-                           (self._read_trace, (rec, tracer, exc)), (self._read_memory, (rec, exc)),
-                           (self._fill_flops, (rec, counted, exc, tap)), (self._fill_rates, (rec, tracer is not None))):
+        for step in _STEPS:  # each reading in turn, whatever befell the one before
             try:
-                step(*args)
+                step(self, rec, exc, tracer, counted, tap)
             except Exception as e:  # after the clock, a failing reading is a note, never an error
                 rec.notes.append(f"tunekit: {type(e).__name__}: {e}")
         if self.history is not None:
@@ -240,19 +240,24 @@ class Probe:
             raise sync_error  # the block's own (asynchronous) error: recorded, then it reaches the user
         return rec
 
-    def _read_conditions(self, rec) -> None:
+    # the readings after the clock, in this order; each takes (self, rec, exc, tracer, counted, tap)
+
+    def _read_conditions(self, rec, *_) -> None:
         if self.conditions is not None:  # None: interrupted before the clock started
             rec.conditions = self.conditions.stop(rec.wall_s)
 
-    def _read_energy(self, rec) -> None:
+    def _read_energy(self, rec, *_) -> None:
         if self.energy is None:  # interrupted before the clock started
+            return
+        if self.energy.none is not None:  # no counter readable here: why, and nothing to read
+            rec.notes.append(self.energy.none)
             return
         e = self.energy.stop(rec.wall_s)
         rec.energy_j, rec.energy_source, rec.mean_w = e.joules, e.source, e.mean_w
         if e.note:
             rec.notes.append(e.note)
 
-    def _read_trace(self, rec, tracer, exc) -> None:
+    def _read_trace(self, rec, exc, tracer, *_) -> None:
         if tracer is None:  # a clean run: what the next traced run's overhead is measured against
             if exc is None and not self.count_now and not self.under_counter and not is_missing(rec.wall_s):
                 remember(LAST_WALLS, self.key, rec.wall_s)
@@ -271,128 +276,53 @@ class Probe:
             else:
                 rec.trace.compare_with(last)
 
-    def _read_memory(self, rec, exc) -> None:
-        rss_delta, peak_delta = self.cpu.stop()
-        rec.cpu_rss_delta_bytes, rec.cpu_peak_delta_bytes = float(rss_delta), float(peak_delta)
-        rec.notes.extend(n for n in (self.cpu.note, self.cpu.unseen) if n)
-        gpu = self.cuda.stop()
-        self.index = gpu.pop("index", None)
-        for k, v in gpu.items():
-            setattr(rec, k, float(v))
-        used, why = nvml.used_bytes(self.index)
-        rec.nvml_used_bytes = NaN if used is None else used
-        if self.index is None:
-            rec.notes.append("GPU figures n/a: no CUDA device in use")
-        elif why:
-            rec.notes.append(why)
-        rec.device = device_label(self.index)
+    def _read_memory(self, rec, exc, *_) -> None:
         if exc is not None:
             rec.error = type(exc).__name__ + (f": {exc}" if str(exc) else "")
-            if is_oom(exc):
-                rec.notes.append(explain_and_free())
-
-    def _fill_flops(self, rec, counted, exc, tap=None) -> None:
-        if counted is not None:
-            rec.flops_source, rec.mfu_convention = "counted", formulas.MFU_COUNTED
-            rec.flops, rec.model_flops = _flops_of(counted)
-            rec.recompute_flops = float(counted.recompute)
-            rec.notes.extend(counted.notes)
-            # a failed run's calls are partial: its model FLOPs stay the count's
-            shaped = tap.result() if tap is not None and exc is None else (None, [])
-            _use_shape(rec, shaped)
-            if exc is None:  # an interrupted run's count is partial: never reuse it
-                remember(FLOP_COUNTS, self.key, CachedCount(self.fp, counted, rec.name, shaped=shaped))
-            else:
-                rec.notes.append("the block failed: FLOPs counted up to the failure")
-        elif self.inert and self.mode != "never" and torch_if_loaded() is not None:
-            # what a counter reports for a block that runs no op (`_flops_of` of an empty count)
-            rec.flops_source, rec.mfu_convention = "counted", formulas.MFU_COUNTED
-            rec.flops = rec.model_flops = rec.recompute_flops = 0.0
-        elif self.mode == "auto" and self.key in FLOP_COUNTS and not self.stale:
-            c = FLOP_COUNTS[self.key]
-            FLOP_COUNTS.move_to_end(self.key)
-            rec.flops_source, rec.mfu_convention = "cached", formulas.MFU_COUNTED
-            rec.flops, rec.model_flops = _flops_of(c.count)
-            rec.recompute_flops = float(c.count.recompute)
-            rec.notes.append(f"FLOPs reused from the counted run '{c.counted_in}' (same inputs)")
-            _use_shape(rec, c.shaped)
-            if c.count.uncounted_ops:
-                rec.notes.append(Note("flops.uncounted", "the count misses ops without a FLOP formula: "
-                                      + ", ".join(c.count.uncounted_ops)))
-            # a safety net for inputs the fingerprint cannot see: the time moved a lot
-            busy_now = rec.conditions is not None and rec.conditions.busy
-            last, c.last_wall_s = c.last_wall_s, rec.wall_s
-            busy_before, c.last_busy = c.last_busy, busy_now
-            if last > 0 and not 0.5 < rec.wall_s / last < 2:
-                ratio = rec.wall_s / last
-                # "0.0x" would say nothing: a faster run says how many times faster
-                moved = f"{ratio:.1f}x slower" if ratio > 1 else f"{1 / ratio:.1f}x faster"
-                if busy_now or busy_before:  # the load, not the work, can explain it: no recount advice
-                    which = "this run" if busy_now else "the last run"
-                    rec.notes.append(f"time changed since the last run on this count ({moved}), and "
-                                     f"{which} was taken on a busy machine: re-run when it is quiet")
-                else:
-                    rec.notes.append(f"time changed since the last run on this count ({moved}): "
-                                     "if the work changed, use --flops always")
-        if self.model_flops is not None:
-            rec.model_flops, rec.mfu_convention = float(self.model_flops), "given (--model-flops)"
-            if rec.flops_source == "none":
-                rec.flops, rec.flops_source = float(self.model_flops), "given"
-                rec.notes.append("no count: executed FLOPs taken as the given model FLOPs")
-
-    def _fill_rates(self, rec, traced: bool = False) -> None:
-        if rec.flops_source == "none" or rec.error is not None or is_missing(rec.flops):
+        if self.trivial:
+            rec.notes.append(_TRIVIAL)
+            if self.index is None:
+                rec.notes.append(_NO_CUDA)
+            rec.device = _cpu_label() if self.index is None else device_label(self.index)
             return
-        if traced:
-            rec.notes.append(Note("rates.none",
-                                  "timed under torch.profiler, which slows it: no TFLOPS/MFU from this run"))
-            return
-        if self.under_counter:
-            rec.notes.append(Note("rates.none", "timed under an outer FLOP counter, which slows it: no TFLOPS/MFU"))
-            return
-        # None: Dynamo never used so far (the same as none compiled); it may be first imported by
-        # the block without compiling anything, which is no compile
-        compiled = 0 if self.inert else (_compiled_graphs() or 0) - (self.graphs0 or 0)
-        if compiled > 0:
-            rec.notes.append(Note("rates.none", f"torch.compile compiled {compiled} graph(s) "
-                                  "during this run, so its time includes compiling: no TFLOPS/MFU; re-run"))
-            return
-        if rec.flops == 0:  # exact whatever the counter cost: nothing ran
-            rec.tflops = 0.0
-            return
-        if rec.flops_source == "counted":
-            rec.notes.append(Note("rates.none",
-                                  "FLOPs counted in this run, which the counter slows: re-run for TFLOPS/MFU"))
-            return
-        rec.tflops = formulas.tflops(rec.flops, rec.wall_s)
-        from tunekit.measure.peaks import rates, resolve_peak
-
-        torch = torch_if_loaded()
-        device = torch.device("cuda", self.index) if self.index is not None else "cpu"
-        rec.dtype = self.dtype or ("bf16" if self.index is not None else "fp32")
-        # Measure a missing peak (or re-check one) only on CPU: on a GPU the matmuls would
-        # allocate GiBs and leave them reserved, changing what the next cells see.
-        peak = resolve_peak(device, rec.dtype, given=self.peak, allow_calibration=self.index is None)
-        rec.peak_tflops_source = peak.source
-        if peak.tflops is None:
-            rec.notes.append(Note("rates.none",
-                                  f"no peak known ({peak.source}): pass --peak or run tunekit.calibrate()"))
-            return
-        r = rates(rec.flops, rec.model_flops, rec.wall_s, peak, device, rec.dtype, recheck=self.index is None)
-        rec.peak_tflops, rec.peak_tflops_source = r.peak.tflops, r.peak.source
-        rec.hfu, rec.mfu, rec.above_peak = r.hfu, r.mfu, r.above_peak
+        cpu = self.cpu
+        rss_delta, peak_delta = cpu.stop()
+        rec.cpu_rss_delta_bytes, rec.cpu_peak_delta_bytes = float(rss_delta), float(peak_delta)
+        if cpu.note is not None or cpu.unseen is not None:
+            rec.notes.extend(n for n in (cpu.note, cpu.unseen) if n)
+        gpu = self.cuda.stop()
+        self.index = gpu.pop("index", None)
+        if self.index is None:  # no CUDA device in use (nor first used in the block): nothing to ask NVML
+            rec.notes.append(_NO_CUDA)
+            rec.device = _cpu_label()
+        else:
+            for k, v in gpu.items():
+                setattr(rec, k, float(v))
+            used, why = nvml.used_bytes(self.index)
+            rec.nvml_used_bytes = NaN if used is None else used
+            if why:
+                rec.notes.append(why)
+            rec.device = device_label(self.index)
+        if exc is not None and is_oom(exc):
+            rec.notes.append(explain_and_free())
 
 
-def _use_shape(rec, shaped) -> None:
-    """Model FLOPs from the model's shape (`ModelTap.result()`) when it gave them, else the count's."""
-    flops, notes = shaped
-    if flops is not None:
-        rec.model_flops, rec.mfu_convention = float(flops), formulas.MFU_ANALYTIC
-    rec.notes.extend(notes)
+_STEPS = (Probe._read_conditions, Probe._read_energy, Probe._read_trace, Probe._read_memory, fill_flops, fill_rates)
 
 
-def _flops_of(count) -> tuple[float, float]:
-    """(executed, model) FLOPs; unknown (NaN), not 0, when only ops without a formula ran."""
-    if count.executed == 0 and count.uncounted_ops:
-        return NaN, NaN
-    return float(count.executed), float(count.model)
+_NO_CUDA = "GPU figures n/a: no CUDA device in use"
+# what a trivial block's record skipped (one object for every such record)
+_TRIVIAL = Note("readings.trivial", "a block that runs nothing and makes or frees nothing large (a one-line "
+                "binding): 0 FLOPs without a counter; its memory (CPU RSS and peak, glibc's totals, GPU) and "
+                "the machine's CPU counters (/proc/stat) not read")
+_CPU_LABELS: dict = {}  # torch's thread count -> device_label(None)
+
+
+def _cpu_label() -> str:
+    """`device_label(None)`, one string per thread count (the same text, no formatting per record)."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    label = _CPU_LABELS.get(threads)
+    if label is None:
+        label = _CPU_LABELS[threads] = device_label(None)
+    return label
