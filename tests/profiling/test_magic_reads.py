@@ -96,7 +96,7 @@ def test_a_trivial_cells_record_says_what_it_skipped(ip):
     kinds = [getattr(n, "kind", None) for n in trivial.notes]
     assert kinds.count("readings.trivial") == 1
     assert math.isnan(trivial.cpu_rss_delta_bytes) and math.isnan(trivial.cpu_peak_delta_bytes)
-    assert trivial.flops == 0 and trivial.flops_source == "counted" and trivial.wall_s > 0
+    assert trivial.flops == 0 and trivial.flops_source == "inert" and trivial.wall_s > 0
     assert "readings.trivial" not in [getattr(n, "kind", None) for n in other.notes]
     assert other.cpu_peak_delta_bytes >= 0  # read: a number, not NaN
 

@@ -24,7 +24,7 @@ class ProfileRecord:
     name: str
     wall_s: float = NaN
     flops: float = NaN            # executed FLOPs (recomputation included): HFU
-    flops_source: str = "none"    # counted | cached | given | none
+    flops_source: str = "none"    # counted | cached | inert (runs no op: 0, no counter) | given | none
     model_flops: float = NaN      # FLOPs the model needs (no recomputation): MFU
     tflops: float = NaN           # executed FLOPs / wall_s; NaN when timed under the counter
     mfu: float = NaN

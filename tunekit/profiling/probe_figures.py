@@ -50,8 +50,9 @@ def fill_flops(probe, rec, exc, tracer, counted, tap=None) -> None:
         else:
             rec.notes.append("the block failed: FLOPs counted up to the failure")
     elif probe.inert and probe.mode != "never" and torch_if_loaded() is not None:
-        # what a counter reports for a block that runs no op (`_flops_of` of an empty count)
-        rec.flops_source, rec.mfu_convention = "counted", formulas.MFU_COUNTED
+        # what a counter reports for a block that runs no op (`_flops_of` of an empty count), known
+        # without one: "inert", so nothing reads the record as timed under a counter (core.slowed)
+        rec.flops_source, rec.mfu_convention = "inert", formulas.MFU_COUNTED
         rec.flops = rec.model_flops = rec.recompute_flops = 0.0
     elif probe.mode == "auto" and probe.key in FLOP_COUNTS and not probe.stale:
         c = FLOP_COUNTS[probe.key]
