@@ -249,6 +249,22 @@ def test_a_ctrl_c_in_held_observer_code_waits_for_it_then_stops_the_users_code()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_ctrl_c_tunekit_raises_says_it_is_the_users():
+    # its traceback ends in this module: the note says whose Ctrl-C it is and why it came there
+    with pytest.raises(KeyboardInterrupt) as held:
+        with interrupts.deferred_interrupt() as shield:
+            with shield.gate():
+                interrupts.held(lambda: signal.raise_signal(signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt) as at_once:
+        with interrupts.deferred_interrupt() as shield:
+            with shield.gate():
+                signal.raise_signal(signal.SIGINT)   # the user's code: raised where it landed
+    assert held.value.__notes__ == ["tunekit: your Ctrl-C, held until what tunekit measures was whole, "
+                                    "then raised here"]
+    assert at_once.value.__notes__ == ["tunekit: your Ctrl-C, raised at once by tunekit's handler, in the "
+                                       "frame above"]
+
+
 def test_a_ctrl_c_inside_the_counters_dispatch_leaves_no_mode_on_the_stack():
     # torch's counter pushes itself again around a decomposition (`with self:` in its dispatch
     # handler): a real Ctrl-C landing as that push returns used to leave it on the stack for good

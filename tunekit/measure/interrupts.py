@@ -130,7 +130,7 @@ class deferred_interrupt:
             if outer is not None and outer.active and not outer.open:
                 outer.pending = True   # the outer path raises it when it is consistent
             elif etype is None:
-                raise KeyboardInterrupt
+                raise _held()
         return False  # an exception of the block wins over a Ctrl-C that came meanwhile
 
     def _splice(self):
@@ -153,7 +153,7 @@ class deferred_interrupt:
             return
         if code not in _OPENERS and code is not None and code.co_filename.startswith(_TUNEKIT):
             self.open = False
-        raise KeyboardInterrupt
+        raise _held("raised at once by tunekit's handler, in the frame above")
 
     def gate(self) -> "_Gate":
         """Context manager: SIGINT raises at once inside (and a remembered one on entry)."""
@@ -171,7 +171,7 @@ class _Gate:
         s.open = True
         if _take_pending(s):  # a Ctrl-C from the set-up: raised before the user's code starts
             s.open = False
-            raise KeyboardInterrupt
+            raise _held()
 
     def __exit__(self, *exc):
         self.shield.open = False
@@ -203,13 +203,21 @@ def held(fn, *args, **kwargs):
         shield.open = True
         if shield.pending:  # the Ctrl-C wins: the user's code, which might catch `e`, must stop
             shield.open = shield.pending = False
-            raise KeyboardInterrupt from e
+            raise _held() from e
         raise
     shield.open = True
     if shield.pending:  # came while fn ran (one coming from here on raises by itself)
         shield.open = shield.pending = False
-        raise KeyboardInterrupt
+        raise _held()
     return out
+
+
+def _held(how: str = "held until what tunekit measures was whole, then raised here") -> KeyboardInterrupt:
+    """The KeyboardInterrupt of a Ctrl-C tunekit raises itself, saying so (its traceback ends in
+    this module, which would otherwise read as tunekit's own failure)."""
+    e = KeyboardInterrupt()
+    e.add_note(f"tunekit: your Ctrl-C, {how}")
+    return e
 
 
 def interrupt_pending() -> bool:
