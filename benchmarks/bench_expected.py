@@ -14,8 +14,20 @@ published tokens/s per GPU). Each is planned with the software it ran on:
   (scripts/train/yamls/pretrain/mpt-*.yaml) sets attn_impl: triton: llm-foundry's copy of
   HazyResearch's FlashAttention-1-era flash_attn_triton.py (attention_kernel "triton"). FSDP
   FULL_SHARD over the row's GPUs, 8 a node. "amp_bf16 DEFAULT": bf16 autocast on fp32 weights
-  (weights "fp32"); "bf16 PURE" (the A100 40GB table, the A100 80GB 70b rows): pure bf16 training
-  (weights "bf16"). MPT shapes from the yamls (d_model x heads x layers): 768x12x12 (125m),
+  (weights "fp32"). "bf16 PURE" (the A100 40GB table, the A100 80GB 70b rows) is autocast on fp32
+  weights too (weights "fp32"): Composer reads precision "bf16" as amp_bf16 (mosaicml/composer v0.13.1
+  composer/trainer/trainer.py, _get_backwards_compatible_precision) and FSDP mixed_precision "PURE" as
+  MixedPrecision(param_dtype, reduce_dtype, buffer_dtype all bf16) over the model's fp32 parameters
+  (composer/trainer/mosaic_fsdp.py, get_mixed_precision): fp32 master weights and AdamW states, bf16
+  gathers and bf16 reduce-scatters. tunekit reduces gradients in the weights' dtype, so these rows'
+  reduce-scatters are planned in fp32, twice their bytes (no Setting names a reduce dtype of its own).
+  These 17 rows are the ones commit b2a43a1 kept from its parent ("added back old numbers that I
+  didn't reproduce", its message: the A100 40GB table and the 70b rows are unchanged), which the
+  parent's sweep.sh ran on image mosaicml/pytorch:1.13.1_cu117 with mosaicml/examples at v0.0.4
+  (software "examples v0.0.4 2023"). That older stack is not what makes them differ: the parent's
+  A100 80GB table ran 57 of b2a43a1's A100 80GB configurations on it (bf16 PURE, torch 1.13.1), and
+  b2a43a1's throughput over the parent's is median 1.01 (0.80-1.16).
+  MPT shapes from the yamls (d_model x heads x layers): 768x12x12 (125m),
   1024x16x24 (350m), 1536x12x24 (760m), 2048x16x24 (1b), 2560x20x32 (3b), 4096x32x32 (7b),
   5120x40x40 (13b), 7168x56x48 (30b), 8192x64x80 (70b); vocab 50368, GELU MLP 4x, learned positions
   (the table's NumParams grow with the sequence), no biases.
@@ -72,7 +84,15 @@ sibling 1.07 and 1.13). Looked at, and why none of it is the answer:
   (global batch 16), the table's row reads 1 x 21 (global 168, from the run's log): it came from a
   submission the repository does not hold (its 4096 row matches sweep.sh's 1 x 21), so how it was run
   beyond the table's columns is not known.
+- a second run: the parent commit of b2a43a1 holds an earlier run of the same A100 configuration (1 x 21,
+  global batch 168, on torch 1.13.1 in bf16 PURE): 622 tokens/s/GPU at 8192 against 778 at 1 x 4096, 20%
+  less per token (b2a43a1's runs: 574 against 814, 29% less) on another software stack, so the table's
+  row is no one-off reading.
 So the row stays as published and planned, its error in the figures: a cost tunekit does not see.
+
+Matmul-bound H100 rows expected fast (13b 2 x 2048, 30b 3 x 2048): not the 2023 CUDA's matmuls. The
+MAMF table (stas00/ml-engineering compute/accelerator/README.md at 249778b, 2024-08-07) measured with
+CUDA 12.1, the runs' CUDA: H100 SXM 792.1, A100 SXM 267.9 TFLOPS, within 1.3% of today's 794.5 and 271.2.
 
     .venv/bin/python benchmarks/bench_expected.py          # the published runs
     .venv/bin/python benchmarks/bench_expected.py 30b H100 # only the runs whose label holds one of these
