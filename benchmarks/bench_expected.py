@@ -97,6 +97,7 @@ CUDA 12.1, the runs' CUDA: H100 SXM 792.1, A100 SXM 267.9 TFLOPS, within 1.3% of
     .venv/bin/python benchmarks/bench_expected.py          # the published runs
     .venv/bin/python benchmarks/bench_expected.py 30b H100 # only the runs whose label holds one of these
     .venv/bin/python benchmarks/bench_expected.py --cpu    # the Lab's GPT on this CPU, expected vs measured
+    .venv/bin/python benchmarks/bench_expected.py --summary OUT.txt   # the bias table of a saved run's output
 """
 import csv
 import statistics
@@ -104,8 +105,6 @@ import sys
 import time
 import warnings
 from pathlib import Path
-
-from transformers import LlamaConfig
 
 import tunekit
 from tunekit.planning import planner
@@ -134,6 +133,8 @@ def model(row):
                                  n_embd=row["d_model"], block_size=row["seq_len"], pos="learned", mlp="gelu",
                                  bias=False)
     if row["arch"] == "llama":
+        from transformers import LlamaConfig
+
         return LlamaConfig(vocab_size=row["vocab"], hidden_size=row["d_model"], intermediate_size=row["d_ff"],
                            num_hidden_layers=row["n_layers"], num_attention_heads=row["n_heads"],
                            num_key_value_heads=row["n_kv_heads"], max_position_embeddings=row["seq_len"])
@@ -157,7 +158,7 @@ def plans(row) -> list:
 
 def cpu_labs():
     """The two models item 3 names: the Lab's built-in GPT and a small transformers Llama (random init)."""
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     yield "Lab GPT", tunekit.Lab()
     cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
@@ -204,14 +205,63 @@ def shares(planned) -> list[float]:
     return [sum(r[3] for p in planned for r in p.expected.rows if r[1] == c) / step for c in SHOWN]
 
 
+def size_b(model_name: str) -> float:
+    """Billions of parameters from a model's name: "MPT-125m" 0.125, "Llama 3.1 8B" 8.0."""
+    word = model_name.split()[-1].split("-")[-1]
+    return float(word[:-1]) / (1000 if word[-1] in "mM" else 1)
+
+
+def group_keys(row) -> list[str]:
+    """The groups a run's bias is read by: its sequence band, its card, its model size band."""
+    seq, size = row["seq_len"], size_b(row["model"])
+    return ["seq " + ("<= 2048" if seq <= 2048 else "4096-8192" if seq <= 8192 else ">= 16384"),
+            "card " + row["device"],
+            "size " + ("< 1B" if size < 1 else "1-8B" if size <= 8 else ">= 13B")]
+
+
+# the bands in their order (a card's groups go alphabetically between them)
+BANDS = {"seq <= 2048": 0, "seq 4096-8192": 1, "seq >= 16384": 2, "size < 1B": 0, "size 1-8B": 1, "size >= 13B": 2}
+
+
+def bias_table(ratios: dict, runs) -> list[str]:
+    """One line per group of `group_keys`: how many runs, the median expected/published (its bias)
+    and the median |error|; ``ratios`` maps a run's label to its expected/published."""
+    by: dict = {}
+    for row in runs:
+        if row["label"] in ratios:
+            for key in group_keys(row):
+                by.setdefault(key, []).append(ratios[row["label"]])
+    lines = [f"{'group':<24}{'runs':>5}{'median exp/pub':>16}{'median |error|':>16}"]
+    for key in sorted(by, key=lambda k: (("seq", "card", "size").index(k.split()[0]), BANDS.get(k, 0), k)):
+        got = by[key]
+        lines.append(f"{key:<24}{len(got):>5}{statistics.median(got):>16.2f}"
+                     f"{statistics.median(abs(x - 1) for x in got):>16.1%}")
+    return lines
+
+
+def read_ratios(path) -> dict:
+    """expected/published by label, from a saved output of this bench (its rows' exp/pub column)."""
+    labels = {r["label"] for r in read_runs()}
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        # label (52 columns), software (20), then published, expected ("none" where no plan had one), exp/pub
+        label, fields = line[:52].rstrip(), line[72:].split()
+        if label in labels and len(fields) > 2 and fields[1] != "none":
+            out[label] = float(fields[2])
+    return out
+
+
 def main():
     t_all = time.perf_counter()
     if "--cpu" in sys.argv:
         cpu_rows()
         return
+    if "--summary" in sys.argv:       # the bias table of a saved output, planning nothing
+        print("\n".join(bias_table(read_ratios(sys.argv[sys.argv.index("--summary") + 1]), read_runs())))
+        return
     print(f"{'run':<52}{'software':<20}{'published':>11}{'expected':>11}{'exp/pub':>9}{'plan s':>8}{'peak/mem':>9}  "
           + " ".join(f"{c:>6}" for c in SHOWN.values()) + "  (share of the expected step)", flush=True)
-    errors = []
+    errors, ratios = [], {}
     # The bench reads plan.expected, which times the step as asked. The advice a plan searches for
     # when that step is over the card's memory (combinations of changes, each another fake step:
     # minutes a plan on a busy 2-core machine) does not enter it, so this run does not search (set
@@ -232,9 +282,11 @@ def main():
         expected = planned[0].tokens / statistics.mean(p.expected.step_s for p in planned)
         ratio = expected / tps
         errors.append((abs(ratio - 1), label))
+        ratios[label] = ratio
         fill = planned[0].total_bytes / planned[0].device_memory_bytes   # what the plan holds over the card
         print(f"{label:<52}{era:<20}{tps:>11,}{expected:>11,.0f}{ratio:>9.2f}{took:>8.1f}{fill:>9.2f}  "
               + " ".join(f"{x:>6.0%}" for x in shares(planned)), flush=True)
+    print("\n" + "\n".join(bias_table(ratios, read_runs())))
     errs = sorted(x for x, _ in errors)
     worst = max(errors)
     print(f"\n{len(errors)} runs: median |error| {statistics.median(errs):.1%}, worst {worst[0]:.1%} ({worst[1]}); "
