@@ -15,8 +15,10 @@ published tokens/s per GPU). Each is planned with the software it ran on:
   HazyResearch's FlashAttention-1-era flash_attn_triton.py (attention_kernel "triton"). FSDP
   FULL_SHARD over the row's GPUs, 8 a node. "amp_bf16 DEFAULT": bf16 autocast on fp32 weights
   (weights "fp32"). "bf16 PURE" (the A100 40GB table, the A100 80GB 70b rows) is autocast on fp32
-  weights too (weights "fp32"): Composer reads precision "bf16" as amp_bf16 (mosaicml/composer v0.13.1
-  composer/trainer/trainer.py, _get_backwards_compatible_precision) and FSDP mixed_precision "PURE" as
+  weights too (weights "fp32"): Composer (mosaicml==0.13.4, pinned by mosaicml/examples v0.0.4
+  examples/llm/requirements.txt with torch 1.13.1 and triton 2.0.0.dev20221202) reads precision "bf16"
+  as amp_bf16 (mosaicml/composer v0.13.4 composer/trainer/trainer.py,
+  _get_backwards_compatible_precision) and FSDP mixed_precision "PURE" as
   MixedPrecision(param_dtype, reduce_dtype, buffer_dtype all bf16) over the model's fp32 parameters
   (composer/trainer/mosaic_fsdp.py, get_mixed_precision): fp32 master weights and AdamW states, bf16
   gathers and bf16 reduce-scatters. tunekit reduces gradients in the weights' dtype, so these rows'

@@ -69,7 +69,7 @@ def test_mpt_shapes_are_llm_foundrys():
         assert r["attention_kernel"] == "triton"                  # every MPT yaml's attn_impl
         # both are bf16 autocast on fp32 weights: Composer reads precision "bf16" as amp_bf16, and FSDP's
         # "PURE" sets MixedPrecision(param/reduce/buffer dtype bf16) over the fp32 parameters
-        # (mosaicml/composer v0.13.1 trainer.py and mosaic_fsdp.py; bench_expected.py's docstring)
+        # (mosaicml/composer v0.13.4 trainer.py and mosaic_fsdp.py; bench_expected.py's docstring)
         assert r["weights"] == "fp32" and r["precision"] == "bf16", r["label"]
         # the "bf16 PURE" rows are the ones b2a43a1 kept from its parent, run on torch 1.13.1 with
         # mosaicml/examples v0.0.4 (the parent's sweep.sh); the rest on llm-foundry v0.3.0, torch 2.1
