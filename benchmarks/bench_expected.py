@@ -242,14 +242,15 @@ def bias_table(ratios: dict, runs) -> list[str]:
 
 
 def read_ratios(path) -> dict:
-    """expected/published by label, from a saved output of this bench (its rows' exp/pub column)."""
+    """expected/published by label, from a saved output of this bench (its rows' published and expected
+    columns: the exp/pub column is rounded to 2 digits)."""
     labels = {r["label"] for r in read_runs()}
     out = {}
     for line in Path(path).read_text().splitlines():
         # label (52 columns), software (20), then published, expected ("none" where no plan had one), exp/pub
         label, fields = line[:52].rstrip(), line[72:].split()
         if label in labels and len(fields) > 2 and fields[1] != "none":
-            out[label] = float(fields[2])
+            out[label] = float(fields[1].replace(",", "")) / float(fields[0].replace(",", ""))
     return out
 
 
