@@ -14,8 +14,22 @@ published tokens/s per GPU). Each is planned with the software it ran on:
   (scripts/train/yamls/pretrain/mpt-*.yaml) sets attn_impl: triton: llm-foundry's copy of
   HazyResearch's FlashAttention-1-era flash_attn_triton.py (attention_kernel "triton"). FSDP
   FULL_SHARD over the row's GPUs, 8 a node. "amp_bf16 DEFAULT": bf16 autocast on fp32 weights
-  (weights "fp32"); "bf16 PURE" (the A100 40GB table, the A100 80GB 70b rows): pure bf16 training
-  (weights "bf16"). MPT shapes from the yamls (d_model x heads x layers): 768x12x12 (125m),
+  (weights "fp32"). "bf16 PURE" (the A100 40GB table, the A100 80GB 70b rows) is autocast on fp32
+  weights too (weights "fp32"): Composer (mosaicml==0.13.4, pinned by mosaicml/examples v0.0.4
+  examples/llm/requirements.txt with torch 1.13.1 and triton 2.0.0.dev20221202) reads precision "bf16"
+  as amp_bf16 (mosaicml/composer v0.13.4 composer/trainer/trainer.py,
+  _get_backwards_compatible_precision) and FSDP mixed_precision "PURE" as
+  MixedPrecision(param_dtype, reduce_dtype, buffer_dtype all bf16) over the model's fp32 parameters
+  (composer/trainer/mosaic_fsdp.py, get_mixed_precision): fp32 master weights and AdamW states, bf16
+  gathers and bf16 reduce-scatters. tunekit reduces gradients in the weights' dtype, so these rows'
+  reduce-scatters are planned in fp32, twice their bytes (no Setting names a reduce dtype of its own).
+  These 17 rows are the ones commit b2a43a1 kept from its parent ("added back old numbers that I
+  didn't reproduce", its message: the A100 40GB table and the 70b rows are unchanged), which the
+  parent's sweep.sh ran on image mosaicml/pytorch:1.13.1_cu117 with mosaicml/examples at v0.0.4
+  (software "examples v0.0.4 2023"). That older stack is not what makes them differ: the parent's
+  A100 80GB table ran 57 of b2a43a1's A100 80GB configurations on it (bf16 PURE, torch 1.13.1), and
+  b2a43a1's throughput over the parent's is median 1.01 (0.80-1.16).
+  MPT shapes from the yamls (d_model x heads x layers): 768x12x12 (125m),
   1024x16x24 (350m), 1536x12x24 (760m), 2048x16x24 (1b), 2560x20x32 (3b), 4096x32x32 (7b),
   5120x40x40 (13b), 7168x56x48 (30b), 8192x64x80 (70b); vocab 50368, GELU MLP 4x, learned positions
   (the table's NumParams grow with the sequence), no biases.
@@ -72,11 +86,20 @@ sibling 1.07 and 1.13). Looked at, and why none of it is the answer:
   (global batch 16), the table's row reads 1 x 21 (global 168, from the run's log): it came from a
   submission the repository does not hold (its 4096 row matches sweep.sh's 1 x 21), so how it was run
   beyond the table's columns is not known.
+- a second run: the parent commit of b2a43a1 holds an earlier run of the same A100 configuration (1 x 21,
+  global batch 168, on torch 1.13.1 in bf16 PURE): 622 tokens/s/GPU at 8192 against 778 at 1 x 4096, 20%
+  less per token (b2a43a1's runs: 574 against 814, 29% less) on another software stack, so the table's
+  row is no one-off reading.
 So the row stays as published and planned, its error in the figures: a cost tunekit does not see.
+
+Matmul-bound H100 rows expected fast (13b 2 x 2048, 30b 3 x 2048): not the 2023 CUDA's matmuls. The
+MAMF table (stas00/ml-engineering compute/accelerator/README.md at 249778b, 2024-08-07) measured with
+CUDA 12.1, the runs' CUDA: H100 SXM 792.1, A100 SXM 267.9 TFLOPS, within 1.3% of today's 794.5 and 271.2.
 
     .venv/bin/python benchmarks/bench_expected.py          # the published runs
     .venv/bin/python benchmarks/bench_expected.py 30b H100 # only the runs whose label holds one of these
     .venv/bin/python benchmarks/bench_expected.py --cpu    # the Lab's GPT on this CPU, expected vs measured
+    .venv/bin/python benchmarks/bench_expected.py --summary OUT.txt   # the bias table of a saved run's output
 """
 import csv
 import statistics
@@ -84,8 +107,6 @@ import sys
 import time
 import warnings
 from pathlib import Path
-
-from transformers import LlamaConfig
 
 import tunekit
 from tunekit.planning import planner
@@ -114,6 +135,8 @@ def model(row):
                                  n_embd=row["d_model"], block_size=row["seq_len"], pos="learned", mlp="gelu",
                                  bias=False)
     if row["arch"] == "llama":
+        from transformers import LlamaConfig
+
         return LlamaConfig(vocab_size=row["vocab"], hidden_size=row["d_model"], intermediate_size=row["d_ff"],
                            num_hidden_layers=row["n_layers"], num_attention_heads=row["n_heads"],
                            num_key_value_heads=row["n_kv_heads"], max_position_embeddings=row["seq_len"])
@@ -137,7 +160,7 @@ def plans(row) -> list:
 
 def cpu_labs():
     """The two models item 3 names: the Lab's built-in GPT and a small transformers Llama (random init)."""
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     yield "Lab GPT", tunekit.Lab()
     cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
@@ -184,14 +207,64 @@ def shares(planned) -> list[float]:
     return [sum(r[3] for p in planned for r in p.expected.rows if r[1] == c) / step for c in SHOWN]
 
 
+def size_b(model_name: str) -> float:
+    """Billions of parameters from a model's name: "MPT-125m" 0.125, "Llama 3.1 8B" 8.0."""
+    word = model_name.split()[-1].split("-")[-1]
+    return float(word[:-1]) / (1000 if word[-1] in "mM" else 1)
+
+
+def group_keys(row) -> list[str]:
+    """The groups a run's bias is read by: its sequence band, its card, its model size band."""
+    seq, size = row["seq_len"], size_b(row["model"])
+    return ["seq " + ("<= 2048" if seq <= 2048 else "4096-8192" if seq <= 8192 else ">= 16384"),
+            "card " + row["device"],
+            "size " + ("< 1B" if size < 1 else "1-8B" if size <= 8 else ">= 13B")]
+
+
+# the bands in their order (a card's groups go alphabetically between them)
+BANDS = {"seq <= 2048": 0, "seq 4096-8192": 1, "seq >= 16384": 2, "size < 1B": 0, "size 1-8B": 1, "size >= 13B": 2}
+
+
+def bias_table(ratios: dict, runs) -> list[str]:
+    """One line per group of `group_keys`: how many runs, the median expected/published (its bias)
+    and the median |error|; ``ratios`` maps a run's label to its expected/published."""
+    by: dict = {}
+    for row in runs:
+        if row["label"] in ratios:
+            for key in group_keys(row):
+                by.setdefault(key, []).append(ratios[row["label"]])
+    lines = [f"{'group':<24}{'runs':>5}{'median exp/pub':>16}{'median |error|':>16}"]
+    for key in sorted(by, key=lambda k: (("seq", "card", "size").index(k.split()[0]), BANDS.get(k, 0), k)):
+        got = by[key]
+        lines.append(f"{key:<24}{len(got):>5}{statistics.median(got):>16.2f}"
+                     f"{statistics.median(abs(x - 1) for x in got):>16.1%}")
+    return lines
+
+
+def read_ratios(path) -> dict:
+    """expected/published by label, from a saved output of this bench (its rows' published and expected
+    columns: the exp/pub column is rounded to 2 digits)."""
+    labels = {r["label"] for r in read_runs()}
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        # label (52 columns), software (20), then published, expected ("none" where no plan had one), exp/pub
+        label, fields = line[:52].rstrip(), line[72:].split()
+        if label in labels and len(fields) > 2 and fields[1] != "none":
+            out[label] = float(fields[1].replace(",", "")) / float(fields[0].replace(",", ""))
+    return out
+
+
 def main():
     t_all = time.perf_counter()
     if "--cpu" in sys.argv:
         cpu_rows()
         return
+    if "--summary" in sys.argv:       # the bias table of a saved output, planning nothing
+        print("\n".join(bias_table(read_ratios(sys.argv[sys.argv.index("--summary") + 1]), read_runs())))
+        return
     print(f"{'run':<52}{'software':<20}{'published':>11}{'expected':>11}{'exp/pub':>9}{'plan s':>8}{'peak/mem':>9}  "
           + " ".join(f"{c:>6}" for c in SHOWN.values()) + "  (share of the expected step)", flush=True)
-    errors = []
+    errors, ratios = [], {}
     # The bench reads plan.expected, which times the step as asked. The advice a plan searches for
     # when that step is over the card's memory (combinations of changes, each another fake step:
     # minutes a plan on a busy 2-core machine) does not enter it, so this run does not search (set
@@ -212,9 +285,11 @@ def main():
         expected = planned[0].tokens / statistics.mean(p.expected.step_s for p in planned)
         ratio = expected / tps
         errors.append((abs(ratio - 1), label))
+        ratios[label] = ratio
         fill = planned[0].total_bytes / planned[0].device_memory_bytes   # what the plan holds over the card
         print(f"{label:<52}{era:<20}{tps:>11,}{expected:>11,.0f}{ratio:>9.2f}{took:>8.1f}{fill:>9.2f}  "
               + " ".join(f"{x:>6.0%}" for x in shares(planned)), flush=True)
+    print("\n" + "\n".join(bias_table(ratios, read_runs())))
     errs = sorted(x for x, _ in errors)
     worst = max(errors)
     print(f"\n{len(errors)} runs: median |error| {statistics.median(errs):.1%}, worst {worst[0]:.1%} ({worst[1]}); "
