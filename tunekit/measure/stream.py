@@ -12,9 +12,11 @@ rate no step's forward sees. The sizes run from cache-resident to beyond the las
 Ops that read a tensor written long before are swept twice more: after the last-level cache was
 flushed (``cold``) and after only a core's L2 was (``warm``), the cache sizes as sysfs lists them.
 
-Every figure is the fastest of repeated trials (measure.trials; the compute figures over warm rounds,
-measure.step_compute, whose matmul trials write into buffers faulted in before them, so their time
-does not follow the allocator's history).
+Every figure is the fastest of repeated trials, taken round-robin over all of them (measure.trials
+`interleaved`: each round runs every figure's trial in turn, so a figure's trials are spread over the
+whole calibration rather than taken back to back in one window of a machine whose slow spells last
+seconds); the compute figures' matmul trials (measure.step_compute) write into buffers faulted in
+before them, so their time does not follow the allocator's history.
 Measured once per machine, torch and thread count (the cache key), cached as JSON beside the MAMF
 cache (core.paths.cache_dir) and read from it ever after, whatever the load: a plan is a function of
 its setting, its device and this record. Measured again only on request (``measure_stream(refresh=True)``)
@@ -43,14 +45,16 @@ from tunekit.measure.step_compute import (  # noqa: F401 (MATMUL_SIZES: as befor
     compute_trials,
     shape_figures,
 )
-from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, rounds  # noqa: F401 (MAX_TRIES, fastest: as before)
+from tunekit.measure.trials import MAX_TRIES, TRIES, Trial, best_s, built, fastest, interleaved  # noqa: F401 (as before)
 
 SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
 WARM_SIZES = SIZES[:4]   # the L2-evicted sweep's: up to 4 MiB an operand (its chain's saved tensors fit an L3)
 CHAIN = 50
-VERSION = 14   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
+VERSION = 15   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
 # 11: matmul outputs in buffers faulted in before the trials; 14: a linear layer's matmul shapes and the
-# L2-evicted sweep; 12 and 13 were drafts of 14 on one machine): an entry of another version is measured again
+# L2-evicted sweep; 12 and 13 were drafts of 14 on one machine; 15: every figure's trials interleaved over
+# the whole calibration, each the fastest of 8-12 rounds): an entry of another version is measured again
+TINY_PER_ROUND = 3   # timed trials a round of a figure of microseconds (op, view, module, checkpoint)
 
 
 @dataclass
@@ -136,8 +140,9 @@ def measure_stream(refresh: bool = False) -> Stream:
     meter = ConditionsMeter().start()
     t0 = time.perf_counter()
     kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
-    sweep, cold, warm, best_op, view_s, module_s, checkpoint_s = _host_figures()
-    best = rounds(compute_trials(kinds))
+    host = _host_trials()
+    best = interleaved({**host, **{k: Trial(t, warm=True) for k, t in compute_trials(kinds).items()}})
+    sweep, cold, warm, best_op, view_s, module_s, checkpoint_s = host_figures(best)
     matmuls, attention, gelu = compute_figures(best, kinds)
     new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
                  checkpoint_s=checkpoint_s, attention=attention, gelu=gelu, torch_version=torch.__version__,
@@ -149,26 +154,73 @@ def measure_stream(refresh: bool = False) -> Stream:
     return new
 
 
-def _host_figures() -> tuple:
-    """(sweep, cold, warm, op_s, view_s, module_s, checkpoint_s) of a record: the bandwidth sweeps and
-    the host's times, measured in this order. ``warm``: the cold sweep's multiplies with only a
-    core's L2 flushed (`WARM_SIZES`, whose saved tensors the last-level cache can hold), as a step's op
-    reads a tensor a few ops back; none where sysfs lists no L2."""
+def _host_trials() -> dict:
+    """The trials of a record's host figures, by name (`Trial`s for `trials.interleaved`), in the
+    order a round takes them: the kept-output sweep (("sweep", bytes)), the cold one (("cold", bytes))
+    and the L2-evicted one (("warm", bytes)), then the op chain, the view chain, the module calls
+    and the checkpoint's six (("checkpoint", k, kind)). `host_figures` makes the figures of their
+    fastest seconds.
+
+    ``cold``: the sweep's multiplies reading tensors written before the last-level cache was flushed;
+    ``warm``: the same with only a core's L2 flushed (`WARM_SIZES`, whose saved tensors the last-level
+    cache can hold), as a step's op reads a tensor a few ops back; none where sysfs lists no L2. Their
+    saved tensors are slices of one pool (`_saved_pool`), so all sizes' trials live at once in 256 MiB."""
     import torch
 
-    # each multiply reads two tensors of n bytes and writes one: 3n bytes moved
-    sweep = [(3 * n, 3 * n / _kept_op_s(n) / 1e12) for n in SIZES]
+    trials = {("sweep", n): built(_kept_trial, n) for n in SIZES}
+    pool = built(_saved_pool)
     flush = torch.empty(_flush_bytes() // 4)
-    cold = [(3 * n, 3 * n / _cold_op_s(n, flush) / 1e12) for n in SIZES]
+    trials.update({("cold", n): built(_cold_trial, n, flush, pool) for n in SIZES})
     levels = cache_levels()
     l2, l3 = levels.get(2), max(levels.values(), default=None)
-    flush = torch.empty(4 * l2 // 4) if l2 else None   # 4 x L2: out of a core's L2, well within the L3
-    # the saved tensors a quarter of the L3 at most (their outputs as much again): read from it, not memory
-    warm = [(3 * n, 3 * n / _cold_op_s(n, flush, ops=max(2, min(50, l3 // 4 // n))) / 1e12)
-            for n in WARM_SIZES] if l2 and l3 and l3 > 4 * l2 else []
-    del flush
-    # a training step's op is recorded by autograd and run again as a backward formula: time a
-    # chain of CHAIN one-element multiplies forward and back (2 x CHAIN + 1 ops)
+    if l2 and l3 and l3 > 4 * l2:
+        l2_flush = torch.empty(4 * l2 // 4)   # 4 x L2: out of a core's L2, well within the L3
+        # the saved tensors a quarter of the L3 at most (their outputs as much again): read from it, not memory
+        # warm: an untimed trial first brings the saved tensors into the L3 (another figure's trial ran before)
+        trials.update({("warm", n): built(_cold_trial, n, l2_flush, pool, ops=max(2, min(50, l3 // 4 // n)),
+                                          warm=True) for n in WARM_SIZES})
+    trials["op"] = built(_tiny, _op_chain(), 2 * CHAIN + 1)
+    trials["view"] = built(_tiny, _view_chain(), 2 * CHAIN)
+    trials["module"] = built(_tiny, _module_chain(), CHAIN)
+    trials.update(built(_checkpoint_trials))
+    return trials
+
+
+def host_figures(best: dict) -> tuple:
+    """(sweep, cold, warm, op_s, view_s, module_s, checkpoint_s) of a record from its host trials'
+    fastest seconds (``best``, by `_host_trials`' names): each multiply reads two tensors of n bytes
+    and writes one, 3n bytes moved per op; the checkpoint's own time per segment at k = 1 and k = 20
+    one-element multiplies (checkpointed less plain less the recompute's forward, over CHECKPOINT_BLOCKS
+    segments), solved for its cost per segment and per tensor it saves."""
+    def sweep_of(what):
+        return [(3 * n, 3 * n / best[what, n] / 1e12) for n in SIZES if (what, n) in best]
+
+    def per_segment(k):
+        return (best["checkpoint", k, "checkpointed"] - best["checkpoint", k, "plain"]
+                - best["checkpoint", k, "forward"]) / CHECKPOINT_BLOCKS
+
+    one, twenty = per_segment(1), per_segment(20)
+    per_tensor = max(0.0, (twenty - one) / 19)
+    return (sweep_of("sweep"), sweep_of("cold"), sweep_of("warm"), best["op"], best["view"], best["module"],
+            (max(0.0, one - per_tensor), per_tensor))
+
+
+def _tiny(fn, per: int) -> Trial:
+    """A figure of microseconds: ``fn``'s seconds over ``per``, `TINY_PER_ROUND` a round, warm."""
+    def run():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) / per
+
+    fn()
+    return Trial(run, TINY_PER_ROUND, warm=True)
+
+
+def _op_chain():
+    """A training step's op, recorded by autograd and run again as a backward formula: a chain of
+    CHAIN one-element multiplies forward and back (2 x CHAIN + 1 ops)."""
+    import torch
+
     x = torch.ones(1, requires_grad=True)
 
     def chain():
@@ -177,14 +229,13 @@ def _host_figures() -> tuple:
             y = y * 1.0001
         y.backward()
 
-    best_op = best_s(chain, 20) / (2 * CHAIN + 1)
-    return sweep, cold, warm, best_op, _view_s(), _module_s(), _checkpoint_s()
+    return chain
 
 
-def _kept_op_s(nbytes: int, tries: int = TRIES) -> float:
-    """Seconds of one multiply of two fp32 tensors of ``nbytes`` whose output autograd keeps for
-    the backward: the forward of a chain of them (50, fewer past 4 MiB: at most 256 MiB kept), the
-    fastest of ``tries`` or more (`fastest`), each followed by the backward that frees the chain."""
+def _kept_trial(nbytes: int) -> Trial:
+    """One multiply of two fp32 tensors of ``nbytes`` whose output autograd keeps for the backward:
+    the forward of a chain of them (50, fewer past 4 MiB: at most 256 MiB kept), per op, each trial
+    followed by the backward that frees the chain (untimed); warm, as its trials back to back were."""
     import torch
 
     n, ops = nbytes // 4, max(2, min(50, 2**28 // nbytes))
@@ -199,10 +250,10 @@ def _kept_op_s(nbytes: int, tries: int = TRIES) -> float:
         t = time.perf_counter() - t0
         y.sum().backward()
         x.grad = w.grad = None
-        return t
+        return t / ops
 
     forward_s()
-    return fastest(forward_s, tries) / ops
+    return Trial(forward_s, warm=True)
 
 
 def cache_bytes() -> int | None:
@@ -235,16 +286,24 @@ def _flush_bytes() -> int:
     return min(max(4 * (cache_bytes() or 32 * 2**20), 64 * 2**20), 512 * 2**20)
 
 
-def _cold_op_s(nbytes: int, flush, tries: int = TRIES, ops: int | None = None) -> float:
-    """Seconds of one multiply as a backward runs it: a chain (its running tensor in cache, like
-    the gradient) times tensors written before the cache was flushed (like the activations the
-    forward saved), every output kept; the fastest of ``tries`` or more (`fastest`). ``ops``: the
-    chain's length (None: 50, fewer past 4 MiB: at most 256 MiB saved)."""
+def _saved_pool():
+    """256 MiB of fp32 1.0001: the saved tensors of every `_cold_trial` are slices of it (a chain's
+    at most 2^28 bytes), contiguous and 64 KiB-aligned as tensors of their own would be."""
+    import torch
+
+    return torch.full((2**28 // 4,), 1.0001)
+
+
+def _cold_trial(nbytes: int, flush, pool, ops: int | None = None, warm: bool = False) -> Trial:
+    """One multiply as a backward runs it: a chain (its running tensor in cache, like the gradient)
+    times tensors written before ``flush`` was written (like the activations the forward saved; their
+    ``ops`` slices of ``pool``: None, 50, fewer past 4 MiB, at most 256 MiB), every output kept; per op.
+    ``warm``: each timed trial after an untimed one (`Trial`)."""
     import torch
 
     n, ops = nbytes // 4, ops or max(2, min(50, 2**28 // nbytes))
     x = torch.ones(n, requires_grad=True)
-    saved = [torch.full((n,), 1.0001) for _ in range(ops)]
+    saved = [pool[i * n:(i + 1) * n] for i in range(ops)]
 
     def trial():
         flush.fill_(0.0)
@@ -255,16 +314,16 @@ def _cold_op_s(nbytes: int, flush, tries: int = TRIES, ops: int | None = None) -
             kept.append(y)
         t = time.perf_counter() - t0
         del kept, y
-        return t
+        return t / ops
 
     trial()   # a warm-up
-    return fastest(trial, tries) / ops
+    return Trial(trial, warm=warm)
 
 
-def _view_s() -> float:
-    """Seconds of one view op (a reshape that moves no data, as a model's ``view``, ``transpose``
-    and slices): a chain of CHAIN views of a tensor that needs a gradient, and the backward that
-    runs each one's view of the gradient (2 x CHAIN dispatches), per dispatch, the fastest of 20 or more."""
+def _view_chain():
+    """A chain of CHAIN views (a reshape that moves no data, as a model's ``view``, ``transpose`` and
+    slices) of a tensor that needs a gradient, and the backward that runs each one's view of the
+    gradient: 2 x CHAIN dispatches."""
     import torch
 
     x = torch.ones(4, 8, requires_grad=True)
@@ -275,12 +334,12 @@ def _view_s() -> float:
             y = y.view(32) if i % 2 == 0 else y.view(4, 8)
         y.sum().backward()
 
-    return best_s(chain, 20) / (2 * CHAIN)
+    return chain
 
 
-def _module_s() -> float:
-    """Seconds of one ``nn.Module`` call around its forward: CHAIN modules whose forward returns
-    its input, called in turn, per call, the fastest of 20 or more."""
+def _module_chain():
+    """CHAIN ``nn.Module`` calls whose forward returns its input, in turn: each call's own time
+    around its forward."""
     import torch
 
     class Same(torch.nn.Module):
@@ -294,49 +353,50 @@ def _module_s() -> float:
         for m in mods:
             y = m(y)
 
-    return best_s(chain, 20) / CHAIN
+    return chain
 
 
-def _checkpoint_s(blocks: int = 20) -> tuple:
-    """(seconds per segment, per saved tensor) of torch's non-reentrant checkpoint beyond the ops
-    it recomputes: ``blocks`` segments of k one-element multiplies (each saves one tensor), forward
-    and backward, checkpointed less plain less the recompute (their forward), per segment, at k = 1
-    and k = 20, solved for the two costs; the fastest of 20 or more each."""
+CHECKPOINT_BLOCKS = 20
+
+
+def _checkpoint_trials() -> dict:
+    """torch's non-reentrant checkpoint's own time, as trials: CHECKPOINT_BLOCKS segments of k
+    one-element multiplies (each saves one tensor), at k = 1 and k = 20, each run three ways
+    (("checkpoint", k, kind)): checkpointed forward and backward, plain forward and backward, and
+    the plain forward alone (what the checkpoint recomputes); `host_figures` solves for the costs."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
     w = torch.full((1,), 1.0001)
-
-    def per_segment(k: int) -> float:
+    trials = {}
+    for k in (1, 20):
         x = torch.ones(1, requires_grad=True)
 
-        def block(y):
+        def block(y, k=k):
             for _ in range(k):
                 y = y * w
             return y
 
-        def plain():
+        def checkpointed(x=x, block=block):
             y = x
-            for _ in range(blocks):
-                y = block(y)
-            y.sum().backward()
-
-        def checkpointed():
-            y = x
-            for _ in range(blocks):
+            for _ in range(CHECKPOINT_BLOCKS):
                 y = checkpoint(block, y, use_reentrant=False)
             y.sum().backward()
 
-        def forward():
+        def plain(x=x, block=block):
             y = x
-            for _ in range(blocks):
+            for _ in range(CHECKPOINT_BLOCKS):
+                y = block(y)
+            y.sum().backward()
+
+        def forward(x=x, block=block):
+            y = x
+            for _ in range(CHECKPOINT_BLOCKS):
                 y = block(y)
 
-        return (best_s(checkpointed, 20) - best_s(plain, 20) - best_s(forward, 20)) / blocks
-
-    one, twenty = per_segment(1), per_segment(20)
-    per_tensor = max(0.0, (twenty - one) / 19)
-    return max(0.0, one - per_tensor), per_tensor
+        for kind, fn in (("checkpointed", checkpointed), ("plain", plain), ("forward", forward)):
+            trials["checkpoint", k, kind] = _tiny(fn, 1)
+    return trials
 
 
 def figures(entry: dict) -> dict:
