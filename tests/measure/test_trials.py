@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tunekit.measure import step_compute, stream, trials
+from tunekit.measure import step_compute, step_host, stream, trials
 
 
 @pytest.fixture(autouse=True)
@@ -227,32 +227,32 @@ def test_a_tiny_trial_is_its_seconds_over_its_count_warmed_up_once(monkeypatch):
         ran.append(1)
         clock[0] += 0.0101
 
-    monkeypatch.setattr(stream.time, "perf_counter", lambda: clock[0])
-    t = stream._tiny(fn, 101)
+    monkeypatch.setattr(step_host.time, "perf_counter", lambda: clock[0])
+    t = step_host._tiny(fn, 101)
     assert len(ran) == 1   # warmed up once as it is made
-    assert (t.per_round, t.warm) == (stream.TINY_PER_ROUND, True)
+    assert (t.per_round, t.warm) == (step_host.TINY_PER_ROUND, True)
     assert t.run() == pytest.approx(1e-4)   # 0.0101 s over 101 ops
 
 
 def test_host_figures_from_the_fastest_seconds():
-    best = {("sweep", n): 1e-4 for n in stream.SIZES}
-    best.update({("cold", n): 2e-4 for n in stream.SIZES})
-    best.update({("warm", n): 4e-4 for n in stream.WARM_SIZES})
+    best = {("sweep", n): 1e-4 for n in step_host.SIZES}
+    best.update({("cold", n): 2e-4 for n in step_host.SIZES})
+    best.update({("warm", n): 4e-4 for n in step_host.WARM_SIZES})
     best.update(op=4e-6, view=2e-6, module=1e-6)
     best.update({("checkpoint", 1, "checkpointed"): 0.004, ("checkpoint", 1, "plain"): 0.002,
                  ("checkpoint", 1, "forward"): 0.001, ("checkpoint", 20, "checkpointed"): 0.03,
                  ("checkpoint", 20, "plain"): 0.02, ("checkpoint", 20, "forward"): 0.0062})
-    sweep, cold, warm, op_s, view_s, module_s, (segment, tensor) = stream.host_figures(best)
+    sweep, cold, warm, op_s, view_s, module_s, (segment, tensor) = step_host.host_figures(best)
     # 64 KiB: 3 x 65536 bytes moved in 1e-4 s = 1.96608 GB/s = 0.00196608 TB/s; cold in 2e-4 s: half
     assert sweep[0] == (3 * 65536, pytest.approx(0.00196608)) and cold[0] == (3 * 65536, pytest.approx(0.00098304))
-    assert [m for m, _ in sweep] == [3 * n for n in stream.SIZES] and len(warm) == len(stream.WARM_SIZES)
+    assert [m for m, _ in sweep] == [3 * n for n in step_host.SIZES] and len(warm) == len(step_host.WARM_SIZES)
     assert warm[0] == (3 * 65536, pytest.approx(0.00049152))   # in 4e-4 s
     assert (op_s, view_s, module_s) == (4e-6, 2e-6, 1e-6)
     # per segment at k=1: (0.004 - 0.002 - 0.001) / 20 = 5e-5; at k=20: (0.03 - 0.02 - 0.0062) / 20 = 1.9e-4;
     # per tensor (1.9e-4 - 5e-5) / 19 = 7.3684e-6; per segment 5e-5 - 7.3684e-6 = 4.2632e-5
     assert tensor == pytest.approx(1.4e-4 / 19) and segment == pytest.approx(5e-5 - 1.4e-4 / 19)
     # no L2-evicted sweep where sysfs lists no L2 (its trials absent): none
-    assert stream.host_figures({k: v for k, v in best.items() if k[0] != "warm"})[2] == []
+    assert step_host.host_figures({k: v for k, v in best.items() if k[0] != "warm"})[2] == []
 
 
 def test_the_cold_trials_saved_tensors_are_slices_of_one_pool(monkeypatch):
@@ -260,8 +260,8 @@ def test_the_cold_trials_saved_tensors_are_slices_of_one_pool(monkeypatch):
 
     pool = torch.full((2**16,), 1.0001)
     flush = torch.empty(16)
-    t = stream._cold_trial(2**14, flush, pool, ops=3)   # 4096 floats a tensor, 3 of them
-    assert t.warm is False and stream._cold_trial(2**14, flush, pool, ops=2, warm=True).warm is True
+    t = step_host._cold_trial(2**14, flush, pool, ops=3)   # 4096 floats a tensor, 3 of them
+    assert t.warm is False and step_host._cold_trial(2**14, flush, pool, ops=2, warm=True).warm is True
     saved = t.run.__closure__   # the trial's saved list: slices at 0, 4096 and 8192 floats of the pool
     (lst,) = [c.cell_contents for c in saved if isinstance(c.cell_contents, list)]
     assert [s.data_ptr() - pool.data_ptr() for s in lst] == [0, 4 * 4096, 8 * 4096]

@@ -193,12 +193,16 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     cal = Calibration(device=name, dtype=dtype, tflops=top, best_shape=(m, k, n), sweep=sweep,
                       seconds=seconds, torch_version=torch.__version__, threads=torch.get_num_threads(),
                       taken_at=time.time(), layout=layout, conditions=meter.stop(seconds),
-                      priority=level() if dev.type == "cpu" else NORMAL,
-                      wait_policy=policy() if dev.type == "cpu" else None)
+                      **_cpu_conditions(dev.type == "cpu"))
     if sizes is None:
         _store(key, cal)
         _remeasured.add(key)  # this process's one measurement: a busy one is not re-done at once
     return cal
+
+
+def _cpu_conditions(cpu: bool) -> dict:
+    """A calibration's fields only a CPU's has: the priority its trials ran at, libgomp's wait policy."""
+    return dict(priority=level(), wait_policy=policy()) if cpu else dict(priority=NORMAL, wait_policy=None)
 
 
 def _store(key: str, cal: Calibration) -> None:
