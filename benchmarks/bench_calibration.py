@@ -132,7 +132,8 @@ def with_group(base: dict, other: dict, group: str) -> dict:
     return {**base, "stream.json": json.dumps(b)}
 
 
-GROUPS = ("sweep", "cold", "op_s", "view_s", "module_s", "checkpoint_s", "gelu", "attention", "matmuls", "mamf")
+GROUPS = ("sweep", "cold", "warm", "op_s", "view_s", "module_s", "checkpoint_s", "gelu", "attention", "matmuls",
+          "shapes", "mamf")
 
 
 def mamf_figures(text: str) -> dict:
