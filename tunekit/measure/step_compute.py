@@ -15,6 +15,10 @@ wait, a state of the process. On the 2-vCPU VM (2026-12-06) 64-cube fp32 matmuls
 GOMP_SPINCOUNT=1000 gave 0.069-0.076 in every try and 300000 0.033-0.041 (libgomp reads it as
 torch loads, so a running process cannot pin it). The calibration that caught the fast state had
 its one-thread host figures (op_s, view_s) 1.6x slower and a 256 KiB multiply 3x slower.
+Interleaving every figure's trials over the calibration (`trials.interleaved`) does not reach it: the
+state holds for a whole process (one calibration's 64-cube trials were 0.071 TFLOPS at their fastest
+and within 1.5x of it in all 8 rounds over ~30 s; others' 0.031-0.033 throughout), and short processes
+took 0.028-0.033 under the default and 0.051-0.071 under GOMP_SPINCOUNT=1000 (2026-12-06, load ~5).
 """
 from __future__ import annotations
 
