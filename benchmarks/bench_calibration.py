@@ -26,6 +26,19 @@ does the pairs under each, alternated within each run, and prints each policy's 
 spread of its caches and each cache's 64-cube fp32 matmul figure side by side:
 
     .venv/bin/python benchmarks/bench_calibration.py --runs 3 --policy default --policy OMP_WAIT_POLICY=PASSIVE
+
+Before and after a change of the calibration (``--against DIR``: another checkout, e.g. ``git worktree
+add /tmp/base main``): each run does the pair with this checkout's code and with DIR's, alternated,
+side by side under the same load, and prints each one's pairs, spread and calibration seconds.
+
+A constant factor (the host's speed that day) moves every setting's step alike: the summary prints
+each setting's step over the first's (fp32) per cache, whose spread over the caches says whether the
+settings' ratios still agree where the steps do not. ``--spread`` prints each cache's figures over the
+first cache's: their median ratio (the common factor) and how far the figures stray from it.
+
+For the integrator, at a quiet moment (nothing else running):
+
+    .venv/bin/python benchmarks/bench_calibration.py --runs 3 --against /tmp/base
 """
 import argparse
 import json
@@ -119,7 +132,8 @@ def with_group(base: dict, other: dict, group: str) -> dict:
     return {**base, "stream.json": json.dumps(b)}
 
 
-GROUPS = ("sweep", "cold", "op_s", "view_s", "module_s", "checkpoint_s", "gelu", "attention", "matmuls", "mamf")
+GROUPS = ("sweep", "cold", "warm", "op_s", "view_s", "module_s", "checkpoint_s", "gelu", "attention", "matmuls",
+          "shapes", "mamf")
 
 
 def mamf_figures(text: str) -> dict:
@@ -154,6 +168,7 @@ def show_spread(n: int) -> None:
     for k, r in ratio.items():
         vals = [f[k] for f in figs]
         print(f"{k:<26}{min(vals):>12.4g}{max(vals):>12.4g}{r:>9.3f}{'  <-' if r > 1.05 else ''}")
+    common_factor(figs)
     print(f"\n{first!r}'s expected step with one figure group from each cache, the rest from cache 1:")
     print(f"{'group':<16}{'min ms':>9}{'max ms':>9}{'max/min':>9}")
     for g in GROUPS:
@@ -169,6 +184,23 @@ def show_spread(n: int) -> None:
             print(f"{c:<16}{min(v) * 1e3:>9.2f}{max(v) * 1e3:>9.2f}{spread(v):>9.3f}")
 
 
+def common_factor(figs: list) -> None:
+    """Each cache's figures over cache 1's (a rate's ratio, a time's inverse: above 1 is faster): their
+    median (what one factor, the host's speed then, would move every figure by), how many lie within 5%
+    of it, and the three farthest from it."""
+    import statistics
+
+    print("\neach cache's figures over cache 1's, as speeds (a time's ratio inverted):")
+    for i, f in enumerate(figs[1:], 2):
+        r = {k: (f[k] / figs[0][k]) ** (-1 if k.endswith("_s") or "_s " in k else 1)
+             for k in f if k in figs[0] and figs[0][k] > 0 and f[k] > 0}
+        m = statistics.median(r.values())
+        off = sorted(r, key=lambda k: -abs(r[k] / m - 1))
+        near = sum(abs(v / m - 1) <= 0.05 for v in r.values())
+        print(f"cache {i}: median {m:.3f}; {near} of {len(r)} figures within 5% of it; farthest: "
+              + ", ".join(f"{k} {r[k]:.3f}" for k in off[:3]))
+
+
 def policy_env(chosen: str | None) -> dict:
     """The environment of a child calibrating under ``chosen`` (``"default"``: neither variable set;
     ``"NAME=VALUE ..."``; None: this process's environment)."""
@@ -180,9 +212,10 @@ def policy_env(chosen: str | None) -> dict:
     return env
 
 
-def calibrated(load: bool, chosen: str | None = None) -> dict:
-    env = dict(policy_env(chosen), TUNEKIT_CACHE=tempfile.mkdtemp(prefix="tunekit-cal-"), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, __file__, "--child"]
+def calibrated(load: bool, chosen: str | None = None, root: Path = ROOT) -> dict:
+    """A fresh cache calibrated in a child running ``root``'s checkout (its own bench's ``--child``)."""
+    env = dict(policy_env(chosen), TUNEKIT_CACHE=tempfile.mkdtemp(prefix="tunekit-cal-"), PYTHONPATH=str(root))
+    cmd = [sys.executable, str(root / "benchmarks" / "bench_calibration.py"), "--child"]
     if load:
         sys.path.insert(0, str(ROOT / "tools"))
         from busy import busy
@@ -202,6 +235,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, metavar="R", help="R pairs, alternating which goes first")
     ap.add_argument("--policy", action="append", metavar="P", help="libgomp wait policy of the children: "
                     "'default' or 'NAME=VALUE' (repeat to compare; default: the shell's environment)")
+    ap.add_argument("--against", metavar="DIR", help="another checkout (the code before a change): "
+                    "each run does its pair too, alternated with this checkout's")
     ap.add_argument("--spread", type=int, metavar="N", help="N fresh caches in a row, as the machine is: "
                     "which figures vary, and how far each moves the expected step")
     args = ap.parse_args()
@@ -211,16 +246,18 @@ def main() -> None:
         return record_child()
     if args.spread:
         return show_spread(args.spread)
-    policies = args.policy or [None]
-    every = {}
+    roots = [ROOT] + ([Path(args.against).resolve()] if args.against else [])
+    variants = [(chosen, root) for root in roots for chosen in (args.policy or [None])]
+    every: dict = {}
     for run in range(args.runs):
         busy_first = args.busy_first != (run % 2 == 1)   # alternate which goes first
-        for chosen in (policies if run % 2 == 0 else policies[::-1]):   # and which policy
+        for chosen, root in (variants if run % 2 == 0 else variants[::-1]):   # and which policy, checkout
             got = {}
             for load in ((True, False) if busy_first else (False, True)):
-                got[load] = calibrated(load, chosen)
+                got[load] = calibrated(load, chosen, root)
                 where = 'beside busy.py --cores 2' if load else 'as the machine is'
-                print(f"run {run + 1} [{got[load]['policy']}] {where:<26} "
+                label = f"{got[load]['policy']}{'' if root == ROOT else ' @' + str(root)}"
+                print(f"run {run + 1} [{label}] {where:<26} "
                       f"calibrated in {got[load]['seconds']:.0f} s at {time.strftime('%H:%M UTC', time.gmtime())}; "
                       f"64-cube fp32 matmul {got[load]['matmul64']:.3f} TFLOPS", flush=True)
                 for what, v in got[load]["verdicts"].items():
@@ -229,18 +266,34 @@ def main() -> None:
             for k in SETTINGS:
                 a, b = got[False]["steps"][k], got[True]["steps"][k]
                 print(f"{k:<24}{a * 1e3:>10.2f}{b * 1e3:>10.2f}{b / a:>12.3f}")
-                every.setdefault(got[False]["policy"], {}).setdefault(k, []).extend((a, b))
-            every[got[False]["policy"]].setdefault("pairs", []).append(
-                got[True]["steps"][next(iter(SETTINGS))] / got[False]["steps"][next(iter(SETTINGS))])
+            mine = every.setdefault(label, {"caches": [], "pairs": [], "seconds": []})
+            mine["caches"] += [got[False]["steps"], got[True]["steps"]]
+            mine["seconds"] += [got[False]["seconds"], got[True]["seconds"]]
+            mine["pairs"].append(got[True]["steps"][next(iter(SETTINGS))] / got[False]["steps"][next(iter(SETTINGS))])
             print()
+    for label, mine in every.items():
+        summary(label, mine)
+
+
+def summary(label: str, mine: dict) -> None:
+    """One checkout and policy's pairs, its caches' spread of each setting's step, and of each
+    setting's step over the first setting's (what a constant factor between caches leaves equal)."""
     from tunekit.measure.trials import spread
 
-    for pol, steps in every.items():
-        pairs = " ".join(f"{r:.3f}" for r in steps.pop("pairs"))
-        print(f"[{pol}] {len(pairs.split())} pair(s), busy/as is of {next(iter(SETTINGS))!r}: {pairs}")
-        print(f"[{pol}] all {2 * args.runs} caches (busy and as is): expected step max/min")
-        for k, v in steps.items():
-            print(f"{k:<24}{min(v) * 1e3:>10.2f}{max(v) * 1e3:>10.2f}{spread(v):>12.3f}")
+    first = next(iter(SETTINGS))
+    caches, secs = mine["caches"], mine["seconds"]
+    print(f"[{label}] {len(mine['pairs'])} pair(s), busy/as is of {first!r}: "
+          + " ".join(f"{r:.3f}" for r in mine["pairs"]))
+    print(f"[{label}] calibration seconds (stream + MAMF), as is and busy in turn: "
+          + " ".join(f"{x:.0f}" for x in secs))
+    print(f"[{label}] all {len(caches)} caches (busy and as is): expected step max/min")
+    for k in SETTINGS:
+        v = [c[k] for c in caches]
+        print(f"{k:<24}{min(v) * 1e3:>10.2f}{max(v) * 1e3:>10.2f}{spread(v):>12.3f}")
+    print(f"[{label}] each setting's step over {first!r}'s, per cache: max/min over the {len(caches)} caches")
+    for k in list(SETTINGS)[1:]:
+        v = [c[k] / c[first] for c in caches]
+        print(f"{k + ' / fp32':<24}{min(v):>10.3f}{max(v):>10.3f}{spread(v):>12.3f}")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,13 @@ def cost(repeats: int) -> None:
     import torch
 
     from tunekit.measure import step_compute
-    from tunekit.measure.stream import SIZES, WARM_SIZES, _cold_op_s, _flush_bytes, cache_levels
-    from tunekit.measure.trials import rounds
+    from tunekit.measure.step_host import SIZES, WARM_SIZES, _cold_trial, _flush_bytes, _saved_pool, cache_levels
+    from tunekit.measure.trials import fastest, rounds
+
+    def _cold_op_s(n, flush, ops=None):   # the sweep's figure alone: its trials back to back
+        return fastest(_cold_trial(n, flush, pool, ops).run)
+
+    pool = _saved_pool()
 
     kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
     print(f"calibration's compute trials, with and without the shape sweep ({load()})")
@@ -45,7 +50,7 @@ def cost(repeats: int) -> None:
         l2, l3 = levels.get(2), max(levels.values(), default=None)
         t0 = time.perf_counter()
         if l2 and l3:
-            flush = torch.empty(l2)   # as measure.stream._host_figures: 4 x L2 bytes, the saved tensors <= L3 / 4
+            flush = torch.empty(l2)   # as measure.step_host.host_trials: 4 x L2 bytes, the saved tensors <= L3 / 4
             for n in WARM_SIZES:
                 _cold_op_s(n, flush, ops=max(2, min(50, l3 // 4 // n)))
         warm_s = time.perf_counter() - t0

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tunekit.measure import step_compute, stream, trials
+from tunekit.measure import step_compute, step_host, stream, trials
 
 
 @pytest.fixture(autouse=True)
@@ -133,3 +133,136 @@ def test_shape_trials_run_a_linear_layers_three_matmuls_into_buffers_made_before
         ptrs = [o.data_ptr() for o in outs]
         run()
         assert [o.data_ptr() for o in outs] == ptrs   # in place: nothing allocated in a trial
+
+
+def _scripted(name, returns, calls):
+    """A fake trial: each call logs ``name`` and returns the next of ``returns`` (its 'seconds')."""
+    it = iter(returns)
+
+    def run():
+        calls.append(name)
+        return next(it)
+
+    return run
+
+
+def test_a_round_runs_every_trial_in_turn_each_per_round_times_warm_ones_after_an_untimed_call():
+    calls = []
+    got = trials.interleaved({
+        "a": trials.Trial(_scripted("a", [3.0, 1.0], calls)),
+        # warm, 2 a round: untimed, timed, untimed, timed; an untimed call's 0.0 must never count
+        "b": trials.Trial(_scripted("b", [0.0, 5.0, 0.0, 4.0, 0.0, 6.0, 0.0, 7.0], calls), per_round=2, warm=True),
+        "c": trials.Trial(_scripted("c", [2.0, 2.5], calls)),
+    }, least=2, most=2)
+    assert trials.schedule({"a": trials.Trial(None), "b": trials.Trial(None, per_round=2)}) == ["a", "b", "b"]
+    # round 1 then round 2, the same order: a, b (untimed, timed) x 2, c
+    assert calls == ["a", "b", "b", "b", "b", "c"] * 2
+    # a: min(3, 1) = 1 from round 2; b: timed 5, 4 (round 1), 6, 7 (round 2): 4; c: min(2, 2.5) = 2
+    assert got == {"a": 1.0, "b": 4.0, "c": 2.0}
+
+
+def test_interleaved_keeps_every_timed_seconds_in_order_and_the_fastest_wins_whichever_round():
+    calls, times = [], {}
+    got = trials.interleaved({"a": trials.Trial(_scripted("a", [0.9, 0.5, 0.7, 0.6], calls)),
+                              "b": trials.Trial(_scripted("b", [0.2, 0.3, 0.1, 0.4], calls))},
+                             least=4, most=4, times=times)
+    assert times == {"a": [0.9, 0.5, 0.7, 0.6], "b": [0.2, 0.3, 0.1, 0.4]}
+    assert got == {"a": 0.5, "b": 0.1}   # a's fastest in round 2, b's in round 3
+    assert calls == ["a", "b"] * 4
+
+
+def test_interleaved_goes_on_while_a_round_makes_the_figures_1_percent_faster():
+    calls = []
+    # round 1: inf -> 10, 1.0 faster; round 2: 10 -> 9, 10% (>= 1%: on, though `least` = 2 is done);
+    # round 3: 9 -> 8.95, 0.56% < 1%: stop after 3 rounds (the 4th return is never asked for)
+    got = trials.interleaved({"a": trials.Trial(_scripted("a", [10.0, 9.0, 8.95, 1.0], calls))}, least=2, most=6)
+    assert got == {"a": 8.95} and len(calls) == 3
+    # never slower, never 1% faster after round 1: `least` rounds exactly
+    calls.clear()
+    assert trials.interleaved({"a": trials.Trial(_scripted("a", [1.0] * 9, calls))}, least=3, most=6) == {"a": 1.0}
+    assert len(calls) == 3
+    # always 10% faster: `most` stops it
+    calls.clear()
+    got = trials.interleaved({"a": trials.Trial(_scripted("a", [0.9 ** i for i in range(9)], calls))}, least=1, most=4)
+    assert len(calls) == 4 and got == {"a": pytest.approx(0.9 ** 3)}
+
+
+def test_a_round_averages_the_figures_gains_so_one_slow_figure_does_not_decide():
+    calls = []
+    # round 2: a 1.0 -> 0.95 (5%), b 1.0 -> 1.0 (0%), c, d the same: mean 1.25% -> on; round 3: a 0.95 ->
+    # 0.945 (0.53%), the rest 0%: mean 0.13% -> stop after 3 rounds. With 0.97 in round 2 instead (3%: a mean of
+    # 0.75%), round 2 is the last
+    a = _scripted("a", [1.0, 0.95, 0.945, 0.1], calls)
+    same = {k: trials.Trial(_scripted(k, [1.0] * 4, calls)) for k in "bcd"}
+    got = trials.interleaved({"a": trials.Trial(a), **same}, least=2, most=6)
+    assert got == {"a": 0.945, "b": 1.0, "c": 1.0, "d": 1.0} and calls == ["a", "b", "c", "d"] * 3
+    calls.clear()
+    a = _scripted("a", [1.0, 0.97, 0.5], calls)
+    same = {k: trials.Trial(_scripted(k, [1.0] * 4, calls)) for k in "bcd"}
+    assert trials.interleaved({"a": trials.Trial(a), **same}, least=2, most=6)["a"] == 0.97
+    assert calls == ["a", "b", "c", "d"] * 2
+
+
+def test_each_timed_trial_runs_ahead_of_the_load_with_its_untimed_one(monkeypatch):
+    log = []
+
+    @contextlib.contextmanager
+    def ahead():
+        log.append("raise")
+        yield "realtime"
+        log.append("lower")
+
+    monkeypatch.setattr(trials, "ahead", ahead)
+    trials.interleaved({"w": trials.Trial(_scripted("w", [0.0, 1.0], log), warm=True),
+                        "c": trials.Trial(_scripted("c", [2.0], log))}, least=1, most=1)
+    assert log == ["raise", "w", "w", "lower", "raise", "c", "lower"]
+    assert trials.built(lambda x, y=1: log.append("made") or x + y, 2, y=3) == 5
+    assert log[-3:] == ["raise", "made", "lower"]   # a trial's setup ahead of the load too
+
+
+def test_a_tiny_trial_is_its_seconds_over_its_count_warmed_up_once(monkeypatch):
+    clock, ran = [100.0], []
+
+    def fn():   # 0.0101 s on the fake clock per call
+        ran.append(1)
+        clock[0] += 0.0101
+
+    monkeypatch.setattr(step_host.time, "perf_counter", lambda: clock[0])
+    t = step_host._tiny(fn, 101)
+    assert len(ran) == 1   # warmed up once as it is made
+    assert (t.per_round, t.warm) == (step_host.TINY_PER_ROUND, True)
+    assert t.run() == pytest.approx(1e-4)   # 0.0101 s over 101 ops
+
+
+def test_host_figures_from_the_fastest_seconds():
+    best = {("sweep", n): 1e-4 for n in step_host.SIZES}
+    best.update({("cold", n): 2e-4 for n in step_host.SIZES})
+    best.update({("warm", n): 4e-4 for n in step_host.WARM_SIZES})
+    best.update(op=4e-6, view=2e-6, module=1e-6)
+    best.update({("checkpoint", 1, "checkpointed"): 0.004, ("checkpoint", 1, "plain"): 0.002,
+                 ("checkpoint", 1, "forward"): 0.001, ("checkpoint", 20, "checkpointed"): 0.03,
+                 ("checkpoint", 20, "plain"): 0.02, ("checkpoint", 20, "forward"): 0.0062})
+    sweep, cold, warm, op_s, view_s, module_s, (segment, tensor) = step_host.host_figures(best)
+    # 64 KiB: 3 x 65536 bytes moved in 1e-4 s = 1.96608 GB/s = 0.00196608 TB/s; cold in 2e-4 s: half
+    assert sweep[0] == (3 * 65536, pytest.approx(0.00196608)) and cold[0] == (3 * 65536, pytest.approx(0.00098304))
+    assert [m for m, _ in sweep] == [3 * n for n in step_host.SIZES] and len(warm) == len(step_host.WARM_SIZES)
+    assert warm[0] == (3 * 65536, pytest.approx(0.00049152))   # in 4e-4 s
+    assert (op_s, view_s, module_s) == (4e-6, 2e-6, 1e-6)
+    # per segment at k=1: (0.004 - 0.002 - 0.001) / 20 = 5e-5; at k=20: (0.03 - 0.02 - 0.0062) / 20 = 1.9e-4;
+    # per tensor (1.9e-4 - 5e-5) / 19 = 7.3684e-6; per segment 5e-5 - 7.3684e-6 = 4.2632e-5
+    assert tensor == pytest.approx(1.4e-4 / 19) and segment == pytest.approx(5e-5 - 1.4e-4 / 19)
+    # no L2-evicted sweep where sysfs lists no L2 (its trials absent): none
+    assert step_host.host_figures({k: v for k, v in best.items() if k[0] != "warm"})[2] == []
+
+
+def test_the_cold_trials_saved_tensors_are_slices_of_one_pool(monkeypatch):
+    import torch
+
+    pool = torch.full((2**16,), 1.0001)
+    flush = torch.empty(16)
+    t = step_host._cold_trial(2**14, flush, pool, ops=3)   # 4096 floats a tensor, 3 of them
+    assert t.warm is False and step_host._cold_trial(2**14, flush, pool, ops=2, warm=True).warm is True
+    saved = t.run.__closure__   # the trial's saved list: slices at 0, 4096 and 8192 floats of the pool
+    (lst,) = [c.cell_contents for c in saved if isinstance(c.cell_contents, list)]
+    assert [s.data_ptr() - pool.data_ptr() for s in lst] == [0, 4 * 4096, 8 * 4096]
+    assert all(s.numel() == 4096 for s in lst)

@@ -1,5 +1,6 @@
 """The calibration cache: MAMF calibrations as JSON in ``$TUNEKIT_CACHE/mamf.json`` (or
-``~/.cache/tunekit``), one entry per device, dtype, torch version and thread count. Reading
+``~/.cache/tunekit``), one entry per device, dtype, torch version, thread count and, on a CPU,
+libgomp's wait policy (measure.conditions_gomp; as the stream record's key has it). Reading
 trusts only entries exactly as `tunekit.measure.peaks.calibrate` writes them; writing is atomic.
 Measurement layer.
 """
@@ -39,6 +40,7 @@ class Calibration:
     conditions: Conditions | None = None  # what else used the machine during the sweep (None: older cache)
     raised: str | None = None  # a re-check's faster matmul replaced the swept peak: from what, when
     priority: str = "normal"   # what its CPU trials ran at (measure.priority): "realtime" ones are load-proof
+    wait_policy: str | None = None   # a CPU's libgomp wait policy as its trials ran (None: a GPU's, or older)
 
     @property
     def verdict(self) -> str:
@@ -50,9 +52,16 @@ def cache_path() -> Path:
     return paths.cache_dir() / "mamf.json"
 
 
-def entry_key(name: str, dtype: str, torch_version: str, threads: int) -> str:
-    """The key of a calibration: device name, dtype, torch version and thread count."""
-    return f"{name}|{dtype}|torch {torch_version}|{threads} threads"
+def entry_key(name: str, dtype: str, torch_version: str, threads: int, wait_policy: str | None = None) -> str:
+    """The key of a calibration: device name, dtype, torch version, thread count and, for a CPU's,
+    libgomp's wait policy (a CPU's matmuls on a few threads run at another speed under another policy,
+    so a sweep taken under one is never read under another; None: a GPU's, no policy in the key).
+
+    >>> entry_key("EPYC", "fp32", "2.13.0", 2, "default")
+    'EPYC|fp32|torch 2.13.0|2 threads|omp default'
+    """
+    base = f"{name}|{dtype}|torch {torch_version}|{threads} threads"
+    return base if wait_policy is None else f"{base}|omp {wait_policy}"
 
 
 # the fields an entry must have; later ones have defaults, so older cache files still load
@@ -115,6 +124,9 @@ def is_calibration(key, v) -> bool:
         return False
     if not (v.get("raised") is None or isinstance(v["raised"], str)):
         return False
+    policy = v.get("wait_policy")
+    if not (policy is None or isinstance(policy, str)):
+        return False
 
     def num(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf")
@@ -128,7 +140,15 @@ def is_calibration(key, v) -> bool:
             and num(v["taken_at"]) and isinstance(v["best_shape"], list) and len(v["best_shape"]) == 3
             and all(count(n) for n in v["best_shape"]) and isinstance(v["sweep"], list)
             and all(isinstance(r, list) and len(r) == 4 and all(num(x) for x in r) for r in v["sweep"])
-            and key == entry_key(v["device"], v["dtype"], v["torch_version"], v["threads"]))
+            and _own_key(key, entry_key(v["device"], v["dtype"], v["torch_version"], v["threads"]), policy))
+
+
+def _own_key(key: str, base: str, policy: str | None) -> bool:
+    """Whether ``key`` is an entry's own: its policy's key where it records one (as calibrate writes
+    it); else (a GPU's, or an entry from before the policy was recorded) ``base`` or any policy's."""
+    if policy is not None:
+        return key == f"{base}|omp {policy}"
+    return key == base or key.startswith(f"{base}|omp ")
 
 
 def save(data: dict) -> None:

@@ -3,7 +3,8 @@
 MAMF (maximum achievable matmul FLOPS) is the best TFLOPS a short sweep of large matmuls reaches
 on this device and dtype. It is what "100%" can honestly mean on a CPU or an unlisted GPU.
 Calibrations are cached as JSON (``$TUNEKIT_CACHE`` or ``~/.cache/tunekit``) per device, dtype,
-torch version and thread count, so the sweep runs once.
+torch version, thread count and, on a CPU, libgomp's wait policy (measure.conditions_gomp), so the
+sweep runs once.
 
 A calibration is never trusted when it was taken on a busy machine (the sweep runs inside a
 `ConditionsMeter`): a process that finds one cached measures again, once, and the faster of the
@@ -27,6 +28,7 @@ from tunekit.core.units import is_missing
 from tunekit.core.validate import choice, flag, real, whole
 from tunekit.measure import mamf_cache
 from tunekit.measure.conditions import ConditionsMeter
+from tunekit.measure.conditions_gomp import policy
 from tunekit.measure.device import default_device, existing_device, torch_dtype
 from tunekit.measure.mamf_cache import Calibration
 from tunekit.measure.priority import NORMAL, ahead, level
@@ -94,10 +96,18 @@ def _is_torch_device_str(s: str) -> bool:
     return head in ("cpu", "cuda", "mps", "xpu", "meta")
 
 
-def _cache_key(name: str, dtype: str) -> str:
+def _cache_key(name: str, dtype: str, cpu: bool = True) -> str:
+    """The cache key of ``name``'s ``dtype`` calibration in this process: a CPU's (``cpu``) holds the
+    wait policy its libgomp runs under, as the stream record's key does."""
     import torch
 
-    return mamf_cache.entry_key(name, dtype, torch.__version__, torch.get_num_threads())
+    return mamf_cache.entry_key(name, dtype, torch.__version__, torch.get_num_threads(), policy() if cpu else None)
+
+
+def _key_of(device, dtype: str) -> str:
+    """`_cache_key` of a torch device (None: the default one)."""
+    dev = _device(device)
+    return _cache_key(device_name(dev), dtype, dev.type == "cpu")
 
 
 CALIBRATION_BUDGET_S = 4.0   # a sweep stops growing the matmul beyond this (slow dtypes on CPU)
@@ -132,7 +142,7 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
             raise ValueError("sizes must name at least one matrix size, got []")
     dev = _device(device)
     name = device_name(dev)
-    key = _cache_key(name, dtype)
+    key = _cache_key(name, dtype, dev.type == "cpu")
     cache = mamf_cache.load()
     if key in cache and not force and sizes is None:
         return mamf_cache.from_entry(cache[key])
@@ -183,11 +193,16 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     cal = Calibration(device=name, dtype=dtype, tflops=top, best_shape=(m, k, n), sweep=sweep,
                       seconds=seconds, torch_version=torch.__version__, threads=torch.get_num_threads(),
                       taken_at=time.time(), layout=layout, conditions=meter.stop(seconds),
-                      priority=level() if dev.type == "cpu" else NORMAL)
+                      **_cpu_conditions(dev.type == "cpu"))
     if sizes is None:
         _store(key, cal)
         _remeasured.add(key)  # this process's one measurement: a busy one is not re-done at once
     return cal
+
+
+def _cpu_conditions(cpu: bool) -> dict:
+    """A calibration's fields only a CPU's has: the priority its trials ran at, libgomp's wait policy."""
+    return dict(priority=level(), wait_policy=policy()) if cpu else dict(priority=NORMAL, wait_policy=None)
 
 
 def _store(key: str, cal: Calibration) -> None:
@@ -204,7 +219,7 @@ def _store(key: str, cal: Calibration) -> None:
 
 def cached_calibration(device=None, dtype: str = "fp32") -> Calibration | None:
     """The cached MAMF for this device and dtype, or None (never measures)."""
-    c = mamf_cache.load().get(_cache_key(device_name(device), dtype))
+    c = mamf_cache.load().get(_key_of(device, dtype))
     return None if c is None else mamf_cache.from_entry(c)
 
 
@@ -248,7 +263,7 @@ def _resolve(device, dtype, allow_calibration) -> Peak:
     value, why = specs.spec_peak(name, dtype)
     if value is not None:
         return Peak(value, why, "spec")
-    cal, redone, key = cached_calibration(device, dtype), "", _cache_key(name, dtype)
+    cal, redone, key = cached_calibration(device, dtype), "", _key_of(device, dtype)
     if cal is not None and allow_calibration and key not in _remeasured:
         distrust = _distrust(cal)
         if distrust:  # once per process: a machine that stays busy must not cost a sweep per cell
@@ -301,8 +316,7 @@ def recheck_peak(device=None, dtype: str = "fp32") -> tuple[Peak | None, str]:
     too low: it replaces the cached one. Returns (the calibrated peak now, what was found)."""
     import torch
 
-    name = device_name(device)
-    key, cal = _cache_key(name, dtype), cached_calibration(device, dtype)
+    key, cal = _key_of(device, dtype), cached_calibration(device, dtype)
     if cal is None:
         return None, "no cached calibration to re-check"
     if key in _rechecked:

@@ -19,10 +19,14 @@ left fresh calibrations as far apart and the steps 1.13x slower (benchmarks/RESU
 tunekit sets no wait policy; the stream record holds the one its trials ran under and its cache
 is keyed by it (measure.conditions_gomp). The calibration that caught the fast state had its
 one-thread host figures (op_s, view_s) 1.6x slower and a 256 KiB multiply 3x slower.
+Interleaving every figure's trials over the calibration (`trials.interleaved`) does not reach it: the
+state holds for a whole process (one calibration's 64-cube trials were 0.071 TFLOPS at their fastest
+and within 1.5x of it in all 8 rounds over ~30 s; others' 0.031-0.033 throughout), and short processes
+took 0.028-0.033 under the default and 0.051-0.071 under GOMP_SPINCOUNT=1000 (2026-12-06, load ~5).
 """
 from __future__ import annotations
 
-from tunekit.measure.trials import timed
+from tunekit.measure.trials import built, timed
 
 MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
 COPIES_CAP = 16   # a matmul figure's operand copies at most (`_matmul_trials`)
@@ -109,16 +113,16 @@ def compute_trials(kinds) -> dict:
     """The trials of a record's compute figures, for ``kinds`` ((name, torch dtype), ...), by name:
     every matmul size and layout (("mm", dtype, n, layout)), the tall-skinny shapes of SHAPE_KINDS
     (("shape", dtype, layout, long, wide)), SDPA (("attention", dtype)) and GELU (("gelu", dtype)),
-    in the order `rounds` takes them."""
+    in the order `trials.interleaved` takes them, each made ahead of the machine's other work (`trials.built`)."""
     trials = {}
     for d, dt in kinds:
         for n in MATMUL_SIZES:
-            trials.update({("mm", d, n, i): t for i, t in enumerate(_matmul_trials(n, dt))})
+            trials.update({("mm", d, n, i): t for i, t in enumerate(built(_matmul_trials, n, dt))})
         for long in SHAPE_LONG if d in SHAPE_KINDS else ():
             for wide in SHAPE_WIDE:
-                trials.update({("shape", d, k, long, wide): t for k, t in _shape_trials(long, wide, dt).items()})
-        trials["attention", d] = timed(_attention_run(dt))
-        trials["gelu", d] = timed(_gelu_run(dt))
+                trials.update({("shape", d, k, long, wide): t for k, t in built(_shape_trials, long, wide, dt).items()})
+        trials["attention", d] = built(lambda dt=dt: timed(_attention_run(dt)))
+        trials["gelu", d] = built(lambda dt=dt: timed(_gelu_run(dt)))
     return trials
 
 
@@ -135,8 +139,8 @@ def shape_figures(best: dict) -> dict:
 
 def compute_figures(best: dict, kinds) -> tuple:
     """(matmuls, attention, gelu) of a record from each compute trial's fastest seconds (``best``, by
-    `compute_trials`' names), taken in warm rounds in turn (`trials.rounds`), so each figure is
-    the fastest over the whole span, not over one burst (issue 39: these figures moved a quiet
+    `compute_trials`' names), taken round-robin with the host's (`trials.interleaved`), so each figure
+    is the fastest over the whole calibration, not over one burst (issue 39: these figures moved a quiet
     calibration's expected step most, by bench_calibration.py --spread)."""
     matmuls = {d: [(n, 2 * n**3 * 3 / sum(best["mm", d, n, i] for i in range(3)) / 1e12) for n in MATMUL_SIZES]
                for d, _ in kinds}

@@ -12,9 +12,11 @@ rate no step's forward sees. The sizes run from cache-resident to beyond the las
 Ops that read a tensor written long before are swept twice more: after the last-level cache was
 flushed (``cold``) and after only a core's L2 was (``warm``), the cache sizes as sysfs lists them.
 
-Every figure is the fastest of repeated trials (measure.trials; the compute figures over warm rounds,
-measure.step_compute, whose matmul trials write into buffers faulted in before them, so their time
-does not follow the allocator's history).
+Every figure is the fastest of repeated trials, taken round-robin over all of them (measure.trials
+`interleaved`: each round runs every figure's trial in turn, so a figure's trials are spread over the
+whole calibration rather than taken back to back in one window of a machine whose slow spells last
+seconds); the compute figures' matmul trials (measure.step_compute) write into buffers faulted in
+before them, so their time does not follow the allocator's history.
 Measured once per machine, torch and thread count (the cache key), cached as JSON beside the MAMF
 cache (core.paths.cache_dir) and read from it ever after, whatever the load: a plan is a function of
 its setting, its device and this record. Measured again only on request (``measure_stream(refresh=True)``)
@@ -43,14 +45,22 @@ from tunekit.measure.step_compute import (  # noqa: F401 (MATMUL_SIZES: as befor
     compute_trials,
     shape_figures,
 )
-from tunekit.measure.trials import MAX_TRIES, TRIES, best_s, fastest, rounds  # noqa: F401 (MAX_TRIES, fastest: as before)
+from tunekit.measure.step_host import (  # noqa: F401 (SIZES .. cache_levels: as before)
+    CHAIN,
+    SIZES,
+    TINY_PER_ROUND,
+    WARM_SIZES,
+    cache_bytes,
+    cache_levels,
+    host_figures,
+    host_trials,
+)
+from tunekit.measure.trials import MAX_TRIES, TRIES, Trial, best_s, fastest, interleaved  # noqa: F401 (as before)
 
-SIZES = (2**16, 2**18, 2**20, 2**22, 2**24, 2**26)   # bytes copied: 64 KiB .. 64 MiB
-WARM_SIZES = SIZES[:4]   # the L2-evicted sweep's: up to 4 MiB an operand (its chain's saved tensors fit an L3)
-CHAIN = 50
-VERSION = 14   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
+VERSION = 15   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
 # 11: matmul outputs in buffers faulted in before the trials; 14: a linear layer's matmul shapes and the
-# L2-evicted sweep; 12 and 13 were drafts of 14 on one machine): an entry of another version is measured again
+# L2-evicted sweep; 12 and 13 were drafts of 14 on one machine; 15: every figure's trials interleaved over
+# the whole calibration, each the fastest of 8-12 rounds): an entry of another version is measured again
 
 
 @dataclass
@@ -136,8 +146,9 @@ def measure_stream(refresh: bool = False) -> Stream:
     meter = ConditionsMeter().start()
     t0 = time.perf_counter()
     kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
-    sweep, cold, warm, best_op, view_s, module_s, checkpoint_s = _host_figures()
-    best = rounds(compute_trials(kinds))
+    host = host_trials()
+    best = interleaved({**host, **{k: Trial(t, warm=True) for k, t in compute_trials(kinds).items()}})
+    sweep, cold, warm, best_op, view_s, module_s, checkpoint_s = host_figures(best)
     matmuls, attention, gelu = compute_figures(best, kinds)
     new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,
                  checkpoint_s=checkpoint_s, attention=attention, gelu=gelu, torch_version=torch.__version__,
@@ -147,196 +158,6 @@ def measure_stream(refresh: bool = False) -> Stream:
     cache[key] = {**asdict(new), "conditions": new.conditions.to_dict() if new.conditions else None}
     _save(cache)
     return new
-
-
-def _host_figures() -> tuple:
-    """(sweep, cold, warm, op_s, view_s, module_s, checkpoint_s) of a record: the bandwidth sweeps and
-    the host's times, measured in this order. ``warm``: the cold sweep's multiplies with only a
-    core's L2 flushed (`WARM_SIZES`, whose saved tensors the last-level cache can hold), as a step's op
-    reads a tensor a few ops back; none where sysfs lists no L2."""
-    import torch
-
-    # each multiply reads two tensors of n bytes and writes one: 3n bytes moved
-    sweep = [(3 * n, 3 * n / _kept_op_s(n) / 1e12) for n in SIZES]
-    flush = torch.empty(_flush_bytes() // 4)
-    cold = [(3 * n, 3 * n / _cold_op_s(n, flush) / 1e12) for n in SIZES]
-    levels = cache_levels()
-    l2, l3 = levels.get(2), max(levels.values(), default=None)
-    flush = torch.empty(4 * l2 // 4) if l2 else None   # 4 x L2: out of a core's L2, well within the L3
-    # the saved tensors a quarter of the L3 at most (their outputs as much again): read from it, not memory
-    warm = [(3 * n, 3 * n / _cold_op_s(n, flush, ops=max(2, min(50, l3 // 4 // n))) / 1e12)
-            for n in WARM_SIZES] if l2 and l3 and l3 > 4 * l2 else []
-    del flush
-    # a training step's op is recorded by autograd and run again as a backward formula: time a
-    # chain of CHAIN one-element multiplies forward and back (2 x CHAIN + 1 ops)
-    x = torch.ones(1, requires_grad=True)
-
-    def chain():
-        y = x
-        for _ in range(CHAIN):
-            y = y * 1.0001
-        y.backward()
-
-    best_op = best_s(chain, 20) / (2 * CHAIN + 1)
-    return sweep, cold, warm, best_op, _view_s(), _module_s(), _checkpoint_s()
-
-
-def _kept_op_s(nbytes: int, tries: int = TRIES) -> float:
-    """Seconds of one multiply of two fp32 tensors of ``nbytes`` whose output autograd keeps for
-    the backward: the forward of a chain of them (50, fewer past 4 MiB: at most 256 MiB kept), the
-    fastest of ``tries`` or more (`fastest`), each followed by the backward that frees the chain."""
-    import torch
-
-    n, ops = nbytes // 4, max(2, min(50, 2**28 // nbytes))
-    # w needs a gradient too, so each multiply's backward needs its input: autograd keeps every output
-    x, w = torch.ones(n, requires_grad=True), torch.full((n,), 1.0001, requires_grad=True)
-
-    def forward_s():
-        t0 = time.perf_counter()
-        y = x
-        for _ in range(ops):
-            y = y * w
-        t = time.perf_counter() - t0
-        y.sum().backward()
-        x.grad = w.grad = None
-        return t
-
-    forward_s()
-    return fastest(forward_s, tries) / ops
-
-
-def cache_bytes() -> int | None:
-    """The largest CPU cache sysfs lists (the last-level cache), None where it lists none."""
-    return max(cache_levels().values(), default=None)
-
-
-def cache_levels() -> dict:
-    """{level: bytes} of cpu0's data and unified caches as sysfs lists them (the spec of this CPU:
-    on the 2-vCPU EPYC VM {1: 32 KiB, 2: 1 MiB, 3: 32 MiB}); {} where it lists none."""
-    try:
-        base = "/sys/devices/system/cpu/cpu0/cache"
-        out: dict = {}
-        for index in sorted(i for i in os.listdir(base) if i.startswith("index")):
-            def read(what, index=index):
-                with open(f"{base}/{index}/{what}") as f:
-                    return f.read().strip()
-            if read("type") == "Instruction":
-                continue
-            text = read("size")
-            size = int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG" else int(text)
-            out[int(read("level"))] = max(size, out.get(int(read("level")), 0))
-        return out
-    except (OSError, ValueError, KeyError):
-        return {}
-
-
-def _flush_bytes() -> int:
-    """Bytes whose writing evicts the last-level cache: four times its size, 64-512 MiB."""
-    return min(max(4 * (cache_bytes() or 32 * 2**20), 64 * 2**20), 512 * 2**20)
-
-
-def _cold_op_s(nbytes: int, flush, tries: int = TRIES, ops: int | None = None) -> float:
-    """Seconds of one multiply as a backward runs it: a chain (its running tensor in cache, like
-    the gradient) times tensors written before the cache was flushed (like the activations the
-    forward saved), every output kept; the fastest of ``tries`` or more (`fastest`). ``ops``: the
-    chain's length (None: 50, fewer past 4 MiB: at most 256 MiB saved)."""
-    import torch
-
-    n, ops = nbytes // 4, ops or max(2, min(50, 2**28 // nbytes))
-    x = torch.ones(n, requires_grad=True)
-    saved = [torch.full((n,), 1.0001) for _ in range(ops)]
-
-    def trial():
-        flush.fill_(0.0)
-        t0 = time.perf_counter()
-        y, kept = x, []
-        for s in saved:
-            y = y * s
-            kept.append(y)
-        t = time.perf_counter() - t0
-        del kept, y
-        return t
-
-    trial()   # a warm-up
-    return fastest(trial, tries) / ops
-
-
-def _view_s() -> float:
-    """Seconds of one view op (a reshape that moves no data, as a model's ``view``, ``transpose``
-    and slices): a chain of CHAIN views of a tensor that needs a gradient, and the backward that
-    runs each one's view of the gradient (2 x CHAIN dispatches), per dispatch, the fastest of 20 or more."""
-    import torch
-
-    x = torch.ones(4, 8, requires_grad=True)
-
-    def chain():
-        y = x * 1.0
-        for i in range(CHAIN):
-            y = y.view(32) if i % 2 == 0 else y.view(4, 8)
-        y.sum().backward()
-
-    return best_s(chain, 20) / (2 * CHAIN)
-
-
-def _module_s() -> float:
-    """Seconds of one ``nn.Module`` call around its forward: CHAIN modules whose forward returns
-    its input, called in turn, per call, the fastest of 20 or more."""
-    import torch
-
-    class Same(torch.nn.Module):
-        def forward(self, z):
-            return z
-
-    mods, x = [Same() for _ in range(CHAIN)], torch.ones(1)
-
-    def chain():
-        y = x
-        for m in mods:
-            y = m(y)
-
-    return best_s(chain, 20) / CHAIN
-
-
-def _checkpoint_s(blocks: int = 20) -> tuple:
-    """(seconds per segment, per saved tensor) of torch's non-reentrant checkpoint beyond the ops
-    it recomputes: ``blocks`` segments of k one-element multiplies (each saves one tensor), forward
-    and backward, checkpointed less plain less the recompute (their forward), per segment, at k = 1
-    and k = 20, solved for the two costs; the fastest of 20 or more each."""
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
-    w = torch.full((1,), 1.0001)
-
-    def per_segment(k: int) -> float:
-        x = torch.ones(1, requires_grad=True)
-
-        def block(y):
-            for _ in range(k):
-                y = y * w
-            return y
-
-        def plain():
-            y = x
-            for _ in range(blocks):
-                y = block(y)
-            y.sum().backward()
-
-        def checkpointed():
-            y = x
-            for _ in range(blocks):
-                y = checkpoint(block, y, use_reentrant=False)
-            y.sum().backward()
-
-        def forward():
-            y = x
-            for _ in range(blocks):
-                y = block(y)
-
-        return (best_s(checkpointed, 20) - best_s(plain, 20) - best_s(forward, 20)) / blocks
-
-    one, twenty = per_segment(1), per_segment(20)
-    per_tensor = max(0.0, (twenty - one) / 19)
-    return max(0.0, one - per_tensor), per_tensor
 
 
 def figures(entry: dict) -> dict:

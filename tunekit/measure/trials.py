@@ -1,10 +1,19 @@
 """Timing trials as timing tools take a figure: the fastest of repeated trials (`fastest`), over
-rounds in a fixed order (`rounds`), and the spread of figures over several calibrations (`spread`,
-`spreads`). What measure.stream's CPU figures are taken with. Measurement layer.
+rounds in a fixed order (`rounds`), interleaved over every figure of a calibration (`interleaved`,
+what measure.stream's CPU figures are taken with), and the spread of figures over several
+calibrations (`spread`, `spreads`). Measurement layer.
+
+Why interleaved (issue 39): this VM's host noise is correlated in time, slow spells of seconds. A
+figure whose trials all run back to back inside one short window takes its fastest from that window
+only, and two calibrations minutes apart then disagree by whichever spell each figure's window hit.
+Round-robin over all figures, each one's trials are spread over the whole calibration, and its
+fastest comes from the best moments of all of it.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from tunekit.measure.priority import ahead
 
@@ -12,6 +21,56 @@ TRIES = 5      # trials of each figure at least; more while one still finds a fa
 MAX_TRIES = 60
 ROUND_TRIES = 2   # of each compute figure per round (`rounds`): the fastest of 2 or more
 ROUNDS, MAX_ROUNDS = 2, 4   # rounds of the compute figures: 2 at least, more while they still get faster
+LEAST_SPREAD, MOST_SPREAD = 8, 12   # `interleaved` rounds over every figure: 8 at least, more while faster
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One figure's trial for `interleaved`: ``run()`` returns its seconds; ``per_round`` timed trials
+    of it each round (a trial of microseconds takes a few, the fastest kept); ``warm``: each timed one
+    right after an untimed one (see `fastest`), as a figure whose trials ran back to back had it."""
+
+    run: Callable[[], float]
+    per_round: int = 1
+    warm: bool = False
+
+
+def built(make, *args, **kwargs):
+    """``make(*args, **kwargs)`` run ahead of the machine's other work (`measure.priority.ahead`), as
+    the trials it makes will be: a calibration's setup (its tensors made and first touched) otherwise
+    waits its turn on a loaded machine, 89 of a calibration's 145 s at load 12 on 2 cores (2026-12-06)."""
+    with ahead():
+        return make(*args, **kwargs)
+
+
+def schedule(trials: dict) -> list:
+    """One round of `interleaved`, as the name of each timed trial in turn: every trial in ``trials``'
+    order (name -> `Trial`), ``per_round`` times one after another."""
+    return [name for name, t in trials.items() for _ in range(t.per_round)]
+
+
+def interleaved(trials: dict, least: int = LEAST_SPREAD, most: int = MOST_SPREAD, times: dict | None = None) -> dict:
+    """Each trial's fastest seconds (``trials``: name -> `Trial`), taken round-robin: each round runs
+    every trial in turn (`schedule`), at least ``least`` rounds, then more while a round still makes
+    them 1% faster on average (`faster_by`), at most ``most``. A figure's fastest is then the fastest
+    of trials spread over the whole calibration, not of one burst. Each timed trial (after its untimed
+    one where ``warm``) runs ahead of the machine's other work (`measure.priority.ahead`).
+    ``times``: where given, filled with each name's every timed seconds, in order."""
+    best = dict.fromkeys(trials, float("inf"))
+    for done in range(1, most + 1):
+        before = dict(best)
+        for name in schedule(trials):
+            trial = trials[name]
+            with ahead():
+                if trial.warm:
+                    trial.run()   # untimed: the caches, pages and threads as this trial leaves them
+                t = trial.run()
+            best[name] = min(best[name], t)
+            if times is not None:
+                times.setdefault(name, []).append(t)
+        if done >= least and faster_by(before, best) < 0.01:
+            break
+    return best
 
 
 def timed(fn, per: int = 1):
