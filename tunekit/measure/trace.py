@@ -43,6 +43,7 @@ from tunekit.core.breakdown import (
 from tunekit.core.notes import Note, of_kind
 from tunekit.core.paths import KEEP_SNAPSHOTS, KEEP_TRACES, prune, pruned_note, traces_dir
 from tunekit.core.units import is_missing
+from tunekit.measure.trace_ranges import ModuleRanges
 
 NaN = math.nan
 MARK = "tunekit: trace start"  # a zero-length range on the tracing thread: names the block's thread
@@ -70,52 +71,6 @@ def prune_snapshots() -> str | None:
 
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")[:60] or "run"
-
-
-class _ModuleRanges:
-    """A ``nn.Module: <class>`` profiler range around every module's forward while installed.
-
-    The hooks run inside the user's code, so a Ctrl-C there waits until a hook is done
-    (`interrupts.held`): a range is entered and on the stack, or neither. Ranges a forward left
-    open (it raised past its hook) are closed before the profiler stops (`close`): one closed
-    after its profiler session ended crashed the interpreter later, in the garbage collector
-    (tests/measure/test_interrupts.py's traced sweep, CPython 3.11, torch 2.13)."""
-
-    def __init__(self):
-        self.stack, self.handles = [], []
-
-    def install(self):
-        from torch.nn.modules import module as m
-
-        from tunekit.measure.interrupts import held
-
-        def enter(name):
-            r = torch.autograd.profiler.record_function(name)
-            r.__enter__()
-            self.stack.append(r)
-
-        def leave():
-            if self.stack:
-                self.stack.pop().__exit__(None, None, None)
-
-        def pre(mod, args):
-            held(enter, f"nn.Module: {type(mod).__name__}")
-
-        def post(mod, args, out):
-            held(leave)
-
-        self.handles = [m.register_module_forward_pre_hook(pre),
-                        m.register_module_forward_hook(post, always_call=True)]
-        return self
-
-    def close(self):
-        while self.stack:  # a forward that raised past its hook: close its range
-            self.stack.pop().__exit__(None, None, None)
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
-        self.close()
 
 
 @contextlib.contextmanager
@@ -165,7 +120,7 @@ class Tracer:
         # model inside the traced run (and again after). Without them, generic ops lose the
         # module they ran in (a hand-written norm's ops count as elementwise).
         self.notes = []
-        self.ranges = _ModuleRanges()
+        self.ranges = ModuleRanges()
         if not compiled_graphs():  # None (Dynamo never loaded) or 0 (nothing compiled yet)
             self.ranges.install()
         else:
