@@ -17,8 +17,9 @@ minutes (RESULTS.md: the base measured again at the end of a ladder was 22% off 
   middle of the round; ``ROUNDS`` rounds. Host drift over minutes lands on every setting alike;
 - each block is one ``lab.run``: ``WARMUP`` untimed steps after the toggle change (what a setting
   change costs once: a new optimizer's state made at its first step, the allocator's growth to a new
-  size at the first two, the FLOP probe before them; the meter's malloc_trim refaults the freed heap
-  at the first timed step, which the median passes over), then ``BLOCK_STEPS`` timed ones, their median;
+  size at the first two, the FLOP probe before them; the last of them runs inside the peak meter,
+  so the pages its malloc_trim handed back are faulted in before the clock), then ``BLOCK_STEPS``
+  timed ones, their median;
 - a setting's step time is the MINIMUM of its blocks' medians (a block is only ever slowed by the
   machine's other work, never sped up);
 - judged as ratios to the base measured beside it: error = (expected / base expected) / (measured /
