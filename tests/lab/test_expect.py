@@ -428,3 +428,20 @@ def test_the_expect_line_answers_when_the_widget_refuses_the_text():
     widget.refuse = False
     line.request({})
     assert line.wait(30) and "x" in widget.value
+
+
+def test_an_ops_factor_carries_while_it_stays_near_its_measured_size():
+    from tunekit.lab.expect import calibrated_rows
+    from tunekit.lab.expect_trace import OTHER  # memory-bound ops' group
+
+    # rows: (op, category, calls, expected s, bound, source); the base trace measured _to_copy at
+    # 30x its plan (a fixed cost per tiny call) and memory-bound ops at 1.5x as a group
+    base = [("aten::_to_copy", "memory-bound", 1, 4e-6, "memory", "s"),
+            ("aten::mul", "memory-bound", 2, 1e-3, "memory", "s")]
+    factors = ({"_to_copy": 30.0, "mul": 1.2}, {OTHER: 1.5}, {}, "trace")
+    new = [("aten::_to_copy", "memory-bound", 1, 1.2e-3, "memory", "s"),    # 300x per call: group's 1.5
+           ("aten::mul", "memory-bound", 2, 3e-3, "memory", "s")]            # 3x per call: its own 1.2
+    rows, added = calibrated_rows(new, base, factors)
+    got = [(r[0], r[4], r[6]) for r in rows]
+    assert got == [("aten::_to_copy", 1.5, "group"), ("aten::mul", 1.2, "op")] and added == []
+    assert rows[0][5] == 1.2e-3 * 1.5          # 1.8 ms, not 1.2 ms x 30 = 36 ms

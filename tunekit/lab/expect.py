@@ -205,18 +205,21 @@ def calibrated_rows(rows, base_rows, factors) -> tuple[list, list]:
     """The new setting's expected rows, each with its factor and what gave it; and the names of its
     ops the base plan did not have (new: the device model uncalibrated)."""
     by_op, rest, carried, how = factors
-    base_names = {_op_name(r[0]) for r in base_rows}
+    base_call: dict = {}   # op name -> (expected seconds, calls) in the base plan
+    for r in base_rows:
+        s0, c0 = base_call.get(_op_name(r[0]), (0.0, 0))
+        base_call[_op_name(r[0])] = (s0 + r[3], c0 + r[2])
     out, new = [], []
     for op, cat, calls, secs, _bound, _src in rows:
         name, group = _op_name(op), GROUP_OF.get(cat, OTHER)
         if how == "none":
             f, by = 1.0, "device model"
-        elif name not in base_names:
+        elif name not in base_call:
             f, by = 1.0, "device model"
             new.append(op)
         elif how == "step time":
             f, by = rest, "step"
-        elif cat in OWN_OPS and name in by_op:
+        elif cat in OWN_OPS and name in by_op and _same_size(secs, calls, *base_call[name]):
             f, by = by_op[name], "op"
         else:
             f, by = rest.get(group, 1.0), "group"
@@ -224,6 +227,20 @@ def calibrated_rows(rows, base_rows, factors) -> tuple[list, list]:
     for group, secs in (carried.items() if how == "trace" else ()):
         out.append((f"{group} (measured, not foreseen)", group, 0, 0.0, NaN, secs, "measured"))
     return out, new
+
+
+RESIZED_CARRY = 4.0   # an op's own factor carries while its expected time per call stays within this factor
+
+
+def _same_size(secs, calls, base_secs, base_calls) -> bool:
+    """An op's measured/expected factor is a property of the op at its size: what a tiny call
+    measured beyond the plan (a fixed cost per call) is no rate for a call hundreds of times
+    larger (a bf16 cast of every weight: 1.3 ms where fp32's cast of an index was 4 us, measured
+    30x its plan). Past ``RESIZED_CARRY`` either way, its group's factor carries instead."""
+    if not (secs > 0 and base_secs > 0 and calls and base_calls):
+        return True
+    k = (secs / calls) / (base_secs / base_calls)
+    return 1 / RESIZED_CARRY <= k <= RESIZED_CARRY
 
 
 def changes_of(rows, base_rows) -> list:
