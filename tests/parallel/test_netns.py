@@ -1,7 +1,6 @@
 """Emulated nodes (tunekit.parallel.netns): inputs checked before anything, a link that has the rate
 and latency it was given, nothing left behind. The link tests need root: they skip with the
 reason `check()` gives."""
-import importlib.util
 import ipaddress
 import json
 import os
@@ -14,6 +13,7 @@ import time
 
 import pytest
 
+from tests.helpers import load_script
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.parallel import netns
 from tunekit.parallel.netns import EmulatedNodes, parse_bandwidth, parse_latency
@@ -218,10 +218,7 @@ def test_sweep_removes_leftovers_of_dead_runs_only():
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_netns", ROOT / "benchmarks" / "bench_netns.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_netns.py")
 
 
 @needs_netns

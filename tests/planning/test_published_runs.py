@@ -2,12 +2,12 @@
 its schema, that every row names its source, and that the bench reads it. No plan is made; reading
 it through the bench (which imports transformers and the planner) is marked slow."""
 import csv
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
 from tunekit.core.efficiency import ATTENTION_KERNELS
 from tunekit.core.registry import PRECISIONS
 from tunekit.core.specs import find_spec
@@ -105,10 +105,7 @@ def test_the_bench_reads_it():
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_expected", ROOT / "benchmarks" / "bench_expected.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_script("benchmarks/bench_expected.py")
 
 
 def test_the_bias_table_by_group():

@@ -1,20 +1,15 @@
 """benchmarks/bench_expect.py's measured side (issue 42): the interleaving schedule, a setting's time
 from its blocks, the A/A check and the judged / not-judged rule, on fake timings (exact numbers)."""
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_expect", ROOT / "benchmarks" / "bench_expect.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_expect.py")
 
 
 def test_each_round_measures_the_base_twice_and_every_change_once_turned_by_one(bench):

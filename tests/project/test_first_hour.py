@@ -3,12 +3,13 @@
 contradicts the run, a missing `pip install` command or a file written into the installed package
 (the script's docstring lists each step and check). It passes on `make test`'s environment
 (the [dev,hf] extras installed); it downloads nothing."""
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,10 +23,7 @@ def test_the_first_hour_from_the_wheel_shows_nothing_wrong():
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("first_hour", ROOT / "tools" / "first_hour.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/first_hour.py")
 
 
 def _session(tmp_path):

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # the docs pages with code (docs/notebooks links to the notebooks, which nbval runs)
@@ -260,10 +262,7 @@ def test_tunekit_options_named_in_shell_blocks_exist():
 
 
 def _screenshot_tool():
-    spec = importlib.util.spec_from_file_location("screenshot_dashboard", ROOT / "tools" / "screenshot_dashboard.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("tools/screenshot_dashboard.py")
 
 
 def _run(run_id, label, tps, verdict=None, reason=""):
