@@ -5,8 +5,9 @@ preset bench_expect.py uses: cpu-tiny, seq 128; mb 8 and 16), alternating the tw
 prints op by op the self CPU time per step at each size and its growth (the matmuls also by shape,
 the token dimension written T), with the step's untraced time and its minor page faults (the kernel
 handing the process fresh zeroed pages: what a working set that glibc's heap does not keep costs
-every step). The timed steps start as lab.run's do, after
-the peak meter's malloc_trim.
+every step), also op by op (counted in ``FAULTED`` more steps under a dispatch mode reading the
+process's fault count around each op: which ops write their output into fresh pages; bench_cache_reads.py
+times an op so). The timed steps start as lab.run's do, after the peak meter's malloc_trim.
 
     .venv/bin/python benchmarks/bench_mb_growth.py                 # mb 8 against 16, 4 rounds
     .venv/bin/python benchmarks/bench_mb_growth.py --mb 4 8 --rounds 6
@@ -15,8 +16,9 @@ the peak meter's malloc_trim.
         .venv/bin/python benchmarks/bench_mb_growth.py             # glibc keeps every freed page
 
 Each round: for each size, ``WARMUP`` untraced steps, ``STEPS`` untraced timed steps (their median,
-and the page faults per step), then ``TRACED`` steps under torch.profiler. An op's time per size is
-its smallest over the rounds (the machine's other work only slows a round).
+and the page faults per step), then ``TRACED`` steps under torch.profiler, then ``FAULTED`` steps
+counting each op's page faults. An op's time per size is its smallest over the rounds (the machine's
+other work only slows a round); its faults per step, their median over the rounds.
 """
 import os
 import resource
@@ -36,7 +38,7 @@ from tunekit.measure.meters import malloc_trim
 from tunekit.measure.priority import ahead
 
 warnings.filterwarnings("ignore")
-WARMUP, STEPS, TRACED, ROUNDS = 3, 10, 3, 4
+WARMUP, STEPS, TRACED, FAULTED, ROUNDS = 3, 10, 3, 3, 4
 
 
 def option(name: str, default):
@@ -84,6 +86,26 @@ def traced(lab, t, steps: int) -> dict:
     return out
 
 
+def faulted(lab, t, steps: int) -> dict:
+    """Minor page faults per step of each op (by name, as the profiler names it) over ``steps`` steps:
+    the process's fault count read around each op under a dispatch mode (the counts, not the times)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: dict = defaultdict(int)
+
+    class Faults(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            f0 = faults()
+            out = func(*args, **(kwargs or {}))
+            counts[f"aten::{func.overloadpacket.__name__}"] += faults() - f0
+            return out
+
+    with Faults():
+        for _ in range(steps):
+            lab.train_step(t)
+    return {op: n / steps for op, n in counts.items()}
+
+
 def main():
     small, big = option("--mb", [8, 16])
     rounds = option("--rounds", ROUNDS)
@@ -98,6 +120,7 @@ def main():
         first_fault = {mb: [] for mb in sizes}
         per_fault: list = []
         ops: dict = {mb: defaultdict(list) for mb in sizes}
+        op_faults: dict = {mb: defaultdict(list) for mb in sizes}
         for r in range(rounds):
             for mb, t in (sizes.items() if r % 2 == 0 else reversed(sizes.items())):
                 with ahead() if "--priority" in sys.argv else nullcontext():
@@ -107,6 +130,8 @@ def main():
                     s, first, f, cost = untraced(lab, t, STEPS)
                     per_fault.append(cost)
                     per_op = traced(lab, t, TRACED)
+                    for op, n in faulted(lab, t, FAULTED).items():
+                        op_faults[mb][op].append(n)
                 step[mb].append(s)
                 fault[mb].append(f)
                 first_fault[mb].append(first)
@@ -115,14 +140,14 @@ def main():
             print(f"round {r + 1}: " + ", ".join(f"mb {mb} {step[mb][-1] * 1e3:.1f} ms, page faults first step "
                                                   f"{first_fault[mb][-1]}, then {fault[mb][-1]:.0f}/step"
                                                   for mb in sizes), flush=True)
-    report(small, big, step, fault, ops)
+    report(small, big, step, fault, ops, op_faults)
     cost = statistics.median(per_fault)
     print(f"a page fault costs {cost * 1e6:.2f} us (median over the blocks; the first step after the trim "
           "against the rest): the faults after the first step cost "
           + ", ".join(f"{statistics.median(fault[mb]) * cost * 1e3:.2f} ms/step at mb {mb}" for mb in sizes))
 
 
-def report(small, big, step, fault, ops) -> None:
+def report(small, big, step, fault, ops, op_faults) -> None:
     a, b = min(step[small]), min(step[big])
     print(f"\nuntraced step (fastest round's median): mb {small} {a * 1e3:.1f} ms, mb {big} {b * 1e3:.1f} ms: "
           f"{b / a:.2f}x; minor page faults per step {min(fault[small]):.0f} -> {min(fault[big]):.0f}")
@@ -133,12 +158,18 @@ def report(small, big, step, fault, ops) -> None:
     total_x, total_y = (sum(r[i] for r in rows if not r[0].startswith("mm ")) for i in (1, 2))
     print(f"traced self CPU per step: mb {small} {total_x * 1e3:.1f} ms, mb {big} {total_y * 1e3:.1f} ms: "
           f"{total_y / total_x:.2f}x")
-    print(f"{'op':<44}{f'mb {small} ms':>10}{f'mb {big} ms':>10}{'growth':>8}{'extra ms':>10}  (extra: beyond 2x)")
+    print(f"{'op':<44}{f'mb {small} ms':>10}{f'mb {big} ms':>10}{'growth':>8}{'extra ms':>10}"
+          f"{'faults/step':>14}  (extra: beyond 2x; page faults in the op, per step: mb {small} -> {big})")
+
+    def faults_of(mb, op):
+        return statistics.median(op_faults[mb][op]) if op_faults[mb].get(op) else 0.0
+
     for op, x, y in sorted(rows, key=lambda r: -(r[2] - 2 * r[1]))[:30]:
         print(f"{op[:43]:<44}{x * 1e3:>10.2f}{y * 1e3:>10.2f}{(y / x if x else float('nan')):>8.2f}"
-              f"{(y - 2 * x) * 1e3:>+10.2f}")
+              f"{(y - 2 * x) * 1e3:>+10.2f}{faults_of(small, op):>7.0f}{faults_of(big, op):>7.0f}")
+    every = [sum(faults_of(mb, op) for op in op_faults[mb]) for mb in (small, big)]
     print(f"{'all ops':<44}{total_x * 1e3:>10.2f}{total_y * 1e3:>10.2f}{total_y / total_x:>8.2f}"
-          f"{(total_y - 2 * total_x) * 1e3:>+10.2f}")
+          f"{(total_y - 2 * total_x) * 1e3:>+10.2f}{every[0]:>7.0f}{every[1]:>7.0f}")
 
 
 if __name__ == "__main__":
