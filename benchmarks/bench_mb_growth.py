@@ -12,8 +12,13 @@ times an op so). The timed steps start as lab.run's do, after the peak meter's m
     .venv/bin/python benchmarks/bench_mb_growth.py                 # mb 8 against 16, 4 rounds
     .venv/bin/python benchmarks/bench_mb_growth.py --mb 4 8 --rounds 6
     .venv/bin/python benchmarks/bench_mb_growth.py --priority      # each size's block ahead of other work
-    MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 \\
+    MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 \\
         .venv/bin/python benchmarks/bench_mb_growth.py             # glibc keeps every freed page
+
+(glibc ignores an mmap threshold above 32 MiB on 64-bit, and a trim threshold given alone fixes the
+mmap threshold at its 128 KiB default: every tensor above it mapped and faulted in anew, 44k faults a
+step at mb 16 against 1-8k by default, 2026-12-07. With the two above, the steps after the first
+fault ~0-200 pages at mb 8 and 16.)
 
 Each round: for each size, ``WARMUP`` untraced steps, ``STEPS`` untraced timed steps (their median,
 and the page faults per step), then ``TRACED`` steps under torch.profiler, then ``FAULTED`` steps
