@@ -11,6 +11,7 @@ times an op so). The timed steps start as lab.run's do, after the peak meter's m
 
     .venv/bin/python benchmarks/bench_mb_growth.py                 # mb 8 against 16, 4 rounds
     .venv/bin/python benchmarks/bench_mb_growth.py --mb 4 8 --rounds 6
+    .venv/bin/python benchmarks/bench_mb_growth.py --gpt2          # bench_expect's GPT-2 4x128, mb 4, seq 64 vs 128
     .venv/bin/python benchmarks/bench_mb_growth.py --priority      # each size's block ahead of other work
     MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 \\
         .venv/bin/python benchmarks/bench_mb_growth.py             # glibc keeps every freed page
@@ -112,14 +113,17 @@ def faulted(lab, t, steps: int) -> dict:
 
 
 def main():
-    small, big = option("--mb", [8, 16])
+    gpt2 = "--gpt2" in sys.argv
+    small, big = option("--seq", [64, 128]) if gpt2 else option("--mb", [8, 16])
+    unit, toggle = ("seq", "seq_len") if gpt2 else ("mb", "micro_batch")
     rounds = option("--rounds", ROUNDS)
     env = {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "GOMP_", "OMP_"))}
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {env or 'glibc and libgomp defaults'}")
     with tempfile.TemporaryDirectory(prefix="bench_mb_growth-") as folder:
-        lab = tunekit.Lab(micro_batch=small, seq_len=128, log_path=str(Path(folder) / "runs.jsonl"))
-        sizes = {mb: lab.resolve(micro_batch=mb) for mb in (small, big)}
+        log = str(Path(folder) / "runs.jsonl")
+        lab = gpt2_lab(small, log) if gpt2 else tunekit.Lab(micro_batch=small, seq_len=128, log_path=log)
+        sizes = {mb: lab.resolve(**{toggle: mb}) for mb in (small, big)}
         step = {mb: [] for mb in sizes}
         fault = {mb: [] for mb in sizes}
         first_fault = {mb: [] for mb in sizes}
@@ -142,29 +146,37 @@ def main():
                 first_fault[mb].append(first)
                 for op, secs in per_op.items():
                     ops[mb][op].append(secs)
-            print(f"round {r + 1}: " + ", ".join(f"mb {mb} {step[mb][-1] * 1e3:.1f} ms, page faults first step "
+            print(f"round {r + 1}: " + ", ".join(f"{unit} {mb} {step[mb][-1] * 1e3:.1f} ms, page faults first step "
                                                   f"{first_fault[mb][-1]}, then {fault[mb][-1]:.0f}/step"
                                                   for mb in sizes), flush=True)
-    report(small, big, step, fault, ops, op_faults)
+    report(small, big, step, fault, ops, op_faults, unit)
     cost = statistics.median(per_fault)
     print(f"a page fault costs {cost * 1e6:.2f} us (median over the blocks; the first step after the trim "
           "against the rest): the faults after the first step cost "
-          + ", ".join(f"{statistics.median(fault[mb]) * cost * 1e3:.2f} ms/step at mb {mb}" for mb in sizes))
+          + ", ".join(f"{statistics.median(fault[mb]) * cost * 1e3:.2f} ms/step at {unit} {mb}" for mb in sizes))
 
 
-def report(small, big, step, fault, ops, op_faults) -> None:
+def gpt2_lab(seq: int, log_path: str):
+    """bench_expect.py's GPT-2 4x128 (transformers, random init) at micro-batch 4."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=512, n_embd=128, n_layer=4, n_head=4, n_positions=256)
+    return tunekit.Lab(GPT2LMHeadModel(cfg), micro_batch=4, seq_len=seq, log_path=log_path)
+
+
+def report(small, big, step, fault, ops, op_faults, unit="mb") -> None:
     a, b = min(step[small]), min(step[big])
-    print(f"\nuntraced step (fastest round's median): mb {small} {a * 1e3:.1f} ms, mb {big} {b * 1e3:.1f} ms: "
+    print(f"\nuntraced step (fastest round's median): {unit} {small} {a * 1e3:.1f} ms, {unit} {big} {b * 1e3:.1f} ms: "
           f"{b / a:.2f}x; minor page faults per step {min(fault[small]):.0f} -> {min(fault[big]):.0f}")
     rows = []
     for op in set(ops[small]) | set(ops[big]):
         x, y = min(ops[small].get(op, [0.0])), min(ops[big].get(op, [0.0]))
         rows.append((op, x, y))
     total_x, total_y = (sum(r[i] for r in rows if not r[0].startswith("mm ")) for i in (1, 2))
-    print(f"traced self CPU per step: mb {small} {total_x * 1e3:.1f} ms, mb {big} {total_y * 1e3:.1f} ms: "
+    print(f"traced self CPU per step: {unit} {small} {total_x * 1e3:.1f} ms, {unit} {big} {total_y * 1e3:.1f} ms: "
           f"{total_y / total_x:.2f}x")
-    print(f"{'op':<44}{f'mb {small} ms':>10}{f'mb {big} ms':>10}{'growth':>8}{'extra ms':>10}"
-          f"{'faults/step':>14}  (extra: beyond 2x; page faults in the op, per step: mb {small} -> {big})")
+    print(f"{'op':<44}{f'{unit} {small} ms':>10}{f'{unit} {big} ms':>10}{'growth':>8}{'extra ms':>10}"
+          f"{'faults/step':>14}  (extra: beyond 2x; page faults in the op, per step: {unit} {small} -> {big})")
 
     def faults_of(mb, op):
         return statistics.median(op_faults[mb][op]) if op_faults[mb].get(op) else 0.0
