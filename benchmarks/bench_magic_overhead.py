@@ -27,6 +27,10 @@ least. Each window also says how often the garbage collector ran in its profiled
 every object of the kernel (torch's included, some 10 ms) and lands in one chunk, which moves that
 window; it is part of the cost (a profiled cell keeps its record), so it stays in the figures.
 The run's own length is printed last.
+  --hooks: the magic's two hooks alone, called directly 20,000 times for a trivial cell each, off and
+           under `on -q`, in a plain IPython shell (no kernel, no client): the median per cell, which a
+           busy machine's preemptions do not move (they land in the slow tail); with --against DIR the
+           same in a process importing tunekit from DIR, alternated 3 times. Seconds, for an A/B.
   --against DIR: before/after, side by side: a second kernel imports tunekit from DIR (another
            checkout, e.g. `git worktree add /tmp/base main`), and A2's window (cells ~20-220) is
            taken in each kernel in turn, 5 times (`--windows N`: N times), so that the machine's load
@@ -45,10 +49,12 @@ if "-h" in sys.argv or "--help" in sys.argv:
     print(__doc__)
     sys.exit(0)
 QUICK = "--quick" in sys.argv
+HOOKS = "--hooks" in sys.argv
 AGAINST = sys.argv[sys.argv.index("--against") + 1] if "--against" in sys.argv else None
 CELLS = sys.argv[sys.argv.index("--cells") + 1] if "--cells" in sys.argv else None
 WINDOWS = int(sys.argv[sys.argv.index("--windows") + 1]) if "--windows" in sys.argv else 5
-_ARGS = [a for i, a in enumerate(sys.argv[1:], 1) if a not in ("--quick", "--against", "--cells", "--windows")
+_FLAGS = ("--quick", "--hooks", "--against", "--cells", "--windows")
+_ARGS = [a for i, a in enumerate(sys.argv[1:], 1) if a not in _FLAGS
          and sys.argv[i - 1] not in ("--against", "--cells", "--windows")]
 N = int(_ARGS[0]) if _ARGS else 200
 HISTORY = int(CELLS) if CELLS else int(_ARGS[1]) if len(_ARGS) > 1 else 1_000 if QUICK else 10_000
@@ -193,7 +199,65 @@ def side_by_side(other, times=5):
             km.shutdown_kernel(now=True)
 
 
+HOOKS_SIDE = """
+import time
+from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
+ip = InteractiveShell.instance()
+ip.history_manager.enabled = False
+ip.run_line_magic("load_ext", "tunekit")
+ip.run_cell("import torch")
+import tunekit
+from tunekit.profiling import magics
+m = magics._STATE["magics"]
+
+def cells(tag, on, n=20_000):  # us per cell: median and 10th percentile of the two hooks' time
+    if on:
+        ip.run_line_magic("gpuprofile", "on -q")
+    ts = []
+    for i in range(n):
+        src = f"{tag}{i} = {i}\\n"
+        info = ExecutionInfo(src, True, False, False, None, transformed_cell=src)
+        res = ExecutionResult(info)
+        res.execution_count = i
+        t = time.perf_counter()
+        m.pre_run_cell(info)
+        m.post_run_cell(res)
+        ts.append(time.perf_counter() - t)
+    if on:
+        ip.run_line_magic("gpuprofile", "off")
+    ts.sort()
+    return ts[n // 2] * 1e6, ts[n // 10] * 1e6
+
+off, on = cells("b", False), cells("p", True)
+print(repr((tunekit.__file__, off, on)))
+"""
+
+
+def hooks(other=None, times=3):
+    """The two hooks' own cost per trivial cell (`--hooks`), here and in `other`, alternated."""
+    import os
+    import subprocess
+
+    where = [None] + ([other] if other else [])
+    got = {}
+    for _ in range(times if other else 1):
+        for path in where:
+            env = {**os.environ, **({"PYTHONPATH": os.path.abspath(path)} if path else {})}
+            out = subprocess.run([sys.executable, "-c", HOOKS_SIDE], env=env, capture_output=True, text=True,
+                                 check=True, cwd=path).stdout.strip().splitlines()[-1]  # (-c: the cwd comes first)
+            f, off, on = ast.literal_eval(out)
+            got.setdefault(f, []).append(on[0] - off[0])
+            print(f"   {f}: hooks per trivial cell, median (10th percentile) us: off {off[0]:.2f} ({off[1]:.2f}), "
+                  f"on -q {on[0]:.2f} ({on[1]:.2f}); added {on[0] - off[0]:.2f} ({on[1] - off[1]:.2f})")
+    meds = {f: statistics.median(v) for f, v in got.items()}
+    if len(meds) == 2:
+        (a, x), (b, y) = meds.items()
+        print(f"   added per cell, median of the runs: {x:.2f} us ({a}) / {y:.2f} us ({b}) = {x / y:.2f}x")
+
+
 def main():
+    if HOOKS:
+        return hooks(AGAINST)
     if AGAINST is not None:
         return side_by_side(AGAINST, WINDOWS)
     km, kc = start_new_kernel(kernel_name="python3")
