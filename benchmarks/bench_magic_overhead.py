@@ -22,7 +22,15 @@ Usage: python benchmarks/bench_magic_overhead.py [--quick] [--cells HISTORY] [--
            `--quick --cells 10000`: A2 alone to 10,000 cells.
 Each window gives three figures per cell: wall, the kernel thread's CPU time, and the kernel
 process's CPU time (its history thread's sqlite writes too); on a busy machine the CPU times move
-least. The run's own length is printed last.
+least. Each window also says how often the garbage collector ran in its profiled and bare chunks
+(passes by generation, young+middle+full) and its wall time per cell there: a full pass walks
+every object of the kernel (torch's included, some 10 ms) and lands in one chunk, which moves that
+window; it is part of the cost (a profiled cell keeps its record), so it stays in the figures.
+The run's own length is printed last.
+  --hooks: the magic's two hooks alone, called directly 20,000 times for a trivial cell each, off and
+           under `on -q`, in a plain IPython shell (no kernel, no client): the median per cell, which a
+           busy machine's preemptions do not move (they land in the slow tail); with --against DIR the
+           same in a process importing tunekit from DIR, alternated 3 times. Seconds, for an A/B.
   --against DIR: before/after, side by side: a second kernel imports tunekit from DIR (another
            checkout, e.g. `git worktree add /tmp/base main`), and A2's window (cells ~20-220) is
            taken in each kernel in turn, 5 times (`--windows N`: N times), so that the machine's load
@@ -41,10 +49,12 @@ if "-h" in sys.argv or "--help" in sys.argv:
     print(__doc__)
     sys.exit(0)
 QUICK = "--quick" in sys.argv
+HOOKS = "--hooks" in sys.argv
 AGAINST = sys.argv[sys.argv.index("--against") + 1] if "--against" in sys.argv else None
 CELLS = sys.argv[sys.argv.index("--cells") + 1] if "--cells" in sys.argv else None
 WINDOWS = int(sys.argv[sys.argv.index("--windows") + 1]) if "--windows" in sys.argv else 5
-_ARGS = [a for i, a in enumerate(sys.argv[1:], 1) if a not in ("--quick", "--against", "--cells", "--windows")
+_FLAGS = ("--quick", "--hooks", "--against", "--cells", "--windows")
+_ARGS = [a for i, a in enumerate(sys.argv[1:], 1) if a not in _FLAGS
          and sys.argv[i - 1] not in ("--against", "--cells", "--windows")]
 N = int(_ARGS[0]) if _ARGS else 200
 HISTORY = int(CELLS) if CELLS else int(_ARGS[1]) if len(_ARGS) > 1 else 1_000 if QUICK else 10_000
@@ -54,17 +64,31 @@ CPU_AIM_MS = 0.10  # its thread CPU time: the wall moves with the host, so the C
 
 
 KERNEL_SIDE = """
-import statistics, time
+import gc, statistics, time
 from tunekit.measure.conditions import watch
 from tunekit.measure.history import HISTORY
 
-def _t(cells):  # ms per cell: wall, this thread's CPU time and the process's (less moved by other processes)
-    ip = get_ipython()
+_GC = {"s": 0.0, "n": [0, 0, 0], "t0": 0.0}  # the garbage collector in this kernel: wall s, passes by generation
+
+def _gc_seen(phase, info):
+    if phase == "start":
+        _GC["t0"] = time.perf_counter()
+    else:
+        _GC["s"] += time.perf_counter() - _GC["t0"]
+        _GC["n"][info["generation"]] += 1
+
+if not any(getattr(f, "__name__", "") == "_gc_seen" for f in gc.callbacks):
+    gc.callbacks.append(_gc_seen)
+
+def _t(cells):  # ms per cell: wall, this thread's CPU time and the process's (less moved by other processes),
+    ip = get_ipython()  # the garbage collector's wall time in them, and its passes by generation
+    g0, n0 = _GC["s"], list(_GC["n"])
     t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
     for c in cells:
         ip.run_cell(c, store_history=True)
     n = len(cells) / 1e3
-    return (time.perf_counter() - t0) / n, (time.thread_time() - c0) / n, (time.process_time() - p0) / n
+    return ((time.perf_counter() - t0) / n, (time.thread_time() - c0) / n, (time.process_time() - p0) / n,
+            (_GC["s"] - g0) / n, [a - b for a, b in zip(_GC["n"], n0)])
 
 def _window(tag, rows0, chunk=20, rounds=10):  # chunks alternated: drifts in load hit both alike; new sources
     ip = get_ipython()
@@ -76,9 +100,11 @@ def _window(tag, rows0, chunk=20, rounds=10):  # chunks alternated: drifts in lo
             prof.append(_t([f"{tag}{r}p = {i}" for i in range(chunk)]))
             ip.run_line_magic("gpuprofile", "off")
     med = lambda xs, k: statistics.median(x[k] for x in xs)
+    passes = lambda xs: [sum(x[4][g] for x in xs) for g in range(3)]
     return dict(bare=med(bare, 0), prof=med(prof, 0), bare_cpu=med(bare, 1), prof_cpu=med(prof, 1),
                 bare_proc=med(bare, 2), prof_proc=med(prof, 2), rows=(rows0, len(HISTORY)),
-                conditions=str(w.conditions))
+                conditions=str(w.conditions), gc_bare=passes(bare), gc_prof=passes(prof),
+                gc_ms=(sum(x[3] for x in bare) / rounds, sum(x[3] for x in prof) / rounds))
 
 def _kside(total, chunk=20, rounds=10):
     ip = get_ipython()
@@ -131,6 +157,11 @@ def _kernel(path=None):
     return km, kc, "".join(out).strip()
 
 
+def _gen(passes) -> str:
+    """A window's garbage-collector passes by generation, e.g. '3+0+1' (young, middle, full)."""
+    return "+".join(str(n) for n in passes)
+
+
 def side_by_side(other, times=5):
     """A2's early window in this checkout's kernel and in `other`'s, alternated `times` times."""
     kernels = [_kernel(), _kernel(other)]
@@ -155,6 +186,9 @@ def side_by_side(other, times=5):
             print(f"   {where}: median {over[-1][0]:.3f} ({over[-1][1]:.3f}; {over[-1][2]:.3f}); windows "
                   + ", ".join(f"{a:.3f}" for a in o) + " (thread CPU " + ", ".join(f"{a:.3f}" for a in c)
                   + f"); last window {ws[-1]['conditions']}")
+            print("      garbage collector, profiled/bare chunks of each window: passes by generation "
+                  + ", ".join(f"{_gen(w['gc_prof'])}/{_gen(w['gc_bare'])}" for w in ws) + "; its ms per cell "
+                  + ", ".join(f"{w['gc_ms'][1]:.3f}/{w['gc_ms'][0]:.3f}" for w in ws))
         verdict = "PASS" if over[0][0] <= TARGET_MS else "FAIL"
         print(f"   this checkout / the other: {over[0][0] / over[1][0]:.2f}x wall, {over[0][1] / over[1][1]:.2f}x CPU; "
               f"target <= {TARGET_MS} ms: {verdict} ({over[0][0]:.3f}, this checkout; thread CPU {over[0][1]:.3f}, "
@@ -165,7 +199,65 @@ def side_by_side(other, times=5):
             km.shutdown_kernel(now=True)
 
 
+HOOKS_SIDE = """
+import time
+from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
+ip = InteractiveShell.instance()
+ip.history_manager.enabled = False
+ip.run_line_magic("load_ext", "tunekit")
+ip.run_cell("import torch")
+import tunekit
+from tunekit.profiling import magics
+m = magics._STATE["magics"]
+
+def cells(tag, on, n=20_000):  # us per cell: median and 10th percentile of the two hooks' time
+    if on:
+        ip.run_line_magic("gpuprofile", "on -q")
+    ts = []
+    for i in range(n):
+        src = f"{tag}{i} = {i}\\n"
+        info = ExecutionInfo(src, True, False, False, None, transformed_cell=src)
+        res = ExecutionResult(info)
+        res.execution_count = i
+        t = time.perf_counter()
+        m.pre_run_cell(info)
+        m.post_run_cell(res)
+        ts.append(time.perf_counter() - t)
+    if on:
+        ip.run_line_magic("gpuprofile", "off")
+    ts.sort()
+    return ts[n // 2] * 1e6, ts[n // 10] * 1e6
+
+off, on = cells("b", False), cells("p", True)
+print(repr((tunekit.__file__, off, on)))
+"""
+
+
+def hooks(other=None, times=3):
+    """The two hooks' own cost per trivial cell (`--hooks`), here and in `other`, alternated."""
+    import os
+    import subprocess
+
+    where = [None] + ([other] if other else [])
+    got = {}
+    for _ in range(times if other else 1):
+        for path in where:
+            env = {**os.environ, **({"PYTHONPATH": os.path.abspath(path)} if path else {})}
+            out = subprocess.run([sys.executable, "-c", HOOKS_SIDE], env=env, capture_output=True, text=True,
+                                 check=True, cwd=path).stdout.strip().splitlines()[-1]  # (-c: the cwd comes first)
+            f, off, on = ast.literal_eval(out)
+            got.setdefault(f, []).append(on[0] - off[0])
+            print(f"   {f}: hooks per trivial cell, median (10th percentile) us: off {off[0]:.2f} ({off[1]:.2f}), "
+                  f"on -q {on[0]:.2f} ({on[1]:.2f}); added {on[0] - off[0]:.2f} ({on[1] - off[1]:.2f})")
+    meds = {f: statistics.median(v) for f, v in got.items()}
+    if len(meds) == 2:
+        (a, x), (b, y) = meds.items()
+        print(f"   added per cell, median of the runs: {x:.2f} us ({a}) / {y:.2f} us ({b}) = {x / y:.2f}x")
+
+
 def main():
+    if HOOKS:
+        return hooks(AGAINST)
     if AGAINST is not None:
         return side_by_side(AGAINST, WINDOWS)
     km, kc = start_new_kernel(kernel_name="python3")
@@ -188,6 +280,8 @@ def main():
                   f"{w['prof']:.3f}: overhead {w['prof'] - w['bare']:.3f} ms/cell (CPU time of the kernel's "
                   f"thread: {w['prof_cpu'] - w['bare_cpu']:.3f}, of its process: "
                   f"{w['prof_proc'] - w['bare_proc']:.3f}); {w['conditions']}")
+            print(f"      garbage collector: passes by generation {_gen(w['gc_prof'])} in the profiled chunks, "
+                  f"{_gen(w['gc_bare'])} in the bare ones; {w['gc_ms'][1]:.3f} / {w['gc_ms'][0]:.3f} ms per cell")
         over = [(w["prof"] - w["bare"], w["prof_cpu"] - w["bare_cpu"]) for w in (early, late)]
         print(f"   late/early per-cell cost: profiled {late['prof'] / early['prof']:.2f}x, bare "
               f"{late['bare'] / early['bare']:.2f}x; overhead {over[1][0]:.3f} / {over[0][0]:.3f} ms = "

@@ -231,6 +231,51 @@ def test_real_counters_are_read_here():
     assert c.cpus and c.threads >= 1
 
 
+def test_a_kept_file_closed_under_the_reader_is_opened_again_and_read():
+    counters = mc._Counters()
+    before = counters.read("stat")
+    assert before.startswith(b"cpu ")  # /proc/stat: every Linux has it
+    old = counters.fds["stat"]
+    os.close(old)  # as code that closes every descriptor would
+    after = counters.read("stat")
+    assert after is not None and after.startswith(b"cpu ")
+    assert counters.fds["stat"] != old or os.fstat(counters.fds["stat"]).st_ino == counters.ids["stat"][1]
+    for fd in counters.fds.values():
+        os.close(fd)
+
+
+def test_a_kept_file_that_refuses_a_read_is_not_opened_again_nor_closed():
+    # the descriptor is still the file opened (same device and inode): the file itself refused
+    # (here a directory stands in: pread gives EISDIR), so nothing is reopened and nothing leaks
+    counters = mc._Counters()
+    counters._open()
+    d = os.open("/proc", os.O_RDONLY)
+    try:
+        st = os.fstat(d)
+        counters.fds["stat"], counters.ids["stat"] = d, (st.st_dev, st.st_ino)
+        counters.args.pop("stat", None)  # read through os.pread (the libc path gives the same answer)
+        assert counters.read("stat") is None
+        assert counters.fds["stat"] == d
+        os.fstat(d)  # still open: not closed by the reader
+    finally:
+        os.close(d)
+        for name, fd in counters.fds.items():
+            if name != "stat":
+                os.close(fd)
+
+
+def test_a_deferred_verdict_keeps_its_readings_without_a_dict_of_its_own_until_judged():
+    import gc
+
+    kw = dict(wall_s=1e-5, cpus=2, threads=1, tick_s=0.01, load_avg=None, own_cpu_s=1e-5, wait_source="psi")
+    cond = mc.Deferred(kw)
+    # what the garbage collector tracks of it: the object alone (its readings inline, their
+    # dict holds only numbers and strings, which it does not track)
+    assert [o for o in gc.get_referents(cond) if gc.is_tracked(o) and not isinstance(o, type)] == []
+    assert cond.verdict == QUIET and type(cond) is Conditions  # judged when first read
+    assert cond == judge(**kw)
+
+
 def test_throttle_words():
     assert mc.throttle_words(0x48) == ("hw slowdown", "hw thermal")   # 0x08 | 0x40
     assert mc.throttle_words(0x24) == ("sw power cap", "thermal")     # 0x04 | 0x20 (sw thermal)

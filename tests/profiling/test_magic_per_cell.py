@@ -191,3 +191,37 @@ def test_on_counts_a_cell_unless_its_code_can_run_nothing(ip, counters_made):
         assert counters_made == [1, 1] and tunekit.last().flops == 2 * 2 * 128 * 128  # 2 rows x 2 FLOPs per weight
     finally:
         ip.run_cell("%gpuprofile off")
+
+
+def _tracked_from(obj) -> dict:
+    """id -> object of everything the garbage collector tracks that ``obj`` reaches (types excluded)."""
+    import gc
+
+    seen, todo = {}, [obj]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, type):
+            continue
+        if gc.is_tracked(o):
+            seen[id(o)] = o
+        todo.extend(gc.get_referents(o))
+    return seen
+
+
+def test_a_trivial_cells_record_keeps_three_objects_for_the_garbage_collector(ip):
+    # one record is kept per profiled cell for the whole session: what it holds is what a long
+    # notebook's full garbage collections walk, and what makes them come (net new objects)
+    ip.run_cell("%gpuprofile on -q")
+    try:
+        ip.run_cell("kept_a = 1", store_history=True)
+        a = tunekit.last()
+        ip.run_cell("kept_b = 2", store_history=True)
+        b = tunekit.last()
+    finally:
+        ip.run_cell("%gpuprofile off")
+    assert a is not b and probe._TRIVIAL in a.notes and probe._TRIVIAL in b.notes
+    mine, theirs = _tracked_from(a), _tracked_from(b)
+    own = [o for k, o in mine.items() if k not in theirs]  # not shared with the next record (the note, ...)
+    # the record (slots: no dict of its own), its notes list, its verdict to be judged (its
+    # readings inline, in a dict of numbers and strings the collector does not track): 3
+    assert sorted(type(o).__name__ for o in own) == ["Deferred", "ProfileRecord", "list"]

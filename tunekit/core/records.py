@@ -15,11 +15,15 @@ from tunekit.core.slowed import slowed_by
 NaN = math.nan
 
 
-@dataclass
+@dataclass(slots=True)
 class ProfileRecord:
     """One profiled cell or block. Times in seconds, memory in bytes, FLOPs as plain counts.
 
-    Example: ``rec = tunekit.last(); rec.wall_s, rec.tflops``."""
+    Example: ``rec = tunekit.last(); rec.wall_s, rec.tflops``.
+
+    Slotted: one is kept per profiled cell for the whole session, and its 40-odd fields would
+    overflow Python's shared-key instance dicts (a dict of its own, ~2 KiB and one more object
+    for the garbage collector to traverse, per record); pickle and copy handle slots."""
 
     name: str
     wall_s: float = NaN

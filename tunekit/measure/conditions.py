@@ -28,14 +28,15 @@ _PATHS = {"psi": "/proc/pressure/cpu", "stat": "/proc/stat", "sched": "/proc/thr
 
 
 class _Counters:
-    """The kernel files, opened once per process, read by pread with the GIL held.
+    """The kernel files, opened once per process, read by pread with the GIL held (opened again
+    in a forked child, and where a kept descriptor was closed under us: `_reread`).
 
     A sample keeps each file's bytes as read and parses them only when a window's `delta` uses
     both ends (`_cooked`): a lean meter's short block reads /proc/stat and PSI at its start and
     leaves them unread at its stop, so their numbers are never needed."""
 
     def __init__(self):
-        self.pid, self.fds, self.args, self.libc = None, {}, {}, libc()
+        self.pid, self.fds, self.args, self.ids, self.libc = None, {}, {}, {}, libc()
         if self.libc is not None:
             import ctypes
 
@@ -48,19 +49,24 @@ class _Counters:
 
     def _open(self):
         if self.pid is None:  # first read in this process (a forked child must not read its parent's)
-            self.fds, self.args = {}, {}
-            for name, path in _PATHS.items():
-                try:
-                    self.fds[name] = os.open(path, os.O_RDONLY)
-                except OSError:
-                    pass
-            if self.libc is not None:
-                import ctypes
-
-                self.args = {name: (ctypes.c_int(fd), self.buf, ctypes.c_size_t(512), ctypes.c_long(0))
-                             for name, fd in self.fds.items()}
+            self.fds, self.args, self.ids = {}, {}, {}
+            for name in _PATHS:
+                self._open_one(name)
             self.pid = os.getpid()
         return self.fds
+
+    def _open_one(self, name: str) -> int | None:
+        try:
+            fd = os.open(_PATHS[name], os.O_RDONLY)
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        self.fds[name], self.ids[name] = fd, (st.st_dev, st.st_ino)
+        if self.libc is not None:
+            import ctypes
+
+            self.args[name] = (ctypes.c_int(fd), self.buf, ctypes.c_size_t(512), ctypes.c_long(0))
+        return fd
 
     def read(self, name: str) -> bytes | None:
         if self.pid is None:
@@ -68,12 +74,33 @@ class _Counters:
         args = self.args.get(name)
         if args is not None:  # (libc's pread, its arguments built once)
             n = self.pread(*args)  # /proc/stat's first line is within 512 bytes
-            return self.buf[:n] if n > 0 else None
+            return self.buf[:n] if n > 0 else self._reread(name)
         fd = self.fds.get(name)
         if fd is None:
             return None
         try:
             return os.pread(fd, 512, 0)
+        except OSError:
+            return self._reread(name)
+
+    def _reread(self, name: str) -> bytes | None:
+        """A kept file's read failed. If its descriptor no longer is the file opened (closed under
+        us, by code that closes every descriptor, say), the file is opened again and read; the old
+        number is forgotten, not closed (it may be someone else's file now). If it still is, the
+        file itself refused (nothing to reopen): None, as for any unreadable counter."""
+        fd = self.fds.get(name)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == self.ids.get(name):
+                return None
+        except (OSError, TypeError):
+            pass
+        self.fds.pop(name, None), self.args.pop(name, None), self.ids.pop(name, None)
+        fd = self._open_one(name)
+        if fd is None:
+            return None
+        try:
+            return os.pread(fd, 512, 0) or None
         except OSError:
             return None
 
@@ -215,7 +242,9 @@ class Deferred(Conditions):
     record carries one: its verdict in words costs nothing until someone looks."""
 
     def __init__(self, kw: dict):  # judge's arguments, not the dataclass's fields
-        self.__dict__["_judge"] = kw
+        # (set as an attribute, not through __dict__: the instance keeps it inline, with no dict
+        # object of its own until it is judged; one is kept per profiled cell)
+        object.__setattr__(self, "_judge", kw)
 
     def judged(self) -> Conditions:
         kw = self.__dict__.pop("_judge", None)

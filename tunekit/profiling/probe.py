@@ -59,6 +59,13 @@ class Probe:
     (`fingerprint.cell_inputs`: ``x = 1``): its memory is not read either (the CPU and GPU
     memory figures NaN), and the record says what was skipped (a note of kind ``readings.trivial``)."""
 
+    # one Probe per profiled cell: slots make it a fixed layout (no instance dict to build and
+    # fill, its 30 names at the limit of a shared-key dict)
+    __slots__ = ("name", "key", "trace", "memory", "tracer", "energy", "_fp", "_models", "tap", "mode",
+                 "model_flops", "peak", "dtype", "history", "inert", "trivial", "counter", "stale",
+                 "conditions", "t0", "running", "started", "record", "fp", "count_now", "under_counter",
+                 "graphs0", "cpu", "cuda", "index")
+
     def __init__(self, name: str, key: str | None = None, fingerprint=(), flops: str = "auto",
                  model_flops: float | None = None, peak: float | None = None, dtype: str | None = None,
                  history: History | None = HISTORY, trace: bool = False, memory: bool = False, models=None,
