@@ -100,6 +100,8 @@ CUDA 12.1, the runs' CUDA: H100 SXM 792.1, A100 SXM 267.9 TFLOPS, within 1.3% of
     .venv/bin/python benchmarks/bench_expected.py 30b H100 # only the runs whose label holds one of these
     .venv/bin/python benchmarks/bench_expected.py --cpu    # the Lab's GPT on this CPU, expected vs measured
     .venv/bin/python benchmarks/bench_expected.py --summary OUT.txt   # the bias table of a saved run's output
+    .venv/bin/python benchmarks/bench_expected.py --ops 30b  # each row's expected step by category, its largest
+                                                             # ops and the attention kernel's share and rate
 """
 import csv
 import statistics
@@ -254,6 +256,39 @@ def read_ratios(path) -> dict:
     return out
 
 
+def attention_rate(row) -> tuple[float, float]:
+    """(share of the dense peak, TFLOPS) the plan takes the row's attention kernel at, for its head dim
+    and sequence (the card's attention table, core.gpus; `attention_share`)."""
+    from tunekit.core import specs
+    from tunekit.core.gpu import attention_share
+
+    card = specs.gpu(row["device"])
+    share = attention_share(card.attention[row["attention_kernel"]].value, row["d_model"] // row["n_heads"],
+                            row["seq_len"])
+    return share, share * card.peaks.value[row["precision"]]
+
+
+def op_table(row, planned, top: int = 8) -> list[str]:
+    """A row's expected step by category and its largest ops (seconds per step, the plans' mean), with
+    the attention kernel's share of the peak and its rate: where the row's error can come from."""
+    n = len(planned)
+    cats: dict = {}
+    ops: dict = {}
+    for p in planned:
+        for op, cat, calls, secs, bound, _src in p.expected.rows:
+            cats[cat] = cats.get(cat, 0.0) + secs / n
+            key = (op, cat, bound)
+            ops[key] = ops.get(key, 0.0) + secs / n
+    step = statistics.mean(p.expected.step_s for p in planned)
+    share, tflops = attention_rate(row)
+    lines = [f"  step {step:.3f} s; attention at {share:.1%} of the {row['precision']} peak ({tflops:.0f} TFLOPS, "
+             f"{row['attention_kernel']}, head dim {row['d_model'] // row['n_heads']}, seq {row['seq_len']})"]
+    lines += [f"  {cat:<16}{secs:>9.3f} s {secs / step:>6.1%}" for cat, secs in sorted(cats.items(), key=lambda c: -c[1])]
+    lines += [f"    {op:<52}{cat:<14}{bound:<14}{secs:>8.3f} s {secs / step:>6.1%}"
+              for (op, cat, bound), secs in sorted(ops.items(), key=lambda o: -o[1])[:top]]
+    return lines
+
+
 def main():
     t_all = time.perf_counter()
     if "--cpu" in sys.argv:
@@ -289,6 +324,8 @@ def main():
         fill = planned[0].total_bytes / planned[0].device_memory_bytes   # what the plan holds over the card
         print(f"{label:<52}{era:<20}{tps:>11,}{expected:>11,.0f}{ratio:>9.2f}{took:>8.1f}{fill:>9.2f}  "
               + " ".join(f"{x:>6.0%}" for x in shares(planned)), flush=True)
+        if "--ops" in sys.argv:
+            print("\n".join(op_table(row, planned)), flush=True)
     print("\n" + "\n".join(bias_table(ratios, read_runs())))
     errs = sorted(x for x, _ in errors)
     worst = max(errors)
