@@ -275,7 +275,7 @@ def op_table(row, planned, top: int = 8) -> list[str]:
     cats: dict = {}
     ops: dict = {}
     for p in planned:
-        for op, cat, calls, secs, bound, _src in p.expected.rows:
+        for op, cat, _calls, secs, bound, _src in p.expected.rows:
             cats[cat] = cats.get(cat, 0.0) + secs / n
             key = (op, cat, bound)
             ops[key] = ops.get(key, 0.0) + secs / n
@@ -283,7 +283,8 @@ def op_table(row, planned, top: int = 8) -> list[str]:
     share, tflops = attention_rate(row)
     lines = [f"  step {step:.3f} s; attention at {share:.1%} of the {row['precision']} peak ({tflops:.0f} TFLOPS, "
              f"{row['attention_kernel']}, head dim {row['d_model'] // row['n_heads']}, seq {row['seq_len']})"]
-    lines += [f"  {cat:<16}{secs:>9.3f} s {secs / step:>6.1%}" for cat, secs in sorted(cats.items(), key=lambda c: -c[1])]
+    lines += [f"  {cat:<16}{secs:>9.3f} s {secs / step:>6.1%}"
+              for cat, secs in sorted(cats.items(), key=lambda c: -c[1])]
     lines += [f"    {op:<52}{cat:<14}{bound:<14}{secs:>8.3f} s {secs / step:>6.1%}"
               for (op, cat, bound), secs in sorted(ops.items(), key=lambda o: -o[1])[:top]]
     return lines
