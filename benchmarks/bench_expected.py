@@ -36,9 +36,12 @@ published tokens/s per GPU). Each is planned with the software it ran on:
 - torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; torch nightly 2024-12-23),
   Tables 1 and 3: Llama 3.1 8B, FSDP over 8 / 128 H100s, local batch 2 x 8192, selective activation
   checkpointing, with and without torch.compile. Their H100s are 96 GB HBM2e at 2.4 TB/s and 500 W:
-  the spec table's "H100 SXM 96GB" (that bandwidth; the 700 W card's compute figures, upper bounds:
-  torchtitan says its peak is "between SXM and NVL" and unknown). Selective checkpointing is
-  planned as the mean step of none and full (torchtitan's policy recomputes about half).
+  the spec table's "H100 SXM 96GB" (that bandwidth; its peak, "between SXM and NVL" and unknown as
+  torchtitan says, the middle of the two cards' dense figures, 912.25 bf16, and its MAMF the SXM's
+  share of that: 732.8). Selective checkpointing is planned as the mean step of none and full
+  (torchtitan's default policy, selective_ac_option 'op' in train_configs/llama3_8b.toml, keeps every
+  attention and every other matmul and recomputes the rest: about half; with the 8B's op table the
+  difference from the mean is within 2% of the step either way).
 - llm.c GPT-2 124M on an A100, "up to ~60%" MFU (karpathy/llm.c discussion #481) in llm.c's
   convention (6 x all parameters + 6*L*C*T per token, 312 TFLOPS; its own CUDA kernels, fused
   everything): tokens/s derived from that MFU, planned as a compiled step of 64 x 1024.
