@@ -102,7 +102,8 @@ CUDA 12.1, the runs' CUDA: H100 SXM 792.1, A100 SXM 267.9 TFLOPS, within 1.3% of
     .venv/bin/python benchmarks/bench_expected.py          # the published runs
     .venv/bin/python benchmarks/bench_expected.py 30b H100 # only the runs whose label holds one of these
     .venv/bin/python benchmarks/bench_expected.py --cpu    # the Lab's GPT on this CPU, expected vs measured
-    .venv/bin/python benchmarks/bench_expected.py --summary OUT.txt   # the bias table of a saved run's output
+    .venv/bin/python benchmarks/bench_expected.py --summary OUT.txt   # the bias table of a saved run's output, and
+                                                   # the attention kernel's planned and implied share from 16k up
     .venv/bin/python benchmarks/bench_expected.py --ops 30b  # each row's expected step by category, its largest
                                                              # ops and the attention kernel's share and rate
 """
@@ -293,13 +294,35 @@ def op_table(row, planned, top: int = 8) -> list[str]:
     return lines
 
 
+def long_sequence_lines(path, from_seq: int = 16384) -> list[str]:
+    """For each run of a saved output at ``from_seq`` tokens or more: the attention kernel's share of the
+    peak the plan took (`attention_rate`), attention's share of the expected step, expected/published,
+    and the kernel share that would have given the published step with everything else as planned
+    (share x a / (exp/pub - 1 + a), a the attention share): a reading of the runs, never fed back."""
+    runs = {r["label"]: r for r in read_runs()}
+    lines = [f"{'run (seq >= ' + str(from_seq) + ')':<52}{'kernel':>7}{'hdim':>5}{'planned':>9}{'TFLOPS':>8}"
+             f"{'attn':>6}{'exp/pub':>8}{'implied':>9}"]
+    for line in Path(path).read_text().splitlines():
+        label, fields = line[:52].rstrip(), line[72:].split()
+        row = runs.get(label)
+        if row is None or row["seq_len"] < from_seq or len(fields) < 10 or fields[1] == "none":
+            continue
+        ratio = float(fields[1].replace(",", "")) / float(fields[0].replace(",", ""))
+        a = float(fields[6].rstrip("%")) / 100
+        share, tflops = attention_rate(row)
+        lines.append(f"{label:<52}{row['attention_kernel']:>7}{row['d_model'] // row['n_heads']:>5}{share:>9.1%}"
+                     f"{tflops:>8.0f}{a:>6.0%}{ratio:>8.2f}{share * a / (ratio - 1 + a):>9.1%}")
+    return lines
+
+
 def main():
     t_all = time.perf_counter()
     if "--cpu" in sys.argv:
         cpu_rows()
         return
     if "--summary" in sys.argv:       # the bias table of a saved output, planning nothing
-        print("\n".join(bias_table(read_ratios(sys.argv[sys.argv.index("--summary") + 1]), read_runs())))
+        saved = sys.argv[sys.argv.index("--summary") + 1]
+        print("\n".join(bias_table(read_ratios(saved), read_runs()) + [""] + long_sequence_lines(saved)))
         return
     print(f"{'run':<52}{'software':<20}{'published':>11}{'expected':>11}{'exp/pub':>9}{'plan s':>8}{'peak/mem':>9}  "
           + " ".join(f"{c:>6}" for c in SHOWN.values()) + "  (share of the expected step)", flush=True)
