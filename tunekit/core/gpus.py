@@ -164,7 +164,7 @@ GPUS: tuple[GPU, ...] = (
     # Meta's Grand Teton H100 (torchtitan's benchmarks): 96 GB HBM2e at 2.4 TB/s under a 500 W limit;
     # its peak is "between SXM and NVL": the middle of the two (_TITAN_PEAK). Its MAMF is the SXM's share
     # of the SXM's peak put to this one (`borrows`), and fused attention its share of this peak (the
-    # 700 W SXM's own figures made every torchtitan row an upper bound: expected 1.14-1.31x its run)
+    # 700 W SXM's own figures, taken before, are the range's top: an upper bound, not the likeliest figure)
     GPU("H100 SXM 96GB", ("h100", "96gb"),
         _peaks(_TITAN_PEAK, fp32=(67 + 60) / 2, tf32=(494.5 + 417.5) / 2, half=(989 + 835.5) / 2,
                fp8=989 + 835.5),   # twice the bf16 middle
