@@ -36,9 +36,12 @@ published tokens/s per GPU). Each is planned with the software it ran on:
 - torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; torch nightly 2024-12-23),
   Tables 1 and 3: Llama 3.1 8B, FSDP over 8 / 128 H100s, local batch 2 x 8192, selective activation
   checkpointing, with and without torch.compile. Their H100s are 96 GB HBM2e at 2.4 TB/s and 500 W:
-  the spec table's "H100 SXM 96GB" (that bandwidth; the 700 W card's compute figures, upper bounds:
-  torchtitan says its peak is "between SXM and NVL" and unknown). Selective checkpointing is
-  planned as the mean step of none and full (torchtitan's policy recomputes about half).
+  the spec table's "H100 SXM 96GB" (that bandwidth; its peak, "between SXM and NVL" and unknown as
+  torchtitan says, the middle of the two cards' dense figures, 912.25 bf16, and its MAMF the SXM's
+  share of that: 732.8). Selective checkpointing is planned as the mean step of none and full
+  (torchtitan's default policy, selective_ac_option 'op' in train_configs/llama3_8b.toml, keeps every
+  attention and every other matmul and recomputes the rest: about half; with the 8B's op table the
+  difference from the mean is within 2% of the step either way).
 - llm.c GPT-2 124M on an A100, "up to ~60%" MFU (karpathy/llm.c discussion #481) in llm.c's
   convention (6 x all parameters + 6*L*C*T per token, 312 TFLOPS; its own CUDA kernels, fused
   everything): tokens/s derived from that MFU, planned as a compiled step of 64 x 1024.
@@ -99,7 +102,10 @@ CUDA 12.1, the runs' CUDA: H100 SXM 792.1, A100 SXM 267.9 TFLOPS, within 1.3% of
     .venv/bin/python benchmarks/bench_expected.py          # the published runs
     .venv/bin/python benchmarks/bench_expected.py 30b H100 # only the runs whose label holds one of these
     .venv/bin/python benchmarks/bench_expected.py --cpu    # the Lab's GPT on this CPU, expected vs measured
-    .venv/bin/python benchmarks/bench_expected.py --summary OUT.txt   # the bias table of a saved run's output
+    .venv/bin/python benchmarks/bench_expected.py --summary OUT.txt   # the bias table of a saved run's output, and
+                                                   # the attention kernel's planned and implied share from 16k up
+    .venv/bin/python benchmarks/bench_expected.py --ops 30b  # each row's expected step by category, its largest
+                                                             # ops and the attention kernel's share and rate
 """
 import csv
 import statistics
@@ -254,13 +260,69 @@ def read_ratios(path) -> dict:
     return out
 
 
+def attention_rate(row) -> tuple[float, float]:
+    """(share of the dense peak, TFLOPS) the plan takes the row's attention kernel at, for its head dim
+    and sequence (the card's attention table, core.gpus; `attention_share`)."""
+    from tunekit.core import specs
+    from tunekit.core.gpu import attention_share
+
+    card = specs.gpu(row["device"])
+    share = attention_share(card.attention[row["attention_kernel"]].value, row["d_model"] // row["n_heads"],
+                            row["seq_len"])
+    return share, share * card.peaks.value[row["precision"]]
+
+
+def op_table(row, planned, top: int = 8) -> list[str]:
+    """A row's expected step by category and its largest ops (seconds per step, the plans' mean), with
+    the attention kernel's share of the peak and its rate: where the row's error can come from."""
+    n = len(planned)
+    cats: dict = {}
+    ops: dict = {}
+    for p in planned:
+        for op, cat, _calls, secs, bound, _src in p.expected.rows:
+            cats[cat] = cats.get(cat, 0.0) + secs / n
+            key = (op, cat, bound)
+            ops[key] = ops.get(key, 0.0) + secs / n
+    step = statistics.mean(p.expected.step_s for p in planned)
+    share, tflops = attention_rate(row)
+    lines = [f"  step {step:.3f} s; attention at {share:.1%} of the {row['precision']} peak ({tflops:.0f} TFLOPS, "
+             f"{row['attention_kernel']}, head dim {row['d_model'] // row['n_heads']}, seq {row['seq_len']})"]
+    lines += [f"  {cat:<16}{secs:>9.3f} s {secs / step:>6.1%}"
+              for cat, secs in sorted(cats.items(), key=lambda c: -c[1])]
+    lines += [f"    {op:<52}{cat:<14}{bound:<14}{secs:>8.3f} s {secs / step:>6.1%}"
+              for (op, cat, bound), secs in sorted(ops.items(), key=lambda o: -o[1])[:top]]
+    return lines
+
+
+def long_sequence_lines(path, from_seq: int = 16384) -> list[str]:
+    """For each run of a saved output at ``from_seq`` tokens or more: the attention kernel's share of the
+    peak the plan took (`attention_rate`), attention's share of the expected step, expected/published,
+    and the kernel share that would have given the published step with everything else as planned
+    (share x a / (exp/pub - 1 + a), a the attention share): a reading of the runs, never fed back."""
+    runs = {r["label"]: r for r in read_runs()}
+    lines = [f"{'run (seq >= ' + str(from_seq) + ')':<52}{'kernel':>7}{'hdim':>5}{'planned':>9}{'TFLOPS':>8}"
+             f"{'attn':>6}{'exp/pub':>8}{'implied':>9}"]
+    for line in Path(path).read_text().splitlines():
+        label, fields = line[:52].rstrip(), line[72:].split()
+        row = runs.get(label)
+        if row is None or row["seq_len"] < from_seq or len(fields) < 10 or fields[1] == "none":
+            continue
+        ratio = float(fields[1].replace(",", "")) / float(fields[0].replace(",", ""))
+        a = float(fields[6].rstrip("%")) / 100
+        share, tflops = attention_rate(row)
+        lines.append(f"{label:<52}{row['attention_kernel']:>7}{row['d_model'] // row['n_heads']:>5}{share:>9.1%}"
+                     f"{tflops:>8.0f}{a:>6.0%}{ratio:>8.2f}{share * a / (ratio - 1 + a):>9.1%}")
+    return lines
+
+
 def main():
     t_all = time.perf_counter()
     if "--cpu" in sys.argv:
         cpu_rows()
         return
     if "--summary" in sys.argv:       # the bias table of a saved output, planning nothing
-        print("\n".join(bias_table(read_ratios(sys.argv[sys.argv.index("--summary") + 1]), read_runs())))
+        saved = sys.argv[sys.argv.index("--summary") + 1]
+        print("\n".join(bias_table(read_ratios(saved), read_runs()) + [""] + long_sequence_lines(saved)))
         return
     print(f"{'run':<52}{'software':<20}{'published':>11}{'expected':>11}{'exp/pub':>9}{'plan s':>8}{'peak/mem':>9}  "
           + " ".join(f"{c:>6}" for c in SHOWN.values()) + "  (share of the expected step)", flush=True)
@@ -289,6 +351,8 @@ def main():
         fill = planned[0].total_bytes / planned[0].device_memory_bytes   # what the plan holds over the card
         print(f"{label:<52}{era:<20}{tps:>11,}{expected:>11,.0f}{ratio:>9.2f}{took:>8.1f}{fill:>9.2f}  "
               + " ".join(f"{x:>6.0%}" for x in shares(planned)), flush=True)
+        if "--ops" in sys.argv:
+            print("\n".join(op_table(row, planned)), flush=True)
     print("\n" + "\n".join(bias_table(ratios, read_runs())))
     errs = sorted(x for x, _ in errors)
     worst = max(errors)

@@ -116,8 +116,10 @@ def test_matmul_shape_efficiency():
     h100 = gpu_figures("H100 SXM", "bf16", 989, 3.35, compiled=False)
     assert h100.mamf_tflops == 794.5 and h100.bandwidth_tbs == pytest.approx(3.0)
     # torchtitan's 500 W H100: its 2.4 TB/s HBM2e at the HBM3 card's measured share, 3.0 / 3.35
-    titan = gpu_figures("H100 SXM 96GB", "bf16", 989, 2.4, compiled=False)
+    titan = gpu_figures("H100 SXM 96GB", "bf16", 912.25, 2.4, compiled=False)
     assert titan.bandwidth_tbs == pytest.approx(2.4 * 3.0 / 3.35)
+    # its MAMF: the SXM's share of its peak put to this card's, 912.25 * 794.5 / 989 = 732.84, and said so
+    assert titan.mamf_tflops == pytest.approx(912.25 * 794.5 / 989) and "H100 SXM" in titan.borrowed[0]
     # 8192 x 8192 in 128 x 128 tiles: 4096 tiles over 132 SMs = 32 waves (31.03): 4096 / (32 * 132) = 0.9697
     assert wave_efficiency(8192, 8192, 1, 132) == pytest.approx(4096 / 4224)
     assert wave_efficiency(256, 256, 1, 132) == 1.0   # 4 tiles: split along k

@@ -124,3 +124,17 @@ def test_the_bias_table_by_group():
         ["card", "A100", "80GB", "2", "1.00", "10.0%"],
         ["card", "H100", "SXM", "1", "1.30", "30.0%"],
         ["size", "1-8B", "3", "1.10", "10.0%"]]           # median(0.90, 1.10, 1.30) = 1.10; of |error| 0.1, 0.1, 0.3
+
+
+def test_the_attention_rate_a_row_is_planned_at():
+    bench = _bench()
+    # the Triton kernel on an A100: the FA1 range 25-40% held flat past 16k: 0.40 * 312 = 124.8 TFLOPS
+    share, tflops = bench.attention_rate({"device": "A100 80GB", "attention_kernel": "triton", "d_model": 4096,
+                                          "n_heads": 32, "seq_len": 65536, "precision": "bf16"})
+    assert share == pytest.approx(0.40) and tflops == pytest.approx(124.8)
+    # torchtitan's card: FA2's Hopper share 3.5 * 284.1 * 1.935 / 6.723 / 989 = 0.2894 of its own peak,
+    # the middle of SXM and NVL (989 + 835.5) / 2 = 912.25: 264.0 TFLOPS (286.2 on the 700 W SXM)
+    share, tflops = bench.attention_rate({"device": "H100 SXM 96GB", "attention_kernel": "flash", "d_model": 4096,
+                                          "n_heads": 32, "seq_len": 8192, "precision": "bf16"})
+    assert share == pytest.approx(3.5 * 284.1 * 1.935 / 6.723 / 989)
+    assert tflops == pytest.approx(share * 912.25) and round(tflops, 1) == 264.0

@@ -20,8 +20,12 @@ _MLENG = "stas00/ml-engineering compute/accelerator/README.md, TFLOPS comparison
 _LIGHTNING = "Lightning-AI/pytorch-lightning src/lightning/fabric/utilities/throughput.py _CUDA_FLOPS"
 _ADA = "NVIDIA Ada (AD102) whitepaper: tensor bf16/fp16 with fp32 accumulate"
 _AMPERE = "NVIDIA Ampere GA102 whitepaper: tensor bf16/fp16 with fp32 accumulate"
-_TITAN = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 96GB HBM2e, 2.4 TB/s, 500 W; its peak "
-          "'between SXM and NVL', exact value unknown: the SXM's dense table figures, an upper bound")
+_TITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 96GB HBM2e, 2.4 TB/s, 500 W"
+# Its peak: "between SXM and NVL, and we don't know its exact value" (the same file, footnote 2): the
+# middle of the two cards' dense figures (the table below, ml-eng), neither end favoured. Hopper's fp8
+# rate is twice its bf16 (the SXM's 1979 / 989, the PCIe's 1513 / 756); the NVL row lists no fp8.
+_TITAN_PEAK = (_TITAN + " (footnote 2: its peak 'between SXM and NVL', exact value unknown): the middle of the "
+               "H100 SXM's and H100 NVL's dense figures (" + _MLENG + "); fp8 twice bf16, as on every Hopper row")
 _CC = "developer.nvidia.com/cuda-gpus (compute capability)"
 _SMS = "NVIDIA data sheet (streaming multiprocessors)"
 
@@ -128,7 +132,6 @@ _TRITON_H100 = Sourced(
            / attention_share(_FA2_A100.value, None, s)) for s in (512, 1024, 2048, 4096, 8192, 16384)),
     "the FA2 Hopper figure (" + _FA2_H100.source + ") times the Triton / FA2 ratio on an A100 at the same seq "
     "(FlashAttention-2 paper's ranges): both kernels issue Ampere mma there")
-_UPPER = " (the 700 W card's: an upper bound)"   # torchtitan's 500 W H100 takes the 700 W card's figures
 
 # What a card runs a training dtype as where it lists no peak for it (no tensor-core rate for it).
 # bf16 and TF32 tensor cores arrive with Ampere, compute capability 8.0 (NVIDIA A100 Tensor Core GPU
@@ -159,15 +162,18 @@ GPUS: tuple[GPU, ...] = (
         bandwidth=Sourced(2.0, _sheet("NVIDIA H100 PCIe")), sms=Sourced(114, _SMS), link=_link(64, "PCIe Gen5 x16"),
         capability=Sourced((9, 0), _CC)),
     # Meta's Grand Teton H100 (torchtitan's benchmarks): 96 GB HBM2e at 2.4 TB/s under a 500 W limit;
-    # its peak is "between SXM and NVL, and we don't know its exact value": the SXM's, an upper bound
-    GPU("H100 SXM 96GB", ("h100", "96gb"), _peaks(_TITAN, **_HOPPER_PEAKS), Sourced(96, _TITAN),
-        bandwidth=Sourced(2.4, _TITAN),
+    # its peak is "between SXM and NVL": the middle of the two (_TITAN_PEAK). Its MAMF is the SXM's share
+    # of the SXM's peak put to this one (`borrows`), and fused attention its share of this peak (the
+    # 700 W SXM's own figures, taken before, are the range's top: an upper bound, not the likeliest figure)
+    GPU("H100 SXM 96GB", ("h100", "96gb"),
+        _peaks(_TITAN_PEAK, fp32=(67 + 60) / 2, tf32=(494.5 + 417.5) / 2, half=(989 + 835.5) / 2,
+               fp8=989 + 835.5),   # twice the bf16 middle
+        Sourced(96, _TITAN), bandwidth=Sourced(2.4, _TITAN),
         bandwidth_share=Sourced(3.0 / 3.35, f"the HBM3 H100 SXM's share ({_H100_COPIES}) of its 2.4 TB/s HBM2e"),
-        mamf={"bf16": Sourced(794.5, _MAMF + " (the 700 W SXM's: an upper bound for this 500 W card)"),
-              "fp16": Sourced(794.5, _MAMF + " (the 700 W SXM's bf16: an upper bound)")},
-        sms=Sourced(132, _SMS), attention={"flash": Sourced(_FA2_H100.value, _FA2_H100.source + _UPPER),
-                                           "fa3": Sourced(_FA3_H100.value, _FA3_H100.source + _UPPER)},
-        link=_NVLINK4, node_net=_GRAND_TETON, capability=Sourced((9, 0), _CC)),
+        sms=Sourced(132, _SMS), attention={"flash": _FA2_H100, "fa3": _FA3_H100},
+        link=_NVLINK4, node_net=_GRAND_TETON, capability=Sourced((9, 0), _CC),
+        borrows=Sourced("H100 SXM", "the same GH100 chip, 132 SMs (NVIDIA H100 data sheet); torchtitan's footnote 2: "
+                                    "'HBM2e-based SXM H100 with lower TDP'")),
     GPU("H100 SXM", ("h100",), _peaks(_MLENG, **_HOPPER_PEAKS), Sourced(80, _MLENG), driver_total=_driver(81559),
         bandwidth=Sourced(3.35, _sheet("NVIDIA H100 SXM")), bandwidth_share=Sourced(3.0 / 3.35, _H100_COPIES),
         mamf=_mamf(794.5, 1402.6), sms=Sourced(132, _SMS),
