@@ -84,7 +84,8 @@ def child() -> None:
     verdicts = {"stream": f"[{stream.priority}] {stream.conditions}",
                 **{d: f"[{c.priority}] {c.conditions}" for d, c in cals.items()}}
     print(json.dumps(dict(steps=steps, verdicts=verdicts, seconds=took, policy=stream.wait_policy,
-                          matmul64=stream.matmuls["fp32"][0][1])))
+                          matmul64=stream.matmuls["fp32"][0][1],
+                          matmuls={d: [[n, tf] for n, tf in rows] for d, rows in stream.matmuls.items()})))
 
 
 def record_child() -> None:
@@ -314,6 +315,8 @@ def main() -> None:
                       f"64-cube fp32 matmul {got[load]['matmul64']:.3f} TFLOPS", flush=True)
                 for what, v in got[load]["verdicts"].items():
                     print(f"  {what:<7} {v}")
+                for d, rows in got[load].get("matmuls", {}).items():   # a checkout before this line: none
+                    print(f"  {d} matmul TFLOPS by cube: " + ", ".join(f"{n} {tf:.3f}" for n, tf in rows))
             print(f"\n{'expected step':<24}{'as is ms':>10}{'busy ms':>10}{'busy/as is':>12}")
             for k in SETTINGS:
                 a, b = got[False]["steps"][k], got[True]["steps"][k]
