@@ -89,7 +89,9 @@ def or_one_thread(trial):
     operands' page offsets (all at offset 0, or 31 offsets in one process), flushing denormals, MKL's
     memory manager (``MKL_DISABLE_FAST_MM``) and the Python hash seed left processes in either state.
     So the figure of these sizes is the faster of the two thread counts: the same in every process.
-    A step in a process of the slow state runs its smallest matmuls slower than the figure says."""
+    A step in a process of the slow state runs its smallest matmuls slower than the figure says. Not
+    covered: the larger cubes, which torch's threads run faster than one, also lose in that state (a
+    slow-state calibration's 128-cube 0.105 TFLOPS against 0.138-0.153 in three others, 2026-12-07)."""
     import torch
 
     def faster():
