@@ -36,9 +36,18 @@ each setting's step over the first's (fp32) per cache, whose spread over the cac
 settings' ratios still agree where the steps do not. ``--spread`` prints each cache's figures over the
 first cache's: their median ratio (the common factor) and how far the figures stray from it.
 
+The 64-cube fp32 matmul's per-process state (``--states N``): N fresh processes per variant, alternated,
+each taking that one figure as its checkout's calibration does (its three layouts' warm trials, 8
+interleaved rounds, ahead of the load), and how many land in each state (below or above STATE_SPLIT
+TFLOPS): this checkout; this checkout on torch's threads only (no one-thread trial, as before v16); and
+with ``--against DIR``, DIR's:
+
+    .venv/bin/python benchmarks/bench_calibration.py --states 20 --against /tmp/base
+
 For the integrator, at a quiet moment (nothing else running):
 
     .venv/bin/python benchmarks/bench_calibration.py --runs 3 --against /tmp/base
+    .venv/bin/python benchmarks/bench_calibration.py --states 20 --against /tmp/base
 """
 import argparse
 import json
@@ -75,7 +84,8 @@ def child() -> None:
     verdicts = {"stream": f"[{stream.priority}] {stream.conditions}",
                 **{d: f"[{c.priority}] {c.conditions}" for d, c in cals.items()}}
     print(json.dumps(dict(steps=steps, verdicts=verdicts, seconds=took, policy=stream.wait_policy,
-                          matmul64=stream.matmuls["fp32"][0][1])))
+                          matmul64=stream.matmuls["fp32"][0][1],
+                          matmuls={d: [[n, tf] for n, tf in rows] for d, rows in stream.matmuls.items()})))
 
 
 def record_child() -> None:
@@ -92,6 +102,42 @@ def record_child() -> None:
     seconds = dict(stream=t1 - t0, mamf=time.perf_counter() - t1)
     files = {f: (paths.cache_dir() / f).read_text() for f in ("stream.json", "mamf.json")}
     print(json.dumps(dict(files=files, seconds=seconds)))
+
+
+STATE_SPLIT = 0.05   # TFLOPS between the 64-cube's two states on the 2-vCPU VM (0.031-0.034, 0.066-0.075)
+
+
+def mm64_child() -> None:
+    """The 64-cube fp32 matmul figure as this checkout's calibration takes it; one JSON line."""
+    import torch
+
+    from tunekit.measure import step_compute
+    from tunekit.measure.trials import Trial, built, interleaved
+
+    if os.environ.get("BENCH_THREADS_ONLY") and hasattr(step_compute, "or_one_thread"):
+        step_compute.or_one_thread = lambda trial: trial   # as before v16: torch's threads only
+    trials = {i: Trial(t, warm=True) for i, t in enumerate(built(step_compute._matmul_trials, 64, torch.float32))}
+    best = interleaved(trials, least=8, most=8)
+    print(json.dumps(dict(tflops=2 * 64**3 * 3 / sum(best.values()) / 1e12)))
+
+
+def show_states(n: int, against: str | None) -> None:
+    """--states N: how many of N fresh processes per variant land in each 64-cube state."""
+    variants = [("this checkout", ROOT, {}), ("this checkout, torch's threads only", ROOT, {"BENCH_THREADS_ONLY": "1"})]
+    if against:
+        variants.append((f"@{against}", Path(against).resolve(), {}))
+    got: dict = {name: [] for name, _, _ in variants}
+    for i in range(n):
+        for name, root, extra in (variants if i % 2 == 0 else variants[::-1]):
+            env = dict(os.environ, PYTHONPATH=str(root), **extra)
+            cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_calibration.py"), "--mm64"]
+            got[name].append(json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                                       check=True).stdout.strip().splitlines()[-1])["tflops"])
+        print(f"process {i + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in got.items()), flush=True)
+    print(f"\n{'variant':<40}{'slow':>6}{'fast':>6}   TFLOPS (slow: under {STATE_SPLIT})")
+    for name, v in got.items():
+        slow = sum(x < STATE_SPLIT for x in v)
+        print(f"{name:<40}{slow:>6}{len(v) - slow:>6}   {min(v):.3f}-{max(v):.3f}")
 
 
 def fresh_record() -> dict:
@@ -231,6 +277,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mm64", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--states", type=int, metavar="N", help="N fresh processes per variant: the 64-cube "
+                    "fp32 matmul figure's state in each (with --against: DIR's code too)")
     ap.add_argument("--busy-first", action="store_true", help="calibrate beside the load first")
     ap.add_argument("--runs", type=int, default=1, metavar="R", help="R pairs, alternating which goes first")
     ap.add_argument("--policy", action="append", metavar="P", help="libgomp wait policy of the children: "
@@ -244,8 +293,12 @@ def main() -> None:
         return child()
     if args.record:
         return record_child()
+    if args.mm64:
+        return mm64_child()
     if args.spread:
         return show_spread(args.spread)
+    if args.states:
+        return show_states(args.states, args.against)
     roots = [ROOT] + ([Path(args.against).resolve()] if args.against else [])
     variants = [(chosen, root) for root in roots for chosen in (args.policy or [None])]
     every: dict = {}
@@ -262,6 +315,8 @@ def main() -> None:
                       f"64-cube fp32 matmul {got[load]['matmul64']:.3f} TFLOPS", flush=True)
                 for what, v in got[load]["verdicts"].items():
                     print(f"  {what:<7} {v}")
+                for d, rows in got[load].get("matmuls", {}).items():   # a checkout before this line: none
+                    print(f"  {d} matmul TFLOPS by cube: " + ", ".join(f"{n} {tf:.3f}" for n, tf in rows))
             print(f"\n{'expected step':<24}{'as is ms':>10}{'busy ms':>10}{'busy/as is':>12}")
             for k in SETTINGS:
                 a, b = got[False]["steps"][k], got[True]["steps"][k]

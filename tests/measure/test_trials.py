@@ -266,3 +266,53 @@ def test_the_cold_trials_saved_tensors_are_slices_of_one_pool(monkeypatch):
     (lst,) = [c.cell_contents for c in saved if isinstance(c.cell_contents, list)]
     assert [s.data_ptr() - pool.data_ptr() for s in lst] == [0, 4 * 4096, 8 * 4096]
     assert all(s.numel() == 4096 for s in lst)
+
+
+@pytest.fixture
+def two_threads():
+    import torch
+
+    was = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield torch
+    torch.set_num_threads(was)
+
+
+def test_a_small_cube_is_the_faster_of_torchs_threads_and_one(two_threads):
+    torch, seen = two_threads, []
+
+    def trial():   # a fake trial: 3 s on torch's 2 threads, 1 s on one (the slow state of issue 39)
+        seen.append(torch.get_num_threads())
+        return {2: 3.0, 1: 1.0}[seen[-1]]
+
+    assert step_compute.or_one_thread(trial)() == 1.0   # min(3.0, 1.0)
+    assert seen == [2, 1] and torch.get_num_threads() == 2   # timed on 2 threads, then 1; 2 put back
+
+    def fast_on_two():
+        return {2: 0.5, 1: 1.0}[torch.get_num_threads()]
+
+    assert step_compute.or_one_thread(fast_on_two)() == 0.5   # min(0.5, 1.0): the threads' figure stays
+
+
+def test_one_thread_is_undone_when_its_trial_fails(two_threads):
+    torch = two_threads
+
+    def trial():
+        if torch.get_num_threads() == 1:
+            raise KeyboardInterrupt
+        return 1.0
+
+    with pytest.raises(KeyboardInterrupt):
+        step_compute.or_one_thread(trial)()
+    assert torch.get_num_threads() == 2
+
+
+def test_only_the_one_thread_sizes_take_a_one_thread_trial(monkeypatch):
+    import torch
+
+    wrapped = []
+    monkeypatch.setattr(step_compute, "or_one_thread", lambda t: wrapped.append(t) or t)
+    step_compute._matmul_trials(64, torch.float32)
+    assert len(wrapped) == 3   # ONE_THREAD_SIZES = (64,): its three layouts
+    step_compute._matmul_trials(128, torch.float32)
+    assert len(wrapped) == 3 and step_compute.ONE_THREAD_SIZES == (64,)   # 128 not among them

@@ -23,12 +23,15 @@ Interleaving every figure's trials over the calibration (`trials.interleaved`) d
 state holds for a whole process (one calibration's 64-cube trials were 0.071 TFLOPS at their fastest
 and within 1.5x of it in all 8 rounds over ~30 s; others' 0.031-0.033 throughout), and short processes
 took 0.028-0.033 under the default and 0.051-0.071 under GOMP_SPINCOUNT=1000 (2026-12-06, load ~5).
+The lever is torch's thread count (`or_one_thread`): the 64-cube's figure is now the faster of its
+trials on torch's threads and on one, the same in every process (2026-12-07).
 """
 from __future__ import annotations
 
 from tunekit.measure.trials import built, timed
 
 MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
+ONE_THREAD_SIZES = (64,)   # cubes also timed on one thread, the faster kept (`or_one_thread`)
 COPIES_CAP = 16   # a matmul figure's operand copies at most (`_matmul_trials`)
 # the tall-skinny shape classes (`_shape_trials`): tokens (the long dimension) by features (both
 # others), the Lab GPT's micro-batch 4 to 16 at 128 tokens, a tiny model's width to a small one's;
@@ -69,8 +72,39 @@ def _matmul_trials(n: int, dtype) -> list:
             for (x, y), out in zip(pairs, outs):
                 torch.mm(x, y, out=out)
 
-        trials.append(timed(run, rounds * copies))
+        trial = timed(run, rounds * copies)
+        trials.append(or_one_thread(trial) if n in ONE_THREAD_SIZES else trial)
     return trials
+
+
+def or_one_thread(trial):
+    """``trial`` (returning its seconds) timed as it is and again on one intra-op thread, the faster
+    kept; torch's thread count put back after, also on an exception.
+
+    Why (issue 39): on the 2-vCPU VM a process's 64-cube fp32 matmuls on torch's 2 threads run in one of
+    two states for its whole life, 0.031-0.034 or 0.066-0.074 TFLOPS, while on one thread they run at
+    0.073-0.075 in every process. Within one process ``torch.set_num_threads`` moves it: a slow process
+    measured 0.033 on 2 threads and 0.074 on 1, three times in turn, and went back to 0.033 each time;
+    a fast one read 0.066-0.074 on both (2026-12-07, benchmarks/bench_calibration.py --states). The
+    operands' page offsets (all at offset 0, or 31 offsets in one process), flushing denormals, MKL's
+    memory manager (``MKL_DISABLE_FAST_MM``) and the Python hash seed left processes in either state.
+    So the figure of these sizes is the faster of the two thread counts: the same in every process.
+    A step in a process of the slow state runs its smallest matmuls slower than the figure says. Not
+    covered: the larger cubes, which torch's threads run faster than one, also lose in that state (a
+    slow-state calibration's 128-cube 0.105 TFLOPS against 0.138-0.153 in three others, 2026-12-07)."""
+    import torch
+
+    def faster():
+        many, threads = trial(), torch.get_num_threads()
+        if threads == 1:
+            return many
+        torch.set_num_threads(1)
+        try:
+            return min(many, trial())
+        finally:
+            torch.set_num_threads(threads)
+
+    return faster
 
 
 def _out_buffers(count: int, n: int, dtype) -> list:
