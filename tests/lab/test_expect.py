@@ -441,7 +441,62 @@ def test_an_ops_factor_carries_while_it_stays_near_its_measured_size():
     factors = ({"_to_copy": 30.0, "mul": 1.2}, {OTHER: 1.5}, {}, "trace")
     new = [("aten::_to_copy", "memory-bound", 1, 1.2e-3, "memory", "s"),    # 300x per call: group's 1.5
            ("aten::mul", "memory-bound", 2, 3e-3, "memory", "s")]            # 3x per call: its own 1.2
-    rows, added = calibrated_rows(new, base, factors)
+    rows, added, other = calibrated_rows(new, base, factors)
     got = [(r[0], r[4], r[6]) for r in rows]
-    assert got == [("aten::_to_copy", 1.5, "group"), ("aten::mul", 1.2, "op")] and added == []
+    assert got == [("aten::_to_copy", 1.5, "group"), ("aten::mul", 1.2, "op")] and added == [] == other
     assert rows[0][5] == 1.2e-3 * 1.5          # 1.8 ms, not 1.2 ms x 30 = 36 ms
+
+
+FP32, BF16 = ("float32",), ("bfloat16",)
+UPDATE = ("float32 params, fp32 grads",)   # the optimizer's row: fp32 parameters under bf16 autocast too
+
+
+def test_a_factor_measured_at_one_dtype_does_not_carry_to_another_dtypes_kernel():
+    # the base setting's plan at fp32, the new one the same sizes under bf16 autocast: mm runs bf16,
+    # add takes a bf16 and an fp32 tensor (a residual), mul stays fp32, the update fp32
+    base = fake_plan(BASE_ROWS, 100 * MiB)
+    base.expected.dtypes = {"mm": FP32, "add": FP32, "mul": FP32, "optimizer step": UPDATE}
+    new = fake_plan(BASE_ROWS, 100 * MiB)
+    new.expected.dtypes = {"mm": BF16, "add": ("bfloat16,float32>float32",), "mul": FP32, "optimizer step": UPDATE}
+    e = ex.expectation(fake_lab(), Setting(precision="bf16"), "cpu", new, base, fake_run())
+    # factors as in test_traced_base_run_calibrates_op_by_op: mm 1.9, add 2.0 (ops), elementwise rest
+    # 1.75, host 3.0, optimizer 2.9, data loading 3.9 ms carried.
+    # mm: another kernel, and the matmul group measured only fp32 ones: the device model, 10 ms;
+    # add: another kernel, its signature not among the elementwise group's (float32): 2 ms;
+    # mul: the same kernel, no factor of its own: the group's 1.75 -> 3.5 ms; host 1 x 3.0;
+    # the update the same kernel: 1 x 2.9; 10 + 2 + 3.5 + 3 + 2.9 + 3.9 = 25.3 ms
+    by = {r[0]: (r[4], r[6]) for r in e.rows}
+    assert by["mm"] == (1.0, "device model") and by["add"] == (1.0, "device model")
+    assert by["mul"] == (pytest.approx(1.75), "group") and by[HOST] == (pytest.approx(3.0), "group")
+    assert by["optimizer step"] == (pytest.approx(2.9), "group")
+    assert e.step_s == pytest.approx(0.0253)
+    note = of_kind(e.notes, "expect.other_dtype")
+    assert "mm (float32 -> bfloat16), add (float32 -> bfloat16,float32>float32)" in str(note[0])
+    # the same plan with the same signatures on both sides: the base run exactly (36.3 ms)
+    new.expected.dtypes = dict(base.expected.dtypes)
+    same = ex.expectation(fake_lab(), Setting(), "cpu", new, base, fake_run())
+    assert same.step_s == pytest.approx(0.0363) and not of_kind(same.notes, "expect.other_dtype")
+    # measured by its step time alone (36.3 ms over the plan's 16: 2.26875): the bf16 mm and add at the
+    # device model, the rest at the ratio: 12 + (16 - 12) * 2.26875 = 21.075 ms
+    new.expected.dtypes = {"mm": BF16, "add": BF16, "mul": FP32, "optimizer step": UPDATE}
+    step = ex.expectation(fake_lab(), Setting(), "cpu", new, base, fake_run(traced=False))
+    assert step.step_s == pytest.approx(0.012 + 0.004 * 0.0363 / 0.016)
+
+
+def test_a_group_factor_carries_to_another_signature_its_group_measured():
+    from tunekit.lab.expect_trace import OTHER, calibrated_rows
+
+    base = [("add", "memory-bound", 2, 1e-3, "memory", ""), ("mul", "memory-bound", 2, 1e-3, "memory", "")]
+    new = [("add", "memory-bound", 2, 1e-3, "memory", ""), ("mul", "memory-bound", 2, 1e-3, "memory", "")]
+    factors = ({"add": 1.2, "mul": 1.4}, {OTHER: 1.5}, {}, "trace")
+    # the base's add ran fp32 and int64 kernels, the new one only fp32: not its own factor (another
+    # mix), but the group measured fp32 kernels: its 1.5; mul from int64 to float32: the group's
+    # kernels include float32 too, so 1.5; were it bf16, the device model
+    rows, added, other = calibrated_rows(new, base, factors, {"add": FP32, "mul": FP32},
+                                         {"add": ("float32", "int64"), "mul": ("int64",)})
+    assert [(r[0], r[4], r[6]) for r in rows] == [("add", 1.5, "group"), ("mul", 1.5, "group")]
+    assert added == [] == other
+    rows, _, other = calibrated_rows(new, base, factors, {"add": FP32, "mul": BF16},
+                                     {"add": ("float32", "int64"), "mul": ("int64",)})
+    assert [(r[0], r[4], r[6]) for r in rows] == [("add", 1.5, "group"), ("mul", 1.0, "device model")]
+    assert other == [("mul", ("int64",), BF16)]

@@ -111,3 +111,73 @@ def traced_factors(lab, run, base_plan, notes: list, base_rows=None):
         return None
     notes += more
     return by_op, rest, carried, "trace"
+
+
+# --- the carry: which factor each row of the new setting takes ------------------------------------
+
+RESIZED_CARRY = 4.0   # an op's own factor carries while its expected time per call stays within this factor
+
+
+def calibrated_rows(rows, base_rows, factors, dtypes=None, base_dtypes=None) -> tuple[list, list, list]:
+    """The new setting's expected rows, each with its factor and what gave it; the names of its ops
+    the base plan did not have (new: the device model uncalibrated); and (op, base signatures, new
+    signatures) of the ops whose kernels run at other dtypes than the base run measured them at.
+
+    A factor is a property of the kernel that ran: (op name, dtypes, size). ``dtypes`` /
+    ``base_dtypes`` (`Expected.dtypes`: {op: its kernels' dtype signatures}) say which kernel each
+    row is; an op whose signatures differ from the base's (a bf16 step's matmuls, casts and SDPA
+    under the names of the fp32 ones) takes no factor measured at the other dtype: its group's
+    where the group's measured kernels include its own signatures (dtype-free: the host's time, an
+    update on fp32 parameters either way), else the device model uncalibrated. A row neither
+    names (the host's rows, a plan without signatures) counts as the same kernel."""
+    by_op, rest, carried, how = factors
+    dtypes, base_dtypes = dtypes or {}, base_dtypes or {}
+    base_call: dict = {}   # op name -> (expected seconds, calls) in the base plan
+    group_sigs: dict = {}  # group -> the dtype signatures of the base's kernels in it
+    for r in base_rows:
+        s0, c0 = base_call.get(_op_name(r[0]), (0.0, 0))
+        base_call[_op_name(r[0])] = (s0 + r[3], c0 + r[2])
+        group_sigs.setdefault(GROUP_OF.get(r[1], OTHER), set()).update(base_dtypes.get(r[0], ()))
+    out, new, other = [], [], []
+    for op, cat, calls, secs, _bound, _src in rows:
+        name, group = _op_name(op), GROUP_OF.get(cat, OTHER)
+        sigs, base_sigs = dtypes.get(op), base_dtypes.get(op)
+        if how == "none":
+            f, by = 1.0, "device model"
+        elif name not in base_call:
+            f, by = 1.0, "device model"
+            new.append(op)
+        elif sigs != base_sigs and (how != "trace" or not set(sigs or ()) <= group_sigs.get(group, set())):
+            f, by = 1.0, "device model"
+            other.append((op, base_sigs or (), sigs or ()))
+        elif how == "step time":
+            f, by = rest, "step"
+        elif sigs == base_sigs and cat in OWN_OPS and name in by_op and _same_size(secs, calls, *base_call[name]):
+            f, by = by_op[name], "op"
+        else:
+            f, by = rest.get(group, 1.0), "group"
+        out.append((op, cat, calls, secs, f, secs * f, by))
+    for group, secs in (carried.items() if how == "trace" else ()):
+        out.append((f"{group} (measured, not foreseen)", group, 0, 0.0, NaN, secs, "measured"))
+    return out, new, other
+
+
+def other_dtype_note(run_id, other) -> Note:
+    """The note of the ops `calibrated_rows` could not calibrate: their kernels run at other dtypes."""
+    def sig(s):
+        return "/".join(s) or "none"
+    said = ", ".join(f"{op} ({sig(a)} -> {sig(b)})" for op, a, b in other[:5]) + (" ..." if len(other) > 5 else "")
+    return Note("expect.other_dtype", f"ops whose kernels run at other dtypes than run #{run_id} measured them "
+                                      f"at, at the device model uncalibrated (a factor measured at one dtype is "
+                                      f"no rate for another's kernel): {said}")
+
+
+def _same_size(secs, calls, base_secs, base_calls) -> bool:
+    """An op's measured/expected factor is a property of the op at its size: what a tiny call
+    measured beyond the plan (a fixed cost per call) is no rate for a call hundreds of times
+    larger (a bf16 cast of every weight: 1.3 ms where fp32's cast of an index was 4 us, measured
+    30x its plan). Past ``RESIZED_CARRY`` either way, its group's factor carries instead."""
+    if not (secs > 0 and base_secs > 0 and calls and base_calls):
+        return True
+    k = (secs / calls) / (base_secs / base_calls)
+    return 1 / RESIZED_CARRY <= k <= RESIZED_CARRY
