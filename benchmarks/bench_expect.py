@@ -208,7 +208,18 @@ def fastest_verdict(g) -> str:
 
 
 HEAD = (f"{'change':<24}{'exp ms':>8}{'exp x':>7}{'meas ms':>9}{'meas x':>8}{'blocks':>8}{'error':>8}"
-        f"{'exp MiB':>9}{'meas MiB':>9}{'peak err':>9}{'answer s':>9}  status")
+        f"{'exp MiB':>9}{'meas MiB':>9}{'peak err':>9}{'answer s':>9}{'uncal':>7}  status")
+
+
+def uncalibrated_share(e) -> float:
+    """The share of an expectation's step at the device model uncalibrated (rows ``by`` "device
+    model": ops new to the setting, or whose kernels run at other dtypes than the base measured)."""
+    return sum(r[5] for r in e.rows if r[6] == "device model") / e.step_s if e.step_s > 0 else math.nan
+
+
+def carry_notes(e) -> list:
+    """What the calibration of an expectation could not carry (its notes of those kinds), in words."""
+    return [str(n) for n in e.notes if n.kind in ("expect.other_dtype", "expect.outlier")]
 
 
 def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
@@ -227,7 +238,7 @@ def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
           f"{AA_LIMIT:.1%}); the calibrating run measured {base.steady_step_s / meas_base - 1:+.1%} off the "
           f"interleaved base (drift, cancelled by the ratios)")
     print(HEAD)
-    rows = []
+    rows, said = [], {}
     for i, (label, _changes) in enumerate(rungs):
         g = got[i]
         if isinstance(g["expect"], Exception):
@@ -241,8 +252,12 @@ def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
         blocks = max(g["medians"]) / meas - 1
         print(f"{label:<24}{e.step_s * 1e3:>8.1f}{e.step_s / exp_base:>7.2f}{meas * 1e3:>9.1f}{meas / meas_base:>8.2f}"
               f"{blocks:>8.0%}{err:>+8.1%}{e.peak_bytes / MiB:>9.0f}{peak / MiB:>9.0f}{perr:>+9.1%}"
-              f"{g['answer_s']:>9.2f}  {status}", flush=True)
+              f"{g['answer_s']:>9.2f}{uncalibrated_share(e):>7.0%}  {status}", flush=True)
         rows.append((name, label, err, perr, status))
+        for note in carry_notes(e):
+            said.setdefault(note, label)
+    for note, label in said.items():   # once each, with the first row that said it
+        print(f"  {label}: {note}")
     return rows, aa
 
 
@@ -266,6 +281,7 @@ def judge(rows, spreads) -> None:
               f"{statistics.median(perrs) if perrs else math.nan:.1%}, worst {max(perrs, default=math.nan):.1%} "
               f"(goal <= {GOAL_PEAK:.0%}); {len(rs)} settings")
     print("A/A spread: " + ", ".join(f"{n} {s:.1%}" for n, s in spreads) + f" (bound {AA_LIMIT:.1%})")
+    print(by_model(rows, spreads))
     errs = [abs(r[2]) for r in kept]
     perrs = [abs(r[3]) for r in rows if not math.isnan(r[3])]
     ok = bool(kept) and statistics.median(errs) <= GOAL_MEDIAN and max(errs) <= GOAL_WORST
@@ -274,6 +290,24 @@ def judge(rows, spreads) -> None:
     print(f"step time goal {'met' if ok else 'NOT met' if kept else 'not judged'}, peak goal "
           f"{'met' if peak_ok else 'NOT met'}" + (f"; {left} of {len(rows)} rows not judged (A/A spread over "
                                                   f"the bound, or busy): rerun them when quiet" if left else ""))
+
+
+def by_model(rows, spreads) -> str:
+    """Per model and over all, every row (judged or not): the step time |error| median and worst
+    (which row), the same without the bf16 rows, the peak's worst, the A/A spread."""
+    aa = dict(spreads)
+    out = [f"{'model':<14}{'settings':>9}{'median':>8}  {'worst':<28}{'without bf16 rows':<24}{'peak worst':>11}"
+           f"{'A/A':>7}"]
+    for model in [*dict.fromkeys(r[0] for r in rows), "all"]:
+        rs = [r for r in rows if model in ("all", r[0])]
+        worst = max(rs, key=lambda r: abs(r[2]))
+        plain = [abs(r[2]) for r in rs if "bf16" not in r[1]]
+        without = f"{statistics.median(plain):.1%}, {max(plain):.1%}" if plain else "-"
+        perrs = [abs(r[3]) for r in rs if not math.isnan(r[3])]
+        out.append(f"{model:<14}{len(rs):>9}{statistics.median(abs(r[2]) for r in rs):>8.1%}  "
+                   f"{f'{abs(worst[2]):.1%} ({worst[1]})':<28}{without:<24}{max(perrs, default=math.nan):>11.1%}"
+                   f"{aa[model] if model in aa else math.nan:>7.1%}".replace("   nan%", "      -"))
+    return "\n".join(out)
 
 
 def speed(log_path: str) -> None:

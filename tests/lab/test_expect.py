@@ -500,3 +500,60 @@ def test_a_group_factor_carries_to_another_signature_its_group_measured():
                                      {"add": ("float32", "int64"), "mul": ("int64",)})
     assert [(r[0], r[4], r[6]) for r in rows] == [("add", 1.5, "group"), ("mul", 1.0, "device model")]
     assert other == [("mul", ("int64",), BF16)]
+
+
+def loaded_run(ops, untraced=0.003):
+    """A traced run whose trace needs no profiler time taken out: its steady step is the trace's wall
+    (the ops' self times plus ``untraced``), so each op's measured seconds are its own."""
+    wall = sum(o["self_s"] for o in ops) + untraced
+    run = fake_run(step_s=wall)
+    run.trace = Breakdown("cpu", wall, {}, ops, untraced_s=untraced)
+    return run
+
+
+def op(name, cat, secs, calls):
+    return {"op": name, "category": cat, "self_s": secs, "calls": calls}
+
+
+def test_a_group_slowed_far_past_the_rest_of_the_step_takes_the_rests_factor():
+    base = fake_plan(BASE_ROWS, 100 * MiB)
+    # under load the update measured 36 ms against its 1 ms expected (36x); the other groups: mm 20 / 10
+    # = 2.0, elementwise (add 6 + copy_ 4) / (add 2 + mul 2) = 2.5, host 3 / 1 = 3.0: their median 2.5, and
+    # 36 / 2.5 = 14x (over 4x): the update takes the other groups' (20 + 10 + 3) / (10 + 4 + 1) = 2.2;
+    # each of those within 4x of the median of the rest (the matmuls' 2.0 against median(2.5, 36, 3) = 3)
+    run = loaded_run([op("aten::mm", "matmul/linear", 0.020, 10), op("aten::add", "activation/elementwise", 0.006, 20),
+                      op("aten::copy_", "activation/elementwise", 0.004, 5),
+                      op("Optimizer.step#AdamW.step", "optimizer", 0.036, 1)])
+    e = ex.expectation(fake_lab(), Setting(), "cpu", base, base, run)
+    by = {r[0]: (r[4], r[6]) for r in e.rows}
+    # the others carry their own: mm 2.0 (op), add 3.0 (op: within 4x of the group's 2.5), mul the
+    # rest (10 - 6) / (4 - 2) = 2.0, host 3.0
+    assert by["optimizer step"] == (pytest.approx(2.2), "group")
+    assert by["mm"] == (pytest.approx(2.0), "op") and by["add"] == (pytest.approx(3.0), "op")
+    assert by["mul"] == (pytest.approx(2.0), "group") and by[HOST] == (pytest.approx(3.0), "group")
+    # 20 + 6 + 4 + 3 + 2.2 = 35.2 ms, not the 69 ms the loaded update made of the step
+    assert e.step_s == pytest.approx(0.0352)
+    note = str(of_kind(e.notes, "expect.outlier")[0])
+    assert "optimizer 36.0x (the other groups' 2.20x)" in note
+
+
+def test_an_op_far_past_its_group_leaves_its_time_to_the_groups_rest():
+    from tunekit.lab.expect_trace import SANE_CARRY
+
+    assert SANE_CARRY == 4.0
+    rows = [*BASE_ROWS, ("neg", "memory-bound", 2, 0.0002, "memory", "")]
+    base = fake_plan(rows, 100 * MiB)
+    # neg measured 4 ms against 0.2 ms (20x); its group: (add 6 + copy_ 4 + neg 4) / (2 + 2 + 0.2) = 14 / 4.2
+    # = 3.33x, and 20 / 3.33 = 6x past it: neg's time stays in the rest: (14 - 6) / (4.2 - 2) = 3.636..
+    run = loaded_run([op("aten::mm", "matmul/linear", 0.020, 10), op("aten::add", "activation/elementwise", 0.006, 20),
+                      op("aten::copy_", "activation/elementwise", 0.004, 5),
+                      op("aten::neg", "activation/elementwise", 0.004, 2),
+                      op("Optimizer.step#AdamW.step", "optimizer", 0.002, 1)])
+    e = ex.expectation(fake_lab(), Setting(), "cpu", base, base, run)
+    by = {r[0]: (r[4], r[6]) for r in e.rows}
+    rest = 8 / 2.2
+    assert by["neg"] == (pytest.approx(rest), "group") and by["mul"] == (pytest.approx(rest), "group")
+    assert by["add"] == (pytest.approx(3.0), "op")
+    # the base setting: mm 20, add 6, mul and neg (2 + 0.2) x 8 / 2.2 = 8, host 3, the update 2: 39 ms, the run's own
+    assert e.step_s == pytest.approx(0.039)
+    assert "neg 20.0x (elementwise, norms, copies's 3.33x)" in str(of_kind(e.notes, "expect.outlier")[0])

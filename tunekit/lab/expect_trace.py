@@ -8,6 +8,7 @@ op and group (`trace_factors`), and the plan's rows for a whole step of ``grad_a
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 
 from tunekit.core.breakdown import Breakdown, as_breakdown
@@ -57,7 +58,12 @@ def trace_factors(lab, run, base_plan, base_rows=None) -> tuple[dict, dict, dict
     {group: measured seconds nothing was expected for}, notes). The profiler's own time is taken
     out of the trace per recorded op (`untimed`) and the rest scaled to the run's own steady step,
     read by lab.explain's grouping. ``base_rows``: the plan's rows for the run's whole step
-    (`per_step`; None: the plan's own, one micro-batch)."""
+    (`per_step`; None: the plan's own, one micro-batch).
+
+    One traced step is one sample of a shared machine: a factor more than ``SANE_CARRY`` off its
+    group's (an op's; a group's rest of ops likewise) or off the median of the other groups' (a
+    group's: `far_groups`) was slowed by something else and is not carried: the group's factor is
+    taken instead (a group's: the other groups' together), and a note (``expect.outlier``) names it."""
     e = explained(lab, run, f"run #{run.run_id}", plan=base_plan)   # refuses what cannot be set against its plan
     trace, scale = untimed(as_breakdown(run.trace), steady_s(run))
     m_groups, m_ops = measured_groups(trace)
@@ -68,27 +74,70 @@ def trace_factors(lab, run, base_plan, base_rows=None) -> tuple[dict, dict, dict
         if cat in OWN_OPS:
             ops = e_ops_by_group.setdefault(GROUP_OF.get(cat, OTHER), {})
             ops[_op_name(op)] = ops.get(_op_name(op), 0.0) + secs
-    by_op, rest, carried, notes = {}, {}, {}, list(e.notes)
+    by_op, rest, carried, outliers = {}, {}, {}, []
+    measured = {g: m_groups.get(g, 0.0) * scale for g in GROUPS}
+    far, others = far_groups(measured, e_groups)   # a burst of load on one group (an update measured at 18x)
     for group in GROUPS:
-        m, exp = m_groups.get(group, 0.0), e_groups.get(group, 0.0)
-        seen = exp > 0
-        m_left, e_left = m * scale, exp
+        m, exp = measured[group], e_groups.get(group, 0.0)
+        whole = m / exp if exp > 0 and m > 0 else NaN
+        if group in far:
+            outliers.append((group, whole, "the other groups'", others))
+            rest[group] = others
+            continue
+        m_left, e_left = m, exp
         for name, e_o in e_ops_by_group.get(group, {}).items():
             m_o = m_ops.get(name, (0.0, 0))[0] * scale
             if m_o > 0 and e_o > 0:
+                if not _within(m_o / e_o, whole):   # its time stays in its group's rest
+                    outliers.append((name, m_o / e_o, f"{group}'s", whole))
+                    continue
                 by_op[name] = m_o / e_o
                 m_left, e_left = m_left - m_o, e_left - e_o
         if e_left > 1e-12 and m_left > 0:
-            rest[group] = m_left / e_left
+            rest[group] = m_left / e_left if _within(m_left / e_left, whole) else whole
         elif e_left > 1e-12:   # its other expected ops ran under names the trace did not show
-            rest[group] = (m * scale) / exp if seen and m > 0 else 1.0
+            rest[group] = whole if exp > 0 and m > 0 else 1.0
         elif m_left > 1e-12:
             carried[group] = m_left
+    notes = list(e.notes) + ([outlier_note(outliers)] if outliers else [])
     if carried:
         said = ", ".join(f"{g} {fmt_ms(s)}" for g, s in carried.items())
         notes.append(Note("expect.not_carried", "measured time the base plan foresaw nothing for, carried as "
                                                 f"measured: {said}"))
     return by_op, rest, carried, notes
+
+
+SANE_CARRY = 4.0   # a traced factor carries while within this factor of its group's (a group's: the others' median)
+
+
+def _within(f: float, ref: float) -> bool:
+    """Whether factor ``f`` is within ``SANE_CARRY`` of ``ref`` either way (True where either is unknown)."""
+    if is_missing(f) or is_missing(ref) or not (f > 0 and ref > 0):
+        return True
+    return 1 / SANE_CARRY <= f / ref <= SANE_CARRY
+
+
+def far_groups(measured: dict, expected: dict) -> tuple[set, float]:
+    """(the groups whose factor, measured over expected seconds, is more than ``SANE_CARRY`` off
+    the median of the other groups' factors; the factor of the step's other foreseen groups,
+    measured over expected seconds). Judged only with at least three groups measured, and only
+    where some group is left to take the factor of (else none is far)."""
+    f = {g: measured[g] / e for g, e in expected.items() if e > 0 and measured.get(g, 0.0) > 0}
+    if len(f) < 3:
+        return set(), NaN
+    far = {g for g in f if not _within(f[g], statistics.median(v for o, v in f.items() if o != g))}
+    kept = [g for g in f if g not in far]
+    if not far or not kept:
+        return set(), NaN
+    return far, sum(measured[g] for g in kept) / sum(expected[g] for g in kept)
+
+
+def outlier_note(outliers) -> Note:
+    """The note of the traced factors `trace_factors` did not carry: far outside their group's."""
+    said = ", ".join(f"{what} {f:.1f}x ({ref_name} {ref:.2f}x)" for what, f, ref_name, ref in outliers[:6])
+    return Note("expect.outlier", f"traced factors more than {SANE_CARRY:g}x off their group's (a group: off the "
+                                  f"other groups' median) not carried, that factor taken instead (one traced step "
+                                  f"slowed by other work): {said}" + (" ..." if len(outliers) > 6 else ""))
 
 
 def per_step(rows, accum) -> list:
