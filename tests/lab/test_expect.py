@@ -461,26 +461,27 @@ def test_a_factor_measured_at_one_dtype_does_not_carry_to_another_dtypes_kernel(
     e = ex.expectation(fake_lab(), Setting(precision="bf16"), "cpu", new, base, fake_run())
     # factors as in test_traced_base_run_calibrates_op_by_op: mm 1.9, add 2.0 (ops), elementwise rest
     # 1.75, host 3.0, optimizer 2.9, data loading 3.9 ms carried.
-    # mm: another kernel, and the matmul group measured only fp32 ones: the device model, 10 ms;
-    # add: another kernel, its signature not among the elementwise group's (float32): 2 ms;
+    # mm: another kernel, and the matmul group measured only fp32 ones: not its own 1.9, the base's
+    # whole step's: (10 x 1.9 + 2 x 2.0 + 2 x 1.75 + 1 x 3.0 + 1 x 2.9) / 16 = 32.4 / 16 = 2.025 -> 20.25 ms;
+    # add: another kernel, its signature not among the elementwise group's (float32): 2 x 2.025 = 4.05;
     # mul: the same kernel, no factor of its own: the group's 1.75 -> 3.5 ms; host 1 x 3.0;
-    # the update the same kernel: 1 x 2.9; 10 + 2 + 3.5 + 3 + 2.9 + 3.9 = 25.3 ms
+    # the update the same kernel: 1 x 2.9; 20.25 + 4.05 + 3.5 + 3 + 2.9 + 3.9 = 37.6 ms
     by = {r[0]: (r[4], r[6]) for r in e.rows}
-    assert by["mm"] == (1.0, "device model") and by["add"] == (1.0, "device model")
+    assert by["mm"] == (pytest.approx(2.025), "step") and by["add"] == (pytest.approx(2.025), "step")
     assert by["mul"] == (pytest.approx(1.75), "group") and by[HOST] == (pytest.approx(3.0), "group")
     assert by["optimizer step"] == (pytest.approx(2.9), "group")
-    assert e.step_s == pytest.approx(0.0253)
+    assert e.step_s == pytest.approx(0.0376)
     note = of_kind(e.notes, "expect.other_dtype")
     assert "mm (float32 -> bfloat16), add (float32 -> bfloat16,float32>float32)" in str(note[0])
     # the same plan with the same signatures on both sides: the base run exactly (36.3 ms)
     new.expected.dtypes = dict(base.expected.dtypes)
     same = ex.expectation(fake_lab(), Setting(), "cpu", new, base, fake_run())
     assert same.step_s == pytest.approx(0.0363) and not of_kind(same.notes, "expect.other_dtype")
-    # measured by its step time alone (36.3 ms over the plan's 16: 2.26875): the bf16 mm and add at the
-    # device model, the rest at the ratio: 12 + (16 - 12) * 2.26875 = 21.075 ms
+    # measured by its step time alone (36.3 ms over the plan's 16): that one ratio is the whole step's
+    # for every row, bf16 or not: 36.3 ms, and the note says which ops run other kernels
     new.expected.dtypes = {"mm": BF16, "add": BF16, "mul": FP32, "optimizer step": UPDATE}
     step = ex.expectation(fake_lab(), Setting(), "cpu", new, base, fake_run(traced=False))
-    assert step.step_s == pytest.approx(0.012 + 0.004 * 0.0363 / 0.016)
+    assert step.step_s == pytest.approx(0.0363) and of_kind(step.notes, "expect.other_dtype")
 
 
 def test_a_group_factor_carries_to_another_signature_its_group_measured():
@@ -491,14 +492,14 @@ def test_a_group_factor_carries_to_another_signature_its_group_measured():
     factors = ({"add": 1.2, "mul": 1.4}, {OTHER: 1.5}, {}, "trace")
     # the base's add ran fp32 and int64 kernels, the new one only fp32: not its own factor (another
     # mix), but the group measured fp32 kernels: its 1.5; mul from int64 to float32: the group's
-    # kernels include float32 too, so 1.5; were it bf16, the device model
+    # kernels include float32 too, so 1.5; were it bf16, the base's whole step's: (1 x 1.2 + 1 x 1.4) / 2 = 1.3
     rows, added, other = calibrated_rows(new, base, factors, {"add": FP32, "mul": FP32},
                                          {"add": ("float32", "int64"), "mul": ("int64",)})
     assert [(r[0], r[4], r[6]) for r in rows] == [("add", 1.5, "group"), ("mul", 1.5, "group")]
     assert added == [] == other
     rows, _, other = calibrated_rows(new, base, factors, {"add": FP32, "mul": BF16},
                                      {"add": ("float32", "int64"), "mul": ("int64",)})
-    assert [(r[0], r[4], r[6]) for r in rows] == [("add", 1.5, "group"), ("mul", 1.0, "device model")]
+    assert [(r[0], r[4], r[6]) for r in rows] == [("add", 1.5, "group"), ("mul", pytest.approx(1.3), "step")]
     assert other == [("mul", ("int64",), BF16)]
 
 
@@ -519,8 +520,9 @@ def test_a_group_slowed_far_past_the_rest_of_the_step_takes_the_rests_factor():
     base = fake_plan(BASE_ROWS, 100 * MiB)
     # under load the update measured 36 ms against its 1 ms expected (36x); the other groups: mm 20 / 10
     # = 2.0, elementwise (add 6 + copy_ 4) / (add 2 + mul 2) = 2.5, host 3 / 1 = 3.0: their median 2.5, and
-    # 36 / 2.5 = 14x (over 4x): the update takes the other groups' (20 + 10 + 3) / (10 + 4 + 1) = 2.2;
-    # each of those within 4x of the median of the rest (the matmuls' 2.0 against median(2.5, 36, 3) = 3)
+    # 36 / 2.5 = 14x (over FAR_GROUP, 8x): the update takes the other groups'
+    # (20 + 10 + 3) / (10 + 4 + 1) = 2.2;
+    # each of those within 8x of the median of the rest (the matmuls' 2.0 against median(2.5, 36, 3) = 3)
     run = loaded_run([op("aten::mm", "matmul/linear", 0.020, 10), op("aten::add", "activation/elementwise", 0.006, 20),
                       op("aten::copy_", "activation/elementwise", 0.004, 5),
                       op("Optimizer.step#AdamW.step", "optimizer", 0.036, 1)])
@@ -535,12 +537,18 @@ def test_a_group_slowed_far_past_the_rest_of_the_step_takes_the_rests_factor():
     assert e.step_s == pytest.approx(0.0352)
     note = str(of_kind(e.notes, "expect.outlier")[0])
     assert "optimizer 36.0x (the other groups' 2.20x)" in note
+    # an update at 15 ms (15x, 15 / 2.5 = 6x the others' median: within 8x) is the group's own, carried
+    run.trace.top_ops[-1]["self_s"] = 0.015
+    run.trace.wall_s = run.step_s = 0.048
+    again = ex.expectation(fake_lab(), Setting(), "cpu", base, base, run)
+    assert {r[0]: r[4] for r in again.rows}["optimizer step"] == pytest.approx(15.0)
+    assert not of_kind(again.notes, "expect.outlier")
 
 
 def test_an_op_far_past_its_group_leaves_its_time_to_the_groups_rest():
-    from tunekit.lab.expect_trace import SANE_CARRY
+    from tunekit.lab.expect_trace import FAR_GROUP, SANE_CARRY
 
-    assert SANE_CARRY == 4.0
+    assert (SANE_CARRY, FAR_GROUP) == (4.0, 8.0)
     rows = [*BASE_ROWS, ("neg", "memory-bound", 2, 0.0002, "memory", "")]
     base = fake_plan(rows, 100 * MiB)
     # neg measured 4 ms against 0.2 ms (20x); its group: (add 6 + copy_ 4 + neg 4) / (2 + 2 + 0.2) = 14 / 4.2
@@ -557,3 +565,9 @@ def test_an_op_far_past_its_group_leaves_its_time_to_the_groups_rest():
     # the base setting: mm 20, add 6, mul and neg (2 + 0.2) x 8 / 2.2 = 8, host 3, the update 2: 39 ms, the run's own
     assert e.step_s == pytest.approx(0.039)
     assert "neg 20.0x (elementwise, norms, copies's 3.33x)" in str(of_kind(e.notes, "expect.outlier")[0])
+    # far BELOW its group is its own (load only slows): neg at 0.02 ms of its 0.2 (0.1x) carries as measured
+    run.trace.top_ops[3]["self_s"] = 0.00002
+    run.trace.wall_s = run.step_s = 0.03502
+    low = ex.expectation(fake_lab(), Setting(), "cpu", base, base, run)
+    assert {r[0]: (r[4], r[6]) for r in low.rows}["neg"] == (pytest.approx(0.1), "op")
+    assert not of_kind(low.notes, "expect.outlier")
