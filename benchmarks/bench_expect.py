@@ -45,6 +45,9 @@ transformers model (GPT-2 small's config, random init).
     .venv/bin/python benchmarks/bench_expect.py --quick --mb   # with mb /2 and adafactor too (~2 min quiet)
     .venv/bin/python benchmarks/bench_expect.py --speed    # answer times only
     .venv/bin/python benchmarks/bench_expect.py --quick --rounds 8   # more rounds (default 6)
+    .venv/bin/python benchmarks/bench_expect.py --threads 1   # torch on one thread: on a machine other work
+                     # holds (load over the cores), two threads spin in libgomp's barriers, 4x slower than one
+                     # (not judged either way; this CPU's figures were measured at its default threads)
     .venv/bin/python benchmarks/bench_expect.py --quick --priority   # each block ahead of the machine's
                      # other work (measure.priority: real-time priority as root; judged as "busy, measured
                      # ahead of it" where the machine is busy)
@@ -344,8 +347,13 @@ def option(name: str, default: int) -> int:
 
 def main():
     quick, priority, mb = "--quick" in sys.argv, "--priority" in sys.argv, "--mb" in sys.argv
-    rounds = option("--rounds", ROUNDS)
-    print(f"machine at start: {machine_load()}" + (f"; blocks at {level()} priority" if priority else ""))
+    rounds, threads = option("--rounds", ROUNDS), option("--threads", 0)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    print(f"machine at start: {machine_load()}" + (f"; blocks at {level()} priority" if priority else "")
+          + (f"; torch on {threads} thread(s)" if threads else ""))
     with tempfile.TemporaryDirectory(prefix="bench_expect-") as folder:
         log_path = str(Path(folder) / "runs.jsonl")
         if "--speed" in sys.argv:
