@@ -15,8 +15,10 @@ calibrates it, the way ``lab.explain`` sets a run against its plan (lab.explain.
   group's rest ratio; the new setting's rows take the factor of the same op, so an op the change
   resizes keeps its measured efficiency. A factor belongs to the kernel that ran (op name, dtypes,
   size): an op whose kernels run at other dtypes (bf16's matmuls, casts, SDPA under fp32's names)
-  takes its group's only where the group measured kernels of its dtypes, else the device model
-  (note ``expect.other_dtype``). Ops new to the setting (in its plan, not in the base's)
+  takes its group's only where the group measured kernels of its dtypes, else the base's whole
+  step's factor (note ``expect.other_dtype``). A traced run's factors come from the median of its
+  traced steps, and a factor far over its group's (a burst of load) is not carried
+  (``expect.outlier``). Ops new to the setting (in its plan, not in the base's)
   get the device model uncalibrated; measured time the base plan foresaw nothing for is carried
   as it was measured. The trace's seconds are scaled to the run's own steady step (the median of its
   timed steps, without the profiler), so the base setting's expectation is the base run's step exactly;
@@ -64,9 +66,10 @@ CHANGED = 0.01              # an op whose expected time moves by more than this 
 class Expectation:
     """A setting's expected step on the Lab's device. ``rows``: (op, category, calls, plan_s,
     factor, expected_s, by) with ``by`` "op" / "group" (calibrated by the base run's op or its
-    group), "step" (by its step time alone), "device model" (uncalibrated) or "measured" (time the
-    base plan foresaw nothing for, carried as measured); ``changes``: (op, category, base_s,
-    expected_s, "added" | "removed" | "resized") against the base setting's expectation."""
+    group), "step" (by its step time alone, or a kernel at other dtypes by the base's whole step),
+    "device model" (uncalibrated) or "measured" (time the base plan foresaw nothing for, carried as
+    measured); ``changes``: (op, category, base_s, expected_s, "added" | "removed" | "resized")
+    against the base setting's expectation."""
 
     setting: Setting
     device: str
