@@ -462,23 +462,24 @@ def test_a_factor_measured_at_one_dtype_does_not_carry_to_another_dtypes_kernel(
     # factors as in test_traced_base_run_calibrates_op_by_op: mm 1.9, add 2.0 (ops), elementwise rest
     # 1.75, host 3.0, optimizer 2.9, data loading 3.9 ms carried.
     # mm: another kernel, and the matmul group measured only fp32 ones: not its own 1.9, the base's
-    # whole step's: (10 x 1.9 + 2 x 2.0 + 2 x 1.75 + 1 x 3.0 + 1 x 2.9) / 16 = 32.4 / 16 = 2.025 -> 20.25 ms;
-    # add: another kernel, its signature not among the elementwise group's (float32): 2 x 2.025 = 4.05;
+    # kernels' together (the host and the update aside): (10 x 1.9 + 2 x 2.0 + 2 x 1.75) / 14 = 26.5 / 14;
+    # add: another kernel, its signature not among the elementwise group's (float32): the same;
     # mul: the same kernel, no factor of its own: the group's 1.75 -> 3.5 ms; host 1 x 3.0;
-    # the update the same kernel: 1 x 2.9; 20.25 + 4.05 + 3.5 + 3 + 2.9 + 3.9 = 37.6 ms
+    # the update the same kernel: 1 x 2.9; (10 + 2) x 26.5 / 14 + 3.5 + 3 + 2.9 + 3.9 = 35.996 ms
+    k = 26.5 / 14
     by = {r[0]: (r[4], r[6]) for r in e.rows}
-    assert by["mm"] == (pytest.approx(2.025), "step") and by["add"] == (pytest.approx(2.025), "step")
+    assert by["mm"] == (pytest.approx(k), "step") and by["add"] == (pytest.approx(k), "step")
     assert by["mul"] == (pytest.approx(1.75), "group") and by[HOST] == (pytest.approx(3.0), "group")
     assert by["optimizer step"] == (pytest.approx(2.9), "group")
-    assert e.step_s == pytest.approx(0.0376)
+    assert e.step_s == pytest.approx(0.012 * k + 0.0133)
     note = of_kind(e.notes, "expect.other_dtype")
     assert "mm (float32 -> bfloat16), add (float32 -> bfloat16,float32>float32)" in str(note[0])
     # the same plan with the same signatures on both sides: the base run exactly (36.3 ms)
     new.expected.dtypes = dict(base.expected.dtypes)
     same = ex.expectation(fake_lab(), Setting(), "cpu", new, base, fake_run())
     assert same.step_s == pytest.approx(0.0363) and not of_kind(same.notes, "expect.other_dtype")
-    # measured by its step time alone (36.3 ms over the plan's 16): that one ratio is the whole step's
-    # for every row, bf16 or not: 36.3 ms, and the note says which ops run other kernels
+    # measured by its step time alone (36.3 ms over the plan's 16): that one ratio for every row, bf16
+    # or not (each kernel's as the base took it): 36.3 ms, and the note says which ops run other kernels
     new.expected.dtypes = {"mm": BF16, "add": BF16, "mul": FP32, "optimizer step": UPDATE}
     step = ex.expectation(fake_lab(), Setting(), "cpu", new, base, fake_run(traced=False))
     assert step.step_s == pytest.approx(0.0363) and of_kind(step.notes, "expect.other_dtype")

@@ -182,9 +182,9 @@ def calibrated_rows(rows, base_rows, factors, dtypes=None, base_dtypes=None) -> 
     ``base_dtypes`` (`Expected.dtypes`: {op: its kernels' dtype signatures}) say which kernel each
     row is; an op whose signatures differ from the base's (a bf16 step's matmuls, casts and SDPA
     under the names of the fp32 ones) takes no factor measured of its name at the other dtype: its
-    group's where the group's measured kernels include its own signatures, else the base's whole
-    step's (`whole_step`: how fast this machine ran the step against the device model, no one
-    kernel's efficiency; by "step"). The device model alone would drop that: at 1.2-5x on a
+    group's where the group's measured kernels include its own signatures, else the base's kernels'
+    together (`whole_step`: how fast this machine ran the step's kernels against the device model,
+    no one kernel's efficiency; by "step"). The device model alone would drop that: at 1.2-5x on a
     CPU, a bf16 step expected at 0.3x of the fp32 base it measured 1.0x of. A row neither names (the
     host's rows, the update on fp32 parameters either way, a plan without signatures) counts as the
     same kernel."""
@@ -221,11 +221,13 @@ def calibrated_rows(rows, base_rows, factors, dtypes=None, base_dtypes=None) -> 
     return out, new, other
 
 
-def whole_step(base_rows, factors) -> float:
-    """The base's calibrated step over its plan's, the time nothing was foreseen for aside: the
-    factor of the whole step, each of its rows by the factor it takes as itself (1.0: none)."""
-    rows = calibrated_rows(base_rows, base_rows, factors)[0]
-    plan, got = sum(r[3] for r in rows if r[6] != "measured"), sum(r[5] for r in rows if r[6] != "measured")
+def whole_step(base_rows, factors, categories=OWN_OPS) -> float:
+    """The base's calibrated kernels over its plan's: how fast this machine ran the step's kernels
+    (the rows of ``categories``: the matmuls, attention and memory-bound ops) against the device
+    model, each row by the factor it takes as itself; the host's Python between ops and the update
+    aside (a kernel at another dtype is neither). 1.0 where there is none."""
+    rows = [r for r in calibrated_rows(base_rows, base_rows, factors)[0] if r[1] in categories]
+    plan, got = sum(r[3] for r in rows), sum(r[5] for r in rows)
     return got / plan if plan > 0 and got > 0 else 1.0
 
 
@@ -235,8 +237,8 @@ def other_dtype_note(run_id, other) -> Note:
         return "/".join(s) or "none"
     said = ", ".join(f"{op} ({sig(a)} -> {sig(b)})" for op, a, b in other[:5]) + (" ..." if len(other) > 5 else "")
     return Note("expect.other_dtype", f"ops whose kernels run at other dtypes than run #{run_id} measured them "
-                                      f"at: at the device model times run #{run_id}'s whole step's factor, not "
-                                      f"their own (a factor measured at one dtype is no rate for another's "
+                                      f"at: at the device model times run #{run_id}'s kernels' factor together, "
+                                      f"not their own (a factor measured at one dtype is no rate for another's "
                                       f"kernel): {said}")
 
 
