@@ -45,6 +45,9 @@ transformers model (GPT-2 small's config, random init).
     .venv/bin/python benchmarks/bench_expect.py --quick --mb   # with mb /2 and adafactor too (~2 min quiet)
     .venv/bin/python benchmarks/bench_expect.py --speed    # answer times only
     .venv/bin/python benchmarks/bench_expect.py --quick --rounds 8   # more rounds (default 6)
+    .venv/bin/python benchmarks/bench_expect.py --threads 1   # torch on one thread: on a machine other work
+                     # holds (load over the cores), two threads spin in libgomp's barriers, 4x slower than one
+                     # (not judged either way; this CPU's figures were measured at its default threads)
     .venv/bin/python benchmarks/bench_expect.py --quick --priority   # each block ahead of the machine's
                      # other work (measure.priority: real-time priority as root; judged as "busy, measured
                      # ahead of it" where the machine is busy)
@@ -208,7 +211,18 @@ def fastest_verdict(g) -> str:
 
 
 HEAD = (f"{'change':<24}{'exp ms':>8}{'exp x':>7}{'meas ms':>9}{'meas x':>8}{'blocks':>8}{'error':>8}"
-        f"{'exp MiB':>9}{'meas MiB':>9}{'peak err':>9}{'answer s':>9}  status")
+        f"{'exp MiB':>9}{'meas MiB':>9}{'peak err':>9}{'answer s':>9}{'uncal':>7}  status")
+
+
+def uncalibrated_share(e) -> float:
+    """The share of an expectation's step at the device model uncalibrated (rows ``by`` "device
+    model": ops new to the setting, or whose kernels run at other dtypes than the base measured)."""
+    return sum(r[5] for r in e.rows if r[6] == "device model") / e.step_s if e.step_s > 0 else math.nan
+
+
+def carry_notes(e) -> list:
+    """What the calibration of an expectation could not carry (its notes of those kinds), in words."""
+    return [str(n) for n in e.notes if n.kind in ("expect.other_dtype", "expect.outlier")]
 
 
 def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
@@ -227,7 +241,7 @@ def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
           f"{AA_LIMIT:.1%}); the calibrating run measured {base.steady_step_s / meas_base - 1:+.1%} off the "
           f"interleaved base (drift, cancelled by the ratios)")
     print(HEAD)
-    rows = []
+    rows, said = [], {}
     for i, (label, _changes) in enumerate(rungs):
         g = got[i]
         if isinstance(g["expect"], Exception):
@@ -241,8 +255,12 @@ def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
         blocks = max(g["medians"]) / meas - 1
         print(f"{label:<24}{e.step_s * 1e3:>8.1f}{e.step_s / exp_base:>7.2f}{meas * 1e3:>9.1f}{meas / meas_base:>8.2f}"
               f"{blocks:>8.0%}{err:>+8.1%}{e.peak_bytes / MiB:>9.0f}{peak / MiB:>9.0f}{perr:>+9.1%}"
-              f"{g['answer_s']:>9.2f}  {status}", flush=True)
+              f"{g['answer_s']:>9.2f}{uncalibrated_share(e):>7.0%}  {status}", flush=True)
         rows.append((name, label, err, perr, status))
+        for note in carry_notes(e):
+            said.setdefault(note, label)
+    for note, label in said.items():   # once each, with the first row that said it
+        print(f"  {label}: {note}")
     return rows, aa
 
 
@@ -266,6 +284,7 @@ def judge(rows, spreads) -> None:
               f"{statistics.median(perrs) if perrs else math.nan:.1%}, worst {max(perrs, default=math.nan):.1%} "
               f"(goal <= {GOAL_PEAK:.0%}); {len(rs)} settings")
     print("A/A spread: " + ", ".join(f"{n} {s:.1%}" for n, s in spreads) + f" (bound {AA_LIMIT:.1%})")
+    print(by_model(rows, spreads))
     errs = [abs(r[2]) for r in kept]
     perrs = [abs(r[3]) for r in rows if not math.isnan(r[3])]
     ok = bool(kept) and statistics.median(errs) <= GOAL_MEDIAN and max(errs) <= GOAL_WORST
@@ -274,6 +293,24 @@ def judge(rows, spreads) -> None:
     print(f"step time goal {'met' if ok else 'NOT met' if kept else 'not judged'}, peak goal "
           f"{'met' if peak_ok else 'NOT met'}" + (f"; {left} of {len(rows)} rows not judged (A/A spread over "
                                                   f"the bound, or busy): rerun them when quiet" if left else ""))
+
+
+def by_model(rows, spreads) -> str:
+    """Per model and over all, every row (judged or not): the step time |error| median and worst
+    (which row), the same without the bf16 rows, the peak's worst, the A/A spread."""
+    aa = dict(spreads)
+    out = [f"{'model':<14}{'settings':>9}{'median':>8}  {'worst':<28}{'without bf16 rows':<24}{'peak worst':>11}"
+           f"{'A/A':>7}"]
+    for model in [*dict.fromkeys(r[0] for r in rows), "all"]:
+        rs = [r for r in rows if model in ("all", r[0])]
+        worst = max(rs, key=lambda r: abs(r[2]))
+        plain = [abs(r[2]) for r in rs if "bf16" not in r[1]]
+        without = f"{statistics.median(plain):.1%}, {max(plain):.1%}" if plain else "-"
+        perrs = [abs(r[3]) for r in rs if not math.isnan(r[3])]
+        out.append(f"{model:<14}{len(rs):>9}{statistics.median(abs(r[2]) for r in rs):>8.1%}  "
+                   f"{f'{abs(worst[2]):.1%} ({worst[1]})':<28}{without:<24}{max(perrs, default=math.nan):>11.1%}"
+                   f"{aa[model] if model in aa else math.nan:>7.1%}".replace("   nan%", "      -"))
+    return "\n".join(out)
 
 
 def speed(log_path: str) -> None:
@@ -310,8 +347,13 @@ def option(name: str, default: int) -> int:
 
 def main():
     quick, priority, mb = "--quick" in sys.argv, "--priority" in sys.argv, "--mb" in sys.argv
-    rounds = option("--rounds", ROUNDS)
-    print(f"machine at start: {machine_load()}" + (f"; blocks at {level()} priority" if priority else ""))
+    rounds, threads = option("--rounds", ROUNDS), option("--threads", 0)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    print(f"machine at start: {machine_load()}" + (f"; blocks at {level()} priority" if priority else "")
+          + (f"; torch on {threads} thread(s)" if threads else ""))
     with tempfile.TemporaryDirectory(prefix="bench_expect-") as folder:
         log_path = str(Path(folder) / "runs.jsonl")
         if "--speed" in sys.argv:

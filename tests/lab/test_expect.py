@@ -441,7 +441,134 @@ def test_an_ops_factor_carries_while_it_stays_near_its_measured_size():
     factors = ({"_to_copy": 30.0, "mul": 1.2}, {OTHER: 1.5}, {}, "trace")
     new = [("aten::_to_copy", "memory-bound", 1, 1.2e-3, "memory", "s"),    # 300x per call: group's 1.5
            ("aten::mul", "memory-bound", 2, 3e-3, "memory", "s")]            # 3x per call: its own 1.2
-    rows, added = calibrated_rows(new, base, factors)
+    rows, added, other = calibrated_rows(new, base, factors)
     got = [(r[0], r[4], r[6]) for r in rows]
-    assert got == [("aten::_to_copy", 1.5, "group"), ("aten::mul", 1.2, "op")] and added == []
+    assert got == [("aten::_to_copy", 1.5, "group"), ("aten::mul", 1.2, "op")] and added == [] == other
     assert rows[0][5] == 1.2e-3 * 1.5          # 1.8 ms, not 1.2 ms x 30 = 36 ms
+
+
+FP32, BF16 = ("float32",), ("bfloat16",)
+UPDATE = ("float32 params, fp32 grads",)   # the optimizer's row: fp32 parameters under bf16 autocast too
+
+
+def test_a_factor_measured_at_one_dtype_does_not_carry_to_another_dtypes_kernel():
+    # the base setting's plan at fp32, the new one the same sizes under bf16 autocast: mm runs bf16,
+    # add takes a bf16 and an fp32 tensor (a residual), mul stays fp32, the update fp32
+    base = fake_plan(BASE_ROWS, 100 * MiB)
+    base.expected.dtypes = {"mm": FP32, "add": FP32, "mul": FP32, "optimizer step": UPDATE}
+    new = fake_plan(BASE_ROWS, 100 * MiB)
+    new.expected.dtypes = {"mm": BF16, "add": ("bfloat16,float32>float32",), "mul": FP32, "optimizer step": UPDATE}
+    e = ex.expectation(fake_lab(), Setting(precision="bf16"), "cpu", new, base, fake_run())
+    # factors as in test_traced_base_run_calibrates_op_by_op: mm 1.9, add 2.0 (ops), elementwise rest
+    # 1.75, host 3.0, optimizer 2.9, data loading 3.9 ms carried.
+    # mm: another kernel, and the matmul group measured only fp32 ones: not its own 1.9, the base's
+    # kernels' together (the host and the update aside): (10 x 1.9 + 2 x 2.0 + 2 x 1.75) / 14 = 26.5 / 14;
+    # add: another kernel, its signature not among the elementwise group's (float32): the same;
+    # mul: the same kernel, no factor of its own: the group's 1.75 -> 3.5 ms; host 1 x 3.0;
+    # the update the same kernel: 1 x 2.9; (10 + 2) x 26.5 / 14 + 3.5 + 3 + 2.9 + 3.9 = 35.996 ms
+    k = 26.5 / 14
+    by = {r[0]: (r[4], r[6]) for r in e.rows}
+    assert by["mm"] == (pytest.approx(k), "step") and by["add"] == (pytest.approx(k), "step")
+    assert by["mul"] == (pytest.approx(1.75), "group") and by[HOST] == (pytest.approx(3.0), "group")
+    assert by["optimizer step"] == (pytest.approx(2.9), "group")
+    assert e.step_s == pytest.approx(0.012 * k + 0.0133)
+    note = of_kind(e.notes, "expect.other_dtype")
+    assert "mm (float32 -> bfloat16), add (float32 -> bfloat16,float32>float32)" in str(note[0])
+    # the same plan with the same signatures on both sides: the base run exactly (36.3 ms)
+    new.expected.dtypes = dict(base.expected.dtypes)
+    same = ex.expectation(fake_lab(), Setting(), "cpu", new, base, fake_run())
+    assert same.step_s == pytest.approx(0.0363) and not of_kind(same.notes, "expect.other_dtype")
+    # measured by its step time alone (36.3 ms over the plan's 16): that one ratio for every row, bf16
+    # or not (each kernel's as the base took it): 36.3 ms, and the note says which ops run other kernels
+    new.expected.dtypes = {"mm": BF16, "add": BF16, "mul": FP32, "optimizer step": UPDATE}
+    step = ex.expectation(fake_lab(), Setting(), "cpu", new, base, fake_run(traced=False))
+    assert step.step_s == pytest.approx(0.0363) and of_kind(step.notes, "expect.other_dtype")
+
+
+def test_a_group_factor_carries_to_another_signature_its_group_measured():
+    from tunekit.lab.expect_trace import OTHER, calibrated_rows
+
+    base = [("add", "memory-bound", 2, 1e-3, "memory", ""), ("mul", "memory-bound", 2, 1e-3, "memory", "")]
+    new = [("add", "memory-bound", 2, 1e-3, "memory", ""), ("mul", "memory-bound", 2, 1e-3, "memory", "")]
+    factors = ({"add": 1.2, "mul": 1.4}, {OTHER: 1.5}, {}, "trace")
+    # the base's add ran fp32 and int64 kernels, the new one only fp32: not its own factor (another
+    # mix), but the group measured fp32 kernels: its 1.5; mul from int64 to float32: the group's
+    # kernels include float32 too, so 1.5; were it bf16, the base's whole step's: (1 x 1.2 + 1 x 1.4) / 2 = 1.3
+    rows, added, other = calibrated_rows(new, base, factors, {"add": FP32, "mul": FP32},
+                                         {"add": ("float32", "int64"), "mul": ("int64",)})
+    assert [(r[0], r[4], r[6]) for r in rows] == [("add", 1.5, "group"), ("mul", 1.5, "group")]
+    assert added == [] == other
+    rows, _, other = calibrated_rows(new, base, factors, {"add": FP32, "mul": BF16},
+                                     {"add": ("float32", "int64"), "mul": ("int64",)})
+    assert [(r[0], r[4], r[6]) for r in rows] == [("add", 1.5, "group"), ("mul", pytest.approx(1.3), "step")]
+    assert other == [("mul", ("int64",), BF16)]
+
+
+def loaded_run(ops, untraced=0.003):
+    """A traced run whose trace needs no profiler time taken out: its steady step is the trace's wall
+    (the ops' self times plus ``untraced``), so each op's measured seconds are its own."""
+    wall = sum(o["self_s"] for o in ops) + untraced
+    run = fake_run(step_s=wall)
+    run.trace = Breakdown("cpu", wall, {}, ops, untraced_s=untraced)
+    return run
+
+
+def op(name, cat, secs, calls):
+    return {"op": name, "category": cat, "self_s": secs, "calls": calls}
+
+
+def test_a_group_slowed_far_past_the_rest_of_the_step_takes_the_rests_factor():
+    base = fake_plan(BASE_ROWS, 100 * MiB)
+    # under load the update measured 36 ms against its 1 ms expected (36x); the other groups: mm 20 / 10
+    # = 2.0, elementwise (add 6 + copy_ 4) / (add 2 + mul 2) = 2.5, host 3 / 1 = 3.0: their median 2.5, and
+    # 36 / 2.5 = 14x (over FAR_GROUP, 8x): the update takes the other groups'
+    # (20 + 10 + 3) / (10 + 4 + 1) = 2.2;
+    # each of those within 8x of the median of the rest (the matmuls' 2.0 against median(2.5, 36, 3) = 3)
+    run = loaded_run([op("aten::mm", "matmul/linear", 0.020, 10), op("aten::add", "activation/elementwise", 0.006, 20),
+                      op("aten::copy_", "activation/elementwise", 0.004, 5),
+                      op("Optimizer.step#AdamW.step", "optimizer", 0.036, 1)])
+    e = ex.expectation(fake_lab(), Setting(), "cpu", base, base, run)
+    by = {r[0]: (r[4], r[6]) for r in e.rows}
+    # the others carry their own: mm 2.0 (op), add 3.0 (op: within 4x of the group's 2.5), mul the
+    # rest (10 - 6) / (4 - 2) = 2.0, host 3.0
+    assert by["optimizer step"] == (pytest.approx(2.2), "group")
+    assert by["mm"] == (pytest.approx(2.0), "op") and by["add"] == (pytest.approx(3.0), "op")
+    assert by["mul"] == (pytest.approx(2.0), "group") and by[HOST] == (pytest.approx(3.0), "group")
+    # 20 + 6 + 4 + 3 + 2.2 = 35.2 ms, not the 69 ms the loaded update made of the step
+    assert e.step_s == pytest.approx(0.0352)
+    note = str(of_kind(e.notes, "expect.outlier")[0])
+    assert "optimizer 36.0x (the other groups' 2.20x)" in note
+    # an update at 15 ms (15x, 15 / 2.5 = 6x the others' median: within 8x) is the group's own, carried
+    run.trace.top_ops[-1]["self_s"] = 0.015
+    run.trace.wall_s = run.step_s = 0.048
+    again = ex.expectation(fake_lab(), Setting(), "cpu", base, base, run)
+    assert {r[0]: r[4] for r in again.rows}["optimizer step"] == pytest.approx(15.0)
+    assert not of_kind(again.notes, "expect.outlier")
+
+
+def test_an_op_far_past_its_group_leaves_its_time_to_the_groups_rest():
+    from tunekit.lab.expect_trace import FAR_GROUP, SANE_CARRY
+
+    assert (SANE_CARRY, FAR_GROUP) == (4.0, 8.0)
+    rows = [*BASE_ROWS, ("neg", "memory-bound", 2, 0.0002, "memory", "")]
+    base = fake_plan(rows, 100 * MiB)
+    # neg measured 4 ms against 0.2 ms (20x); its group: (add 6 + copy_ 4 + neg 4) / (2 + 2 + 0.2) = 14 / 4.2
+    # = 3.33x, and 20 / 3.33 = 6x past it: neg's time stays in the rest: (14 - 6) / (4.2 - 2) = 3.636..
+    run = loaded_run([op("aten::mm", "matmul/linear", 0.020, 10), op("aten::add", "activation/elementwise", 0.006, 20),
+                      op("aten::copy_", "activation/elementwise", 0.004, 5),
+                      op("aten::neg", "activation/elementwise", 0.004, 2),
+                      op("Optimizer.step#AdamW.step", "optimizer", 0.002, 1)])
+    e = ex.expectation(fake_lab(), Setting(), "cpu", base, base, run)
+    by = {r[0]: (r[4], r[6]) for r in e.rows}
+    rest = 8 / 2.2
+    assert by["neg"] == (pytest.approx(rest), "group") and by["mul"] == (pytest.approx(rest), "group")
+    assert by["add"] == (pytest.approx(3.0), "op")
+    # the base setting: mm 20, add 6, mul and neg (2 + 0.2) x 8 / 2.2 = 8, host 3, the update 2: 39 ms, the run's own
+    assert e.step_s == pytest.approx(0.039)
+    assert "neg 20.0x (elementwise, norms, copies's 3.33x)" in str(of_kind(e.notes, "expect.outlier")[0])
+    # far BELOW its group is its own (load only slows): neg at 0.02 ms of its 0.2 (0.1x) carries as measured
+    run.trace.top_ops[3]["self_s"] = 0.00002
+    run.trace.wall_s = run.step_s = 0.03502
+    low = ex.expectation(fake_lab(), Setting(), "cpu", base, base, run)
+    assert {r[0]: (r[4], r[6]) for r in low.rows}["neg"] == (pytest.approx(0.1), "op")
+    assert not of_kind(low.notes, "expect.outlier")

@@ -204,6 +204,8 @@ def test_trace_arguments_are_checked_before_any_work():
 def test_lab_run_traces_one_extra_step_and_logs_it(lab):
     r = lab.run(steps=1, warmup=0, trace=True, memory=True)
     assert r.steps == 1 and r.trace.wall_s > 0 and r.memory.bytes["parameters"][0] > 0
+    # the breakdown is the median of TRACED_STEPS (3) traced steps; the timeline and the Chrome trace the first's
+    assert any("median of 3 traced steps" in n for n in r.trace.notes) and pathlib.Path(r.trace.path).exists()
     over = bd.profiler_overhead(r.trace.wall_s, r.trace.untimed_wall_s)  # NaN when the traced step was faster
     assert r.trace.overhead == over or (math.isnan(over) and math.isnan(r.trace.overhead))
     assert math.isnan(r.energy_j) and math.isnan(r.j_per_token) and r.energy_source is None

@@ -144,6 +144,23 @@ def test_counter_keeps_kernels_not_views():
     assert c.ops[1][4] == 2 * 64 * 16 * 4
 
 
+def test_each_record_says_which_kernel_by_its_dtypes():
+    from tunekit.planning.expect import kernel_dtypes
+
+    a, i = torch.ones(8, 8), torch.arange(4)
+    with RooflineCounter() as c:
+        a @ a
+        a.to(torch.bfloat16) @ a.to(torch.bfloat16)
+        i.to(torch.float32)
+        a[i]                       # an index: a float32 tensor and an int64 one in, float32 out
+    assert [(r[0], r[8]) for r in c.ops] == [
+        ("mm", "float32"), ("_to_copy", "float32>bfloat16"), ("_to_copy", "float32>bfloat16"),
+        ("mm", "bfloat16"), ("_to_copy", "int64>float32"), ("index", "float32,int64>float32")]
+    assert kernel_dtypes(c.ops, "float32 params, fp32 grads") == {
+        "mm": ("bfloat16", "float32"), "_to_copy": ("float32>bfloat16", "int64>float32"),
+        "index": ("float32,int64>float32",), "optimizer step": ("float32 params, fp32 grads",)}
+
+
 def test_a_device_without_figures_gets_the_bound_and_a_note():
     p = tunekit.plan(tunekit.GPTConfig(), "L4", precision="bf16", micro_batch=2, seq_len=64)
     assert p.expected is None and p.bound_step_s > 0

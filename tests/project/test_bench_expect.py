@@ -74,3 +74,27 @@ def test_judge_counts_only_the_judged_rows(bench, capsys):
     assert "all rows: step time |error| median 8.0% (goal <= 7%), worst 40.0%" in out
     assert "judged rows: step time |error| median 6.0% (goal <= 7%), worst 8.0%" in out
     assert "step time goal met, peak goal met; 1 of 3 rows not judged" in out
+
+
+def test_the_summary_by_model_with_and_without_the_bf16_rows(bench):
+    rows = [("GPT", "mb x2", -0.10, 0.01, "judged"), ("GPT", "bf16", 0.30, -0.02, "judged"),
+            ("GPT", "sgd", 0.02, 0.03, "not judged (busy)"),
+            ("Llama", "ckpt on + bf16", -0.50, 0.04, "judged"), ("Llama", "seq x2", 0.06, math.nan, "judged")]
+    lines = bench.by_model(rows, [("GPT", 0.02), ("Llama", 0.031)]).split("\n")
+    # GPT: |errors| 10, 30, 2 -> median 10.0%, worst 30.0% (bf16); without bf16: 10, 2 -> median 6.0%, worst 10.0%
+    assert lines[1].split() == ["GPT", "3", "10.0%", "30.0%", "(bf16)", "6.0%,", "10.0%", "3.0%", "2.0%"]
+    # Llama: 50, 6 -> median 28.0%; without bf16: 6 alone; the peak's worst 4% (NaN left out)
+    assert lines[2].split() == ["Llama", "2", "28.0%", "50.0%", "(ckpt", "on", "+", "bf16)", "6.0%,", "6.0%", "4.0%",
+                                "3.1%"]
+    # all five: 2, 6, 10, 30, 50 -> median 10.0%; without bf16: 2, 6, 10 -> 6.0%; no A/A of its own
+    assert lines[3].split() == ["all", "5", "10.0%", "50.0%", "(ckpt", "on", "+", "bf16)", "6.0%,", "10.0%",
+                                "4.0%", "-"]
+
+
+def test_the_uncalibrated_share_of_an_expectation(bench):
+    from types import SimpleNamespace
+
+    # rows (op, category, calls, plan s, factor, expected s, by): 3 ms of 12 at the device model: 25%
+    e = SimpleNamespace(step_s=0.012, rows=[("mm", "matmul", 1, 0.003, 1.0, 0.003, "device model"),
+                                            ("add", "memory-bound", 1, 0.006, 1.5, 0.009, "group")])
+    assert bench.uncalibrated_share(e) == pytest.approx(0.25)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from dataclasses import asdict, dataclass, field
 
 from tunekit.core.fmt import fmt_mib, fmt_pct
@@ -196,6 +197,31 @@ class Breakdown:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def median_breakdown(steps: list) -> Breakdown:
+    """One `Breakdown` of several traced steps of one setting: each category's seconds, the time no
+    op ran in and each op's self time and calls, their median over the steps (an op a step did not
+    run counts 0 there), the wall the sum of those parts (so the shares still add up to 100%). One
+    traced step is one sample of a shared machine: an op a burst of other work slowed in one step
+    moves no median of three. The first step's Chrome trace and notes, and a note saying so."""
+    first = steps[0]
+    if len(steps) == 1:
+        return first
+    seconds = {c: statistics.median(b.seconds.get(c, 0.0) for b in steps) for c in first.seconds}
+    untraced = NaN if is_missing(first.untraced_s) else statistics.median(
+        0.0 if is_missing(b.untraced_s) else b.untraced_s for b in steps)
+    ops: dict = {}
+    for i, b in enumerate(steps):
+        for o in b.top_ops:
+            ops.setdefault((o["op"], o["category"]), [(0.0, 0)] * len(steps))[i] = (o["self_s"], o["calls"])
+    top = sorted(({"op": op, "category": cat, "self_s": statistics.median(s for s, _ in v),
+                   "calls": int(statistics.median(c for _, c in v))} for (op, cat), v in ops.items()),
+                 key=lambda r: -r["self_s"])
+    wall = sum(seconds.values()) + (0.0 if is_missing(untraced) else max(0.0, untraced))
+    return Breakdown(device=first.device, wall_s=wall, seconds=seconds, top_ops=top[:TOP_OPS], untraced_s=untraced,
+                     path=first.path, notes=[*first.notes, f"the median of {len(steps)} traced steps, part by part "
+                                                           f"and op by op (the Chrome trace: the first's)"])
 
 
 def as_breakdown(t) -> "Breakdown | None":

@@ -2,11 +2,12 @@
 speed its kind reaches on the device (`core.efficiency`), the optimizer's update, and the
 collectives less what overlaps. Pure: op records and figures in, an `Expected` out.
 
-An op record is ``(name, kind, phase, flops, bytes, dims, itemsize[, io])`` as the plan's counter
+An op record is ``(name, kind, phase, flops, bytes, dims, itemsize[, io[, dtypes]])`` as the plan's counter
 keeps it (planning/ops.RooflineCounter): ``kind`` "matmul", "attention", "flops" (another op
 with a FLOP formula) or "memory"; ``dims`` (m, k, n, batch) for a matmul, (seq_q, seq_k,
 head_dim, batch x heads) for an attention; ``phase`` "forward" or
-"backward"; ``io`` its inputs' and outputs' ((storage, bytes), ...), for a compiled step's fusion.
+"backward"; ``io`` its inputs' and outputs' ((storage, bytes), ...), for a compiled step's fusion;
+``dtypes`` which kernel it is by its tensors' dtypes (planning.ops.dtype_signature).
 
 - matmul: FLOPs at the device's MAMF, less the waves a tiled kernel leaves idle and the
   tensor-core loss of a dimension that is not a multiple of 8, or its bytes at the streaming
@@ -65,6 +66,8 @@ class Expected:
     rows: list = field(default_factory=list)   # (op, category, calls, seconds, bound, source)
     notes: list = field(default_factory=list)
     comm_exposed_s: float = 0.0
+    # op -> the dtype signatures its kernels ran at (planning.ops.kernel_dtypes); {}: not known
+    dtypes: dict = field(default_factory=dict)
 
     @property
     def by_op(self):
@@ -231,7 +234,7 @@ def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str |
     opt_s = moved / (fig.tbs_at(moved, cold=opt_cold) * 1e12)
     launches = optimizer_kernels * fig.launch_s
     opt_s = opt_s + launches if fig.host_bound else max(opt_s, launches)
-    rows.append(("optimizer step", "optimizer", optimizer_kernels, opt_s, "memory",
+    rows.append((OPTIMIZER_ROW, "optimizer", optimizer_kernels, opt_s, "memory",
                  fig.cold_source if opt_cold else fig.bandwidth_source))
     exposed, interference, notes = _exposed(comm or {}, phase_s, parallel, units)
     if exposed:
@@ -247,6 +250,7 @@ def expect(ops, fig: Figures, *, tokens: int, model_flops: float, backend: str |
 
 
 FUSED = "fused elementwise/reductions"
+OPTIMIZER_ROW = "optimizer step"
 HOST = "views, metadata ops, module calls"   # the host's time with no kernel of its own (a CPU)
 CHECKPOINT = "checkpoint: saving, recomputing, unpacking"
 

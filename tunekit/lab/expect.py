@@ -13,7 +13,12 @@ calibrates it, the way ``lab.explain`` sets a run against its plan (lab.explain.
 - a traced run: each op the trace and the base plan share gets measured / expected of that op;
   the other ops of a group (matmul, attention, elementwise, optimizer, the host's time) the
   group's rest ratio; the new setting's rows take the factor of the same op, so an op the change
-  resizes keeps its measured efficiency. Ops new to the setting (in its plan, not in the base's)
+  resizes keeps its measured efficiency. A factor belongs to the kernel that ran (op name, dtypes,
+  size): an op whose kernels run at other dtypes (bf16's matmuls, casts, SDPA under fp32's names)
+  takes its group's only where the group measured kernels of its dtypes, else the base's whole
+  step's factor (note ``expect.other_dtype``). A traced run's factors come from the median of its
+  traced steps, and a factor far over its group's (a burst of load) is not carried
+  (``expect.outlier``). Ops new to the setting (in its plan, not in the base's)
   get the device model uncalibrated; measured time the base plan foresaw nothing for is carried
   as it was measured. The trace's seconds are scaled to the run's own steady step (the median of its
   timed steps, without the profiler), so the base setting's expectation is the base run's step exactly;
@@ -34,13 +39,19 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from tunekit.core.explain import _op_name
 from tunekit.core.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 from tunekit.core.notes import Note
 from tunekit.core.setting import Setting, step_words
 from tunekit.core.toggles import ToggleError, Toggles
 from tunekit.core.units import is_missing
-from tunekit.lab.expect_trace import GROUP_OF, ONCE_A_STEP, OTHER, OWN_OPS, per_step, steady_s, traced_factors
+from tunekit.lab.expect_trace import (
+    ONCE_A_STEP,
+    calibrated_rows,
+    other_dtype_note,
+    per_step,
+    steady_s,
+    traced_factors,
+)
 from tunekit.lab.explain import plan_device
 from tunekit.lab.setting import setting_of, toggles_of
 from tunekit.planning.target import lab_setting
@@ -55,9 +66,10 @@ CHANGED = 0.01              # an op whose expected time moves by more than this 
 class Expectation:
     """A setting's expected step on the Lab's device. ``rows``: (op, category, calls, plan_s,
     factor, expected_s, by) with ``by`` "op" / "group" (calibrated by the base run's op or its
-    group), "step" (by its step time alone), "device model" (uncalibrated) or "measured" (time the
-    base plan foresaw nothing for, carried as measured); ``changes``: (op, category, base_s,
-    expected_s, "added" | "removed" | "resized") against the base setting's expectation."""
+    group), "step" (by its step time alone, or a kernel at other dtypes by the base's whole step),
+    "device model" (uncalibrated) or "measured" (time the base plan foresaw nothing for, carried as
+    measured); ``changes``: (op, category, base_s, expected_s, "added" | "removed" | "resized")
+    against the base setting's expectation."""
 
     setting: Setting
     device: str
@@ -201,48 +213,6 @@ def _device_of(run) -> str | None:
 
 # --- the calibration --------------------------------------------------------------------------
 
-def calibrated_rows(rows, base_rows, factors) -> tuple[list, list]:
-    """The new setting's expected rows, each with its factor and what gave it; and the names of its
-    ops the base plan did not have (new: the device model uncalibrated)."""
-    by_op, rest, carried, how = factors
-    base_call: dict = {}   # op name -> (expected seconds, calls) in the base plan
-    for r in base_rows:
-        s0, c0 = base_call.get(_op_name(r[0]), (0.0, 0))
-        base_call[_op_name(r[0])] = (s0 + r[3], c0 + r[2])
-    out, new = [], []
-    for op, cat, calls, secs, _bound, _src in rows:
-        name, group = _op_name(op), GROUP_OF.get(cat, OTHER)
-        if how == "none":
-            f, by = 1.0, "device model"
-        elif name not in base_call:
-            f, by = 1.0, "device model"
-            new.append(op)
-        elif how == "step time":
-            f, by = rest, "step"
-        elif cat in OWN_OPS and name in by_op and _same_size(secs, calls, *base_call[name]):
-            f, by = by_op[name], "op"
-        else:
-            f, by = rest.get(group, 1.0), "group"
-        out.append((op, cat, calls, secs, f, secs * f, by))
-    for group, secs in (carried.items() if how == "trace" else ()):
-        out.append((f"{group} (measured, not foreseen)", group, 0, 0.0, NaN, secs, "measured"))
-    return out, new
-
-
-RESIZED_CARRY = 4.0   # an op's own factor carries while its expected time per call stays within this factor
-
-
-def _same_size(secs, calls, base_secs, base_calls) -> bool:
-    """An op's measured/expected factor is a property of the op at its size: what a tiny call
-    measured beyond the plan (a fixed cost per call) is no rate for a call hundreds of times
-    larger (a bf16 cast of every weight: 1.3 ms where fp32's cast of an index was 4 us, measured
-    30x its plan). Past ``RESIZED_CARRY`` either way, its group's factor carries instead."""
-    if not (secs > 0 and base_secs > 0 and calls and base_calls):
-        return True
-    k = (secs / calls) / (base_secs / base_calls)
-    return 1 / RESIZED_CARRY <= k <= RESIZED_CARRY
-
-
 def changes_of(rows, base_rows) -> list:
     """(op, category, base_s, new_s, what) of the ops the setting adds, removes or resizes."""
     def by_name(rs):
@@ -369,7 +339,9 @@ def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expect
         if run.trace is None:
             notes.append(Note("expect.step_only", f"run #{run.run_id} was not traced: one ratio (measured / "
                                                   "expected step) for the whole step"))
-    rows, new = calibrated_rows(e_rows, base_rows, factors)
+    rows, new, other = calibrated_rows(e_rows, base_rows, factors, e.dtypes, base_e.dtypes)
+    if other and run is not None:
+        notes.append(other_dtype_note(run.run_id, other))
     if new and run is not None:
         notes.append(Note("expect.new_ops", "ops the measured run did not have, at the device model "
                                             "uncalibrated: " + ", ".join(new[:5]) + (" ..." if len(new) > 5 else "")))

@@ -8,6 +8,7 @@ op and group (`trace_factors`), and the plan's rows for a whole step of ``grad_a
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 
 from tunekit.core.breakdown import Breakdown, as_breakdown
@@ -57,7 +58,12 @@ def trace_factors(lab, run, base_plan, base_rows=None) -> tuple[dict, dict, dict
     {group: measured seconds nothing was expected for}, notes). The profiler's own time is taken
     out of the trace per recorded op (`untimed`) and the rest scaled to the run's own steady step,
     read by lab.explain's grouping. ``base_rows``: the plan's rows for the run's whole step
-    (`per_step`; None: the plan's own, one micro-batch)."""
+    (`per_step`; None: the plan's own, one micro-batch).
+
+    One traced step is one sample of a shared machine: a factor more than ``SANE_CARRY`` times its
+    group's (an op's; a group's rest of ops likewise) or ``FAR_GROUP`` times the median of the other
+    groups' (a group's: `far_groups`) was slowed by something else and is not carried: the group's factor is
+    taken instead (a group's: the other groups' together), and a note (``expect.outlier``) names it."""
     e = explained(lab, run, f"run #{run.run_id}", plan=base_plan)   # refuses what cannot be set against its plan
     trace, scale = untimed(as_breakdown(run.trace), steady_s(run))
     m_groups, m_ops = measured_groups(trace)
@@ -68,27 +74,76 @@ def trace_factors(lab, run, base_plan, base_rows=None) -> tuple[dict, dict, dict
         if cat in OWN_OPS:
             ops = e_ops_by_group.setdefault(GROUP_OF.get(cat, OTHER), {})
             ops[_op_name(op)] = ops.get(_op_name(op), 0.0) + secs
-    by_op, rest, carried, notes = {}, {}, {}, list(e.notes)
+    by_op, rest, carried, outliers = {}, {}, {}, []
+    measured = {g: m_groups.get(g, 0.0) * scale for g in GROUPS}
+    far, others = far_groups(measured, e_groups)   # a burst of load on one group (an update measured at 18x)
     for group in GROUPS:
-        m, exp = m_groups.get(group, 0.0), e_groups.get(group, 0.0)
-        seen = exp > 0
-        m_left, e_left = m * scale, exp
+        m, exp = measured[group], e_groups.get(group, 0.0)
+        whole = m / exp if exp > 0 and m > 0 else NaN
+        if group in far:
+            outliers.append((group, whole, "the other groups'", others))
+            rest[group] = others
+            continue
+        m_left, e_left = m, exp
         for name, e_o in e_ops_by_group.get(group, {}).items():
             m_o = m_ops.get(name, (0.0, 0))[0] * scale
             if m_o > 0 and e_o > 0:
+                if not _within(m_o / e_o, whole):   # its time stays in its group's rest
+                    outliers.append((name, m_o / e_o, f"{group}'s", whole))
+                    continue
                 by_op[name] = m_o / e_o
                 m_left, e_left = m_left - m_o, e_left - e_o
         if e_left > 1e-12 and m_left > 0:
-            rest[group] = m_left / e_left
+            rest[group] = m_left / e_left if _within(m_left / e_left, whole) else whole
         elif e_left > 1e-12:   # its other expected ops ran under names the trace did not show
-            rest[group] = (m * scale) / exp if seen and m > 0 else 1.0
+            rest[group] = whole if exp > 0 and m > 0 else 1.0
         elif m_left > 1e-12:
             carried[group] = m_left
+    notes = list(e.notes) + ([outlier_note(outliers)] if outliers else [])
     if carried:
         said = ", ".join(f"{g} {fmt_ms(s)}" for g, s in carried.items())
         notes.append(Note("expect.not_carried", "measured time the base plan foresaw nothing for, carried as "
                                                 f"measured: {said}"))
     return by_op, rest, carried, notes
+
+
+SANE_CARRY = 4.0   # a traced op's factor carries while at most this factor over its group's
+# a group's while at most this factor over the other groups' median: wider, since a whole group the device
+# model leaves out some of (the host's Python between ops in a transformers model) is off by itself
+FAR_GROUP = 8.0
+
+
+def _within(f: float, ref: float, sane: float = SANE_CARRY) -> bool:
+    """Whether factor ``f`` is at most ``sane`` times ``ref`` (True where either is unknown). Only
+    above: other work on the machine only ever slows a step, so a factor far below its group's is
+    the op's own (the device model over-counts it), not a burst of load."""
+    if is_missing(f) or is_missing(ref) or not (f > 0 and ref > 0):
+        return True
+    return f / ref <= sane
+
+
+def far_groups(measured: dict, expected: dict) -> tuple[set, float]:
+    """(the groups whose factor, measured over expected seconds, is more than ``FAR_GROUP`` times
+    the median of the other groups' factors; the factor of the step's other foreseen groups,
+    measured over expected seconds). Judged only with at least three groups measured, and only
+    where some group is left to take the factor of (else none is far)."""
+    f = {g: measured[g] / e for g, e in expected.items() if e > 0 and measured.get(g, 0.0) > 0}
+    if len(f) < 3:
+        return set(), NaN
+    far = {g for g in f if not _within(f[g], statistics.median(v for o, v in f.items() if o != g), FAR_GROUP)}
+    kept = [g for g in f if g not in far]
+    if not far or not kept:
+        return set(), NaN
+    return far, sum(measured[g] for g in kept) / sum(expected[g] for g in kept)
+
+
+def outlier_note(outliers) -> Note:
+    """The note of the traced factors `trace_factors` did not carry: far outside their group's."""
+    said = ", ".join(f"{what} {f:.1f}x ({ref_name} {ref:.2f}x)" for what, f, ref_name, ref in outliers[:6])
+    return Note("expect.outlier", f"traced factors more than {SANE_CARRY:g}x their group's (a group: "
+                                  f"{FAR_GROUP:g}x the other groups' median) not carried, that factor "
+                                  f"taken instead (one traced step slowed by other work): {said}"
+                                  + (" ..." if len(outliers) > 6 else ""))
 
 
 def per_step(rows, accum) -> list:
@@ -111,3 +166,88 @@ def traced_factors(lab, run, base_plan, notes: list, base_rows=None):
         return None
     notes += more
     return by_op, rest, carried, "trace"
+
+
+# --- the carry: which factor each row of the new setting takes ------------------------------------
+
+RESIZED_CARRY = 4.0   # an op's own factor carries while its expected time per call stays within this factor
+
+
+def calibrated_rows(rows, base_rows, factors, dtypes=None, base_dtypes=None) -> tuple[list, list, list]:
+    """The new setting's expected rows, each with its factor and what gave it; the names of its ops
+    the base plan did not have (new: the device model uncalibrated); and (op, base signatures, new
+    signatures) of the ops whose kernels run at other dtypes than the base run measured them at.
+
+    A factor is a property of the kernel that ran: (op name, dtypes, size). ``dtypes`` /
+    ``base_dtypes`` (`Expected.dtypes`: {op: its kernels' dtype signatures}) say which kernel each
+    row is; an op whose signatures differ from the base's (a bf16 step's matmuls, casts and SDPA
+    under the names of the fp32 ones) takes no factor measured of its name at the other dtype: its
+    group's where the group's measured kernels include its own signatures, else the base's kernels'
+    together (`whole_step`: how fast this machine ran the step's kernels against the device model,
+    no one kernel's efficiency; by "step"). The device model alone would drop that: at 1.2-5x on a
+    CPU, a bf16 step expected at 0.3x of the fp32 base it measured 1.0x of. A row neither names (the
+    host's rows, the update on fp32 parameters either way, a plan without signatures) counts as the
+    same kernel."""
+    by_op, rest, carried, how = factors
+    dtypes, base_dtypes = dtypes or {}, base_dtypes or {}
+    base_call: dict = {}   # op name -> (expected seconds, calls) in the base plan
+    group_sigs: dict = {}  # group -> the dtype signatures of the base's kernels in it
+    for r in base_rows:
+        s0, c0 = base_call.get(_op_name(r[0]), (0.0, 0))
+        base_call[_op_name(r[0])] = (s0 + r[3], c0 + r[2])
+        group_sigs.setdefault(GROUP_OF.get(r[1], OTHER), set()).update(base_dtypes.get(r[0], ()))
+    out, new, other, step_f = [], [], [], None
+    for op, cat, calls, secs, _bound, _src in rows:
+        name, group = _op_name(op), GROUP_OF.get(cat, OTHER)
+        sigs, base_sigs = dtypes.get(op), base_dtypes.get(op)
+        if how == "none":
+            f, by = 1.0, "device model"
+        elif name not in base_call:
+            f, by = 1.0, "device model"
+            new.append(op)
+        elif sigs != base_sigs and (how != "trace" or not set(sigs or ()) <= group_sigs.get(group, set())):
+            f, by = whole_step(base_rows, factors) if step_f is None else step_f, "step"
+            step_f = f
+            other.append((op, base_sigs or (), sigs or ()))
+        elif how == "step time":
+            f, by = rest, "step"
+        elif sigs == base_sigs and cat in OWN_OPS and name in by_op and _same_size(secs, calls, *base_call[name]):
+            f, by = by_op[name], "op"
+        else:
+            f, by = rest.get(group, 1.0), "group"
+        out.append((op, cat, calls, secs, f, secs * f, by))
+    for group, secs in (carried.items() if how == "trace" else ()):
+        out.append((f"{group} (measured, not foreseen)", group, 0, 0.0, NaN, secs, "measured"))
+    return out, new, other
+
+
+def whole_step(base_rows, factors, categories=OWN_OPS) -> float:
+    """The base's calibrated kernels over its plan's: how fast this machine ran the step's kernels
+    (the rows of ``categories``: the matmuls, attention and memory-bound ops) against the device
+    model, each row by the factor it takes as itself; the host's Python between ops and the update
+    aside (a kernel at another dtype is neither). 1.0 where there is none."""
+    rows = [r for r in calibrated_rows(base_rows, base_rows, factors)[0] if r[1] in categories]
+    plan, got = sum(r[3] for r in rows), sum(r[5] for r in rows)
+    return got / plan if plan > 0 and got > 0 else 1.0
+
+
+def other_dtype_note(run_id, other) -> Note:
+    """The note of the ops `calibrated_rows` could not calibrate: their kernels run at other dtypes."""
+    def sig(s):
+        return "/".join(s) or "none"
+    said = ", ".join(f"{op} ({sig(a)} -> {sig(b)})" for op, a, b in other[:5]) + (" ..." if len(other) > 5 else "")
+    return Note("expect.other_dtype", f"ops whose kernels run at other dtypes than run #{run_id} measured them "
+                                      f"at: at the device model times run #{run_id}'s kernels' factor together, "
+                                      f"not their own (a factor measured at one dtype is no rate for another's "
+                                      f"kernel): {said}")
+
+
+def _same_size(secs, calls, base_secs, base_calls) -> bool:
+    """An op's measured/expected factor is a property of the op at its size: what a tiny call
+    measured beyond the plan (a fixed cost per call) is no rate for a call hundreds of times
+    larger (a bf16 cast of every weight: 1.3 ms where fp32's cast of an index was 4 us, measured
+    30x its plan). Past ``RESIZED_CARRY`` either way, its group's factor carries instead."""
+    if not (secs > 0 and base_secs > 0 and calls and base_calls):
+        return True
+    k = (secs / calls) / (base_secs / base_calls)
+    return 1 / RESIZED_CARRY <= k <= RESIZED_CARRY

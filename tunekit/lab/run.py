@@ -153,13 +153,38 @@ def measure_steps(lab, t: Toggles, steps: int, progress=None, untimed: int = 0) 
                  peak_mem_start_bytes=meter.start_bytes, peak_notes=meter.notes)
 
 
+TRACED_STEPS = 3   # steps a traced run traces after its timed ones: each part and op, their median
+
+
 def traced_step(lab, t: Toggles, step_s: float, trace: bool = True, memory: bool = False):
-    """One more training step under torch.profiler: (Breakdown or None, MemoryTimeline or
-    None); ``step_s``, the untraced step time, gives the profiler's overhead."""
+    """``TRACED_STEPS`` more training steps under torch.profiler: (Breakdown or None,
+    MemoryTimeline or None); ``step_s``, the untraced step time, gives the profiler's overhead.
+    The breakdown is the steps' median part by part and op by op (core.breakdown.median_breakdown:
+    what lab.expect carries from a trace is not one sample of a shared machine); the memory
+    timeline and the Chrome trace are the first step's (the others traced without the memory
+    profiler, their files in a folder removed after)."""
+    import pathlib
+    import tempfile
+
+    from tunekit.core.breakdown import median_breakdown
+
+    breakdown, timeline = _one_traced_step(lab, t, trace, memory)
+    if breakdown is not None and TRACED_STEPS > 1:
+        with tempfile.TemporaryDirectory(prefix="tunekit-traced-") as folder:
+            more = [_one_traced_step(lab, t, True, False, pathlib.Path(folder))[0] for _ in range(TRACED_STEPS - 1)]
+        breakdown = median_breakdown([breakdown, *more])
+    if breakdown is not None:
+        breakdown.compare_with(step_s)
+        breakdown.notes.append(f"{TRACED_STEPS} extra steps after the timed ones; overhead against their median")
+    return breakdown, timeline
+
+
+def _one_traced_step(lab, t: Toggles, trace: bool, memory: bool, folder=None):
+    """One more training step under torch.profiler: (Breakdown or None, MemoryTimeline or None)."""
     from tunekit.measure.trace import Tracer
 
     with deferred_interrupt() as shield:  # the profiler goes on and off whole; the step runs in the gate
-        tracer = Tracer(f"lab-{label(t, lab.resolve())}", trace, memory, lab.cuda_index).start()
+        tracer = Tracer(f"lab-{label(t, lab.resolve())}", trace, memory, lab.cuda_index, folder).start()
         losses = []
         try:
             with shield.gate():
@@ -170,9 +195,6 @@ def traced_step(lab, t: Toggles, step_s: float, trace: bool = True, memory: bool
             raise
         breakdown, timeline = tracer.stop(wall)
     _check(losses[0], "the loss of the traced step")
-    if breakdown is not None:
-        breakdown.compare_with(step_s)
-        breakdown.notes.append("one extra step after the timed ones; overhead against their median")
     return breakdown, timeline
 
 

@@ -12,7 +12,7 @@ from tunekit.core.efficiency import (
     Figures,
     gpu_figures,
 )
-from tunekit.core.expected import expect
+from tunekit.core.expected import OPTIMIZER_ROW, expect
 from tunekit.core.notes import Note
 
 
@@ -107,6 +107,10 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
                  param_bytes=param_bytes, grad_bytes=grad_bytes, state_bytes=state / shard,
                  optimizer_kernels=kernels, comm=comm, parallel=kind, units=buckets if kind == "ddp" else units,
                  fuse=bool(setting.compile), host_calls=step.host)
+    # which kernel each row is (lab.expect carries a measured factor only to the same): the update's
+    # runs on the parameters, their gradients and states
+    update = f"{str(trained[0].dtype).removeprefix('torch.') if trained else 'float32'} params, {setting.grads} grads"
+    out.dtypes = kernel_dtypes(ops, update)
     notes = list(out.notes)
     if backend and not fig.host_bound and backend not in (fig.attention or {}):
         notes.append(f"no published {backend} attention figure for {fig.name}: attention expected at its MAMF")
@@ -125,3 +129,17 @@ def busy_note(fig: Figures) -> Note:
     return Note("expected.busy_figures", "expected from this CPU's figures as calibrated on a busy machine (their "
                                          "records' conditions say so), so possibly slow: at a quiet moment, run "
                                          f"{' and '.join(fig.busy)}, then plan again")
+
+
+def kernel_dtypes(ops, update: str | None = None) -> dict:
+    """{op name: its records' dtype signatures, sorted} of a step's op records (`dtype_signature`;
+    records without one are left out); ``update``: the optimizer's update's (core.expected's ``OPTIMIZER_ROW``
+    row, made of no record: the parameters', gradients' and states' dtypes)."""
+    seen: dict = {}
+    for rec in ops:
+        if len(rec) > 8:
+            seen.setdefault(rec[0], set()).add(rec[8])
+    out = {name: tuple(sorted(sigs)) for name, sigs in seen.items()}
+    if update:
+        out[OPTIMIZER_ROW] = (update,)
+    return out

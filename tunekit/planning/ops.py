@@ -62,8 +62,9 @@ def _aliases(ins, outs) -> bool:
 class RooflineCounter(TunekitFlopCounter):
     """TunekitFlopCounter that also keeps each op that launches a kernel as an op record
     (core.expected): name, kind, phase, FLOPs (causal attention halved), the bytes of its inputs
-    read and outputs written, a matmul's or an attention's dims, the itemsize of its first tensor and its inputs'
-    and outputs' (storage, bytes), which tell a compiled step's fusion what stays on chip. Views and
+    read and outputs written, a matmul's or an attention's dims, the itemsize of its first tensor, its inputs'
+    and outputs' (storage, bytes), which tell a compiled step's fusion what stays on chip, and its
+    tensors' dtypes (`dtype_signature`). Views and
     metadata ops make no kernel: they are only counted (``no_kernel``), as the module calls are
     (``module_calls``, a recomputing backward's included), the tensors a backward's recompute
     saves (``saved``: a checkpoint's hook detaches each, grad off, amid the recompute) and the
@@ -144,5 +145,18 @@ class RooflineCounter(TunekitFlopCounter):
                 if kind == "attention" else None)
         phase = "backward" if in_autograd_backward() else "forward"
         io = (tuple((self._serial(t), t.nbytes) for t in ins), tuple((self._serial(t), t.nbytes) for t in outs))
-        self.ops.append((name, kind, phase, flops, moved, dims, tensors[0].element_size(), io))
+        self.ops.append((name, kind, phase, flops, moved, dims, tensors[0].element_size(), io,
+                         dtype_signature(ins, outs)))
         return result
+
+
+def dtype_signature(ins, outs) -> str:
+    """Which kernel an op's record ran, by its tensors' dtypes: "float32" (inputs and outputs
+    alike), "float32>bfloat16" (a cast), "float32,int64>float32" (an embedding's lookup). One aten
+    name runs other kernels at other dtypes (a CPU's bf16 matmul, SDPA or cast is not its fp32 one
+    at half the bytes): lab.expect carries a measured op's factor only to the same signature."""
+    def names(ts):
+        return ",".join(sorted({str(t.dtype).removeprefix("torch.") for t in ts}))
+    i, o = names(ins), names(outs)
+    return i if i == o else f"{i}>{o}"
+
