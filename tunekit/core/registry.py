@@ -115,7 +115,10 @@ def memory_layout_name(name: str) -> str:
 # --- optimizers --------------------------------------------------------------------------------
 
 
-ADAFACTOR_STEP_BYTES = 4   # torch.optim.Adafactor's step: a 0-dim tensor of torch's scalar dtype (fp32)
+# torch's AdamW (fused or not) and Adafactor keep per parameter tensor a 0-dim `step` tensor of
+# torch's scalar dtype, fp32 (torch/optim/adam.py and _adafactor.py, `_init_group`; on the CPU
+# unless fused or capturable); SGD, Lion and bitsandbytes' AdamW8bit keep none (an int at most)
+STEP_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class Optimizer:
     aliases: tuple = ()
     doc: str = ""
     factored: bool = False      # torch's Adafactor: a matrix's second moment as a row and a column
+    step_bytes: int = 0         # its 0-dim `step` tensor per parameter tensor (`STEP_BYTES`), or 0
 
     def state_bytes_per_param(self, param_bytes: int = 4) -> int:
         """Bytes per parameter: `states` parameter-sized tensors (for a factored optimizer, its
@@ -141,24 +145,25 @@ class Optimizer:
         torch.optim.Adafactor allocates it (torch/optim/_adafactor.py, ``_init_group``): per
         parameter a 0-dim fp32 step, and for one of 2+ dims (..., r, c) a row variance (..., r, 1)
         and a column variance (..., 1, c), for a vector a variance of its size, in its dtype.
-        ``optimizer("adafactor").state_bytes_of([(32, 64), (32,)]) == (4 + 4 * 96) + (4 + 4 * 32)``."""
+        ``optimizer("adafactor").state_bytes_of([(32, 64), (32,)]) == (4 + 4 * 96) + (4 + 4 * 32)``;
+        AdamW's: two moments and a step per tensor, ``(4 + 8 * 2048) + (4 + 8 * 32)``."""
         if not self.factored:
-            return sum(self.state_bytes_per_param(param_bytes) * math.prod(s) for s in shapes)
+            return sum(self.step_bytes + self.state_bytes_per_param(param_bytes) * math.prod(s) for s in shapes)
         elem = self.state_bytes or param_bytes
-        return sum(ADAFACTOR_STEP_BYTES + elem * (math.prod(s[:-1]) + math.prod(s[:-2]) * s[-1] if len(s) > 1
+        return sum(self.step_bytes + elem * (math.prod(s[:-1]) + math.prod(s[:-2]) * s[-1] if len(s) > 1
                                                   else math.prod(s)) for s in shapes)
 
 
 _WD = (("weight_decay", 0.1),)  # GPT-2/3 practice for the AdamW family
 OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
-    Optimizer("adamw", "torch.optim:AdamW", _WD, 2, aliases=("adam",),
+    Optimizer("adamw", "torch.optim:AdamW", _WD, 2, aliases=("adam",), step_bytes=STEP_BYTES,
               doc="exp_avg + exp_avg_sq: 8 B/param in fp32"),
     # one kernel per parameter group instead of a loop of small ops (CPU and CUDA in torch>=2.4)
-    Optimizer("adamw_fused", "torch.optim:AdamW", _WD + (("fused", True),), 2,
+    Optimizer("adamw_fused", "torch.optim:AdamW", _WD + (("fused", True),), 2, step_bytes=STEP_BYTES,
               doc="AdamW as one fused kernel"),
     Optimizer("sgd", "torch.optim:SGD", (("momentum", 0.9),), 1,
               aliases=("sgd-momentum", "sgd_momentum"), doc="one momentum buffer: 4 B/param"),
-    Optimizer("adafactor", "torch.optim:Adafactor", (), 1, factored=True,
+    Optimizer("adafactor", "torch.optim:Adafactor", (), 1, factored=True, step_bytes=STEP_BYTES,
               doc="ml-engineering's ~4 B/param bound; torch's factored moments are far smaller (by shape)"),
     Optimizer("lion", "lion_pytorch:Lion", _WD, 1, package="lion-pytorch",
               doc="one momentum: 4 B/param"),
