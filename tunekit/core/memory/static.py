@@ -14,7 +14,7 @@ from tunekit.core.fmt import fmt_count
 from tunekit.core.memory.answer import STATIC
 from tunekit.core.memory.options import MemoryOptions
 from tunekit.core.notes import Note
-from tunekit.core.registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
+from tunekit.core.registry import FP32, MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
 
 NaN = math.nan
 
@@ -25,7 +25,7 @@ def layout_bytes(layout: str) -> MemoryLayout:
     return MEMORY_LAYOUTS[memory_layout_name(layout)]
 
 
-def optimizer_bytes_per_param(optimizer: str, layout: str = "fp32") -> float:
+def optimizer_bytes_per_param(optimizer: str, layout: str = FP32) -> float:
     """Optimizer-state bytes per parameter under a memory ``layout``: AdamW 8 (fp32), SGD-momentum/Lion 4,
     Adafactor 4 (a bound: by shape far less), 8-bit AdamW 2, bf16 AdamW 4; states take a pure half dtype."""
     return registry.optimizer(optimizer).state_bytes_per_param(layout_bytes(layout).state)
