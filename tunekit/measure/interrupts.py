@@ -243,8 +243,9 @@ def second_ctrl_c(exc: BaseException, doing: str | None = None) -> str:
     """Note on ``exc`` (the first Ctrl-C's KeyboardInterrupt, travelling) that a second one came
     while ``doing`` ran and waited for it; once per exception. Returns the note."""
     note = SECOND.format(doing=doing or "tunekit cleaned up after the first")
-    if not any(n.startswith("tunekit: second Ctrl-C") for n in getattr(exc, "__notes__", ())):
+    if not getattr(exc, "_tunekit_second_ctrl_c", False):
         exc.add_note(note)
+        exc._tunekit_second_ctrl_c = True
     return note
 
 
