@@ -1,6 +1,7 @@
 """The `tunekit` command: every toggle an option with its default, a real run on cpu-tiny that
 writes the log and the report, bad options refused before any work (exit 2), a failed run
 exit 1, and the argument plumbing of the distributed paths (the engine itself faked here)."""
+import argparse
 import dataclasses
 import json
 import os
@@ -29,9 +30,8 @@ def _help_of(text: str, flag: str) -> str:
     return " ".join(m.group(0).split())
 
 
-@pytest.mark.parametrize("args", [["--help"], ["run", "--help"]])
-def test_help_lists_every_toggle_with_its_default(args):
-    out = subprocess.run([sys.executable, "-m", "tunekit", *args], capture_output=True, text=True)
+def test_help_lists_every_toggle_with_its_default():
+    out = subprocess.run([sys.executable, "-m", "tunekit", "run", "--help"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     for f in dataclasses.fields(Toggles):
         entry = _help_of(out.stdout, option_flag(f.name))
@@ -44,6 +44,20 @@ def test_help_lists_every_toggle_with_its_default(args):
         assert f"(default: {default})" in _help_of(out.stdout, flag).replace("- ", "-")
     assert "--log-path" in _help_of(out.stdout, "--log")   # the name torchrun's parser lets through
     assert "{fp32,tf32,bf16,fp16}" in out.stdout and "{none,ddp,fsdp,fsdp_grad_op,hsdp}" in out.stdout
+
+
+def test_top_level_help_lists_the_commands_one_line_each(capsys):
+    # `tunekit --help` printed the whole of `tunekit run --help` under the command list
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == ["run", "plan", "diff", "doctor"]
+    for name in sub.choices:   # a new command needs its one line of help
+        assert len(re.findall(rf"^    {name}\s+\S.*$", out, re.M)) == 1, name
+    assert "--micro-batch" not in out and "--precision" not in out    # run's options: `tunekit run --help`
+    assert len(out.splitlines()) < 20, out
 
 
 def test_a_new_toggle_becomes_an_option(monkeypatch):

@@ -138,10 +138,12 @@ def test_plotly(machine, monkeypatch):
         "%load_ext tunekit adds an SVG), outside one tunekit's charts go to HTML files"]
 
 
-def test_extras_name_the_pip_command_for_the_missing_ones(monkeypatch):
+def test_extras_name_the_pip_command_for_the_missing_ones(monkeypatch, machine):
+    machine({}, cuda=H100)
     monkeypatch.setattr(d, "_extras", lambda: {"hf": ["transformers", "accelerate"], "gpu": ["flash-attn"],
                                               "browser": ["jupyterlab", "notebook"], "mlflow": ["mlflow-skinny"]})
-    have = {"transformers": "4.48.0", "accelerate": "1.1.0", "mlflow-skinny": "2.10.0", "jupyterlab": "4.3.0"}
+    have = {"torch": "2.5.1", "transformers": "4.48.0", "accelerate": "1.1.0", "mlflow-skinny": "2.10.0",
+            "jupyterlab": "4.3.0"}
     monkeypatch.setattr(d, "_version", have.get)
     # browser needs notebook too: an extra counts as installed only when all it brings is
     assert d.check_extras().lines() == [
@@ -149,16 +151,36 @@ def test_extras_name_the_pip_command_for_the_missing_ones(monkeypatch):
         "     fix: only if you need them: pip install 'tunekit[browser,gpu]'"]
 
 
-def test_the_experiments_extra_is_named_by_the_command_that_keeps_import_torch_quiet(monkeypatch):
+@pytest.mark.parametrize("cuda, versions, gpu_why", [
+    (CPU, GOOD, "needs a CUDA GPU, this machine has none"),
+    (T4, GOOD, "needs sm_80 or newer, Tesla T4 is sm_75"),
+    (CPU, {}, "needs torch with CUDA")])
+def test_extras_this_machine_cannot_use_are_not_suggested_and_say_why(monkeypatch, machine, cuda, versions, gpu_why):
+    # a CPU-only torch was told `pip install 'tunekit[docs,gpu]'`: flash-attn needs a CUDA GPU
+    # (sm_80+), docs and dev are for working on tunekit itself
+    machine(versions, cuda=cuda)
+    monkeypatch.setattr(d, "_extras", lambda: {"gpu": ["flash-attn"], "docs": ["mkdocs"], "dev": ["pytest"],
+                                              "mlflow": ["mlflow-skinny"]})
+    assert d.check_extras().lines() == [
+        "OK   extras: installed: none; not installed: dev (for tunekit's own tests), docs (for building "
+        f"tunekit's documentation), gpu ({gpu_why}), mlflow",
+        "     fix: only if you need them: pip install 'tunekit[mlflow]'"]
+    monkeypatch.setattr(d, "_version", {**versions, "mlflow-skinny": "2.10.0"}.get)
+    assert len(d.check_extras().lines()) == 1     # nothing usable is missing: no fix line
+
+
+def test_the_experiments_extra_is_named_by_the_command_that_keeps_import_torch_quiet(monkeypatch, machine):
     # `pip install 'tunekit[experiments]'` brings the deprecated pynvml package, whose shim makes
     # `import torch` warn: the fix names ipyexperiments without its dependencies, as make install does
+    machine({})
     monkeypatch.setattr(d, "_extras", lambda: {"hf": ["transformers"], "experiments": ["ipyexperiments"],
-                                              "docs": ["mkdocs"]})
+                                              "mlflow": ["mlflow-skinny"]})
     monkeypatch.setattr(d, "_version", {"transformers": "4.48.0"}.get)
     assert d.check_extras().lines() == [
-        "OK   extras: installed: hf; not installed: docs, experiments",
-        "     fix: only if you need them: pip install 'tunekit[docs]'; pip install --no-deps 'ipyexperiments>=0.1.29'"]
-    monkeypatch.setattr(d, "_version", {"transformers": "4.48.0", "mkdocs": "1.6.0"}.get)
+        "OK   extras: installed: hf; not installed: experiments, mlflow",
+        "     fix: only if you need them: pip install 'tunekit[mlflow]'; "
+        "pip install --no-deps 'ipyexperiments>=0.1.29'"]
+    monkeypatch.setattr(d, "_version", {"transformers": "4.48.0", "mlflow-skinny": "2.10.0"}.get)
     fix = d.check_extras().lines()[1]
     assert fix == "     fix: only if you need them: pip install --no-deps 'ipyexperiments>=0.1.29'"
 

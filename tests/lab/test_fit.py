@@ -113,9 +113,11 @@ def test_analytic_line_is_estimate_memory(tmp_path, limit):
                                     device="cpu")["activations"] for b in (1, 2)]
     n = sum(p.numel() for p in lab.model.parameters())
     assert est.line.per_sample == acts[1] - acts[0]
-    # gradients 4 B + AdamW's two fp32 states 8 B per param, + the 4-byte loss estimate_memory counts
-    assert est.line.fixed == 12 * n + 4
-    assert est.need_bytes == 12 * n + 4 + 10**7 * (acts[1] - acts[0])
+    # gradients 4 B + AdamW's two fp32 states 8 B per param, + a 4-byte fp32 step per parameter
+    # tensor, + the 4-byte loss estimate_memory counts
+    steps = 4 * len(list(lab.model.parameters()))
+    assert est.line.fixed == 12 * n + steps + 4
+    assert est.need_bytes == 12 * n + steps + 4 + 10**7 * (acts[1] - acts[0])
 
 
 def test_measured_line_errs_high_but_not_far(tmp_path, monkeypatch):

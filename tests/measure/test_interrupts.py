@@ -42,6 +42,10 @@ def no_leaked_exception():
     exception (KeyboardInterrupt) ...". It is the interpreter's state, not tunekit's: cleared here
     (``PyErr_SetHandledException``, CPython >= 3.11) so no later test inherits it."""
     yield
+    _clear_handled()
+
+
+def _clear_handled():
     if sys.exc_info()[1] is not None and hasattr(ctypes.pythonapi, "PyErr_SetHandledException"):
         ctypes.pythonapi.PyErr_SetHandledException.argtypes = [ctypes.py_object]
         ctypes.pythonapi.PyErr_SetHandledException(None)
@@ -513,3 +517,105 @@ def test_ctrl_c_anywhere_in_find_max_batch_size(lab, n):
     failed = sweep(case, n)
     assert not failed, "\n".join(failed[:10])
     assert lab.find_max_batch_size(limit=4, memory_budget_bytes=2**30).best == 4  # and the next search works
+
+
+# --- a second Ctrl-C while the first travels to its clean-up --------------------------------------
+
+
+class _Second:
+    """Sends one SIGINT at the k-th line event in tunekit's files after ``arm()`` (called in the
+    user's ``finally``, so the first Ctrl-C's KeyboardInterrupt is already on its way)."""
+
+    def __init__(self, k):
+        self.k, self.n, self.armed, self.fired, self.handling = k, 0, False, None, False
+
+    def arm(self):
+        self.armed = True
+
+    def trace(self, frame, event, arg):
+        if not frame.f_code.co_filename.startswith(TUNEKIT):
+            return None
+        if event == "line" and self.armed:
+            if self.n == self.k:
+                self.fired = f"{os.path.relpath(frame.f_code.co_filename, TUNEKIT)}:{frame.f_lineno}"
+                # the first's KeyboardInterrupt is handled (an except, finally or with-exit block
+                # runs). A line event can come just before that, as a frame's handler block starts:
+                # a real signal cannot (Python runs handlers at calls and jumps, after it)
+                self.handling = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+                signal.raise_signal(signal.SIGINT)
+            self.n += 1
+        return self.trace
+
+
+def _second_notes(e, err):
+    return [n for n in [*getattr(e, "__notes__", ()), *err.splitlines()] if "second Ctrl-C" in n]
+
+
+@pytest.mark.parametrize("every", [9, pytest.param(1, marks=pytest.mark.slow)], ids=["spread", "dense"])
+def test_a_second_ctrl_c_while_the_cell_is_recorded_stops_with_one_traceback_and_a_note(ip, monkeypatch, capsys,
+                                                                                        every):
+    # A second Ctrl-C that landed in tunekit's frames while the first's KeyboardInterrupt left the
+    # cell (the gate still open) raised a KeyboardInterrupt of its own inside tunekit: a chained
+    # traceback ending in interrupts.py, or IPython's "Error in callback" for post_run_cell. Now it
+    # waits for the record, and the first's says "second Ctrl-C: stopped while saving the record of cell".
+    shown = []
+    monkeypatch.setattr(ip, "showtraceback", lambda *a, **k: shown.append(sys.exc_info()[1]))
+    src = ("%%gpuprofile -q -n cell\nx = torch.randn(8, 128)\ntry:\n    signal.raise_signal(signal.SIGINT)\n"
+           "finally:\n    second.arm()\nmodel(x).sum()")
+    ip.user_ns["signal"] = signal
+    problems, k = [], 0
+    while True:
+        history.clear_history()
+        shown.clear()
+        capsys.readouterr()
+        second = ip.user_ns["second"] = _Second(k)
+        _clear_handled()   # an earlier case's KeyboardInterrupt would be every later one's __context__
+        sys.settrace(second.trace)
+        try:
+            result = ip.run_cell(src)
+        finally:
+            sys.settrace(None)
+        if second.fired is None:
+            break
+        e, err = result.error_in_exec, capsys.readouterr().err
+        records = history.HISTORY.records()
+        if not isinstance(e, KeyboardInterrupt) or len(shown) != 1 or isinstance(e.__context__, KeyboardInterrupt) \
+                or len(records) != 1 or (second.handling and not _second_notes(e, err)):
+            problems.append(f"second at {second.fired}: {type(e).__name__}, {len(shown)} tracebacks, "
+                            f"context {type(e.__context__).__name__}, {len(records)} records, notes {e.__notes__}")
+        k += every
+    assert k > 100 and not problems, "\n".join(problems[:10])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_while_lab_run_cleans_up_is_said_on_the_first(lab):
+    # the first Ctrl-C in the model's forward; the second at tunekit's next lines, as the first
+    # travels to lab.run's clean-up: it waits for it, and the first's exception says so
+    handled = 0
+    for k in (0, 1, 5, 20):
+        second, calls = _Second(k), []
+
+        def forward_hook():
+            calls.append(1)
+            if len(calls) == 2:      # a timed step's forward
+                try:
+                    signal.raise_signal(signal.SIGINT)
+                finally:
+                    second.arm()
+
+        lab.model.on_forward = forward_hook
+        sys.settrace(second.trace)
+        try:
+            with pytest.raises(KeyboardInterrupt) as caught:
+                lab.run(steps=2, warmup=1)
+        finally:
+            sys.settrace(None)
+            lab.model.on_forward = None
+        assert second.fired is not None
+        handled += second.handling
+        assert _second_notes(caught.value, "") == ["tunekit: second Ctrl-C: stopped while lab.run undid the "
+                                                   "interrupted run (that was finished first: nothing is lost)"] \
+            or not second.handling, (second.fired, caught.value.__notes__)
+        assert all(p.grad is None for p in lab.model.parameters())
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert handled >= 3   # (k=0 may land as step.py's handler block starts: see _Second)

@@ -6,9 +6,11 @@ import pytest
 import torch
 import torch.nn as nn
 
+from tunekit.core.memory.estimate import estimate_memory
 from tunekit.measure.memory import measure_memory
 from tunekit.measure.tally import SavedTensorTally, unique_bytes
 from tunekit.models.gpt import GPT, GPTConfig
+from tunekit.models.optimizers import state_bytes
 
 
 def _mlp():
@@ -30,6 +32,15 @@ def test_hand_mlp_fp32_adamw():
     assert m["weights"] == 848 and m["gradients"] == 848
     # AdamW: two moments 2*848 + a 4-byte `step` tensor for each of the 4 param tensors = 1712
     assert m["optimizer_states"] == 1712
+    # the estimate of the module (its tensors' shapes) counts the steps too: 8 B x 212 + 4 x 4 B = 1712
+    est = estimate_memory(model, layout="fp32", optimizer="adamw", device="cpu")
+    assert est.components["optimizer_states"] == m["optimizer_states"] == 1712
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9)
+    model(x).sum().backward()
+    sgd.step()   # one momentum buffer per parameter, no step tensor: 4 B x 212 = 848
+    assert estimate_memory(model, layout="fp32", optimizer="sgd", device="cpu").components["optimizer_states"] \
+        == state_bytes(sgd) == 848
+    model.zero_grad(set_to_none=True)
     # saved: the input x (5*8*4 = 160) for the first weight's grad, the ReLU output
     # (5*16*4 = 320) for ReLU and the second Linear (one storage) -> 480
     assert m["activations"] == 480 and m["weight_casts"] == 0

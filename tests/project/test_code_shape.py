@@ -2,10 +2,14 @@
 
 - one way to test for a missing number: ``tunekit.core.units.is_missing``; no ``x == x`` /
   ``x != x``, no ``math.isnan`` and no private twin of it anywhere else in tunekit/;
-- no function over 80 lines unless its docstring says why, on a line starting ``long:``.
+- no function over 80 lines unless its docstring says why, on a line starting ``long:``;
+- one home for the dtype names: code writes ``registry.BF16`` (FP32, TF32, FP16, FP8), not the
+  string, outside ``core/registry.py`` (docstrings, messages and f-strings may say "bf16").
 """
 import ast
+import io
 import pathlib
+import tokenize
 
 import pytest
 
@@ -74,3 +78,41 @@ def test_no_function_over_80_lines_without_a_reason(path):
     assert long == PENDING_LONG.get(rel, set()), \
         f"{rel}: {sorted(long)} over {MAX_FUNCTION_LINES} lines: split it by what it does, or say why in its " \
         "docstring ('long: ...'); a pending one that got short leaves PENDING_LONG"
+
+
+DTYPE_HOME = ROOT / "core" / "registry.py"
+DTYPE_NAMES = {"fp32", "tf32", "bf16", "fp16", "fp8"}
+# modules that still write a dtype name as a string; each must still do so, so the set only shrinks
+PENDING_DTYPE_LITERALS = {
+    "cli/doctor.py": "'bf16' there is the name of a check and a key of _cuda's answer, not a dtype",
+    "core/gpus.py": "spec tables keyed by dtype (another change edits the GPU figures)",
+    "core/specs.py": "the spec table's dtype keys (another change edits the GPU figures)",
+    "measure/peaks.py": "the calibration's dtype table (another change edits calibration)",
+    "measure/stream.py": "the calibration's dtype (another change edits calibration)",
+    "planning/cuda_like.py": "the attention kernels' dtype tables (another change edits them)",
+    "planning/device.py": "the planner's device costs (another change edits them)",
+    "planning/expect.py": "the planner's expected step (another change edits it)",
+    "profiling/probe_figures.py": "the magic's figures (another change edits profiling/)",
+}
+
+
+def dtype_literals(source: str) -> list[str]:
+    """Every string token that is exactly a dtype name (not an f-string, docstring or message)."""
+    return [f"line {t.start[0]}: {t.string}" for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type == tokenize.STRING and t.string[:1] in "'\"" and t.string[1:-1] in DTYPE_NAMES
+            and len(t.string) == len(t.string[1:-1]) + 2]
+
+
+def test_dtype_literals_are_caught():
+    source = 'a = "bf16"\nb = f"bf16"\nc = "bf16 or fp16"\n# "fp32"\nd = {\'fp8\': 1}\n'
+    assert dtype_literals(source) == ['line 1: "bf16"', "line 5: 'fp8'"]
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if p != DTYPE_HOME], ids=lambda p: str(p.relative_to(ROOT)))
+def test_dtype_names_have_one_home(path):
+    rel = str(path.relative_to(ROOT))
+    found = dtype_literals(path.read_text())
+    if rel in PENDING_DTYPE_LITERALS:
+        assert found, f"{rel} names no dtype by its string now: drop it from PENDING_DTYPE_LITERALS"
+    else:
+        assert found == [], f"{rel}: write tunekit.core.registry's BF16/FP16/FP32/TF32/FP8, not {found}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from tunekit.autotune.search import Search, Stop
 from tunekit.core import registry
 from tunekit.core import toggles as tg
+from tunekit.core.registry import TF32
 from tunekit.core.toggles import TF32_ON_CPU, Toggles, label
 
 
@@ -57,7 +58,7 @@ def try_values(s: Search, toggles: tuple) -> None:
 
 def stage_precision(s: Search, _toggles=()) -> None:
     def rule(t):
-        if t.precision == "tf32" and s.env.device_type != "cuda":
+        if t.precision == TF32 and s.env.device_type != "cuda":
             return "the same run as fp32 here: " + TF32_ON_CPU
         return None
     race_changes(s, [{"precision": p} for p in s.allowed("precision", values("precision"))], rule)

@@ -9,13 +9,14 @@ import torch.nn as nn
 
 from tunekit.bench.frame import frame
 from tunekit.core.advisor import swiglu_dff_candidates
+from tunekit.core.registry import BF16, FP32
 from tunekit.measure.device import default_device, synchronize, torch_dtype
 from tunekit.measure.timing import NaN, stats, time_repeats
 
 
 def _default_dtype(dev) -> str:
     # tensor-core shapes are what the documents measure; CPUs have no fast bf16 everywhere
-    return "bf16" if dev.type == "cuda" else "fp32"
+    return BF16 if dev.type == "cuda" else FP32
 
 
 def _mlp_stack(width: int, depth: int) -> nn.Module:
@@ -88,7 +89,7 @@ def softmax_traffic_bytes(n_elements: int, elem_bytes: int, fused: bool) -> int:
     return (2 if fused else 8) * n_elements * elem_bytes
 
 
-def softmax_naive_vs_fused(rows: int = 2048, cols: int = 1024, dtype="fp32", device=None,
+def softmax_naive_vs_fused(rows: int = 2048, cols: int = 1024, dtype=FP32, device=None,
                            warmup: int = 2, repeats: int = 7):
     """Time torch.softmax (one fused kernel) against the five-kernel naive version.
 

@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunekit.core.extras import EXTRAS, extras_command
+from tunekit.core.extras import EXTRAS, FOR_CONTRIBUTORS, NEEDS_CUDA, extras_command
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 MIN_PYTHON = (3, 10)      # pyproject's requires-python
@@ -257,13 +257,32 @@ def _extras() -> dict[str, list[str]]:
     return out
 
 
+def _unusable(extra: str, cuda: dict | None) -> str | None:
+    """Why ``extra`` is of no use on this machine (``cuda``: `_cuda`'s answer, None without
+    torch), or None when it is: a CUDA extra without a GPU new enough, a contributor's extra."""
+    if extra in FOR_CONTRIBUTORS:
+        return f"for {FOR_CONTRIBUTORS[extra]}"
+    if extra in NEEDS_CUDA:
+        if not cuda or not cuda["gpus"]:
+            return "needs a CUDA GPU, this machine has none" if cuda else "needs torch with CUDA"
+        need, cap = NEEDS_CUDA[extra], cuda["capability"]
+        if cap is not None and cap < need:
+            return f"needs sm_{need[0]}{need[1]} or newer, {cuda['gpus'][0]} is sm_{cap[0]}{cap[1]}"
+    return None
+
+
 def check_extras() -> Check:
-    """Which of tunekit's extras are installed (every distribution of the extra is)."""
+    """Which of tunekit's extras are installed (every distribution of the extra is); the fix
+    names only the missing ones usable here, the others say why they are not suggested."""
     extras = _extras()
     have = sorted(e for e, dists in extras.items() if all(_version(d) for d in dists))
     missing = sorted(set(extras) - set(have))
-    found = f"installed: {', '.join(have) or 'none'}; not installed: {', '.join(missing) or 'none'}"
-    fix = f"only if you need them: {extras_command(missing)}" if missing else ""
+    cuda = _cuda() if _version("torch") else None
+    why = {e: _unusable(e, cuda) for e in missing}
+    found = (f"installed: {', '.join(have) or 'none'}; not installed: "
+             + (", ".join(e + (f" ({why[e]})" if why[e] else "") for e in missing) or "none"))
+    useful = [e for e in missing if why[e] is None]
+    fix = f"only if you need them: {extras_command(useful)}" if useful else ""
     return Check(OK, "extras", found, fix)
 
 

@@ -99,16 +99,14 @@ def version_line() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The ``tunekit`` command: its help lists the commands, one line each; ``tunekit COMMAND
+    --help`` gives a command's options (run's: every toggle with its default)."""
     run = run_parser()
     p = _Parser(prog="tunekit", formatter_class=_Formatter,
-                description="tunekit from a shell. Commands: run (train and measure; "
-                            "`tunekit run --help`), plan (a step on a device without running it; "
-                            "`tunekit plan --help`), diff (two saved runs; `tunekit diff --help`), doctor "
-                            "(is this machine ready: `tunekit doctor`). "
-                            "The options of run, with their defaults:",
-                epilog=run.format_help())
+                description="tunekit from a shell: train and measure, plan, compare runs, check the machine.",
+                epilog="`tunekit COMMAND --help` lists a command's options with their defaults.")
     p.add_argument("--version", action="version", version=version_line())
-    sub = p.add_subparsers(dest="command", metavar="{run,plan,diff,doctor}", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", title="commands", metavar="COMMAND", parser_class=_Parser)
     sub.add_parser("run", parents=[run], add_help=False, formatter_class=_Formatter,
                    description=run.description, help="train and measure one configuration")
     from tunekit.cli.plan import plan_parser

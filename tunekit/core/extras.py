@@ -9,6 +9,11 @@ EXTRAS = {"transformers": "hf", "accelerate": "hf", "tensorboard": "tensorboard"
           "lightning": "lightning", "pytorch_lightning": "lightning", "ipyexperiments": "experiments",
           "flash_attn": "gpu"}
 
+# extras for working on tunekit itself, not for using it: never suggested to a user
+FOR_CONTRIBUTORS = {"dev": "tunekit's own tests", "docs": "building tunekit's documentation"}
+# extras that need a CUDA GPU (flash-attn is built for CUDA and runs on sm_80 and newer)
+NEEDS_CUDA = {"gpu": (8, 0)}
+
 
 # An extra installed by a command of its own: ipyexperiments requires the deprecated `pynvml`
 # package, whose shim makes `import torch` print a FutureWarning (nvidia-ml-py, a core dependency,

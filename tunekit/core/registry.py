@@ -28,15 +28,19 @@ class DType:
     doc: str
 
 
+# the dtype names, declared here once: code names them by these constants, never by a literal
+# (tests/project/test_code_shape.py); users and data files write the strings
+FP32, TF32, BF16, FP16, FP8 = "fp32", "tf32", "bf16", "fp16", "fp8"
+
 DTYPES: dict[str, DType] = {d.name: d for d in (
-    DType("fp32", "float32", 4, "IEEE single precision"),
-    DType("tf32", "float32", 4, "fp32 storage; CUDA tensor cores round matmul inputs to 10 mantissa bits"),
-    DType("bf16", "bfloat16", 2, "8-bit exponent (fp32's range), 7-bit mantissa"),
-    DType("fp16", "float16", 2, "5-bit exponent: needs loss scaling for training"),
-    DType("fp8", "float8_e4m3fn", 1, "Hopper and newer; scaled matmuls only"),
+    DType(FP32, "float32", 4, "IEEE single precision"),
+    DType(TF32, "float32", 4, "fp32 storage; CUDA tensor cores round matmul inputs to 10 mantissa bits"),
+    DType(BF16, "bfloat16", 2, "8-bit exponent (fp32's range), 7-bit mantissa"),
+    DType(FP16, "float16", 2, "5-bit exponent: needs loss scaling for training"),
+    DType(FP8, "float8_e4m3fn", 1, "Hopper and newer; scaled matmuls only"),
 )}
-_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
-                  "half": "fp16", "float8_e4m3fn": "fp8"}
+_DTYPE_ALIASES = {"float32": FP32, "float": FP32, "bfloat16": BF16, "float16": FP16,
+                  "half": FP16, "float8_e4m3fn": FP8}
 
 
 def dtype(name: str) -> DType:
@@ -62,10 +66,10 @@ class Precision:
 
 
 PRECISIONS: dict[str, Precision] = {p.name: p for p in (
-    Precision("fp32", "fp32", None, False, False, "fp32", "everything in fp32"),
-    Precision("tf32", "tf32", None, False, False, "tf32", "fp32 tensors, tf32 matmuls on CUDA"),
-    Precision("bf16", "bf16", "bf16", False, False, "amp", "fp32 weights, bf16 autocast forward"),
-    Precision("fp16", "fp16", "fp16", True, True, "amp", "fp32 weights, fp16 autocast + GradScaler"),
+    Precision(FP32, FP32, None, False, False, FP32, "everything in fp32"),
+    Precision(TF32, TF32, None, False, False, TF32, "fp32 tensors, tf32 matmuls on CUDA"),
+    Precision(BF16, BF16, BF16, False, False, "amp", "fp32 weights, bf16 autocast forward"),
+    Precision(FP16, FP16, FP16, True, True, "amp", "fp32 weights, fp16 autocast + GradScaler"),
 )}
 
 
@@ -86,10 +90,10 @@ class MemoryLayout:
 
 
 MEMORY_LAYOUTS: dict[str, MemoryLayout] = {
-    "fp32": MemoryLayout(4, 0, 4, 4, 4, 0, "fp32 everything"),
-    "tf32": MemoryLayout(4, 0, 4, 4, 4, 0, "fp32 storage, tf32 matmuls: memory as fp32"),
-    "bf16": MemoryLayout(2, 0, 2, 2, 2, 0, "pure bf16: weights, grads and optimizer states in bf16"),
-    "fp16": MemoryLayout(2, 0, 2, 2, 2, 0, "pure fp16: weights, grads and optimizer states in fp16"),
+    FP32: MemoryLayout(4, 0, 4, 4, 4, 0, "fp32 everything"),
+    TF32: MemoryLayout(4, 0, 4, 4, 4, 0, "fp32 storage, tf32 matmuls: memory as fp32"),
+    BF16: MemoryLayout(2, 0, 2, 2, 2, 0, "pure bf16: weights, grads and optimizer states in bf16"),
+    FP16: MemoryLayout(2, 0, 2, 2, 2, 0, "pure fp16: weights, grads and optimizer states in fp16"),
     # Megatron/DeepSpeed-style mixed precision: persistent half weights + fp32 master + fp32 grads
     # (stas00/ml-engineering training/performance/README.md: "6 bytes ... maintains a model in fp32 and
     # one in fp16/bf16", 4-byte grads).
@@ -99,8 +103,8 @@ MEMORY_LAYOUTS: dict[str, MemoryLayout] = {
     "amp": MemoryLayout(4, 0, 4, 4, 2, 2, "torch.autocast: fp32 params/grads, half weight casts per step"),
 }
 _LAYOUT_ALIASES = {"bf16-mixed": "mixed", "fp16-mixed": "mixed", "amp-bf16": "amp",
-                   "amp-fp16": "amp", "autocast": "amp", "float32": "fp32", "bfloat16": "bf16",
-                   "float16": "fp16"}
+                   "amp-fp16": "amp", "autocast": "amp", "float32": FP32, "bfloat16": BF16,
+                   "float16": FP16}
 
 
 def memory_layout_name(name: str) -> str:
@@ -115,7 +119,10 @@ def memory_layout_name(name: str) -> str:
 # --- optimizers --------------------------------------------------------------------------------
 
 
-ADAFACTOR_STEP_BYTES = 4   # torch.optim.Adafactor's step: a 0-dim tensor of torch's scalar dtype (fp32)
+# torch's AdamW (fused or not) and Adafactor keep per parameter tensor a 0-dim `step` tensor of
+# torch's scalar dtype, fp32 (torch/optim/adam.py and _adafactor.py, `_init_group`; on the CPU
+# unless fused or capturable); SGD, Lion and bitsandbytes' AdamW8bit keep none (an int at most)
+STEP_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,7 @@ class Optimizer:
     aliases: tuple = ()
     doc: str = ""
     factored: bool = False      # torch's Adafactor: a matrix's second moment as a row and a column
+    step_bytes: int = 0         # its 0-dim `step` tensor per parameter tensor (`STEP_BYTES`), or 0
 
     def state_bytes_per_param(self, param_bytes: int = 4) -> int:
         """Bytes per parameter: `states` parameter-sized tensors (for a factored optimizer, its
@@ -141,24 +149,25 @@ class Optimizer:
         torch.optim.Adafactor allocates it (torch/optim/_adafactor.py, ``_init_group``): per
         parameter a 0-dim fp32 step, and for one of 2+ dims (..., r, c) a row variance (..., r, 1)
         and a column variance (..., 1, c), for a vector a variance of its size, in its dtype.
-        ``optimizer("adafactor").state_bytes_of([(32, 64), (32,)]) == (4 + 4 * 96) + (4 + 4 * 32)``."""
+        ``optimizer("adafactor").state_bytes_of([(32, 64), (32,)]) == (4 + 4 * 96) + (4 + 4 * 32)``;
+        AdamW's: two moments and a step per tensor, ``(4 + 8 * 2048) + (4 + 8 * 32)``."""
         if not self.factored:
-            return sum(self.state_bytes_per_param(param_bytes) * math.prod(s) for s in shapes)
+            return sum(self.step_bytes + self.state_bytes_per_param(param_bytes) * math.prod(s) for s in shapes)
         elem = self.state_bytes or param_bytes
-        return sum(ADAFACTOR_STEP_BYTES + elem * (math.prod(s[:-1]) + math.prod(s[:-2]) * s[-1] if len(s) > 1
+        return sum(self.step_bytes + elem * (math.prod(s[:-1]) + math.prod(s[:-2]) * s[-1] if len(s) > 1
                                                   else math.prod(s)) for s in shapes)
 
 
 _WD = (("weight_decay", 0.1),)  # GPT-2/3 practice for the AdamW family
 OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
-    Optimizer("adamw", "torch.optim:AdamW", _WD, 2, aliases=("adam",),
+    Optimizer("adamw", "torch.optim:AdamW", _WD, 2, aliases=("adam",), step_bytes=STEP_BYTES,
               doc="exp_avg + exp_avg_sq: 8 B/param in fp32"),
     # one kernel per parameter group instead of a loop of small ops (CPU and CUDA in torch>=2.4)
-    Optimizer("adamw_fused", "torch.optim:AdamW", _WD + (("fused", True),), 2,
+    Optimizer("adamw_fused", "torch.optim:AdamW", _WD + (("fused", True),), 2, step_bytes=STEP_BYTES,
               doc="AdamW as one fused kernel"),
     Optimizer("sgd", "torch.optim:SGD", (("momentum", 0.9),), 1,
               aliases=("sgd-momentum", "sgd_momentum"), doc="one momentum buffer: 4 B/param"),
-    Optimizer("adafactor", "torch.optim:Adafactor", (), 1, factored=True,
+    Optimizer("adafactor", "torch.optim:Adafactor", (), 1, factored=True, step_bytes=STEP_BYTES,
               doc="ml-engineering's ~4 B/param bound; torch's factored moments are far smaller (by shape)"),
     Optimizer("lion", "lion_pytorch:Lion", _WD, 1, package="lion-pytorch",
               doc="one momentum: 4 B/param"),

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields
 
 from tunekit.core import registry, validate
 from tunekit.core.comm import PARALLEL
+from tunekit.core.registry import BF16, FP16, FP32, TF32
 
 PRECISIONS = tuple(registry.PRECISIONS)
 OPTIMIZERS = registry.LAB_OPTIMIZERS
@@ -65,17 +66,17 @@ def best_precision(device: str | None, bf16: bool | None = None) -> str:
     name = (device or "cpu").strip().lower()
     if name.partition(":")[0] in ("cpu", "cuda", "mps"):
         if name.startswith("cuda"):
-            return "bf16" if bf16 is not False else "fp16"
-        return "bf16" if bf16 else "fp32"
+            return BF16 if bf16 is not False else FP16
+        return BF16 if bf16 else FP32
     from tunekit.core.specs import find_spec, runs_instead, spec_peak
 
     spec = find_spec(device)
     if spec is None:
-        return "fp32"
-    if spec_peak(spec.name, "bf16")[0] is not None:
-        return "bf16"
-    instead = runs_instead(spec, "bf16")
-    return instead[0] if instead else "fp32"
+        return FP32
+    if spec_peak(spec.name, BF16)[0] is not None:
+        return BF16
+    instead = runs_instead(spec, BF16)
+    return instead[0] if instead else FP32
 
 
 def toggle(default, help: str, choices: tuple | None = None, label: str | None = None,
@@ -100,7 +101,7 @@ class Toggles:
 
     Example: ``Toggles(precision="bf16", micro_batch=16).replace(checkpointing=True)``."""
 
-    precision: str = toggle("fp32", "training precision", PRECISIONS, device_default=best_precision)
+    precision: str = toggle(FP32, "training precision", PRECISIONS, device_default=best_precision)
     checkpointing: bool = toggle(False, "recompute each block in backward")
     micro_batch: int = toggle(8, "samples per micro-step (per rank)")
     grad_accum: int = toggle(1, "micro-steps per optimizer step")
@@ -144,12 +145,12 @@ class Toggles:
     def compute_on(self, device_type: str) -> str:
         """The matmuls' dtype on a device type: tf32 exists only on CUDA."""
         c = self.compute
-        return "fp32" if c == "tf32" and device_type != "cuda" else c
+        return FP32 if c == TF32 and device_type != "cuda" else c
 
     @property
     def grads(self) -> str:
         """The gradients' dtype: the parameters' (fp32 under autocast)."""
-        return self.half_weights or "fp32"
+        return self.half_weights or FP32
 
     @property
     def grad_scaler(self) -> bool:
@@ -238,7 +239,7 @@ class Setting(Toggles):
     Example: ``tunekit.Setting(precision="bf16", micro_batch=16).replace(checkpointing=True)``."""
 
     weights: str | None = _more(None, "parameter dtype; None: the model's own (fp32 from a config)",
-                                (None, "fp32") + HALF)
+                                (None, FP32) + HALF)
     parallel: str | None = _more(None, "ddp | fsdp | fsdp_grad_op | hsdp over world_size ranks", PARALLEL)
     world_size: int = _more(1, "ranks (GPUs) in all")
     nodes: int = _more(1, "machines the ranks are spread over")
@@ -251,7 +252,7 @@ class Setting(Toggles):
         machine or a model allows (fp16 on a CPU, a sequence past the model's positions) is for
         the API that runs it to refuse."""
         errors, fixed = word_problems(self)
-        if self.weights not in (None, "fp32") + HALF:
+        if self.weights not in (None, FP32) + HALF:
             errors.append(f"weights must be None (the model's own), 'fp32', 'bf16' or 'fp16', got {self.weights!r}")
         if self.parallel not in (None,) + PARALLEL:
             errors.append(f"parallel must be None (one process) or one of {PARALLEL}, got {self.parallel!r}")
@@ -391,8 +392,8 @@ def memory_layout(precision: str | None, weights: str | None, layout: str | None
         return key, (f"estimate_memory(precision={precision!r}) names a memory layout: write "
                      f"layout={precision!r} (precision= takes the training precisions "
                      f"{tuple(registry.PRECISIONS)} as the Lab does)")
-    if weights is not None and weights not in ("fp32",) + HALF:
+    if weights is not None and weights not in (FP32,) + HALF:
         raise ValueError(f"weights must be one of {('fp32',) + HALF}, got {weights!r}")
     if precision in HALF and weights is None:
         raise ValueError(AMBIGUOUS_PRECISION.format(p=precision, layouts=tuple(registry.MEMORY_LAYOUTS)))
-    return Setting(precision=precision or "fp32", weights=weights).memory_layout, None
+    return Setting(precision=precision or FP32, weights=weights).memory_layout, None

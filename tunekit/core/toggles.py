@@ -14,6 +14,7 @@ import inspect
 import typing
 from dataclasses import dataclass, field
 
+from tunekit.core.registry import BF16, FP16, TF32
 from tunekit.core.setting import (  # noqa: F401
     ATTENTIONS,
     HALF,
@@ -161,9 +162,9 @@ def problems(t: Toggles, env: Env) -> list[str]:
         out.append(f"seq_len={t.seq_len} is longer than the model's position limit "
                    f"({env.block_size}: block_size / max_position_embeddings); pick seq_len <= "
                    f"{env.block_size}.")
-    if t.precision == "fp16" and not cuda:
+    if t.precision == FP16 and not cuda:
         out.append(FP16_ON_CPU)
-    elif t.precision == "bf16" and cuda and not env.bf16_supported:
+    elif t.precision == BF16 and cuda and not env.bf16_supported:
         out.append("this GPU has no bf16 support (pre-Ampere): use fp16 (with its GradScaler) or fp32.")
     if "optimizer" in fixed and t.optimizer not in OPTIMIZERS:   # the registry's, not one a Lab builds
         out.append(f"optimizer must be one of {OPTIMIZERS} in a Lab (those it can build), got {t.optimizer!r}.")
@@ -194,7 +195,7 @@ def normalized(t: Toggles) -> Toggles:
 def notices(t: Toggles, env: Env) -> list[str]:
     """What will run differently from what was asked (not errors): recorded in the run's notes."""
     out = []
-    if t.precision == "tf32" and env.device_type != "cuda":
+    if t.precision == TF32 and env.device_type != "cuda":
         out.append(TF32_ON_CPU)
     if t.attention == "flash" and env.device_type == "cuda" and not env.flash_installed:
         out.append("flash-attn is not installed: attention falls back to torch SDPA "

@@ -36,7 +36,7 @@ def run(lab, steps, warmup, progress, guard, trace, memory, s: Setting) -> RunRe
     """``lab.run`` in this process (see its docstring) of the Setting ``s`` made at its edge
     (``lab.setting_of``): its toggles; what an interrupted run's traceback held is freed before the
     KeyboardInterrupt goes on."""
-    with deferred_interrupt() as shield:
+    with deferred_interrupt("lab.run undid the interrupted run") as shield:
         try:
             return _run(lab, shield, steps, warmup, progress, guard, trace, memory, s)
         except KeyboardInterrupt as e:  # undone in _run; what its traceback held goes now

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 
+from tunekit.core.registry import TF32
 from tunekit.core.registry import dtype as _dtype_entry
 from tunekit.core.validate import device as _device_arg
 
@@ -87,7 +88,7 @@ def dtype_name(dtype) -> str | None:
     name (integers, fp64); the inverse of `torch_dtype`, read from the same table (core.registry)."""
     from tunekit.core.registry import DTYPES
 
-    return next((d.name for d in DTYPES.values() if d.name != "tf32" and f"torch.{d.torch_name}" == str(dtype)), None)
+    return next((d.name for d in DTYPES.values() if d.name != TF32 and f"torch.{d.torch_name}" == str(dtype)), None)
 
 
 def weights_dtype(params) -> str | None:

@@ -31,6 +31,13 @@ What an observer runs inside the user's code (a dispatch mode's handler: torch's
 pushes and pops itself around a decomposition there) is no user's code either: ``held(fn)`` runs
 it with the gate shut, and a Ctrl-C meanwhile is raised as it returns.
 
+A second Ctrl-C while the first's KeyboardInterrupt travels through tunekit to its clean-up
+(the record being saved, a run being undone) waits like one during any clean-up, also where
+the gate is still open; it never starts a second traceback from inside tunekit. It stops
+nothing more (the first is stopping everything already): the first's exception gets a note
+``tunekit: second Ctrl-C: stopped while saving the record of In[3] ...`` (the shield's
+``doing``). Should the clean-up end without an exception, the second is raised, as any.
+
 Outside the main thread (no signals there), and while SIGINT has a handler other than Python's
 default (a debugger's, the user's own, SIG_IGN), a shield does nothing.
 """
@@ -97,9 +104,10 @@ class deferred_interrupt:
     enclosing shield's, or Python's default): installing or removing one is a single switch, so
     no Ctrl-C can find the chain half-changed."""
 
-    def __init__(self):
+    def __init__(self, doing: str | None = None):
         self.pending = self.open = self.active = False
         self.previous = None
+        self.doing = doing  # what its clean-up does, for a second Ctrl-C's note (`second_ctrl_c`)
 
     @property
     def outer(self):
@@ -129,8 +137,11 @@ class deferred_interrupt:
             self.pending = False
             if outer is not None and outer.active and not outer.open:
                 outer.pending = True   # the outer path raises it when it is consistent
+                outer.doing = outer.doing or self.doing
             elif etype is None:
                 raise _held()
+            elif issubclass(etype, KeyboardInterrupt) and exc is not None:
+                second_ctrl_c(exc, self.doing)  # the first is stopping everything: said on it
         return False  # an exception of the block wins over a Ctrl-C that came meanwhile
 
     def _splice(self):
@@ -150,6 +161,11 @@ class deferred_interrupt:
         code = frame.f_code if frame is not None else None
         if code in _CLOSERS:
             self.pending = True
+            return
+        if code not in _OPENERS and code is not None and code.co_filename.startswith(_TUNEKIT) \
+                and isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            # a second Ctrl-C while the first travels through tunekit to its clean-up: it waits
+            self.open, self.pending = False, True
             return
         if code not in _OPENERS and code is not None and code.co_filename.startswith(_TUNEKIT):
             self.open = False
@@ -218,6 +234,36 @@ def _held(how: str = "held until what tunekit measures was whole, then raised he
     e = KeyboardInterrupt()
     e.add_note(f"tunekit: your Ctrl-C, {how}")
     return e
+
+
+SECOND = "tunekit: second Ctrl-C: stopped while {doing} (that was finished first: nothing is lost)"
+
+
+def second_ctrl_c(exc: BaseException, doing: str | None = None) -> str:
+    """Note on ``exc`` (the first Ctrl-C's KeyboardInterrupt, travelling) that a second one came
+    while ``doing`` ran and waited for it; once per exception. Returns the note."""
+    note = SECOND.format(doing=doing or "tunekit cleaned up after the first")
+    if not getattr(exc, "_tunekit_second_ctrl_c", False):
+        exc.add_note(note)
+        exc._tunekit_second_ctrl_c = True
+    return note
+
+
+def end_shown(shield, error: BaseException | None, shown: BaseException | None, doing: str) -> None:
+    """``shield.__exit__`` for a hook that ends a path after its caller showed how the user's code
+    ended (``shown``: IPython's post_run_cell after the cell's traceback). If that was a Ctrl-C,
+    a second one meanwhile is not raised as a traceback of its own but said on stderr, and noted
+    on ``shown`` (the first stopped everything already); else as ``__exit__``."""
+    if error is not None or not isinstance(shown, KeyboardInterrupt):
+        shield.__exit__(error and type(error), error, None)
+        return
+    noted, shield.doing = len(getattr(shown, "__notes__", ())), shield.doing or doing
+    try:
+        shield.__exit__(KeyboardInterrupt, shown, None)   # a Ctrl-C meanwhile: noted on `shown`
+        if len(getattr(shown, "__notes__", ())) > noted:
+            print(shown.__notes__[-1], file=sys.stderr)
+    except KeyboardInterrupt:   # one that came just after the shield ended
+        print(second_ctrl_c(shown, shield.doing), file=sys.stderr)
 
 
 def interrupt_pending() -> bool:

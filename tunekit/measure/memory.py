@@ -24,6 +24,7 @@ from tunekit.core import registry
 from tunekit.core.memory.answer import COMPONENTS, MemoryAnswer
 from tunekit.core.memory.estimate import MemoryEstimate, estimate_memory
 from tunekit.core.notes import Note
+from tunekit.core.registry import FP32
 from tunekit.core.setting import HALF, Setting, from_keywords, from_words
 from tunekit.core.units import GiB, is_missing
 from tunekit.core.validate import flag
@@ -213,7 +214,7 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
             notes.append(f"weights are {half}; autocast to {ac_dtype} was not applied")
         ac_dtype = None
     else:
-        layout = "amp" if ac_dtype is not None else "fp32"
+        layout = "amp" if ac_dtype is not None else FP32
     ac = torch.autocast(dev.type, dtype=ac_dtype) if ac_dtype is not None else nullcontext()
     set_ck = checkpointing is not None and adapter.can_checkpoint
     set_attn = tg.attention is not None and bool(adapter.attentions)

@@ -28,6 +28,7 @@ trials on torch's threads and on one, the same in every process (2026-12-07).
 """
 from __future__ import annotations
 
+from tunekit.core.registry import FP32
 from tunekit.measure.trials import built, timed
 
 MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
@@ -39,7 +40,7 @@ COPIES_CAP = 16   # a matmul figure's operand copies at most (`_matmul_trials`)
 SHAPE_LONG = (512, 2048)
 SHAPE_WIDE = (128, 512)
 SHAPE_LAYOUTS = ("forward", "input", "weight")   # A @ W.T -> (L, W); G @ W -> (L, W); G.T @ A -> (W, W)
-SHAPE_KINDS = ("fp32",)
+SHAPE_KINDS = (FP32,)
 SHAPE_WORK = 2**23   # m k n of one trial at least: ~17 MFLOP, under a ms at this CPU's rate
 
 

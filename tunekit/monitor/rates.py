@@ -7,6 +7,7 @@ import math
 import time
 
 from tunekit.core.notes import Note
+from tunekit.core.registry import FP32
 from tunekit.core.units import is_missing
 from tunekit.measure.device import dtype_name
 from tunekit.measure.peaks import cached_calibration, rates, resolve_peak
@@ -63,7 +64,7 @@ class FlopRates:
             return
         if mon.flops == "never" and mon.model_flops is None and mon.adapter.shape is None:
             return   # no FLOPs of any kind: no MFU to take against a peak
-        dtype = mon.dtype or dtype_name(dominant_dtype(mon.model)) or "fp32"
+        dtype = mon.dtype or dtype_name(dominant_dtype(mon.model)) or FP32
         fresh = cached_calibration(mon.device, dtype) is None
         t0 = time.perf_counter()
         try:
@@ -81,7 +82,7 @@ class FlopRates:
         if is_missing(row["flops"]) and is_missing(row["model_flops"]):
             fill_rates(row, None)   # the amounts per second only
             return
-        dtype = self.mon.dtype or self.mon.tap.dtype or "fp32"
+        dtype = self.mon.dtype or self.mon.tap.dtype or FP32
         if dtype not in self.peaks:  # once per dtype; a CPU calibration runs here, untimed
             self.peaks[dtype] = resolve_peak(self.mon.device, dtype, given=self.mon.peak,
                                               allow_calibration=self.mon.cuda_index is None)

@@ -23,6 +23,7 @@ from time import perf_counter
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from tunekit.core.registry import FP32
 from tunekit.measure.device import dtype_name
 from tunekit.measure.flops import TunekitFlopCounter
 from tunekit.models.adapters import adapt
@@ -89,7 +90,7 @@ class StepTap:
         trained = grad and module.training
         device = _device_of(args, kwargs)
         auto = torch.is_autocast_enabled(device)
-        self.dtype = dtype_name(torch.get_autocast_dtype(device) if auto else self.param_dtype) or "fp32"
+        self.dtype = dtype_name(torch.get_autocast_dtype(device) if auto else self.param_dtype) or FP32
         first = not self.signature
         self.signature.append((type(module).__name__, _shapes((args, kwargs)), module.training, grad, auto, self.dtype))
         if first and self.may_count and not self.full and (self.recount or self.signature[0] not in self.first_seen):

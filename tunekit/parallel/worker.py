@@ -42,6 +42,7 @@ import torch.distributed as dist
 from tunekit.core import registry
 from tunekit.core.comm import expected_comm, layout_problems
 from tunekit.core.notes import encoded
+from tunekit.core.registry import FP16
 from tunekit.core.results import RunResult
 from tunekit.core.setting import Setting
 from tunekit.core.toggles import Env, Toggles, normalized, problems
@@ -201,7 +202,7 @@ def check_spec(spec: dict) -> list[str]:
     out += problems(t, Env(device_type=dev, unavailable_optimizers=unavailable_optimizers(dev)))
     if t.compile:
         out.append("compile is not applied by distributed runs (the ranks run eagerly): leave it off")
-    if t.precision == "fp16" and spec.get("parallel") != "ddp":
+    if t.precision == FP16 and spec.get("parallel") != "ddp":
         out.append("fp16 with FSDP needs a sharded gradient scaler tunekit does not drive: use bf16 "
                    "(FSDP2's MixedPrecisionPolicy) or parallel='ddp'")
     return out

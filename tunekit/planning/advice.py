@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from tunekit.core.fmt import fmt_pct
 from tunekit.core.notes import Note
+from tunekit.core.registry import FP32
 from tunekit.core.setting import HALF
 from tunekit.core.units import is_missing
 
@@ -88,7 +89,7 @@ def dimensions(setting) -> list:
     dims = []
     if not setting.checkpointing:
         dims.append([((), {}), (("checkpointing=True",), dict(checkpointing=True))])
-    if setting.weights in (None, "fp32") and setting.precision in HALF:
+    if setting.weights in (None, FP32) and setting.precision in HALF:
         dims.append([((), {}), ((f"weights={setting.precision!r}",), dict(weights=setting.precision))])
     less = [o for o in LESS_STATE.get(setting.optimizer, ()) if not (o == "adamw_8bit" and setting.device == "cpu")]
     if less:   # bitsandbytes' 8-bit AdamW runs on CUDA only

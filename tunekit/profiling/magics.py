@@ -16,7 +16,7 @@ from tunekit.core.records import ProfileRecord
 from tunekit.core.registry import DTYPES
 from tunekit.core.summary import Summary
 from tunekit.measure.history import HISTORY, source_key
-from tunekit.measure.interrupts import closes_gate, deferred_interrupt, opens_gate
+from tunekit.measure.interrupts import closes_gate, deferred_interrupt, end_shown, opens_gate
 from tunekit.profiling.cell_check import cell_syntax_error, install, uninstall
 from tunekit.profiling.fingerprint import cell_inputs, fingerprint, modules_seen, names_read
 from tunekit.profiling.options import check, explain_record, planned
@@ -130,6 +130,7 @@ class GpuProfileMagics(Magics):
         ns = self.shell.user_ns
         plan = planned(ns, args)  # --plan: looked up on every run, refused before the cell runs
         probe = self._probe_for(args, code, name)
+        shield.doing = f"saving the record of {name}"   # a second Ctrl-C's note (measure.interrupts)
         exp = self._start_experiment(name, args, probe)
         if exp is None:
             probe.start()
@@ -297,7 +298,8 @@ class GpuProfileMagics(Magics):
             raise
         finally:
             self._shield = None
-            shield.__exit__(error and type(error), error, None)  # a Ctrl-C from meanwhile is raised (IPython shows it)
+            # a Ctrl-C from meanwhile is raised (IPython shows it), or said if the cell stopped on one
+            end_shown(shield, error, getattr(result, "error_in_exec", None), "saving the cell's record")
 
     def _record_cell(self, result, held=False):
         probe, self._probe = self._probe, None

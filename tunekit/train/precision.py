@@ -9,6 +9,7 @@ import contextlib
 
 import torch
 
+from tunekit.core.registry import TF32
 from tunekit.core.toggles import Toggles
 from tunekit.measure.device import torch_dtype
 
@@ -29,7 +30,7 @@ def matmul_precision(t: Toggles, device: torch.device):
         yield
         return
     before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if t.precision == "tf32" else "highest")
+    torch.set_float32_matmul_precision("high" if t.precision == TF32 else "highest")
     try:
         yield
     finally:

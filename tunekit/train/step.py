@@ -18,6 +18,7 @@ import contextlib
 import torch
 
 from tunekit.core.notes import Note
+from tunekit.core.registry import FP16
 from tunekit.core.toggles import Toggles
 from tunekit.measure.step import Observer, ProbeResult, add_flash_flops, per_sample, probe_step, run_step
 from tunekit.models.data import Batcher
@@ -151,7 +152,7 @@ class TrainStep:
     def load_scaler_state(self, state: dict | None) -> None:
         """Put a GradScaler back with ``state`` (from ``scaler_state``); None: nothing to do."""
         if state is not None:
-            self.grad_scaler(Toggles(precision="fp16")).load_state_dict(state)
+            self.grad_scaler(Toggles(precision=FP16)).load_state_dict(state)
 
     # --- one step ---------------------------------------------------------------------------
 

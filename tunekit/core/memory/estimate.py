@@ -18,37 +18,27 @@ import numbers
 import warnings
 from dataclasses import dataclass, field
 
-from tunekit.core import registry, validate
-from tunekit.core.fmt import fmt_count, fmt_pct
-from tunekit.core.memory.answer import COMPONENTS, STATIC, MemoryAnswer
+from tunekit.core import validate
+from tunekit.core.fmt import fmt_pct
+from tunekit.core.memory.answer import COMPONENTS, MemoryAnswer
 from tunekit.core.memory.gpt_count import config_dims, gpt_activation_bytes
 from tunekit.core.memory.hf_count import GROUPS, hf_activation_bytes
 from tunekit.core.memory.options import CUDA_CONTEXT, MemoryOptions, setting_options
+
+# the static lines live in memory.static; their public names are estimate's too (notebooks, tests)
+from tunekit.core.memory.static import (  # noqa: F401
+    bytes_per_param,
+    layout_bytes,
+    optimizer_bytes_per_param,
+    param_bytes,
+    static_lines,
+)
 from tunekit.core.notes import Note
-from tunekit.core.registry import MEMORY_LAYOUTS, MemoryLayout, memory_layout_name
+from tunekit.core.registry import MEMORY_LAYOUTS
 from tunekit.core.shapes import model_shape
 from tunekit.core.units import GB, GiB, is_missing
 
 NaN = math.nan
-
-
-def layout_bytes(layout: str) -> MemoryLayout:
-    """Bytes per parameter of a memory layout (a key or alias of tunekit.core.registry.MEMORY_LAYOUTS:
-    "fp32", "amp", "mixed", "bf16", ...; a training precision's is `Setting.memory_layout`)."""
-    return MEMORY_LAYOUTS[memory_layout_name(layout)]
-
-
-def optimizer_bytes_per_param(optimizer: str, layout: str = "fp32") -> float:
-    """Optimizer-state bytes per parameter under a memory ``layout``: AdamW 8 (fp32), SGD-momentum/Lion 4,
-    Adafactor 4 (a bound: by shape far less), 8-bit AdamW 2, bf16 AdamW 4; states take a pure half dtype."""
-    return registry.optimizer(optimizer).state_bytes_per_param(layout_bytes(layout).state)
-
-
-def bytes_per_param(layout: str = "mixed", optimizer: str = "adamw") -> dict:
-    """Static bytes per parameter by component under a memory ``layout``. mixed + AdamW: 2 + 4 + 4 + 8 = 18."""
-    p = layout_bytes(layout)
-    return {"weights": p.weights, "master_weights": p.master, "gradients": p.grads,
-            "optimizer_states": optimizer_bytes_per_param(optimizer, layout)}
 
 
 # --- activation formulas ------------------------------------------------------------------------
@@ -187,7 +177,8 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
     m = _model_sizes(model, o)
     key = o.layout_key
     prec = MEMORY_LAYOUTS[key]
-    comps, forms = _static_lines(m.n_params, _bytes_per_param(o, m, notes), o.tp * o.pp, dp, zero_stage)
+    per, steps = param_bytes(o, m.n_params, m.shapes, notes)
+    comps, forms = static_lines(m.n_params, per, o.tp * o.pp, dp, zero_stage, steps)
     mode = _activation_mode(o.activations, m)
     notes.extend(m.shape.notes if m.shape is not None else ())
     if m.dims and mode == "gpt":
@@ -265,35 +256,6 @@ def _model_sizes(model, o: MemoryOptions) -> _Sizes:
                   n_embd=o.n_embd or (shape.hidden if shape else None),
                   n_head=o.n_head or (shape.n_head if shape else None),
                   seq_len=o.seq_len or (shape.max_positions if shape else None), attention=attention)
-
-
-def _bytes_per_param(o: MemoryOptions, m: _Sizes, notes: list) -> dict:
-    per, opt = bytes_per_param(o.layout_key, o.optimizer), registry.optimizer(o.optimizer)
-    if o.optimizer_bytes is not None:
-        per["optimizer_states"] = o.optimizer_bytes
-    elif opt.factored and m.shapes is not None and sum(map(math.prod, m.shapes)) == m.n_params:
-        # torch's Adafactor by the tensors' shapes (registry.Optimizer.state_bytes_of), per parameter
-        per["optimizer_states"] = opt.state_bytes_of(m.shapes, layout_bytes(o.layout_key).state) / m.n_params
-    elif opt.factored:
-        notes.append(Note("optimizer.bound", f"{opt.name}: its factored state follows the tensors' shapes, "
-                          f"unknown here: charged {per['optimizer_states']:g} B/param, its bound (a model or "
-                          "config gives them)"))
-    if o.grad_bytes is not None:
-        per["gradients"] = o.grad_bytes
-    return per
-
-
-def _static_lines(n_params: float, per: dict, shard: int, dp: int, zero_stage: int) -> tuple:
-    """(components, formulas) of weights, master copy, gradients and optimizer states: model
-    parallelism (``shard`` = tp*pp) splits each, ZeRO stage s splits those it covers over dp."""
-    zero_div = {"weights": 3, "master_weights": 1, "gradients": 2, "optimizer_states": 1}
-    comps, forms = {}, {}
-    for k in STATIC:
-        div = shard * (dp if zero_stage >= zero_div[k] else 1)
-        comps[k] = n_params * per[k] / div
-        forms[k] = f"{fmt_count(n_params)} params x {per[k]:g} B" + (f" / {div}" if div > 1 else "")
-    comps["buffers"] = NaN
-    return comps, forms
 
 
 def _activation_mode(activations: str, m: _Sizes) -> str:

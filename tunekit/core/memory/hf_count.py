@@ -18,19 +18,21 @@ the scores, its probabilities and dropout masks: s^2 terms with either implement
 """
 from __future__ import annotations
 
+from tunekit.core.registry import BF16, FP32
+
 # (group, dtype, attention) -> bytes per: Th, Tf, T*kv, b*nh*s^2, b*nh*s (logsumexp), T
 _LAYER = {
-    ("llama", "fp32", "sdpa"): (32, 16, 8, 0, 4, 8),
-    ("llama", "fp32", "math"): (40, 16, 0, 4, 0, 8),
-    ("llama", "bf16", "sdpa"): (30, 8, 4, 0, 4, 8),
-    ("llama", "bf16", "math"): (34, 8, 0, 6, 0, 8),
-    ("gpt2", "fp32", "sdpa"): (40, 20, 0, 12, 0, 16),
-    ("gpt2", "fp32", "math"): (40, 20, 0, 12, 0, 16),
-    ("gpt2", "bf16", "sdpa"): (30, 10, 0, 12, 0, 16),
-    ("gpt2", "bf16", "math"): (24, 10, 0, 8, 0, 16),
+    ("llama", FP32, "sdpa"): (32, 16, 8, 0, 4, 8),
+    ("llama", FP32, "math"): (40, 16, 0, 4, 0, 8),
+    ("llama", BF16, "sdpa"): (30, 8, 4, 0, 4, 8),
+    ("llama", BF16, "math"): (34, 8, 0, 6, 0, 8),
+    ("gpt2", FP32, "sdpa"): (40, 20, 0, 12, 0, 16),
+    ("gpt2", FP32, "math"): (40, 20, 0, 12, 0, 16),
+    ("gpt2", BF16, "sdpa"): (30, 10, 0, 12, 0, 16),
+    ("gpt2", BF16, "math"): (24, 10, 0, 8, 0, 16),
 }
 # outside the layers: final norm (Th), fp32 logits for the loss (4 B x T*V), ids and targets
-_OUTSIDE = {"fp32": (12, 4, 24), "bf16": (10, 4, 24)}   # bytes per Th, T*V, T
+_OUTSIDE = {FP32: (12, 4, 24), BF16: (10, 4, 24)}   # bytes per Th, T*V, T
 GROUPS = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
 
 
@@ -41,7 +43,7 @@ def hf_activation_bytes(shape, b: int, s: int, autocast: bool, attention: str = 
     group = GROUPS.get(shape.family)
     if group is None:
         return None
-    dt = "bf16" if autocast else "fp32"
+    dt = BF16 if autocast else FP32
     attn = "math" if attention in ("math", "eager") else "sdpa"   # flash keeps what sdpa keeps
     T, h = b * s, shape.hidden
     c_h, c_f, c_kv, c_s2, c_lse, c_t = _LAYER[(group, dt, attn)]
