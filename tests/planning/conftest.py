@@ -23,7 +23,7 @@ def fixed_cpu(monkeypatch, tmp_path):
     import torch
 
     from tunekit.core.conditions import Conditions
-    from tunekit.measure import peaks, stream
+    from tunekit.measure import peaks, rng, stream
 
     monkeypatch.setenv("TUNEKIT_CACHE", str(tmp_path))
     for memo in ("_resolved", "_rechecked"):
@@ -36,6 +36,7 @@ def fixed_cpu(monkeypatch, tmp_path):
     for fn in ("host_trials", "compute_trials"):
         monkeypatch.setattr(stream, fn, measured)
     monkeypatch.setattr(peaks, "time_repeats", measured)
+    monkeypatch.setattr(rng, "bernoulli_rate", measured)
     name, version, threads = peaks.device_name("cpu"), torch.__version__, torch.get_num_threads()
 
     def write(verdict="quiet"):
@@ -58,6 +59,10 @@ def fixed_cpu(monkeypatch, tmp_path):
                                     layout="nt", taken_at=time.time(), conditions=cond)
             cals[peaks._cache_key(name, dtype)] = dataclasses.asdict(cal)
         (tmp_path / "mamf.json").write_text(json.dumps(cals))
+        # dropout's random fill: 1.7e8 elements/s, a 2-core EPYC VM's bernoulli_ (5.8 ns an element)
+        (tmp_path / "rng.json").write_text(json.dumps({rng._key(name): {
+            "rates": {"fp32": 1.7e8, "bf16": 1.7e8}, "elements": rng.ELEMENTS, "taken_at": time.time(),
+            "verdict": verdict}}))
         peaks._resolved.clear()
         return tmp_path
 

@@ -362,7 +362,7 @@ def test_a_cpu_sweep_is_read_between_its_sizes_in_log_log():
 def test_a_cpu_plan_takes_step_like_matmuls_and_the_mamf_sweep_only_above_them(monkeypatch):
     from types import SimpleNamespace
 
-    from tunekit.measure import peaks, stream
+    from tunekit.measure import peaks, rng, stream
     from tunekit.planning.expect import cpu_figures
 
     cal = SimpleNamespace(tflops=0.5, verdict="quiet", sweep=[(512, 0, 0, 0.45), (1024, 0, 0, 0.48), (2048, 0, 0, 0.5)])
@@ -372,6 +372,8 @@ def test_a_cpu_plan_takes_step_like_matmuls_and_the_mamf_sweep_only_above_them(m
                          warm=[(2**20, 0.03)], matmuls={"fp32": [(256, 0.15), (512, 0.17), (1024, 0.18)]})
     monkeypatch.setattr(peaks, "calibrate", lambda dtype, device: cal)
     monkeypatch.setattr(stream, "measure_stream", lambda: st)
+    monkeypatch.setattr(rng, "measure_rng", lambda: {"rates": {"fp32": 2e8}, "verdict": "quiet"})
     fig = cpu_figures(0.6, "fp32")
+    assert fig.rng_rate == 2e8
     # the hot MAMF figures at 512 and 1024 (0.45, 0.48) are not a step's: only 2048 is taken from it
     assert fig.mamf_sweep == ((256, 0.15), (512, 0.17), (1024, 0.18), (2048, 0.5))

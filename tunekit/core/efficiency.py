@@ -62,6 +62,8 @@ class Figures:
     cold_source: str = ""
     cache_bytes: float | None = None  # the last-level cache: a tensor touched longer ago is read cold
     transcendental_rate: float | None = None   # elements/s of GELU-class ops (a CPU: compute-bound there)
+    rng_rate: float | None = None     # elements/s of dropout's random fill (`RNG` ops; a CPU: compute-bound)
+    rng_source: str = ""
     view_s: float | None = None       # host time of an op that makes no kernel (a view); None: not counted
     module_s: float | None = None     # host time of an nn.Module call around its forward
     host_source: str = ""
@@ -141,6 +143,10 @@ def grid_interpolated(rows, x: float, y: float) -> float:
 TRANSCENDENTAL = {"gelu", "gelu_backward", "tanh", "tanh_backward", "exp", "erf", "silu", "silu_backward",
                   "sigmoid", "sigmoid_backward", "_softmax", "_softmax_backward_data", "_log_softmax",
                   "_log_softmax_backward_data"}
+
+# the random fill of CPU's dropout (F.dropout: bernoulli_ on a noise tensor of the input's shape and
+# dtype, then div_ and mul): a random number per element, compute-bound on a CPU (measure.rng)
+RNG = {"bernoulli_", "bernoulli"}
 
 # aten ops one optimizer update runs per parameter tensor (torch's single-tensor AdamW: mul, lerp,
 # addcmul, sqrt, div, add, addcdiv, ... ; SGD with momentum: mul, add, add) and how many tensors a

@@ -19,7 +19,8 @@ head_dim, batch x heads) for an attention; ``phase`` "forward" or
 - every other op: its bytes (inputs read, outputs written) at the streaming bandwidth; on a CPU,
   by size, and slower where it reads a tensor a core's L2 no longer holds (the L3 sweep) or the
   last-level cache no longer holds (the cold sweep): its reuse distance over the step's op records
-  against the cache sizes (`reuse_bytes`, `cache_level`);
+  against the cache sizes (`reuse_bytes`, `cache_level`); dropout's random fill (`RNG`) and GELU-class
+  ops at their measured elements per second where that takes longer;
 - a compiled step (``fuse``): each run of memory-bound ops between two matmuls is one kernel that
   reads what the run did not make and writes what is read after it (or by nobody: a gradient);
 - each kernel at least the host's time to launch it (a GPU: the longer of the two, the host
@@ -42,6 +43,7 @@ from tunekit.core.efficiency import (
     ALIGN,
     MISALIGNED,
     OVERLAP_SLOWDOWN,
+    RNG,
     TRANSCENDENTAL,
     WAVE_SOURCE,
     Figures,
@@ -184,6 +186,10 @@ def op_seconds(fig: Figures, rec, backend: str | None, cold: bool | str = False)
         tflops, src = fig.mamf_tflops, fig.mamf_source + (" (no figure for this attention backend: a matmul's)"
                                                           if kind == "attention" else "")
     else:
+        if fig.rng_rate and name in RNG and len(rec) > 7:
+            compute_s = sum(b for _, b in rec[7][1]) / max(itemsize, 1) / fig.rng_rate
+            if compute_s > mem_s:
+                return compute_s, "compute", fig.rng_source
         if fig.transcendental_rate and name in TRANSCENDENTAL and len(rec) > 7:
             elements = sum(b for _, b in rec[7][1]) / max(itemsize, 1)
             compute_s = elements / fig.transcendental_rate

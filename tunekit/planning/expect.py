@@ -25,11 +25,13 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
     busy machine): a plan is a function of its setting and these records, whatever the load now.
     ``measure_stream(refresh=True)`` and ``calibrate(dtype, "cpu", force=True)`` measure them again."""
     from tunekit.measure.peaks import calibrate
+    from tunekit.measure.rng import measure_rng
     from tunekit.measure.stream import cache_bytes, cache_levels, measure_stream
 
     dtype = compute if compute in ("fp32", "bf16") else "fp32"
     cal = calibrate(dtype, "cpu")
     stream = measure_stream()
+    rng = measure_rng()
     # step-like matmuls (operands from memory, outputs kept) up to the stream's largest size; the
     # MAMF sweep's (hot, repeated) only above it, where compute outweighs the trips to memory
     best = dict(stream.matmuls.get(dtype, []))
@@ -45,7 +47,9 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                    cold_sweep=tuple(stream.cold), cache_bytes=cache_bytes(),
                    cold_source=f"this CPU's bandwidth by size: multiplies reading tensors written before the cache "
                                f"was flushed, as a backward reads what the forward saved, measured ({stream.verdict})",
-                   transcendental_rate=stream.gelu.get(dtype), view_s=stream.view_s, module_s=stream.module_s,
+                   transcendental_rate=stream.gelu.get(dtype), rng_rate=rng["rates"].get(dtype),
+                   rng_source=f"this CPU's {dtype} bernoulli_ (dropout's random fill) elements per second, "
+                              f"measured ({rng['verdict']})", view_s=stream.view_s, module_s=stream.module_s,
                    host_source=f"this CPU's time per view op and per module call, measured ({stream.verdict})",
                    checkpoint_s=stream.checkpoint_s, matmul_shapes=tuple(stream.shapes.get(dtype, ())),
                    shape_source=f"this CPU's {dtype} linear-layer matmuls by shape class (tokens x features, "
@@ -59,7 +63,8 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                                       f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")},
                    busy=tuple(what for what, c in (("tunekit.measure.stream.measure_stream(refresh=True)", stream),
                                                    (f"tunekit.calibrate({dtype!r}, 'cpu', force=True)", cal))
-                              if c.verdict == "busy"))
+                              if c.verdict == "busy")
+                   + (("tunekit.measure.rng.measure_rng(refresh=True)",) if rng["verdict"] == "busy" else ()))
 
 
 def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict | None, units: int,
