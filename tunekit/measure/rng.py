@@ -17,11 +17,12 @@ import tempfile
 import time
 
 from tunekit.core import paths
+from tunekit.core.registry import BF16, FP32
 from tunekit.measure.trials import best_s
 
 VERSION = 1
 ELEMENTS = 2**18
-DTYPES = ("fp32", "bf16")
+DTYPES = (FP32, BF16)
 
 
 def _path():
