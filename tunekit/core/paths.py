@@ -15,10 +15,12 @@ Run logs grow by design (one file a day); traces, memory snapshots and chart fil
 """
 from __future__ import annotations
 
+import json
 import ntpath
 import os
 import posixpath
 import sys
+import tempfile
 from pathlib import Path
 
 APP = "tunekit"
@@ -113,3 +115,23 @@ def pruned_note(removed: list, what: str, keep: int) -> str | None:
     folder = Path(removed[0]).parent
     return (f"removed {len(removed)} older {what} from {folder} (tunekit keeps the newest {keep}): "
             + ", ".join(Path(p).name for p in removed))
+
+
+def read_cache(name: str) -> dict:
+    """The JSON object cached as ``name`` in `cache_dir`; {} when it is missing, unreadable or not an object."""
+    try:
+        with open(cache_dir() / name) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cache(name: str, data: dict) -> None:
+    """Write ``data`` as ``name`` in `cache_dir`: a private temp file, then an atomic rename."""
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, folder / name)

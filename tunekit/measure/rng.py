@@ -11,9 +11,6 @@ once per machine, torch and thread count (the cache key), cached as JSON beside 
 figures (measure.stream), whatever the load it was taken under (its ``conditions`` say)."""
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 
 from tunekit.core import paths
@@ -25,9 +22,6 @@ ELEMENTS = 2**18
 DTYPES = (FP32, BF16)
 
 
-def _path():
-    return paths.cache_dir() / "rng.json"
-
 
 def _key(name: str) -> str:
     import torch
@@ -36,21 +30,11 @@ def _key(name: str) -> str:
 
 
 def _load() -> dict:
-    try:
-        with open(_path()) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return paths.read_cache("rng.json")
 
 
 def _save(data: dict) -> None:
-    folder = paths.cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, _path())
+    paths.write_cache("rng.json", data)
 
 
 def bernoulli_rate(dtype, elements: int = ELEMENTS) -> float:

@@ -27,9 +27,6 @@ one's. The sweep runs inside a `ConditionsMeter`: a record taken on a busy machi
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -97,9 +94,6 @@ class Stream:
         return shielded_verdict(self.conditions, self.priority)
 
 
-def _path():
-    return paths.cache_dir() / "stream.json"
-
 
 def _key(name: str) -> str:
     import torch
@@ -108,12 +102,7 @@ def _key(name: str) -> str:
 
 
 def _load() -> dict:
-    try:
-        with open(_path()) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return paths.read_cache("stream.json")
 
 
 def _from(entry: dict) -> Stream:
@@ -181,9 +170,4 @@ def figures(entry: dict) -> dict:
 
 
 def _save(data: dict) -> None:
-    folder = paths.cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, _path())
+    paths.write_cache("stream.json", data)
