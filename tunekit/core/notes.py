@@ -18,6 +18,7 @@ KINDS = {
     "memory.shadow_optimizer": "measure_memory stepped a stand-in optimizer at lr=0",
     "memory.rss_unseen": "a block's allocations moved by more than RSS shows (memory reused or kept by the allocator)",
     "readings.trivial": "a block that runs and makes nothing (`x = 1`): the readings it skipped, its memory among them",
+    "measure.page_faults": "a run's timed steps faulted in fresh pages (a heap grown again) for a share of the step",
     "memory.untrimmed": "a CPU peak measured from a start that kept freed heap memory (no glibc malloc_trim)",
     "device.assumed": "estimate_memory planned for this machine's device, none being named",
     "activations.unknown": "estimate_memory has no shape to count the activations with",

@@ -81,6 +81,7 @@ class RunResult:
     # what the device held as the timed steps started (CPU: RSS once freed heap pages were handed
     # back; CUDA: torch-allocated); peak_mem_bytes - this = what the steps themselves added
     peak_mem_start_bytes: float | None = None
+    minor_faults_per_step: float | None = None  # the process's minor page faults over the timed steps, a step
     trace: object = None                  # core.breakdown.Breakdown (run(trace=True)); a dict when read back
     memory: object = None                 # core.breakdown.MemoryTimeline (run(memory=True))
     # distributed runs (tunekit.parallel); None for a single-process run

@@ -25,6 +25,7 @@ from tunekit.measure.device_meter import DeviceMeter
 from tunekit.measure.energy import EnergyMeter
 from tunekit.measure.flops import counting_active
 from tunekit.measure.interrupts import deferred_interrupt
+from tunekit.measure.meters import minor_faults
 from tunekit.measure.oom import ADVICE, drop_frames, free_memory, is_oom
 from tunekit.measure.timing import time_repeats
 from tunekit.models.optimizers import state_bytes
@@ -118,7 +119,10 @@ def measure_steps(lab, t: Toggles, steps: int, progress=None, untimed: int = 0) 
     ``losses``). On a CPU the meter's start hands glibc's freed heap pages back (``malloc_trim``),
     and the next step faults them in again: ~1 us a page, 10-20 ms on the built-in GPT's
     36 ms step (benchmarks/bench_mb_growth.py). ``lab.run`` with two or more warm-up steps runs
-    its last one here, so that cost lands before the clock, not in the first timed step.
+    its last one here, so that cost lands before the clock, not in the first timed step. The
+    process's minor page faults over the timed steps are counted (``ru_minflt`` at each end):
+    where glibc trims its heap at a free, each step faults the pages in again (train.record's
+    ``measure.page_faults`` note says so past a share of the step).
     """
     with deferred_interrupt() as shield:  # the meter goes on and off whole; the steps run in the gate
         meter = DeviceMeter(lab.device, lab.cuda_index).start()
@@ -141,16 +145,18 @@ def measure_steps(lab, t: Toggles, steps: int, progress=None, untimed: int = 0) 
                     progress(0, steps)  # warm-up and FLOP count are done: the clock starts
                 energy.start()
                 conditions.start()
+                faults0 = minor_faults()
                 t0 = time.perf_counter()
                 times = time_repeats(lambda: losses.append(lab.train_step(t)), lab.device,
                                      warmup=0, repeats=steps, after_each=tick)
                 wall = time.perf_counter() - t0
+                faults = minor_faults() - faults0
             cond = conditions.stop(wall)
             used = energy.stop(wall)
         finally:
             peak = meter.stop()
     return Steps(times, losses, peak, meter.source, slowed, used, meter.last, conditions=cond,
-                 peak_mem_start_bytes=meter.start_bytes, peak_notes=meter.notes)
+                 peak_mem_start_bytes=meter.start_bytes, peak_notes=meter.notes, minor_faults=faults)
 
 
 TRACED_STEPS = 3   # steps a traced run traces after its timed ones: each part and op, their median

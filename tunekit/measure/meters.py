@@ -161,6 +161,12 @@ def malloc_trim() -> bool | None:
     return bool(lib.malloc_trim(0))
 
 
+def minor_faults() -> int:
+    """The process's minor page faults so far (all threads; ``ru_minflt``, ~1 us): pages the kernel
+    handed it, zeroed, on first touch (a heap glibc trimmed, grown again)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def malloc_in_use_bytes() -> int | None:
     """Bytes glibc's malloc has handed out and not taken back (None without glibc's mallinfo2)."""
     return _MALLINFO.in_use()

@@ -10,6 +10,7 @@ FLOPs in tunekit's one MFU convention (the adapter's), and TFLOPS/MFU/HFU from
 from __future__ import annotations
 
 import math
+import resource
 import statistics
 import time
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ class Steps:
     conditions: object = None         # core.conditions.Conditions over the timed steps
     peak_mem_start_bytes: float | None = None   # the meter's reading at the start (DeviceMeter.start_bytes)
     peak_notes: list | None = None    # what makes the peak less sure (DeviceMeter.notes)
+    minor_faults: int | None = None   # the process's minor page faults over the timed steps (measure.meters)
 
 
 class Peaks(dict):
@@ -62,6 +64,34 @@ def iqr(times) -> float:
         return 0.0
     q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
     return q3 - q1
+
+
+# a minor page fault's cost on the 2-vCPU CI machine: 1.0-1.5 us (benchmarks/bench_mb_growth.py,
+# RESULTS.md "The morning session"); the lower end, so a note never overstates the share
+FAULT_S = 1.0e-6
+FAULT_SHARE = 0.01   # a note when the timed steps' faults cost this share of the step or more
+# glibc's tunables (mallopt(3)) that keep freed heap pages: the largest mmap threshold glibc takes
+# on 64-bit (32 MiB, DEFAULT_MMAP_THRESHOLD_MAX in glibc's malloc/malloc.c), so tensors below it come
+# from the heap, and a trim threshold (1 GiB) no step's freed top reaches: free() hands nothing back
+TUNABLES = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
+
+
+def fault_notes(faults_per_step: float, step_s: float, page_bytes: int) -> list:
+    """A ``measure.page_faults`` note when the timed steps' minor page faults, at ``FAULT_S`` each,
+    are ``FAULT_SHARE`` of the step or more: glibc handed heap pages back (a trim at a free, or the
+    peak meter's at its start) and every step faults them in again, zeroed by the kernel. E.g. 4,162
+    faults a step of 4 KiB pages in a 36 ms step: 16.3 MiB, 4.16 ms, 11.6% (said ~12%) -> a note."""
+    share = faults_per_step * FAULT_S / step_s if step_s > 0 else math.nan
+    if not share >= FAULT_SHARE:
+        return []
+    return [Note("measure.page_faults", f"the heap refaulted {faults_per_step * page_bytes / 2**20:.1f} MiB per "
+                 f"step ({faults_per_step:,.0f} page faults, ~{share:.0%} of the step at ~{FAULT_S * 1e6:.0f} us "
+                 f"each): part of the step is the kernel zeroing pages the allocator handed back; "
+                 f"{tunables_words()} in the environment (glibc) keeps them")]
+
+
+def tunables_words() -> str:
+    return " ".join(f"{k}={v}" for k, v in TUNABLES.items())
 
 
 def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, label: str, warmup: int,
@@ -103,6 +133,7 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
         peak_tflops=r.peak.tflops, peak_tflops_source=r.peak.source,
         peak_mem_bytes=m.peak_mem_bytes, peak_mem_source=m.peak_mem_source,
         peak_mem_start_bytes=m.peak_mem_start_bytes,
+        minor_faults_per_step=None if m.minor_faults is None else m.minor_faults / len(m.times),
         mfu_convention=convention,
         saved_bytes=probe.saved_bytes if probe is not None else None,
         weight_cast_bytes=probe.cast_bytes if probe is not None else None,
@@ -118,6 +149,8 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
         result.energy_j, result.energy_source, result.mean_w = e.joules, e.source, e.mean_w
         result.j_per_token = e.joules / (tokens * len(m.times))
         result.notes.extend([e.note] if e.note else [])
+    if m.minor_faults is not None:
+        result.notes.extend(fault_notes(m.minor_faults / len(m.times), step_s, resource.getpagesize()))
     alloc = m.alloc or {}
     result.gpu_alloc_retries, result.gpu_ooms = alloc.get("gpu_alloc_retries"), alloc.get("gpu_ooms")
     return result, r.peak
