@@ -27,7 +27,18 @@ minutes (RESULTS.md: the base measured again at the end of a ladder was 22% off 
 - the A/A check: the base against itself, min(A') / min(A), the same estimator over the same number
   of blocks. A row is judged only when the A/A spread is below ``AA_LIMIT`` (half the median goal)
   and the blocks its figures come from were measured quiet; otherwise it says "not judged (A/A
-  spread X%)" or "not judged (busy)".
+  spread X%)" or "not judged (busy)";
+- glibc keeps its freed heap pages: the script re-executes itself with ``train.record.TUNABLES``
+  (MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824) and says so, unless the user
+  set either (theirs stand) or gave ``--glibc-heap`` (glibc's defaults). By default a step larger
+  than those before grows the heap, free() trims it at the step's end and the next step faults it
+  in again: the built-in GPT at mb 16 216-4,162 faults a step, 1.0-1.5 us each, a count that
+  depends on what ran before (bench_mb_growth.py). The peak meter's malloc_trim at each block's
+  start stays (the peak is measured from a settled floor: tests/measure/test_device_meter_start.py);
+  the pages it hands back come in again in the last warm-up step, off the clock;
+- each block's page faults a timed step (``RunResult.minor_faults_per_step``), and for the base's
+  blocks the share of time a task waited for a CPU and the steal, are printed: whether a slow block
+  was the heap's or the host's.
 
 Nothing is fitted to these runs: each expectation takes the plan's device model (measured sweeps
 of this CPU, core/efficiency.py's constants with their sources) and the base run of the same Lab.
@@ -36,9 +47,7 @@ The ladder (each from the base setting): checkpointing flipped, micro-batch x2 a
 (within the model's positions), grad_accum x2, each other optimizer of adamw / sgd / adafactor,
 attention eager <-> sdpa, bf16 where this CPU runs it; pairs of those (--quick: a few).
 
-It also times lab.expect's answers (``--speed``): the first answer (the plan's device figures
-read), a new shape, the same shape again, for the built-in GPT presets and a 100M-parameter
-transformers model (GPT-2 small's config, random init).
+It also times lab.expect's answers (``--speed``: bench_expect_speed.py).
 
     .venv/bin/python benchmarks/bench_expect.py            # the full ladder, three models (long)
     .venv/bin/python benchmarks/bench_expect.py --quick    # a small ladder on the built-in GPT
@@ -67,6 +76,7 @@ from pathlib import Path
 import tunekit
 from tunekit.core.registry import LAB_OPTIMIZERS
 from tunekit.measure.priority import ahead, level, shielded_verdict
+from tunekit.train.record import TUNABLES, tunables_words
 
 warnings.filterwarnings("ignore")
 MiB = 2**20
@@ -80,19 +90,25 @@ JUDGED = ("quiet", "busy, measured ahead of it")   # a run at real-time priority
 A, A2 = "A", "A'"   # the base's two blocks of each round
 
 
-def labs(quick: bool, log_path: str):
+def labs(quick: bool, log_path: str, model: str | None = None):
     """(name, Lab) of the models judged: the built-in GPT; with the full ladder, a Llama-class and a
-    GPT-2-class transformers model too (small, random init)."""
-    yield "GPT cpu-tiny", tunekit.Lab(micro_batch=8, seq_len=128, log_path=log_path)
-    if quick:
-        return
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    GPT-2-class transformers model too (small, random init). ``model``: only those whose name holds it
+    (any case), quick or not."""
+    def hf(config, causal, **kw):
+        import transformers
 
-    llama = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    yield "Llama 4x128", tunekit.Lab(LlamaForCausalLM(llama), micro_batch=4, seq_len=64, log_path=log_path)
-    gpt2 = GPT2Config(vocab_size=512, n_embd=128, n_layer=4, n_head=4, n_positions=256)
-    yield "GPT-2 4x128", tunekit.Lab(GPT2LMHeadModel(gpt2), micro_batch=4, seq_len=64, log_path=log_path)
+        lm = getattr(transformers, causal)(getattr(transformers, config)(**kw))
+        return tunekit.Lab(lm, micro_batch=4, seq_len=64, log_path=log_path)
+
+    made = [("GPT cpu-tiny", lambda: tunekit.Lab(micro_batch=8, seq_len=128, log_path=log_path)),
+            ("Llama 4x128", lambda: hf("LlamaConfig", "LlamaForCausalLM", vocab_size=512, hidden_size=128,
+                                       intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=256)),
+            ("GPT-2 4x128", lambda: hf("GPT2Config", "GPT2LMHeadModel", vocab_size=512, n_embd=128, n_layer=4,
+                                       n_head=4, n_positions=256))]
+    for name, make in made if model or not quick else made[:1]:
+        if model is None or model.lower() in name.lower():
+            yield name, make()
 
 
 def ladder(lab, quick: bool, mb: bool = False) -> list:
@@ -181,7 +197,7 @@ def interleaved(lab, rungs, base, rounds, steps, warmup, priority) -> dict:
     made (from ``base``, the one calibrating run) right before its first block. Returns per key (A, A',
     rung index): {"medians": [...], "verdicts": [...], "first": first block's RunResult, "expect": ...,
     "answer_s": ...}."""
-    got = {k: {"medians": [], "verdicts": []} for k in (A, A2, *range(len(rungs)))}
+    got = {k: {"medians": [], "verdicts": [], "faults": [], "conds": []} for k in (A, A2, *range(len(rungs)))}
     for r, order in enumerate(schedule(len(rungs), rounds)):
         t0, line = time.perf_counter(), []
         for key in order:
@@ -200,8 +216,12 @@ def interleaved(lab, rungs, base, rounds, steps, warmup, priority) -> dict:
             g.setdefault("first", run)
             g["medians"].append(run.steady_step_s)
             g["verdicts"].append(verdict)
-            line.append(f"{key if isinstance(key, str) else rungs[key][0]} {run.steady_step_s * 1e3:.1f}")
-        print(f"  round {r + 1}/{rounds} ({time.perf_counter() - t0:.0f} s): " + ", ".join(line) + " ms", flush=True)
+            g["faults"].append(run.minor_faults_per_step)
+            g["conds"].append(run.conditions)
+            line.append(f"{key if isinstance(key, str) else rungs[key][0]} {run.steady_step_s * 1e3:.1f} "
+                        f"[{run.minor_faults_per_step:.0f}]")
+        print(f"  round {r + 1}/{rounds} ({time.perf_counter() - t0:.0f} s): " + ", ".join(line)
+              + " ms [page faults a timed step]", flush=True)
     return got
 
 
@@ -210,7 +230,7 @@ def fastest_verdict(g) -> str:
     return g["verdicts"][g["medians"].index(setting_time(g["medians"]))] if g["medians"] else "unknown"
 
 
-HEAD = (f"{'change':<24}{'exp ms':>8}{'exp x':>7}{'meas ms':>9}{'meas x':>8}{'blocks':>8}{'error':>8}"
+HEAD = (f"{'change':<24}{'exp ms':>8}{'exp x':>7}{'meas ms':>9}{'meas x':>8}{'blocks':>8}{'faults':>8}{'error':>8}"
         f"{'exp MiB':>9}{'meas MiB':>9}{'peak err':>9}{'answer s':>9}{'uncal':>7}  status")
 
 
@@ -231,12 +251,13 @@ def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
     base, base_verdict = block(lab, BASE_STEPS, warmup, priority, trace=True)
     print(f"\n{name}: calibrating run {base.label} {base.steady_step_s * 1e3:.1f} ms (median of {base.steps}), "
           f"peak {base.peak_mem_bytes / MiB:.0f} MiB ({base_verdict})", flush=True)
-    rungs = ladder(lab, quick, mb)
+    rungs = ladder(lab, quick, mb)[:option("--rows", None)]
     got = interleaved(lab, rungs, base, rounds, steps, warmup, priority)
     a, a2 = got[A], got[A2]
     aa, meas_base = aa_spread(a["medians"], a2["medians"]), setting_time(a["medians"])
     exp_base = a["expect"].step_s   # the calibrating run's step, as lab.expect carries it
-    print(f"A/A: the base's blocks {_ms(a['medians'])} and again {_ms(a2['medians'])} ms: fastest "
+    print(f"A/A: the base's blocks {_blocks(a)} and again {_blocks(a2)} ms [page faults a timed step, CPU wait, "
+          f"steal]: fastest "
           f"{meas_base * 1e3:.1f} and {setting_time(a2['medians']) * 1e3:.1f} ms, spread {aa:.1%} (bound "
           f"{AA_LIMIT:.1%}); the calibrating run measured {base.steady_step_s / meas_base - 1:+.1%} off the "
           f"interleaved base (drift, cancelled by the ratios)")
@@ -254,7 +275,8 @@ def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
         status = row_status(aa, [fastest_verdict(g), fastest_verdict(a)])
         blocks = max(g["medians"]) / meas - 1
         print(f"{label:<24}{e.step_s * 1e3:>8.1f}{e.step_s / exp_base:>7.2f}{meas * 1e3:>9.1f}{meas / meas_base:>8.2f}"
-              f"{blocks:>8.0%}{err:>+8.1%}{e.peak_bytes / MiB:>9.0f}{peak / MiB:>9.0f}{perr:>+9.1%}"
+              f"{blocks:>8.0%}{statistics.median(g['faults']):>8.0f}"
+              f"{err:>+8.1%}{e.peak_bytes / MiB:>9.0f}{peak / MiB:>9.0f}{perr:>+9.1%}"
               f"{g['answer_s']:>9.2f}{uncalibrated_share(e):>7.0%}  {status}", flush=True)
         rows.append((name, label, err, perr, status))
         for note in carry_notes(e):
@@ -264,8 +286,11 @@ def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
     return rows, aa
 
 
-def _ms(values) -> str:
-    return "/".join(f"{v * 1e3:.1f}" for v in values)
+def _blocks(g) -> str:
+    """Each block's median (ms) [its page faults a timed step, the share of its time some task waited
+    for a CPU, the hypervisor's steal]: a slow block's cause, the heap's or the host's."""
+    return ", ".join(f"{m * 1e3:.1f} [{f:.0f}, {getattr(c, 'cpu_wait', math.nan):.0%}, "
+                     f"{getattr(c, 'steal', math.nan):.0%}]" for m, f, c in zip(g["medians"], g["faults"], g["conds"]))
 
 
 def judge(rows, spreads) -> None:
@@ -313,39 +338,30 @@ def by_model(rows, spreads) -> str:
     return "\n".join(out)
 
 
-def speed(log_path: str) -> None:
-    """Seconds per lab.expect answer: the first (device figures read), a new shape, the same again."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    models = [("GPT cpu-tiny", lambda: tunekit.Lab(log_path=log_path)),
-              ("GPT cpu-small", lambda: tunekit.Lab(preset="cpu-small", log_path=log_path)),
-              ("GPT gpt2-124m", lambda: tunekit.Lab(preset="gpt2-124m", micro_batch=1, seq_len=128,
-                                                    log_path=log_path)),
-              ("HF GPT-2 124M (random init)", lambda: tunekit.Lab(GPT2LMHeadModel(GPT2Config()), micro_batch=1,
-                                                                  seq_len=128, log_path=log_path))]
-    print(f"{'model':<30}{'first s':>9}{'new shape s':>13}{'again s':>9}  (target: new shape <= 1 s GPT, <= 3 s 100M)")
-    for name, make in models:
-        lab = make()
-        mb = lab.resolve().micro_batch
-        times = []
-        for changes in ({}, {"micro_batch": mb * 2}, {"micro_batch": mb * 2, "lr": 1e-4}):
-            t0 = time.perf_counter()
-            lab.expect(**changes)
-            times.append(time.perf_counter() - t0)
-        print(f"{name:<30}{times[0]:>9.2f}{times[1]:>13.2f}{times[2]:>9.3f}", flush=True)
-
-
 def machine_load() -> str:
     return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
 
 
-def option(name: str, default: int) -> int:
-    """``--name N`` from the command line, else ``default``."""
+def option(name: str, default, kind=int):
+    """``--name N`` from the command line (as ``kind``), else ``default``."""
     args = sys.argv
-    return int(args[args.index(name) + 1]) if name in args else default
+    return kind(args[args.index(name) + 1]) if name in args else default
+
+
+def heap_env(environ, argv) -> dict | None:
+    """The environment to run the measured process in where glibc should keep its freed heap pages
+    (record.TUNABLES): ``environ`` with them added; None where the user set either (theirs stand) or
+    asked for glibc's defaults (``--glibc-heap``)."""
+    if "--glibc-heap" in argv or any(k in environ for k in TUNABLES):
+        return None
+    return {**environ, **TUNABLES}
 
 
 def main():
+    env = heap_env(os.environ, sys.argv)
+    if env is not None:   # the tunables act from the process's start: re-executed with them
+        print(f"re-executing with {tunables_words()} (glibc keeps freed heap pages; --glibc-heap: not)", flush=True)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     quick, priority, mb = "--quick" in sys.argv, "--priority" in sys.argv, "--mb" in sys.argv
     rounds, threads = option("--rounds", ROUNDS), option("--threads", 0)
     if threads:
@@ -353,10 +369,13 @@ def main():
 
         torch.set_num_threads(threads)
     print(f"machine at start: {machine_load()}" + (f"; blocks at {level()} priority" if priority else "")
-          + (f"; torch on {threads} thread(s)" if threads else ""))
+          + (f"; torch on {threads} thread(s)" if threads else "") + "; glibc's heap: "
+          + (" ".join(f"{k}={os.environ[k]}" for k in TUNABLES if k in os.environ) or "defaults"))
     with tempfile.TemporaryDirectory(prefix="bench_expect-") as folder:
         log_path = str(Path(folder) / "runs.jsonl")
-        if "--speed" in sys.argv:
+        if "--speed" in sys.argv:   # (its own script: bench_expect_speed.py)
+            from bench_expect_speed import speed
+
             speed(log_path)
             return
         print(f"one calibrating run ({BASE_STEPS} timed steps, traced); then {rounds} rounds of interleaved blocks "
@@ -365,7 +384,7 @@ def main():
               f"interleaved base; a row is judged when the A/A spread is under {AA_LIMIT:.1%}")
         t0 = time.perf_counter()
         rows, spreads = [], []
-        for name, lab in labs(quick, log_path):
+        for name, lab in labs(quick, log_path, option("--model", None, str)):
             got, aa = judged_rows(name, lab, quick, mb, rounds, BLOCK_STEPS, WARMUP, priority)
             rows += got
             spreads.append((name, aa))
