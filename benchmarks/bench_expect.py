@@ -36,9 +36,12 @@ minutes (RESULTS.md: the base measured again at the end of a ladder was 22% off 
   depends on what ran before (bench_mb_growth.py). The peak meter's malloc_trim at each block's
   start stays (the peak is measured from a settled floor: tests/measure/test_device_meter_start.py);
   the pages it hands back come in again in the last warm-up step, off the clock;
+  Kept, the built-in GPT's mb 16 blocks fault 3-6x fewer pages a step; a few hundred a step remain
+  at every size with either heap (not glibc's: PYTHONMALLOC=malloc leaves them), under 1% of a step;
 - each block's page faults a timed step (``RunResult.minor_faults_per_step``), and for the base's
   blocks the share of time a task waited for a CPU and the steal, are printed: whether a slow block
-  was the heap's or the host's.
+  was the heap's or the host's. (The small Llama's base blocks fault ~30-190 pages a step with
+  either heap, slow or fast: its A/A spread is not the heap's.)
 
 Nothing is fitted to these runs: each expectation takes the plan's device model (measured sweeps
 of this CPU, core/efficiency.py's constants with their sources) and the base run of the same Lab.

@@ -78,16 +78,16 @@ TUNABLES = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "107
 
 def fault_notes(faults_per_step: float, step_s: float, page_bytes: int) -> list:
     """A ``measure.page_faults`` note when the timed steps' minor page faults, at ``FAULT_S`` each,
-    are ``FAULT_SHARE`` of the step or more: glibc handed heap pages back (a trim at a free, or the
-    peak meter's at its start) and every step faults them in again, zeroed by the kernel. E.g. 4,162
-    faults a step of 4 KiB pages in a 36 ms step: 16.3 MiB, 4.16 ms, 11.6% (said ~12%) -> a note."""
+    are ``FAULT_SHARE`` of the step or more: mostly glibc handing heap pages back at a free (its trim
+    threshold) that the next step faults in again, zeroed by the kernel. E.g. 4,162 faults a step of
+    4 KiB pages in a 36 ms step: 16.3 MiB, 4.16 ms, 11.6% (said ~12%) -> a note."""
     share = faults_per_step * FAULT_S / step_s if step_s > 0 else math.nan
     if not share >= FAULT_SHARE:
         return []
-    return [Note("measure.page_faults", f"the heap refaulted {faults_per_step * page_bytes / 2**20:.1f} MiB per "
-                 f"step ({faults_per_step:,.0f} page faults, ~{share:.0%} of the step at ~{FAULT_S * 1e6:.0f} us "
-                 f"each): part of the step is the kernel zeroing pages the allocator handed back; "
-                 f"{tunables_words()} in the environment (glibc) keeps them")]
+    return [Note("measure.page_faults", f"the timed steps faulted in {faults_per_step * page_bytes / 2**20:.1f} MiB "
+                 f"of fresh pages per step ({faults_per_step:,.0f} page faults, ~{share:.0%} of the step at "
+                 f"~{FAULT_S * 1e6:.0f} us each): part of the step is the kernel zeroing pages, most often a heap "
+                 f"the allocator trimmed and grows again; {tunables_words()} in the environment keeps glibc's")]
 
 
 def tunables_words() -> str:
