@@ -51,7 +51,8 @@ Memory: "peak/mem" is the plan's total (peak + fixed costs) over the card's memo
 over fp32 weights computes on FSDP's half param dtype (planning.step.in_param_dtype). What the plan still holds
 above the card for llm-foundry runs that ran is the model tunekit plans them as (its GPT, not MPT): llm-foundry's
 default loss at b2a43a1 is flash-attn's fused cross-entropy (llmfoundry/models/mpt/modeling_mpt.py,
-loss_fn 'fused_crossentropy': bf16 logits kept, no fp32 log-softmax), and sweep.sh's runs set
+loss_fn 'fused_crossentropy', raising where it is not installed): a kernel on the bf16 logits with an in-place
+backward option (Dao-AILab/flash-attention csrc/xentropy/README.md), no fp32 log-softmax; and sweep.sh's runs set
 norm_type 'low_precision_layernorm' (scripts/train/benchmarking/submit_benchmarks.py: the norm in bf16),
 where tunekit's GPT upcasts its logits and its RMSNorm to fp32.
 
