@@ -46,6 +46,16 @@ published tokens/s per GPU). Each is planned with the software it ran on:
   convention (6 x all parameters + 6*L*C*T per token, 312 TFLOPS; its own CUDA kernels, fused
   everything): tokens/s derived from that MFU, planned as a compiled step of 64 x 1024.
 
+Memory: "peak/mem" is the plan's total (peak + fixed costs) over the card's memory; "peak/pub" the plan's peak
+(the allocator's bytes) over the peak the source publishes (torchtitan's only, `PUBLISHED_GIB`). A sharded plan
+over fp32 weights computes on FSDP's half param dtype (planning.step.in_param_dtype). What the plan still holds
+above the card for llm-foundry runs that ran is the model tunekit plans them as (its GPT, not MPT): llm-foundry's
+default loss at b2a43a1 is flash-attn's fused cross-entropy (llmfoundry/models/mpt/modeling_mpt.py,
+loss_fn 'fused_crossentropy', raising where it is not installed): a kernel on the bf16 logits with an in-place
+backward option (Dao-AILab/flash-attention csrc/xentropy/README.md), no fp32 log-softmax; and sweep.sh's runs set
+norm_type 'low_precision_layernorm' (scripts/train/benchmarking/submit_benchmarks.py: the norm in bf16),
+where tunekit's GPT upcasts its logits and its RMSNorm to fp32.
+
 Gradient accumulation is recorded as published and not planned (plan times one micro-step; the
 optimizer step it amortizes is a small part of a sharded step).
 
@@ -150,6 +160,25 @@ def model(row):
     assert (gpt2.n_embd, gpt2.n_head, gpt2.n_layer, gpt2.vocab_size) == (
         row["d_model"], row["n_heads"], row["n_layers"], row["vocab"]), row["label"]
     return gpt2
+
+
+# the peak memory a run's source publishes (GiB): torchtitan benchmarks/llama3_h100_202412_torchtitan.md at 31a17bf,
+# Tables 1 and 3, "Memory(GiB)": the "memory:" its train.py logs at 9dec370 (the benchmark's commit), max_reserved_gib,
+# torch.cuda.memory_stats()["reserved_bytes.all.peak"] (torchtitan/metrics.py, get_peak_stats): the caching
+# allocator's reserve, no CUDA context or NCCL buffers. llm-foundry's tables and llm.c's discussion publish none.
+TITAN = "torchtitan Llama3-8B "
+PUBLISHED_GIB = {TITAN + "8 H100s 2x8192 SAC": 82.4, TITAN + "8 H100s 2x8192 SAC compile": 77.0,
+                 TITAN + "128 H100s 2x8192 SAC": 67.0, TITAN + "128 H100s 2x8192 SAC compile": 62.0}
+
+
+def memory_columns(label: str, planned: list) -> str:
+    """The plan's total over the card and, where the source publishes its peak, the plan's peak (the
+    allocator's bytes, fixed costs left out) over it. A selective row's plans are none and full checkpointing:
+    its memory is taken as their mean, as its step is (torchtitan's op policy keeps about half)."""
+    fill = statistics.mean(p.total_bytes for p in planned) / planned[0].device_memory_bytes
+    published = PUBLISHED_GIB.get(label)
+    peak = statistics.mean(p.peak_bytes for p in planned) / 2**30
+    return f"{fill:>9.2f}" + (f"{peak / published:>9.2f}" if published else f"{'':>9}")
 
 
 def plans(row) -> list:
@@ -308,7 +337,7 @@ def long_sequence_lines(path, from_seq: int = 16384) -> list[str]:
         if row is None or row["seq_len"] < from_seq or len(fields) < 10 or fields[1] == "none":
             continue
         ratio = float(fields[1].replace(",", "")) / float(fields[0].replace(",", ""))
-        a = float(fields[6].rstrip("%")) / 100
+        a = float(fields[-4].rstrip("%")) / 100   # the shares close the line: matmul, attn, memory, optim, comm
         share, tflops = attention_rate(row)
         lines.append(f"{label:<52}{row['attention_kernel']:>7}{row['d_model'] // row['n_heads']:>5}{share:>9.1%}"
                      f"{tflops:>8.0f}{a:>6.0%}{ratio:>8.2f}{share * a / (ratio - 1 + a):>9.1%}")
@@ -324,7 +353,8 @@ def main():
         saved = sys.argv[sys.argv.index("--summary") + 1]
         print("\n".join(bias_table(read_ratios(saved), read_runs()) + [""] + long_sequence_lines(saved)))
         return
-    print(f"{'run':<52}{'software':<20}{'published':>11}{'expected':>11}{'exp/pub':>9}{'plan s':>8}{'peak/mem':>9}  "
+    print(f"{'run':<52}{'software':<20}{'published':>11}{'expected':>11}{'exp/pub':>9}{'plan s':>8}{'peak/mem':>9}"
+          f"{'peak/pub':>9}  "
           + " ".join(f"{c:>6}" for c in SHOWN.values()) + "  (share of the expected step)", flush=True)
     errors, ratios = [], {}
     # The bench reads plan.expected, which times the step as asked. The advice a plan searches for
@@ -348,8 +378,8 @@ def main():
         ratio = expected / tps
         errors.append((abs(ratio - 1), label))
         ratios[label] = ratio
-        fill = planned[0].total_bytes / planned[0].device_memory_bytes   # what the plan holds over the card
-        print(f"{label:<52}{era:<20}{tps:>11,}{expected:>11,.0f}{ratio:>9.2f}{took:>8.1f}{fill:>9.2f}  "
+        print(f"{label:<52}{era:<20}{tps:>11,}{expected:>11,.0f}{ratio:>9.2f}{took:>8.1f}"
+              f"{memory_columns(label, planned)}  "
               + " ".join(f"{x:>6.0%}" for x in shares(planned)), flush=True)
         if "--ops" in sys.argv:
             print("\n".join(op_table(row, planned)), flush=True)

@@ -43,7 +43,7 @@ from tunekit.planning.expect import expected_of
 from tunekit.planning.module import ModuleTarget
 from tunekit.planning.record import Placed, Plan, PlanDevice
 from tunekit.planning.shard import comm_seconds, inter_node_gbs, node_net, rank_peak, shard_count
-from tunekit.planning.step import COUNTED, FakeStep, complete, fake_step, search_micro_batch
+from tunekit.planning.step import COUNTED, FakeStep, complete, fake_step, in_param_dtype, search_micro_batch
 from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name, set_attention
 from tunekit.view.progress import wait_progress
 
@@ -205,9 +205,8 @@ def _compute_note(s: Setting) -> list:
 
 
 class _Steps:
-    """The plan's fake steps inside one fake mode: a model per weights' dtype and a step per shape,
-    shared by the plan, its micro-batch search and its advice; a step faked without its
-    components or its count gets them where they are read."""
+    """The plan's fake steps inside one fake mode: a model per weights' dtype and a step per shape, shared
+    by the plan, its micro-batch search and its advice (a step lacking a pass gets it where it is read)."""
 
     def __init__(self, cfg, kind, setting: Setting, dev: PlanDevice, layout, shown):
         self.cfg, self.kind, self.setting, self.dev, self.layout, self.shown = cfg, kind, setting, dev, layout, shown
@@ -237,6 +236,8 @@ class _Steps:
         else:   # what this use reads that the first did not
             self.complete(step, s, ("components",) * components + ("ops",) * count)
         self.steps[key] = step
+        if s.parallel not in (None, "ddp") and s.autocast:   # FSDP computes on its half param dtype
+            step = in_param_dtype(step, self.run(s.replace(weights=s.compute), count=False, components=False))
         return step
 
     def complete(self, step: FakeStep, s: Setting, parts) -> FakeStep:

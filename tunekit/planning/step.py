@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -65,6 +65,8 @@ class FakeStep:
     ops: list | None = None           # the counted ops (planning.ops.RooflineCounter.ops)
     host: object = None               # the host calls the count saw
     casts_at: dict = field(default_factory=dict)   # phase -> autocast's weight copies alive at its peak
+    held: float = 0.0                 # parameters, buffers and optimizer state: alive the whole step
+    all_grads: float = 0.0            # every gradient at once (the optimizer step's)
 
     def has(self, part: str) -> bool:
         """Whether the pass ``part`` ("components" or "ops") was made."""
@@ -260,8 +262,9 @@ def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dic
     peak, at, grads = max(detail.values(), key=lambda v: v[0])
     # phase -> the casts of weights alive at its peak (autocast's cache: every weight by the forward's end)
     casts = {ph: float(c) for ph, c in live.phase_casts.items()}
+    held = rounded(params) + rounded(list(model.buffers()), params) + rounded(state, params)
     return dict(peak=peak, peak_at=at, grads_at_peak=grads, state_scalars=float(scalars), phase_detail=detail,
-                casts_at=casts,
+                casts_at=casts, held=held, all_grads=float(all_grads),
                 phase_peaks={ph: v[0] for ph, v in detail.items()}, timeline=list(live.samples))
 
 
@@ -302,3 +305,29 @@ def search_micro_batch(setting, run, total_of, memory, limit) -> int:
         return total_of(run(s), s) <= memory
 
     return largest_fitting(fits, 1, limit).best or 0
+
+
+# FSDP's mixed precision computes on its param dtype: "unlike autocast, this applies mixed precision at the
+# module level, not op level, which means low-precision activations are saved for backward" (pytorch/pytorch
+# torch/distributed/fsdp/_fully_shard/_fsdp_api.py, MixedPrecisionPolicy, torch 2.13); tunekit's sharded ranks run so
+# (parallel/worker.py: MixedPrecisionPolicy(param_dtype=the autocast dtype), no autocast)
+PARAM_DTYPE_NOTE = ("sharded over fp32 weights: the step computes on FSDP's half param dtype (MixedPrecisionPolicy, "
+                    "no autocast), so its activations are the half model's; weights, gradients and optimizer "
+                    "state stay the fp32 model's")
+
+
+def in_param_dtype(full: FakeStep, half: FakeStep) -> FakeStep:
+    """``full`` (a step over fp32 weights under autocast) with its live bytes taken from ``half`` (the
+    same step on the half model): each phase's peak is the half step's with the half model's
+    parameters, buffers and optimizer state swapped for the fp32 model's (``held``) and its gradients
+    scaled to fp32; no autocast weight copies (FSDP's gathered parameters replace them, `planning.shard`).
+    Its components and count stay ``full``'s (the static lines are the fp32 model's).
+    Half step: peak 100 in backward, held 30, gradients 10 of 20 alive; full: held 60, gradients 40
+    -> 100 + (60 - 30) + 10 x (40/20 - 1) = 140, gradients 20."""
+    ratio = full.all_grads / half.all_grads if half.all_grads else 1.0
+    shift = full.held - half.held
+    detail = {ph: (b + shift + g * (ratio - 1), where, g * ratio) for ph, (b, where, g) in half.phase_detail.items()}
+    peak, at, grads = max(detail.values(), key=lambda v: v[0])
+    return replace(full, peak=peak, peak_at=at, grads_at_peak=grads, phase_detail=detail,
+                   phase_peaks={ph: v[0] for ph, v in detail.items()}, casts_at=dict.fromkeys(detail, 0.0),
+                   timeline=[(ph, b + shift) for ph, b in half.timeline], notes=full.notes + [PARAM_DTYPE_NOTE])
