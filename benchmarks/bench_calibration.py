@@ -50,6 +50,7 @@ For the integrator, at a quiet moment (nothing else running):
     .venv/bin/python benchmarks/bench_calibration.py --states 20 --against /tmp/base
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -94,12 +95,25 @@ def child() -> None:
 def recording() -> dict:
     """Keep every timed trial of this process's calibration (name -> [seconds, ...] in order): the
     stream record's interleaved figures and the MAMF sweep's tries ("mamf DTYPE N" per call)."""
-    import functools
+    import dataclasses
 
     from tunekit.measure import peaks, stream, trials
 
     kept: dict = {}
-    stream.interleaved = functools.partial(trials.interleaved, times=kept)
+
+    def interleaved(given, **kw):
+        def counted(run):   # a second view: the process's CPU seconds over each timed trial's wall
+            def trial():
+                c0 = time.process_time()
+                t = run()
+                cpu = kept.setdefault("cpu seconds", [0.0, 0.0])
+                cpu[0], cpu[1] = cpu[0] + time.process_time() - c0, cpu[1] + t
+                return t
+            return trial
+        return trials.interleaved({k: dataclasses.replace(t, run=counted(t.run)) for k, t in given.items()},
+                                  times=kept, **kw)
+
+    stream.interleaved = interleaved
     inner = peaks.time_repeats
 
     def time_repeats(fn, device=None, warmup=1, repeats=5, after_each=None):
@@ -187,9 +201,10 @@ def show_states(n: int, against: str | None) -> None:
 
 
 def fresh_record() -> dict:
-    env = dict(os.environ, TUNEKIT_CACHE=tempfile.mkdtemp(prefix="tunekit-cal-"), PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, __file__, "--record"], env=env, capture_output=True, text=True,
-                         check=True).stdout
+    with tempfile.TemporaryDirectory(prefix="tunekit-cal-") as folder:   # removed after, Ctrl-C too
+        env = dict(os.environ, TUNEKIT_CACHE=folder, PYTHONPATH=str(ROOT))
+        out = subprocess.run([sys.executable, __file__, "--record"], env=env, capture_output=True, text=True,
+                             check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -198,18 +213,18 @@ def planned(files: dict, settings=SETTINGS) -> dict:
     folder as $TUNEKIT_CACHE: nothing is measured, every figure is read from them)."""
     import tunekit
 
-    folder = Path(tempfile.mkdtemp(prefix="tunekit-spread-"))
-    for name, text in files.items():
-        (folder / name).write_text(text)
-    os.environ["TUNEKIT_CACHE"] = str(folder)
-    lab = tunekit.Lab(preset="cpu-tiny", device="cpu")
     out = {}
-    for k, kw in settings.items():
-        e = lab.plan("cpu", micro_batch=4, seq_len=64, **kw).expected
-        cats = {}
-        for row in e.rows:
-            cats[row[1]] = cats.get(row[1], 0.0) + row[3]
-        out[k] = (e.step_s, cats)
+    with tempfile.TemporaryDirectory(prefix="tunekit-spread-") as folder:   # removed after, Ctrl-C too
+        for name, text in files.items():
+            (Path(folder) / name).write_text(text)
+        os.environ["TUNEKIT_CACHE"] = folder
+        lab = tunekit.Lab(preset="cpu-tiny", device="cpu")
+        for k, kw in settings.items():
+            e = lab.plan("cpu", micro_batch=4, seq_len=64, **kw).expected
+            cats = {}
+            for row in e.rows:
+                cats[row[1]] = cats.get(row[1], 0.0) + row[3]
+            out[k] = (e.step_s, cats)
     return out
 
 
@@ -306,15 +321,14 @@ def policy_env(chosen: str | None) -> dict:
 
 def calibrated(load: bool, chosen: str | None = None, root: Path = ROOT) -> dict:
     """A fresh cache calibrated in a child running ``root``'s checkout (its own bench's ``--child``)."""
-    env = dict(policy_env(chosen), TUNEKIT_CACHE=tempfile.mkdtemp(prefix="tunekit-cal-"), PYTHONPATH=str(root))
     cmd = [sys.executable, str(root / "benchmarks" / "bench_calibration.py"), "--child"]
-    if load:
-        sys.path.insert(0, str(ROOT / "tools"))
-        from busy import busy
+    sys.path.insert(0, str(ROOT / "tools"))
+    from busy import busy
 
-        with busy(cores=2, seconds=1800, log=lambda line: None):
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    else:
+    # the cache folder is removed after, on Ctrl-C too; so is the load (busy's own clean-up)
+    with tempfile.TemporaryDirectory(prefix="tunekit-cal-") as folder, \
+            busy(cores=2, seconds=1800, log=lambda line: None) if load else contextlib.nullcontext():
+        env = dict(policy_env(chosen), TUNEKIT_CACHE=folder, PYTHONPATH=str(root))
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -387,6 +401,7 @@ def trial_profile(got: dict) -> None:
 
     if not all("trials" in g for g in got.values()):   # a checkout before this line keeps none
         return
+    cpu = {load: got[load]["trials"].pop("cpu seconds", [float("nan"), 1.0]) for load in got}
     names = [k for k in got[False]["trials"] if k in got[True]["trials"]]
     ref = {k: min(min(got[load]["trials"][k]) for load in got) for k in names}
     stream_names = [k for k in names if not k.startswith("mamf")]
@@ -408,7 +423,8 @@ def trial_profile(got: dict) -> None:
               + " ".join(f"{x:.2f}" for x in per_round)
               + f"; figures at their fastest: median {statistics.median(best):.3f}, worst {max(best):.2f}, "
               f"{sum(b <= 1.05 for b in best)} of {len(best)} within 5%; MAMF tries median "
-              f"{statistics.median(mamf) if mamf else float('nan'):.3f}; steal {steal:.1%}")
+              f"{statistics.median(mamf) if mamf else float('nan'):.3f}; steal {steal:.1%}; "
+              f"CPU s per trial s {cpu[load][0] / cpu[load][1]:.2f}")
 
 
 def summary(label: str, mine: dict) -> None:
