@@ -63,7 +63,7 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                                       f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")},
                    busy=tuple(what for what, c in (("tunekit.measure.stream.measure_stream(refresh=True)", stream),
                                                    (f"tunekit.calibrate({dtype!r}, 'cpu', force=True)", cal))
-                              if c.verdict == "busy")
+                              if taken_busy(c.conditions))
                    + (("tunekit.measure.rng.measure_rng(refresh=True)",) if rng["verdict"] == "busy" else ()))
 
 
@@ -129,10 +129,19 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
     return out, borrowed + ([busy_note(fig)] if fig.busy else [])
 
 
+def taken_busy(conditions) -> bool:
+    """Whether a calibration's conditions were busy, whatever priority its trials ran at: trials ahead
+    of the load at real-time priority still share the host: on the 2-vCPU VM beside other work, two fresh
+    caches so taken had every interleaved round of one 5-29% slower (benchmarks/bench_calibration.py's
+    per-round profile, 2026-12-07)."""
+    return conditions is not None and conditions.verdict == "busy"
+
+
 def busy_note(fig: Figures) -> Note:
     """The note of an expectation made from calibrations taken on a busy machine (``fig.busy``)."""
     return Note("expected.busy_figures", "expected from this CPU's figures as calibrated on a busy machine (their "
-                                         "records' conditions say so), so possibly slow: at a quiet moment, run "
+                                         "records' conditions say so, even where their trials ran ahead of the "
+                                         "load), so possibly slow: at a quiet moment, run "
                                          f"{' and '.join(fig.busy)}, then plan again")
 
 
