@@ -102,12 +102,12 @@ def recording() -> dict:
     kept: dict = {}
 
     def interleaved(given, **kw):
-        def counted(run):   # a second view: the process's CPU seconds over each timed trial's wall
+        def counted(run):   # a second view: the process's CPU seconds over each trial's wall seconds
             def trial():
-                c0 = time.process_time()
+                c0, w0 = time.process_time(), time.perf_counter()
                 t = run()
                 cpu = kept.setdefault("cpu seconds", [0.0, 0.0])
-                cpu[0], cpu[1] = cpu[0] + time.process_time() - c0, cpu[1] + t
+                cpu[0], cpu[1] = cpu[0] + time.process_time() - c0, cpu[1] + time.perf_counter() - w0
                 return t
             return trial
         return trials.interleaved({k: dataclasses.replace(t, run=counted(t.run)) for k, t in given.items()},
