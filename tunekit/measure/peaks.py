@@ -159,38 +159,8 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     meter = ConditionsMeter(dev.index if dev.type == "cuda" else None).start()
     t_start = time.perf_counter()
-    cpu = dev.type == "cpu"
-
-    def made(n, layout):
-        """A timed n x n matmul (a `Trial`: the device synchronized around its clock), its operands
-        made here and live while it does, and its first timed seconds (after one untimed call)."""
-        a, b = (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
-        b = b.t() if layout == "nt" else b
-        trial = Trial(lambda: time_repeats(lambda: torch.mm(a, b), dev, warmup=0, repeats=1)[0])
-        # on a CPU the tries run ahead of the machine's other work where the user may ask it
-        with ahead() if cpu else nullcontext():
-            return trial, time_repeats(lambda: torch.mm(a, b), dev, warmup=1, repeats=1)[0]
-
-    every = sizes or default_sizes(dev.type)
-    # Kernels differ by memory layout: bf16 on a CPU without AMX ran A @ B at 1.3 GFLOPS and
-    # A @ B.T (nn.Linear's layout) at 17 here. The maximum achievable is the faster layout's.
-    layout = min(("nn", "nt"), key=lambda lay: made(every[0], lay)[1])
     try:
-        trials, first = {}, {}
-        for n in every:
-            if trials and sizes is None:
-                # a slow dtype (bf16 on a CPU without AMX runs ~100x below fp32): stop growing the matmul
-                # when the next size's least rounds, with those of the sizes before, would blow the budget
-                rate = max(2 * m**3 / t for m, t in first.items())
-                cost = repeats * sum(2 * m**3 / rate for m in [*first, n])
-                if time.perf_counter() - t_start + cost > CALIBRATION_BUDGET_S:
-                    break
-            trials[n], first[n] = made(n, layout)
-        # Rounds over the sizes (each a try of every size in turn), not each size's tries back to back:
-        # a slow spell of the machine slows one round of every size, not all of one size's tries.
-        best = interleaved(trials, least=repeats, most=SWEEP_ROUNDS * repeats, shielded=cpu,
-                           until=t_start + CALIBRATION_BUDGET_S)
-        sweep = [(n, n, n, 2 * n**3 / min(t, first[n]) / 1e12) for n, t in best.items()]
+        layout, sweep = _sweep(dev, dtype, sizes, repeats, t_start)
     finally:
         if prev_tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = prev_tf32
@@ -204,6 +174,43 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         _store(key, cal)
         _remeasured.add(key)  # this process's one measurement: a busy one is not re-done at once
     return cal
+
+
+def _sweep(dev, dtype: str, sizes, repeats: int, t_start: float) -> tuple:
+    """(the faster layout, [(n, n, n, TFLOPS of n's fastest try), ...]): `calibrate`'s sweep of ``sizes``
+    (None: `default_sizes`, grown while the budget allows) begun at ``t_start`` (``time.perf_counter``)."""
+    import torch
+
+    cpu = dev.type == "cpu"
+
+    def made(n, layout):
+        """A timed n x n matmul (a `Trial`, its operands made here) and its first try's seconds."""
+        a, b = (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
+        b = b.t() if layout == "nt" else b
+        trial = Trial(lambda: time_repeats(lambda: torch.mm(a, b), dev, warmup=0, repeats=1)[0])
+        # on a CPU the tries run ahead of the machine's other work where the user may ask it
+        with ahead() if cpu else nullcontext():
+            return trial, time_repeats(lambda: torch.mm(a, b), dev, warmup=1, repeats=1)[0]
+
+    every = sizes or default_sizes(dev.type)
+    # Kernels differ by memory layout: bf16 on a CPU without AMX ran A @ B at 1.3 GFLOPS and
+    # A @ B.T (nn.Linear's layout) at 17 here. The maximum achievable is the faster layout's.
+    layout = min(("nn", "nt"), key=lambda lay: made(every[0], lay)[1])
+    trials, first = {}, {}
+    for n in every:
+        if trials and sizes is None:
+            # a slow dtype (bf16 on a CPU without AMX runs ~100x below fp32): stop growing the matmul
+            # when the next size's least rounds, with those of the sizes before, would blow the budget
+            rate = max(2 * m**3 / t for m, t in first.items())
+            cost = repeats * sum(2 * m**3 / rate for m in [*first, n])
+            if time.perf_counter() - t_start + cost > CALIBRATION_BUDGET_S:
+                break
+        trials[n], first[n] = made(n, layout)
+    # rounds over the sizes, not each size's tries back to back: a slow spell slows a round, not a size
+    best = interleaved(trials, least=repeats, most=SWEEP_ROUNDS * repeats, shielded=cpu,
+                       until=t_start + CALIBRATION_BUDGET_S)
+    sweep = [(n, n, n, 2 * n**3 / min(t, first[n]) / 1e12) for n, t in best.items()]
+    return layout, sweep
 
 
 def _cpu_conditions(cpu: bool) -> dict:
