@@ -204,6 +204,16 @@ def test_no_round_starts_after_the_time_cap_even_before_least(monkeypatch):
     assert times == {"a": [1.0, 1.0], "b": [1.0, 1.0]}
 
 
+def test_each_round_says_how_far_it_is():
+    calls, said = [], []
+    # 1.0 then 0.5 (50% faster: on), then 0.5 (0%: stop after round 3, least 2 done)
+    trials.interleaved({"a": trials.Trial(_scripted("a", [1.0, 0.5, 0.5], calls))}, least=2, most=5, say=said.append)
+    assert said == ["round 1 of 2 to 5", "round 2 of 2 to 5", "round 3 of 2 to 5"]
+    said.clear()
+    trials.interleaved({"a": trials.Trial(_scripted("a", [1.0, 1.0], calls))}, least=2, most=2, say=said.append)
+    assert said == ["round 1 of 2", "round 2 of 2"]
+
+
 def test_a_round_averages_the_figures_gains_so_one_slow_figure_does_not_decide():
     calls = []
     # round 2: a 1.0 -> 0.95 (5%), b 1.0 -> 1.0 (0%), c, d the same: mean 1.25% -> on; round 3: a 0.95 ->

@@ -51,7 +51,7 @@ def schedule(trials: dict) -> list:
 
 
 def interleaved(trials: dict, least: int = LEAST_SPREAD, most: int = MOST_SPREAD, times: dict | None = None,
-                until: float | None = None, shielded: bool = True) -> dict:
+                until: float | None = None, shielded: bool = True, say=None) -> dict:
     """Each trial's fastest seconds (``trials``: name -> `Trial`), taken round-robin: each round runs
     every trial in turn (`schedule`), at least ``least`` rounds, then more while a round still makes
     them 1% faster on average (`faster_by`), at most ``most``; no round starts after ``until`` (a
@@ -59,9 +59,11 @@ def interleaved(trials: dict, least: int = LEAST_SPREAD, most: int = MOST_SPREAD
     fastest of trials spread over the whole calibration, not of one burst. Each timed trial (after its
     untimed one where ``warm``) runs ahead of the machine's other work (`measure.priority.ahead`;
     ``shielded=False``: as it is, a GPU's). ``times``: where given, filled with each name's every timed
-    seconds, in order."""
+    seconds, in order. ``say``: told how far it is at each round's start ("round 3 of 8 to 12")."""
     best = dict.fromkeys(trials, float("inf"))
     for done in range(1, most + 1):
+        if say is not None:
+            say(f"round {done} of {least} to {most}" if least < most else f"round {done} of {most}")
         before = dict(best)
         for name in schedule(trials):
             trial = trials[name]
