@@ -329,8 +329,10 @@ def calibrated(load: bool, chosen: str | None = None, root: Path = ROOT) -> dict
     with tempfile.TemporaryDirectory(prefix="tunekit-cal-") as folder, \
             busy(cores=2, seconds=1800, log=lambda line: None) if load else contextlib.nullcontext():
         env = dict(policy_env(chosen), TUNEKIT_CACHE=folder, PYTHONPATH=str(root))
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:   # say why, not only that it failed
+        raise SystemExit(f"a calibrating child of {root} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:

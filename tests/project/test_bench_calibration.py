@@ -26,7 +26,7 @@ def test_a_childs_cache_folder_is_removed_after_it_also_on_ctrl_c(bench, monkeyp
         seen.append(folder)
         if stop is not None:
             raise stop()
-        return subprocess.CompletedProcess(cmd, 0, stdout='{"steps": {}}\n')
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"steps": {}}\n', stderr="")
 
     monkeypatch.setattr(bench.subprocess, "run", run)
     if stop is None:
