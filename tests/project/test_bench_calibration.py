@@ -51,3 +51,12 @@ def test_a_pairs_profile_per_round_against_the_pairs_fastest(bench, capsys):
                       "1.100, worst 1.10, 0 of 2 within 5%; MAMF tries median nan; steal 5.0%; CPU s per trial s 1.50")
     assert out[1].startswith("  busy: rounds' median trial / pair's fastest: 1.50 1.00; figures at their fastest: "
                              "median 1.000, worst 1.00, 2 of 2 within 5%")
+
+
+def test_a_failed_child_says_why(bench, monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, env, **kw: subprocess.CompletedProcess(
+        cmd, 1, stdout="", stderr="Traceback ...\nTypeError: keys must be str"))
+    with pytest.raises(SystemExit, match="failed \\(1\\):\nTraceback ...\nTypeError: keys must be str"):
+        bench.calibrated(False)
+    assert list(tmp_path.iterdir()) == []
