@@ -50,6 +50,7 @@ For the integrator, at a quiet moment (nothing else running):
     .venv/bin/python benchmarks/bench_calibration.py --states 20 --against /tmp/base
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -75,17 +76,76 @@ def child() -> None:
     from tunekit.measure.peaks import calibrate
     from tunekit.measure.stream import measure_stream
 
+    trials, steal = recording(), StealSampler()
     t0 = time.perf_counter()
     stream = measure_stream()
     cals = {d: calibrate(d, "cpu") for d in ("fp32", "bf16")}
     took = time.perf_counter() - t0
+    steal.stop()
     lab = tunekit.Lab(preset="cpu-tiny", device="cpu")
     steps = {k: lab.plan("cpu", micro_batch=4, seq_len=64, **kw).expected.step_s for k, kw in SETTINGS.items()}
     verdicts = {"stream": f"[{stream.priority}] {stream.conditions}",
                 **{d: f"[{c.priority}] {c.conditions}" for d, c in cals.items()}}
     print(json.dumps(dict(steps=steps, verdicts=verdicts, seconds=took, policy=stream.wait_policy,
-                          matmul64=stream.matmuls["fp32"][0][1],
+                          matmul64=stream.matmuls["fp32"][0][1], steal=steal.samples,
+                          trials={str(k): v for k, v in trials.items()},
                           matmuls={d: [[n, tf] for n, tf in rows] for d, rows in stream.matmuls.items()})))
+
+
+def recording() -> dict:
+    """Keep every timed trial of this process's calibration (name -> [seconds, ...] in order): the
+    stream record's interleaved figures and the MAMF sweep's tries ("mamf DTYPE N" per call)."""
+    import dataclasses
+
+    from tunekit.measure import peaks, stream, trials
+
+    kept: dict = {}
+
+    def interleaved(given, **kw):
+        def counted(run):   # a second view: the process's CPU seconds over each trial's wall seconds
+            def trial():
+                c0, w0 = time.process_time(), time.perf_counter()
+                t = run()
+                cpu = kept.setdefault("cpu seconds", [0.0, 0.0])
+                cpu[0], cpu[1] = cpu[0] + time.process_time() - c0, cpu[1] + time.perf_counter() - w0
+                return t
+            return trial
+        return trials.interleaved({k: dataclasses.replace(t, run=counted(t.run)) for k, t in given.items()},
+                                  times=kept, **kw)
+
+    stream.interleaved = interleaved
+    inner = peaks.time_repeats
+
+    def time_repeats(fn, device=None, warmup=1, repeats=5, after_each=None):
+        out = inner(fn, device, warmup, repeats, after_each)
+        kept.setdefault(f"mamf call {len(kept)}", []).extend(out)
+        return out
+
+    peaks.time_repeats = time_repeats
+    return kept
+
+
+class StealSampler:
+    """/proc/stat's steal and busy jiffies every half second in a thread (a read of one line, ~20 us)."""
+
+    def __init__(self):
+        import threading
+
+        self.samples: list = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        t0 = time.monotonic()
+        while not self.done.wait(0.5):
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+            self.samples.append((round(time.monotonic() - t0, 2), v[7], sum(v)))
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
 
 
 def record_child() -> None:
@@ -141,9 +201,10 @@ def show_states(n: int, against: str | None) -> None:
 
 
 def fresh_record() -> dict:
-    env = dict(os.environ, TUNEKIT_CACHE=tempfile.mkdtemp(prefix="tunekit-cal-"), PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, __file__, "--record"], env=env, capture_output=True, text=True,
-                         check=True).stdout
+    with tempfile.TemporaryDirectory(prefix="tunekit-cal-") as folder:   # removed after, Ctrl-C too
+        env = dict(os.environ, TUNEKIT_CACHE=folder, PYTHONPATH=str(ROOT))
+        out = subprocess.run([sys.executable, __file__, "--record"], env=env, capture_output=True, text=True,
+                             check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -152,18 +213,18 @@ def planned(files: dict, settings=SETTINGS) -> dict:
     folder as $TUNEKIT_CACHE: nothing is measured, every figure is read from them)."""
     import tunekit
 
-    folder = Path(tempfile.mkdtemp(prefix="tunekit-spread-"))
-    for name, text in files.items():
-        (folder / name).write_text(text)
-    os.environ["TUNEKIT_CACHE"] = str(folder)
-    lab = tunekit.Lab(preset="cpu-tiny", device="cpu")
     out = {}
-    for k, kw in settings.items():
-        e = lab.plan("cpu", micro_batch=4, seq_len=64, **kw).expected
-        cats = {}
-        for row in e.rows:
-            cats[row[1]] = cats.get(row[1], 0.0) + row[3]
-        out[k] = (e.step_s, cats)
+    with tempfile.TemporaryDirectory(prefix="tunekit-spread-") as folder:   # removed after, Ctrl-C too
+        for name, text in files.items():
+            (Path(folder) / name).write_text(text)
+        os.environ["TUNEKIT_CACHE"] = folder
+        lab = tunekit.Lab(preset="cpu-tiny", device="cpu")
+        for k, kw in settings.items():
+            e = lab.plan("cpu", micro_batch=4, seq_len=64, **kw).expected
+            cats = {}
+            for row in e.rows:
+                cats[row[1]] = cats.get(row[1], 0.0) + row[3]
+            out[k] = (e.step_s, cats)
     return out
 
 
@@ -260,17 +321,18 @@ def policy_env(chosen: str | None) -> dict:
 
 def calibrated(load: bool, chosen: str | None = None, root: Path = ROOT) -> dict:
     """A fresh cache calibrated in a child running ``root``'s checkout (its own bench's ``--child``)."""
-    env = dict(policy_env(chosen), TUNEKIT_CACHE=tempfile.mkdtemp(prefix="tunekit-cal-"), PYTHONPATH=str(root))
     cmd = [sys.executable, str(root / "benchmarks" / "bench_calibration.py"), "--child"]
-    if load:
-        sys.path.insert(0, str(ROOT / "tools"))
-        from busy import busy
+    sys.path.insert(0, str(ROOT / "tools"))
+    from busy import busy
 
-        with busy(cores=2, seconds=1800, log=lambda line: None):
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    else:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    # the cache folder is removed after, on Ctrl-C too; so is the load (busy's own clean-up)
+    with tempfile.TemporaryDirectory(prefix="tunekit-cal-") as folder, \
+            busy(cores=2, seconds=1800, log=lambda line: None) if load else contextlib.nullcontext():
+        env = dict(policy_env(chosen), TUNEKIT_CACHE=folder, PYTHONPATH=str(root))
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:   # say why, not only that it failed
+        raise SystemExit(f"a calibrating child of {root} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -321,6 +383,7 @@ def main() -> None:
             for k in SETTINGS:
                 a, b = got[False]["steps"][k], got[True]["steps"][k]
                 print(f"{k:<24}{a * 1e3:>10.2f}{b * 1e3:>10.2f}{b / a:>12.3f}")
+            trial_profile(got)
             mine = every.setdefault(label, {"caches": [], "pairs": [], "seconds": []})
             mine["caches"] += [got[False]["steps"], got[True]["steps"]]
             mine["seconds"] += [got[False]["seconds"], got[True]["seconds"]]
@@ -328,6 +391,42 @@ def main() -> None:
             print()
     for label, mine in every.items():
         summary(label, mine)
+
+
+def trial_profile(got: dict) -> None:
+    """A pair's every timed trial against the pair's fastest of it (the two caches' together): per
+    interleaved round, the median over the figures of each cache's round-fastest over that; each
+    cache's figures at their fastest over it (median, worst), the MAMF tries likewise, and the
+    hypervisor's steal over the calibration (/proc/stat). A cache slow in every round had a slow
+    host throughout; one slow in most rounds with a few near 1.00 had its fast moments found."""
+    import statistics
+
+    if not all("trials" in g for g in got.values()):   # a checkout before this line keeps none
+        return
+    cpu = {load: got[load]["trials"].pop("cpu seconds", [float("nan"), 1.0]) for load in got}
+    names = [k for k in got[False]["trials"] if k in got[True]["trials"]]
+    ref = {k: min(min(got[load]["trials"][k]) for load in got) for k in names}
+    stream_names = [k for k in names if not k.startswith("mamf")]
+    for load in (False, True):
+        times = got[load]["trials"]
+        rounds = min(len(times[k]) for k in stream_names)
+        per_round = []
+        for r in range(rounds):
+            ratios = []
+            for k in stream_names:
+                chunk = len(times[k]) // rounds
+                ratios.append(min(times[k][r * chunk:(r + 1) * chunk]) / ref[k])
+            per_round.append(statistics.median(ratios))
+        best = [min(times[k]) / ref[k] for k in stream_names]
+        mamf = [min(times[k]) / ref[k] for k in names if k.startswith("mamf")]
+        s = got[load]["steal"]
+        steal = (s[-1][1] - s[0][1]) / max(1, s[-1][2] - s[0][2]) if len(s) > 1 else float("nan")
+        print(f"  {'busy' if load else 'as is'}: rounds' median trial / pair's fastest: "
+              + " ".join(f"{x:.2f}" for x in per_round)
+              + f"; figures at their fastest: median {statistics.median(best):.3f}, worst {max(best):.2f}, "
+              f"{sum(b <= 1.05 for b in best)} of {len(best)} within 5%; MAMF tries median "
+              f"{statistics.median(mamf) if mamf else float('nan'):.3f}; steal {steal:.1%}; "
+              f"CPU s per trial s {cpu[load][0] / cpu[load][1]:.2f}")
 
 
 def summary(label: str, mine: dict) -> None:

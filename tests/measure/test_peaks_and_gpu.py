@@ -11,11 +11,50 @@ import tunekit
 from tunekit.measure import mamf_cache, nvml, peaks
 
 
+def _frozen_clock(monkeypatch):
+    """The sweep's clock stopped at 0 s (its budget never reached but as its arithmetic says)."""
+    from tunekit.measure import trials
+
+    clock = types.SimpleNamespace(perf_counter=lambda: 0.0, time=lambda: 1.0)
+    monkeypatch.setattr(peaks, "time", clock)
+    monkeypatch.setattr(trials, "time", clock)
+
+
+def test_a_sweep_takes_rounds_over_the_sizes_and_each_size_keeps_its_fastest(monkeypatch, calibrations):
+    # a fake clock: each timed matmul takes the next scripted seconds, in the order the sweep asks
+    _frozen_clock(monkeypatch)
+    seconds = iter([0.004, 0.002,            # the layout: A @ B 4 ms, A @ B.T 2 ms -> "nt"
+                    0.002, 0.010,            # each size's first try: 64, 128
+                    0.003, 0.008,            # round 1
+                    0.001, 0.004,            # round 2: (3-1)/3 and (8-4)/8 faster, mean 58% >= 1%: on
+                    0.001, 0.005])           # round 3: none faster (0%), 2 rounds done: stop
+    monkeypatch.setattr(peaks, "time_repeats", lambda fn, dev, warmup, repeats: [next(seconds)])
+    cal = peaks.calibrate("fp32", "cpu", sizes=[64, 128], repeats=2)
+    assert next(seconds, None) is None and cal.layout == "nt"
+    # 64: min(0.002, 0.003, 0.001, 0.001) = 1 ms, 2 x 64^3 / 1e-3 / 1e12 = 5.24288e-4 TFLOPS;
+    # 128: min(0.010, 0.008, 0.004, 0.005) = 4 ms, 2 x 128^3 / 4e-3 / 1e12 = 1.048576e-3
+    assert cal.sweep == [(64, 64, 64, pytest.approx(5.24288e-4)), (128, 128, 128, pytest.approx(1.048576e-3))]
+    assert (cal.best_shape, cal.tflops) == ((128, 128, 128), pytest.approx(1.048576e-3))
+
+
+def test_a_sweep_stops_growing_the_matmul_when_its_rounds_would_blow_the_budget(monkeypatch, calibrations):
+    # 64's first try 1 ms: 2 x 64^3 / 1e-3 = 5.24e8 FLOP/s. With 128 the least rounds would cost
+    # repeats x (64's 1 ms + 128's 8 ms) = 3 x 9 ms = 27 ms (plus the 0 s the sweep took) > a 20 ms budget:
+    # 128 is never made, 64 alone is swept (3 rounds, none faster after the first: stop at least)
+    _frozen_clock(monkeypatch)
+    monkeypatch.setattr(peaks, "CALIBRATION_BUDGET_S", 0.02)
+    monkeypatch.setattr(peaks, "default_sizes", lambda kind: [64, 128])
+    seconds = iter([0.001] * 6)   # 2 layouts, 64's first try, 3 rounds
+    monkeypatch.setattr(peaks, "time_repeats", lambda fn, dev, warmup, repeats: [next(seconds)])
+    cal = peaks.calibrate("fp32", "cpu", repeats=3)
+    assert next(seconds, None) is None and [row[0] for row in cal.sweep] == [64]
+
+
 def test_calibrate_cpu_measures_and_caches(monkeypatch, tmp_path, calibrations):
     # the sweeps' conditions are injected (quiet): on a loaded machine a real meter calls them busy
     # and the next use measures again (test_a_busy_calibration_is_measured_again_once_per_process)
     cal = peaks.calibrate("fp32", "cpu", sizes=[128, 256], repeats=2)
-    assert cal.tflops > 0 and len(cal.sweep) == 2 + 4  # two sizes, then 2*repeats more of the best
+    assert cal.tflops > 0 and len(cal.sweep) == 2  # one row per size: its fastest try
     assert cal.best_shape in [(128, 128, 128), (256, 256, 256)]
     assert not (tmp_path / "mamf.json").exists()  # custom sweeps are not cached
     monkeypatch.setattr(peaks, "default_sizes", lambda kind: [128, 192])

@@ -3,6 +3,7 @@ spread over several calibrations (benchmarks/bench_calibration.py --spread), and
 the compute figures are taken in. Fake trials only: no real timing is compared."""
 import contextlib
 import math
+import types
 
 import pytest
 
@@ -185,6 +186,32 @@ def test_interleaved_goes_on_while_a_round_makes_the_figures_1_percent_faster():
     calls.clear()
     got = trials.interleaved({"a": trials.Trial(_scripted("a", [0.9 ** i for i in range(9)], calls))}, least=1, most=4)
     assert len(calls) == 4 and got == {"a": pytest.approx(0.9 ** 3)}
+
+
+def test_no_round_starts_after_the_time_cap_even_before_least(monkeypatch):
+    clock = types.SimpleNamespace(now=0.0, perf_counter=lambda: clock.now)
+
+    def tick(name):   # each timed trial takes 1 s on the fake clock
+        def run():
+            clock.now += 1.0
+            return 1.0
+        return trials.Trial(run)
+
+    monkeypatch.setattr(trials, "time", clock)
+    times: dict = {}
+    # round 1 ends at 2 s (< 3: on), round 2 at 4 s (>= 3: stop), though least is 8
+    trials.interleaved({"a": tick("a"), "b": tick("b")}, least=8, most=12, times=times, until=3.0)
+    assert times == {"a": [1.0, 1.0], "b": [1.0, 1.0]}
+
+
+def test_each_round_says_how_far_it_is():
+    calls, said = [], []
+    # 1.0 then 0.5 (50% faster: on), then 0.5 (0%: stop after round 3, least 2 done)
+    trials.interleaved({"a": trials.Trial(_scripted("a", [1.0, 0.5, 0.5], calls))}, least=2, most=5, say=said.append)
+    assert said == ["round 1 of 2 to 5", "round 2 of 2 to 5", "round 3 of 2 to 5"]
+    said.clear()
+    trials.interleaved({"a": trials.Trial(_scripted("a", [1.0, 1.0], calls))}, least=2, most=2, say=said.append)
+    assert said == ["round 1 of 2", "round 2 of 2"]
 
 
 def test_a_round_averages_the_figures_gains_so_one_slow_figure_does_not_decide():

@@ -15,7 +15,8 @@ def fixed_cpu(monkeypatch, tmp_path):
     nothing: every sweep function raises. The figures are of the order a 2-core EPYC VM measured
     quiet (benchmarks/RESULTS.md, 2026-11-28: 50-75 GB/s in cache, 16-45 GB/s cold, 2.15 us per
     view, 0.76 us per module call, 76 us per checkpointed segment and 11 us per saved tensor).
-    ``fixed_cpu(verdict)`` rewrites both records as taken under that verdict; returns the cache folder."""
+    ``fixed_cpu(verdict, priority)`` rewrites the records as taken under that verdict, their trials at that
+    priority (measure.priority); returns the cache folder."""
     import dataclasses
     import json
     import time
@@ -39,7 +40,7 @@ def fixed_cpu(monkeypatch, tmp_path):
     monkeypatch.setattr(rng, "bernoulli_rate", measured)
     name, version, threads = peaks.device_name("cpu"), torch.__version__, torch.get_num_threads()
 
-    def write(verdict="quiet"):
+    def write(verdict="quiet", priority="normal"):
         cond = Conditions(verdict, f"injected {verdict}")
         sizes = [3 * n for n in stream.SIZES]
         st = stream.Stream(
@@ -49,14 +50,14 @@ def fixed_cpu(monkeypatch, tmp_path):
                      "bf16": [(64, 0.02), (128, 0.05), (256, 0.09), (512, 0.12), (1024, 0.14)]},
             attention={"fp32": 0.02, "bf16": 0.015}, gelu={"fp32": 6e8, "bf16": 4e8}, view_s=2.15e-6,
             module_s=0.76e-6, checkpoint_s=(76e-6, 11e-6), torch_version=version, threads=threads,
-            taken_at=time.time(), conditions=cond)
+            taken_at=time.time(), conditions=cond, priority=priority)
         (tmp_path / "stream.json").write_text(json.dumps(
             {stream._key(name): {**dataclasses.asdict(st), "conditions": cond.to_dict()}}))
         cals = {}
         for dtype, top in (("fp32", 0.2), ("bf16", 0.16)):
             sweep = [(n, n, n, top * f) for n, f in ((512, 0.8), (1024, 0.9), (1536, 1.0), (2048, 1.0))]
             cal = peaks.Calibration(name, dtype, top, (1536, 1536, 1536), sweep, 1.0, version, threads,
-                                    layout="nt", taken_at=time.time(), conditions=cond)
+                                    layout="nt", taken_at=time.time(), conditions=cond, priority=priority)
             cals[peaks._cache_key(name, dtype)] = dataclasses.asdict(cal)
         (tmp_path / "mamf.json").write_text(json.dumps(cals))
         # dropout's random fill: 1.7e8 elements/s, a 2-core EPYC VM's bernoulli_ (5.8 ns an element)

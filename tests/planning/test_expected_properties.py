@@ -68,6 +68,14 @@ def test_a_plan_from_busy_calibrations_says_so_and_uses_them_as_they_are(fixed_c
     assert "tunekit.measure.stream.measure_stream(refresh=True)" in str(note)
 
 
+def test_a_plan_from_busy_calibrations_says_so_though_their_trials_ran_ahead_of_the_load(fixed_cpu):
+    fixed_cpu("busy", "realtime")   # trials at real-time priority share the host all the same
+    busy = _plan("cpu-tiny", precision="fp32", micro_batch=4, seq_len=64)
+    [note] = of_kind(busy.notes, "expected.busy_figures")
+    assert "tunekit.measure.stream.measure_stream(refresh=True)" in str(note)
+    assert "tunekit.calibrate('fp32', 'cpu', force=True)" in str(note)
+
+
 def test_the_stream_cache_is_measured_again_only_on_request(fixed_cpu):
     from tunekit.measure.stream import measure_stream
 

@@ -33,6 +33,7 @@ from tunekit.measure.device import default_device, existing_device, torch_dtype
 from tunekit.measure.mamf_cache import Calibration
 from tunekit.measure.priority import NORMAL, ahead, level
 from tunekit.measure.timing import time_repeats
+from tunekit.measure.trials import Trial, interleaved
 
 _warned: set = set()
 
@@ -110,7 +111,8 @@ def _key_of(device, dtype: str) -> str:
     return _cache_key(device_name(dev), dtype, dev.type == "cpu")
 
 
-CALIBRATION_BUDGET_S = 4.0   # a sweep stops growing the matmul beyond this (slow dtypes on CPU)
+CALIBRATION_BUDGET_S = 4.0   # a sweep stops growing the matmul beyond this (slow dtypes on CPU), and its rounds
+SWEEP_ROUNDS = 4   # a sweep's rounds at most, per least one (`calibrate`'s ``repeats``): while still faster
 
 
 def default_sizes(device_type: str) -> list[int]:
@@ -122,9 +124,12 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
               force: bool = False) -> Calibration:
     """Measure the maximum achievable matmul TFLOPS (MAMF) on `device` for `dtype`.
 
-    Square matmuls of each size are warmed up, then timed `repeats` times (device synchronized
-    around the clock), and the best size `2 * repeats` times more; the best TFLOPS wins. Noise
-    only ever slows a try, so the best try is the estimate. ``cal.conditions`` says what else used
+    Square matmuls of each size are warmed up and timed once, then in rounds over the sizes (device
+    synchronized around the clock): at least `repeats` rounds, more while a round still makes them 1%
+    faster on average, at most ``SWEEP_ROUNDS * repeats``, none begun past ``CALIBRATION_BUDGET_S``
+    (`measure.trials.interleaved`); each size's fastest try is its figure, the best TFLOPS wins. Noise
+    only ever slows a try, so the best try is the estimate, and a slow spell slows one round of every
+    size rather than every try of one. ``cal.conditions`` says what else used
     the machine meanwhile; a busy sweep is not trusted (the next process to use it measures
     again, once) and never replaces a faster cached one. Read from the cache unless `force`;
     written to it unless `sizes` are custom.
@@ -154,37 +159,8 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     meter = ConditionsMeter(dev.index if dev.type == "cuda" else None).start()
     t_start = time.perf_counter()
-    sweep = []
-
-    def tries(n, warmup, repeats, layout):
-        """(n, n, n, TFLOPS) of each timed n x n matmul; the operands live only in here."""
-        a, b = (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
-        b = b.t() if layout == "nt" else b
-        # on a CPU the tries run ahead of the machine's other work where the user may ask it
-        with ahead() if dev.type == "cpu" else nullcontext():
-            times = time_repeats(lambda: torch.mm(a, b), dev, warmup=warmup, repeats=repeats)
-        return [(n, n, n, 2 * n**3 / t / 1e12) for t in times]
-
-    first = (sizes or default_sizes(dev.type))[0]
-    # Kernels differ by memory layout: bf16 on a CPU without AMX ran A @ B at 1.3 GFLOPS and
-    # A @ B.T (nn.Linear's layout) at 17 here. The maximum achievable is the faster layout's.
-    layout = max(("nn", "nt"), key=lambda lay: max(r[3] for r in tries(first, 1, 1, lay)))
     try:
-        for n in sizes or default_sizes(dev.type):
-            if sweep and sizes is None:
-                # a slow dtype (bf16 on a CPU without AMX runs ~100x below fp32): stop growing
-                # the matmul when the next size would blow the time budget
-                m, _, _, best = max(sweep, key=lambda r: r[3])
-                cost = (repeats + 1) * 2 * n**3 / (best * 1e12)
-                if time.perf_counter() - t_start + cost > CALIBRATION_BUDGET_S:
-                    break
-            # warm-up first (kernel selection, page faults, caches); the best try is the estimate
-            sweep.append(max(tries(n, 1, repeats, layout), key=lambda r: r[3]))
-        # Second look at the winner: a busy moment during the sweep can only make a size look
-        # slower, so more tries of the best size lift the peak toward what the device can do.
-        n, _, _, best = max(sweep, key=lambda r: r[3])
-        left = CALIBRATION_BUDGET_S - (time.perf_counter() - t_start)
-        sweep.extend(tries(n, 0, max(1, min(2 * repeats, int(left / (2 * n**3 / (best * 1e12))))), layout))
+        layout, sweep = _sweep(dev, dtype, sizes, repeats, t_start)
     finally:
         if prev_tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = prev_tf32
@@ -198,6 +174,43 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
         _store(key, cal)
         _remeasured.add(key)  # this process's one measurement: a busy one is not re-done at once
     return cal
+
+
+def _sweep(dev, dtype: str, sizes, repeats: int, t_start: float) -> tuple:
+    """(the faster layout, [(n, n, n, TFLOPS of n's fastest try), ...]): `calibrate`'s sweep of ``sizes``
+    (None: `default_sizes`, grown while the budget allows) begun at ``t_start`` (``time.perf_counter``)."""
+    import torch
+
+    cpu = dev.type == "cpu"
+
+    def made(n, layout):
+        """A timed n x n matmul (a `Trial`, its operands made here) and its first try's seconds."""
+        a, b = (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
+        b = b.t() if layout == "nt" else b
+        trial = Trial(lambda: time_repeats(lambda: torch.mm(a, b), dev, warmup=0, repeats=1)[0])
+        # on a CPU the tries run ahead of the machine's other work where the user may ask it
+        with ahead() if cpu else nullcontext():
+            return trial, time_repeats(lambda: torch.mm(a, b), dev, warmup=1, repeats=1)[0]
+
+    every = sizes or default_sizes(dev.type)
+    # Kernels differ by memory layout: bf16 on a CPU without AMX ran A @ B at 1.3 GFLOPS and
+    # A @ B.T (nn.Linear's layout) at 17 here. The maximum achievable is the faster layout's.
+    layout = min(("nn", "nt"), key=lambda lay: made(every[0], lay)[1])
+    trials, first = {}, {}
+    for n in every:
+        if trials and sizes is None:
+            # a slow dtype (bf16 on a CPU without AMX runs ~100x below fp32): stop growing the matmul
+            # when the next size's least rounds, with those of the sizes before, would blow the budget
+            rate = max(2 * m**3 / t for m, t in first.items())
+            cost = repeats * sum(2 * m**3 / rate for m in [*first, n])
+            if time.perf_counter() - t_start + cost > CALIBRATION_BUDGET_S:
+                break
+        trials[n], first[n] = made(n, layout)
+    # rounds over the sizes, not each size's tries back to back: a slow spell slows a round, not a size
+    best = interleaved(trials, least=repeats, most=SWEEP_ROUNDS * repeats, shielded=cpu,
+                       until=t_start + CALIBRATION_BUDGET_S)
+    sweep = [(n, n, n, 2 * n**3 / min(t, first[n]) / 1e12) for n, t in best.items()]
+    return layout, sweep
 
 
 def _cpu_conditions(cpu: bool) -> dict:

@@ -115,11 +115,11 @@ def _from(entry: dict) -> Stream:
                      "warm": [tuple(x) for x in entry.get("warm", [])]})
 
 
-def measure_stream(refresh: bool = False) -> Stream:
+def measure_stream(refresh: bool = False, say=None) -> Stream:
     """This CPU's figures: from the cache when it holds this machine's, torch's, thread count's and
     OpenMP wait policy's (whatever the load it was taken under: its ``conditions`` say), else measured once and cached.
     ``refresh=True`` measures them again and replaces the cached record (say at a quiet moment,
-    after a busy first calibration)."""
+    after a busy first calibration). ``say``: told how far a measurement is ("round 3 of 8 to 12"), to show it."""
     import torch
 
     from tunekit.measure.peaks import device_name
@@ -137,7 +137,7 @@ def measure_stream(refresh: bool = False) -> Stream:
     t0 = time.perf_counter()
     kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
     host = host_trials()
-    best = interleaved({**host, **{k: Trial(t, warm=True) for k, t in compute_trials(kinds).items()}})
+    best = interleaved({**host, **{k: Trial(t, warm=True) for k, t in compute_trials(kinds).items()}}, say=say)
     sweep, cold, warm, best_op, view_s, module_s, checkpoint_s = host_figures(best)
     matmuls, attention, gelu = compute_figures(best, kinds)
     new = Stream(device=name, sweep=sweep, cold=cold, op_s=best_op, matmuls=matmuls, view_s=view_s, module_s=module_s,

@@ -12,6 +12,7 @@ fastest comes from the best moments of all of it.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,26 +50,31 @@ def schedule(trials: dict) -> list:
     return [name for name, t in trials.items() for _ in range(t.per_round)]
 
 
-def interleaved(trials: dict, least: int = LEAST_SPREAD, most: int = MOST_SPREAD, times: dict | None = None) -> dict:
+def interleaved(trials: dict, least: int = LEAST_SPREAD, most: int = MOST_SPREAD, times: dict | None = None,
+                until: float | None = None, shielded: bool = True, say=None) -> dict:
     """Each trial's fastest seconds (``trials``: name -> `Trial`), taken round-robin: each round runs
     every trial in turn (`schedule`), at least ``least`` rounds, then more while a round still makes
-    them 1% faster on average (`faster_by`), at most ``most``. A figure's fastest is then the fastest
-    of trials spread over the whole calibration, not of one burst. Each timed trial (after its untimed
-    one where ``warm``) runs ahead of the machine's other work (`measure.priority.ahead`).
-    ``times``: where given, filled with each name's every timed seconds, in order."""
+    them 1% faster on average (`faster_by`), at most ``most``; no round starts after ``until`` (a
+    ``time.perf_counter()`` reading: a time cap before ``least`` too). A figure's fastest is then the
+    fastest of trials spread over the whole calibration, not of one burst. Each timed trial (after its
+    untimed one where ``warm``) runs ahead of the machine's other work (`measure.priority.ahead`;
+    ``shielded=False``: as it is, a GPU's). ``times``: where given, filled with each name's every timed
+    seconds, in order. ``say``: told how far it is at each round's start ("round 3 of 8 to 12")."""
     best = dict.fromkeys(trials, float("inf"))
     for done in range(1, most + 1):
+        if say is not None:
+            say(f"round {done} of {least} to {most}" if least < most else f"round {done} of {most}")
         before = dict(best)
         for name in schedule(trials):
             trial = trials[name]
-            with ahead():
+            with ahead() if shielded else nullcontext():
                 if trial.warm:
                     trial.run()   # untimed: the caches, pages and threads as this trial leaves them
                 t = trial.run()
             best[name] = min(best[name], t)
             if times is not None:
                 times.setdefault(name, []).append(t)
-        if done >= least and faster_by(before, best) < 0.01:
+        if done >= least and faster_by(before, best) < 0.01 or until is not None and time.perf_counter() >= until:
             break
     return best
 

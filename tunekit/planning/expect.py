@@ -16,21 +16,22 @@ from tunekit.core.expected import OPTIMIZER_ROW, expect
 from tunekit.core.notes import Note
 
 
-def cpu_figures(peak: float | None, compute: str) -> Figures:
+def cpu_figures(peak: float | None, compute: str, say=None) -> Figures:
     """This CPU's figures: its matmuls as a step runs them by size (measure.stream; the calibrated
     MAMF sweep above those sizes) and a linear layer's by shape class (tokens x features, in its
     three layouts), its step-like bandwidth by size (inputs in a core's cache, in the last-level
     cache, in memory: by the cache sizes sysfs lists) and its time per small op, each
     measured once and cached, and read from the cache as they are (``busy`` names those taken on a
     busy machine): a plan is a function of its setting and these records, whatever the load now.
-    ``measure_stream(refresh=True)`` and ``calibrate(dtype, "cpu", force=True)`` measure them again."""
+    ``measure_stream(refresh=True)`` and ``calibrate(dtype, "cpu", force=True)`` measure them again.
+    ``say``: told how far a first measurement of the step figures is, round by round (a plan's progress)."""
     from tunekit.measure.peaks import calibrate
     from tunekit.measure.rng import measure_rng
     from tunekit.measure.stream import cache_bytes, cache_levels, measure_stream
 
     dtype = compute if compute in ("fp32", "bf16") else "fp32"
     cal = calibrate(dtype, "cpu")
-    stream = measure_stream()
+    stream = measure_stream(say=None if say is None else lambda news: say(f"this CPU's step figures, {news}"))
     rng = measure_rng()
     # step-like matmuls (operands from memory, outputs kept) up to the stream's largest size; the
     # MAMF sweep's (hot, repeated) only above it, where compute outweighs the trips to memory
@@ -63,19 +64,20 @@ def cpu_figures(peak: float | None, compute: str) -> Figures:
                                       f"this CPU's causal SDPA forward + backward, measured ({stream.verdict})")},
                    busy=tuple(what for what, c in (("tunekit.measure.stream.measure_stream(refresh=True)", stream),
                                                    (f"tunekit.calibrate({dtype!r}, 'cpu', force=True)", cal))
-                              if c.verdict == "busy")
+                              if taken_busy(c.conditions))
                    + (("tunekit.measure.rng.measure_rng(refresh=True)",) if rng["verdict"] == "busy" else ()))
 
 
 def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict | None, units: int,
-                kernel: str | None = None):
+                kernel: str | None = None, say=None):
     """(the Expected, or None, and the notes: what is missing or not modelled). ``kernel``: the fused
-    attention kernel on a GPU (core.efficiency.ATTENTION_KERNELS; None: "flash" at half precision)."""
+    attention kernel on a GPU (core.efficiency.ATTENTION_KERNELS; None: "flash" at half precision).
+    ``say``: told how far a first measurement of this CPU's figures is (`cpu_figures`)."""
     compute = setting.compute
     if dev.peak is None and dev.name != "cpu":   # no peak for the dtype: its device.no_peak note says so
         return None, []
     if dev.name == "cpu":
-        fig = cpu_figures(dev.peak, compute)
+        fig = cpu_figures(dev.peak, compute, say)
     else:
         fig = gpu_figures(dev.name, compute, dev.peak, dev.bandwidth, bool(setting.compile))
     missing = fig.missing()
@@ -129,10 +131,19 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
     return out, borrowed + ([busy_note(fig)] if fig.busy else [])
 
 
+def taken_busy(conditions) -> bool:
+    """Whether a calibration's conditions were busy, whatever priority its trials ran at: trials ahead
+    of the load at real-time priority still share the host: on the 2-vCPU VM beside other work, two fresh
+    caches so taken had every interleaved round of one 5-29% slower (benchmarks/bench_calibration.py's
+    per-round profile, 2026-12-07)."""
+    return conditions is not None and conditions.verdict == "busy"
+
+
 def busy_note(fig: Figures) -> Note:
     """The note of an expectation made from calibrations taken on a busy machine (``fig.busy``)."""
     return Note("expected.busy_figures", "expected from this CPU's figures as calibrated on a busy machine (their "
-                                         "records' conditions say so), so possibly slow: at a quiet moment, run "
+                                         "records' conditions say so, even where their trials ran ahead of the "
+                                         "load), so possibly slow: at a quiet moment, run "
                                          f"{' and '.join(fig.busy)}, then plan again")
 
 

@@ -139,7 +139,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
         shown.at("the expected step" + (": this CPU's figures (measured once, then cached)" if dev.name == "cpu"
                                         else ""))
         expected, enotes = expected_of(step, s, dev, tokens, steps.models[s.weights], placed.comm, layout,
-                                       len(step.units), kernel=attention_kernel)
+                                       len(step.units), kernel=attention_kernel, say=shown.say)
         compute, bound_by = _bound(step, dev, placed)
         tries = sorted((o.as_alternative() for o in tried if len(o.changes) == 1), key=lambda a: a[1])
         return Plan(model=model_name(cfg, kind), device=dev.name, device_memory_bytes=dev.memory,
