@@ -2,13 +2,12 @@
 (`core.gpus`, read through `core.specs`) or this machine."""
 from __future__ import annotations
 
-import difflib
 import re
 
 from tunekit.core import specs, validate
 from tunekit.core.memory.options import CUDA_CONTEXT
 from tunekit.core.notes import Note
-from tunekit.core.specs import find_spec, runs_instead
+from tunekit.core.specs import runs_instead
 from tunekit.measure.live import CUDA_BLOCK
 from tunekit.planning.shard import NCCL_BUFFERS
 
@@ -46,11 +45,7 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
         return dict(name="cpu", memory=float(psutil.virtual_memory().total), peak=peak.tflops, bandwidth=None,
                     link=None, round_to=1, fixed={},
                     notes=[f"peak {peak.source}; no memory bandwidth known for this CPU: the bound counts FLOPs only"])
-    spec = find_spec(name)
-    if spec is None:
-        close = difflib.get_close_matches(name.strip(), [*specs.names(), "cpu"], n=1, cutoff=0.5)
-        raise ValueError(f"unknown device {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                         + f": one of {', '.join(specs.names())}, or 'cpu'")
+    spec = specs.card(name)
     if spec.memory_gb is None:
         raise ValueError(f"the spec table has no memory size for {spec.name}: plan for another device")
     named = re.search(r"(\d+)\s*gb", name.lower())   # "A100 40GB": the table's A100 is another card
