@@ -10,7 +10,7 @@ import re
 
 from tunekit.core import gpus
 from tunekit.core.gpu import GPU
-from tunekit.core.registry import DTYPES
+from tunekit.core.registry import BF16, DTYPES
 from tunekit.core.validate import DEVICE_TYPES
 
 
@@ -104,7 +104,7 @@ def _has_token(name: str, needle: str, words: set) -> bool:
     return False
 
 
-def spec_peak(device_name: str | None, dtype: str = "bf16") -> tuple[float | None, str]:
+def spec_peak(device_name: str | None, dtype: str = BF16) -> tuple[float | None, str]:
     """(dense peak TFLOPS, source) from the spec table; (None, reason) when not known."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")

@@ -7,6 +7,7 @@ import re
 from tunekit.core import specs, validate
 from tunekit.core.memory.options import CUDA_CONTEXT
 from tunekit.core.notes import Note
+from tunekit.core.registry import BF16, FP32
 from tunekit.core.specs import runs_instead
 from tunekit.measure.live import CUDA_BLOCK
 from tunekit.planning.shard import NCCL_BUFFERS
@@ -33,13 +34,13 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
     precision (TFLOPS), memory bandwidth (TB/s), link (GB/s each way), CUDA allocator rounding,
     and the fixed costs beside the model (bytes, source)."""
     validate.text("device", name)
-    dtype = "fp32" if precision == "fp32" else precision
+    dtype = precision
     if name.strip().lower() == "cpu":
         import psutil
 
         from tunekit.measure.peaks import calibrate, resolve_peak
 
-        dtype = dtype if dtype in ("fp32", "bf16") else "fp32"
+        dtype = dtype if dtype in (FP32, BF16) else FP32   # the dtypes a CPU is calibrated in
         calibrate(dtype, "cpu")   # the cached calibration as it is (measured where none is), never re-measured
         peak = resolve_peak("cpu", dtype, allow_calibration=False)
         return dict(name="cpu", memory=float(psutil.virtual_memory().total), peak=peak.tflops, bandwidth=None,
