@@ -194,32 +194,44 @@ def test_agreement_words():
     assert agreement(math.nan, 1.0, "quiet") == "uncertain"
 
 
-@pytest.mark.slow   # ~10 s quiet (a MAMF and a bandwidth sweep the first time), 35-45 s on a loaded 2-core machine
+@pytest.mark.slow   # ~25 s quiet (the MAMF and bandwidth sweeps twice), 60-90 s on a loaded 2-core machine
 @pytest.mark.parametrize("precision, checkpointing", [("fp32", False), ("bf16", True)])
 def test_cpu_expectation_against_a_measured_run(precision, checkpointing):
-    """The Lab's built-in GPT on this CPU, its expected step against the measured one when the
-    machine was quiet throughout (the run, the MAMF sweep, the bandwidth sweep); else "uncertain".
+    """The Lab's built-in GPT on this CPU, its expected step against the measured one, side by
+    side: the figures the plan reads (the MAMF sweep, the bandwidth sweep) measured just before
+    the run and again just after it, the expectation the mean of the plans from each; judged only
+    when all five (the run, both sweeps twice) were quiet, else "uncertain".
 
     The issue's target is within 20%. Measured quiet on 2026-11-28 (benchmarks/RESULTS.md), with
     the host's time without a kernel (views, module calls, torch's checkpoint) and cold reads
     modelled, the expectation runs 0.82-0.91 of the measured mean step when the VM holds its speed,
     lower when it slows mid-run (which no verdict sees: 0.70 once): this test holds the model to
     0.65-1.2, and fails on a regression (an op class dropped, a sweep that reads a hot cache
-    again)."""
+    again). The figures were once read from the session's cache, measured whenever an earlier
+    test first planned on the CPU: a VM that changed speed since (no verdict sees that either)
+    moved the ratio with no regression. Measured around the run, a change of speed moves both
+    sides alike."""
     from tunekit.measure.peaks import calibrate
     from tunekit.measure.stream import measure_stream
 
     lab = tunekit.Lab()
-    p = tunekit.plan(lab, "cpu", precision=precision, checkpointing=checkpointing)
-    r = lab.run(steps=10, precision=precision, checkpointing=checkpointing, verbose=False)
     dtype = "bf16" if precision == "bf16" else "fp32"
-    verdicts = {r.conditions.verdict if r.conditions else "unknown", measure_stream().verdict,
-                calibrate(dtype, "cpu").verdict}
+
+    def figures_and_plan():
+        sweeps = (measure_stream(refresh=True), calibrate(dtype, "cpu", force=True))
+        return [s.verdict for s in sweeps], tunekit.plan(lab, "cpu", precision=precision,
+                                                          checkpointing=checkpointing).expected.step_s
+
+    before, expected_before = figures_and_plan()
+    r = lab.run(steps=10, precision=precision, checkpointing=checkpointing, verbose=False)
+    after, expected_after = figures_and_plan()
+    expected = (expected_before + expected_after) / 2
+    verdicts = {r.conditions.verdict if r.conditions else "unknown", *before, *after}
     verdict = "busy" if verdicts - {"quiet"} else "quiet"
     if verdict != "quiet":
-        assert agreement(p.expected.step_s, r.step_s, verdict) == "uncertain"
+        assert agreement(expected, r.step_s, verdict) == "uncertain"
     else:
-        assert 0.65 <= p.expected.step_s / r.step_s <= 1.2, (p.expected.step_s, r.step_s)
+        assert 0.65 <= expected / r.step_s <= 1.2, (expected_before, r.step_s, expected_after)
 
 
 def test_a_compiled_step_fuses_memory_bound_runs():

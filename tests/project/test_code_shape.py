@@ -85,13 +85,8 @@ DTYPE_NAMES = {"fp32", "tf32", "bf16", "fp16", "fp8"}
 # modules that still write a dtype name as a string; each must still do so, so the set only shrinks
 PENDING_DTYPE_LITERALS = {
     "cli/doctor.py": "'bf16' there is the name of a check and a key of _cuda's answer, not a dtype",
-    "core/gpus.py": "spec tables keyed by dtype (another change edits the GPU figures)",
-    "core/specs.py": "the spec table's dtype keys (another change edits the GPU figures)",
     "measure/peaks.py": "the calibration's dtype table (another change edits calibration)",
     "measure/stream.py": "the calibration's dtype (another change edits calibration)",
-    "planning/cuda_like.py": "the attention kernels' dtype tables (another change edits them)",
-    "planning/device.py": "the planner's device costs (another change edits them)",
-    "planning/expect.py": "the planner's expected step (another change edits it)",
     "profiling/probe_figures.py": "the magic's figures (another change edits profiling/)",
 }
 

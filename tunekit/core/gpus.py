@@ -13,6 +13,7 @@ Dense peaks are vendor figures as collected in stas00/ml-engineering compute/acc
 from __future__ import annotations
 
 from tunekit.core.gpu import GPU, Sourced, attention_share, check_table
+from tunekit.core.registry import BF16, FP8, FP16, FP32, TF32
 
 DEFAULT_DEVICE = "H100 SXM"   # a plan's device when none is named (tunekit.plan, lab.plan, `tunekit plan`)
 
@@ -84,8 +85,8 @@ _MAMF = ("stas00/ml-engineering compute/accelerator/README.md, Maximum Achievabl
 
 def _mamf(bf16: float, fp8: float | None = None, note: str = "") -> dict:
     """bf16's figure (and fp16's: the same tensor-core rate), fp8's where the table has one."""
-    out = {"bf16": Sourced(bf16, _MAMF + note), "fp16": Sourced(bf16, _MAMF + note + ", bf16's figure")}
-    return out | ({"fp8": Sourced(fp8, _MAMF)} if fp8 else {})
+    out = {BF16: Sourced(bf16, _MAMF + note), FP16: Sourced(bf16, _MAMF + note + ", bf16's figure")}
+    return out | ({FP8: Sourced(fp8, _MAMF)} if fp8 else {})
 
 
 # The share of the memory bandwidth a streaming kernel reaches (bytes read + written over time).
@@ -138,16 +139,16 @@ _TRITON_H100 = Sourced(
 # Architecture whitepaper; torch.cuda.is_bf16_supported(including_emulation=False) is False below it):
 # on a V100 or T4 half precision is fp16 with a gradient scaler, and tf32 leaves the matmuls in fp32.
 # CDNA2 has no TF32 (the AMD Instinct MI250X data sheet lists none; CDNA 3, the MI300's, adds it).
-_BEFORE_AMPERE = {"bf16": ("fp16", "no bf16 tensor cores (they came with Ampere, compute capability 8.0): its "
+_BEFORE_AMPERE = {BF16: (FP16, "no bf16 tensor cores (they came with Ampere, compute capability 8.0): its "
                                    "half precision is fp16 with a gradient scaler (precision='fp16')"),
-                  "tf32": ("fp32", "no TF32 tensor cores (they came with Ampere, compute capability 8.0): tf32 "
+                  TF32: (FP32, "no TF32 tensor cores (they came with Ampere, compute capability 8.0): tf32 "
                                    "leaves its matmuls in fp32 (precision='fp32')")}
 
 
 def _peaks(source, fp32, tf32=None, half=None, fp8=None, bf16=True) -> Sourced:
     """Dense peaks: fp32, tf32, bf16 and fp16 (``half``, the same rate; fp16 alone where not
     ``bf16``) and fp8, each where the card has it."""
-    out = {"fp32": fp32, "tf32": tf32, "bf16": half if bf16 else None, "fp16": half, "fp8": fp8}
+    out = {FP32: fp32, TF32: tf32, BF16: half if bf16 else None, FP16: half, FP8: fp8}
     return Sourced({k: v for k, v in out.items() if v is not None}, source)
 
 
@@ -183,8 +184,8 @@ GPUS: tuple[GPU, ...] = (
     GPU("H200 SXM", ("h200",), _peaks(_MLENG, **_HOPPER_PEAKS), Sourced(141, _MLENG),
         bandwidth=Sourced(4.8, _sheet("NVIDIA H200")),
         bandwidth_share=Sourced(4.3 / 4.8, _COPIES.format(card="H200 141GB", tbs="4.3")),
-        mamf=_mamf(794.5, note=" (H200: the H100's)") | {"fp16": Sourced(794.5, _MAMF + ", bf16's"),
-                                                          "fp8": Sourced(1453.4, _MAMF)},
+        mamf=_mamf(794.5, note=" (H200: the H100's)") | {FP16: Sourced(794.5, _MAMF + ", bf16's"),
+                                                          FP8: Sourced(1453.4, _MAMF)},
         sms=Sourced(132, _SMS), attention={"flash": _FA2_H100, "fa3": _FA3_H100, "triton": _TRITON_H100},
         link=_NVLINK4, node_net=_DGX_H200, capability=Sourced((9, 0), _CC)),
     GPU("B200", ("b200",), _peaks(_MLENG, 80, 1125, 2250, 4500), Sourced(180, _MLENG),
@@ -234,7 +235,7 @@ GPUS: tuple[GPU, ...] = (
     # Per GCD, which is what one torch device is on an MI250X: half the package figures.
     GPU("MI250X (one GCD)", ("mi250",), _peaks(_MLENG, 47.9 / 2, half=383 / 2), Sourced(64, _MLENG),
         bandwidth=Sourced(3.2 / 2, "AMD Instinct MI250X data sheet (memory bandwidth): half the package's 3.2 TB/s"),
-        platform="rocm", runs_instead={"tf32": ("fp32", "no TF32 (CDNA2; CDNA 3 added it): tf32 leaves its matmuls "
+        platform="rocm", runs_instead={TF32: (FP32, "no TF32 (CDNA2; CDNA 3 added it): tf32 leaves its matmuls "
                                                         "in fp32 (precision='fp32')")}),
     GPU("MI300X", ("mi300",), _peaks(_MLENG, 163.4, 653.7, 1300, 2610), Sourced(192, _MLENG),
         bandwidth=Sourced(5.3, _sheet("AMD Instinct MI300X")), mamf=_mamf(668.4),

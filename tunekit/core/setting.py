@@ -63,12 +63,13 @@ def best_precision(device: str | None, bf16: bool | None = None) -> str:
     >>> best_precision("H100 SXM"), best_precision("T4"), best_precision("cpu")
     ('bf16', 'fp16', 'fp32')
     """
-    name = (device or "cpu").strip().lower()
-    if name.partition(":")[0] in ("cpu", "cuda", "mps"):
-        if name.startswith("cuda"):
-            return BF16 if bf16 is not False else FP16
+    from tunekit.core.specs import device_type, find_spec, runs_instead, spec_peak
+
+    kind = device_type(device or "cpu")
+    if kind == "cuda":
+        return BF16 if bf16 is not False else FP16
+    if kind is not None:
         return BF16 if bf16 else FP32
-    from tunekit.core.specs import find_spec, runs_instead, spec_peak
 
     spec = find_spec(device)
     if spec is None:

@@ -1,14 +1,17 @@
 """Reading the GPU table (core.gpus, one `GPU` row per card, each figure with its source): the row
-for a device name, its dense spec-sheet peak, what it trains instead of a dtype it has no peak for.
-Pure, no torch.
+for a device name (the one home of which card a name means: `find_spec`, `card`, and
+`device_type` for a name that is no card), its dense spec-sheet peak, what it trains instead of a
+dtype it has no peak for. Pure, no torch.
 """
 from __future__ import annotations
 
+import difflib
 import re
 
 from tunekit.core import gpus
 from tunekit.core.gpu import GPU
-from tunekit.core.registry import DTYPES
+from tunekit.core.registry import BF16, DTYPES
+from tunekit.core.validate import DEVICE_TYPES
 
 
 def __getattr__(name):
@@ -54,6 +57,34 @@ def find_spec(device_name: str | None) -> GPU | None:
     return next((spec for spec in gpus.GPUS if matches(name, spec)), None)
 
 
+def card(device_name: str) -> GPU:
+    """`find_spec`'s row for a device name a plan is placed on; an unknown name is refused with
+    the row (or 'cpu') it looks like, and the table's names.
+
+    >>> card("H100X")   # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown device 'H100X' (did you mean 'H100 SXM'?): one of H100 NVL, ..., or 'cpu'
+    """
+    spec = find_spec(device_name)
+    if spec is None:
+        close = difflib.get_close_matches(device_name.strip(), [*names(), "cpu"], n=1, cutoff=0.5)
+        raise ValueError(f"unknown device {device_name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + f": one of {', '.join(names())}, or 'cpu'")
+    return spec
+
+
+def device_type(device_name: str) -> str | None:
+    """The torch device type a name is rather than a card ("cpu", "cuda", "mps", any case, with an
+    index or not: "cuda:1" is "cuda"); None for any other name.
+
+    >>> device_type("cuda:1"), device_type("CPU"), device_type("H100")
+    ('cuda', 'cpu', None)
+    """
+    kind = device_name.strip().lower().partition(":")[0]
+    return kind if kind in DEVICE_TYPES else None
+
+
 def matches(name: str, spec: GPU) -> bool:
     """Whether a driver's name (lower case, '-' as spaces) holds each of the row's ``match`` words."""
     words = set(spec.name.lower().replace("-", " ").split())
@@ -73,7 +104,7 @@ def _has_token(name: str, needle: str, words: set) -> bool:
     return False
 
 
-def spec_peak(device_name: str | None, dtype: str = "bf16") -> tuple[float | None, str]:
+def spec_peak(device_name: str | None, dtype: str = BF16) -> tuple[float | None, str]:
     """(dense peak TFLOPS, source) from the spec table; (None, reason) when not known."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")

@@ -38,6 +38,10 @@ nothing more (the first is stopping everything already): the first's exception g
 ``tunekit: second Ctrl-C: stopped while saving the record of In[3] ...`` (the shield's
 ``doing``). Should the clean-up end without an exception, the second is raised, as any.
 
+A Ctrl-C in the last instructions of the outermost shield, after SIGINT is Python's own handler
+again, is taken as one that came inside (raised with the same note, or noted on the first's
+exception travelling), not shown as a plain KeyboardInterrupt of Python's.
+
 Outside the main thread (no signals there), and while SIGINT has a handler other than Python's
 default (a debugger's, the user's own, SIG_IGN), a shield does nothing.
 """
@@ -129,11 +133,24 @@ class deferred_interrupt:
             return False
         self.active = self.open = False
         outer = self.outer
-        if _signal.getsignal(signal.SIGINT) == self._handle:
-            _signal.signal(signal.SIGINT, self.previous)  # a SIGINT before the switch lands in self.pending
-        else:  # ended out of order (an IPython hook's shield), or the user's code replaced the handler
-            self._splice()
-        if self.pending:
+        try:
+            if _signal.getsignal(signal.SIGINT) == self._handle:
+                _signal.signal(signal.SIGINT, self.previous)  # a SIGINT before the switch lands in self.pending
+            else:  # ended out of order (an IPython hook's shield), or the user's code replaced the handler
+                self._splice()
+            return self._hand_on(outer, etype, exc, self.pending)
+        except KeyboardInterrupt as e:
+            if getattr(e, "_tunekit_held", False):
+                raise
+            # Python's own handler's, in the instructions after the outermost shield handed SIGINT
+            # back: everything is whole already, so it is taken as one that came inside (handed on
+            # past this block: not chained to Python's plain KeyboardInterrupt)
+        return self._hand_on(outer, etype, exc, True)
+
+    def _hand_on(self, outer, etype, exc, pending: bool) -> bool:
+        """``__exit__``'s end, SIGINT's handler switched back: a Ctrl-C that came (``pending``) to
+        the enclosing shut path, raised, or noted on the first Ctrl-C's exception travelling."""
+        if pending:
             self.pending = False
             if outer is not None and outer.active and not outer.open:
                 outer.pending = True   # the outer path raises it when it is consistent
@@ -233,6 +250,7 @@ def _held(how: str = "held until what tunekit measures was whole, then raised he
     this module, which would otherwise read as tunekit's own failure)."""
     e = KeyboardInterrupt()
     e.add_note(f"tunekit: your Ctrl-C, {how}")
+    e._tunekit_held = True   # tunekit's own: `deferred_interrupt.__exit__` tells it from Python's plain one
     return e
 
 

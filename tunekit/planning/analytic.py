@@ -10,8 +10,10 @@ a config they cover, else unknown (NaN, and the plan says so): never a silent gu
 """
 from __future__ import annotations
 
+import inspect
 import math
-import re
+
+import torch
 
 from tunekit.core.memory.estimate import estimate_memory
 from tunekit.core.notes import without
@@ -23,7 +25,6 @@ from tunekit.models.adapters import adapt
 from tunekit.planning.record import COMPONENTS, Plan
 
 NaN = math.nan
-_FAKE_WORDS = re.compile(r"fake|meta|tensor subclass|data.dependent|doesn't have storage", re.I)
 
 
 class FakeStepError(ValueError):
@@ -36,8 +37,20 @@ class FakeStepError(ValueError):
 
 def fake_failure(e: BaseException) -> str | None:
     """Why ``e`` (or an exception it was raised from) is a fake tensor's limit rather than a bug
-    in the step, in words; None when it is not one (it is then raised as it is)."""
-    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    in the step, in words; None when it is not one (it is then raised as it is). Told by the
+    exception's type, never by its message: torch's fake-tensor exceptions (an op without a fake
+    kernel, a tensor it cannot fake), any other exception class of torch's fake-tensor and
+    symbolic-shape modules (a guard on a data-dependent size), and
+    a meta kernel that refuses a dtype the real kernel takes (`_stricter_meta_kernel`)."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        MissingOpProfile,
+        UnsupportedFakeTensorException,
+        UnsupportedOperatorException,
+    )
+
+    limits = (UnsupportedOperatorException, UnsupportedFakeTensorException, MissingOpProfile)
 
     seen = set()
     while e is not None and id(e) not in seen:
@@ -48,28 +61,52 @@ def fake_failure(e: BaseException) -> str | None:
         if isinstance(e, DynamicOutputShapeException):
             return (f"an op's output shape depends on tensor values ({e}: nonzero, torch.where(mask), "
                     "boolean indexing, unique), which a fake tensor does not have")
-        module = type(e).__module__ or ""
-        if module.startswith(("torch._subclasses", "torch.fx.experimental")) \
-                or (isinstance(e, (RuntimeError, NotImplementedError)) and _FAKE_WORDS.search(str(e))) \
-                or _stricter_meta_kernel(e):
+        if isinstance(e, limits) or type(e).__module__.startswith(_FAKE_MODULES) or _stricter_meta_kernel(e):
             return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
         e = e.__cause__ or e.__context__
     return None
 
 
+# where torch defines the exceptions of a fake tensor's limits, those named above and those a later
+# torch adds: GuardOnDataDependentSymNode (torch.fx.experimental.symbolic_shapes), ...
+_FAKE_MODULES = ("torch._subclasses", "torch.fx.experimental")
+_TRIED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)   # the dtypes a step's matmuls run in
+
+
 def _stricter_meta_kernel(e: BaseException) -> bool:
     """A meta kernel (what a fake tensor runs for an op) that refuses a dtype the real kernel
     takes: torch 2.13's ``_grouped_mm`` meta wants bf16 where the CPU kernel runs fp32 (a
-    transformers mixture of experts over fp32 weights). A shape error raised there is the
-    step's own bug, and is not taken for one."""
-    if not isinstance(e, RuntimeError) or not re.search(r"dtype|type but got", str(e)):
+    transformers mixture of experts over fp32 weights). Told by running the refusing kernel
+    again on meta tensors of the same shapes and strides in each of `_TRIED_DTYPES`: one that
+    passes makes the refusal the dtype's. A shape error raised there fails in every dtype: the
+    step's own bug, and not taken for one."""
+    frame = _meta_kernel_frame(e) if isinstance(e, RuntimeError) else None
+    if frame is None:
         return False
-    tb = e.__traceback__
+    kernel = frame.f_globals.get(frame.f_code.co_name)
+    if kernel is None or getattr(inspect.unwrap(kernel), "__code__", None) is not frame.f_code:
+        return False   # a nested function: its arguments are not the op's
+    args = {n: frame.f_locals[n] for n in inspect.signature(inspect.unwrap(kernel)).parameters
+            if n in frame.f_locals}
+    for dtype in _TRIED_DTYPES:
+        twins = {n: torch.empty_strided(v.shape, v.stride(), dtype=dtype, device="meta")
+                 if isinstance(v, torch.Tensor) and v.is_floating_point() else v for n, v in args.items()}
+        try:
+            inspect.unwrap(kernel)(**twins)
+        except Exception:   # noqa: BLE001 - any refusal in this dtype: the next one is tried
+            continue
+        return True
+    return False
+
+
+def _meta_kernel_frame(e: BaseException):
+    """The innermost frame of ``e``'s traceback in torch's meta kernels, or None."""
+    tb, found = e.__traceback__, None
     while tb is not None:
         if tb.tb_frame.f_code.co_filename.endswith("_meta_registrations.py"):
-            return True
+            found = tb.tb_frame
         tb = tb.tb_next
-    return False
+    return found
 
 
 def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | None, reason: str, name: str,

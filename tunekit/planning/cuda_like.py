@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from tunekit.core.notes import Note
+from tunekit.core.registry import BF16, FP16, FP32
 from tunekit.core.specs import find_spec
 from tunekit.measure.device import dtype_name
 from tunekit.measure.torch_private import op_argument_names
@@ -57,7 +58,7 @@ def sdpa_backend(capability, dtype: str, d_qk: int, d_v: int, *, mask: bool, cau
     of 8 up to 128 (192 with 128 on sm90/sm10x), dropout a multiple of 1/16, a key longer than 1.
     Tensors are taken as dense and laid out as the kernels need (unit last stride, aligned)."""
     major = capability[0]
-    low = ("fp16", "bf16") if major >= 8 or rocm else ("fp16",)
+    low = (FP16, BF16) if major >= 8 or rocm else (FP16,)
     in_range = rocm or (8, 0) <= tuple(capability) <= (12, 1)
 
     def flash():
@@ -68,9 +69,9 @@ def sdpa_backend(capability, dtype: str, d_qk: int, d_v: int, *, mask: bool, cau
                 and not (causal and seq_q != seq_k) and dtype in low)
 
     def efficient():
-        half = dtype in ("fp16", "bf16")
+        half = dtype in (FP16, BF16)
         align = (8 if half else 4) if rocm or major >= 8 else (8 if half else 1) if major >= 7 else 1
-        dtypes = ("fp16", "fp32", "bf16") if rocm or major >= 8 else ("fp16", "fp32")
+        dtypes = (FP16, FP32, BF16) if rocm or major >= 8 else (FP16, FP32)
         fits = max(d_qk, d_v) <= 512 if rocm else (5, 0) <= tuple(capability) <= (12, 1)
         return fits and d_qk % align == 0 and d_v % align == 0 and dtype in dtypes
 

@@ -2,13 +2,13 @@
 (`core.gpus`, read through `core.specs`) or this machine."""
 from __future__ import annotations
 
-import difflib
 import re
 
 from tunekit.core import specs, validate
 from tunekit.core.memory.options import CUDA_CONTEXT
 from tunekit.core.notes import Note
-from tunekit.core.specs import find_spec, runs_instead
+from tunekit.core.registry import BF16, FP32
+from tunekit.core.specs import runs_instead
 from tunekit.measure.live import CUDA_BLOCK
 from tunekit.planning.shard import NCCL_BUFFERS
 
@@ -34,23 +34,19 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
     precision (TFLOPS), memory bandwidth (TB/s), link (GB/s each way), CUDA allocator rounding,
     and the fixed costs beside the model (bytes, source)."""
     validate.text("device", name)
-    dtype = "fp32" if precision == "fp32" else precision
+    dtype = precision
     if name.strip().lower() == "cpu":
         import psutil
 
         from tunekit.measure.peaks import calibrate, resolve_peak
 
-        dtype = dtype if dtype in ("fp32", "bf16") else "fp32"
+        dtype = dtype if dtype in (FP32, BF16) else FP32   # the dtypes a CPU is calibrated in
         calibrate(dtype, "cpu")   # the cached calibration as it is (measured where none is), never re-measured
         peak = resolve_peak("cpu", dtype, allow_calibration=False)
         return dict(name="cpu", memory=float(psutil.virtual_memory().total), peak=peak.tflops, bandwidth=None,
                     link=None, round_to=1, fixed={},
                     notes=[f"peak {peak.source}; no memory bandwidth known for this CPU: the bound counts FLOPs only"])
-    spec = find_spec(name)
-    if spec is None:
-        close = difflib.get_close_matches(name.strip(), [*specs.names(), "cpu"], n=1, cutoff=0.5)
-        raise ValueError(f"unknown device {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                         + f": one of {', '.join(specs.names())}, or 'cpu'")
+    spec = specs.card(name)
     if spec.memory_gb is None:
         raise ValueError(f"the spec table has no memory size for {spec.name}: plan for another device")
     named = re.search(r"(\d+)\s*gb", name.lower())   # "A100 40GB": the table's A100 is another card

@@ -29,7 +29,8 @@ def cpu_figures(peak: float | None, compute: str, say=None) -> Figures:
     from tunekit.measure.rng import measure_rng
     from tunekit.measure.stream import cache_bytes, cache_levels, measure_stream
 
-    dtype = compute if compute in ("fp32", "bf16") else "fp32"
+    # the dtypes a CPU is calibrated in
+    dtype = compute if compute in (registry.FP32, registry.BF16) else registry.FP32
     cal = calibrate(dtype, "cpu")
     stream = measure_stream(say=None if say is None else lambda news: say(f"this CPU's step figures, {news}"))
     rng = measure_rng()
@@ -107,7 +108,8 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
     ops = step.ops
     backend = None
     if any(r[1] == "attention" for r in ops):
-        backend = "cpu" if fig.host_bound else kernel or ("flash" if compute in ("bf16", "fp16") else "efficient")
+        half = compute in (registry.BF16, registry.FP16)
+        backend = "cpu" if fig.host_bound else kernel or ("flash" if half else "efficient")
     kind = layout["kind"] if layout else None
     buckets = int(params * grad_bytes // DDP_BUCKET_BYTES[0]) + 1
     out = expect(ops, fig, tokens=tokens, model_flops=step.model_flops, backend=backend, params=params / shard,

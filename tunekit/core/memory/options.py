@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 
 from tunekit.core import validate
 from tunekit.core.setting import from_keywords, memory_layout
-from tunekit.core.specs import find_spec
+from tunekit.core.specs import device_type, find_spec
 
 ACTIVATION_MODES = ("auto", "gpt", "hf", "korthikanti")
 # the CUDA context and the kernels torch loads, outside its allocator: the one figure an estimate
@@ -121,7 +121,7 @@ def setting_options(setting, kw: dict) -> dict:
 def device_kind(device: str | None) -> str | None:
     """The estimate's device for a Setting's: a GPU of the spec table is "cuda" (its context and
     distributed buffers are what the estimate adds), "cpu"/"cuda"/"mps" and None as they are."""
-    if device is None or device.split(":")[0] in ("cpu", "cuda", "mps"):
+    if device is None or device_type(device) is not None:
         return device
     spec = find_spec(device)
     return "cuda" if spec is not None and spec.name != "cpu" else device
