@@ -237,6 +237,9 @@ def test_bad_keywords_refused_before_any_plan(lab, monkeypatch):
         lab.expect(setting=Setting(parallel="ddp", world_size=2))
     with pytest.raises(ValueError, match="no run #7"):
         ex.base_run(lab, "cpu", 7)
+    # no run yet: said so, and what to do (not "the runs are " and an empty list)
+    with pytest.raises(ValueError, match=r"no run #7: this Lab has no run yet \(lab.run\(\) first"):
+        ex.base_run(lab, "cpu", 7)
     with pytest.raises(ValueError, match="finished one-process run"):
         ex.base_run(lab, "cpu", fake_run().__class__(status="failed", parallel=None, step_s=math.nan,
                                                      device="cpu"))

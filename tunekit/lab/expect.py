@@ -186,7 +186,9 @@ def base_run(lab, device: str, base=None):
     if isinstance(base, int) and not isinstance(base, bool):
         found = [r for r in runs if r.run_id == base]
         if not found:
-            raise ValueError(f"no run #{base}: the runs are " + ", ".join(f"#{r.run_id}" for r in runs))
+            raise ValueError(f"no run #{base}: " + ("the runs are " + ", ".join(f"#{r.run_id}" for r in runs)
+                                                   if runs else "this Lab has no run yet (lab.run() first, or "
+                                                                "lab.expect() without base=: the device model)"))
         base = found[-1]
     # a log the Lab resumed may hold runs of other models: only a run of this model calibrates it
     n_params = sum(p.numel() for p in lab.model.parameters())
