@@ -121,6 +121,14 @@ def test_bad_input_is_refused_before_any_work(call, error, match):
         call()
 
 
+def test_a_preset_name_plans_as_its_config_and_a_misspelled_one_names_the_preset_meant():
+    from tunekit.planning.target import config_of
+    # the name the command's --model and Lab(preset=) take: the preset's GPTConfig
+    assert config_of("gpt2-124m") == (tunekit.GPTConfig.preset("gpt2-124m"), "gpt", {})
+    with pytest.raises(ValueError, match=r"unknown preset 'gpt2-124': did you mean 'gpt2-124m'\?"):
+        tunekit.plan("gpt2-124", "H100")
+
+
 @pytest.mark.slow
 def test_an_8b_llama_plans_for_an_h100_in_under_a_minute_with_little_memory():
     pytest.importorskip("transformers")

@@ -69,9 +69,12 @@ def config_of(target, batch_fn=None, loss_fn=None, blocks=None):
                         "device it takes no memory) and plan it, tunekit.plan(model, ..., batch_fn=...)")
     if isinstance(target, GPTConfig):
         return target, "gpt", {}
+    if isinstance(target, str):   # a preset's name, as `tunekit plan --model` and Lab(preset=) take it
+        return GPTConfig.preset(target), "gpt", {}
     if hasattr(target, "model_type") and hasattr(target, "to_dict"):
         return target, "hf", {}
-    raise TypeError(f"tunekit.plan takes a GPTConfig, a transformers config, an nn.Module or a Lab, got "
+    raise TypeError(f"tunekit.plan takes a GPTConfig (or a preset's name), a transformers config, an nn.Module "
+                    f"or a Lab, got "
                     f"{type(target).__name__}")
 
 
