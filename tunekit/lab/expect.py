@@ -269,10 +269,12 @@ def peak_of(lab, plan, run, base_plan, floor=None) -> tuple[float, float, list]:
     one micro-batch: what the steps touched beyond the fake step's tensors (allocator holes and
     pages no tensor accounts for) followed the tokens on cpu-tiny, not the activations: ~21 MiB at
     1,024 tokens (24 with checkpointing, which drops 85% of the activations), 41-44 at 2,048, 12
-    at 512 (benchmarks/bench_cpu_peak.py). Without a start reading: one offset, measured - planned."""
+    at 512 (benchmarks/bench_cpu_peak.py). Without a start reading: one offset, measured - planned.
+    Without a run: the plan's peak, on a CPU above the process's floor (what lab.run's meter reads)."""
     planned = plan.total_bytes
-    if run is None:
-        return planned, base_plan.total_bytes, []
+    if run is None:   # on a CPU the run's meter reads the process: the floor is on both sides
+        below = (lab_floor_bytes(lab) if floor is None else floor) if lab.device.type == "cpu" else 0.0
+        return below + planned, below + base_plan.total_bytes, []
     measured = run.peak_mem_bytes
     if measured is None or is_missing(measured) or not measured > 0 or not base_plan.total_bytes > 0:
         return planned, NaN, [Note("expect.peak_uncalibrated", f"run #{run.run_id} measured no peak: the "
