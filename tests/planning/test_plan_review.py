@@ -24,6 +24,18 @@ def test_a_device_named_with_another_memory_size_is_refused(name):
         tunekit.plan(TINY, name, micro_batch=1, seq_len=8)
 
 
+@pytest.mark.parametrize("name", ["A100 40", "a100-40g", "A100 40G"])
+def test_a_bare_memory_size_is_read_as_one_and_the_card_of_that_size_named(name):
+    # "A100 40" was planned on the A100 80GB (80 GiB, "fits") with only a note saying so
+    with pytest.raises(ValueError, match=r"names 40 GB, but the spec table's A100 80GB has 80 GB: "
+                                         r"did you mean 'A100 40GB'\?"):
+        tunekit.plan(TINY, name, micro_batch=1, seq_len=8)
+
+
+def test_a_model_number_is_not_a_memory_size():
+    assert tunekit.plan(TINY, "RTX 4090", micro_batch=1, seq_len=8).device == "RTX 4090"
+
+
 def test_a_device_named_with_its_own_memory_size_is_planned():
     assert tunekit.plan(TINY, "NVIDIA H100 80GB HBM3", micro_batch=1, seq_len=8).device == "H100 SXM"
 
