@@ -176,6 +176,11 @@ def test_the_command_diffs_two_runs_of_a_log_and_refuses_what_it_cannot_read(tmp
     assert "no run #9 in the log (its runs: #0, #1)" in capsys.readouterr().err
     assert main(["diff", str(tmp_path / "none.jsonl"), str(log)]) == 2
     assert "none.jsonl: no such log file" in capsys.readouterr().err
+    # both sides one run (a log alone is its last run): refused, not a table of +0.0% and "1.00x faster"
+    assert main(["diff", str(log), f"{log}#1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tunekit diff: error: {log} and {log}#1 both name run #1 (mb=16): name two runs, "
+        f"as {log}#0 {log}#1")
 
 
 def test_a_run_id_that_several_sessions_of_a_shared_log_hold_is_refused_with_a_name_for_each(tmp_path, capsys):
