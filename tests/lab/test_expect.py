@@ -52,6 +52,13 @@ def fake_run(traced=True, step_s=0.0363, peak=300 * MiB):
                            trace=trace() if traced else None, step_s=step_s, conditions=None, peak_mem_bytes=peak)
 
 
+@pytest.fixture(autouse=True)
+def no_floor_under_a_made_up_lab(monkeypatch):
+    """A made-up Lab (no model, no process of its own) has no floor below its plan: 0 bytes."""
+    real = ex.lab_floor_bytes
+    monkeypatch.setattr(ex, "lab_floor_bytes", lambda lab: 0.0 if isinstance(lab, SimpleNamespace) else real(lab))
+
+
 def fake_lab(device_type="cpu"):
     return SimpleNamespace(device=SimpleNamespace(type=device_type))
 
