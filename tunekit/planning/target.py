@@ -4,6 +4,7 @@ counts."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 
 import torch
@@ -142,7 +143,8 @@ def build(cfg, kind, dtype):
         # an encoder-decoder (T5, BART) trains as one: AutoModelForCausalLM has no T5, and BART's is its
         # decoder alone
         auto = AutoModelForSeq2SeqLM if getattr(cfg, "is_encoder_decoder", False) else AutoModelForCausalLM
-        return auto.from_config(cfg, dtype=dtype or torch.float32)
+        # on a copy: the model keeps its config, and a plan's attention must not switch the user's (or a Lab's)
+        return auto.from_config(copy.deepcopy(cfg), dtype=dtype or torch.float32)
     finally:
         torch.set_default_dtype(previous)
 
