@@ -115,7 +115,7 @@ FORMATS = {"tokens/s": "{:,.0f}", "samples/s": "{:,.0f}", "tokens or samples/s":
            "GPU peak (MiB)": "{:,.1f}", "CPU peak RSS (MiB)": "{:,.1f}",
            "CPU peak above start (MiB)": "{:,.1f}", "GPU peak above start (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
            "loss": "{:.3f}", "comm/step (MiB)": "{:,.2f}", "wait (ms)": "{:,.2f}",
-           "expected (ms)": "{:,.1f}", "expected vs measured": "{:+.1%}"}
+           "expected (ms)": "{:,.1f}", "expected vs median step": "{:+.1%}"}
 
 
 def formatted(value, fmt: str) -> str:
