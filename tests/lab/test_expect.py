@@ -139,6 +139,12 @@ def test_a_step_of_another_size_is_also_said_per_token_and_a_busy_base_as_uncert
     # 68.3 ms (test_traced_base_run_calibrates_op_by_op) for 64 tokens against 36.3 ms for 32:
     # +88% a step, (68.3 / 64) / (36.3 / 32) - 1 = -5.9% a token
     assert big.line == "expected 68.3 ms/step (+88% vs run #3, -6% per token), peak 350.0 MiB (+17%)"
+    # a model of your own counting samples (its batch_fn's): said per sample, its rate in samples/s
+    samples = fake_plan(NEW_ROWS, 150 * MiB, tokens=64)
+    samples.unit = "samples"
+    own = ex.expectation(fake_lab(), Setting(), "cpu", samples, fake_plan(BASE_ROWS, 100 * MiB), run)
+    assert own.line == "expected 68.3 ms/step (+88% vs run #3, -6% per sample), peak 350.0 MiB (+17%)"
+    assert own.summary().splitlines()[1].startswith("937 samples/s")   # 64 samples / 68.3 ms = 937
     run.conditions = Conditions("busy", "load 9.0 on 2 CPUs")
     e = expect_of(run)
     assert e.base_busy and of_kind(e.notes, "expect.busy")

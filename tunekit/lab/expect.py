@@ -89,6 +89,7 @@ class Expectation:
     tokens_per_step: float = NaN        # the setting's, and the base's: a step of another size is also said per token
     base_tokens_per_step: float = NaN
     base_busy: bool = False             # the calibrating run was measured on a busy machine
+    unit: str = "tokens"                # what a step counts: "tokens", or "samples" (a batch_fn of your own)
 
     @property
     def vs(self) -> str:
@@ -102,7 +103,7 @@ class Expectation:
         vs = f"{delta(self.step_s, self.base_step_s)} vs {self.vs}"
         tokens, base_tokens = self.tokens_per_step, self.base_tokens_per_step
         if tokens > 0 and base_tokens > 0 and tokens != base_tokens:
-            vs += f", {delta(self.step_s / tokens, self.base_step_s / base_tokens)} per token"
+            vs += f", {delta(self.step_s / tokens, self.base_step_s / base_tokens)} per {self.unit.removesuffix('s')}"
         if self.base_busy:
             vs += f"; {self.vs} was busy: uncertain"
         return f"expected {fmt_ms(self.step_s)}/step ({vs}), peak {fmt_bytes(self.peak_bytes)} " \
@@ -118,7 +119,7 @@ class Expectation:
         how = {"trace": f"calibrated op by op by {self.vs}'s trace",
                "step time": f"calibrated by {self.vs}'s step time (one ratio)",
                "none": "the device model alone (no measured run of this Lab here)"}[self.calibration]
-        lines = [self.line, f"{fmt_rate(self.tokens_per_s, 'tokens/s')}, MFU {fmt_pct(self.mfu)}; {how}"]
+        lines = [self.line, f"{fmt_rate(self.tokens_per_s, self.unit + '/s')}, MFU {fmt_pct(self.mfu)}; {how}"]
         for op, _cat, base, new, what in self.changes[:6]:
             lines.append(f"- {op}: {what} ({fmt_ms(base, True)} -> {fmt_ms(new, True)})")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
@@ -362,4 +363,5 @@ def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expect
                    else base_e.tokens_per_s * base_e.step_s * base_accum)
     return Expectation(s, device, step, e.tokens_per_s * ratio, e.mfu * ratio, peak, plan_step, plan.total_bytes,
                        None if run is None else run.run_id, base_step, base_peak, factors[3], rows,
-                       changes_of(e_rows, base_rows), notes + more, tokens, base_tokens, busy)
+                       changes_of(e_rows, base_rows), notes + more, tokens, base_tokens, busy,
+                       getattr(plan, "unit", None) or "tokens")
