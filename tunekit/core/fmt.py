@@ -22,7 +22,7 @@ def fmt_bytes(n, signed: bool = False) -> str:
         return NA
     sign = ("+" if n > 0 else "-" if n < 0 else "") if signed else ("-" if n < 0 else "")
     v = abs(float(n))
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+    for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if v >= size:
             return f"{sign}{v / size:.1f} {unit}"
     return f"{sign}{int(v)} B"
