@@ -258,6 +258,24 @@ def test_bad_keywords_refused_before_any_plan(lab, monkeypatch):
                                                      device="cpu"))
 
 
+def test_a_setting_that_cannot_fit_here_is_said_so(lab, monkeypatch):
+    from tunekit.measure import memavail
+
+    # a 30 MiB plan on a machine with 8 MiB free beyond what the process holds: lab.run would refuse it
+    monkeypatch.setattr(ex, "cached_plan", lambda lab, device, s: fake_plan(BASE_ROWS, 30 * MiB))
+    monkeypatch.setattr(ex, "lab_floor_bytes", lambda lab: 0.0)
+    monkeypatch.setattr(ex, "in_use_bytes", lambda lab: 0.0)
+    monkeypatch.setattr(memavail, "available", lambda *a: memavail.Available(8 * MiB, "MemAvailable"))
+    e = lab.expect(micro_batch=8)
+    assert not e.fits and e.line.endswith("peak 30.0 MiB (+0%): does not fit, 8.0 MiB available")
+    [note] = of_kind(e.notes, "expect.wont_fit")
+    assert note == ("the step needs 30.0 MiB more than the process holds now, 8.0 MiB is available "
+                    "(MemAvailable): lab.run refuses it (lab.find_max_batch_size finds the largest micro_batch "
+                    "that fits)")
+    monkeypatch.setattr(memavail, "available", lambda *a: memavail.Available(64 * MiB, "MemAvailable"))
+    assert lab.expect(micro_batch=8).fits
+
+
 @pytest.mark.slow
 def test_real_lab_expectation_cached_and_calibrated(lab):
     first = lab.expect(micro_batch=8)

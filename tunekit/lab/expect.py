@@ -90,6 +90,8 @@ class Expectation:
     base_tokens_per_step: float = NaN
     base_busy: bool = False             # the calibrating run was measured on a busy machine
     unit: str = "tokens"                # what a step counts: "tokens", or "samples" (a batch_fn of your own)
+    available_bytes: float = NaN        # memory free beyond what the process holds (NaN: not known)
+    fits: bool = True                   # False: lab.run would refuse it (note expect.wont_fit)
 
     @property
     def vs(self) -> str:
@@ -106,8 +108,9 @@ class Expectation:
             vs += f", {delta(self.step_s / tokens, self.base_step_s / base_tokens)} per {self.unit.removesuffix('s')}"
         if self.base_busy:
             vs += f"; {self.vs} was busy: uncertain"
+        fit = "" if self.fits else f": does not fit, {fmt_bytes(self.available_bytes)} available"
         return f"expected {fmt_ms(self.step_s)}/step ({vs}), peak {fmt_bytes(self.peak_bytes)} " \
-               f"({delta(self.peak_bytes, self.base_peak_bytes)})"
+               f"({delta(self.peak_bytes, self.base_peak_bytes)}){fit}"
 
     @property
     def table(self):
@@ -315,8 +318,36 @@ def lab_expect(lab, setting=None, base=None, **changes) -> Expectation:
                          f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
     base_plan = cached_plan(lab, device, base_setting)
     e = expectation(lab, s, device, plan, base_plan, run, base_setting.grad_accum or 1)
+    fit_of(lab, e)
     lab.log.expecting(s, e.step_s, e.peak_bytes, e.base_run)   # the run of this setting keeps it (run log)
     return e
+
+
+def in_use_bytes(lab) -> float:
+    """What the Lab's process holds on its device now: its settled RSS (CPU), the allocator's reserve (GPU)."""
+    if lab.device.type == "cpu":
+        from tunekit.measure.device_meter import settled_rss_bytes
+        return float(settled_rss_bytes())
+    import torch
+    return float(torch.cuda.memory_reserved(lab.cuda_index)) if lab.device.type == "cuda" else 0.0
+
+
+def fit_of(lab, e: Expectation) -> None:
+    """``e.fits`` False, with a note, where its peak needs more than the memory available now (what
+    lab.run checks before it allocates: tunekit.lab.fit)."""
+    from tunekit.measure import memavail
+
+    limit = memavail.available(lab.device, lab.cuda_index)
+    if limit is None or is_missing(e.peak_bytes):
+        return
+    need = e.peak_bytes - in_use_bytes(lab)
+    e.available_bytes = float(limit.bytes)
+    if need > limit.bytes:
+        e.fits = False
+        e.notes.append(Note("expect.wont_fit", f"the step needs {fmt_bytes(need)} more than the process holds now, "
+                                               f"{fmt_bytes(limit.bytes)} is available ({limit.source}): lab.run "
+                                               "refuses it (lab.find_max_batch_size finds the largest micro_batch "
+                                               "that fits)"))
 
 
 def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expectation:
