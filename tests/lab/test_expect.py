@@ -318,7 +318,7 @@ def test_results_columns_and_view(tmp_path):
 
     none = RunResult.from_dict({"label": "a", "step_s": 0.05})
     assert {"expected_ms", "expect_error"} <= set(RESULT_COLUMNS)
-    assert "expected vs median step" not in runs_view(results_frame([none])).columns   # shown only where some run has one
+    assert "expected vs median step" not in runs_view(results_frame([none])).columns   # only where a run has one
     some = RunResult.from_dict({"label": "b", "step_s": 0.05, "expected_step_s": 0.06})
     # the expectation's error against the measurement: 60 / 50 - 1 = +20% (expected 20% slower than measured)
     view = runs_view(results_frame([none, some]))
