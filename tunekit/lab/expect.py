@@ -302,7 +302,9 @@ def peak_of(lab, plan, run, base_plan, floor=None) -> tuple[float, float, list]:
 
 
 def _tokens(plan) -> float:
-    s = getattr(plan, "setting", None)
+    s = getattr(plan, "setting", None)   # a model counting samples (its own batch_fn): seq_len is not its size
+    if s is not None and s.micro_batch and getattr(plan, "unit", "tokens") == "samples":
+        return float(s.micro_batch)
     return float(s.micro_batch * s.seq_len) if s is not None and s.micro_batch and s.seq_len else 0.0
 
 
