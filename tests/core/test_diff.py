@@ -234,3 +234,11 @@ def test_traces_slowed_by_the_profiler_say_their_categories_are_not_the_step_tim
                     "steps and need not add up to, or move with, the step time")
     ta.overhead, tb.overhead = 0.03, math.nan      # within the 5% explain also leaves unsaid, and unknown
     assert not [n for n in tunekit.diff(_run(0, trace=ta), _run(1, trace=tb)).notes if n.kind == "diff.profiler"]
+
+
+def test_a_run_against_itself_is_said_so():
+    r = _run(3, "ckpt")
+    d = tunekit.diff(r, r)
+    assert [str(n) for n in d.notes] == ["both sides are run #3 (ckpt): nothing can have changed; "
+                                         "tunekit.diff(lab.runs[-2], lab.runs[-1]) compares a Lab's last two runs"]
+    assert not tunekit.diff(_run(3), _run(4)).notes      # two runs: no such note

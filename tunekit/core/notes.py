@@ -48,6 +48,7 @@ KINDS = {
     "explain.untraced": "tunekit.explain of an untraced (cluster) run: the whole step only",
     "monitor.untraced": "Monitor(trace=N): no step traced (the loop ended first, the step failed, no profiler)",
     "diff.failed_run": "tunekit.diff: a run that did not finish, its figures n/a",
+    "diff.same_run": "tunekit.diff: both sides are one run",
     "diff.peaks": "tunekit.diff: the two sides' MFUs are against different peaks (their own dtypes')",
     "diff.busy": "tunekit.diff: a side measured on a busy machine",
     "diff.one_trace": "tunekit.diff: one side traced, the other not",
