@@ -48,7 +48,11 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
                     notes=[f"peak {peak.source}; no memory bandwidth known for this CPU: the bound counts FLOPs only"])
     spec = find_spec(name)
     if spec is None:
-        close = difflib.get_close_matches(name.strip(), [*specs.names(), "cpu"], n=1, cutoff=0.5)
+        names = {n.lower(): n for n in [*specs.names(), "cpu"]}
+        asked = name.strip().lower()   # the cards of its family (its first two characters) first, then any
+        family = [n for n in names if n[:2] == asked[:2]]
+        close = [names[c] for c in difflib.get_close_matches(asked, family, n=1, cutoff=0.5)
+                 or difflib.get_close_matches(asked, list(names), n=1, cutoff=0.5)]
         raise ValueError(f"unknown device {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                          + f": one of {', '.join(specs.names())}, or 'cpu'")
     if spec.memory_gb is None:
