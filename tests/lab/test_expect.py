@@ -276,6 +276,24 @@ def test_a_setting_that_cannot_fit_here_is_said_so(lab, monkeypatch):
     assert lab.expect(micro_batch=8).fits
 
 
+def test_explaining_a_run_plans_its_step_once_through_the_labs_plan_cache(lab, monkeypatch):
+    from tunekit.lab.explain import explained
+
+    # lab.explain(run) re-planned the run's step on every call (35 s each on a busy 2-core machine);
+    # it takes the plan lab.expect caches by shape (and lab.expect then finds it there)
+    base = fake_plan(BASE_ROWS, 100 * MiB)
+    asked = []
+    monkeypatch.setattr(lab, "plan", lambda device, setting=None, verbose=True: asked.append(setting) or base)
+    run = fake_run()
+    run.toggles = lab.resolve(micro_batch=4)
+    for _ in range(2):
+        e = explained(lab, run, "run 3")
+        assert e.expected_s == pytest.approx(0.016)       # the base plan's 16 ms
+    assert len(asked) == 1 and asked[0].micro_batch == 4
+    lab.expect(setting=asked[0])                          # the same shape: no plan more
+    assert len(asked) == 1
+
+
 @pytest.mark.slow
 def test_real_lab_expectation_cached_and_calibrated(lab):
     first = lab.expect(micro_batch=8)

@@ -147,7 +147,7 @@ def shape_key(device: str, s: Setting) -> tuple:
     return (device,) + tuple((k, v) for k, v in sorted(s.asdict().items()) if k not in NOT_STEP)
 
 
-def cached_plan(lab, device: str, s: Setting):
+def cached_plan(lab, device: str, s: Setting, verbose: bool = False):
     """``lab.plan(device, setting=s)``, once per shape and live model (the dashboard's thread and
     the kernel's may both ask: the cache is read and written under a lock, the planning outside it)."""
     key = (id(lab.model),) + shape_key(device, s)
@@ -156,7 +156,7 @@ def cached_plan(lab, device: str, s: Setting):
         if key in plans:
             plans[key] = plans.pop(key)    # the latest asked: kept the longest
             return plans[key]
-    planned = lab.plan(device, setting=s, verbose=False)   # quiet: the dashboard asks from a thread
+    planned = lab.plan(device, setting=s, verbose=verbose)   # quiet by default: the dashboard asks from a thread
     with _PLANS_LOCK:
         while len(plans) >= KEPT_PLANS:   # the shapes asked least recently go first
             del plans[next(iter(plans))]
