@@ -11,6 +11,7 @@ from tunekit.core.notes import of_kind
 from tunekit.core.setting import Setting
 from tunekit.core.toggles import ToggleError, Toggles
 from tunekit.lab import expect as ex
+from tunekit.lab import plan as lab_plans
 from tunekit.lab.expect_trace import untimed
 
 MiB = 2**20
@@ -212,8 +213,8 @@ def test_nothing_to_carry_over_is_said():
 
 def test_shape_key_leaves_out_lr():
     a, b = Setting(lr=1e-3), Setting(lr=1e-4)
-    assert ex.shape_key("cpu", a) == ex.shape_key("cpu", b)
-    assert ex.shape_key("cpu", a) != ex.shape_key("cpu", a.replace(micro_batch=16))
+    assert lab_plans.shape_key("cpu", a) == lab_plans.shape_key("cpu", b)
+    assert lab_plans.shape_key("cpu", a) != lab_plans.shape_key("cpu", a.replace(micro_batch=16))
 
 
 def test_plans_cached_by_shape(monkeypatch):
@@ -227,10 +228,10 @@ def test_plans_cached_by_shape(monkeypatch):
             self.planned.append(setting.micro_batch)
             return setting.micro_batch
 
-    monkeypatch.setattr(ex, "KEPT_PLANS", 2)
+    monkeypatch.setattr(lab_plans, "KEPT_PLANS", 2)
     lab = Planner()
     for mb, lr in ((4, 1e-3), (4, 1e-4), (8, 1e-3), (4, 1e-3), (16, 1e-3), (4, 1e-3)):
-        ex.cached_plan(lab, "cpu", Setting(micro_batch=mb, lr=lr))
+        lab_plans.cached_plan(lab, "cpu", Setting(micro_batch=mb, lr=lr))
     # 4 planned; 4 again at another lr: cached; 8 planned; 4 cached (now the latest asked); 16
     # planned, 8 (asked least recently of the two kept) dropped for it; 4 still cached
     assert lab.planned == [4, 8, 16]

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import html
 import math
-import threading
-import weakref
 from dataclasses import dataclass, field
 
 from tunekit.core.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
@@ -53,12 +51,11 @@ from tunekit.lab.expect_trace import (
     traced_factors,
 )
 from tunekit.lab.explain import plan_device
+from tunekit.lab.plan import cached_plan
 from tunekit.lab.setting import setting_of, toggles_of
 from tunekit.planning.target import lab_setting
 
 NaN = math.nan
-NOT_STEP = ("lr",)          # setting words that leave the fake step as it is
-KEPT_PLANS = 64             # plans kept per Lab (each holds its op records, no tensors)
 CHANGED = 0.01              # an op whose expected time moves by more than this share is "resized"
 
 
@@ -134,34 +131,6 @@ class Expectation:
         head, *rest = self.summary().split("\n")
         items = "".join(f"<li>{html.escape(x.lstrip('- '))}</li>" for x in rest)
         return f"<div><b>{html.escape(head)}</b><ul>{items}</ul></div>"
-
-
-# --- the plans, cached by shape ----------------------------------------------------------------
-
-_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_PLANS_LOCK = threading.Lock()
-
-
-def shape_key(device: str, s: Setting) -> tuple:
-    """What a fake step depends on: the device and every setting word but ``NOT_STEP``."""
-    return (device,) + tuple((k, v) for k, v in sorted(s.asdict().items()) if k not in NOT_STEP)
-
-
-def cached_plan(lab, device: str, s: Setting, verbose: bool = False):
-    """``lab.plan(device, setting=s)``, once per shape and live model (the dashboard's thread and
-    the kernel's may both ask: the cache is read and written under a lock, the planning outside it)."""
-    key = (id(lab.model),) + shape_key(device, s)
-    with _PLANS_LOCK:
-        plans = _PLANS.setdefault(lab, {})
-        if key in plans:
-            plans[key] = plans.pop(key)    # the latest asked: kept the longest
-            return plans[key]
-    planned = lab.plan(device, setting=s, verbose=verbose)   # quiet by default: the dashboard asks from a thread
-    with _PLANS_LOCK:
-        while len(plans) >= KEPT_PLANS:   # the shapes asked least recently go first
-            del plans[next(iter(plans))]
-        plans[key] = planned
-    return planned
 
 
 # --- the setting asked about, and the base run ----------------------------------------------------

@@ -63,7 +63,7 @@ def explained(lab, run, label: str, plan=None) -> Explanation:
         raise ValueError("lab.explain explains a one-process run (each rank's trace is its own)")
     if plan is None:   # planned once per shape: lab.expect's cache (the Setting lab.expect makes of a base run)
         from tunekit.core.setting import Setting
-        from tunekit.lab.expect import cached_plan
+        from tunekit.lab.plan import cached_plan
         from tunekit.planning.target import lab_setting
 
         setting = Setting(**lab_setting(lab, **run.toggles.asdict()))
