@@ -198,6 +198,7 @@ def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(m
 
     from tunekit.core.efficiency import Figures
     from tunekit.core.notes import of_kind
+    from tunekit.lab import plan as lab_plans
     from tunekit.lab.explain import run_line
 
     lab = tunekit.Lab(seq_len=32)
@@ -233,6 +234,7 @@ def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(m
     bare = Figures(name="cpu", peak_tflops=None, mamf_tflops=None, mamf_source="", bandwidth_tbs=None,
                    bandwidth_source="", launch_s=0.0, launch_source="", host_bound=True)
     monkeypatch.setattr("tunekit.planning.expect.cpu_figures", lambda peak, compute: bare)   # a CPU with no figures
+    lab_plans._PLANS.pop(lab, None)    # planned afresh: the Lab's cache holds this shape's plan (lab.plan.cached_plan)
     assert why(r).startswith("no expected step on cpu (fp32): tunekit has no figure for its maximum achievable "
                              "matmul TFLOPS (MAMF)")
 
@@ -240,6 +242,7 @@ def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(m
         raise RuntimeError("boom")
 
     monkeypatch.setattr(lab, "plan", boom)
+    lab_plans._PLANS.pop(lab, None)
     failed = lab.run(steps=1, warmup=0, micro_batch=2, trace=True, verbose=False)
     assert failed.status == "ok" and failed.explained is None and failed.trace is not None
     assert [str(n) for n in of_kind(failed.notes, "explain.none")] == [
