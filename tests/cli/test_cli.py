@@ -126,6 +126,7 @@ def _refused(argv, capsys, monkeypatch, env=None):
     (["--steps", "0"], "--steps must be >= 1"),
     (["--warmup", "-1"], "--warmup must be >= 0"),
     (["--model", "no-such-model"], "is not a preset"),
+    (["--model", "cpu-tiyn"], "--model 'cpu-tiyn' is not a preset: did you mean 'cpu-tiny'? (the presets:"),
     (["--model", "missing.json"], "not a readable JSON file"),
     (["--nproc", "2"], "give --parallel too"),
     (["--parallel", "hsdp", "--nproc", "2"], "needs --nodes >= 2"),

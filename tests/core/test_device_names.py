@@ -50,7 +50,7 @@ def test_a_device_type_is_no_card(typed, kind, precision):
 
 @pytest.mark.parametrize("typed, close", [
     ("H100X", "H100 SXM"), ("H900", "H200 SXM"), ("A1000", "A100 80GB"), ("RTX 4900", "RTX 4090"), ("T5", "T4"),
-    ("mi3000", "MI300X"), ("cpux", "cpu"), ("cuda", "cpu"), ("h10", "A10G")])
+    ("mi3000", "MI300X"), ("cpux", "cpu"), ("cuda", "cpu"), ("h10", "H100 SXM")])
 def test_a_misspelling_is_refused_with_the_name_it_looks_like(typed, close):
     with pytest.raises(ValueError, match=rf"^unknown device '{typed}' \(did you mean '{close}'\?\): one of H100 NVL, "):
         device_figures(typed, "bf16")

@@ -176,6 +176,11 @@ def test_the_command_diffs_two_runs_of_a_log_and_refuses_what_it_cannot_read(tmp
     assert "no run #9 in the log (its runs: #0, #1)" in capsys.readouterr().err
     assert main(["diff", str(tmp_path / "none.jsonl"), str(log)]) == 2
     assert "none.jsonl: no such log file" in capsys.readouterr().err
+    # both sides one run (a log alone is its last run): refused, not a table of +0.0% and "1.00x faster"
+    assert main(["diff", str(log), f"{log}#1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tunekit diff: error: {log} and {log}#1 both name run #1 (mb=16): name two runs, "
+        f"as {log}#0 {log}#1")
 
 
 def test_a_run_id_that_several_sessions_of_a_shared_log_hold_is_refused_with_a_name_for_each(tmp_path, capsys):
@@ -229,3 +234,11 @@ def test_traces_slowed_by_the_profiler_say_their_categories_are_not_the_step_tim
                     "steps and need not add up to, or move with, the step time")
     ta.overhead, tb.overhead = 0.03, math.nan      # within the 5% explain also leaves unsaid, and unknown
     assert not [n for n in tunekit.diff(_run(0, trace=ta), _run(1, trace=tb)).notes if n.kind == "diff.profiler"]
+
+
+def test_a_run_against_itself_is_said_so():
+    r = _run(3, "ckpt")
+    d = tunekit.diff(r, r)
+    assert [str(n) for n in d.notes] == ["both sides are run #3 (ckpt): nothing can have changed; "
+                                         "tunekit.diff(lab.runs[-2], lab.runs[-1]) compares a Lab's last two runs"]
+    assert not tunekit.diff(_run(3), _run(4)).notes      # two runs: no such note

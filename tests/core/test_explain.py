@@ -156,6 +156,25 @@ def test_a_lab_explains_its_traced_run_against_its_own_plan():
         tunekit.explain(back)
 
 
+def test_a_run_read_back_from_a_log_is_told_the_plan_call_of_its_own_step():
+    from tunekit.core.results import RunResult
+
+    # `tunekit run --trace --log runs.jsonl`, then tunekit.explain(RunLog.load(...)[1]): the run knows
+    # its device and setting, so the message writes the call ("tunekit.plan(model, 'cpu', ...)" left
+    # the reader to find each keyword)
+    r = RunResult.from_dict({"run_id": 1, "label": "ckpt", "device": "cpu (2 threads)", "model": "GPT",
+                             "n_params": 426624, "precision": "fp32", "checkpointing": True, "micro_batch": 8,
+                             "grad_accum": 1, "seq_len": 128, "optimizer": "adamw", "attention": "sdpa",
+                             "compile": False, "lr": 0.001})
+    with pytest.raises(ValueError) as info:
+        tunekit.explain(r)
+    assert str(info.value) == (
+        "tunekit.explain needs the plan of the step run #1 (ckpt) ran, and a run read back from a log has no Lab "
+        "to plan it: tunekit.explain(run, tunekit.plan(model, 'cpu', precision='fp32', checkpointing=True, "
+        "micro_batch=8, grad_accum=1, seq_len=128, optimizer='adamw', attention='sdpa', compile=False)), "
+        "model: its GPT (426,624 parameters)")
+
+
 def test_the_one_line_carries_the_largest_gap_and_what_the_figures_carry_besides():
     busy = Conditions(verdict="busy", reason="other processes used 1.0 of 2 CPUs")
     gap = ("the elementwise ops, norms and copies take 30% of the step at 23% of the expected speed: eager: each "
@@ -179,6 +198,7 @@ def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(m
 
     from tunekit.core.efficiency import Figures
     from tunekit.core.notes import of_kind
+    from tunekit.lab import plan as lab_plans
     from tunekit.lab.explain import run_line
 
     lab = tunekit.Lab(seq_len=32)
@@ -214,6 +234,7 @@ def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(m
     bare = Figures(name="cpu", peak_tflops=None, mamf_tflops=None, mamf_source="", bandwidth_tbs=None,
                    bandwidth_source="", launch_s=0.0, launch_source="", host_bound=True)
     monkeypatch.setattr("tunekit.planning.expect.cpu_figures", lambda peak, compute: bare)   # a CPU with no figures
+    lab_plans._PLANS.pop(lab, None)    # planned afresh: the Lab's cache holds this shape's plan (lab.plan.cached_plan)
     assert why(r).startswith("no expected step on cpu (fp32): tunekit has no figure for its maximum achievable "
                              "matmul TFLOPS (MAMF)")
 
@@ -221,6 +242,7 @@ def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(m
         raise RuntimeError("boom")
 
     monkeypatch.setattr(lab, "plan", boom)
+    lab_plans._PLANS.pop(lab, None)
     failed = lab.run(steps=1, warmup=0, micro_batch=2, trace=True, verbose=False)
     assert failed.status == "ok" and failed.explained is None and failed.trace is not None
     assert [str(n) for n in of_kind(failed.notes, "explain.none")] == [

@@ -33,6 +33,8 @@ MISSING = (None, math.nan)
     (3 * 2**20, False, "3.0 MiB"),
     (2**30 - 1, False, "1024.0 MiB"),       # (2**30 - 1) / 2**20 = 1023.999999: rounded, still MiB
     (5 * 2**30, False, "5.0 GiB"),
+    (3 * 2**40, False, "3.0 TiB"),         # not "3072.0 GiB"
+    (3 * 2**50, False, "3.0 PiB"),         # lab.expect(micro_batch=10**9): "2998828.9 GiB" was 2.9 PiB
 ])
 def test_bytes(n, signed, text):
     assert fmt_bytes(n, signed) == text

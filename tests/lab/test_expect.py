@@ -11,6 +11,7 @@ from tunekit.core.notes import of_kind
 from tunekit.core.setting import Setting
 from tunekit.core.toggles import ToggleError, Toggles
 from tunekit.lab import expect as ex
+from tunekit.lab import plan as lab_plans
 from tunekit.lab.expect_trace import untimed
 
 MiB = 2**20
@@ -50,6 +51,13 @@ def trace():
 def fake_run(traced=True, step_s=0.0363, peak=300 * MiB):
     return SimpleNamespace(run_id=3, status="ok", parallel=None, device="cpu", toggles=Toggles(), label="run 3",
                            trace=trace() if traced else None, step_s=step_s, conditions=None, peak_mem_bytes=peak)
+
+
+@pytest.fixture(autouse=True)
+def no_floor_under_a_made_up_lab(monkeypatch):
+    """A made-up Lab (no model, no process of its own) has no floor below its plan: 0 bytes."""
+    real = ex.lab_floor_bytes
+    monkeypatch.setattr(ex, "lab_floor_bytes", lambda lab: 0.0 if isinstance(lab, SimpleNamespace) else real(lab))
 
 
 def fake_lab(device_type="cpu"):
@@ -132,6 +140,12 @@ def test_a_step_of_another_size_is_also_said_per_token_and_a_busy_base_as_uncert
     # 68.3 ms (test_traced_base_run_calibrates_op_by_op) for 64 tokens against 36.3 ms for 32:
     # +88% a step, (68.3 / 64) / (36.3 / 32) - 1 = -5.9% a token
     assert big.line == "expected 68.3 ms/step (+88% vs run #3, -6% per token), peak 350.0 MiB (+17%)"
+    # a model of your own counting samples (its batch_fn's): said per sample, its rate in samples/s
+    samples = fake_plan(NEW_ROWS, 150 * MiB, tokens=64)
+    samples.unit = "samples"
+    own = ex.expectation(fake_lab(), Setting(), "cpu", samples, fake_plan(BASE_ROWS, 100 * MiB), run)
+    assert own.line == "expected 68.3 ms/step (+88% vs run #3, -6% per sample), peak 350.0 MiB (+17%)"
+    assert own.summary().splitlines()[1].startswith("937 samples/s")   # 64 samples / 68.3 ms = 937
     run.conditions = Conditions("busy", "load 9.0 on 2 CPUs")
     e = expect_of(run)
     assert e.base_busy and of_kind(e.notes, "expect.busy")
@@ -199,8 +213,8 @@ def test_nothing_to_carry_over_is_said():
 
 def test_shape_key_leaves_out_lr():
     a, b = Setting(lr=1e-3), Setting(lr=1e-4)
-    assert ex.shape_key("cpu", a) == ex.shape_key("cpu", b)
-    assert ex.shape_key("cpu", a) != ex.shape_key("cpu", a.replace(micro_batch=16))
+    assert lab_plans.shape_key("cpu", a) == lab_plans.shape_key("cpu", b)
+    assert lab_plans.shape_key("cpu", a) != lab_plans.shape_key("cpu", a.replace(micro_batch=16))
 
 
 def test_plans_cached_by_shape(monkeypatch):
@@ -214,10 +228,10 @@ def test_plans_cached_by_shape(monkeypatch):
             self.planned.append(setting.micro_batch)
             return setting.micro_batch
 
-    monkeypatch.setattr(ex, "KEPT_PLANS", 2)
+    monkeypatch.setattr(lab_plans, "KEPT_PLANS", 2)
     lab = Planner()
     for mb, lr in ((4, 1e-3), (4, 1e-4), (8, 1e-3), (4, 1e-3), (16, 1e-3), (4, 1e-3)):
-        ex.cached_plan(lab, "cpu", Setting(micro_batch=mb, lr=lr))
+        lab_plans.cached_plan(lab, "cpu", Setting(micro_batch=mb, lr=lr))
     # 4 planned; 4 again at another lr: cached; 8 planned; 4 cached (now the latest asked); 16
     # planned, 8 (asked least recently of the two kept) dropped for it; 4 still cached
     assert lab.planned == [4, 8, 16]
@@ -237,9 +251,48 @@ def test_bad_keywords_refused_before_any_plan(lab, monkeypatch):
         lab.expect(setting=Setting(parallel="ddp", world_size=2))
     with pytest.raises(ValueError, match="no run #7"):
         ex.base_run(lab, "cpu", 7)
+    # no run yet: said so, and what to do (not "the runs are " and an empty list)
+    with pytest.raises(ValueError, match=r"no run #7: this Lab has no run yet \(lab.run\(\) first"):
+        ex.base_run(lab, "cpu", 7)
     with pytest.raises(ValueError, match="finished one-process run"):
         ex.base_run(lab, "cpu", fake_run().__class__(status="failed", parallel=None, step_s=math.nan,
                                                      device="cpu"))
+
+
+def test_a_setting_that_cannot_fit_here_is_said_so(lab, monkeypatch):
+    from tunekit.measure import memavail
+
+    # a 30 MiB plan on a machine with 8 MiB free beyond what the process holds: lab.run would refuse it
+    monkeypatch.setattr(ex, "cached_plan", lambda lab, device, s: fake_plan(BASE_ROWS, 30 * MiB))
+    monkeypatch.setattr(ex, "lab_floor_bytes", lambda lab: 0.0)
+    monkeypatch.setattr(ex, "in_use_bytes", lambda lab: 0.0)
+    monkeypatch.setattr(memavail, "available", lambda *a: memavail.Available(8 * MiB, "MemAvailable"))
+    e = lab.expect(micro_batch=8)
+    assert not e.fits and e.line.endswith("peak 30.0 MiB (+0%): does not fit, 8.0 MiB available")
+    [note] = of_kind(e.notes, "expect.wont_fit")
+    assert note == ("the step needs 30.0 MiB more than the process holds now, 8.0 MiB is available "
+                    "(MemAvailable): lab.run refuses it (lab.find_max_batch_size finds the largest micro_batch "
+                    "that fits)")
+    monkeypatch.setattr(memavail, "available", lambda *a: memavail.Available(64 * MiB, "MemAvailable"))
+    assert lab.expect(micro_batch=8).fits
+
+
+def test_explaining_a_run_plans_its_step_once_through_the_labs_plan_cache(lab, monkeypatch):
+    from tunekit.lab.explain import explained
+
+    # lab.explain(run) re-planned the run's step on every call (35 s each on a busy 2-core machine);
+    # it takes the plan lab.expect caches by shape (and lab.expect then finds it there)
+    base = fake_plan(BASE_ROWS, 100 * MiB)
+    asked = []
+    monkeypatch.setattr(lab, "plan", lambda device, setting=None, verbose=True: asked.append(setting) or base)
+    run = fake_run()
+    run.toggles = lab.resolve(micro_batch=4)
+    for _ in range(2):
+        e = explained(lab, run, "run 3")
+        assert e.expected_s == pytest.approx(0.016)       # the base plan's 16 ms
+    assert len(asked) == 1 and asked[0].micro_batch == 4
+    lab.expect(setting=asked[0])                          # the same shape: no plan more
+    assert len(asked) == 1
 
 
 @pytest.mark.slow
@@ -284,12 +337,18 @@ def test_results_columns_and_view(tmp_path):
 
     none = RunResult.from_dict({"label": "a", "step_s": 0.05})
     assert {"expected_ms", "expect_error"} <= set(RESULT_COLUMNS)
-    assert "expected vs measured" not in runs_view(results_frame([none])).columns   # shown only where some run has one
+    assert "expected vs median step" not in runs_view(results_frame([none])).columns   # only where a run has one
     some = RunResult.from_dict({"label": "b", "step_s": 0.05, "expected_step_s": 0.06})
     # the expectation's error against the measurement: 60 / 50 - 1 = +20% (expected 20% slower than measured)
     view = runs_view(results_frame([none, some]))
     assert view["expected (ms)"].iloc[1] == pytest.approx(60.0)
-    assert view["expected vs measured"].iloc[1] == pytest.approx(0.2)
+    assert view["expected vs median step"].iloc[1] == pytest.approx(0.2)
+    # the error is against the median step, not the mean the "step (ms)" column shows: the header says
+    # so (a reader saw 6,700.9 expected beside 6,014.3 and "+85.6%"): 60 / 40 - 1 = +50%, the mean 50
+    skewed = RunResult.from_dict({"label": "c", "step_s": 0.05, "step_s_median": 0.04, "expected_step_s": 0.06})
+    view = runs_view(results_frame([skewed]))
+    assert view["step (ms)"].iloc[0] == pytest.approx(50.0) and view["expected vs median step"].iloc[0] == \
+        pytest.approx(0.5)
 
 
 def test_predicted_line_of_a_run():

@@ -48,6 +48,28 @@ def test_the_unplanned_bytes_follow_the_tokens():
     assert ex.peak_of(CPU, plan(19), run(), base, floor=344 * MiB)[0] == 389 * MiB
 
 
+def test_before_any_run_a_cpu_peak_is_the_process_plus_the_plan_as_lab_run_reads_it():
+    # lab.run's CPU peak is the process's RSS (~400 MiB for cpu-tiny), so the plan's 30 MiB of
+    # tensors alone would read as a step of a tenth of what the run then says: the floor 344 is
+    # added to both sides. 344 + 54 = 398 expected against 344 + 30 = 374 for the base
+    peak, base_peak, notes = ex.peak_of(CPU, plan(54, micro_batch=16), None, plan(30), floor=344 * MiB)
+    assert (peak, base_peak, notes) == (398 * MiB, 374 * MiB, [])
+    # a GPU's allocator peak is the plan's own
+    gpu = SimpleNamespace(device=SimpleNamespace(type="cuda"))
+    assert ex.peak_of(gpu, plan(54), None, plan(30))[:2] == (54 * MiB, 30 * MiB)
+
+
+def test_a_model_counting_samples_scales_the_unplanned_bytes_by_its_samples_alone():
+    # a batch_fn of your own that leaves seq_len out (its runs count samples): seq_len 1 -> 256 is
+    # the same step, not 256x the unplanned 26 MiB (+13% peak for a step the plan saw unchanged)
+    base, same = plan(30, seq_len=1), plan(30, seq_len=256)
+    base.unit = same.unit = "samples"
+    assert ex.peak_of(CPU, same, run(), base, floor=344 * MiB)[0] == 400 * MiB    # 344 + 30 + 26
+    twice = plan(54, micro_batch=16, seq_len=256)
+    twice.unit = "samples"
+    assert ex.peak_of(CPU, twice, run(), base, floor=344 * MiB)[0] == 450 * MiB   # 344 + 54 + 26 * 2
+
+
 def test_the_floor_is_the_process_now():
     # the process grew by 18 MiB since the base run (a profiler loaded): 362 + 30 + 26 = 418
     base = plan(30)

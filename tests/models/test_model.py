@@ -65,6 +65,16 @@ def test_bad_config_rejected():
         GPTConfig.preset("gpt-7b")
 
 
+def test_a_misspelled_preset_names_the_one_meant():
+    # a ValueError (what a wrong value is) that is still a KeyError for callers that catch one,
+    # its message unquoted and naming the closest preset
+    with pytest.raises(ValueError) as info:
+        GPTConfig.preset("cpu-tiyn")
+    assert isinstance(info.value, KeyError)
+    assert str(info.value) == ("unknown preset 'cpu-tiyn': did you mean 'cpu-tiny'? (the presets: "
+                               "cpu-small, cpu-tiny, gpt-1b, gpt2-124m, gpt2-350m)")
+
+
 @pytest.mark.parametrize("pos,mlp", [("rope", "gelu"), ("learned", "swiglu")])
 def test_math_and_sdpa_agree_and_are_causal(pos, mlp):
     torch.manual_seed(0)

@@ -111,6 +111,9 @@ def test_a_dtype_the_card_has_no_peak_for_gets_no_bound_and_says_what_the_card_r
     # a typo is refused with the row it looks like, not read as that row (it was, with a note)
     (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100X"), ValueError,
      r"unknown device 'H100X' \(did you mean 'H100 SXM'\?\)"),
+    # a dropped digit: the card of the same family, not the nearest string of the table ("A10G")
+    (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H10"), ValueError,
+     r"unknown device 'H10' \(did you mean 'H100 SXM'\?\)"),
     (lambda: tunekit.plan(torch.nn.Linear(2, 2)), TypeError, "needs batch_fn"),
     (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "cpu", seq_len=10_000), ValueError, "positions"),
     (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "cpu", precision="fp64"), ValueError, "precision"),
@@ -119,6 +122,14 @@ def test_a_dtype_the_card_has_no_peak_for_gets_no_bound_and_says_what_the_card_r
 def test_bad_input_is_refused_before_any_work(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_a_preset_name_plans_as_its_config_and_a_misspelled_one_names_the_preset_meant():
+    from tunekit.planning.target import config_of
+    # the name the command's --model and Lab(preset=) take: the preset's GPTConfig
+    assert config_of("gpt2-124m") == (tunekit.GPTConfig.preset("gpt2-124m"), "gpt", {})
+    with pytest.raises(ValueError, match=r"unknown preset 'gpt2-124': did you mean 'gpt2-124m'\?"):
+        tunekit.plan("gpt2-124", "H100")
 
 
 @pytest.mark.slow

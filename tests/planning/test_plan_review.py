@@ -24,6 +24,18 @@ def test_a_device_named_with_another_memory_size_is_refused(name):
         tunekit.plan(TINY, name, micro_batch=1, seq_len=8)
 
 
+@pytest.mark.parametrize("name", ["A100 40", "a100-40g", "A100 40G"])
+def test_a_bare_memory_size_is_read_as_one_and_the_card_of_that_size_named(name):
+    # "A100 40" was planned on the A100 80GB (80 GiB, "fits") with only a note saying so
+    with pytest.raises(ValueError, match=r"names 40 GB, but the spec table's A100 80GB has 80 GB: "
+                                         r"did you mean 'A100 40GB'\?"):
+        tunekit.plan(TINY, name, micro_batch=1, seq_len=8)
+
+
+def test_a_model_number_is_not_a_memory_size():
+    assert tunekit.plan(TINY, "RTX 4090", micro_batch=1, seq_len=8).device == "RTX 4090"
+
+
 def test_a_device_named_with_its_own_memory_size_is_planned():
     assert tunekit.plan(TINY, "NVIDIA H100 80GB HBM3", micro_batch=1, seq_len=8).device == "H100 SXM"
 
@@ -171,3 +183,19 @@ def test_a_shape_bug_in_the_step_is_raised_not_planned():
 
     with pytest.raises(RuntimeError, match="same reduction dim"):   # torch's meta kernel's words
         tunekit.plan(Bad(), "cpu", batch_fn=lambda b, s: (torch.randn(b, 8),))
+
+
+def test_a_plan_leaves_the_users_config_and_the_labs_model_as_they_were():
+    # the fake model was built on the user's config object: attention="eager" set eager on it, and
+    # lab.expect(attention="eager") made the Lab's next plain run eager (recorded as a hand change)
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    before = cfg._attn_implementation
+    tunekit.plan(cfg, "cpu", attention="eager", micro_batch=2, seq_len=16, verbose=False)
+    assert cfg._attn_implementation == before
+    lab = tunekit.Lab(transformers.AutoModelForCausalLM.from_config(cfg), micro_batch=2, seq_len=16,
+                      peak_tflops=1.0)
+    own, hf = lab.resolve().attention, lab.model.config._attn_implementation
+    lab.expect(attention="math")
+    assert (lab.resolve().attention, lab.model.config._attn_implementation) == (own, hf)

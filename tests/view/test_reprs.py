@@ -291,6 +291,17 @@ def test_progress_says_where_a_run_stopped(monkeypatch):
     assert progress.sys.stderr.getvalue() == "lab.run stopped at step 2/5: KeyboardInterrupt\n"
 
 
+def test_a_refused_run_says_nothing_ran_not_a_step_it_never_reached(monkeypatch):
+    from tunekit.core.toggles import ToggleError
+    from tunekit.view import progress
+
+    monkeypatch.setattr(progress.sys, "stderr", io.StringIO())
+    # lab.run(steps=0): refused before any work; not "stopped at step 0/0"
+    with pytest.raises(ToggleError), progress.RunProgress(0):
+        raise ToggleError(["steps must be a whole number >= 1 (got 0): nothing would be timed."])
+    assert progress.sys.stderr.getvalue() == "lab.run refused before any work (ToggleError): nothing ran\n"
+
+
 def test_a_notebook_gets_one_updating_display_per_cell(monkeypatch):
     import IPython
     import IPython.display

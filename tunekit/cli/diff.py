@@ -59,11 +59,27 @@ def _name(r) -> str:
     return f"#{r.session}/{r.run_id}" if r.session else f"#{r.run_id}"
 
 
+def _two_runs(spec_a: str, spec_b: str, a, b) -> None:
+    """`Refused` where both sides name one run of one log, with two runs of it to name instead."""
+    from tunekit.lab.runlog import RunLog
+
+    path_a, path_b = spec_a.partition("#")[0], spec_b.partition("#")[0]
+    if Path(path_a).resolve() != Path(path_b).resolve() or (a.session, a.run_id) != (b.session, b.run_id):
+        return
+    runs = RunLog.load(path_a)
+    at = next((i for i, r in enumerate(runs) if (r.session, r.run_id) == (a.session, a.run_id)), 0)
+    pair = runs[max(at - 1, 0):][:2]
+    hint = f": name two runs, as {' '.join(path_a + _name(r) for r in pair)}" if len(pair) == 2 else \
+        ": the log holds no other run"
+    raise Refused(f"{spec_a} and {spec_b} both name run {_name(a)} ({a.label}){hint}")
+
+
 def diff_main(args) -> int:
     from tunekit.core.diff import diff
 
     try:
         a, b = read_side(args.a), read_side(args.b)
+        _two_runs(args.a, args.b, a, b)
         d = diff(a, b)
     except (Refused, ValueError, TypeError) as e:
         print(f"tunekit diff: error: {e}", file=sys.stderr)

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -31,7 +32,9 @@ def model_source(text: str) -> tuple[str, object]:
     if text.count(":") == 1 and all(text.split(":")):
         check_factory(text)
         return "factory", text
-    raise Refused(f"--model {text!r} is not a preset ({', '.join(PRESETS)}), a config .json file, "
+    close = difflib.get_close_matches(text, list(PRESETS), n=1, cutoff=0.6)
+    meant = f": did you mean {close[0]!r}? (the presets: " if close else " (a preset: "
+    raise Refused(f"--model {text!r} is not a preset{meant}{', '.join(PRESETS)}), a config .json file, "
                   "or 'package.module:function'")
 
 

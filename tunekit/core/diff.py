@@ -226,6 +226,9 @@ def diff(a, b, rows: int | None = SHOWN) -> Diff:
         changed += [(f, getattr(a, f), getattr(b, f)) for f in ("device", "parallel", "world_size")
                     if getattr(a, f) != getattr(b, f)]
         per_step = (_number(a.tokens_per_step), _number(b.tokens_per_step), a.throughput_unit or "tokens")
+        if a is b or (a.run_id, a.session, a.time, a.label) == (b.run_id, b.session, b.time, b.label):
+            notes.append(Note("diff.same_run", f"both sides are {names[0]}: nothing can have changed; tunekit.diff("
+                                               "lab.runs[-2], lab.runs[-1]) compares a Lab's last two runs"))
         failed = [n for n, r in zip(names, (a, b)) if r.status != "ok"]
         if failed:
             notes.append(Note("diff.failed_run", f"{' and '.join(failed)} did not finish: its figures are n/a"))

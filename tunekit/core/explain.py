@@ -270,8 +270,7 @@ def explain(result, plan=None, *, steps: int = 1) -> Explanation:
     if plan is None and callable(getattr(result, "explainer", None)):
         return result.explainer()   # a Lab's run: its Lab plans its step (RunResult.explainer)
     if plan is None:
-        raise ValueError("tunekit.explain needs the plan of the step the result ran: tunekit.explain(result, "
-                         "tunekit.plan(model, 'cpu', ...)), or lab.explain(run) for a Lab's run")
+        raise ValueError(_plan_call(result))
     expected = getattr(plan, "expected", plan)
     trace = as_breakdown(result if isinstance(result, Breakdown) else getattr(result, "trace", None))
     if trace is None and getattr(result, "job", None):   # a cluster run comes home untraced: its whole step
@@ -283,6 +282,22 @@ def explain(result, plan=None, *, steps: int = 1) -> Explanation:
     setting = getattr(result, "toggles", None) or getattr(plan, "setting", None)   # a record's: the plan's
     return explain_trace(trace, expected, steps=steps, setting=setting,
                          conditions=getattr(result, "conditions", None), label=str(name))
+
+
+def _plan_call(result) -> str:
+    """Why ``result`` needs a plan, and the call that makes it: a run's own device and setting written out."""
+    toggles, device = getattr(result, "toggles", None), getattr(result, "device", None)
+    if toggles is None or not device:
+        return ("tunekit.explain needs the plan of the step the result ran: tunekit.explain(result, "
+                "tunekit.plan(model, 'cpu', ...)), or lab.explain(run) for a Lab's run")
+    from tunekit.core.specs import find_spec
+
+    spec = None if str(device).startswith("cpu") else find_spec(str(device))
+    where = "cpu" if str(device).startswith("cpu") else spec.name if spec is not None else str(device)
+    words = ", ".join(f"{k}={v!r}" for k, v in toggles.asdict().items() if v is not None and k != "lr")
+    return (f"tunekit.explain needs the plan of the step run #{result.run_id} ({result.label}) ran, and a run read "
+            f"back from a log has no Lab to plan it: tunekit.explain(run, tunekit.plan(model, {where!r}, {words})), "
+            f"model: its {result.model} ({result.n_params:,} parameters)")
 
 
 def job_words(job: dict) -> str:

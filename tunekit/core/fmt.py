@@ -22,7 +22,7 @@ def fmt_bytes(n, signed: bool = False) -> str:
         return NA
     sign = ("+" if n > 0 else "-" if n < 0 else "") if signed else ("-" if n < 0 else "")
     v = abs(float(n))
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+    for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if v >= size:
             return f"{sign}{v / size:.1f} {unit}"
     return f"{sign}{int(v)} B"
@@ -115,7 +115,7 @@ FORMATS = {"tokens/s": "{:,.0f}", "samples/s": "{:,.0f}", "tokens or samples/s":
            "GPU peak (MiB)": "{:,.1f}", "CPU peak RSS (MiB)": "{:,.1f}",
            "CPU peak above start (MiB)": "{:,.1f}", "GPU peak above start (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
            "loss": "{:.3f}", "comm/step (MiB)": "{:,.2f}", "wait (ms)": "{:,.2f}",
-           "expected (ms)": "{:,.1f}", "expected vs measured": "{:+.1%}"}
+           "expected (ms)": "{:,.1f}", "expected vs median step": "{:+.1%}"}
 
 
 def formatted(value, fmt: str) -> str:

@@ -49,6 +49,7 @@ KINDS = {
     "explain.untraced": "tunekit.explain of an untraced (cluster) run: the whole step only",
     "monitor.untraced": "Monitor(trace=N): no step traced (the loop ended first, the step failed, no profiler)",
     "diff.failed_run": "tunekit.diff: a run that did not finish, its figures n/a",
+    "diff.same_run": "tunekit.diff: both sides are one run",
     "diff.peaks": "tunekit.diff: the two sides' MFUs are against different peaks (their own dtypes')",
     "diff.busy": "tunekit.diff: a side measured on a busy machine",
     "diff.one_trace": "tunekit.diff: one side traced, the other not",
@@ -64,6 +65,7 @@ KINDS = {
     "expect.peak_uncalibrated": "lab.expect: the base run measured no peak, the plan's peak alone",
     "expect.busy": "lab.expect: the base run was measured on a busy machine",
     "expect.peak_offset": "lab.expect: the CPU peak carried as one offset (no start reading)",
+    "expect.wont_fit": "lab.expect: the setting's peak needs more memory than is available: lab.run refuses it",
     # find_max_batch_size's trial reasons (Trial.reason)
     "trial.ok": "the trial fit",
     "trial.oom": "the trial ran out of memory",

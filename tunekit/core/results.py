@@ -240,7 +240,7 @@ _VIEW = {"run_id": "#", "label": "run", "tokens_per_s": "tokens/s", "step_ms": "
          "tflops": "TFLOPS", "mfu": "MFU", "hfu": "HFU", "mfu_peak": "MFU/HFU of", "peak_mem_mib": "peak (MiB)",
          "saved_mib": "saved (MiB)", "loss": "loss", "attention_ran": "attn ran",
          "flops_source": "FLOPs", "conditions": "machine", "status": "status",
-         "expected_ms": "expected (ms)", "expect_error": "expected vs measured"}
+         "expected_ms": "expected (ms)", "expect_error": "expected vs median step"}
 _SHOWN_IF_ANY = ("expected_ms", "expect_error")   # columns a view shows only where some row has one
 
 

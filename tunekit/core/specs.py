@@ -68,7 +68,11 @@ def card(device_name: str) -> GPU:
     """
     spec = find_spec(device_name)
     if spec is None:
-        close = difflib.get_close_matches(device_name.strip(), [*names(), "cpu"], n=1, cutoff=0.5)
+        known = {n.lower(): n for n in [*names(), "cpu"]}
+        asked = device_name.strip().lower()   # the cards of its family (its first two characters) first, then any
+        family = [n for n in known if n[:2] == asked[:2]]
+        close = [known[c] for c in difflib.get_close_matches(asked, family, n=1, cutoff=0.5)
+                 or difflib.get_close_matches(asked, list(known), n=1, cutoff=0.5)]
         raise ValueError(f"unknown device {device_name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                          + f": one of {', '.join(names())}, or 'cpu'")
     return spec

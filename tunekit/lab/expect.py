@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import html
 import math
-import threading
-import weakref
 from dataclasses import dataclass, field
 
 from tunekit.core.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
@@ -53,12 +51,11 @@ from tunekit.lab.expect_trace import (
     traced_factors,
 )
 from tunekit.lab.explain import plan_device
+from tunekit.lab.plan import cached_plan
 from tunekit.lab.setting import setting_of, toggles_of
 from tunekit.planning.target import lab_setting
 
 NaN = math.nan
-NOT_STEP = ("lr",)          # setting words that leave the fake step as it is
-KEPT_PLANS = 64             # plans kept per Lab (each holds its op records, no tensors)
 CHANGED = 0.01              # an op whose expected time moves by more than this share is "resized"
 
 
@@ -89,6 +86,9 @@ class Expectation:
     tokens_per_step: float = NaN        # the setting's, and the base's: a step of another size is also said per token
     base_tokens_per_step: float = NaN
     base_busy: bool = False             # the calibrating run was measured on a busy machine
+    unit: str = "tokens"                # what a step counts: "tokens", or "samples" (a batch_fn of your own)
+    available_bytes: float = NaN        # memory free beyond what the process holds (NaN: not known)
+    fits: bool = True                   # False: lab.run would refuse it (note expect.wont_fit)
 
     @property
     def vs(self) -> str:
@@ -102,11 +102,12 @@ class Expectation:
         vs = f"{delta(self.step_s, self.base_step_s)} vs {self.vs}"
         tokens, base_tokens = self.tokens_per_step, self.base_tokens_per_step
         if tokens > 0 and base_tokens > 0 and tokens != base_tokens:
-            vs += f", {delta(self.step_s / tokens, self.base_step_s / base_tokens)} per token"
+            vs += f", {delta(self.step_s / tokens, self.base_step_s / base_tokens)} per {self.unit.removesuffix('s')}"
         if self.base_busy:
             vs += f"; {self.vs} was busy: uncertain"
+        fit = "" if self.fits else f": does not fit, {fmt_bytes(self.available_bytes)} available"
         return f"expected {fmt_ms(self.step_s)}/step ({vs}), peak {fmt_bytes(self.peak_bytes)} " \
-               f"({delta(self.peak_bytes, self.base_peak_bytes)})"
+               f"({delta(self.peak_bytes, self.base_peak_bytes)}){fit}"
 
     @property
     def table(self):
@@ -118,7 +119,7 @@ class Expectation:
         how = {"trace": f"calibrated op by op by {self.vs}'s trace",
                "step time": f"calibrated by {self.vs}'s step time (one ratio)",
                "none": "the device model alone (no measured run of this Lab here)"}[self.calibration]
-        lines = [self.line, f"{fmt_rate(self.tokens_per_s, 'tokens/s')}, MFU {fmt_pct(self.mfu)}; {how}"]
+        lines = [self.line, f"{fmt_rate(self.tokens_per_s, self.unit + '/s')}, MFU {fmt_pct(self.mfu)}; {how}"]
         for op, _cat, base, new, what in self.changes[:6]:
             lines.append(f"- {op}: {what} ({fmt_ms(base, True)} -> {fmt_ms(new, True)})")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
@@ -130,34 +131,6 @@ class Expectation:
         head, *rest = self.summary().split("\n")
         items = "".join(f"<li>{html.escape(x.lstrip('- '))}</li>" for x in rest)
         return f"<div><b>{html.escape(head)}</b><ul>{items}</ul></div>"
-
-
-# --- the plans, cached by shape ----------------------------------------------------------------
-
-_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_PLANS_LOCK = threading.Lock()
-
-
-def shape_key(device: str, s: Setting) -> tuple:
-    """What a fake step depends on: the device and every setting word but ``NOT_STEP``."""
-    return (device,) + tuple((k, v) for k, v in sorted(s.asdict().items()) if k not in NOT_STEP)
-
-
-def cached_plan(lab, device: str, s: Setting):
-    """``lab.plan(device, setting=s)``, once per shape and live model (the dashboard's thread and
-    the kernel's may both ask: the cache is read and written under a lock, the planning outside it)."""
-    key = (id(lab.model),) + shape_key(device, s)
-    with _PLANS_LOCK:
-        plans = _PLANS.setdefault(lab, {})
-        if key in plans:
-            plans[key] = plans.pop(key)    # the latest asked: kept the longest
-            return plans[key]
-    planned = lab.plan(device, setting=s, verbose=False)   # quiet: the dashboard asks from a thread
-    with _PLANS_LOCK:
-        while len(plans) >= KEPT_PLANS:   # the shapes asked least recently go first
-            del plans[next(iter(plans))]
-        plans[key] = planned
-    return planned
 
 
 # --- the setting asked about, and the base run ----------------------------------------------------
@@ -186,7 +159,9 @@ def base_run(lab, device: str, base=None):
     if isinstance(base, int) and not isinstance(base, bool):
         found = [r for r in runs if r.run_id == base]
         if not found:
-            raise ValueError(f"no run #{base}: the runs are " + ", ".join(f"#{r.run_id}" for r in runs))
+            raise ValueError(f"no run #{base}: " + ("the runs are " + ", ".join(f"#{r.run_id}" for r in runs)
+                                                   if runs else "this Lab has no run yet (lab.run() first, or "
+                                                                "lab.expect() without base=: the device model)"))
         base = found[-1]
     # a log the Lab resumed may hold runs of other models: only a run of this model calibrates it
     n_params = sum(p.numel() for p in lab.model.parameters())
@@ -267,10 +242,12 @@ def peak_of(lab, plan, run, base_plan, floor=None) -> tuple[float, float, list]:
     one micro-batch: what the steps touched beyond the fake step's tensors (allocator holes and
     pages no tensor accounts for) followed the tokens on cpu-tiny, not the activations: ~21 MiB at
     1,024 tokens (24 with checkpointing, which drops 85% of the activations), 41-44 at 2,048, 12
-    at 512 (benchmarks/bench_cpu_peak.py). Without a start reading: one offset, measured - planned."""
+    at 512 (benchmarks/bench_cpu_peak.py). Without a start reading: one offset, measured - planned.
+    Without a run: the plan's peak, on a CPU above the process's floor (what lab.run's meter reads)."""
     planned = plan.total_bytes
-    if run is None:
-        return planned, base_plan.total_bytes, []
+    if run is None:   # on a CPU the run's meter reads the process: the floor is on both sides
+        below = (lab_floor_bytes(lab) if floor is None else floor) if lab.device.type == "cpu" else 0.0
+        return below + planned, below + base_plan.total_bytes, []
     measured = run.peak_mem_bytes
     if measured is None or is_missing(measured) or not measured > 0 or not base_plan.total_bytes > 0:
         return planned, NaN, [Note("expect.peak_uncalibrated", f"run #{run.run_id} measured no peak: the "
@@ -294,7 +271,9 @@ def peak_of(lab, plan, run, base_plan, floor=None) -> tuple[float, float, list]:
 
 
 def _tokens(plan) -> float:
-    s = getattr(plan, "setting", None)
+    s = getattr(plan, "setting", None)   # a model counting samples (its own batch_fn): seq_len is not its size
+    if s is not None and s.micro_batch and getattr(plan, "unit", "tokens") == "samples":
+        return float(s.micro_batch)
     return float(s.micro_batch * s.seq_len) if s is not None and s.micro_batch and s.seq_len else 0.0
 
 
@@ -310,8 +289,36 @@ def lab_expect(lab, setting=None, base=None, **changes) -> Expectation:
                          f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
     base_plan = cached_plan(lab, device, base_setting)
     e = expectation(lab, s, device, plan, base_plan, run, base_setting.grad_accum or 1)
+    fit_of(lab, e)
     lab.log.expecting(s, e.step_s, e.peak_bytes, e.base_run)   # the run of this setting keeps it (run log)
     return e
+
+
+def in_use_bytes(lab) -> float:
+    """What the Lab's process holds on its device now: its settled RSS (CPU), the allocator's reserve (GPU)."""
+    if lab.device.type == "cpu":
+        from tunekit.measure.device_meter import settled_rss_bytes
+        return float(settled_rss_bytes())
+    import torch
+    return float(torch.cuda.memory_reserved(lab.cuda_index)) if lab.device.type == "cuda" else 0.0
+
+
+def fit_of(lab, e: Expectation) -> None:
+    """``e.fits`` False, with a note, where its peak needs more than the memory available now (what
+    lab.run checks before it allocates: tunekit.lab.fit)."""
+    from tunekit.measure import memavail
+
+    limit = memavail.available(lab.device, lab.cuda_index)
+    if limit is None or is_missing(e.peak_bytes):
+        return
+    need = e.peak_bytes - in_use_bytes(lab)
+    e.available_bytes = float(limit.bytes)
+    if need > limit.bytes:
+        e.fits = False
+        e.notes.append(Note("expect.wont_fit", f"the step needs {fmt_bytes(need)} more than the process holds now, "
+                                               f"{fmt_bytes(limit.bytes)} is available ({limit.source}): lab.run "
+                                               "refuses it (lab.find_max_batch_size finds the largest micro_batch "
+                                               "that fits)"))
 
 
 def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expectation:
@@ -358,4 +365,5 @@ def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expect
                    else base_e.tokens_per_s * base_e.step_s * base_accum)
     return Expectation(s, device, step, e.tokens_per_s * ratio, e.mfu * ratio, peak, plan_step, plan.total_bytes,
                        None if run is None else run.run_id, base_step, base_peak, factors[3], rows,
-                       changes_of(e_rows, base_rows), notes + more, tokens, base_tokens, busy)
+                       changes_of(e_rows, base_rows), notes + more, tokens, base_tokens, busy,
+                       getattr(plan, "unit", None) or "tokens")

@@ -61,8 +61,13 @@ def explained(lab, run, label: str, plan=None) -> Explanation:
     without a spec row, a plan without an expected step)."""
     if run.parallel:
         raise ValueError("lab.explain explains a one-process run (each rank's trace is its own)")
-    if plan is None:
-        plan = lab.plan(plan_device(run.device), **run.toggles.asdict())
+    if plan is None:   # planned once per shape: lab.expect's cache (the Setting lab.expect makes of a base run)
+        from tunekit.core.setting import Setting
+        from tunekit.lab.plan import cached_plan
+        from tunekit.planning.target import lab_setting
+
+        setting = Setting(**lab_setting(lab, **run.toggles.asdict()))
+        plan = cached_plan(lab, plan_device(run.device), setting, verbose=True)
     missing = of_kind(plan.notes, "expected.missing", "device.no_peak")
     if plan.expected is None:
         raise ValueError(str(missing[0]) if missing else "the plan of this run has no expected step")

@@ -4,19 +4,25 @@ what of the Lab the plan does not model said in its notes.
 The plan builds its own model from the Lab's config under fake tensors (planning), or a fake
 twin of a model of the user's, stepped on the Lab's batch_fn, loss_fn and blocks: the live model,
 its weights and its optimizer are not touched. The Lab's toggles reach the plan as one Setting
-(every declared toggle: what the plan does not model, it says in its notes).
+(every declared toggle: what the plan does not model, it says in its notes). `cached_plan`: a
+plan once per shape and live model, for lab.expect, lab.explain and the dashboard's line.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
+import weakref
 
-from tunekit.core.setting import from_keywords, step_words
+from tunekit.core.setting import Setting, from_keywords, step_words
 from tunekit.core.toggles import LAB_DEFAULT, Toggles
 from tunekit.core.validate import LiveSignature
 from tunekit.lab.setting import setting_of
 from tunekit.planning.planner import plan
 from tunekit.planning.record import Plan
+
+NOT_STEP = ("lr",)          # setting words that leave the fake step as it is
+KEPT_PLANS = 64             # plans kept per Lab (each holds its op records, no tensors)
 
 
 def plan_parameters() -> list:
@@ -54,3 +60,29 @@ def lab_plan(lab, device: str, overrides: dict) -> Plan:
     s = setting_of(lab, changes={k: v for k, v in given.items() if k in toggles}, api="lab.plan", refuse=False)
     s = s.replace(**{k: v for k, v in given.items() if k not in toggles and v is not None})
     return plan(lab, device, setting=s, **rest)
+
+
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PLANS_LOCK = threading.Lock()
+
+
+def shape_key(device: str, s: Setting) -> tuple:
+    """What a fake step depends on: the device and every setting word but ``NOT_STEP``."""
+    return (device,) + tuple((k, v) for k, v in sorted(s.asdict().items()) if k not in NOT_STEP)
+
+
+def cached_plan(lab, device: str, s: Setting, verbose: bool = False):
+    """``lab.plan(device, setting=s)``, once per shape and live model (the dashboard's thread and
+    the kernel's may both ask: the cache is read and written under a lock, the planning outside it)."""
+    key = (id(lab.model),) + shape_key(device, s)
+    with _PLANS_LOCK:
+        plans = _PLANS.setdefault(lab, {})
+        if key in plans:
+            plans[key] = plans.pop(key)    # the latest asked: kept the longest
+            return plans[key]
+    planned = lab.plan(device, setting=s, verbose=verbose)   # quiet by default: the dashboard asks from a thread
+    with _PLANS_LOCK:
+        while len(plans) >= KEPT_PLANS:   # the shapes asked least recently go first
+            del plans[next(iter(plans))]
+        plans[key] = planned
+    return planned

@@ -4,6 +4,7 @@ and a plan reads a config without importing torch. The model itself is `tunekit.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 
 from tunekit.core.registry import ATTENTIONS
@@ -13,6 +14,14 @@ from tunekit.core.validate import flag, real, whole
 ATTENTION_IMPLS = tuple(ATTENTIONS)
 MLP_KINDS = ("gelu", "swiglu")
 POS_KINDS = ("rope", "learned")
+
+
+class UnknownPreset(ValueError, KeyError):
+    """A preset name not in `PRESETS`: a wrong value (ValueError), still a KeyError for code that
+    looks a preset up; its message reads as written (KeyError's would be quoted)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass
@@ -73,7 +82,9 @@ class GPTConfig:
     def preset(cls, name: str, **overrides) -> "GPTConfig":
         """A named config, optionally changed: ``GPTConfig.preset("cpu-tiny", n_layer=4)``."""
         if name not in PRESETS:
-            raise KeyError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+            close = difflib.get_close_matches(str(name), sorted(PRESETS), n=1, cutoff=0.6)
+            raise UnknownPreset(f"unknown preset {name!r}: " + (f"did you mean {close[0]!r}? " if close else "")
+                                + f"(the presets: {', '.join(sorted(PRESETS))})")
         return dataclasses.replace(PRESETS[name], **overrides)
 
 

@@ -4,6 +4,7 @@ counts."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 
 import torch
@@ -69,9 +70,12 @@ def config_of(target, batch_fn=None, loss_fn=None, blocks=None):
                         "device it takes no memory) and plan it, tunekit.plan(model, ..., batch_fn=...)")
     if isinstance(target, GPTConfig):
         return target, "gpt", {}
+    if isinstance(target, str):   # a preset's name, as `tunekit plan --model` and Lab(preset=) take it
+        return GPTConfig.preset(target), "gpt", {}
     if hasattr(target, "model_type") and hasattr(target, "to_dict"):
         return target, "hf", {}
-    raise TypeError(f"tunekit.plan takes a GPTConfig, a transformers config, an nn.Module or a Lab, got "
+    raise TypeError(f"tunekit.plan takes a GPTConfig (or a preset's name), a transformers config, an nn.Module "
+                    f"or a Lab, got "
                     f"{type(target).__name__}")
 
 
@@ -139,7 +143,8 @@ def build(cfg, kind, dtype):
         # an encoder-decoder (T5, BART) trains as one: AutoModelForCausalLM has no T5, and BART's is its
         # decoder alone
         auto = AutoModelForSeq2SeqLM if getattr(cfg, "is_encoder_decoder", False) else AutoModelForCausalLM
-        return auto.from_config(cfg, dtype=dtype or torch.float32)
+        # on a copy: the model keeps its config, and a plan's attention must not switch the user's (or a Lab's)
+        return auto.from_config(copy.deepcopy(cfg), dtype=dtype or torch.float32)
     finally:
         torch.set_default_dtype(previous)
 

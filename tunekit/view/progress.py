@@ -25,6 +25,7 @@ import time
 from tunekit.core.fmt import fmt_elapsed
 from tunekit.core.notes import kind_of
 from tunekit.core.run_text import autotune_line, result_line
+from tunekit.core.toggles import ToggleError
 
 SHOWN_PER_CELL = 4     # a cell's runs listed in its block (the newest), the earlier ones counted
 EVERY_S = 0.1          # at most ten redraws a second, whatever the step time
@@ -58,6 +59,8 @@ class RunProgress:
     def __exit__(self, kind, exc, _tb) -> bool:
         if exc is None and self.result is not None:
             self.view.end(result_line(self.result), failed=False)
+        elif isinstance(exc, ToggleError):   # refused before any work (lab.run's contract): no step to name
+            self.view.end(f"lab.run refused before any work ({kind.__name__}): nothing ran", failed=True)
         elif exc is not None:
             failed = getattr(exc, "result", None)  # a NonFiniteRunError carries the recorded run
             self.view.end(result_line(failed) if failed is not None else
