@@ -30,8 +30,8 @@ The run's own length is printed last.
   --hooks: the magic's two hooks alone, called directly 20,000 times for a trivial cell each, off and
            under `on -q`, in a plain IPython shell (no kernel, no client): the median per cell, which a
            busy machine's preemptions do not move (they land in the slow tail); then the same hooks
-           timed in situ, inside 4,000 `ip.run_cell`s each way (IPython's own work between two calls
-           leaves them running from colder caches: above the direct loop's figure); with --against DIR
+           timed in situ, inside 4,000 `ip.run_cell`s each way (IPython's own work runs between the
+           calls, as in a notebook: what a kernel pays, above the direct loop's figure); with --against DIR
            the same in a process importing tunekit from DIR, alternated 3 times. Microseconds, for an A/B.
   --against DIR: before/after, side by side: a second kernel imports tunekit from DIR (another
            checkout, e.g. `git worktree add /tmp/base main`), and A2's window (cells ~20-220) is
