@@ -29,8 +29,10 @@ window; it is part of the cost (a profiled cell keeps its record), so it stays i
 The run's own length is printed last.
   --hooks: the magic's two hooks alone, called directly 20,000 times for a trivial cell each, off and
            under `on -q`, in a plain IPython shell (no kernel, no client): the median per cell, which a
-           busy machine's preemptions do not move (they land in the slow tail); with --against DIR the
-           same in a process importing tunekit from DIR, alternated 3 times. Seconds, for an A/B.
+           busy machine's preemptions do not move (they land in the slow tail); then the same hooks
+           timed in situ, inside 4,000 `ip.run_cell`s each way (IPython's own work runs between the
+           calls, as in a notebook: what a kernel pays, above the direct loop's figure); with --against DIR
+           the same in a process importing tunekit from DIR, alternated 3 times. Microseconds, for an A/B.
   --against DIR: before/after, side by side: a second kernel imports tunekit from DIR (another
            checkout, e.g. `git worktree add /tmp/base main`), and A2's window (cells ~20-220) is
            taken in each kernel in turn, 5 times (`--windows N`: N times), so that the machine's load
@@ -228,8 +230,38 @@ def cells(tag, on, n=20_000):  # us per cell: median and 10th percentile of the 
     ts.sort()
     return ts[n // 2] * 1e6, ts[n // 10] * 1e6
 
+def in_situ(tag, on, n=4_000):  # us per cell: the same two hooks timed inside ip.run_cell (median, 10th pct)
+    spent, t0 = [], [0]
+    pre0, post0 = m.pre_run_cell, m.post_run_cell
+    def pre(*a):
+        t = time.perf_counter_ns()
+        try:
+            return pre0(*a)
+        finally:
+            t0[0] = time.perf_counter_ns() - t
+    def post(*a):
+        t = time.perf_counter_ns()
+        try:
+            return post0(*a)
+        finally:
+            spent.append(t0[0] + time.perf_counter_ns() - t)
+    for ev, f, g in (("pre_run_cell", pre0, pre), ("post_run_cell", post0, post)):
+        ip.events.unregister(ev, f)
+        ip.events.register(ev, g)
+    if on:
+        ip.run_line_magic("gpuprofile", "on -q")
+    for i in range(n):
+        ip.run_cell(f"{tag}{i} = {i}", store_history=False)
+    if on:
+        ip.run_line_magic("gpuprofile", "off")
+    for ev, f, g in (("pre_run_cell", pre0, pre), ("post_run_cell", post0, post)):
+        ip.events.unregister(ev, g)
+        ip.events.register(ev, f)
+    spent.sort()
+    return spent[n // 2] / 1e3, spent[n // 10] / 1e3
+
 off, on = cells("b", False), cells("p", True)
-print(repr((tunekit.__file__, off, on)))
+print(repr((tunekit.__file__, off, on, in_situ("sb", False), in_situ("sp", True))))
 """
 
 
@@ -245,10 +277,11 @@ def hooks(other=None, times=3):
             env = {**os.environ, **({"PYTHONPATH": os.path.abspath(path)} if path else {})}
             out = subprocess.run([sys.executable, "-c", HOOKS_SIDE], env=env, capture_output=True, text=True,
                                  check=True, cwd=path).stdout.strip().splitlines()[-1]  # (-c: the cwd comes first)
-            f, off, on = ast.literal_eval(out)
+            f, off, on, s_off, s_on = ast.literal_eval(out)
             got.setdefault(f, []).append(on[0] - off[0])
             print(f"   {f}: hooks per trivial cell, median (10th percentile) us: off {off[0]:.2f} ({off[1]:.2f}), "
-                  f"on -q {on[0]:.2f} ({on[1]:.2f}); added {on[0] - off[0]:.2f} ({on[1] - off[1]:.2f})")
+                  f"on -q {on[0]:.2f} ({on[1]:.2f}); added {on[0] - off[0]:.2f} ({on[1] - off[1]:.2f}); "
+                  f"in situ (inside run_cell) off {s_off[0]:.2f}, on -q {s_on[0]:.2f}: added {s_on[0] - s_off[0]:.2f}")
     meds = {f: statistics.median(v) for f, v in got.items()}
     if len(meds) == 2:
         (a, x), (b, y) = meds.items()
