@@ -233,7 +233,7 @@ def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(m
     assert notes == [] and gpu.startswith(f"{fmt_ms(r.step_s)} per step, ")
     bare = Figures(name="cpu", peak_tflops=None, mamf_tflops=None, mamf_source="", bandwidth_tbs=None,
                    bandwidth_source="", launch_s=0.0, launch_source="", host_bound=True)
-    monkeypatch.setattr("tunekit.planning.expect.cpu_figures", lambda peak, compute: bare)   # a CPU with no figures
+    monkeypatch.setattr("tunekit.planning.expect.cpu_figures", lambda *a, **kw: bare)   # a CPU with no figures
     lab_plans._PLANS.pop(lab, None)    # planned afresh: the Lab's cache holds this shape's plan (lab.plan.cached_plan)
     assert why(r).startswith("no expected step on cpu (fp32): tunekit has no figure for its maximum achievable "
                              "matmul TFLOPS (MAMF)")

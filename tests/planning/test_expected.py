@@ -377,13 +377,14 @@ def test_a_cpu_plan_takes_step_like_matmuls_and_the_mamf_sweep_only_above_them(m
     from tunekit.measure import peaks, rng, stream
     from tunekit.planning.expect import cpu_figures
 
-    cal = SimpleNamespace(tflops=0.5, verdict="quiet", sweep=[(512, 0, 0, 0.45), (1024, 0, 0, 0.48), (2048, 0, 0, 0.5)])
-    st = SimpleNamespace(verdict="quiet", op_s=4e-6, sweep=[(2**20, 0.05)], gelu={"fp32": 1e9},
+    cal = SimpleNamespace(tflops=0.5, verdict="quiet", conditions=None,
+                          sweep=[(512, 0, 0, 0.45), (1024, 0, 0, 0.48), (2048, 0, 0, 0.5)])
+    st = SimpleNamespace(verdict="quiet", conditions=None, op_s=4e-6, sweep=[(2**20, 0.05)], gelu={"fp32": 1e9},
                          attention={"fp32": 0.1}, view_s=1e-6, module_s=1e-6, cold=[(2**20, 0.02)],
                          checkpoint_s=(1e-5, 1e-6), shapes={"fp32": [("forward", 512, 128, 0.12)]},
                          warm=[(2**20, 0.03)], matmuls={"fp32": [(256, 0.15), (512, 0.17), (1024, 0.18)]})
     monkeypatch.setattr(peaks, "calibrate", lambda dtype, device: cal)
-    monkeypatch.setattr(stream, "measure_stream", lambda: st)
+    monkeypatch.setattr(stream, "measure_stream", lambda **kw: st)
     monkeypatch.setattr(rng, "measure_rng", lambda: {"rates": {"fp32": 2e8}, "verdict": "quiet"})
     fig = cpu_figures(0.6, "fp32")
     assert fig.rng_rate == 2e8
