@@ -155,8 +155,12 @@ class Cell:
             fired = [t.disarm() for t in self.timers[:len(delays)]]
             _settle()
         except KeyboardInterrupt as e:  # landed in IPython's own lines around the cell
-            escaped = e
-            fired = _disarm(self.timers[:len(delays)])
+            escaped, fired = e, None
+            while fired is None:   # the other timer's Ctrl-C can land as _disarm is entered (3.11 checks
+                try:               # signals at a function's start): taken here, as _disarm takes it inside
+                    fired = _disarm(self.timers[:len(delays)])
+                except KeyboardInterrupt:
+                    continue
         if escaped is not None:  # post_run_cell may not have come: the next cell closes what it left
             self.ip.run_cell(self.after_escape)
         return self._problems(result, escaped, any(fired))
