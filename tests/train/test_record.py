@@ -63,3 +63,31 @@ def test_a_gpu_run_records_no_openmp_wait_policy(monkeypatch):
 
     assert one("cpu") == "default" and one("cuda") is None   # the GPU's kernels wait on no libgomp pool
     assert RunResult.from_dict({"label": "old"}).wait_policy is None   # a log line from before: not known
+
+
+def test_the_page_fault_note_is_made_on_a_cpu_run_only(monkeypatch):
+    import torch
+
+    from tunekit.core.notes import kind_of
+    from tunekit.core.setting import Setting
+    from tunekit.measure.peaks import Peak
+    from tunekit.train import record
+
+    class Adapter:   # no analytic shape: no model FLOPs, no rates to compute
+        attention_ran = None
+
+        def model_flops(self, seq_len, tokens, counted):
+            return None, None, []
+
+    def kinds(device):
+        # 1 step of 10 ms, 100,000 minor faults: at ~1 us each 0.1 s, 1000% of the step on a CPU
+        m = record.Steps([0.01], [2.0], None, "none", minor_faults=100_000)
+        s, peak = Setting(micro_batch=1, seq_len=4), Peak(None, "none", None)
+        r, _ = record.run_result(s, m, None, Adapter(), peak, torch.device(device), label="a", warmup=0,
+                                 notes=[], recheck=False, params_bytes=0, grads_bytes=0, optimizer_bytes=0,
+                                 model="m", n_params=0)
+        return [kind_of(n) for n in r.notes]
+
+    assert "measure.page_faults" in kinds("cpu")
+    # on a GPU the host's page faults are not the step's cost: the device's kernels are
+    assert "measure.page_faults" not in kinds("cuda")

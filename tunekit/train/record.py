@@ -80,7 +80,8 @@ def fault_notes(faults_per_step: float, step_s: float, page_bytes: int) -> list:
     """A ``measure.page_faults`` note when the timed steps' minor page faults, at ``FAULT_S`` each,
     are ``FAULT_SHARE`` of the step or more: mostly glibc handing heap pages back at a free (its trim
     threshold) that the next step faults in again, zeroed by the kernel. E.g. 4,162 faults a step of
-    4 KiB pages in a 36 ms step: 16.3 MiB, 4.16 ms, 11.6% (said ~12%) -> a note."""
+    4 KiB pages in a 36 ms step: 16.3 MiB, 4.16 ms, 11.6% (said ~12%) -> a note. A CPU run's only:
+    ``run_result`` asks it for no other device."""
     share = faults_per_step * FAULT_S / step_s if step_s > 0 else math.nan
     if not share >= FAULT_SHARE:
         return []
@@ -149,7 +150,8 @@ def run_result(t: Toggles, m: Steps, probe, adapter, peak: Peak, device, *, labe
         result.energy_j, result.energy_source, result.mean_w = e.joules, e.source, e.mean_w
         result.j_per_token = e.joules / (tokens * len(m.times))
         result.notes.extend([e.note] if e.note else [])
-    if m.minor_faults is not None:
+    # a CPU step's cost only: on a GPU the host's faults overlap the device's kernels, not the step
+    if m.minor_faults is not None and device.type == "cpu":
         result.notes.extend(fault_notes(m.minor_faults / len(m.times), step_s, resource.getpagesize()))
     alloc = m.alloc or {}
     result.gpu_alloc_retries, result.gpu_ooms = alloc.get("gpu_alloc_retries"), alloc.get("gpu_ooms")
