@@ -262,15 +262,16 @@ def test_bad_keywords_refused_before_any_plan(lab, monkeypatch):
 def test_a_setting_that_cannot_fit_here_is_said_so(lab, monkeypatch):
     from tunekit.measure import memavail
 
-    # a 30 MiB plan on a machine with 8 MiB free beyond what the process holds: lab.run would refuse it
+    # a 30 MiB plan on a machine with 20 MiB free beyond what the process holds: lab.run would refuse it
+    # (the cheap line lab.expect refuses by before planning, 16.2 MiB at micro_batch=8, lets it through)
     monkeypatch.setattr(ex, "cached_plan", lambda lab, device, s: fake_plan(BASE_ROWS, 30 * MiB))
     monkeypatch.setattr(ex, "lab_floor_bytes", lambda lab: 0.0)
     monkeypatch.setattr(ex, "in_use_bytes", lambda lab: 0.0)
-    monkeypatch.setattr(memavail, "available", lambda *a: memavail.Available(8 * MiB, "MemAvailable"))
+    monkeypatch.setattr(memavail, "available", lambda *a: memavail.Available(20 * MiB, "MemAvailable"))
     e = lab.expect(micro_batch=8)
-    assert not e.fits and e.line.endswith("peak 30.0 MiB (+0%): does not fit, 8.0 MiB available")
+    assert not e.fits and e.line.endswith("peak 30.0 MiB (+0%): does not fit, 20.0 MiB available")
     [note] = of_kind(e.notes, "expect.wont_fit")
-    assert note == ("the step needs 30.0 MiB more than the process holds now, 8.0 MiB is available "
+    assert note == ("the step needs 30.0 MiB more than the process holds now, 20.0 MiB is available "
                     "(MemAvailable): lab.run refuses it (lab.find_max_batch_size finds the largest micro_batch "
                     "that fits)")
     monkeypatch.setattr(memavail, "available", lambda *a: memavail.Available(64 * MiB, "MemAvailable"))
@@ -631,3 +632,22 @@ def test_an_op_far_past_its_group_leaves_its_time_to_the_groups_rest():
     low = ex.expectation(fake_lab(), Setting(), "cpu", base, base, run)
     assert {r[0]: (r[4], r[6]) for r in low.rows}["neg"] == (pytest.approx(0.1), "op")
     assert not of_kind(low.notes, "expect.outlier")
+
+
+def test_a_size_no_memory_here_holds_is_refused_before_any_plan(lab, monkeypatch):
+    from tunekit.lab.fit import WontFitError
+
+    def no_plan(*a, **k):
+        raise AssertionError("planned before refusing")
+    monkeypatch.setattr(ex, "cached_plan", no_plan)
+    # 10**9 samples of the cpu-tiny GPT: petabytes of activations, past any machine's memory; refused
+    # by lab.run's own check (tunekit.lab.fit), said the same way, before a fake step
+    with pytest.raises(WontFitError, match=r"^lab.expect: this setting does not fit: micro_batch=1000000000 "):
+        lab.expect(micro_batch=10**9)
+
+
+def test_a_step_many_times_the_base_is_said_as_a_multiple_not_a_giant_percentage():
+    # 0.036 s -> 36,000,000 s (grad_accum=10**9): 10**9 times, not "+99999999900%"; 0.036 -> 0.072: +100%
+    assert ex.times_or_pct(36_000_000.0, 0.036) == "1e+09x"
+    assert ex.times_or_pct(0.072, 0.036) == "+100%"
+    assert ex.times_or_pct(0.54, 0.0036) == "150x"   # 0.54 / 0.0036 = 150

@@ -42,6 +42,7 @@ from tunekit.core.notes import Note
 from tunekit.core.setting import Setting, step_words
 from tunekit.core.toggles import ToggleError, Toggles
 from tunekit.core.units import is_missing
+from tunekit.lab import fit
 from tunekit.lab.expect_trace import (
     ONCE_A_STEP,
     calibrated_rows,
@@ -98,7 +99,7 @@ class Expectation:
     def line(self) -> str:
         """'expected 31.2 ms/step (+24% vs run #3), peak 1.2 GiB (-38%)'."""
         def delta(new, old):
-            return fmt_pct(new / old - 1, 0, signed=True) if old and not is_missing(old) else "n/a"
+            return times_or_pct(new, old) if old and not is_missing(old) else "n/a"
         vs = f"{delta(self.step_s, self.base_step_s)} vs {self.vs}"
         tokens, base_tokens = self.tokens_per_step, self.base_tokens_per_step
         if tokens > 0 and base_tokens > 0 and tokens != base_tokens:
@@ -133,6 +134,13 @@ class Expectation:
         return f"<div><b>{html.escape(head)}</b><ul>{items}</ul></div>"
 
 
+def times_or_pct(new: float, old: float) -> str:
+    """``new`` against ``old`` as a signed percentage, or as a multiple from 100x on (where a
+    percentage runs to many digits): ``times_or_pct(0.072, 0.036) == "+100%"``, 10**9 times "1e+09x"."""
+    ratio = new / old
+    return f"{ratio:.3g}x" if ratio >= 100 else fmt_pct(ratio - 1, 0, signed=True)
+
+
 # --- the setting asked about, and the base run ----------------------------------------------------
 
 def asked_setting(lab, setting, changes: dict) -> Setting:
@@ -146,9 +154,11 @@ def asked_setting(lab, setting, changes: dict) -> Setting:
         raise ValueError("lab.expect expects a one-process step on the Lab's device; a sharded setting's "
                          "step: lab.plan(device, setting=...).expected")
     s = setting_of(lab, setting, changes, api="lab.expect", one_process=True)   # the Lab's edge, as lab.run's
-    why = lab.check(lab.resolve(**toggles_of(s)))
+    t = lab.resolve(**toggles_of(s))
+    why = lab.check(t)
     if why:
         raise ToggleError(why)
+    fit.refuse_cheaply(lab, t, "lab.expect: this setting")   # lab.run's memory check, before a fake step
     return s
 
 

@@ -145,6 +145,21 @@ def check(lab, t: Toggles, guard: bool = False, what: str = "this run") -> FitEs
     return est
 
 
+def refuse_cheaply(lab, t: Toggles, what: str) -> None:
+    """Raise WontFitError where the cheap line (analytic or size bound: no tensor made, ``t`` need
+    not be applied) already puts the step past the memory available: the refusal ``check`` makes
+    there without measuring, for an entry that must refuse before any step, real or fake
+    (``lab.expect``). A step the cheap line lets through is left to ``check`` at run time."""
+    limit = memavail.available(lab.device, lab.cuda_index)
+    line = _cheap_line(lab, t, _new_state_bytes(lab, t) + _grads_bytes(lab))
+    if limit is None or line is None:
+        return
+    est = FitEstimate(t, line, limit)
+    if not est.fits:
+        est.advice = tuple(_advice(lab, t, line, limit))
+        raise WontFitError(est, what)
+
+
 def check_distributed(lab, t: Toggles, parallel: str, nproc: int, nodes: int) -> FitEstimate | None:
     """Refuse a distributed run whose ranks cannot fit, before launching them: per rank,
     ``tunekit.estimate_memory`` for this sharding (the model's shape must be known; None
