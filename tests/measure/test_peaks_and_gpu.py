@@ -227,3 +227,23 @@ def test_concurrent_cache_writers_do_not_fail(monkeypatch, tmp_path):
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_a_gpu_sweeps_operands_live_for_one_try_a_cpus_for_the_whole_sweep(monkeypatch):
+    import weakref
+
+    seen = []   # a weak reference to each matmul's first operand, as torch.mm is called
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: (seen.append(weakref.ref(a)), mm(a, b))[1])
+    dev = torch.device("cpu")
+    for keep, alive in ((True, True), (False, False)):
+        seen.clear()
+        trial, first_s = peaks._matmul(64, "nt", dev, "fp32", keep=keep)
+        assert first_s > 0 and len(seen) == 2          # the first try: one untimed matmul, one timed
+        trial.run()
+        # kept (CPU): the same operands every try, alive between them; not kept (GPU): each try's
+        # own, freed when it returns (4 sizes of fp32 at 2048..8192 held ~960 MiB at once before:
+        # 2 x 4 B x (2048^2 + 4096^2 + 6144^2 + 8192^2) = 1,006,632,960 B)
+        assert len(seen) == 3 and (seen[0]() is not None) == alive and (seen[2]() is not None) == alive
+        assert not alive or seen[0]() is seen[2]()    # kept: the very same tensor each try
+    assert peaks.keeps_operands(torch.device("cpu")) and not peaks.keeps_operands(torch.device("cuda", 0))

@@ -11,6 +11,7 @@ import math
 import os
 import stat
 import tempfile
+import time
 import warnings
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -45,6 +46,25 @@ class Calibration:
     @property
     def verdict(self) -> str:
         return shielded_verdict(self.conditions, self.priority)
+
+
+STALE_DAYS = 30      # a calibration older than this is re-measured (drivers, BIOS, thermals change)
+BUSY_LIMIT = 0.5     # caches before `conditions`: other runnable tasks per CPU that mean "taken under load"
+
+
+def stale(cal: Calibration) -> bool:
+    return time.time() - cal.taken_at > STALE_DAYS * 86400
+
+
+def distrust(cal: Calibration) -> str | None:
+    """Why a cached calibration should not be used as it is, or None."""
+    if stale(cal):
+        return f"older than {STALE_DAYS} days"
+    if cal.conditions is not None:
+        return f"it was taken on a busy machine ({cal.conditions.reason})" if cal.verdict == "busy" else None
+    if not is_missing(cal.busy) and cal.busy > BUSY_LIMIT:  # an older cache's load-average reading
+        return f"it was taken under load ({cal.busy:.1f} other tasks per CPU)"
+    return None
 
 
 def cache_path() -> Path:

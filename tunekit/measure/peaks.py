@@ -30,7 +30,7 @@ from tunekit.measure import mamf_cache
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.conditions_gomp import policy
 from tunekit.measure.device import default_device, existing_device, torch_dtype
-from tunekit.measure.mamf_cache import Calibration
+from tunekit.measure.mamf_cache import Calibration, distrust, stale
 from tunekit.measure.priority import NORMAL, ahead, level
 from tunekit.measure.timing import time_repeats
 from tunekit.measure.trials import Trial, interleaved
@@ -179,18 +179,10 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
 def _sweep(dev, dtype: str, sizes, repeats: int, t_start: float) -> tuple:
     """(the faster layout, [(n, n, n, TFLOPS of n's fastest try), ...]): `calibrate`'s sweep of ``sizes``
     (None: `default_sizes`, grown while the budget allows) begun at ``t_start`` (``time.perf_counter``)."""
-    import torch
-
-    cpu = dev.type == "cpu"
+    cpu, keep = dev.type == "cpu", keeps_operands(dev)
 
     def made(n, layout):
-        """A timed n x n matmul (a `Trial`, its operands made here) and its first try's seconds."""
-        a, b = (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
-        b = b.t() if layout == "nt" else b
-        trial = Trial(lambda: time_repeats(lambda: torch.mm(a, b), dev, warmup=0, repeats=1)[0])
-        # on a CPU the tries run ahead of the machine's other work where the user may ask it
-        with ahead() if cpu else nullcontext():
-            return trial, time_repeats(lambda: torch.mm(a, b), dev, warmup=1, repeats=1)[0]
+        return _matmul(n, layout, dev, dtype, keep)
 
     every = sizes or default_sizes(dev.type)
     # Kernels differ by memory layout: bf16 on a CPU without AMX ran A @ B at 1.3 GFLOPS and
@@ -213,6 +205,29 @@ def _sweep(dev, dtype: str, sizes, repeats: int, t_start: float) -> tuple:
     return layout, sweep
 
 
+def keeps_operands(dev) -> bool:
+    """A sweep keeps each size's operands over its rounds on a CPU (made again, fresh pages fault
+    in), not on a GPU (the default sizes' fp32 operands, all alive, are ~1 GB)."""
+    return dev.type == "cpu"
+
+
+def _matmul(n: int, layout: str, dev, dtype: str, keep: bool) -> tuple:
+    """A timed n x n matmul (a `Trial`) and its first try's seconds; its operands made once (``keep``)
+    or for each try, off the clock, and freed when the try returns."""
+    import torch
+
+    def operands():
+        a, b = (torch.randn(n, n, device=dev).to(torch_dtype(dtype)) for _ in range(2))
+        return a, b.t() if layout == "nt" else b
+    kept = operands() if keep else None
+
+    def once(warmup: int) -> float:
+        a, b = kept or operands()
+        return time_repeats(lambda: torch.mm(a, b), dev, warmup=warmup, repeats=1)[0]
+    with ahead() if dev.type == "cpu" else nullcontext():   # on a CPU ahead of the machine's other work
+        return Trial(lambda: once(0)), once(1)
+
+
 def _cpu_conditions(cpu: bool) -> dict:
     """A calibration's fields only a CPU's has: the priority its trials ran at, libgomp's wait policy."""
     return dict(priority=level(), wait_policy=policy()) if cpu else dict(priority=NORMAL, wait_policy=None)
@@ -223,7 +238,7 @@ def _store(key: str, cal: Calibration) -> None:
     peak: load only ever slows a sweep, so a busy one never replaces a faster one."""
     cache = mamf_cache.load()  # re-read: another process may have added entries meanwhile
     old = mamf_cache.from_entry(cache[key]) if key in cache else None
-    if old is not None and cal.verdict == "busy" and old.tflops > cal.tflops and not _stale(old):
+    if old is not None and cal.verdict == "busy" and old.tflops > cal.tflops and not stale(old):
         return
     cache[key] = asdict(cal)
     mamf_cache.save(cache)
@@ -278,12 +293,12 @@ def _resolve(device, dtype, allow_calibration) -> Peak:
         return Peak(value, why, "spec")
     cal, redone, key = cached_calibration(device, dtype), "", _key_of(device, dtype)
     if cal is not None and allow_calibration and key not in _remeasured:
-        distrust = _distrust(cal)
-        if distrust:  # once per process: a machine that stays busy must not cost a sweep per cell
+        why_not = distrust(cal)
+        if why_not:  # once per process: a machine that stays busy must not cost a sweep per cell
             _remeasured.add(key)
             fresh = calibrate(dtype, device, force=True)
             # the cache keeps the faster of two busy sweeps (see _store); unwritable, the fresh one
-            cal, redone = cached_calibration(device, dtype) or fresh, f"; re-measured: {distrust}"
+            cal, redone = cached_calibration(device, dtype) or fresh, f"; re-measured: {why_not}"
     if cal is None and allow_calibration:
         cal = calibrate(dtype, device)
     if cal is not None:
@@ -300,24 +315,7 @@ def _calibrated_peak(cal: Calibration, redone: str = "") -> Peak:
                             f"({cal.threads} threads{lay}){redone}{raised}{busy}", "calibrated")
 
 
-STALE_DAYS = 30      # a calibration older than this is re-measured (drivers, BIOS, thermals change)
-BUSY_LIMIT = 0.5     # caches before `conditions`: other runnable tasks per CPU that mean "taken under load"
 _remeasured: set = set()  # cache keys measured in this process (a busy one is re-measured once per process)
-
-
-def _stale(cal: Calibration) -> bool:
-    return time.time() - cal.taken_at > STALE_DAYS * 86400
-
-
-def _distrust(cal: Calibration) -> str | None:
-    """Why a cached calibration should not be used as it is, or None."""
-    if _stale(cal):
-        return f"older than {STALE_DAYS} days"
-    if cal.conditions is not None:
-        return f"it was taken on a busy machine ({cal.conditions.reason})" if cal.verdict == "busy" else None
-    if not is_missing(cal.busy) and cal.busy > BUSY_LIMIT:  # an older cache's load-average reading
-        return f"it was taken under load ({cal.busy:.1f} other tasks per CPU)"
-    return None
 
 
 _rechecked: dict = {}  # cache key -> what this process's one re-check found
