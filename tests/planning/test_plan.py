@@ -92,7 +92,7 @@ def test_a_dtype_the_card_has_no_peak_for_gets_no_bound_and_says_what_the_card_r
     assert "  bound      none: T4 lists no bf16 peak (the notes say what it runs instead)" in text
     # the components are listed as what they are, not as the parts of the peak (their sum is not it)
     assert (f"  peak       {p.peak_bytes / 2**30:.3f} GiB at {p.peak_at} + fixed costs; the components (each its "
-            "largest over the step, not all alive at the peak):") in text
+            "largest over the step, not all alive at the peak) and the rest of the peak:") in text
     assert "upper bounds" not in text
     half = tunekit.plan(cfg, "T4", precision="fp16", micro_batch=2, seq_len=64)   # what it runs instead: bounded
     assert half.peak_tflops == 65 and half.bound_step_s > 0 and not of_kind(half.notes, "device.no_peak")

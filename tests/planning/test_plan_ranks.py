@@ -299,3 +299,19 @@ def test_an_amd_plan_names_its_fixed_costs_as_rocm_does():
     assert set(p.fixed) == {"hip_context", "hipblaslt_workspace", "rccl_buffers"}
     assert p.fixed["hipblaslt_workspace"][0] == 128 * 2**20          # gfx94x: CublasHandlePool.cpp
     assert set(tunekit.plan(cfg, "H100 SXM", micro_batch=2, seq_len=64).fixed) == {"cuda_context", "cublas_workspace"}
+
+
+@pytest.mark.parametrize("parallel, nodes", [("ddp", 1), ("fsdp", 1), ("hsdp", 2)])
+def test_a_ranks_memory_rows_add_up_to_its_peak(parallel, nodes):
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    p = tunekit.plan(cfg, "H100 SXM", precision="bf16", micro_batch=2, seq_len=64, parallel=parallel,
+                     world_size=4, nodes=nodes)
+    # the components are each their largest over the step; what the peak holds beyond them (a
+    # temporary no component owns, a collective's buffer) or below them (a row not all alive at
+    # the peak) is one row of its own, so that the rows sum to the peak
+    listed = sum(p.components.values())
+    assert listed + p.other_bytes == pytest.approx(p.peak_bytes, abs=1)
+    frame = p.to_frame()
+    assert frame.bytes.sum() == pytest.approx(p.total_bytes, abs=1)   # the peak's rows + the fixed costs
+    [row] = [line for line in str(p).splitlines() if line.lstrip().startswith("other at the peak")]
+    assert f"{p.other_bytes / 2**30:.3f} GiB" in row and "not broken down" in row

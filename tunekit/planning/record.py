@@ -131,6 +131,14 @@ class Plan(MemoryAnswer):
         return held + self.fixed_bytes
 
     @property
+    def other_bytes(self) -> float:
+        """What the peak holds beyond its components (each their largest over the step), not broken
+        down: temporaries no component owns (the loss's gradient over the vocabulary, an op's output
+        in flight), less component bytes not alive at the peak; negative where those are more.
+        The components and this sum to ``peak_bytes`` (NaN where no peak was measured)."""
+        return self.peak_bytes - sum(v for v in self.components.values() if not is_missing(v))
+
+    @property
     def fits(self) -> bool:
         """The known total within the device's memory (with `unknown` components: the known part)."""
         return self.total_bytes <= self.device_memory_bytes
@@ -162,6 +170,8 @@ class Plan(MemoryAnswer):
         import pandas as pd
 
         rows = [(k, v) for k, v in self.components.items()] + [(k, b) for k, (b, _) in self.fixed.items()]
+        if not is_missing(self.other_bytes):   # the rows then sum to the total
+            rows.insert(len(self.components), ("other at the peak", self.other_bytes))
         df = pd.DataFrame(rows, columns=["component", "bytes"])
         return df.assign(GiB=df.bytes / GiB, share_of_device=df.bytes / self.device_memory_bytes)
 
@@ -197,14 +207,19 @@ def to_text(p: Plan) -> str:
         notes = notes[1:]
     if not is_missing(p.peak_bytes):
         # the components are not the peak's parts (gradients T4's gpt2-124m plan listed whole were
-        # partly made at its backward peak): said, so that their sum is not read as the peak
+        # partly made at its backward peak): said, and what else the peak holds is a row, so that
+        # the rows sum to the peak
         lines.append(f"  peak       {fmt_gib(p.peak_bytes, 3)} at {p.peak_at} + fixed costs; the components "
-                     "(each its largest over the step, not all alive at the peak):")
+                     "(each its largest over the step, not all alive at the peak) and the rest of the peak:")
     for k, v in p.components.items():
         if is_missing(v):
             lines.append(f"    {k:<17}{'unknown':>10}")
         elif v:
             lines.append(f"    {k:<17}{fmt_gib(v, 3):>14}")
+    if not is_missing(p.other_bytes):
+        lines.append(f"    {'other at the peak':<17}{fmt_gib(p.other_bytes, 3):>14}  (the peak less the rows above, "
+                     "not broken down: temporaries no component owns, e.g. the loss's gradient over the vocabulary, "
+                     "and collectives' buffers, less component bytes not alive at the peak)")
     for k, (b, src) in p.fixed.items():
         lines.append(f"    {k:<17}{fmt_gib(b, 3):>14}  ({src})")
     for change, total, fits, flops in p.alternatives:
