@@ -85,9 +85,6 @@ DTYPE_NAMES = {"fp32", "tf32", "bf16", "fp16", "fp8"}
 # modules that still write a dtype name as a string; each must still do so, so the set only shrinks
 PENDING_DTYPE_LITERALS = {
     "cli/doctor.py": "'bf16' there is the name of a check and a key of _cuda's answer, not a dtype",
-    "measure/peaks.py": "the calibration's dtype table (another change edits calibration)",
-    "measure/stream.py": "the calibration's dtype (another change edits calibration)",
-    "profiling/probe_figures.py": "the magic's figures (another change edits profiling/)",
 }
 
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tunekit.core import bounds, formulas, paths, specs
-from tunekit.core.registry import DTYPES
+from tunekit.core.registry import BF16, DTYPES, FP8, FP32, TF32
 from tunekit.core.units import is_missing
 from tunekit.core.validate import choice, flag, real, whole
 from tunekit.measure import mamf_cache
@@ -71,7 +71,7 @@ def _cpu_model() -> str | None:
     return None
 
 
-def peak_tflops(device=None, dtype: str = "bf16") -> float | None:
+def peak_tflops(device=None, dtype: str = BF16) -> float | None:
     """Spec-sheet dense peak TFLOPS for a device (name, torch device or None = current).
 
     Unknown devices give None and one notice; `calibrate()` measures a usable peak instead.
@@ -120,7 +120,7 @@ def default_sizes(device_type: str) -> list[int]:
     return [512, 1024, 1536, 2048] if device_type == "cpu" else [2048, 4096, 6144, 8192]
 
 
-def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
+def calibrate(dtype: str = FP32, device=None, sizes=None, repeats: int = 3,
               force: bool = False) -> Calibration:
     """Measure the maximum achievable matmul TFLOPS (MAMF) on `device` for `dtype`.
 
@@ -152,11 +152,11 @@ def calibrate(dtype: str = "fp32", device=None, sizes=None, repeats: int = 3,
     if key in cache and not force and sizes is None:
         return mamf_cache.from_entry(cache[key])
 
-    if dtype == "fp8":
+    if dtype == FP8:
         raise ValueError("fp8 calibration needs torch._scaled_mm on a GPU that supports it; pass --peak instead")
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32 if dev.type == "cuda" else None
     if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = dtype == TF32
     meter = ConditionsMeter(dev.index if dev.type == "cuda" else None).start()
     t_start = time.perf_counter()
     try:
@@ -245,13 +245,13 @@ def _store(key: str, cal: Calibration) -> None:
     _stamp_memo.clear()
 
 
-def cached_calibration(device=None, dtype: str = "fp32") -> Calibration | None:
+def cached_calibration(device=None, dtype: str = FP32) -> Calibration | None:
     """The cached MAMF for this device and dtype, or None (never measures)."""
     c = mamf_cache.load().get(_key_of(device, dtype))
     return None if c is None else mamf_cache.from_entry(c)
 
 
-def resolve_peak(device=None, dtype: str = "bf16", given: float | None = None,
+def resolve_peak(device=None, dtype: str = BF16, given: float | None = None,
                  allow_calibration: bool = True) -> Peak:
     """The peak MFU is measured against: given > spec sheet > calibrated MAMF > unknown.
 
@@ -321,7 +321,7 @@ _remeasured: set = set()  # cache keys measured in this process (a busy one is r
 _rechecked: dict = {}  # cache key -> what this process's one re-check found
 
 
-def recheck_peak(device=None, dtype: str = "fp32") -> tuple[Peak | None, str]:
+def recheck_peak(device=None, dtype: str = FP32) -> tuple[Peak | None, str]:
     """Re-check the cached calibration once per process per device and dtype: one timed matmul at
     its best shape. Load only slows a try, so a try faster than the cached peak proves the peak
     too low: it replaces the cached one. Returns (the calibrated peak now, what was found)."""
@@ -373,7 +373,7 @@ class Rates:
     above_peak: str | None
 
 
-def rates(executed, model, seconds, peak: Peak, device=None, dtype: str = "fp32", devices: int = 1,
+def rates(executed, model, seconds, peak: Peak, device=None, dtype: str = FP32, devices: int = 1,
           recheck: bool = True) -> Rates:
     """TFLOPS, MFU and HFU of ``executed``/``model`` FLOPs in ``seconds`` on ``devices`` devices
     of ``peak`` TFLOPS each: the one place MFU/HFU are computed. Executed FLOPs above a calibrated

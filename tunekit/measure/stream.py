@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 from tunekit.core import paths
 from tunekit.core.conditions import Conditions
+from tunekit.core.registry import BF16, FP32
 from tunekit.core.validate import flag
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.conditions_gomp import DEFAULT, policy
@@ -135,7 +136,7 @@ def measure_stream(refresh: bool = False, say=None) -> Stream:
             pass
     meter = ConditionsMeter().start()
     t0 = time.perf_counter()
-    kinds = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    kinds = ((FP32, torch.float32), (BF16, torch.bfloat16))
     host = host_trials()
     best = interleaved({**host, **{k: Trial(t, warm=True) for k, t in compute_trials(kinds).items()}}, say=say)
     sweep, cold, warm, best_op, view_s, module_s, checkpoint_s = host_figures(best)

@@ -10,6 +10,7 @@ import sys
 
 from tunekit.core import formulas
 from tunekit.core.notes import Note
+from tunekit.core.registry import BF16, FP32
 from tunekit.core.units import is_missing
 from tunekit.measure.device import torch_if_loaded
 from tunekit.measure.history import FLOP_COUNTS, CachedCount, remember
@@ -116,7 +117,7 @@ def fill_rates(probe, rec, exc, tracer, *_) -> None:
 
     torch = torch_if_loaded()
     device = torch.device("cuda", probe.index) if probe.index is not None else "cpu"
-    rec.dtype = probe.dtype or ("bf16" if probe.index is not None else "fp32")
+    rec.dtype = probe.dtype or (BF16 if probe.index is not None else FP32)
     # Measure a missing peak (or re-check one) only on CPU: on a GPU the matmuls would
     # allocate GiBs and leave them reserved, changing what the next cells see.
     peak = resolve_peak(device, rec.dtype, given=probe.peak, allow_calibration=probe.index is None)
