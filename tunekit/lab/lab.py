@@ -254,7 +254,8 @@ class Lab(LabResults):
     @toggle_keywords
     def expect(self, setting=None, base=None, **changes):
         """Expected step time, tokens/s, MFU and peak memory of what ``lab.run(setting=..., **changes)`` would
-        run here, calibrated by the Lab's last measured run (``base``: another; tunekit.lab.expect).
+        run here, calibrated by the Lab's last measured run (``base``: another; tunekit.lab.expect). What
+        lab.run would refuse is refused first, a size no memory here holds too (WontFitError, by lab.run's check).
         Example: ``lab.run(trace=True); print(lab.expect(checkpointing=True).line)``."""
         from tunekit.lab.expect import lab_expect
         return lab_expect(self, setting, base, **changes)
