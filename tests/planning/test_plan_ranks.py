@@ -307,8 +307,8 @@ def test_a_ranks_memory_rows_add_up_to_its_peak(parallel, nodes):
     p = tunekit.plan(cfg, "H100 SXM", precision="bf16", micro_batch=2, seq_len=64, parallel=parallel,
                      world_size=4, nodes=nodes)
     # the components are each their largest over the step; what the peak holds beyond them (a
-    # temporary no component owns, a collective's buffer) or below them (a row not all alive at
-    # the peak) is one row of its own, so that the rows sum to the peak
+    # temporary no component owns) or below them (a row not all alive at the peak) is one row of
+    # its own, so that the rows sum to the peak
     listed = sum(p.components.values())
     assert listed + p.other_bytes == pytest.approx(p.peak_bytes, abs=1)
     frame = p.to_frame()

@@ -219,7 +219,7 @@ def to_text(p: Plan) -> str:
     if not is_missing(p.other_bytes):
         lines.append(f"    {'other at the peak':<17}{fmt_gib(p.other_bytes, 3):>14}  (the peak less the rows above, "
                      "not broken down: temporaries no component owns, e.g. the loss's gradient over the vocabulary, "
-                     "and collectives' buffers, less component bytes not alive at the peak)")
+                     "less component bytes not alive at the peak)")
     for k, (b, src) in p.fixed.items():
         lines.append(f"    {k:<17}{fmt_gib(b, 3):>14}  ({src})")
     for change, total, fits, flops in p.alternatives:
