@@ -21,6 +21,9 @@ def _fig(**kw):
 
 MM = ("mm", "matmul", "forward", 2 * 1024**3, 3 * 1024 * 1024 * 2, (1024, 1024, 1024, 1), 2)
 ADD = ("add", "memory", "backward", 0, 10**6, None, 2)
+# its fp32 twin: a CPU times a 2-byte elementwise op at 4 bytes an element (core.expected.fp32_width;
+# tests/planning/test_plan_half_cpu.py), so the CPU tests below take the fp32 add to keep their bytes
+ADD32 = ADD[:6] + (4,)
 
 
 def test_expect_adds_compute_memory_launch_and_the_optimizer():
@@ -44,7 +47,7 @@ def test_expect_adds_compute_memory_launch_and_the_optimizer():
 
 def test_a_cpu_adds_each_ops_dispatch_and_reads_bandwidth_by_size():
     fig = _fig(host_bound=True, bandwidth_tbs=None, bandwidth_sweep=((1000, 0.5), (10**6, 0.1)))
-    e = expect([ADD], fig, tokens=1, model_flops=0, backend=None, params=0, param_bytes=4, grad_bytes=4,
+    e = expect([ADD32], fig, tokens=1, model_flops=0, backend=None, params=0, param_bytes=4, grad_bytes=4,
                state_bytes=0, optimizer_kernels=0)
     # 1e6 bytes at the 1e6-byte size's 0.1 TB/s = 1e-05 s, plus the 5e-06 s dispatch
     assert {r[0]: r[3] for r in e.rows}["add"] == pytest.approx(1.5e-5)
@@ -56,7 +59,7 @@ def test_a_cpu_adds_each_ops_dispatch_and_reads_bandwidth_by_size():
 
 def test_a_cpu_adds_the_hosts_time_for_views_and_module_calls():
     fig = _fig(host_bound=True, view_s=1e-6, module_s=2e-6, host_source="h")
-    e = expect([ADD], fig, tokens=1, model_flops=0, backend=None, params=0, param_bytes=4, grad_bytes=4,
+    e = expect([ADD32], fig, tokens=1, model_flops=0, backend=None, params=0, param_bytes=4, grad_bytes=4,
                state_bytes=0, optimizer_kernels=0, host_calls=dict(no_kernel=300, modules=40))
     # 300 views at 1 us + 40 module calls at 2 us = 3.8e-04 s, one row of its own
     host = [r for r in e.rows if r[1] == "host"]

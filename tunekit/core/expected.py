@@ -166,6 +166,23 @@ def cache_level(fig: Figures, rec, distance: float) -> str:
     return "hot"
 
 
+HALF_AS_FP32 = 4   # bytes a CPU's elementwise kernel computes a 2-byte element at (see `fp32_width`)
+
+
+def fp32_width(fig: Figures, kind: str, moved: float, itemsize: int) -> float:
+    """The bytes a memory-bound op is timed by: on a CPU (``fig.host_bound``) a 2-byte (bf16/fp16)
+    op's at 4 bytes an element, its fp32 twin's. ATen's CPU kernels compute half elements in fp32
+    vectors, converting each load and store (``binary_op_as_fp32`` in torch 2.13.0's
+    include/ATen/cpu/vec/vec512/vec512_bfloat16.h), so halving the bytes does not halve the time:
+    this CPU ran a bf16 mul/add/silu of 256 x 344 elements at 1.15-1.26x its fp32 time, a cast of a
+    344 x 128 weight to bf16 in 7 us against 11 us for an fp32 mul of twice its elements (helper
+    bf16cpu42's interleaved micro-benchmark, 2026-12-07, under load: ratios). The bandwidth sweeps
+    were measured in fp32 multiplies: a half op read at their rate moved half the time it takes."""
+    if fig.host_bound and kind not in ("matmul", "attention", "flops") and itemsize == 2:
+        return moved * HALF_AS_FP32 / itemsize
+    return moved
+
+
 def op_seconds(fig: Figures, rec, backend: str | None, cold: bool | str = False) -> tuple[float, str, str]:
     """(seconds, bound, source) of one op record on the device, its launch aside. ``cold``: it reads
     from memory what the cache no longer holds (`cold_reads`), at the cold sweep where there is one;
@@ -173,6 +190,7 @@ def op_seconds(fig: Figures, rec, backend: str | None, cold: bool | str = False)
     name, kind, phase, flops, moved, dims, itemsize = rec[:7]
     level = cold if isinstance(cold, str) else ("cold" if cold else "hot")
     cold, warm = level == "cold" and bool(fig.cold_sweep), level == "warm" and bool(fig.warm_sweep)
+    moved = fp32_width(fig, kind, moved, itemsize)
     mem_s = moved / (fig.tbs_at(moved, cold, warm) * 1e12)
     mem_src = fig.cold_source if cold else fig.warm_source if warm else fig.bandwidth_source
     if kind == "matmul" and dims:
