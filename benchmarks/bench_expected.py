@@ -32,7 +32,7 @@ published tokens/s per GPU). Each is planned with the software it ran on:
   MPT shapes from the yamls (d_model x heads x layers): 768x12x12 (125m),
   1024x16x24 (350m), 1536x12x24 (760m), 2048x16x24 (1b), 2560x20x32 (3b), 4096x32x32 (7b),
   5120x40x40 (13b), 7168x56x48 (30b), 8192x64x80 (70b); vocab 50368, GELU MLP 4x, learned positions
-  (the table's NumParams grow with the sequence), no biases.
+  (the table's NumParams grow with the sequence), biases (configuration_mpt.py, no_bias False).
 - torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; torch nightly 2024-12-23),
   Tables 1 and 3: Llama 3.1 8B, FSDP over 8 / 128 H100s, local batch 2 x 8192, selective activation
   checkpointing, with and without torch.compile. Their H100s are 96 GB HBM2e at 2.4 TB/s and 500 W:
@@ -48,13 +48,11 @@ published tokens/s per GPU). Each is planned with the software it ran on:
 
 Memory: "peak/mem" is the plan's total (peak + fixed costs) over the card's memory; "peak/pub" the plan's peak
 (the allocator's bytes) over the peak the source publishes (torchtitan's only, `PUBLISHED_GIB`). A sharded plan
-over fp32 weights computes on FSDP's half param dtype (planning.step.in_param_dtype). What the plan still holds
-above the card for llm-foundry runs that ran is the model tunekit plans them as (its GPT, not MPT): llm-foundry's
-default loss at b2a43a1 is flash-attn's fused cross-entropy (llmfoundry/models/mpt/modeling_mpt.py,
-loss_fn 'fused_crossentropy', raising where it is not installed): a kernel on the bf16 logits with an in-place
-backward option (Dao-AILab/flash-attention csrc/xentropy/README.md), no fp32 log-softmax; and sweep.sh's runs set
-norm_type 'low_precision_layernorm' (scripts/train/benchmarking/submit_benchmarks.py: the norm in bf16),
-where tunekit's GPT upcasts its logits and its RMSNorm to fp32.
+over fp32 weights computes on FSDP's half param dtype (planning.step.in_param_dtype). MPT's own
+choices are the stand-in's options, per row (columns bias, norm, norm_precision, loss_precision, model_source):
+biases (no_bias False), a LayerNorm computed in bf16 (LPLayerNorm, norm_precision "compute") and flash-attn's
+fused cross-entropy on the bf16 logits (loss_fn 'fused_crossentropy', loss_precision "logits"), at both stacks'
+commits; GPTConfig's options, counted by the fake step as they run.
 
 Gradient accumulation is recorded as published and not planned (plan times one micro-step; the
 optimizer step it amortizes is a small part of a sharded step).
@@ -135,11 +133,11 @@ INTS = ("d_model", "n_heads", "n_kv_heads", "n_layers", "d_ff", "vocab", "gpus",
 
 
 def read_runs(path=RUNS_CSV) -> list[dict]:
-    """The rows of data/published_runs.csv, numbers as ints and compile as a bool."""
+    """The rows of data/published_runs.csv, numbers as ints, compile and bias as bools ("n/a": the model's own)."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     for row in rows:
-        row.update({k: int(row[k]) for k in INTS}, compile=row["compile"] == "true")
+        row.update({k: int(row[k]) for k in INTS}, compile=row["compile"] == "true", bias=row["bias"] == "true")
     return rows
 
 
@@ -149,7 +147,8 @@ def model(row):
         assert row["d_ff"] == 4 * row["d_model"] and row["n_kv_heads"] == row["n_heads"], row["label"]
         return tunekit.GPTConfig(vocab_size=row["vocab"], n_layer=row["n_layers"], n_head=row["n_heads"],
                                  n_embd=row["d_model"], block_size=row["seq_len"], pos="learned", mlp="gelu",
-                                 bias=False)
+                                 bias=row["bias"], norm=row["norm"], norm_precision=row["norm_precision"],
+                                 loss_precision=row["loss_precision"])
     if row["arch"] == "llama":
         from transformers import LlamaConfig
 

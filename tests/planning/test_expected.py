@@ -147,6 +147,15 @@ def test_counter_keeps_kernels_not_views():
     assert c.ops[1][4] == 2 * 64 * 16 * 4
 
 
+def test_an_in_place_scatter_moves_the_indexed_elements_only():
+    g, index, src = torch.zeros(64, 1000), torch.zeros(64, 1, dtype=torch.int64), torch.ones(64, 1)
+    with RooflineCounter() as c:
+        g.scatter_add_(-1, index, src)
+    # index 64*8 = 512 and src 64*4 = 256 bytes read, 64 of g's elements read and written 2*64*4 = 512:
+    # 1280 bytes (not g's 256000 twice)
+    assert [(r[0], r[4]) for r in c.ops] == [("scatter_add_", 1280)]
+
+
 def test_each_record_says_which_kernel_by_its_dtypes():
     from tunekit.planning.expect import kernel_dtypes
 

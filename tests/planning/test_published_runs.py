@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CSV = ROOT / "data" / "published_runs.csv"
 COLUMNS = ["label", "software", "source", "table", "model", "arch", "d_model", "n_heads", "n_kv_heads", "n_layers",
            "d_ff", "vocab", "device", "gpus", "nodes", "micro_batch", "grad_accum", "seq_len", "checkpointing",
-           "published_precision", "precision", "weights", "attention_kernel", "compile",
-           "published_tokens_per_s_per_gpu"]
+           "published_precision", "precision", "weights", "attention_kernel", "compile", "bias", "norm",
+           "norm_precision", "loss_precision", "model_source", "published_tokens_per_s_per_gpu"]
 INTS = ["d_model", "n_heads", "n_kv_heads", "n_layers", "d_ff", "vocab", "gpus", "nodes", "micro_batch",
         "grad_accum", "seq_len", "published_tokens_per_s_per_gpu"]
 # MPT shapes (d_model, n_heads, n_layers): mosaicml/llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml
@@ -75,6 +75,20 @@ def test_mpt_shapes_are_llm_foundrys():
         # mosaicml/examples v0.0.4 (the parent's sweep.sh); the rest on llm-foundry v0.3.0, torch 2.1
         assert r["software"] == {"amp_bf16 DEFAULT": "llm-foundry 2023",
                                  "bf16 PURE": "examples v0.0.4 2023"}[r["published_precision"]], r["label"]
+        # MPT's choices as the stand-in GPT's options: biases (no_bias False), a LayerNorm in bf16 (LPLayerNorm),
+        # flash-attn's fused cross-entropy on the bf16 logits; sourced at the row's stack's commit
+        assert (r["bias"], r["norm"], r["norm_precision"], r["loss_precision"]) == (
+            "true", "layer", "compute", "logits"), r["label"]
+        repo, commit = {"llm-foundry 2023": ("mosaicml/llm-foundry ", "b2a43a1477a45f40f4086a1c72f851b0ab42d0ac"),
+                        "examples v0.0.4 2023": ("mosaicml/examples ", "52cd4fef69497f225a034fcd10692f8613732d10")
+                        }[r["software"]]   # examples' tag v0.0.4
+        assert r["model_source"].startswith(repo) and r["model_source"].endswith(" @ " + commit), r["label"]
+
+
+def test_other_rows_take_their_models_own_choices():
+    for r in rows():
+        if r["arch"] != "mpt":
+            assert {r[c] for c in ("bias", "norm", "norm_precision", "loss_precision", "model_source")} == {"n/a"}
 
 
 def test_the_older_stack_rows():

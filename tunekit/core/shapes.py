@@ -190,7 +190,9 @@ def model_shape(cfg) -> ModelShape:
     if family == "tunekit":
         gated = r["mlp"] == "swiglu"
         bias = bool(cfg_get(cfg, "bias", False))
-        fam = dict(gated=gated, norm="rms", qkv_bias=bias, o_bias=bias, mlp_bias=bias,
+        # GPTConfig.norm "layer" keeps a bias only with ``bias``: without one it keeps one vector, as RMSNorm
+        norm = "layer" if cfg_get(cfg, "norm", "rms") == "layer" and bias else "rms"
+        fam = dict(gated=gated, norm=norm, qkv_bias=bias, o_bias=bias, mlp_bias=bias,
                    learned_pos=cfg_get(cfg, "pos", "rope") == "learned")
         tied = True
         d_ff = r["d_ff"] or (h and (swiglu_d_ff(h) if gated else gelu_d_ff(h)))

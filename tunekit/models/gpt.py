@@ -1,6 +1,6 @@
 """The demo GPT: a small, readable decoder-only transformer that the Lab trains.
 
-Byte-level (256 ids, no tokenizer to download), RMSNorm, rotary or learned positions, a GELU or
+Byte-level (256 ids, no tokenizer to download), RMSNorm (or LayerNorm), rotary or learned positions, a GELU or
 SwiGLU MLP, and three attention implementations that can be switched on the live model:
 
     >>> from tunekit.models.gpt import GPT, GPTConfig
@@ -22,21 +22,64 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from tunekit.core.registry import FP32
 from tunekit.models.gpt_config import ATTENTION_IMPLS, MLP_KINDS, POS_KINDS, PRESETS, GPTConfig  # noqa: F401
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in fp32 so bf16/fp16 activations do not lose the scale."""
+    """x / rms(x) * weight (``kind="rms"``) or LayerNorm (``"layer"``: a weight and, with ``bias``, a bias).
+    ``precision="fp32"`` computes in fp32 so bf16/fp16 activations do not lose the scale; ``"compute"``
+    casts the input and the weights to the step's compute dtype (autocast's, else the input's) and
+    normalizes there, autocast off: llm-foundry's LPLayerNorm (GPTConfig.norm_precision)."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5, kind: str = "rms", precision: str = FP32,
+                 bias: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.kind, self.precision = eps, kind, precision
         self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias and kind == "layer" else None
 
     def forward(self, x):
+        if self.precision == "compute":
+            dev = x.device.type
+            dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+            w, b = (None if t is None else t.to(dtype) for t in (self.weight, self.bias))
+            with torch.autocast(dev, enabled=False):
+                return self._normed(x.to(dtype), w, b)
+        if self.kind == "layer":
+            b = None if self.bias is None else self.bias.float()
+            return self._normed(x.float(), self.weight.float(), b).type_as(x)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return xf.type_as(x) * self.weight
+
+    def _normed(self, x, w, b):
+        if self.kind == "layer":
+            return F.layer_norm(x, x.shape[-1:], w, b, self.eps)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+
+class LogitsCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy on the logits' own dtype (GPTConfig.loss_precision="logits"), the passes of a
+    fused kernel: flash-attn's CrossEntropyLoss (Dao-AILab/flash-attention flash_attn/losses/cross_entropy.py,
+    csrc/xentropy), llm-foundry's default loss. Forward reads the logits once and keeps one log-sum-exp a
+    row; backward writes their gradient in their dtype (softmax, minus one at each target, times the loss's
+    gradient: the scale is a second pass here, fused in the kernel). No fp32 copy of the logits is made."""
+
+    @staticmethod
+    def forward(ctx, logits, targets):  # logits (N, V), targets (N,) int64
+        lse = torch.logsumexp(logits, dim=-1)  # (N,)
+        picked = logits.gather(-1, targets[:, None]).squeeze(-1)
+        ctx.save_for_backward(logits, targets)
+        acc = torch.promote_types(logits.dtype, torch.float32)   # the kernel accumulates in fp32
+        return (lse.to(acc) - picked.to(acc)).mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, targets = ctx.saved_tensors
+        g = torch.softmax(logits, dim=-1)
+        g.scatter_add_(-1, targets[:, None], torch.full_like(targets[:, None], -1, dtype=g.dtype))
+        return g.mul_((grad / logits.shape[0]).to(g.dtype)), None
 
 
 def rope_tables(head_dim: int, max_len: int, base: float = 10000.0):
@@ -145,11 +188,25 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
+class LayerNorm(RMSNorm):
+    """RMSNorm's ``kind="layer"`` under its own name (a trace's module names say which norm ran)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, precision: str = FP32, bias: bool = False):
+        super().__init__(dim, eps, "layer", precision, bias)
+
+
+def norm_of(cfg: GPTConfig) -> RMSNorm:
+    """The config's norm (GPTConfig.norm, norm_precision, bias)."""
+    if cfg.norm == "layer":
+        return LayerNorm(cfg.n_embd, precision=cfg.norm_precision, bias=cfg.bias)
+    return RMSNorm(cfg.n_embd, precision=cfg.norm_precision)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.norm1, self.attn = RMSNorm(cfg.n_embd), CausalSelfAttention(cfg)
-        self.norm2, self.mlp = RMSNorm(cfg.n_embd), MLP(cfg)
+        self.norm1, self.attn = norm_of(cfg), CausalSelfAttention(cfg)
+        self.norm2, self.mlp = norm_of(cfg), MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, rope=None):
@@ -173,7 +230,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.pos == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.norm_f = RMSNorm(cfg.n_embd)
+        self.norm_f = norm_of(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
         if cfg.pos == "rope":
@@ -242,8 +299,12 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             # padding columns are no tokens: leave them out of the softmax, not just unused
-            real = logits[..., : self.config.vocab_size].float()  # (B, T, V)
-            loss = F.cross_entropy(real.reshape(-1, real.size(-1)), targets.reshape(-1))
+            real = logits[..., : self.config.vocab_size]  # (B, T, V)
+            if self.config.loss_precision == "logits":
+                with torch.autocast(idx.device.type, enabled=False):
+                    loss = LogitsCrossEntropy.apply(real.reshape(-1, real.size(-1)), targets.reshape(-1))
+            else:
+                loss = F.cross_entropy(real.float().reshape(-1, real.size(-1)), targets.reshape(-1))
         return logits, loss
 
     @torch.no_grad()

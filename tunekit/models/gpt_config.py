@@ -7,13 +7,21 @@ import dataclasses
 import difflib
 from dataclasses import dataclass
 
-from tunekit.core.registry import ATTENTIONS
+from tunekit.core.registry import ATTENTIONS, FP32
 from tunekit.core.shapes import gelu_d_ff, padded_vocab, swiglu_d_ff
-from tunekit.core.validate import flag, real, whole
+from tunekit.core.validate import choice, flag, real, whole
 
 ATTENTION_IMPLS = tuple(ATTENTIONS)
 MLP_KINDS = ("gelu", "swiglu")
 POS_KINDS = ("rope", "learned")
+NORM_KINDS = ("rms", "layer")
+# where the norms and the loss compute: "fp32" upcasts (tunekit's default); "compute" runs each norm in the
+# step's compute dtype (autocast's, else its input's), as llm-foundry's LPLayerNorm does (mosaicml/llm-foundry
+# llmfoundry/models/layers/norm.py @ b2a43a1477a45f40f4086a1c72f851b0ab42d0ac); "logits" takes the loss on the
+# logits' own dtype in one fused kernel a pass, as flash-attn's CrossEntropyLoss (llm-foundry's default loss_fn
+# 'fused_crossentropy', llmfoundry/models/mpt/modeling_mpt.py @ b2a43a1477a45f40f4086a1c72f851b0ab42d0ac)
+NORM_PRECISIONS = (FP32, "compute")
+LOSS_PRECISIONS = (FP32, "logits")
 
 
 class UnknownPreset(ValueError, KeyError):
@@ -31,6 +39,11 @@ class GPTConfig:
     ``d_ff=None`` means: ``4 * n_embd`` for ``gelu``; for ``swiglu`` ``8/3 * n_embd`` rounded *up*
     to a multiple of 64 (so the MLP keeps about the parameters of a GELU MLP while its matmuls keep
     tensor-core friendly shapes: n_embd=4096 gives 10944, not the slow 10922).
+
+    ``norm``: ``"rms"`` (RMSNorm, a weight) or ``"layer"`` (LayerNorm, a weight and, with ``bias``, a
+    bias). ``norm_precision``: ``"fp32"`` (upcast) or ``"compute"`` (the step's compute dtype, no fp32
+    copy). ``loss_precision``: ``"fp32"`` (the logits upcast, then cross-entropy) or ``"logits"`` (the
+    cross-entropy on the logits' dtype, one pass forward and one backward, as a fused kernel).
     """
 
     vocab_size: int = 256
@@ -45,6 +58,9 @@ class GPTConfig:
     pad_vocab_multiple: int = 1
     bias: bool = False
     dropout: float = 0.0
+    norm: str = "rms"
+    norm_precision: str = FP32
+    loss_precision: str = FP32
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size", "pad_vocab_multiple"):
@@ -59,6 +75,9 @@ class GPTConfig:
             raise ValueError(f"mlp must be one of {MLP_KINDS}, got {self.mlp!r}")
         if self.pos not in POS_KINDS:
             raise ValueError(f"pos must be one of {POS_KINDS}, got {self.pos!r}")
+        choice("norm", self.norm, NORM_KINDS)
+        choice("norm_precision", self.norm_precision, NORM_PRECISIONS)
+        choice("loss_precision", self.loss_precision, LOSS_PRECISIONS)
         if self.attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, got {self.attention!r}")
         if self.pos == "rope" and self.head_dim % 2:

@@ -13,6 +13,8 @@ from tunekit.measure.torch_private import in_autograd_backward, storage_id, stor
 _FREE = {"detach", "alias", "lift_fresh", "_to_copy_meta", "sym_size", "sym_stride", "sym_numel", "empty",
          "empty_like", "empty_strided", "_local_scalar_dense", "is_same_size", "set_", "resize_"}
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "linear", "matmul"}
+# in-place scatters (self, dim, index, ...): they read and write only self's elements the index names
+_SCATTERS = {"scatter_", "scatter_add_", "scatter_reduce_"}
 _view_memo: dict = {}
 
 
@@ -140,6 +142,8 @@ class RooflineCounter(TunekitFlopCounter):
             return result   # a view by its result (_unsafe_view, split): no data moved
         tensors = ins + outs
         moved = sum(t.nbytes for t in tensors)
+        if name in _SCATTERS and len(ins) > 1:   # the index and source read, self touched where indexed
+            moved = sum(t.nbytes for t in ins[1:]) + 2 * ins[1].numel() * ins[0].element_size()
         kind = kind_of(name, flops)
         dims = (matmul_dims(name, args) if kind == "matmul" else attention_dims(name, args)
                 if kind == "attention" else None)

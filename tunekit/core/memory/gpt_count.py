@@ -13,9 +13,13 @@ tunekit/models/gpt.py (checked tensor by tensor with saved_tensors_hooks in test
   softmax and its cast back, and the re-laid-out output: 5*a*s^2-like terms appear here.
 * MLP: GELU keeps its input and output; SwiGLU keeps gate, silu(gate), up and their product.
 * Loss: fp32 log-softmax over the padded vocabulary, int64 targets and indices.
+* The options (GPTConfig.norm, norm_precision, loss_precision): a LayerNorm keeps its input, mean and
+  rstd a token and the next Linear its output; a norm in the compute dtype keeps those in it (a
+  cast of an fp32 residual under autocast); the "logits" loss keeps the logits and the targets only.
 """
 from __future__ import annotations
 
+from tunekit.core.registry import FP32
 from tunekit.core.shapes import cfg_get as _get
 from tunekit.core.shapes import model_shape
 
@@ -29,6 +33,8 @@ def config_dims(cfg) -> dict:
         "vocab": s.vocab, "d_ff": s.d_ff, "mlp": _get(cfg, "mlp", "gelu"),
         "attention": _get(cfg, "attention", "sdpa"), "pos": _get(cfg, "pos", "rope"),
         "bias": bool(_get(cfg, "bias", False)), "dropout": float(_get(cfg, "dropout", 0.0) or 0.0),
+        "norm": _get(cfg, "norm", "rms"), "norm_precision": _get(cfg, "norm_precision", FP32),
+        "loss_precision": _get(cfg, "loss_precision", FP32),
     }
 
 
@@ -46,7 +52,14 @@ def matmul_weight_count(cfg) -> dict:
     return {"per_layer": 4 * h * h + n_mats * h * f, "lm_head": d["vocab"] * h}
 
 
-def _norm_bytes(T, h, resid, elem):
+def _norm_bytes(T, h, resid, elem, kind="rms", precision=FP32):
+    if precision != FP32:   # in the compute dtype c: the cast input (the residual itself when c is its dtype)
+        c = elem
+        if kind == "layer":  # input, output (the next Linear's), mean and rstd a token (torch's CPU kernel: in c)
+            return 2 * c * T * h + 2 * c * T
+        return 3 * c * T * h + c * T   # input, pre-weight product, output; rsqrt a token
+    if kind == "layer":      # fp32 input, mean and rstd a token, output in the matmul dtype
+        return T * h * (4 + elem) + 8 * T
     # fp32 view of the input, rsqrt per token, pre-weight product, output in matmul dtype
     pre_weight = 4 if resid == 4 else 2
     return T * h * (4 + pre_weight + elem) + 4 * T
@@ -54,7 +67,7 @@ def _norm_bytes(T, h, resid, elem):
 
 def gpt_layer_activation_bytes(b: int, s: int, h: int, a: int, d_ff: int, mlp: str = "gelu",
                                attention: str = "sdpa", elem: int = 4, resid: int = 4,
-                               dropout: float = 0.0, autocast: bool = False) -> int:
+                               dropout: float = 0.0, autocast: bool = False, norm: tuple = ("rms", FP32)) -> int:
     """Bytes one block saves for backward. elem: bytes of matmul-side activations (4 fp32, 2
     bf16/fp16 or autocast); resid: bytes of the residual stream (2 only in pure half precision).
 
@@ -62,15 +75,16 @@ def gpt_layer_activation_bytes(b: int, s: int, h: int, a: int, d_ff: int, mlp: s
     1313792
     """
     T = b * s
-    norms = 2 * _norm_bytes(T, h, resid, elem)
+    norms = 2 * _norm_bytes(T, h, resid, elem, *norm)
     if attention == "math":
         scores = b * a * s * s
         attn = 4 * T * h * elem + s * s + 4 * scores + (elem * scores if elem != 4 else 0)
     else:  # sdpa / flash: qkv output, q and k after rotary, output, logsumexp
         attn = 6 * T * h * elem + 4 * b * a * s
     mlp_bytes = (4 if mlp == "swiglu" else 2) * T * d_ff * elem
-    if autocast and mlp == "swiglu":
-        # autocast caches casts of weights only: gate and up each cast the fp32 norm output
+    if autocast and mlp == "swiglu" and norm[1] == FP32:
+        # autocast caches casts of weights only: gate and up each cast the fp32 norm output (a norm in the
+        # compute dtype hands them one half tensor)
         mlp_bytes += T * h * elem
     masks = 0
     if dropout > 0:   # bool masks: two residual dropouts (+ attention probabilities for math)
@@ -91,10 +105,12 @@ def gpt_activation_bytes(cfg, b: int, s: int, elem: int, checkpointing: bool = F
     T = b * s
     resid = 4 if (elem == 4 or autocast) else 2
     layer = gpt_layer_activation_bytes(b, s, h, a, f, d["mlp"], d["attention"], elem, resid,
-                                       d["dropout"], autocast)
+                                       d["dropout"], autocast, (d["norm"], d["norm_precision"]))
     # idx (+ position ids) for the embeddings; final norm; fp32 log-softmax, targets, weight
-    outside = 8 * T + (8 * s if d["pos"] == "learned" else 0) + _norm_bytes(T, h, resid, elem)
-    outside += 4 * T * V + 8 * T + 4 + (T * h if d["dropout"] > 0 else 0)
+    outside = 8 * T + (8 * s if d["pos"] == "learned" else 0) + _norm_bytes(T, h, resid, elem, d["norm"],
+                                                                            d["norm_precision"])
+    loss = 4 * T * V + 8 * T + 4 if d["loss_precision"] == FP32 else elem * T * V + 8 * T
+    outside += loss + (T * h if d["dropout"] > 0 else 0)
     mats = matmul_weight_count(cfg)
     cast = 2 if autocast else 0
     if checkpointing:
