@@ -201,6 +201,13 @@ def _side(x):
                     f"records (ProfileRecord: tunekit.last(), a Monitor's summary); got {type(x).__name__}")
 
 
+def _change(va: float, vb: float) -> float:
+    """b / a - 1; 0 where both are 0 (unchanged); NaN where either is missing or a alone is 0."""
+    if is_missing(va) or is_missing(vb):
+        return NaN
+    return vb / va - 1 if va else 0.0 if vb == 0 else NaN
+
+
 def diff(a, b, rows: int | None = SHOWN) -> Diff:
     """What changed from run ``a`` to run ``b`` (see the module's docstring). Refused before any
     work: two records of different kinds, or Lab runs of different models. ``rows``: how many rows
@@ -242,7 +249,7 @@ def diff(a, b, rows: int | None = SHOWN) -> Diff:
             continue      # measured on neither side: left out, not shown as 0
         section = "memory" if unit == "bytes" else "step"   # the loss is the step's too
         rows.append({"section": section, "what": what, "a": va, "b": vb,
-                     "change": vb / va - 1 if not is_missing(va) and not is_missing(vb) and va else NaN, "unit": unit})
+                     "change": _change(va, vb), "unit": unit})
     peaks = [_number(getattr(r, "peak_tflops", None)) for r in (a, b)]
     if all(not is_missing(p) for p in peaks) and peaks[0] != peaks[1]:   # each MFU against its own dtype's peak
         said = [f"{getattr(r, 'compute_dtype', None) or getattr(r, 'dtype', None) or 'its'} {fmt_tflops(p)}"
