@@ -265,3 +265,9 @@ def test_a_figure_zero_on_both_sides_is_unchanged_not_n_a():
     a.weight_cast_bytes = b.weight_cast_bytes = 0    # weight casts: none on either side
     row = tunekit.diff(a, b).table_all.set_index("what").loc["weight casts"]
     assert row.change == 0.0                   # 0 -> 0: +0%, as 4000 -> 4000 B of parameters is
+
+
+def test_steps_equal_to_the_hundredth_are_the_same_not_faster():
+    # 40.0 ms -> 40.1 ms: 40.0 / 40.1 = 0.9975, 1.00 at two decimals: "1.00x slower" would say nothing
+    d = tunekit.diff(_run(0, step_s=0.0400), _run(1, "lr", step_s=0.0401, lr=0.01))
+    assert d.summary.splitlines()[2] == "step 40.0 ms -> 40.1 ms (the same, within 0.5%)"

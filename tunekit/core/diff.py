@@ -131,7 +131,8 @@ class Diff:
             sized = self.per_step and self.per_step[0] != self.per_step[1] and min(self.per_step[:2]) > 0
             if sized:                                   # steps of different sizes: compare per token
                 ratio *= self.per_step[1] / self.per_step[0]
-            how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+            how = ("the same, within 0.5%" if f"{ratio:.2f}" == f"{1 / ratio:.2f}" == "1.00" else
+                   f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower")
             if sized:
                 na, nb, unit = self.per_step
                 how = f"{na:,.0f} -> {nb:,.0f} {unit} a step: {how} per {unit.removesuffix('s')}"
