@@ -111,10 +111,14 @@ def check_guess(guess, expected, run, base, what: str = "step time vs the base r
     # base setting's expected step), so a base measured on a slower moment does not move it
     ratio = e_step / expected.base_step_s
     closer = "lab.expect" if abs(ratio / measured - 1) < abs(guess / measured - 1) else "your guess"
-    text = (f"measured {measured:.2f}x; your guess {guess:.2f}x ({fmt_pct(guess / measured - 1, 0, signed=True)} "
-            f"off), lab.expect {ratio:.2f}x ({fmt_pct(ratio / measured - 1, 0, signed=True)} off): {closer} was closer")
+    figures = (f"measured {measured:.2f}x; your guess {guess:.2f}x ({fmt_pct(guess / measured - 1, 0, signed=True)} "
+               f"off), lab.expect {ratio:.2f}x ({fmt_pct(ratio / measured - 1, 0, signed=True)} off)")
+    said = ""
     if expected.base_run is not None and expected.base_run != getattr(base, "run_id", None):
-        text += f" (lab.expect was calibrated by run #{expected.base_run}, not by the base run given)"
+        said += f" (lab.expect was calibrated by run #{expected.base_run}, not by the base run given)"
     if not 0.1 <= guess <= 10:   # ten times from 1: often a time or a percent typed as the ratio
-        text += f"; your guess {guess:.2f}x is a ratio of step times: was it a time or a percent? 1.3 means 30% longer"
-    return GuessCheck(what, guess, ratio, measured, conclude(text, [base, run]))
+        said += f"; your guess {guess:.2f}x is a ratio of step times: was it a time or a percent? 1.3 means 30% longer"
+    verdict = conclude(f"{figures}: {closer} was closer{said}", [base, run])
+    if verdict.startswith("uncertain:"):   # a busy run withholds who was closer, not the figures the learner waits for
+        verdict = f"{figures}{said}; which was closer is {verdict}"
+    return GuessCheck(what, guess, ratio, measured, verdict)
