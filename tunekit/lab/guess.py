@@ -8,8 +8,8 @@ the change as measured (the check cell of a chapter's exercise).
     >>> tunekit.lab.check_guess(my_guess, expected, run, base)
 
 Both predictions are ratios to the base run (``run.step_s / base.step_s`` measured); each is judged
-by how far it is from the measured ratio. A busy machine makes the verdict "uncertain" (the
-conditions of both runs are read, as `tunekit.measure.conclude` does), never a failure.
+by how far it is from the measured ratio. A busy machine makes which was closer "uncertain" (the
+conditions of both runs are read, as `tunekit.measure.conclude` does), never a failure; the figures stay.
 """
 from __future__ import annotations
 
