@@ -65,7 +65,7 @@ lab.run(steps=1, warmup=1, micro_batch=2, grad_accum=1, seq_len=seq)   # warm ca
 #
 # One optimizer step of 8 sequences, as 2 sequences × 4 accumulation steps, or as 8 × 1: the same
 # FLOPs, in bigger matmuls and fewer calls. How long will the 8 × 1 step take against the 2 × 4 one?
-# Write your guess as a ratio (1.0: the same; 0.5: half the time).
+# Write your guess as a ratio (1.0: the same; 0.5: half the time; '-30%' or '0.7x' are read too).
 
 # %%
 my_guess = 0.7   # your guess: step time of MBS 8 x GAS 1 / MBS 2 x GAS 4 (edit it, then run on)

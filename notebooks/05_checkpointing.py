@@ -35,10 +35,11 @@ print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_
 # ## 0. Predict, then measure
 #
 # Before anything is measured: how much longer will a training step take with checkpointing on?
-# Write your guess as a ratio (1.0: no change, 1.33: one more forward on top of forward + backward).
+# Write your guess as a ratio (1.0: no change; 2.0: twice the time; '+50%' or '1.5x' are read too).
+# Hint: count the passes a step makes, and what checkpointing adds to them.
 
 # %%
-my_guess = 1.33   # your guess: step time with checkpointing / without (edit it, then run on)
+my_guess = 1.5    # your guess: step time with checkpointing / without (edit it, then run on)
 
 # %% [markdown]
 # The Lab measures one run without checkpointing (traced: time per op), then `lab.expect` says what

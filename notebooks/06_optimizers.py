@@ -61,7 +61,8 @@ lab.run(steps=1, warmup=1, micro_batch=mb, seq_len=seq)
 #
 # SGD keeps no state and its update is one multiply-add per parameter; AdamW keeps two moments and
 # does about a dozen elementwise ops per parameter. How much shorter will a whole training step be
-# with SGD than with AdamW? Write your guess as a ratio (1.0: no change; 0.5: half the time).
+# with SGD than with AdamW? Write your guess as a ratio (1.0: no change; 0.5: half the time;
+# '-20%' or '0.8x' are read too).
 
 # %%
 my_guess = 0.8   # your guess: step time with SGD / with AdamW (edit it, then run on)

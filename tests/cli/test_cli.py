@@ -142,6 +142,22 @@ def test_bad_options_one_line_exit_2_before_any_work(argv, match, capsys, monkey
     assert match in _refused(argv, capsys, monkeypatch)
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["run", "--stps", "3"], "tunekit run: error: unrecognized arguments: --stps 3: did you mean --steps? "
+                             "(see tunekit run --help)"),
+    (["plan", "--modle", "gpt2-124m"], "tunekit plan: error: unrecognized arguments: --modle gpt2-124m: did you "
+                                       "mean --model? (see tunekit plan --help)"),
+    (["plan", "--micro-batch=2", "extra"], "tunekit plan: error: unrecognized arguments: extra "
+                                           "(see tunekit plan --help)"),
+    (["doctr"], "tunekit: error: argument COMMAND: invalid choice: 'doctr' (choose from 'run', 'plan', 'diff', "
+                "'doctor'): did you mean 'doctor'? (see tunekit --help)"),
+])
+def test_a_misspelled_option_or_command_is_named_by_its_command_with_the_nearest(argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2 and capsys.readouterr().err.strip() == said
+
+
 def test_a_link_this_machine_cannot_emulate_refused(capsys, monkeypatch):
     monkeypatch.setattr("tunekit.parallel.netns.check", lambda: "emulated nodes need root")
     err = _refused(["--parallel", "fsdp", "--nodes", "2", "--link-bandwidth", "50mbit"], capsys, monkeypatch)

@@ -1,6 +1,7 @@
 """tunekit.diff: what changed between two runs, from records built by hand (exact numbers) and from
 two real Lab runs (only what holds on a busy machine is asserted)."""
 import math
+import warnings
 
 import pytest
 
@@ -242,3 +243,31 @@ def test_a_run_against_itself_is_said_so():
     assert [str(n) for n in d.notes] == ["both sides are run #3 (ckpt): nothing can have changed; "
                                          "tunekit.diff(lab.runs[-2], lab.runs[-1]) compares a Lab's last two runs"]
     assert not tunekit.diff(_run(3), _run(4)).notes      # two runs: no such note
+
+
+def test_a_file_that_is_no_run_log_is_refused_in_one_line_without_a_python_warning(tmp_path, capsys):
+    from tunekit.cli.main import main
+    from tunekit.lab.runlog import RunLog
+
+    log, page = tmp_path / "runs.jsonl", tmp_path / "report.html"
+    RunLog(log).add(_run(0))
+    page.write_text("<html>\n<body>runs</body>\n</html>\n")     # 3 lines, none a run record
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                            # a UserWarning would fail here
+        assert main(["diff", str(page), str(log)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tunekit diff: error: {page}: not a run log: none of its 3 lines is a run record "
+        "(tunekit run --log and lab.run write one)")
+
+
+def test_a_figure_zero_on_both_sides_is_unchanged_not_n_a():
+    a, b = _run(0), _run(1, "mb=16", micro_batch=16)
+    a.weight_cast_bytes = b.weight_cast_bytes = 0    # weight casts: none on either side
+    row = tunekit.diff(a, b).table_all.set_index("what").loc["weight casts"]
+    assert row.change == 0.0                   # 0 -> 0: +0%, as 4000 -> 4000 B of parameters is
+
+
+def test_steps_equal_to_the_hundredth_are_the_same_not_faster():
+    # 40.0 ms -> 40.1 ms: 40.0 / 40.1 = 0.9975, 1.00 at two decimals: "1.00x slower" would say nothing
+    d = tunekit.diff(_run(0, step_s=0.0400), _run(1, "lr", step_s=0.0401, lr=0.01))
+    assert d.summary.splitlines()[2] == "step 40.0 ms -> 40.1 ms (the same, within 0.5%)"

@@ -117,6 +117,11 @@ def test_a_fused_attention_kernel_is_its_own_group_and_several_steps_are_divided
     assert e.op_table.calls.tolist()[0] == 4                                # 8 calls over 2 steps
 
 
+class _Shown:
+    def __repr__(self):
+        return "tunekit Lab\n  model    GPT · 426.6k params"
+
+
 def test_a_busy_run_is_said_and_what_cannot_be_explained_is_refused():
     busy = Conditions(verdict="busy", reason="other processes used 1.0 of 2 CPUs")
     e = explain_trace(TRACE, EXPECTED, conditions=busy)
@@ -129,6 +134,12 @@ def test_a_busy_run_is_said_and_what_cannot_be_explained_is_refused():
         tunekit.explain(TRACE)
     with pytest.raises(TypeError, match=r"explains a traced run: a Lab's RunResult .* or a Breakdown; got int 42"):
         tunekit.explain(42)      # not a run: said so, not that a plan is missing
+    with pytest.raises(TypeError) as refused:  # a multi-line repr (a Lab's, a list of runs): its first line
+        tunekit.explain(["run #0 baseline\n  speed 1 tokens/s"])
+    assert str(refused.value).endswith("got list ['run #0 baseline\\n  speed 1 tokens/s']")
+    with pytest.raises(TypeError) as refused:
+        tunekit.explain(_Shown())
+    assert str(refused.value).endswith("got _Shown tunekit Lab ...") and "\n" not in str(refused.value)
     with pytest.raises(ValueError, match="steps must be a whole number"):
         tunekit.explain(TRACE, EXPECTED, steps=0)
     assert tunekit.explain(TRACE, EXPECTED).efficiency == pytest.approx(0.5)

@@ -193,6 +193,13 @@ def test_a_setting_is_checked_when_made(kw, why):
         Setting(**kw)
 
 
+@pytest.mark.parametrize("kw", [dict(world_size=0), dict(nodes=-1), dict(world_size="2")])
+def test_a_rank_count_that_is_no_whole_number_is_not_also_called_several_ranks(kw):
+    with pytest.raises(ValueError) as e:
+        Setting(**kw)
+    assert "must be a whole number >= 1" in str(e.value) and "several ranks" not in str(e.value)
+
+
 def test_a_setting_is_made_canonical():
     np = pytest.importorskip("numpy")
     s = Setting(micro_batch=np.int64(4), optimizer="adam", attention="eager", lr=1)

@@ -127,6 +127,14 @@ MEANT = [
      "Setting() got an unexpected keyword argument 'colour'; it takes precision, checkpointing, micro_batch, "),
     (lambda: tunekit.Setting().replace(precison="bf16"), TypeError,
      "unknown toggle(s) ['precison']: did you mean precision='bf16'?"),
+    (lambda: Lab().run(stps=3), TypeError,        # a run argument, not a toggle, misspelled
+     "Lab.run() got an unexpected keyword argument 'stps': did you mean steps=3?"),
+    (lambda: Lab().expect(checkpoint=True), TypeError,
+     "Lab.expect() got an unexpected keyword argument 'checkpoint': did you mean checkpointing=True?"),
+    (lambda: Lab().find_max_batch_size(limt=64), TypeError,
+     "Lab.find_max_batch_size() got an unexpected keyword argument 'limt': did you mean limit=64?"),
+    (lambda: Lab().autotune(budget=30), TypeError,
+     "Lab.autotune() got an unexpected keyword argument 'budget': did you mean budget_s=30?"),
 ]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from tunekit.cli.model import Refused
@@ -33,14 +34,20 @@ def diff_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFor
 
 def read_side(spec: str):
     """The run a side names, as a RunResult; `Refused` with the reason when it names none."""
-    from tunekit.lab.runlog import RunLog
+    from tunekit.lab.runlog import RunLog, read_records
 
     path, _, run_id = spec.partition("#")
     if not Path(path).is_file():
         raise Refused(f"{spec}: no such log file")
-    runs = RunLog.load(path)
+    with warnings.catch_warnings(record=True) as said:   # lines that are no run: said once, below
+        warnings.simplefilter("always")
+        runs = RunLog.load(path)
     if not runs:
-        raise Refused(f"{spec}: the log holds no run")
+        skipped = read_records(path)[1]
+        raise Refused(f"{spec}: not a run log: none of its {skipped} lines is a run record (tunekit run --log "
+                      "and lab.run write one)" if skipped else f"{spec}: the log holds no run")
+    for w in said:
+        print(f"tunekit diff: {str(w.message).removeprefix('tunekit: ')}", file=sys.stderr)
     if not run_id:
         return runs[-1]
     session, by_session, run_id = run_id.strip().rpartition("/")

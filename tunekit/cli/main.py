@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -34,7 +36,26 @@ LOG, REPORT = "tunekit-runs.jsonl", "tunekit-report.html"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse would print the usage block first)
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._nearest(message)} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extra = super().parse_known_args(args, namespace)
+        if extra and " " in self.prog:   # a command's parser ("tunekit run"): said by it, with its options
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns, extra
+
+    def _nearest(self, message: str) -> str:
+        """': did you mean --steps?' for a misspelled option or command, from the names it could be."""
+        if m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+            word, names = m.group(1), re.findall(r"'([^']*)'", m.group(2))
+        elif m := re.match(r"unrecognized arguments: (--[^\s=]+)", message):
+            word, names = m.group(1), list(self._option_string_actions)
+        else:
+            return ""
+        near = difflib.get_close_matches(word, names, n=1)
+        if not near:
+            return ""
+        return f": did you mean {near[0] if near[0].startswith('-') else repr(near[0])}?"
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -131,7 +131,8 @@ class Diff:
             sized = self.per_step and self.per_step[0] != self.per_step[1] and min(self.per_step[:2]) > 0
             if sized:                                   # steps of different sizes: compare per token
                 ratio *= self.per_step[1] / self.per_step[0]
-            how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+            how = ("the same, within 0.5%" if f"{ratio:.2f}" == f"{1 / ratio:.2f}" == "1.00" else
+                   f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower")
             if sized:
                 na, nb, unit = self.per_step
                 how = f"{na:,.0f} -> {nb:,.0f} {unit} a step: {how} per {unit.removesuffix('s')}"
@@ -201,6 +202,13 @@ def _side(x):
                     f"records (ProfileRecord: tunekit.last(), a Monitor's summary); got {type(x).__name__}")
 
 
+def _change(va: float, vb: float) -> float:
+    """b / a - 1; 0 where both are 0 (unchanged); NaN where either is missing or a alone is 0."""
+    if is_missing(va) or is_missing(vb):
+        return NaN
+    return vb / va - 1 if va else 0.0 if vb == 0 else NaN
+
+
 def diff(a, b, rows: int | None = SHOWN) -> Diff:
     """What changed from run ``a`` to run ``b`` (see the module's docstring). Refused before any
     work: two records of different kinds, or Lab runs of different models. ``rows``: how many rows
@@ -242,7 +250,7 @@ def diff(a, b, rows: int | None = SHOWN) -> Diff:
             continue      # measured on neither side: left out, not shown as 0
         section = "memory" if unit == "bytes" else "step"   # the loss is the step's too
         rows.append({"section": section, "what": what, "a": va, "b": vb,
-                     "change": vb / va - 1 if not is_missing(va) and not is_missing(vb) and va else NaN, "unit": unit})
+                     "change": _change(va, vb), "unit": unit})
     peaks = [_number(getattr(r, "peak_tflops", None)) for r in (a, b)]
     if all(not is_missing(p) for p in peaks) and peaks[0] != peaks[1]:   # each MFU against its own dtype's peak
         said = [f"{getattr(r, 'compute_dtype', None) or getattr(r, 'dtype', None) or 'its'} {fmt_tflops(p)}"

@@ -253,6 +253,13 @@ def explain_step(expected, *, step_s: float, label: str = "run", conditions=None
     return Explanation(label, step_s, expected.step_s, rows, [], [], notes, busy)
 
 
+def _first_line(x, width: int = 80) -> str:
+    """``repr(x)`` on one line: its first line, cut at ``width``, with " ..." where more was left out."""
+    text = repr(x)
+    line = text.splitlines()[0] if text else text
+    return line[:width] + (" ..." if len(line) > width or line != text else "")
+
+
 def explain(result, plan=None, *, steps: int = 1) -> Explanation:
     """``result`` (a traced Lab `RunResult`, a traced `ProfileRecord`: ``%%gpuprofile --trace``'s or
     the record ``Monitor(trace=N).close()`` returns, or a `Breakdown`) against
@@ -266,7 +273,7 @@ def explain(result, plan=None, *, steps: int = 1) -> Explanation:
     if not isinstance(result, Breakdown) and not hasattr(result, "trace"):
         raise TypeError("tunekit.explain explains a traced run: a Lab's RunResult (lab.run(trace=True)), a "
                         "ProfileRecord (%%gpuprofile --trace, Monitor(trace=N).close()) or a Breakdown; got "
-                        f"{type(result).__name__} {result!r:.80}")
+                        f"{type(result).__name__} {_first_line(result)}")
     if plan is None and callable(getattr(result, "explainer", None)):
         return result.explainer()   # a Lab's run: its Lab plans its step (RunResult.explainer)
     if plan is None:

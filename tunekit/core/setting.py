@@ -257,7 +257,7 @@ class Setting(Toggles):
             errors.append(f"weights must be None (the model's own), 'fp32', 'bf16' or 'fp16', got {self.weights!r}")
         if self.parallel not in (None,) + PARALLEL:
             errors.append(f"parallel must be None (one process) or one of {PARALLEL}, got {self.parallel!r}")
-        elif self.parallel is None and (self.world_size, self.nodes) != (1, 1):
+        elif self.parallel is None and (fixed.get("world_size", 1), fixed.get("nodes", 1)) != (1, 1):  # valid ones
             errors.append(f"world_size={self.world_size!r} and nodes={self.nodes!r} describe several ranks: say how "
                           f"they share the step with parallel= one of {PARALLEL}")
         if not errors and self.world_size % self.nodes:

@@ -158,6 +158,7 @@ class Lab(LabResults):
 
     # --- the run (lab.run, lab.distributed) --------------------------------------------
 
+    @keywords_checked()   # a misspelled keyword: the one meant (steps=, checkpointing=)
     @toggle_keywords
     def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
             trace: bool = False, memory: bool = False, parallel: str | None = None, nproc: int = 1,
@@ -216,6 +217,7 @@ class Lab(LabResults):
         Example: ``breakdown, timeline = lab.traced_step(t, step_s=0.1, memory=True)``."""
         return single.traced_step(self, t, step_s, trace, memory)
 
+    @keywords_checked()
     @toggle_keywords
     def find_max_batch_size(self, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
                             budget_fraction: float = 0.5, progress=None, snapshot_on_oom: bool = True,
@@ -251,6 +253,7 @@ class Lab(LabResults):
         from tunekit.lab.explain import lab_explain
         return lab_explain(self, run)
 
+    @keywords_checked()
     @toggle_keywords
     def expect(self, setting=None, base=None, **changes):
         """Expected step time, tokens/s, MFU and peak memory of what ``lab.run(setting=..., **changes)`` would
@@ -265,6 +268,7 @@ class Lab(LabResults):
         Example: ``lab.reset_optimizer(); lab.run(steps=20)`` starts from empty optimizer state."""
         self.trainer.reset_optimizer()
 
+    @keywords_checked()
     @toggle_keywords
     def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,
                  max_micro_batch=None, steps: int = 3, warmup: int = 1, repeats: int = 3, noise: float = 0.03,
