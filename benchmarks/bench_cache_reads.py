@@ -26,10 +26,10 @@ faulted page ((fresh - reused) over the pages the output spans).
     .venv/bin/python benchmarks/bench_cache_reads.py --rounds 20   # more rounds (default 12)
     .venv/bin/python benchmarks/bench_cache_reads.py --gpt2        # also GPT-2 4x128 at mb 4, seq 64 and 128
 """
+import argparse
 import mmap
 import os
 import statistics
-import sys
 import tempfile
 import warnings
 
@@ -134,15 +134,23 @@ def us_per_page(best: dict, op: str, tokens: int, out_bytes: int) -> float:
     return (best[op, tokens, "written", True] - best[op, tokens, "written", False]) / (out_bytes / PAGE) * 1e6
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``argv``, else sys.argv's): an unknown option is refused before any work."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds of trials (default {ROUNDS})")
+    ap.add_argument("--gpt2", action="store_true", help="also GPT-2 4x128 at mb 4, seq 64 and 128")
+    return ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace):
     import torch
 
     from tunekit.measure.step_host import cache_bytes
     from tunekit.measure.trials import interleaved
 
-    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else ROUNDS
+    rounds = args.rounds
     llc = cache_bytes() or 32 * MiB
-    all_sizes = sizes_of("--gpt2" in sys.argv)
+    all_sizes = sizes_of(args.gpt2)
     pairs = [all_sizes[i:i + 2] for i in range(0, len(all_sizes), 2)]
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; caches (cpu0, sysfs): {cache_line()}")
@@ -183,4 +191,4 @@ def report(small, big, swept, best, times, out_bytes) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

@@ -16,9 +16,9 @@ there the peak holds whatever earlier runs left in glibc's heaps.
     .venv/bin/python benchmarks/bench_cpu_peak.py            # ~3 min on a quiet 2-core CPU
     .venv/bin/python benchmarks/bench_cpu_peak.py --bare     # the unsettled meter, same runs
 """
+import argparse
 import os
 import statistics
-import sys
 import warnings
 
 import tunekit
@@ -45,8 +45,14 @@ def row(label, r, e=None):
           flush=True)
 
 
-def main():
-    bare = "--bare" in sys.argv
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``argv``, else sys.argv's): an unknown option is refused before any work."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bare", action="store_true", help="the meter's start unsettled (the meter before issue 42)")
+    return ap.parse_args(argv)
+
+
+def main(bare: bool = False):
     if bare:   # the meter before issue 42: no malloc_trim before its start
         init = device_meter.DeviceMeter.__init__
         device_meter.DeviceMeter.__init__ = lambda self, device, cuda_index=None, settle=True: init(
@@ -79,4 +85,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args().bare)

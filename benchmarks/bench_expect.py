@@ -3,8 +3,7 @@ each single change of the toggle ladder and of pairs of them, against that setti
 the expectation was made, on the Lab's built-in GPT and two small transformers models (Llama-class,
 GPT-2-class; random init from a config).
 
-Goal on a quiet CPU: median |error| <= 7% and worst <= 20% for the step time; peak memory within
-5%.
+Goal on a quiet CPU: median |error| <= 7% and worst <= 20% for the step time; peak memory within 5%.
 
 The calibration: ONE traced base run, made before any judged run; every expectation is made from it
 (``lab.expect(base=run, ...)``) just before its setting's first measured block, nothing else.
@@ -50,22 +49,17 @@ The ladder (each from the base setting): checkpointing flipped, micro-batch x2 a
 (within the model's positions), grad_accum x2, each other optimizer of adamw / sgd / adafactor,
 attention eager <-> sdpa, bf16 where this CPU runs it; pairs of those (--quick: a few).
 
-It also times lab.expect's answers (``--speed``: bench_expect_speed.py).
+It also times lab.expect's answers (``--speed``: bench_expect_speed.py). The runs' log goes to a
+temporary folder, removed at the end. ``--help``: every option.
 
     .venv/bin/python benchmarks/bench_expect.py            # the full ladder, three models (long)
     .venv/bin/python benchmarks/bench_expect.py --quick    # a small ladder on the built-in GPT
     .venv/bin/python benchmarks/bench_expect.py --quick --mb   # with mb /2 and adafactor too (~2 min quiet)
-    .venv/bin/python benchmarks/bench_expect.py --speed    # answer times only
     .venv/bin/python benchmarks/bench_expect.py --quick --rounds 8   # more rounds (default 6)
-    .venv/bin/python benchmarks/bench_expect.py --threads 1   # torch on one thread: on a machine other work
-                     # holds (load over the cores), two threads spin in libgomp's barriers, 4x slower than one
-                     # (not judged either way; this CPU's figures were measured at its default threads)
-    .venv/bin/python benchmarks/bench_expect.py --quick --priority   # each block ahead of the machine's
-                     # other work (measure.priority: real-time priority as root; judged as "busy, measured
-                     # ahead of it" where the machine is busy)
-
-The runs' log goes to a temporary folder, removed at the end.
+    .venv/bin/python benchmarks/bench_expect.py --threads 1   # torch on one thread (--help: why)
+    .venv/bin/python benchmarks/bench_expect.py --quick --priority   # each block ahead of other work
 """
+import argparse
 import itertools
 import math
 import os
@@ -248,13 +242,13 @@ def carry_notes(e) -> list:
     return [str(n) for n in e.notes if n.kind in ("expect.other_dtype", "expect.outlier")]
 
 
-def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority):
+def judged_rows(name, lab, quick, mb, rounds, steps, warmup, priority, most_rows=None):
     """The one calibrating run (traced), then the interleaved blocks; prints the A/A check and one row
-    per rung. Returns (rows: (model, label, step error, peak error, status), the A/A spread)."""
+    per rung (``most_rows``: the first so many). Returns (rows: (model, label, step error, peak error, status), A/A)."""
     base, base_verdict = block(lab, BASE_STEPS, warmup, priority, trace=True)
     print(f"\n{name}: calibrating run {base.label} {base.steady_step_s * 1e3:.1f} ms (median of {base.steps}), "
           f"peak {base.peak_mem_bytes / MiB:.0f} MiB ({base_verdict})", flush=True)
-    rungs = ladder(lab, quick, mb)[:option("--rows", None)]
+    rungs = ladder(lab, quick, mb)[:most_rows]
     got = interleaved(lab, rungs, base, rounds, steps, warmup, priority)
     a, a2 = got[A], got[A2]
     aa, meas_base = aa_spread(a["medians"], a2["medians"]), setting_time(a["medians"])
@@ -345,50 +339,56 @@ def machine_load() -> str:
     return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
 
 
-def option(name: str, default, kind=int):
-    """``--name N`` from the command line (as ``kind``), else ``default``."""
-    args = sys.argv
-    return kind(args[args.index(name) + 1]) if name in args else default
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``argv``, else sys.argv's): an unknown option is refused before any work."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for flag, words in (("--quick", "a small ladder on the built-in GPT"), ("--mb", "with --quick: mb /2, adafactor"),
+                        ("--priority", "each block ahead of other work (measure.priority)"),
+                        ("--speed", "lab.expect's answer times only"), ("--glibc-heap", "glibc's heap defaults")):
+        ap.add_argument(flag, action="store_true", help=words)
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds of blocks (default {ROUNDS})")
+    ap.add_argument("--threads", type=int, default=0, help="torch's threads (default 0: its own; on a busy machine 2 "
+                    "threads spin in libgomp's barriers, 4x slower than 1; the CPU's figures are at the default)")
+    ap.add_argument("--rows", type=int, help="only the first ROWS rungs of each model")
+    ap.add_argument("--model", help="only the models whose name holds MODEL (any case)")
+    return ap.parse_args(argv)
 
 
-def heap_env(environ, argv) -> dict | None:
+def heap_env(environ, glibc_heap: bool) -> dict | None:
     """The environment to run the measured process in where glibc should keep its freed heap pages
     (record.TUNABLES): ``environ`` with them added; None where the user set either (theirs stand) or
     asked for glibc's defaults (``--glibc-heap``)."""
-    if "--glibc-heap" in argv or any(k in environ for k in TUNABLES):
-        return None
-    return {**environ, **TUNABLES}
+    return None if glibc_heap or any(k in environ for k in TUNABLES) else {**environ, **TUNABLES}
 
 
-def main():
-    env = heap_env(os.environ, sys.argv)
-    if env is not None:   # the tunables act from the process's start: re-executed with them
+def main(args: argparse.Namespace):
+    env = heap_env(os.environ, args.glibc_heap)
+    if env is not None:   # the tunables act from the process's start: re-executed with them (argv parsed)
         print(f"re-executing with {tunables_words()} (glibc keeps freed heap pages; --glibc-heap: not)", flush=True)
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
-    quick, priority, mb = "--quick" in sys.argv, "--priority" in sys.argv, "--mb" in sys.argv
-    rounds, threads = option("--rounds", ROUNDS), option("--threads", 0)
-    if threads:
+    if args.threads:
         import torch
 
-        torch.set_num_threads(threads)
-    print(f"machine at start: {machine_load()}" + (f"; blocks at {level()} priority" if priority else "")
-          + (f"; torch on {threads} thread(s)" if threads else "") + "; glibc's heap: "
+        torch.set_num_threads(args.threads)
+    print(f"machine at start: {machine_load()}" + (f"; blocks at {level()} priority" if args.priority else "")
+          + (f"; torch on {args.threads} thread(s)" if args.threads else "") + "; glibc's heap: "
           + (" ".join(f"{k}={os.environ[k]}" for k in TUNABLES if k in os.environ) or "defaults"))
     with tempfile.TemporaryDirectory(prefix="bench_expect-") as folder:
         log_path = str(Path(folder) / "runs.jsonl")
-        if "--speed" in sys.argv:   # (its own script: bench_expect_speed.py)
+        if args.speed:   # (its own script: bench_expect_speed.py)
             from bench_expect_speed import speed
 
             speed(log_path)
             return
-        print(f"one calibrating run ({BASE_STEPS} timed steps, traced); then {rounds} rounds of interleaved blocks "
-              f"(the base twice, each change once), each block {WARMUP} warm-up steps after its toggle change and "
-              f"{BLOCK_STEPS} timed: its median; a setting's time is its fastest block's; judged as ratios to the "
+        print(f"one calibrating run ({BASE_STEPS} timed steps, traced); then {args.rounds} rounds of interleaved "
+              f"blocks (the base twice, each change once), each block {WARMUP} warm-up steps after its toggle change "
+              f"and {BLOCK_STEPS} timed: its median; a setting's time is its fastest block's; judged as ratios to the "
               f"interleaved base; a row is judged when the A/A spread is under {AA_LIMIT:.1%}")
         t0 = time.perf_counter()
         rows, spreads = [], []
-        for name, lab in labs(quick, log_path, option("--model", None, str)):
-            got, aa = judged_rows(name, lab, quick, mb, rounds, BLOCK_STEPS, WARMUP, priority)
+        for name, lab in labs(args.quick, log_path, args.model):
+            got, aa = judged_rows(name, lab, args.quick, args.mb, args.rounds, BLOCK_STEPS, WARMUP, args.priority,
+                                   args.rows)
             rows += got
             spreads.append((name, aa))
         print()
@@ -397,4 +397,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

@@ -5,6 +5,7 @@ small's config (random init).
 
     .venv/bin/python benchmarks/bench_expect_speed.py   # (or bench_expect.py --speed)
 """
+import argparse
 import tempfile
 import time
 import warnings
@@ -38,5 +39,6 @@ def speed(log_path: str) -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()   # no options: --help, or refused
     with tempfile.TemporaryDirectory(prefix="bench_expect_speed-") as folder:
         speed(str(Path(folder) / "runs.jsonl"))

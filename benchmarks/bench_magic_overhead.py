@@ -40,6 +40,7 @@ The run's own length is printed last.
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import statistics
 import sys
@@ -47,19 +48,6 @@ import time
 
 from jupyter_client.manager import start_new_kernel
 
-if "-h" in sys.argv or "--help" in sys.argv:
-    print(__doc__)
-    sys.exit(0)
-QUICK = "--quick" in sys.argv
-HOOKS = "--hooks" in sys.argv
-AGAINST = sys.argv[sys.argv.index("--against") + 1] if "--against" in sys.argv else None
-CELLS = sys.argv[sys.argv.index("--cells") + 1] if "--cells" in sys.argv else None
-WINDOWS = int(sys.argv[sys.argv.index("--windows") + 1]) if "--windows" in sys.argv else 5
-_FLAGS = ("--quick", "--hooks", "--against", "--cells", "--windows")
-_ARGS = [a for i, a in enumerate(sys.argv[1:], 1) if a not in _FLAGS
-         and sys.argv[i - 1] not in ("--against", "--cells", "--windows")]
-N = int(_ARGS[0]) if _ARGS else 200
-HISTORY = int(CELLS) if CELLS else int(_ARGS[1]) if len(_ARGS) > 1 else 1_000 if QUICK else 10_000
 ROUNDS = 5
 TARGET_MS = 0.15   # tunekit's own work per auto-profiled trivial cell (issue 39)
 CPU_AIM_MS = 0.10  # its thread CPU time: the wall moves with the host, so the CPU time aims below with margin
@@ -288,11 +276,26 @@ def hooks(other=None, times=3):
         print(f"   added per cell, median of the runs: {x:.2f} us ({a}) / {y:.2f} us ({b}) = {x / y:.2f}x")
 
 
-def main():
-    if HOOKS:
-        return hooks(AGAINST)
-    if AGAINST is not None:
-        return side_by_side(AGAINST, WINDOWS)
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``argv``, else sys.argv's): an unknown option is refused before any work."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="A2 alone, HISTORY 1000 unless given")
+    ap.add_argument("--hooks", action="store_true", help="the magic's two hooks alone, no kernel")
+    ap.add_argument("--against", metavar="DIR", help="a second kernel importing tunekit from DIR, side by side")
+    ap.add_argument("--cells", type=int, metavar="HISTORY", help="the same as the second number")
+    ap.add_argument("--windows", type=int, default=5, help="with --against: windows in each kernel (default 5)")
+    ap.add_argument("n", nargs="?", type=int, default=200, metavar="N", help="A's trivial cells (default 200)")
+    ap.add_argument("history", nargs="?", type=int, metavar="HISTORY", help="A2's late window's end (default 10000)")
+    return ap.parse_intermixed_args(argv)
+
+
+def main(args: argparse.Namespace):
+    if args.hooks:
+        return hooks(args.against)
+    if args.against is not None:
+        return side_by_side(args.against, args.windows)
+    n = args.n
+    history = args.cells or args.history or (1_000 if args.quick else 10_000)
     km, kc = start_new_kernel(kernel_name="python3")
     try:
         run(kc, "import torch, tunekit\n%load_ext tunekit")
@@ -302,7 +305,7 @@ def main():
         # message, at the start and after HISTORY cells
         run(kc, KERNEL_SIDE)
         out = []
-        kc.execute_interactive(f"print(repr(_kside({HISTORY})))", timeout=1800,
+        kc.execute_interactive(f"print(repr(_kside({history})))", timeout=1800,
                                output_hook=lambda m: out.append(m["content"].get("text", ""))
                                if m["msg_type"] == "stream" else None)
         early, late = ast.literal_eval("".join(out).strip())
@@ -324,11 +327,11 @@ def main():
         print(f"   target <= {TARGET_MS} ms/cell of tunekit's own work (kernel side, -q, worst window): "
               f"{'PASS' if worst <= TARGET_MS else 'FAIL'} ({worst:.3f}); thread CPU, worst window: "
               f"{worst_cpu:.3f} ms (aim <= {CPU_AIM_MS}: {'met' if worst_cpu <= CPU_AIM_MS else 'not met'})")
-        if QUICK:
+        if args.quick:
             return
         rounds = []
         for r in range(ROUNDS):  # interleaved, so drifts in machine load hit all variants alike
-            cells = [f"a{r} = {i}" for i in range(N)]          # new sources: each is counted once
+            cells = [f"a{r} = {i}" for i in range(n)]          # new sources: each is counted once
             bare = time_cells(kc, cells)
             run(kc, "%gpuprofile on")
             shown = time_cells(kc, [c + " " for c in cells])
@@ -336,9 +339,9 @@ def main():
             run(kc, "%gpuprofile on -q")
             quiet = time_cells(kc, [c + "  " for c in cells])
             run(kc, "%gpuprofile off")
-            rounds.append((bare / N, (shown - bare) / N, (quiet - bare) / N))
+            rounds.append((bare / n, (shown - bare) / n, (quiet - bare) / n))
         med = [statistics.median(r[i] for r in rounds) * 1e3 for i in range(3)]
-        print(f"A. {N} trivial cells x {ROUNDS} interleaved rounds (each a new source binding a name: "
+        print(f"A. {n} trivial cells x {ROUNDS} interleaved rounds (each a new source binding a name: "
               "0 FLOPs, no counter)")
         print(f"   bare cell                      {med[0]:6.2f} ms/cell (median)")
         print(f"   %gpuprofile on (one-line view) overhead {med[1]:6.2f} ms/cell (median; rounds: "
@@ -346,12 +349,12 @@ def main():
         print(f"   %gpuprofile on -q              overhead {med[2]:6.2f} ms/cell (median; rounds: "
               + ", ".join(f"{r[2] * 1e3:.2f}" for r in rounds) + ")")
         # for scale: ipyexperiments' own per-cell logger on the same kind of cells, one round
-        cells = [f"b = {i}" for i in range(N)]
+        cells = [f"b = {i}" for i in range(n)]
         bare = time_cells(kc, cells)
         run(kc, "from ipyexperiments import IPyExperimentsCPU\nexp = IPyExperimentsCPU()")
         ipx = time_cells(kc, [c + " " for c in cells])
         run(kc, "exp.finish(); del exp")
-        print(f"   ipyexperiments CellLogger      overhead {(ipx - bare) / N * 1e3:6.2f} ms/cell")
+        print(f"   ipyexperiments CellLogger      overhead {(ipx - bare) / n * 1e3:6.2f} ms/cell")
         print(f"   target < 2 ms/cell: {'PASS' if med[1] < 2 else 'FAIL'} (displayed), "
               f"{'PASS' if med[2] < 2 else 'FAIL'} (-q)")
 
@@ -381,10 +384,11 @@ def main():
 
 
 if __name__ == "__main__":
+    args = parse_args()
     from tunekit.measure.conditions import watch
 
     began = time.perf_counter()
     with watch() as machine:  # what else used the machine meanwhile: a busy run is no measurement
-        main()
+        main(args)
     print(f"machine while this ran: {machine.conditions}")
     print(f"this run took {time.perf_counter() - began:.0f} s")

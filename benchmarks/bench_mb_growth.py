@@ -26,10 +26,10 @@ and the page faults per step), then ``TRACED`` steps under torch.profiler, then 
 counting each op's page faults. An op's time per size is its smallest over the rounds (the machine's
 other work only slows a round); its faults per step, their median over the rounds.
 """
+import argparse
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -47,12 +47,17 @@ warnings.filterwarnings("ignore")
 WARMUP, STEPS, TRACED, FAULTED, ROUNDS = 3, 10, 3, 3, 4
 
 
-def option(name: str, default):
-    args = sys.argv
-    if name not in args:
-        return default
-    i = args.index(name)
-    return [int(a) for a in args[i + 1:i + 3]] if isinstance(default, list) else int(args[i + 1])
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``argv``, else sys.argv's): an unknown option is refused before any work."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mb", type=int, nargs=2, default=[8, 16], metavar=("SMALL", "BIG"),
+                    help="the two micro-batches (default 8 16)")
+    ap.add_argument("--gpt2", action="store_true", help="bench_expect's GPT-2 4x128 at mb 4, two sequence lengths")
+    ap.add_argument("--seq", type=int, nargs=2, default=[64, 128], metavar=("SMALL", "BIG"),
+                    help="with --gpt2: the two sequence lengths (default 64 128)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds (default {ROUNDS})")
+    ap.add_argument("--priority", action="store_true", help="each size's block ahead of other work")
+    return ap.parse_args(argv)
 
 
 def faults() -> int:
@@ -112,11 +117,11 @@ def faulted(lab, t, steps: int) -> dict:
     return {op: n / steps for op, n in counts.items()}
 
 
-def main():
-    gpt2 = "--gpt2" in sys.argv
-    small, big = option("--seq", [64, 128]) if gpt2 else option("--mb", [8, 16])
+def main(args: argparse.Namespace):
+    gpt2 = args.gpt2
+    small, big = args.seq if gpt2 else args.mb
     unit, toggle = ("seq", "seq_len") if gpt2 else ("mb", "micro_batch")
-    rounds = option("--rounds", ROUNDS)
+    rounds = args.rounds
     env = {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "GOMP_", "OMP_"))}
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {env or 'glibc and libgomp defaults'}")
@@ -132,7 +137,7 @@ def main():
         op_faults: dict = {mb: defaultdict(list) for mb in sizes}
         for r in range(rounds):
             for mb, t in (sizes.items() if r % 2 == 0 else reversed(sizes.items())):
-                with ahead() if "--priority" in sys.argv else nullcontext():
+                with ahead() if args.priority else nullcontext():
                     lab.apply(t)
                     for _ in range(WARMUP):
                         lab.train_step(t)
@@ -190,4 +195,4 @@ def report(small, big, step, fault, ops, op_faults, unit="mb") -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

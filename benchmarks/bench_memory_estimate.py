@@ -10,6 +10,7 @@ plus allocator peak and NVML readings).
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -112,6 +113,7 @@ def transformers_table(dev) -> list:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()   # no options: --help, or refused
     from tunekit.measure.conditions import watch
 
     with watch() as machine:  # what else used the machine meanwhile: a busy run is no measurement

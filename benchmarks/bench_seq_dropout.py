@@ -15,6 +15,7 @@ before), "after" the measured rate.
     .venv/bin/python benchmarks/bench_seq_dropout.py --trace     # and the profiler's per-op growth
     .venv/bin/python benchmarks/bench_seq_dropout.py --rounds 6  # more rounds (default 4)
 """
+import argparse
 import sys
 import tempfile
 import time
@@ -140,17 +141,25 @@ def judged(model, rounds: int, log_path: str) -> None:
               f"{e / (meas / meas_base) - 1:>+8.1%}  {status}", flush=True)
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``argv``, else sys.argv's): an unknown option is refused before any work."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", action="store_true", help="also torch.profiler's per-op growth")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of traces and of blocks (default 4)")
+    return ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    rounds = be.option("--rounds", 4)
+    rounds = args.rounds
     print(f"machine at start: {be.machine_load()}; dropout's random fill measured at "
           f"{ {d: f'{r / 1e6:.0f} M/s' for d, r in rng.measure_rng()['rates'].items()} }")
     t0 = time.perf_counter()
     cfg = GPT2Config(vocab_size=512, n_embd=128, n_layer=4, n_head=4, n_positions=256)
     model = GPT2LMHeadModel(cfg)
     op_tables(model)
-    if "--trace" in sys.argv:
+    if args.trace:
         traced_growth(GPT2LMHeadModel(cfg), rounds)
     with tempfile.TemporaryDirectory(prefix="bench_seq_dropout-") as folder:
         judged(model, rounds, str(Path(folder) / "runs.jsonl"))
@@ -158,4 +167,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

@@ -12,9 +12,9 @@ run: the model alone), against what a step measured (RESULTS.md: matmuls 2.07-2.
     .venv/bin/python benchmarks/bench_shapes.py --cost        # the calibration's cost only
     .venv/bin/python benchmarks/bench_shapes.py --growth      # the expected growth only
 """
+import argparse
 import collections
 import os
-import sys
 import time
 import warnings
 
@@ -88,13 +88,22 @@ def growth() -> None:
               f"{by[16][k] / by[8][k]:>7.3f}{by[4][k] / by[8][k]:>7.3f}")
 
 
-def main():
-    both = not ({"--cost", "--growth"} & set(sys.argv))
-    if both or "--cost" in sys.argv:
-        cost(int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 2)
-    if both or "--growth" in sys.argv:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``argv``, else sys.argv's): an unknown option is refused before any work."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cost", action="store_true", help="the calibration's cost only (neither flag: both)")
+    ap.add_argument("--growth", action="store_true", help="the expected growth only (neither flag: both)")
+    ap.add_argument("--repeats", type=int, default=2, help="pairs of calibrations timed (default 2)")
+    return ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace):
+    both = not (args.cost or args.growth)
+    if both or args.cost:
+        cost(args.repeats)
+    if both or args.growth:
         growth()
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

@@ -103,7 +103,7 @@ def test_the_uncalibrated_share_of_an_expectation(bench):
 def test_the_measured_process_keeps_glibcs_freed_heap_pages_unless_the_user_says(bench):
     kept = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
     # re-executed with both tunables added to the user's environment
-    assert bench.heap_env({"PATH": "/bin"}, ["bench_expect.py"]) == {"PATH": "/bin", **kept}
+    assert bench.heap_env({"PATH": "/bin"}, False) == {"PATH": "/bin", **kept}
     # either one set by the user: theirs stand, no re-execution; --glibc-heap: glibc's defaults
-    assert bench.heap_env({"MALLOC_TRIM_THRESHOLD_": "0"}, ["bench_expect.py"]) is None
-    assert bench.heap_env({}, ["bench_expect.py", "--glibc-heap"]) is None
+    assert bench.heap_env({"MALLOC_TRIM_THRESHOLD_": "0"}, False) is None
+    assert bench.heap_env({}, True) is None
