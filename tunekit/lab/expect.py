@@ -291,17 +291,19 @@ def _tokens(plan) -> float:
     return float(s.micro_batch * s.seq_len) if s is not None and s.micro_batch and s.seq_len else 0.0
 
 
-def lab_expect(lab, setting=None, base=None, **changes) -> Expectation:
-    """`Expectation` of the setting ``lab.run(setting=..., **changes)`` would take, on the Lab's device."""
+def lab_expect(lab, setting=None, base=None, *, verbose: bool = True, **changes) -> Expectation:
+    """`Expectation` of the setting ``lab.run(setting=..., **changes)`` would take, on the Lab's device.
+    ``verbose``: the plans' progress (`tunekit.plan`'s: over 2 s, what it is doing and how far, the
+    first CPU calibration's rounds included), shown where the plan shows it; False: nothing."""
     s = asked_setting(lab, setting, changes)
     device = plan_device(str(lab.device))
     run = base_run(lab, device, base)
     base_setting = Setting(**lab_setting(lab, **({} if run is None else run.toggles.asdict())))
-    plan = cached_plan(lab, device, s)
+    plan = cached_plan(lab, device, s, verbose=verbose)
     if plan.expected is None:
         raise ValueError("lab.expect: the plan of this setting has no expected step on "
                          f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
-    base_plan = cached_plan(lab, device, base_setting)
+    base_plan = cached_plan(lab, device, base_setting, verbose=verbose)
     e = expectation(lab, s, device, plan, base_plan, run, base_setting.grad_accum or 1)
     fit_of(lab, e)
     lab.log.expecting(s, e.step_s, e.peak_bytes, e.base_run)   # the run of this setting keeps it (run log)
