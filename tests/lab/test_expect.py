@@ -264,7 +264,7 @@ def test_a_setting_that_cannot_fit_here_is_said_so(lab, monkeypatch):
 
     # a 30 MiB plan on a machine with 20 MiB free beyond what the process holds: lab.run would refuse it
     # (the cheap line lab.expect refuses by before planning, 16.2 MiB at micro_batch=8, lets it through)
-    monkeypatch.setattr(ex, "cached_plan", lambda lab, device, s: fake_plan(BASE_ROWS, 30 * MiB))
+    monkeypatch.setattr(ex, "cached_plan", lambda lab, device, s, verbose=False: fake_plan(BASE_ROWS, 30 * MiB))
     monkeypatch.setattr(ex, "lab_floor_bytes", lambda lab: 0.0)
     monkeypatch.setattr(ex, "in_use_bytes", lambda lab: 0.0)
     monkeypatch.setattr(memavail, "available", lambda *a: memavail.Available(20 * MiB, "MemAvailable"))
