@@ -62,6 +62,7 @@ KINDS = {
     "expect.not_carried": "lab.expect: measured time the base plan foresaw nothing for, carried as measured",
     "expect.other_dtype": "lab.expect: ops whose kernels run at other dtypes than the base measured: its step's factor",
     "expect.outlier": "lab.expect: a traced factor far over its group's (a group: the others') not carried",
+    "expect.kept": "lab.expect: base-run time no op's factor carries (outliers), kept as measured in every setting",
     "expect.peak_uncalibrated": "lab.expect: the base run measured no peak, the plan's peak alone",
     "expect.busy": "lab.expect: the base run was measured on a busy machine",
     "expect.peak_offset": "lab.expect: the CPU peak carried as one offset (no start reading)",

@@ -21,7 +21,10 @@ calibrates it, the way ``lab.explain`` sets a run against its plan (lab.explain.
   (``expect.outlier``). Ops new to the setting (in its plan, not in the base's)
   get the device model uncalibrated; measured time the base plan foresaw nothing for is carried
   as it was measured. The trace's seconds are scaled to the run's own steady step (the median of its
-  timed steps, without the profiler), so the base setting's expectation is the base run's step exactly;
+  timed steps, without the profiler). The new setting is the base's calibrated rows changed op by op
+  (`from_the_base`: an op it runs more of keeps the base's measured time and adds its growth), and
+  what of the base's step no factor carried (an outlier's time) is kept as measured (``expect.kept``):
+  the base setting's expectation is the base run's step exactly, and more work never less time;
 - an untraced run: one ratio, measured (median) / expected step, for the whole step;
 - memory: the plan's peak plus what the base run measured beyond its plan: on a GPU the
   allocator's (measured / planned, a ratio); on a CPU the meter is the process's RSS from a
@@ -46,6 +49,7 @@ from tunekit.lab import fit
 from tunekit.lab.expect_trace import (
     ONCE_A_STEP,
     calibrated_rows,
+    from_the_base,
     other_dtype_note,
     per_step,
     steady_s,
@@ -287,17 +291,19 @@ def _tokens(plan) -> float:
     return float(s.micro_batch * s.seq_len) if s is not None and s.micro_batch and s.seq_len else 0.0
 
 
-def lab_expect(lab, setting=None, base=None, **changes) -> Expectation:
-    """`Expectation` of the setting ``lab.run(setting=..., **changes)`` would take, on the Lab's device."""
+def lab_expect(lab, setting=None, base=None, *, verbose: bool = True, **changes) -> Expectation:
+    """`Expectation` of the setting ``lab.run(setting=..., **changes)`` would take, on the Lab's device.
+    ``verbose``: the plans' progress (`tunekit.plan`'s: over 2 s, what it is doing and how far, the
+    first CPU calibration's rounds included), shown where the plan shows it; False: nothing."""
     s = asked_setting(lab, setting, changes)
     device = plan_device(str(lab.device))
     run = base_run(lab, device, base)
     base_setting = Setting(**lab_setting(lab, **({} if run is None else run.toggles.asdict())))
-    plan = cached_plan(lab, device, s)
+    plan = cached_plan(lab, device, s, verbose=verbose)
     if plan.expected is None:
         raise ValueError("lab.expect: the plan of this setting has no expected step on "
                          f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
-    base_plan = cached_plan(lab, device, base_setting)
+    base_plan = cached_plan(lab, device, base_setting, verbose=verbose)
     e = expectation(lab, s, device, plan, base_plan, run, base_setting.grad_accum or 1)
     fit_of(lab, e)
     lab.log.expecting(s, e.step_s, e.peak_bytes, e.base_run)   # the run of this setting keeps it (run log)
@@ -336,6 +342,7 @@ def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expect
     for its whole step (`per_step`: ``s.grad_accum`` micro-batches; ``base_accum``, the base's,
     None: the run's)."""
     notes: list = []
+    base_factors = None   # the factors as the base run's own step takes them (its carried time unscaled)
     e, base_e = plan.expected, base_plan.expected
     if base_accum is None:
         base_accum = getattr(getattr(run, "toggles", None), "grad_accum", None) or 1
@@ -347,7 +354,7 @@ def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expect
         notes.append(Note("expect.uncalibrated", "no measured run of this Lab on this device: the device "
                                                  "model alone (lab.run once, traced, to calibrate it)"))
     elif run.trace is not None and (traced := traced_factors(lab, run, base_plan, notes, base_rows)) is not None:
-        by_op, rest, carried, how = traced
+        by_op, rest, carried, how = base_factors = traced
         # what the base plan foresaw nothing for (data, unnamed copies) comes with each micro-batch
         carried = {g: v if g in ONCE_A_STEP else v * accum / base_accum for g, v in carried.items()}
         factors, base_step = (by_op, rest, carried, how), steady_s(run)
@@ -357,6 +364,14 @@ def expectation(lab, s, device, plan, base_plan, run, base_accum=None) -> Expect
             notes.append(Note("expect.step_only", f"run #{run.run_id} was not traced: one ratio (measured / "
                                                   "expected step) for the whole step"))
     rows, new, other = calibrated_rows(e_rows, base_rows, factors, e.dtypes, base_e.dtypes)
+    base_cal = calibrated_rows(base_rows, base_rows, base_factors or factors, base_e.dtypes, base_e.dtypes)[0]
+    rows = from_the_base(rows, base_cal, skip={*new, *(op for op, _a, _b in other)})
+    left = base_step - sum(r[5] for r in base_cal)   # what the base measured that no op's factor carried
+    if run is not None and abs(left) > 1e-9 * base_step:
+        rows.append((f"run #{run.run_id}, not carried op by op", "measured", 0, 0.0, NaN, left, "measured"))
+        notes.append(Note("expect.kept", f"{fmt_ms(left)} of run #{run.run_id}'s step no op's factor carries "
+                                         "(factors far past their group's, not carried to other ops) kept as it "
+                                         f"was measured: the base setting is expected at run #{run.run_id}'s step"))
     if other and run is not None:
         notes.append(other_dtype_note(run.run_id, other))
     if new and run is not None:

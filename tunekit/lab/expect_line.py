@@ -78,7 +78,7 @@ class ExpectLine:
     def _answer(self, toggles: dict):
         """(the line's HTML, the Expectation or None, the exception or None); never raises."""
         try:
-            e = self.lab.expect(**toggles)
+            e = self.lab.expect(**toggles, verbose=False)   # its own thread: the line is its display
             how = "" if e.base_run is not None else " · uncalibrated: no run measured yet"
             return _box(html.escape(e.line + how), "#1f77b4"), e, None
         except ToggleError as exc:

@@ -221,6 +221,32 @@ def calibrated_rows(rows, base_rows, factors, dtypes=None, base_dtypes=None) -> 
     return out, new, other
 
 
+def from_the_base(rows, base_rows, skip=()) -> list:
+    """The new setting's calibrated ``rows`` (`calibrated_rows`) as changes to the base's
+    (``base_rows``: the base setting's rows calibrated by the same factors), op by op: an op the
+    new setting runs more of (its planned seconds grow) keeps what the base measured of it and adds
+    its planned growth at its new factor; one it runs less of is never expected above the base's.
+    A change of factor (the op resized past `RESIZED_CARRY`, the group's factor in place of its
+    own) then never turns more work into less time: checkpointing, which adds a forward and removes
+    nothing, is never expected faster (issue 39's property). Ops in ``skip`` (other dtypes' kernels,
+    ops the base did not have) and rows of no planned time (measured, not foreseen) are kept as they are."""
+    def sums(rs) -> dict:
+        d: dict = {}
+        for r in rs:
+            plan_s, got = d.get(r[0], (0.0, 0.0))
+            d[r[0]] = (plan_s + r[3], got + r[5])
+        return d
+    new, old = sums(rows), sums(base_rows)
+    scale = {}
+    for op, (plan_s, got) in new.items():
+        if op in skip or op not in old or not (plan_s > 0 and got > 0):
+            continue
+        base_plan, base_got = old[op]
+        target = base_got + (plan_s - base_plan) * got / plan_s if plan_s >= base_plan else min(got, base_got)
+        scale[op] = target / got
+    return [(*r[:4], r[4] * scale[r[0]], r[5] * scale[r[0]], r[6]) if r[0] in scale else r for r in rows]
+
+
 def whole_step(base_rows, factors, categories=OWN_OPS) -> float:
     """The base's calibrated kernels over its plan's: how fast this machine ran the step's kernels
     (the rows of ``categories``: the matmuls, attention and memory-bound ops) against the device

@@ -255,13 +255,16 @@ class Lab(LabResults):
 
     @keywords_checked()
     @toggle_keywords
-    def expect(self, setting=None, base=None, **changes):
+    def expect(self, setting=None, base=None, *, verbose: bool = True, **changes):
         """Expected step time, tokens/s, MFU and peak memory of what ``lab.run(setting=..., **changes)`` would
         run here, calibrated by the Lab's last measured run (``base``: another; tunekit.lab.expect). What
         lab.run would refuse is refused first, a size no memory here holds too (WontFitError, by lab.run's check).
+        ``verbose`` (default): a plan that takes over 2 s (a first CPU calibration) shows its progress as
+        ``tunekit.plan`` does; ``verbose=False`` nothing (the dashboard's line asks so from its thread).
         Example: ``lab.run(trace=True); print(lab.expect(checkpointing=True).line)``."""
         from tunekit.lab.expect import lab_expect
-        return lab_expect(self, setting, base, **changes)
+        flag("verbose", verbose)
+        return lab_expect(self, setting, base, verbose=verbose, **changes)
 
     def reset_optimizer(self) -> None:
         """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one.
