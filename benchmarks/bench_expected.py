@@ -107,17 +107,11 @@ Matmul-bound H100 rows expected fast (13b 2 x 2048, 30b 3 x 2048): not the 2023 
 MAMF table (stas00/ml-engineering compute/accelerator/README.md at 249778b, 2024-08-07) measured with
 CUDA 12.1, the runs' CUDA: H100 SXM 792.1, A100 SXM 267.9 TFLOPS, within 1.3% of today's 794.5 and 271.2.
 
-    .venv/bin/python benchmarks/bench_expected.py          # the published runs
-    .venv/bin/python benchmarks/bench_expected.py 30b H100 # only the runs whose label holds one of these
-    .venv/bin/python benchmarks/bench_expected.py --cpu    # the Lab's GPT on this CPU, expected vs measured
-    .venv/bin/python benchmarks/bench_expected.py --summary OUT.txt   # the bias table of a saved run's output, and
-                                                   # the attention kernel's planned and implied share from 16k up
-    .venv/bin/python benchmarks/bench_expected.py --ops 30b  # each row's expected step by category, its largest
-                                                             # ops and the attention kernel's share and rate
+    .venv/bin/python benchmarks/bench_expected.py [WORDS] [--cpu | --summary OUT.txt | --ops]   (--help: each)
 """
+import argparse
 import csv
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -343,13 +337,24 @@ def long_sequence_lines(path, from_seq: int = 16384) -> list[str]:
     return lines
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("words", nargs="*", help="only the runs whose label holds one of these words (e.g. 30b H100)")
+    p.add_argument("--cpu", action="store_true", help="the Lab's GPT on this CPU, expected vs measured")
+    p.add_argument("--summary", metavar="OUT.txt", help="the bias table of a saved run's output and the attention\n"
+                   "kernel's planned and implied share from 16k up, planning nothing")
+    p.add_argument("--ops", action="store_true", help="each row's expected step by category, its largest ops\n"
+                   "and the attention kernel's share and rate")
+    return p.parse_args(argv)
+
+
+def main(args: argparse.Namespace):
     t_all = time.perf_counter()
-    if "--cpu" in sys.argv:
+    if args.cpu:
         cpu_rows()
         return
-    if "--summary" in sys.argv:       # the bias table of a saved output, planning nothing
-        saved = sys.argv[sys.argv.index("--summary") + 1]
+    if args.summary:       # the bias table of a saved output, planning nothing
+        saved = args.summary
         print("\n".join(bias_table(read_ratios(saved), read_runs()) + [""] + long_sequence_lines(saved)))
         return
     print(f"{'run':<52}{'software':<20}{'published':>11}{'expected':>11}{'exp/pub':>9}{'plan s':>8}{'peak/mem':>9}"
@@ -362,7 +367,7 @@ def main():
     # here, not at import: a test importing the bench leaves tunekit as it is). With it off, the 22
     # runs of before give the figures they gave with it (benchmarks/RESULTS.md, 2026-11-28).
     planner.search_changes = lambda *args, **kwargs: ([], [], [])
-    picked = [a for a in sys.argv[1:] if not a.startswith("-")]
+    picked = args.words
     for row in read_runs():
         if picked and not any(a in row["label"] for a in picked):
             continue
@@ -380,7 +385,7 @@ def main():
         print(f"{label:<52}{era:<20}{tps:>11,}{expected:>11,.0f}{ratio:>9.2f}{took:>8.1f}"
               f"{memory_columns(label, planned)}  "
               + " ".join(f"{x:>6.0%}" for x in shares(planned)), flush=True)
-        if "--ops" in sys.argv:
+        if args.ops:
             print("\n".join(op_table(row, planned)), flush=True)
     print("\n" + "\n".join(bias_table(ratios, read_runs())))
     errs = sorted(x for x, _ in errors)
@@ -392,4 +397,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())
