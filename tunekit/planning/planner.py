@@ -346,7 +346,9 @@ def _layout(s: Setting) -> dict | None:
     (the Setting refused ranks without a ``parallel`` already)."""
     if s.parallel is None:
         return None
-    problems = layout_problems(s.parallel, 1, s.nodes)
+    problems = layout_problems(s.parallel, 1, s.nodes) or ([f"parallel={s.parallel!r} over world_size=1 shards "
+        "nothing: give world_size=N, the GPUs to shard over (tunekit plan: --world-size N), or leave parallel out "
+        "for one GPU"] if s.parallel != "ddp" and s.world_size == 1 else [])   # hsdp: its nodes >= 2 said first
     if problems:
         raise ValueError("; ".join(problems))
     return dict(kind=s.parallel, world_size=s.world_size, nodes=s.nodes,
