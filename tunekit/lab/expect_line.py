@@ -41,8 +41,9 @@ class ExpectLine:
             self._asked += 1
             self._want = (self._asked, dict(toggles))
             if self._thread is None:
-                # not a daemon: the interpreter waits for the plan at exit rather than cutting it inside torch
-                self._thread = threading.Thread(target=self._work, name="tunekit-expect")
+                # a daemon: a script's interpreter exits without waiting for a plan nobody will see
+                # (it waited 7-32 s at exit on a busy 2-core machine, the line shown nowhere)
+                self._thread = threading.Thread(target=self._work, name="tunekit-expect", daemon=True)
                 self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:
