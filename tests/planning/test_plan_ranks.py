@@ -203,6 +203,7 @@ def test_a_step_too_big_for_one_gpu_is_offered_sharding_over_the_fewest_that_fit
     cfg = tunekit.GPTConfig.preset("gpt-1b")
     p = tunekit.plan(cfg, "T4", precision="fp16", micro_batch=4, seq_len=128)
     sharded = [a for a in p.alternatives if a[0].startswith("parallel=")]
+    assert p.method == "fake step"   # over the card, but not FAR_PAST it: the fake step's figures and advice
     assert not p.fits and sharded[-1][0] == "parallel='fsdp', world_size=2" and sharded[-1][2]
     two = tunekit.plan(cfg, "T4", precision="fp16", micro_batch=4, seq_len=128, parallel="fsdp", world_size=2)
     assert sharded[-1][1] == two.total_bytes and two.fits

@@ -35,7 +35,7 @@ from tunekit.core.setting import (
 from tunekit.core.units import is_missing
 from tunekit.measure.device import torch_dtype
 from tunekit.planning.advice import MAX_FAKED, dimensions, not_searched_note, placements, pruned_note, search_changes
-from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
+from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure, far_past_the_card
 from tunekit.planning.cuda_like import GpuKernels, quiet_fake_logs
 from tunekit.planning.device import device_figures
 from tunekit.planning.expect import expected_of
@@ -113,6 +113,8 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
     dev = PlanDevice(**device_figures(s.device, s.compute, layout["world_size"] if layout else 1))
     dev.notes[:0] = _compute_note(s)
     s = s.replace(device=dev.name)
+    if not search and (far := far_past_the_card(cfg, kind, s, dev, layout, model_name(cfg, kind))) is not None:
+        return far
     with wait_progress("tunekit.plan", verbose) as shown:
         shown.at("starting torch's fake-tensor mode (its first use in a process imports torch._dynamo)")
         steps = _Steps(cfg, kind, s, dev, layout, shown)
