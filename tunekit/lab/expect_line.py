@@ -41,9 +41,9 @@ class ExpectLine:
             self._asked += 1
             self._want = (self._asked, dict(toggles))
             if self._thread is None:
-                # a daemon: a script's interpreter exits without waiting for a plan nobody will see
-                # (it waited 7-32 s at exit on a busy 2-core machine, the line shown nowhere)
-                self._thread = threading.Thread(target=self._work, name="tunekit-expect", daemon=True)
+                # not a daemon: a daemon cut inside torch at exit aborts the process ("terminate called
+                # without an active exception", exit 134, seen in a pytest run of tests/project)
+                self._thread = threading.Thread(target=self._work, name="tunekit-expect")
                 self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:
