@@ -69,6 +69,8 @@ lab.run(steps=1, warmup=1, micro_batch=2, grad_accum=1, seq_len=seq)   # warm ca
 
 # %%
 my_guess = 0.7   # your guess: step time of MBS 8 x GAS 1 / MBS 2 x GAS 4 (edit it, then run on)
+my_guess = tunekit.lab.guess.as_ratio(my_guess)   # read now: a badly typed guess is refused here
+print(f"your guess: {my_guess:g}x")
 
 # %%
 base0 = lab.run(steps=3, warmup=1, micro_batch=2, grad_accum=4, seq_len=seq, trace=True)

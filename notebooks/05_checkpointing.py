@@ -40,6 +40,8 @@ print("device:", torch.cuda.get_device_name() if GPU else f"cpu ({torch.get_num_
 
 # %%
 my_guess = 1.5    # your guess: step time with checkpointing / without (edit it, then run on)
+my_guess = tunekit.lab.guess.as_ratio(my_guess)   # read now: a badly typed guess is refused here
+print(f"your guess: {my_guess:g}x")
 
 # %% [markdown]
 # The Lab measures one run without checkpointing (traced: time per op), then `lab.expect` says what

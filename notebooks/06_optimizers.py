@@ -66,6 +66,8 @@ lab.run(steps=1, warmup=1, micro_batch=mb, seq_len=seq)
 
 # %%
 my_guess = 0.8   # your guess: step time with SGD / with AdamW (edit it, then run on)
+my_guess = tunekit.lab.guess.as_ratio(my_guess)   # read now: a badly typed guess is refused here
+print(f"your guess: {my_guess:g}x")
 
 # %%
 base0 = lab.run(steps=3, warmup=1, micro_batch=mb, seq_len=seq, optimizer='adamw', trace=True)

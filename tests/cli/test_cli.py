@@ -117,6 +117,16 @@ def _refused(argv, capsys, monkeypatch, env=None):
     return err
 
 
+def test_a_run_too_big_for_the_machine_names_the_search_as_a_shell_user_runs_it(tmp_path, capsys, monkeypatch):
+    for k in TORCHRUN:
+        monkeypatch.delenv(k, raising=False)
+    # refused by the cheap line, before any step
+    assert cli.main(["run", "--micro-batch", "100000", "--log", str(tmp_path / "l.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit" in err and "lab.find_max_batch_size()" not in err
+    assert "python -c \"from tunekit import Lab; Lab(preset='cpu-tiny').find_max_batch_size()\"" in err
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--micro-batch", "0"], "micro_batch must be a whole number >= 1"),
     (["--micro-batch", "two"], "invalid int value"),

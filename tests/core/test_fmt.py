@@ -106,6 +106,10 @@ def test_tflops():
     (0.0, {"digits": 0, "signed": True}, "+0%"),
     (-0.001, {"digits": 0, "signed": True}, "+0%"),   # -0.1% rounds to 0: Python's own says '-0%'
     (-0.0004, {}, "0.0%"),                            # -0.04% to 1 digit: 0.0, no minus either
+    (0.000346, {}, "0.035%"),    # a level that rounds to 0.0 keeps 2 significant digits: 0.0346% -> 0.035%
+    (0.003, {"digits": 0}, "0.30%"),                  # 0.3% to 0 digits would read 0%
+    (2e-7, {}, "0.000020%"),                         # 2.0e-5 %, never an exponent
+    (0.0004, {"signed": True}, "+0.0%"),              # a change that rounds to 0 stays 0: too small to matter
 ])
 def test_pct(x, kw, text):
     assert fmt_pct(x, **kw) == text
@@ -126,6 +130,7 @@ def test_rate_and_table_formats():
     assert fmt_rate(0.4, "samples/s") == "0 samples/s"
     assert fmt_rate(math.nan) == "n/a tokens/s"            # the unit still says what is missing
     assert formatted(0.5, FORMATS["MFU"]) == "50.0%"
+    assert formatted(0.0003, FORMATS["MFU"]) == "0.030%"   # a table's MFU: fmt_pct's significant digits
     assert formatted(1234.56, FORMATS["step (ms)"]) == "1,234.6"
     assert formatted(None, FORMATS["loss"]) == "n/a"
     assert formatted("12 ⚠", FORMATS["TFLOPS"]) == "12 ⚠"   # a flagged figure is text already

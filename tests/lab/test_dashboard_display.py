@@ -78,6 +78,20 @@ def test_a_terminal_dashboard_plans_nothing_behind_its_text(make_lab, monkeypatc
     assert "expected (made up)" in script.expect_html.value
 
 
+def test_a_script_gets_the_text_printed(make_lab, monkeypatch, capsys):
+    # plain `python script.py`: nothing displays the returned widget, so lab.dashboard() prints the
+    # text a terminal IPython shows
+    import threading
+
+    lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64)
+    gate = threading.Event()
+    monkeypatch.setattr(lab, "expect", lambda **changes: gate.wait(10))   # a plan still running at exit
+    dash = lab.dashboard()
+    assert capsys.readouterr().out.startswith(NO_FRONTEND)
+    assert dash.expect_line._thread is not None   # not a daemon: cut inside torch at exit it aborts
+    gate.set()
+
+
 @pytest.mark.slow
 def test_terminal_ipython_prints_the_text(tmp_path):
     script = ("import tunekit, threading\nlab = tunekit.Lab(peak_tflops=1.0)\nlab.dashboard()\n"

@@ -91,8 +91,10 @@ def test_run_that_cannot_fit_is_refused_before_allocating(tmp_path, limit, make,
     text = str(err)
     for words in (f"micro_batch={micro_batch} at seq_len", fmt_bytes(est.need_bytes), "256.0 MiB is available",
                   "test limit", f"Estimated ({method})", "grad_accum=", "checkpointing=True",
-                  "precision='bf16'", "find_max_batch_size", "Nothing was allocated"):
+                  "precision='bf16'", "lab.find_max_batch_size()", "Nothing was allocated"):
         assert words in text, (words, text)
+    # a caller with other words for the search (tunekit run: a shell) says them; the rest as the API's
+    assert err.estimate.message(err.what, search="S") == text.replace(fit.SEARCH, "S") != text
     # nothing large: the measured line's passes aim at a quarter of the limit (64 MiB); the RSS peak
     # also carries the allocator's retention from earlier tests (74 MiB seen in a full run), while the
     # refused step would have needed GiBs: half the limit tells the two apart

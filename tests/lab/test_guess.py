@@ -101,3 +101,21 @@ def test_a_guess_far_from_any_step_ratio_is_judged_and_asks_whether_it_was_a_tim
     assert c.guess == guess
     assert c.verdict.endswith(f"your guess {guess:.2f}x is a ratio of step times: was it a time or a percent? "
                               "1.3 means 30% longer (machine quiet)")
+
+
+@pytest.mark.parametrize("chapter", ["04_batch_size", "05_checkpointing", "06_optimizers"])
+def test_a_chapters_guess_cell_reads_the_guess_at_once(chapter):
+    # the guess cell itself reads the guess (as_ratio): a badly typed one is refused there, before the
+    # runs, not in the check cell after them
+    from pathlib import Path
+
+    import tunekit
+
+    text = (Path(__file__).parents[2] / "notebooks" / f"{chapter}.py").read_text()
+    cell = next(c for c in text.split("# %%") if "\nmy_guess = " in c)
+    typed = cell.replace("my_guess = ", "my_guess = '0.7x'  # ", 1)   # the learner's edit
+    space = {"tunekit": tunekit}
+    exec(typed, space)
+    assert space["my_guess"] == 0.7
+    with pytest.raises(ValueError, match="is a time"):
+        exec(cell.replace("my_guess = ", "my_guess = '1.3 s'  # ", 1), {"tunekit": tunekit})

@@ -279,3 +279,26 @@ def test_accumulated_gradients_sit_beside_the_next_micro_steps_forward():
     grads = sum(-(-p.numel() * 4 // 512) * 512 for p in tunekit.GPT(cfg).parameters())
     assert two.phase_peaks["forward"] - one.phase_peaks["forward"] == grads
     assert two.phase_peaks["backward"] == one.phase_peaks["backward"]
+
+
+def test_a_step_far_past_the_card_is_answered_from_the_formula_without_the_fake_step(monkeypatch):
+    # gpt-1b at micro_batch 512 on a T4: estimate_memory's line is ~145x the card's 15 GiB, far over
+    # FAR_PAST (2x): the plan is the formula's, said so, and no fake step (nor advice search) runs
+    import tunekit.planning.planner as planner
+    from tunekit.planning.analytic import FAR_PAST
+
+    def no_fake_step(*a, **k):
+        raise AssertionError("the fake step ran")
+
+    monkeypatch.setattr(planner._Steps, "run", no_fake_step)
+    cfg = tunekit.GPTConfig.preset("gpt-1b")
+    p = tunekit.plan(cfg, "T4", micro_batch=512, seq_len=128, verbose=False)
+    assert p.method == "analytic" and not p.fits and p.advice == []
+    assert p.total_bytes > FAR_PAST * p.device_memory_bytes
+    assert p.notes[0].startswith("formula's figure") and "not even micro_batch=1 fits" in p.notes[0]
+    assert "formula's figure" in repr(p)   # the text says how it was computed, first
+    big = tunekit.plan(cfg, "H100 SXM", micro_batch=512, seq_len=1024, verbose=False)   # the weights fit here
+    fits = int(big.notes[0].split("micro_batch=")[1].split(" ")[0])   # the largest micro-batch the formula fits
+    assert 0 < fits < 512 and not big.fits
+    with pytest.raises(AssertionError, match="the fake step ran"):   # search=True asks for the fake step's search
+        tunekit.plan(cfg, "T4", micro_batch=512, seq_len=128, verbose=False, search=True)

@@ -138,7 +138,9 @@ def test_a_sharded_plan_is_per_rank_and_bad_layouts_are_refused():
     assert "hsdp over 16 GPUs on 2 nodes" in repr(p)
     for kw, words in ((dict(world_size=8), "parallel="), (dict(parallel="fsdp", world_size=6, nodes=4), "multiple"),
                       (dict(parallel="zero9", world_size=2), "parallel must be"),
-                      (dict(parallel="hsdp", world_size=8), "nodes >= 2")):
+                      (dict(parallel="hsdp", world_size=8), "nodes >= 2"),
+                      (dict(parallel="fsdp"), "shards nothing.*world_size=N"),   # fsdp over its default 1 GPU
+                      (dict(parallel="fsdp_grad_op", world_size=1), "shards nothing")):
         with pytest.raises(ValueError, match=words):
             tunekit.plan(cfg, "H100 SXM", **kw)
 
@@ -152,6 +154,14 @@ def test_the_command_plans_one_rank_of_a_sharded_run(capsys):
     assert "fsdp over 4 GPUs (per rank)" in out and "gathered_params" in out and "nccl_buffers" in out
     assert main(["plan", "--model", "cpu-tiny", "--world-size", "4"]) == 2
     assert "parallel=" in capsys.readouterr().err
+    assert main(["plan", "--model", "cpu-tiny", "--parallel", "fsdp"]) == 2   # one GPU: refused, told the flag
+    assert "--world-size N" in capsys.readouterr().err
+
+
+def test_ddp_over_one_gpu_says_gpu_not_gpus():
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    p = tunekit.plan(cfg, "H100 SXM", precision="bf16", micro_batch=2, seq_len=64, parallel="ddp")
+    assert "ddp over 1 GPU (per rank)" in repr(p)
 
 
 @pytest.mark.parametrize("precision, checkpointing", [("fp32", False), ("bf16", True)])
@@ -193,6 +203,7 @@ def test_a_step_too_big_for_one_gpu_is_offered_sharding_over_the_fewest_that_fit
     cfg = tunekit.GPTConfig.preset("gpt-1b")
     p = tunekit.plan(cfg, "T4", precision="fp16", micro_batch=4, seq_len=128)
     sharded = [a for a in p.alternatives if a[0].startswith("parallel=")]
+    assert p.method == "fake step"   # over the card, but not FAR_PAST it: the fake step's figures and advice
     assert not p.fits and sharded[-1][0] == "parallel='fsdp', world_size=2" and sharded[-1][2]
     two = tunekit.plan(cfg, "T4", precision="fp16", micro_batch=4, seq_len=128, parallel="fsdp", world_size=2)
     assert sharded[-1][1] == two.total_bytes and two.fits

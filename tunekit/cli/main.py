@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-from tunekit.cli.model import Refused, model_source
+from tunekit.cli.model import Refused, model_source, search_said
 from tunekit.cli.options import add_options, resolved
 from tunekit.core import comm
 from tunekit.core import toggles as tg
@@ -366,7 +366,7 @@ def main(argv=None) -> int:
                 kw["on"] = slurm_target(args, nproc, nodes)
             result = lab.run(**kw)
     except ToggleError as e:
-        return _refuse(str(e))
+        return _refuse(search_said(e, source))
     except KeyboardInterrupt:
         print("tunekit run: interrupted", file=sys.stderr)
         return 130

@@ -48,3 +48,26 @@ def check_factory(text: str) -> None:
     why = factory_problem(text)
     if why is not None:
         raise Refused(f"--model {text}: {why}")
+
+
+def search_said(error: Exception, source: tuple[str, object]) -> str:
+    """A refusal of ``tunekit run`` in a shell user's words: a step too big for the machine
+    (`tunekit.lab.fit.WontFitError`) names the search for the largest micro-batch that fits as a
+    command to paste (no CLI flag runs it: ``tunekit plan --search`` plans a GPU, it measures
+    nothing); any other refusal as it is."""
+    from tunekit.lab.fit import WontFitError
+
+    if not isinstance(error, WontFitError):
+        return str(error)
+    kind, value = source
+    if kind == "preset":
+        call = f"from tunekit import Lab; Lab(preset={value!r}).find_max_batch_size()"
+    elif kind == "factory":
+        module, fn = str(value).split(":")
+        call = f"from tunekit import Lab; from {module} import {fn}; Lab({fn}()).find_max_batch_size()"
+    else:
+        return error.estimate.message(error.what, search="in Python, import tunekit; tunekit.Lab(model)"
+                                                         ".find_max_batch_size() to measure the largest "
+                                                         "micro-batch that fits")
+    return error.estimate.message(error.what, search=f'python -c "{call}" to measure the largest '
+                                                     "micro-batch that fits")

@@ -10,6 +10,9 @@ presentation, and moves with it.
 """
 from __future__ import annotations
 
+import math
+from typing import Callable
+
 from tunekit.core.units import GiB, KiB, MiB, is_missing
 
 NA = "n/a"
@@ -84,10 +87,15 @@ def fmt_tflops(x, digits: int = 3) -> str:
 
 def fmt_pct(x, digits: int = 1, signed: bool = False) -> str:
     """A fraction as a percentage: 0.404 -> '40.4%' (``digits=0``: '40%'); ``signed``: a change,
-    '+40%' / '-5%'. A figure that rounds to zero has no minus: -0.001 -> '0%', not '-0%'."""
+    '+40%' / '-5%'. A figure that rounds to zero has no minus: -0.001 -> '0%', not '-0%'. A level
+    (unsigned, above zero) that would round to zero keeps two significant digits: 0.0003 -> '0.030%'
+    (an MFU of 0.030% is not 0%); a change that small still reads 0 (it is too small to matter)."""
     if is_missing(x):
         return NA
     v = round(100 * x, digits) + 0.0   # -0.0 + 0.0 is 0.0: the sign of a rounded-away figure dropped
+    if v == 0 and x > 0 and not signed:
+        places = 1 - math.floor(math.log10(100 * x))   # two significant digits, never an exponent
+        return f"{100 * x:.{places}f}%"
     return f"{v:{'+' if signed else ''}.{digits}f}%"
 
 
@@ -111,19 +119,21 @@ def fmt_rate(x, unit: str = "tokens/s") -> str:
 # a table's number format by column header (`formatted`; the HTML tables of core.summary)
 FORMATS = {"tokens/s": "{:,.0f}", "samples/s": "{:,.0f}", "tokens or samples/s": "{:,.0f}",
            "step (ms)": "{:,.1f}", "time (s)": "{:.3g}", "TFLOPS": "{:.3g}",
-           "MFU": "{:.1%}", "HFU": "{:.1%}", "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}",
+           "MFU": fmt_pct, "HFU": fmt_pct, "peak (MiB)": "{:,.1f}", "saved (MiB)": "{:,.2f}",
            "GPU peak (MiB)": "{:,.1f}", "CPU peak RSS (MiB)": "{:,.1f}",
            "CPU peak above start (MiB)": "{:,.1f}", "GPU peak above start (MiB)": "{:,.1f}", "GFLOP": "{:,.2f}",
            "loss": "{:.3f}", "comm/step (MiB)": "{:,.2f}", "wait (ms)": "{:,.2f}",
            "expected (ms)": "{:,.1f}", "expected vs median step": "{:+.1%}"}
 
 
-def formatted(value, fmt: str) -> str:
-    """``fmt.format(value)``, or 'n/a' for a missing figure (None or NaN); text (a figure
-    `core.summary.mark_rates` flagged) as it is."""
+def formatted(value, fmt: str | Callable[[float], str]) -> str:
+    """``fmt.format(value)`` (or ``fmt(value)``: a formatter of this module), or 'n/a' for a missing
+    figure (None or NaN); text (a figure `core.summary.mark_rates` flagged) as it is."""
     if isinstance(value, str):
         return value
-    return NA if is_missing(value) else fmt.format(value)
+    if is_missing(value):
+        return NA
+    return fmt(value) if callable(fmt) else fmt.format(value)
 
 
 def tick_label(v: float) -> str:

@@ -41,7 +41,8 @@ class ExpectLine:
             self._asked += 1
             self._want = (self._asked, dict(toggles))
             if self._thread is None:
-                # not a daemon: the interpreter waits for the plan at exit rather than cutting it inside torch
+                # not a daemon: a daemon cut inside torch at exit aborts the process ("terminate called
+                # without an active exception", exit 134, seen in a pytest run of tests/project)
                 self._thread = threading.Thread(target=self._work, name="tunekit-expect")
                 self._thread.start()
 

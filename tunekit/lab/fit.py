@@ -46,6 +46,7 @@ from tunekit.train.precision import autocast, matmul_precision
 _FIRST = 2          # smallest measured micro-batch: BatchNorm refuses a batch of one in training
 _RESOLUTION = 16 * 2**20  # grow the measured batches until their peaks differ by this much
 _LINES = weakref.WeakKeyDictionary()   # Lab -> {configuration: {micro_batch: (peak, floor)}}
+SEARCH = "lab.find_max_batch_size() to measure the largest micro-batch that fits"   # a refusal's last advice
 
 
 class WontFitError(ToggleError):
@@ -56,7 +57,7 @@ class WontFitError(ToggleError):
 
     def __init__(self, estimate: "FitEstimate", what: str = "this run"):
         super().__init__([estimate.message(what)])
-        self.estimate = estimate
+        self.estimate, self.what = estimate, what
 
 
 @dataclass
@@ -98,7 +99,9 @@ class FitEstimate:
     def fits(self) -> bool:
         return self.limit is None or self.need_bytes <= self.limit.bytes
 
-    def message(self, what: str = "this run") -> str:
+    def message(self, what: str = "this run", search: str = SEARCH) -> str:
+        """The refusal in words; ``search``: how the caller measures the largest micro-batch that
+        fits (`SEARCH`, the Lab's; ``tunekit run``: the shell command that does it)."""
         t, line = self.toggles, self.line
         each = f" ({self.copies} processes, each)" if self.copies > 1 else ""
         need = fmt_bytes(self.need_bytes) if math.isfinite(self.need_bytes) else "more than all"
@@ -107,7 +110,7 @@ class FitEstimate:
         return (f"{what} does not fit: micro_batch={t.micro_batch} at seq_len={t.seq_len} needs an "
                 f"estimated {need} more memory{each}, but only {fmt_bytes(self.limit.bytes)} is "
                 f"available ({self.limit.source}). Estimated ({line.method}): {line.how}{parts}. "
-                f"Nothing was allocated for it. Try: " + "; ".join(self.advice) + ".")
+                f"Nothing was allocated for it. Try: " + "; ".join((*self.advice, search)) + ".")
 
 
 # --- the estimate --------------------------------------------------------------------------------
@@ -353,5 +356,4 @@ def _advice(lab, t: Toggles, line: Line, limit, copies: int = 1) -> list:
         out.append("checkpointing=True (keeps each block's input only)")
     if t.autocast is None and lab.env().bf16_supported:
         out.append("precision='bf16' (half-size activations)")
-    out.append("lab.find_max_batch_size() to measure the largest micro-batch that fits")
     return out

@@ -294,5 +294,10 @@ class Lab(LabResults):
     def dashboard(self, on=None):
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts); ``on``: a
         cluster target (or {name: target}) its "Run on" menu offers. Example: ``lab.dashboard()``."""
+        from IPython import get_ipython
+
         from tunekit.lab.dashboard import Dashboard
-        return Dashboard(self, on=on)
+        dash = Dashboard(self, on=on)
+        if get_ipython() is None:   # plain Python: nothing displays the widget; the text a terminal shows
+            print(dash.text_fallback())
+        return dash

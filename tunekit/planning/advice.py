@@ -132,7 +132,7 @@ def placements(setting, sharding: bool) -> list:
     if not sharding:
         return out
     per_node = world // nodes if nodes > 1 else max(PER_NODE, world)
-    n = world if setting.parallel not in (None, "fsdp") else 2 * world
+    n = max(2, world if setting.parallel not in (None, "fsdp") else 2 * world)   # FSDP over 1 shards nothing
     while n <= per_node * MAX_NODES:
         k = -(-n // per_node)
         if n % k == 0:

@@ -109,8 +109,37 @@ def _meta_kernel_frame(e: BaseException):
     return found
 
 
+# A step whose formula figure (estimate_memory's, the line lab.run's fit check uses) is over this many
+# times the card is answered from it, without the fake step and its advice search (a minute for a 1B
+# GPT). estimate_memory is within 0.1% of the measured saved tensors for tunekit's GPT and within 10%
+# (its target) for the transformers decoders it counts (benchmarks/RESULTS.md, `bench_memory_estimate.py`):
+# twice the card is over by ten times that error, so no setting the fake step would let fit is cut off.
+FAR_PAST = 2.0
+
+
+def far_past_the_card(cfg, kind, s, dev, layout: dict | None, name: str) -> Plan | None:
+    """The formula's plan of a step whose every activation it counts and whose total is over
+    `FAR_PAST` times the device's memory, said to be the formula's, with the largest micro-batch the
+    formula fits; None otherwise (the fake step then plans it)."""
+    if kind not in ("gpt", "hf"):
+        return None
+    p = analytic_plan(None, cfg, kind, s, dev, layout, "", name, s.micro_batch * s.seq_len, "tokens", speed=False)
+    if p.unknown or not p.total_bytes > FAR_PAST * dev.memory:
+        return None
+    one = analytic_plan(None, cfg, kind, s.replace(micro_batch=1), dev, layout, "", name, s.seq_len, "tokens",
+                        speed=False)
+    per_sample = (p.total_bytes - one.total_bytes) / (s.micro_batch - 1) if s.micro_batch > 1 else math.inf
+    fits = max(0, 1 + math.floor((dev.memory - one.total_bytes) / per_sample)) if per_sample > 0 else 0
+    p.notes[0] = (f"formula's figure (estimate_memory, no fake step): over {FAR_PAST:g}x the card's memory, so the "
+                  "fake step and its advice search were skipped; " + (
+                      f"micro_batch={fits} at most fits by the same formula (plan that for the fake step's figures "
+                      "and advice)" if fits else "not even micro_batch=1 fits by the same formula (plan "
+                      "micro_batch=1 for the fake step's figures and advice: sharding, half weights)"))
+    return p
+
+
 def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | None, reason: str, name: str,
-                  tokens: int, unit: str) -> Plan:
+                  tokens: int, unit: str, speed: bool = True) -> Plan:
     """The plan from ``estimate_memory``: ``model`` is the fake model built for the step (its
     parameter and buffer counts, its config) or None when building it failed (then a module
     target's live module is counted, its metadata only, or a config's own counts). Activations:
@@ -150,7 +179,7 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
     notes += without(est.notes, "device.assumed", "activations.unknown")
     if layout:
         notes.append(f"{layout['kind']}: rank 0's share as estimate_memory shards it; the collectives are not timed")
-    model_flops, bound_s = _speed(inner, setting, tokens, unit, dev, notes)
+    model_flops, bound_s = _speed(inner, setting, tokens, unit, dev, notes) if speed else (NaN, NaN)
     return Plan(model=name, device=dev.name, device_memory_bytes=dev.memory, setting=setting,
                 components=components, fixed=dev.fixed, tokens=tokens, executed_flops=NaN,
                 model_flops=model_flops, bound_step_s=bound_s, peak_tflops=dev.peak,

@@ -20,7 +20,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tunekit.core import registry, validate
 from tunekit.core.breakdown import by_category
-from tunekit.core.comm import layout_problems
 from tunekit.core.efficiency import ATTENTION_KERNELS
 from tunekit.core.gpus import DEFAULT_DEVICE  # a Setting whose device is None is planned for it
 from tunekit.core.setting import (
@@ -36,13 +35,13 @@ from tunekit.core.setting import (
 from tunekit.core.units import is_missing
 from tunekit.measure.device import torch_dtype
 from tunekit.planning.advice import MAX_FAKED, dimensions, not_searched_note, placements, pruned_note, search_changes
-from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
+from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure, far_past_the_card
 from tunekit.planning.cuda_like import GpuKernels, quiet_fake_logs
 from tunekit.planning.device import device_figures
 from tunekit.planning.expect import expected_of
 from tunekit.planning.module import ModuleTarget
 from tunekit.planning.record import Placed, Plan, PlanDevice
-from tunekit.planning.shard import comm_seconds, inter_node_gbs, node_net, rank_peak, shard_count
+from tunekit.planning.shard import comm_seconds, inter_node_gbs, layout_of, node_net, rank_peak
 from tunekit.planning.step import COUNTED, FakeStep, complete, fake_step, in_param_dtype, search_micro_batch
 from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name, set_attention
 from tunekit.view.progress import wait_progress
@@ -110,10 +109,12 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
     cfg, kind, brought = config_of(target, batch_fn, loss_fn, blocks)
     s, seq_note = planned_setting(setting, device, step, brought, cfg, kind)
     _check_options(search, search_limit, verbose, attention_kernel)
-    layout = _layout(s)
+    layout = layout_of(s)
     dev = PlanDevice(**device_figures(s.device, s.compute, layout["world_size"] if layout else 1))
     dev.notes[:0] = _compute_note(s)
     s = s.replace(device=dev.name)
+    if not search and (far := far_past_the_card(cfg, kind, s, dev, layout, model_name(cfg, kind))) is not None:
+        return far
     with wait_progress("tunekit.plan", verbose) as shown:
         shown.at("starting torch's fake-tensor mode (its first use in a process imports torch._dynamo)")
         steps = _Steps(cfg, kind, s, dev, layout, shown)
@@ -272,7 +273,7 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
     def place(st, s):
         if s.parallel:
             steps.complete(st, s, ("components",))
-        return _placed(st, s, _layout(s), sharded if s.parallel else dev)
+        return _placed(st, s, layout_of(s), sharded if s.parallel else dev)
 
     def fake(s):
         tried_at.append(s)
@@ -286,7 +287,7 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
 
     def expect(st, s, placed):
         tokens = amount(steps.cfg, steps.kind, s.micro_batch, setting.seq_len)[0]
-        return expected_of(st, s, dev, tokens, steps.models[s.weights], placed.comm, _layout(s), len(st.units),
+        return expected_of(st, s, dev, tokens, steps.models[s.weights], placed.comm, layout_of(s), len(st.units),
                            kernel=kernel)[0]
 
     return search_changes(setting, step, dev.memory, fake=fake, place=place, expect=expect, count=count,
@@ -339,18 +340,6 @@ def _bound(step: FakeStep, dev: PlanDevice, placed: Placed) -> tuple[float, list
     if placed.comm_s > compute:
         bound_by = [("communication", placed.comm_s)] + bound_by
     return compute, bound_by
-
-
-def _layout(s: Setting) -> dict | None:
-    """The sharding as a dict (kind, world_size, nodes, shard), checked; None for one device
-    (the Setting refused ranks without a ``parallel`` already)."""
-    if s.parallel is None:
-        return None
-    problems = layout_problems(s.parallel, 1, s.nodes)
-    if problems:
-        raise ValueError("; ".join(problems))
-    return dict(kind=s.parallel, world_size=s.world_size, nodes=s.nodes,
-                shard=shard_count(s.parallel, s.world_size, s.nodes))
 
 
 def _placed(step: FakeStep, setting, layout, dev: PlanDevice) -> Placed:

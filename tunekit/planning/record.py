@@ -194,8 +194,9 @@ def to_text(p: Plan) -> str:
     verdict = "fits" if p.fits else "does NOT fit"
     if p.parallel:
         par = p.parallel
-        head += (f" · {par['kind']} over {par['world_size']} GPUs" + (f" on {par['nodes']} nodes" if par["nodes"] > 1
-                                                                     else "") + " (per rank)")
+        gpus = f"{par['world_size']} GPU{'s' if par['world_size'] > 1 else ''}"
+        head += (f" · {par['kind']} over {gpus}" + (f" on {par['nodes']} nodes" if par["nodes"] > 1 else "")
+                 + " (per rank)")
     head += f" · {p.method}"
     known = f"at least {fmt_gib(p.total_bytes)} ({', '.join(p.unknown)} unknown)" if p.unknown else \
         fmt_gib(p.total_bytes)

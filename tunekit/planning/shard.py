@@ -18,7 +18,7 @@ Per rank (rank 0, the one FSDP2 gives the most rows):
 """
 from __future__ import annotations
 
-from tunekit.core.comm import expected_comm, numel, unit_gathered_numel
+from tunekit.core.comm import expected_comm, layout_problems, numel, unit_gathered_numel
 from tunekit.core.memory.answer import STATIC
 from tunekit.core.specs import find_spec
 from tunekit.core.units import GiB
@@ -152,3 +152,17 @@ def rank_peak(peak: float, components: dict, grads_at_peak: float, units, parall
         out += extra["unsharded_grads"]
     comps.update(extra)
     return comps, out
+
+
+def layout_of(s) -> dict | None:
+    """A Setting's sharding as a dict (kind, world_size, nodes, shard), checked; None for one device
+    (the Setting refused ranks without a ``parallel`` already)."""
+    if s.parallel is None:
+        return None
+    problems = layout_problems(s.parallel, 1, s.nodes) or ([f"parallel={s.parallel!r} over world_size=1 shards "
+        "nothing: give world_size=N, the GPUs to shard over (tunekit plan: --world-size N), or leave parallel out "
+        "for one GPU"] if s.parallel != "ddp" and s.world_size == 1 else [])   # hsdp: its nodes >= 2 said first
+    if problems:
+        raise ValueError("; ".join(problems))
+    return dict(kind=s.parallel, world_size=s.world_size, nodes=s.nodes,
+                shard=shard_count(s.parallel, s.world_size, s.nodes))
