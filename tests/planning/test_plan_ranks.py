@@ -324,5 +324,18 @@ def test_a_ranks_memory_rows_add_up_to_its_peak(parallel, nodes):
     assert listed + p.other_bytes == pytest.approx(p.peak_bytes, abs=1)
     frame = p.to_frame()
     assert frame.bytes.sum() == pytest.approx(p.total_bytes, abs=1)   # the peak's rows + the fixed costs
-    [row] = [line for line in str(p).splitlines() if line.lstrip().startswith("other at the peak")]
-    assert f"{p.other_bytes / 2**30:.3f} GiB" in row and "not broken down" in row
+    label = "other at the peak" if p.other_bytes >= 0 else "less, not alive"
+    [row] = [line for line in str(p).splitlines() if line.lstrip().startswith(label)]
+    assert f"{abs(p.other_bytes) / 2**30:.3f} GiB" in row
+
+
+def test_components_larger_than_the_peak_are_taken_off_in_a_row_never_printed_negative():
+    cfg = tunekit.GPTConfig.preset("cpu-tiny")
+    p = tunekit.plan(cfg, "H100 SXM", precision="bf16", micro_batch=2, seq_len=64)
+    over = p.peak_bytes - sum(p.components.values()) + 3 * 2**20   # the rows now 3 MiB above the peak
+    p.components["activations"] += over
+    assert p.other_bytes == pytest.approx(-3 * 2**20, abs=1)
+    [row] = [line for line in str(p).splitlines() if line.lstrip().startswith("less, not alive")]
+    assert "0.003 GiB" in row and "-" not in row.split("(")[0]          # 3 MiB = 0.0029 GiB, shown 0.003
+    assert not [line for line in str(p).splitlines() if line.lstrip().startswith("other at the peak")]
+    assert p.to_frame().bytes.sum() == pytest.approx(p.total_bytes, abs=1)

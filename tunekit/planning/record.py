@@ -171,7 +171,8 @@ class Plan(MemoryAnswer):
 
         rows = [(k, v) for k, v in self.components.items()] + [(k, b) for k, (b, _) in self.fixed.items()]
         if not is_missing(self.other_bytes):   # the rows then sum to the total
-            rows.insert(len(self.components), ("other at the peak", self.other_bytes))
+            rows.insert(len(self.components), ("other at the peak" if self.other_bytes >= 0 else
+                                               "less, not alive at the peak", self.other_bytes))
         df = pd.DataFrame(rows, columns=["component", "bytes"])
         return df.assign(GiB=df.bytes / GiB, share_of_device=df.bytes / self.device_memory_bytes)
 
@@ -217,10 +218,13 @@ def to_text(p: Plan) -> str:
             lines.append(f"    {k:<17}{'unknown':>10}")
         elif v:
             lines.append(f"    {k:<17}{fmt_gib(v, 3):>14}")
-    if not is_missing(p.other_bytes):
+    if not is_missing(p.other_bytes) and p.other_bytes >= 0:
         lines.append(f"    {'other at the peak':<17}{fmt_gib(p.other_bytes, 3):>14}  (the peak less the rows above, "
                      "not broken down: temporaries no component owns, e.g. the loss's gradient over the vocabulary, "
                      "less component bytes not alive at the peak)")
+    elif not is_missing(p.other_bytes):   # a figure is never printed negative: the row says it is taken off
+        lines.append(f"    {'less, not alive':<17}{fmt_gib(-p.other_bytes, 3):>14}  (the rows above less the peak: "
+                     "component bytes, each counted at its own largest, that the peak does not hold)")
     for k, (b, src) in p.fixed.items():
         lines.append(f"    {k:<17}{fmt_gib(b, 3):>14}  ({src})")
     for change, total, fits, flops in p.alternatives:
