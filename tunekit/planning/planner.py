@@ -273,6 +273,9 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
     def place(st, s):
         if s.parallel:
             steps.complete(st, s, ("components",))
+        if s.parallel not in (None, "ddp") and s.autocast and setting.parallel in (None, "ddp"):
+            # as `_Steps.run` plans it (there for a plan sharded already): FSDP computes on its half param dtype
+            st = in_param_dtype(st, steps.run(s.replace(weights=s.compute), count=False, components=False))
         return _placed(st, s, layout_of(s), sharded if s.parallel else dev)
 
     def fake(s):
