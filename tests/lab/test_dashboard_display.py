@@ -86,10 +86,15 @@ def test_a_script_gets_the_text_printed(make_lab, monkeypatch, capsys):
     lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64)
     gate = threading.Event()
     monkeypatch.setattr(lab, "expect", lambda **changes: gate.wait(10))   # a plan still running at exit
+    # no IPython shell, as in a script (an earlier test of this process may have made one)
+    monkeypatch.setattr("tunekit.lab.dashboard.get_ipython", lambda: None)
     dash = lab.dashboard()
     assert capsys.readouterr().out.startswith(NO_FRONTEND)
-    assert dash.expect_line._thread is not None   # not a daemon: cut inside torch at exit it aborts
+    worker = dash.expect_line._thread
+    assert worker is not None   # not a daemon: cut inside torch at exit it aborts
     gate.set()
+    worker.join(30)   # done while `expect` is still the fake: no plan left running into the next test
+    assert not worker.is_alive()
 
 
 @pytest.mark.slow

@@ -19,7 +19,8 @@ def test_quiet_when_nothing_waited_and_nobody_else_ran():
     assert c.cpu_wait == pytest.approx(0.005) and c.others_cpus == pytest.approx(0.02)
     assert c.cpu_share == pytest.approx(1.0)           # 2.0 s / (1 s x 2 threads)
     assert c.steal == 0.0
-    assert c.reason == "tasks waited for a CPU 0% of the time; other processes used 0.02 CPUs"
+    # a level that rounds to 0 keeps two significant digits (core.fmt.fmt_pct): 0.005 -> "0.50%"
+    assert c.reason == "tasks waited for a CPU 0.50% of the time; other processes used 0.02 CPUs"
 
 
 def test_busy_from_two_spinning_processes():

@@ -185,6 +185,33 @@ class Plan(MemoryAnswer):
         return f"<pre style='font-size:12px'>{html.escape(to_text(self))}</pre>"
 
 
+def memory_rows(p: Plan) -> list[str]:
+    """The plan's peak and its rows, which sum to it: the components, what else the peak holds (or
+    what of the components it does not), the fixed costs."""
+    rows = []
+    if not is_missing(p.peak_bytes):
+        # the components are not the peak's parts (gradients T4's gpt2-124m plan listed whole were
+        # partly made at its backward peak): said, and what else the peak holds is a row, so that
+        # the rows sum to the peak
+        rows.append(f"  peak       {fmt_gib(p.peak_bytes, 3)} at {p.peak_at} + fixed costs; the components "
+                    "(each its largest over the step, not all alive at the peak) and the rest of the peak:")
+    for k, v in p.components.items():
+        if is_missing(v):
+            rows.append(f"    {k:<17}{'unknown':>10}")
+        elif v:
+            rows.append(f"    {k:<17}{fmt_gib(v, 3):>14}")
+    if not is_missing(p.other_bytes) and p.other_bytes >= 0:
+        rows.append(f"    {'other at the peak':<17}{fmt_gib(p.other_bytes, 3):>14}  (the peak less the rows above, "
+                    "not broken down: temporaries no component owns, e.g. the loss's gradient over the vocabulary, "
+                    "less component bytes not alive at the peak)")
+    elif not is_missing(p.other_bytes):   # a figure is never printed negative: the row says it is taken off
+        rows.append(f"    {'less, not alive':<17}{fmt_gib(-p.other_bytes, 3):>14}  (the rows above less the peak: "
+                    "component bytes, each counted at its own largest, that the peak does not hold)")
+    for k, (b, src) in p.fixed.items():
+        rows.append(f"    {k:<17}{fmt_gib(b, 3):>14}  ({src})")
+    return rows
+
+
 def to_text(p: Plan) -> str:
     s = p.setting
     head = (f"plan · {p.model} on {p.device} · {s.precision}"
@@ -207,26 +234,7 @@ def to_text(p: Plan) -> str:
     if p.method != "fake step" and notes:   # how it was computed, first
         lines.insert(1, f"  method     {notes[0]}")
         notes = notes[1:]
-    if not is_missing(p.peak_bytes):
-        # the components are not the peak's parts (gradients T4's gpt2-124m plan listed whole were
-        # partly made at its backward peak): said, and what else the peak holds is a row, so that
-        # the rows sum to the peak
-        lines.append(f"  peak       {fmt_gib(p.peak_bytes, 3)} at {p.peak_at} + fixed costs; the components "
-                     "(each its largest over the step, not all alive at the peak) and the rest of the peak:")
-    for k, v in p.components.items():
-        if is_missing(v):
-            lines.append(f"    {k:<17}{'unknown':>10}")
-        elif v:
-            lines.append(f"    {k:<17}{fmt_gib(v, 3):>14}")
-    if not is_missing(p.other_bytes) and p.other_bytes >= 0:
-        lines.append(f"    {'other at the peak':<17}{fmt_gib(p.other_bytes, 3):>14}  (the peak less the rows above, "
-                     "not broken down: temporaries no component owns, e.g. the loss's gradient over the vocabulary, "
-                     "less component bytes not alive at the peak)")
-    elif not is_missing(p.other_bytes):   # a figure is never printed negative: the row says it is taken off
-        lines.append(f"    {'less, not alive':<17}{fmt_gib(-p.other_bytes, 3):>14}  (the rows above less the peak: "
-                     "component bytes, each counted at its own largest, that the peak does not hold)")
-    for k, (b, src) in p.fixed.items():
-        lines.append(f"    {k:<17}{fmt_gib(b, 3):>14}  ({src})")
+    lines += memory_rows(p)
     for change, total, fits, flops in p.alternatives:
         lines.append(f"  try        {change}: {fmt_gib(total)}, {'fits' if fits else 'still over'}"
                      + (f", {fmt_pct(flops - 1, 0, signed=True)} FLOPs per token" if abs(flops - 1) > 0.005 else ""))
