@@ -87,7 +87,8 @@ def test_a_script_gets_the_text_printed(make_lab, monkeypatch, capsys):
     gate = threading.Event()
     monkeypatch.setattr(lab, "expect", lambda **changes: gate.wait(10))   # a plan still running at exit
     # no IPython shell, as in a script (an earlier test of this process may have made one)
-    monkeypatch.setattr("tunekit.lab.dashboard.get_ipython", lambda: None)
+    monkeypatch.setattr("IPython.get_ipython", lambda: None)                  # read by Lab.dashboard
+    monkeypatch.setattr("tunekit.lab.dashboard.get_ipython", lambda: None)    # and by the dashboard
     dash = lab.dashboard()
     assert capsys.readouterr().out.startswith(NO_FRONTEND)
     worker = dash.expect_line._thread
