@@ -147,9 +147,25 @@ def test_a_run_too_big_for_the_machine_names_the_search_as_a_shell_user_runs_it(
     (["--log", "/proc/no/such/log.jsonl"], "cannot be written"),
     (["--no-such-option"], "unrecognized arguments"),
     (["--trace", "--parallel", "ddp", "--nproc", "2"], "--trace traces one process's step"),
+    # a job's options without the job: once ran locally, the options ignored in silence
+    (["--gpus-per-node", "8"], "--gpus-per-node acts only with --slurm: give --slurm too, or leave it out"),
+    (["--time", "2:00:00", "--qos", "high"],
+     "--time, --qos act only with --slurm: give --slurm too, or leave them out"),
 ])
 def test_bad_options_one_line_exit_2_before_any_work(argv, match, capsys, monkeypatch):
     assert match in _refused(argv, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--option", "2"], "tunekit plan: error: --option acts only with --sbatch: give --sbatch too, or leave it out"),
+    (["--partition", "gpu", "--time", "1:00:00"],
+     "tunekit plan: error: --partition, --time act only with --sbatch: give --sbatch too, or leave them out"),
+])
+def test_plan_refuses_a_batch_scripts_options_without_sbatch(argv, said, capsys, monkeypatch):
+    # they once printed the plan and ignored the options in silence; refused before any planning
+    monkeypatch.setattr("tunekit.planning.planner.plan", None)   # planning would be work: fails loudly
+    assert cli.main(["plan", *argv]) == 2
+    assert capsys.readouterr().err.strip() == said
 
 
 @pytest.mark.parametrize("argv, said", [

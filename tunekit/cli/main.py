@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from tunekit.cli.model import Refused, model_source, search_said
-from tunekit.cli.options import add_options, resolved
+from tunekit.cli.options import add_options, resolved, stray
 from tunekit.core import comm
 from tunekit.core import toggles as tg
 from tunekit.core.run_text import summary_lines  # one builder: print(r) shows the same lines
@@ -225,6 +225,8 @@ def check(args, env=None) -> tuple:
     for name, low in (("steps", 1), ("warmup", 0)):
         if getattr(args, name) < low:
             raise Refused(f"--{name} must be >= {low}, got {getattr(args, name)}")
+    if why := stray(args, run_parser(), "slurm", ("gpus_per_node", "time", "account", "qos")):
+        raise Refused(why)
     source = model_source(args.model)
     nproc, nodes, link = layout(args, env)
     if getattr(args, "slurm", None) is not None:

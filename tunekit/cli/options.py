@@ -55,3 +55,16 @@ def add_options(p: argparse.ArgumentParser, cls, title: str, defaults: dict | No
             if t.name not in open_choices:
                 kw["choices"] = choices
         group.add_argument(flag(t.name), dest=t.name, **kw)
+
+
+def stray(args, parser: argparse.ArgumentParser, parent: str, names: tuple) -> str | None:
+    """The refusal of options ``names`` (dests) given away from their ``parser`` default while
+    ``parent`` (a dest) is None: each shapes only what ``parent`` makes, so without it the command
+    would ignore it in silence. None where there is none such."""
+    if getattr(args, parent, None) is not None:
+        return None
+    given = [flag(n) for n in names if getattr(args, n, parser.get_default(n)) != parser.get_default(n)]
+    if not given:
+        return None
+    return (f"{', '.join(given)} {'act' if given[1:] else 'acts'} only with {flag(parent)}: give {flag(parent)} too, "
+            f"or leave {'them' if given[1:] else 'it'} out")

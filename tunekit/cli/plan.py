@@ -13,7 +13,7 @@ import argparse
 from dataclasses import fields
 
 from tunekit.cli.model import Refused, model_source
-from tunekit.cli.options import add_options, resolved
+from tunekit.cli.options import add_options, resolved, stray
 from tunekit.core import gpus, specs
 from tunekit.core.extras import missing_extra
 from tunekit.core.setting import Setting
@@ -60,6 +60,8 @@ def plan_main(args) -> int:
     from tunekit.planning.planner import plan
 
     try:
+        if why := stray(args, plan_parser(), "sbatch", ("partition", "time", "option")):
+            raise Refused(why)
         kind, value = model_source(args.model)
         if kind == "factory":
             raise Refused("--model: tunekit plan builds the model from a config: a GPT preset or a "
