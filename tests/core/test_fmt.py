@@ -74,8 +74,10 @@ def test_ms():
     assert fmt_ms(0.25) == "250.0 ms"
     assert fmt_ms(1.25) == "1,250.0 ms"                          # thousands separated
     assert fmt_ms(42e-6) == "0.0 ms"                             # one decimal of a millisecond
-    assert fmt_ms(42e-6, us_below_ms=True) == "42.0 us"          # a plan's short steps: never '0.0 ms'
-    assert fmt_ms(0.0009999, us_below_ms=True) == "999.9 us"
+    assert fmt_ms(42e-6, us_below_ms=True) == "42.0 µs"          # a plan's short steps: never '0.0 ms'
+    assert fmt_ms(0.0009999, us_below_ms=True) == "999.9 µs"
+    # one spelling of the unit: a plan's 'step >= 6.6 µs' as a run's 'min 821 µs' (fmt_seconds)
+    assert fmt_ms(821e-6, us_below_ms=True).split()[1] == fmt_seconds(821e-6).split()[1] == "µs"
     assert fmt_ms(1e-3, us_below_ms=True) == "1.0 ms"
     assert fmt_ms(0, us_below_ms=True) == "0.0 ms"               # nothing is no shorter in us
     assert fmt_elapsed(12.34) == "12.3 s"

@@ -292,7 +292,7 @@ def test_the_text_shows_short_times_and_a_search_that_found_nothing():
     def _time(s):  # the plan's step times (planning.record.to_text)
         return fmt_ms(s, us_below_ms=True)
 
-    assert (_time(0.5375), _time(1.7e-6), _time(0.0)) == ("537.5 ms", "1.7 us", "0.0 ms")
+    assert (_time(0.5375), _time(1.7e-6), _time(0.0)) == ("537.5 ms", "1.7 µs", "0.0 ms")
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "T4", micro_batch=1, seq_len=8)
     p.max_micro_batch = 0
     assert "largest micro-batch that fits: none (not even 1)" in repr(p)

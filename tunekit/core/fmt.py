@@ -57,11 +57,12 @@ def fmt_seconds(s) -> str:
 
 def fmt_ms(s, us_below_ms: bool = False) -> str:
     """A step's time in milliseconds, one decimal: 0.5375 -> '537.5 ms'. ``us_below_ms``: a time
-    under a millisecond in microseconds instead (42e-6 -> '42.0 us', never '0.0 ms'; 0 stays ms)."""
+    under a millisecond in microseconds instead (42e-6 -> '42.0 µs', never '0.0 ms'; 0 stays ms),
+    spelled as `fmt_seconds` spells them."""
     if is_missing(s):
         return NA
     if us_below_ms and 0 < abs(s) < 1e-3:
-        return f"{s * 1e6:,.1f} us"
+        return f"{s * 1e6:,.1f} µs"
     return f"{s * 1e3:,.1f} ms"
 
 
