@@ -534,6 +534,21 @@ def test_public_functions_refuse_values_outside_their_meaning(call, message):
     assert str(info.value).startswith(message), str(info.value)
 
 
+@pytest.mark.parametrize("call,said", [
+    # case and a dash aside, 'BF16' and 'bf-16' are 'bf16'
+    (lambda: tunekit.profile(dtype="BF16"), "got 'BF16': did you mean 'bf16'?"),
+    (lambda: tunekit.profile(flops="Never"), "got 'Never': did you mean 'never'?"),
+    # difflib: 'layer_norm' is 'layer' at ratio 2 * 5 / 15 = 0.67 >= 0.6, 'rms' far below
+    (lambda: tunekit.GPTConfig(norm="layer_norm"), "norm must be one of ('rms', 'layer'), got 'layer_norm': did you "
+                                                   "mean 'layer'?"),
+    (lambda: tunekit.profile(dtype="int8"), "got 'int8'"),          # close to no dtype: no guess
+])
+def test_a_choice_spelled_close_to_an_allowed_value_names_it(call, said):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert str(info.value).endswith(said), str(info.value)
+
+
 def test_count_flops_refuses_what_it_cannot_run():
     with pytest.raises(TypeError, match=r"^fn must be a function to run once under the counter, e\.g\. lambda: "
                                         r"model\(x\)\.sum\(\)\.backward\(\), got int 3$"):

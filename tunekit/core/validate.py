@@ -107,9 +107,27 @@ def optional(check):
 
 
 def choice(name: str, v, allowed) -> str:
+    """``v`` where ``allowed`` holds it; else a ValueError naming the allowed values and, for a
+    value spelled close to one (case, a dash: 'BF16', 'bf-16'), that one: "did you mean 'bf16'?"."""
     if v not in tuple(allowed):
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {v!r}")
+        near = nearest(v, allowed)
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {v!r}" + (f": did you mean {near!r}?"
+                                                                                 if near is not None else ""))
     return v
+
+
+def nearest(v, allowed):
+    """The allowed value ``v`` was probably meant as (case and punctuation aside, then
+    difflib's closest), or None: ``nearest("BF16", ("fp32", "bf16"))`` -> 'bf16'."""
+    if not isinstance(v, str):
+        return None
+    words = [a for a in allowed if isinstance(a, str)]
+    squeezed = {"".join(c for c in a.lower() if c.isalnum()): a for a in words}
+    key = "".join(c for c in v.lower() if c.isalnum())
+    if key in squeezed:
+        return squeezed[key]
+    close = difflib.get_close_matches(v.lower(), [a.lower() for a in words], n=1, cutoff=0.6)
+    return next((a for a in words if a.lower() == close[0]), None) if close else None
 
 
 def fraction(name: str, v) -> float:
