@@ -156,6 +156,20 @@ def test_bad_options_one_line_exit_2_before_any_work(argv, match, capsys, monkey
     assert match in _refused(argv, capsys, monkeypatch)
 
 
+def test_plan_names_only_the_models_it_takes_and_never_imports_a_factory(capsys, monkeypatch):
+    # it once offered 'package.module:function' and refused it when given, after importing it;
+    # 'gpt2' begins 'gpt2-124m' and 'gpt2-350m': the first of the presets is meant (difflib took the last)
+    monkeypatch.setattr("tunekit.cli.model.check_factory", None)   # importing it would be work: fails loudly
+    assert cli.main(["plan", "--model", "gpt2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "tunekit plan: error: --model 'gpt2' is not a preset: did you mean 'gpt2-124m'? (the presets: cpu-tiny, "
+        "cpu-small, gpt2-124m, gpt2-350m, gpt-1b), a config .json file")
+    assert cli.main(["plan", "--model", "mymodels:tiny_lm"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "tunekit plan: error: --model mymodels:tiny_lm: tunekit plan builds the model from a config: a GPT preset "
+        "or a transformers config JSON, not a factory ('package.module:function')")
+
+
 @pytest.mark.parametrize("argv, said", [
     (["--option", "2"], "tunekit plan: error: --option acts only with --sbatch: give --sbatch too, or leave it out"),
     (["--partition", "gpu", "--time", "1:00:00"],

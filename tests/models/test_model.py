@@ -73,6 +73,10 @@ def test_a_misspelled_preset_names_the_one_meant():
     assert isinstance(info.value, KeyError)
     assert str(info.value) == ("unknown preset 'cpu-tiyn': did you mean 'cpu-tiny'? (the presets: "
                                "cpu-small, cpu-tiny, gpt-1b, gpt2-124m, gpt2-350m)")
+    # 'gpt2' begins two presets: the first of them, the smaller (difflib scores both 2 * 4 / 13 = 0.62
+    # and took the last, 'gpt2-350m')
+    with pytest.raises(ValueError, match=r"^unknown preset 'gpt2': did you mean 'gpt2-124m'\? "):
+        GPTConfig.preset("gpt2")
 
 
 @pytest.mark.parametrize("pos,mlp", [("rope", "gelu"), ("learned", "swiglu")])

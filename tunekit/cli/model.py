@@ -3,7 +3,6 @@
 """
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import sys
@@ -14,8 +13,11 @@ class Refused(ValueError):
     """Options that cannot run: main() prints the message and exits 2."""
 
 
-def model_source(text: str) -> tuple[str, object]:
-    """("preset", name) | ("transformers", config dict) | ("factory", "pkg.mod:fn")."""
+def model_source(text: str, factories: bool = True) -> tuple[str, object]:
+    """("preset", name) | ("transformers", config dict) | ("factory", "pkg.mod:fn"); ``factories=False``
+    (``tunekit plan``, which builds from a config): a factory is refused before it is imported,
+    and a refusal names only a preset or a config file."""
+    from tunekit.core.validate import nearest
     from tunekit.models.gpt_config import PRESETS
 
     if text in PRESETS:
@@ -30,12 +32,15 @@ def model_source(text: str) -> tuple[str, object]:
             raise Refused(f"--model {text}: a transformers config JSON has a 'model_type' key")
         return "transformers", config
     if text.count(":") == 1 and all(text.split(":")):
+        if not factories:
+            raise Refused(f"--model {text}: tunekit plan builds the model from a config: a GPT preset or a "
+                          "transformers config JSON, not a factory ('package.module:function')")
         check_factory(text)
         return "factory", text
-    close = difflib.get_close_matches(text, list(PRESETS), n=1, cutoff=0.6)
-    meant = f": did you mean {close[0]!r}? (the presets: " if close else " (a preset: "
-    raise Refused(f"--model {text!r} is not a preset{meant}{', '.join(PRESETS)}), a config .json file, "
-                  "or 'package.module:function'")
+    close = nearest(text, list(PRESETS))
+    meant = f": did you mean {close!r}? (the presets: " if close else " (a preset: "
+    raise Refused(f"--model {text!r} is not a preset{meant}{', '.join(PRESETS)}), a config .json file"
+                  + (", or 'package.module:function'" if factories else ""))
 
 
 def check_factory(text: str) -> None:

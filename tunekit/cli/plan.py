@@ -62,10 +62,7 @@ def plan_main(args) -> int:
     try:
         if why := stray(args, plan_parser(), "sbatch", ("partition", "time", "option")):
             raise Refused(why)
-        kind, value = model_source(args.model)
-        if kind == "factory":
-            raise Refused("--model: tunekit plan builds the model from a config: a GPT preset or a "
-                          "transformers config JSON, not a factory")
+        kind, value = model_source(args.model, factories=False)
         if kind == "preset":
             from tunekit.models.gpt import GPTConfig
 

@@ -117,8 +117,10 @@ def choice(name: str, v, allowed) -> str:
 
 
 def nearest(v, allowed):
-    """The allowed value ``v`` was probably meant as (case and punctuation aside, then
-    difflib's closest), or None: ``nearest("BF16", ("fp32", "bf16"))`` -> 'bf16'."""
+    """The allowed value ``v`` was probably meant as, or None: the same case and punctuation
+    aside, else the first (in ``allowed``'s order) that ``v`` of 3 or more letters begins, else
+    difflib's closest: ``nearest("BF16", ("fp32", "bf16"))`` -> 'bf16'; ``nearest("gpt2",
+    ("gpt2-124m", "gpt2-350m"))`` -> 'gpt2-124m' (difflib, scoring both alike, would take the last)."""
     if not isinstance(v, str):
         return None
     words = [a for a in allowed if isinstance(a, str)]
@@ -126,6 +128,9 @@ def nearest(v, allowed):
     key = "".join(c for c in v.lower() if c.isalnum())
     if key in squeezed:
         return squeezed[key]
+    begun = [a for k, a in squeezed.items() if len(key) >= 3 and k.startswith(key)]
+    if begun:
+        return begun[0]
     close = difflib.get_close_matches(v.lower(), [a.lower() for a in words], n=1, cutoff=0.6)
     return next((a for a in words if a.lower() == close[0]), None) if close else None
 

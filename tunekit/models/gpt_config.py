@@ -4,12 +4,11 @@ and a plan reads a config without importing torch. The model itself is `tunekit.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass
 
 from tunekit.core.registry import ATTENTIONS, FP32
 from tunekit.core.shapes import gelu_d_ff, padded_vocab, swiglu_d_ff
-from tunekit.core.validate import choice, flag, real, whole
+from tunekit.core.validate import choice, flag, nearest, real, whole
 
 ATTENTION_IMPLS = tuple(ATTENTIONS)
 MLP_KINDS = ("gelu", "swiglu")
@@ -101,8 +100,8 @@ class GPTConfig:
     def preset(cls, name: str, **overrides) -> "GPTConfig":
         """A named config, optionally changed: ``GPTConfig.preset("cpu-tiny", n_layer=4)``."""
         if name not in PRESETS:
-            close = difflib.get_close_matches(str(name), sorted(PRESETS), n=1, cutoff=0.6)
-            raise UnknownPreset(f"unknown preset {name!r}: " + (f"did you mean {close[0]!r}? " if close else "")
+            close = nearest(str(name), list(PRESETS))
+            raise UnknownPreset(f"unknown preset {name!r}: " + (f"did you mean {close!r}? " if close else "")
                                 + f"(the presets: {', '.join(sorted(PRESETS))})")
         return dataclasses.replace(PRESETS[name], **overrides)
 
