@@ -16,13 +16,33 @@ noise (and then autotune says so).
     .venv/bin/python benchmarks/bench_autotune.py [--threads 1]   # ~10-15 min on 2 shared cores
     .venv/bin/python benchmarks/bench_autotune.py --quick         # smaller: micro-batch <= 8, 2 runs
 """
-import argparse  # noqa: I001  (tunekit before torch: it quiets the deprecated pynvml shim's warning)
+import argparse
 import os
 import tempfile
 import time
 from collections import Counter
 
-import tunekit  # noqa: F401
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, read before the heavy imports below: a refused one costs none of them."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="smaller: micro-batch <= 8, 2 autotune runs")
+    ap.add_argument("--repeats", type=int, default=None, help="autotune runs (default 5; quick: 2)")
+    ap.add_argument("--grid-repeats", type=int, default=3)
+    ap.add_argument("--trial-s", type=float, default=0.25, help="autotune's trial_s, also for the grid")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--seq-len", type=int, default=None)
+    ap.add_argument("--max-micro-batch", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's). On an oversubscribed machine 1 "
+                         "avoids threads waiting on a descheduled sibling (100x slower runs were seen)")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
+import tunekit  # noqa: F401, I001  (tunekit before torch: it quiets the deprecated pynvml shim's warning)
 import torch
 
 from tunekit.core import registry
@@ -60,19 +80,7 @@ def key(t):
     return (t.precision, t.attention, t.optimizer, t.checkpointing, t.micro_batch)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="smaller: micro-batch <= 8, 2 autotune runs")
-    ap.add_argument("--repeats", type=int, default=None, help="autotune runs (default 5; quick: 2)")
-    ap.add_argument("--grid-repeats", type=int, default=3)
-    ap.add_argument("--trial-s", type=float, default=0.25, help="autotune's trial_s, also for the grid")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--seq-len", type=int, default=None)
-    ap.add_argument("--max-micro-batch", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch intra-op threads (default: torch's). On an oversubscribed machine 1 "
-                         "avoids threads waiting on a descheduled sibling (100x slower runs were seen)")
-    args = ap.parse_args()
+def main(args: argparse.Namespace):
     if args.threads:
         torch.set_num_threads(args.threads)
     seq = args.seq_len or 32
@@ -146,4 +154,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

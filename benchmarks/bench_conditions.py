@@ -13,7 +13,7 @@
 'Quiet' rounds are only as quiet as the machine: run it when nothing else runs (the verdict of
 each quiet round is printed, with its reason, so a stray process shows).
 """
-import argparse  # noqa: I001  (tunekit before torch: it quiets the deprecated pynvml shim's warning)
+import argparse
 import statistics
 import subprocess
 import sys
@@ -21,7 +21,20 @@ import tempfile
 import time
 from pathlib import Path
 
-import tunekit
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, read before the heavy imports below: a refused one costs none of them."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--cells", type=int, default=5)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
+import tunekit  # noqa: I001  (tunekit before torch: it quiets the deprecated pynvml shim's warning)
 import torch  # noqa: F401
 
 from tunekit.measure import conditions as mc
@@ -134,12 +147,7 @@ def cost(rounds: int = 5, blocks: int = 3000) -> None:
           f"target < 0.05 ms per cell: {'PASS' if d < 0.05 else 'FAIL'}")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--cells", type=int, default=5)
-    args = ap.parse_args()
+def main(args: argparse.Namespace):
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {__import__('os').cpu_count()} CPUs")
     with tunekit.measure.watch_conditions() as w:
         cost()
@@ -148,4 +156,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -23,6 +23,23 @@ import time
 import uuid
 from pathlib import Path
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, read before the heavy imports below: a refused one costs none of them."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rank")
+    ap.add_argument("--pairs", type=int, default=30)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--skip-launch", action="store_true")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--launches", type=int, default=2)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
 import torch
 
 MODEL = {"kind": "gpt", "config": {"n_layer": 2, "n_head": 4, "n_embd": 128, "block_size": 128}}
@@ -122,16 +139,7 @@ def accounting(parallel: str, pairs: int, micro_batch: int) -> dict:
     return json.loads((work / "out.json").read_text())
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rank")
-    ap.add_argument("--pairs", type=int, default=30)
-    ap.add_argument("--micro-batch", type=int, default=8)
-    ap.add_argument("--skip-launch", action="store_true")
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--launches", type=int, default=2)
-    args = ap.parse_args()
+def main(args: argparse.Namespace):
     if args.rank:
         return rank_main(args.rank)
     from tunekit.parallel.launch import launch
@@ -175,5 +183,5 @@ if __name__ == "__main__":
     from tunekit.measure.conditions import watch
 
     with watch() as machine:  # what else used the machine meanwhile: a busy run is no measurement
-        main()
+        main(ARGS)
     print(f"machine while this ran: {machine.conditions}")

@@ -16,6 +16,19 @@ import statistics
 import tempfile
 import time
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, read before the heavy imports below: a refused one costs none of them."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--model", choices=["cpu-tiny", "llama"], default="cpu-tiny")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
 import torch
 
 from tunekit.lab.lab import Lab
@@ -56,12 +69,7 @@ def lab_extras(lab, t, n: int) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--model", choices=["cpu-tiny", "llama"], default="cpu-tiny")
-    args = ap.parse_args()
+def main(args: argparse.Namespace):
     hf = args.model == "llama"
     model = None
     if hf:
@@ -99,5 +107,5 @@ if __name__ == "__main__":
     from tunekit.measure.conditions import watch
 
     with watch() as machine:  # what else used the machine meanwhile: a busy run is no measurement
-        main()
+        main(ARGS)
     print(f"machine while this ran: {machine.conditions}")

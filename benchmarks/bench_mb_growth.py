@@ -37,13 +37,6 @@ from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
 
-import torch
-
-import tunekit
-from tunekit.measure.meters import malloc_trim
-from tunekit.measure.priority import ahead
-
-warnings.filterwarnings("ignore")
 WARMUP, STEPS, TRACED, FAULTED, ROUNDS = 3, 10, 3, 3, 4
 
 
@@ -58,6 +51,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds (default {ROUNDS})")
     ap.add_argument("--priority", action="store_true", help="each size's block ahead of other work")
     return ap.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
+import torch
+
+import tunekit
+from tunekit.measure.meters import malloc_trim
+from tunekit.measure.priority import ahead
+
+warnings.filterwarnings("ignore")
 
 
 def faults() -> int:
@@ -195,4 +200,4 @@ def report(small, big, step, fault, ops, op_faults, unit="mb") -> None:
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(ARGS)

@@ -13,6 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+if __name__ == "__main__":   # no options: --help, or refused, before the heavy imports (test_bench_args.py)
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+
 import torch
 
 from tunekit.core.memory.estimate import estimate_memory, worked_example_147m
@@ -113,7 +116,6 @@ def transformers_table(dev) -> list:
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()   # no options: --help, or refused
     from tunekit.measure.conditions import watch
 
     with watch() as machine:  # what else used the machine meanwhile: a busy run is no measurement

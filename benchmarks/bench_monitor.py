@@ -18,13 +18,25 @@ config (2 layers, d=128, micro-batch 4 x 128).
 
     .venv/bin/python benchmarks/bench_monitor.py [--rounds 6 --block 20]   # about a minute
 """
-import argparse  # noqa: I001
+import argparse
 import json
 import os
 import statistics as st
 import time
 
-import tunekit
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, read before the heavy imports below: a refused one costs none of them."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--block", type=int, default=20)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
+import tunekit  # noqa: I001  (tunekit before torch: it quiets the deprecated pynvml shim's warning)
 import torch
 
 from tunekit.monitor import view as monitor_view
@@ -109,11 +121,7 @@ def one(name, build, rounds, n):
     return own / step_s + share
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--block", type=int, default=20)
-    args = ap.parse_args()
+def main(args: argparse.Namespace):
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {load()}")
     for name, build in (("cpu-tiny GPT", gpt), ("transformers Llama (2 x 128)", llama)):
         one(name, build, args.rounds, args.block)
@@ -121,4 +129,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -44,6 +44,17 @@ import resource
 import time
 import warnings
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, read before the heavy imports below: a refused one costs none of them."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--targets", action="store_true", help="only section 0: the two waits of issue 39")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
 import torch
 from transformers import LlamaConfig
 
@@ -97,10 +108,8 @@ def targets():
           + f"; peak RSS {rss_mib():,.0f} MiB\n")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--targets", action="store_true", help="only section 0: the two waits of issue 39")
-    if ap.parse_args().targets:
+def main(args: argparse.Namespace):
+    if args.targets:
         targets()
         return
     targets()
@@ -190,4 +199,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -23,6 +23,18 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``argv``, else sys.argv's): an unknown option is refused before any work."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", action="store_true", help="also torch.profiler's per-op growth")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of traces and of blocks (default 4)")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
 import tunekit
 from tunekit.lab import expect as lab_expect
 from tunekit.measure import rng
@@ -141,14 +153,6 @@ def judged(model, rounds: int, log_path: str) -> None:
               f"{e / (meas / meas_base) - 1:>+8.1%}  {status}", flush=True)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The command line (``argv``, else sys.argv's): an unknown option is refused before any work."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", action="store_true", help="also torch.profiler's per-op growth")
-    ap.add_argument("--rounds", type=int, default=4, help="rounds of traces and of blocks (default 4)")
-    return ap.parse_args(argv)
-
-
 def main(args: argparse.Namespace):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -167,4 +171,4 @@ def main(args: argparse.Namespace):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(ARGS)

@@ -12,14 +12,26 @@ started here as root); ``exclusive=True`` so one job runs at a time on its node.
 
     .venv/bin/python benchmarks/bench_slurm_autotune.py [--max-jobs 4] [--trials 8]   # ~4-6 min, as root
 """
-import argparse  # noqa: I001  (tunekit before torch: it quiets the deprecated pynvml shim's warning)
+import argparse
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import tunekit  # noqa: F401
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, read before the heavy imports below: a refused one costs none of them."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=8)
+    ap.add_argument("--max-jobs", type=int, default=4)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
+import tunekit  # noqa: F401, I001  (tunekit before torch: it quiets the deprecated pynvml shim's warning)
 
 from tunekit.autotune import LabTrials
 from tunekit.lab.cluster import ClusterTrials
@@ -81,11 +93,7 @@ def said(found) -> str:
     return ("INCONCLUSIVE: " if found.inconclusive else "winner: ") + f"micro_batch={found.toggles.micro_batch}"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=8)
-    ap.add_argument("--max-jobs", type=int, default=4)
-    args = ap.parse_args()
+def main(args: argparse.Namespace):
     if slurm_cluster.missing() is not None:
         sys.exit(f"no test cluster here: {slurm_cluster.missing()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,4 +131,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

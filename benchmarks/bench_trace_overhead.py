@@ -15,6 +15,20 @@ import tempfile
 import time
 from pathlib import Path
 
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, read before the heavy imports below: a refused one costs none of them."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
 import torch
 
 from tunekit.lab.lab import Lab
@@ -22,13 +36,7 @@ from tunekit.measure.timing import time_repeats
 from tunekit.measure.trace import Tracer
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    args = ap.parse_args()
+def main(args: argparse.Namespace):
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = Path(tempfile.mkdtemp(prefix="traces-"))
@@ -72,5 +80,5 @@ if __name__ == "__main__":
     from tunekit.measure.conditions import watch
 
     with watch() as machine:  # what else used the machine meanwhile: a busy run is no measurement
-        main()
+        main(ARGS)
     print(f"machine while this ran: {machine.conditions}")

@@ -180,8 +180,11 @@ def make_lab(tmp_path):
 
 @pytest.fixture
 def dash(make_lab):
-    """A dashboard over a cpu-tiny Lab of 4 x 64 whose runs take two steps, no warm-up."""
-    d = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64).dashboard()
+    """A dashboard over a cpu-tiny Lab of 4 x 64 whose runs take two steps, no warm-up, with the
+    expectation line a widget frontend gets (plain Python, where these tests run, gets none)."""
+    from tunekit.lab.dashboard import Dashboard
+
+    d = Dashboard(make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64), expect=True)
     d.controls["steps"].value = 2
     d.controls["warmup"].value = 0
     return d

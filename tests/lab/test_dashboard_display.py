@@ -51,9 +51,10 @@ def test_a_text_only_frontend_gets_the_text():
     assert list(data) == ["text/plain"] and data["text/plain"].startswith(NO_FRONTEND)
 
 
-def test_a_terminal_dashboard_plans_nothing_behind_its_text(make_lab, monkeypatch):
-    # a terminal IPython shows the text, never the line under the controls: no lab.expect on a thread
-    # (the interpreter waited for that fake-step plan at exit); plain Python (a script, these tests) asks
+def test_only_a_widget_frontend_gets_the_expectation_line(make_lab, monkeypatch):
+    # the line under the controls is lab.expect on a thread of its own: a terminal IPython shows the
+    # text, never the line, so no plan runs behind it (the interpreter waited for it at exit); a
+    # Jupyter kernel (a shell with a kernel) draws the widget and gets it
     from types import SimpleNamespace
 
     import IPython
@@ -62,40 +63,39 @@ def test_a_terminal_dashboard_plans_nothing_behind_its_text(make_lab, monkeypatc
     import tunekit.lab.dashboard as dmod
 
     lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64)
-    monkeypatch.setattr(lab, "expect", lambda **changes: SimpleNamespace(line="expected (made up)", base_run=None))
+    asked = []
+    monkeypatch.setattr(lab, "expect", lambda **changes: asked.append(changes) or SimpleNamespace(
+        line="expected (made up)", base_run=None))
+    monkeypatch.setattr(dmod, "_plotly_output", lambda fig: {})   # the charts: nothing to draw on here
     shell = object.__new__(TerminalInteractiveShell)   # what get_ipython() is in a terminal IPython
-    for module in (IPython, dmod):
-        monkeypatch.setattr(module, "get_ipython", lambda: shell)
-    monkeypatch.setattr(dmod, "_plotly_output", lambda fig: {})   # the charts: no shell to draw on here
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)    # read by tunekit.view.frontend, its one home
     terminal = lab.dashboard()
-    terminal.controls["micro_batch"].value = 8    # a change asks again where the line is shown
-    assert terminal.expect_line._asked == 0 and terminal.expect_line._thread is None
+    terminal.controls["micro_batch"].value = 8
+    assert terminal.expect_line is None and asked == []
     assert _calls(terminal.text_fallback())[0] == "lab.expect(micro_batch=8)"   # the call is still given
-    for module in (IPython, dmod):
-        monkeypatch.setattr(module, "get_ipython", lambda: None)
-    script = lab.dashboard()
-    assert script.expect_line.wait(10) and script.expect_line._asked == 1
-    assert "expected (made up)" in script.expect_html.value
+    monkeypatch.setattr(IPython, "get_ipython", lambda: SimpleNamespace(kernel=object(), execution_count=1))
+    kernel = lab.dashboard()
+    assert kernel.expect_line.wait(10) and len(asked) == 1
+    assert "expected (made up)" in kernel.expect_html.value
 
 
-def test_a_script_gets_the_text_printed(make_lab, monkeypatch, capsys):
+def test_a_script_gets_the_text_printed_and_no_thread(make_lab, monkeypatch, capsys):
     # plain `python script.py`: nothing displays the returned widget, so lab.dashboard() prints the
-    # text a terminal IPython shows
+    # text a terminal IPython shows, and plans nothing on a thread: a plan left running held the
+    # process at exit (a daemon thread cut inside torch aborted pytest instead)
     import threading
 
     lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64)
-    gate = threading.Event()
-    monkeypatch.setattr(lab, "expect", lambda **changes: gate.wait(10))   # a plan still running at exit
+    asked = []
+    monkeypatch.setattr(lab, "expect", lambda **changes: asked.append(changes))
     # no IPython shell, as in a script (an earlier test of this process may have made one)
-    monkeypatch.setattr("IPython.get_ipython", lambda: None)                  # read by Lab.dashboard
-    monkeypatch.setattr("tunekit.lab.dashboard.get_ipython", lambda: None)    # and by the dashboard
+    monkeypatch.setattr("IPython.get_ipython", lambda: None)
+    before = {t for t in threading.enumerate() if t.name == "tunekit-expect"}
     dash = lab.dashboard()
+    dash.controls["micro_batch"].value = 8
     assert capsys.readouterr().out.startswith(NO_FRONTEND)
-    worker = dash.expect_line._thread
-    assert worker is not None   # not a daemon: cut inside torch at exit it aborts
-    gate.set()
-    worker.join(30)   # done while `expect` is still the fake: no plan left running into the next test
-    assert not worker.is_alive()
+    assert dash.expect_line is None and asked == []
+    assert {t for t in threading.enumerate() if t.name == "tunekit-expect"} <= before
 
 
 @pytest.mark.slow

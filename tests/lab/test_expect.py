@@ -390,8 +390,10 @@ def test_dashboard_line_follows_the_controls_newest_wins(make_lab, monkeypatch):
     import threading
 
     lab = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64)
+    from tunekit.lab.dashboard import Dashboard
+
     fake_answers(monkeypatch, lab)
-    d = lab.dashboard()
+    d = Dashboard(lab, expect=True)   # the line a widget frontend gets (plain Python gets none)
     assert d.expect_line.wait(10)
     # micro_batch 4: 4 ms, against the base plan's 4 ms and 4 MiB: +0%
     assert "expected 4.0 ms/step (+0% vs the Lab&#x27;s setting), peak 4.0 MiB (+0%)" in d.expect_html.value

@@ -4,7 +4,8 @@
   ``x != x``, no ``math.isnan`` and no private twin of it anywhere else in tunekit/;
 - no function over 80 lines unless its docstring says why, on a line starting ``long:``;
 - one home for the dtype names: code writes ``registry.BF16`` (FP32, TF32, FP16, FP8), not the
-  string, outside ``core/registry.py`` (docstrings, messages and f-strings may say "bf16").
+  string, outside ``core/registry.py`` (docstrings, messages and f-strings may say "bf16");
+- one home for "which IPython shell" (view/frontend.py) and for the FSDP half-param-dtype rule.
 """
 import ast
 import io
@@ -108,3 +109,26 @@ def test_dtype_names_have_one_home(path):
         assert found, f"{rel} names no dtype by its string now: drop it from PENDING_DTYPE_LITERALS"
     else:
         assert found == [], f"{rel}: write tunekit.core.registry's BF16/FP16/FP32/TF32/FP8, not {found}"
+
+
+def uses_of(name: str) -> list[str]:
+    """Where tunekit's code (not its docstrings or comments) names ``name``: a call, an attribute or an
+    import of it, as ``module.py:line``."""
+    found = []
+    for path in FILES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = (isinstance(node, ast.Name) and node.id == name) or (
+                isinstance(node, ast.Attribute) and node.attr == name) or (
+                isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names))
+            if named:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_which_ipython_shell_and_the_fsdp_param_dtype_rule_have_one_home_each():
+    # "is there an IPython shell, of what kind": view/frontend.py reads get_ipython, nothing else does
+    # (the dashboard, lab.dashboard, the progress views, Monitor and experiments each read it before)
+    assert {u.split(":")[0] for u in uses_of("get_ipython")} == {"view/frontend.py"}
+    # FSDP over fp32 weights under autocast computes on its half param dtype: applied in one method
+    # (planner._Steps.on_param_dtype), which the plan's steps and the advice's placements both call
+    assert [u.split(":")[0] for u in uses_of("in_param_dtype")] == ["planning/planner.py"] * 2   # import, call

@@ -306,7 +306,7 @@ def test_a_notebook_gets_one_updating_display_per_cell(monkeypatch):
     import IPython
     import IPython.display
 
-    from tunekit.view import progress
+    from tunekit.view import frontend, progress
 
     shown = []
 
@@ -321,7 +321,7 @@ def test_a_notebook_gets_one_updating_display_per_cell(monkeypatch):
     monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
     monkeypatch.setattr(IPython.display, "display", lambda *a, **k: Handle())
     monkeypatch.setattr(progress._NotebookView, "_cell", {})
-    assert progress._in_notebook()
+    assert frontend.in_notebook()   # the one home of "which IPython shell"
     for i in range(6):   # six runs in one cell: one block, the last four listed
         with progress.RunProgress(2) as p:
             p.tick(2, 2)

@@ -56,6 +56,7 @@ KINDS = {
     "diff.devices": "tunekit.diff: traces from two kinds of device",
     "diff.top_ops": "tunekit.diff: added/removed ops are among the ops each trace kept",
     "diff.profiler": "tunekit.diff: the profiler slowed a traced step: its categories are not the step time's",
+    "run.expect_stopped": "lab.run stopped the dashboard's expectation line planning beside it before it measured",
     "expect.uncalibrated": "lab.expect: no measured run of the Lab on its device, the device model alone",
     "expect.step_only": "lab.expect: the base run calibrates by its step time alone (one ratio for the step)",
     "expect.new_ops": "lab.expect: ops the base run did not have, at the device model uncalibrated",

@@ -29,7 +29,7 @@ from tunekit.integrations.figures import figures
 from tunekit.monitor.monitor import Monitor
 from tunekit.monitor.options import check_options
 from tunekit.monitor.steps import summarize
-from tunekit.view.progress import _in_notebook
+from tunekit.view.frontend import in_notebook
 
 
 class TunekitCallback(Callback):
@@ -53,7 +53,7 @@ class TunekitCallback(Callback):
     def on_train_start(self, trainer, pl_module):
         opts = dict(self.options, name=self.options["name"] or f"Lightning {type(pl_module).__name__}")
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
-        if opts["live"] is None and getattr(trainer, "progress_bar_callback", None) is not None and not _in_notebook():
+        if opts["live"] is None and getattr(trainer, "progress_bar_callback", None) is not None and not in_notebook():
             opts["live"] = False   # Lightning's own bar is the progress line: two on one terminal line collide
         self.monitor = Monitor(pl_module, total=total, **opts)
         self._logged, self._t_end = 0, None

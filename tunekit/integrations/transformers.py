@@ -37,7 +37,7 @@ from tunekit.integrations.figures import figures
 from tunekit.monitor.monitor import Monitor
 from tunekit.monitor.options import check_options
 from tunekit.monitor.steps import summarize
-from tunekit.view.progress import _in_notebook
+from tunekit.view.frontend import in_notebook
 
 
 class TunekitCallback(TrainerCallback):
@@ -61,7 +61,7 @@ class TunekitCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         front(self, sys._getframe(1))
         opts = dict(self.options, name=self.options["name"] or f"Trainer {type(model).__name__}")
-        if opts["live"] is None and not getattr(args, "disable_tqdm", True) and not _in_notebook():
+        if opts["live"] is None and not getattr(args, "disable_tqdm", True) and not in_notebook():
             opts["live"] = False   # the Trainer's own bar is the progress line: two on one terminal line collide
         self.monitor = Monitor(model, total=state.max_steps or None, **opts)
         self._logged, self._t_end = 0, None

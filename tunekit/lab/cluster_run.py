@@ -173,9 +173,9 @@ class ClusterRun:
 def _view(verbose: bool):
     if not verbose:
         return _Quiet()
-    from tunekit.view.progress import _in_notebook
+    from tunekit.view.frontend import in_notebook
 
-    return _NotebookLine() if _in_notebook() else _PrintedStates()
+    return _NotebookLine() if in_notebook() else _PrintedStates()
 
 
 class _Quiet:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import html
 
 import ipywidgets as W
-from IPython import get_ipython
 
 from tunekit.autotune.view import evidence_view
 from tunekit.core import toggles as tg
@@ -34,6 +33,7 @@ from tunekit.lab.dashboard_static import NO_FRONTEND  # noqa: F401 - its home's 
 from tunekit.lab.expect_line import EXPECT_WAIT_S, ExpectLine, predicted_line
 from tunekit.lab.plots import compare_figure
 from tunekit.planning.panel import PlanPanel
+from tunekit.view.frontend import in_notebook, shell
 
 
 def _plotly_output(fig) -> dict:
@@ -49,7 +49,6 @@ def _plotly_output(fig) -> dict:
     data["image/svg+xml"] = to_svg(fig_dict)
     data["text/plain"] = f"<plotly figure: {fig.layout.title.text or 'chart'}>"
     return {"output_type": "display_data", "data": data, "metadata": {}}
-
 
 
 def _target_name(target) -> str:
@@ -82,10 +81,11 @@ class Dashboard(W.VBox):
 
     Example: ``dash = lab.dashboard()`` (or ``Dashboard(lab, max_batch=128)``); see the module docstring."""
 
-    def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64, on=None, expect: bool = True):
+    def __init__(self, lab, steps: int = 20, warmup: int = 2, max_batch: int = 64, on=None,
+                 expect: bool | None = None):
         self.lab = lab
-        # the line under the controls: lab.expect of their setting (ExpectLine; expect=False: none)
-        self.expect_html = W.HTML()
+        # the line under the controls (ExpectLine: lab.expect on a thread), by default where widgets are drawn
+        self.expect_html, expect = W.HTML(), in_notebook() if expect is None else expect
         self.expect_line = ExpectLine(lab, self.expect_html) if expect else None
         # "Run on": this machine, or a cluster target (tunekit.Slurm) given as ``on`` (one, or {name: target})
         targets = {} if on is None else on if isinstance(on, dict) else {_target_name(on): on}
@@ -184,7 +184,7 @@ class Dashboard(W.VBox):
         when it comes (`ExpectLine`: a thread of its own, the newest request wins).
 
         Example: ``dash.update_expectation(); dash.expect_line.wait(5); dash.expect_html.value``."""
-        if self.expect_line is not None and not static.text_only():   # a terminal shows no line: no plan
+        if self.expect_line is not None:
             self.expect_line.request(self.toggles())
 
     @property
@@ -216,7 +216,7 @@ class Dashboard(W.VBox):
     def _attempt(self, what: str, action):
         """``action()``, or None with its failure shown as a sentence (a refused toggle as the
         Lab's reasons; anything else kept in ``last_error`` for debugging). An expectation being
-        planned is let finish first: no fake step beside the live model's work."""
+        planned is let finish first (its run's prediction); lab.run stops one still going."""
         if self.expect_line is not None:
             self.expect_line.wait(EXPECT_WAIT_S)
         try:
@@ -352,7 +352,7 @@ class Dashboard(W.VBox):
         self.message.value = _box(html.escape(found.verdict), color)
         self.autotune_out.value = ("<b>autotune evidence</b>" + table_html(evidence_view(found.evidence)))
         self.refresh()
-        if get_ipython() is not None:
+        if shell() is not None:
             self.autotune_chart.outputs = (_plotly_output(found.figure),)
 
     # --- a static copy, for reports that cannot run widgets ---------------------------------
@@ -392,7 +392,7 @@ class Dashboard(W.VBox):
         self.figures = {"compare": compare_figure(df)}
         if self.last_autotune is not None:
             self.figures["autotune"] = self.last_autotune.figure
-        if get_ipython() is None:
+        if shell() is None:
             return  # plain Python (tests): keep the figures, nothing to draw on
         # Set the Output widget's content directly rather than capturing with `with out:`:
         # capture routes outputs through the widget's msg_id, which headless runners

@@ -6,20 +6,8 @@ widget manager), one line saying so and the Lab calls that do what the controls 
 """
 from __future__ import annotations
 
-import sys
-
 NO_FRONTEND = ("Lab dashboard: no widget frontend here to draw it (JupyterLab 4, Notebook 7 and VS Code have "
                "one; Colab after google.colab.output.enable_custom_widget_manager()). The same from code:")
-
-
-def text_only() -> bool:
-    """True in a terminal IPython: it shows the dashboard's text (`text_fallback`), never its widgets,
-    so nothing computes the line under its controls (a fake-step plan on a thread of its own, which
-    the interpreter waited for at exit: 7-32 s after ``lab.dashboard()`` on a busy 2-core machine)."""
-    from IPython import get_ipython
-
-    terminal = sys.modules.get("IPython.terminal.interactiveshell")
-    return terminal is not None and isinstance(get_ipython(), terminal.TerminalInteractiveShell)
 
 
 def snapshot_html(dash) -> str:

@@ -3,15 +3,34 @@ thread of its own (`ExpectLine`), and a run's prediction against what it measure
 
     >>> line = ExpectLine(lab, ipywidgets.HTML())
     >>> line.request({"checkpointing": True}); line.wait(5); line.html.value
+    >>> stop_expecting(lab)   # lab.run, before it measures: the Lab's lines' plans stopped at a stage
 """
 from __future__ import annotations
 
 import html
 import threading
+import time
+import weakref
 
-from tunekit.core.fmt import fmt_ms, fmt_pct
+from tunekit.core.fmt import fmt_elapsed, fmt_ms, fmt_pct
+from tunekit.core.notes import Note
 from tunekit.core.toggles import ToggleError
 from tunekit.core.units import is_missing
+from tunekit.view.progress import Cancelled, cancellable
+
+_LINES: "weakref.WeakSet" = weakref.WeakSet()   # every line made, gone with its dashboard
+
+
+def stop_expecting(lab) -> list:
+    """Before a measured step of ``lab`` (lab.run): every expectation line of the Lab stopped, its
+    queued request dropped and the plan it is making cancelled at its next stage or phase (a fake
+    step beside the live one would share its process's memory timeline and CPU). Returns the run's
+    note saying it waited, [] where nothing was being planned."""
+    t0, stopped = time.perf_counter(), [line for line in list(_LINES) if line.lab is lab and line.stop()]
+    if not stopped:
+        return []
+    return [Note("run.expect_stopped", "the dashboard's expectation line was still planning: stopped before "
+                 f"the run measured (waited {fmt_elapsed(time.perf_counter() - t0)})")]
 
 
 def _box(text: str, color: str) -> str:
@@ -32,8 +51,9 @@ class ExpectLine:
         self.lab, self.html = lab, widget
         self.last = None           # the Expectation shown (None: none yet, or the last request failed)
         self.last_error = None
-        self._cond = threading.Condition()
+        self._cond, self._cancel = threading.Condition(), threading.Event()
         self._asked, self._done, self._want, self._thread = 0, 0, None, None
+        _LINES.add(self)   # what a run of the Lab stops (stop_expecting)
 
     def request(self, toggles: dict) -> None:
         """Ask for the expectation of ``toggles`` (lab.run's keywords); returns at once."""
@@ -51,16 +71,31 @@ class ExpectLine:
         with self._cond:
             return self._cond.wait_for(lambda: self._done >= self._asked, timeout)
 
+    def stop(self) -> bool:
+        """Drop the queued request and cancel the one being planned (at its next stage or phase:
+        view.progress.cancellable), until the thread is gone; the line keeps what it showed. True
+        where there was work to stop. Example: ``line.stop()`` (lab.run does: `stop_expecting`)."""
+        with self._cond:
+            if self._thread is None:
+                return False
+            self._want = None
+            self._cancel.set()
+            self._cond.wait_for(lambda: self._thread is None)
+            self._cancel.clear()
+            return True
+
     def _work(self) -> None:
         try:
             while True:
                 with self._cond:
                     if self._want is None:
                         self._thread = None
+                        self._cond.notify_all()
                         return
                     asked, toggles = self._want
                     self._want = None
-                text, e, err = self._answer(toggles)
+                with cancellable(self._cancel):
+                    text, e, err = self._answer(toggles)
                 with self._cond:
                     try:
                         if asked == self._asked:   # still the newest: shown
@@ -70,11 +105,12 @@ class ExpectLine:
                     finally:   # answered either way: wait() never hangs on it
                         self._done = max(self._done, asked)
                         self._cond.notify_all()
-        except BaseException:
+        except BaseException as exc:
             with self._cond:   # the thread is gone: the next request starts another, no one waits on this one
                 self._thread, self._done = None, self._asked
                 self._cond.notify_all()
-            raise
+            if not isinstance(exc, Cancelled):   # stopped by a run (stop): nothing to report
+                raise
 
     def _answer(self, toggles: dict):
         """(the line's HTML, the Expectation or None, the exception or None); never raises."""

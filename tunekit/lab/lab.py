@@ -25,6 +25,7 @@ from tunekit.lab.build import env as build_env
 from tunekit.lab.build import memory_target as build_target
 from tunekit.lab.cluster import submitted
 from tunekit.lab.distributed import run_distributed
+from tunekit.lab.expect_line import stop_expecting
 from tunekit.lab.plan import lab_plan, show_plan_keywords
 from tunekit.lab.results import LabResults
 from tunekit.lab.setting import LAB_CHOICES, check, resolve, setting_of
@@ -204,6 +205,7 @@ class Lab(LabResults):
             if trace or memory:
                 raise ToggleError(["trace/memory trace one process's step: not available with parallel=... "
                                    "(trace a single-process run of the same toggles instead)."])
+            stop_expecting(self)   # the ranks' steps are timed: no fake step planned beside them
             return run_distributed(self, steps, warmup, progress, s, link)
         return single.run(self, steps, warmup, progress, guard, trace, memory, s)
 
@@ -259,12 +261,14 @@ class Lab(LabResults):
         """Expected step time, tokens/s, MFU and peak memory of what ``lab.run(setting=..., **changes)`` would
         run here, calibrated by the Lab's last measured run (``base``: another; tunekit.lab.expect). What
         lab.run would refuse is refused first, a size no memory here holds too (WontFitError, by lab.run's check).
-        ``verbose`` (default): a plan that takes over 2 s (a first CPU calibration) shows its progress as
-        ``tunekit.plan`` does; ``verbose=False`` nothing (the dashboard's line asks so from its thread).
+        ``verbose`` (default): over 2 s (a first CPU calibration) one progress line, ``lab.expect``'s, its
+        plans' stages on it (tunekit.view.progress), then how long it took; ``verbose=False`` nothing
+        (the dashboard's line asks so from its thread).
         Example: ``lab.run(trace=True); print(lab.expect(checkpointing=True).line)``."""
         from tunekit.lab.expect import lab_expect
-        flag("verbose", verbose)
-        return lab_expect(self, setting, base, verbose=verbose, **changes)
+        from tunekit.view.progress import wait_progress
+        with wait_progress("lab.expect", flag("verbose", verbose)):   # its two plans inside: one line
+            return lab_expect(self, setting, base, verbose=verbose, **changes)
 
     def reset_optimizer(self) -> None:
         """Drop the optimizer and its state: the next ``apply`` or ``run`` builds a fresh one.
@@ -294,10 +298,9 @@ class Lab(LabResults):
     def dashboard(self, on=None):
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts); ``on``: a
         cluster target (or {name: target}) its "Run on" menu offers. Example: ``lab.dashboard()``."""
-        from IPython import get_ipython
-
         from tunekit.lab.dashboard import Dashboard
-        dash = Dashboard(self, on=on)
-        if get_ipython() is None:   # plain Python: nothing displays the widget; the text a terminal shows
+        from tunekit.view.frontend import shell
+        dash = Dashboard(self, on=on)   # its expectation line where a widget frontend draws it
+        if shell() is None:   # plain Python: nothing displays the widget; the text a terminal shows
             print(dash.text_fallback())
         return dash

@@ -19,6 +19,7 @@ from tunekit.core.results import RunResult
 from tunekit.core.setting import Setting
 from tunekit.core.toggles import ToggleError, Toggles, label, normalized, notices
 from tunekit.lab import fit
+from tunekit.lab.expect_line import stop_expecting
 from tunekit.measure.conditions import ConditionsMeter
 from tunekit.measure.device import device_label
 from tunekit.measure.device_meter import DeviceMeter
@@ -56,7 +57,8 @@ def _run(lab, shield, steps, warmup, progress, guard, trace, memory, s: Setting)
         raise ToggleError(errors)
     t, steps, warmup = normalized(t), int(steps), int(warmup)
     lab.log.check_writable()  # fail before training: a finished run is never lost
-    notes = lab.apply(t, notices(t, lab.env()))
+    notes = stop_expecting(lab)   # no fake step planned beside the measured ones (the dashboard's line)
+    notes = lab.apply(t, notices(t, lab.env()) + notes)
     if t.compile and warmup < 1:
         warmup = 1
         notes.append("warm-up raised to 1: the first compiled step compiles")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from tunekit.core.setting import Setting
 from tunekit.core.validate import flag
+from tunekit.lab.expect_line import stop_expecting
 
 
 def find_max_batch(lab, start, limit, memory_budget_bytes, budget_fraction, progress, snapshot_on_oom,
@@ -13,6 +14,7 @@ def find_max_batch(lab, start, limit, memory_budget_bytes, budget_fraction, prog
     """``lab.find_max_batch_size``'s body: the search of the Setting ``s`` (made at its edge),
     shown unless ``verbose`` is False."""
     from tunekit.lab.maxbatch import search as find
+    stop_expecting(lab)   # its trials measure peaks: no fake step planned beside them
     args = (lab, s, start, limit, memory_budget_bytes, budget_fraction)
     if not flag("verbose", verbose):
         return find(*args, progress, snapshot_on_oom, budget_s)
@@ -27,6 +29,7 @@ def autotune(lab, budget_s, objective, progress, verbose, options: dict):
     ``start`` the Setting made at its edge), shown unless ``verbose`` is False."""
     from tunekit.autotune import autotune as search_on
 
+    stop_expecting(lab)   # its trials are timed: no fake step planned beside them
     if options.get("on") is not None and options.get("trials") is None:   # each trial a job on the cluster
         from tunekit.lab.cluster import ClusterTrials
         options = dict(options, trials=ClusterTrials(lab, options["on"], options["warmup"],

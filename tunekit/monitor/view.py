@@ -16,7 +16,8 @@ import time
 from tunekit.core.fmt import fmt_elapsed, fmt_pct, fmt_rate
 from tunekit.core.units import is_missing
 from tunekit.monitor.steps import measured, speed_column
-from tunekit.view.progress import _in_notebook, text_bar
+from tunekit.view.frontend import in_notebook, shell
+from tunekit.view.progress import text_bar
 
 EVERY_S = 1.0        # notebook: at most one redraw a second
 TEXT_EVERY_S = 0.2   # terminal
@@ -33,7 +34,7 @@ class MonitorView:
     def open(name: str, forced: bool = False) -> "MonitorView | None":
         """A notebook view in a Jupyter kernel, a text line on a terminal; else None (``forced``:
         text lines on stderr even without a terminal)."""
-        if _in_notebook():
+        if in_notebook():
             return MonitorView(name, "notebook")
         tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
         return MonitorView(name, "terminal" if tty else "lines") if tty or forced else None
@@ -152,11 +153,7 @@ def watch_cells(mon) -> None:
     the iterator held) or from a cell that failed ends there, as ``left`` or with the cell's
     error, so no FLOP counter outlives it. A step started by hand and ended in a later cell is
     left alone. Unregisters itself once ``mon`` is closed. Nothing outside IPython."""
-    if "IPython" not in sys.modules:
-        return
-    from IPython import get_ipython
-
-    ip = get_ipython()
+    ip = shell()
     if ip is None:
         return
 

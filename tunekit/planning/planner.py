@@ -237,9 +237,15 @@ class _Steps:
         else:   # what this use reads that the first did not
             self.complete(step, s, ("components",) * components + ("ops",) * count)
         self.steps[key] = step
-        if s.parallel not in (None, "ddp") and s.autocast:   # FSDP computes on its half param dtype
-            step = in_param_dtype(step, self.run(s.replace(weights=s.compute), count=False, components=False))
-        return step
+        return self.on_param_dtype(step, s)
+
+    def on_param_dtype(self, step: FakeStep, s: Setting) -> FakeStep:
+        """``step`` as ``s`` places it: FSDP over fp32 weights under autocast computes on its half param
+        dtype (`in_param_dtype` of the half model's step); any other ``s``: ``step`` itself. The one
+        home of this rule: `run` applies it to what it makes, the advice to a step it places sharded."""
+        if s.parallel in (None, "ddp") or not s.autocast:
+            return step
+        return in_param_dtype(step, self.run(s.replace(weights=s.compute), count=False, components=False))
 
     def complete(self, step: FakeStep, s: Setting, parts) -> FakeStep:
         """``step`` with the passes of ``parts`` it lacks made. The count (FLOPs op by op) steps no
@@ -273,9 +279,8 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
     def place(st, s):
         if s.parallel:
             steps.complete(st, s, ("components",))
-        if s.parallel not in (None, "ddp") and s.autocast and setting.parallel in (None, "ddp"):
-            # as `_Steps.run` plans it (there for a plan sharded already): FSDP computes on its half param dtype
-            st = in_param_dtype(st, steps.run(s.replace(weights=s.compute), count=False, components=False))
+        if setting.parallel in (None, "ddp"):   # a plan sharded already: `_Steps.run` placed its steps
+            st = steps.on_param_dtype(st, s)
         return _placed(st, s, layout_of(s), sharded if s.parallel else dev)
 
     def fake(s):

@@ -25,6 +25,7 @@ from tunekit.measure.history import HISTORY
 from tunekit.measure.meters import cpu_rss_bytes
 from tunekit.measure.oom import malloc_trim
 from tunekit.profiling.probe import Probe
+from tunekit.view.frontend import shell
 
 
 class _ScriptShell:
@@ -126,12 +127,7 @@ class experiment:
         self._keep.extend(names)
 
     def _shell(self):
-        try:
-            from IPython import get_ipython
-
-            ip = get_ipython()
-        except ImportError:
-            ip = None
+        ip = shell()
         if ip is not None and self._namespace is ip.user_ns:
             return ip
         return _ScriptShell(self._namespace)
@@ -176,13 +172,9 @@ class experiment:
 def _show(rec) -> None:
     from tunekit.core.summary import Summary
 
-    try:
-        from IPython import get_ipython
+    if shell() is not None:
         from IPython.display import display
 
-        if get_ipython() is not None:
-            display(Summary(rec))
-            return
-    except ImportError:
-        pass
+        display(Summary(rec))
+        return
     print(Summary(rec))

@@ -7,6 +7,10 @@ they work: the steps, the trial or the fake step going, then one line with the r
     ...     shown.result = autotune(..., progress=shown.tick)
     >>> with WaitProgress("tunekit.plan") as shown:           # planning.planner.plan, verbose=True
     ...     shown.at("the plan's fake step"); shown.say("live bytes, backward")
+    >>> with cancellable(flag): lab.expect(verbose=False)   # its thread: stops at a stage once flag is set
+
+A wait inside another on the same thread (``lab.expect``'s two plans) shows on the outer one's
+line: one progress, one end line, for the one thing asked.
 
 In a notebook (a Jupyter kernel) one HTML display per cell, updated in place: the steps as a bar,
 then the run's line (``core.run_text.result_line``); further runs of the same cell add their line
@@ -16,6 +20,7 @@ only the line at the end. A ``progress`` callback given to ``lab.run`` is still 
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import sys
@@ -26,6 +31,7 @@ from tunekit.core.fmt import fmt_elapsed
 from tunekit.core.notes import kind_of
 from tunekit.core.run_text import autotune_line, result_line
 from tunekit.core.toggles import ToggleError
+from tunekit.view.frontend import in_notebook, shell
 
 SHOWN_PER_CELL = 4     # a cell's runs listed in its block (the newest), the earlier ones counted
 EVERY_S = 0.1          # at most ten redraws a second, whatever the step time
@@ -33,6 +39,32 @@ SHOW_AFTER_S = 2.0     # a wait shorter than this shows nothing (issue 39: over 
 HEARTBEAT_S = 0.25     # a long wait's redraw: its time moves in a phase that gives no news
 BAR = 20               # characters of the text bar
 clock = time.perf_counter   # a search's clock (tests put a fake one here)
+_local = threading.local()  # this thread's open WaitProgress (`wait_progress`) and cancel flag (`cancellable`)
+
+
+class Cancelled(BaseException):
+    """Raised at the next stage or phase of a wait (`wait_progress`) whose thread's flag was set
+    (`cancellable`): the work stops there as at a Ctrl-C, nothing half-made kept (a BaseException:
+    no ``except Exception`` of the work takes it for a failure of its own)."""
+
+
+@contextlib.contextmanager
+def cancellable(flag: threading.Event):
+    """The waits run inside, on this thread, raise `Cancelled` at their next stage or phase once
+    ``flag`` is set (the dashboard's expectation line, stopped by a measured run: lab.expect_line)."""
+    before = getattr(_local, "cancel", None)
+    _local.cancel = flag
+    try:
+        yield
+    finally:
+        _local.cancel = before
+
+
+def _checkpoint() -> None:
+    """`Cancelled` if this thread's work was asked to stop (`cancellable`)."""
+    flag = getattr(_local, "cancel", None)
+    if flag is not None and flag.is_set():
+        raise Cancelled
 
 
 class RunProgress:
@@ -41,7 +73,7 @@ class RunProgress:
     def __init__(self, steps: int, progress=None):
         self.steps, self.user, self.result = steps, progress, None
         self.done, self._drawn, self.t0 = 0, 0.0, time.perf_counter()
-        self.view = _NotebookView() if _in_notebook() else _TextView(sys.stderr)
+        self.view = _NotebookView() if in_notebook() else _TextView(sys.stderr)
 
     def __enter__(self) -> "RunProgress":
         self.view.draw("lab.run: warm-up and FLOP count (untimed)", None)
@@ -78,7 +110,7 @@ class SearchProgress:
     def __init__(self, what: str, budget_s: float | None, progress=None):
         self.what, self.budget_s, self.user, self.result = what, budget_s, progress, None
         self.trials, self.t0, self._searching = [], clock(), False
-        self.view = _NotebookView() if _in_notebook() else _TextView(sys.stderr)
+        self.view = _NotebookView() if in_notebook() else _TextView(sys.stderr)
 
     def __enter__(self) -> "SearchProgress":
         self._draw("starting")
@@ -138,6 +170,8 @@ class WaitProgress:
         self._lock, self._stop, self._thread = threading.Lock(), threading.Event(), None
 
     def __enter__(self) -> "WaitProgress":
+        if getattr(_local, "open", None) is None:   # the waits inside show on this one's line
+            _local.open = self
         self._thread = threading.Thread(target=self._beat, name="tunekit-progress", daemon=True)
         self._thread.start()
         return self
@@ -147,10 +181,12 @@ class WaitProgress:
             self.draw()
 
     def at(self, stage: str, fraction: float | None = None) -> None:
+        _checkpoint()
         self.stage, self.text, self.fraction = stage, "", fraction
         self.draw(news=True)
 
     def say(self, text: str) -> None:
+        _checkpoint()
         self.text = text
         self.draw(news=False)
 
@@ -162,13 +198,15 @@ class WaitProgress:
             return
         with self._lock:
             if self.view is None:
-                self.view = _NotebookView() if _in_notebook() else _TextView(sys.stderr)
+                self.view = _NotebookView() if in_notebook() else _TextView(sys.stderr)
             self._drawn = now
             stage, text = self.stage, self.text
             doing = f"{stage}: {text}" if stage and text else stage or text
             self.view.draw(f"{self.what}: {doing} · {fmt_elapsed(now - self.t0)}", self.fraction)
 
     def __exit__(self, kind, exc, _tb) -> bool:
+        if getattr(_local, "open", None) is self:
+            _local.open = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -184,7 +222,11 @@ class WaitProgress:
 
 
 class _Quiet:
-    """WaitProgress's stand-in when the caller asked for nothing (``verbose=False``)."""
+    """WaitProgress's stand-in when the caller asked for nothing (``verbose=False``), or (``outer``)
+    for a wait inside another on the same thread: its stages and phases shown on the outer's line."""
+
+    def __init__(self, outer: WaitProgress | None = None):
+        self.outer = outer
 
     def __enter__(self):
         return self
@@ -193,25 +235,23 @@ class _Quiet:
         return False
 
     def at(self, stage: str, fraction: float | None = None) -> None:
-        pass
+        _checkpoint()
+        if self.outer is not None:
+            self.outer.at(stage, fraction)
 
     def say(self, text: str) -> None:
-        pass
+        _checkpoint()
+        if self.outer is not None:
+            self.outer.say(text)
 
 
 def wait_progress(what: str, verbose: bool):
-    """A `WaitProgress` for ``what``, or a silent stand-in for ``verbose=False``."""
-    return WaitProgress(what) if verbose else _Quiet()
-
-
-def _in_notebook() -> bool:
-    """A Jupyter kernel (not terminal IPython, not a test's InteractiveShell)."""
-    if "IPython" not in sys.modules:
-        return False
-    from IPython import get_ipython
-
-    ip = get_ipython()
-    return ip is not None and getattr(ip, "kernel", None) is not None
+    """A `WaitProgress` for ``what``, or a silent stand-in for ``verbose=False``; inside another
+    wait of this thread, that one's line (``lab.expect``: its plans show as one progress)."""
+    if not verbose:
+        return _Quiet()
+    outer = getattr(_local, "open", None)
+    return WaitProgress(what) if outer is None else _Quiet(outer)
 
 
 def text_bar(fraction: float) -> str:
@@ -243,10 +283,9 @@ class _NotebookView:
     _cell: dict = {}   # the current cell's execution count, its display and its lines
 
     def __init__(self):
-        from IPython import get_ipython
         from IPython.display import HTML, display
 
-        count = get_ipython().execution_count
+        count = shell().execution_count
         cell = _NotebookView._cell
         if cell.get("count") != count:
             cell.clear()
