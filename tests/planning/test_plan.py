@@ -302,3 +302,8 @@ def test_a_step_far_past_the_card_is_answered_from_the_formula_without_the_fake_
     assert 0 < fits < 512 and not big.fits
     with pytest.raises(AssertionError, match="the fake step ran"):   # search=True asks for the fake step's search
         tunekit.plan(cfg, "T4", micro_batch=512, seq_len=128, verbose=False, search=True)
+    # one sample is never cut short, however far past (FAR_PAST lowered to make this one so): the advice
+    # (sharding, half weights) is its answer, and only the fake step searches it
+    monkeypatch.setattr("tunekit.planning.analytic.FAR_PAST", 0.5)
+    with pytest.raises(AssertionError, match="the fake step ran"):
+        tunekit.plan(cfg, "T4", micro_batch=1, seq_len=128, verbose=False)
