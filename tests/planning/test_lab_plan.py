@@ -141,7 +141,7 @@ def test_picking_a_device_shows_the_plan_and_none_hides_it(dash):
     # workspace, of the 81,559 MiB (79.65 GiB) an H100's driver reports
     assert p.total_bytes == p.peak_bytes + 0.47 * 2**30 + 32 * 2**20 and p.fits
     gib = p.total_bytes / 2**30
-    assert f"✓ fits: {gib:.2f} GiB of 79.6 GiB ({81559 / 1024 - gib:.2f} GiB free)" in shown
+    assert f"✓ fits: {gib:.2f} GiB of 79.65 GiB ({81559 / 1024 - gib:.2f} GiB free)" in shown
     assert f"bound (upper limit): ≤ {p.bound_tokens_per_s:,.0f} tokens/s · MFU ≤ {p.bound_mfu:.1%} of 67 TFLOPS" \
         in shown
     assert "measured on" not in shown and "measured / bound" not in shown   # no run yet (a source may say measured)

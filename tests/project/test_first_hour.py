@@ -46,7 +46,7 @@ def _session(tmp_path):
     ("  CPU RAM    RSS -47.8 MiB · peak 0 B", None),    # the resident set's signed change: a drop is a reading
     ("  CPU RAM    RSS -0 B · peak 0 B", "negative zero"),
     ("  machine    run 2026-11-27 15:30, 1.5 of 2 CPUs", None),   # a date is no negative figure
-    ("  memory     17.38 GiB of 79.2 GiB: fits (61.82 GiB free)", None),
+    ("  memory     17.38 GiB of 79.20 GiB: fits (61.82 GiB free)", None),
     ("  MFU 0.0% · HFU 0.0% of 0.04379 TFLOPS", None),
     ("moved most: matmul/linear 83.3 ms -> 25.6 ms (-57.6 ms)", None),   # tunekit.diff's change: a reading
     ("peak memory 100.0 MiB -> 120.0 MiB (-20.0 MiB)", None),

@@ -53,9 +53,9 @@ def latest_run(runs):
 
 def plan_html(p: Plan, run=None) -> str:
     """The panel: the plan's head line, fits or not, the bound, the measured run beside it."""
-    fits = (f"✓ fits: {fmt_gib(p.total_bytes)} of {fmt_gib(p.device_memory_bytes, 1)} "
+    fits = (f"✓ fits: {fmt_gib(p.total_bytes)} of {fmt_gib(p.device_memory_bytes)} "
             f"({fmt_gib(p.headroom_bytes)} free)" if p.fits else
-            f"✗ does NOT fit: {fmt_gib(p.total_bytes)} of {fmt_gib(p.device_memory_bytes, 1)} "
+            f"✗ does NOT fit: {fmt_gib(p.total_bytes)} of {fmt_gib(p.device_memory_bytes)} "
             f"({fmt_gib(-p.headroom_bytes)} over)")
     if is_missing(p.bound_tokens_per_s):
         bound = "no speed bound (the device lists no peak for this precision: see the plan's notes)"

@@ -228,7 +228,7 @@ def to_text(p: Plan) -> str:
     head += f" · {p.method}"
     known = f"at least {fmt_gib(p.total_bytes)} ({', '.join(p.unknown)} unknown)" if p.unknown else \
         fmt_gib(p.total_bytes)
-    lines = [head, f"  memory     {known} of {fmt_gib(p.device_memory_bytes, 1)}: {verdict}"
+    lines = [head, f"  memory     {known} of {fmt_gib(p.device_memory_bytes)}: {verdict}"
              f" ({fmt_gib(abs(p.headroom_bytes))} {'free' if p.fits else 'over'})"]
     notes = p.notes
     if p.method != "fake step" and notes:   # how it was computed, first
