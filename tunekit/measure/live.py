@@ -44,10 +44,12 @@ class LiveBytes(TorchDispatchMode):
     bytes of copies cast from the model's parameters alive at that peak: autocast's cache keeps
     every weight it cast until its context exits, checkpointed or not) and ``samples`` (phase,
     live bytes) after each new storage, for a chart. ``op_name(func, args, kwargs)``: an op's name
-    where it is not its own (a GPU plan's CPU-device step names the GPU's op); None: ``func`` less "aten."."""
+    where it is not its own (a GPU plan's CPU-device step names the GPU's op); None: ``func`` less "aten.".
+    ``scratch(func, args, kwargs, out)``: the bytes an op allocates for its own use and frees before it
+    returns (a CPU elementwise op's copies of its inputs at another dtype), alive beside its output."""
 
     def __init__(self, model: torch.nn.Module | None = None, base: float = 0.0, round_to: int = 1,
-                 on_peak=None, op_name=None):
+                 on_peak=None, op_name=None, scratch=None):
         super().__init__()
         self.round_to = max(1, int(round_to))
         self.live = self.peak = float(base)
@@ -56,6 +58,7 @@ class LiveBytes(TorchDispatchMode):
         self._params = {p.untyped_storage()._cdata for p in model.parameters()} if model is not None else set()
         self.on_peak = on_peak
         self.op_name = op_name
+        self.scratch = scratch
         self._refs = {}     # storage identity -> (weak ref, bytes)
         self._stack, self._backward_module = [], ""
         self._names = {id(m): n or type(m).__name__ for n, m in model.named_modules()} if model is not None else {}
@@ -132,14 +135,16 @@ class LiveBytes(TorchDispatchMode):
                 self._cast_keys.add(key)
                 self.casts += n
             grew = True
-        if grew:
-            self.samples.append((self.phase, self.live))
+        scratch = self._rounded(int(self.scratch(func, args, kwargs, out))) if self.scratch is not None else 0
+        if grew or scratch:
+            now = self.live + scratch   # the op's scratch is alive beside its output until it returns
+            self.samples.append((self.phase, now))
             best = self.phase_peaks.get(self.phase)
-            if best is None or self.live > best[0]:
+            if best is None or now > best[0]:
                 op = self.op_name(func, args, kwargs) if self.op_name else str(func).removeprefix("aten.")
                 extra = self.on_peak() if self.on_peak is not None else None
-                self.phase_peaks[self.phase] = (self.live, self.where(), op, extra)
+                self.phase_peaks[self.phase] = (now, self.where(), op, extra)
                 self.phase_casts[self.phase] = self.casts
-                if self.live > self.peak:
-                    self.peak, self.peak_at = self.live, (self.phase, self.where(), op)
+                if now > self.peak:
+                    self.peak, self.peak_at = now, (self.phase, self.where(), op)
         return out

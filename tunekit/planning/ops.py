@@ -3,6 +3,8 @@ the bytes it reads and writes and, for a matmul, its shape. One counting pass fe
 bound and the expectation (core.expected)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from tunekit.measure.flops import TunekitFlopCounter
@@ -16,6 +18,7 @@ _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "linear", "mat
 # in-place scatters (self, dim, index, ...): they read and write only self's elements the index names
 _SCATTERS = {"scatter_", "scatter_add_", "scatter_reduce_"}
 _view_memo: dict = {}
+_pointwise_memo: dict = {}
 
 
 def is_view(packet) -> bool:
@@ -27,6 +30,52 @@ def is_view(packet) -> bool:
         except Exception:   # an op without a schema: counted
             _view_memo[packet] = False
     return _view_memo[packet]
+
+
+def is_pointwise(packet) -> bool:
+    """Whether an op is elementwise (torch's ``pointwise`` tag on one of its overloads)."""
+    if packet not in _pointwise_memo:
+        try:
+            _pointwise_memo[packet] = any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
+        except Exception:   # an op without a schema: none
+            _pointwise_memo[packet] = False
+    return _pointwise_memo[packet]
+
+
+def _category(dtype) -> int:
+    return 3 if dtype.is_complex else 2 if dtype.is_floating_point else 0 if dtype == torch.bool else 1
+
+
+def promoted_inputs(packet, ins, outs) -> list:
+    """(input, dtype) of each tensor a CPU elementwise op first copies to the op's common dtype,
+    into a temporary of its own, then runs its kernel at that dtype: ATen's TensorIterator on a CPU
+    (`TensorIteratorBase::compute_types`, pytorch/pytorch aten/src/ATen/TensorIterator.cpp: "Promotes
+    inputs by creating temporaries of the correct dtype", ``op.tensor().to(common_dtype_)`` under
+    ``common_device == kCPU``; a CUDA kernel casts as it loads, and a fake tensor's meta kernel makes no
+    copy). Under autocast: a bf16 linear's output added to the fp32 residual, rotary's bf16 q times its
+    fp32 cos. The common dtype: the promoted dtype of the dimensioned inputs, a 0-dim input's only where
+    its category is higher, the output's where that is higher still (an integer divided: float); a
+    ``where``'s condition stays bool. Python numbers are cast the same way (a 0-dim copy each) in every
+    precision alike: they are no tensors here, and left out."""
+    if not outs or not ins or not is_pointwise(packet):
+        return []
+    ins = [t for t in ins if not (str(packet) == "aten.where" and t.dtype == torch.bool)]
+    big = [t.dtype for t in ins if t.dim() > 0]
+    common = functools.reduce(torch.promote_types, big or [t.dtype for t in ins])
+    for t in ins if big else ():
+        if t.dim() == 0 and _category(t.dtype) > _category(common):
+            common = torch.promote_types(common, t.dtype)
+    out = outs[0].dtype
+    if out != torch.bool and _category(out) > _category(common):
+        common = out
+    return [(t, common) for t in ins if t.dtype != common]
+
+
+def promoted_bytes(func, args, kwargs, out) -> int:
+    """The bytes of a CPU op's copies of its inputs at its common dtype (`promoted_inputs`): alive
+    while it runs (`measure.live.LiveBytes`'s scratch)."""
+    ins, outs = list(tensors_in((args, kwargs or {}), levels=3)), list(tensors_in(out, levels=2))
+    return sum(t.numel() * d.itemsize for t, d in promoted_inputs(getattr(func, "overloadpacket", func), ins, outs))
 
 
 def kind_of(name: str, flops: int) -> str:
@@ -140,27 +189,43 @@ class RooflineCounter(TunekitFlopCounter):
         if not flops and not name.endswith("_") and _aliases(ins, outs):
             self.no_kernel += 1
             return result   # a view by its result (_unsafe_view, split): no data moved
+        phase = "backward" if in_autograd_backward() else "forward"
+        # a CPU's elementwise op over mixed dtypes: a cast of each input to the common dtype first, the
+        # kernel then at that dtype over the copies (promoted_inputs; a GPU plan's kernels cast as they load)
+        cast = {id(t): d for t, d in promoted_inputs(func_packet, ins, outs)} if self._kernels is None else {}
+        copies = {id(t): self._cast(t, cast[id(t)], phase) for t in ins if id(t) in cast}
+        in_io = tuple(copies.get(id(t)) or (self._serial(t), t.nbytes) for t in ins)
         tensors = ins + outs
-        moved = sum(t.nbytes for t in tensors)
+        moved = sum(t.nbytes for t in outs) + sum(b for _, b in in_io)
         if name in _SCATTERS and len(ins) > 1:   # the index and source read, self touched where indexed
             moved = sum(t.nbytes for t in ins[1:]) + 2 * ins[1].numel() * ins[0].element_size()
         kind = kind_of(name, flops)
         dims = (matmul_dims(name, args) if kind == "matmul" else attention_dims(name, args)
                 if kind == "attention" else None)
-        phase = "backward" if in_autograd_backward() else "forward"
-        io = (tuple((self._serial(t), t.nbytes) for t in ins), tuple((self._serial(t), t.nbytes) for t in outs))
-        self.ops.append((name, kind, phase, flops, moved, dims, tensors[0].element_size(), io,
-                         dtype_signature(ins, outs)))
+        io = (in_io, tuple((self._serial(t), t.nbytes) for t in outs))
+        dtypes = [cast.get(id(t), t.dtype) for t in ins]
+        itemsize = dtypes[0].itemsize if ins else tensors[0].element_size()
+        self.ops.append((name, kind, phase, flops, moved, dims, itemsize, io, dtype_signature(dtypes, outs)))
         return result
+
+    def _cast(self, t, dtype, phase) -> tuple:
+        """The record of an input's copy to ``dtype`` ahead of its op (`promoted_inputs`); returns the
+        copy's (number, bytes): a storage of its own, freed when the op ends."""
+        self._count += 1
+        copy = (self._count, t.numel() * dtype.itemsize)
+        io = (((self._serial(t), t.nbytes),), (copy,))
+        self.ops.append(("_to_copy", "memory", phase, 0, t.nbytes + copy[1], None, t.element_size(), io,
+                         dtype_signature([t.dtype], [dtype])))
+        return copy
 
 
 def dtype_signature(ins, outs) -> str:
-    """Which kernel an op's record ran, by its tensors' dtypes: "float32" (inputs and outputs
+    """Which kernel an op's record ran, by its tensors' (or dtypes') dtypes: "float32" (inputs and outputs
     alike), "float32>bfloat16" (a cast), "float32,int64>float32" (an embedding's lookup). One aten
     name runs other kernels at other dtypes (a CPU's bf16 matmul, SDPA or cast is not its fp32 one
     at half the bytes): lab.expect carries a measured op's factor only to the same signature."""
     def names(ts):
-        return ",".join(sorted({str(t.dtype).removeprefix("torch.") for t in ts}))
+        return ",".join(sorted({str(getattr(t, "dtype", t)).removeprefix("torch.") for t in ts}))
     i, o = names(ins), names(outs)
     return i if i == o else f"{i}>{o}"
 

@@ -24,7 +24,7 @@ from tunekit.models.adapters import adapt, fsdp_units, step_loss
 from tunekit.planning.analytic import FakeStepError, fake_failure
 from tunekit.planning.cuda_like import GpuKernels
 from tunekit.planning.module import ModuleTarget
-from tunekit.planning.ops import RooflineCounter
+from tunekit.planning.ops import RooflineCounter, promoted_bytes
 from tunekit.planning.optimizer import STAND_INS, plan_optimizer
 from tunekit.planning.record import COMPONENTS
 
@@ -237,7 +237,9 @@ def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dic
             return None if live.phase == "forward" else rounded([p.grad for p in params])
 
         gpu = GpuKernels.current()   # a GPU plan's: where the peak is, named by the GPU's op
-        live = LiveBytes(model, base, round_to, on_peak=grads_now, op_name=gpu.op_name if gpu else None)
+        # a CPU's: an elementwise op's copies of its inputs at another dtype (a GPU's kernels cast as they load)
+        live = LiveBytes(model, base, round_to, on_peak=grads_now, op_name=gpu.op_name if gpu else None,
+                         scratch=None if gpu else promoted_bytes)
         if adapter.can_checkpoint:
             adapter.set_checkpointing(setting.checkpointing)
         run_step(lambda b: _loss(model, kind, b), lambda i: (batch,), autocast=_autocast(setting), optimizer=opt,
