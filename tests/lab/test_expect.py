@@ -278,6 +278,21 @@ def test_a_setting_that_cannot_fit_here_is_said_so(lab, monkeypatch):
     assert lab.expect(micro_batch=8).fits
 
 
+def test_the_line_names_what_its_base_run_ran_that_the_setting_does_not(lab, monkeypatch):
+    # a run at seq_len 32, then lab.expect(checkpointing=True) at the Lab's own 64: "+88% vs run #3" alone
+    # read as checkpointing's cost; the line names what the run ran otherwise (seq 32, no checkpointing)
+    monkeypatch.setattr(ex, "cached_plan", lambda lab, device, s, verbose=False: fake_plan(BASE_ROWS, 30 * MiB))
+    run = fake_run(traced=False, step_s=0.008)
+    run.toggles = lab.resolve(seq_len=32)
+    monkeypatch.setattr(ex, "base_run", lambda lab, device, base: run)
+    e = lab.expect(checkpointing=True)
+    # untraced: 8 ms measured over the plan's 16 ms carries to the same 16 ms: 8 ms, +0%
+    assert e.line.startswith("expected 8.0 ms/step (+0% vs run #3 (ckpt off T=32)), peak")
+    assert e.summary().splitlines()[1].endswith("calibrated by run #3's step time (one ratio)")
+    same = lab.expect(seq_len=32)   # the run's own setting: nothing to name
+    assert "vs run #3)" in same.line
+
+
 def test_explaining_a_run_plans_its_step_once_through_the_labs_plan_cache(lab, monkeypatch):
     from tunekit.lab.explain import explained
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from tunekit.core.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 from tunekit.core.notes import Note
 from tunekit.core.setting import Setting, step_words
-from tunekit.core.toggles import ToggleError, Toggles
+from tunekit.core.toggles import ToggleError, Toggles, label
 from tunekit.core.units import is_missing
 from tunekit.lab import fit
 from tunekit.lab.expect_trace import (
@@ -94,10 +94,13 @@ class Expectation:
     unit: str = "tokens"                # what a step counts: "tokens", or "samples" (a batch_fn of your own)
     available_bytes: float = NaN        # memory free beyond what the process holds (NaN: not known)
     fits: bool = True                   # False: lab.run would refuse it (note expect.wont_fit)
+    base_differs: str = ""              # what the base run ran that this setting does not ("T=64 ckpt off")
 
     @property
     def vs(self) -> str:
-        return f"run #{self.base_run}" if self.base_run is not None else "the Lab's setting"
+        if self.base_run is None:
+            return "the Lab's setting"
+        return f"run #{self.base_run}" + (f" ({self.base_differs})" if self.base_differs else "")
 
     @property
     def line(self) -> str:
@@ -109,7 +112,7 @@ class Expectation:
         if tokens > 0 and base_tokens > 0 and tokens != base_tokens:
             vs += f", {delta(self.step_s / tokens, self.base_step_s / base_tokens)} per {self.unit.removesuffix('s')}"
         if self.base_busy:
-            vs += f"; {self.vs} was busy: uncertain"
+            vs += f"; run #{self.base_run} was busy: uncertain"
         fit = "" if self.fits else f": does not fit, {fmt_bytes(self.available_bytes)} available"
         return f"expected {fmt_ms(self.step_s)}/step ({vs}), peak {fmt_bytes(self.peak_bytes)} " \
                f"({delta(self.peak_bytes, self.base_peak_bytes)}){fit}"
@@ -121,8 +124,9 @@ class Expectation:
         return pd.DataFrame(self.rows, columns=["op", "category", "calls", "plan_s", "factor", "expected_s", "by"])
 
     def summary(self) -> str:
-        how = {"trace": f"calibrated op by op by {self.vs}'s trace",
-               "step time": f"calibrated by {self.vs}'s step time (one ratio)",
+        run = f"run #{self.base_run}"
+        how = {"trace": f"calibrated op by op by {run}'s trace",
+               "step time": f"calibrated by {run}'s step time (one ratio)",
                "none": "the device model alone (no measured run of this Lab here)"}[self.calibration]
         lines = [self.line, f"{fmt_rate(self.tokens_per_s, self.unit + '/s')}, MFU {fmt_pct(self.mfu)}; {how}"]
         for op, _cat, base, new, what in self.changes[:6]:
@@ -305,6 +309,8 @@ def lab_expect(lab, setting=None, base=None, *, verbose: bool = True, **changes)
                          f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
     base_plan = cached_plan(lab, device, base_setting, verbose=verbose)
     e = expectation(lab, s, device, plan, base_plan, run, base_setting.grad_accum or 1)
+    if run is not None and (differs := label(base_setting, s)) != "baseline":   # the line says what it compares
+        e.base_differs = differs
     fit_of(lab, e)
     lab.log.expecting(s, e.step_s, e.peak_bytes, e.base_run)   # the run of this setting keeps it (run log)
     return e
