@@ -57,55 +57,13 @@ commits; GPTConfig's options, counted by the fake step as they run.
 Gradient accumulation is recorded as published and not planned (plan times one micro-step; the
 optimizer step it amortizes is a small part of a sharded step).
 
-Left out (they name what tunekit does not model):
-- llm-foundry's "H100 80GB FP8" table (7 rows, amp_fp8 through TransformerEngine): tunekit has no
-  fp8 training precision.
-- torchtitan's Float8 rows (Tables 1-6), its context-parallel rows (Tables 2, 6), its 2D/3D/4D rows
-  (tensor and pipeline parallel, Tables 4-6): no fp8 training, no CP, TP or PP in plan.
-- H200: the one published H200 training run found, torchtitan
-  benchmarks/llama3_8b_h200_2025-06_torchtitan.md at bcdeaa3 (Llama 3.1 8B, 32 and 64 H200s, 10938 and
-  10753 tokens/s per GPU), trains in Float8 (--model.converters="float8", fp8 all-gathers): no H200 row.
-The llm-foundry bf16 tables hold 191 rows (H100 52, A100 80GB 61, A100 40GB 78); the 77 here span
-each table's sequence lengths (512 to 65536), every model size (125m to 70b) and 8 to 128 GPUs.
+Left out (the fp8 tables, torchtitan's Float8, CP, TP and PP rows, the one H200 run): data/published_runs.md.
 
 The 16 A100 40GB rows have no measurement of their own card: its GPU row borrows the A100 80GB's
 matmul and streaming shares (core/gpus.py, `borrows`: the same GA100 chip), applied to its own figures.
 
-Not explained (issue 39 item 7): MPT-30b on 8 GPUs at 1 x 8192 (A100 80GB 1.46, H100 1.35; its 1 x 4096
-sibling 1.07 and 1.13). Looked at, and why none of it is the answer:
-- attention: the published table's own MFU (attention FLOPs counted) puts the loss in the run, not the
-  kernel: A100 30b 55.3% (2048), 51.4% (4096), 39.4% (8192), while 13b holds 56.1% at 5 x 8192 and 51.7%
-  at 1 x 32768 and 7b 54.5% at 8 x 8192 and 47.0% at 1 x 65536, all on the same yaml settings (attn_impl
-  triton, head dim 128, FULL_SHARD, checkpointing, amp_bf16 DEFAULT). 30b's attention share at a given
-  sequence is the smallest of the three (attention/matmul per token grows as seq/d_model), so no Triton
-  figure that keeps 13b and 7b where they are (1.03 at 8192) can slow 30b by 30%. The kernel autotunes
-  its backward between a grid of batch x heads and a sequence-parallel one (llm-foundry v0.3.0
-  flash_attn_triton.py, SEQUENCE_PARALLEL False/True), so 56 heads at micro-batch 1 leave no SMs idle.
-- the op table, A100, per micro-step 4096 -> 8192: matmul 3.36 -> 6.70 s, attention 0.49 -> 1.80,
-  memory-bound 0.70 -> 1.09, optimizer 0.06, collectives 0.12 (exposed + overlap slowdown) both:
-  4.72 -> 9.76 s for twice the tokens, 3% more per token; the published run 42% more (5.0 -> 14.3 s).
-- collectives and the optimizer do not grow with the sequence (FSDP gathers per micro-step), and gradient
-  accumulation (21 for every 30b row) amortizes the optimizer step in both rows alike.
-- memory: the 30b rows are the only ones whose sharded fp32 weights, gradients and AdamW states take
-  60 GB of the 80 GB card (16 B x 30.0e9 / 8), and under accumulation the sharded gradients stay live
-  through each micro-step's forward (not planned: one micro-step), so 8192 would sit at ~0.92 of the
-  card (static 55.9 GiB + activations 12.6 + gathered blocks 3.1 + fixed 2.0 of 80), where a caching
-  allocator frees and re-reserves its cache (cudaMalloc retries). That has no public size, tunekit
-  charges no time for a full card, and the plan's own memory does not single the row out: 13b at
-  5 x 8192 plans at 0.93 (1.00 with accumulation's gradients) and matches its published run.
-- the published conditions: sweep.sh at b2a43a1 submits 30b at 8192 as micro-batch 2 x accumulation 1
-  (global batch 16), the table's row reads 1 x 21 (global 168, from the run's log): it came from a
-  submission the repository does not hold (its 4096 row matches sweep.sh's 1 x 21), so how it was run
-  beyond the table's columns is not known.
-- a second run: the parent commit of b2a43a1 holds an earlier run of the same A100 configuration (1 x 21,
-  global batch 168, on torch 1.13.1 in bf16 PURE): 622 tokens/s/GPU at 8192 against 778 at 1 x 4096, 20%
-  less per token (b2a43a1's runs: 574 against 814, 29% less) on another software stack, so the table's
-  row is no one-off reading.
-So the row stays as published and planned, its error in the figures: a cost tunekit does not see.
-
-Matmul-bound H100 rows expected fast (13b 2 x 2048, 30b 3 x 2048): not the 2023 CUDA's matmuls. The
-MAMF table (stas00/ml-engineering compute/accelerator/README.md at 249778b, 2024-08-07) measured with
-CUDA 12.1, the runs' CUDA: H100 SXM 792.1, A100 SXM 267.9 TFLOPS, within 1.3% of today's 794.5 and 271.2.
+Not explained (issue 39 item 7): MPT-30b on 8 GPUs at 1 x 8192 (A100 80GB 1.46, H100 1.35): what was
+looked at, and why none of it is the answer, is data/published_runs.md.
 
     .venv/bin/python benchmarks/bench_expected.py [WORDS] [--cpu | --summary OUT.txt | --ops]   (--help: each)
 """
@@ -229,10 +187,45 @@ SHOWN = {"matmul": "matmul", "attention": "attn", "memory-bound": "memory", "opt
          "communication": "comm"}
 
 
-def shares(planned) -> list[float]:
-    """The share of the expected step (the plans' mean) each category of SHOWN takes."""
-    step = sum(p.expected.step_s for p in planned)
-    return [sum(r[3] for p in planned for r in p.expected.rows if r[1] == c) / step for c in SHOWN]
+# Composer's training metrics (an MPT row's per-micro-batch work beside the step; data/published_runs.md):
+# LanguageCrossEntropy and LanguagePerplexity, each torch.nn.CrossEntropyLoss(reduction='sum') on the bf16 logits
+# under autocast, in fp32 (llmfoundry/models/mpt/modeling_mpt.py at b2a43a1; composer/metrics/nlp.py v0.16.4)
+TRAIN_METRICS = 2
+
+
+def metrics_seconds(row) -> float:
+    """Seconds an MPT row's training metrics add to a micro-step (0 for other rows): their ops counted on fake
+    logits as the plan counts its step's (planning.ops.RooflineCounter), priced by its device model."""
+    if row["arch"] != "mpt":
+        return 0.0
+    import torch
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tunekit.core import specs
+    from tunekit.core.efficiency import gpu_figures
+    from tunekit.core.expected import op_seconds
+    from tunekit.planning.ops import RooflineCounter
+
+    card, tokens = specs.gpu(row["device"]), row["micro_batch"] * row["seq_len"]
+    fig = gpu_figures(card.name, row["precision"], card.peaks.value[row["precision"]], card.bandwidth.value, False)
+    with FakeTensorMode():
+        logits, target = torch.empty(tokens, row["vocab"], dtype=torch.bfloat16), torch.zeros(tokens, dtype=torch.long)
+        with torch.no_grad(), RooflineCounter() as counter:
+            for _ in range(TRAIN_METRICS):
+                F.cross_entropy(logits.float(), target, reduction="sum")
+    # nll_loss reads the targets and one log-probability a row (not its whole input, the counter's bytes), writes a sum
+    ops = [(*o[:4], tokens * (8 + 4) + 4 if o[0] == "nll_loss_forward" else o[4], *o[5:7]) for o in counter.ops]
+    return sum(max(op_seconds(fig, o, None)[0], fig.launch_s) for o in ops)
+
+
+def shares(planned, metrics: float = 0.0) -> list[float]:
+    """The share of the expected step (the plans' mean, an MPT row's `metrics_seconds` in it, memory-bound) each
+    category of SHOWN takes."""
+    n = len(planned)
+    step = sum(p.expected.step_s for p in planned) + n * metrics
+    return [(sum(r[3] for p in planned for r in p.expected.rows if r[1] == c) + n * metrics * (c == "memory-bound"))
+            / step for c in SHOWN]
 
 
 def size_b(model_name: str) -> float:
@@ -294,9 +287,9 @@ def attention_rate(row) -> tuple[float, float]:
     return share, share * card.peaks.value[row["precision"]]
 
 
-def op_table(row, planned, top: int = 8) -> list[str]:
-    """A row's expected step by category and its largest ops (seconds per step, the plans' mean), with
-    the attention kernel's share of the peak and its rate: where the row's error can come from."""
+def op_table(row, planned, metrics: float = 0.0, top: int = 8) -> list[str]:
+    """A row's expected step by category and its largest ops (seconds per step, the plans' mean), the attention
+    kernel's share and rate, and the published step's gap read as a slower matmul rate or attention alone."""
     n = len(planned)
     cats: dict = {}
     ops: dict = {}
@@ -305,10 +298,16 @@ def op_table(row, planned, top: int = 8) -> list[str]:
             cats[cat] = cats.get(cat, 0.0) + secs / n
             key = (op, cat, bound)
             ops[key] = ops.get(key, 0.0) + secs / n
-    step = statistics.mean(p.expected.step_s for p in planned)
+    if metrics:
+        cats["training metrics"] = ops[("Composer's training metrics", "memory-bound", "memory")] = metrics
+    step = statistics.mean(p.expected.step_s for p in planned) + metrics
     share, tflops = attention_rate(row)
-    lines = [f"  step {step:.3f} s; attention at {share:.1%} of the {row['precision']} peak ({tflops:.0f} TFLOPS, "
-             f"{row['attention_kernel']}, head dim {row['d_model'] // row['n_heads']}, seq {row['seq_len']})"]
+    gap = planned[0].tokens / row["published_tokens_per_s_per_gpu"] - step   # the published step less the expected
+    mm, att = (cats.get(c, 0.0) for c in ("matmul", "attention"))
+    lines = [f"  step {step:.3f} s, published {step + gap:.3f} s ({gap:+.3f}: the matmuls' rate x{mm / (mm + gap):.2f} "
+             f"or attention's x{att / (att + gap):.2f} alone); attention at {share:.1%} of the {row['precision']} peak "
+             f"({tflops:.0f} TFLOPS, {row['attention_kernel']}, head dim {row['d_model'] // row['n_heads']}, "
+             f"seq {row['seq_len']})"]
     lines += [f"  {cat:<16}{secs:>9.3f} s {secs / step:>6.1%}"
               for cat, secs in sorted(cats.items(), key=lambda c: -c[1])]
     lines += [f"    {op:<52}{cat:<14}{bound:<14}{secs:>8.3f} s {secs / step:>6.1%}"
@@ -378,15 +377,16 @@ def main(args: argparse.Namespace):
         if any(p.expected is None for p in planned):
             print(f"{label:<52}{era:<20}{tps:>11,}{'none':>11}{'':>9}{took:>8.1f}", flush=True)
             continue
-        expected = planned[0].tokens / statistics.mean(p.expected.step_s for p in planned)
+        metrics = metrics_seconds(row)
+        expected = planned[0].tokens / (statistics.mean(p.expected.step_s for p in planned) + metrics)
         ratio = expected / tps
         errors.append((abs(ratio - 1), label))
         ratios[label] = ratio
         print(f"{label:<52}{era:<20}{tps:>11,}{expected:>11,.0f}{ratio:>9.2f}{took:>8.1f}"
               f"{memory_columns(label, planned)}  "
-              + " ".join(f"{x:>6.0%}" for x in shares(planned)), flush=True)
+              + " ".join(f"{x:>6.0%}" for x in shares(planned, metrics)), flush=True)
         if args.ops:
-            print("\n".join(op_table(row, planned)), flush=True)
+            print("\n".join(op_table(row, planned, metrics)), flush=True)
     print("\n" + "\n".join(bias_table(ratios, read_runs())))
     errs = sorted(x for x, _ in errors)
     worst = max(errors)

@@ -152,3 +152,17 @@ def test_the_attention_rate_a_row_is_planned_at():
                                           "n_heads": 32, "seq_len": 8192, "precision": "bf16"})
     assert share == pytest.approx(3.5 * 284.1 * 1.935 / 6.723 / 989)
     assert tflops == pytest.approx(share * 912.25) and round(tflops, 1) == 264.0
+
+
+def test_composers_training_metrics_are_counted_on_the_logits():
+    bench = _bench()
+    row = {"arch": "mpt", "device": "A100 80GB", "precision": "bf16", "micro_batch": 32, "seq_len": 2048,
+           "vocab": 50368}
+    # MPT-125m's micro-step, 32 x 2048 = 65,536 tokens x 50,368 = 3.30e9 logits, two metrics each: an fp32 copy
+    # (2 bytes read, 4 written), log_softmax in fp32 (4 + 4) and nll_loss (an int64 target and one fp32 picked a
+    # row, one sum written: 65,536 x 12 + 4 bytes, 0.45 us: an eager launch's 5 us instead), at the A100 80GB's
+    # streaming 2.0 x 1.80 / 2.04 = 1.765 TB/s: 2 x (3.30e9 x 14 / 1.765e12 + 5e-6) = 52.4 ms
+    elements, tbs = 65536 * 50368, 2.0 * 1.80 / 2.04
+    want = 2 * ((elements * 6 + elements * 8) / (tbs * 1e12) + 5e-6)
+    assert bench.metrics_seconds(row) == pytest.approx(want) and round(want * 1e3, 1) == 52.4
+    assert bench.metrics_seconds(dict(row, arch="llama")) == 0.0    # torchtitan computes no metric on the logits
