@@ -19,6 +19,7 @@ from tunekit.lab.runlog import RunLog, check_log_path
 from tunekit.measure.device import default_device, existing_device
 from tunekit.models.adapters import adapt
 from tunekit.models.dry_step import dry_step
+from tunekit.models.encoders import refuse_encoder
 from tunekit.models.gpt import GPT, GPTConfig
 from tunekit.models.optimizers import unavailable_optimizers
 from tunekit.train.precision import autocast, matmul_precision
@@ -49,6 +50,8 @@ def build(lab, model, batch_fn, loss_fn, preset, config, data, device, log_path,
     torch.manual_seed(seed)
     lab.seed, lab.blocks, lab.data = seed, blocks, data  # as given: distributed runs send them
     model = model if model is not None else GPT(config or GPTConfig.preset(preset))
+    if loss_fn is None:   # the built-in next-token loss: an encoder would read the token it predicts
+        refuse_encoder(getattr(getattr(model, "_orig_mod", model), "config", None), "tunekit.Lab")
     model.to(lab.device).train()
     lab.config = getattr(model, "config", None)
     adapter = adapt(model, blocks)

@@ -11,6 +11,7 @@ import torch
 
 from tunekit.core import validate
 from tunekit.core.extras import missing_extra
+from tunekit.models.encoders import refuse_encoder
 from tunekit.planning.module import ModuleTarget, Stepped
 
 
@@ -73,6 +74,7 @@ def config_of(target, batch_fn=None, loss_fn=None, blocks=None):
     if isinstance(target, str):   # a preset's name, as `tunekit plan --model` and Lab(preset=) take it
         return GPTConfig.preset(target), "gpt", {}
     if hasattr(target, "model_type") and hasattr(target, "to_dict"):
+        refuse_encoder(target, "tunekit.plan")   # it would build a causal LM the config is not
         return target, "hf", {}
     raise TypeError(f"tunekit.plan takes a GPTConfig (or a preset's name), a transformers config, an nn.Module "
                     f"or a Lab, got "
