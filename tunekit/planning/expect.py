@@ -90,7 +90,8 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
             "(mamf, bandwidth_share)")
         notes = [Note("expected.missing", f"no expected step on {fig.name} ({compute}): tunekit has no figure "
                                           f"for {' nor '.join(missing)}; the bound stands alone{todo}")]
-        other = None if fig.host_bound else precision_with_figures(dev.name, compute, dev.bandwidth, bool(setting.compile))
+        other = None if fig.host_bound else precision_with_figures(dev.name, compute, dev.bandwidth,
+                                                                   bool(setting.compile))
         if other is not None:
             notes.append(Note("expected.other_precision",
                               f"{fig.name} has an expected step in {other}: plan with "
