@@ -63,8 +63,11 @@ _CONV = re.compile(CONVOLUTION)
 
 def _op_name(name: str) -> str:
     """'aten::mm' and 'mm.default' are both 'mm'; a convolution by any kernel (mkldnn_convolution,
-    cudnn_convolution, conv2d, ...) is the plan's 'convolution' (its backward 'convolution_backward')."""
+    cudnn_convolution, conv2d, ...) is the plan's 'convolution' (its backward 'convolution_backward'),
+    and the plan's '_native_batch_norm_legit' the run's 'native_batch_norm'."""
     name = name.removeprefix("aten::").split(".")[0]
+    if name.startswith("_native_batch_norm_legit"):   # the fake step's name of the batch norm a run calls
+        return "native_batch_norm"
     if _CONV.match(name):
         return "convolution_backward" if "backward" in name else "convolution"
     return name
