@@ -50,13 +50,22 @@ def test_a_device_type_is_no_card(typed, kind, precision):
 
 @pytest.mark.parametrize("typed, close", [
     ("H100X", "H100 SXM"), ("H900", "H200 SXM"), ("A1000", "A100 80GB"), ("RTX 4900", "RTX 4090"), ("T5", "T4"),
-    ("mi3000", "MI300X"), ("cpux", "cpu"), ("cuda", "cpu"), ("h10", "H100 SXM")])
+    ("mi3000", "MI300X"), ("cpux", "cpu"), ("h10", "H100 SXM")])
 def test_a_misspelling_is_refused_with_the_name_it_looks_like(typed, close):
     with pytest.raises(ValueError, match=rf"^unknown device '{typed}' \(did you mean '{close}'\?\): one of H100 NVL, "):
         device_figures(typed, "bf16")
-    assert specs.find_spec(typed) is None and best_precision(typed) == ("bf16" if typed == "cuda" else "fp32")
+    assert specs.find_spec(typed) is None and best_precision(typed) == "fp32"
 
 
 def test_a_name_nothing_is_close_to_is_refused_with_the_list():
-    with pytest.raises(ValueError, match=r"^unknown device 'mps': one of H100 NVL, .*, MI300X, or 'cpu'$"):
-        device_figures("mps", "bf16")
+    with pytest.raises(ValueError, match=r"^unknown device 'zzz': one of H100 NVL, .*, MI300X, or 'cpu'$"):
+        device_figures("zzz", "bf16")
+
+
+@pytest.mark.parametrize("typed", ["cuda", "cuda:0", "gpu", "GPU", "mps"])
+def test_a_kind_of_device_is_asked_for_a_card_not_read_as_cpu(typed):
+    # "cuda" once read "did you mean 'cpu'?": a plan needs a card's memory and peak
+    with pytest.raises(ValueError, match=rf"^'{typed}' is a kind of device, not a card: name the card to plan for, "
+                                         r"e\.g\. 'H100 SXM', 'A100 80GB', 'L4' or 'RTX 4090' \(this machine's: "
+                                         r"torch\.cuda\.get_device_name\(\)\), one of H100 NVL, .*, or 'cpu'$"):
+        device_figures(typed, "bf16")

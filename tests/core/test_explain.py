@@ -299,3 +299,42 @@ def test_an_untraced_cluster_run_is_its_whole_step_against_the_plan_and_says_whe
     assert str(tunekit.explain(r, EXPECTED).notes[0]) == words
     with pytest.raises(ValueError, match="nothing traced to explain"):        # not a cluster run: as before
         tunekit.explain(RunResult.from_dict({"label": "x", "step_s": 0.02}), EXPECTED)
+
+
+# a small CNN's step as a CPU trace shows it: 100 ms in oneDNN's convolution kernel under the
+# conv2d > convolution > _convolution chain (one call, 0.1 ms of self time each level), 8 ms in
+# its backward, 10 ms of batch norm, 1.7 ms of relu; the plan's step: convolution 60 ms,
+# convolution_backward 6 ms (compute), native_batch_norm 5 ms, relu 1 ms (memory-bound)
+CNN = _trace([("aten::mkldnn_convolution", MATMUL, 0.100, 1), ("aten::conv2d", "other", 0.0001, 1),
+              ("aten::convolution", MATMUL, 0.0001, 1), ("aten::_convolution", MATMUL, 0.0001, 1),
+              ("aten::convolution_backward", MATMUL, 0.008, 1), ("aten::native_batch_norm", "normalization", 0.010, 1),
+              ("aten::relu", ELEMENTWISE, 0.0017, 1)], wall_s=0.120)
+CNN_EXPECTED = Expected(step_s=0.072, tokens_per_s=0.0, mfu=0.0, rows=[
+    ("convolution", "compute", 1, 0.060, "compute", "MAMF"),
+    ("convolution_backward", "compute", 1, 0.006, "compute", "MAMF"),
+    ("_native_batch_norm_legit", "memory-bound", 1, 0.005, "memory", "copy bandwidth"),   # the fake step's name
+    ("relu", "memory-bound", 1, 0.001, "memory", "copy bandwidth")])
+
+
+def test_a_convolution_is_compute_of_its_own_and_its_kernels_are_the_plans_convolution():
+    e = explain_trace(CNN, CNN_EXPECTED, label="cnn")
+    t = e.table.set_index("group")
+    # 100 + 3 x 0.1 + 8 = 108.3 ms measured, 60 + 6 = 66 ms expected: 66 / 108.3 = 0.6094
+    assert t.loc["convolution", ["measured_s", "expected_s"]].tolist() == pytest.approx([0.1083, 0.066])
+    assert t.loc["elementwise, norms, copies", "measured_s"] == pytest.approx(0.0117)   # 10 + 1.7 ms
+    assert "matmul" not in t.index
+    # 108.3 / 120 = 90% of the step at 61% of the expected speed
+    assert e.gaps[0] == "the convolutions take 90% of the step at 61% of the expected speed"
+    # mkldnn_convolution is the plan's convolution (one call), its _native_batch_norm_legit the run's native_batch_norm
+    assert e.unforeseen == []
+    assert e.ops[0][0] == "convolution" and e.ops[0][4] == 1
+
+
+def test_a_convolutions_flops_are_counted():
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    by_op = tunekit.count_flops(lambda: net(x).sum().backward()).by_op
+    # 2 x N x Cout x Hout x Wout x Cin x kh x kw = 2 x 2 x 8 x 6 x 6 x 3 x 3 x 3 = 31104 forward;
+    # backward: the input's and the weight's gradients, 2 x 31104 = 62208
+    assert (by_op["aten.convolution"], by_op["aten.convolution_backward"]) == (31104, 62208)

@@ -51,6 +51,19 @@ def test_bad_arguments_are_usage_errors(run):
     assert isinstance(r.error_in_exec, UsageError)
 
 
+@pytest.mark.parametrize("line", ["%%gpuprofile --help", "%%gpuprofile -h", "%%gpuprofile -n x --help",
+                                  "%gpuprofile --help", "%gpuprofile on -h"])
+def test_help_prints_the_usage_and_runs_nothing(run, capsys, line):
+    # once "UsageError: unrecognized arguments: --help"; `%%gpuprofile?` showed it
+    n0 = len(tunekit.history())
+    r = run(f"{line}\nran = 1" if line.startswith("%%") else line)
+    out = capsys.readouterr().out
+    assert r.error_in_exec is None and r.result is None
+    assert out.startswith("  %gpuprofile [-n NAME] [-q] [--flops {auto,always,never}]")
+    assert "\nProfile a cell: time, CPU/GPU memory, FLOPs, TFLOPS, MFU/HFU." in out and "--steps STEPS" in out
+    assert len(tunekit.history()) == n0 and run("ran").error_in_exec is not None   # nothing ran, nothing recorded
+
+
 def test_on_profiles_every_cell_including_failures_and_off_stops(run):
     n0 = len(tunekit.history())
     run("%gpuprofile on -q")

@@ -46,6 +46,10 @@ _POINTWISE = ("add|sub|rsub|mul|div|pow|sqrt|rsqrt|exp|exp2|log|log1p|neg|abs|si
               "cat|stack|tril|triu|dropout|native_dropout|native_dropout_backward|bernoulli|threshold_backward|"
               "sigmoid_backward|tanh_backward|_foreach_[a-z_]+")
 
+# a convolution's op or the kernel it runs as (CPU's oneDNN mkldnn_convolution, cuDNN, MIOpen, the
+# slow fallbacks _slow_conv2d_forward / slow_conv3d, a depthwise or transposed one), forward or backward
+CONVOLUTION = r"^(aten::)?\w*conv(olution|\dd|_depthwise\dd|_dilated\dd|_transpose\dd|_tbc)(_forward|_backward)?\w*$"
+
 # (pass, category, regex on one name); the first rule of a pass that matches decides
 RULES: tuple = (
     ("scope", OPTIMIZER, r"^Optimizer\.(step|zero_grad)"),
@@ -58,6 +62,7 @@ RULES: tuple = (
                       r"flash_attn|^fmha|ScaledDotProduct|FlashAttn|EfficientAttention"),
     ("op", MATMUL, r"^aten::(mm|bmm|addmm|baddbmm|addbmm|matmul|linear|addmv|mv|dot|einsum|_scaled_mm|"
                    r"_addmm_activation|_int_mm|conv\w*|convolution\w*|_convolution\w*)$|"
+                   rf"{CONVOLUTION}|"
                    r"^(Mm|Bmm|Addmm|Baddbmm|Mv|Dot|Convolution|Conv\w*|ScaledMm)Backward\d*$|"
                    r"gemm|cutlass|cublas|sm\d+_xmma"),
     ("op", NORM, r"^aten::(native_)?(layer_norm|rms_norm|group_norm|batch_norm|instance_norm|_fused_rms_norm)"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from tunekit.core import validate
 from tunekit.core.breakdown import TOP_OPS, UNTRACED, Breakdown, as_breakdown
 from tunekit.core.explain import PROFILER_SHOWN
-from tunekit.core.fmt import FORMATS, fmt_bytes, fmt_count, fmt_ms, fmt_pct, fmt_tflops, formatted
+from tunekit.core.fmt import FORMATS, fmt_bytes, fmt_count, fmt_flops, fmt_ms, fmt_pct, fmt_ratio, fmt_tflops, formatted
 from tunekit.core.notes import Note
 from tunekit.core.records import ProfileRecord
 from tunekit.core.results import RunResult
@@ -36,14 +36,14 @@ COLUMNS = ["section", "what", "a", "b", "change", "unit", "calls_a", "calls_b"]
 RUN_FIGURES = (("step_s", "step time", "s"), ("step_s_min", "fastest step", "s"), ("tokens_per_s", "tokens/s", "rate"),
                ("tflops", "TFLOPS", "tflops"),
                ("mfu", "MFU", "pct"), ("peak_tflops", "MFU's peak", "tflops"),
-               ("flops_per_step", "FLOPs per step", "count"),
+               ("flops_per_step", "FLOPs per step", "flops"),
                ("loss", "loss (last step)", "loss"), ("peak_mem_bytes", "peak memory", "bytes"),
                ("params_bytes", "parameters", "bytes"),
                ("grads_bytes", "gradients", "bytes"), ("optimizer_bytes", "optimizer states", "bytes"),
                ("saved_bytes", "saved activations", "bytes"), ("weight_cast_bytes", "weight casts", "bytes"))
 CELL_FIGURES = (("wall_s", "time", "s"), ("tflops", "TFLOPS", "tflops"), ("mfu", "MFU", "pct"),
                 ("peak_tflops", "MFU's peak", "tflops"),
-                ("flops", "FLOPs", "count"), ("cpu_peak_delta_bytes", "CPU peak", "bytes"),
+                ("flops", "FLOPs", "flops"), ("cpu_peak_delta_bytes", "CPU peak", "bytes"),
                 ("gpu_peak_delta_bytes", "GPU peak", "bytes"), ("gpu_reserved_bytes", "GPU reserved", "bytes"))
 
 
@@ -56,7 +56,13 @@ def _fmt(v: float, kind: str) -> str:
         return "n/a"
     if kind in ("rate", "loss"):
         return formatted(v, FORMATS["tokens/s" if kind == "rate" else "loss"])
-    return {"s": fmt_ms, "bytes": fmt_bytes, "count": fmt_count, "pct": fmt_pct, "tflops": fmt_tflops}[kind](v)
+    return {"s": _time, "bytes": fmt_bytes, "count": fmt_count, "flops": fmt_flops, "pct": fmt_pct,
+            "tflops": fmt_tflops}[kind](v)
+
+
+def _time(s: float) -> str:
+    """A time in ms, one decimal; under a millisecond in microseconds (516 us is not '0.5 ms')."""
+    return fmt_ms(s, us_below_ms=True)
 
 
 @dataclass
@@ -132,11 +138,11 @@ class Diff:
             if sized:                                   # steps of different sizes: compare per token
                 ratio *= self.per_step[1] / self.per_step[0]
             how = ("the same, within 0.5%" if f"{ratio:.2f}" == f"{1 / ratio:.2f}" == "1.00" else
-                   f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower")
+                   f"{fmt_ratio(ratio)} faster" if ratio >= 1 else f"{fmt_ratio(1 / ratio)} slower")
             if sized:
                 na, nb, unit = self.per_step
                 how = f"{na:,.0f} -> {nb:,.0f} {unit} a step: {how} per {unit.removesuffix('s')}"
-            lines.append(f"{word} {fmt_ms(step['a'])} -> {fmt_ms(step['b'])} ({how})")
+            lines.append(f"{word} {_time(step['a'])} -> {_time(step['b'])} ({how})")
         peak = self._row("memory", "peak memory" if self.kind == "run" else "CPU peak")
         if peak and not is_missing(peak["a"]) and not is_missing(peak["b"]):
             lines.append(f"peak memory {fmt_bytes(peak['a'])} -> {fmt_bytes(peak['b'])} "
@@ -144,11 +150,11 @@ class Diff:
         most = self.moved_most
         if most is not None:
             delta = most["b"] - most["a"]
-            lines.append(f"moved most: {most['what']} {fmt_ms(most['a'])} -> {fmt_ms(most['b'])} "
-                         f"({'+' if delta >= 0 else '-'}{fmt_ms(abs(delta))})")
+            lines.append(f"moved most: {most['what']} {_time(most['a'])} -> {_time(most['b'])} "
+                         f"({'+' if delta >= 0 else '-'}{_time(abs(delta))})")
         for word, ops in (("added", self.added), ("removed", self.removed)):
             if ops:
-                lines.append(f"ops {word}: " + ", ".join(f"{o['op']} ({fmt_ms(o['self_s'])}, {o['calls']} calls)"
+                lines.append(f"ops {word}: " + ", ".join(f"{o['op']} ({_time(o['self_s'])}, {o['calls']} calls)"
                                                           for o in ops[:3]))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)

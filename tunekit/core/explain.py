@@ -20,7 +20,17 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from tunekit.core.breakdown import ATTENTION, COMM, DATA, MATMUL, OPTIMIZER, UNTRACED, Breakdown, categorize
+from tunekit.core.breakdown import (
+    ATTENTION,
+    COMM,
+    CONVOLUTION,
+    DATA,
+    MATMUL,
+    OPTIMIZER,
+    UNTRACED,
+    Breakdown,
+    categorize,
+)
 from tunekit.core.fmt import fmt_count, fmt_ms, fmt_pct
 from tunekit.core.notes import Note
 from tunekit.core.units import is_missing
@@ -28,14 +38,15 @@ from tunekit.core.units import is_missing
 NaN = math.nan
 
 # the groups both sides are read into, in the order they are shown
-GROUPS = ("matmul", "attention", "elementwise, norms, copies", "optimizer", "communication", "data loading",
-          "no op running")
+GROUPS = ("matmul", "convolution", "attention", "elementwise, norms, copies", "optimizer", "communication",
+          "data loading", "no op running")
 _MEASURED = {MATMUL: "matmul", ATTENTION: "attention", OPTIMIZER: "optimizer", COMM: "communication",
              DATA: "data loading", UNTRACED: "no op running"}
 _EXPECTED = {"matmul": "matmul", "attention": "attention", "optimizer": "optimizer",
-             "communication": "communication", "host": "no op running"}
+             "communication": "communication", "host": "no op running",
+             "compute": "matmul"}   # an op with FLOPs besides these (_scaled_mm, _grouped_mm; a convolution: its own)
 # each group in a sentence: its words and their verb
-WORDS = {"matmul": "the matmuls take", "attention": "the attention ops take",
+WORDS = {"matmul": "the matmuls take", "convolution": "the convolutions take", "attention": "the attention ops take",
          "elementwise, norms, copies": "the elementwise ops, norms and copies take",
          "optimizer": "the optimizer step takes", "communication": "the collectives take",
          "data loading": "data loading takes", "no op running": "the time between ops takes"}
@@ -47,9 +58,26 @@ _AUTOGRAD = re.compile(r"^(autograd::engine::evaluate_function: .*|torch::autogr
 PROFILER_SHOWN = 0.05   # a profiler overhead above this is said (a note, and in the one line)
 
 
+_CONV = re.compile(CONVOLUTION)
+
+
 def _op_name(name: str) -> str:
-    """'aten::mm' and 'mm.default' are both 'mm'."""
-    return name.removeprefix("aten::").split(".")[0]
+    """'aten::mm' and 'mm.default' are both 'mm'; a convolution by any kernel (mkldnn_convolution,
+    cudnn_convolution, conv2d, ...) is the plan's 'convolution' (its backward 'convolution_backward'),
+    and the plan's '_native_batch_norm_legit' the run's 'native_batch_norm'."""
+    name = name.removeprefix("aten::").split(".")[0]
+    if name.startswith("_native_batch_norm_legit"):   # the fake step's name of the batch norm a run calls
+        return "native_batch_norm"
+    if _CONV.match(name):
+        return "convolution_backward" if "backward" in name else "convolution"
+    return name
+
+
+def _group_of_op(name: str, category: str) -> str:
+    """The group of an op by its name: a convolution is compute of its own, not elementwise."""
+    if _CONV.match(name.removeprefix("aten::").split(".")[0]):
+        return "convolution"
+    return category
 
 
 def measured_groups(trace: Breakdown, steps: int = 1) -> tuple[dict, dict]:
@@ -65,10 +93,12 @@ def measured_groups(trace: Breakdown, steps: int = 1) -> tuple[dict, dict]:
         elif o["category"] in _SCOPED:
             group = _MEASURED[o["category"]]
         else:
-            group = _MEASURED.get(categorize([name if "::" in name else "aten::" + name]),
-                                  "elementwise, norms, copies")
+            group = _group_of_op(name, _MEASURED.get(categorize([name if "::" in name else "aten::" + name]),
+                                                     "elementwise, norms, copies"))
             s, c = ops.get(_op_name(name), (0.0, 0))
-            ops[_op_name(name)] = (s + secs, c + o["calls"] / steps)
+            calls = o["calls"] / steps
+            # a convolution's chain (conv2d > convolution > _convolution > its kernel) is one call
+            ops[_op_name(name)] = (s + secs, max(c, calls) if group == "convolution" else c + calls)
         groups[group] = groups.get(group, 0.0) + secs
     untraced = trace.untraced_s if not is_missing(trace.untraced_s) else 0.0
     groups["no op running"] = groups.get("no op running", 0.0) + max(0.0, untraced) / steps
@@ -80,7 +110,7 @@ def expected_groups(rows) -> tuple[dict, dict]:
     groups: dict = {}
     ops: dict = {}
     for op, cat, _calls, secs, _bound, _src in rows:
-        group = _EXPECTED.get(cat, "elementwise, norms, copies")
+        group = _group_of_op(op, _EXPECTED.get(cat, "elementwise, norms, copies"))
         groups[group] = groups.get(group, 0.0) + secs
         if cat not in ("optimizer", "communication", "host"):
             ops[_op_name(op)] = ops.get(_op_name(op), 0.0) + secs

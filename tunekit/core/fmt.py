@@ -86,6 +86,15 @@ def fmt_tflops(x, digits: int = 3) -> str:
     return NA if is_missing(x) else f"{x:.{digits}g} TFLOPS"
 
 
+def fmt_ratio(x) -> str:
+    """How many times, three significant digits and no exponent (at least the whole part):
+    1.6 -> '1.60x', 80.49 -> '80.5x', 804.92 -> '805x', 12345.6 -> '12346x'."""
+    if is_missing(x):
+        return NA
+    places = max(0, 2 - math.floor(math.log10(abs(x)))) if x else 2
+    return f"{x:.{places}f}x"
+
+
 def fmt_pct(x, digits: int = 1, signed: bool = False) -> str:
     """A fraction as a percentage: 0.404 -> '40.4%' (``digits=0``: '40%'); ``signed``: a change,
     '+40%' / '-5%'. A figure that rounds to zero has no minus: -0.001 -> '0%', not '-0%'. A level

@@ -28,8 +28,11 @@ KINDS = {
     "rates.none": "why a run reports no TFLOPS/MFU (its time is slowed, or no peak is known)",
     "trace.snapshot": "the allocator snapshot: not written, or older ones pruned",
     "device.no_peak": "a plan's device lists no peak for its dtype: no speed bound, and what the card runs instead",
+    "plan.sliding_window": "a sliding attention window planned as full causal attention (sdpa/eager mask it): "
+                           "it saves nothing there; flash_attention_2 would use it",
     "plan.attention_kernel": "which of torch's CUDA SDPA kernels a GPU plan names for attention, by what rule",
     "expected.missing": "a plan's device lacks a figure its expected step needs: the bound stands alone",
+    "expected.other_precision": "a plan's device has an expected step in another precision: how to plan in it",
     "expected.busy_figures": "a plan's expected step comes from figures calibrated on a busy machine",
     "expected.borrowed": "a plan's device borrows a figure from the nearest measured card of its chip and memory",
     "advice.numerics": "a planned change that changes the numerics (pure half weights, half AdamW states)",

@@ -67,6 +67,11 @@ def card(device_name: str) -> GPU:
     ValueError: unknown device 'H100X' (did you mean 'H100 SXM'?): one of H100 NVL, ..., or 'cpu'
     """
     spec = find_spec(device_name)
+    kind = device_name.strip().lower().partition(":")[0]
+    if spec is None and kind in ("cuda", "mps", "gpu"):   # a kind of device: no memory size nor peak to plan with
+        raise ValueError(f"{device_name!r} is a kind of device, not a card: name the card to plan for, e.g. "
+                         "'H100 SXM', 'A100 80GB', 'L4' or 'RTX 4090' (this machine's: "
+                         f"torch.cuda.get_device_name()), one of {', '.join(names())}, or 'cpu'")
     if spec is None:
         known = {n.lower(): n for n in [*names(), "cpu"]}
         asked = device_name.strip().lower()   # the cards of its family (its first two characters) first, then any

@@ -19,7 +19,9 @@ from tunekit.lab.runlog import RunLog, check_log_path
 from tunekit.measure.device import default_device, existing_device
 from tunekit.models.adapters import adapt
 from tunekit.models.dry_step import dry_step
+from tunekit.models.encoders import refuse_encoder
 from tunekit.models.gpt import GPT, GPTConfig
+from tunekit.models.naming import model_label
 from tunekit.models.optimizers import unavailable_optimizers
 from tunekit.train.precision import autocast, matmul_precision
 from tunekit.train.record import Peaks
@@ -49,6 +51,8 @@ def build(lab, model, batch_fn, loss_fn, preset, config, data, device, log_path,
     torch.manual_seed(seed)
     lab.seed, lab.blocks, lab.data = seed, blocks, data  # as given: distributed runs send them
     model = model if model is not None else GPT(config or GPTConfig.preset(preset))
+    if loss_fn is None:   # the built-in next-token loss: an encoder would read the token it predicts
+        refuse_encoder(getattr(getattr(model, "_orig_mod", model), "config", None), "tunekit.Lab")
     model.to(lab.device).train()
     lab.config = getattr(model, "config", None)
     adapter = adapt(model, blocks)
@@ -98,7 +102,7 @@ def env(lab) -> Env:
                unavailable_optimizers=unavailable_optimizers(lab.device.type),
                block_size=lab.adapter.max_seq_len,
                can_set_attention=bool(lab.adapter.attentions),
-               can_checkpoint=lab.adapter.can_checkpoint, model=type(lab.model).__name__)
+               can_checkpoint=lab.adapter.can_checkpoint, model=model_label(lab.model))
 
 
 def memory_target(lab, micro_batch: int | None = None, seq_len: int | None = None, batch=None):

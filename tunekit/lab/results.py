@@ -12,6 +12,7 @@ from tunekit.core.paths import runs_dir
 from tunekit.core.results import RunResult
 from tunekit.core.run_text import lab_html, lab_rows, lab_text
 from tunekit.lab.runlog import RunLog
+from tunekit.models.naming import model_label
 
 
 class LabResults:
@@ -61,7 +62,7 @@ class LabResults:
     def _summary_rows(self) -> list:
         n_params = sum(p.numel() for p in self.model.parameters())
         data = "your batch_fn" if self.batcher is None else f"data={self.data!r}"
-        return lab_rows(type(self.model).__name__, n_params, str(self.device), self.resolve().asdict(), data,
+        return lab_rows(model_label(self.model), n_params, str(self.device), self.resolve().asdict(), data,
                         self.log.runs, self.log_path)
 
     def __repr__(self) -> str:  # a terminal: the model, the toggles runs start from, the runs so far

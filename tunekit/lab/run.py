@@ -29,6 +29,7 @@ from tunekit.measure.interrupts import deferred_interrupt
 from tunekit.measure.meters import minor_faults
 from tunekit.measure.oom import ADVICE, drop_frames, free_memory, is_oom
 from tunekit.measure.timing import time_repeats
+from tunekit.models.naming import model_label
 from tunekit.models.optimizers import state_bytes
 from tunekit.train.guard import NonFiniteRunError, Snapshot, _check, _NonFinite, weights_finite
 from tunekit.train.record import Steps, run_result
@@ -215,7 +216,7 @@ def _record(lab, t, warmup, m: Steps, probe, flops_source, notes, snap=None) -> 
         warmup=warmup, notes=notes, cuda_index=lab.cuda_index, flops_source=flops_source,
         params_bytes=sum(p.numel() * p.element_size() for p in params),
         grads_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-        optimizer_bytes=state_bytes(lab.optimizer), model=type(lab.model).__name__,
+        optimizer_bytes=state_bytes(lab.optimizer), model=model_label(lab.model),
         n_params=sum(p.numel() for p in params), guard_s=snap.seconds if snap is not None else None)
     from tunekit.lab.explain import explainer, run_line
 
@@ -229,5 +230,5 @@ def _record(lab, t, warmup, m: Steps, probe, flops_source, notes, snap=None) -> 
 def _failed(lab, t, warmup, reason: str, notes, snap) -> RunResult:
     """A run stopped by a non-finite loss or weight, recorded as failed."""
     return lab.log.add(RunResult.failed(
-        t, label(t, lab.resolve()), reason, notes, warmup=warmup, model=type(lab.model).__name__,
+        t, label(t, lab.resolve()), reason, notes, warmup=warmup, model=model_label(lab.model),
         device=device_label(lab.cuda_index), guard_s=snap.seconds if snap is not None else None))

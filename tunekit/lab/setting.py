@@ -13,6 +13,7 @@ from tunekit.core.toggles import ToggleError, problems
 from tunekit.core.validate import DEVICE_TYPES, is_whole
 from tunekit.measure.device import weights_dtype
 from tunekit.models.gpt import PRESETS
+from tunekit.models.naming import model_label
 
 # what the Lab's keywords take, for the help a value given to the wrong one gets (validate.meant):
 # ``Lab("gpt2-124m")`` -> did you mean preset='gpt2-124m'?
@@ -113,6 +114,6 @@ def check(lab, t: Toggles, steps=1, warmup=0) -> list[str]:
     if not is_whole(warmup) or warmup < 0:
         out.append(f"warmup must be a whole number >= 0 (got {warmup!r}).")
     if t.seq_len is None:
-        out.append(f"seq_len is needed: {type(lab.model).__name__} has no known position "
+        out.append(f"seq_len is needed: {model_label(lab.model)} has no known position "
                    "limit to take it from (lab.run(seq_len=...) or Lab(..., seq_len=...)).")
     return out

@@ -88,8 +88,16 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
             f"(tunekit.calibrate({compute!r}) for the MAMF, a large device-to-device copy's bytes read and written "
             "over its time for the bandwidth) and add them with their source to its row in tunekit/core/gpus.py "
             "(mamf, bandwidth_share)")
-        return None, [Note("expected.missing", f"no expected step on {fig.name} ({compute}): tunekit has no figure "
-                                               f"for {' nor '.join(missing)}; the bound stands alone{todo}")]
+        notes = [Note("expected.missing", f"no expected step on {fig.name} ({compute}): tunekit has no figure "
+                                          f"for {' nor '.join(missing)}; the bound stands alone{todo}")]
+        other = None if fig.host_bound else precision_with_figures(dev.name, compute, dev.bandwidth,
+                                                                   bool(setting.compile))
+        if other is not None:
+            notes.append(Note("expected.other_precision",
+                              f"{fig.name} has an expected step in {other}: plan with "
+                              f"precision={other!r} (tunekit.plan(..., {fig.name!r}, precision={other!r}), "
+                              f"lab.plan({fig.name!r}, precision={other!r}))"))
+        return None, notes
     borrowed = [Note("expected.borrowed", f"{fig.name} has no measurement of its own: {b}") for b in fig.borrowed]
     trained = [p for p in model.parameters() if p.requires_grad]
     params = sum(p.numel() for p in trained)
@@ -161,3 +169,17 @@ def kernel_dtypes(ops, update: str | None = None) -> dict:
     if update:
         out[OPTIMIZER_ROW] = (update,)
     return out
+
+
+def precision_with_figures(name: str, compute: str, bandwidth: float | None, compiled: bool) -> str | None:
+    """The first training precision (bf16, fp16, tf32) other than ``compute`` whose figures GPU
+    row ``name`` has for an expected step (a peak, a MAMF and a bandwidth, its own or borrowed);
+    None where it has none."""
+    from tunekit.core import specs
+
+    row = specs.gpu(name)
+    for other in (registry.BF16, registry.FP16, registry.TF32):
+        peak = row.tflops.get(other)
+        if other != compute and peak and not gpu_figures(name, other, peak, bandwidth, compiled).missing():
+            return other
+    return None

@@ -306,13 +306,16 @@ def _notes(steps: _Steps, s: Setting, step: FakeStep, placed: Placed, cfg, kind,
            search_limit, pruned) -> list:
     """The plan's notes, in order: the sequence, the fake step's, the count's, the device's, the
     placement's, the advice's (the expectation's and what the plan does not model follow)."""
+    from tunekit.planning.target import window_notes
+
     gpu, dev = steps.gpu, steps.dev
     if getattr(gpu, "seen", False):
         steps.notes.append(GpuKernels.NOTE)
     steps.notes += gpu.notes() if dev.name != "cpu" else []
     notes = ((seq_note if unit == "tokens" else []) + list(dict.fromkeys(steps.notes)) + step.notes
              + step.count_notes + dev.notes + placed.notes + pruned_note(pruned)   # samples: no seq_len
-             + ([not_searched_note()] if placed.total > dev.memory else []))
+             + ([not_searched_note()] if placed.total > dev.memory else [])
+             + window_notes(cfg, kind, s.seq_len, s.attention))
     if found is not None and found >= search_limit:
         notes.append(f"the micro-batch search stopped at search_limit={search_limit}: a larger one may fit too")
     if kind == "hf" and getattr(cfg, "is_encoder_decoder", False):

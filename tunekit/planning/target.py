@@ -11,6 +11,7 @@ import torch
 
 from tunekit.core import validate
 from tunekit.core.extras import missing_extra
+from tunekit.models.encoders import refuse_encoder
 from tunekit.planning.module import ModuleTarget, Stepped
 
 
@@ -73,6 +74,7 @@ def config_of(target, batch_fn=None, loss_fn=None, blocks=None):
     if isinstance(target, str):   # a preset's name, as `tunekit plan --model` and Lab(preset=) take it
         return GPTConfig.preset(target), "gpt", {}
     if hasattr(target, "model_type") and hasattr(target, "to_dict"):
+        refuse_encoder(target, "tunekit.plan")   # it would build a causal LM the config is not
         return target, "hf", {}
     raise TypeError(f"tunekit.plan takes a GPTConfig (or a preset's name), a transformers config, an nn.Module "
                     f"or a Lab, got "
@@ -165,3 +167,23 @@ def set_attention(model, attention, notes) -> None:
     if name not in adapter.attentions:
         raise ValueError(f"this model cannot switch its attention to {attention!r}: it offers {adapter.attentions}")
     adapter.set_attention(name)
+
+
+def window_notes(cfg, kind, seq_len: int | None, attention: str | None) -> list:
+    """A transformers config with a sliding attention window shorter than the planned sequence
+    (Mistral's sliding_window): sdpa and eager attention mask the window inside a full S x S
+    score computation, as the plan counts it, so the window saves nothing there; transformers'
+    flash_attention_2 computes the window alone (not planned: a note of kind plan.sliding_window)."""
+    from tunekit.core.notes import Note
+
+    config = cfg.config if isinstance(cfg, ModuleTarget) else cfg if kind == "hf" else None
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or seq_len is None or window >= seq_len \
+            or not getattr(config, "use_sliding_window", True):
+        return []
+    ran = attention or getattr(config, "_attn_implementation", None) or "sdpa"
+    return [Note("plan.sliding_window",
+                 f"sliding_window={window} is planned as attention over full {seq_len} x {seq_len} scores: torch's "
+                 f"SDPA and eager attention mask the window inside the full scores, so with attention {ran!r} as "
+                 "planned the window saves no time nor memory; transformers' flash_attention_2 (attention='flash' "
+                 "on a GPU with flash-attn) computes only the window, which the plan does not model")]

@@ -19,7 +19,7 @@ from tunekit.measure.history import HISTORY, source_key
 from tunekit.measure.interrupts import closes_gate, deferred_interrupt, end_shown, opens_gate
 from tunekit.profiling.cell_check import cell_syntax_error, install, uninstall
 from tunekit.profiling.fingerprint import cell_inputs, fingerprint, modules_seen, names_read
-from tunekit.profiling.options import check, explain_record, planned
+from tunekit.profiling.options import check, explain_record, planned, wants_help
 from tunekit.profiling.probe import FLOPS_MODES, Probe
 
 # cells `%gpuprofile on` does not profile: the cell magic measures itself, on/off cells are not workload
@@ -94,15 +94,13 @@ class GpuProfileMagics(Magics):
 
     def _magic(self, line, cell, shield):
         __tracebackhide__ = True  # noqa: F841
+        if wants_help(line):   # the usage (as `%%gpuprofile?` shows it), and nothing run
+            return print(self.gpuprofile.__doc__.removeprefix("::\n\n"))
         args = self._args.get(line) or parse_argstring(self.gpuprofile, line)
+        check(args)                # a bad line raises before it is kept for reuse
         if len(self._args) > 256:  # bounded, like the compiled cells
             self._args.clear()
-        self._args[line] = args  # validated here; a bad line raises before it is reused
-        try:
-            check(args)
-        except UsageError:
-            self._args.pop(line, None)
-            raise
+        self._args[line] = args
         if cell is None:
             return self._line(args)
         if args.mode:

@@ -15,6 +15,12 @@ from tunekit.core.expected import Expected
 from tunekit.core.notes import Note, of_kind
 
 
+def wants_help(line: str) -> bool:
+    """Whether an option line asks for the usage: ``-h`` or ``--help`` among its words (IPython's
+    magic parser has no help option of its own: `%%gpuprofile?` is its help)."""
+    return any(word in ("-h", "--help") for word in line.split())
+
+
 def check(args) -> None:
     """Refuse an option line that cannot be run as it says (a UsageError naming the option)."""
     from IPython.core.error import UsageError  # the magic's; tunekit.profile runs without IPython
