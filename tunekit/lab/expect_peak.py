@@ -41,7 +41,7 @@ def ran_kernels() -> set:
 
     for lab in list(_STEPPING):
         seen = lab.__dict__.get("_stepped", {})
-        for t in [t for t, done in seen.items() if not done]:
+        for t in [t for t, done in list(seen.items()) if not done]:   # a step may add one meanwhile
             seen[t] = True
             if lab.device.type != "cpu":
                 continue
@@ -50,7 +50,8 @@ def ran_kernels() -> set:
             except (ValueError, TypeError, RuntimeError):   # not plannable: its kernels are not known
                 continue
             _RAN.update(getattr(plan.expected, "kernels", ()) if plan.expected is not None else ())
-        _STEPPING.discard(lab)
+        if all(seen.values()):
+            _STEPPING.discard(lab)
     return _RAN
 
 
