@@ -29,7 +29,9 @@ calibrates it, the way ``lab.explain`` sets a run against its plan (lab.explain.
 - memory: the plan's peak plus what the base run measured beyond its plan: on a GPU the
   allocator's (measured / planned, a ratio); on a CPU the meter is the process's RSS from a
   settled start (measure.device_meter.DeviceMeter): the process's floor as it is now, plus the plan's
-  peak, plus the base run's unplanned bytes scaled by the tokens of a micro-batch (`peak_of`).
+  peak, plus the base run's unplanned bytes scaled by the tokens of a micro-batch (`peak_of`), plus
+  what a CPU kernel library keeps once per process for the setting's matmul and attention kernels
+  tunekit's steps in this process have not run yet (lab.expect_peak, measure.first_use).
 
 Plans are cached per Lab by the device and the setting words that change the fake step (all
 but ``lr``), so asking again is instant.
