@@ -113,3 +113,21 @@ def test_peak_of_adds_the_first_use_bytes_with_a_note(stepped_labs, monkeypatch)
     [note] = of_kind(notes, "expect.first_use")
     assert note.startswith("5 matmul and attention kernels tunekit's steps in this process have not run "
                            "(bf16 attention, bf16 matmul): +6.5 MiB")
+
+
+def test_the_figures_are_measured_on_lab_expects_progress_line_and_only_when_needed(monkeypatch):
+    from tunekit.measure import first_use
+
+    # measuring them takes seconds (fresh child processes): a stage of lab.expect's progress line, not a silent
+    # wait; a plan whose kernels all ran, or a GPU's, measures nothing
+    measured, stages = [], []
+    monkeypatch.setattr(first_use, "measure_first_use", lambda: measured.append(1))
+    monkeypatch.setattr(ep, "ran_kernels", lambda: FP32_STEP)
+    shown = SimpleNamespace(at=lambda stage, fraction=None: stages.append(stage))
+    cpu, gpu = (SimpleNamespace(device=SimpleNamespace(type=t)) for t in ("cpu", "cuda"))
+    ep.prepare_first_use(cpu, SimpleNamespace(expected=SimpleNamespace(kernels=BF16_STEP)), shown)
+    assert measured == [1] and stages == [
+        "this CPU's first-use memory of its kernels (measured once in child processes, then cached)"]
+    ep.prepare_first_use(cpu, SimpleNamespace(expected=SimpleNamespace(kernels=FP32_STEP)), shown)
+    ep.prepare_first_use(gpu, SimpleNamespace(expected=SimpleNamespace(kernels=BF16_STEP)), shown)
+    assert measured == [1] and len(stages) == 1

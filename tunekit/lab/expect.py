@@ -48,7 +48,7 @@ from tunekit.core.setting import Setting, step_words
 from tunekit.core.toggles import ToggleError, Toggles, label
 from tunekit.core.units import is_missing
 from tunekit.lab import fit
-from tunekit.lab.expect_peak import HELD, held_bytes, lab_floor_bytes, peak_of  # noqa: F401 (their home: expect_peak)
+from tunekit.lab.expect_peak import HELD, held_bytes, lab_floor_bytes, peak_of, prepare_first_use  # noqa: F401 (their home: expect_peak)
 from tunekit.lab.expect_trace import (
     ONCE_A_STEP,
     calibrated_rows,
@@ -62,6 +62,7 @@ from tunekit.lab.explain import plan_device
 from tunekit.lab.plan import cached_plan
 from tunekit.lab.setting import setting_of, toggles_of
 from tunekit.planning.target import lab_setting
+from tunekit.view.progress import wait_progress
 
 NaN = math.nan
 CHANGED = 0.01              # an op whose expected time moves by more than this share is "resized"
@@ -240,6 +241,8 @@ def lab_expect(lab, setting=None, base=None, *, verbose: bool = True, **changes)
         raise ValueError("lab.expect: the plan of this setting has no expected step on "
                          f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
     base_plan = cached_plan(lab, device, base_setting, verbose=verbose)
+    with wait_progress("lab.expect", verbose) as shown:   # the outer line where lab.expect shows one
+        prepare_first_use(lab, plan, shown)
     e = expectation(lab, s, device, plan, base_plan, run, base_setting.grad_accum or 1)
     if run is not None and (differs := label(base_setting, s)) != "baseline":   # the line says what it compares
         e.base_differs = differs

@@ -81,17 +81,31 @@ def first_use_bytes(kernels, ran, figures: dict) -> tuple[float, list]:
     return total, new
 
 
+def new_kernels(lab, plan) -> bool:
+    """Whether ``plan`` runs kernels tunekit's steps in this process have not (on a CPU: `first_use_of` adds)."""
+    kernels = getattr(getattr(plan, "expected", None), "kernels", None)
+    return lab.device.type == "cpu" and bool(kernels) and bool(set(kernels) - ran_kernels())
+
+
+def prepare_first_use(lab, plan, shown) -> None:
+    """Measure this CPU's first-use figures where `first_use_of` will need them and no cache holds them
+    (a few seconds per dtype, once per machine and torch), with a stage on ``shown``'s progress line."""
+    if new_kernels(lab, plan):
+        from tunekit.measure.first_use import measure_first_use
+        shown.at("this CPU's first-use memory of its kernels (measured once in child processes, then cached)")
+        measure_first_use()
+
+
 def first_use_of(lab, plan) -> tuple[float, list]:
     """(bytes, notes): what the kernel library keeps once per process for the kernels of ``plan`` that
     tunekit's steps in this process have not run (`first_use_bytes`, this CPU's measured figures); 0
     off a CPU or where the plan names no kernels."""
-    kernels = getattr(getattr(plan, "expected", None), "kernels", None)
-    if lab.device.type != "cpu" or not kernels or not set(kernels) - ran_kernels():
+    if not new_kernels(lab, plan):
         return 0.0, []
     from tunekit.measure.first_use import measure_first_use
 
     measured = measure_first_use()
-    extra, new = first_use_bytes(kernels, ran_kernels(), measured["figures"])
+    extra, new = first_use_bytes(plan.expected.kernels, ran_kernels(), measured["figures"])
     if not extra > 0:
         return 0.0, []
     kinds = sorted({f"{_dtype(k[1])} {k[0]}" for k in new})
