@@ -52,6 +52,10 @@ def _lab(tmp_path, model=None, **kw):
      "model is the class MLP, not a model: pass an instance, e.g. MLP(...) instead of MLP"),
     ({"model": 42}, TypeError,
      "model must be None, an nn.Module instance or a factory 'package.module:function', got int 42"),
+    ({"model": "gpt"}, ValueError,   # a name that is neither a factory nor a preset: what a name can be
+     "a model given by name is a factory 'package.module:function' (an importable function that returns the "
+     "nn.Module), got 'gpt'; the built-in GPT needs no name, its sizes are presets (cpu-tiny, cpu-small, "
+     "gpt2-124m, gpt2-350m, gpt-1b); a transformers model: build it from its config and give the module"),
     ({"batch_fn": 3, "loss_fn": mse}, TypeError,
      "batch_fn must be a function (micro_batch, seq_len) -> (x, y), got int 3"),
     ({"batch_fn": batches, "loss_fn": 4}, TypeError, "loss_fn must be a function (model, x, y) -> loss, got int 4"),

@@ -20,7 +20,7 @@ import torch
 
 from tunekit.core.extras import missing_extra
 from tunekit.models.adapters import is_transformers_model
-from tunekit.models.gpt import GPT, GPTConfig
+from tunekit.models.gpt import GPT, PRESETS, GPTConfig
 
 KINDS = ("gpt", "transformers", "factory")
 
@@ -74,7 +74,10 @@ def factory_problem(factory: str) -> str | None:
 
 def check_factory(factory) -> None:
     if not isinstance(factory, str) or factory.count(":") != 1:
-        raise ValueError(f"a model factory is 'package.module:function', got {factory!r}")
+        raise ValueError(f"a model given by name is a factory 'package.module:function' (an importable function "
+                         f"that returns the nn.Module), got {factory!r}; the built-in GPT needs no name, its "
+                         f"sizes are presets ({', '.join(PRESETS)}); a transformers model: build it from its "
+                         "config and give the module")
     why = factory_problem(factory)
     if why is not None:
         raise ValueError(f"model factory {factory!r}: {why} (every rank imports it, so it must import "
