@@ -42,13 +42,33 @@ def test_the_expectation_call_is_listed_where_the_lab_has_one(dash):
 
 
 def test_a_text_only_frontend_gets_the_text():
+    # a kernel whose frontend draws no widget (Colab before its widget manager) shows the text/plain
     from IPython.core.formatters import DisplayFormatter
 
     import tunekit
+    from tunekit.lab.dashboard import Dashboard
 
-    dash = tunekit.Lab(peak_tflops=1.0).dashboard()
+    dash = Dashboard(tunekit.Lab(peak_tflops=1.0))
     data, _ = DisplayFormatter().format(dash, include={"text/plain"})
     assert list(data) == ["text/plain"] and data["text/plain"].startswith(NO_FRONTEND)
+
+
+def test_a_terminal_ipython_prints_the_text_once_wherever_the_call_is(make_lab, monkeypatch, capsys):
+    # a terminal IPython shows only a cell's last value: `d = lab.dashboard()` mid-cell showed nothing.
+    # The text is printed at the call; the value, where it is the last expression, is one line
+    import IPython
+    from IPython.core.formatters import DisplayFormatter
+    from IPython.terminal.interactiveshell import TerminalInteractiveShell
+
+    from tunekit.lab.dashboard_static import PRINTED
+
+    shell = object.__new__(TerminalInteractiveShell)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    dash = make_lab(peak_tflops=1.0, micro_batch=4, seq_len=64).dashboard()
+    printed = capsys.readouterr().out
+    assert printed.count(NO_FRONTEND) == 1 and _calls(printed.rstrip("\n"))[-1] == "lab.results()"
+    data, _ = DisplayFormatter().format(dash, include={"text/plain"})
+    assert data == {"text/plain": PRINTED}
 
 
 def test_only_a_widget_frontend_gets_the_expectation_line(make_lab, monkeypatch):

@@ -377,7 +377,7 @@ class Dashboard(W.VBox):
         # snapshot; a place without widgets (terminal IPython) the text
         data = super()._repr_mimebundle_(**kwargs) or {}
         data["text/html"] = self.snapshot_html()
-        data["text/plain"] = self.text_fallback()
+        data["text/plain"] = static.PRINTED if getattr(self, "text_printed", False) else self.text_fallback()
         return data
 
     # --- output ---------------------------------------------------------------------------

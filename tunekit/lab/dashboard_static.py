@@ -9,6 +9,9 @@ from __future__ import annotations
 NO_FRONTEND = ("Lab dashboard: no widget frontend here to draw it (JupyterLab 4, Notebook 7 and VS Code have "
                "one; Colab after google.colab.output.enable_custom_widget_manager()). The same from code:")
 
+# a dashboard's value where `lab.dashboard()` already printed the text above (a terminal IPython)
+PRINTED = "<Lab dashboard: not drawn here; the calls that do what it does are printed above>"
+
 
 def snapshot_html(dash) -> str:
     """The table and charts as they are now, as HTML: each chart a static drawing that plotly.js,

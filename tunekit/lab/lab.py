@@ -301,8 +301,11 @@ class Lab(LabResults):
         """ipywidgets dashboard over this lab (controls, Run, Find max batch, table, charts); ``on``: a
         cluster target (or {name: target}) its "Run on" menu offers. Example: ``lab.dashboard()``."""
         from tunekit.lab.dashboard import Dashboard
-        from tunekit.view.frontend import shell
+        from tunekit.view.frontend import in_terminal, shell
         dash = Dashboard(self, on=on)   # its expectation line where a widget frontend draws it
-        if shell() is None:   # plain Python: nothing displays the widget; the text a terminal shows
+        if shell() is None or in_terminal():
+            # nothing will draw the widget (plain Python; a terminal IPython shows only a cell's last
+            # value, and `lab.dashboard()` mid-cell is none): its text now, once, wherever it is called
             print(dash.text_fallback())
+            dash.text_printed = True
         return dash
