@@ -167,7 +167,9 @@ def problems(t: Toggles, env: Env) -> list[str]:
     elif t.precision == BF16 and cuda and not env.bf16_supported:
         out.append("this GPU has no bf16 support (pre-Ampere): use fp16 (with its GradScaler) or fp32.")
     if "optimizer" in fixed and t.optimizer not in OPTIMIZERS:   # the registry's, not one a Lab builds
-        out.append(f"optimizer must be one of {OPTIMIZERS} in a Lab (those it can build), got {t.optimizer!r}.")
+        named = fixed["optimizer"]   # an alias ('adam'): the registry's name for it, which a Lab may build
+        out.append(f"optimizer must be one of {OPTIMIZERS} in a Lab (those it can build), got {t.optimizer!r}"
+                   + (f": did you mean {named!r}?" if named in OPTIMIZERS else "."))
     elif t.optimizer in env.unavailable_optimizers:
         out.append(f"optimizer {t.optimizer!r} is unavailable here: {env.unavailable_optimizers[t.optimizer]}")
     if t.attention in ATTENTIONS:
