@@ -142,6 +142,7 @@ class Env:
     can_set_attention: bool = True
     can_checkpoint: bool = True
     model: str = "this model"
+    blocks_example: str = "Lab(model, blocks='layers')"   # models.naming.blocks_example: from the model's modules
 
 
 class ToggleError(ValueError):
@@ -183,7 +184,7 @@ def problems(t: Toggles, env: Env) -> list[str]:
             out.append("flash-attn kernels take fp16/bf16 tensors only; choose precision bf16 (or fp16).")
     if t.checkpointing and not env.can_checkpoint:
         out.append(f"tunekit does not know {env.model}'s blocks: name them to checkpoint them, "
-                   "e.g. Lab(model, blocks='layers').")
+                   f"e.g. {env.blocks_example}.")
     return out
 
 

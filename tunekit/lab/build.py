@@ -21,7 +21,7 @@ from tunekit.models.adapters import adapt
 from tunekit.models.dry_step import dry_step
 from tunekit.models.encoders import refuse_encoder
 from tunekit.models.gpt import GPT, GPTConfig
-from tunekit.models.naming import model_label
+from tunekit.models.naming import blocks_example, model_label
 from tunekit.models.optimizers import unavailable_optimizers
 from tunekit.train.precision import autocast, matmul_precision
 from tunekit.train.record import Peaks
@@ -102,7 +102,8 @@ def env(lab) -> Env:
                unavailable_optimizers=unavailable_optimizers(lab.device.type),
                block_size=lab.adapter.max_seq_len,
                can_set_attention=bool(lab.adapter.attentions),
-               can_checkpoint=lab.adapter.can_checkpoint, model=model_label(lab.model))
+               can_checkpoint=lab.adapter.can_checkpoint, model=model_label(lab.model),
+               blocks_example=blocks_example(lab.model))
 
 
 def memory_target(lab, micro_batch: int | None = None, seq_len: int | None = None, batch=None):
