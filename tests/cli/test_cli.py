@@ -191,6 +191,12 @@ def test_plan_refuses_a_batch_scripts_options_without_sbatch(argv, said, capsys,
                                            "(see tunekit plan --help)"),
     (["doctr"], "tunekit: error: argument COMMAND: invalid choice: 'doctr' (choose from 'run', 'plan', 'diff', "
                 "'doctor'): did you mean 'doctor'? (see tunekit --help)"),
+    # a name of the Python API is said as such: 'explain' was answered "did you mean 'plan'?"
+    (["explain"], "tunekit: error: argument COMMAND: invalid choice: 'explain' (choose from 'run', 'plan', 'diff', "
+                  "'doctor'): 'explain' is tunekit.explain() in Python, not a command (from a shell: tunekit run "
+                  "--trace) (see tunekit --help)"),
+    (["profile"], "tunekit: error: argument COMMAND: invalid choice: 'profile' (choose from 'run', 'plan', 'diff', "
+                  "'doctor'): 'profile' is tunekit.profile() in Python, not a command (see tunekit --help)"),
 ])
 def test_a_misspelled_option_or_command_is_named_by_its_command_with_the_nearest(argv, said, capsys):
     with pytest.raises(SystemExit) as e:
@@ -303,6 +309,22 @@ def test_a_failed_run_exits_1_with_one_line(tmp_path, monkeypatch, capsys):
     code = cli.main(["run", "--lr", "0.5", "--log", str(tmp_path / "l.jsonl"), "--report", str(tmp_path / "r.html")])
     err = capsys.readouterr().err.strip()
     assert code == 1 and err == "tunekit run: failed: RuntimeError: rank 1 failed: ... ValueError: bad"
+
+
+def test_the_seconds_before_a_run_s_first_step_or_a_plan_show_what_they_wait_for(tmp_path, monkeypatch, capsys):
+    # importing torch (and transformers) and building the model took 7-15 s with nothing shown on a
+    # busy 2-core machine; a wait shows from 2 s on (a terminal: redrawn; elsewhere its end line only)
+    for k in TORCHRUN:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr("tunekit.view.progress.SHOW_AFTER_S", 0.0)   # as if the wait were long
+    monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
+    assert cli.main(["run", "--log", str(tmp_path / "l.jsonl"), "--report", str(tmp_path / "r.html")]) == 0
+    assert re.fullmatch(r"tunekit run: setting up: done in \d+\.\d s", capsys.readouterr().err.strip())
+    stages = []
+    monkeypatch.setattr("tunekit.view.progress.WaitProgress.at", lambda self, stage, f=None: stages.append(stage))
+    monkeypatch.setattr("tunekit.planning.planner.plan", lambda *a, **k: type("P", (), {"fits": True})())
+    assert cli.main(["plan", "--model", "cpu-tiny"]) == 0
+    assert stages == ["importing torch"]   # a preset: transformers is not imported
 
 
 @pytest.mark.parametrize("parallel", ["none", "ddp"])
