@@ -369,6 +369,18 @@ def test_a_factory_in_the_current_directory_is_found(tmp_path, monkeypatch):
     assert type(FakeLab.calls[0][1]).__name__ == "Counter" and sys.path[0] == str(tmp_path)
 
 
+def test_a_factory_s_model_that_takes_no_token_batches_is_sent_to_python(tmp_path, monkeypatch, capsys):
+    # a CNN: the Lab's advice ("make batch_fn return ...") names arguments no option of tunekit run gives
+    (tmp_path / "tk_cnn.py").write_text("import torch\ndef build():\n    return torch.nn.Conv2d(3, 4, 3)\n")
+    _outside_sys_path(tmp_path, monkeypatch)
+    assert cli.main(["run", "--model", "tk_cnn:build", "--steps", "1", "--log", "l.jsonl", "--report", "r.html"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tunekit run: failed: ValueError: ") and len(err.splitlines()) == 1, err
+    assert err.endswith("; tunekit run gives a factory's model the Lab's byte-token batches (x, y: micro-batch x "
+                        "seq-len int64) and takes the loss from model(x, y); a model that takes other inputs runs "
+                        "from Python: tunekit.Lab(model, batch_fn, loss_fn) (the docs: Your own model)")
+
+
 @pytest.mark.parametrize("source,model,match", [
     (None, "tk_no_such_module:build", "no module 'tk_no_such_module' on sys.path ({path}); run from the "
                                       "folder that holds it or add that folder to PYTHONPATH"),

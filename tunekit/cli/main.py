@@ -32,6 +32,9 @@ from tunekit.core.run_text import summary_lines  # one builder: print(r) shows t
 PARALLEL = ("none", *comm.PARALLEL)  # the distributed engine's kinds, plus "none" (one process)
 STEPS, WARMUP = 20, 2            # as lab.run
 LOG, REPORT = "tunekit-runs.jsonl", "tunekit-report.html"
+FACTORY_INPUTS = ("tunekit run gives a factory's model the Lab's byte-token batches (x, y: micro-batch x seq-len "
+                  "int64) and takes the loss from model(x, y); a model that takes other inputs runs from Python: "
+                  "tunekit.Lab(model, batch_fn, loss_fn) (the docs: Your own model)")
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -335,7 +338,10 @@ def main(argv=None) -> int:
 
                 shown.at("building the model and checking one step of it")
                 model = lab_model(source, distributed)
-                lab = Lab(model, preset=source[1] if source[0] == "preset" else "cpu-tiny", log_path=args.log)
+                try:
+                    lab = Lab(model, preset=source[1] if source[0] == "preset" else "cpu-tiny", log_path=args.log)
+                except (ValueError, TypeError) as e:   # its batch_fn/loss_fn advice: no option of this command
+                    raise (type(e)(f"{e}; {FACTORY_INPUTS}") if source[0] == "factory" else e) from e
             kw = dict(steps=args.steps, warmup=args.warmup, progress=_progress, verbose=False,
                       **changed_toggles(args), **({"trace": True} if args.trace else {}))
             if distributed:
