@@ -66,7 +66,7 @@ def _meant(path: str, run_id: str) -> str:
     """What a side that names no file was probably meant as: a run id alone ('0', '#0', 'S/0') is
     that run of the log ``tunekit run`` writes here (``tunekit-runs.jsonl``), where it exists; else
     the run logs of this folder."""
-    from tunekit.cli.main import LOG
+    from tunekit.cli.options import LOG
 
     ident = run_id if not path else path if not run_id else ""
     if re.fullmatch(r"([\w.-]+/)?\d+", ident.strip()) and Path(LOG).is_file():

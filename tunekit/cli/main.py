@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from tunekit.cli.model import Refused, model_source, search_said
-from tunekit.cli.options import add_options, resolved, stray
+from tunekit.cli.options import LOG, REPORT, add_options, resolved, stray
 from tunekit.cli.parsing import Formatter as _Formatter
 from tunekit.cli.parsing import Parser as _Parser
 from tunekit.core import comm
@@ -31,7 +31,6 @@ from tunekit.core.run_text import summary_lines  # one builder: print(r) shows t
 
 PARALLEL = ("none", *comm.PARALLEL)  # the distributed engine's kinds, plus "none" (one process)
 STEPS, WARMUP = 20, 2            # as lab.run
-LOG, REPORT = "tunekit-runs.jsonl", "tunekit-report.html"
 FACTORY_INPUTS = ("tunekit run gives a factory's model the Lab's byte-token batches (x, y: micro-batch x seq-len "
                   "int64) and takes the loss from model(x, y); a model that takes other inputs runs from Python: "
                   "tunekit.Lab(model, batch_fn, loss_fn) (the docs: Your own model)")
