@@ -197,6 +197,13 @@ def test_plan_refuses_a_batch_scripts_options_without_sbatch(argv, said, capsys,
                   "--trace) (see tunekit --help)"),
     (["profile"], "tunekit: error: argument COMMAND: invalid choice: 'profile' (choose from 'run', 'plan', 'diff', "
                   "'doctor'): 'profile' is tunekit.profile() in Python, not a command (see tunekit --help)"),
+    # a dtype's other name is the precision meant (difflib found 'bf16' for 'bfloat16', nothing for these)
+    (["plan", "--precision", "half"], "tunekit plan: error: argument --precision: invalid choice: 'half' (choose "
+                                      "from 'fp32', 'tf32', 'bf16', 'fp16'): did you mean 'fp16'? (see tunekit plan "
+                                      "--help)"),
+    (["run", "--precision", "float32"], "tunekit run: error: argument --precision: invalid choice: 'float32' (choose "
+                                        "from 'fp32', 'tf32', 'bf16', 'fp16'): did you mean 'fp32'? (see tunekit run "
+                                        "--help)"),
 ])
 def test_a_misspelled_option_or_command_is_named_by_its_command_with_the_nearest(argv, said, capsys):
     with pytest.raises(SystemExit) as e:

@@ -31,6 +31,11 @@ class Parser(argparse.ArgumentParser):
             word, names = m.group(1), re.findall(r"'([^']*)'", m.group(2))
             if said := _python_only(word) if self.prog == "tunekit" else None:
                 return said
+            if message.startswith("argument --precision:"):   # a dtype's other name: 'half', 'float32'
+                from tunekit.core.registry import precision_meant
+
+                near = precision_meant(word)
+                return f": did you mean {near!r}?" if near else ""
         elif m := re.match(r"unrecognized arguments: (--[^\s=]+)", message):
             word, names = m.group(1), list(self._option_string_actions)
         else:
