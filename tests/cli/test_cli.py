@@ -380,6 +380,7 @@ def test_a_factory_s_model_that_takes_no_token_batches_is_sent_to_python(tmp_pat
     # a CNN: the Lab's advice ("make batch_fn return ...") names arguments no option of tunekit run gives
     (tmp_path / "tk_cnn.py").write_text("import torch\ndef build():\n    return torch.nn.Conv2d(3, 4, 3)\n")
     _outside_sys_path(tmp_path, monkeypatch)
+    monkeypatch.setattr("tunekit.view.progress.SHOW_AFTER_S", 1e9)   # a busy machine's set-up line: not this test's
     assert cli.main(["run", "--model", "tk_cnn:build", "--steps", "1", "--log", "l.jsonl", "--report", "r.html"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("tunekit run: failed: ValueError: ") and len(err.splitlines()) == 1, err
