@@ -16,6 +16,9 @@ What it does, each step timed on one line, then a summary (exit 1 if any finding
 3. from a temporary folder outside the repository, with a fresh HOME, HF_HUB_OFFLINE=1, and no
    display nor BROWSER (headless, as CI and a server are):
    - `tunekit --version`;
+   - a shell user's slips, each refused in one line naming what was meant (no traceback):
+     `tunekit explain` (the Python API's tunekit.explain, not 'plan'), `tunekit diff 0 1` before any
+     run (what a side is), `tunekit plan --device RTX3090 --precision half` ('fp16');
    - a plain `python script.py`: `tunekit.profile` and `tunekit.Monitor` on a small torch model,
      `tunekit.profiling.plot_history().show()` (the chart must land in a file whose path is printed) and
      `tunekit.estimate_memory` (no cuda_context row on a CPU machine);
@@ -380,6 +383,17 @@ class Session:
             self.find("version", f"`tunekit --version` printed {out.stdout.strip()!r}")
         self.scan(out.stdout + out.stderr, "tunekit --version")
 
+    def slips(self) -> None:
+        for argv, must in ((["explain"], "is tunekit.explain() in Python, not a command"),
+                           (["diff", "0", "1"], "0: no such log file"),
+                           (["plan", "--device", "RTX3090", "--precision", "half"], "did you mean 'fp16'?")):
+            out = self.run(["tunekit", *argv], check=False)
+            said = f"tunekit {' '.join(argv)}"
+            if out.returncode != 2 or must not in out.stderr or len(out.stderr.strip().splitlines()) != 1:
+                self.find("refusal", f"{said} exited {out.returncode} (2: refused) saying {out.stderr.strip()[-300:]!r}"
+                                     f", not one line with {must!r}")
+            self.scan(out.stdout + out.stderr, said)
+
     def script(self) -> None:
         (self.work / "script.py").write_text(SCRIPT)
         out = self.run(["python", "script.py"])
@@ -578,6 +592,7 @@ def main(argv=None) -> int:
         s.step("venv with the wheel (--no-deps)", s.make_venv)
         if s.site is not None:
             s.step("tunekit --version", s.version)
+            s.step("a shell user's slips", s.slips)
             s.step("python script.py (profile, Monitor)", s.script)
             s.step("Trainer + TunekitCallback", s.trainer)
             s.step("tunekit plan (hf extra)", s.plan_hf)

@@ -191,6 +191,19 @@ def test_plan_refuses_a_batch_scripts_options_without_sbatch(argv, said, capsys,
                                            "(see tunekit plan --help)"),
     (["doctr"], "tunekit: error: argument COMMAND: invalid choice: 'doctr' (choose from 'run', 'plan', 'diff', "
                 "'doctor'): did you mean 'doctor'? (see tunekit --help)"),
+    # a name of the Python API is said as such: 'explain' was answered "did you mean 'plan'?"
+    (["explain"], "tunekit: error: argument COMMAND: invalid choice: 'explain' (choose from 'run', 'plan', 'diff', "
+                  "'doctor'): 'explain' is tunekit.explain() in Python, not a command (from a shell: tunekit run "
+                  "--trace) (see tunekit --help)"),
+    (["profile"], "tunekit: error: argument COMMAND: invalid choice: 'profile' (choose from 'run', 'plan', 'diff', "
+                  "'doctor'): 'profile' is tunekit.profile() in Python, not a command (see tunekit --help)"),
+    # a dtype's other name is the precision meant (difflib found 'bf16' for 'bfloat16', nothing for these)
+    (["plan", "--precision", "half"], "tunekit plan: error: argument --precision: invalid choice: 'half' (choose "
+                                      "from 'fp32', 'tf32', 'bf16', 'fp16'): did you mean 'fp16'? (see tunekit plan "
+                                      "--help)"),
+    (["run", "--precision", "float32"], "tunekit run: error: argument --precision: invalid choice: 'float32' (choose "
+                                        "from 'fp32', 'tf32', 'bf16', 'fp16'): did you mean 'fp32'? (see tunekit run "
+                                        "--help)"),
 ])
 def test_a_misspelled_option_or_command_is_named_by_its_command_with_the_nearest(argv, said, capsys):
     with pytest.raises(SystemExit) as e:
@@ -305,6 +318,22 @@ def test_a_failed_run_exits_1_with_one_line(tmp_path, monkeypatch, capsys):
     assert code == 1 and err == "tunekit run: failed: RuntimeError: rank 1 failed: ... ValueError: bad"
 
 
+def test_the_seconds_before_a_run_s_first_step_or_a_plan_show_what_they_wait_for(tmp_path, monkeypatch, capsys):
+    # importing torch (and transformers) and building the model took 7-15 s with nothing shown on a
+    # busy 2-core machine; a wait shows from 2 s on (a terminal: redrawn; elsewhere its end line only)
+    for k in TORCHRUN:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr("tunekit.view.progress.SHOW_AFTER_S", 0.0)   # as if the wait were long
+    monkeypatch.setattr("tunekit.lab.lab.Lab", FakeLab)
+    assert cli.main(["run", "--log", str(tmp_path / "l.jsonl"), "--report", str(tmp_path / "r.html")]) == 0
+    assert re.fullmatch(r"tunekit run: setting up: done in \d+\.\d s", capsys.readouterr().err.strip())
+    stages = []
+    monkeypatch.setattr("tunekit.view.progress.WaitProgress.at", lambda self, stage, f=None: stages.append(stage))
+    monkeypatch.setattr("tunekit.planning.planner.plan", lambda *a, **k: type("P", (), {"fits": True})())
+    assert cli.main(["plan", "--model", "cpu-tiny"]) == 0
+    assert stages == ["importing torch"]   # a preset: transformers is not imported
+
+
 @pytest.mark.parametrize("parallel", ["none", "ddp"])
 def test_a_factory_model_is_built_here_or_sent_as_its_name(parallel, tmp_path, monkeypatch):
     for k in TORCHRUN:
@@ -345,6 +374,19 @@ def test_a_factory_in_the_current_directory_is_found(tmp_path, monkeypatch):
     FakeLab.calls = []
     assert cli.main(["run", "--model", "tk_cwd_models:build", "--log", "l.jsonl", "--report", "r.html"]) == 0
     assert type(FakeLab.calls[0][1]).__name__ == "Counter" and sys.path[0] == str(tmp_path)
+
+
+def test_a_factory_s_model_that_takes_no_token_batches_is_sent_to_python(tmp_path, monkeypatch, capsys):
+    # a CNN: the Lab's advice ("make batch_fn return ...") names arguments no option of tunekit run gives
+    (tmp_path / "tk_cnn.py").write_text("import torch\ndef build():\n    return torch.nn.Conv2d(3, 4, 3)\n")
+    _outside_sys_path(tmp_path, monkeypatch)
+    monkeypatch.setattr("tunekit.view.progress.SHOW_AFTER_S", 1e9)   # a busy machine's set-up line: not this test's
+    assert cli.main(["run", "--model", "tk_cnn:build", "--steps", "1", "--log", "l.jsonl", "--report", "r.html"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tunekit run: failed: ValueError: ") and len(err.splitlines()) == 1, err
+    assert err.endswith("; tunekit run gives a factory's model the Lab's byte-token batches (x, y: micro-batch x "
+                        "seq-len int64) and takes the loss from model(x, y); a model that takes other inputs runs "
+                        "from Python: tunekit.Lab(model, batch_fn, loss_fn) (the docs: Your own model)")
 
 
 @pytest.mark.parametrize("source,model,match", [

@@ -18,6 +18,10 @@ CARDS = [
     ("v100", "V100 SXM"), ("4090", "RTX 4090"), ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("3090", "RTX 3090"),
     ("mi250x", "MI250X (one GCD)"), ("mi300", "MI300X"), ("AMD Instinct MI300X", "MI300X"),
     ("T4", "T4"), ("Tesla T4", "T4"), ("L4", "L4"), ("NVIDIA L4", "L4"), ("l40s", "L40S"),
+    # a row's whole name typed without its spaces, or with '_': 'RTX3090' was refused with
+    # "did you mean 'RTX 3090'?" while '3090' and 'H100-SXM' were read
+    ("RTX3090", "RTX 3090"), ("rtx_4090", "RTX 4090"), ("A100_40GB", "A100 40GB"), ("h100sxm", "H100 SXM"),
+    ("H100SXM96GB", "H100 SXM 96GB"), ("MI300-X", "MI300X"),
 ]
 
 

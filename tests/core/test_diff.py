@@ -293,3 +293,22 @@ def test_ratios_keep_three_significant_digits(ratio, words):
     from tunekit.core.fmt import fmt_ratio
 
     assert fmt_ratio(ratio) == words
+
+
+def test_a_side_that_is_a_run_id_alone_is_refused_with_the_side_it_probably_meant(tmp_path, capsys, monkeypatch):
+    from tunekit.cli.main import LOG, main
+    from tunekit.lab.runlog import RunLog
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["diff", "0", "1"]) == 2   # no log here: what a side is, no guess
+    assert capsys.readouterr().err.strip() == "tunekit diff: error: 0: no such log file"
+    RunLog(tmp_path / LOG).add(_run(0, step_s=0.040))   # the log `tunekit run` writes here
+    assert main(["diff", "0", "1"]) == 2
+    assert capsys.readouterr().err.strip() == ("tunekit diff: error: 0: no such log file: a side is LOG.jsonl#ID: "
+                                               "did you mean tunekit-runs.jsonl#0?")
+    assert main(["diff", "#1", "0"]) == 2
+    assert capsys.readouterr().err.strip().endswith("did you mean tunekit-runs.jsonl#1?")
+    assert main(["diff", "run.jsonl#0", "0"]) == 2   # a log misnamed: the logs of this folder
+    assert capsys.readouterr().err.strip() == (
+        "tunekit diff: error: run.jsonl#0: no such log file (a side is LOG.jsonl, LOG.jsonl#ID or "
+        "LOG.jsonl#SESSION/ID; the .jsonl files here: tunekit-runs.jsonl)")

@@ -112,10 +112,14 @@ def test_tflops():
     (0.003, {"digits": 0}, "0.30%"),                  # 0.3% to 0 digits would read 0%
     (2e-7, {}, "0.000020%"),                         # 2.0e-5 %, never an exponent
     (0.0004, {"signed": True}, "+0.0%"),              # a change that rounds to 0 stays 0: too small to matter
+    # a level under 1% keeps 2 significant digits: 0.00047 and 0.00055 read '0.047%' and '0.1%' side by
+    # side in a Monitor's MFU column (twice, where it was 17% more)
+    (0.00055, {}, "0.055%"), (0.0047, {}, "0.47%"), (0.00999, {}, "1.00%"), (0.0047, {"signed": True}, "+0.5%"),
+    (0.0047, {"digits": 3}, "0.470%"),
 ])
 def test_pct(x, kw, text):
     assert fmt_pct(x, **kw) == text
-    if abs(100 * x) >= 0.5 * 10 ** -kw.get("digits", 1) or x == 0:   # no negative zero: Python's own agrees
+    if abs(100 * x) >= 1 or x == 0:   # no negative zero, no level under 1%: Python's own agrees
         assert fmt_pct(x, **kw) == f"{x:{'+' if kw.get('signed') else ''}.{kw.get('digits', 1)}%}"
 
 

@@ -58,3 +58,31 @@ def test_unavailable_optimizers_say_why():
     why = unavailable_optimizers("cpu")
     assert "adamw_8bit" in why and ("bitsandbytes" in why["adamw_8bit"])
     assert set(why) <= set(registry.LAB_OPTIMIZERS)
+
+
+@pytest.mark.parametrize("typed, meant", [
+    ("bfloat16", "bf16"), ("torch.float16", "fp16"), ("half", "fp16"), ("float32", "fp32"), ("BF-16", "bf16"),
+    ("fp8", None), (8, None),   # fp8 is a dtype but no training precision; 8 is no name at all
+])
+def test_a_precision_s_other_name_is_the_precision_meant(typed, meant):
+    assert registry.precision_meant(typed) == meant
+
+
+def test_a_refused_value_names_the_one_probably_meant():
+    from tunekit.core.setting import Toggles, word_problems
+    from tunekit.core.toggles import Env, problems
+
+    assert word_problems(Toggles(precision="bfloat16"))[0] == [
+        "precision must be one of ('fp32', 'tf32', 'bf16', 'fp16'), got 'bfloat16' (did you mean 'bf16'?): "
+        "the training precision; weights= names the parameters' dtype"]
+    with pytest.raises(ValueError, match=r"'adamq'; one of \[.*\]: did you mean 'adamw'\?$"):   # not its alias 'adam'
+        registry.optimizer("adamq")
+    with pytest.raises(ValueError, match=r"\(or \('eager', 'flash_attention_2'\)\): did you mean 'eager'\?$"):
+        registry.attention("eagr")
+    with pytest.raises(ValueError, match=r"'rmsprop'; one of \[[^]]*\]$"):   # nothing close: no guess
+        registry.optimizer("rmsprop")
+    lab_only = "optimizer must be one of ('adamw', 'adamw_fused', 'sgd', 'adafactor', 'lion', 'adamw_8bit') in a Lab "
+    assert problems(Toggles(optimizer="adam"), Env()) == [  # the alias a Lab does not take: its registry name
+        lab_only + "(those it can build), got 'adam': did you mean 'adamw'?"]
+    assert problems(Toggles(optimizer="adamw_bf16"), Env()) == [  # a registry name no Lab builds: no other guessed
+        lab_only + "(those it can build), got 'adamw_bf16'."]

@@ -1,6 +1,7 @@
 """Runs on a real Slurm cluster (tools/slurm_cluster.py: Debian's slurmctld/slurmd on this machine):
 a DDP run comes home as a RunResult with its job, and every way a job ends without a result is a
 JobFailed with the cause in words; bad input is refused before anything is submitted."""
+import math
 import os
 import shutil
 import subprocess
@@ -326,8 +327,11 @@ def test_a_plan_script_asks_for_the_setting_s_layout(tiny_plan, tmp_path):
     assert "#SBATCH --nodes=1" in text and "#SBATCH --ntasks-per-node=2" in text
     expected = plan.expected.step_s * 1e3
     assert f"# expected step {expected:.1f} ms" in text     # the plan's own figure, as a comment
-    # its MFU as the plan's text rounds it (one decimal: a small model's 0.1% is not '0%')
-    assert f"MFU {100 * plan.expected.mfu:.1f}% (tunekit.plan's expectation" in text
+    # its MFU as the plan's text rounds it (one decimal; under 1%, two significant digits: a small
+    # model's 0.055% is not '0%' nor '0.1%')
+    mfu = 100 * plan.expected.mfu
+    said = f"{mfu:.1f}%" if mfu >= 1 else f"{mfu:.{1 - math.floor(math.log10(mfu))}f}%"
+    assert f"MFU {said} (tunekit.plan's expectation" in text
     spec = __import__("json").loads((tmp_path / "spec.json").read_text())
     assert (spec["parallel"], spec["nproc"], spec["nodes"], spec["steps"], spec["toggles"]["micro_batch"]) == \
         ("ddp", 2, 1, 3, 2)

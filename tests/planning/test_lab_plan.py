@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import tunekit
+from tunekit.core.fmt import fmt_pct
 from tunekit.core.toggles import Toggles
 from tunekit.lab import plan as lab_plan
 from tunekit.lab.lab import Lab
@@ -142,7 +143,7 @@ def test_picking_a_device_shows_the_plan_and_none_hides_it(dash):
     assert p.total_bytes == p.peak_bytes + 0.47 * 2**30 + 32 * 2**20 and p.fits
     gib = p.total_bytes / 2**30
     assert f"✓ fits: {gib:.2f} GiB of 79.65 GiB ({81559 / 1024 - gib:.2f} GiB free)" in shown
-    assert f"bound (upper limit): ≤ {p.bound_tokens_per_s:,.0f} tokens/s · MFU ≤ {p.bound_mfu:.1%} of 67 TFLOPS" \
+    assert f"bound (upper limit): ≤ {p.bound_tokens_per_s:,.0f} tokens/s · MFU ≤ {fmt_pct(p.bound_mfu)} of 67 TFLOPS" \
         in shown
     assert "measured on" not in shown and "measured / bound" not in shown   # no run yet (a source may say measured)
     dash.controls["precision"].value = "bf16"   # a plan shown follows the controls
@@ -157,7 +158,7 @@ def test_a_run_is_shown_beside_the_bound(dash):
     r, p = dash.lab.runs[-1], dash.last_plan
     shown = html.unescape(dash.plan_html.value)
     assert f"measured on {r.device}, run #0 baseline: {r.tokens_per_s:,.0f} tokens/s" in shown
-    assert f"measured / bound: {r.tokens_per_s / p.bound_tokens_per_s:.1%} of the speed of light" in shown
+    assert f"measured / bound: {fmt_pct(r.tokens_per_s / p.bound_tokens_per_s)} of the speed of light" in shown
     assert "MFU" in shown.split("measured on")[1]   # the same device: its MFU (of its own peak, 1 TFLOPS)
     dash.controls["micro_batch"].value = 2          # the plan follows; the run does not
     shown = html.unescape(dash.plan_html.value)

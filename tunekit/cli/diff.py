@@ -12,6 +12,7 @@ cannot be compared (different models), before any work.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -38,7 +39,7 @@ def read_side(spec: str):
 
     path, _, run_id = spec.partition("#")
     if not Path(path).is_file():
-        raise Refused(f"{spec}: no such log file")
+        raise Refused(f"{spec}: no such log file{_meant(path, run_id)}")
     with warnings.catch_warnings(record=True) as said:   # lines that are no run: said once, below
         warnings.simplefilter("always")
         runs = RunLog.load(path)
@@ -59,6 +60,20 @@ def read_side(spec: str):
         raise Refused(f"{spec} could be any of {len(found)} runs, one per Lab session that shared the log: name one "
                       "as " + "; ".join(f"{path}#{r.session or ''}/{r.run_id} ({r.label}, {r.time})" for r in found))
     return found[-1]
+
+
+def _meant(path: str, run_id: str) -> str:
+    """What a side that names no file was probably meant as: a run id alone ('0', '#0', 'S/0') is
+    that run of the log ``tunekit run`` writes here (``tunekit-runs.jsonl``), where it exists; else
+    the run logs of this folder."""
+    from tunekit.cli.options import LOG
+
+    ident = run_id if not path else path if not run_id else ""
+    if re.fullmatch(r"([\w.-]+/)?\d+", ident.strip()) and Path(LOG).is_file():
+        return f": a side is LOG.jsonl#ID: did you mean {LOG}#{ident.strip()}?"
+    logs = sorted(p.name for p in Path(".").glob("*.jsonl"))
+    return (" (a side is LOG.jsonl, LOG.jsonl#ID or LOG.jsonl#SESSION/ID; the .jsonl files here: "
+            + ", ".join(logs[:10]) + ")" if logs else "")
 
 
 def _name(r) -> str:

@@ -17,49 +17,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import os
-import re
 import sys
 from pathlib import Path
 
 from tunekit.cli.model import Refused, model_source, search_said
-from tunekit.cli.options import add_options, resolved, stray
+from tunekit.cli.options import LOG, REPORT, add_options, resolved, stray
+from tunekit.cli.parsing import Formatter as _Formatter
+from tunekit.cli.parsing import Parser as _Parser
 from tunekit.core import comm
 from tunekit.core import toggles as tg
 from tunekit.core.run_text import summary_lines  # one builder: print(r) shows the same lines
 
 PARALLEL = ("none", *comm.PARALLEL)  # the distributed engine's kinds, plus "none" (one process)
 STEPS, WARMUP = 20, 2            # as lab.run
-LOG, REPORT = "tunekit-runs.jsonl", "tunekit-report.html"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse would print the usage block first)
-        self.exit(2, f"{self.prog}: error: {message}{self._nearest(message)} (see {self.prog} --help)\n")
-
-    def parse_known_args(self, args=None, namespace=None):
-        ns, extra = super().parse_known_args(args, namespace)
-        if extra and " " in self.prog:   # a command's parser ("tunekit run"): said by it, with its options
-            self.error(f"unrecognized arguments: {' '.join(extra)}")
-        return ns, extra
-
-    def _nearest(self, message: str) -> str:
-        """': did you mean --steps?' for a misspelled option or command, from the names it could be."""
-        if m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
-            word, names = m.group(1), re.findall(r"'([^']*)'", m.group(2))
-        elif m := re.match(r"unrecognized arguments: (--[^\s=]+)", message):
-            word, names = m.group(1), list(self._option_string_actions)
-        else:
-            return ""
-        near = difflib.get_close_matches(word, names, n=1)
-        if not near:
-            return ""
-        return f": did you mean {near[0] if near[0].startswith('-') else repr(near[0])}?"
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+FACTORY_INPUTS = ("tunekit run gives a factory's model the Lab's byte-token batches (x, y: micro-batch x seq-len "
+                  "int64) and takes the loss from model(x, y); a model that takes other inputs runs from Python: "
+                  "tunekit.Lab(model, batch_fn, loss_fn) (the docs: Your own model)")
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -354,11 +328,19 @@ def main(argv=None) -> int:
                 return 0
             result = RunLog(args.log).add(result)
         else:
-            from tunekit.lab.lab import Lab
+            from tunekit.view.progress import wait_progress
 
             distributed = args.parallel != "none"
-            model = lab_model(source, distributed)
-            lab = Lab(model, preset=source[1] if source[0] == "preset" else "cpu-tiny", log_path=args.log)
+            with wait_progress("tunekit run: setting up", True) as shown:   # seconds before the first step
+                shown.at("importing torch")
+                from tunekit.lab.lab import Lab
+
+                shown.at("building the model and checking one step of it")
+                model = lab_model(source, distributed)
+                try:
+                    lab = Lab(model, preset=source[1] if source[0] == "preset" else "cpu-tiny", log_path=args.log)
+                except (ValueError, TypeError) as e:   # its batch_fn/loss_fn advice: no option of this command
+                    raise (type(e)(f"{e}; {FACTORY_INPUTS}") if source[0] == "factory" else e) from e
             kw = dict(steps=args.steps, warmup=args.warmup, progress=_progress, verbose=False,
                       **changed_toggles(args), **({"trace": True} if args.trace else {}))
             if distributed:

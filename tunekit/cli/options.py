@@ -10,6 +10,8 @@ import argparse
 
 from tunekit.core.toggles import declared
 
+LOG, REPORT = "tunekit-runs.jsonl", "tunekit-report.html"   # tunekit run's --log and --report, in the current folder
+
 
 class DeviceRule:
     """The default of an option whose value is a rule of the device (`core.setting.best_precision`):

@@ -57,25 +57,30 @@ def setting_of(args) -> Setting:
 
 def plan_main(args) -> int:
     """Run ``tunekit plan`` on parsed ``args``; the exit status."""
-    from tunekit.planning.planner import plan
+    from tunekit.view.progress import wait_progress
 
     try:
         if why := stray(args, plan_parser(), "sbatch", ("partition", "time", "option")):
             raise Refused(why)
         kind, value = model_source(args.model, factories=False)
-        if kind == "preset":
-            from tunekit.models.gpt import GPTConfig
+        # torch's and transformers' imports are seconds of a plan's wait: shown as its first stage
+        with wait_progress("tunekit plan", True) as shown:
+            shown.at("importing torch" + (" and transformers" if kind != "preset" else ""))
+            from tunekit.planning.planner import plan
 
-            cfg = GPTConfig.preset(value)
-        else:
-            try:
-                from transformers import AutoConfig
-            except ModuleNotFoundError as e:
-                raise (missing_extra(e, "--model with a transformers config JSON") or e) from None
+            if kind == "preset":
+                from tunekit.models.gpt import GPTConfig
 
-            config = dict(value)
-            cfg = AutoConfig.for_model(config.pop("model_type"), **config)
-        p = plan(cfg, setting=setting_of(args), search=args.search)
+                cfg = GPTConfig.preset(value)
+            else:
+                try:
+                    from transformers import AutoConfig
+                except ModuleNotFoundError as e:
+                    raise (missing_extra(e, "--model with a transformers config JSON") or e) from None
+
+                config = dict(value)
+                cfg = AutoConfig.for_model(config.pop("model_type"), **config)
+            p = plan(cfg, setting=setting_of(args), search=args.search)
     except (Refused, ValueError, TypeError, ImportError) as e:
         import sys
 

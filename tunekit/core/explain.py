@@ -122,7 +122,7 @@ def speed_pct(x: float) -> str:
     0.004 -> '0.4%', under 0.1% -> 'under 0.1%'."""
     if is_missing(x) or x >= 0.01:
         return fmt_pct(x, 0)
-    return fmt_pct(x, 1) if x >= 0.001 else "under 0.1%"
+    return f"{100 * x:.1f}%" if x >= 0.001 else "under 0.1%"   # one decimal, coarse as the words around it
 
 
 @dataclass

@@ -98,13 +98,14 @@ def fmt_ratio(x) -> str:
 def fmt_pct(x, digits: int = 1, signed: bool = False) -> str:
     """A fraction as a percentage: 0.404 -> '40.4%' (``digits=0``: '40%'); ``signed``: a change,
     '+40%' / '-5%'. A figure that rounds to zero has no minus: -0.001 -> '0%', not '-0%'. A level
-    (unsigned, above zero) that would round to zero keeps two significant digits: 0.0003 -> '0.030%'
-    (an MFU of 0.030% is not 0%); a change that small still reads 0 (it is too small to matter)."""
+    (unsigned, above zero) under 1% keeps two significant digits: 0.0003 -> '0.030%' (an MFU of
+    0.030% is not 0%), 0.00055 -> '0.055%' (not '0.1%': in a column beside 0.047% it read as twice
+    that); a change that small still reads 0 (it is too small to matter)."""
     if is_missing(x):
         return NA
     v = round(100 * x, digits) + 0.0   # -0.0 + 0.0 is 0.0: the sign of a rounded-away figure dropped
-    if v == 0 and x > 0 and not signed:
-        places = 1 - math.floor(math.log10(100 * x))   # two significant digits, never an exponent
+    if 0 < 100 * x < 1 and not signed:
+        places = max(digits, 1 - math.floor(math.log10(100 * x)))   # two significant digits, never an exponent
         return f"{100 * x:.{places}f}%"
     return f"{v:{'+' if signed else ''}.{digits}f}%"
 

@@ -188,8 +188,32 @@ def optimizer(name: str) -> Optimizer:
     key = str(name).lower()
     key = _OPT_ALIASES.get(key, key)
     if key not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; one of {sorted(OPTIMIZERS)}")
+        raise ValueError(f"unknown optimizer {name!r}; one of {sorted(OPTIMIZERS)}"
+                         + _meant(name, [*OPTIMIZERS, *_OPT_ALIASES], _OPT_ALIASES))
     return OPTIMIZERS[key]
+
+
+def precision_meant(value) -> str | None:
+    """The training precision ``value`` probably meant: a dtype's other name ('bfloat16',
+    torch.float16, 'half'), else the spelling closest to one (`core.validate.nearest`).
+
+    >>> precision_meant("bfloat16"), precision_meant("torch.float32"), precision_meant("BF-16"), precision_meant(8)
+    ('bf16', 'fp32', 'bf16', None)
+    """
+    from tunekit.core.validate import nearest
+
+    key = str(value).lower().removeprefix("torch.")
+    named = _DTYPE_ALIASES.get(key, key)
+    return named if named in PRECISIONS else nearest(value, PRECISIONS)
+
+
+def _meant(name, names: list, canonical: dict | None = None) -> str:
+    """": did you mean 'x'?" for a name spelled close to one of ``names`` (`core.validate.nearest`;
+    an alias said as ``canonical`` names it: 'adamq' -> 'adamw', not its alias 'adam'), else ""."""
+    from tunekit.core.validate import nearest
+
+    near = nearest(str(name), names)
+    return f": did you mean {(canonical or {}).get(near, near)!r}?" if near is not None else ""
 
 
 def optimizer_for_class(class_name: str, momentum: float = 0.0) -> Optimizer | None:
@@ -232,7 +256,8 @@ def attention(name: str) -> Attention:
     """The attention entry for a name or alias (``"eager"`` is transformers' name for math)."""
     key = ATTENTION_ALIASES.get(name, name)
     if key not in ATTENTIONS:
-        raise ValueError(f"unknown attention {name!r}; one of {tuple(ATTENTIONS)} (or {tuple(ATTENTION_ALIASES)})")
+        raise ValueError(f"unknown attention {name!r}; one of {tuple(ATTENTIONS)} (or {tuple(ATTENTION_ALIASES)})"
+                         + _meant(name, [*ATTENTIONS, *ATTENTION_ALIASES]))
     return ATTENTIONS[key]
 
 

@@ -179,10 +179,9 @@ WHY = {"micro_batch": "a step needs at least one sample",
 
 
 def word_problems(t: Toggles) -> tuple[list[str], dict]:
-    """(a sentence per toggle of ``t`` holding what it cannot, its values in canonical form): the
-    one place each toggle's own rule is worded (a Setting raises them when made, the Lab's
-    `core.toggles.problems` lists them); a numpy int becomes an int, "adam" the registry's
-    "adamw", "eager" attention "math". What a machine or a model allows is not said here.
+    """(a sentence per toggle of ``t`` holding what it cannot, with the value probably meant; its values in
+    canonical form): the one place each toggle's rule is worded (a Setting raises them, `core.toggles.problems`
+    lists them); a numpy int becomes an int, "adam" "adamw", "eager" attention "math". Machines, models: not here.
 
     >>> word_problems(Toggles(micro_batch=0))[0]
     ['micro_batch must be a whole number >= 1, got 0: a step needs at least one sample']
@@ -197,7 +196,8 @@ def word_problems(t: Toggles) -> tuple[list[str], dict]:
         except ValueError as e:
             errors.append(f"{e}: {WHY[name]}" if name in WHY else str(e))
     if t.precision not in PRECISIONS:
-        errors.append(f"precision must be one of {PRECISIONS}, got {t.precision!r}: {WHY['precision']}")
+        near = f" (did you mean {m!r}?)" if (m := registry.precision_meant(t.precision)) else ""
+        errors.append(f"precision must be one of {PRECISIONS}, got {t.precision!r}{near}: {WHY['precision']}")
     for name, resolve in (("optimizer", registry.optimizer), ("attention", registry.attention)):
         value = getattr(t, name)
         if value is not None:

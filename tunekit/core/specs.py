@@ -50,8 +50,8 @@ def find_spec(device_name: str | None) -> GPU | None:
     if not device_name:
         return None
     name = device_name.lower().replace("-", " ")
-    exact = next((g for g in gpus.GPUS if g.name.lower() == name.strip()), None)
-    alias = gpus.ALIASES.get(name.strip())
+    exact = next((g for g in gpus.GPUS if _squeezed(g.name) == _squeezed(name)), None)
+    alias = next((row for a, row in gpus.ALIASES.items() if _squeezed(a) == _squeezed(name)), None)
     if exact is not None or alias is not None:
         return exact or gpu(alias)
     return next((spec for spec in gpus.GPUS if matches(name, spec)), None)
@@ -92,6 +92,12 @@ def device_type(device_name: str) -> str | None:
     """
     kind = device_name.strip().lower().partition(":")[0]
     return kind if kind in DEVICE_TYPES else None
+
+
+def _squeezed(name: str) -> str:
+    """A name as typed without case, spaces, '-' or '_': 'RTX3090', 'rtx-3090' and 'RTX 3090' are
+    one name, and 'A100_40GB' is 'A100 40GB' (a row's or an alias's whole name, not a part of it)."""
+    return re.sub(r"[\s_-]+", "", name.lower())
 
 
 def matches(name: str, spec: GPU) -> bool:

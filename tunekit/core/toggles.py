@@ -142,6 +142,7 @@ class Env:
     can_set_attention: bool = True
     can_checkpoint: bool = True
     model: str = "this model"
+    blocks_example: str = "Lab(model, blocks='layers')"   # models.naming.blocks_example: from the model's modules
 
 
 class ToggleError(ValueError):
@@ -167,7 +168,9 @@ def problems(t: Toggles, env: Env) -> list[str]:
     elif t.precision == BF16 and cuda and not env.bf16_supported:
         out.append("this GPU has no bf16 support (pre-Ampere): use fp16 (with its GradScaler) or fp32.")
     if "optimizer" in fixed and t.optimizer not in OPTIMIZERS:   # the registry's, not one a Lab builds
-        out.append(f"optimizer must be one of {OPTIMIZERS} in a Lab (those it can build), got {t.optimizer!r}.")
+        named = fixed["optimizer"]   # an alias ('adam'): the registry's name for it, which a Lab may build
+        out.append(f"optimizer must be one of {OPTIMIZERS} in a Lab (those it can build), got {t.optimizer!r}"
+                   + (f": did you mean {named!r}?" if named in OPTIMIZERS else "."))
     elif t.optimizer in env.unavailable_optimizers:
         out.append(f"optimizer {t.optimizer!r} is unavailable here: {env.unavailable_optimizers[t.optimizer]}")
     if t.attention in ATTENTIONS:
@@ -181,7 +184,7 @@ def problems(t: Toggles, env: Env) -> list[str]:
             out.append("flash-attn kernels take fp16/bf16 tensors only; choose precision bf16 (or fp16).")
     if t.checkpointing and not env.can_checkpoint:
         out.append(f"tunekit does not know {env.model}'s blocks: name them to checkpoint them, "
-                   "e.g. Lab(model, blocks='layers').")
+                   f"e.g. {env.blocks_example}.")
     return out
 
 

@@ -21,7 +21,7 @@ from tunekit.models.adapters import adapt
 from tunekit.models.dry_step import dry_step
 from tunekit.models.encoders import refuse_encoder
 from tunekit.models.gpt import GPT, GPTConfig
-from tunekit.models.naming import model_label
+from tunekit.models.naming import blocks_example, model_label
 from tunekit.models.optimizers import unavailable_optimizers
 from tunekit.train.precision import autocast, matmul_precision
 from tunekit.train.record import Peaks
@@ -32,7 +32,17 @@ _LAB_IDS = itertools.count()
 
 def build(lab, model, batch_fn, loss_fn, preset, config, data, device, log_path, peak_tflops, seed, blocks,
           defaults: dict) -> None:
-    """Fill a new ``lab`` from ``Lab(...)``'s arguments (see `Lab`), checking each first."""
+    """Fill a new ``lab`` from ``Lab(...)``'s arguments (see `Lab`), checking each first; a build
+    over 2 s (a 124M GPT's weights, a busy machine) shows what it is doing (`view.progress`)."""
+    from tunekit.view.progress import wait_progress
+
+    with wait_progress("tunekit.Lab", True) as shown:
+        _build(lab, model, batch_fn, loss_fn, preset, config, data, device, log_path, peak_tflops, seed, blocks,
+               defaults, shown)
+
+
+def _build(lab, model, batch_fn, loss_fn, preset, config, data, device, log_path, peak_tflops, seed, blocks,
+           defaults: dict, shown) -> None:
     if model is not None and not isinstance(model, str):
         instance("model", model, torch.nn.Module, "None, an nn.Module instance or a factory 'package.module:function'")
     for name, fn, takes in (("batch_fn", batch_fn, "(micro_batch, seq_len) -> (x, y)"),
@@ -45,6 +55,7 @@ def build(lab, model, batch_fn, loss_fn, preset, config, data, device, log_path,
         check_log_path(log_path)
     lab.device = existing_device(device) if device is not None else default_device()
     lab.factory = model if isinstance(model, str) else None  # "package.module:function"
+    shown.at("building the model")
     if lab.factory is not None:
         from tunekit.models.spec import build_model, factory_spec
         model = build_model(factory_spec(lab.factory), seed)
@@ -57,6 +68,7 @@ def build(lab, model, batch_fn, loss_fn, preset, config, data, device, log_path,
     lab.config = getattr(model, "config", None)
     adapter = adapt(model, blocks)
     # the built-in batches (None: the Lab's own batch_fn draws them)
+    shown.at("checking one step of it on two samples")
     lab.batcher = token_batcher(adapter, data, lab.device, seed) if batch_fn is None else None
     if loss_fn is None and adapter.kind == "module":
         adapter.check_default_loss()
@@ -102,7 +114,8 @@ def env(lab) -> Env:
                unavailable_optimizers=unavailable_optimizers(lab.device.type),
                block_size=lab.adapter.max_seq_len,
                can_set_attention=bool(lab.adapter.attentions),
-               can_checkpoint=lab.adapter.can_checkpoint, model=model_label(lab.model))
+               can_checkpoint=lab.adapter.can_checkpoint, model=model_label(lab.model),
+               blocks_example=blocks_example(lab.model))
 
 
 def memory_target(lab, micro_batch: int | None = None, seq_len: int | None = None, batch=None):

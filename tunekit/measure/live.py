@@ -61,7 +61,13 @@ class LiveBytes(TorchDispatchMode):
         self.scratch = scratch
         self._refs = {}     # storage identity -> (weak ref, bytes)
         self._stack, self._backward_module = [], ""
-        self._names = {id(m): n or type(m).__name__ for n, m in model.named_modules()} if model is not None else {}
+        # a plan's wrapper of the user's model and loss (planning.module.Stepped) is named as that model:
+        # its peak is 'in CNN' or 'in c1', never in the wrapper's own class nor its attribute 'model'
+        inner = getattr(model, "planned_model", None)
+        self._names = {id(m): n or type(m).__name__ for n, m in (inner or model).named_modules()} \
+            if model is not None else {}
+        if inner is not None:
+            self._names[id(model)] = type(inner).__name__
         self._hooks = []
 
     def _rounded(self, n: int) -> int:

@@ -26,3 +26,21 @@ def model_label(model) -> str:
 
 
 __all__ = ["model_label"]
+
+
+def blocks_example(model) -> str:
+    """How to name ``model``'s blocks to a Lab, from its own modules: its first module lists
+    (``blocks='features'``, an nn.ModuleList or nn.Sequential below the root, at most three
+    named), else its children as a list (``blocks=[model.c1, model.c2, ...]``)."""
+    import torch
+
+    model = getattr(model, "_orig_mod", model)
+    lists = [n for n, m in model.named_modules() if n and isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential))]
+    if lists:
+        return f"Lab(model, blocks={lists[0]!r}) (its module lists: {', '.join(lists[:3])})"
+    children = [n for n, _ in model.named_children()]
+    if children:
+        first = f"model[{children[0]}]" if children[0].isdigit() else f"model.{children[0]}"   # an nn.Sequential's
+        return (f"Lab(model, blocks=[{first}, ...]) with the modules to recompute "
+                f"(its children: {', '.join(children)})")
+    return "Lab(model, blocks=[...]) with the modules to recompute"

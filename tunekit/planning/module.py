@@ -104,6 +104,11 @@ class Stepped(torch.nn.Module):
         self.model, self.loss_fn, self.adapter = model, loss_fn, adapter
         self.checked = False
 
+    @property
+    def planned_model(self) -> torch.nn.Module:
+        """The user's model (its twin) this wraps: what a plan's peak is said to be in (measure.live)."""
+        return self.model
+
     def forward(self, *batch):
         out = self.loss_fn(self.model, *batch) if self.loss_fn is not None else \
             step_loss(self.model, batch, self.adapter.kind, reduce=False)

@@ -195,20 +195,21 @@ def memory_rows(p: Plan) -> list[str]:
         # the rows sum to the peak
         rows.append(f"  peak       {fmt_gib(p.peak_bytes, 3)} at {p.peak_at} + fixed costs; the components "
                     "(each its largest over the step, not all alive at the peak) and the rest of the peak:")
+    w = max(17, *map(len, [*p.components, *p.fixed]))   # one name column: 'hipblaslt_workspace' is 19 wide
     for k, v in p.components.items():
         if is_missing(v):
-            rows.append(f"    {k:<17}{'unknown':>10}")
+            rows.append(f"    {k:<{w}}{'unknown':>14}")
         elif v:
-            rows.append(f"    {k:<17}{fmt_gib(v, 3):>14}")
+            rows.append(f"    {k:<{w}}{fmt_gib(v, 3):>14}")
     if not is_missing(p.other_bytes) and p.other_bytes >= 0:
-        rows.append(f"    {'other at the peak':<17}{fmt_gib(p.other_bytes, 3):>14}  (the peak less the rows above, "
+        rows.append(f"    {'other at the peak':<{w}}{fmt_gib(p.other_bytes, 3):>14}  (the peak less the rows above, "
                     "not broken down: temporaries no component owns, e.g. the loss's gradient over the vocabulary, "
                     "less component bytes not alive at the peak)")
     elif not is_missing(p.other_bytes):   # a figure is never printed negative: the row says it is taken off
-        rows.append(f"    {'less, not alive':<17}{fmt_gib(-p.other_bytes, 3):>14}  (the rows above less the peak: "
+        rows.append(f"    {'less, not alive':<{w}}{fmt_gib(-p.other_bytes, 3):>14}  (the rows above less the peak: "
                     "component bytes, each counted at its own largest, that the peak does not hold)")
     for k, (b, src) in p.fixed.items():
-        rows.append(f"    {k:<17}{fmt_gib(b, 3):>14}  ({src})")
+        rows.append(f"    {k:<{w}}{fmt_gib(b, 3):>14}  ({src})")
     return rows
 
 
