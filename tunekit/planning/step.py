@@ -323,13 +323,16 @@ def in_param_dtype(full: FakeStep, half: FakeStep) -> FakeStep:
     same step on the half model): each phase's peak is the half step's with the half model's
     parameters, buffers and optimizer state swapped for the fp32 model's (``held``) and its gradients
     scaled to fp32; no autocast weight copies (FSDP's gathered parameters replace them, `planning.shard`).
-    Its components and count stay ``full``'s (the static lines are the fp32 model's).
+    Its components stay ``full``'s (the static lines are the fp32 model's); its count is ``half``'s where
+    that has one (the ops FSDP's param dtype runs: no autocast weight casts, half gradients; FSDP's own
+    copies and casts are planning.fsdp_work's records), else ``full``'s.
     Half step: peak 100 in backward, held 30, gradients 10 of 20 alive; full: held 60, gradients 40
     -> 100 + (60 - 30) + 10 x (40/20 - 1) = 140, gradients 20."""
     ratio = full.all_grads / half.all_grads if half.all_grads else 1.0
     shift = full.held - half.held
     detail = {ph: (b + shift + g * (ratio - 1), where, g * ratio) for ph, (b, where, g) in half.phase_detail.items()}
     peak, at, grads = max(detail.values(), key=lambda v: v[0])
-    return replace(full, peak=peak, peak_at=at, grads_at_peak=grads, phase_detail=detail,
+    counted = {name: getattr(half, name) for name in COUNTED} if half.has("ops") else {}
+    return replace(full, **counted, peak=peak, peak_at=at, grads_at_peak=grads, phase_detail=detail,
                    phase_peaks={ph: v[0] for ph, v in detail.items()}, casts_at=dict.fromkeys(detail, 0.0),
                    timeline=[(ph, b + shift) for ph, b in half.timeline], notes=full.notes + [PARAM_DTYPE_NOTE])
