@@ -1,10 +1,18 @@
 import os
+import signal
 import tempfile
 
 import pytest
 
 # Calibrations are cached per machine; tests must not read or write the user's cache.
 os.environ.setdefault("TUNEKIT_CACHE", tempfile.mkdtemp(prefix="tunekit-cache-"))
+
+# A run started with `&` from a script (no job control) inherits SIGINT ignored, and Python then
+# installs no Ctrl-C handler of its own: tunekit rightly stays out of a signal the user ignores, so
+# the tests of its Ctrl-C handling (and of what a cell reads) need Python's handler, as a terminal's
+# or Jupyter's Python has it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -275,17 +275,17 @@ def test_steps_equal_to_the_hundredth_are_the_same_not_faster():
 
 def test_a_sub_millisecond_step_keeps_its_digits_and_a_large_ratio_three_significant_ones():
     # the user's report: 207.8 ms -> 0.516 ms a step with 32 -> 64 tokens: 207.8 / 0.516 x 64 / 32
-    # = 805.4x faster per token (three significant digits: 805x, not 805.43x); 0.516 ms is 516.0 us
+    # = 805.4x faster per token (three significant digits: 805x, not 805.43x); 0.516 ms is 516.0 µs
     a, b = _run(0, step_s=0.050), _run(1, "compiled", step_s=0.040, micro_batch=16)
     a.step_s_min, b.step_s_min, b.tokens_per_step = 0.2078, 0.000516, 64
     a.flops_per_step, b.flops_per_step = 385.9e6, 771.8e6
     d = tunekit.diff(a, b)
-    assert d.summary.splitlines()[2] == ("fastest step 207.8 ms -> 516.0 us "
+    assert d.summary.splitlines()[2] == ("fastest step 207.8 ms -> 516.0 µs "
                                          "(32 -> 64 tokens a step: 805x faster per token)")
     rows = [line.split() for line in d.text().splitlines()]
     # FLOP counts as the rest of tunekit writes them (core.fmt.fmt_flops): 385.9e6 -> 385.9 MFLOP
     assert "step FLOPs per step 385.9 MFLOP 771.8 MFLOP +100.0%".split() in rows     # 771.8 / 385.9 = 2
-    assert "step fastest step 207.8 ms 516.0 us -99.8%".split() in rows             # 0.516 / 207.8 - 1
+    assert "step fastest step 207.8 ms 516.0 µs -99.8%".split() in rows             # 0.516 / 207.8 - 1
 
 
 @pytest.mark.parametrize("ratio, words", [(1.6, "1.60x"), (80.49, "80.5x"), (804.92, "805x"), (12345.6, "12346x")])

@@ -11,6 +11,7 @@ from tunekit.core.notes import of_kind
 from tunekit.core.setting import Setting
 from tunekit.core.toggles import ToggleError, Toggles
 from tunekit.lab import expect as ex
+from tunekit.lab import expect_peak
 from tunekit.lab import plan as lab_plans
 from tunekit.lab.expect_trace import untimed
 
@@ -56,8 +57,9 @@ def fake_run(traced=True, step_s=0.0363, peak=300 * MiB):
 @pytest.fixture(autouse=True)
 def no_floor_under_a_made_up_lab(monkeypatch):
     """A made-up Lab (no model, no process of its own) has no floor below its plan: 0 bytes."""
-    real = ex.lab_floor_bytes
-    monkeypatch.setattr(ex, "lab_floor_bytes", lambda lab: 0.0 if isinstance(lab, SimpleNamespace) else real(lab))
+    real = expect_peak.lab_floor_bytes
+    monkeypatch.setattr(expect_peak, "lab_floor_bytes",
+                        lambda lab: 0.0 if isinstance(lab, SimpleNamespace) else real(lab))
 
 
 def fake_lab(device_type="cpu"):
@@ -265,7 +267,7 @@ def test_a_setting_that_cannot_fit_here_is_said_so(lab, monkeypatch):
     # a 30 MiB plan on a machine with 20 MiB free beyond what the process holds: lab.run would refuse it
     # (the cheap line lab.expect refuses by before planning, 16.2 MiB at micro_batch=8, lets it through)
     monkeypatch.setattr(ex, "cached_plan", lambda lab, device, s, verbose=False: fake_plan(BASE_ROWS, 30 * MiB))
-    monkeypatch.setattr(ex, "lab_floor_bytes", lambda lab: 0.0)
+    monkeypatch.setattr(expect_peak, "lab_floor_bytes", lambda lab: 0.0)
     monkeypatch.setattr(ex, "in_use_bytes", lambda lab: 0.0)
     monkeypatch.setattr(memavail, "available", lambda *a: memavail.Available(20 * MiB, "MemAvailable"))
     e = lab.expect(micro_batch=8)

@@ -70,6 +70,8 @@ class Expected:
     comm_exposed_s: float = 0.0
     # op -> the dtype signatures its kernels ran at (planning.ops.kernel_dtypes); {}: not known
     dtypes: dict = field(default_factory=dict)
+    # (kind, dtype signature, op, phase, dims) of its matmul and attention kernels (planning.expect.kernel_keys)
+    kernels: frozenset = frozenset()
 
     @property
     def by_op(self):

@@ -70,6 +70,7 @@ KINDS = {
     "expect.peak_uncalibrated": "lab.expect: the base run measured no peak, the plan's peak alone",
     "expect.busy": "lab.expect: the base run was measured on a busy machine",
     "expect.peak_offset": "lab.expect: the CPU peak carried as one offset (no start reading)",
+    "expect.first_use": "lab.expect: kernels not yet run here: what a CPU kernel library keeps once per process",
     "expect.wont_fit": "lab.expect: the setting's peak needs more memory than is available: lab.run refuses it",
     # find_max_batch_size's trial reasons (Trial.reason)
     "trial.ok": "the trial fit",

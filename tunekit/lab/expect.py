@@ -29,7 +29,9 @@ calibrates it, the way ``lab.explain`` sets a run against its plan (lab.explain.
 - memory: the plan's peak plus what the base run measured beyond its plan: on a GPU the
   allocator's (measured / planned, a ratio); on a CPU the meter is the process's RSS from a
   settled start (measure.device_meter.DeviceMeter): the process's floor as it is now, plus the plan's
-  peak, plus the base run's unplanned bytes scaled by the tokens of a micro-batch (`peak_of`).
+  peak, plus the base run's unplanned bytes scaled by the tokens of a micro-batch (`peak_of`), plus
+  what a CPU kernel library keeps once per process for the setting's matmul and attention kernels
+  tunekit's steps in this process have not run yet (lab.expect_peak, measure.first_use).
 
 Plans are cached per Lab by the device and the setting words that change the fake step (all
 but ``lr``), so asking again is instant.
@@ -46,6 +48,7 @@ from tunekit.core.setting import Setting, step_words
 from tunekit.core.toggles import ToggleError, Toggles, label
 from tunekit.core.units import is_missing
 from tunekit.lab import fit
+from tunekit.lab.expect_peak import HELD, held_bytes, lab_floor_bytes, peak_of, prepare_first_use  # noqa: F401 (their home: expect_peak)
 from tunekit.lab.expect_trace import (
     ONCE_A_STEP,
     calibrated_rows,
@@ -59,6 +62,7 @@ from tunekit.lab.explain import plan_device
 from tunekit.lab.plan import cached_plan
 from tunekit.lab.setting import setting_of, toggles_of
 from tunekit.planning.target import lab_setting
+from tunekit.view.progress import wait_progress
 
 NaN = math.nan
 CHANGED = 0.01              # an op whose expected time moves by more than this share is "resized"
@@ -224,77 +228,6 @@ def changes_of(rows, base_rows) -> list:
     return sorted(out, key=lambda r: -abs(r[3] - r[2]))
 
 
-HELD = ("weights", "master_weights", "optimizer_states", "buffers")   # plan components kept between steps
-
-
-def held_bytes(plan) -> float:
-    """What a plan's step keeps from one step to the next (weights, master weights, optimizer states,
-    buffers): held already as a run's timed steps start; NaN when the plan has no components."""
-    comps = getattr(plan, "components", None)
-    if not comps:
-        return NaN
-    return float(sum(comps.get(k, 0.0) for k in HELD if not is_missing(comps.get(k, 0.0))))
-
-
-def lab_floor_bytes(lab) -> float:
-    """The process without the Lab's step: its RSS settled now (measure.device_meter: glibc hands its
-    freed heap pages back, ~10 ms, and RSS is what a run's meter would read at its start) less the
-    tensors the Lab holds (weights, buffers, gradients left, optimizer states): Python, torch, the
-    data and whatever else the process keeps. It grows over a session (a first traced run: ~20 MiB)."""
-    from tunekit.measure.device_meter import settled_rss_bytes
-    from tunekit.measure.tally import unique_bytes
-
-    model, opt = lab.model, getattr(lab, "optimizer", None)
-    states = [v for st in (opt.state.values() if opt is not None else ()) for v in st.values()]
-    held = unique_bytes([*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters()), *states])
-    return float(settled_rss_bytes() - held)
-
-
-def peak_of(lab, plan, run, base_plan, floor=None) -> tuple[float, float, list]:
-    """(expected peak bytes, the base's peak, notes): the plan's peak corrected by what the base
-    run measured beyond its plan. GPU: a ratio (the allocator's peak over the plan's). CPU, where
-    the run kept its meter's start (``peak_mem_start_bytes``, RSS once glibc's freed heap pages
-    were handed back): the process's floor as it is now (``floor``: `lab_floor_bytes`), plus what
-    the setting keeps between steps (the plan's), plus what its steps add (the plan's transient:
-    its peak less what is kept) and the base run's unplanned part of that, scaled by the tokens of
-    one micro-batch: what the steps touched beyond the fake step's tensors (allocator holes and
-    pages no tensor accounts for) followed the tokens on cpu-tiny, not the activations: ~21 MiB at
-    1,024 tokens (24 with checkpointing, which drops 85% of the activations), 41-44 at 2,048, 12
-    at 512 (benchmarks/bench_cpu_peak.py). Without a start reading: one offset, measured - planned.
-    Without a run: the plan's peak, on a CPU above the process's floor (what lab.run's meter reads)."""
-    planned = plan.total_bytes
-    if run is None:   # on a CPU the run's meter reads the process: the floor is on both sides
-        below = (lab_floor_bytes(lab) if floor is None else floor) if lab.device.type == "cpu" else 0.0
-        return below + planned, below + base_plan.total_bytes, []
-    measured = run.peak_mem_bytes
-    if measured is None or is_missing(measured) or not measured > 0 or not base_plan.total_bytes > 0:
-        return planned, NaN, [Note("expect.peak_uncalibrated", f"run #{run.run_id} measured no peak: the "
-                                                                "plan's fake-step peak alone")]
-    if lab.device.type != "cpu":
-        return planned * measured / base_plan.total_bytes, measured, []
-    start = getattr(run, "peak_mem_start_bytes", None)
-    kept, base_kept = held_bytes(plan), held_bytes(base_plan)
-    if start is None or is_missing(start) or is_missing(kept) or is_missing(base_kept):
-        return planned + (measured - base_plan.total_bytes), measured, [Note(
-            "expect.peak_offset", f"run #{run.run_id} kept no start reading of its peak meter: what it measured "
-                                  "beyond its plan is carried as one offset")]
-    if floor is None:
-        try:
-            floor = lab_floor_bytes(lab)
-        except RuntimeError:   # the optimizer's state changed under the reading (a step in another thread)
-            floor = start - base_kept   # the process as the base run found it
-    unplanned = (measured - start) - (base_plan.total_bytes - base_kept)
-    tokens = _tokens(plan) / _tokens(base_plan) if _tokens(base_plan) else 1.0
-    return floor + planned + unplanned * tokens, measured, []
-
-
-def _tokens(plan) -> float:
-    s = getattr(plan, "setting", None)   # a model counting samples (its own batch_fn): seq_len is not its size
-    if s is not None and s.micro_batch and getattr(plan, "unit", "tokens") == "samples":
-        return float(s.micro_batch)
-    return float(s.micro_batch * s.seq_len) if s is not None and s.micro_batch and s.seq_len else 0.0
-
-
 def lab_expect(lab, setting=None, base=None, *, verbose: bool = True, **changes) -> Expectation:
     """`Expectation` of the setting ``lab.run(setting=..., **changes)`` would take, on the Lab's device.
     ``verbose``: the plans' progress (`tunekit.plan`'s: over 2 s, what it is doing and how far, the
@@ -308,6 +241,8 @@ def lab_expect(lab, setting=None, base=None, *, verbose: bool = True, **changes)
         raise ValueError("lab.expect: the plan of this setting has no expected step on "
                          f"{device}: " + "; ".join(str(n) for n in plan.notes[:2]))
     base_plan = cached_plan(lab, device, base_setting, verbose=verbose)
+    with wait_progress("lab.expect", verbose) as shown:   # the outer line where lab.expect shows one
+        prepare_first_use(lab, plan, shown)
     e = expectation(lab, s, device, plan, base_plan, run, base_setting.grad_accum or 1)
     if run is not None and (differs := label(base_setting, s)) != "baseline":   # the line says what it compares
         e.base_differs = differs

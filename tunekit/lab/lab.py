@@ -26,6 +26,7 @@ from tunekit.lab.build import memory_target as build_target
 from tunekit.lab.cluster import submitted
 from tunekit.lab.distributed import run_distributed
 from tunekit.lab.expect_line import stop_expecting
+from tunekit.lab.expect_peak import stepped
 from tunekit.lab.plan import lab_plan, show_plan_keywords
 from tunekit.lab.results import LabResults
 from tunekit.lab.setting import LAB_CHOICES, check, resolve, setting_of
@@ -133,6 +134,7 @@ class Lab(LabResults):
         """One optimizer step under ``t`` (``apply(t)`` first): ``grad_accum`` micro-batches of
         forward and backward, then the optimizer. Returns the summed loss (a tensor).
         Example: ``t = lab.resolve(); lab.apply(t); loss = lab.train_step(t)``."""
+        stepped(self, t)   # what this process ran: lab.expect's peak adds the kernels it has not (expect_peak)
         return self.trainer.step(t)
 
     def grad_scaler(self, t: Toggles):

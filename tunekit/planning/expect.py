@@ -131,6 +131,7 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
     # runs on the parameters, their gradients and states
     update = f"{str(trained[0].dtype).removeprefix('torch.') if trained else 'float32'} params, {setting.grads} grads"
     out.dtypes = kernel_dtypes(ops, update)
+    out.kernels = kernel_keys(ops)
     notes = list(out.notes)
     if backend and not fig.host_bound and backend not in (fig.attention or {}):
         notes.append(f"no published {backend} attention figure for {fig.name}: attention expected at its MAMF")
@@ -189,6 +190,14 @@ def kernel_dtypes(ops, update: str | None = None) -> dict:
     if update:
         out[OPTIMIZER_ROW] = (update,)
     return out
+
+
+def kernel_keys(ops) -> frozenset:
+    """(kind, dtype signature, op, phase, dims) of each matmul and attention kernel a step's op records
+    run: what a CPU's kernel library makes once per process and keeps (a oneDNN primitive per shape:
+    measure.first_use); records without a signature or dims are left out."""
+    return frozenset((rec[1], rec[8], rec[0], rec[2], rec[5]) for rec in ops
+                     if len(rec) > 8 and rec[1] in ("matmul", "attention") and rec[5] is not None)
 
 
 def precision_with_figures(name: str, compute: str, bandwidth: float | None, compiled: bool) -> str | None:
