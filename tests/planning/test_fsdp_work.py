@@ -100,3 +100,42 @@ def test_a_sharded_plan_shows_fsdp_rows_and_one_device_none():
                                    "fsdp1: reduced gradient cast to fp32", "fsdp1: sharded gradient accumulation (+=)"}
     with pytest.raises(ValueError, match="fsdp"):
         tunekit.plan(CFG, "H100 SXM", parallel="fsdp", world_size=2, fsdp="fsdp3", **kw)
+
+
+def test_fsdp2_one_llama_layer_in_bytes():
+    # a Llama layer at d_model 8 (q, o 8x8; k, v 4x8: 2 KV heads of 2; gate, up 16x8; down 8x16; two norms of 8) over
+    # 2 ranks, torchtitan's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on fp32 weights, FULL_SHARD:
+    # 64 + 32 + 32 + 64 + 3 x 128 + 2 x 8 = 592 elements (every dim 0 even: no padding), 296 a rank
+    layer = [[(8, 8), (4, 8), (4, 8), (8, 8), (16, 8), (16, 8), (8, 16), (8,), (8,)]]
+    recs = fsdp_records(FSDP2, layer, shard=2, passes=2, weights=FP32, param=BF16, reduce=FP32)
+    got = {k: sum(v) for k, v in by_name(recs).items()}
+    # each all-gather (forward, backward): the shard cast 296 x (4 + 2) = 1776, copied into the buffer 296 x 2 x 2 =
+    # 1184, the gathered buffer split into the parameters 592 x 2 x 2 = 2368; backward: the bf16 gradients chunk-cat
+    # into the fp32 reduce buffer 592 x (2 + 4) = 3552; fp32 reduces by NCCL's AVG (no divide), the reduced fp32
+    # shard is the weights' dtype (no cast), one micro-step (no accumulation)
+    gathers = (("fsdp2: all-gather copy-in (cast to bf16)", 1776),
+               ("fsdp2: all-gather copy-in (into the gather buffer)", 1184),
+               ("fsdp2: all-gather copy-out (split into parameters)", 2368))
+    assert got == {**{(n, ph): b for ph in ("forward", "backward") for n, b in gathers},
+        ("fsdp2: reduce-scatter copy-in (chunk-cat, cast to fp32)", "backward"): 3552}
+    assert sum(got.values()) == 2 * (1776 + 1184 + 2368) + 3552 == 14208   # 24 B a parameter over 2 ranks
+
+
+def test_a_sharded_step_is_counted_once_on_the_half_model(monkeypatch):
+    from tunekit.planning import step as step_module
+
+    counted, real = [], step_module._counted
+
+    def spy(model, *args, **kwargs):
+        counted.append(next(model.parameters()).dtype)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(step_module, "_counted", spy)
+    kw = dict(micro_batch=2, seq_len=64, verbose=False)
+    sharded = tunekit.plan(CFG, "H100 SXM", parallel="fsdp", world_size=2, **kw)
+    # FSDP2 computes on its bf16 param dtype: only the half model's step is counted (the fp32 model's count, which
+    # the half's replaces, is not made)
+    assert [str(d) for d in counted] == ["torch.bfloat16"]
+    half = tunekit.plan(CFG, "H100 SXM", weights="bf16", **kw)
+    own = {r[0]: r[2] for r in sharded.expected.rows if ": " not in r[0] and r[1] not in ("optimizer", "communication")}
+    assert own == {r[0]: r[2] for r in half.expected.rows if r[1] not in ("optimizer", "communication")}

@@ -235,29 +235,31 @@ class _Steps:
             set_attention(self.models[s.weights], self.setting.attention, self.notes)
         key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.optimizer, s.attention)
         step = self.steps.get(key)
+        own = count and not self.on_half(s)   # a step on FSDP's half param dtype is counted on the half model only
         if step is None:
             step = fake_step(self.models[s.weights], self.kind, self.cfg, s, s.micro_batch, self.dev.round_to,
-                             count, components, self.shown.say)
+                             own, components, self.shown.say)
         else:   # what this use reads that the first did not
-            self.complete(step, s, ("components",) * components + ("ops",) * count)
+            self.complete(step, s, ("components",) * components + ("ops",) * own)
         self.steps[key] = step
-        return self.on_param_dtype(step, s)
+        return self.on_param_dtype(step, s, count)
 
-    def on_param_dtype(self, step: FakeStep, s: Setting) -> FakeStep:
-        """``step`` as ``s`` places it: FSDP over fp32 weights under autocast computes on its half param
-        dtype (`in_param_dtype` of the half model's step, counted where ``step`` is), unless it gathers the
-        fp32 weights under autocast (fsdp="fsdp1_autocast"); any other ``s``: ``step`` itself. The one
-        home of this rule: `run` applies it to what it makes, the advice to a step it places sharded."""
-        if s.parallel in (None, "ddp") or not s.autocast or self.fsdp == FSDP1_AUTOCAST:
-            return step
-        half = self.run(s.replace(weights=s.compute), count=step.has("ops"), components=False)
-        return in_param_dtype(step, half)
+    def on_half(self, s: Setting) -> bool:   # sharded over fp32 weights under autocast, on FSDP's half param dtype
+        return s.parallel not in (None, "ddp") and s.autocast and self.fsdp != FSDP1_AUTOCAST
+
+    def on_param_dtype(self, step: FakeStep, s: Setting, count: bool | None = None) -> FakeStep:
+        """``step`` as ``s`` places it: `in_param_dtype` of the half model's step (counted where ``count``, None:
+        where ``step`` is) if `on_half`, else ``step``. `run` applies it, the advice to a step it places sharded."""
+        count = step.has("ops") if count is None else count
+        return in_param_dtype(step, self.run(s.replace(weights=s.compute), count, False)) if self.on_half(s) else step
 
     def complete(self, step: FakeStep, s: Setting, parts) -> FakeStep:
         """``step`` with the passes of ``parts`` it lacks made. The count (FLOPs op by op) steps no
-        optimizer: a step of the same shape under another optimizer lends its own."""
+        optimizer: a step of the same shape under another optimizer lends its own; one `on_half`, the half's."""
         key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.attention)
         twin = next((t for k, t in self.steps.items() if k[:5] + k[6:] == key and t.has("ops")), None)
+        if "ops" in parts and self.on_half(s) and not step.has("ops"):   # the half model's count
+            twin = self.run(s.replace(weights=s.compute), count=True, components=False)
         for name in COUNTED if "ops" in parts and not step.has("ops") and twin is not None else ():
             setattr(step, name, getattr(twin, name))
         parts = tuple(p for p in parts if not step.has(p))
