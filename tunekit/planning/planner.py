@@ -233,14 +233,14 @@ class _Steps:
             self.shown.say(f"building the model ({s.weights or 'fp32'} weights, fake)")
             self.models[s.weights] = build(self.cfg, self.kind, torch_dtype(s.weights) if s.weights else None)
             set_attention(self.models[s.weights], self.setting.attention, self.notes)
-        key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.optimizer, s.attention)
+        half = self.on_half(s)   # on FSDP's half param dtype: stepped and counted on the half model only
+        key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.optimizer, s.attention, half)
         step = self.steps.get(key)
-        own = count and not self.on_half(s)   # a step on FSDP's half param dtype is counted on the half model only
         if step is None:
             step = fake_step(self.models[s.weights], self.kind, self.cfg, s, s.micro_batch, self.dev.round_to,
-                             own, components, self.shown.say)
+                             count and not half, components, self.shown.say, held_only=half)
         else:   # what this use reads that the first did not
-            self.complete(step, s, ("components",) * components + ("ops",) * own)
+            self.complete(step, s, ("components",) * components + ("ops",) * (count and not half))
         self.steps[key] = step
         return self.on_param_dtype(step, s, count)
 
@@ -257,7 +257,7 @@ class _Steps:
         """``step`` with the passes of ``parts`` it lacks made. The count (FLOPs op by op) steps no
         optimizer: a step of the same shape under another optimizer lends its own; one `on_half`, the half's."""
         key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.attention)
-        twin = next((t for k, t in self.steps.items() if k[:5] + k[6:] == key and t.has("ops")), None)
+        twin = next((t for k, t in self.steps.items() if k[:5] + k[6:7] == key and t.has("ops")), None)
         if "ops" in parts and self.on_half(s) and not step.has("ops"):   # the half model's count
             twin = self.run(s.replace(weights=s.compute), count=True, components=False)
         for name in COUNTED if "ops" in parts and not step.has("ops") and twin is not None else ():
