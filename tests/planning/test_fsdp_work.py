@@ -121,21 +121,26 @@ def test_fsdp2_one_llama_layer_in_bytes():
     assert sum(got.values()) == 2 * (1776 + 1184 + 2368) + 3552 == 14208   # 24 B a parameter over 2 ranks
 
 
-def test_a_sharded_step_is_counted_once_on_the_half_model(monkeypatch):
+def test_a_sharded_step_is_counted_and_stepped_on_the_half_model_only(monkeypatch):
     from tunekit.planning import step as step_module
 
-    counted, real = [], step_module._counted
+    seen = {"_counted": [], "_timeline": []}
 
-    def spy(model, *args, **kwargs):
-        counted.append(next(model.parameters()).dtype)
-        return real(model, *args, **kwargs)
+    def spy(name):
+        real = getattr(step_module, name)
 
-    monkeypatch.setattr(step_module, "_counted", spy)
+        def seen_by(model, *args, **kwargs):
+            seen[name].append(str(next(model.parameters()).dtype))
+            return real(model, *args, **kwargs)
+        return seen_by
+
+    for name in seen:
+        monkeypatch.setattr(step_module, name, spy(name))
     kw = dict(micro_batch=2, seq_len=64, verbose=False)
     sharded = tunekit.plan(CFG, "H100 SXM", parallel="fsdp", world_size=2, **kw)
-    # FSDP2 computes on its bf16 param dtype: only the half model's step is counted (the fp32 model's count, which
-    # the half's replaces, is not made)
-    assert [str(d) for d in counted] == ["torch.bfloat16"]
+    # FSDP2 computes on its bf16 param dtype: only the half model's step is counted and stepped for its live bytes
+    # (the fp32 model's, which in_param_dtype replaces, are not made: its held bytes only)
+    assert seen == {"_counted": ["torch.bfloat16"], "_timeline": ["torch.bfloat16"]}
     half = tunekit.plan(CFG, "H100 SXM", weights="bf16", **kw)
     own = {r[0]: r[2] for r in sharded.expected.rows if ": " not in r[0] and r[1] not in ("optimizer", "communication")}
     assert own == {r[0]: r[2] for r in half.expected.rows if r[1] not in ("optimizer", "communication")}
