@@ -54,8 +54,8 @@ biases (no_bias False), a LayerNorm computed in bf16 (LPLayerNorm, norm_precisio
 fused cross-entropy on the bf16 logits (loss_fn 'fused_crossentropy', loss_precision "logits"), at both stacks'
 commits; GPTConfig's options, counted by the fake step as they run.
 
-Gradient accumulation is recorded as published and not planned (plan times one micro-step; the
-optimizer step it amortizes is a small part of a sharded step).
+Gradient accumulation: the plan times one micro-step (FSDP's accumulation of the sharded gradient its mean one's;
+the optimizer step it amortizes, a small part of a sharded step, not). Column fsdp: the FSDP each ran (plan's fsdp=).
 
 Left out (the fp8 tables, torchtitan's Float8, CP, TP and PP rows, the one H200 run): data/published_runs.md.
 
@@ -137,11 +137,11 @@ def plans(row) -> list:
     setting = tunekit.Setting(precision=row["precision"], weights=None if row["weights"] == "fp32" else row["weights"],
                               micro_batch=row["micro_batch"], seq_len=row["seq_len"], compile=row["compile"],
                               parallel="fsdp" if row["gpus"] > 1 else None, world_size=row["gpus"],
-                              nodes=row["nodes"], device=row["device"])
+                              nodes=row["nodes"], device=row["device"], grad_accum=row["grad_accum"])
     cks = {"none": (False,), "full": (True,), "selective": (False, True)}[row["checkpointing"]]
     cfg = model(row)
-    return [tunekit.plan(cfg, setting=setting.replace(checkpointing=ck), attention_kernel=row["attention_kernel"])
-            for ck in cks]
+    return [tunekit.plan(cfg, setting=setting.replace(checkpointing=ck), attention_kernel=row["attention_kernel"],
+                         **({"fsdp": row["fsdp"]} if row["fsdp"] != "n/a" else {})) for ck in cks]
 
 
 def cpu_labs():

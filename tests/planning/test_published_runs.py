@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CSV = ROOT / "data" / "published_runs.csv"
 COLUMNS = ["label", "software", "source", "table", "model", "arch", "d_model", "n_heads", "n_kv_heads", "n_layers",
            "d_ff", "vocab", "device", "gpus", "nodes", "micro_batch", "grad_accum", "seq_len", "checkpointing",
-           "published_precision", "precision", "weights", "attention_kernel", "compile", "bias", "norm",
+           "published_precision", "precision", "weights", "attention_kernel", "compile", "fsdp", "bias", "norm",
            "norm_precision", "loss_precision", "model_source", "published_tokens_per_s_per_gpu"]
 INTS = ["d_model", "n_heads", "n_kv_heads", "n_layers", "d_ff", "vocab", "gpus", "nodes", "micro_batch",
         "grad_accum", "seq_len", "published_tokens_per_s_per_gpu"]

@@ -14,6 +14,7 @@ from tunekit.core.efficiency import (
 )
 from tunekit.core.expected import OPTIMIZER_ROW, expect
 from tunekit.core.notes import Note
+from tunekit.planning.fsdp_work import FSDP1_AUTOCAST, FSDP2, FSDP_VERSIONS, fsdp_records
 
 
 def cpu_figures(peak: float | None, compute: str, say=None) -> Figures:
@@ -70,9 +71,11 @@ def cpu_figures(peak: float | None, compute: str, say=None) -> Figures:
 
 
 def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict | None, units: int,
-                kernel: str | None = None, say=None):
+                kernel: str | None = None, say=None, fsdp: str = FSDP2):
     """(the Expected, or None, and the notes: what is missing or not modelled). ``kernel``: the fused
     attention kernel on a GPU (core.efficiency.ATTENTION_KERNELS; None: "flash" at half precision).
+    ``fsdp``: the FSDP a sharded step runs, whose own copies, casts and divides each micro-step add
+    memory-bound records (`sharded_work`).
     ``say``: told how far a first measurement of this CPU's figures is (`cpu_figures`)."""
     compute = setting.compute
     if dev.peak is None and dev.name != "cpu":   # no peak for the dtype: its device.no_peak note says so
@@ -113,7 +116,7 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
     per_tensor = OPTIMIZER_OPS.get(opt.name, OPTIMIZER_OPS["adamw"])
     # the CPU runs the single-tensor update; CUDA's foreach/fused launches take 36 tensors each
     kernels = per_tensor * (len(trained) if fig.host_bound else -(-len(trained) // FOREACH_TENSORS))
-    ops = step.ops
+    ops = step.ops + sharded_work(step, setting, layout, fsdp)
     backend = None
     if any(r[1] == "attention" for r in ops):
         half = compute in (registry.BF16, registry.FP16)
@@ -138,8 +141,25 @@ def expected_of(step, setting, dev, tokens: int, model, comm: dict, layout: dict
     if setting.compile:
         notes.append("compile=True: each run of memory-bound ops between matmuls expected as one fused kernel "
                      "(what it reads from outside, what is read after it), at the compiled launch cost")
+    if len(ops) > len(step.ops):
+        notes.append(f"{fsdp}: FSDP's own copies, casts and divides each micro-step, as {FSDP_VERSIONS[fsdp]} "
+                     "does them, at the streaming bandwidth (the rows named after it)")
     out.notes = notes
     return out, borrowed + ([busy_note(fig)] if fig.busy else [])
+
+
+def sharded_work(step, setting, layout: dict | None, fsdp: str = FSDP2) -> list:
+    """FSDP's own op records in one micro-step of ``step`` sharded as ``layout`` says (none for one device
+    or DDP): planning.fsdp_work's, the gathered parameters in the compute dtype (the weights' for
+    fsdp1_autocast), gradients reduced in the weights' dtype (tunekit's FSDP2) or the compute dtype (FSDP1's
+    MixedPrecision as Composer sets it)."""
+    if layout is None or layout["kind"] == "ddp":
+        return []
+    weights = setting.weights or registry.FP32
+    param = weights if fsdp == FSDP1_AUTOCAST else setting.compute
+    reduce = setting.grads if fsdp == FSDP2 else setting.compute
+    return fsdp_records(fsdp, step.units, layout["shard"], 1 if layout["kind"] == "fsdp_grad_op" else 2, weights,
+                        param, reduce, setting.grad_accum or 1)
 
 
 def taken_busy(conditions) -> bool:

@@ -39,8 +39,9 @@ from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure
 from tunekit.planning.cuda_like import GpuKernels, quiet_fake_logs
 from tunekit.planning.device import device_figures
 from tunekit.planning.expect import expected_of
+from tunekit.planning.fsdp_work import FSDP1_AUTOCAST, FSDP2, FSDP_VERSIONS
 from tunekit.planning.module import ModuleTarget
-from tunekit.planning.record import Placed, Plan, PlanDevice
+from tunekit.planning.record import Placed, Plan, PlanDevice, thin_timeline
 from tunekit.planning.shard import comm_seconds, inter_node_gbs, layout_of, node_net, rank_peak
 from tunekit.planning.step import COUNTED, FakeStep, complete, fake_step, in_param_dtype, search_micro_batch
 from tunekit.planning.target import amount, build, config_of, masks_as_in_eager, max_len, model_name, set_attention
@@ -64,7 +65,7 @@ PLANNED = ("precision", "weights", "micro_batch", "seq_len", "checkpointing", "o
 @step_keywords
 def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_limit: int = 4096,
          batch_fn=None, loss_fn=None, blocks=None, setting: Setting | None = None,
-         attention_kernel: str | None = None, verbose: bool = True, **step) -> Plan:
+         attention_kernel: str | None = None, fsdp: str = FSDP2, verbose: bool = True, **step) -> Plan:
     """Plan one training step of ``target`` on ``device`` without running it.
 
     ``target``: a ``tunekit.GPTConfig``, a transformers config, an ``nn.Module`` (built on the
@@ -92,7 +93,9 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
 
     ``attention_kernel``: which fused kernel the expectation takes attention at ("flash":
     FlashAttention-2, torch's SDPA flash, the default; "fa3"; "triton": the 2023 FlashAttention-1-era
-    Triton kernel of llm-foundry's attn_impl="triton"); the memory plan is the same.
+    Triton kernel of llm-foundry's attn_impl="triton"); the memory plan is the same. ``fsdp``: which FSDP
+    a sharded step runs, for its own copies, casts and divides each micro-step ("fsdp2", tunekit's;
+    "fsdp1", "fsdp1_autocast": planning.fsdp_work.FSDP_VERSIONS says what each does, from torch's code).
 
     ``plan.expected`` (core.expected.Expected): what a well-written run of this step reaches on the
     device, op by op over the same fake step (``.step_s``, ``.tokens_per_s`` per GPU, ``.mfu``,
@@ -108,7 +111,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
     long: its docstring says what every keyword means; the body is 43 lines."""
     cfg, kind, brought = config_of(target, batch_fn, loss_fn, blocks)
     s, seq_note = planned_setting(setting, device, step, brought, cfg, kind)
-    _check_options(search, search_limit, verbose, attention_kernel)
+    _check_options(search, search_limit, verbose, attention_kernel, fsdp)
     layout = layout_of(s)
     dev = PlanDevice(**device_figures(s.device, s.compute, layout["world_size"] if layout else 1))
     dev.notes[:0] = _compute_note(s)
@@ -117,7 +120,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
         return far
     with wait_progress("tunekit.plan", verbose) as shown:
         shown.at("starting torch's fake-tensor mode (its first use in a process imports torch._dynamo)")
-        steps = _Steps(cfg, kind, s, dev, layout, shown)
+        steps = _Steps(cfg, kind, s, dev, layout, shown, fsdp)
         with steps.mode():
             tokens, unit = s.micro_batch, "samples"   # until the batch says
             try:
@@ -140,7 +143,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
         shown.at("the expected step" + (": this CPU's figures (measured once, then cached)" if dev.name == "cpu"
                                         else ""))
         expected, enotes = expected_of(step, s, dev, tokens, steps.models[s.weights], placed.comm, layout,
-                                       len(step.units), kernel=attention_kernel, say=shown.say)
+                                       len(step.units), kernel=attention_kernel, say=shown.say, fsdp=fsdp)
         compute, bound_by = _bound(step, dev, placed)
         tries = sorted((o.as_alternative() for o in tried if len(o.changes) == 1), key=lambda a: a[1])
         return Plan(model=model_name(cfg, kind), device=dev.name, device_memory_bytes=dev.memory,
@@ -149,7 +152,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
                     bound_step_s=max(compute, placed.comm_s), peak_tflops=dev.peak, bandwidth_tbs=dev.bandwidth,
                     bound_by=bound_by, notes=notes + enotes + unmodelled(s), max_micro_batch=found, alternatives=tries,
                     peak_bytes=placed.peak, peak_at=placed.peak_at, phase_peaks=step.phase_peaks,
-                    timeline=_thin(step.timeline), parallel=layout, compute_bound_s=compute,
+                    timeline=thin_timeline(step.timeline), parallel=layout, compute_bound_s=compute,
                     comm_s=placed.comm_s, comm=placed.comm, expected=expected, advice=advice, not_tried=pruned)
 
 
@@ -185,8 +188,9 @@ def planned_setting(setting, device, step: dict, brought: dict, cfg, kind) -> tu
     return s, note
 
 
-def _check_options(search, search_limit, verbose, attention_kernel) -> None:
+def _check_options(search, search_limit, verbose, attention_kernel, fsdp) -> None:
     """plan's options that are not the step's."""
+    validate.choice("fsdp", fsdp, tuple(FSDP_VERSIONS))
     if attention_kernel is not None:
         validate.choice("attention_kernel", attention_kernel, tuple(ATTENTION_KERNELS))
     validate.flag("search", search)
@@ -209,9 +213,9 @@ class _Steps:
     """The plan's fake steps inside one fake mode: a model per weights' dtype and a step per shape, shared
     by the plan, its micro-batch search and its advice (a step lacking a pass gets it where it is read)."""
 
-    def __init__(self, cfg, kind, setting: Setting, dev: PlanDevice, layout, shown):
+    def __init__(self, cfg, kind, setting: Setting, dev: PlanDevice, layout, shown, fsdp: str = FSDP2):
         self.cfg, self.kind, self.setting, self.dev, self.layout, self.shown = cfg, kind, setting, dev, layout, shown
-        self.models, self.steps, self.notes = {}, {}, []
+        self.models, self.steps, self.notes, self.fsdp = {}, {}, [], fsdp
         self.gpu = GpuKernels(dev.name) if dev.name != "cpu" else contextlib.nullcontext()
 
     @contextlib.contextmanager
@@ -229,29 +233,33 @@ class _Steps:
             self.shown.say(f"building the model ({s.weights or 'fp32'} weights, fake)")
             self.models[s.weights] = build(self.cfg, self.kind, torch_dtype(s.weights) if s.weights else None)
             set_attention(self.models[s.weights], self.setting.attention, self.notes)
-        key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.optimizer, s.attention)
+        half = self.on_half(s)   # on FSDP's half param dtype: stepped and counted on the half model only
+        key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.optimizer, s.attention, half)
         step = self.steps.get(key)
         if step is None:
             step = fake_step(self.models[s.weights], self.kind, self.cfg, s, s.micro_batch, self.dev.round_to,
-                             count, components, self.shown.say)
+                             count and not half, components, self.shown.say, held_only=half)
         else:   # what this use reads that the first did not
-            self.complete(step, s, ("components",) * components + ("ops",) * count)
+            self.complete(step, s, ("components",) * components + ("ops",) * (count and not half))
         self.steps[key] = step
-        return self.on_param_dtype(step, s)
+        return self.on_param_dtype(step, s, count)
 
-    def on_param_dtype(self, step: FakeStep, s: Setting) -> FakeStep:
-        """``step`` as ``s`` places it: FSDP over fp32 weights under autocast computes on its half param
-        dtype (`in_param_dtype` of the half model's step); any other ``s``: ``step`` itself. The one
-        home of this rule: `run` applies it to what it makes, the advice to a step it places sharded."""
-        if s.parallel in (None, "ddp") or not s.autocast:
-            return step
-        return in_param_dtype(step, self.run(s.replace(weights=s.compute), count=False, components=False))
+    def on_half(self, s: Setting) -> bool:   # sharded over fp32 weights under autocast, on FSDP's half param dtype
+        return s.parallel not in (None, "ddp") and s.autocast and self.fsdp != FSDP1_AUTOCAST
+
+    def on_param_dtype(self, step: FakeStep, s: Setting, count: bool | None = None) -> FakeStep:
+        """``step`` as ``s`` places it: `in_param_dtype` of the half model's step (counted where ``count``, None:
+        where ``step`` is) if `on_half`, else ``step``. `run` applies it, the advice to a step it places sharded."""
+        count = step.has("ops") if count is None else count
+        return in_param_dtype(step, self.run(s.replace(weights=s.compute), count, False)) if self.on_half(s) else step
 
     def complete(self, step: FakeStep, s: Setting, parts) -> FakeStep:
         """``step`` with the passes of ``parts`` it lacks made. The count (FLOPs op by op) steps no
-        optimizer: a step of the same shape under another optimizer lends its own."""
+        optimizer: a step of the same shape under another optimizer lends its own; one `on_half`, the half's."""
         key = (s.precision, s.weights, s.micro_batch, s.seq_len, s.checkpointing, s.attention)
-        twin = next((t for k, t in self.steps.items() if k[:5] + k[6:] == key and t.has("ops")), None)
+        twin = next((t for k, t in self.steps.items() if k[:5] + k[6:7] == key and t.has("ops")), None)
+        if "ops" in parts and self.on_half(s) and not step.has("ops"):   # the half model's count
+            twin = self.run(s.replace(weights=s.compute), count=True, components=False)
         for name in COUNTED if "ops" in parts and not step.has("ops") and twin is not None else ():
             setattr(step, name, getattr(twin, name))
         parts = tuple(p for p in parts if not step.has(p))
@@ -296,7 +304,7 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
     def expect(st, s, placed):
         tokens = amount(steps.cfg, steps.kind, s.micro_batch, setting.seq_len)[0]
         return expected_of(st, s, dev, tokens, steps.models[s.weights], placed.comm, layout_of(s), len(st.units),
-                           kernel=kernel)[0]
+                           kernel=kernel, fsdp=steps.fsdp)[0]
 
     return search_changes(setting, step, dev.memory, fake=fake, place=place, expect=expect, count=count,
                           places=placements(setting, sharding=dev.name != "cpu"))
@@ -390,11 +398,3 @@ def _changes(plan_setting, s) -> str:
     """What a combination the advice tries changes, in ``plan``'s keywords."""
     return ", ".join(f"{f}={getattr(s, f)!r}" for f in ("checkpointing", "weights", "optimizer", "micro_batch",
                                                        "grad_accum") if getattr(s, f) != getattr(plan_setting, f))
-
-
-def _thin(samples, most: int = 600) -> list:
-    """At most ``most`` (phase, bytes) points of the timeline, keeping each stretch's highest."""
-    if len(samples) <= most:
-        return list(samples)
-    size = -(-len(samples) // most)
-    return [max(samples[i:i + size], key=lambda s: s[1]) for i in range(0, len(samples), size)]

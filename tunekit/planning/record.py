@@ -276,3 +276,11 @@ def to_text(p: Plan) -> str:
         lines.append("  bound by   " + ", ".join(f"{op} {fmt_ms(t, us_below_ms=True)}" for op, t in p.bound_by[:4]))
     lines += [f"  note       {n}" for n in notes]
     return "\n".join(lines)
+
+
+def thin_timeline(samples, most: int = 600) -> list:
+    """At most ``most`` (phase, bytes) points of a plan's timeline, keeping each stretch's highest."""
+    if len(samples) <= most:
+        return list(samples)
+    size = -(-len(samples) // most)
+    return [max(samples[i:i + size], key=lambda s: s[1]) for i in range(0, len(samples), size)]

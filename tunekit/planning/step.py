@@ -41,6 +41,7 @@ def batch_of(cfg, kind, micro_batch, seq_len):
 
 # the count's fields of a FakeStep (`_counted`: a pass without the optimizer, the same under any)
 COUNTED = ("executed", "model_flops", "count_notes", "ops", "host")
+HELD_ONLY = "not stepped: only its held bytes (planning.step._held)"   # a held-only step's peak_at
 
 
 @dataclass
@@ -93,7 +94,7 @@ class FakeStep:
 
 
 def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: bool = True,
-              components: bool = True, say=None) -> FakeStep:
+              components: bool = True, say=None, held_only: bool = False) -> FakeStep:
     """One planned step: with ``components``, its components (measure_memory's code); its steady
     peak and where (a second step, tracked by LiveBytes) and, with ``count``, its FLOPs op by op
     for the roofline (a third: torch's FLOP counter keeps tensors alive, so it never runs beside
@@ -101,10 +102,11 @@ def fake_step(model, kind, cfg, setting, micro_batch, round_to: int = 1, count: 
     its components or its count gets them later (`complete`), only where they are read: the
     advice's single-GPU totals read the peak alone. ``say(text)``: told each pass and phase (the
     plan's progress). `FakeStepError` (a ValueError) saying why when a fake tensor cannot take it
-    (a value read, a value-dependent shape)."""
+    (a value read, a value-dependent shape). ``held_only``: no live-bytes pass, only what `in_param_dtype`
+    reads of a step it replaces (`_held`)."""
     say = say or _quiet
-    return FakeStep(**_guarded(model, kind, setting, lambda: _fake_step_of(model, kind, cfg, setting, micro_batch,
-                                                                           round_to, count, components, say)))
+    return FakeStep(**_guarded(model, kind, setting, lambda: _fake_step_of(
+        model, kind, cfg, setting, micro_batch, round_to, count, components, say, held_only)))
 
 
 def complete(model, kind, cfg, setting, micro_batch, step: FakeStep, parts=("components", "ops"),
@@ -165,11 +167,13 @@ class _Phases(Observer):
         self.say(f"{self.what}, {name}")
 
 
-def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count, components, say) -> dict:
+def _fake_step_of(model, kind, cfg, setting, micro_batch, round_to, count, components, say, held_only) -> dict:
     batch = batch_of(cfg, kind, micro_batch, setting.seq_len)
     out = _components(model, batch, setting, say) if components else {}
     adapter = model.adapter if kind == "module" else adapt(model)   # a module's: its twin's blocks
-    out.update(_timeline(model, adapter, kind, batch, setting, round_to, say), units=fsdp_units(model, adapter, "fsdp"))
+    lived = _held(model, setting, round_to) if held_only else _timeline(model, adapter, kind, batch, setting,
+                                                                         round_to, say)
+    out.update(lived, units=fsdp_units(model, adapter, "fsdp"))
     return dict(out, **_counted(model, adapter, kind, batch, setting, micro_batch, say)) if count else out
 
 
@@ -220,16 +224,9 @@ def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dic
     does in every step after the first."""
     params = list(model.parameters())
     before = adapter.checkpointing
-    opt = plan_optimizer(setting.optimizer, params)
     rounded = _rounded_bytes(round_to)
     try:
-        for p in params:
-            p.grad = torch.zeros_like(p) if p.requires_grad else None
-        all_grads = rounded([p.grad for p in params if p.grad is not None])
-        with fake_scalar_reads_for(opt):   # Adafactor's .item()
-            opt.step()
-        opt.zero_grad(set_to_none=True)
-        state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        opt, state, all_grads = _state_made(model, setting, rounded)
         base = (rounded(params) + rounded(list(model.buffers()), params) + rounded(tensors_in(batch))
                 + rounded(state, params))
 
@@ -268,6 +265,34 @@ def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dic
     return dict(peak=peak, peak_at=at, grads_at_peak=grads, state_scalars=float(scalars), phase_detail=detail,
                 casts_at=casts, held=held, all_grads=float(all_grads),
                 phase_peaks={ph: v[0] for ph, v in detail.items()}, timeline=list(live.samples))
+
+
+def _state_made(model, setting, rounded) -> tuple:
+    """(the optimizer, its state tensors, every gradient's bytes): the state made by one update from zero
+    gradients (what a first step allocates), the gradients set to None again."""
+    params = list(model.parameters())
+    opt = plan_optimizer(setting.optimizer, params)
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p) if p.requires_grad else None
+        all_grads = rounded([p.grad for p in params if p.grad is not None])
+        with fake_scalar_reads_for(opt):   # Adafactor's .item()
+            opt.step()
+    finally:
+        for p in params:
+            p.grad = None
+    return opt, [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)], all_grads
+
+
+def _held(model, setting, round_to) -> dict:
+    """A step not run, only what `in_param_dtype` reads of one it replaces (sharded over fp32 weights, its
+    live bytes the half model's): the bytes held the whole step and every gradient's; its peak the held."""
+    params, rounded = list(model.parameters()), _rounded_bytes(round_to)
+    _, state, all_grads = _state_made(model, setting, rounded)
+    held = rounded(params) + rounded(list(model.buffers()), params) + rounded(state, params)
+    return dict(peak=held, peak_at=HELD_ONLY, grads_at_peak=0.0, phase_detail={}, phase_peaks={}, timeline=[],
+                state_scalars=_rounded_bytes(1)([v for v in state if v.dim() == 0], params), held=held,
+                all_grads=float(all_grads))
 
 
 def _rounded_bytes(round_to):
@@ -323,13 +348,16 @@ def in_param_dtype(full: FakeStep, half: FakeStep) -> FakeStep:
     same step on the half model): each phase's peak is the half step's with the half model's
     parameters, buffers and optimizer state swapped for the fp32 model's (``held``) and its gradients
     scaled to fp32; no autocast weight copies (FSDP's gathered parameters replace them, `planning.shard`).
-    Its components and count stay ``full``'s (the static lines are the fp32 model's).
+    Its components stay ``full``'s (the static lines are the fp32 model's); its count is ``half``'s where
+    that has one (the ops FSDP's param dtype runs: no autocast weight casts, half gradients; FSDP's own
+    copies and casts are planning.fsdp_work's records), else ``full``'s.
     Half step: peak 100 in backward, held 30, gradients 10 of 20 alive; full: held 60, gradients 40
     -> 100 + (60 - 30) + 10 x (40/20 - 1) = 140, gradients 20."""
     ratio = full.all_grads / half.all_grads if half.all_grads else 1.0
     shift = full.held - half.held
     detail = {ph: (b + shift + g * (ratio - 1), where, g * ratio) for ph, (b, where, g) in half.phase_detail.items()}
     peak, at, grads = max(detail.values(), key=lambda v: v[0])
-    return replace(full, peak=peak, peak_at=at, grads_at_peak=grads, phase_detail=detail,
+    counted = {name: getattr(half, name) for name in COUNTED} if half.has("ops") else {}
+    return replace(full, **counted, peak=peak, peak_at=at, grads_at_peak=grads, phase_detail=detail,
                    phase_peaks={ph: v[0] for ph, v in detail.items()}, casts_at=dict.fromkeys(detail, 0.0),
                    timeline=[(ph, b + shift) for ph, b in half.timeline], notes=full.notes + [PARAM_DTYPE_NOTE])
