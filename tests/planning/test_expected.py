@@ -383,6 +383,22 @@ def test_a_cpu_sweep_is_read_between_its_sizes_in_log_log():
     assert fig.tbs_at(100, cold=True) == 0.1
 
 
+def test_a_cpu_batched_matmul_is_read_in_the_sweep_at_its_whole_calls_work():
+    from tunekit.core.expected import call_size, matmul_tflops
+
+    # a bf16-like sweep: its small cubes pay a kernel's fixed cost per call (0.034 TFLOPS at 64)
+    fig = _fig(host_bound=True, mamf_sweep=((64, 0.034), (128, 0.163), (256, 0.335)), mamf_source="sweep")
+    # the Lab GPT's attention scores: 32 matrices of 128 x 32 x 128 in one call, 32 x 2^19 = 2^24 m k n:
+    # read at the cube 2^8 = 256 (0.335), not at one matrix's cube root 2^(19/3) = 80.6 (below 0.163)
+    assert call_size((128, 32, 128, 32)) == pytest.approx(256)
+    assert matmul_tflops(fig, (128, 32, 128, 32), 2, "forward") == (pytest.approx(0.335), "sweep")
+    # the small Llama's: 16 x 64 x 32 x 64 = 2^21, the cube 2^7 = 128
+    assert matmul_tflops(fig, (64, 32, 64, 16), 2, "backward")[0] == pytest.approx(0.163)
+    # one matrix is its own call: 64^3 at the 64-cube's 0.034
+    assert call_size((64, 64, 64, 1)) == pytest.approx(64)
+    assert matmul_tflops(fig, (64, 64, 64, 1), 2, None)[0] == pytest.approx(0.034)
+
+
 def test_a_cpu_plan_takes_step_like_matmuls_and_the_mamf_sweep_only_above_them(monkeypatch):
     from types import SimpleNamespace
 

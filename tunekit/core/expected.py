@@ -111,14 +111,15 @@ def shape_class(dims, phase: str | None) -> tuple | None:
 
 def matmul_tflops(fig: Figures, dims, itemsize: int, phase: str | None = None) -> tuple[float, str]:
     """(TFLOPS one matmul of these dims reaches, where the figure comes from): a linear layer's shape
-    class where the device measured it (`Figures.shape_tflops`), else the cube sweep at the cube root."""
+    class where the device measured it (`Figures.shape_tflops`), else the cube sweep at the cube root
+    of one call's work (`call_size`)."""
     m, k, n, batch = dims
     cls = shape_class(dims, phase) if fig.matmul_shapes else None
     rate = fig.shape_tflops(*cls) if cls else None
     if rate:
         return rate, fig.shape_source
-    if fig.mamf_sweep:   # a calibrated device: its sweep at the shape's cube-root size, read in log-log
-        return log_interpolated(fig.mamf_sweep, (m * k * n) ** (1 / 3)), fig.mamf_source
+    if fig.mamf_sweep:   # a calibrated device: its sweep at the call's cube-root size, read in log-log
+        return log_interpolated(fig.mamf_sweep, call_size(dims)), fig.mamf_source
     tflops, src = fig.mamf_tflops * wave_efficiency(m, n, batch, fig.sms), fig.mamf_source
     if fig.sms:
         src += "; " + WAVE_SOURCE
@@ -126,6 +127,20 @@ def matmul_tflops(fig: Figures, dims, itemsize: int, phase: str | None = None) -
         tflops *= MISALIGNED[0]
         src += "; " + MISALIGNED[1]
     return tflops, src
+
+
+def call_size(dims) -> float:
+    """The cube a matmul call's work is read at in a CPU's sweep: the cube root of ``batch`` x m x k x n,
+    the work of the whole call. A batched matmul (eager attention's bmm) is one call: its matrices share
+    the call's fixed cost, which the sweep's small cubes pay once per matrix. That cost is the dtype's
+    kernel's: this CPU's bf16 64-cube ran at 0.034 TFLOPS against fp32's 0.073, its 128-cube at 0.163
+    against 0.152 (the stream's step-like sweep), while a bf16 bmm of the Lab GPT's attention (32 x
+    128x32x128) took 0.14-0.16 ms against fp32's 0.25-0.35 ms (0.47-0.57x), and the small Llama's
+    (16 x 64x32x64) 39-42 us against 41 us (1.0x) (helper cpubf16e's interleaved micro-benchmark,
+    2026-12-07, under load: ratios, min of 40). Read at one matrix's cube root (80, 51) the sweep put
+    bf16's at 1.6x and 2.1x fp32's time; at the call's (256, 128), 0.49x and 0.93x."""
+    m, k, n, batch = dims
+    return (max(batch, 1) * m * k * n) ** (1 / 3)
 
 
 def cold_reads(ops, cache_bytes: float | None) -> list:
