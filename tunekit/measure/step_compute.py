@@ -28,19 +28,22 @@ trials on torch's threads and on one, the same in every process (2026-12-07).
 """
 from __future__ import annotations
 
-from tunekit.core.registry import FP32
+from tunekit.core.registry import BF16, FP32
 from tunekit.measure.trials import built, timed
 
 MATMUL_SIZES = (64, 128, 256, 512, 1024)   # a small model's matmuls, up to where compute dominates
 ONE_THREAD_SIZES = (64,)   # cubes also timed on one thread, the faster kept (`or_one_thread`)
 COPIES_CAP = 16   # a matmul figure's operand copies at most (`_matmul_trials`)
 # the tall-skinny shape classes (`_shape_trials`): tokens (the long dimension) by features (both
-# others), the Lab GPT's micro-batch 4 to 16 at 128 tokens, a tiny model's width to a small one's;
-# measured in SHAPE_KINDS only (the Lab's CPU default): 12 trials, the largest one 1 GFLOP matmul
-SHAPE_LONG = (512, 2048)
+# others), the Lab GPT's micro-batch 2 to 16 at 128 tokens, a tiny model's width to a small one's;
+# in both dtypes a CPU step runs (18 trials each, the largest one 1 GFLOP matmul). bf16 was read from
+# the cube sweep, whose small cubes pay bf16's per-call cost per matrix: the small Llama's bf16 linear
+# layers were priced at 0.56-0.94x fp32's time where they ran at 0.62-1.13x (helper cpubf16e's
+# interleaved micro-benchmark, 2026-12-07), its bf16 step expected ~12% fast (RESULTS.md)
+SHAPE_LONG = (256, 512, 2048)
 SHAPE_WIDE = (128, 512)
 SHAPE_LAYOUTS = ("forward", "input", "weight")   # A @ W.T -> (L, W); G @ W -> (L, W); G.T @ A -> (W, W)
-SHAPE_KINDS = (FP32,)
+SHAPE_KINDS = (FP32, BF16)
 SHAPE_WORK = 2**23   # m k n of one trial at least: ~17 MFLOP, under a ms at this CPU's rate
 
 

@@ -55,11 +55,12 @@ from tunekit.measure.step_host import (  # noqa: F401 (SIZES .. cache_levels: as
 )
 from tunekit.measure.trials import MAX_TRIES, TRIES, Trial, best_s, fastest, interleaved  # noqa: F401 (as before)
 
-VERSION = 16   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
+VERSION = 17   # of what a sweep measures (9: trials ahead of the load; 10: compute figures in warm rounds;
 # 11: matmul outputs in buffers faulted in before the trials; 14: a linear layer's matmul shapes and the
 # L2-evicted sweep; 12 and 13 were drafts of 14 on one machine; 15: every figure's trials interleaved over
 # the whole calibration, each the fastest of 8-12 rounds; 16: the 64-cube matmul the faster of torch's
-# threads and one, measure.step_compute.or_one_thread): an entry of another version is measured again
+# threads and one, measure.step_compute.or_one_thread; 17: the shape classes in bf16 too, from 256 tokens):
+# an entry of another version is measured again
 
 
 @dataclass
