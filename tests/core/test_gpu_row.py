@@ -147,6 +147,10 @@ def test_a_figure_without_its_source_is_refused():
         dataclasses.replace(CARD, memory=48)
     with pytest.raises(ValueError, match=r"GPU 'Test GPU 48GB': mamf\['bf16'\]=160 has no source"):
         dataclasses.replace(CARD, mamf={"bf16": 160})
+    with pytest.raises(ValueError, match=r"GPU 'Test GPU 48GB': gemm\['bf16'\]=120 has no source"):
+        dataclasses.replace(CARD, gemm={"bf16": 120})
+    with pytest.raises(ValueError, match=r"GPU 'Test GPU 48GB': bf16 TFLOPS=0: a positive number"):
+        dataclasses.replace(CARD, gemm={"bf16": Sourced(0, "example.org/test-gpu-gemm")})
     with pytest.raises(ValueError, match=r"GPU 'Test GPU 48GB': link=32 has an empty source"):
         dataclasses.replace(CARD, link=Sourced(32, " "))
     with pytest.raises(ValueError, match=r"GPU 'Test GPU 48GB': peaks=None has no source"):

@@ -8,7 +8,7 @@ import torch
 
 import tunekit
 from tunekit.core.efficiency import Figures, gpu_figures, wave_efficiency
-from tunekit.core.expected import agreement, expect
+from tunekit.core.expected import agreement, expect, matmul_tflops
 from tunekit.core.notes import of_kind
 from tunekit.planning.ops import RooflineCounter
 
@@ -131,6 +131,27 @@ def test_matmul_shape_efficiency():
     t_odd, t_even = (expect([r], h100, tokens=1, model_flops=0, backend=None, params=0, param_bytes=2,
                             grad_bytes=2, state_bytes=0, optimizer_kernels=0).step_s for r in (odd, even))
     assert t_odd / t_even > 1.4   # 10922 is not a multiple of 8: the sweep's 398.4 / 272.7 = 1.46x slower
+
+
+def test_matmuls_at_training_shapes_where_a_row_has_the_figure():
+    # Transformer Engine's GEMM guide: a layer's Fprop, Dgrad and Wgrad at hidden 4096, intermediate 16384 over
+    # 15,872 tokens, 3 x 2 x 15872 x 4096 x (12288 + 4096 + 16384 + 16384) = 1.91727e13 FLOPs, in 32.014 ms on an
+    # H200 NVL: 598.886 TFLOPS, 0.716799 of its 835.5 dense; put to the H100 SXM's 989: 708.915
+    h100 = gpu_figures("H100 SXM", "bf16", 989, 3.35, compiled=False)
+    assert h100.gemm_tflops == pytest.approx(708.915, abs=1e-3) and "gemm_profiling.rst" in h100.gemm_source
+    assert gpu_figures("H200 SXM", "fp16", 989, 4.8, compiled=False).gemm_tflops == h100.gemm_tflops
+    # torchtitan's 96 GB H100 at its own 912.25: 0.716799 x 912.25 = 653.900
+    titan = gpu_figures("H100 SXM 96GB", "bf16", 912.25, 2.4, compiled=False)
+    assert titan.gemm_tflops == pytest.approx(653.900, abs=1e-3)
+    # a B200 at a B300's 12.758 ms for the same layer: 1.91727e13 / 12.758e-3 = 1502.80 TFLOPS of 2250, put to its 2250
+    assert gpu_figures("B200", "bf16", 2250, 8.0, compiled=False).gemm_tflops == pytest.approx(1502.80, abs=0.01)
+    # an 8192^3 bf16 matmul on the H100 SXM: 708.915 x 4096 / (32 x 132) = 687.43 (4096 tiles, 32 waves), not the MAMF
+    rate, src = matmul_tflops(h100, (8192, 8192, 8192, 1), 2, "forward")
+    assert rate == pytest.approx(708.915 * 4096 / 4224, abs=1e-3) and src.startswith(h100.gemm_source)
+    # no such figure for an A100 or in fp32: the MAMF's, 271.2 x 4096 / (38 x 108) = 270.68 (4096 tiles, 38 waves)
+    a100 = gpu_figures("A100 80GB", "bf16", 312, 2.0, compiled=False)
+    assert a100.gemm_tflops is None and gpu_figures("H100 SXM", "fp32", 67, 3.35, compiled=False).gemm_tflops is None
+    assert matmul_tflops(a100, (8192, 8192, 8192, 1), 2, "forward")[0] == pytest.approx(271.2 * 4096 / 4104)
 
 
 def test_counter_keeps_kernels_not_views():

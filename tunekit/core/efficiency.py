@@ -75,6 +75,8 @@ class Figures:
     warm_sweep: tuple = ()            # like cold_sweep, for ops reading what a core's L2 lost but the L3 holds
     warm_source: str = ""
     l2_bytes: float | None = None     # a core's L2: a tensor touched longer ago (and nearer than cache_bytes) is warm
+    gemm_tflops: float | None = None  # a GPU's matmuls at transformer training shapes (its row's `gemm`); None: MAMF
+    gemm_source: str = ""
     busy: tuple = ()                  # the calibrations these figures come from that were taken on a busy machine
     borrowed: tuple = ()              # words: which figure came from which measured card, and why that one
 
@@ -159,7 +161,8 @@ FOREACH_TENSORS = 36
 
 
 def gpu_figures(name: str, dtype: str, peak: float | None, bandwidth_tbs: float | None, compiled: bool) -> Figures:
-    """A GPU row's figures for ``dtype`` (fp32 matmuls run on the CUDA cores at the peak's share).
+    """A GPU row's figures for ``dtype`` (fp32 matmuls run on the CUDA cores at the peak's share); its
+    matmuls at transformer training shapes where the row has that figure (`gemm`), else at its MAMF.
     A row without a measured MAMF or bandwidth share of its own takes the one of the card it
     `borrows` from (the same chip and kind of memory), as a share, put to its own peak and
     bandwidth (a note of kind expected.borrowed says which figure, from which card)."""
@@ -184,7 +187,9 @@ def gpu_figures(name: str, dtype: str, peak: float | None, bandwidth_tbs: float 
                         f"{bandwidth_tbs * frac:.2f} of its {bandwidth_tbs:g} TB/s)")
     launch, lsrc = LAUNCH_S["compiled" if compiled else "eager"]
     att = {kernel: (fig.value, fig.source) for kernel, fig in row.attention.items()}
+    gemm = row.gemm.get(dtype)
     return Figures(name=name, peak_tflops=peak, mamf_tflops=mamf, mamf_source=src,
+                   gemm_tflops=gemm.value if gemm else None, gemm_source=gemm.source if gemm else "",
                    bandwidth_tbs=bandwidth_tbs * frac if (frac and bandwidth_tbs) else None,
                    bandwidth_source=bsrc, launch_s=launch, launch_source=lsrc, host_bound=False,
                    sms=row.sms.value if row.sms else None, attention=att,

@@ -9,7 +9,8 @@ head_dim, batch x heads) for an attention; ``phase`` "forward" or
 "backward"; ``io`` its inputs' and outputs' ((storage, bytes), ...), for a compiled step's fusion;
 ``dtypes`` which kernel it is by its tensors' dtypes (planning.ops.dtype_signature).
 
-- matmul: FLOPs at the device's MAMF, less the waves a tiled kernel leaves idle and the
+- matmul: FLOPs at the device's matmul rate at transformer training shapes where its GPU row has
+  one (`core.gpu.GPU.gemm`), else its MAMF, less the waves a tiled kernel leaves idle and the
   tensor-core loss of a dimension that is not a multiple of 8, or its bytes at the streaming
   bandwidth when that takes longer; on a CPU, a linear layer's matmul at its shape class's measured
   rate (tokens x features, forward / input gradient / weight gradient: `shape_class`) inside the
@@ -112,7 +113,8 @@ def shape_class(dims, phase: str | None) -> tuple | None:
 def matmul_tflops(fig: Figures, dims, itemsize: int, phase: str | None = None) -> tuple[float, str]:
     """(TFLOPS one matmul of these dims reaches, where the figure comes from): a linear layer's shape
     class where the device measured it (`Figures.shape_tflops`), else the cube sweep at the cube root
-    of one call's work (`call_size`)."""
+    of one call's work (`call_size`); a GPU's at its figure for training shapes (`Figures.gemm_tflops`)
+    or its MAMF, less the idle waves."""
     m, k, n, batch = dims
     cls = shape_class(dims, phase) if fig.matmul_shapes else None
     rate = fig.shape_tflops(*cls) if cls else None
@@ -120,7 +122,8 @@ def matmul_tflops(fig: Figures, dims, itemsize: int, phase: str | None = None) -
         return rate, fig.shape_source
     if fig.mamf_sweep:   # a calibrated device: its sweep at the call's cube-root size, read in log-log
         return log_interpolated(fig.mamf_sweep, call_size(dims)), fig.mamf_source
-    tflops, src = fig.mamf_tflops * wave_efficiency(m, n, batch, fig.sms), fig.mamf_source
+    base, src = (fig.gemm_tflops, fig.gemm_source) if fig.gemm_tflops else (fig.mamf_tflops, fig.mamf_source)
+    tflops = base * wave_efficiency(m, n, batch, fig.sms)
     if fig.sms:
         src += "; " + WAVE_SOURCE
     if itemsize <= 2 and any(d % ALIGN for d in (m, k, n)):

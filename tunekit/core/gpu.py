@@ -39,6 +39,9 @@ MEMORY_RULES = {"hbm": (81559 / 81920, "less the driver's reserve an H100 shows 
                 "gddr": (1.0, "no ECC on a consumer card")}
 
 
+_DICTS = ("mamf", "gemm", "attention")   # the row's fields that hold a dict of Sourced figures
+
+
 @dataclass(frozen=True)
 class GPU:
     """One accelerator, every figure the code needs of it, each `Sourced` (None: not known; the
@@ -54,6 +57,7 @@ class GPU:
     bandwidth: Sourced | None = None   # memory bandwidth, TB/s (data sheet)
     bandwidth_share: Sourced | None = None   # the share of it a streaming kernel reaches (measured)
     mamf: dict = field(default_factory=dict)        # {dtype: Sourced(maximum achievable matmul TFLOPS)}
+    gemm: dict = field(default_factory=dict)        # {dtype: Sourced(matmul TFLOPS at transformer training shapes)}
     sms: Sourced | None = None         # streaming multiprocessors (the waves a tiled matmul fills)
     attention: dict = field(default_factory=dict)   # {kernel: Sourced(((head_dim|None, seq, share), ...))}
     link: Sourced | None = None        # GPU-to-GPU inside a node, GB/s each way per GPU
@@ -77,9 +81,9 @@ class GPU:
             if f.name in ("name", "match", "memory_kind", "platform", "runs_instead"):
                 continue
             value = getattr(self, f.name)
-            if f.name in ("mamf", "attention") and not isinstance(value, dict):
+            if f.name in _DICTS and not isinstance(value, dict):
                 refuse(f"{f.name}={value!r}: a dict of Sourced figures")
-            pairs = value.items() if f.name in ("mamf", "attention") else [(None, value)]
+            pairs = value.items() if f.name in _DICTS else [(None, value)]
             for key, fig in pairs:
                 where = f"{f.name}[{key!r}]" if key is not None else f.name
                 if fig is None and key is None and f.name != "peaks":
@@ -97,7 +101,8 @@ class GPU:
 
         if not isinstance(self.peaks.value, dict):
             refuse(f"peaks={self.peaks.value!r}: a dict of dtype -> dense TFLOPS")
-        for dtype, v in [*self.peaks.value.items(), *((d, f.value) for d, f in self.mamf.items())]:
+        rates = [*self.peaks.value.items(), *((d, f.value) for d, f in (*self.mamf.items(), *self.gemm.items()))]
+        for dtype, v in rates:
             if dtype not in DTYPES:
                 refuse(f"dtype {dtype!r}: one of {tuple(DTYPES)}")
             positive(f"{dtype} TFLOPS", v)
@@ -170,7 +175,7 @@ class GPU:
             value = getattr(self, f.name)
             if isinstance(value, Sourced):
                 yield f.name, value
-            elif f.name in ("mamf", "attention"):
+            elif f.name in _DICTS:
                 yield from ((f"{f.name}[{k!r}]", v) for k, v in value.items())
 
 

@@ -89,6 +89,30 @@ def _mamf(bf16: float, fp8: float | None = None, note: str = "") -> dict:
     return out | ({FP8: Sourced(fp8, _MAMF)} if fp8 else {})
 
 
+# Matmuls at transformer training shapes, as a share of the dense peak (the MAMF above is a best-shape
+# search). Transformer Engine's GEMM profiling guide timed the 12 bf16 GEMMs of one layer (Fprop, Dgrad
+# and Wgrad of QKV 4096 -> 12288, attention out 4096 -> 4096, MLP 4096 -> 16384 -> 4096: MPT-7b's shapes)
+# over 31 x 512 = 15,872 tokens: 3 passes x 2 x 15872 x 4096 x 49152 = 1.9173e13 FLOPs in 32.014 ms on an
+# H200 NVL (598.9 TFLOPS, 71.7% of its 835.5 dense) and in 12.758 ms on a B300 (1502.8, 66.8% of 2250).
+# Each Hopper (Blackwell) row takes the H200 NVL's (B300's) share of its own dense peak.
+_TE_GEMM = ("NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst @ 8f2e635 (the bf16 Fprop, "
+            "Dgrad and Wgrad GEMMs of a layer at hidden 4096, intermediate 16384, 15,872 tokens): ")
+_LAYER_FLOPS = 3 * 2 * 15872 * 4096 * (12288 + 4096 + 16384 + 16384)
+_HOPPER_GEMM = (_LAYER_FLOPS / 32.014e-3 / 1e12 / 835.5,
+                _TE_GEMM + "32.014 ms a layer on an H200 NVL, 598.9 TFLOPS: 71.7% of its 835.5 dense (NVIDIA H200 "
+                           "data sheet: 1,671 with sparsity)")
+_BLACKWELL_GEMM = (_LAYER_FLOPS / 12.758e-3 / 1e12 / 2250,
+                   _TE_GEMM + "12.758 ms a layer on a B300, 1502.8 TFLOPS: 66.8% of its 2250 dense (" + _MLENG + ")")
+
+
+def _gemm(peak: float, family: tuple) -> dict:
+    """bf16's (and fp16's: the same tensor-core rate) matmul TFLOPS at training shapes: ``family``'s
+    measured share of the dense peak put to this card's ``peak``."""
+    share, src = family
+    rate = Sourced(peak * share, f"{src}; the share put to this card's {peak:g}")
+    return {BF16: rate, FP16: rate}
+
+
 # The share of the memory bandwidth a streaming kernel reaches (bytes read + written over time).
 # The H100's and H200's: the project's own measurements (benchmarks/RESULTS.md, with card, date, torch)
 _COPIES = ("measured 2026-11 on an {card}, torch 2.11.0+cu130 (driver CUDA 13): device-to-device copies ~{tbs} TB/s "
@@ -171,13 +195,14 @@ GPUS: tuple[GPU, ...] = (
                fp8=989 + 835.5),   # twice the bf16 middle
         Sourced(96, _TITAN), bandwidth=Sourced(2.4, _TITAN),
         bandwidth_share=Sourced(3.0 / 3.35, f"the HBM3 H100 SXM's share ({_H100_COPIES}) of its 2.4 TB/s HBM2e"),
-        sms=Sourced(132, _SMS), attention={"flash": _FA2_H100, "fa3": _FA3_H100},
-        link=_NVLINK4, node_net=_GRAND_TETON, capability=Sourced((9, 0), _CC),
+        gemm=_gemm((989 + 835.5) / 2, _HOPPER_GEMM), sms=Sourced(132, _SMS),
+        attention={"flash": _FA2_H100, "fa3": _FA3_H100}, link=_NVLINK4, node_net=_GRAND_TETON,
+        capability=Sourced((9, 0), _CC),
         borrows=Sourced("H100 SXM", "the same GH100 chip, 132 SMs (NVIDIA H100 data sheet); torchtitan's footnote 2: "
                                     "'HBM2e-based SXM H100 with lower TDP'")),
     GPU("H100 SXM", ("h100",), _peaks(_MLENG, **_HOPPER_PEAKS), Sourced(80, _MLENG), driver_total=_driver(81559),
         bandwidth=Sourced(3.35, _sheet("NVIDIA H100 SXM")), bandwidth_share=Sourced(3.0 / 3.35, _H100_COPIES),
-        mamf=_mamf(794.5, 1402.6), sms=Sourced(132, _SMS),
+        mamf=_mamf(794.5, 1402.6), gemm=_gemm(989, _HOPPER_GEMM), sms=Sourced(132, _SMS),
         attention={"flash": _FA2_H100, "fa3": _FA3_H100, "triton": _TRITON_H100}, link=_NVLINK4,
         node_net=_DGX_H100, capability=Sourced((9, 0), _CC)),
     # H200 shares H100's compute (its bf16 MAMF is given as the same figure)
@@ -186,10 +211,12 @@ GPUS: tuple[GPU, ...] = (
         bandwidth_share=Sourced(4.3 / 4.8, _COPIES.format(card="H200 141GB", tbs="4.3")),
         mamf=_mamf(794.5, note=" (H200: the H100's)") | {FP16: Sourced(794.5, _MAMF + ", bf16's"),
                                                           FP8: Sourced(1453.4, _MAMF)},
-        sms=Sourced(132, _SMS), attention={"flash": _FA2_H100, "fa3": _FA3_H100, "triton": _TRITON_H100},
-        link=_NVLINK4, node_net=_DGX_H200, capability=Sourced((9, 0), _CC)),
+        gemm=_gemm(989, _HOPPER_GEMM), sms=Sourced(132, _SMS),
+        attention={"flash": _FA2_H100, "fa3": _FA3_H100, "triton": _TRITON_H100}, link=_NVLINK4, node_net=_DGX_H200,
+        capability=Sourced((9, 0), _CC)),
     GPU("B200", ("b200",), _peaks(_MLENG, 80, 1125, 2250, 4500), Sourced(180, _MLENG),
-        bandwidth=Sourced(8.0, _sheet("NVIDIA B200")), mamf=_mamf(1745.0), sms=Sourced(148, _SMS),
+        bandwidth=Sourced(8.0, _sheet("NVIDIA B200")), mamf=_mamf(1745.0), gemm=_gemm(2250, _BLACKWELL_GEMM),
+        sms=Sourced(148, _SMS),
         link=_link(900, "NVLink 5, 1.8 TB/s both ways"), capability=Sourced((10, 0), _CC)),
     GPU("A100 40GB", ("a100", "40gb"), _peaks(_MLENG, 19.5, 156, 312), Sourced(40, _MLENG),
         driver_total=_driver(40960),
