@@ -133,15 +133,10 @@ def matmul_tflops(fig: Figures, dims, itemsize: int, phase: str | None = None) -
 
 
 def call_size(dims) -> float:
-    """The cube a matmul call's work is read at in a CPU's sweep: the cube root of ``batch`` x m x k x n,
-    the work of the whole call. A batched matmul (eager attention's bmm) is one call: its matrices share
-    the call's fixed cost, which the sweep's small cubes pay once per matrix. That cost is the dtype's
-    kernel's: this CPU's bf16 64-cube ran at 0.034 TFLOPS against fp32's 0.073, its 128-cube at 0.163
-    against 0.152 (the stream's step-like sweep), while a bf16 bmm of the Lab GPT's attention (32 x
-    128x32x128) took 0.14-0.16 ms against fp32's 0.25-0.35 ms (0.47-0.57x), and the small Llama's
-    (16 x 64x32x64) 39-42 us against 41 us (1.0x) (helper cpubf16e's interleaved micro-benchmark,
-    2026-12-07, under load: ratios, min of 40). Read at one matrix's cube root (80, 51) the sweep put
-    bf16's at 1.6x and 2.1x fp32's time; at the call's (256, 128), 0.49x and 0.93x."""
+    """The cube a matmul call's work is read at in a CPU's sweep: the cube root of ``batch`` x m x k x n.
+    A batched matmul (eager attention's bmm) is one call: its matrices share the dtype kernel's fixed
+    cost, which the sweep's small cubes pay per matrix (bf16's bmm read at one matrix's cube root was
+    priced 1.6-2.1x fp32's time where it ran 0.5-1.0x: benchmarks/RESULTS.md, the afternoon session)."""
     m, k, n, batch = dims
     return (max(batch, 1) * m * k * n) ** (1 / 3)
 

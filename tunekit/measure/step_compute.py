@@ -38,8 +38,8 @@ COPIES_CAP = 16   # a matmul figure's operand copies at most (`_matmul_trials`)
 # others), the Lab GPT's micro-batch 2 to 16 at 128 tokens, a tiny model's width to a small one's;
 # in both dtypes a CPU step runs (18 trials each, the largest one 1 GFLOP matmul). bf16 was read from
 # the cube sweep, whose small cubes pay bf16's per-call cost per matrix: the small Llama's bf16 linear
-# layers were priced at 0.56-0.94x fp32's time where they ran at 0.62-1.13x (helper cpubf16e's
-# interleaved micro-benchmark, 2026-12-07), its bf16 step expected ~12% fast (RESULTS.md)
+# layers were priced at 0.56-0.94x fp32's time where they ran at 0.62-1.13x, its bf16 step expected
+# ~12% fast (benchmarks/RESULTS.md, the afternoon session of 2026-12-07)
 SHAPE_LONG = (256, 512, 2048)
 SHAPE_WIDE = (128, 512)
 SHAPE_LAYOUTS = ("forward", "input", "weight")   # A @ W.T -> (L, W); G @ W -> (L, W); G.T @ A -> (W, W)
