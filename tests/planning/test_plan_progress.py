@@ -179,9 +179,9 @@ def test_the_plan_and_its_micro_batch_search_share_one_fake_step_per_shape(monke
     faked = []
     original = planner.fake_step
 
-    def counted(model, kind, cfg, setting, micro_batch, *args):
+    def counted(model, kind, cfg, setting, micro_batch, *args, **kwargs):
         faked.append(micro_batch)
-        return original(model, kind, cfg, setting, micro_batch, *args)
+        return original(model, kind, cfg, setting, micro_batch, *args, **kwargs)
 
     monkeypatch.setattr(planner, "fake_step", counted)
     p = tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "T4", micro_batch=1, seq_len=32, search=True,
