@@ -12,7 +12,7 @@ Dense peaks are vendor figures as collected in stas00/ml-engineering compute/acc
 """
 from __future__ import annotations
 
-from tunekit.core.gpu import GPU, Sourced, attention_share, check_table
+from tunekit.core.gpu import GPU, Sourced, check_table
 from tunekit.core.registry import BF16, FP8, FP16, FP32, TF32
 
 DEFAULT_DEVICE = "H100 SXM"   # a plan's device when none is named (tunekit.plan, lab.plan, `tunekit plan`)
@@ -128,35 +128,54 @@ _H100_COPIES = _COPIES.format(card="H100 80GB HBM3 (SXM)", tbs="3.0")
 # "triton" = the FlashAttention-1-era Triton kernel (HazyResearch flash_attn_triton.py on triton
 # 2.0.0.dev20221202, which llm-foundry's attn_impl="triton" copied, its default until 2024).
 #
-# A100: the FlashAttention-2 paper (arXiv 2307.08691, abstract and section 4.1) gives ranges over its
-# sweep (sequence 512 to 16k, head dim 64 and 128, causal or not): FlashAttention-2 "50-73% of the
-# theoretical maximum FLOPs/s on A100", FlashAttention(-1) "25-40%". Its figures rise with the sequence
-# (more blocks per SM, fewer partial tiles), so each range's low end is placed at 512 and its high end
-# at 16k. The Triton kernel's own docstring: "Overall Triton forward + backward is slightly slower than
-# CUDA forward + backward" (the CUDA one being FlashAttention-1): the FA1 range, an upper bound.
-# Hopper (sm90): flash-attention PR #1791 (benchmark_attn.py, Hopper, head dim 128, seq 8192, causal):
-# FA2 forward 1.935 ms at 284.1 TFLOPS, backward 4.788 ms at 287.1 -> 3.5 x 284.1 x 1.935 / 6.723 ms =
-# 286.2 TFLOPS (28.9% of 989); FA3 forward 0.873 ms at 630.0, backward 2.585 ms at 531.6 -> 3.5 x 630.0
-# x 0.873 / 3.458 ms = 556.7 TFLOPS (56.3%). (FA3's "740 TFLOPS, 75%" is its best forward alone.)
-# The Triton kernel on Hopper: no published figure; it and FA2 both issue Ampere mma instructions there
-# (no wgmma), so FA2's Hopper figure is scaled by the two kernels' ratio on the A100 at the same
-# sequence (e.g. 2048: 31.0% / 59.2%).
-_SWEEP = (512, 16384)
-_FA2_A100 = Sourced(((None, _SWEEP[0], 0.50), (None, _SWEEP[1], 0.73)),
-                    "FlashAttention-2 paper (arXiv 2307.08691): FA2 50-73% of an A100 over seq 512-16k")
-_FA1_A100 = Sourced(((None, _SWEEP[0], 0.25), (None, _SWEEP[1], 0.40)),
-                    "FlashAttention-2 paper: FlashAttention 25-40% of an A100 over seq 512-16k; the Triton kernel "
-                    "'slightly slower than CUDA' (flash_attn_triton.py)")
+# The figures are the bars of the FlashAttention-2 release's benchmark images, each bar's TFLOPS
+# printed on it: Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png (the FlashAttention-2
+# paper's Figure 4, arXiv 2307.08691) and assets/flash2_h100_fwd_bwd_benchmark.png, both @ 4f285b3, the
+# panels "With causal mask, head dimension 64" and "... 128" (forward + backward, fp16, 2048 = heads x head
+# dim, batch x seq = 16k tokens), seq 512, 1k, 2k, 4k, 8k, 16k. Their FLOPs are tunekit's: causal halved,
+# fwd+bwd 3.5x the forward (benchmarks/benchmark_flash_attention.py @ 60499ab, `flops`). No bar beyond
+# 16k: held flat there. Each kernel's tile is fixed (128 x 128 for the Triton one, flash_attn_triton.py),
+# so a longer sequence only thins what the bars' rise from 512 to 16k amortizes (a row block's prologue
+# and epilogue, the causal diagonal's half-masked tiles: 1 / (s/128 + 1) of the tiles run, 0.8% at 16k),
+# and the bars flatten already (FA1 d128 80 -> 83, FA2 182 -> 189 from 8k to 16k on the A100).
+# "triton": llm-foundry's flash_attn_triton.py (@ b2a43a1: "Copied from" HazyResearch flash-attention
+# @ eff9fe6, imports triton_pre_mlir; setup.py installs triton-pre-mlir's triton_pre_mlir_sm90 branch)
+# says "Overall Triton forward + backward is slightly slower than CUDA forward + backward": the CUDA
+# FlashAttention-1 bars ("FlashAttention"), an upper bound. The images' "FlashAttention Triton" bar is
+# another kernel (triton.ops.flash_attention, OpenAI Triton's, on the MLIR backend: the benchmark script).
+# On the H100 the image has the CUDA FlashAttention-1 bars too: that kernel (sm80 mma, no wgmma) and the
+# pre-MLIR Triton one (no Hopper backend) both run Ampere instructions there; no figure of the Triton
+# kernel itself on a Hopper is published.
+# FA2 and FA3 on Hopper: flash-attention PR #1791 (benchmark_attn.py, Hopper, head dim 128, seq 8192,
+# causal): FA2 forward 1.935 ms at 284.1 TFLOPS, backward 4.788 ms at 287.1 -> 3.5 x 284.1 x 1.935 /
+# 6.723 ms = 286.2 TFLOPS (28.9% of 989); FA3 forward 0.873 ms at 630.0, backward 2.585 ms at 531.6 ->
+# 3.5 x 630.0 x 0.873 / 3.458 ms = 556.7 TFLOPS (56.3%). (FA3's "740 TFLOPS, 75%" is its best forward alone.)
+# (The H100 image's FA2 bar at d128, 8k, causal: 308, of FA2 v2.0; PR #1791's is the newer measurement.)
+_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+_FIG = "Dao-AILab/flash-attention assets/flash2_{card}_fwd_bwd_benchmark.png @ 4f285b3, causal fwd+bwd bars"
+
+
+def _bars(peak: float, by_dim: dict) -> tuple:
+    """((head dim, seq, share of ``peak``), ...) from each head dim's bars (TFLOPS) at `_SEQS`."""
+    return tuple((d, s, tflops / peak) for d, bars in by_dim.items() for s, tflops in zip(_SEQS, bars))
+
+
+_FA2_A100 = Sourced(_bars(312, {64: (88, 119, 140, 156, 165, 171), 128: (99, 133, 155, 173, 182, 189)}),
+                    _FIG.format(card="a100") + ' "FlashAttention-2" (FlashAttention-2 paper, arXiv 2307.08691, '
+                    "Fig. 4), over 312")
+_FA1_A100 = Sourced(_bars(312, {64: (58, 70, 77, 87, 92, 97), 128: (55, 62, 69, 76, 80, 83)}),
+                    _FIG.format(card="a100") + ' "FlashAttention" (FlashAttention-1, CUDA), over 312: the Triton '
+                    "kernel 'slightly slower than CUDA forward + backward' (mosaicml/llm-foundry "
+                    "llmfoundry/models/layers/flash_attn_triton.py @ b2a43a1)")
 _HOPPER = "flash-attention PR #1791 benchmark_attn.py on Hopper (hdim 128, seq 8192, causal): "
 _FA2_H100 = Sourced(((128, 8192, 3.5 * 284.1 * 1.935 / (1.935 + 4.788) / 989),),
                     _HOPPER + "FA2 286.2 TFLOPS fwd+bwd (28.9%)")
 _FA3_H100 = Sourced(((128, 8192, 3.5 * 630.0 * 0.873 / (0.873 + 2.585) / 989),),
                     _HOPPER + "FA3 556.7 TFLOPS fwd+bwd (56.3%)")
-_TRITON_H100 = Sourced(
-    tuple((None, s, attention_share(_FA2_H100.value, None, s) * attention_share(_FA1_A100.value, None, s)
-           / attention_share(_FA2_A100.value, None, s)) for s in (512, 1024, 2048, 4096, 8192, 16384)),
-    "the FA2 Hopper figure (" + _FA2_H100.source + ") times the Triton / FA2 ratio on an A100 at the same seq "
-    "(FlashAttention-2 paper's ranges): both kernels issue Ampere mma there")
+_TRITON_H100 = Sourced(_bars(989, {64: (104, 123, 136, 138, 149, 156), 128: (98, 109, 108, 126, 135, 137)}),
+                       _FIG.format(card="h100") + ' "FlashAttention" (FlashAttention-1, CUDA), over 989: the '
+                       "Triton kernel 'slightly slower than CUDA' (llm-foundry flash_attn_triton.py @ b2a43a1), "
+                       "both on Ampere mma there")
 
 # What a card runs a training dtype as where it lists no peak for it (no tensor-core rate for it).
 # bf16 and TF32 tensor cores arrive with Ampere, compute capability 8.0 (NVIDIA A100 Tensor Core GPU
