@@ -74,6 +74,8 @@ import time
 import warnings
 from pathlib import Path
 
+from torch.utils.checkpoint import set_checkpoint_early_stop
+
 import tunekit
 from tunekit.planning import planner
 
@@ -132,16 +134,26 @@ def memory_columns(label: str, planned: list) -> str:
     return f"{fill:>9.2f}" + (f"{peak / published:>9.2f}" if published else f"{'':>9}")
 
 
+# The fake step runs this torch's checkpoint, which stops recomputing once backward's tensors are rebuilt (early stop,
+# pytorch/pytorch PR #96866, torch 2.1): an MPT block's MLP down projection is not rerun. The examples-era sweep ran
+# torch 1.13.1 with activation_checkpointing_reentrant False (mosaicml/llm-foundry scripts/train/benchmarking/
+# submit_benchmarks.py @ 12a631913c786ac70e33e42047d2eae6f443ee69), whose checkpoint (torch/utils/checkpoint.py at
+# v1.13.1, _checkpoint_without_reentrant) reran the whole block: its 4 linear layers, not 3 (12 d^2 weights, not 8).
+WHOLE_BLOCK_RECOMPUTE = {"examples v0.0.4 2023"}
+
+
 def plans(row) -> list:
-    """The row's plans: one, or none and full checkpointing for a selective one (their mean step)."""
+    """The row's plans: one, or none and full checkpointing for a selective one (their mean step); early stop off
+    where the software reran whole blocks (`WHOLE_BLOCK_RECOMPUTE`)."""
     setting = tunekit.Setting(precision=row["precision"], weights=None if row["weights"] == "fp32" else row["weights"],
                               micro_batch=row["micro_batch"], seq_len=row["seq_len"], compile=row["compile"],
                               parallel="fsdp" if row["gpus"] > 1 else None, world_size=row["gpus"],
                               nodes=row["nodes"], device=row["device"], grad_accum=row["grad_accum"])
     cks = {"none": (False,), "full": (True,), "selective": (False, True)}[row["checkpointing"]]
     cfg = model(row)
-    return [tunekit.plan(cfg, setting=setting.replace(checkpointing=ck), attention_kernel=row["attention_kernel"],
-                         **({"fsdp": row["fsdp"]} if row["fsdp"] != "n/a" else {})) for ck in cks]
+    with set_checkpoint_early_stop(row["software"] not in WHOLE_BLOCK_RECOMPUTE):
+        return [tunekit.plan(cfg, setting=setting.replace(checkpointing=ck), attention_kernel=row["attention_kernel"],
+                             **({"fsdp": row["fsdp"]} if row["fsdp"] != "n/a" else {})) for ck in cks]
 
 
 def cpu_labs():
