@@ -26,9 +26,10 @@ published tokens/s per GPU). Each is planned with the software it ran on:
   These 17 rows are the ones commit b2a43a1 kept from its parent ("added back old numbers that I
   didn't reproduce", its message: the A100 40GB table and the 70b rows are unchanged), which the
   parent's sweep.sh ran on image mosaicml/pytorch:1.13.1_cu117 with mosaicml/examples at v0.0.4
-  (software "examples v0.0.4 2023"). That older stack is not what makes them differ: the parent's
-  A100 80GB table ran 57 of b2a43a1's A100 80GB configurations on it (bf16 PURE, torch 1.13.1), and
-  b2a43a1's throughput over the parent's is median 1.01 (0.80-1.16).
+  (software "examples v0.0.4 2023"). The parent's A100 80GB table ran 57 of b2a43a1's A100 80GB
+  configurations on it (bf16 PURE, torch 1.13.1): b2a43a1's throughput over the parent's is median 1.005
+  without checkpointing (35), 1.048 with it (22: 1.05-1.16 at seq <= 4096, 0.92-1.10 from 8192, where
+  attention leads; the two 70b rows the same figures): `WHOLE_BLOCK_RECOMPUTE`.
   MPT shapes from the yamls (d_model x heads x layers): 768x12x12 (125m),
   1024x16x24 (350m), 1536x12x24 (760m), 2048x16x24 (1b), 2560x20x32 (3b), 4096x32x32 (7b),
   5120x40x40 (13b), 7168x56x48 (30b), 8192x64x80 (70b); vocab 50368, GELU MLP 4x, learned positions
@@ -73,6 +74,8 @@ import statistics
 import time
 import warnings
 from pathlib import Path
+
+from torch.utils.checkpoint import set_checkpoint_early_stop
 
 import tunekit
 from tunekit.planning import planner
@@ -132,16 +135,26 @@ def memory_columns(label: str, planned: list) -> str:
     return f"{fill:>9.2f}" + (f"{peak / published:>9.2f}" if published else f"{'':>9}")
 
 
+# The fake step runs this torch's checkpoint, which stops recomputing once backward's tensors are rebuilt (early stop,
+# pytorch/pytorch PR #96866, torch 2.1): an MPT block's MLP down projection is not rerun. The examples-era sweep ran
+# torch 1.13.1 with activation_checkpointing_reentrant False (mosaicml/llm-foundry scripts/train/benchmarking/
+# submit_benchmarks.py @ 92bd673c63d325f525f7d35207db70f8c1fdd83b), whose checkpoint (torch/utils/checkpoint.py at
+# v1.13.1, _checkpoint_without_reentrant) reran the whole block: its 4 linear layers, not 3 (12 d^2 weights, not 8).
+WHOLE_BLOCK_RECOMPUTE = {"examples v0.0.4 2023"}
+
+
 def plans(row) -> list:
-    """The row's plans: one, or none and full checkpointing for a selective one (their mean step)."""
+    """The row's plans: one, or none and full checkpointing for a selective one (their mean step); early stop off
+    where the software reran whole blocks (`WHOLE_BLOCK_RECOMPUTE`)."""
     setting = tunekit.Setting(precision=row["precision"], weights=None if row["weights"] == "fp32" else row["weights"],
                               micro_batch=row["micro_batch"], seq_len=row["seq_len"], compile=row["compile"],
                               parallel="fsdp" if row["gpus"] > 1 else None, world_size=row["gpus"],
                               nodes=row["nodes"], device=row["device"], grad_accum=row["grad_accum"])
     cks = {"none": (False,), "full": (True,), "selective": (False, True)}[row["checkpointing"]]
     cfg = model(row)
-    return [tunekit.plan(cfg, setting=setting.replace(checkpointing=ck), attention_kernel=row["attention_kernel"],
-                         **({"fsdp": row["fsdp"]} if row["fsdp"] != "n/a" else {})) for ck in cks]
+    with set_checkpoint_early_stop(row["software"] not in WHOLE_BLOCK_RECOMPUTE):
+        return [tunekit.plan(cfg, setting=setting.replace(checkpointing=ck), attention_kernel=row["attention_kernel"],
+                             **({"fsdp": row["fsdp"]} if row["fsdp"] != "n/a" else {})) for ck in cks]
 
 
 def cpu_labs():

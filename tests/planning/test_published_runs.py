@@ -167,3 +167,22 @@ def test_composers_training_metrics_are_counted_on_the_logits():
     want = 2 * ((elements * 6 + elements * 8) / (tbs * 1e12) + 5e-6)
     assert bench.metrics_seconds(row) == pytest.approx(want) and round(want * 1e3, 1) == 52.4
     assert bench.metrics_seconds(dict(row, arch="llama")) == 0.0    # torchtitan computes no metric on the logits
+
+
+@pytest.mark.slow   # two plans of a 2-block GPT (a few seconds on 2 busy cores)
+def test_the_examples_era_rows_recompute_whole_blocks():
+    bench = _bench()
+    row = {"arch": "mpt", "software": "llm-foundry 2023", "d_model": 64, "n_heads": 2, "n_kv_heads": 2, "n_layers": 2,
+           "d_ff": 256, "vocab": 128, "device": "A100 80GB", "gpus": 1, "nodes": 1, "micro_batch": 2, "grad_accum": 1,
+           "seq_len": 32, "checkpointing": "full", "precision": "bf16", "weights": "fp32", "attention_kernel": "triton",
+           "compile": False, "fsdp": "n/a", "bias": True, "norm": "layer", "norm_precision": "compute",
+           "loss_precision": "logits"}
+
+    def addmm_calls(software):
+        return {r[0]: r[2] for r in bench.plans(dict(row, software=software))[0].expected.rows}["addmm"]
+
+    # 2 blocks x 4 biased linear layers (qkv, attention out, MLP up, MLP down): 8 addmm in the forward. torch 2.1's
+    # early stop reruns 3 a block in backward (not the MLP's down projection): 8 + 2 x 3 = 14; torch 1.13.1's
+    # checkpoint reran the whole block: 8 + 2 x 4 = 16
+    assert addmm_calls("llm-foundry 2023") == 14
+    assert addmm_calls("examples v0.0.4 2023") == 16
