@@ -283,12 +283,13 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
     sharded = replace(dev, fixed=device_figures(dev.name, setting.precision, world_size=2)["fixed"])
     combos, tried_at = min(math.prod(len(d) for d in dimensions(setting)) - 1, MAX_FAKED), []
 
+    def as_placed(st, s):   # a plan sharded already: `_Steps.run` placed its steps; else here, as the plan of s would
+        return st if setting.parallel not in (None, "ddp") else steps.on_param_dtype(st, s)
+
     def place(st, s):
         if s.parallel:
             steps.complete(st, s, ("components",))
-        if setting.parallel in (None, "ddp"):   # a plan sharded already: `_Steps.run` placed its steps
-            st = steps.on_param_dtype(st, s)
-        return _placed(st, s, layout_of(s), sharded if s.parallel else dev)
+        return _placed(as_placed(st, s), s, layout_of(s), sharded if s.parallel else dev)
 
     def fake(s):
         tried_at.append(s)
@@ -300,8 +301,8 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
         shown.at(f"advice: the FLOPs of {changed_words(setting, s)}, which fits")
         return steps.complete(st, s, ("ops",))
 
-    def expect(st, s, placed):
-        tokens = amount(steps.cfg, steps.kind, s.micro_batch, setting.seq_len)[0]
+    def expect(st, s, placed):   # on FSDP's half param dtype: the half model's count (no autocast casts)
+        st, tokens = as_placed(st, s), amount(steps.cfg, steps.kind, s.micro_batch, setting.seq_len)[0]
         return expected_of(st, s, dev, tokens, steps.models[s.weights], placed.comm, layout_of(s), len(st.units),
                            kernel=kernel, fsdp=steps.fsdp)[0]
 
