@@ -89,6 +89,39 @@ def test_the_trainer_traces_the_step_asked_for_and_explain_reads_it(tmp_path):
     assert e.measured_s == rec.trace.wall_s and e.expected_s > 0
 
 
+def _summary_checked(text: str, name: str) -> None:
+    """The summary tunekit shows of a record (core.summary.Summary): its title, the steps with the
+    median step time and tokens/s, the speed against the peak it names, the peak memory, the machine."""
+    lines = text[text.index(f"⏱ {name}"):].splitlines()
+    labels = [line.split()[0] for line in lines[1:6]]
+    assert labels == ["time", "FLOPs", "speed", "CPU", "machine"], text
+    assert "MFU" in lines[3] and " of " in lines[3] and "peak" in lines[4]
+    assert "ms/step median" in text and "tokens/s" in text
+
+
+def test_the_trainer_shows_the_runs_summary_at_the_end_of_training(tmp_path, capsys):
+    from transformers import Trainer, TrainingArguments
+
+    from tunekit.integrations.transformers import TunekitCallback
+
+    ids = torch.randint(0, 256, (8, 16))
+    data = [{"input_ids": i, "labels": i} for i in ids]
+    for summary in (True, False):
+        cb = TunekitCallback(live=False, summary=summary)   # step 0 counted, 1 warm-up, 2 measured
+        args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=2,
+                                 logging_steps=3, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+        capsys.readouterr()
+        Trainer(model=llama(), args=args, train_dataset=data, callbacks=[cb]).train()
+        out = capsys.readouterr().out
+        if summary:   # 3 steps (1 warm-up, 1 counted): one measured
+            _summary_checked(out, "Trainer LlamaForCausalLM")
+            assert "3 steps (1 warm-up, 1 counted)" in out
+        else:
+            assert "⏱" not in out
+    with pytest.raises(ValueError, match="summary must be True or False"):
+        TunekitCallback(summary="yes")
+
+
 def test_transformers_callback_refuses_bad_options_when_built():
     from tunekit.integrations.transformers import TunekitCallback, front
 
@@ -165,3 +198,11 @@ def test_lightning_exception_ends_the_step_and_closes(tmp_path):
         _fit(tmp_path, _Module(fail_at=0), steps=3)
     assert not counting_active()
     assert tunekit.last().error.startswith("RuntimeError: step failed")
+
+
+def test_lightning_shows_the_fits_summary_at_the_end_of_training(tmp_path, capsys):
+    capsys.readouterr()
+    _fit(tmp_path, _Module(), steps=3)   # step 0 counted, 1 warm-up, 2 measured
+    out = capsys.readouterr().out
+    _summary_checked(out, "Lightning _Module")
+    assert "3 steps (1 warm-up, 1 counted)" in out

@@ -33,6 +33,7 @@ from tunekit.core.breakdown import (
 )
 from tunekit.core.fmt import fmt_count, fmt_ms, fmt_pct
 from tunekit.core.notes import Note
+from tunekit.core.refusals import user_facing
 from tunekit.core.units import is_missing
 
 NaN = math.nan
@@ -290,6 +291,7 @@ def _first_line(x, width: int = 80) -> str:
     return line[:width] + (" ..." if len(line) > width or line != text else "")
 
 
+@user_facing   # a refusal: the user's line and the message (core.refusals)
 def explain(result, plan=None, *, steps: int = 1) -> Explanation:
     """``result`` (a traced Lab `RunResult`, a traced `ProfileRecord`: ``%%gpuprofile --trace``'s or
     the record ``Monitor(trace=N).close()`` returns, or a `Breakdown`) against

@@ -1,10 +1,12 @@
 """What a trainer's own log gets from tunekit: the ``tunekit/...`` figures of the steps since its
-previous log. Shared by the callbacks."""
+previous log; and at the end of training the run's summary. Shared by the callbacks."""
 from __future__ import annotations
 
 import math
 
+from tunekit.core.summary import Summary
 from tunekit.monitor.steps import StepSummary, measured, speed_column
+from tunekit.view.frontend import show
 
 
 def figures(s: StepSummary, rows) -> dict:
@@ -20,3 +22,13 @@ def figures(s: StepSummary, rows) -> dict:
            "tunekit/mfu": s.mfu, "tunekit/hfu": s.hfu, "tunekit/wait_share": s.wait_share,
            "tunekit/cpu_peak_bytes": s.cpu_peak_bytes, "tunekit/gpu_peak_bytes": s.gpu_peak_bytes}
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def show_summary(callback) -> None:
+    """At the end of training, where ``callback.summary`` asks for it: the run's record summarized as
+    tunekit summarizes every record (core.summary.Summary: the steps, the median step time, tokens/s,
+    TFLOPS and MFU against the peak it names, the peak memory, the machine's conditions while it ran),
+    displayed in a notebook, printed elsewhere (view.frontend.show)."""
+    mon = callback.monitor
+    if callback.summary and mon is not None and mon.record is not None:
+        show(Summary(mon.record))

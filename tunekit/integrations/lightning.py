@@ -1,5 +1,6 @@
 """`TunekitCallback` for Lightning's `Trainer`: a `tunekit.Monitor` per fit, its figures sent to
-every logger of the Trainer (``trainer.loggers``).
+every logger of the Trainer (``trainer.loggers``), its summary shown when training ends
+(`integrations.figures.show_summary`).
 
     trainer = L.Trainer(max_steps=100, callbacks=[TunekitCallback()])
     trainer.fit(module, loader)
@@ -25,7 +26,8 @@ except ImportError:  # the standalone package of older releases
     except ImportError:
         raise ImportError("tunekit.integrations.lightning needs Lightning: pip install 'tunekit[lightning]'") from None
 
-from tunekit.integrations.figures import figures
+from tunekit.core.validate import flag
+from tunekit.integrations.figures import figures, show_summary
 from tunekit.monitor.monitor import Monitor
 from tunekit.monitor.options import check_options
 from tunekit.monitor.steps import summarize
@@ -38,15 +40,17 @@ class TunekitCallback(Callback):
     Options as `tunekit.Monitor` (``name``, ``peak``, ``dtype``, ``warmup``, ``live``,
     ``log_to``, ``flops``, ``trace``: the step traced, which
     ``tunekit.explain(callback.monitor.record, plan)`` sets against a plan); ``log_every``: steps
-    between two sends to the Trainer's loggers (default: the Trainer's ``log_every_n_steps``).
-    The Monitor of the latest fit is ``callback.monitor``."""
+    between two sends to the Trainer's loggers (default: the Trainer's ``log_every_n_steps``);
+    ``summary`` (default): the fit's summary at the end of training (`integrations.figures.show_summary`),
+    False: none. The Monitor of the latest fit is ``callback.monitor``."""
 
     def __init__(self, *, name: str | None = None, peak: float | None = None, dtype: str | None = None,
                  warmup: int = 1, live: bool | None = None, log_to=(), flops: str = "auto",
-                 trace: int | None = None, log_every: int | None = None):
+                 trace: int | None = None, log_every: int | None = None, summary: bool = True):
         self.options = dict(name=name, peak=peak, dtype=dtype, warmup=warmup, live=live, log_to=log_to, flops=flops,
                             trace=trace)
         check_options(**{k: v for k, v in self.options.items() if k != "log_to"})
+        self.summary = flag("summary", summary)
         self.log_every = None if log_every is None else check_options(total=log_every)["total"]
         self.monitor = None
 
@@ -111,3 +115,4 @@ class TunekitCallback(Callback):
             if len(mon.rows) > self._logged:
                 self._send(trainer)
             mon.close()
+            show_summary(self)

@@ -1,5 +1,6 @@
 """`TunekitCallback` for the transformers `Trainer`: a `tunekit.Monitor` per training run, its
-figures added to the Trainer's own logs (so every logger the Trainer reports to gets them).
+figures added to the Trainer's own logs (so every logger the Trainer reports to gets them), and
+its summary shown when training ends (tunekit's summary of a record, `integrations.figures.show_summary`).
 
     trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[TunekitCallback()])
     trainer.train()
@@ -33,7 +34,8 @@ try:
 except ModuleNotFoundError as e:
     raise (missing_extra(e, "tunekit.integrations.transformers") or e) from None
 
-from tunekit.integrations.figures import figures
+from tunekit.core.validate import flag
+from tunekit.integrations.figures import figures, show_summary
 from tunekit.monitor.monitor import Monitor
 from tunekit.monitor.options import check_options
 from tunekit.monitor.steps import summarize
@@ -45,15 +47,17 @@ class TunekitCallback(TrainerCallback):
 
     Options as `tunekit.Monitor` (``name``, ``peak``, ``dtype``, ``warmup``, ``live``,
     ``log_to``, ``flops``, ``trace``: the step traced, which
-    ``tunekit.explain(callback.monitor.record, plan)`` sets against a plan); the Monitor of the
-    latest run is ``callback.monitor``."""
+    ``tunekit.explain(callback.monitor.record, plan)`` sets against a plan); ``summary`` (default):
+    the run's summary at the end of training (`integrations.figures.show_summary`), False: none. The
+    Monitor of the latest run is ``callback.monitor``."""
 
     def __init__(self, *, name: str | None = None, peak: float | None = None, dtype: str | None = None,
                  warmup: int = 1, live: bool | None = None, log_to=(), flops: str = "auto",
-                 trace: int | None = None):
+                 trace: int | None = None, summary: bool = True):
         self.options = dict(name=name, peak=peak, dtype=dtype, warmup=warmup, live=live, log_to=log_to, flops=flops,
                             trace=trace)
         check_options(**{k: v for k, v in self.options.items() if k != "log_to"})  # refused before the Trainer runs
+        self.summary = flag("summary", summary)
         self.monitor = None
         self._logged = 0      # rows already summarized into a log
         self._t_end = None
@@ -103,6 +107,7 @@ class TunekitCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.monitor is not None:
             self.monitor.close()
+            show_summary(self)
 
 
 def front(callback, frame) -> bool:

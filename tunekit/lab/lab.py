@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from tunekit.core.gpus import DEFAULT_DEVICE
+from tunekit.core.refusals import user_facing
 from tunekit.core.results import RunResult, results_frame
 from tunekit.core.setting import Setting
 from tunekit.core.toggles import Env, ToggleError, Toggles, toggle_keywords
@@ -64,6 +65,7 @@ class Lab(LabResults):
     were), a batch the loss cannot take or a loss that is not one number.
     """
 
+    @user_facing   # a refusal: the user's line and the message (core.refusals)
     @keywords_checked(LAB_CHOICES)
     @toggle_keywords
     def __init__(self, model=None, batch_fn=None, loss_fn=None, *, preset: str = "cpu-tiny",
@@ -161,6 +163,7 @@ class Lab(LabResults):
 
     # --- the run (lab.run, lab.distributed) --------------------------------------------
 
+    @user_facing
     @keywords_checked()   # a misspelled keyword: the one meant (steps=, checkpointing=)
     @toggle_keywords
     def run(self, steps: int = 20, warmup: int = 2, progress=None, guard: bool = True,
@@ -221,6 +224,7 @@ class Lab(LabResults):
         Example: ``breakdown, timeline = lab.traced_step(t, step_s=0.1, memory=True)``."""
         return single.traced_step(self, t, step_s, trace, memory)
 
+    @user_facing
     @keywords_checked()
     @toggle_keywords
     def find_max_batch_size(self, start: int = 1, limit: int = 1024, memory_budget_bytes=None,
@@ -237,6 +241,7 @@ class Lab(LabResults):
         return searches.find_max_batch(self, start, limit, memory_budget_bytes, budget_fraction, progress,
                                        snapshot_on_oom, budget_s, verbose, s)
 
+    @user_facing
     @show_plan_keywords
     def plan(self, device: str = DEFAULT_DEVICE, **overrides):
         """``tunekit.plan`` of this Lab's model on ``device`` (a GPU row's name or "cpu"): memory,
@@ -250,6 +255,7 @@ class Lab(LabResults):
         Example: ``p = lab.plan("H100 SXM", precision="bf16", micro_batch=32); p.fits, p.bound_tokens_per_s``."""
         return lab_plan(self, device, overrides)
 
+    @user_facing
     def explain(self, run=None):
         """The last traced run (or ``run``, a RunResult or run id) against the expected step of its
         setting on its device (``lab.plan``), group of ops by group: ``tunekit.core.explain``.
@@ -257,6 +263,7 @@ class Lab(LabResults):
         from tunekit.lab.explain import lab_explain
         return lab_explain(self, run)
 
+    @user_facing
     @keywords_checked()
     @toggle_keywords
     def expect(self, setting=None, base=None, *, verbose: bool = True, **changes):
@@ -277,6 +284,7 @@ class Lab(LabResults):
         Example: ``lab.reset_optimizer(); lab.run(steps=20)`` starts from empty optimizer state."""
         self.trainer.reset_optimizer()
 
+    @user_facing
     @keywords_checked()
     @toggle_keywords
     def autotune(self, budget_s: float = 60.0, objective: str = "tokens_per_s", *, keep_global_batch=False,

@@ -253,6 +253,12 @@ def _placed_options(setting, s, is_base, labels, step, places, memory, per_token
     return None
 
 
+def changed_words(plan_setting, s) -> str:
+    """What a combination the advice tries changes, in ``plan``'s keywords."""
+    return ", ".join(f"{f}={getattr(s, f)!r}" for f in ("checkpointing", "weights", "optimizer", "micro_batch",
+                                                       "grad_accum") if getattr(s, f) != getattr(plan_setting, f))
+
+
 def _on(label: str, where: Place) -> str:
     """An option's label on a placement."""
     return ", ".join(x for x in (label, *where.changes) if x)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tunekit.core import specs, validate
+from tunekit.core import registry, specs, validate
 from tunekit.core.memory.options import CUDA_CONTEXT
 from tunekit.core.notes import Note
 from tunekit.core.registry import BF16, FP32
@@ -83,3 +83,14 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
     return dict(name=spec.name, memory=memory, peak=peak, bandwidth=spec.bandwidth_tbs,
                 link=spec.link_gbs, round_to=CUDA_BLOCK, fixed=fixed,
                 notes=notes + [f"peak: {spec.source}; memory: {memory_source}"])
+
+
+def compute_note(s) -> list:
+    """Why the bound of Setting ``s`` is against another dtype's peak than ``precision`` names: half weights."""
+    if s.compute == s.precision:
+        return []
+    if registry.PRECISIONS[s.precision].autocast_dtype is None:
+        return [f"weights are {s.weights}: the matmuls run in {s.weights}, so the bound is against the {s.weights} "
+                f"peak (precision={s.precision!r} names the autocast, here none)"]
+    return [f"weights are {s.weights}: the matmuls run in {s.weights} (autocast to {s.precision} is not applied "
+            f"to half weights), so the bound is against the {s.weights} peak"]

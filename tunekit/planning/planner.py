@@ -22,6 +22,7 @@ from tunekit.core import registry, validate
 from tunekit.core.breakdown import by_category
 from tunekit.core.efficiency import ATTENTION_KERNELS
 from tunekit.core.gpus import DEFAULT_DEVICE  # a Setting whose device is None is planned for it
+from tunekit.core.refusals import user_facing
 from tunekit.core.setting import (
     HALF,
     PLAN_DEFAULTS,
@@ -34,10 +35,18 @@ from tunekit.core.setting import (
 )
 from tunekit.core.units import is_missing
 from tunekit.measure.device import torch_dtype
-from tunekit.planning.advice import MAX_FAKED, dimensions, not_searched_note, placements, pruned_note, search_changes
+from tunekit.planning.advice import (
+    MAX_FAKED,
+    changed_words,
+    dimensions,
+    not_searched_note,
+    placements,
+    pruned_note,
+    search_changes,
+)
 from tunekit.planning.analytic import FakeStepError, analytic_plan, fake_failure, far_past_the_card
 from tunekit.planning.cuda_like import GpuKernels, quiet_fake_logs
-from tunekit.planning.device import device_figures
+from tunekit.planning.device import compute_note, device_figures
 from tunekit.planning.expect import expected_of
 from tunekit.planning.fsdp_work import FSDP1_AUTOCAST, FSDP2, FSDP_VERSIONS
 from tunekit.planning.module import ModuleTarget
@@ -61,6 +70,7 @@ PLANNED = ("precision", "weights", "micro_batch", "seq_len", "checkpointing", "o
            "world_size", "nodes", "device", "model", *SAME_STEP)
 
 
+@user_facing   # a refusal: the user's line and the message
 @validate.keywords_checked(SETTING_CHOICES)
 @step_keywords
 def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_limit: int = 4096,
@@ -114,7 +124,7 @@ def plan(target, device: str = DEFAULT_DEVICE, *, search: bool = False, search_l
     _check_options(search, search_limit, verbose, attention_kernel, fsdp)
     layout = layout_of(s)
     dev = PlanDevice(**device_figures(s.device, s.compute, layout["world_size"] if layout else 1))
-    dev.notes[:0] = _compute_note(s)
+    dev.notes[:0] = compute_note(s)
     s = s.replace(device=dev.name)
     if not search and (far := far_past_the_card(cfg, kind, s, dev, layout, model_name(cfg, kind))) is not None:
         return far
@@ -198,17 +208,6 @@ def _check_options(search, search_limit, verbose, attention_kernel, fsdp) -> Non
     validate.count("search_limit", search_limit)
 
 
-def _compute_note(s: Setting) -> list:
-    """Why the bound is against another dtype's peak than ``precision`` names: half weights."""
-    if s.compute == s.precision:
-        return []
-    if registry.PRECISIONS[s.precision].autocast_dtype is None:
-        return [f"weights are {s.weights}: the matmuls run in {s.weights}, so the bound is against the {s.weights} "
-                f"peak (precision={s.precision!r} names the autocast, here none)"]
-    return [f"weights are {s.weights}: the matmuls run in {s.weights} (autocast to {s.precision} is not applied "
-            f"to half weights), so the bound is against the {s.weights} peak"]
-
-
 class _Steps:
     """The plan's fake steps inside one fake mode: a model per weights' dtype and a step per shape, shared
     by the plan, its micro-batch search and its advice (a step lacking a pass gets it where it is read)."""
@@ -284,25 +283,26 @@ def _advise(steps: _Steps, setting: Setting, step: FakeStep, kernel) -> tuple[li
     sharded = replace(dev, fixed=device_figures(dev.name, setting.precision, world_size=2)["fixed"])
     combos, tried_at = min(math.prod(len(d) for d in dimensions(setting)) - 1, MAX_FAKED), []
 
+    def as_placed(st, s):   # a plan sharded already: `_Steps.run` placed its steps; else here, as the plan of s would
+        return st if setting.parallel not in (None, "ddp") else steps.on_param_dtype(st, s)
+
     def place(st, s):
         if s.parallel:
             steps.complete(st, s, ("components",))
-        if setting.parallel in (None, "ddp"):   # a plan sharded already: `_Steps.run` placed its steps
-            st = steps.on_param_dtype(st, s)
-        return _placed(st, s, layout_of(s), sharded if s.parallel else dev)
+        return _placed(as_placed(st, s), s, layout_of(s), sharded if s.parallel else dev)
 
     def fake(s):
         tried_at.append(s)
-        shown.at(f"advice: combination {len(tried_at)} of at most {combos} ({_changes(setting, s)})",
+        shown.at(f"advice: combination {len(tried_at)} of at most {combos} ({changed_words(setting, s)})",
                  len(tried_at) / combos)
         return steps.run(s, count=False, components=False)
 
     def count(s, st):
-        shown.at(f"advice: the FLOPs of {_changes(setting, s)}, which fits")
+        shown.at(f"advice: the FLOPs of {changed_words(setting, s)}, which fits")
         return steps.complete(st, s, ("ops",))
 
-    def expect(st, s, placed):
-        tokens = amount(steps.cfg, steps.kind, s.micro_batch, setting.seq_len)[0]
+    def expect(st, s, placed):   # on FSDP's half param dtype: the half model's count (no autocast casts)
+        st, tokens = as_placed(st, s), amount(steps.cfg, steps.kind, s.micro_batch, setting.seq_len)[0]
         return expected_of(st, s, dev, tokens, steps.models[s.weights], placed.comm, layout_of(s), len(st.units),
                            kernel=kernel, fsdp=steps.fsdp)[0]
 
@@ -392,9 +392,3 @@ def _placed(step: FakeStep, setting, layout, dev: PlanDevice) -> Placed:
             notes.append(f"no link bandwidth listed for {dev.name}: no communication time")
     return Placed(components=comps, peak=peak, peak_at=peak_at, total=peak + sum(b for b, _ in dev.fixed.values()),
                   comm_s=comm_s if not is_missing(comm_s) else 0.0, comm=comm, notes=notes)
-
-
-def _changes(plan_setting, s) -> str:
-    """What a combination the advice tries changes, in ``plan``'s keywords."""
-    return ", ".join(f"{f}={getattr(s, f)!r}" for f in ("checkpointing", "weights", "optimizer", "micro_batch",
-                                                       "grad_accum") if getattr(s, f) != getattr(plan_setting, f))

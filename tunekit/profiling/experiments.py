@@ -25,7 +25,7 @@ from tunekit.measure.history import HISTORY
 from tunekit.measure.meters import cpu_rss_bytes
 from tunekit.measure.oom import malloc_trim
 from tunekit.profiling.probe import Probe
-from tunekit.view.frontend import shell
+from tunekit.view.frontend import shell, show
 
 
 class _ScriptShell:
@@ -172,9 +172,4 @@ class experiment:
 def _show(rec) -> None:
     from tunekit.core.summary import Summary
 
-    if shell() is not None:
-        from IPython.display import display
-
-        display(Summary(rec))
-        return
-    print(Summary(rec))
+    show(Summary(rec))

@@ -3,6 +3,7 @@
     >>> shell()          # the running IPython shell, None in plain Python (a script, pytest)
     >>> in_notebook()    # a Jupyter kernel: HTML displays and widgets are drawn
     >>> in_terminal()    # a terminal IPython: text only, no widget
+    >>> show(Summary(record))   # displayed in a shell (HTML in a notebook), printed elsewhere
 
 IPython is never imported here: a process that did not import it has no shell.
 """
@@ -30,3 +31,14 @@ def in_terminal() -> bool:
     """A terminal IPython: it shows a display's text/plain, never a widget."""
     terminal = sys.modules.get("IPython.terminal.interactiveshell")
     return terminal is not None and isinstance(shell(), terminal.TerminalInteractiveShell)
+
+
+def show(obj) -> None:
+    """``obj`` (a summary: ``core.summary.Summary`` of a record) where the user reads it: displayed in
+    an IPython shell (its HTML in a notebook, its text in a terminal), printed in plain Python."""
+    if shell() is None:
+        print(obj)
+        return
+    from IPython.display import display
+
+    display(obj)
