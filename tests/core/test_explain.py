@@ -56,7 +56,8 @@ def test_both_sides_are_grouped_alike_and_the_gaps_are_said_largest_first():
         "(a fused backend runs them in one kernel)",
         "the time between ops takes 10% of the step, not foreseen by the plan: Python between ops: the step is "
         "host-bound (small ops or a small batch)"]
-    assert e.summary.splitlines()[0] == "run #3 (math): 10.0 ms per step, 50% of the expected speed (5.0 ms expected by the device model, uncalibrated)"
+    assert e.summary.splitlines()[0] == ("run #3 (math): 10.0 ms per step, 50% of the expected speed (5.0 ms "
+                                         "expected by the device model, uncalibrated)")
     assert list(e.op_table.op[:3]) == ["_softmax", "mm", "bmm"]        # lost 1.8, 1 and 0.6 ms
     assert e.notes == []
 
@@ -102,7 +103,8 @@ def test_a_speed_is_never_said_as_0_percent_for_a_group_that_ran():
         ("mm", "matmul", 12, 0.003, "compute", "MAMF"), ("optimizer step", "optimizer", 14, 0.00012, "memory", "bw")])
     e = explain_trace(slow, expected)
     assert e.gaps == ["the optimizer step takes 93% of the step at 0.3% of the expected speed"]
-    assert e.head == "43.0 ms per step, 7% of the expected speed (3.1 ms expected by the device model, uncalibrated)"   # 3.12 / 43 ms
+    assert e.head == ("43.0 ms per step, 7% of the expected speed (3.1 ms expected by the device model, "
+                      "uncalibrated)")   # 3.12 / 43 ms
 
 
 def test_a_fused_attention_kernel_is_its_own_group_and_several_steps_are_divided():
@@ -201,7 +203,8 @@ def test_the_one_line_carries_the_largest_gap_and_what_the_figures_carry_besides
     slowed.overhead = 0.04                                 # under 5%: neither said nor noted
     assert " · " not in explain_trace(slowed, EXPECTED).line
     quick = _trace([("aten::mm", MATMUL, 0.0034, 12)], wall_s=0.005)   # the matmuls as expected: no gap
-    assert explain_trace(quick, EXPECTED).line == "5.0 ms per step, 100% of the expected speed (5.0 ms expected by the device model, uncalibrated)"
+    assert explain_trace(quick, EXPECTED).line == ("5.0 ms per step, 100% of the expected speed (5.0 ms expected "
+                                                   "by the device model, uncalibrated)")
 
 
 def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(monkeypatch):

@@ -116,16 +116,16 @@ class Expectation:
         def delta(new, old):
             return times_or_pct(new, old) if old and not is_missing(old) else "n/a"
         vs = f"{delta(self.step_s, self.base_step_s)} vs {self.vs}"
-        if self.base_run is not None:
-            vs += f"; {fmt_ms(self.plan_step_s)} {DEVICE_MODEL}"
         tokens, base_tokens = self.tokens_per_step, self.base_tokens_per_step
         if tokens > 0 and base_tokens > 0 and tokens != base_tokens:
             vs += f", {delta(self.step_s / tokens, self.base_step_s / base_tokens)} per {self.unit.removesuffix('s')}"
+        if self.base_run is not None:
+            vs += f"; {fmt_ms(self.plan_step_s)} {DEVICE_MODEL}"
         if self.base_busy:
             vs += f"; run #{self.base_run} was busy: uncertain"
         fit = "" if self.fits else f": does not fit, {fmt_bytes(self.available_bytes)} available"
-        return f"expected {fmt_ms(self.step_s)}/step {basis_words(self.base_run)} ({vs}), peak {fmt_bytes(self.peak_bytes)} " \
-               f"({delta(self.peak_bytes, self.base_peak_bytes)}){fit}"
+        return f"expected {fmt_ms(self.step_s)}/step {basis_words(self.base_run)} ({vs}), " \
+               f"peak {fmt_bytes(self.peak_bytes)} ({delta(self.peak_bytes, self.base_peak_bytes)}){fit}"
 
     @property
     def table(self):
