@@ -39,7 +39,8 @@ def test_the_one_form():
 @pytest.mark.parametrize("refuse, said", [
     (lambda: specs.card("H100X"), "unknown device 'H100X': did you mean 'H100 SXM'? (the devices: "),
     (lambda: registry.optimizer("adamq"), ": did you mean 'adamw'?"),
-    (lambda: tunekit.GPTConfig.preset("cpu-tiyn"), "unknown preset 'cpu-tiyn': did you mean 'cpu-tiny'? (the presets: "),
+    (lambda: tunekit.GPTConfig.preset("cpu-tiyn"),
+     "unknown preset 'cpu-tiyn': did you mean 'cpu-tiny'? (the presets: "),
 ])
 def test_the_messages_that_suggest_say_it_the_same_way(refuse, said):
     with pytest.raises(ValueError) as info:
