@@ -96,7 +96,7 @@ print(run_a.explained)
 fig = make_subplots(rows=1, cols=1)
 t = why_a.table
 fig.add_bar(x=t.group, y=t.measured_s * 1e3, name="measured (traced step)")
-fig.add_bar(x=t.group, y=t.expected_s * 1e3, name="expected (plan)")
+fig.add_bar(x=t.group, y=t.expected_s * 1e3, name="expected (by the device model, uncalibrated)")
 fig.update_yaxes(title_text="ms per step", rangemode="tozero")
 fig.update_layout(title=f"measured vs expected, by group of ops: {run_a.label}", barmode="group", height=380)
 fig
@@ -115,7 +115,8 @@ def machine(run, precision="fp32"):
 
 verdict_a = machine(run_a)
 word_a = agreement(exp_a.step_s, run_a.step_s_min, verdict_a)
-print(f"fastest step {run_a.step_s_min * 1e3:.2f} ms against {exp_a.step_s * 1e3:.2f} ms expected "
+print(f"fastest step {run_a.step_s_min * 1e3:.2f} ms against {exp_a.step_s * 1e3:.2f} ms expected by the device "
+      "model, uncalibrated "
       f"({run_a.step_s_min / exp_a.step_s:.2f}x): {word_a} (machine {verdict_a})")
 lost = t.measured_s - t.expected_s.fillna(0.0)   # a group the plan foresaw no time in: NaN expected, all lost
 top_gap = t.loc[lost.idxmax()]

@@ -56,13 +56,14 @@ def test_a_device_type_is_no_card(typed, kind, precision):
     ("H100X", "H100 SXM"), ("H900", "H200 SXM"), ("A1000", "A100 80GB"), ("RTX 4900", "RTX 4090"), ("T5", "T4"),
     ("mi3000", "MI300X"), ("cpux", "cpu"), ("h10", "H100 SXM")])
 def test_a_misspelling_is_refused_with_the_name_it_looks_like(typed, close):
-    with pytest.raises(ValueError, match=rf"^unknown device '{typed}' \(did you mean '{close}'\?\): one of H100 NVL, "):
+    with pytest.raises(ValueError,
+                       match=rf"^unknown device '{typed}': did you mean '{close}'\? \(the devices: H100 NVL, "):
         device_figures(typed, "bf16")
     assert specs.find_spec(typed) is None and best_precision(typed) == "fp32"
 
 
 def test_a_name_nothing_is_close_to_is_refused_with_the_list():
-    with pytest.raises(ValueError, match=r"^unknown device 'zzz': one of H100 NVL, .*, MI300X, or 'cpu'$"):
+    with pytest.raises(ValueError, match=r"^unknown device 'zzz' \(the devices: H100 NVL, .*, MI300X, or 'cpu'\)$"):
         device_figures("zzz", "bf16")
 
 

@@ -304,7 +304,7 @@ def test_a_side_that_is_a_run_id_alone_is_refused_with_the_side_it_probably_mean
     assert capsys.readouterr().err.strip() == "tunekit diff: error: 0: no such log file"
     RunLog(tmp_path / LOG).add(_run(0, step_s=0.040))   # the log `tunekit run` writes here
     assert main(["diff", "0", "1"]) == 2
-    assert capsys.readouterr().err.strip() == ("tunekit diff: error: 0: no such log file: a side is LOG.jsonl#ID: "
+    assert capsys.readouterr().err.strip() == ("tunekit diff: error: 0: no such log file (a side is LOG.jsonl#ID): "
                                                "did you mean tunekit-runs.jsonl#0?")
     assert main(["diff", "#1", "0"]) == 2
     assert capsys.readouterr().err.strip().endswith("did you mean tunekit-runs.jsonl#1?")

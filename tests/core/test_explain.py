@@ -56,7 +56,8 @@ def test_both_sides_are_grouped_alike_and_the_gaps_are_said_largest_first():
         "(a fused backend runs them in one kernel)",
         "the time between ops takes 10% of the step, not foreseen by the plan: Python between ops: the step is "
         "host-bound (small ops or a small batch)"]
-    assert e.summary.splitlines()[0] == "run #3 (math): 10.0 ms per step, 50% of the expected speed (5.0 ms expected)"
+    assert e.summary.splitlines()[0] == ("run #3 (math): 10.0 ms per step, 50% of the expected speed (5.0 ms "
+                                         "expected by the device model, uncalibrated)")
     assert list(e.op_table.op[:3]) == ["_softmax", "mm", "bmm"]        # lost 1.8, 1 and 0.6 ms
     assert e.notes == []
 
@@ -102,7 +103,8 @@ def test_a_speed_is_never_said_as_0_percent_for_a_group_that_ran():
         ("mm", "matmul", 12, 0.003, "compute", "MAMF"), ("optimizer step", "optimizer", 14, 0.00012, "memory", "bw")])
     e = explain_trace(slow, expected)
     assert e.gaps == ["the optimizer step takes 93% of the step at 0.3% of the expected speed"]
-    assert e.head == "43.0 ms per step, 7% of the expected speed (3.1 ms expected)"   # 3.12 / 43 ms
+    assert e.head == ("43.0 ms per step, 7% of the expected speed (3.1 ms expected by the device model, "
+                      "uncalibrated)")   # 3.12 / 43 ms
 
 
 def test_a_fused_attention_kernel_is_its_own_group_and_several_steps_are_divided():
@@ -190,7 +192,7 @@ def test_the_one_line_carries_the_largest_gap_and_what_the_figures_carry_besides
     busy = Conditions(verdict="busy", reason="other processes used 1.0 of 2 CPUs")
     gap = ("the elementwise ops, norms and copies take 30% of the step at 23% of the expected speed: eager: each "
            "elementwise op is a kernel of its own (torch.compile fuses them)")
-    head = "10.0 ms per step, 50% of the expected speed (5.0 ms expected)"
+    head = "10.0 ms per step, 50% of the expected speed (5.0 ms expected by the device model, uncalibrated)"
     assert explain_trace(TRACE, EXPECTED).line == f"{head}; {gap}"
     assert explain_trace(TRACE, EXPECTED, conditions=busy).line == f"{head}; {gap} · ⚠ taken on a busy machine"
     slowed = _trace([("aten::mm", MATMUL, 0.004, 12)], wall_s=0.010)
@@ -201,7 +203,8 @@ def test_the_one_line_carries_the_largest_gap_and_what_the_figures_carry_besides
     slowed.overhead = 0.04                                 # under 5%: neither said nor noted
     assert " · " not in explain_trace(slowed, EXPECTED).line
     quick = _trace([("aten::mm", MATMUL, 0.0034, 12)], wall_s=0.005)   # the matmuls as expected: no gap
-    assert explain_trace(quick, EXPECTED).line == "5.0 ms per step, 100% of the expected speed (5.0 ms expected)"
+    assert explain_trace(quick, EXPECTED).line == ("5.0 ms per step, 100% of the expected speed (5.0 ms expected "
+                                                   "by the device model, uncalibrated)")
 
 
 def test_a_traced_lab_run_keeps_its_one_line_and_an_untraced_one_plans_nothing(monkeypatch):
@@ -269,7 +272,7 @@ def test_a_profiled_block_with_a_plan_shows_its_line_and_bad_plans_are_refused_b
             (torch.randn(32, 64) @ w).sum().backward()
     assert rec.explained == tunekit.explain(rec, EXPECTED, steps=2).line
     assert rec.explained.startswith(f"{fmt_ms(rec.trace.wall_s / 2)} per step, ")    # two steps in the block
-    assert "(5.0 ms expected)" in rec.explained and "  vs plan" in repr(rec)
+    assert "(5.0 ms expected by the device model, uncalibrated)" in rec.explained and "  vs plan" in repr(rec)
     for kw, words in ((dict(plan=EXPECTED), "add trace=True"), (dict(trace=True, plan=3), "int, not a Plan"),
                       (dict(trace=True, plan=EXPECTED, steps=0), "steps is how many"), (dict(steps=2), "with plan")):
         with pytest.raises(ValueError, match=words):
@@ -294,7 +297,7 @@ def test_an_untraced_cluster_run_is_its_whole_step_against_the_plan_and_says_whe
         {"matmul": 0.0034, "elementwise, norms, copies": 0.0007, "optimizer": 0.0009})
     assert t["measured_s"][1:].isna().all()
     assert e.summary.splitlines()[:2] == ["run #4 (ddp 2x1): 20.0 ms per step, 25% of the expected speed (5.0 ms "
-                                          "expected)", f"note: {words}"]
+                                          "expected by the device model, uncalibrated)", f"note: {words}"]
     r = RunResult.from_dict({"label": "ddp 2x1", "step_s": 0.02, "job": job})    # read back from a log
     assert str(tunekit.explain(r, EXPECTED).notes[0]) == words
     with pytest.raises(ValueError, match="nothing traced to explain"):        # not a cluster run: as before

@@ -73,8 +73,8 @@ def test_a_refused_value_names_the_one_probably_meant():
     from tunekit.core.toggles import Env, problems
 
     assert word_problems(Toggles(precision="bfloat16"))[0] == [
-        "precision must be one of ('fp32', 'tf32', 'bf16', 'fp16'), got 'bfloat16' (did you mean 'bf16'?): "
-        "the training precision; weights= names the parameters' dtype"]
+        "precision must be one of ('fp32', 'tf32', 'bf16', 'fp16'), got 'bfloat16' (the training precision; "
+        "weights= names the parameters' dtype): did you mean 'bf16'?"]
     with pytest.raises(ValueError, match=r"'adamq'; one of \[.*\]: did you mean 'adamw'\?$"):   # not its alias 'adam'
         registry.optimizer("adamq")
     with pytest.raises(ValueError, match=r"\(or \('eager', 'flash_attention_2'\)\): did you mean 'eager'\?$"):

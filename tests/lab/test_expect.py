@@ -118,7 +118,9 @@ def test_traced_base_run_calibrates_op_by_op():
     assert e.peak_bytes == 350 * MiB and e.base_peak_bytes == 300 * MiB
     assert of_kind(e.notes, "expect.new_ops") and of_kind(e.notes, "expect.not_carried")
     # 68.3 / 36.3 - 1 = +88%; 350 / 300 - 1 = +17%
-    assert e.line == "expected 68.3 ms/step (+88% vs run #3), peak 350.0 MiB (+17%)"
+    # the line says which figure: calibrated by run #3, beside the device model's own 33.5 ms (lab.explain's)
+    assert e.line == ("expected 68.3 ms/step calibrated by run #3 (+88% vs run #3; 33.5 ms by the device model, "
+                      "uncalibrated), peak 350.0 MiB (+17%)")
     changes = {op: what for op, _c, _b, _n, what in e.changes}
     assert changes == {"mm": "resized", "add": "resized", "mul": "resized", HOST: "resized",
                        CKPT: "added", "gelu": "added"}
@@ -141,17 +143,20 @@ def test_a_step_of_another_size_is_also_said_per_token_and_a_busy_base_as_uncert
                          fake_plan(BASE_ROWS, 100 * MiB), run)
     # 68.3 ms (test_traced_base_run_calibrates_op_by_op) for 64 tokens against 36.3 ms for 32:
     # +88% a step, (68.3 / 64) / (36.3 / 32) - 1 = -5.9% a token
-    assert big.line == "expected 68.3 ms/step (+88% vs run #3, -6% per token), peak 350.0 MiB (+17%)"
+    assert big.line == ("expected 68.3 ms/step calibrated by run #3 (+88% vs run #3, -6% per token; 33.5 ms by the "
+                        "device model, uncalibrated), peak 350.0 MiB (+17%)")
     # a model of your own counting samples (its batch_fn's): said per sample, its rate in samples/s
     samples = fake_plan(NEW_ROWS, 150 * MiB, tokens=64)
     samples.unit = "samples"
     own = ex.expectation(fake_lab(), Setting(), "cpu", samples, fake_plan(BASE_ROWS, 100 * MiB), run)
-    assert own.line == "expected 68.3 ms/step (+88% vs run #3, -6% per sample), peak 350.0 MiB (+17%)"
+    assert own.line == ("expected 68.3 ms/step calibrated by run #3 (+88% vs run #3, -6% per sample; 33.5 ms by the "
+                        "device model, uncalibrated), peak 350.0 MiB (+17%)")
     assert own.summary().splitlines()[1].startswith("937 samples/s")   # 64 samples / 68.3 ms = 937
     run.conditions = Conditions("busy", "load 9.0 on 2 CPUs")
     e = expect_of(run)
     assert e.base_busy and of_kind(e.notes, "expect.busy")
-    assert e.line == "expected 68.3 ms/step (+88% vs run #3; run #3 was busy: uncertain), peak 350.0 MiB (+17%)"
+    assert e.line == ("expected 68.3 ms/step calibrated by run #3 (+88% vs run #3; 33.5 ms by the device model, "
+                      "uncalibrated; run #3 was busy: uncertain), peak 350.0 MiB (+17%)")
 
 
 def test_step_time_alone_is_one_ratio():
@@ -208,7 +213,8 @@ def test_nothing_to_carry_over_is_said():
     assert all(r[6] == "device model" for r in e.rows)
     assert [n.kind for n in e.notes] == ["expect.uncalibrated"]
     # against the base plan's 16 ms and 100 MiB: 33.5 / 16 - 1 = +109% (109.4), 150 / 100 - 1 = +50%
-    assert e.line == "expected 33.5 ms/step (+109% vs the Lab's setting), peak 150.0 MiB (+50%)"
+    assert e.line == ("expected 33.5 ms/step by the device model, uncalibrated (+109% vs the Lab's setting), "
+                      "peak 150.0 MiB (+50%)")
     no_peak = expect_of(fake_run(peak=None))
     assert no_peak.peak_bytes == 150 * MiB and of_kind(no_peak.notes, "expect.peak_uncalibrated")
 
@@ -289,10 +295,10 @@ def test_the_line_names_what_its_base_run_ran_that_the_setting_does_not(lab, mon
     monkeypatch.setattr(ex, "base_run", lambda lab, device, base: run)
     e = lab.expect(checkpointing=True)
     # untraced: 8 ms measured over the plan's 16 ms carries to the same 16 ms: 8 ms, +0%
-    assert e.line.startswith("expected 8.0 ms/step (+0% vs run #3 (ckpt off T=32)), peak")
+    assert e.line.startswith("expected 8.0 ms/step calibrated by run #3 (+0% vs run #3 (ckpt off T=32); ")
     assert e.summary().splitlines()[1].endswith("calibrated by run #3's step time (one ratio)")
     same = lab.expect(seq_len=32)   # the run's own setting: nothing to name
-    assert "vs run #3)" in same.line
+    assert "vs run #3; 16.0 ms by the device model" in same.line   # no "(ckpt off T=32)" after it
 
 
 def test_explaining_a_run_plans_its_step_once_through_the_labs_plan_cache(lab, monkeypatch):
@@ -375,12 +381,13 @@ def test_predicted_line_of_a_run():
 
     r = RunResult.from_dict({"label": "a", "step_s": 0.050, "expected_step_s": 0.040, "expected_from": 3})
     # 40 / 50 - 1 = -20.0%
-    assert predicted_line(r) == "predicted 40.0 ms/step, measured 50.0 ms: -20.0% off (by run #3)"
+    assert predicted_line(r) == "predicted 40.0 ms/step, measured 50.0 ms: -20.0% off (calibrated by run #3)"
     assert predicted_line(RunResult.from_dict({"label": "b", "step_s": 0.05})) == ""
     # against the steady (median) step where the run has one: 40 / 45 - 1 = -11.1%
     steady = RunResult.from_dict({"label": "c", "step_s": 0.050, "step_s_median": 0.045, "expected_step_s": 0.040})
     assert steady.steady_step_s == 0.045
-    assert predicted_line(steady) == "predicted 40.0 ms/step, measured 45.0 ms: -11.1% off (device model, uncalibrated)"
+    assert predicted_line(steady) == ("predicted 40.0 ms/step, measured 45.0 ms: -11.1% off (by the device model, "
+                                      "uncalibrated)")
     assert results_frame([steady])["expect_error"].iloc[0] == pytest.approx(0.040 / 0.045 - 1)
 
 
@@ -413,7 +420,8 @@ def test_dashboard_line_follows_the_controls_newest_wins(make_lab, monkeypatch):
     d = Dashboard(lab, expect=True)   # the line a widget frontend gets (plain Python gets none)
     assert d.expect_line.wait(10)
     # micro_batch 4: 4 ms, against the base plan's 4 ms and 4 MiB: +0%
-    assert "expected 4.0 ms/step (+0% vs the Lab&#x27;s setting), peak 4.0 MiB (+0%)" in d.expect_html.value
+    assert ("expected 4.0 ms/step by the device model, uncalibrated (+0% vs the Lab&#x27;s setting), "
+            "peak 4.0 MiB (+0%)") in d.expect_html.value
     gate = threading.Event()
     asked = fake_answers(monkeypatch, lab, gate)
     for mb in (8, 16, 32):                      # three changes while the first is still being answered
@@ -422,7 +430,8 @@ def test_dashboard_line_follows_the_controls_newest_wins(make_lab, monkeypatch):
     assert d.expect_line.wait(10)
     # 32 / 4 - 1 = +700%, 32 MiB / 4 MiB - 1 = +700%: the newest answer shown, the last one computed,
     # and not every request answered (one asked while another computes replaces the one waiting)
-    assert "expected 32.0 ms/step (+700% vs the Lab&#x27;s setting), peak 32.0 MiB (+700%)" in d.expect_html.value
+    assert ("expected 32.0 ms/step by the device model, uncalibrated (+700% vs the Lab&#x27;s setting), "
+            "peak 32.0 MiB (+700%)") in d.expect_html.value
     assert asked[-1] == 32 and len(asked) < 3
     d.controls["precision"].value = "fp16"      # refused: said in the line, never raised into the callback
     assert d.expect_line.wait(10)

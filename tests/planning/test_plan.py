@@ -110,10 +110,10 @@ def test_a_dtype_the_card_has_no_peak_for_gets_no_bound_and_says_what_the_card_r
     (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H900"), ValueError, "unknown device 'H900'"),
     # a typo is refused with the row it looks like, not read as that row (it was, with a note)
     (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H100X"), ValueError,
-     r"unknown device 'H100X' \(did you mean 'H100 SXM'\?\)"),
+     r"unknown device 'H100X': did you mean 'H100 SXM'\? \(the devices: "),
     # a dropped digit: the card of the same family, not the nearest string of the table ("A10G")
     (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "H10"), ValueError,
-     r"unknown device 'H10' \(did you mean 'H100 SXM'\?\)"),
+     r"unknown device 'H10': did you mean 'H100 SXM'\? \(the devices: "),
     (lambda: tunekit.plan(torch.nn.Linear(2, 2)), TypeError, "needs batch_fn"),
     (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "cpu", seq_len=10_000), ValueError, "positions"),
     (lambda: tunekit.plan(tunekit.GPTConfig.preset("cpu-tiny"), "cpu", precision="fp64"), ValueError, "precision"),

@@ -73,7 +73,8 @@ run #3 bf16 · GPT 426.6k params · cpu (2 threads)
 
 
 def test_a_traced_run_shows_its_line_against_the_expected_step():
-    line = ("61.0 ms per step, 42% of the expected speed (25.7 ms expected); the matmuls take 70% of the step at "
+    line = ("61.0 ms per step, 42% of the expected speed (25.7 ms expected by the device model, uncalibrated); "
+            "the matmuls take 70% of the step at "
             "40% of the expected speed")
     r = run(explained=line)
     assert summary_lines(r)[5:7] == [f"  traced   {line}", "  machine  quiet: tasks waited for a CPU 1% of the time"]

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 from tunekit.cli.model import Refused
+from tunekit.core.validate import did_you_mean
 
 
 def diff_parser(parser_class=argparse.ArgumentParser, formatter=argparse.HelpFormatter) -> argparse.ArgumentParser:
@@ -70,7 +71,7 @@ def _meant(path: str, run_id: str) -> str:
 
     ident = run_id if not path else path if not run_id else ""
     if re.fullmatch(r"([\w.-]+/)?\d+", ident.strip()) and Path(LOG).is_file():
-        return f": a side is LOG.jsonl#ID: did you mean {LOG}#{ident.strip()}?"
+        return f" (a side is LOG.jsonl#ID){did_you_mean(f'{LOG}#{ident.strip()}', quote=False)}"
     logs = sorted(p.name for p in Path(".").glob("*.jsonl"))
     return (" (a side is LOG.jsonl, LOG.jsonl#ID or LOG.jsonl#SESSION/ID; the .jsonl files here: "
             + ", ".join(logs[:10]) + ")" if logs else "")

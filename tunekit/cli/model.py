@@ -17,7 +17,7 @@ def model_source(text: str, factories: bool = True) -> tuple[str, object]:
     """("preset", name) | ("transformers", config dict) | ("factory", "pkg.mod:fn"); ``factories=False``
     (``tunekit plan``, which builds from a config): a factory is refused before it is imported,
     and a refusal names only a preset or a config file."""
-    from tunekit.core.validate import nearest
+    from tunekit.core.validate import did_you_mean, nearest
     from tunekit.models.gpt_config import PRESETS
 
     if text in PRESETS:
@@ -38,7 +38,7 @@ def model_source(text: str, factories: bool = True) -> tuple[str, object]:
         check_factory(text)
         return "factory", text
     close = nearest(text, list(PRESETS))
-    meant = f": did you mean {close!r}? (the presets: " if close else " (a preset: "
+    meant = f"{did_you_mean(close)} (the presets: " if close else " (a preset: "
     raise Refused(f"--model {text!r} is not a preset{meant}{', '.join(PRESETS)}), a config .json file"
                   + (", or 'package.module:function'" if factories else ""))
 

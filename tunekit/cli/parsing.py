@@ -12,6 +12,8 @@ import argparse
 import difflib
 import re
 
+from tunekit.core.validate import did_you_mean
+
 
 class Parser(argparse.ArgumentParser):
     """An argparse parser whose refusal is one line naming what was probably meant."""
@@ -35,7 +37,7 @@ class Parser(argparse.ArgumentParser):
                 from tunekit.core.registry import precision_meant
 
                 near = precision_meant(word)
-                return f": did you mean {near!r}?" if near else ""
+                return did_you_mean(near)
         elif m := re.match(r"unrecognized arguments: (--[^\s=]+)", message):
             word, names = m.group(1), list(self._option_string_actions)
         else:
@@ -43,7 +45,7 @@ class Parser(argparse.ArgumentParser):
         near = difflib.get_close_matches(word, names, n=1)
         if not near:
             return ""
-        return f": did you mean {near[0] if near[0].startswith('-') else repr(near[0])}?"
+        return did_you_mean(near[0], quote=not near[0].startswith("-"))
 
 
 # what a shell runs instead of a Python-only name typed as a command ("tunekit explain")

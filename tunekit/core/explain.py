@@ -57,6 +57,16 @@ MODULE = "nn.Module: "
 # evaluate_function range, AccumulateGrad's glue): time between ops, not an op a plan makes
 _AUTOGRAD = re.compile(r"^(autograd::engine::evaluate_function: .*|torch::autograd::.*|\w+Backward\d*)$")
 PROFILER_SHOWN = 0.05   # a profiler overhead above this is said (a note, and in the one line)
+# which expected figure a line sets out, in the same words in every API (explain's head, lab.expect's
+# line and summary, a run's "predicted" line, the dashboard): the plan's own step, or it calibrated by a
+# measured run (lab.expect). explain always sets a run against the former: calibrated by the run
+# itself it would read 100%.
+DEVICE_MODEL = "by the device model, uncalibrated"
+
+
+def basis_words(run_id: int | None) -> str:
+    """Which expected figure: 'by the device model, uncalibrated' (``run_id`` None) or 'calibrated by run #3'."""
+    return DEVICE_MODEL if run_id is None else f"calibrated by run #{run_id}"
 
 
 _CONV = re.compile(CONVOLUTION)
@@ -168,9 +178,11 @@ class Explanation:
 
     @property
     def head(self) -> str:
-        """The step against its expectation: '77.4 ms per step, 4% of the expected speed (3.1 ms expected)'."""
+        """The step against its expectation, saying which: '77.4 ms per step, 4% of the expected speed
+        (3.1 ms expected by the device model, uncalibrated)' (`DEVICE_MODEL`: lab.expect's line says the same
+        figure in the same words beside its calibrated one)."""
         return (f"{fmt_ms(self.measured_s)} per step, {speed_pct(self.efficiency)} of the expected speed "
-                f"({fmt_ms(self.expected_s)} expected)")
+                f"({fmt_ms(self.expected_s)} expected {DEVICE_MODEL})")
 
     @property
     def caveats(self) -> list:

@@ -210,10 +210,10 @@ def precision_meant(value) -> str | None:
 def _meant(name, names: list, canonical: dict | None = None) -> str:
     """": did you mean 'x'?" for a name spelled close to one of ``names`` (`core.validate.nearest`;
     an alias said as ``canonical`` names it: 'adamq' -> 'adamw', not its alias 'adam'), else ""."""
-    from tunekit.core.validate import nearest
+    from tunekit.core.validate import did_you_mean, nearest
 
     near = nearest(str(name), names)
-    return f": did you mean {(canonical or {}).get(near, near)!r}?" if near is not None else ""
+    return did_you_mean((canonical or {}).get(near, near) if near is not None else None)
 
 
 def optimizer_for_class(class_name: str, momentum: float = 0.0) -> Optimizer | None:

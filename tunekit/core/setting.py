@@ -196,8 +196,8 @@ def word_problems(t: Toggles) -> tuple[list[str], dict]:
         except ValueError as e:
             errors.append(f"{e}: {WHY[name]}" if name in WHY else str(e))
     if t.precision not in PRECISIONS:
-        near = f" (did you mean {m!r}?)" if (m := registry.precision_meant(t.precision)) else ""
-        errors.append(f"precision must be one of {PRECISIONS}, got {t.precision!r}{near}: {WHY['precision']}")
+        near = validate.did_you_mean(registry.precision_meant(t.precision))
+        errors.append(f"precision must be one of {PRECISIONS}, got {t.precision!r} ({WHY['precision']}){near}")
     for name, resolve in (("optimizer", registry.optimizer), ("attention", registry.attention)):
         value = getattr(t, name)
         if value is not None:

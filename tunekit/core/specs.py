@@ -11,7 +11,7 @@ import re
 from tunekit.core import gpus
 from tunekit.core.gpu import GPU
 from tunekit.core.registry import BF16, DTYPES
-from tunekit.core.validate import DEVICE_TYPES
+from tunekit.core.validate import DEVICE_TYPES, did_you_mean
 
 
 def __getattr__(name):
@@ -64,7 +64,7 @@ def card(device_name: str) -> GPU:
     >>> card("H100X")   # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: unknown device 'H100X' (did you mean 'H100 SXM'?): one of H100 NVL, ..., or 'cpu'
+    ValueError: unknown device 'H100X': did you mean 'H100 SXM'? (the devices: H100 NVL, ..., or 'cpu')
     """
     spec = find_spec(device_name)
     kind = device_name.strip().lower().partition(":")[0]
@@ -78,8 +78,8 @@ def card(device_name: str) -> GPU:
         family = [n for n in known if n[:2] == asked[:2]]
         close = [known[c] for c in difflib.get_close_matches(asked, family, n=1, cutoff=0.5)
                  or difflib.get_close_matches(asked, list(known), n=1, cutoff=0.5)]
-        raise ValueError(f"unknown device {device_name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                         + f": one of {', '.join(names())}, or 'cpu'")
+        raise ValueError(f"unknown device {device_name!r}{did_you_mean(close[0] if close else None)} "
+                         f"(the devices: {', '.join(names())}, or 'cpu')")
     return spec
 
 

@@ -24,7 +24,7 @@ from tunekit.core.setting import (  # noqa: F401
     toggle,
     word_problems,
 )
-from tunekit.core.validate import is_whole, live_signature
+from tunekit.core.validate import did_you_mean, is_whole, live_signature
 
 # Why fp16 is refused on CPU (the Lab's decision, shown verbatim in the dashboard).
 FP16_ON_CPU = (
@@ -170,7 +170,7 @@ def problems(t: Toggles, env: Env) -> list[str]:
     if "optimizer" in fixed and t.optimizer not in OPTIMIZERS:   # the registry's, not one a Lab builds
         named = fixed["optimizer"]   # an alias ('adam'): the registry's name for it, which a Lab may build
         out.append(f"optimizer must be one of {OPTIMIZERS} in a Lab (those it can build), got {t.optimizer!r}"
-                   + (f": did you mean {named!r}?" if named in OPTIMIZERS else "."))
+                   + (did_you_mean(named) if named in OPTIMIZERS else "."))
     elif t.optimizer in env.unavailable_optimizers:
         out.append(f"optimizer {t.optimizer!r} is unavailable here: {env.unavailable_optimizers[t.optimizer]}")
     if t.attention in ATTENTIONS:

@@ -106,13 +106,27 @@ def optional(check):
     return lambda name, v, *args: None if v is None else check(name, v, *args)
 
 
+def did_you_mean(near, *, quote: bool = True, lead: str = ": ") -> str:
+    """The one form of every suggestion tunekit's messages make, at the end of the clause that refuses:
+    ": did you mean 'bf16'?" (``quote`` False: the words as they are, a keyword=value, an option, a
+    run reference: ": did you mean --steps?"; ``lead``: what comes before it); "" for none (``near``
+    None or ""). What a message says after it is in parentheses: "unknown device 'H100X': did you
+    mean 'H100 SXM'? (the devices: ...)".
+
+    >>> did_you_mean("bf16"), did_you_mean("preset='gpt2-124m'", quote=False, lead=""), did_you_mean(None)
+    (": did you mean 'bf16'?", "did you mean preset='gpt2-124m'?", '')
+    """
+    if near is None or near == "":
+        return ""
+    return f"{lead}did you mean {near!r}?" if quote else f"{lead}did you mean {near}?"
+
+
 def choice(name: str, v, allowed) -> str:
     """``v`` where ``allowed`` holds it; else a ValueError naming the allowed values and, for a
     value spelled close to one (case, a dash: 'BF16', 'bf-16'), that one: "did you mean 'bf16'?"."""
     if v not in tuple(allowed):
         near = nearest(v, allowed)
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {v!r}" + (f": did you mean {near!r}?"
-                                                                                 if near is not None else ""))
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {v!r}{did_you_mean(near)}")
     return v
 
 
@@ -217,8 +231,8 @@ def meant(name: str, v, names, choices: dict | None = None) -> str:
     close = difflib.get_close_matches(name, [n for n in names if n != name], n=1, cutoff=0.6)
     fits = [n for n, allowed in choices.items() if n != name and _fits(allowed, v)]
     if close and (close[0] in fits or close[0] not in choices or not fits):
-        return f"did you mean {close[0]}={v!r}?"
-    return f"did you mean {fits[0]}={v!r}?" if fits else ""
+        return did_you_mean(f"{close[0]}={v!r}", quote=False, lead="")
+    return did_you_mean(f"{fits[0]}={v!r}", quote=False, lead="") if fits else ""
 
 
 def keywords_checked(choices: dict | None = None):

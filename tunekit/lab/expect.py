@@ -2,7 +2,8 @@
 device, before it runs, calibrated by the Lab's measured runs.
 
     >>> e = lab.expect(checkpointing=True)   # what lab.run(checkpointing=True) would take here
-    >>> e.line                                # 'expected 31.2 ms/step (+24% vs run #3), peak 1.2 GiB (-38%)'
+    >>> e.line                # 'expected 31.2 ms/step calibrated by run #3 (+24% vs run #3; 2.1 ms by the
+    ...                       #  device model, uncalibrated), peak 1.2 GiB (-38%)'
     >>> e.changes                             # the ops the change adds, removes or resizes
 
 The device model is the plan's expected step (``lab.plan(device, setting=...)``: `Plan.expected`,
@@ -42,6 +43,7 @@ import html
 import math
 from dataclasses import dataclass, field
 
+from tunekit.core.explain import DEVICE_MODEL, basis_words
 from tunekit.core.fmt import fmt_bytes, fmt_ms, fmt_pct, fmt_rate
 from tunekit.core.notes import Note
 from tunekit.core.setting import Setting, step_words
@@ -108,18 +110,22 @@ class Expectation:
 
     @property
     def line(self) -> str:
-        """'expected 31.2 ms/step (+24% vs run #3), peak 1.2 GiB (-38%)'."""
+        """'expected 31.2 ms/step calibrated by run #3 (+24% vs run #3; 2.1 ms by the device model,
+        uncalibrated), peak 1.2 GiB (-38%)': which figure it is, and the device model's own (the one
+        ``lab.explain`` sets a run against), in the same words (core.explain.basis_words)."""
         def delta(new, old):
             return times_or_pct(new, old) if old and not is_missing(old) else "n/a"
         vs = f"{delta(self.step_s, self.base_step_s)} vs {self.vs}"
         tokens, base_tokens = self.tokens_per_step, self.base_tokens_per_step
         if tokens > 0 and base_tokens > 0 and tokens != base_tokens:
             vs += f", {delta(self.step_s / tokens, self.base_step_s / base_tokens)} per {self.unit.removesuffix('s')}"
+        if self.base_run is not None:
+            vs += f"; {fmt_ms(self.plan_step_s)} {DEVICE_MODEL}"
         if self.base_busy:
             vs += f"; run #{self.base_run} was busy: uncertain"
         fit = "" if self.fits else f": does not fit, {fmt_bytes(self.available_bytes)} available"
-        return f"expected {fmt_ms(self.step_s)}/step ({vs}), peak {fmt_bytes(self.peak_bytes)} " \
-               f"({delta(self.peak_bytes, self.base_peak_bytes)}){fit}"
+        return f"expected {fmt_ms(self.step_s)}/step {basis_words(self.base_run)} ({vs}), " \
+               f"peak {fmt_bytes(self.peak_bytes)} ({delta(self.peak_bytes, self.base_peak_bytes)}){fit}"
 
     @property
     def table(self):
@@ -131,7 +137,7 @@ class Expectation:
         run = f"run #{self.base_run}"
         how = {"trace": f"calibrated op by op by {run}'s trace",
                "step time": f"calibrated by {run}'s step time (one ratio)",
-               "none": "the device model alone (no measured run of this Lab here)"}[self.calibration]
+               "none": f"{DEVICE_MODEL} (no measured run of this Lab here)"}[self.calibration]
         lines = [self.line, f"{fmt_rate(self.tokens_per_s, self.unit + '/s')}, MFU {fmt_pct(self.mfu)}; {how}"]
         for op, _cat, base, new, what in self.changes[:6]:
             lines.append(f"- {op}: {what} ({fmt_ms(base, True)} -> {fmt_ms(new, True)})")

@@ -12,6 +12,7 @@ import threading
 import time
 import weakref
 
+from tunekit.core.explain import basis_words
 from tunekit.core.fmt import fmt_elapsed, fmt_ms, fmt_pct
 from tunekit.core.notes import Note
 from tunekit.core.toggles import ToggleError
@@ -116,7 +117,7 @@ class ExpectLine:
         """(the line's HTML, the Expectation or None, the exception or None); never raises."""
         try:
             e = self.lab.expect(**toggles, verbose=False)   # its own thread: the line is its display
-            how = "" if e.base_run is not None else " · uncalibrated: no run measured yet"
+            how = "" if e.base_run is not None else " · no run measured yet"   # the line says "uncalibrated"
             return _box(html.escape(e.line + how), "#1f77b4"), e, None
         except ToggleError as exc:
             return _box("expected: n/a (" + html.escape("; ".join(exc.problems))[:300] + ")", "#999"), None, exc
@@ -127,10 +128,10 @@ class ExpectLine:
 
 def predicted_line(r) -> str:
     """A run's expectation (made before it ran) against what it measured, '' for none:
-    'predicted 31.2 ms/step, measured 33.0 ms: -5.5% off (by run #3)'."""
+    'predicted 31.2 ms/step, measured 33.0 ms: -5.5% off (calibrated by run #3)'."""
     e, m = r.expected_step_s, r.steady_step_s   # the steady step (median): what an expectation predicts
     if is_missing(e) or is_missing(m) or not m > 0:
         return ""
-    by = f" (by run #{r.expected_from})" if r.expected_from is not None else " (device model, uncalibrated)"
+    by = f" ({basis_words(r.expected_from)})"
     return (f"predicted {fmt_ms(e)}/step, measured {fmt_ms(m)}: "
             f"{fmt_pct(e / m - 1, 1, signed=True)} off{by}")

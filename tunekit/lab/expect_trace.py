@@ -1,7 +1,7 @@
 """What a traced base run says of each op and group for ``lab.expect`` (tunekit.lab.expect): the
 profiler's own time out (`untimed`), the run's steady step (`steady_s`), measured over expected per
 op and group (`trace_factors`), and the plan's rows for a whole step of ``grad_accum`` micro-batches
-(`per_step`).
+(`per_step`, lab.explain).
 
     >>> by_op, rest, carried, notes = trace_factors(lab, run, plan)   # {op: factor}, {group: factor}, ...
 """
@@ -16,14 +16,13 @@ from tunekit.core.explain import GROUPS, _op_name, expected_groups, measured_gro
 from tunekit.core.fmt import fmt_ms
 from tunekit.core.notes import Note
 from tunekit.core.units import is_missing
-from tunekit.lab.explain import explained
+from tunekit.lab.explain import ONCE_A_STEP, explained, per_step  # noqa: F401 (per_step: lab.expect reads it here)
 
 NaN = math.nan
 GROUP_OF = {"matmul": "matmul", "attention": "attention", "optimizer": "optimizer",
             "communication": "communication", "host": "no op running"}   # core.explain's groups
 OTHER = "elementwise, norms, copies"
 OWN_OPS = ("matmul", "attention", "compute", "memory-bound")   # categories a trace names op by op
-ONCE_A_STEP = ("optimizer", "communication")   # categories (and groups) a step runs once, whatever its grad_accum
 
 
 def steady_s(run) -> float:
@@ -144,16 +143,6 @@ def outlier_note(outliers) -> Note:
                                   f"{FAR_GROUP:g}x the other groups' median) not carried, that factor "
                                   f"taken instead (one traced step slowed by other work): {said}"
                                   + (" ..." if len(outliers) > 6 else ""))
-
-
-def per_step(rows, accum) -> list:
-    """The plan's expected rows for a whole step of ``accum`` micro-batches: the fake step is one
-    micro-batch and one update (planner.SAME_STEP), so every row but the update's and the
-    collectives' runs ``accum`` times (calls and seconds)."""
-    accum = int(accum or 1)
-    if accum <= 1:
-        return list(rows)
-    return [r if r[1] in ONCE_A_STEP else (r[0], r[1], r[2] * accum, r[3] * accum, *r[4:]) for r in rows]
 
 
 def traced_factors(lab, run, base_plan, notes: list, base_rows=None):

@@ -6,12 +6,36 @@ which ``lab.run(trace=True)`` keeps in ``RunResult.explained`` (`run_line`).
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 from tunekit.core.breakdown import as_breakdown
 from tunekit.core.explain import Explanation, explain_trace
 from tunekit.core.notes import Note, of_kind
 from tunekit.core.specs import find_spec
+
+ONCE_A_STEP = ("optimizer", "communication")   # categories (and groups) a step runs once, whatever its grad_accum
+
+
+def per_step(rows, accum) -> list:
+    """The plan's expected rows for a whole step of ``accum`` micro-batches: the fake step is one
+    micro-batch and one update (planner.SAME_STEP), so every row but the update's and the
+    collectives' runs ``accum`` times (calls and seconds)."""
+    accum = int(accum or 1)
+    if accum <= 1:
+        return list(rows)
+    return [r if r[1] in ONCE_A_STEP else (r[0], r[1], r[2] * accum, r[3] * accum, *r[4:]) for r in rows]
+
+
+def expected_step(expected, accum):
+    """``expected`` (a plan's `Expected`: one micro-batch and one update) for a whole step of ``accum``
+    micro-batches (`per_step`): what a run's step (and ``lab.expect``'s device model) takes."""
+    accum = int(accum or 1)
+    if accum <= 1:
+        return expected
+    rows = per_step(expected.rows, accum)
+    grown = sum(r[3] for r in rows) - sum(r[3] for r in expected.rows)
+    return dataclasses.replace(expected, rows=rows, step_s=expected.step_s + grown)
 
 
 def plan_device(device: str) -> str:
@@ -72,7 +96,8 @@ def explained(lab, run, label: str, plan=None) -> Explanation:
     if plan.expected is None:
         raise ValueError(str(missing[0]) if missing else "the plan of this run has no expected step")
     # the headline takes the run's own step (timed without the profiler); the groups, the trace's
-    e = explain_trace(as_breakdown(run.trace), plan.expected, steps=1, setting=run.toggles,
+    expected = expected_step(plan.expected, run.toggles.grad_accum)   # the run's step: all its micro-batches
+    e = explain_trace(as_breakdown(run.trace), expected, steps=1, setting=run.toggles,
                       conditions=run.conditions, label=label, step_s=run.step_s)
     e.notes += missing
     return e

@@ -9,8 +9,11 @@ a real CPU step.
 
 Where: the phase the caller names (``forward``, ``backward``, ``optimizer step``), the innermost
 module running (module forward hooks), and in backward the module whose forward made the autograd
-node being run (each module's outputs' nodes are tagged in forward, through ``Node.metadata``;
-nodes inside a module keep the last module named).
+node being run: as a module's forward returns, every node its forward made and no inner module
+claimed (a relu called in the forward itself) is tagged with its name through ``Node.metadata``
+(`_tag`; made in it: a sequence number from the forward's start on). A node no module's forward
+made (the loss outside the model, a hand-written function's) is in no module: "" (never the
+module of the node run before it).
 
 ``round_to``: each storage's bytes rounded up to a multiple of it, as CUDA's caching allocator
 rounds every block to 512 bytes (1 counts bytes as they are).
@@ -37,6 +40,23 @@ def _storages(value):
     return out
 
 
+def _tag(nodes, name: str, start: int) -> None:
+    """Tag with ``name`` every autograd node reachable from ``nodes`` that a forward begun at sequence
+    number ``start`` made (its ``_sequence_nr()`` from ``start`` on) and no inner module tagged
+    first (inner modules' forwards return, and tag, before their caller's). Nodes made before it (its
+    inputs' history) bound the walk; the walk goes on through nodes already tagged, since a node of
+    this forward may lie behind an inner module's (``fc(relu(x))``: the relu behind fc's nodes)."""
+    seen, todo = set(), [n for n in nodes if n is not None]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen or node._sequence_nr() < start:
+            continue
+        seen.add(id(node))
+        if _TAG not in node.metadata:
+            node.metadata[_TAG] = name
+        todo.extend(n for n, _ in node.next_functions if n is not None)
+
+
 class LiveBytes(TorchDispatchMode):
     """Context manager: bytes alive over a step, from ``base`` (what lives before it: weights,
     optimizer state, the batch). ``peak``, ``peak_at`` (phase, module, op), ``phase_peaks``
@@ -60,7 +80,7 @@ class LiveBytes(TorchDispatchMode):
         self.op_name = op_name
         self.scratch = scratch
         self._refs = {}     # storage identity -> (weak ref, bytes)
-        self._stack, self._backward_module = [], ""
+        self._stack = []   # (module name, the autograd sequence number as its forward began)
         # a plan's wrapper of the user's model and loss (planning.module.Stepped) is named as that model:
         # its peak is 'in CNN' or 'in c1', never in the wrapper's own class nor its attribute 'model'
         inner = getattr(model, "planned_model", None)
@@ -81,24 +101,20 @@ class LiveBytes(TorchDispatchMode):
         self._stack.clear()   # a checkpointed block's recompute may stop early, its hooks unpopped
 
     def _pre(self, module, args):
-        self._stack.append(self._names.get(id(module), type(module).__name__))
+        self._stack.append((self._names.get(id(module), type(module).__name__), torch._C._autograd._get_sequence_nr()))
 
     def _post(self, module, args, output):
-        name = self._stack.pop() if self._stack else ""
-        for t in tensors_in(output, levels=2):
-            node = t.grad_fn
-            if node is not None and _TAG not in node.metadata:   # the innermost module tags first
-                node.metadata[_TAG] = name
+        name, start = self._stack.pop() if self._stack else ("", 0)
+        _tag([t.grad_fn for t in tensors_in(output, levels=2)], name, start)
 
     def where(self) -> str:
+        """The innermost module running (forward), or the one whose forward made the backward node
+        running ("": none made it); "" in any other phase."""
         if self.phase == "forward":
-            return self._stack[-1] if self._stack else ""
+            return self._stack[-1][0] if self._stack else ""
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
-            name = node.metadata.get(_TAG) if node is not None else None
-            if name:
-                self._backward_module = name
-            return self._backward_module
+            return (node.metadata.get(_TAG) or "") if node is not None else ""
         return ""
 
     def __enter__(self):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tunekit.core.registry import ATTENTIONS, FP32
 from tunekit.core.shapes import gelu_d_ff, padded_vocab, swiglu_d_ff
-from tunekit.core.validate import choice, flag, nearest, real, whole
+from tunekit.core.validate import choice, did_you_mean, flag, nearest, real, whole
 
 ATTENTION_IMPLS = tuple(ATTENTIONS)
 MLP_KINDS = ("gelu", "swiglu")
@@ -101,8 +101,8 @@ class GPTConfig:
         """A named config, optionally changed: ``GPTConfig.preset("cpu-tiny", n_layer=4)``."""
         if name not in PRESETS:
             close = nearest(str(name), list(PRESETS))
-            raise UnknownPreset(f"unknown preset {name!r}: " + (f"did you mean {close!r}? " if close else "")
-                                + f"(the presets: {', '.join(sorted(PRESETS))})")
+            raise UnknownPreset(f"unknown preset {name!r}{did_you_mean(close)} (the presets: "
+                                f"{', '.join(sorted(PRESETS))})")
         return dataclasses.replace(PRESETS[name], **overrides)
 
 

@@ -55,10 +55,11 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
             and int(named.group(1)) != round(spec.memory_gb):
         sized = [n for n in specs.names() if n.split()[0] == spec.name.split()[0]
                  and (other := specs.find_spec(n)) is not None and round(other.memory_gb or 0) == int(named.group(1))]
+        rest = (f"plan for {spec.name!r} and set its total_bytes against your card's memory, "
+                "or pick a device of the table")
         raise ValueError(f"{name!r} names {named.group(1)} GB, but the spec table's {spec.name} has "
-                         f"{spec.memory_gb:g} GB: " + (f"did you mean {sized[0]!r}? Else " if sized else "")
-                         + f"plan for {spec.name!r} and set its total_bytes against your card's memory, "
-                         "or pick a device of the table")
+                         f"{spec.memory_gb:g} GB" + (f"{validate.did_you_mean(sized[0])} (else {rest})"
+                                                     if sized else f": {rest}"))
     notes = [] if spec.bandwidth_tbs else [f"no memory bandwidth listed for {spec.name}: the bound counts FLOPs only"]
     if name.strip().lower() != spec.name.lower():   # an alias or a driver's name: say which card it was read as
         others = [n for n in specs.names() if n != spec.name and n.split()[0] == spec.name.split()[0]]

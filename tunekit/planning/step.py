@@ -217,6 +217,14 @@ def _counted(model, adapter, kind, batch, setting, micro_batch, say=_quiet) -> d
                 host=counter.host_calls())
 
 
+def _in(phase: str, where: str) -> str:
+    """Where in the model a phase's peak is: ', in fc'; a forward's or backward's op no module's forward
+    made (the loss, code between modules) ', outside every module' (measure.live.LiveBytes.where)."""
+    if where:
+        return f", in {where}"
+    return ", outside every module" if phase in ("forward", "backward") else ""
+
+
 def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dict:
     """A steady step, its live bytes tracked (`measure.live.LiveBytes`): its peak, where it
     happens, and the gradients alive there. The optimizer's state is made first (one update
@@ -249,7 +257,7 @@ def _timeline(model, adapter, kind, batch, setting, round_to, say=_quiet) -> dic
         for p in params:
             p.grad = None
     # phase -> (its peak bytes, where, the gradients alive there)
-    detail = {ph: (float(b), f"{ph}" + (f", in {where}" if where else "") + f" ({op})", float(grads or 0.0))
+    detail = {ph: (float(b), f"{ph}{_in(ph, where)} ({op})", float(grads or 0.0))
               for ph, (b, where, op, grads) in live.phase_peaks.items()}
     accum = setting.grad_accum or 1
     if accum > 1 and "forward" in detail:
