@@ -38,6 +38,9 @@ def shell():
     ('lab.run(precision="fp7")', "precision must be one of"),
     ('lab.plan("H1000")', "unknown device 'H1000'"),
     ("lab.expect(micro_batch=10**6)", "does not fit"),
+    ("tunekit.estimate_memory(n_params=-1)", "n_params must be a finite number >= 1"),
+    ("tunekit.diff(1, 2)", "got int"),
+    ('tunekit.advise(lab.model, micro_batch=0)', "micro_batch"),
 ])
 def test_a_refusal_shows_the_users_line_and_the_message(shell, cell, message):
     text, error = _shown(shell, f"def mine():\n    {cell}\nmine()")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tunekit.core.refusals import user_facing
 from tunekit.core.shapes import TENSOR_CORE_MULTIPLE, model_shape, padded_vocab, read_config, round_to_multiple
 from tunekit.core.shapes import cfg_get as _get
 from tunekit.core.validate import whole
@@ -92,6 +93,7 @@ def _power_rule(name, n, what, multiple, fix):
                 "more powers of 2 help (tile/wave quantization)")
 
 
+@user_facing   # a refusal: the user's line and the message (core.refusals)
 def advise(model, *, micro_batch: int | None = None, seq_len: int | None = None, tp: int = 1,
            multiple: int = TENSOR_CORE_MULTIPLE) -> Advice:
     """Check a config (tunekit's GPTConfig, a transformers decoder config, a dict of either's

@@ -22,6 +22,7 @@ from tunekit.core.explain import PROFILER_SHOWN
 from tunekit.core.fmt import FORMATS, fmt_bytes, fmt_count, fmt_flops, fmt_ms, fmt_pct, fmt_ratio, fmt_tflops, formatted
 from tunekit.core.notes import Note
 from tunekit.core.records import ProfileRecord
+from tunekit.core.refusals import user_facing
 from tunekit.core.results import RunResult
 from tunekit.core.summary import readable
 from tunekit.core.units import is_missing
@@ -215,6 +216,7 @@ def _change(va: float, vb: float) -> float:
     return vb / va - 1 if va else 0.0 if vb == 0 else NaN
 
 
+@user_facing   # a refusal: the user's line and the message (core.refusals)
 def diff(a, b, rows: int | None = SHOWN) -> Diff:
     """What changed from run ``a`` to run ``b`` (see the module's docstring). Refused before any
     work: two records of different kinds, or Lab runs of different models. ``rows``: how many rows

@@ -45,9 +45,11 @@ def is_refusal(e: BaseException) -> bool:
 def users_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """The traceback ``tb`` without tunekit's frames nor those that say ``__tracebackhide__`` (IPython's
     own ``run_code``, a magic's), as IPython hides them: a new chain, ``tb`` is left as it was."""
-    kept = []
+    kept, inside = [], False
     while tb is not None:
-        if not _ours(tb) and not tb.tb_frame.f_locals.get("__tracebackhide__"):
+        # code a tunekit frame made and called (a dataclass's generated __init__: file "<string>") is tunekit's
+        inside = _ours(tb) or (inside and tb.tb_frame.f_code.co_filename == "<string>")
+        if not inside and not tb.tb_frame.f_locals.get("__tracebackhide__"):
             kept.append(tb)
         tb = tb.tb_next
     head = None

@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from tunekit.core.fmt import fmt_flops
 from tunekit.core.notes import Note
+from tunekit.core.refusals import user_facing
 from tunekit.core.validate import function
 from tunekit.measure.causal_mask import CausalTracker
 from tunekit.measure.interrupts import deferred_interrupt
@@ -287,6 +288,7 @@ def counting_active() -> bool:
     return any(is_flop_counter(m) for m in dispatch_mode_stack())
 
 
+@user_facing   # a refusal: the user's line and the message (core.refusals)
 def count_flops(fn, *args, **kwargs) -> FlopCount:
     """Run `fn(*args, **kwargs)` once under the counter and return its FlopCount.
 

@@ -13,10 +13,10 @@ are added, with `other` = what the named components do not explain.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from math import nan as NaN
 
 import torch
 
@@ -24,7 +24,7 @@ from tunekit.core import registry
 from tunekit.core.memory.answer import COMPONENTS, MemoryAnswer
 from tunekit.core.memory.estimate import MemoryEstimate, estimate_memory
 from tunekit.core.notes import Note
-from tunekit.core.registry import FP32
+from tunekit.core.refusals import user_facing
 from tunekit.core.setting import HALF, Setting, from_keywords, from_words
 from tunekit.core.units import GiB, is_missing
 from tunekit.core.validate import flag
@@ -33,8 +33,6 @@ from tunekit.measure.device import torch_dtype, weights_dtype
 from tunekit.measure.step import Observer, Watch, run_step
 from tunekit.measure.tally import SavedTensorTally, storage_key, unique_bytes
 from tunekit.models.adapters import adapt, step_loss
-
-NaN = math.nan
 
 
 @dataclass
@@ -163,6 +161,7 @@ def _unpack_target(target, batch, micro_batch, seq_len) -> StepTarget:
     return StepTarget(model, adapter, batch, lambda m, b: step_loss(m, b, adapter.kind))
 
 
+@user_facing   # a refusal: the user's line and the message (core.refusals)
 def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkpointing=None,
                    micro_batch: int | None = None, seq_len: int | None = None,
                    estimate: bool = True, setting=None) -> MemoryReport:
@@ -214,7 +213,7 @@ def measure_memory(target, batch=None, *, optimizer=None, precision=None, checkp
             notes.append(f"weights are {half}; autocast to {ac_dtype} was not applied")
         ac_dtype = None
     else:
-        layout = "amp" if ac_dtype is not None else FP32
+        layout = "amp" if ac_dtype is not None else registry.FP32
     ac = torch.autocast(dev.type, dtype=ac_dtype) if ac_dtype is not None else nullcontext()
     set_ck = checkpointing is not None and adapter.can_checkpoint
     set_attn = tg.attention is not None and bool(adapter.attentions)

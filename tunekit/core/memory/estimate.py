@@ -34,6 +34,7 @@ from tunekit.core.memory.static import (  # noqa: F401
     static_lines,
 )
 from tunekit.core.notes import Note
+from tunekit.core.refusals import user_facing
 from tunekit.core.registry import MEMORY_LAYOUTS
 from tunekit.core.shapes import model_shape
 from tunekit.core.units import GB, GiB, is_missing
@@ -122,6 +123,7 @@ class MemoryEstimate(MemoryAnswer):
         return estimate_html(self)
 
 
+@user_facing   # a refusal: the user's line and the message (core.refusals)
 def estimate_memory(model=None, *, n_params: float | None = None, precision: str | None = None,
                     optimizer: str = "adamw", micro_batch: int = 1, seq_len: int | None = None,
                     checkpointing: bool = False, tp: int = 1, pp: int = 1, zero_stage: int = 0,
