@@ -212,3 +212,18 @@ def test_fake_scalar_reads_for_answers_reads_only_around_a_fake_optimizer():
         with torch_private.fake_scalar_reads_for(real_opt):
             with pytest.raises(DataDependentOutputException):   # not answered: a fake tensor has no value to read
                 fake.sum().item()
+
+
+def test_autograd_numbers_nodes_in_creation_order_and_names_the_one_backward_runs():
+    """measure.live tells the nodes a module's forward made by their sequence numbers and places a
+    backward op by the node running: both private (torch_private)."""
+    start = torch_private.autograd_sequence_nr()
+    x = torch.randn(3, requires_grad=True)
+    a = x * 2
+    b = a.relu()
+    assert start <= torch_private.node_sequence_nr(a.grad_fn) < torch_private.node_sequence_nr(b.grad_fn)
+    seen = []
+    b.grad_fn.register_prehook(lambda g: seen.append(torch_private.current_autograd_node()))
+    b.sum().backward()
+    assert seen and seen[0] is b.grad_fn
+    assert torch_private.current_autograd_node() is None

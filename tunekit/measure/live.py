@@ -25,6 +25,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tunekit.measure import torch_private
 from tunekit.measure.model_flops import tensors_in
 
 _TAG = "tunekit_module"
@@ -49,7 +50,7 @@ def _tag(nodes, name: str, start: int) -> None:
     seen, todo = set(), [n for n in nodes if n is not None]
     while todo:
         node = todo.pop()
-        if id(node) in seen or node._sequence_nr() < start:
+        if id(node) in seen or torch_private.node_sequence_nr(node) < start:
             continue
         seen.add(id(node))
         if _TAG not in node.metadata:
@@ -101,7 +102,7 @@ class LiveBytes(TorchDispatchMode):
         self._stack.clear()   # a checkpointed block's recompute may stop early, its hooks unpopped
 
     def _pre(self, module, args):
-        self._stack.append((self._names.get(id(module), type(module).__name__), torch._C._autograd._get_sequence_nr()))
+        self._stack.append((self._names.get(id(module), type(module).__name__), torch_private.autograd_sequence_nr()))
 
     def _post(self, module, args, output):
         name, start = self._stack.pop() if self._stack else ("", 0)
@@ -113,7 +114,7 @@ class LiveBytes(TorchDispatchMode):
         if self.phase == "forward":
             return self._stack[-1][0] if self._stack else ""
         if self.phase == "backward":
-            node = torch._C._current_autograd_node()
+            node = torch_private.current_autograd_node()
             return (node.metadata.get(_TAG) or "") if node is not None else ""
         return ""
 

@@ -207,3 +207,19 @@ def fake_scalar_reads_for(optimizer):
     """`fake_scalar_reads` around an ``optimizer.step()`` that steps fake tensors (Adafactor's
     ``.item()`` in a plan's fake step); a real optimizer's step runs as it is."""
     return fake_scalar_reads() if has_fake_params(optimizer) else contextlib.nullcontext()
+
+
+def autograd_sequence_nr() -> int:
+    """The sequence number the next autograd node made on this thread will get (nodes are numbered
+    in creation order: measure.live tells a forward's own nodes by it)."""
+    return torch._C._autograd._get_sequence_nr()
+
+
+def node_sequence_nr(node) -> int:
+    """The creation number of autograd node ``node`` (a ``grad_fn``)."""
+    return node._sequence_nr()
+
+
+def current_autograd_node():
+    """The autograd node backward is running now on this thread, None outside one."""
+    return torch._C._current_autograd_node()
