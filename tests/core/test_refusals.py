@@ -23,9 +23,16 @@ def _shown(shell, cell: str) -> tuple[str, BaseException]:
 
 @pytest.fixture(scope="module")
 def shell():
+    """The process-wide shell, left as found: a shell that outlives this module would put every later
+    test in IPython (a Monitor made then registers a cell hook, a display goes through IPython)."""
+    existed = InteractiveShell.initialized()
     shell = InteractiveShell.instance()
     shell.run_cell("import tunekit\nlab = tunekit.Lab()")
-    return shell
+    yield shell
+    for name in ("lab", "mine", "entry", "fails"):
+        shell.user_ns.pop(name, None)
+    if not existed:
+        InteractiveShell.clear_instance()
 
 
 @pytest.mark.parametrize("cell, message", [
