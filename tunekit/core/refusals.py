@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import functools
 import linecache
+import os
 import pathlib
 import traceback
 import types
 
-PACKAGE = str(pathlib.Path(__file__).resolve().parents[1])   # tunekit/
+PACKAGE = str(pathlib.Path(__file__).resolve().parents[1]) + os.sep   # tunekit/ (not a sibling tunekit_x/)
 REFUSED_KINDS = (ValueError, TypeError, LookupError)
 
 
