@@ -7,45 +7,8 @@ No figure here was fitted to these runs: the expectation's constants are core/ef
 The runs are data/published_runs.csv, one row per run, copied from its source (the row's `source`:
 repository, path and commit or address; `table`: the heading it sits under; the shape, device, GPUs,
 micro-batch, gradient accumulation, sequence, checkpointing and precision as published, and the
-published tokens/s per GPU). Each is planned with the software it ran on:
-- MosaicML llm-foundry, scripts/train/benchmarking/README.md at commit b2a43a1 (2023-10-19): its
-  tables "A100 80GB ...", "A100 40GB ..." and "H100 80GB BF16", column "Throughput (T/s/GPU)". Its
-  sweep.sh submits image mosaicml/pytorch:2.1.0_cu121 and passes no --attn_impl, and every MPT yaml
-  (scripts/train/yamls/pretrain/mpt-*.yaml) sets attn_impl: triton: llm-foundry's copy of
-  HazyResearch's FlashAttention-1-era flash_attn_triton.py (attention_kernel "triton"). FSDP
-  FULL_SHARD over the row's GPUs, 8 a node. "amp_bf16 DEFAULT": bf16 autocast on fp32 weights
-  (weights "fp32"). "bf16 PURE" (the A100 40GB table, the A100 80GB 70b rows) is autocast on fp32
-  weights too (weights "fp32"): Composer (mosaicml==0.13.4, pinned by mosaicml/examples v0.0.4
-  examples/llm/requirements.txt with torch 1.13.1 and triton 2.0.0.dev20221202) reads precision "bf16"
-  as amp_bf16 (mosaicml/composer v0.13.4 composer/trainer/trainer.py,
-  _get_backwards_compatible_precision) and FSDP mixed_precision "PURE" as
-  MixedPrecision(param_dtype, reduce_dtype, buffer_dtype all bf16) over the model's fp32 parameters
-  (composer/trainer/mosaic_fsdp.py, get_mixed_precision): fp32 master weights and AdamW states, bf16
-  gathers and bf16 reduce-scatters. tunekit reduces gradients in the weights' dtype, so these rows'
-  reduce-scatters are planned in fp32, twice their bytes (no Setting names a reduce dtype of its own).
-  These 17 rows are the ones commit b2a43a1 kept from its parent ("added back old numbers that I
-  didn't reproduce", its message: the A100 40GB table and the 70b rows are unchanged), which the
-  parent's sweep.sh ran on image mosaicml/pytorch:1.13.1_cu117 with mosaicml/examples at v0.0.4
-  (software "examples v0.0.4 2023"). The parent's A100 80GB table ran 57 of b2a43a1's A100 80GB
-  configurations on it (bf16 PURE, torch 1.13.1): b2a43a1's throughput over the parent's is median 1.005
-  without checkpointing (35), 1.048 with it (22: 1.05-1.16 at seq <= 4096, 0.92-1.10 from 8192, where
-  attention leads; the two 70b rows the same figures): `WHOLE_BLOCK_RECOMPUTE`.
-  MPT shapes from the yamls (d_model x heads x layers): 768x12x12 (125m),
-  1024x16x24 (350m), 1536x12x24 (760m), 2048x16x24 (1b), 2560x20x32 (3b), 4096x32x32 (7b),
-  5120x40x40 (13b), 7168x56x48 (30b), 8192x64x80 (70b); vocab 50368, GELU MLP 4x, learned positions
-  (the table's NumParams grow with the sequence), biases (configuration_mpt.py, no_bias False).
-- torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024; torch nightly 2024-12-23),
-  Tables 1 and 3: Llama 3.1 8B, FSDP over 8 / 128 H100s, local batch 2 x 8192, selective activation
-  checkpointing, with and without torch.compile. Their H100s are 96 GB HBM2e at 2.4 TB/s and 500 W:
-  the spec table's "H100 SXM 96GB" (that bandwidth; its peak, "between SXM and NVL" and unknown as
-  torchtitan says, the middle of the two cards' dense figures, 912.25 bf16, and its MAMF the SXM's
-  share of that: 732.8). Selective checkpointing is planned as the mean step of none and full
-  (torchtitan's default policy, selective_ac_option 'op' in train_configs/llama3_8b.toml, keeps every
-  attention and every other matmul and recomputes the rest: about half; with the 8B's op table the
-  difference from the mean is within 2% of the step either way).
-- llm.c GPT-2 124M on an A100, "up to ~60%" MFU (karpathy/llm.c discussion #481) in llm.c's
-  convention (6 x all parameters + 6*L*C*T per token, 312 TFLOPS; its own CUDA kernels, fused
-  everything): tokens/s derived from that MFU, planned as a compiled step of 64 x 1024.
+published tokens/s per GPU). How each is planned with the software it ran on (stacks, shapes, precisions,
+FSDP, checkpointing) is data/published_runs.md, "How each row is planned".
 
 Memory: "peak/mem" is the plan's total (peak + fixed costs) over the card's memory; "peak/pub" the plan's peak
 (the allocator's bytes) over the peak the source publishes (torchtitan's only, `PUBLISHED_GIB`). A sharded plan
@@ -75,10 +38,25 @@ import time
 import warnings
 from pathlib import Path
 
-from torch.utils.checkpoint import set_checkpoint_early_stop
 
-import tunekit
-from tunekit.planning import planner
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("words", nargs="*", help="only the runs whose label holds one of these words (e.g. 30b H100)")
+    p.add_argument("--cpu", action="store_true", help="the Lab's GPT on this CPU, expected vs measured")
+    p.add_argument("--summary", metavar="OUT.txt", help="the bias table of a saved run's output and the attention\n"
+                   "kernel's planned and implied share from 16k up, planning nothing")
+    p.add_argument("--ops", action="store_true", help="each row's expected step by category, its largest ops\n"
+                   "and the attention kernel's share and rate")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":   # the options first (tests/project/test_bench_args.py)
+    ARGS = parse_args()
+
+from torch.utils.checkpoint import set_checkpoint_early_stop  # noqa: E402
+
+import tunekit  # noqa: E402
+from tunekit.planning import planner  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -349,17 +327,6 @@ def long_sequence_lines(path, from_seq: int = 16384) -> list[str]:
     return lines
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("words", nargs="*", help="only the runs whose label holds one of these words (e.g. 30b H100)")
-    p.add_argument("--cpu", action="store_true", help="the Lab's GPT on this CPU, expected vs measured")
-    p.add_argument("--summary", metavar="OUT.txt", help="the bias table of a saved run's output and the attention\n"
-                   "kernel's planned and implied share from 16k up, planning nothing")
-    p.add_argument("--ops", action="store_true", help="each row's expected step by category, its largest ops\n"
-                   "and the attention kernel's share and rate")
-    return p.parse_args(argv)
-
-
 def main(args: argparse.Namespace):
     t_all = time.perf_counter()
     if args.cpu:
@@ -410,4 +377,4 @@ def main(args: argparse.Namespace):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    main(ARGS)
