@@ -26,8 +26,8 @@ Left out (the fp8 tables, torchtitan's Float8, CP, TP and PP rows, the one H200 
 The 16 A100 40GB rows have no measurement of their own card: its GPU row borrows the A100 80GB's
 matmul and streaming shares (core/gpus.py, `borrows`: the same GA100 chip), applied to its own figures.
 
-Not explained (issue 39 item 7): MPT-30b on 8 GPUs at 1 x 8192 (A100 80GB 1.46, H100 1.35): what was
-looked at, and why none of it is the answer, is data/published_runs.md.
+Not explained (issue 39 item 7): MPT-30b on 8 A100s at 1 x 8192 and MPT-760m on 8 A100s at 96 x 512 (1.36
+each), both out of line with their neighbours in the source itself: data/published_runs.md.
 
     .venv/bin/python benchmarks/bench_expected.py [WORDS] [--cpu | --summary OUT.txt | --ops]   (--help: each)
 """
@@ -301,7 +301,7 @@ def op_table(row, planned, metrics: float = 0.0, top: int = 8) -> list[str]:
              f"seq {row['seq_len']})"]
     lines += [f"  {cat:<16}{secs:>9.3f} s {secs / step:>6.1%}"
               for cat, secs in sorted(cats.items(), key=lambda c: -c[1])]
-    lines += [f"    {op:<52}{cat:<14}{bound:<14}{secs:>8.3f} s {secs / step:>6.1%}"
+    lines += [f"    {op[:51]:<52}{cat:<14}{bound:<14}{secs:>8.3f} s {secs / step:>6.1%}"
               for (op, cat, bound), secs in sorted(ops.items(), key=lambda o: -o[1])[:top]]
     return lines
 
