@@ -2,6 +2,7 @@
 run logs one a day and findable; traces, snapshots and charts capped, saying what was removed."""
 import os
 import pathlib
+import sys
 import time
 from pathlib import Path
 
@@ -152,3 +153,32 @@ def test_lab_logs_to_the_day_file_and_load_results_finds_it(monkeypatch, tmp_pat
     assert list(df["label"]) == ["one", "two"] and list(df["run_id"]) == [0, 0]
     assert list(df["session"]) == [lab1.log.session, lab2.log.session]
     assert [r.label for r in lab2.runs] == ["two"]
+
+
+def test_python_path_keeps_this_interpreters_order_and_makes_relative_entries_absolute(monkeypatch, tmp_path):
+    # a child process gets this sys.path in its order: the standard library ahead of site-packages (a
+    # site-packages folder put first could shadow the standard library with a same-named package), the
+    # current folder ('' and a relative entry) made absolute, since the child may start elsewhere
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", "/usr/lib/python3.11", "/venv/site-packages", "models"])
+    assert paths.python_path().split(os.pathsep) == [
+        str(tmp_path), "/usr/lib/python3.11", "/venv/site-packages", str(tmp_path / "models")]
+
+
+def test_first_use_children_get_that_path(monkeypatch):
+    from tunekit.measure import first_use
+
+    seen = []
+
+    class Child:
+        returncode = 1
+
+        def __init__(self, argv, env, **kwargs):
+            seen.append(env["PYTHONPATH"])
+
+        def communicate(self, timeout=None):
+            return "", ""
+
+    monkeypatch.setattr(first_use.subprocess, "Popen", Child)
+    assert first_use.measure_child(["float32"], threads=1, repeats=2) == {"float32": []}   # both failed: left out
+    assert seen == [paths.python_path()] * 2

@@ -29,6 +29,14 @@ KEEP_SNAPSHOTS = 5    # CUDA allocator snapshots: tens to hundreds of MB each
 KEEP_FIGURES = 50     # charts written as HTML where no notebook shows them (plotly.js stored once beside)
 
 
+def python_path() -> str:
+    """This interpreter's sys.path as a PYTHONPATH, in its order: a child process (a rank, a Slurm job, a
+    measuring child) imports what this process can (tunekit from a checkout, a model factory next to the
+    notebook), and the standard library stays ahead of site-packages as it is here. A relative entry (the
+    current folder) is made absolute: the child may start elsewhere."""
+    return os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
+
+
 def user_dirs(platform: str | None = None, env=None, home=None) -> tuple[Path, Path]:
     """(data, cache): tunekit's folders under the platform's user directories, overrides ignored.
 

@@ -25,7 +25,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from statistics import median
 
 from tunekit.core import paths
@@ -85,9 +84,7 @@ def measure_child(dtypes, threads: int, repeats: int = REPEATS) -> dict:
     """{dtype: [`child`'s figures, ...]}: each of ``dtypes`` in ``repeats`` fresh processes of this
     Python, all run side by side (their RSS does not follow the load), each on ``threads`` torch
     threads; a child that fails is left out."""
-    package = str(Path(__file__).resolve().parents[2])   # the folder tunekit is imported from
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([package, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "PYTHONPATH": paths.python_path(), "OMP_NUM_THREADS": str(threads)}
     code = ("import json, sys; from tunekit.measure.first_use import child; "
             "print(json.dumps(child(sys.argv[1], int(sys.argv[2]))))")
     procs = [(d, subprocess.Popen([sys.executable, "-c", code, d, str(threads)], stdout=subprocess.PIPE,

@@ -17,13 +17,9 @@ import threading
 import uuid
 from pathlib import Path
 
+from tunekit.core.paths import python_path
+
 _SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-
-
-def python_path() -> str:
-    """This interpreter's sys.path as a PYTHONPATH: the ranks import what this process can (a
-    model factory next to the notebook, say)."""
-    return os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
 
 
 def run_ranks(world: int, module: str, args: list, work: Path, name: str, env: dict | None = None,

@@ -27,9 +27,10 @@ import threading
 import time
 from pathlib import Path
 
+from tunekit.core.paths import python_path
 from tunekit.core.results import RunResult
 from tunekit.models.spec import check_model_spec
-from tunekit.parallel.elastic import python_path, run_ranks
+from tunekit.parallel.elastic import run_ranks
 from tunekit.parallel.worker import check_spec
 
 

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tunekit.core.paths import python_path
 from tunekit.core.validate import whole
 from tunekit.parallel.slurm_job import ENDED, JobFailed, SlurmJob, _run  # noqa: F401  (re-exported)
 
@@ -287,7 +288,7 @@ class Slurm:
         path = folder / "job.sh"
         path.write_text(self.script([self.python, "-m", "tunekit.parallel.worker", str(folder / "spec.json")],
                                     folder, name, comment, sockets=self.sockets()))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {**os.environ, "PYTHONPATH": python_path()}
         out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=60, env=env)
         if out.returncode != 0:
             raise ValueError(f"sbatch refused the job: {out.stderr.strip()}")
