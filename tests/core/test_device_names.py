@@ -74,3 +74,14 @@ def test_a_kind_of_device_is_asked_for_a_card_not_read_as_cpu(typed):
                                          r"e\.g\. 'H100 SXM', 'A100 80GB', 'L4' or 'RTX 4090' \(this machine's: "
                                          r"torch\.cuda\.get_device_name\(\)\), one of H100 NVL, .*, or 'cpu'$"):
         device_figures(typed, "bf16")
+
+
+@pytest.mark.parametrize("typed, close", [
+    ("RTX 3090 Ti", "RTX 3090"), ("NVIDIA GeForce RTX 3090 Ti", "RTX 3090"), ("RTX 4090 Laptop GPU", "RTX 4090"),
+    ("NVIDIA GeForce RTX 4090 D", "RTX 4090"), ("RTX 4090 SUPER", "RTX 4090")])
+def test_another_product_of_a_cards_name_is_refused_not_planned_as_the_card(typed, close):
+    # a 3090 Ti, a laptop 4090 or a 4090 D has other clocks, memory or power than the row it contains: it was
+    # planned as the RTX 3090 with a note at the end; now refused, naming the row it looks like
+    with pytest.raises(ValueError, match=rf"^unknown device '{typed}': did you mean '{close}'\?"):
+        device_figures(typed, "bf16")
+    assert specs.find_spec(typed) is None

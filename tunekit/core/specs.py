@@ -76,8 +76,9 @@ def card(device_name: str) -> GPU:
         known = {n.lower(): n for n in [*names(), "cpu"]}
         asked = device_name.strip().lower()   # the cards of its family (its first two characters) first, then any
         family = [n for n in known if n[:2] == asked[:2]]
-        close = [known[c] for c in difflib.get_close_matches(asked, family, n=1, cutoff=0.5)
-                 or difflib.get_close_matches(asked, list(known), n=1, cutoff=0.5)]
+        base = find_spec(" ".join(w for w in re.findall(r"[a-z0-9]+", asked) if w not in VARIANT_WORDS))
+        close = [base.name] if base else [known[c] for c in difflib.get_close_matches(asked, family, n=1, cutoff=0.5)
+                                          or difflib.get_close_matches(asked, list(known), n=1, cutoff=0.5)]
         raise ValueError(f"unknown device {device_name!r}{did_you_mean(close[0] if close else None)} "
                          f"(the devices: {', '.join(names())}, or 'cpu')")
     return spec
@@ -100,10 +101,18 @@ def _squeezed(name: str) -> str:
     return re.sub(r"[\s_-]+", "", name.lower())
 
 
+# words that make another product of a card's name (NVIDIA's names as the driver prints them: 'GeForce RTX
+# 3090 Ti', 'RTX 4080 SUPER', 'RTX 4090 Laptop GPU', 'RTX 4090 D', 'Quadro RTX 5000 with Max-Q Design'): other
+# clocks, memory or power, so a name holding one matches no row that lacks it (refused, not planned as the base card)
+VARIANT_WORDS = frozenset({"ti", "super", "laptop", "mobile", "max", "d"})
+
+
 def matches(name: str, spec: GPU) -> bool:
-    """Whether a driver's name (lower case, '-' as spaces) holds each of the row's ``match`` words."""
+    """Whether a driver's name (lower case, '-' as spaces) holds each of the row's ``match`` words and no
+    product-variant word (`VARIANT_WORDS`) the row's own name lacks."""
     words = set(spec.name.lower().replace("-", " ").split())
-    return all(_has_token(name, m, words) for m in spec.match)
+    variants = (set(re.findall(r"[a-z0-9]+", name)) & VARIANT_WORDS) - words
+    return not variants and all(_has_token(name, m, words) for m in spec.match)
 
 
 def _has_token(name: str, needle: str, words: set) -> bool:
