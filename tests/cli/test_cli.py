@@ -475,3 +475,17 @@ def test_help_answers_without_importing_torch(argv):
             "print('torch imported' if 'torch' in sys.modules else 'no torch')" % argv)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "no torch" and "usage: tunekit" in out
+
+
+def test_plan_refuses_a_card_the_table_lacks_before_importing_torch():
+    # from a wheel on a busy machine `tunekit plan --device A6000` took 5.1 s and ended "tunekit plan
+    # stopped after 5.1 s, at importing torch: ValueError" above the refusal: the card is checked first
+    code = ("import sys\nfrom tunekit.cli.main import main\ncode = main(['plan', '--device', 'A6000'])\n"
+            "print(code, 'torch imported' if 'torch' in sys.modules else 'no torch')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["2 no torch"]
+    from tunekit.core.specs import names  # the table's cards (H100 NVL, ..., MI300X): core/gpus.py's rows
+
+    assert out.stderr.splitlines() == [
+        f"tunekit plan: error: unknown device 'A6000': did you mean 'A100 80GB'? (the devices: {', '.join(names())}, "
+        "or 'cpu')"]

@@ -63,6 +63,8 @@ def plan_main(args) -> int:
         if why := stray(args, plan_parser(), "sbatch", ("partition", "time", "option")):
             raise Refused(why)
         kind, value = model_source(args.model, factories=False)
+        if args.device.strip().lower() != "cpu":   # a card the table lacks: refused before torch's import (seconds)
+            specs.card(args.device)
         # torch's and transformers' imports are seconds of a plan's wait: shown as its first stage
         with wait_progress("tunekit plan", True) as shown:
             shown.at("importing torch" + (" and transformers" if kind != "preset" else ""))
