@@ -477,15 +477,21 @@ def test_help_answers_without_importing_torch(argv):
     assert out.splitlines()[-1] == "no torch" and "usage: tunekit" in out
 
 
-def test_plan_refuses_a_card_the_table_lacks_before_importing_torch():
+
+@pytest.mark.parametrize("device, said", [
+    ("A6000", "unknown device 'A6000': did you mean 'A100 80GB'? (the devices: {names}, or 'cpu')"),
+    # a memory size the card lacks (tests/planning/test_plan_review.py): read as the A100 80GB, which has 80
+    ("A100 40", "'A100 40' names 40 GB, but the spec table's A100 80GB has 80 GB: did you mean 'A100 40GB'? "
+                "(else plan for 'A100 80GB' and set its total_bytes against your card's memory, or pick a device "
+                "of the table)"),
+])
+def test_plan_refuses_a_card_the_table_lacks_before_importing_torch(device, said):
     # from a wheel on a busy machine `tunekit plan --device A6000` took 5.1 s and ended "tunekit plan
     # stopped after 5.1 s, at importing torch: ValueError" above the refusal: the card is checked first
-    code = ("import sys\nfrom tunekit.cli.main import main\ncode = main(['plan', '--device', 'A6000'])\n"
-            "print(code, 'torch imported' if 'torch' in sys.modules else 'no torch')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == ["2 no torch"]
     from tunekit.core.specs import names  # the table's cards (H100 NVL, ..., MI300X): core/gpus.py's rows
 
-    assert out.stderr.splitlines() == [
-        f"tunekit plan: error: unknown device 'A6000': did you mean 'A100 80GB'? (the devices: {', '.join(names())}, "
-        "or 'cpu')"]
+    code = ("import sys\nfrom tunekit.cli.main import main\ncode = main(['plan', '--device', %r])\n"
+            "print(code, 'torch imported' if 'torch' in sys.modules else 'no torch')" % device)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["2 no torch"]
+    assert out.stderr.splitlines() == ["tunekit plan: error: " + said.format(names=", ".join(names()))]
