@@ -425,10 +425,13 @@ def test_plan_with_a_transformers_config_without_the_extra_names_the_pip_command
     cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
                                "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 256}))
     monkeypatch.setitem(sys.modules, "transformers", None)   # an import of it fails as if not installed
+    stages = []   # from a wheel: "tunekit plan stopped after 2.6 s, at importing torch and transformers" came first
+    monkeypatch.setattr("tunekit.view.progress.WaitProgress.at", lambda self, stage, f=None: stages.append(stage))
     assert cli.main(["plan", "--model", str(cfg)]) == 2
     assert capsys.readouterr().err.strip() == (
         "tunekit plan: error: --model with a transformers config JSON needs transformers, which is not "
         "installed: pip install 'tunekit[hf]'")
+    assert stages == []   # refused before the wait began: nothing imported
 
 
 def test_every_optional_package_names_its_extra_from_pyproject():
