@@ -425,10 +425,13 @@ def test_plan_with_a_transformers_config_without_the_extra_names_the_pip_command
     cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
                                "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 256}))
     monkeypatch.setitem(sys.modules, "transformers", None)   # an import of it fails as if not installed
+    stages = []   # from a wheel: "tunekit plan stopped after 2.6 s, at importing torch and transformers" came first
+    monkeypatch.setattr("tunekit.view.progress.WaitProgress.at", lambda self, stage, f=None: stages.append(stage))
     assert cli.main(["plan", "--model", str(cfg)]) == 2
     assert capsys.readouterr().err.strip() == (
         "tunekit plan: error: --model with a transformers config JSON needs transformers, which is not "
         "installed: pip install 'tunekit[hf]'")
+    assert stages == []   # refused before the wait began: nothing imported
 
 
 def test_every_optional_package_names_its_extra_from_pyproject():
@@ -475,3 +478,23 @@ def test_help_answers_without_importing_torch(argv):
             "print('torch imported' if 'torch' in sys.modules else 'no torch')" % argv)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "no torch" and "usage: tunekit" in out
+
+
+
+@pytest.mark.parametrize("device, said", [
+    ("A6000", "unknown device 'A6000': did you mean 'A100 80GB'? (the devices: {names}, or 'cpu')"),
+    # a memory size the card lacks (tests/planning/test_plan_review.py): read as the A100 80GB, which has 80
+    ("A100 40", "'A100 40' names 40 GB, but the spec table's A100 80GB has 80 GB: did you mean 'A100 40GB'? "
+                "(else plan for 'A100 80GB' and set its total_bytes against your card's memory, or pick a device "
+                "of the table)"),
+])
+def test_plan_refuses_a_card_the_table_lacks_before_importing_torch(device, said):
+    # from a wheel on a busy machine `tunekit plan --device A6000` took 5.1 s and ended "tunekit plan
+    # stopped after 5.1 s, at importing torch: ValueError" above the refusal: the card is checked first
+    from tunekit.core.specs import names  # the table's cards (H100 NVL, ..., MI300X): core/gpus.py's rows
+
+    code = ("import sys\nfrom tunekit.cli.main import main\ncode = main(['plan', '--device', %r])\n"
+            "print(code, 'torch imported' if 'torch' in sys.modules else 'no torch')" % device)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["2 no torch"]
+    assert out.stderr.splitlines() == ["tunekit plan: error: " + said.format(names=", ".join(names()))]

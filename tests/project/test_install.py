@@ -114,3 +114,58 @@ def test_a_wheel_in_a_read_only_site_packages(tmp_path):
     finally:
         for p in [site, *site.rglob("*")]:
             p.chmod(p.stat().st_mode | stat.S_IWUSR)
+
+
+# the modules that name their own file, and why: none opens a file beside it (a wheel holds code only,
+# pyproject's [tool.setuptools.packages.find]; a data file read next to the code would need package-data
+# and a check in test_a_wheel_in_a_read_only_site_packages of the wheel's names)
+OWN_FILE = {
+    "tunekit/core/refusals.py": "a frame is tunekit's when its file is under tunekit/",
+    "tunekit/measure/interrupts.py": "the same, for the frames a Ctrl-C lands in",
+    "tunekit/measure/first_use.py": "its child processes import tunekit from the folder this one did",
+    "tunekit/parallel/netns.py": "the relay (python -I) imports tunekit from the folder this one did",
+}
+
+
+def test_no_module_reads_a_file_beside_the_code():
+    import ast
+
+    named, resources = set(), set()
+    for path in sorted((ROOT / "tunekit").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        rel = str(path.relative_to(ROOT))
+        if any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(tree)):
+            named.add(rel)
+        if any(isinstance(n, (ast.Import, ast.ImportFrom)) and any(
+                m in ("importlib.resources", "pkgutil", "pkg_resources")
+                for m in [getattr(n, "module", None) or "", *(a.name for a in n.names)]) for n in ast.walk(tree)):
+            resources.add(rel)
+    assert (named, resources) == (set(OWN_FILE), set())
+
+
+def test_the_install_docs_pin_the_torch_the_constraints_file_pins():
+    # docs/install.md said the file "pins the CPU build of torch": it pins a version, and from the package
+    # index alone torch 2.13.0 for Linux x86-64 is the CUDA build (nvidia-* packages, several GB); the pages
+    # say so with the version the file holds
+    pins = [line for line in (ROOT / "constraints" / "cpu.txt").read_text().splitlines()
+            if line and not line.startswith("#")]
+    assert len(pins) == 1 and pins[0].startswith("torch==")
+    version = pins[0].removeprefix("torch==")
+    for page in ("README.md", "docs/install.md"):
+        text = " ".join((ROOT / page).read_text().split())
+        assert f"`constraints/cpu.txt` (torch {version}" in text or f"pins torch's version ({version})" in text, page
+
+
+def test_no_page_sends_a_user_to_the_package_index_s_tunekit():
+    # `pip install tunekit` from the package index installs an unrelated project of that name (a LoRA
+    # fine-tuning tool, 0.1.1 when this was written): every install is from the repository, and once
+    # tunekit is installed `pip install 'tunekit[EXTRA]'` adds an extra to it
+    import re
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "notebooks" / "README.md",
+             *sorted((ROOT / "notebooks").glob("*.py")), *sorted((ROOT / "tunekit").rglob("*.py"))]
+    # the warnings themselves aside: "`pip install tunekit` from the package index brings ...", "... would bring"
+    bare = re.compile(r"pip install (-U |--upgrade )?['\"]?tunekit(?![\[\w-]|` (from the package index|would bring))")
+    assert [str(p.relative_to(ROOT)) for p in pages if bare.search(" ".join(p.read_text().split()))] == []
+    assert "`pip install tunekit` from the package index brings an unrelated project" in " ".join(
+        (ROOT / "README.md").read_text().split())

@@ -10,6 +10,7 @@ Exit 0: the step fits; 1: it does not (the plan says by how much); 2: refused be
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from dataclasses import fields
 
 from tunekit.cli.model import Refused, model_source
@@ -63,6 +64,10 @@ def plan_main(args) -> int:
         if why := stray(args, plan_parser(), "sbatch", ("partition", "time", "option")):
             raise Refused(why)
         kind, value = model_source(args.model, factories=False)
+        if args.device.strip().lower() != "cpu":   # a card the table lacks: refused before torch's import (seconds)
+            specs.card(args.device)
+        if kind != "preset" and importlib.util.find_spec("transformers") is None:   # the same, for the extra
+            raise missing_extra(ModuleNotFoundError(name="transformers"), "--model with a transformers config JSON")
         # torch's and transformers' imports are seconds of a plan's wait: shown as its first stage
         with wait_progress("tunekit plan", True) as shown:
             shown.at("importing torch" + (" and transformers" if kind != "preset" else ""))

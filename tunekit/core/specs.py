@@ -81,7 +81,23 @@ def card(device_name: str) -> GPU:
                                           or difflib.get_close_matches(asked, list(known), n=1, cutoff=0.5)]
         raise ValueError(f"unknown device {device_name!r}{did_you_mean(close[0] if close else None)} "
                          f"(the devices: {', '.join(names())}, or 'cpu')")
+    _check_size(device_name, spec)
     return spec
+
+
+def _check_size(device_name: str, spec: GPU) -> None:
+    """Refuses a name that gives a memory size its row lacks ("A100 40" read as the A100 80GB):
+    "A100 40GB", "A100 40", "a100-40g" name a size; a number in the card's own name (RTX 4090) does not."""
+    low = device_name.lower()
+    named = re.search(r"(\d+)\s*gb", low) or re.search(r"(?:^|[\s_-])(\d+)\s*g?(?=$|[\s_-])", low)
+    if spec.memory_gb is None or not named or named.group(1) in re.findall(r"\d+", spec.name) \
+            or int(named.group(1)) == round(spec.memory_gb):
+        return
+    sized = [n for n in names() if n.split()[0] == spec.name.split()[0]
+             and (other := find_spec(n)) is not None and round(other.memory_gb or 0) == int(named.group(1))]
+    rest = f"plan for {spec.name!r} and set its total_bytes against your card's memory, or pick a device of the table"
+    raise ValueError(f"{device_name!r} names {named.group(1)} GB, but the spec table's {spec.name} has "
+                     f"{spec.memory_gb:g} GB" + (f"{did_you_mean(sized[0])} (else {rest})" if sized else f": {rest}"))
 
 
 def device_type(device_name: str) -> str | None:

@@ -2,8 +2,6 @@
 (`core.gpus`, read through `core.specs`) or this machine."""
 from __future__ import annotations
 
-import re
-
 from tunekit.core import registry, specs, validate
 from tunekit.core.memory.options import CUDA_CONTEXT
 from tunekit.core.notes import Note
@@ -46,20 +44,9 @@ def device_figures(name, precision, world_size: int = 1) -> dict:
         return dict(name="cpu", memory=float(psutil.virtual_memory().total), peak=peak.tflops, bandwidth=None,
                     link=None, round_to=1, fixed={},
                     notes=[f"peak {peak.source}; no memory bandwidth known for this CPU: the bound counts FLOPs only"])
-    spec = specs.card(name)
+    spec = specs.card(name)   # a memory size in the name that the card lacks is refused there
     if spec.memory_gb is None:
         raise ValueError(f"the spec table has no memory size for {spec.name}: plan for another device")
-    # "A100 40GB", "A100 40", "a100-40g": a memory size; a number in the card's own name (RTX 4090) is not one
-    named = re.search(r"(\d+)\s*gb", name.lower()) or re.search(r"(?:^|[\s_-])(\d+)\s*g?(?=$|[\s_-])", name.lower())
-    if named and named.group(1) not in re.findall(r"\d+", spec.name) \
-            and int(named.group(1)) != round(spec.memory_gb):
-        sized = [n for n in specs.names() if n.split()[0] == spec.name.split()[0]
-                 and (other := specs.find_spec(n)) is not None and round(other.memory_gb or 0) == int(named.group(1))]
-        rest = (f"plan for {spec.name!r} and set its total_bytes against your card's memory, "
-                "or pick a device of the table")
-        raise ValueError(f"{name!r} names {named.group(1)} GB, but the spec table's {spec.name} has "
-                         f"{spec.memory_gb:g} GB" + (f"{validate.did_you_mean(sized[0])} (else {rest})"
-                                                     if sized else f": {rest}"))
     notes = [] if spec.bandwidth_tbs else [f"no memory bandwidth listed for {spec.name}: the bound counts FLOPs only"]
     if name.strip().lower() != spec.name.lower():   # an alias or a driver's name: say which card it was read as
         others = [n for n in specs.names() if n != spec.name and n.split()[0] == spec.name.split()[0]]
