@@ -98,15 +98,20 @@ class ModuleAdapter:
         """N of the 6N rule, counted on the live model: the weights of every Linear (and GPT-2's
         Conv1D) module, each module once, so a tied lm_head counts as the matmul it is; and a
         mixture of experts' stacked expert weights (3-D, experts first: transformers' grouped
-        experts) at the share a token uses, ``num_experts_per_tok`` of them."""
+        experts) at the share a token uses, ``num_experts_per_tok`` of them, and its router's
+        (experts x hidden) weight, which every token multiplies (transformers' ``*TopKRouter``
+        holds it as a bare parameter, not a Linear)."""
         linear = sum(m.weight.numel() for m in self.model.modules()
                      if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
         top_k = getattr(getattr(self.model, "config", None), "num_experts_per_tok", None)
         if not isinstance(top_k, int) or top_k < 1:
             return linear
-        stacked = [p for m in self.model.modules() if "expert" in type(m).__name__.lower()
-                   for p in m.parameters(recurse=False) if p.dim() == 3]
-        return linear + sum(p.numel() * min(top_k, p.shape[0]) // p.shape[0] for p in stacked)
+        own = [(type(m).__name__.lower(), p) for m in self.model.modules() if not isinstance(m, torch.nn.Linear)
+               for p in m.parameters(recurse=False)]
+        stacked = [p for name, p in own if "expert" in name and p.dim() == 3]
+        routers = [p for name, p in own if "router" in name and p.dim() == 2]
+        return (linear + sum(p.numel() * min(top_k, p.shape[0]) // p.shape[0] for p in stacked)
+                + sum(p.numel() for p in routers))
 
     # --- a step ---------------------------------------------------------------------------------
     def check_default_loss(self) -> None:
