@@ -230,6 +230,10 @@ def read_config(cfg) -> dict:
 def model_shape(cfg) -> ModelShape:
     """The shape of tunekit's GPTConfig or of a transformers decoder config (or a dict of
     either's fields). Raises ValueError naming what is missing."""
+    if cfg_get(cfg, "is_encoder_decoder", False):   # two stacks and cross-attention: not one decoder's sums
+        raise ValueError(f"{type(cfg).__name__.removesuffix('Config')} is an encoder-decoder: tunekit's shape "
+                         "formulas are a decoder's (one stack, causal self-attention); plan it with tunekit.plan("
+                         "config), which steps the whole model, or give estimate_memory the built model or n_params=")
     r = read_config(cfg)
     family, h, notes = r["family"], r["hidden"], []
     experts = {}   # a mixture of experts' fields of ModelShape

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED, forward_flops_per_token, train_flops_per_token
 from tunekit.core.registry import ATTENTIONS, attention
-from tunekit.core.shapes import ModelShape, model_shape
+from tunekit.core.shapes import ModelShape, model_shape, read_config
 
 
 class ModuleAdapter:
@@ -216,12 +216,16 @@ class HFAdapter(ModuleAdapter):
             if hasattr(self.model, "set_attn_implementation") else ()
 
     @property
-    def shape(self) -> ModelShape:
+    def shape(self) -> ModelShape | None:
+        """The decoder's shape; None for an encoder-decoder (T5, BART), whose model FLOPs the count
+        gives (`model_shape` refuses it: its sums are one causal stack's)."""
+        if getattr(self.model.config, "is_encoder_decoder", False):
+            return None
         return model_shape(self.model.config)
 
     @property
     def max_seq_len(self) -> int | None:
-        return self.shape.max_positions
+        return read_config(self.model.config)["max_positions"]
 
     @property
     def vocab_size(self) -> int:

@@ -122,8 +122,8 @@ def far_past_the_card(cfg, kind, s, dev, layout: dict | None, name: str) -> Plan
     `FAR_PAST` times the device's memory, said to be the formula's, with the largest micro-batch the
     formula fits; None otherwise (the fake step then plans it). A step of one sample is never cut short:
     sharding and half weights are its answers, and only the fake step's advice searches them."""
-    if kind not in ("gpt", "hf") or s.micro_batch <= 1:
-        return None
+    if kind not in ("gpt", "hf") or s.micro_batch <= 1 or getattr(cfg, "is_encoder_decoder", False):
+        return None   # (the formula has no encoder-decoder: the fake step plans it)
     p = analytic_plan(None, cfg, kind, s, dev, layout, "", name, s.micro_batch * s.seq_len, "tokens", speed=False)
     if p.unknown or not p.total_bytes > FAR_PAST * dev.memory:
         return None

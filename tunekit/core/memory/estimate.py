@@ -247,7 +247,7 @@ def _model_sizes(model, o: MemoryOptions) -> _Sizes:
         elif shape is not None:
             n_params = float(shape.param_count())
         else:
-            raise ValueError("give a parameter count, a config or a model")
+            raise ValueError(shape_error or "give a parameter count, a config or a model")
     attention = o.attention
     if attention is None:
         attention = dims.get("attention") or getattr(cfg, "_attn_implementation", None) or "sdpa"
