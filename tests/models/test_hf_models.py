@@ -365,3 +365,18 @@ def test_older_decoder_families_are_read_as_they_are_built(name, n_params, n_mat
     assert not shape.notes
     assert tunekit.estimate_memory(cfg, micro_batch=1, seq_len=16, precision="fp32",
                                    device="cpu").inputs["n_params"] == n_params
+
+
+def test_explaining_a_run_whose_plan_has_no_expected_step_says_why():
+    # a mixture of experts over fp32 weights: the fake step cannot run torch's bf16-only _grouped_mm
+    # meta kernel, so the plan is analytic and has no op-by-op expectation; explain said only "the plan
+    # of this run has no expected step", lab.expect said why
+    cfg = transformers.Qwen2MoeConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, num_experts=2,
+                                      num_experts_per_tok=1, moe_intermediate_size=16,
+                                      shared_expert_intermediate_size=16, max_position_embeddings=32)
+    lab = Lab(build(cfg), micro_batch=2, seq_len=16, peak_tflops=1.0)
+    run = lab.run(steps=1, trace=True)
+    with pytest.raises(ValueError, match="^lab.explain: the plan of this run has no expected step on cpu: "
+                                         "analytic estimate: the fake step failed because"):
+        tunekit.explain(run)
