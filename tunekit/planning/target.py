@@ -62,8 +62,6 @@ def config_of(target, batch_fn=None, loss_fn=None, blocks=None):
             validate.function(name, fn, takes)
     own = (batch_fn, loss_fn, blocks) != (None, None, None)
     if isinstance(target, torch.nn.Module):
-        if loss_fn is None:   # the built-in loss, as the Lab refuses it (a BertForMaskedLM was planned)
-            refuse_encoder(getattr(getattr(target, "_orig_mod", target), "config", None), "tunekit.plan")
         module = ModuleTarget(target, batch_fn, loss_fn, blocks)
         return module, module.kind, module.toggles()
     if type(target).__name__ == "Lab":
