@@ -16,6 +16,7 @@ import math
 import torch
 
 from tunekit.core.memory.estimate import estimate_memory
+from tunekit.core.memory.static import trained_only
 from tunekit.core.notes import without
 from tunekit.core.setting import HALF
 from tunekit.core.units import is_missing
@@ -165,12 +166,8 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
     components = {k: float(est.components[k]) for k in COMPONENTS}
     if inner is not None and is_missing(components["buffers"]):
         components["buffers"] = float(unique_bytes(inner.buffers(), {storage_key(p) for p in params}))
-    trainable = sum(p.numel() for p in params if p.requires_grad)
-    if params and trainable < n_params:   # frozen parameters: no gradient, no optimizer state
-        for k in ("master_weights", "gradients", "optimizer_states"):
-            components[k] *= trainable / n_params
-        notes.append(f"{trainable:,} of {int(n_params):,} parameters are trained: gradients, master weights and "
-                     "optimizer states counted for those")
+    frozen = trained_only(components, None, sum(p.numel() for p in params if p.requires_grad), n_params or 0)
+    notes.extend([frozen] if frozen else [])
     if is_missing(components["activations"]):
         notes.append(f"activations unknown (NaN): tunekit has no activation count for {name}; the memory shown "
                      "leaves them out")
