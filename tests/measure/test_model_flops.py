@@ -223,3 +223,26 @@ def test_a_mixture_of_experts_counts_its_routed_experts_and_its_router(qwen):
     x = torch.randint(0, 512, (2, 64))
     fc = tunekit.count_flops(lambda: model(input_ids=x, labels=x).loss.backward())
     assert fc.model == adapt(model).model_flops(64, 128, None)[0] == 128 * (6 * n + 6 * 2 * 64 * 64)
+
+
+def test_frozen_matmul_weights_take_the_counted_model_flops_not_6n():
+    # only lm_head trains: 6N gave every weight a gradient, 88.1 MFLOP for a step of 33.7 (MFU 2.6x
+    # over). The count, by hand (T = 2*64 tokens): forward 2 x 107008 x 128 = 27394048; causal
+    # attention forward 2 layers x (QK^T + AV) 2 x 2*2*64*64*64 / 2 = 2097152; backward only lm_head's
+    # weight gradient 2 x 16384 x 128 = 4194304 (below it nothing trains: no input gradient). 33685504
+    model, x = llama(), tokens(2, 64)
+    for p in model.model.parameters():
+        p.requires_grad_(False)
+    fc = tunekit.count_flops(lambda: model(input_ids=x, labels=x).loss.backward())
+    assert fc.model == fc.executed == 27394048 + 2097152 + 4194304
+    flops, convention, notes = adapt(model).model_flops(64, 128, fc.model)
+    assert (flops, convention) == (fc.model, MFU_COUNTED)
+    # frozen: every matmul weight but lm_head, 107008 - 256*64 = 90624
+    assert notes[0].startswith("MFU from the counted FLOPs: 90,624 of the 107,008 matmul weights are frozen")
+    # the same in a profiled cell (its model FLOPs from the count) and in a plan
+    model.zero_grad(set_to_none=True)
+    with tunekit.profile(name="frozen", flops="always") as rec:
+        model(input_ids=x, labels=x).loss.backward()
+    assert rec.model_flops == fc.model and rec.mfu_convention == MFU_COUNTED
+    p = tunekit.plan(model, "cpu", micro_batch=2, seq_len=64, precision="fp32", verbose=False)
+    assert p.model_flops == p.executed_flops == fc.model

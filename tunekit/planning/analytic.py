@@ -205,7 +205,10 @@ def _speed(inner, setting, tokens, unit, dev, notes) -> tuple[float, float]:
     if shape is None:
         notes.append("no speed bound: no op was counted and tunekit has no FLOP formula for this model")
         return NaN, NaN
-    model_flops = adapter.model_flops(setting.seq_len, tokens, None)[0]
+    model_flops, _, why = adapter.model_flops(setting.seq_len, tokens, None)
+    if model_flops is None:   # frozen weights: only a count gives the step's FLOPs, and none was made
+        notes.append("no speed bound: " + why[0])
+        return NaN, NaN
     if not dev.peak:
         return model_flops, NaN
     notes.append("bound: the MFU convention's FLOPs (6 x matmul weights x tokens + causal attention) at the dense "
