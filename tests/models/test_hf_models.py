@@ -380,3 +380,13 @@ def test_explaining_a_run_whose_plan_has_no_expected_step_says_why():
     with pytest.raises(ValueError, match="^lab.explain: the plan of this run has no expected step on cpu: "
                                          "analytic estimate: the fake step failed because"):
         tunekit.explain(run)
+
+
+def test_a_mixture_with_dense_layers_says_its_count_takes_every_layer_as_experts():
+    cfg = transformers.Qwen2MoeConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=32,
+                                      shared_expert_intermediate_size=64, mlp_only_layers=[0])
+    assert model_shape(cfg).notes == ("qwen2_moe: mlp_only_layers/decoder_sparse_step make some layers dense; every "
+                                      "layer is counted as a mixture of experts here (build the model for its exact "
+                                      "counts)",)

@@ -269,6 +269,9 @@ def model_shape(cfg) -> ModelShape:
         if r["n_experts"] and r["top_k"]:   # each expert's width: moe_intermediate_size where stated
             d_ff = r["expert_d_ff"] or d_ff
             experts = dict(n_experts=int(r["n_experts"]), top_k=int(r["top_k"]), shared_d_ff=int(r["shared_d_ff"] or 0))
+            if cfg_get(cfg, "mlp_only_layers") or (cfg_get(cfg, "decoder_sparse_step") or 1) > 1:
+                notes.append(f"{family}: mlp_only_layers/decoder_sparse_step make some layers dense; every layer "
+                             "is counted as a mixture of experts here (build the model for its exact counts)")
     n_head = r["n_head"]
     sizes = dict(n_layer=r["n_layer"], hidden=h, n_head=n_head, vocab=r["vocab"])
     missing = [k for k, v in sizes.items() if not v]
