@@ -216,3 +216,18 @@ def test_lab_and_measure_memory_share_one_saved_activation_tally(make_lab, preci
     assert run.saved_bytes == measured["activations"] > 0
     assert run.weight_cast_bytes == measured["weight_casts"]
     assert (run.weight_cast_bytes > 0) == (precision == "bf16")
+
+
+def test_estimate_of_a_module_with_frozen_parameters_counts_the_trained_ones_as_measured():
+    # estimate_memory(module) charged gradients and AdamW states to every parameter, frozen ones
+    # too, while measure_memory and plan count the trained ones. Two Linear(64, 64): 4160 each, the
+    # first frozen. Weights 8320 x 4 B = 33280; gradients 4160 x 4 = 16640; AdamW 2 x 16640 + a 4 B
+    # step for each of the 2 trained tensors = 33288 (the estimate: (2 x 33280 + 16) x 4160/8320)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    model[0].requires_grad_(False)
+    est = estimate_memory(model, precision="fp32", n_layer=1, n_embd=64, n_head=1, seq_len=1, device="cpu")
+    measured = measure_memory(model, (torch.randn(8, 64),), precision="fp32").measured
+    for k, v in dict(weights=33280, gradients=16640, optimizer_states=33288, master_weights=0).items():
+        assert est.components[k] == v == measured[k]
+    assert "4,160 of 8,320 parameters are trained" in " ".join(est.notes)

@@ -199,3 +199,50 @@ def test_models_option_is_checked_and_modules_are_found_where_the_fingerprint_lo
     seen = modules_seen(ns, ["step", "h", "pair", "n"])
     assert [(label, m is model, m is other) for label, m in seen] == [
         ("h.net", False, True), ("model", True, False)]  # names walked in sorted order: h, n, pair, step
+
+
+@pytest.mark.parametrize("qwen", [False, True])
+def test_a_mixture_of_experts_counts_its_routed_experts_and_its_router(qwen):
+    # N of 6N, by hand, h=64, 2 layers, 4 experts, top 2, vocab 512:
+    # attention q 64*64 + k, v 2*32*64 + o 64*64 = 12288;
+    # router 4*64 = 256 (a bare parameter of *TopKRouter: it was left out);
+    # Mixtral experts 3*64*128 each, 2 of 4 used: 49152. Layer 61696, x2 + lm_head 512*64 = 156160.
+    # Qwen2-MoE experts 3*64*32 each, 2 used: 12288; shared expert 3*64*64 = 12288 and its gate 64:
+    # layer 12288+256+12288+12288+64 = 37184, x2 + 32768 = 107136.
+    small = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, num_experts_per_tok=2)
+    cfg = (transformers.Qwen2MoeConfig(**small, num_experts=4, moe_intermediate_size=32,
+                                       shared_expert_intermediate_size=64) if qwen
+           else transformers.MixtralConfig(**small, num_local_experts=4))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    n = 107136 if qwen else 156160
+    assert adapt(model).matmul_weights() == n
+    # and the count agrees: each token runs exactly top-2 experts, so the counted model FLOPs are
+    # 6N per token + causal attention 6*L*64*S = 6*2*64*64 per token, x 2*64 tokens
+    x = torch.randint(0, 512, (2, 64))
+    fc = tunekit.count_flops(lambda: model(input_ids=x, labels=x).loss.backward())
+    assert fc.model == adapt(model).model_flops(64, 128, None)[0] == 128 * (6 * n + 6 * 2 * 64 * 64)
+
+
+def test_frozen_matmul_weights_take_the_counted_model_flops_not_6n():
+    # only lm_head trains: 6N gave every weight a gradient, 88.1 MFLOP for a step of 33.7 (MFU 2.6x
+    # over). The count, by hand (T = 2*64 tokens): forward 2 x 107008 x 128 = 27394048; causal
+    # attention forward 2 layers x (QK^T + AV) 2 x 2*2*64*64*64 / 2 = 2097152; backward only lm_head's
+    # weight gradient 2 x 16384 x 128 = 4194304 (below it nothing trains: no input gradient). 33685504
+    model, x = llama(), tokens(2, 64)
+    for p in model.model.parameters():
+        p.requires_grad_(False)
+    fc = tunekit.count_flops(lambda: model(input_ids=x, labels=x).loss.backward())
+    assert fc.model == fc.executed == 27394048 + 2097152 + 4194304
+    flops, convention, notes = adapt(model).model_flops(64, 128, fc.model)
+    assert (flops, convention) == (fc.model, MFU_COUNTED)
+    # frozen: every matmul weight but lm_head, 107008 - 256*64 = 90624
+    assert notes[0].startswith("MFU from the counted FLOPs: 90,624 of the 107,008 matmul weights are frozen")
+    # the same in a profiled cell (its model FLOPs from the count) and in a plan
+    model.zero_grad(set_to_none=True)
+    with tunekit.profile(name="frozen", flops="always") as rec:
+        model(input_ids=x, labels=x).loss.backward()
+    assert rec.model_flops == fc.model and rec.mfu_convention == MFU_COUNTED
+    p = tunekit.plan(model, "cpu", micro_batch=2, seq_len=64, precision="fp32", verbose=False)
+    assert p.model_flops == p.executed_flops == fc.model

@@ -50,3 +50,42 @@ def test_lab_of_a_masked_lm_is_refused_and_its_own_objective_is_taken():
     lab = tunekit.Lab(model, device="cpu", batch_fn=batch_fn,
                       loss_fn=lambda m, x, labels: m(input_ids=x, labels=labels).loss)
     assert lab.model is model
+
+
+def test_an_encoder_decoder_without_a_decoder_start_token_is_refused_before_any_work():
+    # a T5Config made from scratch has no decoder_start_token_id: plan and the Lab failed with
+    # AttributeError deep inside T5's _shift_right
+    t5 = transformers.T5Config(d_model=64, d_ff=128, num_layers=1, num_heads=4, d_kv=16, vocab_size=256)
+    with pytest.raises(ValueError, match="^T5 is an encoder-decoder whose config has no decoder_start_token_id: "
+                                         "tunekit.plan trains it on labels.*config.decoder_start_token_id = "
+                                         "config.pad_token_id"):
+        tunekit.plan(t5, "cpu", micro_batch=2, seq_len=16)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(t5)
+    with pytest.raises(ValueError, match="^T5 is an encoder-decoder whose config has no decoder_start_token_id: "
+                                         "tunekit.Lab"):
+        tunekit.Lab(model, device="cpu")
+    t5.decoder_start_token_id = t5.pad_token_id   # as the message says: then it is planned
+    assert tunekit.plan(t5, "cpu", micro_batch=2, seq_len=16, verbose=False).method == "fake step"
+
+
+def test_an_encoder_decoder_config_is_not_read_as_one_decoder():
+    # estimate_memory(T5Config) read T5 as a 2-layer Llama: half its parameters (the decoder stack
+    # and cross-attention missing), "counts may be off"; and MFU took the attention of one causal stack
+    from tunekit.core.shapes import model_shape
+    from tunekit.models.adapters import adapt
+
+    t5 = transformers.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=256,
+                               decoder_start_token_id=0)
+    with pytest.raises(ValueError, match="^T5 is an encoder-decoder: tunekit's shape formulas are a decoder's"):
+        model_shape(t5)
+    with pytest.raises(ValueError, match="^T5 is an encoder-decoder: .*tunekit.plan\\(config\\)"):
+        tunekit.estimate_memory(t5, micro_batch=2, seq_len=16, precision="fp32")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(t5)
+    n = sum(p.numel() for p in model.parameters())
+    # the built model is counted as it is: weights 4 bytes x every parameter
+    assert tunekit.estimate_memory(model, micro_batch=2, seq_len=16, precision="fp32").components["weights"] == 4 * n
+    assert adapt(model).shape is None and adapt(model).max_seq_len is None   # MFU from the count, said so
+    p = tunekit.plan(t5, "cpu", micro_batch=2, seq_len=16, verbose=False)
+    assert p.method == "fake step" and any(n.startswith("MFU from the counted FLOPs") for n in p.notes)

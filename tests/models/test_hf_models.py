@@ -303,3 +303,90 @@ def test_gemma_is_counted_as_the_gated_decoder_it_is():
     # per layer q 64*64 + k,v 2*64*32 (2 kv heads of 16) + o 64*64 + gated MLP 3*64*128 = 36864,
     # x 2 layers + lm_head 128*64 = 81920 (a plain 2-matrix MLP would read 65536)
     assert model_shape(cfg).matmul_params() == linear == 2 * 36864 + 128 * 64 == 81920
+
+
+@pytest.mark.parametrize("qwen", [False, True], ids=["mixtral", "qwen2_moe"])
+def test_a_mixture_of_experts_config_holds_every_expert_and_trains_top_k(qwen):
+    # estimate_memory(MixtralConfig) read the experts as one dense MLP: weights, gradients and
+    # optimizer states of half the model. By hand, h=64, 2 layers, 4 experts, vocab 512, untied:
+    # attention 12288 weights (q, o 64*64; k, v 32*64); router 4*64 = 256; norms 2*64.
+    # Mixtral: experts 4 * 3*64*128 = 98304; layer 12288+256+98304+128 = 110976, x2 + embed and
+    # lm_head 2*512*64 + final norm 64 = 287552. Top 2 of 4 per token: N = 2*(12288+256+49152) + 32768 = 156160.
+    # Qwen2-MoE: q,k,v biases 128; experts 4 * 3*64*32 = 24576; shared expert 3*64*64 + gate 64 = 12352;
+    # layer 12288+128+256+24576+12352+128 = 49728, x2 + 65536 + 64 = 165056; N = 2*(12288+256+12288+12352)
+    # + 32768 = 107136.
+    small = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, num_experts_per_tok=2)
+    cfg = (transformers.Qwen2MoeConfig(**small, num_experts=4, moe_intermediate_size=32,
+                                       shared_expert_intermediate_size=64) if qwen
+           else transformers.MixtralConfig(**small, num_local_experts=4))
+    n_params, n_matmul = (165056, 107136) if qwen else (287552, 156160)
+    model, shape = build(cfg), model_shape(cfg)
+    assert shape.param_count() == sum(p.numel() for p in model.parameters()) == n_params
+    assert sum(math.prod(s) for s in shape.param_shapes()) == n_params
+    assert shape.matmul_params() == adapt(model).matmul_weights() == n_matmul
+    assert not shape.notes
+    est = tunekit.estimate_memory(cfg, micro_batch=1, seq_len=16, precision="fp32", device="cpu")
+    assert est.components["weights"] == 4 * n_params
+
+
+def _family(name):
+    small = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    return {"phi": lambda: transformers.PhiConfig(**small, intermediate_size=128, max_position_embeddings=256),
+            "falcon": lambda: transformers.FalconConfig(**small),
+            "opt": lambda: transformers.OPTConfig(**small, ffn_dim=128, max_position_embeddings=256,
+                                                  word_embed_proj_dim=64),
+            "bloom": lambda: transformers.BloomConfig(vocab_size=512, hidden_size=64, n_layer=2, n_head=4),
+            "gptj": lambda: transformers.GPTJConfig(vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                                    rotary_dim=8)}[name]()
+
+
+# By hand, h=64, 2 layers, vocab 512 (embedding 32768), a LayerNorm 128:
+# phi: q,k,v,dense 4*(4096+64) + fc1 64*128+128 + fc2 128*64+64 + one norm (parallel block) = 33344, x2
+#      + embedding + final norm + lm_head 32768 + its bias 512 = 132864; N = 2*(16384+16384) + 32768 = 98304
+# falcon (multi-query: one k/v head of 16, no biases, parallel): qkv 96*64 + dense 4096 + MLP 2*64*256
+#      + one norm = 43136, x2 + tied embedding + final norm = 119168; N = 2*43008 + 32768 = 118784
+# opt: 4*(4096+64) + 8320 + 8256 + two norms = 33472, x2 + tied embedding + 258*64 positions (2 extra
+#      rows) + final norm = 116352; N = 2*32768 + 32768 = 98304
+# bloom: fused qkv 192*64+192 + dense 4160 + 256*64+256 + 64*256+64 + two norms = 49984, x2 + tied
+#      embedding + its norm + final norm = 132992; N = 2*(12288+4096+32768) + 32768 = 131072
+# gptj: q,k,v,out 4*4096 (no biases) + fc_in 16384+256 + fc_out 16384+64 + one norm = 49600, x2 + wte
+#      + final norm + lm_head and its bias 33280 = 165376; N = 2*49152 + 32768 = 131072
+# (all were read as Llama-style, a gated MLP: falcon's parameters 151872, 27% over)
+@pytest.mark.parametrize("name, n_params, n_matmul", [("phi", 132864, 98304), ("falcon", 119168, 118784),
+                                                      ("opt", 116352, 98304), ("bloom", 132992, 131072),
+                                                      ("gptj", 165376, 131072)])
+def test_older_decoder_families_are_read_as_they_are_built(name, n_params, n_matmul):
+    cfg = _family(name)
+    model, shape = build(cfg), model_shape(cfg)
+    assert shape.param_count() == sum(p.numel() for p in model.parameters()) == n_params
+    assert sum(math.prod(s) for s in shape.param_shapes()) == n_params
+    assert shape.matmul_params() == adapt(model).matmul_weights() == n_matmul
+    assert not shape.notes
+    assert tunekit.estimate_memory(cfg, micro_batch=1, seq_len=16, precision="fp32",
+                                   device="cpu").inputs["n_params"] == n_params
+
+
+def test_explaining_a_run_whose_plan_has_no_expected_step_says_why():
+    # a mixture of experts over fp32 weights: the fake step cannot run torch's bf16-only _grouped_mm
+    # meta kernel, so the plan is analytic and has no op-by-op expectation; explain said only "the plan
+    # of this run has no expected step", lab.expect said why
+    cfg = transformers.Qwen2MoeConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, num_experts=2,
+                                      num_experts_per_tok=1, moe_intermediate_size=16,
+                                      shared_expert_intermediate_size=16, max_position_embeddings=32)
+    lab = Lab(build(cfg), micro_batch=2, seq_len=16, peak_tflops=1.0)
+    run = lab.run(steps=1, trace=True)
+    with pytest.raises(ValueError, match="^lab.explain: the plan of this run has no expected step on cpu: "
+                                         "analytic estimate: the fake step failed because"):
+        tunekit.explain(run)
+
+
+def test_a_mixture_with_dense_layers_says_its_count_takes_every_layer_as_experts():
+    cfg = transformers.Qwen2MoeConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=32,
+                                      shared_expert_intermediate_size=64, mlp_only_layers=[0])
+    assert model_shape(cfg).notes == ("qwen2_moe: mlp_only_layers/decoder_sparse_step make some layers dense; every "
+                                      "layer is counted as a mixture of experts here (build the model for its exact "
+                                      "counts)",)

@@ -53,7 +53,9 @@ def cfg_get(cfg, name: str, default=None):
 
 # How the decoder families differ beyond their config numbers: a gated (SwiGLU) MLP, the norm
 # (RMSNorm keeps a weight; LayerNorm a weight and a bias), which projections carry biases (True,
-# False, or the config field that says), and learned position tables.
+# False, or the config field that says), and learned position tables; where they differ from the
+# usual, the norms a block keeps (one: a parallel block), lm_head's bias, a norm after the embedding
+# and a position table's extra rows (OPT's 2), as transformers' modeling code builds them.
 _FAMILIES = {
     "llama": dict(gated=True, norm="rms", qkv_bias="attention_bias", o_bias="attention_bias",
                   mlp_bias="mlp_bias", learned_pos=False),
@@ -62,7 +64,19 @@ _FAMILIES = {
     "gpt2": dict(gated=False, norm="layer", qkv_bias=True, o_bias=True, mlp_bias=True, learned_pos=True),
     "gpt_neox": dict(gated=False, norm="layer", qkv_bias="attention_bias", o_bias="attention_bias",
                      mlp_bias=True, learned_pos=False),
+    "phi": dict(gated=False, norm="layer", qkv_bias=True, o_bias=True, mlp_bias=True, learned_pos=False,
+                layer_norms=1, head_bias=True),
+    "gptj": dict(gated=False, norm="layer", qkv_bias=False, o_bias=False, mlp_bias=True, learned_pos=False,
+                 layer_norms=1, head_bias=True),
+    "opt": dict(gated=False, norm="layer", qkv_bias="enable_bias", o_bias="enable_bias", mlp_bias="enable_bias",
+                learned_pos=True, pos_offset=2),
+    "bloom": dict(gated=False, norm="layer", qkv_bias=True, o_bias=True, mlp_bias=True, learned_pos=False,
+                  embed_norm=True),
+    "falcon": dict(gated=False, norm="layer", qkv_bias="bias", o_bias="bias", mlp_bias="bias", learned_pos=False),
 }
+# mixtures of experts laid out as their dense kin (each expert's width: moe_intermediate_size, else d_ff)
+_FAMILIES["mixtral"] = _FAMILIES["mistral"]
+_FAMILIES["qwen2_moe"] = _FAMILIES["qwen2"]
 # gated-MLP decoders laid out like Llama as far as the 6N count goes (their norms may differ)
 for _name in ("gemma", "gemma2", "gemma3_text", "qwen3", "phi3", "olmo", "olmo2", "granite", "stablelm"):
     _FAMILIES.setdefault(_name, dict(_FAMILIES["llama"], qkv_bias=False, o_bias=False, mlp_bias=False))
@@ -72,7 +86,8 @@ for _name in ("gemma", "gemma2", "gemma3_text", "qwen3", "phi3", "olmo", "olmo2"
 class ModelShape:
     """What FLOP and memory formulas need of a decoder-only transformer. Build it with
     `model_shape(config)` from tunekit's GPTConfig or a transformers config (Llama, Mistral,
-    Qwen2, GPT-2, GPT-NeoX; other families are read Llama-style and say so in `notes`)."""
+    Qwen2, GPT-2, GPT-NeoX, Phi, GPT-J, OPT, BLOOM, Falcon, and the Mixtral and Qwen2-MoE mixtures
+    of experts; other families are read Llama-style and say so in `notes`)."""
 
     family: str
     n_layer: int
@@ -91,6 +106,16 @@ class ModelShape:
     o_bias: bool
     mlp_bias: bool
     notes: tuple = ()
+    # a mixture of experts (n_experts 0: a dense MLP of d_ff): n_experts gated MLPs of d_ff each, top_k
+    # of them per token, a router (n_experts x hidden) and, Qwen2-MoE's, a shared expert of
+    # shared_d_ff with its 1-wide gate
+    n_experts: int = 0
+    top_k: int = 0
+    shared_d_ff: int = 0
+    layer_norms: int = 2        # norms a block keeps (a parallel block: 1)
+    head_bias: bool = False     # lm_head's bias (Phi, GPT-J)
+    embed_norm: bool = False    # a norm after the embedding (BLOOM)
+    pos_offset: int = 0         # a learned position table's rows beyond max_positions (OPT: 2)
 
     @property
     def q_width(self) -> int:
@@ -101,10 +126,19 @@ class ModelShape:
         return self.n_kv_head * self.head_dim
 
     def layer_matmul_params(self) -> int:
-        """Weights of one block's matmuls: q, k, v, o and the 2 (or 3, gated) MLP matrices."""
+        """Weights of one block's matmuls: q, k, v, o and the 2 (or 3, gated) MLP matrices; of a
+        mixture of experts, the top_k experts a token runs, the router and the shared expert."""
         h = self.hidden
         attn = h * self.q_width + 2 * h * self.kv_width + self.q_width * h
-        return attn + (3 if self.gated else 2) * h * self.d_ff
+        return attn + self._mlp_weights(self.top_k)
+
+    def _mlp_weights(self, experts: int) -> int:
+        """The MLP's matmul weights with ``experts`` of a mixture's experts (a dense MLP: all of it)."""
+        h, mats = self.hidden, 3 if self.gated else 2
+        if not self.n_experts:
+            return mats * h * self.d_ff
+        shared = 3 * h * self.shared_d_ff + h if self.shared_d_ff else 0
+        return experts * mats * h * self.d_ff + self.n_experts * h + shared
 
     def matmul_params(self) -> int:
         """N of the 6N rule: every matmul weight, lm_head included (a matmul even when tied)."""
@@ -125,8 +159,10 @@ class ModelShape:
         norm = h if self.norm == "rms" else 2 * h
         biases = ((self.q_width + 2 * self.kv_width) * self.qkv_bias + h * self.o_bias
                   + ((2 if self.gated else 1) * f + h) * self.mlp_bias)
-        layer = self.layer_matmul_params() + biases + 2 * norm
-        outside = self.vocab * h + norm + (self.max_positions * h if self.learned_pos else 0)
+        layer = self.layer_matmul_params() - self._mlp_weights(self.top_k) + self._mlp_weights(self.n_experts)
+        layer += biases + self.layer_norms * norm
+        outside = (self.vocab * h + norm * (1 + self.embed_norm) + self.vocab * self.head_bias
+                   + ((self.max_positions + self.pos_offset) * h if self.learned_pos else 0))
         return self.n_layer * layer + outside + (0 if self.tied else self.vocab * h)
 
     def param_shapes(self) -> list:
@@ -134,15 +170,20 @@ class ModelShape:
         builds it (tunekit's GPT, GPT-2 and GPT-NeoX fuse q, k and v into one matrix); their sizes
         add up to `param_count`. What a shape-dependent state (Adafactor's) is counted over."""
         h, f, qkv = self.hidden, self.d_ff, (self.q_width, self.kv_width, self.kv_width)
-        fused = self.family in ("tunekit", "gpt2", "gpt_neox")
+        fused = self.family in ("tunekit", "gpt2", "gpt_neox", "bloom", "falcon")
         norm = [(h,)] if self.norm == "rms" else [(h,), (h,)]
         attn = [(sum(qkv), h)] if fused else [(w, h) for w in qkv]
         attn += ([(sum(qkv),)] if fused else [(w,) for w in qkv]) if self.qkv_bias else []
         attn += [(h, self.q_width)] + ([(h,)] if self.o_bias else [])
         mlp = [(f, h)] * (2 if self.gated else 1) + [(h, f)]
         mlp += [(f,)] * (2 if self.gated else 1) + [(h,)] if self.mlp_bias else []
-        outside = [(self.vocab, h)] + ([(self.max_positions, h)] if self.learned_pos else []) + norm
-        return self.n_layer * (attn + mlp + 2 * norm) + outside + ([] if self.tied else [(self.vocab, h)])
+        if self.n_experts:   # transformers' stacked experts: gate and up fused, then down; the router
+            e, g = self.n_experts, self.shared_d_ff
+            mlp = [(e, 2 * f, h), (e, h, f), (e, h)] + ([(g, h), (g, h), (h, g), (1, h)] if g else [])
+        outside = ([(self.vocab, h)] + ([(self.max_positions + self.pos_offset, h)] if self.learned_pos else [])
+                   + norm * (1 + self.embed_norm) + ([(self.vocab,)] if self.head_bias else []))
+        return (self.n_layer * (attn + mlp + self.layer_norms * norm) + outside
+                + ([] if self.tied else [(self.vocab, h)]))
 
 
 # The names a size goes by in tunekit's GPTConfig and in transformers' configs, first found wins.
@@ -152,9 +193,13 @@ _NAMES = {
     "n_head": ("num_attention_heads", "n_head"),
     "n_kv_head": ("num_key_value_heads",),
     "head_dim": ("head_dim",),
-    "d_ff": ("ffn_dim", "d_ff", "intermediate_size", "n_inner"),
+    "d_ff": ("ffn_dim", "d_ff", "intermediate_size", "n_inner", "ffn_hidden_size"),
     "vocab_size": ("vocab_size",),
     "max_positions": ("max_position_embeddings", "n_positions", "block_size"),
+    "n_experts": ("num_local_experts", "num_experts"),
+    "top_k": ("num_experts_per_tok",),
+    "expert_d_ff": ("moe_intermediate_size",),
+    "shared_d_ff": ("shared_expert_intermediate_size",),
 }
 
 
@@ -185,8 +230,13 @@ def read_config(cfg) -> dict:
 def model_shape(cfg) -> ModelShape:
     """The shape of tunekit's GPTConfig or of a transformers decoder config (or a dict of
     either's fields). Raises ValueError naming what is missing."""
+    if cfg_get(cfg, "is_encoder_decoder", False):   # two stacks and cross-attention: not one decoder's sums
+        raise ValueError(f"{type(cfg).__name__.removesuffix('Config')} is an encoder-decoder: tunekit's shape "
+                         "formulas are a decoder's (one stack, causal self-attention); plan it with tunekit.plan("
+                         "config), which steps the whole model, or give estimate_memory the built model or n_params=")
     r = read_config(cfg)
     family, h, notes = r["family"], r["hidden"], []
+    experts = {}   # a mixture of experts' fields of ModelShape
     if family == "tunekit":
         gated = r["mlp"] == "swiglu"
         bias = bool(cfg_get(cfg, "bias", False))
@@ -203,13 +253,25 @@ def model_shape(cfg) -> ModelShape:
                        mlp_bias="mlp_bias", learned_pos=False)
             notes.append(f"model_type {family!r} is not one tunekit knows: read as Llama-style "
                          "(gated MLP, RMSNorm, biases from attention_bias); counts may be off")
-        elif family not in ("llama", "mistral", "qwen2", "gpt2", "gpt_neox"):
+        elif family not in ("llama", "mistral", "qwen2", "gpt2", "gpt_neox", "mixtral", "qwen2_moe", "phi", "gptj",
+                            "opt", "bloom", "falcon"):
             notes.append(f"{family}: read as Llama-style for counting (its norms may differ)")
         fam = {k: (bool(cfg_get(cfg, v, False)) if isinstance(v, str) and k != "norm" else v)
                for k, v in fam.items()}
+        if family == "falcon":   # one k/v head (multi-query) unless the new architecture says how many;
+            new = bool(cfg_get(cfg, "new_decoder_architecture", False))   # its parallel block: one norm
+            r["n_kv_head"] = cfg_get(cfg, "num_kv_heads") if new else 1 if cfg_get(cfg, "multi_query", True) else None
+            fam["layer_norms"] = 2 if new and cfg_get(cfg, "num_ln_in_parallel_attn", 2) != 1 or not cfg_get(
+                cfg, "parallel_attn", True) else 1
         tie = cfg_get(cfg, "tie_word_embeddings")
         tied = True if tie is None else bool(tie)
         d_ff = r["d_ff"] or (4 * h if h else None)
+        if r["n_experts"] and r["top_k"]:   # each expert's width: moe_intermediate_size where stated
+            d_ff = r["expert_d_ff"] or d_ff
+            experts = dict(n_experts=int(r["n_experts"]), top_k=int(r["top_k"]), shared_d_ff=int(r["shared_d_ff"] or 0))
+            if cfg_get(cfg, "mlp_only_layers") or (cfg_get(cfg, "decoder_sparse_step") or 1) > 1:
+                notes.append(f"{family}: mlp_only_layers/decoder_sparse_step make some layers dense; every layer "
+                             "is counted as a mixture of experts here (build the model for its exact counts)")
     n_head = r["n_head"]
     sizes = dict(n_layer=r["n_layer"], hidden=h, n_head=n_head, vocab=r["vocab"])
     missing = [k for k, v in sizes.items() if not v]
@@ -217,4 +279,4 @@ def model_shape(cfg) -> ModelShape:
         raise ValueError(f"cannot read {missing} from {type(cfg).__name__}: give a decoder config")
     return ModelShape(family=family, n_kv_head=n_head if r["n_kv_head"] is None else r["n_kv_head"],
                       head_dim=r["head_dim"] or h // n_head, d_ff=int(d_ff), tied=tied,
-                      max_positions=r["max_positions"], notes=tuple(notes), **sizes, **fam)
+                      max_positions=r["max_positions"], notes=tuple(notes), **sizes, **fam, **experts)

@@ -94,7 +94,9 @@ def explained(lab, run, label: str, plan=None) -> Explanation:
         plan = cached_plan(lab, plan_device(run.device), setting, verbose=True)
     missing = of_kind(plan.notes, "expected.missing", "device.no_peak")
     if plan.expected is None:
-        raise ValueError(str(missing[0]) if missing else "the plan of this run has no expected step")
+        # as lab.expect says it: why the plan has none (a mixture of experts' fake step that failed: analytic)
+        raise ValueError(str(missing[0]) if missing else f"lab.explain: the plan of this run has no expected step "
+                         f"on {plan.device}: " + "; ".join(str(n) for n in plan.notes[:2]))
     # the headline takes the run's own step (timed without the profiler); the groups, the trace's
     expected = expected_step(plan.expected, run.toggles.grad_accum)   # the run's step: all its micro-batches
     e = explain_trace(as_breakdown(run.trace), expected, steps=1, setting=run.toggles,

@@ -110,6 +110,8 @@ class ModelTap:
         total, notes, parts = 0.0, [], []
         for (s, backward), tokens in sorted(groups.items()):
             flops, _, why = adapter.model_flops(s, tokens, None, backward=backward)
+            if flops is None:   # the shape does not give them (frozen weights): the count's convention
+                return None, ["MFU from the count: " + why[0].removeprefix("MFU from the counted FLOPs: ")]
             total += flops
             notes.extend(n for n in why if n not in notes)
             parts.append(f"{tokens} tokens at S={s} {'forward+backward' if backward else 'forward only'}")

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tunekit.core.formulas import MFU_ANALYTIC, MFU_COUNTED, forward_flops_per_token, train_flops_per_token
 from tunekit.core.registry import ATTENTIONS, attention
-from tunekit.core.shapes import ModelShape, model_shape
+from tunekit.core.shapes import ModelShape, model_shape, read_config
 
 
 class ModuleAdapter:
@@ -98,15 +98,23 @@ class ModuleAdapter:
         """N of the 6N rule, counted on the live model: the weights of every Linear (and GPT-2's
         Conv1D) module, each module once, so a tied lm_head counts as the matmul it is; and a
         mixture of experts' stacked expert weights (3-D, experts first: transformers' grouped
-        experts) at the share a token uses, ``num_experts_per_tok`` of them."""
-        linear = sum(m.weight.numel() for m in self.model.modules()
-                     if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
+        experts) at the share a token uses, ``num_experts_per_tok`` of them, and its router's
+        (experts x hidden) weight, which every token multiplies (transformers' ``*TopKRouter``
+        holds it as a bare parameter, not a Linear)."""
+        linear = sum(m.weight.numel() for m in _matmuls(self.model))
         top_k = getattr(getattr(self.model, "config", None), "num_experts_per_tok", None)
         if not isinstance(top_k, int) or top_k < 1:
             return linear
-        stacked = [p for m in self.model.modules() if "expert" in type(m).__name__.lower()
-                   for p in m.parameters(recurse=False) if p.dim() == 3]
-        return linear + sum(p.numel() * min(top_k, p.shape[0]) // p.shape[0] for p in stacked)
+        own = [(type(m).__name__.lower(), p) for m in self.model.modules() if not isinstance(m, torch.nn.Linear)
+               for p in m.parameters(recurse=False)]
+        stacked = [p for name, p in own if "expert" in name and p.dim() == 3]
+        routers = [p for name, p in own if "router" in name and p.dim() == 2]
+        return (linear + sum(p.numel() * min(top_k, p.shape[0]) // p.shape[0] for p in stacked)
+                + sum(p.numel() for p in routers))
+
+    def frozen_matmul_weights(self) -> int:
+        """The Linear (and Conv1D) weights that do not train (requires_grad False), each module once."""
+        return sum(m.weight.numel() for m in _matmuls(self.model) if not m.weight.requires_grad)
 
     # --- a step ---------------------------------------------------------------------------------
     def check_default_loss(self) -> None:
@@ -135,6 +143,11 @@ class ModuleAdapter:
             return counted, MFU_COUNTED, ["MFU from the counted FLOPs (no analytic shape for this "
                                           "model): executed minus recomputation and the masked half "
                                           "of causal attention the count found"]
+        frozen = self.frozen_matmul_weights()
+        if frozen and backward:   # 6N: every weight takes a gradient; a frozen one none (below all trained: nor dX)
+            return counted, MFU_COUNTED, [f"MFU from the counted FLOPs: {frozen:,} of the {self.matmul_weights():,} "
+                                          "matmul weights are frozen (requires_grad=False) and take no weight "
+                                          "gradient, which the 6N rule assumes"]
         n = self.matmul_weights()
         per_token = (train_flops_per_token if backward else forward_flops_per_token)(
             n, shape.n_layer, shape.q_width, seq_len)
@@ -211,12 +224,16 @@ class HFAdapter(ModuleAdapter):
             if hasattr(self.model, "set_attn_implementation") else ()
 
     @property
-    def shape(self) -> ModelShape:
+    def shape(self) -> ModelShape | None:
+        """The decoder's shape; None for an encoder-decoder (T5, BART), whose model FLOPs the count
+        gives (`model_shape` refuses it: its sums are one causal stack's)."""
+        if getattr(self.model.config, "is_encoder_decoder", False):
+            return None
         return model_shape(self.model.config)
 
     @property
     def max_seq_len(self) -> int | None:
-        return self.shape.max_positions
+        return read_config(self.model.config)["max_positions"]
 
     @property
     def vocab_size(self) -> int:
@@ -287,6 +304,10 @@ class HFAdapter(ModuleAdapter):
         if not (isinstance(keep, int) and (keep == 0 or keep >= s)):  # lm_head skips positions
             raise ValueError("the model was called with logits_to_keep: lm_head ran on part of the tokens")
         return b, s
+
+
+def _matmuls(model):
+    return (m for m in model.modules() if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
 
 
 def _batch_and_length(x, what: str) -> tuple[int, int]:
@@ -373,18 +394,3 @@ def _resolve_blocks(model, blocks) -> list:
 
 __all__ = ["ModuleAdapter", "GPTAdapter", "HFAdapter", "adapt", "is_transformers_model", "loss_of", "step_loss"]
 
-
-def fsdp_units(model: torch.nn.Module, adapter, parallel: str) -> list:
-    """Parameter shapes per fully_shard unit as tunekit wraps a model (each of the adapter's
-    blocks, then the root's own parameters); for DDP one unit with every parameter. A tied
-    weight counts once, in the first unit holding it; frozen parameters are left out."""
-    seen, units = set(), []
-    groups = [list(b.parameters()) for b in adapter.blocks()] if parallel != "ddp" else []
-    for params in groups + [list(model.parameters())]:
-        unit = []
-        for p in params:
-            if id(p) not in seen and p.requires_grad:
-                seen.add(id(p))
-                unit.append(tuple(p.shape))
-        units.append(unit)
-    return units

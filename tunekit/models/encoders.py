@@ -4,7 +4,8 @@ tunekit's step for a transformers model is next-token prediction (labels = the i
 by one). An encoder attends to every position, the one it predicts included, so that loss
 teaches nothing and its figures mean nothing: the Lab and `tunekit.plan` of a config refuse
 such a model before any work, and say what is supported (decoders, encoder-decoders, or the
-user's own objective through ``batch_fn``/``loss_fn``).
+user's own objective through ``batch_fn``/``loss_fn``); so too an encoder-decoder whose config
+cannot turn labels into the decoder's inputs (no ``decoder_start_token_id``).
 
     >>> refuse_encoder(BertConfig(), "tunekit.Lab")   # ValueError naming what is supported
 """
@@ -26,11 +27,21 @@ def is_encoder_only(config) -> bool:
 
 
 def refuse_encoder(config, where: str) -> None:
-    """Raise ValueError when ``config`` is an encoder's (`is_encoder_only`): ``where`` names the
-    entry point ("tunekit.Lab", "tunekit.plan") and how to give it an objective of one's own."""
+    """Raise ValueError when the built-in step cannot train ``config``'s model: an encoder's
+    (`is_encoder_only`), or an encoder-decoder's without a ``decoder_start_token_id`` (transformers
+    builds the decoder's inputs from the labels behind that token: a T5Config made from scratch
+    has none, and the step failed deep inside T5's ``_shift_right``). ``where`` names the entry
+    point ("tunekit.Lab", "tunekit.plan") and how to give it an objective of one's own."""
+    name = type(config).__name__.removesuffix("Config")
+    if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+        raise ValueError(
+            f"{name} is an encoder-decoder whose config has no decoder_start_token_id: {where} trains it on "
+            f"labels, from which transformers makes the decoder's inputs by shifting them right behind that "
+            f"token. Set it on the config (T5's checkpoints use the pad token: "
+            f"config.decoder_start_token_id = config.pad_token_id), or give your own loss_fn that passes "
+            f"decoder_input_ids")
     if not is_encoder_only(config):
         return
-    name = type(config).__name__.removesuffix("Config")
     raise ValueError(
         f"{name} is a bidirectional encoder: {where} trains transformers decoders (causal LMs: Llama, "
         f"Mistral, GPT-2, ...; or a config with is_decoder=True) and encoder-decoders (T5, BART) on "

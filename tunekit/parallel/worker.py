@@ -51,9 +51,10 @@ from tunekit.measure.conditions import ConditionsMeter, rank_reading
 from tunekit.measure.device import torch_dtype
 from tunekit.measure.device_meter import DeviceMeter
 from tunekit.measure.timing import time_repeats
-from tunekit.models.adapters import adapt, fsdp_units
+from tunekit.models.adapters import adapt
 from tunekit.models.optimizers import unavailable_optimizers
 from tunekit.models.spec import build_model
+from tunekit.models.units import fsdp_units
 from tunekit.parallel.aggregate import aggregate
 from tunekit.train.step import TrainStep, local_bytes, token_batcher
 

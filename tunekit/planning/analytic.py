@@ -16,6 +16,7 @@ import math
 import torch
 
 from tunekit.core.memory.estimate import estimate_memory
+from tunekit.core.memory.static import trained_only
 from tunekit.core.notes import without
 from tunekit.core.setting import HALF
 from tunekit.core.units import is_missing
@@ -122,8 +123,8 @@ def far_past_the_card(cfg, kind, s, dev, layout: dict | None, name: str) -> Plan
     `FAR_PAST` times the device's memory, said to be the formula's, with the largest micro-batch the
     formula fits; None otherwise (the fake step then plans it). A step of one sample is never cut short:
     sharding and half weights are its answers, and only the fake step's advice searches them."""
-    if kind not in ("gpt", "hf") or s.micro_batch <= 1:
-        return None
+    if kind not in ("gpt", "hf") or s.micro_batch <= 1 or getattr(cfg, "is_encoder_decoder", False):
+        return None   # (the formula has no encoder-decoder: the fake step plans it)
     p = analytic_plan(None, cfg, kind, s, dev, layout, "", name, s.micro_batch * s.seq_len, "tokens", speed=False)
     if p.unknown or not p.total_bytes > FAR_PAST * dev.memory:
         return None
@@ -165,12 +166,8 @@ def analytic_plan(model, cfg, kind, setting: dict, dev: dict, layout: dict | Non
     components = {k: float(est.components[k]) for k in COMPONENTS}
     if inner is not None and is_missing(components["buffers"]):
         components["buffers"] = float(unique_bytes(inner.buffers(), {storage_key(p) for p in params}))
-    trainable = sum(p.numel() for p in params if p.requires_grad)
-    if params and trainable < n_params:   # frozen parameters: no gradient, no optimizer state
-        for k in ("master_weights", "gradients", "optimizer_states"):
-            components[k] *= trainable / n_params
-        notes.append(f"{trainable:,} of {int(n_params):,} parameters are trained: gradients, master weights and "
-                     "optimizer states counted for those")
+    frozen = trained_only(components, None, sum(p.numel() for p in params if p.requires_grad), n_params or 0)
+    notes.extend([frozen] if frozen else [])
     if is_missing(components["activations"]):
         notes.append(f"activations unknown (NaN): tunekit has no activation count for {name}; the memory shown "
                      "leaves them out")
@@ -208,7 +205,10 @@ def _speed(inner, setting, tokens, unit, dev, notes) -> tuple[float, float]:
     if shape is None:
         notes.append("no speed bound: no op was counted and tunekit has no FLOP formula for this model")
         return NaN, NaN
-    model_flops = adapter.model_flops(setting.seq_len, tokens, None)[0]
+    model_flops, _, why = adapter.model_flops(setting.seq_len, tokens, None)
+    if model_flops is None:   # frozen weights: only a count gives the step's FLOPs, and none was made
+        notes.append("no speed bound: " + why[0])
+        return NaN, NaN
     if not dev.peak:
         return model_flops, NaN
     notes.append("bound: the MFU convention's FLOPs (6 x matmul weights x tokens + causal attention) at the dense "

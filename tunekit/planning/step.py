@@ -20,7 +20,8 @@ from tunekit.measure.model_flops import tensors_in
 from tunekit.measure.step import Observer, Watch, run_step
 from tunekit.measure.tally import storage_key
 from tunekit.measure.torch_private import fake_scalar_reads_for
-from tunekit.models.adapters import adapt, fsdp_units, step_loss
+from tunekit.models.adapters import adapt, step_loss
+from tunekit.models.units import fsdp_units
 from tunekit.planning.analytic import FakeStepError, fake_failure
 from tunekit.planning.cuda_like import GpuKernels
 from tunekit.planning.module import ModuleTarget

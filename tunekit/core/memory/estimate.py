@@ -32,6 +32,7 @@ from tunekit.core.memory.static import (  # noqa: F401
     optimizer_bytes_per_param,
     param_bytes,
     static_lines,
+    trained_only,
 )
 from tunekit.core.notes import Note
 from tunekit.core.refusals import user_facing
@@ -181,6 +182,10 @@ def estimate_with(model, o: MemoryOptions) -> MemoryEstimate:
     prec = MEMORY_LAYOUTS[key]
     per, steps = param_bytes(o, m.n_params, m.shapes, notes)
     comps, forms = static_lines(m.n_params, per, o.tp * o.pp, dp, zero_stage, steps)
+    if hasattr(model, "parameters"):   # a live module: its frozen parameters train nothing
+        frozen = trained_only(comps, forms, float(sum(p.numel() for p in model.parameters() if p.requires_grad)),
+                              m.n_params)
+        notes.extend([frozen] if frozen else [])
     mode = _activation_mode(o.activations, m)
     notes.extend(m.shape.notes if m.shape is not None else ())
     if m.dims and mode == "gpt":
@@ -247,7 +252,7 @@ def _model_sizes(model, o: MemoryOptions) -> _Sizes:
         elif shape is not None:
             n_params = float(shape.param_count())
         else:
-            raise ValueError("give a parameter count, a config or a model")
+            raise ValueError(shape_error or "give a parameter count, a config or a model")
     attention = o.attention
     if attention is None:
         attention = dims.get("attention") or getattr(cfg, "_attn_implementation", None) or "sdpa"

@@ -75,3 +75,20 @@ def static_lines(n_params: float, per: dict, shard: int, dp: int, zero_stage: in
         forms["optimizer_states"] += f" + {steps:g} B of step counts (4 B per tensor)"
     comps["buffers"] = NaN
     return comps, forms
+
+
+TRAINED_ONLY = ("master_weights", "gradients", "optimizer_states")
+
+
+def trained_only(comps: dict, forms: dict | None, trainable: float, n_params: float) -> str | None:
+    """Frozen parameters (``requires_grad=False``) keep no gradient, master copy or optimizer state:
+    those lines scaled to the ``trainable`` share of ``n_params``; the note saying so, or None
+    when every parameter trains."""
+    if not n_params or trainable >= n_params:
+        return None
+    for k in TRAINED_ONLY:
+        comps[k] *= trainable / n_params
+        if forms is not None and forms.get(k):
+            forms[k] += f" x {fmt_count(trainable)}/{fmt_count(n_params)} trained"
+    return (f"{int(trainable):,} of {int(n_params):,} parameters are trained: gradients, master weights and "
+            "optimizer states counted for those")
