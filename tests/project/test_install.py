@@ -122,7 +122,6 @@ def test_a_wheel_in_a_read_only_site_packages(tmp_path):
 OWN_FILE = {
     "tunekit/core/refusals.py": "a frame is tunekit's when its file is under tunekit/",
     "tunekit/measure/interrupts.py": "the same, for the frames a Ctrl-C lands in",
-    "tunekit/measure/first_use.py": "its child processes import tunekit from the folder this one did",
     "tunekit/parallel/netns.py": "the relay (python -I) imports tunekit from the folder this one did",
 }
 
