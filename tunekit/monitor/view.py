@@ -148,24 +148,33 @@ def figure(rows, name: str) -> dict:
 
 
 
-def watch_cells(mon) -> None:
+def watch_cells(mon):
     """In IPython, after each cell: a step still going from ``mon.iter`` (the loop was left with
     the iterator held) or from a cell that failed ends there, as ``left`` or with the cell's
     error, so no FLOP counter outlives it. A step started by hand and ended in a later cell is
-    left alone. Unregisters itself once ``mon`` is closed. Nothing outside IPython."""
+    left alone. Returns ``unwatch()``, which unregisters the hook (``mon.close()`` calls it: gone
+    at once, not at the next cell); the hook unregisters itself too once ``mon`` is closed, also
+    when a Ctrl-C cuts it short. None outside IPython."""
     ip = shell()
     if ip is None:
-        return
+        return None
 
     def after(result, mon=mon):
-        step = mon._open
-        if step is not None and not mon.closed:
-            error = result.error_in_exec or result.error_before_exec
-            if error is not None:
-                mon.end_step(error)
-            elif step.get("from_iter"):
-                mon.end_step("left")
-        if mon.closed:
+        try:
+            step = mon._open
+            if step is not None and not mon.closed:
+                error = result.error_in_exec or result.error_before_exec
+                if error is not None:
+                    mon.end_step(error)
+                elif step.get("from_iter"):
+                    mon.end_step("left")
+        finally:   # a KeyboardInterrupt above (IPython shows it and goes on) leaves no closed Monitor watched
+            if mon.closed:
+                unwatch()
+
+    def unwatch() -> None:
+        if after in ip.events.callbacks["post_run_cell"]:
             ip.events.unregister("post_run_cell", after)
 
     ip.events.register("post_run_cell", after)
+    return unwatch
