@@ -44,6 +44,7 @@ def shell():
     ("lab.run(steps=0)", "steps must be a whole number >= 1"),
     ('lab.run(precision="fp7")', "precision must be one of"),
     ('lab.plan("H1000")', "unknown device 'H1000'"),
+    ("lab.find_max_batch_size(start=4, limit=2)", "need whole numbers 1 <= start <= limit"),
     ("lab.expect(micro_batch=10**6)", "does not fit"),
     ("tunekit.estimate_memory(n_params=-1)", "n_params must be a finite number >= 1"),
     ("tunekit.diff(1, 2)", "got int"),

@@ -122,6 +122,30 @@ def test_the_trainer_shows_the_runs_summary_at_the_end_of_training(tmp_path, cap
         TunekitCallback(summary="yes")
 
 
+def _once(cb, shown) -> None:
+    """The run's summary line (the record's first note) is shown once, in the summary (printed here:
+    its notes wrapped, hence the words compared), not also as the live view's last line (stderr)."""
+    words = " ".join(cb.monitor.record.notes[0].split())
+    assert " ".join((shown.err + shown.out).split()).count(words) == 1, shown
+    assert shown.err.splitlines()[-1].startswith(f"{cb.monitor.name}: step 3 ·")   # the last step's state
+
+
+def test_the_trainers_live_view_and_summary_show_the_summary_line_once(tmp_path, capsys):
+    from transformers import Trainer, TrainingArguments
+
+    from tunekit.integrations.transformers import TunekitCallback
+
+    ids = torch.randint(0, 256, (8, 16))
+    cb = TunekitCallback(live=True)   # no terminal here: the view's lines go to stderr, as a notebook's cell
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=2,
+                             logging_steps=3, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+    data = [{"input_ids": i, "labels": i} for i in ids]
+    capsys.readouterr()
+    Trainer(model=llama(), args=args, train_dataset=data, callbacks=[cb]).train()
+    shown = capsys.readouterr()
+    _once(cb, shown)
+
+
 def test_transformers_callback_refuses_bad_options_when_built():
     from tunekit.integrations.transformers import TunekitCallback, front
 
@@ -165,13 +189,13 @@ class _Module(lightning.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
 
-def _fit(tmp_path, module, steps=6, accumulate=1, trace=None):
+def _fit(tmp_path, module, steps=6, accumulate=1, trace=None, live=False):
     from lightning.pytorch.loggers import CSVLogger
 
     from tunekit.integrations.lightning import TunekitCallback
 
     data = [tuple(torch.randint(0, 256, (2, 2, 32))) for _ in range(steps * accumulate)]
-    cb = TunekitCallback(live=False, log_every=2, trace=trace)
+    cb = TunekitCallback(live=live, log_every=2, trace=trace)
     trainer = lightning.Trainer(max_steps=steps, callbacks=[cb], logger=CSVLogger(str(tmp_path)),
                                 accumulate_grad_batches=accumulate, enable_progress_bar=False,
                                 enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")
@@ -206,3 +230,10 @@ def test_lightning_shows_the_fits_summary_at_the_end_of_training(tmp_path, capsy
     out = capsys.readouterr().out
     _summary_checked(out, "Lightning _Module")
     assert "3 steps (1 warm-up, 1 counted)" in out
+
+
+def test_lightnings_live_view_and_summary_show_the_summary_line_once(tmp_path, capsys):
+    capsys.readouterr()
+    cb, _ = _fit(tmp_path, _Module(), steps=3, live=True)
+    shown = capsys.readouterr()
+    _once(cb, shown)

@@ -184,6 +184,11 @@ def _deliver(case, n, dry, before, failed, double):
         seconds = (None, k + 1 + i % 4) if double else (None,)
         for second in seconds[i % 2:i % 2 + 1] if by_turns and double else seconds:
             inj = Injector(k, second)
+            # each delivery starts as a Ctrl-C in a fresh cell finds the interpreter: a KeyboardInterrupt
+            # an earlier one raised from the trace function can stay "being handled" (`no_leaked_exception`),
+            # and tunekit's handler takes a Ctrl-C that comes while one is handled for a second Ctrl-C
+            # (measure.interrupts): it waits for the next gate, and the trial's forward runs first
+            _clear_handled()
             problems = case(inj)
             after = state(case.models)
             problems += [f"{what}: {before[what]} -> {after[what]}" for what in before if after[what] != before[what]]

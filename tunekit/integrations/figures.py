@@ -1,5 +1,5 @@
 """What a trainer's own log gets from tunekit: the ``tunekit/...`` figures of the steps since its
-previous log; and at the end of training the run's summary. Shared by the callbacks."""
+previous log; and at the end of training the run's summary (`finish`). Shared by the callbacks."""
 from __future__ import annotations
 
 import math
@@ -22,6 +22,17 @@ def figures(s: StepSummary, rows) -> dict:
            "tunekit/mfu": s.mfu, "tunekit/hfu": s.hfu, "tunekit/wait_share": s.wait_share,
            "tunekit/cpu_peak_bytes": s.cpu_peak_bytes, "tunekit/gpu_peak_bytes": s.gpu_peak_bytes}
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def finish(callback) -> None:
+    """At the end of training: the callback's Monitor closed, then its summary (`show_summary`). With
+    the summary shown, the live view ends on the last step's line (`MonitorView.summary_follows`):
+    the summary holds the summary line, which the view's last line would repeat."""
+    mon = callback.monitor
+    if callback.summary and mon.view is not None:
+        mon.view.summary_follows = True
+    mon.close()
+    show_summary(callback)
 
 
 def show_summary(callback) -> None:

@@ -27,7 +27,7 @@ except ImportError:  # the standalone package of older releases
         raise ImportError("tunekit.integrations.lightning needs Lightning: pip install 'tunekit[lightning]'") from None
 
 from tunekit.core.validate import flag
-from tunekit.integrations.figures import figures, show_summary
+from tunekit.integrations.figures import figures, finish
 from tunekit.monitor.monitor import Monitor
 from tunekit.monitor.options import check_options
 from tunekit.monitor.steps import summarize
@@ -114,5 +114,4 @@ class TunekitCallback(Callback):
                 mon.end_step("Lightning ended training during the step")
             if len(mon.rows) > self._logged:
                 self._send(trainer)
-            mon.close()
-            show_summary(self)
+            finish(self)

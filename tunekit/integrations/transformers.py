@@ -35,7 +35,7 @@ except ModuleNotFoundError as e:
     raise (missing_extra(e, "tunekit.integrations.transformers") or e) from None
 
 from tunekit.core.validate import flag
-from tunekit.integrations.figures import figures, show_summary
+from tunekit.integrations.figures import figures, finish
 from tunekit.monitor.monitor import Monitor
 from tunekit.monitor.options import check_options
 from tunekit.monitor.steps import summarize
@@ -106,8 +106,7 @@ class TunekitCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.monitor is not None:
-            self.monitor.close()
-            show_summary(self)
+            finish(self)
 
 
 def front(callback, frame) -> bool:

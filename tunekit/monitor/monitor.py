@@ -128,7 +128,7 @@ class Monitor:
     def _make_view(self, live):
         from tunekit.monitor.view import MonitorView, watch_cells  # its view; per frontend there
 
-        watch_cells(self)   # in IPython: a cell that ends inside a step ends that step
+        self._unwatch = watch_cells(self)   # in IPython: a cell that ends inside a step ends that step
         return None if live is False else MonitorView.open(self.name, forced=live is True)
 
     # --- the loop ---------------------------------------------------------------------------
@@ -335,6 +335,8 @@ class Monitor:
                 self.end_step("the monitor was closed during the step")
         finally:
             self.closed = True
+            if self._unwatch is not None:
+                self._unwatch()   # the cell hook goes now, not at the next cell
             self._judge(None, clock(), last=True)
             self.tap.remove()
             self.sinks.close()

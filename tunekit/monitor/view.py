@@ -28,7 +28,9 @@ clock = time.perf_counter
 
 class MonitorView:
     """``view = MonitorView.open(name)``; ``view.update(rows, total)`` after each step (it decides
-    whether to redraw); ``view.close(rows, record)`` draws the last state and the summary."""
+    whether to redraw); ``view.close(rows, record)`` draws the last state and the summary line, or
+    the last step's line where ``summary_follows`` (a callback shows the record's summary next,
+    which holds that line: shown once)."""
 
     @staticmethod
     def open(name: str, forced: bool = False) -> "MonitorView | None":
@@ -42,6 +44,7 @@ class MonitorView:
     def __init__(self, name: str, mode: str):
         self.name, self.mode = name, mode
         self.t0, self._drawn, self.handle = clock(), -math.inf, None
+        self.summary_follows = False
         self.every = EVERY_S if mode == "notebook" else TEXT_EVERY_S if mode == "terminal" else 5.0
 
     def update(self, rows, total: int | None) -> None:
@@ -52,7 +55,7 @@ class MonitorView:
         self._draw(rows, total, None)
 
     def close(self, rows, record) -> None:
-        self._draw(rows, None, record)
+        self._draw(rows, None, None if self.summary_follows else record, last=True)
 
     def clear(self) -> None:
         """Erase the terminal line now (another logger prints next: on a line of its own); the
@@ -61,10 +64,10 @@ class MonitorView:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
 
-    def _draw(self, rows, total, record) -> None:
+    def _draw(self, rows, total, record, last: bool = False) -> None:
         line = status(self.name, rows, total, clock() - self.t0, record)
         if self.mode != "notebook":
-            end = "\n" if record is not None or self.mode == "lines" else ""
+            end = "\n" if last or self.mode == "lines" else ""
             sys.stderr.write(("\r" if self.mode == "terminal" else "") + line +
                              ("\x1b[K" if self.mode == "terminal" else "") + end)
             sys.stderr.flush()
@@ -148,24 +151,33 @@ def figure(rows, name: str) -> dict:
 
 
 
-def watch_cells(mon) -> None:
+def watch_cells(mon):
     """In IPython, after each cell: a step still going from ``mon.iter`` (the loop was left with
     the iterator held) or from a cell that failed ends there, as ``left`` or with the cell's
     error, so no FLOP counter outlives it. A step started by hand and ended in a later cell is
-    left alone. Unregisters itself once ``mon`` is closed. Nothing outside IPython."""
+    left alone. Returns ``unwatch()``, which unregisters the hook (``mon.close()`` calls it: gone
+    at once, not at the next cell); the hook unregisters itself too once ``mon`` is closed, also
+    when a Ctrl-C cuts it short. None outside IPython."""
     ip = shell()
     if ip is None:
-        return
+        return None
 
     def after(result, mon=mon):
-        step = mon._open
-        if step is not None and not mon.closed:
-            error = result.error_in_exec or result.error_before_exec
-            if error is not None:
-                mon.end_step(error)
-            elif step.get("from_iter"):
-                mon.end_step("left")
-        if mon.closed:
+        try:
+            step = mon._open
+            if step is not None and not mon.closed:
+                error = result.error_in_exec or result.error_before_exec
+                if error is not None:
+                    mon.end_step(error)
+                elif step.get("from_iter"):
+                    mon.end_step("left")
+        finally:   # a KeyboardInterrupt above (IPython shows it and goes on) leaves no closed Monitor watched
+            if mon.closed:
+                unwatch()
+
+    def unwatch() -> None:
+        if after in ip.events.callbacks["post_run_cell"]:
             ip.events.unregister("post_run_cell", after)
 
     ip.events.register("post_run_cell", after)
+    return unwatch
