@@ -111,6 +111,7 @@ class deferred_interrupt:
     def __init__(self, doing: str | None = None):
         self.pending = self.open = self.active = False
         self.previous = None
+        self.handled = None  # the exception being handled when the gate last opened (`_handle`)
         self.doing = doing  # what its clean-up does, for a second Ctrl-C's note (`second_ctrl_c`)
 
     @property
@@ -179,9 +180,12 @@ class deferred_interrupt:
         if code in _CLOSERS:
             self.pending = True
             return
+        handled = sys.exc_info()[1]
         if code not in _OPENERS and code is not None and code.co_filename.startswith(_TUNEKIT) \
-                and isinstance(sys.exc_info()[1], KeyboardInterrupt):
-            # a second Ctrl-C while the first travels through tunekit to its clean-up: it waits
+                and isinstance(handled, KeyboardInterrupt) and handled is not self.handled:
+            # a second Ctrl-C while the first travels through tunekit to its clean-up: it waits (one
+            # handled already when the gate opened is none: the user's `except KeyboardInterrupt:`
+            # block around the call, or one CPython left marked as handled)
             self.open, self.pending = False, True
             return
         if code not in _OPENERS and code is not None and code.co_filename.startswith(_TUNEKIT):
@@ -201,7 +205,7 @@ class _Gate:
 
     def __enter__(self):
         s = self.shield
-        s.open = True
+        s.handled, s.open = sys.exc_info()[1], True
         if _take_pending(s):  # a Ctrl-C from the set-up: raised before the user's code starts
             s.open = False
             raise _held()
