@@ -462,6 +462,32 @@ def test_the_trainer_callback_without_transformers_names_the_pip_command(monkeyp
         importlib.import_module("tunekit.integrations.transformers")
 
 
+def test_the_lightning_callback_without_lightning_says_it_as_every_missing_extra(monkeypatch):
+    import importlib
+
+    # it said "needs Lightning: pip install ..." in words of its own; the Monitor's sinks said "cannot be imported"
+    for name in ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks", "pytorch_lightning",
+                 "pytorch_lightning.callbacks"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delitem(sys.modules, "tunekit.integrations.lightning", raising=False)
+    with pytest.raises(ModuleNotFoundError, match=r"^tunekit.integrations.lightning needs lightning, which is "
+                                                  r"not installed: pip install 'tunekit\[lightning\]'$"):
+        importlib.import_module("tunekit.integrations.lightning")
+
+
+@pytest.mark.parametrize("scheme, module", [("tensorboard", "tensorboard"), ("mlflow", "mlflow")])
+def test_a_monitor_sink_without_its_package_says_it_as_every_missing_extra(monkeypatch, tmp_path, scheme, module):
+    import torch
+
+    import tunekit
+
+    monkeypatch.setitem(sys.modules, module, None)
+    target = f"{scheme}:{tmp_path / 'logs'}"
+    with pytest.raises(ModuleNotFoundError, match=rf"^log_to '{re.escape(target)}' needs {module}, which is not "
+                                                  rf"installed: pip install 'tunekit\[{scheme}\]'$"):
+        tunekit.Monitor(torch.nn.Linear(4, 4), log_to=target)
+
+
 @pytest.mark.parametrize("command", ["run", "plan", "diff", "doctor"])
 def test_no_option_states_its_default_twice(command, capsys):
     # `tunekit plan --help` printed "--partition ... (default: the cluster's) (default: None)"

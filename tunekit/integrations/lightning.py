@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import time
 
+from tunekit.core.extras import missing_extra
+
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the standalone package of older releases
     try:
         from pytorch_lightning.callbacks import Callback
-    except ImportError:
-        raise ImportError("tunekit.integrations.lightning needs Lightning: pip install 'tunekit[lightning]'") from None
+    except ModuleNotFoundError:   # neither: said as every missing extra is, naming today's package
+        raise missing_extra(ModuleNotFoundError(name="lightning"), "tunekit.integrations.lightning") from None
 
 from tunekit.core.validate import flag
 from tunekit.integrations.figures import figures, finish

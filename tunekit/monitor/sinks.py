@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from tunekit.core import validate
+from tunekit.core.extras import missing_extra, pip_command
 
 FORMS = "'tensorboard:DIR', 'mlflow:URI' or 'jsonl:PATH'"
 PREFIX = "tunekit/"     # every figure's name: tunekit/loss, tunekit/tokens_per_s, ...
@@ -132,9 +133,11 @@ def _load(entry: str, scheme: str):
             import mlflow
             return mlflow
     except ImportError as e:
-        what = "the tensorboard package" if scheme == "tensorboard" else "mlflow (mlflow-skinny is enough)"
-        raise ImportError(f"log_to {entry!r} needs {what}, which cannot be imported ({e}): "
-                          f"pip install 'tunekit[{scheme}]'") from e
+        missing = missing_extra(e, f"log_to {entry!r}")   # not installed: said as every missing extra is
+        if missing is not None:
+            raise missing from None
+        raise ImportError(f"log_to {entry!r} needs {scheme}, which is installed but cannot be imported ({e}): "
+                          f"{pip_command(scheme)}") from e
 
 
 def _parse(log_to) -> list[tuple[str, object, str]]:
