@@ -90,6 +90,18 @@ def flop_counters():
 
 
 @pytest.fixture
+def shell():
+    """The process-wide InteractiveShell, left as found: one made here is cleared at the end (a shell that
+    outlives its test puts every later test "in IPython": a Monitor made then registers a cell hook)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    existed = InteractiveShell.initialized()
+    yield InteractiveShell.instance()
+    if not existed:
+        InteractiveShell.clear_instance()
+
+
+@pytest.fixture
 def ip():
     """The process-wide InteractiveShell with `%load_ext tunekit` and a small model in its namespace."""
     from IPython.core.interactiveshell import InteractiveShell

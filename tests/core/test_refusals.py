@@ -8,7 +8,6 @@ import pytest
 
 pytest.importorskip("IPython")
 
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
 
 from tunekit.core.refusals import is_refusal, user_facing  # noqa: E402
@@ -21,18 +20,13 @@ def _shown(shell, cell: str) -> tuple[str, BaseException]:
     return re.sub(r"\x1b\[[0-9;]*m", "", cap.stdout + cap.stderr), result.error_in_exec
 
 
-@pytest.fixture(scope="module")
-def shell():
-    """The process-wide shell, left as found: a shell that outlives this module would put every later
-    test in IPython (a Monitor made then registers a cell hook, a display goes through IPython)."""
-    existed = InteractiveShell.initialized()
-    shell = InteractiveShell.instance()
+@pytest.fixture
+def shell(shell):
+    """conftest's shell (left as found) with a Lab in it."""
     shell.run_cell("import tunekit\nlab = tunekit.Lab()")
     yield shell
     for name in ("lab", "mine", "entry", "fails"):
         shell.user_ns.pop(name, None)
-    if not existed:
-        InteractiveShell.clear_instance()
 
 
 @pytest.mark.parametrize("cell, message", [

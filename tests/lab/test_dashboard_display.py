@@ -163,12 +163,9 @@ def test_nbconvert_with_saved_widget_state_renders_the_widget_view(dash):
     assert 'type="application/vnd.jupyter.widget-view+json"' in page and "Lab dashboard (snapshot)" not in page
 
 
-def test_the_dashboard_chart_carries_a_drawing_for_places_without_plotly(dash):
+def test_the_dashboard_chart_carries_a_drawing_for_places_without_plotly(dash, shell):
     # the widgets' HTML manager (an nbconvert export with widget state, nbviewer) has no plotly
     # renderer: it draws the SVG; JupyterLab and Notebook 7 draw plotly's mimetype
-    from IPython.core.interactiveshell import InteractiveShell
-
-    InteractiveShell.instance()
     dash.run_button.click()
     data = dash.chart_out.outputs[0]["data"]
     assert "application/vnd.plotly.v1+json" in data and data["image/svg+xml"].startswith("<svg ")

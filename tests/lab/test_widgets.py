@@ -110,12 +110,9 @@ def test_find_max_button_reports_trials(dash):
     assert not dash.find_button.disabled and dash.progress.description == "done"
 
 
-def test_charts_are_set_on_the_output_widgets_without_capturing(dash):
+def test_charts_are_set_on_the_output_widgets_without_capturing(dash, shell):
     # In IPython the charts go into the Output widgets' `outputs` directly: capturing with
     # `with out:` sets msg_id, which made nbclient (nbconvert --execute) hang now and then.
-    from IPython.core.interactiveshell import InteractiveShell
-
-    InteractiveShell.instance()
     dash.run_button.click()
     for out in (dash.chart_out,):
         assert out.msg_id == ""

@@ -8,22 +8,16 @@ import torch
 
 pytest.importorskip("IPython")
 
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
 
 import tunekit  # noqa: E402
 
 
 @pytest.fixture
-def ip():
-    """The process-wide shell, left as found (tests/core/test_refusals.py does the same): a shell that
-    outlives this module would put every later test in IPython."""
-    existed = InteractiveShell.initialized()
-    shell = InteractiveShell.instance()
+def ip(shell):
+    """conftest's shell, left as found (a shell that outlives this module would put every later test in IPython)."""
     yield shell
     shell.user_ns.pop("mon", None)
-    if not existed:
-        InteractiveShell.clear_instance()
 
 
 def _hooks(ip) -> list:
